@@ -1,0 +1,88 @@
+// The kernel contract every backend (reference, xnnpack, onednn, ...) implements: one small
+// interface per op, created once per shape and reused; backward passes overwrite their outputs.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/geometry.h"
+
+namespace tandem {
+
+// Weights as a kernel sees them. `version` changes whenever the values change (the optimizer
+// bumps it), so a backend that packs weights (XNNPACK) repacks once per step, not per call.
+struct WeightsView {
+  const float* weight = nullptr;
+  const float* bias = nullptr;  // null when the layer has no bias
+  uint64_t version = 0;
+};
+
+class Conv2dKernel {
+ public:
+  virtual ~Conv2dKernel() = default;
+  // y[N, OH, OW, OC] = conv(x[N, H, W, IC], w[OC, KH, KW, IC]) + b
+  virtual void forward(const float* x, const WeightsView& w, float* y) = 0;
+  // dx[N, H, W, IC] from dy[N, OH, OW, OC]
+  virtual void backward_data(const float* dy, const WeightsView& w, float* dx) = 0;
+  // dw[OC, KH, KW, IC] and db[OC] (db may be null) from x and dy
+  virtual void backward_weights(const float* x, const float* dy, float* dw, float* db) = 0;
+};
+
+class LinearKernel {
+ public:
+  virtual ~LinearKernel() = default;
+  // y[N, O] = x[N, I] * w[O, I]^T + b
+  virtual void forward(const float* x, const WeightsView& w, float* y) = 0;
+  // dx[N, I] = dy[N, O] * w[O, I]
+  virtual void backward_data(const float* dy, const WeightsView& w, float* dx) = 0;
+  // dw[O, I] = dy^T * x, db[O] = column sums of dy (db may be null)
+  virtual void backward_weights(const float* x, const float* dy, float* dw, float* db) = 0;
+};
+
+class ReluKernel {
+ public:
+  virtual ~ReluKernel() = default;
+  virtual void forward(const float* x, float* y) = 0;
+  // dx = dy where y > 0, else 0
+  virtual void backward(const float* y, const float* dy, float* dx) = 0;
+};
+
+// Max pooling carries a payload from forward to backward (argmax indices or a backend's
+// workspace) in `stash`, which the caller owns: stash_bytes() of it, one per micro-batch.
+class MaxPool2dKernel {
+ public:
+  virtual ~MaxPool2dKernel() = default;
+  virtual std::size_t stash_bytes() const = 0;
+  virtual void forward(const float* x, float* y, void* stash) = 0;
+  // dx[N, H, W, C] (overwritten) from dy[N, OH, OW, C] and the forward's stash
+  virtual void backward(const float* dy, const void* stash, float* dx) = 0;
+};
+
+struct BackendOptions {
+  int threads = 1;
+};
+
+class Backend {
+ public:
+  virtual ~Backend() = default;
+  virtual std::string_view name() const = 0;
+  virtual std::unique_ptr<Conv2dKernel> conv2d(const Conv2dGeometry& g) = 0;
+  virtual std::unique_ptr<LinearKernel> linear(const LinearGeometry& g) = 0;
+  virtual std::unique_ptr<ReluKernel> relu(int64_t elements) = 0;
+  virtual std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) = 0;
+};
+
+using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendOptions&)>;
+
+// Backends register themselves by name ("reference" is always there); make_backend throws
+// an Error listing the registered names when asked for an unknown one.
+void register_backend(std::string name, BackendFactory factory);
+std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options = {});
+std::vector<std::string> backend_names();
+
+}  // namespace tandem

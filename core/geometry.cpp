@@ -1,0 +1,22 @@
+#include "core/geometry.h"
+
+#include "core/error.h"
+
+namespace tandem {
+
+std::string Conv2dGeometry::str() const {
+  return cat("conv2d N", batch, " ", in_h, "x", in_w, "x", in_c, " -> ", out_c, " k", kernel_h, "x",
+             kernel_w, " s", stride_h, "x", stride_w, " p", pad_h, "x", pad_w, " d", dilation_h, "x",
+             dilation_w);
+}
+
+std::string LinearGeometry::str() const {
+  return cat("linear N", batch, " ", in_features, " -> ", out_features);
+}
+
+std::string Pool2dGeometry::str() const {
+  return cat("max_pool2d N", batch, " ", in_h, "x", in_w, "x", channels, " k", kernel_h, "x", kernel_w,
+             " s", stride_h, "x", stride_w, " p", pad_h, "x", pad_w);
+}
+
+}  // namespace tandem

@@ -1,0 +1,52 @@
+// Shapes of the kernels a backend creates: one struct per op, fixed at kernel creation,
+// so a backend can plan (pick algorithms, allocate scratch) once per shape.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+namespace tandem {
+
+// NHWC input [batch, in_h, in_w, in_c]; OHWI weights [out_c, kernel_h, kernel_w, in_c].
+struct Conv2dGeometry {
+  int64_t batch = 1, in_h = 1, in_w = 1, in_c = 1, out_c = 1;
+  int64_t kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;  // symmetric zero padding
+  int64_t dilation_h = 1, dilation_w = 1;
+  bool bias = true;
+
+  int64_t out_h() const { return (in_h + 2 * pad_h - dilation_h * (kernel_h - 1) - 1) / stride_h + 1; }
+  int64_t out_w() const { return (in_w + 2 * pad_w - dilation_w * (kernel_w - 1) - 1) / stride_w + 1; }
+  // Multiply-adds times two, for one forward pass (backward passes cost the same).
+  double flops() const {
+    return 2.0 * static_cast<double>(batch * out_h() * out_w() * out_c * kernel_h * kernel_w * in_c);
+  }
+  std::string str() const;
+};
+
+// Input [batch, in_features]; weights [out_features, in_features].
+struct LinearGeometry {
+  int64_t batch = 1, in_features = 1, out_features = 1;
+  bool bias = true;
+  double flops() const { return 2.0 * static_cast<double>(batch * in_features * out_features); }
+  std::string str() const;
+};
+
+// NHWC max pooling; padded positions never win.
+struct Pool2dGeometry {
+  int64_t batch = 1, in_h = 1, in_w = 1, channels = 1;
+  int64_t kernel_h = 1, kernel_w = 1;
+  int64_t stride_h = 1, stride_w = 1;
+  int64_t pad_h = 0, pad_w = 0;
+
+  int64_t out_h() const { return (in_h + 2 * pad_h - kernel_h) / stride_h + 1; }
+  int64_t out_w() const { return (in_w + 2 * pad_w - kernel_w) / stride_w + 1; }
+  bool windows_tile() const {  // non-overlapping windows that cover the input without padding
+    return stride_h == kernel_h && stride_w == kernel_w && pad_h == 0 && pad_w == 0 &&
+           in_h % kernel_h == 0 && in_w % kernel_w == 0;
+  }
+  std::string str() const;
+};
+
+}  // namespace tandem

@@ -1,0 +1,57 @@
+// Graph: the model spec as a DAG in topological order with per-sample shapes inferred, and
+// split(cut) into the front shard (edge) and back shard (cloud) at a named node.
+#pragma once
+
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/model_spec.h"
+
+namespace tandem {
+
+struct GraphInput {
+  std::string name;
+  Shape shape;  // per sample
+};
+
+struct GraphNode {
+  NodeSpec spec;
+  // For each input: index into inputs() when >= 0, else node index -(id + 1).
+  std::vector<int> sources;
+  Shape shape;  // per-sample output shape
+};
+
+class Graph {
+ public:
+  // Orders the nodes topologically, resolves inputs and infers shapes; errors name the node.
+  static Graph build(const ModelSpec& spec);
+
+  const std::string& name() const { return name_; }
+  const std::vector<GraphInput>& inputs() const { return inputs_; }
+  const std::vector<GraphNode>& nodes() const { return nodes_; }
+  int output() const { return output_; }  // node index of the logits
+  const GraphNode& node(const std::string& name) const;
+  int find(const std::string& name) const;  // node index or -1
+  const std::string& default_cut() const { return default_cut_; }
+  // Parameter names in initialisation order: "<node>.weight", "<node>.bias".
+  std::vector<std::string> param_names() const;
+
+  // Front shard: the cut node and everything it depends on; back shard: the rest, reading
+  // the cut's output as its single input. Refuses a cut crossed by more than one tensor.
+  std::pair<Graph, Graph> split(const std::string& cut) const;
+
+ private:
+  static Graph from_parts(std::string name, std::vector<GraphInput> inputs, std::vector<NodeSpec> nodes,
+                          const std::string& output);
+  std::string name_;
+  std::vector<GraphInput> inputs_;
+  std::vector<GraphNode> nodes_;
+  int output_ = -1;
+  std::string default_cut_;
+};
+
+// Per-sample output shape of one node, or an Error naming it.
+Shape infer_shape(const NodeSpec& node, const std::vector<Shape>& input_shapes);
+
+}  // namespace tandem

@@ -1,0 +1,76 @@
+// Layer: one graph node bound to a backend. It owns its parameters and its kernels (created
+// once per batch size), runs forward for a micro-batch and backward from what it stashed.
+#pragma once
+
+#include <cstddef>
+#include <memory>
+#include <span>
+#include <string>
+#include <utility>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/graph.h"
+#include "core/param.h"
+#include "core/random.h"
+#include "core/tensor.h"
+
+namespace tandem {
+
+// What a layer keeps for one micro-batch between forward and backward, besides its input
+// and output tensors (which the network keeps). Sized on first use, reused afterwards.
+struct Stash {
+  std::vector<std::byte> bytes;
+  void* reserve(std::size_t n) {
+    if (bytes.size() != n) bytes.resize(n);
+    return bytes.data();
+  }
+};
+
+class Layer {
+ public:
+  explicit Layer(std::string name) : name_(std::move(name)) {}
+  virtual ~Layer() = default;
+  Layer(const Layer&) = delete;
+  Layer& operator=(const Layer&) = delete;
+
+  const std::string& name() const { return name_; }
+  virtual std::vector<Param*> params() { return {}; }
+  // True when the output is the first input seen with another shape (flatten): the network
+  // aliases the tensors instead of calling forward and backward.
+  virtual bool is_view() const { return false; }
+
+  // `out` is preallocated with this node's shape for the micro-batch.
+  virtual void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) = 0;
+  // Writes (overwrites) grad_in[i] for every defined grad_in[i]; accumulates parameter
+  // gradients through Param::grad_target / commit_grad.
+  virtual void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out,
+                        std::span<Tensor> grad_in, Stash& stash) = 0;
+
+ private:
+  std::string name_;
+};
+
+// Kernels keyed by batch size: the micro-batch size is fixed in steady state, and a smaller
+// last batch gets its own kernel instead of re-planning the common one.
+template <typename Kernel>
+class KernelCache {
+ public:
+  template <typename Make>
+  Kernel& get(int64_t batch, Make&& make) {
+    for (auto& [n, k] : kernels_)
+      if (n == batch) return *k;
+    kernels_.emplace_back(batch, make(batch));
+    return *kernels_.back().second;
+  }
+
+ private:
+  std::vector<std::pair<int64_t, std::unique_ptr<Kernel>>> kernels_;
+};
+
+// Builds the layer for a node, initialising its parameters like PyTorch's defaults
+// (uniform in +-1/sqrt(fan_in) for weights and biases) from `rng`.
+std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape>& input_shapes,
+                                  Backend& backend, Rng& rng);
+
+}  // namespace tandem

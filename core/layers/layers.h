@@ -1,0 +1,84 @@
+// The concrete layers of the core op set: Conv2d, Linear, ReLU, MaxPool2d, Flatten. Each is
+// a thin binding of graph attributes to backend kernels; the maths lives in the backends.
+#pragma once
+
+#include <optional>
+
+#include "core/layers/layer.h"
+
+namespace tandem {
+
+// Fills p with U(-bound, bound) from rng and bumps its version.
+void init_uniform(Param& p, float bound, Rng& rng);
+
+class Conv2dLayer final : public Layer {
+ public:
+  Conv2dLayer(const GraphNode& node, const Shape& in, Backend& backend, Rng& rng);
+  std::vector<Param*> params() override;
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  Conv2dKernel& kernel(int64_t batch);
+  Backend& backend_;
+  Conv2dGeometry geometry_;
+  Param weight_;
+  std::optional<Param> bias_;
+  KernelCache<Conv2dKernel> kernels_;
+};
+
+class LinearLayer final : public Layer {
+ public:
+  LinearLayer(const GraphNode& node, const Shape& in, Backend& backend, Rng& rng);
+  std::vector<Param*> params() override;
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  LinearKernel& kernel(int64_t batch);
+  Backend& backend_;
+  LinearGeometry geometry_;
+  Param weight_;
+  std::optional<Param> bias_;
+  KernelCache<LinearKernel> kernels_;
+};
+
+class ReluLayer final : public Layer {
+ public:
+  ReluLayer(std::string name, Backend& backend) : Layer(std::move(name)), backend_(backend) {}
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  ReluKernel& kernel(int64_t elements);
+  Backend& backend_;
+  KernelCache<ReluKernel> kernels_;
+};
+
+class MaxPool2dLayer final : public Layer {
+ public:
+  MaxPool2dLayer(const GraphNode& node, const Shape& in, Backend& backend);
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  MaxPool2dKernel& kernel(int64_t batch);
+  Backend& backend_;
+  Pool2dGeometry geometry_;
+  KernelCache<MaxPool2dKernel> kernels_;
+};
+
+class FlattenLayer final : public Layer {
+ public:
+  explicit FlattenLayer(std::string name) : Layer(std::move(name)) {}
+  bool is_view() const override { return true; }
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+};
+
+}  // namespace tandem

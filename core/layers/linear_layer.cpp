@@ -1,0 +1,49 @@
+// Linear: x[N, I] -> x W^T + b with W [O, I]; all three passes run in the backend.
+#include "core/layers/layers.h"
+
+#include <cmath>
+
+namespace tandem {
+
+LinearLayer::LinearLayer(const GraphNode& node, const Shape& in, Backend& backend, Rng& rng)
+    : Layer(node.spec.name), backend_(backend),
+      weight_(node.spec.name + ".weight", Shape{node.spec.linear.out_features, in[0]}) {
+  geometry_.in_features = in[0];
+  geometry_.out_features = node.spec.linear.out_features;
+  geometry_.bias = node.spec.linear.bias;
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in[0]));
+  init_uniform(weight_, bound, rng);
+  if (geometry_.bias) {
+    bias_.emplace(node.spec.name + ".bias", Shape{geometry_.out_features});
+    init_uniform(*bias_, bound, rng);
+  }
+}
+
+std::vector<Param*> LinearLayer::params() {
+  if (bias_) return {&weight_, &*bias_};
+  return {&weight_};
+}
+
+LinearKernel& LinearLayer::kernel(int64_t batch) {
+  return kernels_.get(batch, [&](int64_t n) {
+    LinearGeometry g = geometry_;
+    g.batch = n;
+    return backend_.linear(g);
+  });
+}
+
+void LinearLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  kernel(in[0].shape()[0]).forward(in[0].data(), view_of(weight_, bias_ ? &*bias_ : nullptr), out.data());
+}
+
+void LinearLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
+                           std::span<Tensor> grad_in, Stash&) {
+  LinearKernel& k = kernel(in[0].shape()[0]);
+  if (grad_in[0].defined())
+    k.backward_data(grad_out.data(), view_of(weight_, bias_ ? &*bias_ : nullptr), grad_in[0].data());
+  k.backward_weights(in[0].data(), grad_out.data(), weight_.grad_target(), bias_ ? bias_->grad_target() : nullptr);
+  weight_.commit_grad();
+  if (bias_) bias_->commit_grad();
+}
+
+}  // namespace tandem

@@ -1,0 +1,77 @@
+// The parameter-free layers: ReLU, MaxPool2d (argmax or workspace stashed per micro-batch)
+// and Flatten (a view), plus make_layer, the one place that maps op names to layers.
+#include "core/error.h"
+#include "core/layers/layers.h"
+
+namespace tandem {
+
+void init_uniform(Param& p, float bound, Rng& rng) {
+  float* v = p.value().data();
+  for (int64_t i = 0, n = p.value().numel(); i < n; ++i) v[i] = rng.uniform(-bound, bound);
+  p.bump_version();
+}
+
+void ReluLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  kernel(in[0].numel()).forward(in[0].data(), out.data());
+}
+
+void ReluLayer::backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out,
+                         std::span<Tensor> grad_in, Stash&) {
+  if (grad_in[0].defined()) kernel(in[0].numel()).backward(out.data(), grad_out.data(), grad_in[0].data());
+}
+
+ReluKernel& ReluLayer::kernel(int64_t elements) {
+  return kernels_.get(elements, [&](int64_t n) { return backend_.relu(n); });
+}
+
+MaxPool2dLayer::MaxPool2dLayer(const GraphNode& node, const Shape& in, Backend& backend)
+    : Layer(node.spec.name), backend_(backend) {
+  const Pool2dAttrs& a = node.spec.pool;
+  geometry_.in_h = in[0];
+  geometry_.in_w = in[1];
+  geometry_.channels = in[2];
+  geometry_.kernel_h = a.kernel[0];
+  geometry_.kernel_w = a.kernel[1];
+  geometry_.stride_h = a.stride[0];
+  geometry_.stride_w = a.stride[1];
+  geometry_.pad_h = a.padding[0];
+  geometry_.pad_w = a.padding[1];
+}
+
+MaxPool2dKernel& MaxPool2dLayer::kernel(int64_t batch) {
+  return kernels_.get(batch, [&](int64_t n) {
+    Pool2dGeometry g = geometry_;
+    g.batch = n;
+    return backend_.max_pool2d(g);
+  });
+}
+
+void MaxPool2dLayer::forward(std::span<const Tensor> in, Tensor& out, Stash& stash) {
+  MaxPool2dKernel& k = kernel(in[0].shape()[0]);
+  k.forward(in[0].data(), out.data(), stash.reserve(k.stash_bytes()));
+}
+
+void MaxPool2dLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
+                              std::span<Tensor> grad_in, Stash& stash) {
+  if (grad_in[0].defined()) kernel(in[0].shape()[0]).backward(grad_out.data(), stash.bytes.data(), grad_in[0].data());
+}
+
+void FlattenLayer::forward(std::span<const Tensor>, Tensor&, Stash&) {
+  fail("flatten", cat("node '", name(), "' is a view; the network aliases it"));
+}
+
+void FlattenLayer::backward(std::span<const Tensor>, const Tensor&, const Tensor&, std::span<Tensor>, Stash&) {
+  fail("flatten", cat("node '", name(), "' is a view; the network aliases it"));
+}
+
+std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape>& in, Backend& backend, Rng& rng) {
+  const std::string& op = node.spec.op;
+  if (op == "conv2d") return std::make_unique<Conv2dLayer>(node, in.at(0), backend, rng);
+  if (op == "linear") return std::make_unique<LinearLayer>(node, in.at(0), backend, rng);
+  if (op == "relu") return std::make_unique<ReluLayer>(node.spec.name, backend);
+  if (op == "max_pool2d") return std::make_unique<MaxPool2dLayer>(node, in.at(0), backend);
+  if (op == "flatten") return std::make_unique<FlattenLayer>(node.spec.name);
+  fail("layer", cat("node '", node.spec.name, "': unknown op '", op, "'"));
+}
+
+}  // namespace tandem

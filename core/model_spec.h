@@ -1,0 +1,66 @@
+// The model spec as plain C++ values, read from the FlatBuffers binary form (verified) or
+// the JSON text form; every semantic problem is reported with the node and field it concerns.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/tensor.h"
+
+namespace tandem {
+
+using Pair = std::array<int64_t, 2>;  // (height, width)
+
+struct Conv2dAttrs {
+  int64_t out_channels = 0;
+  Pair kernel{0, 0}, stride{1, 1}, padding{0, 0}, dilation{1, 1};
+  bool bias = true;
+};
+
+struct LinearAttrs {
+  int64_t out_features = 0;
+  bool bias = true;
+};
+
+struct Pool2dAttrs {
+  Pair kernel{0, 0}, stride{0, 0}, padding{0, 0};
+};
+
+struct NodeSpec {
+  std::string name;
+  std::string op;
+  std::vector<std::string> inputs;
+  Conv2dAttrs conv2d;
+  LinearAttrs linear;
+  Pool2dAttrs pool;
+};
+
+struct InputSpec {
+  std::string name;
+  Shape shape;  // per sample, no batch dimension
+};
+
+struct ModelSpec {
+  std::string name;
+  std::vector<InputSpec> inputs;
+  std::vector<NodeSpec> nodes;
+  std::string output;  // logits node
+  std::string loss = "softmax_cross_entropy";
+  std::string cut;     // default cut, may be empty
+  std::vector<uint8_t> binary;  // the canonical FlatBuffers form (what hashes and travels)
+};
+
+// The ops this engine knows, for error messages and validation.
+const std::vector<std::string>& known_ops();
+
+// Verifies a FlatBuffers binary spec and converts it; throws Error naming node and field.
+ModelSpec parse_model_binary(const uint8_t* data, std::size_t size);
+// Parses the JSON text form with FlatBuffers' parser (native builds only).
+ModelSpec parse_model_json(std::string_view json, std::string_view origin = "model spec");
+// Reads a file (native builds only): binary if it carries the "TDMS" identifier, JSON otherwise.
+ModelSpec load_model_spec(const std::string& path);
+
+}  // namespace tandem

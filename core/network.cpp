@@ -1,0 +1,181 @@
+#include "core/network.h"
+
+#include "core/error.h"
+
+namespace tandem {
+
+Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::move(graph)), backend_(backend) {
+  Rng rng(seed);
+  const auto& nodes = graph_.nodes();
+  for (const GraphNode& node : nodes) {
+    std::vector<Shape> shapes;
+    std::vector<int> ids;
+    for (int s : node.sources) {
+      ids.push_back(tensor_id(s));
+      shapes.push_back(s >= 0 ? graph_.inputs()[static_cast<std::size_t>(s)].shape
+                              : nodes[static_cast<std::size_t>(-s - 1)].shape);
+    }
+    layers_.push_back(make_layer(node, shapes, backend_, rng));
+    input_ids_.push_back(std::move(ids));
+  }
+  // Only the output and its ancestors take part in backward.
+  needs_grad_.assign(nodes.size(), false);
+  needs_grad_[static_cast<std::size_t>(graph_.output())] = true;
+  for (int i = graph_.output(); i >= 0; --i) {
+    if (!needs_grad_[static_cast<std::size_t>(i)]) continue;
+    for (int s : nodes[static_cast<std::size_t>(i)].sources)
+      if (s < 0) needs_grad_[static_cast<std::size_t>(-s - 1)] = true;
+  }
+  const std::size_t tensors = graph_.inputs().size() + nodes.size();
+  grad_buffers_.resize(tensors);
+  grad_scratch_.resize(tensors);
+  grads_.resize(tensors);
+  contributions_.resize(tensors);
+}
+
+int Network::tensor_id(int source) const {
+  return source >= 0 ? source : static_cast<int>(graph_.inputs().size()) + (-source - 1);
+}
+
+std::vector<Param*> Network::params() {
+  std::vector<Param*> all;
+  for (auto& layer : layers_)
+    for (Param* p : layer->params()) all.push_back(p);
+  return all;
+}
+
+Param& Network::param(const std::string& name) {
+  for (Param* p : params())
+    if (p->name() == name) return *p;
+  fail("network", cat("no parameter named '", name, "'"));
+}
+
+int64_t Network::param_count() {
+  int64_t n = 0;
+  for (Param* p : params()) n += p->value().numel();
+  return n;
+}
+
+void Network::zero_grad() {
+  for (Param* p : params()) p->zero_grad();
+}
+
+Network::Slot& Network::slot(int index) {
+  if (index < 0) fail("network", cat("negative micro-batch slot ", index));
+  if (static_cast<std::size_t>(index) >= slots_.size()) {
+    slots_.resize(static_cast<std::size_t>(index) + 1);
+  }
+  Slot& s = slots_[static_cast<std::size_t>(index)];
+  if (s.values.empty()) {
+    s.values.resize(graph_.inputs().size() + graph_.nodes().size());
+    s.stashes.resize(graph_.nodes().size());
+  }
+  return s;
+}
+
+Tensor& Network::buffer(std::vector<Tensor>& pool, int id, const Shape& shape) {
+  Tensor& t = pool[static_cast<std::size_t>(id)];
+  if (!t.defined() || t.shape() != shape) t = Tensor::empty(shape);
+  return t;
+}
+
+const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
+  const auto& graph_inputs = graph_.inputs();
+  if (inputs.size() != graph_inputs.size())
+    fail("network", cat(graph_.name(), ": expected ", graph_inputs.size(), " inputs, got ", inputs.size()));
+  const int64_t batch = inputs.empty() ? 0 : inputs[0].shape()[0];
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const Shape want = [&] {
+      const Shape& s = graph_inputs[i].shape;
+      int64_t dims[kMaxRank] = {batch};
+      for (int d = 0; d < s.rank(); ++d) dims[d + 1] = s[d];
+      return Shape::of(dims, s.rank() + 1);
+    }();
+    if (inputs[i].shape() != want)
+      fail("network", cat(graph_.name(), ": input '", graph_inputs[i].name, "' has shape ", inputs[i].shape().str(),
+                          ", expected ", want.str()));
+  }
+  Slot& s = slot(slot_index);
+  for (std::size_t i = 0; i < inputs.size(); ++i) s.values[i] = inputs[i];
+
+  const auto& nodes = graph_.nodes();
+  const std::size_t first_node = graph_inputs.size();
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
+    node_inputs_.clear();
+    for (int id : input_ids_[n]) node_inputs_.push_back(s.values[static_cast<std::size_t>(id)]);
+    const Shape& per_sample = nodes[n].shape;
+    int64_t dims[kMaxRank] = {batch};
+    for (int d = 0; d < per_sample.rank(); ++d) dims[d + 1] = per_sample[d];
+    const Shape out_shape = Shape::of(dims, per_sample.rank() + 1);
+    Tensor& out = s.values[first_node + n];
+    if (layers_[n]->is_view()) {
+      out = node_inputs_[0].reshape(out_shape);
+      continue;
+    }
+    if (!out.defined() || out.shape() != out_shape) out = Tensor::empty(out_shape);
+    layers_[n]->forward(node_inputs_, out, s.stashes[n]);
+  }
+  return s.values[first_node + static_cast<std::size_t>(graph_.output())];
+}
+
+Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_input_grad) {
+  if (slot_index < 0 || static_cast<std::size_t>(slot_index) >= slots_.size() || slots_[static_cast<std::size_t>(slot_index)].values.empty())
+    fail("network", cat(graph_.name(), ": backward of slot ", slot_index, " before its forward"));
+  Slot& s = slots_[static_cast<std::size_t>(slot_index)];
+  const std::size_t first_node = graph_.inputs().size();
+  const auto& nodes = graph_.nodes();
+  const std::size_t out_id = first_node + static_cast<std::size_t>(graph_.output());
+  if (grad_output.shape() != s.values[out_id].shape())
+    fail("network", cat(graph_.name(), ": output gradient has shape ", grad_output.shape().str(), ", expected ",
+                        s.values[out_id].shape().str()));
+
+  std::fill(contributions_.begin(), contributions_.end(), 0);
+  for (auto& g : grads_) g = Tensor();
+  grads_[out_id] = grad_output;
+  contributions_[out_id] = 1;
+
+  for (std::size_t n = nodes.size(); n-- > 0;) {
+    if (!needs_grad_[n]) continue;
+    const std::size_t id = first_node + n;
+    if (contributions_[id] == 0) continue;  // nothing downstream used this output
+    const Tensor& grad_out = grads_[id];
+    node_inputs_.clear();
+    node_grads_.clear();
+    for (int in_id : input_ids_[n]) node_inputs_.push_back(s.values[static_cast<std::size_t>(in_id)]);
+    for (int in_id : input_ids_[n]) {
+      const auto i = static_cast<std::size_t>(in_id);
+      const bool wanted = i >= first_node || (want_input_grad && i == 0);
+      if (!wanted) {
+        node_grads_.emplace_back();
+        continue;
+      }
+      const Shape& shape = s.values[i].shape();
+      if (layers_[n]->is_view()) {
+        node_grads_.push_back(grad_out.reshape(shape));
+      } else if (contributions_[i] == 0) {
+        node_grads_.push_back(buffer(grad_buffers_, in_id, shape));
+      } else {
+        node_grads_.push_back(buffer(grad_scratch_, in_id, shape));
+      }
+    }
+    if (!layers_[n]->is_view()) layers_[n]->backward(node_inputs_, s.values[id], grad_out, node_grads_, s.stashes[n]);
+    // Fold each input's gradient into what earlier consumers left there.
+    for (std::size_t k = 0; k < input_ids_[n].size(); ++k) {
+      if (!node_grads_[k].defined()) continue;
+      const auto i = static_cast<std::size_t>(input_ids_[n][k]);
+      if (contributions_[i]++ == 0) {
+        grads_[i] = node_grads_[k];
+        continue;
+      }
+      Tensor& own = buffer(grad_buffers_, static_cast<int>(i), grads_[i].shape());
+      if (own.data() != grads_[i].data()) own.copy_from(grads_[i]);
+      float* acc = own.data();
+      const float* add = node_grads_[k].data();
+      for (int64_t e = 0, count = own.numel(); e < count; ++e) acc[e] += add[e];
+      grads_[i] = own;
+    }
+  }
+  return want_input_grad ? grads_[0] : Tensor();
+}
+
+}  // namespace tandem

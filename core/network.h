@@ -1,0 +1,60 @@
+// Network: runs a Graph (a whole model or one shard) on a backend. Each micro-batch in
+// flight lives in its own slot (activations and stashes), so K can be forwarded before any
+// is backed up; parameter gradients accumulate until zero_grad().
+#pragma once
+
+#include <memory>
+#include <span>
+#include <vector>
+
+#include "core/graph.h"
+#include "core/layers/layer.h"
+
+namespace tandem {
+
+class Network {
+ public:
+  // Initialises parameters in graph order from Rng(seed).
+  Network(Graph graph, Backend& backend, uint64_t seed);
+
+  const Graph& graph() const { return graph_; }
+  Backend& backend() const { return backend_; }
+  std::vector<Param*> params();
+  Param& param(const std::string& name);
+  int64_t param_count();
+
+  // Forward of one micro-batch into `slot`; the returned output stays valid until the next
+  // forward into the same slot. Inputs are [batch, per-sample shape...] and are kept
+  // (shared, not copied) for backward.
+  const Tensor& forward(std::span<const Tensor> inputs, int slot);
+  const Tensor& forward(const Tensor& input, int slot) { return forward(std::span<const Tensor>(&input, 1), slot); }
+
+  // Backward of the micro-batch in `slot` from the gradient of the output. Accumulates
+  // parameter gradients; returns the gradient of input 0 when asked (else an empty tensor).
+  // The returned gradient is valid until the next backward.
+  Tensor backward(const Tensor& grad_output, int slot, bool want_input_grad);
+
+  void zero_grad();
+
+ private:
+  struct Slot {
+    std::vector<Tensor> values;  // per tensor id: graph inputs, then node outputs
+    std::vector<Stash> stashes;  // per node
+  };
+  int tensor_id(int source) const;  // GraphNode::sources entry -> tensor id
+  Slot& slot(int index);
+  Tensor& buffer(std::vector<Tensor>& pool, int id, const Shape& shape);
+
+  Graph graph_;
+  Backend& backend_;
+  std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<std::vector<int>> input_ids_;  // per node: tensor ids of its inputs
+  std::vector<bool> needs_grad_;            // per node: on a path to the output
+  std::vector<Slot> slots_;
+  // Backward working set, shared by all slots (one backward runs at a time).
+  std::vector<Tensor> grad_buffers_, grad_scratch_, grads_;
+  std::vector<int> contributions_;
+  std::vector<Tensor> node_inputs_, node_grads_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,239 @@
+#include "core/reference/reference_backend.h"
+
+#include <algorithm>
+#include <cstring>
+#include <limits>
+
+namespace tandem {
+namespace {
+
+using std::size_t;
+
+class ReferenceConv2d final : public Conv2dKernel {
+ public:
+  explicit ReferenceConv2d(const Conv2dGeometry& g) : g_(g), oh_(g.out_h()), ow_(g.out_w()) {}
+
+  void forward(const float* x, const WeightsView& w, float* y) override {
+    const Conv2dGeometry& g = g_;
+    for (int64_t n = 0; n < g.batch; ++n)
+      for (int64_t oy = 0; oy < oh_; ++oy)
+        for (int64_t ox = 0; ox < ow_; ++ox) {
+          float* out = y + ((n * oh_ + oy) * ow_ + ox) * g.out_c;
+          for (int64_t oc = 0; oc < g.out_c; ++oc) out[oc] = w.bias ? w.bias[oc] : 0.0f;
+          for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
+            const int64_t iy = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
+            if (iy < 0 || iy >= g.in_h) continue;
+            for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
+              const int64_t ix = ox * g.stride_w - g.pad_w + kx * g.dilation_w;
+              if (ix < 0 || ix >= g.in_w) continue;
+              const float* in = x + ((n * g.in_h + iy) * g.in_w + ix) * g.in_c;
+              for (int64_t oc = 0; oc < g.out_c; ++oc) {
+                const float* wk = w.weight + ((oc * g.kernel_h + ky) * g.kernel_w + kx) * g.in_c;
+                float acc = 0.0f;
+                for (int64_t ic = 0; ic < g.in_c; ++ic) acc += in[ic] * wk[ic];
+                out[oc] += acc;
+              }
+            }
+          }
+        }
+  }
+
+  void backward_data(const float* dy, const WeightsView& w, float* dx) override {
+    const Conv2dGeometry& g = g_;
+    std::fill_n(dx, g.batch * g.in_h * g.in_w * g.in_c, 0.0f);
+    visit([&](int64_t n, int64_t iy, int64_t ix, int64_t ky, int64_t kx, const float* grad) {
+      float* d = dx + ((n * g.in_h + iy) * g.in_w + ix) * g.in_c;
+      for (int64_t oc = 0; oc < g.out_c; ++oc) {
+        const float go = grad[oc];
+        const float* wk = w.weight + ((oc * g.kernel_h + ky) * g.kernel_w + kx) * g.in_c;
+        for (int64_t ic = 0; ic < g.in_c; ++ic) d[ic] += go * wk[ic];
+      }
+    }, dy);
+  }
+
+  void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
+    const Conv2dGeometry& g = g_;
+    std::fill_n(dw, g.out_c * g.kernel_h * g.kernel_w * g.in_c, 0.0f);
+    visit([&](int64_t n, int64_t iy, int64_t ix, int64_t ky, int64_t kx, const float* grad) {
+      const float* in = x + ((n * g.in_h + iy) * g.in_w + ix) * g.in_c;
+      for (int64_t oc = 0; oc < g.out_c; ++oc) {
+        const float go = grad[oc];
+        float* d = dw + ((oc * g.kernel_h + ky) * g.kernel_w + kx) * g.in_c;
+        for (int64_t ic = 0; ic < g.in_c; ++ic) d[ic] += go * in[ic];
+      }
+    }, dy);
+    if (db) {
+      std::fill_n(db, g.out_c, 0.0f);
+      const int64_t rows = g.batch * oh_ * ow_;
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t oc = 0; oc < g.out_c; ++oc) db[oc] += dy[r * g.out_c + oc];
+    }
+  }
+
+ private:
+  // Calls f(n, iy, ix, ky, kx, dy_row) for every valid (output, tap) pair.
+  template <typename F>
+  void visit(F&& f, const float* dy) const {
+    const Conv2dGeometry& g = g_;
+    for (int64_t n = 0; n < g.batch; ++n)
+      for (int64_t oy = 0; oy < oh_; ++oy)
+        for (int64_t ox = 0; ox < ow_; ++ox) {
+          const float* grad = dy + ((n * oh_ + oy) * ow_ + ox) * g.out_c;
+          for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
+            const int64_t iy = oy * g.stride_h - g.pad_h + ky * g.dilation_h;
+            if (iy < 0 || iy >= g.in_h) continue;
+            for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
+              const int64_t ix = ox * g.stride_w - g.pad_w + kx * g.dilation_w;
+              if (ix < 0 || ix >= g.in_w) continue;
+              f(n, iy, ix, ky, kx, grad);
+            }
+          }
+        }
+  }
+
+  Conv2dGeometry g_;
+  int64_t oh_, ow_;
+};
+
+class ReferenceLinear final : public LinearKernel {
+ public:
+  explicit ReferenceLinear(const LinearGeometry& g) : g_(g) {}
+
+  void forward(const float* x, const WeightsView& w, float* y) override {
+    const int64_t in = g_.in_features, out = g_.out_features;
+    for (int64_t n = 0; n < g_.batch; ++n)
+      for (int64_t o = 0; o < out; ++o) {
+        const float* xr = x + n * in;
+        const float* wr = w.weight + o * in;
+        float acc = 0.0f;
+        for (int64_t i = 0; i < in; ++i) acc += xr[i] * wr[i];
+        y[n * out + o] = acc + (w.bias ? w.bias[o] : 0.0f);
+      }
+  }
+
+  void backward_data(const float* dy, const WeightsView& w, float* dx) override {
+    const int64_t in = g_.in_features, out = g_.out_features;
+    std::fill_n(dx, g_.batch * in, 0.0f);
+    for (int64_t n = 0; n < g_.batch; ++n)
+      for (int64_t o = 0; o < out; ++o) {
+        const float go = dy[n * out + o];
+        const float* wr = w.weight + o * in;
+        float* d = dx + n * in;
+        for (int64_t i = 0; i < in; ++i) d[i] += go * wr[i];
+      }
+  }
+
+  void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
+    const int64_t in = g_.in_features, out = g_.out_features;
+    std::fill_n(dw, out * in, 0.0f);
+    for (int64_t n = 0; n < g_.batch; ++n)
+      for (int64_t o = 0; o < out; ++o) {
+        const float go = dy[n * out + o];
+        const float* xr = x + n * in;
+        float* d = dw + o * in;
+        for (int64_t i = 0; i < in; ++i) d[i] += go * xr[i];
+      }
+    if (db) {
+      std::fill_n(db, out, 0.0f);
+      for (int64_t n = 0; n < g_.batch; ++n)
+        for (int64_t o = 0; o < out; ++o) db[o] += dy[n * out + o];
+    }
+  }
+
+ private:
+  LinearGeometry g_;
+};
+
+class ReferenceRelu final : public ReluKernel {
+ public:
+  explicit ReferenceRelu(int64_t n) : n_(n) {}
+  void forward(const float* x, float* y) override {
+    for (int64_t i = 0; i < n_; ++i) y[i] = x[i] > 0.0f ? x[i] : 0.0f;
+  }
+  void backward(const float* y, const float* dy, float* dx) override {
+    for (int64_t i = 0; i < n_; ++i) dx[i] = y[i] > 0.0f ? dy[i] : 0.0f;
+  }
+
+ private:
+  int64_t n_;
+};
+
+// Stash: for each output element, the flat input index (iy * W + ix) of its maximum.
+class ReferenceMaxPool2d final : public MaxPool2dKernel {
+ public:
+  explicit ReferenceMaxPool2d(const Pool2dGeometry& g) : g_(g), oh_(g.out_h()), ow_(g.out_w()) {}
+
+  size_t stash_bytes() const override {
+    return static_cast<size_t>(g_.batch * oh_ * ow_ * g_.channels) * sizeof(int32_t);
+  }
+
+  void forward(const float* x, float* y, void* stash) override {
+    auto* arg = static_cast<int32_t*>(stash);
+    const Pool2dGeometry& g = g_;
+    for (int64_t n = 0; n < g.batch; ++n)
+      for (int64_t oy = 0; oy < oh_; ++oy)
+        for (int64_t ox = 0; ox < ow_; ++ox)
+          for (int64_t c = 0; c < g.channels; ++c) {
+            float best = -std::numeric_limits<float>::infinity();
+            int32_t best_at = -1;
+            for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
+              const int64_t iy = oy * g.stride_h - g.pad_h + ky;
+              if (iy < 0 || iy >= g.in_h) continue;
+              for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
+                const int64_t ix = ox * g.stride_w - g.pad_w + kx;
+                if (ix < 0 || ix >= g.in_w) continue;
+                const float v = x[((n * g.in_h + iy) * g.in_w + ix) * g.channels + c];
+                if (best_at < 0 || v > best) {
+                  best = v;
+                  best_at = static_cast<int32_t>(iy * g.in_w + ix);
+                }
+              }
+            }
+            const int64_t o = ((n * oh_ + oy) * ow_ + ox) * g.channels + c;
+            y[o] = best;
+            arg[o] = best_at;
+          }
+  }
+
+  void backward(const float* dy, const void* stash, float* dx) override {
+    const auto* arg = static_cast<const int32_t*>(stash);
+    const Pool2dGeometry& g = g_;
+    const int64_t plane = g.in_h * g.in_w;
+    std::fill_n(dx, g.batch * plane * g.channels, 0.0f);
+    for (int64_t n = 0; n < g.batch; ++n)
+      for (int64_t p = 0; p < oh_ * ow_; ++p)
+        for (int64_t c = 0; c < g.channels; ++c) {
+          const int64_t o = (n * oh_ * ow_ + p) * g.channels + c;
+          if (arg[o] >= 0) dx[(n * plane + arg[o]) * g.channels + c] += dy[o];
+        }
+  }
+
+ private:
+  Pool2dGeometry g_;
+  int64_t oh_, ow_;
+};
+
+class ReferenceBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "reference"; }
+  std::unique_ptr<Conv2dKernel> conv2d(const Conv2dGeometry& g) override {
+    return std::make_unique<ReferenceConv2d>(g);
+  }
+  std::unique_ptr<LinearKernel> linear(const LinearGeometry& g) override {
+    return std::make_unique<ReferenceLinear>(g);
+  }
+  std::unique_ptr<ReluKernel> relu(int64_t elements) override {
+    return std::make_unique<ReferenceRelu>(elements);
+  }
+  std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override {
+    return std::make_unique<ReferenceMaxPool2d>(g);
+  }
+};
+
+}  // namespace
+
+std::unique_ptr<Backend> make_reference_backend(const BackendOptions&) {
+  return std::make_unique<ReferenceBackend>();
+}
+
+}  // namespace tandem

@@ -1,0 +1,13 @@
+// The reference backend: portable C++ loops, the oracle every other backend is tested
+// against. Builds anywhere core builds (g++, aarch64-linux-gnu-g++, em++).
+#pragma once
+
+#include <memory>
+
+#include "core/backend.h"
+
+namespace tandem {
+
+std::unique_ptr<Backend> make_reference_backend(const BackendOptions& options);
+
+}  // namespace tandem

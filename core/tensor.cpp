@@ -1,0 +1,115 @@
+#include "core/tensor.h"
+
+#include <algorithm>
+#include <cstring>
+#include <new>
+
+#include "core/error.h"
+
+namespace tandem {
+
+Shape::Shape(std::initializer_list<int64_t> dims) {
+  if (dims.size() > kMaxRank) fail("tensor", cat("rank ", dims.size(), " exceeds ", kMaxRank));
+  for (int64_t d : dims) dims_[static_cast<std::size_t>(rank_++)] = d;
+}
+
+Shape Shape::of(const int64_t* dims, int rank) {
+  if (rank < 0 || rank > kMaxRank) fail("tensor", cat("rank ", rank, " is not in [0, ", kMaxRank, "]"));
+  Shape s;
+  for (int i = 0; i < rank; ++i) s.dims_[static_cast<std::size_t>(i)] = dims[i];
+  s.rank_ = rank;
+  return s;
+}
+
+int64_t Shape::numel() const {
+  int64_t n = 1;
+  for (int i = 0; i < rank_; ++i) n *= dims_[static_cast<std::size_t>(i)];
+  return n;
+}
+
+int64_t Shape::item_numel() const {
+  int64_t n = 1;
+  for (int i = 1; i < rank_; ++i) n *= dims_[static_cast<std::size_t>(i)];
+  return n;
+}
+
+Shape Shape::with_batch(int64_t n) const {
+  Shape s = *this;
+  if (s.rank_ > 0) s.dims_[0] = n;
+  return s;
+}
+
+std::string Shape::str() const {
+  std::string out = "[";
+  for (int i = 0; i < rank_; ++i) {
+    if (i) out += ", ";
+    out += std::to_string(dims_[static_cast<std::size_t>(i)]);
+  }
+  return out + "]";
+}
+
+bool Shape::operator==(const Shape& o) const {
+  if (rank_ != o.rank_) return false;
+  for (int i = 0; i < rank_; ++i)
+    if (dims_[static_cast<std::size_t>(i)] != o.dims_[static_cast<std::size_t>(i)]) return false;
+  return true;
+}
+
+void AlignedFree::operator()(float* p) const {
+  ::operator delete[](p, std::align_val_t{kTensorAlignment});
+}
+
+std::unique_ptr<float, AlignedFree> aligned_floats(std::size_t count) {
+  // Round up so vector kernels may read a whole cache line past the end of small tensors.
+  std::size_t padded = (count + 15) / 16 * 16;
+  if (padded == 0) padded = 16;
+  auto* p = static_cast<float*>(::operator new[](padded * sizeof(float), std::align_val_t{kTensorAlignment}));
+  return std::unique_ptr<float, AlignedFree>(p);
+}
+
+Tensor Tensor::empty(const Shape& shape) {
+  if (shape.numel() < 0) fail("tensor", cat("negative size in shape ", shape.str()));
+  Tensor t;
+  t.storage_ = std::shared_ptr<float>(aligned_floats(static_cast<std::size_t>(shape.numel())));
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::zeros(const Shape& shape) {
+  Tensor t = empty(shape);
+  t.fill(0.0f);
+  return t;
+}
+
+Tensor Tensor::slice_batch(int64_t begin, int64_t count) const {
+  if (shape_.rank() == 0 || begin < 0 || count < 0 || begin + count > shape_[0])
+    fail("tensor", cat("batch slice [", begin, ", ", begin + count, ") out of ", shape_.str()));
+  Tensor t = *this;
+  t.offset_ = offset_ + begin * shape_.item_numel();
+  t.shape_ = shape_.with_batch(count);
+  return t;
+}
+
+Tensor Tensor::reshape(const Shape& shape) const {
+  if (shape.numel() != numel())
+    fail("tensor", cat("cannot reshape ", shape_.str(), " to ", shape.str()));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
+Tensor Tensor::clone() const {
+  Tensor t = empty(shape_);
+  if (numel() > 0) std::memcpy(t.data(), data(), bytes());
+  return t;
+}
+
+void Tensor::fill(float value) { std::fill_n(data(), numel(), value); }
+
+void Tensor::copy_from(const Tensor& src) {
+  if (src.numel() != numel())
+    fail("tensor", cat("copy of ", src.shape().str(), " into ", shape_.str()));
+  if (numel() > 0) std::memmove(data(), src.data(), bytes());
+}
+
+}  // namespace tandem

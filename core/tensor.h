@@ -1,0 +1,79 @@
+// Tensor: f32 values in 64-byte aligned shared storage, NHWC for activations. Copies and
+// views (batch slices, reshapes) share storage and never allocate.
+#pragma once
+
+#include <array>
+#include <cstddef>
+#include <cstdint>
+#include <initializer_list>
+#include <memory>
+#include <string>
+
+namespace tandem {
+
+inline constexpr std::size_t kTensorAlignment = 64;
+inline constexpr int kMaxRank = 4;
+
+// Up to four dimensions; for activations the first is the batch.
+class Shape {
+ public:
+  Shape() = default;
+  Shape(std::initializer_list<int64_t> dims);
+  static Shape of(const int64_t* dims, int rank);
+
+  int rank() const { return rank_; }
+  int64_t operator[](int i) const { return dims_[static_cast<std::size_t>(i)]; }
+  int64_t& operator[](int i) { return dims_[static_cast<std::size_t>(i)]; }
+  int64_t numel() const;
+  // Elements per batch item (product of all but the first dimension).
+  int64_t item_numel() const;
+  Shape with_batch(int64_t n) const;
+  std::string str() const;  // e.g. "[64, 28, 28, 1]"
+
+  bool operator==(const Shape& o) const;
+  bool operator!=(const Shape& o) const { return !(*this == o); }
+
+ private:
+  std::array<int64_t, kMaxRank> dims_{};
+  int rank_ = 0;
+};
+
+// 64-byte aligned allocation; the deleter frees with the matching aligned delete.
+struct AlignedFree {
+  void operator()(float* p) const;
+};
+std::unique_ptr<float, AlignedFree> aligned_floats(std::size_t count);
+
+class Tensor {
+ public:
+  Tensor() = default;
+  static Tensor empty(const Shape& shape);
+  static Tensor zeros(const Shape& shape);
+
+  const Shape& shape() const { return shape_; }
+  int64_t numel() const { return shape_.numel(); }
+  bool defined() const { return storage_ != nullptr; }
+  std::size_t bytes() const { return static_cast<std::size_t>(numel()) * sizeof(float); }
+
+  float* data() { return storage_.get() + offset_; }
+  const float* data() const { return storage_.get() + offset_; }
+  float& operator[](int64_t i) { return data()[i]; }
+  float operator[](int64_t i) const { return data()[i]; }
+
+  // Items [begin, begin + count) of the first dimension, sharing storage.
+  Tensor slice_batch(int64_t begin, int64_t count) const;
+  // Same storage seen with another shape of equal element count.
+  Tensor reshape(const Shape& shape) const;
+  // Deep copy into fresh storage.
+  Tensor clone() const;
+
+  void fill(float value);
+  void copy_from(const Tensor& src);  // shapes must hold the same number of elements
+
+ private:
+  std::shared_ptr<float> storage_;
+  int64_t offset_ = 0;
+  Shape shape_;
+};
+
+}  // namespace tandem
