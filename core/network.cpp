@@ -16,6 +16,7 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
                               : nodes[static_cast<std::size_t>(-s - 1)].shape);
     }
     layers_.push_back(make_layer(node, shapes, backend_, rng));
+    for (Param* p : layers_.back()->params()) params_.push_back(p);
     input_ids_.push_back(std::move(ids));
   }
   // Only the output and its ancestors take part in backward.
@@ -37,13 +38,6 @@ int Network::tensor_id(int source) const {
   return source >= 0 ? source : static_cast<int>(graph_.inputs().size()) + (-source - 1);
 }
 
-std::vector<Param*> Network::params() {
-  std::vector<Param*> all;
-  for (auto& layer : layers_)
-    for (Param* p : layer->params()) all.push_back(p);
-  return all;
-}
-
 Param& Network::param(const std::string& name) {
   for (Param* p : params())
     if (p->name() == name) return *p;
@@ -57,7 +51,7 @@ int64_t Network::param_count() {
 }
 
 void Network::zero_grad() {
-  for (Param* p : params()) p->zero_grad();
+  for (Param* p : params_) p->zero_grad();
 }
 
 Network::Slot& Network::slot(int index) {

@@ -19,7 +19,7 @@ class Network {
 
   const Graph& graph() const { return graph_; }
   Backend& backend() const { return backend_; }
-  std::vector<Param*> params();
+  const std::vector<Param*>& params() const { return params_; }
   Param& param(const std::string& name);
   int64_t param_count();
 
@@ -48,6 +48,7 @@ class Network {
   Graph graph_;
   Backend& backend_;
   std::vector<std::unique_ptr<Layer>> layers_;
+  std::vector<Param*> params_;  // all layers' parameters, in graph order
   std::vector<std::vector<int>> input_ids_;  // per node: tensor ids of its inputs
   std::vector<bool> needs_grad_;            // per node: on a path to the output
   std::vector<Slot> slots_;

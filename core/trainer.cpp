@@ -1,0 +1,54 @@
+#include "core/trainer.h"
+
+#include "core/error.h"
+#include "core/loss.h"
+
+namespace tandem {
+
+ChainTrainer::ChainTrainer(std::vector<Network*> stages, std::vector<Sgd*> optimizers)
+    : stages_(std::move(stages)), optimizers_(std::move(optimizers)) {
+  if (stages_.empty() || stages_.size() != optimizers_.size())
+    fail("trainer", cat("need one optimizer per stage, got ", stages_.size(), " stages and ", optimizers_.size(),
+                        " optimizers"));
+}
+
+StepStats ChainTrainer::train_step(const Tensor& images, const int32_t* labels, int microbatches) {
+  const int64_t batch = images.shape()[0];
+  if (microbatches < 1 || microbatches > batch)
+    fail("trainer", cat("micro-batches must be in [1, batch size ", batch, "], got ", microbatches));
+  for (Network* s : stages_) s->zero_grad();
+  StepStats stats;
+  const float scale = 1.0f / static_cast<float>(batch);
+  int64_t begin = 0;
+  for (int mb = 0; mb < microbatches; ++mb) {
+    // Sizes differ by at most one when K does not divide B.
+    const int64_t count = batch / microbatches + (mb < batch % microbatches ? 1 : 0);
+    Tensor x = images.slice_batch(begin, count);
+    for (Network* s : stages_) x = s->forward(x, mb);
+    if (!dlogits_.defined() || dlogits_.shape() != x.shape()) dlogits_ = Tensor::empty(x.shape());
+    stats.loss_sum += softmax_cross_entropy(x, labels + begin, scale, &dlogits_);
+    stats.correct += count_correct(x, labels + begin);
+    Tensor grad = dlogits_;
+    for (std::size_t i = stages_.size(); i-- > 0;) grad = stages_[i]->backward(grad, mb, i > 0);
+    begin += count;
+  }
+  stats.samples = batch;
+  for (Sgd* o : optimizers_) o->step();
+  return stats;
+}
+
+StepStats ChainTrainer::evaluate(const Tensor& images, const int32_t* labels, int64_t chunk) {
+  StepStats stats;
+  const int64_t total = images.shape()[0];
+  for (int64_t begin = 0; begin < total; begin += chunk) {
+    const int64_t count = std::min(chunk, total - begin);
+    Tensor x = images.slice_batch(begin, count);
+    for (Network* s : stages_) x = s->forward(x, 0);
+    stats.loss_sum += softmax_cross_entropy(x, labels + begin, 1.0f, nullptr);
+    stats.correct += count_correct(x, labels + begin);
+    stats.samples += count;
+  }
+  return stats;
+}
+
+}  // namespace tandem

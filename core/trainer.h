@@ -1,0 +1,37 @@
+// Local training over a chain of stages (one Network, or the front and back shards of a
+// split): each step cuts the batch into K micro-batches, runs them through every stage with
+// the loss on the last, accumulates gradients and applies each stage's optimizer once.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "core/network.h"
+#include "core/optimizer.h"
+
+namespace tandem {
+
+struct StepStats {
+  double loss_sum = 0.0;  // summed over samples
+  int64_t correct = 0;
+  int64_t samples = 0;
+};
+
+class ChainTrainer {
+ public:
+  // Stages run in order; stage i's output is stage i+1's input. One optimizer per stage.
+  ChainTrainer(std::vector<Network*> stages, std::vector<Sgd*> optimizers);
+
+  // One optimizer step on `images` [B, ...] with `labels` [B], in K micro-batches. The
+  // result equals one unpipelined step on the whole batch (the gradient of the batch mean).
+  StepStats train_step(const Tensor& images, const int32_t* labels, int microbatches);
+  // Forward only, in chunks of at most `chunk` samples; no gradients.
+  StepStats evaluate(const Tensor& images, const int32_t* labels, int64_t chunk);
+
+ private:
+  std::vector<Network*> stages_;
+  std::vector<Sgd*> optimizers_;
+  Tensor dlogits_;
+};
+
+}  // namespace tandem

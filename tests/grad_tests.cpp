@@ -1,0 +1,155 @@
+// Gradient checks: for each layer on the backend under test, the analytic gradients of
+// L = sum(output * R) with respect to the input and every parameter are compared with
+// central finite differences of the same backend's forward pass.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+
+#include "core/graph.h"
+#include "core/loss.h"
+#include "core/network.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+constexpr float kEps = 1e-2f;
+
+double weighted_sum(const Tensor& out, const Tensor& r) {
+  double s = 0.0;
+  for (int64_t i = 0; i < out.numel(); ++i) s += static_cast<double>(out[i]) * r[i];
+  return s;
+}
+
+// Compares the analytic gradient `analytic` of `values` with central differences of f,
+// on up to `samples` elements chosen at random.
+template <typename F>
+void check_gradient(Tensor values, const Tensor& analytic, F&& f, const std::string& what, Rng& rng,
+                    int samples = 48) {
+  const int64_t n = values.numel();
+  float worst = 0.0f;
+  for (int s = 0; s < std::min<int64_t>(samples, n); ++s) {
+    const int64_t i = n <= samples ? s : static_cast<int64_t>(rng.below(static_cast<uint64_t>(n)));
+    const float saved = values[i];
+    values[i] = saved + kEps;
+    const double up = f();
+    values[i] = saved - kEps;
+    const double down = f();
+    values[i] = saved;
+    const double numeric = (up - down) / (2.0 * kEps);
+    const double err = std::fabs(numeric - analytic[i]) / std::max(1.0, std::fabs(numeric));
+    worst = std::max(worst, static_cast<float>(err));
+    EXPECT_LT(err, 5e-3) << what << "[" << i << "]: analytic " << analytic[i] << " numeric " << numeric;
+  }
+  ::testing::Test::RecordProperty(what + ".worst_rel_err", std::to_string(worst));
+}
+
+// Builds a one-node network on the backend under test and checks every gradient.
+void check_node(const Shape& in, const NodeSpec& node, Tensor x) {
+  auto backend = make_test_backend(backend_under_test());
+  Graph graph = Graph::build(one_node_spec(in, node));
+  Network net(graph, *backend, 11);
+  Rng rng(99);
+  const Tensor& y0 = net.forward(x, 0);
+  Tensor r = random_tensor(y0.shape(), rng);
+  net.zero_grad();
+  Tensor dx = net.backward(r, 0, true).clone();
+  auto loss = [&] { return weighted_sum(net.forward(x, 0), r); };
+  // Bump versions so a backend that packs weights sees each perturbation.
+  auto loss_after_param_change = [&](Param& p) {
+    return [&net, &p, &x, &r] {
+      p.bump_version();
+      return weighted_sum(net.forward(x, 0), r);
+    };
+  };
+  check_gradient(x, dx, loss, node.name + ".input", rng);
+  for (Param* p : net.params()) {
+    Tensor g = p->grad().clone();
+    check_gradient(p->value(), g, loss_after_param_change(*p), p->name(), rng);
+  }
+}
+
+NodeSpec node(const std::string& op) {
+  NodeSpec n;
+  n.name = op + "0";
+  n.op = op;
+  return n;
+}
+
+TEST(GradConv2d, Padded) {
+  NodeSpec n = node("conv2d");
+  n.conv2d.out_channels = 4;
+  n.conv2d.kernel = {3, 3};
+  n.conv2d.padding = {1, 1};
+  Rng rng(1);
+  check_node({6, 5, 3}, n, random_tensor({2, 6, 5, 3}, rng));
+}
+
+TEST(GradConv2d, StrideDilationNoBias) {
+  NodeSpec n = node("conv2d");
+  n.conv2d.out_channels = 3;
+  n.conv2d.kernel = {3, 2};
+  n.conv2d.stride = {2, 1};
+  n.conv2d.dilation = {2, 2};
+  n.conv2d.padding = {1, 2};
+  n.conv2d.bias = false;
+  Rng rng(2);
+  check_node({9, 7, 2}, n, random_tensor({2, 9, 7, 2}, rng));
+}
+
+TEST(GradLinear, Basic) {
+  NodeSpec n = node("linear");
+  n.linear.out_features = 6;
+  Rng rng(3);
+  check_node({10}, n, random_tensor({3, 10}, rng));
+}
+
+TEST(GradRelu, AwayFromKink) {
+  Rng rng(4);
+  Tensor x = Tensor::empty({2, 4, 4, 3});
+  for (int64_t i = 0; i < x.numel(); ++i) x[i] = (rng.uniform01() < 0.5f ? -1.0f : 1.0f) * rng.uniform(0.1f, 1.0f);
+  check_node({4, 4, 3}, node("relu"), x);
+}
+
+Tensor distinct_values(const Shape& shape, Rng& rng) {
+  // Values 0.05 apart, shuffled: a +-eps nudge never changes which element is the maximum.
+  Tensor x = Tensor::empty(shape);
+  for (int64_t i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(i) * 0.05f - 1.0f;
+  for (int64_t i = x.numel() - 1; i > 0; --i) std::swap(x[i], x[static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)))]);
+  return x;
+}
+
+TEST(GradMaxPool2d, Tiled) {
+  NodeSpec n = node("max_pool2d");
+  n.pool.kernel = {2, 2};
+  n.pool.stride = {2, 2};
+  Rng rng(5);
+  check_node({6, 4, 3}, n, distinct_values({2, 6, 4, 3}, rng));
+}
+
+TEST(GradMaxPool2d, OverlappingPadded) {
+  NodeSpec n = node("max_pool2d");
+  n.pool.kernel = {3, 3};
+  n.pool.stride = {2, 2};
+  n.pool.padding = {1, 1};
+  Rng rng(6);
+  check_node({7, 5, 2}, n, distinct_values({2, 7, 5, 2}, rng));
+}
+
+TEST(GradFlatten, View) {
+  Rng rng(7);
+  check_node({3, 2, 4}, node("flatten"), random_tensor({2, 3, 2, 4}, rng));
+}
+
+TEST(GradSoftmaxCrossEntropy, Logits) {
+  Rng rng(8);
+  Tensor logits = random_tensor({5, 7}, rng, -3.0f, 3.0f);
+  const int32_t labels[5] = {0, 6, 3, 3, 1};
+  Tensor grad = Tensor::empty(logits.shape());
+  softmax_cross_entropy(logits, labels, 1.0f, &grad);
+  check_gradient(logits, grad, [&] { return softmax_cross_entropy(logits, labels, 1.0f, nullptr); },
+                 "softmax_cross_entropy.logits", rng);
+}
+
+}  // namespace
+}  // namespace tandem::test

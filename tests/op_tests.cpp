@@ -1,0 +1,198 @@
+// Op tests: every kernel of the backend under test (TANDEM_BACKEND) against the reference
+// backend, forward and both backward passes, over shapes that exercise stride, padding and
+// dilation. Fluent testers in the style of XNNPACK's operator testers.
+#include <gtest/gtest.h>
+
+#include <cstring>
+
+#include "core/reference/reference_backend.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+struct Backends {
+  std::unique_ptr<Backend> tested = make_test_backend(backend_under_test());
+  std::unique_ptr<Backend> reference = make_reference_backend({});
+};
+
+class Conv2dTester {
+ public:
+  Conv2dTester& batch(int64_t n) { return g_.batch = n, *this; }
+  Conv2dTester& input(int64_t h, int64_t w, int64_t c) { return g_.in_h = h, g_.in_w = w, g_.in_c = c, *this; }
+  Conv2dTester& out_channels(int64_t c) { return g_.out_c = c, *this; }
+  Conv2dTester& kernel(int64_t h, int64_t w) { return g_.kernel_h = h, g_.kernel_w = w, *this; }
+  Conv2dTester& stride(int64_t h, int64_t w) { return g_.stride_h = h, g_.stride_w = w, *this; }
+  Conv2dTester& padding(int64_t h, int64_t w) { return g_.pad_h = h, g_.pad_w = w, *this; }
+  Conv2dTester& dilation(int64_t h, int64_t w) { return g_.dilation_h = h, g_.dilation_w = w, *this; }
+  Conv2dTester& bias(bool b) { return g_.bias = b, *this; }
+
+  void test() const {
+    SCOPED_TRACE(g_.str());
+    Backends b;
+    Rng rng(42);
+    const int64_t oh = g_.out_h(), ow = g_.out_w();
+    Tensor x = random_tensor({g_.batch, g_.in_h, g_.in_w, g_.in_c}, rng);
+    Tensor w = random_tensor({g_.out_c, g_.kernel_h, g_.kernel_w, g_.in_c}, rng);
+    Tensor bias = random_tensor({g_.out_c}, rng);
+    Tensor dy = random_tensor({g_.batch, oh, ow, g_.out_c}, rng);
+    auto run = [&](Backend& backend, uint64_t version) {
+      auto k = backend.conv2d(g_);
+      WeightsView view{w.data(), g_.bias ? bias.data() : nullptr, version};
+      Outputs o{Tensor::empty(dy.shape()), Tensor::empty(x.shape()), Tensor::empty(w.shape()), Tensor::empty(bias.shape())};
+      k->forward(x.data(), view, o.y.data());
+      k->forward(x.data(), view, o.y.data());  // a second call reuses the planned kernel
+      k->backward_data(dy.data(), view, o.dx.data());
+      k->backward_weights(x.data(), dy.data(), o.dw.data(), g_.bias ? o.db.data() : nullptr);
+      return std::make_pair(std::move(o), std::move(k));
+    };
+    auto [want, ref_kernel] = run(*b.reference, 1);
+    auto [got, kernel] = run(*b.tested, 1);
+    expect_close(got.y.data(), want.y.data(), want.y.numel(), "forward");
+    expect_close(got.dx.data(), want.dx.data(), want.dx.numel(), "backward_data");
+    expect_close(got.dw.data(), want.dw.data(), want.dw.numel(), "backward_weights dw");
+    if (g_.bias) expect_close(got.db.data(), want.db.data(), want.db.numel(), "backward_weights db");
+
+    // New weight values under a new version must be picked up (backends that pack weights).
+    for (int64_t i = 0; i < w.numel(); ++i) w[i] = -w[i] * 0.5f;
+    WeightsView updated{w.data(), g_.bias ? bias.data() : nullptr, 2};
+    ref_kernel->forward(x.data(), updated, want.y.data());
+    kernel->forward(x.data(), updated, got.y.data());
+    expect_close(got.y.data(), want.y.data(), want.y.numel(), "forward after a weight update");
+    ref_kernel->backward_data(dy.data(), updated, want.dx.data());
+    kernel->backward_data(dy.data(), updated, got.dx.data());
+    expect_close(got.dx.data(), want.dx.data(), want.dx.numel(), "backward_data after a weight update");
+  }
+
+ private:
+  struct Outputs {
+    Tensor y, dx, dw, db;
+  };
+  Conv2dGeometry g_;
+};
+
+class LinearTester {
+ public:
+  LinearTester& batch(int64_t n) { return g_.batch = n, *this; }
+  LinearTester& features(int64_t in, int64_t out) { return g_.in_features = in, g_.out_features = out, *this; }
+  LinearTester& bias(bool b) { return g_.bias = b, *this; }
+
+  void test() const {
+    SCOPED_TRACE(g_.str());
+    Backends b;
+    Rng rng(7);
+    Tensor x = random_tensor({g_.batch, g_.in_features}, rng);
+    Tensor w = random_tensor({g_.out_features, g_.in_features}, rng);
+    Tensor bias = random_tensor({g_.out_features}, rng);
+    Tensor dy = random_tensor({g_.batch, g_.out_features}, rng);
+    struct Out {
+      Tensor y, dx, dw, db;
+    };
+    auto run = [&](Backend& backend, uint64_t version) {
+      auto k = backend.linear(g_);
+      WeightsView view{w.data(), g_.bias ? bias.data() : nullptr, version};
+      Out o{Tensor::empty(dy.shape()), Tensor::empty(x.shape()), Tensor::empty(w.shape()), Tensor::empty(bias.shape())};
+      k->forward(x.data(), view, o.y.data());
+      k->forward(x.data(), view, o.y.data());
+      k->backward_data(dy.data(), view, o.dx.data());
+      k->backward_weights(x.data(), dy.data(), o.dw.data(), g_.bias ? o.db.data() : nullptr);
+      // Backward of another micro-batch with the same kernel.
+      k->backward_weights(x.data(), dy.data(), o.dw.data(), g_.bias ? o.db.data() : nullptr);
+      return std::make_pair(std::move(o), std::move(k));
+    };
+    auto [want, ref_kernel] = run(*b.reference, 1);
+    auto [got, kernel] = run(*b.tested, 1);
+    expect_close(got.y.data(), want.y.data(), want.y.numel(), "forward");
+    expect_close(got.dx.data(), want.dx.data(), want.dx.numel(), "backward_data");
+    expect_close(got.dw.data(), want.dw.data(), want.dw.numel(), "backward_weights dw");
+    if (g_.bias) expect_close(got.db.data(), want.db.data(), want.db.numel(), "backward_weights db");
+
+    for (int64_t i = 0; i < w.numel(); ++i) w[i] = w[i] * 0.25f + 0.125f;
+    WeightsView updated{w.data(), g_.bias ? bias.data() : nullptr, 2};
+    ref_kernel->forward(x.data(), updated, want.y.data());
+    kernel->forward(x.data(), updated, got.y.data());
+    expect_close(got.y.data(), want.y.data(), want.y.numel(), "forward after a weight update");
+    ref_kernel->backward_data(dy.data(), updated, want.dx.data());
+    kernel->backward_data(dy.data(), updated, got.dx.data());
+    expect_close(got.dx.data(), want.dx.data(), want.dx.numel(), "backward_data after a weight update");
+  }
+
+ private:
+  LinearGeometry g_;
+};
+
+class MaxPool2dTester {
+ public:
+  MaxPool2dTester& batch(int64_t n) { return g_.batch = n, *this; }
+  MaxPool2dTester& input(int64_t h, int64_t w, int64_t c) { return g_.in_h = h, g_.in_w = w, g_.channels = c, *this; }
+  MaxPool2dTester& kernel(int64_t h, int64_t w) { return g_.kernel_h = h, g_.kernel_w = w, *this; }
+  MaxPool2dTester& stride(int64_t h, int64_t w) { return g_.stride_h = h, g_.stride_w = w, *this; }
+  MaxPool2dTester& padding(int64_t h, int64_t w) { return g_.pad_h = h, g_.pad_w = w, *this; }
+
+  void test() const {
+    SCOPED_TRACE(g_.str());
+    Backends b;
+    Rng rng(3);
+    // Distinct values, so the maximum of every window is unique and both sides agree on it.
+    Tensor x = Tensor::empty({g_.batch, g_.in_h, g_.in_w, g_.channels});
+    for (int64_t i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(i) * 0.01f;
+    for (int64_t i = x.numel() - 1; i > 0; --i) std::swap(x[i], x[static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)))]);
+    Tensor dy = random_tensor({g_.batch, g_.out_h(), g_.out_w(), g_.channels}, rng);
+    auto run = [&](Backend& backend, Tensor& y, Tensor& dx) {
+      auto k = backend.max_pool2d(g_);
+      std::vector<std::byte> stash(k->stash_bytes());
+      k->forward(x.data(), y.data(), stash.data());
+      dx.fill(123.0f);  // backward must overwrite, not accumulate
+      k->backward(dy.data(), stash.data(), dx.data());
+    };
+    Tensor want_y = Tensor::empty(dy.shape()), got_y = Tensor::empty(dy.shape());
+    Tensor want_dx = Tensor::empty(x.shape()), got_dx = Tensor::empty(x.shape());
+    run(*b.reference, want_y, want_dx);
+    run(*b.tested, got_y, got_dx);
+    expect_close(got_y.data(), want_y.data(), want_y.numel(), "forward", 0.0f);
+    expect_close(got_dx.data(), want_dx.data(), want_dx.numel(), "backward", 1e-6f);
+  }
+
+ private:
+  Pool2dGeometry g_;
+};
+
+TEST(Conv2d, Basic3x3) { Conv2dTester().batch(2).input(7, 6, 3).out_channels(5).kernel(3, 3).padding(1, 1).test(); }
+TEST(Conv2d, NoBias) { Conv2dTester().batch(1).input(5, 5, 4).out_channels(3).kernel(3, 3).bias(false).test(); }
+TEST(Conv2d, Stride2Padding1) { Conv2dTester().batch(3).input(9, 8, 4).out_channels(6).kernel(3, 3).stride(2, 2).padding(1, 1).test(); }
+TEST(Conv2d, Stride2OddNoPad) { Conv2dTester().batch(2).input(11, 9, 2).out_channels(3).kernel(3, 2).stride(2, 2).test(); }
+TEST(Conv2d, Dilation2) { Conv2dTester().batch(2).input(10, 9, 3).out_channels(4).kernel(3, 3).dilation(2, 2).padding(2, 2).test(); }
+TEST(Conv2d, Pointwise) { Conv2dTester().batch(4).input(6, 6, 16).out_channels(8).kernel(1, 1).test(); }
+TEST(Conv2d, Kernel5Stride3) { Conv2dTester().batch(2).input(13, 12, 3).out_channels(4).kernel(5, 5).stride(3, 2).padding(2, 1).test(); }
+TEST(Conv2d, FashionMnistShapes) { Conv2dTester().batch(8).input(14, 14, 32).out_channels(64).kernel(3, 3).padding(1, 1).test(); }
+
+TEST(Linear, Basic) { LinearTester().batch(4).features(17, 9).test(); }
+TEST(Linear, NoBias) { LinearTester().batch(3).features(8, 5).bias(false).test(); }
+TEST(Linear, BatchOne) { LinearTester().batch(1).features(33, 10).test(); }
+TEST(Linear, Wide) { LinearTester().batch(16).features(784, 128).test(); }
+
+TEST(Relu, ForwardBackward) {
+  Backends b;
+  Rng rng(5);
+  for (int64_t n : {1, 7, 1000}) {
+    Tensor x = random_tensor({n}, rng), dy = random_tensor({n}, rng);
+    x[0] = 0.0f;  // the kink: both sides use y > 0
+    Tensor want_y = Tensor::empty({n}), got_y = Tensor::empty({n}), want_dx = Tensor::empty({n}), got_dx = Tensor::empty({n});
+    auto r = b.reference->relu(n);
+    auto t = b.tested->relu(n);
+    r->forward(x.data(), want_y.data());
+    t->forward(x.data(), got_y.data());
+    r->backward(want_y.data(), dy.data(), want_dx.data());
+    t->backward(got_y.data(), dy.data(), got_dx.data());
+    expect_close(got_y.data(), want_y.data(), n, "relu forward", 0.0f);
+    expect_close(got_dx.data(), want_dx.data(), n, "relu backward", 0.0f);
+  }
+}
+
+TEST(MaxPool2d, Tiled2x2) { MaxPool2dTester().batch(2).input(8, 6, 5).kernel(2, 2).stride(2, 2).test(); }
+TEST(MaxPool2d, FashionMnistShapes) { MaxPool2dTester().batch(4).input(28, 28, 32).kernel(2, 2).stride(2, 2).test(); }
+TEST(MaxPool2d, Overlapping3x3Stride2Pad1) { MaxPool2dTester().batch(2).input(9, 7, 3).kernel(3, 3).stride(2, 2).padding(1, 1).test(); }
+TEST(MaxPool2d, RaggedEdge) { MaxPool2dTester().batch(1).input(7, 7, 4).kernel(2, 2).stride(2, 2).test(); }
+
+}  // namespace
+}  // namespace tandem::test

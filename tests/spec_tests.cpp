@@ -1,0 +1,159 @@
+// Model spec and graph tests: the JSON form parses, bad specs are refused with an error that
+// names the node and field, and split() cuts where one tensor crosses and refuses otherwise.
+#include <gtest/gtest.h>
+
+#include "core/error.h"
+#include "core/graph.h"
+#include "core/model_spec.h"
+
+namespace tandem::test {
+namespace {
+
+std::string sample_path() { return std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json"; }
+
+// Runs f and returns the Error message it throws ("" when it does not throw).
+template <typename F>
+std::string error_of(F&& f) {
+  try {
+    f();
+  } catch (const Error& e) {
+    return e.what();
+  }
+  return "";
+}
+
+Graph graph_of(const std::string& json) { return Graph::build(parse_model_json(json)); }
+
+std::string with_nodes(const std::string& nodes, const std::string& extra = "") {
+  return R"({ name: "t", inputs: [ { name: "x", shape: [8, 8, 2] } ], nodes: [ )" + nodes + " ] " + extra + "}";
+}
+
+TEST(Spec, SampleParsesWithShapesAndParams) {
+  ModelSpec spec = load_model_spec(sample_path());
+  EXPECT_EQ(spec.cut, "pool2");
+  Graph g = Graph::build(spec);
+  ASSERT_EQ(g.nodes().size(), 10u);
+  EXPECT_EQ(g.node("pool2").shape, (Shape{7, 7, 64}));
+  EXPECT_EQ(g.node("flatten").shape, (Shape{3136}));
+  EXPECT_EQ(g.node("fc2").shape, (Shape{10}));
+  const auto names = g.param_names();
+  ASSERT_EQ(names.size(), 8u);
+  EXPECT_EQ(names[0], "conv1.weight");
+  EXPECT_EQ(names[7], "fc2.bias");
+}
+
+TEST(Spec, BinaryRoundTrip) {
+  ModelSpec spec = load_model_spec(sample_path());
+  ModelSpec again = parse_model_binary(spec.binary.data(), spec.binary.size());
+  EXPECT_EQ(again.nodes.size(), spec.nodes.size());
+  EXPECT_EQ(again.binary, spec.binary);
+}
+
+TEST(Spec, NodesOutOfOrderAreSorted) {
+  Graph g = graph_of(with_nodes(R"({ name: "b", op: "relu", inputs: ["a"] }, { name: "a", op: "relu", inputs: ["x"] })",
+                                R"(, output: "b")"));
+  EXPECT_EQ(g.nodes()[0].spec.name, "a");
+  EXPECT_EQ(g.nodes()[1].spec.name, "b");
+}
+
+TEST(Spec, MalformedJsonIsRefusedWithPosition) {
+  const std::string msg = error_of([] { parse_model_json("{ name: \"t\", nodes: [ { name: ", "bad.json"); });
+  EXPECT_NE(msg.find("[model spec] bad.json"), std::string::npos) << msg;
+}
+
+TEST(Spec, UnknownFieldIsNamed) {
+  const std::string msg = error_of([] { parse_model_json(with_nodes(R"({ name: "a", op: "relu", inputs: ["x"], colour: 3 })")); });
+  EXPECT_NE(msg.find("colour"), std::string::npos) << msg;
+}
+
+TEST(Spec, UnknownOpNamesTheNode) {
+  const std::string msg = error_of([] { graph_of(with_nodes(R"({ name: "mystery", op: "frobnicate", inputs: ["x"] })")); });
+  EXPECT_EQ(msg.rfind("[model spec] node 'mystery': field 'op' has unknown op 'frobnicate'", 0), 0u) << msg;
+}
+
+TEST(Spec, MissingAttributeNamesNodeAndField) {
+  const std::string msg = error_of([] { graph_of(with_nodes(R"({ name: "c1", op: "conv2d", inputs: ["x"], conv2d: { kernel: [3] } })")); });
+  EXPECT_EQ(msg, "[model spec] node 'c1' (conv2d): field 'conv2d.out_channels' must be > 0, got 0");
+}
+
+TEST(Spec, BadPairNamesField) {
+  const std::string msg = error_of([] {
+    graph_of(with_nodes(R"({ name: "c1", op: "conv2d", inputs: ["x"], conv2d: { out_channels: 2, kernel: [3, 3, 3] } })"));
+  });
+  EXPECT_EQ(msg, "[model spec] node 'c1': field 'conv2d.kernel' takes 1 or 2 values, got 3");
+}
+
+TEST(Spec, ShapeMismatchNamesTheNode) {
+  const std::string msg = error_of([] { graph_of(with_nodes(R"({ name: "fc", op: "linear", inputs: ["x"], linear: { out_features: 3 } })")); });
+  EXPECT_EQ(msg, "[graph] node 'fc' (linear): expects a rank-1 input per sample, got [8, 8, 2] (add a flatten node before it)");
+}
+
+TEST(Spec, KernelLargerThanInputNamesTheNode) {
+  const std::string msg = error_of([] {
+    graph_of(with_nodes(R"({ name: "big", op: "conv2d", inputs: ["x"], conv2d: { out_channels: 2, kernel: [9] } })"));
+  });
+  EXPECT_EQ(msg.rfind("[graph] node 'big' (conv2d): kernel larger than the padded input", 0), 0u) << msg;
+}
+
+TEST(Spec, UnknownInputNamesTheNode) {
+  const std::string msg = error_of([] { graph_of(with_nodes(R"({ name: "r", op: "relu", inputs: ["nowhere"] })")); });
+  EXPECT_EQ(msg, "[graph] node 'r': field 'inputs' names unknown tensor 'nowhere'");
+}
+
+TEST(Spec, CycleIsRefused) {
+  const std::string msg = error_of([] {
+    graph_of(with_nodes(R"({ name: "a", op: "relu", inputs: ["b"] }, { name: "b", op: "relu", inputs: ["a"] })"));
+  });
+  EXPECT_EQ(msg, "[graph] the graph has a cycle through nodes 'a', 'b'");
+}
+
+TEST(Spec, DuplicateNameIsRefused) {
+  const std::string msg = error_of([] {
+    graph_of(with_nodes(R"({ name: "a", op: "relu", inputs: ["x"] }, { name: "a", op: "relu", inputs: ["x"] })"));
+  });
+  EXPECT_EQ(msg, "[model spec] node 'a': field 'name' repeats a name already used");
+}
+
+TEST(Spec, GarbageBinaryIsRefused) {
+  const uint8_t junk[16] = {1, 2, 3, 4, 'T', 'D', 'M', 'S', 9, 9, 9, 9, 9, 9, 9, 9};
+  EXPECT_EQ(error_of([&] { parse_model_binary(junk, sizeof junk); }),
+            "[model spec] binary model spec failed FlatBuffers verification");
+  EXPECT_EQ(error_of([&] { parse_model_binary(junk, 4); }),
+            "[model spec] not a tandem model spec (missing file identifier 'TDMS')");
+}
+
+TEST(Split, SampleAtPool2) {
+  Graph g = Graph::build(load_model_spec(sample_path()));
+  auto [front, back] = g.split("pool2");
+  ASSERT_EQ(front.nodes().size(), 6u);
+  ASSERT_EQ(back.nodes().size(), 4u);
+  EXPECT_EQ(front.nodes()[front.output()].spec.name, "pool2");
+  ASSERT_EQ(back.inputs().size(), 1u);
+  EXPECT_EQ(back.inputs()[0].name, "pool2");
+  EXPECT_EQ(back.inputs()[0].shape, (Shape{7, 7, 64}));
+  EXPECT_EQ(back.nodes()[back.output()].spec.name, "fc2");
+  EXPECT_EQ(front.param_names().size() + back.param_names().size(), g.param_names().size());
+}
+
+TEST(Split, CutCrossedByTwoTensorsIsRefused) {
+  // Two branches from 'x': a cut on one of them leaves the other reading 'x' across the cut.
+  const std::string json = R"({ name: "t", inputs: [ { name: "x", shape: [4] } ], nodes: [
+      { name: "a", op: "relu", inputs: ["x"] },
+      { name: "b", op: "linear", inputs: ["a"], linear: { out_features: 2 } },
+      { name: "c", op: "linear", inputs: ["x"], linear: { out_features: 2 } },
+      { name: "d", op: "relu", inputs: ["c"] } ], output: "b" })";
+  Graph g = graph_of(json);
+  // Cutting at 'c' leaves 'a' reading the graph input and 'd' reading the cut.
+  const std::string msg = error_of([&] { g.split("c"); });
+  EXPECT_EQ(msg.rfind("[split] cut at 'c' is crossed by 2 tensors: 'c' (read by 'd'), 'x' (read by 'a')", 0), 0u) << msg;
+}
+
+TEST(Split, CutAtOutputOrUnknownIsRefused) {
+  Graph g = Graph::build(load_model_spec(sample_path()));
+  EXPECT_EQ(error_of([&] { g.split("fc2"); }),
+            "[split] cut node 'fc2' is the output: nothing would be left for the back shard");
+  EXPECT_EQ(error_of([&] { g.split("nope"); }), "[split] cut node 'nope' is not in the graph");
+}
+
+}  // namespace
+}  // namespace tandem::test

@@ -1,0 +1,70 @@
+// Shared helpers for the test suite: the backend under test (TANDEM_BACKEND), seeded random
+// tensors, tolerant comparison against the reference, and one-node model specs.
+#pragma once
+
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstdlib>
+#include <memory>
+#include <string>
+#include <vector>
+
+#include "core/backend.h"
+#include "core/model_spec.h"
+#include "core/random.h"
+#include "core/tensor.h"
+#include "tools/all_backends.h"
+
+namespace tandem::test {
+
+// The backend named by TANDEM_BACKEND (ctest sets it per test), default "reference".
+inline std::string backend_under_test() {
+  const char* name = std::getenv("TANDEM_BACKEND");
+  return name && *name ? name : "reference";
+}
+
+inline std::unique_ptr<Backend> make_test_backend(const std::string& name) {
+  register_built_backends();
+  return make_backend(name);
+}
+
+inline void fill_uniform(float* p, int64_t n, Rng& rng, float lo = -1.0f, float hi = 1.0f) {
+  for (int64_t i = 0; i < n; ++i) p[i] = rng.uniform(lo, hi);
+}
+
+inline Tensor random_tensor(const Shape& shape, Rng& rng, float lo = -1.0f, float hi = 1.0f) {
+  Tensor t = Tensor::empty(shape);
+  fill_uniform(t.data(), t.numel(), rng, lo, hi);
+  return t;
+}
+
+// Asserts |got - want| <= tol * max(1, max|want|) elementwise; reports the worst element.
+inline void expect_close(const float* got, const float* want, int64_t n, const std::string& what,
+                         float tol = 1e-4f) {
+  float scale = 1.0f, worst = 0.0f;
+  int64_t worst_at = 0;
+  for (int64_t i = 0; i < n; ++i) scale = std::max(scale, std::fabs(want[i]));
+  for (int64_t i = 0; i < n; ++i) {
+    const float d = std::fabs(got[i] - want[i]);
+    if (!(d <= worst)) {  // also catches NaN
+      worst = std::isnan(d) ? INFINITY : d;
+      worst_at = i;
+    }
+  }
+  EXPECT_LE(worst, tol * scale) << what << ": worst element " << worst_at << " got " << got[worst_at] << " want "
+                                << want[worst_at] << " (scale " << scale << ", " << n << " elements)";
+}
+
+// A model with one input of per-sample shape `in` feeding `node`, which is the output.
+inline ModelSpec one_node_spec(const Shape& in, NodeSpec node) {
+  ModelSpec spec;
+  spec.name = "test." + node.op;
+  spec.inputs.push_back({"x", in});
+  node.inputs = {"x"};
+  spec.output = node.name;
+  spec.nodes.push_back(std::move(node));
+  return spec;
+}
+
+}  // namespace tandem::test

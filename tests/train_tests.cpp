@@ -1,0 +1,175 @@
+// Training tests on the backend under test: loss falls, the same seed gives bitwise-equal
+// weights, K micro-batches equal one whole-batch step, a split model trains like the whole
+// model, and the steady-state step makes no heap allocation.
+#include <gtest/gtest.h>
+
+#include <atomic>
+#include <cstring>
+#include <new>
+
+#include "core/graph.h"
+#include "core/network.h"
+#include "core/trainer.h"
+#include "test_support.h"
+
+// Counts operator new calls while `counting` is set (this test binary only).
+static std::atomic<bool> counting{false};
+static std::atomic<int64_t> allocations{0};
+
+void* operator new(std::size_t n) {
+  if (counting.load(std::memory_order_relaxed)) allocations.fetch_add(1, std::memory_order_relaxed);
+  if (void* p = std::malloc(n ? n : 1)) return p;
+  throw std::bad_alloc();
+}
+void* operator new[](std::size_t n) { return operator new(n); }
+void operator delete(void* p) noexcept { std::free(p); }
+void operator delete[](void* p) noexcept { std::free(p); }
+void operator delete(void* p, std::size_t) noexcept { std::free(p); }
+void operator delete[](void* p, std::size_t) noexcept { std::free(p); }
+
+namespace tandem::test {
+namespace {
+
+// A small CNN in the shape of the Fashion-MNIST sample, cut after its conv block.
+ModelSpec small_cnn() {
+  ModelSpec spec;
+  spec.name = "small-cnn";
+  spec.inputs.push_back({"image", Shape{8, 8, 1}});
+  auto add = [&](const std::string& name, const std::string& op, const std::string& input) -> NodeSpec& {
+    NodeSpec n;
+    n.name = name;
+    n.op = op;
+    n.inputs = {input};
+    spec.nodes.push_back(n);
+    return spec.nodes.back();
+  };
+  NodeSpec& conv = add("conv1", "conv2d", "image");
+  conv.conv2d.out_channels = 6;
+  conv.conv2d.kernel = {3, 3};
+  conv.conv2d.padding = {1, 1};
+  add("relu1", "relu", "conv1");
+  add("pool1", "max_pool2d", "relu1").pool = {{2, 2}, {2, 2}, {0, 0}};
+  add("flatten", "flatten", "pool1");
+  add("fc1", "linear", "flatten").linear.out_features = 24;
+  add("relu2", "relu", "fc1");
+  add("fc2", "linear", "relu2").linear.out_features = 4;
+  spec.output = "fc2";
+  spec.cut = "pool1";
+  return spec;
+}
+
+// Inputs whose class is which quadrant is bright, plus noise: learnable but not trivial.
+struct Data {
+  Tensor images;
+  std::vector<int32_t> labels;
+};
+Data make_data(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  Data d{random_tensor({n, 8, 8, 1}, rng, 0.0f, 0.5f), std::vector<int32_t>(static_cast<std::size_t>(n))};
+  for (int64_t i = 0; i < n; ++i) {
+    const auto label = static_cast<int32_t>(rng.below(4));
+    d.labels[static_cast<std::size_t>(i)] = label;
+    for (int64_t y = 0; y < 4; ++y)
+      for (int64_t x = 0; x < 4; ++x) d.images[i * 64 + (y + 4 * (label / 2)) * 8 + x + 4 * (label % 2)] += 0.5f;
+  }
+  return d;
+}
+
+SgdOptions sgd() { return {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .nesterov = false}; }
+
+struct Whole {
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
+  Network net{Graph::build(small_cnn()), *backend, 1234};
+  Sgd opt{net.params(), sgd()};
+  ChainTrainer trainer{{&net}, {&opt}};
+};
+
+std::vector<float> weights_of(Network& net) {
+  std::vector<float> all;
+  for (Param* p : net.params()) all.insert(all.end(), p->value().data(), p->value().data() + p->value().numel());
+  return all;
+}
+
+float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
+  EXPECT_EQ(a.size(), b.size());
+  float worst = 0.0f;
+  for (std::size_t i = 0; i < a.size() && i < b.size(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  return worst;
+}
+
+TEST(Train, LossFallsOver50Steps) {
+  Whole w;
+  Data d = make_data(64, 5);
+  double first = 0.0, last = 0.0;
+  for (int step = 0; step < 50; ++step) {
+    StepStats s = w.trainer.train_step(d.images, d.labels.data(), 1);
+    if (step == 0) first = s.loss_sum / 64;
+    last = s.loss_sum / 64;
+  }
+  EXPECT_LT(last, 0.5 * first) << "loss " << first << " -> " << last;
+  StepStats eval = w.trainer.evaluate(d.images, d.labels.data(), 16);
+  EXPECT_GE(eval.correct, 56) << "training accuracy after 50 steps";
+}
+
+TEST(Train, SameSeedGivesBitwiseEqualWeights) {
+  Data d = make_data(32, 6);
+  auto run = [&] {
+    Whole w;
+    for (int step = 0; step < 10; ++step) w.trainer.train_step(d.images, d.labels.data(), 2);
+    return weights_of(w.net);
+  };
+  const auto a = run(), b = run();
+  ASSERT_EQ(a.size(), b.size());
+  EXPECT_EQ(std::memcmp(a.data(), b.data(), a.size() * sizeof(float)), 0);
+}
+
+TEST(Train, MicrobatchesEqualWholeBatch) {
+  Data d = make_data(48, 7);
+  auto run = [&](int k) {
+    Whole w;
+    for (int step = 0; step < 20; ++step) w.trainer.train_step(d.images, d.labels.data(), k);
+    return weights_of(w.net);
+  };
+  const auto whole = run(1);
+  EXPECT_LE(max_abs_diff(run(4), whole), 1e-5f);
+  EXPECT_LE(max_abs_diff(run(5), whole), 1e-5f);  // uneven micro-batches
+}
+
+TEST(Train, SplitEqualsWholeModel) {
+  Data d = make_data(32, 8);
+  Whole w;
+  auto [front_graph, back_graph] = Graph::build(small_cnn()).split("pool1");
+  Network front(front_graph, *w.backend, 1), back(back_graph, *w.backend, 2);
+  for (Network* shard : {&front, &back})
+    for (Param* p : shard->params()) {
+      p->value().copy_from(w.net.param(p->name()).value());
+      p->bump_version();
+    }
+  Sgd front_opt(front.params(), sgd()), back_opt(back.params(), sgd());
+  ChainTrainer split({&front, &back}, {&front_opt, &back_opt});
+  for (int step = 0; step < 10; ++step) {
+    w.trainer.train_step(d.images, d.labels.data(), 1);
+    split.train_step(d.images, d.labels.data(), 4);
+  }
+  for (Network* shard : {&front, &back})
+    for (Param* p : shard->params()) {
+      const Tensor& want = w.net.param(p->name()).value();
+      float worst = 0.0f;
+      for (int64_t i = 0; i < want.numel(); ++i) worst = std::max(worst, std::fabs(p->value()[i] - want[i]));
+      EXPECT_LE(worst, 1e-5f) << p->name();
+    }
+}
+
+TEST(Train, SteadyStateStepDoesNotAllocate) {
+  Whole w;
+  Data d = make_data(32, 9);
+  for (int step = 0; step < 3; ++step) w.trainer.train_step(d.images, d.labels.data(), 4);
+  allocations = 0;
+  counting = true;
+  for (int step = 0; step < 3; ++step) w.trainer.train_step(d.images, d.labels.data(), 4);
+  counting = false;
+  EXPECT_EQ(allocations.load(), 0) << "heap allocations in 3 steady-state steps on " << backend_under_test();
+}
+
+}  // namespace
+}  // namespace tandem::test
