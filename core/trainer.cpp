@@ -1,5 +1,7 @@
 #include "core/trainer.h"
 
+#include <chrono>
+
 #include "core/error.h"
 #include "core/loss.h"
 
@@ -10,7 +12,14 @@ ChainTrainer::ChainTrainer(std::vector<Network*> stages, std::vector<Sgd*> optim
   if (stages_.empty() || stages_.size() != optimizers_.size())
     fail("trainer", cat("need one optimizer per stage, got ", stages_.size(), " stages and ", optimizers_.size(),
                         " optimizers"));
+  times_.busy_s.assign(stages_.size(), 0.0);
 }
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
 
 StepStats ChainTrainer::train_step(const Tensor& images, const int32_t* labels, int microbatches) {
   const int64_t batch = images.shape()[0];
@@ -24,16 +33,28 @@ StepStats ChainTrainer::train_step(const Tensor& images, const int32_t* labels, 
     // Sizes differ by at most one when K does not divide B.
     const int64_t count = batch / microbatches + (mb < batch % microbatches ? 1 : 0);
     Tensor x = images.slice_batch(begin, count);
-    for (Network* s : stages_) x = s->forward(x, mb);
+    for (std::size_t i = 0; i < stages_.size(); ++i) {
+      const auto t0 = std::chrono::steady_clock::now();
+      x = stages_[i]->forward(x, mb);
+      times_.busy_s[i] += seconds_since(t0);
+    }
     if (!dlogits_.defined() || dlogits_.shape() != x.shape()) dlogits_ = Tensor::empty(x.shape());
     stats.loss_sum += softmax_cross_entropy(x, labels + begin, scale, &dlogits_);
     stats.correct += count_correct(x, labels + begin);
     Tensor grad = dlogits_;
-    for (std::size_t i = stages_.size(); i-- > 0;) grad = stages_[i]->backward(grad, mb, i > 0);
+    for (std::size_t i = stages_.size(); i-- > 0;) {
+      const auto t0 = std::chrono::steady_clock::now();
+      grad = stages_[i]->backward(grad, mb, i > 0);
+      times_.busy_s[i] += seconds_since(t0);
+    }
     begin += count;
   }
   stats.samples = batch;
-  for (Sgd* o : optimizers_) o->step();
+  for (std::size_t i = 0; i < optimizers_.size(); ++i) {
+    const auto t0 = std::chrono::steady_clock::now();
+    optimizers_[i]->step();
+    times_.busy_s[i] += seconds_since(t0);
+  }
   return stats;
 }
 

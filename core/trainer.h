@@ -17,6 +17,11 @@ struct StepStats {
   int64_t samples = 0;
 };
 
+// Seconds each stage spent computing (forward and backward), since construction.
+struct StageTimes {
+  std::vector<double> busy_s;
+};
+
 class ChainTrainer {
  public:
   // Stages run in order; stage i's output is stage i+1's input. One optimizer per stage.
@@ -27,11 +32,13 @@ class ChainTrainer {
   StepStats train_step(const Tensor& images, const int32_t* labels, int microbatches);
   // Forward only, in chunks of at most `chunk` samples; no gradients.
   StepStats evaluate(const Tensor& images, const int32_t* labels, int64_t chunk);
+  const StageTimes& times() const { return times_; }
 
  private:
   std::vector<Network*> stages_;
   std::vector<Sgd*> optimizers_;
   Tensor dlogits_;
+  StageTimes times_;
 };
 
 }  // namespace tandem

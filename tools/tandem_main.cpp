@@ -1,0 +1,174 @@
+// tandem: the engine's command line. `tandem train` trains a model spec on Fashion-MNIST in
+// one process, split at the cut: the front shard on the edge backend, the back on the cloud's.
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/graph.h"
+#include "core/network.h"
+#include "core/trainer.h"
+#include "edge/data/idx_dataset.h"
+#include "tools/all_backends.h"
+#include "tools/cli_args.h"
+#include "tools/progress.h"
+
+namespace tandem {
+namespace {
+
+constexpr const char* kUsage = R"(usage:
+  tandem train --model SPEC [--cut NODE] [--edge-backend NAME] [--cloud-backend NAME]
+               [--epochs N] [--batch B] [--microbatches K] [--lr X] [--momentum X]
+               [--weight-decay X] [--limit SAMPLES] [--test-limit SAMPLES] [--seed S]
+               [--threads T] [--metrics-json FILE]
+      Trains SPEC on Fashion-MNIST (Debian's dataset-fashion-mnist), split at the cut (the
+      spec's default cut unless --cut): front shard on the edge backend (default xnnpack),
+      back shard and loss on the cloud backend (default onednn), K micro-batches a step.
+      Prints progress, per-epoch metrics (also as JSON lines in FILE) and the test accuracy.
+  tandem backends      lists the backends this build has
+)";
+
+std::string default_backend(const std::string& preferred) {
+  const auto names = backend_names();
+  return std::find(names.begin(), names.end(), preferred) != names.end() ? preferred : "reference";
+}
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+int train(const CliArgs& args) {
+  args.reject_unknown({"model", "cut", "edge-backend", "cloud-backend", "epochs", "batch", "microbatches", "lr",
+                       "momentum", "weight-decay", "limit", "test-limit", "seed", "threads", "metrics-json"});
+  const ModelSpec spec = load_model_spec(args.required("model"));
+  const Graph graph = Graph::build(spec);
+  const std::string cut = args.str("cut", graph.default_cut());
+  if (cut.empty()) fail("cli", "the spec names no default cut; pass --cut NODE");
+  auto [front_graph, back_graph] = graph.split(cut);
+
+  const int64_t epochs = args.integer("epochs", 1, 1);
+  const int64_t batch = args.integer("batch", 64, 1);
+  const int microbatches = static_cast<int>(args.integer("microbatches", 4, 1));
+  const uint64_t seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
+  BackendOptions backend_options;
+  backend_options.threads = static_cast<int>(args.integer("threads", 1, 1));
+  const std::string edge_name = args.str("edge-backend", default_backend("xnnpack"));
+  const std::string cloud_name = args.str("cloud-backend", default_backend("onednn"));
+  auto edge_backend = make_backend(edge_name, backend_options);
+  auto cloud_backend = make_backend(cloud_name, backend_options);
+
+  // Both shards draw from one generator in graph order, so the initial weights do not depend
+  // on where the cut is.
+  Network whole(graph, *edge_backend, seed);
+  Network front(front_graph, *edge_backend, seed), back(back_graph, *cloud_backend, seed);
+  for (Network* shard : {&front, &back})
+    for (Param* p : shard->params()) {
+      p->value().copy_from(whole.param(p->name()).value());
+      p->bump_version();
+    }
+  SgdOptions sgd;
+  sgd.lr = static_cast<float>(args.number("lr", 0.05));
+  sgd.momentum = static_cast<float>(args.number("momentum", 0.9));
+  sgd.weight_decay = static_cast<float>(args.number("weight-decay", 0.0));
+  Sgd front_opt(front.params(), sgd), back_opt(back.params(), sgd);
+  ChainTrainer trainer({&front, &back}, {&front_opt, &back_opt});
+
+  std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
+  LabelledImages train_set = load_fashion_mnist(true, args.integer("limit", 0, 0));
+  LabelledImages test_set = load_fashion_mnist(false, args.integer("test-limit", 0, 0));
+  const Shape& in_shape = graph.inputs().at(0).shape;
+  if (train_set.images.shape().item_numel() != in_shape.numel())
+    fail("cli", cat("the model's input '", graph.inputs()[0].name, "' is ", in_shape.str(), " but the images are ",
+                    train_set.images.shape().str()));
+  std::fprintf(stderr, "model %s: %lld parameters, cut at '%s' (front %zu nodes on %s, back %zu nodes on %s)\n",
+               spec.name.c_str(), static_cast<long long>(front.param_count() + back.param_count()), cut.c_str(),
+               front_graph.nodes().size(), edge_name.c_str(), back_graph.nodes().size(), cloud_name.c_str());
+
+  std::ofstream metrics;
+  if (args.has("metrics-json")) {
+    metrics.open(args.str("metrics-json", ""), std::ios::app);
+    if (!metrics) fail("cli", cat("cannot write --metrics-json ", args.str("metrics-json", "")));
+  }
+
+  const int64_t n = train_set.images.shape()[0];
+  const int64_t item = train_set.images.shape().item_numel();
+  std::vector<int64_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  Rng shuffle_rng(seed ^ 0x5eedULL);
+  Tensor images = Tensor::empty(Shape{batch, in_shape[0], in_shape[1], in_shape[2]});
+  std::vector<int32_t> labels(static_cast<std::size_t>(batch));
+  double accuracy = 0.0;
+  for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
+    for (int64_t i = n - 1; i > 0; --i)
+      std::swap(order[static_cast<std::size_t>(i)], order[shuffle_rng.below(static_cast<uint64_t>(i + 1))]);
+    ProgressBar bar(cat("epoch ", epoch, "/", epochs), n);
+    StepStats total;
+    const auto busy0 = trainer.times().busy_s;
+    const auto t0 = std::chrono::steady_clock::now();
+    for (int64_t begin = 0; begin < n; begin += batch) {
+      const int64_t count = std::min(batch, n - begin);
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t src = order[static_cast<std::size_t>(begin + j)];
+        std::copy_n(train_set.images.data() + src * item, item, images.data() + j * item);
+        labels[static_cast<std::size_t>(j)] = train_set.labels[static_cast<std::size_t>(src)];
+      }
+      Tensor x = count == batch ? images : images.slice_batch(0, count);
+      StepStats s = trainer.train_step(x, labels.data(), static_cast<int>(std::min<int64_t>(microbatches, count)));
+      total.loss_sum += s.loss_sum;
+      total.correct += s.correct;
+      total.samples += s.samples;
+      bar.update(total.samples, cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
+    }
+    const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    bar.finish(cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
+    StepStats test = trainer.evaluate(test_set.images, test_set.labels.data(), 1000);
+    accuracy = static_cast<double>(test.correct) / static_cast<double>(test.samples);
+    const std::string json = cat(
+        "{\"epoch\":", epoch, ",\"samples\":", total.samples, ",\"seconds\":", fixed(seconds, 3),
+        ",\"samples_per_s\":", fixed(static_cast<double>(total.samples) / seconds, 1),
+        ",\"train_loss\":", fixed(total.loss_sum / static_cast<double>(total.samples), 5),
+        ",\"train_accuracy\":", fixed(static_cast<double>(total.correct) / static_cast<double>(total.samples), 5),
+        ",\"test_loss\":", fixed(test.loss_sum / static_cast<double>(test.samples), 5),
+        ",\"test_accuracy\":", fixed(accuracy, 5),
+        ",\"edge_busy_s\":", fixed(trainer.times().busy_s[0] - busy0[0], 3),
+        ",\"cloud_busy_s\":", fixed(trainer.times().busy_s[1] - busy0[1], 3), "}");
+    std::printf("%s\n", json.c_str());
+    std::fflush(stdout);
+    if (metrics) metrics << json << "\n" << std::flush;
+  }
+  std::printf("final test accuracy: %.2f%% (%lld test images)\n", accuracy * 100.0,
+              static_cast<long long>(test_set.images.shape()[0]));
+  return 0;
+}
+
+int run(int argc, char** argv) {
+  register_built_backends();
+  const std::string command = argc > 1 ? argv[1] : "";
+  if (command == "train") return train(CliArgs(argc, argv, 2, {}));
+  if (command == "backends") {
+    for (const auto& name : backend_names()) std::printf("%s\n", name.c_str());
+    return 0;
+  }
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::fputs(kUsage, stdout);
+    return 0;
+  }
+  std::fputs(kUsage, stderr);
+  return 2;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  try {
+    return tandem::run(argc, argv);
+  } catch (const tandem::Error& e) {
+    std::fprintf(stderr, "tandem: %s\n", e.what());
+    return 1;
+  }
+}
