@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Installs what tandem needs from Debian's archive (only what is missing, so a second run
+# is quick), then configures and builds the given CMake preset (default: release).
+# Usage: bash scripts/setup.sh [preset]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+packages=(
+  build-essential cmake ninja-build pkg-config git
+  libflatbuffers-dev flatbuffers-compiler
+  libxnnpack-dev libpthreadpool-dev libcpuinfo-dev
+  libdnnl-dev
+  libgtest-dev zlib1g-dev
+  dataset-fashion-mnist
+)
+missing=()
+for p in "${packages[@]}"; do
+  dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
+done
+if ((${#missing[@]})); then
+  echo "tandem setup: installing ${missing[*]}"
+  if [[ $(id -u) -ne 0 ]]; then
+    echo "tandem setup: these Debian packages are missing and installing them needs root: ${missing[*]}" >&2
+    exit 1
+  fi
+  export DEBIAN_FRONTEND=noninteractive
+  apt-get update -qq
+  apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+preset=${1:-release}
+cmake --preset "$preset" >/dev/null
+cmake --build --preset "$preset"
