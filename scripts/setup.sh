@@ -12,6 +12,7 @@ packages=(
   libdnnl-dev
   libgtest-dev zlib1g-dev
   dataset-fashion-mnist
+  g++-aarch64-linux-gnu emscripten
 )
 missing=()
 for p in "${packages[@]}"; do
