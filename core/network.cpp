@@ -28,8 +28,6 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
       if (s < 0) needs_grad_[static_cast<std::size_t>(-s - 1)] = true;
   }
   const std::size_t tensors = graph_.inputs().size() + nodes.size();
-  grad_buffers_.resize(tensors);
-  grad_scratch_.resize(tensors);
   grads_.resize(tensors);
   contributions_.resize(tensors);
 }
@@ -63,6 +61,8 @@ Network::Slot& Network::slot(int index) {
   if (s.values.empty()) {
     s.values.resize(graph_.inputs().size() + graph_.nodes().size());
     s.stashes.resize(graph_.nodes().size());
+    s.grad_buffers.resize(s.values.size());
+    s.grad_scratch.resize(s.values.size());
   }
   return s;
 }
@@ -147,9 +147,9 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
       if (layers_[n]->is_view()) {
         node_grads_.push_back(grad_out.reshape(shape));
       } else if (contributions_[i] == 0) {
-        node_grads_.push_back(buffer(grad_buffers_, in_id, shape));
+        node_grads_.push_back(buffer(s.grad_buffers, in_id, shape));
       } else {
-        node_grads_.push_back(buffer(grad_scratch_, in_id, shape));
+        node_grads_.push_back(buffer(s.grad_scratch, in_id, shape));
       }
     }
     if (!layers_[n]->is_view()) layers_[n]->backward(node_inputs_, s.values[id], grad_out, node_grads_, s.stashes[n]);
@@ -161,7 +161,7 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
         grads_[i] = node_grads_[k];
         continue;
       }
-      Tensor& own = buffer(grad_buffers_, static_cast<int>(i), grads_[i].shape());
+      Tensor& own = buffer(s.grad_buffers, static_cast<int>(i), grads_[i].shape());
       if (own.data() != grads_[i].data()) own.copy_from(grads_[i]);
       float* acc = own.data();
       const float* add = node_grads_[k].data();

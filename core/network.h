@@ -40,6 +40,9 @@ class Network {
   struct Slot {
     std::vector<Tensor> values;  // per tensor id: graph inputs, then node outputs
     std::vector<Stash> stashes;  // per node
+    // Backward working buffers per tensor id. Kept per slot so that micro-batches of unequal
+    // size (K not dividing B) reuse their own buffers instead of re-allocating every step.
+    std::vector<Tensor> grad_buffers, grad_scratch;
   };
   int tensor_id(int source) const;  // GraphNode::sources entry -> tensor id
   Slot& slot(int index);
@@ -52,8 +55,8 @@ class Network {
   std::vector<std::vector<int>> input_ids_;  // per node: tensor ids of its inputs
   std::vector<bool> needs_grad_;            // per node: on a path to the output
   std::vector<Slot> slots_;
-  // Backward working set, shared by all slots (one backward runs at a time).
-  std::vector<Tensor> grad_buffers_, grad_scratch_, grads_;
+  // Gradients of the backward in progress (one runs at a time), per tensor id.
+  std::vector<Tensor> grads_;
   std::vector<int> contributions_;
   std::vector<Tensor> node_inputs_, node_grads_;
 };

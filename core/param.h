@@ -36,9 +36,11 @@ class Param {
   bool accumulating_ = false;  // grad() already holds a contribution
 };
 
-// What a kernel sees of a layer's weight and optional bias.
+// What a kernel sees of a layer's weight and optional bias. Versions only grow, so their sum
+// changes whenever either parameter changes.
 inline WeightsView view_of(const Param& weight, const Param* bias) {
-  return {weight.value().data(), bias ? bias->value().data() : nullptr, weight.version()};
+  return {weight.value().data(), bias ? bias->value().data() : nullptr,
+          weight.version() + (bias ? bias->version() : 0)};
 }
 
 }  // namespace tandem

@@ -60,9 +60,9 @@ void AlignedFree::operator()(float* p) const {
 }
 
 std::unique_ptr<float, AlignedFree> aligned_floats(std::size_t count) {
-  // Round up so vector kernels may read a whole cache line past the end of small tensors.
-  std::size_t padded = (count + 15) / 16 * 16;
-  if (padded == 0) padded = 16;
+  // Round up to a whole cache line plus one spare line: XNNPACK's kernels may read up to
+  // 16 bytes past the end of their inputs.
+  const std::size_t padded = (count + 15) / 16 * 16 + 16;
   auto* p = static_cast<float*>(::operator new[](padded * sizeof(float), std::align_val_t{kTensorAlignment}));
   return std::unique_ptr<float, AlignedFree>(p);
 }

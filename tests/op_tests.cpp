@@ -4,12 +4,20 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <limits>
 
 #include "core/reference/reference_backend.h"
 #include "test_support.h"
 
 namespace tandem::test {
 namespace {
+
+// Outputs start as NaN: a kernel that accumulates into its output instead of overwriting it fails.
+Tensor nan_tensor(const Shape& s) {
+  Tensor t = Tensor::empty(s);
+  t.fill(std::numeric_limits<float>::quiet_NaN());
+  return t;
+}
 
 struct Backends {
   std::unique_ptr<Backend> tested = make_test_backend(backend_under_test());
@@ -39,7 +47,7 @@ class Conv2dTester {
     auto run = [&](Backend& backend, uint64_t version) {
       auto k = backend.conv2d(g_);
       WeightsView view{w.data(), g_.bias ? bias.data() : nullptr, version};
-      Outputs o{Tensor::empty(dy.shape()), Tensor::empty(x.shape()), Tensor::empty(w.shape()), Tensor::empty(bias.shape())};
+      Outputs o{nan_tensor(dy.shape()), nan_tensor(x.shape()), nan_tensor(w.shape()), nan_tensor(bias.shape())};
       k->forward(x.data(), view, o.y.data());
       k->forward(x.data(), view, o.y.data());  // a second call reuses the planned kernel
       k->backward_data(dy.data(), view, o.dx.data());
@@ -53,15 +61,25 @@ class Conv2dTester {
     expect_close(got.dw.data(), want.dw.data(), want.dw.numel(), "backward_weights dw");
     if (g_.bias) expect_close(got.db.data(), want.db.data(), want.db.numel(), "backward_weights db");
 
-    // New weight values under a new version must be picked up (backends that pack weights).
+    // New weight values under a new version must be picked up (backends that pack weights),
+    // and every pass must follow new input and output buffers (another micro-batch's).
     for (int64_t i = 0; i < w.numel(); ++i) w[i] = -w[i] * 0.5f;
     WeightsView updated{w.data(), g_.bias ? bias.data() : nullptr, 2};
-    ref_kernel->forward(x.data(), updated, want.y.data());
-    kernel->forward(x.data(), updated, got.y.data());
-    expect_close(got.y.data(), want.y.data(), want.y.numel(), "forward after a weight update");
-    ref_kernel->backward_data(dy.data(), updated, want.dx.data());
+    Tensor x2 = random_tensor(x.shape(), rng), dy2 = random_tensor(dy.shape(), rng);
+    Outputs want2{nan_tensor(dy.shape()), nan_tensor(x.shape()), nan_tensor(w.shape()), nan_tensor(bias.shape())};
+    Outputs got2{nan_tensor(dy.shape()), nan_tensor(x.shape()), nan_tensor(w.shape()), nan_tensor(bias.shape())};
+    for (auto [k, o] : {std::pair{ref_kernel.get(), &want2}, std::pair{kernel.get(), &got2}}) {
+      k->forward(x2.data(), updated, o->y.data());
+      k->backward_data(dy2.data(), updated, o->dx.data());
+      k->backward_weights(x2.data(), dy2.data(), o->dw.data(), g_.bias ? o->db.data() : nullptr);
+    }
+    expect_close(got2.y.data(), want2.y.data(), want2.y.numel(), "forward after a weight update, new buffers");
+    expect_close(got2.dx.data(), want2.dx.data(), want2.dx.numel(), "backward_data after a weight update, new buffers");
+    expect_close(got2.dw.data(), want2.dw.data(), want2.dw.numel(), "backward_weights dw, new buffers");
+    // And back to the first buffers.
     kernel->backward_data(dy.data(), updated, got.dx.data());
-    expect_close(got.dx.data(), want.dx.data(), want.dx.numel(), "backward_data after a weight update");
+    ref_kernel->backward_data(dy.data(), updated, want.dx.data());
+    expect_close(got.dx.data(), want.dx.data(), want.dx.numel(), "backward_data, first buffers again");
   }
 
  private:
@@ -91,7 +109,7 @@ class LinearTester {
     auto run = [&](Backend& backend, uint64_t version) {
       auto k = backend.linear(g_);
       WeightsView view{w.data(), g_.bias ? bias.data() : nullptr, version};
-      Out o{Tensor::empty(dy.shape()), Tensor::empty(x.shape()), Tensor::empty(w.shape()), Tensor::empty(bias.shape())};
+      Out o{nan_tensor(dy.shape()), nan_tensor(x.shape()), nan_tensor(w.shape()), nan_tensor(bias.shape())};
       k->forward(x.data(), view, o.y.data());
       k->forward(x.data(), view, o.y.data());
       k->backward_data(dy.data(), view, o.dx.data());
@@ -151,6 +169,25 @@ class MaxPool2dTester {
     run(*b.tested, got_y, got_dx);
     expect_close(got_y.data(), want_y.data(), want_y.numel(), "forward", 0.0f);
     expect_close(got_dx.data(), want_dx.data(), want_dx.numel(), "backward", 1e-6f);
+
+    // Two micro-batches in flight through one kernel, each with its own stash, while the
+    // gradient buffers are shared (as the network does): backward must use the given stash.
+    auto ref = b.reference->max_pool2d(g_);
+    auto tested = b.tested->max_pool2d(g_);
+    Tensor x2 = x.clone();
+    for (int64_t i = x2.numel() - 1; i > 0; --i) std::swap(x2[i], x2[static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)))]);
+    std::vector<std::byte> stash_a(tested->stash_bytes()), stash_b(tested->stash_bytes());
+    std::vector<std::byte> ref_a(ref->stash_bytes()), ref_b(ref->stash_bytes());
+    Tensor y_a = Tensor::empty(dy.shape()), y_b = Tensor::empty(dy.shape());
+    tested->forward(x.data(), y_a.data(), stash_a.data());
+    tested->forward(x2.data(), y_b.data(), stash_b.data());
+    ref->forward(x.data(), y_a.data(), ref_a.data());
+    ref->forward(x2.data(), y_b.data(), ref_b.data());
+    for (auto [stash, ref_stash] : {std::pair{&stash_a, &ref_a}, std::pair{&stash_b, &ref_b}, std::pair{&stash_a, &ref_a}}) {
+      tested->backward(dy.data(), stash->data(), got_dx.data());
+      ref->backward(dy.data(), ref_stash->data(), want_dx.data());
+      expect_close(got_dx.data(), want_dx.data(), want_dx.numel(), "backward of interleaved micro-batches", 1e-6f);
+    }
   }
 
  private:

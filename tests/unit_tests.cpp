@@ -60,8 +60,9 @@ TEST(Init, PyTorchDefaultBounds) {
     }
     EXPECT_LE(peak, bound) << p->name();
     EXPECT_GT(peak, 0.9f * bound) << p->name();
-    if (p->value().numel() > 1000)  // U(-b, b) has standard deviation b / sqrt(3)
+    if (p->value().numel() > 1000) {  // U(-b, b) has standard deviation b / sqrt(3)
       EXPECT_NEAR(std::sqrt(sum_sq / static_cast<double>(p->value().numel())), bound / std::sqrt(3.0), 0.02 * bound);
+    }
   }
 }
 

@@ -1,0 +1,166 @@
+#include "cloud/onednn/onednn_backend.h"
+
+#include <string>
+
+#include "cloud/onednn/onednn_kernels.h"
+
+#if DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP
+#include <omp.h>
+#endif
+
+namespace tandem {
+namespace onednn {
+namespace {
+
+using dnnl::memory;
+using tag = memory::format_tag;
+constexpr auto f32 = memory::data_type::f32;
+
+struct ReluShape {
+  int64_t elements;
+  std::string str() const { return cat("relu [", elements, "]"); }
+};
+
+// eltwise relu; the backward reads the forward's output (relu_use_dst_for_bwd):
+// dx = dy where y > 0, else 0.
+class Relu final : public ReluKernel {
+ public:
+  Relu(std::shared_ptr<const Context> ctx, int64_t elements) : ctx_(std::move(ctx)), shape_{elements} {
+    guarded(*ctx_, "relu setup", shape_, [&] {
+      const Context& c = *ctx_;
+      const memory::desc md({elements}, f32, tag::x);
+      const auto alg = dnnl::algorithm::eltwise_relu_use_dst_for_bwd;
+      const dnnl::primitive_attr attr = user_scratchpad();
+      dnnl::eltwise_forward::primitive_desc fwd_pd({dnnl::prop_kind::forward_training, alg, md, 0.0f}, attr, c.engine);
+      dnnl::eltwise_backward::primitive_desc bwd_pd({alg, md, md, 0.0f}, attr, c.engine, fwd_pd);
+      x_ = wrapper(c, md), y_ = wrapper(c, md), by_ = wrapper(c, md), dy_ = wrapper(c, md), dx_ = wrapper(c, md);
+      fwd_ = Step(c, fwd_pd, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}});
+      bwd_ = Step(c, bwd_pd, {{DNNL_ARG_DST, by_}, {DNNL_ARG_DIFF_DST, dy_}, {DNNL_ARG_DIFF_SRC, dx_}});
+    });
+  }
+
+  void forward(const float* x, float* y) override {
+    guarded(*ctx_, "relu forward", shape_, [&] {
+      bind(x_, x);
+      bind(y_, y);
+      fwd_.run(*ctx_);
+    });
+  }
+
+  void backward(const float* y, const float* dy, float* dx) override {
+    guarded(*ctx_, "relu backward", shape_, [&] {
+      bind(by_, y);
+      bind(dy_, dy);
+      bind(dx_, dx);
+      bwd_.run(*ctx_);
+    });
+  }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+  ReluShape shape_;
+  memory x_, y_, by_, dy_, dx_;
+  Step fwd_, bwd_;
+};
+
+// pooling_max forward_training on NHWC; the stash is oneDNN's workspace (which window
+// position won), read back by pooling_backward. Padded positions never win.
+class MaxPool2d final : public MaxPool2dKernel {
+ public:
+  MaxPool2d(std::shared_ptr<const Context> ctx, const Pool2dGeometry& g) : ctx_(std::move(ctx)), g_(g) {
+    guarded(*ctx_, "max_pool2d setup", g_, [&] {
+      const Context& c = *ctx_;
+      const memory::desc src_md({g.batch, g.channels, g.in_h, g.in_w}, f32, tag::nhwc);
+      const memory::desc dst_md({g.batch, g.channels, g.out_h(), g.out_w()}, f32, tag::nhwc);
+      const memory::dims strides{g.stride_h, g.stride_w}, kernel{g.kernel_h, g.kernel_w}, pad{g.pad_h, g.pad_w};
+      const auto alg = dnnl::algorithm::pooling_max;
+      const dnnl::primitive_attr attr = user_scratchpad();
+      dnnl::pooling_forward::primitive_desc fwd_pd(
+          {dnnl::prop_kind::forward_training, alg, src_md, dst_md, strides, kernel, pad, pad}, attr, c.engine);
+      dnnl::pooling_backward::primitive_desc bwd_pd({alg, src_md, dst_md, strides, kernel, pad, pad}, attr, c.engine,
+                                                    fwd_pd);
+      const memory::desc ws_md = fwd_pd.workspace_desc();
+      stash_bytes_ = ws_md.get_size();
+      x_ = wrapper(c, src_md), y_ = wrapper(c, dst_md), ws_ = wrapper(c, ws_md);
+      dy_ = wrapper(c, dst_md), bws_ = wrapper(c, ws_md), dx_ = wrapper(c, src_md);
+      fwd_ = Step(c, fwd_pd, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}, {DNNL_ARG_WORKSPACE, ws_}});
+      bwd_ = Step(c, bwd_pd, {{DNNL_ARG_DIFF_DST, dy_}, {DNNL_ARG_WORKSPACE, bws_}, {DNNL_ARG_DIFF_SRC, dx_}});
+    });
+  }
+
+  std::size_t stash_bytes() const override { return stash_bytes_; }
+
+  void forward(const float* x, float* y, void* stash) override {
+    guarded(*ctx_, "max_pool2d forward", g_, [&] {
+      bind(x_, x);
+      bind(y_, y);
+      bind(ws_, stash);
+      fwd_.run(*ctx_);
+    });
+  }
+
+  void backward(const float* dy, const void* stash, float* dx) override {
+    guarded(*ctx_, "max_pool2d backward", g_, [&] {
+      bind(dy_, dy);
+      bind(bws_, stash);
+      bind(dx_, dx);
+      bwd_.run(*ctx_);  // overwrites all of dx
+    });
+  }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+  Pool2dGeometry g_;
+  std::size_t stash_bytes_ = 0;
+  memory x_, y_, ws_, dy_, bws_, dx_;
+  Step fwd_, bwd_;
+};
+
+}  // namespace
+
+std::unique_ptr<ReluKernel> make_relu(std::shared_ptr<const Context> ctx, int64_t elements) {
+  return std::make_unique<Relu>(std::move(ctx), elements);
+}
+
+std::unique_ptr<MaxPool2dKernel> make_max_pool2d(std::shared_ptr<const Context> ctx, const Pool2dGeometry& g) {
+  return std::make_unique<MaxPool2d>(std::move(ctx), g);
+}
+
+namespace {
+
+class Backend final : public tandem::Backend {
+ public:
+  explicit Backend(const BackendOptions& options) {
+    try {
+      auto ctx = std::make_shared<Context>();
+#if DNNL_CPU_RUNTIME == DNNL_RUNTIME_OMP
+      ctx->threads = options.threads > 0 ? options.threads : omp_get_num_procs();
+#else
+      ctx->threads = options.threads > 0 ? options.threads : 1;
+#endif
+      ctx_ = std::move(ctx);
+    } catch (const dnnl::error& e) {
+      fail("onednn", cat("engine setup failed: ", e.what()));
+    }
+  }
+
+  std::string_view name() const override { return "onednn"; }
+  std::unique_ptr<Conv2dKernel> conv2d(const Conv2dGeometry& g) override { return make_conv2d(ctx_, g); }
+  std::unique_ptr<LinearKernel> linear(const LinearGeometry& g) override { return make_linear(ctx_, g); }
+  std::unique_ptr<ReluKernel> relu(int64_t elements) override { return make_relu(ctx_, elements); }
+  std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return make_max_pool2d(ctx_, g); }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+};
+
+}  // namespace
+}  // namespace onednn
+
+std::unique_ptr<Backend> make_onednn_backend(const BackendOptions& options) {
+  return std::make_unique<onednn::Backend>(options);
+}
+
+void register_onednn_backend() { register_backend("onednn", make_onednn_backend); }
+
+}  // namespace tandem
