@@ -38,10 +38,12 @@ StepStats ChainTrainer::train_step(const Tensor& images, const int32_t* labels, 
       x = stages_[i]->forward(x, mb);
       times_.busy_s[i] += seconds_since(t0);
     }
-    if (!dlogits_.defined() || dlogits_.shape() != x.shape()) dlogits_ = Tensor::empty(x.shape());
-    stats.loss_sum += softmax_cross_entropy(x, labels + begin, scale, &dlogits_);
+    if (dlogits_.size() <= static_cast<std::size_t>(mb)) dlogits_.resize(static_cast<std::size_t>(mb) + 1);
+    Tensor& dlogits = dlogits_[static_cast<std::size_t>(mb)];
+    if (!dlogits.defined() || dlogits.shape() != x.shape()) dlogits = Tensor::empty(x.shape());
+    stats.loss_sum += softmax_cross_entropy(x, labels + begin, scale, &dlogits);
     stats.correct += count_correct(x, labels + begin);
-    Tensor grad = dlogits_;
+    Tensor grad = dlogits;
     for (std::size_t i = stages_.size(); i-- > 0;) {
       const auto t0 = std::chrono::steady_clock::now();
       grad = stages_[i]->backward(grad, mb, i > 0);

@@ -37,7 +37,7 @@ class ChainTrainer {
  private:
   std::vector<Network*> stages_;
   std::vector<Sgd*> optimizers_;
-  Tensor dlogits_;
+  std::vector<Tensor> dlogits_;  // per micro-batch, so unequal sizes keep their buffers
   StageTimes times_;
 };
 
