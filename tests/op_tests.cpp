@@ -201,6 +201,10 @@ TEST(Conv2d, Stride2OddNoPad) { Conv2dTester().batch(2).input(11, 9, 2).out_chan
 TEST(Conv2d, Dilation2) { Conv2dTester().batch(2).input(10, 9, 3).out_channels(4).kernel(3, 3).dilation(2, 2).padding(2, 2).test(); }
 TEST(Conv2d, Pointwise) { Conv2dTester().batch(4).input(6, 6, 16).out_channels(8).kernel(1, 1).test(); }
 TEST(Conv2d, Kernel5Stride3) { Conv2dTester().batch(2).input(13, 12, 3).out_channels(4).kernel(5, 5).stride(3, 2).padding(2, 1).test(); }
+// Fewer taps x input channels than output channels (a first layer): the backward-weights GEMM
+// may take the other operand as its packed side; 16 x 28 x 28 spans several chunks.
+TEST(Conv2d, FirstLayerShapes) { Conv2dTester().batch(16).input(28, 28, 1).out_channels(32).kernel(3, 3).padding(1, 1).test(); }
+TEST(Conv2d, FewInputChannelsStride2) { Conv2dTester().batch(3).input(11, 10, 2).out_channels(24).kernel(3, 3).stride(2, 2).padding(1, 1).test(); }
 TEST(Conv2d, FashionMnistShapes) { Conv2dTester().batch(8).input(14, 14, 32).out_channels(64).kernel(3, 3).padding(1, 1).test(); }
 
 TEST(Linear, Basic) { LinearTester().batch(4).features(17, 9).test(); }

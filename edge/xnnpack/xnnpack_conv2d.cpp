@@ -63,6 +63,8 @@ class XnnConv2d final : public Conv2dKernel {
     wt_ = aligned_floats(sz(g.out_c * k_));
     xt_ = input_scratch(g.batch * g.in_h * g.in_w * g.in_c);
     if (!pointwise_) colst_ = input_scratch(k_ * chunk_rows_ * ow_);
+    pack_cols_ = !pointwise_ && k_ < g.out_c;
+    if (pack_cols_) dyt_ = input_scratch(g.out_c * chunk_rows_ * ow_);
     dwt_ = aligned_floats(sz(k_ * g.out_c));
     part_ = aligned_floats(sz(k_ * g.out_c));
   }
@@ -138,20 +140,33 @@ class XnnConv2d final : public Conv2dKernel {
         cols_stride = sz(mc);
       }
       xnn_operator_t created = nullptr;
-      check(xnn_create_fully_connected_nc_f32(sz(mc), sz(g.out_c), cols_stride, sz(g.out_c), dy + m0 * g.out_c,
-                                              nullptr, -kInf, kInf, XNN_FLAG_TRANSPOSE_WEIGHTS, &created),
-            "xnn_create_fully_connected_nc_f32 (conv2d backward_weights)", where_);
+      float* out = nullptr;
+      float* acc = nullptr;
+      if (pack_cols_) {
+        // K < Cout (first layers, Cin small): the im2col chunk [K][mc] is the smaller operand
+        // and already in XNNPACK's [out][in] weight layout; dy's chunk is transposed to the
+        // GEMM input [Cout][mc], and the output is dW [Cout][K] (OHWI) itself.
+        transpose(dy + m0 * g.out_c, mc, g.out_c, dyt_.get());
+        check(xnn_create_fully_connected_nc_f32(sz(mc), sz(k_), sz(mc), sz(k_), cols, nullptr, -kInf, kInf, 0,
+                                                &created),
+              "xnn_create_fully_connected_nc_f32 (conv2d backward_weights)", where_);
+        acc = dw;
+      } else {
+        check(xnn_create_fully_connected_nc_f32(sz(mc), sz(g.out_c), cols_stride, sz(g.out_c), dy + m0 * g.out_c,
+                                                nullptr, -kInf, kInf, XNN_FLAG_TRANSPOSE_WEIGHTS, &created),
+              "xnn_create_fully_connected_nc_f32 (conv2d backward_weights)", where_);
+        acc = dwt_.get();
+      }
       Operator op(created);
-      float* out = r0 == 0 ? dwt_.get() : part_.get();
-      check(xnn_setup_fully_connected_nc_f32(op.get(), sz(k_), cols, out, pool),
+      out = r0 == 0 ? acc : part_.get();
+      check(xnn_setup_fully_connected_nc_f32(op.get(), pack_cols_ ? sz(g.out_c) : sz(k_), pack_cols_ ? dyt_.get() : cols,
+                                             out, pool),
             "xnn_setup_fully_connected_nc_f32 (conv2d backward_weights)", where_);
       check(xnn_run_operator(op.get(), pool), "xnn_run_operator (conv2d backward_weights)", where_);
-      if (r0 != 0) {
-        float* acc = dwt_.get();
+      if (r0 != 0)
         for (int64_t i = 0; i < k_out; ++i) acc[i] += out[i];
-      }
     }
-    transpose(dwt_.get(), k_, g.out_c, dw);
+    if (!pack_cols_) transpose(dwt_.get(), k_, g.out_c, dw);
     if (db) column_sums(dy, m_, g.out_c, db);
   }
 
@@ -225,13 +240,15 @@ class XnnConv2d final : public Conv2dKernel {
   int64_t taps_ = 1, k_ = 1, m_ = 1;
   uint32_t adjust_h_ = 0, adjust_w_ = 0;
   bool pointwise_ = false, plane_copy_ = false;
+  bool pack_cols_ = false;  // backward_weights packs the im2col (K < Cout) instead of dy
   std::vector<Tap> tap_;  // per (ky, kx)
   int64_t chunk_rows_ = 1;
   std::unique_ptr<float, AlignedFree> wt_;     // weights as [Cin][kh][kw][Cout]
   std::unique_ptr<float, AlignedFree> xt_;     // x^T [Cin][N][H][W]
   std::unique_ptr<float, AlignedFree> colst_;  // one chunk's transposed im2col [K][rows * OW]
   std::unique_ptr<float, AlignedFree> dwt_;    // dW^T [K][Cout]
-  std::unique_ptr<float, AlignedFree> part_;   // a later chunk's share of dW^T
+  std::unique_ptr<float, AlignedFree> part_;   // a later chunk's share of dW^T (or dW)
+  std::unique_ptr<float, AlignedFree> dyt_;    // one chunk of dy^T [Cout][rows * OW] (pack_cols_)
   PackedOperator fwd_, bwd_;
 };
 
