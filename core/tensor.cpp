@@ -81,6 +81,14 @@ Tensor Tensor::zeros(const Shape& shape) {
   return t;
 }
 
+Tensor Tensor::borrow(std::shared_ptr<const void> owner, const float* data, const Shape& shape) {
+  Tensor t;
+  // Aliasing constructor: shares ownership of `owner`, points at `data`.
+  t.storage_ = std::shared_ptr<float>(std::const_pointer_cast<void>(std::move(owner)), const_cast<float*>(data));
+  t.shape_ = shape;
+  return t;
+}
+
 Tensor Tensor::slice_batch(int64_t begin, int64_t count) const {
   if (shape_.rank() == 0 || begin < 0 || count < 0 || begin + count > shape_[0])
     fail("tensor", cat("batch slice [", begin, ", ", begin + count, ") out of ", shape_.str()));

@@ -49,6 +49,9 @@ class Tensor {
   Tensor() = default;
   static Tensor empty(const Shape& shape);
   static Tensor zeros(const Shape& shape);
+  // A read-only view of memory kept alive by `owner` (e.g. a received frame): no copy. The
+  // caller must not write through it.
+  static Tensor borrow(std::shared_ptr<const void> owner, const float* data, const Shape& shape);
 
   const Shape& shape() const { return shape_; }
   int64_t numel() const { return shape_.numel(); }

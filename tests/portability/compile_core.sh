@@ -15,7 +15,7 @@ mkdir -p "$out/include"
 ln -sfn /usr/include/flatbuffers "$out/include/flatbuffers"
 count=0
 while IFS= read -r file; do
-  "$cxx" -std=c++20 -O2 -Wall -Wextra -Werror -I"$src" -isystem "$gen" -isystem "$out/include" \
+  "$cxx" -std=c++20 -O2 -Wall -Wextra -Werror -DFLATBUFFERS_MAX_ALIGNMENT=64 -I"$src" -isystem "$gen" -isystem "$out/include" \
     -c "$file" -o "$out/$(basename "$file" .cpp).o"
   count=$((count + 1))
 done < <(find "$src/core" -name '*.cpp' ! -name 'model_spec_json.cpp' | sort)

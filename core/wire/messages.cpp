@@ -1,0 +1,167 @@
+#include "core/wire/messages.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/sha256.h"
+
+namespace tandem {
+
+std::array<uint8_t, 32> model_hash(const ModelSpec& spec, const std::string& cut) {
+  Sha256 h;
+  h.update(spec.binary.data(), spec.binary.size());
+  const uint8_t zero = 0;
+  h.update(&zero, 1);
+  h.update(cut.data(), cut.size());
+  return h.finish();
+}
+
+flatbuffers::Offset<wire::TensorMsg> MessageWriter::tensor(const char* name, const Tensor& t) {
+  // The payload first, aligned to 64 bytes (force_align is honoured only by generated
+  // Create*Direct, so align by hand), then the small fields.
+  const std::size_t bytes = t.bytes();
+  fbb_.ForceVectorAlignment(bytes, sizeof(uint8_t), kTensorAlignment);
+  const auto data = fbb_.CreateVector(reinterpret_cast<const uint8_t*>(t.data()), bytes);
+  int64_t dims[kMaxRank];
+  for (int i = 0; i < t.shape().rank(); ++i) dims[i] = t.shape()[i];
+  const auto shape = fbb_.CreateVector(dims, static_cast<std::size_t>(t.shape().rank()));
+  const auto n = fbb_.CreateString(name);
+  return wire::CreateTensorMsg(fbb_, n, wire::DType::F32, shape, 1.0f, data);
+}
+
+std::span<const uint8_t> MessageWriter::finish(wire::Payload type, flatbuffers::Offset<void> payload) {
+  fbb_.Finish(wire::CreateMessage(fbb_, type, payload), wire::MessageIdentifier());
+  return {fbb_.GetBufferPointer(), fbb_.GetSize()};
+}
+
+std::span<const uint8_t> MessageWriter::hello(const std::string& client_id, const std::array<uint8_t, 32>& hash,
+                                              const std::string& token, uint32_t protocol_version) {
+  fbb_.Clear();
+  const auto id = fbb_.CreateString(client_id);
+  const auto h = fbb_.CreateVector(hash.data(), hash.size());
+  const wire::DType dtypes[] = {wire::DType::F32};
+  const auto d = fbb_.CreateVector(reinterpret_cast<const uint8_t*>(dtypes), 1);
+  const auto tok = fbb_.CreateString(token);
+  wire::HelloBuilder b(fbb_);
+  b.add_protocol_version(protocol_version);
+  b.add_client_id(id);
+  b.add_model_hash(h);
+  b.add_dtypes(flatbuffers::Offset<flatbuffers::Vector<wire::DType>>(d.o));
+  b.add_token(tok);
+  return finish(wire::Payload::Hello, b.Finish().Union());
+}
+
+std::span<const uint8_t> MessageWriter::welcome(uint64_t session_id, uint32_t batch_size, uint32_t microbatches,
+                                                uint64_t start_step) {
+  fbb_.Clear();
+  return finish(wire::Payload::Welcome,
+                wire::CreateWelcome(fbb_, session_id, batch_size, microbatches, start_step).Union());
+}
+
+std::span<const uint8_t> MessageWriter::forward(uint64_t step, uint32_t microbatch, uint64_t weight_version,
+                                                const Tensor& activations, std::span<const int32_t> labels) {
+  fbb_.Clear();
+  const auto t = tensor("activations", activations);
+  const auto l = fbb_.CreateVector(labels.data(), labels.size());
+  return finish(wire::Payload::Forward, wire::CreateForward(fbb_, step, microbatch, weight_version, t, l).Union());
+}
+
+std::span<const uint8_t> MessageWriter::backward(uint64_t step, uint32_t microbatch, const Tensor& gradients,
+                                                 float loss) {
+  fbb_.Clear();
+  const auto t = tensor("gradients", gradients);
+  return finish(wire::Payload::Backward, wire::CreateBackward(fbb_, step, microbatch, t, loss).Union());
+}
+
+std::span<const uint8_t> MessageWriter::eval_forward(uint64_t batch_id, const Tensor& activations,
+                                                     std::span<const int32_t> labels) {
+  fbb_.Clear();
+  const auto t = tensor("activations", activations);
+  const auto l = fbb_.CreateVector(labels.data(), labels.size());
+  return finish(wire::Payload::EvalForward, wire::CreateEvalForward(fbb_, batch_id, t, l).Union());
+}
+
+std::span<const uint8_t> MessageWriter::eval_result(uint64_t batch_id, uint32_t correct, uint32_t count,
+                                                    double loss_sum) {
+  fbb_.Clear();
+  return finish(wire::Payload::EvalResult, wire::CreateEvalResult(fbb_, batch_id, correct, count, loss_sum).Union());
+}
+
+std::span<const uint8_t> MessageWriter::error(wire::ErrorCode code, const std::string& text) {
+  fbb_.Clear();
+  const auto t = fbb_.CreateString(text);
+  return finish(wire::Payload::Error, wire::CreateError(fbb_, code, t).Union());
+}
+
+std::span<const uint8_t> MessageWriter::bye(const std::string& reason) {
+  fbb_.Clear();
+  const auto r = fbb_.CreateString(reason);
+  return finish(wire::Payload::Bye, wire::CreateBye(fbb_, r).Union());
+}
+
+Tensor read_tensor(const Frame& frame, const wire::TensorMsg* msg, const Shape& expected, const char* what,
+                   WireError& error) {
+  auto bad = [&](wire::ErrorCode code, const std::string& text) {
+    error = {code, cat(what, ": ", text)};
+    return Tensor();
+  };
+  if (!msg) return bad(wire::ErrorCode::BadTensor, "missing");
+  if (msg->dtype() != wire::DType::F32) {
+    const auto d = static_cast<int>(msg->dtype());
+    return bad(wire::ErrorCode::BadTensor,
+               d > static_cast<int>(wire::DType::MAX) ? cat("unknown dtype ", d)
+                                                       : cat("dtype ", wire::EnumNameDType(msg->dtype()),
+                                                             " was not negotiated (this session uses F32)"));
+  }
+  const auto* shape = msg->shape();
+  // The Verifier checks a vector's length field for 4-byte alignment only, so a hostile
+  // buffer can misalign 8-byte elements: read them byte-wise.
+  auto dim = [&](flatbuffers::uoffset_t i) {
+    int64_t v;
+    std::memcpy(&v, shape->Data() + i * sizeof(int64_t), sizeof v);
+    return flatbuffers::EndianScalar(v);
+  };
+  bool same = shape && static_cast<int>(shape->size()) == expected.rank();
+  for (int i = 0; same && i < expected.rank(); ++i) same = dim(static_cast<flatbuffers::uoffset_t>(i)) == expected[i];
+  if (!same) {
+    std::string got = "[";
+    for (flatbuffers::uoffset_t i = 0; shape && i < shape->size() && i < 8; ++i) got += cat(i ? ", " : "", dim(i));
+    return bad(wire::ErrorCode::BadTensor, cat("shape ", got, "] differs from the expected ", expected.str()));
+  }
+  const auto* data = msg->data();
+  const std::size_t want = static_cast<std::size_t>(expected.numel()) * sizeof(float);
+  if (!data || data->size() != want)
+    return bad(wire::ErrorCode::BadTensor, cat("carries ", data ? data->size() : 0, " bytes, its shape needs ", want));
+  const uint8_t* p = data->data();
+  if (reinterpret_cast<std::uintptr_t>(p) % kTensorAlignment != 0)
+    return bad(wire::ErrorCode::Malformed, "payload is not 64-byte aligned");
+  const auto* values = reinterpret_cast<const float*>(p);
+  for (int64_t i = 0, n = expected.numel(); i < n; ++i)
+    if (!std::isfinite(values[i])) return bad(wire::ErrorCode::BadTensor, cat("non-finite value at element ", i));
+  return Tensor::borrow(frame.owner(), values, expected);
+}
+
+bool check_labels(const flatbuffers::Vector<int32_t>* labels, int64_t count, int32_t classes, WireError& error) {
+  if (!labels || static_cast<int64_t>(labels->size()) != count) {
+    error = {wire::ErrorCode::BadTensor,
+             cat("labels: ", labels ? labels->size() : 0, " given for a micro-batch of ", count)};
+    return false;
+  }
+  for (flatbuffers::uoffset_t i = 0; i < labels->size(); ++i)
+    if (labels->Get(i) < 0 || labels->Get(i) >= classes) {
+      error = {wire::ErrorCode::BadTensor, cat("labels: ", labels->Get(i), " at ", i, " is outside [0, ", classes, ")")};
+      return false;
+    }
+  return true;
+}
+
+bool check_window(uint64_t step, uint32_t microbatch, uint64_t expected_step, uint32_t microbatches,
+                  WireError& error) {
+  if (step == expected_step && microbatch < microbatches) return true;
+  error = {wire::ErrorCode::OutOfWindow, cat("step ", step, " micro-batch ", microbatch, " is outside the window (step ",
+                                             expected_step, ", micro-batches 0..", microbatches - 1, ")")};
+  return false;
+}
+
+}  // namespace tandem

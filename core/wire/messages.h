@@ -1,0 +1,56 @@
+// Encoding of tandem's wire messages (schema/wire.fbs) and the session-level checks of what
+// arrives: tensors against the expected dtype and shape, labels, the step window. Checks
+// report a WireError instead of throwing; received f32 tensors are read in place.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/model_spec.h"
+#include "core/tensor.h"
+#include "core/wire/frame.h"
+
+namespace tandem {
+
+// SHA-256 over the binary model spec, a zero byte and the cut's name: what Hello carries.
+std::array<uint8_t, 32> model_hash(const ModelSpec& spec, const std::string& cut);
+
+// Builds one message at a time; the returned bytes stay valid until the next call. The
+// builder's memory is reused, so steady-state encoding does not allocate once it has grown.
+class MessageWriter {
+ public:
+  std::span<const uint8_t> hello(const std::string& client_id, const std::array<uint8_t, 32>& model_hash,
+                                 const std::string& token = "", uint32_t protocol_version = kProtocolVersion);
+  std::span<const uint8_t> welcome(uint64_t session_id, uint32_t batch_size, uint32_t microbatches,
+                                   uint64_t start_step);
+  std::span<const uint8_t> forward(uint64_t step, uint32_t microbatch, uint64_t weight_version,
+                                   const Tensor& activations, std::span<const int32_t> labels);
+  std::span<const uint8_t> backward(uint64_t step, uint32_t microbatch, const Tensor& gradients, float loss);
+  std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& activations, std::span<const int32_t> labels);
+  std::span<const uint8_t> eval_result(uint64_t batch_id, uint32_t correct, uint32_t count, double loss_sum);
+  std::span<const uint8_t> error(wire::ErrorCode code, const std::string& text);
+  std::span<const uint8_t> bye(const std::string& reason);
+
+ private:
+  flatbuffers::Offset<wire::TensorMsg> tensor(const char* name, const Tensor& t);
+  std::span<const uint8_t> finish(wire::Payload type, flatbuffers::Offset<void> payload);
+  flatbuffers::FlatBufferBuilder fbb_{1 << 16};
+};
+
+// A received tensor checked against the session: f32 (the only dtype negotiated so far),
+// `expected` shape exactly, byte count equal to the shape's, payload 64-byte aligned, every
+// value finite. Returns a view into the frame (no copy), or an empty Tensor with `error` set.
+Tensor read_tensor(const Frame& frame, const wire::TensorMsg* msg, const Shape& expected, const char* what,
+                   WireError& error);
+
+// Labels: exactly `count` of them, each in [0, classes).
+bool check_labels(const flatbuffers::Vector<int32_t>* labels, int64_t count, int32_t classes, WireError& error);
+
+// The step must be `expected_step` and the micro-batch below `microbatches`.
+bool check_window(uint64_t step, uint32_t microbatch, uint64_t expected_step, uint32_t microbatches,
+                  WireError& error);
+
+}  // namespace tandem

@@ -1,0 +1,274 @@
+// Wire protocol tests: messages round-trip with tensors read in place from aligned frames,
+// and every kind of bad input is refused with the exact error code and text, never a crash.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <cstring>
+#include <limits>
+
+#include "core/error.h"
+#include "core/sha256.h"
+#include "core/wire/messages.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+Frame frame_of(std::span<const uint8_t> bytes) { return Frame::copy_of(bytes.data(), bytes.size()); }
+
+Tensor activations(int64_t n = 4) {
+  Rng rng(1);
+  return random_tensor({n, 7, 7, 64}, rng);
+}
+
+TEST(Sha256, KnownVectors) {
+  auto hex = [](const std::string& s) {
+    const auto d = sha256(s.data(), s.size());
+    return to_hex(d.data(), d.size());
+  };
+  EXPECT_EQ(hex(""), "e3b0c44298fc1c149afbf4c8996fb92427ae41e4649b934ca495991b7852b855");
+  EXPECT_EQ(hex("abc"), "ba7816bf8f01cfea414140de5dae2223b00361a396177a9cb410ff61f20015ad");
+  EXPECT_EQ(hex("abcdbcdecdefdefgefghfghighijhijkijkljklmklmnlmnomnopnopq"),
+            "248d6a61d20638b8e5c026930c3e6039a33ce45964ff2167f6ecedd419db06c1");
+  Sha256 chunked;  // split across block boundaries
+  const std::string million(1000000, 'a');
+  for (std::size_t i = 0; i < million.size(); i += 997) chunked.update(million.data() + i, std::min<std::size_t>(997, million.size() - i));
+  const auto d = chunked.finish();
+  EXPECT_EQ(to_hex(d.data(), d.size()), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+TEST(Wire, ForwardRoundTripReadsInPlace) {
+  MessageWriter writer;
+  Tensor a = activations();
+  const int32_t labels[4] = {1, 2, 3, 9};
+  Frame f = frame_of(writer.forward(7, 2, 42, a, labels));
+  WireError err;
+  const wire::Message* m = verify_frame(f, kDefaultMaxMessageBytes, err);
+  ASSERT_NE(m, nullptr) << err.text;
+  ASSERT_EQ(m->payload_type(), wire::Payload::Forward);
+  const auto* fwd = m->payload_as_Forward();
+  EXPECT_EQ(fwd->step(), 7u);
+  EXPECT_EQ(fwd->microbatch(), 2u);
+  EXPECT_EQ(fwd->weight_version(), 42u);
+  Tensor got = read_tensor(f, fwd->activations(), a.shape(), "activations", err);
+  ASSERT_TRUE(err.ok()) << err.text;
+  EXPECT_GE(got.data(), reinterpret_cast<const float*>(f.data()));  // a view into the frame
+  EXPECT_LT(reinterpret_cast<const uint8_t*>(got.data()), f.data() + f.size());
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(got.data()) % 64, 0u);
+  EXPECT_EQ(std::memcmp(got.data(), a.data(), a.bytes()), 0);
+  EXPECT_TRUE(check_labels(fwd->labels(), 4, 10, err)) << err.text;
+}
+
+TEST(Wire, OverheadWithinTwoPercentOfRawBytes) {
+  MessageWriter writer;
+  Tensor a = activations(64);  // a 64 x 3136 micro-batch: about 0.8 MB
+  std::vector<int32_t> labels(64, 3);
+  const auto bytes = writer.forward(1, 0, 1, a, labels);
+  const double raw = static_cast<double>(a.bytes() + labels.size() * sizeof(int32_t));
+  EXPECT_LE(static_cast<double>(bytes.size()), raw * 1.02) << bytes.size() << " bytes for " << raw << " raw";
+  Tensor g = activations(64);
+  EXPECT_LE(static_cast<double>(writer.backward(1, 0, g, 1.0f).size()), static_cast<double>(g.bytes()) * 1.02);
+}
+
+TEST(Wire, OtherMessagesRoundTrip) {
+  MessageWriter writer;
+  WireError err;
+  std::array<uint8_t, 32> hash{};
+  hash[0] = 0xab;
+  Frame hello = frame_of(writer.hello("hospital-a", hash, "tok"));
+  const auto* h = verify_frame(hello, kDefaultMaxMessageBytes, err)->payload_as_Hello();
+  ASSERT_NE(h, nullptr);
+  EXPECT_EQ(h->protocol_version(), kProtocolVersion);
+  EXPECT_EQ(h->client_id()->str(), "hospital-a");
+  EXPECT_EQ(h->model_hash()->size(), 32u);
+  EXPECT_EQ(h->model_hash()->Get(0), 0xab);
+  Frame e = frame_of(writer.error(wire::ErrorCode::ModelMismatch, "different model"));
+  const auto* er = verify_frame(e, kDefaultMaxMessageBytes, err)->payload_as_Error();
+  ASSERT_NE(er, nullptr);
+  EXPECT_EQ(er->code(), wire::ErrorCode::ModelMismatch);
+  EXPECT_EQ(er->text()->str(), "different model");
+  Frame w = frame_of(writer.welcome(5, 64, 4, 100));
+  const auto* we = verify_frame(w, kDefaultMaxMessageBytes, err)->payload_as_Welcome();
+  ASSERT_NE(we, nullptr);
+  EXPECT_EQ(we->start_step(), 100u);
+  Frame r = frame_of(writer.eval_result(3, 90, 100, 12.5));
+  EXPECT_EQ(verify_frame(r, kDefaultMaxMessageBytes, err)->payload_as_EvalResult()->correct(), 90u);
+  Frame b = frame_of(writer.bye("done"));
+  EXPECT_EQ(verify_frame(b, kDefaultMaxMessageBytes, err)->payload_as_Bye()->reason()->str(), "done");
+}
+
+TEST(Wire, ModelHashCoversSpecAndCut) {
+  ModelSpec spec;
+  spec.binary = {1, 2, 3};
+  EXPECT_NE(model_hash(spec, "pool2"), model_hash(spec, "pool1"));
+  ModelSpec other = spec;
+  other.binary[2] = 4;
+  EXPECT_NE(model_hash(spec, "pool2"), model_hash(other, "pool2"));
+  EXPECT_EQ(model_hash(spec, "pool2"), model_hash(spec, "pool2"));
+}
+
+// --- bad input: each case gets its exact code and text -----------------------------------
+
+WireError verify_error(std::span<const uint8_t> bytes, std::size_t cap = kDefaultMaxMessageBytes) {
+  Frame f = frame_of(bytes);
+  WireError err;
+  EXPECT_EQ(verify_frame(f, cap, err), nullptr);
+  return err;
+}
+
+TEST(WireBadInput, GarbageFrame) {
+  std::vector<uint8_t> junk(256);
+  Rng rng(3);
+  for (auto& b : junk) b = static_cast<uint8_t>(rng.next());
+  WireError err = verify_error(junk);
+  EXPECT_EQ(err.code, wire::ErrorCode::Malformed);
+  EXPECT_EQ(err.text, "not a tandem wire message (missing identifier 'TDMW')");
+  // Garbage behind a valid identifier still fails verification.
+  std::memcpy(junk.data() + 4, "TDMW", 4);
+  err = verify_error(junk);
+  EXPECT_EQ(err.code, wire::ErrorCode::Malformed);
+  EXPECT_EQ(err.text, "message failed FlatBuffers verification (truncated or corrupt)");
+  EXPECT_EQ(verify_error({}).code, wire::ErrorCode::Malformed);
+}
+
+TEST(WireBadInput, TruncatedFrameAtEveryLength) {
+  MessageWriter writer;
+  const int32_t labels[2] = {0, 1};
+  Tensor a = activations(2);
+  const auto bytes = writer.forward(1, 0, 1, a, labels);
+  const std::vector<uint8_t> whole(bytes.begin(), bytes.end());
+  for (std::size_t n = 0; n < whole.size(); n += n < 256 ? 1 : 509) {
+    WireError err = verify_error(std::span<const uint8_t>(whole.data(), n));
+    ASSERT_EQ(err.code, wire::ErrorCode::Malformed) << "prefix of " << n << " bytes";
+  }
+}
+
+TEST(WireBadInput, BitFlipsNeverCrash) {
+  MessageWriter writer;
+  const int32_t labels[2] = {0, 1};
+  const auto bytes = writer.forward(1, 0, 1, activations(2), labels);
+  const std::vector<uint8_t> whole(bytes.begin(), bytes.end());
+  Rng rng(5);
+  for (int trial = 0; trial < 2000; ++trial) {
+    std::vector<uint8_t> b = whole;
+    const std::size_t at = rng.below(std::min<std::size_t>(b.size(), 160));  // the header and tables
+    b[at] ^= static_cast<uint8_t>(1u << rng.below(8));
+    Frame f = frame_of(b);
+    WireError err;
+    const wire::Message* m = verify_frame(f, kDefaultMaxMessageBytes, err);
+    if (!m || m->payload_type() != wire::Payload::Forward) continue;
+    const auto* fwd = m->payload_as_Forward();
+    (void)read_tensor(f, fwd->activations(), Shape{2, 7, 7, 64}, "activations", err);
+    (void)check_labels(fwd->labels(), 2, 10, err);
+  }
+  SUCCEED();  // the assertion is that no flip crashed (ASan and UBSan watch in debug-asan)
+}
+
+TEST(WireBadInput, OverTheSizeCap) {
+  MessageWriter writer;
+  const int32_t labels[4] = {0, 1, 2, 3};
+  const auto bytes = writer.forward(1, 0, 1, activations(), labels);
+  WireError err = verify_error(bytes, 1000);
+  EXPECT_EQ(err.code, wire::ErrorCode::TooLarge);
+  EXPECT_EQ(err.text, cat("message of ", bytes.size(), " bytes exceeds the limit of 1000"));
+}
+
+TEST(WireBadInput, UnknownPayloadType) {
+  // A Message whose union type is past the last known payload.
+  flatbuffers::FlatBufferBuilder fbb;
+  const auto bye = wire::CreateBye(fbb, fbb.CreateString("x"));
+  fbb.Finish(wire::CreateMessage(fbb, static_cast<wire::Payload>(200), bye.Union()), wire::MessageIdentifier());
+  WireError err = verify_error({fbb.GetBufferPointer(), fbb.GetSize()});
+  EXPECT_EQ(err.code, wire::ErrorCode::Malformed);
+  EXPECT_EQ(err.text, "message has no known payload (type 200)");
+}
+
+struct Received {
+  Frame frame;
+  const wire::Forward* forward;
+};
+Received receive(std::span<const uint8_t> bytes) {
+  Received r{frame_of(bytes), nullptr};
+  WireError err;
+  const wire::Message* m = verify_frame(r.frame, kDefaultMaxMessageBytes, err);
+  EXPECT_NE(m, nullptr) << err.text;
+  r.forward = m ? m->payload_as_Forward() : nullptr;
+  return r;
+}
+
+TEST(WireBadInput, WrongShape) {
+  MessageWriter writer;
+  const int32_t labels[4] = {0, 1, 2, 3};
+  Received r = receive(writer.forward(1, 0, 1, activations(), labels));
+  WireError err;
+  EXPECT_FALSE(read_tensor(r.frame, r.forward->activations(), Shape{4, 7, 7, 32}, "activations", err).defined());
+  EXPECT_EQ(err.code, wire::ErrorCode::BadTensor);
+  EXPECT_EQ(err.text, "activations: shape [4, 7, 7, 64] differs from the expected [4, 7, 7, 32]");
+}
+
+TEST(WireBadInput, ByteCountDisagreesWithShape) {
+  flatbuffers::FlatBufferBuilder fbb;
+  std::vector<uint8_t> data(100);
+  const auto d = fbb.CreateVector(data);
+  const int64_t dims[2] = {4, 8};
+  const auto t = wire::CreateTensorMsg(fbb, fbb.CreateString("a"), wire::DType::F32, fbb.CreateVector(dims, 2), 1.0f, d);
+  fbb.Finish(wire::CreateMessage(fbb, wire::Payload::Forward, wire::CreateForward(fbb, 1, 0, 1, t).Union()),
+             wire::MessageIdentifier());
+  Received r = receive({fbb.GetBufferPointer(), fbb.GetSize()});
+  WireError err;
+  EXPECT_FALSE(read_tensor(r.frame, r.forward->activations(), Shape{4, 8}, "activations", err).defined());
+  EXPECT_EQ(err.code, wire::ErrorCode::BadTensor);
+  EXPECT_EQ(err.text, "activations: carries 100 bytes, its shape needs 128");
+}
+
+TEST(WireBadInput, NonFiniteActivations) {
+  MessageWriter writer;
+  const int32_t labels[4] = {0, 1, 2, 3};
+  for (float bad : {std::numeric_limits<float>::quiet_NaN(), std::numeric_limits<float>::infinity()}) {
+    Tensor a = activations();
+    a[1234] = bad;
+    Received r = receive(writer.forward(1, 0, 1, a, labels));
+    WireError err;
+    EXPECT_FALSE(read_tensor(r.frame, r.forward->activations(), a.shape(), "activations", err).defined());
+    EXPECT_EQ(err.code, wire::ErrorCode::BadTensor);
+    EXPECT_EQ(err.text, "activations: non-finite value at element 1234");
+  }
+}
+
+TEST(WireBadInput, MissingOrUnnegotiatedTensor) {
+  flatbuffers::FlatBufferBuilder fbb;
+  fbb.Finish(wire::CreateMessage(fbb, wire::Payload::Forward, wire::CreateForward(fbb, 1, 0, 1).Union()),
+             wire::MessageIdentifier());
+  Received r = receive({fbb.GetBufferPointer(), fbb.GetSize()});
+  WireError err;
+  read_tensor(r.frame, r.forward->activations(), Shape{1}, "activations", err);
+  EXPECT_EQ(err.text, "activations: missing");
+
+  flatbuffers::FlatBufferBuilder fbb2;
+  const auto t = wire::CreateTensorMsg(fbb2, 0, wire::DType::F16);
+  fbb2.Finish(wire::CreateMessage(fbb2, wire::Payload::Forward, wire::CreateForward(fbb2, 1, 0, 1, t).Union()),
+              wire::MessageIdentifier());
+  Received r2 = receive({fbb2.GetBufferPointer(), fbb2.GetSize()});
+  read_tensor(r2.frame, r2.forward->activations(), Shape{1}, "activations", err);
+  EXPECT_EQ(err.code, wire::ErrorCode::BadTensor);
+  EXPECT_EQ(err.text, "activations: dtype F16 was not negotiated (this session uses F32)");
+}
+
+TEST(WireBadInput, LabelsAndWindow) {
+  MessageWriter writer;
+  const int32_t labels[4] = {0, 1, 12, 3};
+  Received r = receive(writer.forward(9, 5, 1, activations(), labels));
+  WireError err;
+  EXPECT_FALSE(check_labels(r.forward->labels(), 4, 10, err));
+  EXPECT_EQ(err.text, "labels: 12 at 2 is outside [0, 10)");
+  EXPECT_FALSE(check_labels(r.forward->labels(), 3, 10, err));
+  EXPECT_EQ(err.text, "labels: 4 given for a micro-batch of 3");
+  EXPECT_FALSE(check_window(r.forward->step(), r.forward->microbatch(), 9, 4, err));
+  EXPECT_EQ(err.code, wire::ErrorCode::OutOfWindow);
+  EXPECT_EQ(err.text, "step 9 micro-batch 5 is outside the window (step 9, micro-batches 0..3)");
+  EXPECT_FALSE(check_window(8, 0, 9, 4, err));
+  EXPECT_TRUE(check_window(9, 3, 9, 4, err));
+}
+
+}  // namespace
+}  // namespace tandem::test
