@@ -1,0 +1,74 @@
+// tandem-cloud: the cloud side's command line. Today: the PKI (`pki init`, `pki issue`); the
+// split-training service (`serve`) is the next piece of the split-training issue.
+#include <cstdio>
+#include <string>
+#include <vector>
+
+#include "cloud/pki/pki.h"
+#include "core/error.h"
+#include "tools/cli_args.h"
+
+namespace tandem {
+namespace {
+
+constexpr const char* kUsage = R"(usage:
+  tandem-cloud pki init --state-dir DIR [--hosts NAME,NAME...]
+      Makes a CA and a server certificate (for the hosts, default localhost,127.0.0.1)
+      in DIR, unless DIR already has them.
+  tandem-cloud pki issue --state-dir DIR --client NAME --out IDDIR
+      Issues an edge identity signed by DIR's CA: IDDIR/client.key, client.crt, ca.crt.
+)";
+
+std::vector<std::string> split_commas(const std::string& s) {
+  std::vector<std::string> out;
+  std::size_t start = 0;
+  while (start <= s.size()) {
+    const std::size_t comma = s.find(',', start);
+    const std::string item = s.substr(start, comma == std::string::npos ? std::string::npos : comma - start);
+    if (!item.empty()) out.push_back(item);
+    if (comma == std::string::npos) break;
+    start = comma + 1;
+  }
+  return out;
+}
+
+int pki_command(int argc, char** argv) {
+  const std::string verb = argc > 2 ? argv[2] : "";
+  const CliArgs args(argc, argv, 3, {});
+  if (verb == "init") {
+    args.reject_unknown({"state-dir", "hosts"});
+    const auto r = pki::init(args.required("state-dir"), split_commas(args.str("hosts", "localhost,127.0.0.1")));
+    std::printf("%s %s (server certificate %s)\n", r.created ? "created CA" : "CA already present:", r.ca_cert.c_str(),
+                r.server_cert.c_str());
+    return 0;
+  }
+  if (verb == "issue") {
+    args.reject_unknown({"state-dir", "client", "out"});
+    const std::string out = args.required("out");
+    pki::issue(args.required("state-dir"), args.required("client"), out);
+    std::printf("issued %s/client.crt for '%s' (with client.key and ca.crt)\n", out.c_str(),
+                args.required("client").c_str());
+    return 0;
+  }
+  std::fputs(kUsage, stderr);
+  return 2;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  const std::string command = argc > 1 ? argv[1] : "";
+  try {
+    if (command == "pki") return tandem::pki_command(argc, argv);
+    if (command == "--help" || command == "-h" || command == "help") {
+      std::fputs(tandem::kUsage, stdout);
+      return 0;
+    }
+  } catch (const tandem::Error& e) {
+    std::fprintf(stderr, "tandem-cloud: %s\n", e.what());
+    return 1;
+  }
+  std::fputs(tandem::kUsage, stderr);
+  return 2;
+}
