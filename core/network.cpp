@@ -112,6 +112,14 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
   return s.values[first_node + static_cast<std::size_t>(graph_.output())];
 }
 
+const Tensor& Network::output(int slot_index) const {
+  if (slot_index < 0 || static_cast<std::size_t>(slot_index) >= slots_.size() ||
+      slots_[static_cast<std::size_t>(slot_index)].values.empty())
+    fail("network", cat(graph_.name(), ": no forward in slot ", slot_index));
+  const Slot& s = slots_[static_cast<std::size_t>(slot_index)];
+  return s.values[graph_.inputs().size() + static_cast<std::size_t>(graph_.output())];
+}
+
 Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_input_grad) {
   if (slot_index < 0 || static_cast<std::size_t>(slot_index) >= slots_.size() || slots_[static_cast<std::size_t>(slot_index)].values.empty())
     fail("network", cat(graph_.name(), ": backward of slot ", slot_index, " before its forward"));

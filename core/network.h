@@ -29,6 +29,9 @@ class Network {
   const Tensor& forward(std::span<const Tensor> inputs, int slot);
   const Tensor& forward(const Tensor& input, int slot) { return forward(std::span<const Tensor>(&input, 1), slot); }
 
+  // The output of the last forward into `slot` (throws if there was none).
+  const Tensor& output(int slot) const;
+
   // Backward of the micro-batch in `slot` from the gradient of the output. Accumulates
   // parameter gradients; returns the gradient of input 0 when asked (else an empty tensor).
   // The returned gradient is valid until the next backward.

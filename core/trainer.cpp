@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "core/loss.h"
+#include "core/microbatch.h"
 
 namespace tandem {
 
@@ -28,10 +29,8 @@ StepStats ChainTrainer::train_step(const Tensor& images, const int32_t* labels, 
   for (Network* s : stages_) s->zero_grad();
   StepStats stats;
   const float scale = 1.0f / static_cast<float>(batch);
-  int64_t begin = 0;
   for (int mb = 0; mb < microbatches; ++mb) {
-    // Sizes differ by at most one when K does not divide B.
-    const int64_t count = batch / microbatches + (mb < batch % microbatches ? 1 : 0);
+    const auto [begin, count] = microbatch_range(batch, microbatches, mb);
     Tensor x = images.slice_batch(begin, count);
     for (std::size_t i = 0; i < stages_.size(); ++i) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -49,7 +48,6 @@ StepStats ChainTrainer::train_step(const Tensor& images, const int32_t* labels, 
       grad = stages_[i]->backward(grad, mb, i > 0);
       times_.busy_s[i] += seconds_since(t0);
     }
-    begin += count;
   }
   stats.samples = batch;
   for (std::size_t i = 0; i < optimizers_.size(); ++i) {

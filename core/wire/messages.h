@@ -27,7 +27,8 @@ class MessageWriter {
   std::span<const uint8_t> welcome(uint64_t session_id, uint32_t batch_size, uint32_t microbatches,
                                    uint64_t start_step);
   std::span<const uint8_t> forward(uint64_t step, uint32_t microbatch, uint64_t weight_version,
-                                   const Tensor& activations, std::span<const int32_t> labels);
+                                   const Tensor& activations, std::span<const int32_t> labels,
+                                   uint32_t step_samples = 0, uint32_t step_microbatches = 0);
   std::span<const uint8_t> backward(uint64_t step, uint32_t microbatch, const Tensor& gradients, float loss);
   std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& activations, std::span<const int32_t> labels);
   std::span<const uint8_t> eval_result(uint64_t batch_id, uint32_t correct, uint32_t count, double loss_sum);

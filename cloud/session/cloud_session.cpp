@@ -1,0 +1,151 @@
+#include "cloud/session/cloud_session.h"
+
+#include <chrono>
+
+#include "core/error.h"
+#include "core/loss.h"
+#include "core/microbatch.h"
+#include "core/sha256.h"
+
+namespace tandem {
+namespace {
+
+constexpr uint32_t kMaxEvalBatch = 4096;
+
+Shape with_batch(const Shape& per_sample, int64_t n) {
+  int64_t dims[kMaxRank] = {n};
+  for (int i = 0; i < per_sample.rank(); ++i) dims[i + 1] = per_sample[i];
+  return Shape::of(dims, per_sample.rank() + 1);
+}
+
+}  // namespace
+
+CloudSession::CloudSession(Network& back, Sgd& optimizer, const CloudSessionConfig& config)
+    : back_(back), optimizer_(optimizer), config_(config), seen_(config.microbatches, false),
+      dlogits_(config.microbatches) {
+  if (back_.graph().inputs().size() != 1) fail("cloud session", "the back shard must have exactly one input (the cut)");
+  if (config_.microbatches < 1 || config_.microbatches > config_.batch_size)
+    fail("cloud session", cat("micro-batches must be in [1, batch size ", config_.batch_size, "]"));
+}
+
+CloudReply CloudSession::refuse(const WireError& error) {
+  state_ = State::Closed;
+  return {writer_.error(error.code, error.text), true};
+}
+
+CloudReply CloudSession::handle(const Frame& frame) {
+  if (state_ == State::Closed) return refuse({wire::ErrorCode::UnexpectedMessage, "the session is closed"});
+  WireError error;
+  const wire::Message* m = verify_frame(frame, config_.max_message_bytes, error);
+  if (!m) return refuse(error);
+  const wire::Payload type = m->payload_type();
+  const bool training = state_ == State::Training;
+  switch (type) {
+    case wire::Payload::Hello:
+      if (training) break;
+      return on_hello(*m->payload_as_Hello());
+    case wire::Payload::Forward:
+      if (!training) break;
+      return on_forward(frame, *m->payload_as_Forward());
+    case wire::Payload::EvalForward:
+      if (!training) break;
+      return on_eval(frame, *m->payload_as_EvalForward());
+    case wire::Payload::Bye:
+      state_ = State::Closed;
+      return {writer_.bye("goodbye"), true};
+    default:
+      return refuse({wire::ErrorCode::UnexpectedMessage, cat(payload_name(type), " is not a message an edge sends")});
+  }
+  return refuse({wire::ErrorCode::UnexpectedMessage,
+                 cat(payload_name(type), training ? " after the session started" : " before Hello")});
+}
+
+CloudReply CloudSession::on_hello(const wire::Hello& hello) {
+  if (hello.protocol_version() != kProtocolVersion)
+    return refuse({wire::ErrorCode::ProtocolVersion, cat("the edge speaks protocol ", hello.protocol_version(),
+                                                         ", this cloud speaks ", kProtocolVersion)});
+  const auto* hash = hello.model_hash();
+  if (!hash || hash->size() != 32 || !std::equal(hash->begin(), hash->end(), config_.model_hash.begin())) {
+    const std::string theirs = hash ? to_hex(hash->data(), std::min<std::size_t>(hash->size(), 32)) : "none";
+    return refuse({wire::ErrorCode::ModelMismatch,
+                   cat("the edge's model spec or cut differs from the cloud's (hash ", theirs.substr(0, 16),
+                       "... vs ", to_hex(config_.model_hash.data(), 32).substr(0, 16), "...)")});
+  }
+  bool f32 = false;
+  if (hello.dtypes())
+    for (auto d : *hello.dtypes()) f32 = f32 || d == wire::DType::F32;
+  if (!f32) return refuse({wire::ErrorCode::BadTensor, "the edge offers no dtype this cloud takes (F32)"});
+  state_ = State::Training;
+  return {writer_.welcome(config_.session_id, config_.batch_size, config_.microbatches, step_), false};
+}
+
+Tensor CloudSession::checked_batch(const Frame& frame, const wire::TensorMsg* t,
+                                   const flatbuffers::Vector<int32_t>* labels, int64_t count, WireError& error) {
+  if (!check_labels(labels, count, config_.classes, error)) return Tensor();
+  return read_tensor(frame, t, with_batch(back_.graph().inputs()[0].shape, count), "activations", error);
+}
+
+CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd) {
+  WireError error;
+  if (fwd.step() != step_) {
+    check_window(fwd.step(), fwd.microbatch(), step_, step_microbatches_ ? step_microbatches_ : config_.microbatches,
+                 error);
+    return refuse(error);
+  }
+  if (seen_count_ == 0) {  // the step's first micro-batch fixes its shape
+    const uint32_t samples = fwd.step_samples(), k = fwd.step_microbatches();
+    if (samples < 1 || samples > config_.batch_size || k < 1 || k > config_.microbatches || k > samples)
+      return refuse({wire::ErrorCode::BadTensor,
+                     cat("step ", step_, " announces ", samples, " samples in ", k, " micro-batches (session: batch ",
+                         config_.batch_size, ", ", config_.microbatches, " micro-batches)")});
+    step_samples_ = samples;
+    step_microbatches_ = k;
+    back_.zero_grad();
+  } else if (fwd.step_samples() != step_samples_ || fwd.step_microbatches() != step_microbatches_) {
+    return refuse({wire::ErrorCode::BadTensor, cat("step ", step_, " changed its size between micro-batches")});
+  }
+  if (!check_window(fwd.step(), fwd.microbatch(), step_, step_microbatches_, error)) return refuse(error);
+  const uint32_t mb = fwd.microbatch();
+  if (seen_[mb])
+    return refuse({wire::ErrorCode::OutOfWindow, cat("micro-batch ", mb, " of step ", step_, " arrived twice")});
+  const int64_t count = microbatch_range(step_samples_, step_microbatches_, mb).count;
+  Tensor activations = checked_batch(frame, fwd.activations(), fwd.labels(), count, error);
+  if (!activations.defined()) return refuse(error);
+
+  const auto t0 = std::chrono::steady_clock::now();
+  const Tensor& logits = back_.forward(activations, static_cast<int>(mb));
+  Tensor& dlogits = dlogits_[mb];
+  if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
+  const double loss = softmax_cross_entropy(logits, fwd.labels()->data(), 1.0f / static_cast<float>(step_samples_),
+                                            &dlogits);
+  const Tensor grad = back_.backward(dlogits, static_cast<int>(mb), true);
+  seen_[mb] = true;
+  const uint64_t step = step_;
+  if (++seen_count_ == step_microbatches_) {
+    optimizer_.step();
+    ++step_;
+    seen_count_ = 0;
+    std::fill(seen_.begin(), seen_.end(), false);
+  }
+  busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {writer_.backward(step, mb, grad, static_cast<float>(loss)), false};
+}
+
+CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& eval) {
+  WireError error;
+  const uint32_t count = eval.labels() ? eval.labels()->size() : 0;
+  if (count < 1 || count > kMaxEvalBatch)
+    return refuse({wire::ErrorCode::BadTensor, cat("evaluation batch of ", count, " samples is outside [1, ",
+                                                   kMaxEvalBatch, "]")});
+  Tensor activations = checked_batch(frame, eval.activations(), eval.labels(), count, error);
+  if (!activations.defined()) return refuse(error);
+  const auto t0 = std::chrono::steady_clock::now();
+  // A slot of its own, so evaluation never disturbs a training step's stashes.
+  const Tensor& logits = back_.forward(activations, static_cast<int>(config_.microbatches));
+  const double loss = softmax_cross_entropy(logits, eval.labels()->data(), 1.0f, nullptr);
+  const auto correct = static_cast<uint32_t>(count_correct(logits, eval.labels()->data()));
+  busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  return {writer_.eval_result(eval.batch_id(), correct, count, loss), false};
+}
+
+}  // namespace tandem

@@ -1,0 +1,65 @@
+// One edge's split-training session on the cloud: the back shard, its optimizer and the
+// session's state machine. Each arriving message is verified and checked against the session
+// (hello first, model hash, step window, shapes, labels, finite values); a problem ends the
+// session with an Error reply, never an exception. Transport-free, so it is tested in-process.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/network.h"
+#include "core/optimizer.h"
+#include "core/wire/messages.h"
+
+namespace tandem {
+
+struct CloudSessionConfig {
+  std::array<uint8_t, 32> model_hash{};  // what Hello must carry
+  uint32_t batch_size = 64;
+  uint32_t microbatches = 4;
+  int32_t classes = 10;
+  uint64_t session_id = 1;
+  std::size_t max_message_bytes = kDefaultMaxMessageBytes;
+};
+
+struct CloudReply {
+  std::span<const uint8_t> bytes;  // valid until the session handles the next message
+  bool close = false;              // send, then close the connection
+};
+
+class CloudSession {
+ public:
+  // `back` and `optimizer` are this session's back shard (its input is the cut).
+  CloudSession(Network& back, Sgd& optimizer, const CloudSessionConfig& config);
+
+  CloudReply handle(const Frame& frame);
+  uint64_t step() const { return step_; }
+  bool closed() const { return state_ == State::Closed; }
+  double busy_seconds() const { return busy_s_; }
+
+ private:
+  enum class State { AwaitHello, Training, Closed };
+  CloudReply refuse(const WireError& error);
+  CloudReply on_hello(const wire::Hello& hello);
+  CloudReply on_forward(const Frame& frame, const wire::Forward& fwd);
+  CloudReply on_eval(const Frame& frame, const wire::EvalForward& eval);
+  // Checks the tensor and labels of a (micro-)batch of `count` samples; returns the view.
+  Tensor checked_batch(const Frame& frame, const wire::TensorMsg* t, const flatbuffers::Vector<int32_t>* labels,
+                       int64_t count, WireError& error);
+
+  Network& back_;
+  Sgd& optimizer_;
+  CloudSessionConfig config_;
+  MessageWriter writer_;
+  State state_ = State::AwaitHello;
+  uint64_t step_ = 0;
+  uint32_t step_samples_ = 0, step_microbatches_ = 0;
+  std::vector<bool> seen_;  // micro-batches of the current step already handled
+  uint32_t seen_count_ = 0;
+  std::vector<Tensor> dlogits_;
+  double busy_s_ = 0.0;
+};
+
+}  // namespace tandem

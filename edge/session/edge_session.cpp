@@ -1,0 +1,107 @@
+#include "edge/session/edge_session.h"
+
+#include "core/error.h"
+#include "core/microbatch.h"
+
+namespace tandem {
+
+EdgeSession::EdgeSession(Network& front, Sgd& optimizer, uint32_t microbatches,
+                         const std::array<uint8_t, 32>& model_hash, std::string client_id)
+    : front_(front), optimizer_(optimizer), microbatches_(microbatches), model_hash_(model_hash),
+      client_id_(std::move(client_id)), state_(microbatches, 0) {
+  if (microbatches_ < 1) fail("edge session", "micro-batches must be >= 1");
+}
+
+std::span<const uint8_t> EdgeSession::hello() { return writer_.hello(client_id_, model_hash_); }
+
+namespace {
+// The message, or null with `error` set; the cloud's own Error message is passed on.
+const wire::Message* expect(const Frame& frame, wire::Payload want, WireError& error) {
+  const wire::Message* m = verify_frame(frame, kDefaultMaxMessageBytes, error);
+  if (!m) return nullptr;
+  if (m->payload_type() == wire::Payload::Error) {
+    const auto* e = m->payload_as_Error();
+    error = {e->code(), cat("the cloud refused: ", e->text() ? e->text()->str() : std::string("(no text)"))};
+    return nullptr;
+  }
+  if (m->payload_type() != want) {
+    error = {wire::ErrorCode::UnexpectedMessage,
+             cat("expected ", payload_name(want), ", got ", payload_name(m->payload_type()))};
+    return nullptr;
+  }
+  return m;
+}
+}  // namespace
+
+bool EdgeSession::on_welcome(const Frame& frame, WireError& error) {
+  const wire::Message* m = expect(frame, wire::Payload::Welcome, error);
+  if (!m) return false;
+  const auto* w = m->payload_as_Welcome();
+  if (w->microbatches() != microbatches_) {
+    error = {wire::ErrorCode::UnexpectedMessage,
+             cat("the cloud runs ", w->microbatches(), " micro-batches a step, this edge ", microbatches_)};
+    return false;
+  }
+  step_ = w->start_step();
+  welcomed_ = true;
+  return true;
+}
+
+int EdgeSession::begin_step(const Tensor& images, const int32_t* labels) {
+  if (!welcomed_) fail("edge session", "begin_step before the cloud's Welcome");
+  if (backed_ != step_microbatches_) fail("edge session", cat("step ", step_, " is still in flight"));
+  images_ = images;
+  labels_ = labels;
+  step_microbatches_ = static_cast<int>(std::min<int64_t>(microbatches_, images.shape()[0]));
+  backed_ = 0;
+  loss_sum_ = 0.0;
+  std::fill(state_.begin(), state_.end(), 0);
+  front_.zero_grad();
+  return step_microbatches_;
+}
+
+std::span<const uint8_t> EdgeSession::forward(int mb) {
+  if (mb < 0 || mb >= step_microbatches_ || state_[static_cast<std::size_t>(mb)] != 0)
+    fail("edge session", cat("micro-batch ", mb, " of step ", step_, " cannot be forwarded now"));
+  const int64_t batch = images_.shape()[0];
+  const auto [begin, count] = microbatch_range(batch, step_microbatches_, mb);
+  const Tensor& activations = front_.forward(images_.slice_batch(begin, count), mb);
+  state_[static_cast<std::size_t>(mb)] = 1;
+  return writer_.forward(step_, static_cast<uint32_t>(mb), step_ /* weights version: optimizer steps applied */, activations,
+                         std::span<const int32_t>(labels_ + begin, static_cast<std::size_t>(count)),
+                         static_cast<uint32_t>(batch), static_cast<uint32_t>(step_microbatches_));
+}
+
+bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_done) {
+  step_done = false;
+  const wire::Message* m = expect(frame, wire::Payload::Backward, error);
+  if (!m) return false;
+  const auto* b = m->payload_as_Backward();
+  const uint32_t mb = b->microbatch();
+  if (b->step() != step_ || mb >= static_cast<uint32_t>(step_microbatches_) || state_[mb] != 1) {
+    error = {wire::ErrorCode::OutOfWindow,
+             cat("Backward for step ", b->step(), " micro-batch ", mb, " was not expected (step ", step_, ")")};
+    return false;
+  }
+  const Tensor& sent = front_.output(static_cast<int>(mb));
+  Tensor grad = read_tensor(frame, b->gradients(), sent.shape(), "gradients", error);
+  if (!grad.defined()) return false;
+  front_.backward(grad, static_cast<int>(mb), false);
+  loss_sum_ += b->loss();
+  state_[mb] = 2;
+  if (++backed_ == step_microbatches_) {
+    optimizer_.step();
+    ++step_;
+    step_done = true;
+  }
+  return true;
+}
+
+std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, const Tensor& images, const int32_t* labels,
+                                                   int64_t count) {
+  // Evaluation uses the slot after the training ones, so it never disturbs a step in flight.
+  const Tensor& activations = front_.forward(images, static_cast<int>(microbatches_));
+  return writer_.eval_forward(batch_id, activations, std::span<const int32_t>(labels, static_cast<std::size_t>(count)));
+}
+
+}  // namespace tandem

@@ -1,0 +1,57 @@
+// The edge's side of a split-training session: the front shard and its optimizer. A step's
+// K micro-batches are forwarded as fast as they are computed (each a Forward message to send
+// at once); each Backward, whenever it arrives, is checked and backed up through the front,
+// and the optimizer steps after the K-th. Transport-free, so it is tested in-process.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/network.h"
+#include "core/optimizer.h"
+#include "core/wire/messages.h"
+
+namespace tandem {
+
+class EdgeSession {
+ public:
+  EdgeSession(Network& front, Sgd& optimizer, uint32_t microbatches, const std::array<uint8_t, 32>& model_hash,
+              std::string client_id);
+
+  std::span<const uint8_t> hello();
+  // Welcome (or the cloud's Error, reported in `error`); sets the step to resume from.
+  bool on_welcome(const Frame& frame, WireError& error);
+
+  // Starts a step on images [B, ...] and labels [B] (kept by reference until the step ends);
+  // returns its number of micro-batches, min(K, B).
+  int begin_step(const Tensor& images, const int32_t* labels);
+  // Runs micro-batch mb through the front shard; returns the Forward message to send.
+  std::span<const uint8_t> forward(int mb);
+  // A Backward for this step; `step_done` turns true after the last one (optimizer applied).
+  bool on_backward(const Frame& frame, WireError& error, bool& step_done);
+
+  uint64_t step() const { return step_; }
+  double step_loss_sum() const { return loss_sum_; }
+  std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& images, const int32_t* labels, int64_t count);
+  std::span<const uint8_t> bye(const std::string& reason) { return writer_.bye(reason); }
+
+ private:
+  Network& front_;
+  Sgd& optimizer_;
+  uint32_t microbatches_;
+  std::array<uint8_t, 32> model_hash_;
+  std::string client_id_;
+  MessageWriter writer_;
+  uint64_t step_ = 0;
+  bool welcomed_ = false;
+  Tensor images_;
+  const int32_t* labels_ = nullptr;
+  int step_microbatches_ = 0, backed_ = 0;
+  std::vector<uint8_t> state_;  // per micro-batch: 0 not sent, 1 forwarded, 2 backed up
+  double loss_sum_ = 0.0;
+};
+
+}  // namespace tandem

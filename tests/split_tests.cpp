@@ -1,0 +1,284 @@
+// Split-training sessions in-process: the edge's and the cloud's session logic exchange real
+// encoded messages (no transport). K pipelined micro-batches equal one unpipelined step, and
+// every kind of bad input ends the session with the exact Error.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <limits>
+
+#include "cloud/session/cloud_session.h"
+#include "core/graph.h"
+#include "core/sha256.h"
+#include "core/trainer.h"
+#include "edge/session/edge_session.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+constexpr const char* kSpec = R"({ name: "split-test", inputs: [ { name: "image", shape: [8, 8, 1] } ], nodes: [
+  { name: "conv1", op: "conv2d", inputs: ["image"], conv2d: { out_channels: 6, kernel: [3], padding: [1] } },
+  { name: "relu1", op: "relu", inputs: ["conv1"] },
+  { name: "pool1", op: "max_pool2d", inputs: ["relu1"], pool: { kernel: [2] } },
+  { name: "flatten", op: "flatten", inputs: ["pool1"] },
+  { name: "fc1", op: "linear", inputs: ["flatten"], linear: { out_features: 24 } },
+  { name: "relu2", op: "relu", inputs: ["fc1"] },
+  { name: "fc2", op: "linear", inputs: ["relu2"], linear: { out_features: 4 } } ], cut: "pool1" })";
+
+std::string pick(const char* preferred) {
+  register_built_backends();
+  const auto names = backend_names();
+  return std::find(names.begin(), names.end(), preferred) != names.end() ? preferred : "reference";
+}
+
+SgdOptions sgd() { return {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .nesterov = false}; }
+
+void copy_params(Network& to, Network& from) {
+  for (Param* p : to.params()) {
+    p->value().copy_from(from.param(p->name()).value());
+    p->bump_version();
+  }
+}
+
+// An edge (xnnpack when built) and a cloud (onednn when built) joined by in-process messages.
+struct Split {
+  ModelSpec spec = parse_model_json(kSpec);
+  Graph graph = Graph::build(spec);
+  std::pair<Graph, Graph> shards = graph.split("pool1");
+  std::unique_ptr<Backend> edge_backend = make_backend(pick("xnnpack"));
+  std::unique_ptr<Backend> cloud_backend = make_backend(pick("onednn"));
+  Network whole{graph, *edge_backend, 77};
+  Network front{shards.first, *edge_backend, 0}, back{shards.second, *cloud_backend, 0};
+  Sgd front_opt{front.params(), sgd()}, back_opt{back.params(), sgd()};
+  CloudSession cloud;
+  EdgeSession edge;
+
+  explicit Split(uint32_t k, uint32_t batch = 32)
+      : cloud(back, back_opt, {model_hash(spec, "pool1"), batch, k, 4, 1, kDefaultMaxMessageBytes}),
+        edge(front, front_opt, k, model_hash(spec, "pool1"), "edge-test") {
+    copy_params(front, whole);
+    copy_params(back, whole);
+  }
+
+  CloudReply send(std::span<const uint8_t> bytes) { return cloud.handle(Frame::copy_of(bytes.data(), bytes.size())); }
+
+  void handshake() {
+    CloudReply r = send(edge.hello());
+    ASSERT_FALSE(r.close);
+    WireError err;
+    ASSERT_TRUE(edge.on_welcome(Frame::copy_of(r.bytes.data(), r.bytes.size()), err)) << err.text;
+  }
+
+  // One step, pipelined: every Forward goes out before any Backward is handled.
+  void step(const Tensor& images, const int32_t* labels) {
+    const int k = edge.begin_step(images, labels);
+    std::vector<Frame> replies;
+    for (int mb = 0; mb < k; ++mb) {
+      CloudReply r = send(edge.forward(mb));
+      ASSERT_FALSE(r.close) << "cloud closed the session";
+      replies.push_back(Frame::copy_of(r.bytes.data(), r.bytes.size()));
+    }
+    for (std::size_t i = replies.size(); i-- > 0;) {  // in reverse: arrival order must not matter
+      WireError err;
+      bool done = false;
+      ASSERT_TRUE(edge.on_backward(replies[i], err, done)) << err.text;
+      EXPECT_EQ(done, i == 0);
+    }
+  }
+};
+
+struct Data {
+  Tensor images;
+  std::vector<int32_t> labels;
+};
+Data make_data(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  Data d{random_tensor({n, 8, 8, 1}, rng, 0.0f, 0.5f), std::vector<int32_t>(static_cast<std::size_t>(n))};
+  for (int64_t i = 0; i < n; ++i) {
+    const auto label = static_cast<int32_t>(rng.below(4));
+    d.labels[static_cast<std::size_t>(i)] = label;
+    for (int64_t y = 0; y < 4; ++y)
+      for (int64_t x = 0; x < 4; ++x) d.images[i * 64 + (y + 4 * (label / 2)) * 8 + x + 4 * (label % 2)] += 0.5f;
+  }
+  return d;
+}
+
+float max_diff(Network& a, Network& b) {
+  float worst = 0.0f;
+  for (Param* p : a.params()) {
+    const Tensor& q = b.param(p->name()).value();
+    for (int64_t i = 0; i < q.numel(); ++i) worst = std::max(worst, std::fabs(p->value()[i] - q[i]));
+  }
+  return worst;
+}
+
+TEST(SplitSession, PipelinedEqualsUnpipelined) {
+  Data d = make_data(32, 1);
+  Split pipelined(4), plain(1);
+  pipelined.handshake();
+  plain.handshake();
+  for (int s = 0; s < 20; ++s) {
+    pipelined.step(d.images, d.labels.data());
+    plain.step(d.images, d.labels.data());
+  }
+  EXPECT_EQ(pipelined.edge.step(), 20u);
+  EXPECT_EQ(pipelined.cloud.step(), 20u);
+  EXPECT_LE(max_diff(pipelined.front, plain.front), 1e-5f);
+  EXPECT_LE(max_diff(pipelined.back, plain.back), 1e-5f);
+  // And both equal local training of the same shards without messages.
+  Split local(1);
+  ChainTrainer trainer({&local.front, &local.back}, {&local.front_opt, &local.back_opt});
+  for (int s = 0; s < 20; ++s) trainer.train_step(d.images, d.labels.data(), 1);
+  EXPECT_LE(max_diff(pipelined.front, local.front), 1e-5f);
+  EXPECT_LE(max_diff(pipelined.back, local.back), 1e-5f);
+}
+
+TEST(SplitSession, LossFallsAndEvaluationWorks) {
+  Data d = make_data(64, 2);
+  Split s(4, 64);
+  s.handshake();
+  double first = 0, last = 0;
+  for (int step = 0; step < 30; ++step) {
+    s.step(d.images, d.labels.data());
+    (step == 0 ? first : last) = s.edge.step_loss_sum() / 64;
+  }
+  EXPECT_LT(last, 0.5 * first);
+  CloudReply r = s.send(s.edge.eval_forward(9, d.images, d.labels.data(), 64));
+  ASSERT_FALSE(r.close);
+  Frame f = Frame::copy_of(r.bytes.data(), r.bytes.size());
+  WireError err;
+  const auto* result = verify_frame(f, kDefaultMaxMessageBytes, err)->payload_as_EvalResult();
+  ASSERT_NE(result, nullptr);
+  EXPECT_EQ(result->batch_id(), 9u);
+  EXPECT_EQ(result->count(), 64u);
+  EXPECT_GE(result->correct(), 56u);
+}
+
+// Sends `bytes` to a fresh or given session and expects an Error reply that closes it.
+void expect_refusal(Split& s, std::span<const uint8_t> bytes, wire::ErrorCode code, const std::string& text) {
+  CloudReply r = s.send(bytes);
+  EXPECT_TRUE(r.close);
+  Frame f = Frame::copy_of(r.bytes.data(), r.bytes.size());
+  WireError err;
+  const wire::Message* m = verify_frame(f, kDefaultMaxMessageBytes, err);
+  ASSERT_NE(m, nullptr);
+  const auto* e = m->payload_as_Error();
+  ASSERT_NE(e, nullptr) << "reply is " << payload_name(m->payload_type());
+  EXPECT_EQ(e->code(), code);
+  EXPECT_EQ(e->text()->str(), text);
+  EXPECT_TRUE(s.cloud.closed());
+}
+
+TEST(SplitSessionBadInput, WrongModelHash) {
+  Split s(2);
+  MessageWriter w;
+  std::array<uint8_t, 32> other{};
+  const std::string cloud_hex = to_hex(model_hash(s.spec, "pool1").data(), 32).substr(0, 16);
+  expect_refusal(s, w.hello("e", other), wire::ErrorCode::ModelMismatch,
+                 "the edge's model spec or cut differs from the cloud's (hash 0000000000000000... vs " + cloud_hex +
+                     "...)");
+  // The edge sees the cloud's words.
+  Split t(2);
+  CloudReply r = t.send(w.hello("e", other));
+  WireError err;
+  EXPECT_FALSE(t.edge.on_welcome(Frame::copy_of(r.bytes.data(), r.bytes.size()), err));
+  EXPECT_EQ(err.code, wire::ErrorCode::ModelMismatch);
+  EXPECT_EQ(err.text.rfind("the cloud refused: the edge's model spec or cut differs", 0), 0u) << err.text;
+}
+
+TEST(SplitSessionBadInput, WrongProtocolVersion) {
+  Split s(2);
+  MessageWriter w;
+  expect_refusal(s, w.hello("e", model_hash(s.spec, "pool1"), "", 99), wire::ErrorCode::ProtocolVersion,
+                 "the edge speaks protocol 99, this cloud speaks 1");
+}
+
+TEST(SplitSessionBadInput, ForwardBeforeHelloAndAfterClose) {
+  Split s(2);
+  MessageWriter w;
+  Rng rng(1);
+  const int32_t labels[16] = {};
+  Tensor a = random_tensor({16, 4, 4, 6}, rng);
+  expect_refusal(s, w.forward(0, 0, 0, a, labels, 32, 2), wire::ErrorCode::UnexpectedMessage, "Forward before Hello");
+  expect_refusal(s, w.bye("x"), wire::ErrorCode::UnexpectedMessage, "the session is closed");
+}
+
+TEST(SplitSessionBadInput, GarbageFrame) {
+  Split s(2);
+  const std::vector<uint8_t> junk(100, 0x5a);
+  expect_refusal(s, junk, wire::ErrorCode::Malformed, "not a tandem wire message (missing identifier 'TDMW')");
+}
+
+struct Started : Split {
+  Started() : Split(2) { handshake(); }
+  MessageWriter w;
+  Rng rng{3};
+  int32_t labels[16] = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+  Tensor act(int64_t n = 16, int64_t c = 6) { return random_tensor({n, 4, 4, c}, rng); }
+};
+
+TEST(SplitSessionBadInput, WrongShape) {
+  Started s;
+  expect_refusal(s, s.w.forward(0, 0, 0, s.act(16, 5), s.labels, 32, 2), wire::ErrorCode::BadTensor,
+                 "activations: shape [16, 4, 4, 5] differs from the expected [16, 4, 4, 6]");
+}
+
+TEST(SplitSessionBadInput, WrongMicrobatchSize) {
+  Started s;
+  expect_refusal(s, s.w.forward(0, 0, 0, s.act(16), s.labels, 30, 2), wire::ErrorCode::BadTensor,
+                 "labels: 16 given for a micro-batch of 15");
+}
+
+TEST(SplitSessionBadInput, NanActivations) {
+  Started s;
+  Tensor a = s.act();
+  a[77] = std::numeric_limits<float>::quiet_NaN();
+  expect_refusal(s, s.w.forward(0, 0, 0, a, s.labels, 32, 2), wire::ErrorCode::BadTensor,
+                 "activations: non-finite value at element 77");
+}
+
+TEST(SplitSessionBadInput, LabelOutOfRange) {
+  Started s;
+  s.labels[5] = 4;
+  expect_refusal(s, s.w.forward(0, 0, 0, s.act(), s.labels, 32, 2), wire::ErrorCode::BadTensor,
+                 "labels: 4 at 5 is outside [0, 4)");
+}
+
+TEST(SplitSessionBadInput, StepOutOfWindow) {
+  Started s;
+  expect_refusal(s, s.w.forward(3, 0, 0, s.act(), s.labels, 32, 2), wire::ErrorCode::OutOfWindow,
+                 "step 3 micro-batch 0 is outside the window (step 0, micro-batches 0..1)");
+}
+
+TEST(SplitSessionBadInput, MicrobatchTwiceOrPastK) {
+  Started s;
+  EXPECT_FALSE(s.send(s.w.forward(0, 0, 0, s.act(), s.labels, 32, 2)).close);
+  expect_refusal(s, s.w.forward(0, 0, 0, s.act(), s.labels, 32, 2), wire::ErrorCode::OutOfWindow,
+                 "micro-batch 0 of step 0 arrived twice");
+  Started t;
+  expect_refusal(t, t.w.forward(0, 2, 0, t.act(), t.labels, 32, 2), wire::ErrorCode::OutOfWindow,
+                 "step 0 micro-batch 2 is outside the window (step 0, micro-batches 0..1)");
+}
+
+TEST(SplitSessionBadInput, StepLargerThanTheSessionBatch) {
+  Started s;
+  expect_refusal(s, s.w.forward(0, 0, 0, s.act(), s.labels, 64, 2), wire::ErrorCode::BadTensor,
+                 "step 0 announces 64 samples in 2 micro-batches (session: batch 32, 2 micro-batches)");
+}
+
+TEST(SplitSessionBadInput, EdgeRefusesAStrayBackward) {
+  Started s;
+  Data d = make_data(32, 4);
+  s.edge.begin_step(d.images, d.labels.data());
+  CloudReply r = s.send(s.edge.forward(0));
+  Frame reply = Frame::copy_of(r.bytes.data(), r.bytes.size());
+  WireError err;
+  bool done = false;
+  ASSERT_TRUE(s.edge.on_backward(reply, err, done)) << err.text;
+  EXPECT_FALSE(s.edge.on_backward(reply, err, done));  // the same Backward again
+  EXPECT_EQ(err.code, wire::ErrorCode::OutOfWindow);
+  EXPECT_EQ(err.text, "Backward for step 0 micro-batch 0 was not expected (step 0)");
+}
+
+}  // namespace
+}  // namespace tandem::test
