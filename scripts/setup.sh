@@ -10,7 +10,7 @@ packages=(
   libflatbuffers-dev flatbuffers-compiler
   libxnnpack-dev libpthreadpool-dev libcpuinfo-dev
   libdnnl-dev
-  libgtest-dev zlib1g-dev libmbedtls-dev
+  libgtest-dev zlib1g-dev libmbedtls-dev libwebsockets-dev
   dataset-fashion-mnist
   g++-aarch64-linux-gnu emscripten
 )

@@ -1,0 +1,105 @@
+// TLS WebSocket endpoints on libwebsockets (server for the cloud, client for the edge). One
+// service thread owns the lws context; other threads exchange whole messages with it through
+// bounded queues and wake it with lws_cancel_service(). TLS is always on; the server requires
+// a client certificate signed by its CA. Messages go out in 64 KiB fragments from the
+// WRITEABLE callback; arriving fragments are collected up to a size cap.
+#pragma once
+
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <map>
+#include <memory>
+#include <mutex>
+#include <span>
+#include <string>
+#include <thread>
+#include <vector>
+
+#include "core/wire/frame.h"
+
+struct lws;
+struct lws_context;
+struct lws_retry_bo;
+
+namespace tandem {
+
+struct TlsIdentity {
+  std::string cert, key, ca;  // PEM files
+};
+
+struct EndpointOptions {
+  std::size_t max_message_bytes = kDefaultMaxMessageBytes;
+  std::size_t queue_depth = 64;  // arrived messages not yet taken; reading pauses beyond it
+  int idle_ping_s = 20, idle_hangup_s = 60;
+};
+
+struct EndpointEvent {
+  enum class Kind { Connected, Message, Closed } kind = Kind::Closed;
+  uint64_t connection = 0;
+  Frame frame;       // Message
+  std::string text;  // Connected: the peer certificate's CN; Closed: why, when known
+};
+
+class LwsEndpoint {
+ public:
+  // A server listening on host:port (port 0: any free port, see port()).
+  static std::unique_ptr<LwsEndpoint> listen(const std::string& host, int port, const TlsIdentity& tls,
+                                             const EndpointOptions& options = {});
+  // A client connected (asynchronously: wait for Connected or Closed) to wss://host:port/.
+  // `tls.cert` may be empty to connect without a client certificate.
+  static std::unique_ptr<LwsEndpoint> connect(const std::string& host, int port, const TlsIdentity& tls,
+                                              const EndpointOptions& options = {});
+  ~LwsEndpoint();
+  LwsEndpoint(const LwsEndpoint&) = delete;
+  LwsEndpoint& operator=(const LwsEndpoint&) = delete;
+
+  int port() const { return port_; }
+  // Waits up to `timeout` for the next event.
+  bool next(EndpointEvent& event, std::chrono::milliseconds timeout);
+  // Queues a message (copied) for `connection` (clients: 0 or the Connected id); with
+  // close_after the connection closes once it is sent.
+  void send(uint64_t connection, std::span<const uint8_t> bytes, bool close_after = false);
+
+  // The lws callback, for the C trampoline only.
+  int on_callback(lws* wsi, int reason, void* in, std::size_t len);
+
+ private:
+  struct Connection;
+  struct Outgoing {
+    uint64_t connection;
+    std::vector<uint8_t> bytes;
+    bool close_after;
+  };
+  LwsEndpoint() = default;
+  void start(bool server, const std::string& host, int port, const TlsIdentity& tls);
+  void push_event(EndpointEvent event);
+  Connection* connection_of(lws* wsi);
+  int write_some(lws* wsi, Connection& c);
+  void service_loop();
+
+  EndpointOptions options_;
+  bool server_ = false;
+  int port_ = 0;
+  lws_context* context_ = nullptr;
+  std::unique_ptr<lws_retry_bo> retry_;  // must outlive the context
+  std::thread thread_;
+  bool stopping_ = false;  // guarded by mutex_
+
+  std::mutex mutex_;
+  std::condition_variable arrived_;
+  std::deque<EndpointEvent> events_;
+  std::deque<Outgoing> outbox_;  // from other threads, moved to connections on wake-up
+  bool resume_reading_ = false;
+
+  // Service-thread only.
+  std::map<uint64_t, std::unique_ptr<Connection>> connections_;
+  std::map<lws*, uint64_t> ids_;
+  uint64_t next_id_ = 1;
+  bool client_reported_ = false;  // client role: the connection's end was already reported
+  std::vector<unsigned char> write_buffer_;
+  std::vector<lws*> paused_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,155 @@
+// Transport tests on loopback: TLS WebSockets with mutual TLS between an LwsEndpoint server
+// and clients, large fragmented messages both ways, the size cap, and the connections that
+// must be refused (another CA's certificate, no certificate, plain ws://).
+#include <arpa/inet.h>
+#include <gtest/gtest.h>
+#include <netinet/in.h>
+#include <sys/socket.h>
+#include <unistd.h>
+
+#include <filesystem>
+
+#include "cloud/pki/pki.h"
+#include "ports/lws/lws_endpoint.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Kind = EndpointEvent::Kind;
+
+struct Pki {
+  fs::path dir;
+  TlsIdentity server, edge, foreign, anonymous;
+  Pki() {
+    std::string tmpl = (fs::temp_directory_path() / "tandem-tls-XXXXXX").string();
+    dir = mkdtemp(tmpl.data());
+    const auto r = pki::init((dir / "cloud").string());
+    pki::issue((dir / "cloud").string(), "edge1", (dir / "edge1").string());
+    pki::init((dir / "other").string());
+    pki::issue((dir / "other").string(), "intruder", (dir / "intruder").string());
+    server = {r.server_cert, r.server_key, r.ca_cert};
+    edge = {(dir / "edge1/client.crt").string(), (dir / "edge1/client.key").string(), (dir / "edge1/ca.crt").string()};
+    // The intruder trusts our server's CA but its own certificate comes from another CA.
+    foreign = {(dir / "intruder/client.crt").string(), (dir / "intruder/client.key").string(), r.ca_cert};
+    anonymous = {"", "", r.ca_cert};
+  }
+  ~Pki() { fs::remove_all(dir); }
+};
+
+Pki& pki_files() {
+  static Pki p;
+  return p;
+}
+
+// The next event of `kind`, skipping none: fails the test on timeout or another kind.
+EndpointEvent expect_event(LwsEndpoint& e, Kind kind, std::chrono::milliseconds timeout = 10s) {
+  EndpointEvent ev;
+  EXPECT_TRUE(e.next(ev, timeout)) << "no event within the timeout";
+  EXPECT_EQ(static_cast<int>(ev.kind), static_cast<int>(kind)) << "event text: " << ev.text;
+  return ev;
+}
+
+std::vector<uint8_t> pattern(std::size_t n, uint8_t seed) {
+  std::vector<uint8_t> v(n);
+  for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 31 + seed);
+  return v;
+}
+
+TEST(Transport, MutualTlsCarriesLargeMessagesBothWays) {
+  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server);
+  ASSERT_GT(server->port(), 0);
+  auto client = LwsEndpoint::connect("localhost", server->port(), pki_files().edge);
+  const EndpointEvent hello = expect_event(*server, Kind::Connected);
+  EXPECT_EQ(hello.text, "edge1");  // the peer certificate's CN
+  expect_event(*client, Kind::Connected);
+
+  const auto up = pattern(3 * 1024 * 1024 + 17, 1);  // many 64 KiB fragments
+  client->send(0, up);
+  client->send(0, pattern(10, 2));
+  EndpointEvent got = expect_event(*server, Kind::Message);
+  ASSERT_EQ(got.frame.size(), up.size());
+  EXPECT_EQ(std::memcmp(got.frame.data(), up.data(), up.size()), 0);
+  EXPECT_EQ(reinterpret_cast<std::uintptr_t>(got.frame.data()) % 64, 0u);
+  EXPECT_EQ(expect_event(*server, Kind::Message).frame.size(), 10u);  // order kept
+
+  const auto down = pattern(1024 * 1024 + 5, 3);
+  server->send(hello.connection, down);
+  got = expect_event(*client, Kind::Message);
+  ASSERT_EQ(got.frame.size(), down.size());
+  EXPECT_EQ(std::memcmp(got.frame.data(), down.data(), down.size()), 0);
+
+  server->send(hello.connection, pattern(4, 4), /*close_after=*/true);
+  EXPECT_EQ(expect_event(*client, Kind::Message).frame.size(), 4u);
+  expect_event(*client, Kind::Closed);
+  expect_event(*server, Kind::Closed);
+}
+
+TEST(Transport, OverTheSizeCapGetsAnErrorAndTheServerGoesOn) {
+  EndpointOptions small;
+  small.max_message_bytes = 1 << 20;
+  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server, small);
+  auto client = LwsEndpoint::connect("localhost", server->port(), pki_files().edge);
+  expect_event(*server, Kind::Connected);
+  expect_event(*client, Kind::Connected);
+  client->send(0, pattern(2 << 20, 5));
+  EndpointEvent reply = expect_event(*client, Kind::Message);
+  WireError err;
+  const wire::Message* m = verify_frame(reply.frame, kDefaultMaxMessageBytes, err);
+  ASSERT_NE(m, nullptr) << err.text;
+  ASSERT_EQ(m->payload_type(), wire::Payload::Error);
+  EXPECT_EQ(m->payload_as_Error()->code(), wire::ErrorCode::TooLarge);
+  EXPECT_EQ(m->payload_as_Error()->text()->str(), "message exceeds the limit of 1048576 bytes");
+  expect_event(*client, Kind::Closed);
+  expect_event(*server, Kind::Closed);
+
+  auto second = LwsEndpoint::connect("localhost", server->port(), pki_files().edge);
+  expect_event(*server, Kind::Connected);
+  expect_event(*second, Kind::Connected);
+}
+
+void expect_refused(const TlsIdentity& who) {
+  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server);
+  auto client = LwsEndpoint::connect("localhost", server->port(), who);
+  EndpointEvent ev;
+  ASSERT_TRUE(client->next(ev, 10s));
+  EXPECT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Closed)) << ev.text;
+  EXPECT_FALSE(server->next(ev, 200ms) && ev.kind == Kind::Connected) << "the server accepted " << ev.text;
+  // And it keeps serving a proper edge.
+  auto good = LwsEndpoint::connect("localhost", server->port(), pki_files().edge);
+  EXPECT_EQ(expect_event(*server, Kind::Connected).text, "edge1");
+}
+
+TEST(Transport, ClientCertificateFromAnotherCaIsRefused) { expect_refused(pki_files().foreign); }
+
+TEST(Transport, NoClientCertificateIsRefused) { expect_refused(pki_files().anonymous); }
+
+TEST(Transport, PlainWebSocketIsRefused) {
+  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server);
+  const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
+  ASSERT_GE(fd, 0);
+  sockaddr_in addr{};
+  addr.sin_family = AF_INET;
+  addr.sin_port = htons(static_cast<uint16_t>(server->port()));
+  addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+  ASSERT_EQ(::connect(fd, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+  const std::string upgrade =
+      "GET / HTTP/1.1\r\nHost: localhost\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+      "Sec-WebSocket-Key: dGhlIHNhbXBsZSBub25jZQ==\r\nSec-WebSocket-Protocol: tandem.v1\r\n"
+      "Sec-WebSocket-Version: 13\r\n\r\n";
+  ASSERT_EQ(::write(fd, upgrade.data(), upgrade.size()), static_cast<ssize_t>(upgrade.size()));
+  timeval tv{5, 0};
+  setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+  char buf[512];
+  const ssize_t n = ::read(fd, buf, sizeof buf);
+  ::close(fd);
+  const std::string answer = n > 0 ? std::string(buf, static_cast<std::size_t>(n)) : "";
+  EXPECT_EQ(answer.find("101 Switching Protocols"), std::string::npos) << answer;
+  EndpointEvent ev;
+  EXPECT_FALSE(server->next(ev, 200ms) && ev.kind == Kind::Connected);
+}
+
+}  // namespace
+}  // namespace tandem::test
