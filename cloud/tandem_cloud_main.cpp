@@ -1,10 +1,12 @@
-// tandem-cloud: the cloud side's command line. Today: the PKI (`pki init`, `pki issue`); the
-// split-training service (`serve`) is the next piece of the split-training issue.
+// tandem-cloud: the cloud side's command line: the split-training service (`serve`) and the
+// PKI (`pki init`, `pki issue`).
 #include <cstdio>
 #include <string>
 #include <vector>
 
 #include "cloud/pki/pki.h"
+#include "cloud/service/cloud_service.h"
+#include "tools/all_backends.h"
 #include "core/error.h"
 #include "tools/cli_args.h"
 
@@ -12,6 +14,12 @@ namespace tandem {
 namespace {
 
 constexpr const char* kUsage = R"(usage:
+  tandem-cloud serve --listen HOST:PORT --state-dir DIR --model SPEC [--cut NODE]
+                     [--batch B] [--microbatches K] [--lr X] [--momentum X] [--weight-decay X]
+                     [--seed S] [--backend NAME] [--max-message-mb N]
+      Serves split training over wss:// with mutual TLS: one session per edge, the back
+      shard and loss on the backend (default onednn). Runs `pki init` on first start.
+      B and K are the most an edge may use. Stops on SIGINT or SIGTERM.
   tandem-cloud pki init --state-dir DIR [--hosts NAME,NAME...]
       Makes a CA and a server certificate (for the hosts, default localhost,127.0.0.1)
       in DIR, unless DIR already has them.
@@ -54,6 +62,35 @@ int pki_command(int argc, char** argv) {
   return 2;
 }
 
+int serve_command(int argc, char** argv) {
+  const CliArgs args(argc, argv, 2, {});
+  args.reject_unknown({"listen", "state-dir", "model", "cut", "batch", "microbatches", "lr", "momentum",
+                       "weight-decay", "seed", "backend", "max-message-mb"});
+  ServeOptions o;
+  const std::string listen = args.required("listen");
+  const auto colon = listen.rfind(':');
+  if (colon == std::string::npos) fail("cli", cat("--listen expects HOST:PORT, got '", listen, "'"));
+  o.host = listen.substr(0, colon);
+  try {
+    o.port = std::stoi(listen.substr(colon + 1));
+  } catch (const std::exception&) {
+    fail("cli", cat("--listen expects HOST:PORT, got '", listen, "'"));
+  }
+  o.state_dir = args.required("state-dir");
+  o.model_path = args.required("model");
+  o.cut = args.str("cut", "");
+  o.batch_size = static_cast<uint32_t>(args.integer("batch", 64, 1));
+  o.microbatches = static_cast<uint32_t>(args.integer("microbatches", 4, 1));
+  o.sgd.lr = static_cast<float>(args.number("lr", 0.05));
+  o.sgd.momentum = static_cast<float>(args.number("momentum", 0.9));
+  o.sgd.weight_decay = static_cast<float>(args.number("weight-decay", 0.0));
+  o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
+  register_built_backends();
+  o.backend = args.str("backend", "onednn");
+  o.max_message_bytes = static_cast<std::size_t>(args.integer("max-message-mb", 64, 1)) << 20;
+  return serve(o);
+}
+
 }  // namespace
 }  // namespace tandem
 
@@ -61,6 +98,7 @@ int main(int argc, char** argv) {
   const std::string command = argc > 1 ? argv[1] : "";
   try {
     if (command == "pki") return tandem::pki_command(argc, argv);
+    if (command == "serve") return tandem::serve_command(argc, argv);
     if (command == "--help" || command == "-h" || command == "help") {
       std::fputs(tandem::kUsage, stdout);
       return 0;

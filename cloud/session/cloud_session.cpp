@@ -145,7 +145,7 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   const double loss = softmax_cross_entropy(logits, eval.labels()->data(), 1.0f, nullptr);
   const auto correct = static_cast<uint32_t>(count_correct(logits, eval.labels()->data()));
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {writer_.eval_result(eval.batch_id(), correct, count, loss), false};
+  return {writer_.eval_result(eval.batch_id(), correct, count, loss, busy_s_), false};
 }
 
 }  // namespace tandem

@@ -86,9 +86,10 @@ std::span<const uint8_t> MessageWriter::eval_forward(uint64_t batch_id, const Te
 }
 
 std::span<const uint8_t> MessageWriter::eval_result(uint64_t batch_id, uint32_t correct, uint32_t count,
-                                                    double loss_sum) {
+                                                    double loss_sum, double cloud_busy_s) {
   fbb_.Clear();
-  return finish(wire::Payload::EvalResult, wire::CreateEvalResult(fbb_, batch_id, correct, count, loss_sum).Union());
+  return finish(wire::Payload::EvalResult,
+                wire::CreateEvalResult(fbb_, batch_id, correct, count, loss_sum, cloud_busy_s).Union());
 }
 
 std::span<const uint8_t> MessageWriter::error(wire::ErrorCode code, const std::string& text) {

@@ -31,7 +31,8 @@ class MessageWriter {
                                    uint32_t step_samples = 0, uint32_t step_microbatches = 0);
   std::span<const uint8_t> backward(uint64_t step, uint32_t microbatch, const Tensor& gradients, float loss);
   std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& activations, std::span<const int32_t> labels);
-  std::span<const uint8_t> eval_result(uint64_t batch_id, uint32_t correct, uint32_t count, double loss_sum);
+  std::span<const uint8_t> eval_result(uint64_t batch_id, uint32_t correct, uint32_t count, double loss_sum,
+                                       double cloud_busy_s = 0.0);
   std::span<const uint8_t> error(wire::ErrorCode code, const std::string& text);
   std::span<const uint8_t> bye(const std::string& reason);
 

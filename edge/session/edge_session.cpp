@@ -37,11 +37,12 @@ bool EdgeSession::on_welcome(const Frame& frame, WireError& error) {
   const wire::Message* m = expect(frame, wire::Payload::Welcome, error);
   if (!m) return false;
   const auto* w = m->payload_as_Welcome();
-  if (w->microbatches() != microbatches_) {
-    error = {wire::ErrorCode::UnexpectedMessage,
-             cat("the cloud runs ", w->microbatches(), " micro-batches a step, this edge ", microbatches_)};
+  if (w->microbatches() < microbatches_) {
+    error = {wire::ErrorCode::UnexpectedMessage, cat("the cloud takes at most ", w->microbatches(),
+                                                     " micro-batches a step; this edge asks for ", microbatches_)};
     return false;
   }
+  batch_limit_ = w->batch_size();
   step_ = w->start_step();
   welcomed_ = true;
   return true;
@@ -50,6 +51,8 @@ bool EdgeSession::on_welcome(const Frame& frame, WireError& error) {
 int EdgeSession::begin_step(const Tensor& images, const int32_t* labels) {
   if (!welcomed_) fail("edge session", "begin_step before the cloud's Welcome");
   if (backed_ != step_microbatches_) fail("edge session", cat("step ", step_, " is still in flight"));
+  if (images.shape()[0] > static_cast<int64_t>(batch_limit_))
+    fail("edge session", cat("batch of ", images.shape()[0], " exceeds the cloud's limit of ", batch_limit_));
   images_ = images;
   labels_ = labels;
   step_microbatches_ = static_cast<int>(std::min<int64_t>(microbatches_, images.shape()[0]));

@@ -22,7 +22,8 @@ class EdgeSession {
               std::string client_id);
 
   std::span<const uint8_t> hello();
-  // Welcome (or the cloud's Error, reported in `error`); sets the step to resume from.
+  // Welcome (or the cloud's Error, reported in `error`): the cloud's limits (batch size,
+  // micro-batches, at least this edge's K) and the step to resume from.
   bool on_welcome(const Frame& frame, WireError& error);
 
   // Starts a step on images [B, ...] and labels [B] (kept by reference until the step ends);
@@ -47,6 +48,7 @@ class EdgeSession {
   MessageWriter writer_;
   uint64_t step_ = 0;
   bool welcomed_ = false;
+  uint32_t batch_limit_ = 0;  // the cloud's batch size (Welcome)
   Tensor images_;
   const int32_t* labels_ = nullptr;
   int step_microbatches_ = 0, backed_ = 0;

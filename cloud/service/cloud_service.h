@@ -1,0 +1,29 @@
+// The cloud service: listens on wss:// with mutual TLS, runs one CloudSession per connected
+// edge on a worker thread of its own (so one edge never blocks another), until SIGINT/SIGTERM.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/optimizer.h"
+#include "core/wire/frame.h"
+
+namespace tandem {
+
+struct ServeOptions {
+  std::string host = "127.0.0.1";
+  int port = 0;  // 0: any free port (printed)
+  std::string state_dir;
+  std::string model_path;
+  std::string cut;  // empty: the spec's default cut
+  std::string backend = "onednn";
+  uint32_t batch_size = 64, microbatches = 4;
+  SgdOptions sgd;
+  uint64_t seed = 1;
+  std::size_t max_message_bytes = kDefaultMaxMessageBytes;
+};
+
+// Runs the service; returns the process exit code.
+int serve(const ServeOptions& options);
+
+}  // namespace tandem

@@ -1,0 +1,173 @@
+#include "edge/agent/edge_agent.h"
+
+#include <chrono>
+#include <cstdio>
+#include <fstream>
+#include <numeric>
+
+#include "core/error.h"
+#include "core/graph.h"
+#include "edge/data/idx_dataset.h"
+#include "edge/session/edge_session.h"
+#include "ports/lws/lws_endpoint.h"
+#include "tools/progress.h"
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+constexpr auto kReplyTimeout = std::chrono::seconds(120);
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+// Waits for the next message; a close or a timeout becomes an Error naming what was awaited.
+Frame await_message(LwsEndpoint& link, const char* awaiting, uint64_t& bytes_down, double& idle_s) {
+  const auto t0 = Clock::now();
+  EndpointEvent ev;
+  for (;;) {
+    if (!link.next(ev, kReplyTimeout)) fail("edge", cat("no ", awaiting, " from the cloud within 120 s"));
+    if (ev.kind == EndpointEvent::Kind::Message) break;
+    if (ev.kind == EndpointEvent::Kind::Closed)
+      fail("edge", cat("the cloud closed the connection while this edge waited for ", awaiting, " (", ev.text, ")"));
+  }
+  idle_s += std::chrono::duration<double>(Clock::now() - t0).count();
+  bytes_down += ev.frame.size();
+  return std::move(ev.frame);
+}
+
+}  // namespace
+
+int train_over_wss(const EdgeTrainOptions& o) {
+  const ModelSpec spec = load_model_spec(o.model_path);
+  const Graph graph = Graph::build(spec);
+  const std::string cut = o.cut.empty() ? graph.default_cut() : o.cut;
+  if (cut.empty()) fail("edge", "the spec names no default cut; pass --cut NODE");
+  auto [front_graph, back_graph] = graph.split(cut);
+  auto backend = make_backend(o.backend, BackendOptions{1});
+  Network front(front_graph, *backend, o.seed);
+  {  // the same initial weights as the whole model (see tandem-cloud serve)
+    auto reference = make_backend("reference");
+    Network whole(graph, *reference, o.seed);
+    for (Param* p : front.params()) {
+      p->value().copy_from(whole.param(p->name()).value());
+      p->bump_version();
+    }
+  }
+  Sgd optimizer(front.params(), o.sgd);
+  EdgeSession session(front, optimizer, o.microbatches, model_hash(spec, cut), o.client_id);
+
+  std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
+  const LabelledImages train = load_fashion_mnist(true, o.limit);
+  const LabelledImages test = load_fashion_mnist(false, o.test_limit);
+  const Shape& in = graph.inputs().at(0).shape;
+  if (train.images.shape().item_numel() != in.numel())
+    fail("edge", cat("the model's input is ", in.str(), " but the images are ", train.images.shape().str()));
+
+  const TlsIdentity id{o.identity_dir + "/client.crt", o.identity_dir + "/client.key", o.identity_dir + "/ca.crt"};
+  auto link = LwsEndpoint::connect(o.host, o.port, id);
+  uint64_t up = 0, down = 0;
+  double idle_s = 0.0;
+  {
+    EndpointEvent ev;
+    if (!link->next(ev, std::chrono::seconds(30)) || ev.kind != EndpointEvent::Kind::Connected)
+      fail("edge", cat("cannot connect to wss://", o.host, ":", o.port, ": ",
+                       ev.text.empty() ? "no answer within 30 s" : ev.text,
+                       " (is tandem-cloud serve running, and was this identity issued by its CA?)"));
+  }
+  auto send = [&](std::span<const uint8_t> bytes) {
+    up += bytes.size();
+    link->send(0, bytes);
+  };
+  send(session.hello());
+  WireError err;
+  if (!session.on_welcome(await_message(*link, "Welcome", down, idle_s), err)) {
+    std::fprintf(stderr, "tandem-edge: %s\n", err.text.c_str());
+    return 1;
+  }
+  std::fprintf(stderr, "connected to wss://%s:%d, model %s cut at '%s', front on %s, %u micro-batches a step\n",
+               o.host.c_str(), o.port, spec.name.c_str(), cut.c_str(), o.backend.c_str(), o.microbatches);
+
+  std::ofstream metrics;
+  if (!o.metrics_json.empty()) {
+    metrics.open(o.metrics_json, std::ios::app);
+    if (!metrics) fail("edge", cat("cannot write --metrics-json ", o.metrics_json));
+  }
+  const int64_t n = train.images.shape()[0], item = train.images.shape().item_numel();
+  std::vector<int64_t> order(static_cast<std::size_t>(n));
+  std::iota(order.begin(), order.end(), 0);
+  Rng shuffle(o.seed ^ 0x5eedULL);
+  Tensor images = Tensor::empty(Shape{o.batch, in[0], in[1], in[2]});
+  std::vector<int32_t> labels(o.batch);
+  double cloud_busy_before = 0.0, accuracy = 0.0;
+  for (int64_t epoch = 1; epoch <= o.epochs; ++epoch) {
+    for (int64_t i = n - 1; i > 0; --i)
+      std::swap(order[static_cast<std::size_t>(i)], order[shuffle.below(static_cast<uint64_t>(i + 1))]);
+    ProgressBar bar(cat("epoch ", epoch, "/", o.epochs), n);
+    const auto t0 = Clock::now();
+    const uint64_t up0 = up, down0 = down;
+    const double idle0 = idle_s;
+    double loss_sum = 0.0;
+    for (int64_t begin = 0; begin < n; begin += o.batch) {
+      const int64_t count = std::min<int64_t>(o.batch, n - begin);
+      for (int64_t j = 0; j < count; ++j) {
+        const int64_t src = order[static_cast<std::size_t>(begin + j)];
+        std::copy_n(train.images.data() + src * item, item, images.data() + j * item);
+        labels[static_cast<std::size_t>(j)] = train.labels[static_cast<std::size_t>(src)];
+      }
+      const int k = session.begin_step(count == o.batch ? images : images.slice_batch(0, count), labels.data());
+      // Every activation leaves as soon as it is computed; gradients are applied as they come.
+      for (int mb = 0; mb < k; ++mb) send(session.forward(mb));
+      bool done = false;
+      while (!done)
+        if (!session.on_backward(await_message(*link, "Backward", down, idle_s), err, done)) {
+          std::fprintf(stderr, "\ntandem-edge: %s\n", err.text.c_str());
+          return 1;
+        }
+      loss_sum += session.step_loss_sum();
+      bar.update(begin + count, cat("loss ", fixed(loss_sum / static_cast<double>(begin + count), 4)));
+    }
+    const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    bar.finish(cat("loss ", fixed(loss_sum / static_cast<double>(n), 4)));
+    // Evaluation through the cloud: the test images stay here, only activations travel.
+    int64_t correct = 0, seen = 0;
+    double cloud_busy = cloud_busy_before;
+    for (int64_t begin = 0; begin < test.images.shape()[0]; begin += 1000) {
+      const int64_t count = std::min<int64_t>(1000, test.images.shape()[0] - begin);
+      send(session.eval_forward(static_cast<uint64_t>(begin), test.images.slice_batch(begin, count),
+                                test.labels.data() + begin, count));
+      Frame reply = await_message(*link, "EvalResult", down, idle_s);
+      const wire::Message* m = verify_frame(reply, kDefaultMaxMessageBytes, err);
+      if (!m || m->payload_type() != wire::Payload::EvalResult)
+        fail("edge", m && m->payload_type() == wire::Payload::Error
+                         ? cat("the cloud refused: ", m->payload_as_Error()->text()->str())
+                         : std::string("expected EvalResult"));
+      correct += m->payload_as_EvalResult()->correct();
+      seen += m->payload_as_EvalResult()->count();
+      cloud_busy = m->payload_as_EvalResult()->cloud_busy_s();
+    }
+    accuracy = static_cast<double>(correct) / static_cast<double>(seen);
+    const double epoch_idle = idle_s - idle0, epoch_cloud = cloud_busy - cloud_busy_before;
+    cloud_busy_before = cloud_busy;
+    const std::string json = cat(
+        "{\"epoch\":", epoch, ",\"samples\":", n, ",\"seconds\":", fixed(seconds, 3),
+        ",\"samples_per_s\":", fixed(static_cast<double>(n) / seconds, 1),
+        ",\"train_loss\":", fixed(loss_sum / static_cast<double>(n), 5), ",\"test_accuracy\":", fixed(accuracy, 5),
+        ",\"bytes_up\":", up - up0, ",\"bytes_down\":", down - down0,
+        ",\"edge_busy_s\":", fixed(seconds - epoch_idle, 3), ",\"edge_idle_s\":", fixed(epoch_idle, 3),
+        ",\"cloud_busy_s\":", fixed(epoch_cloud, 3), ",\"cloud_idle_s\":", fixed(std::max(0.0, seconds - epoch_cloud), 3),
+        "}");
+    std::printf("%s\n", json.c_str());
+    std::fflush(stdout);
+    if (metrics) metrics << json << "\n" << std::flush;
+  }
+  send(session.bye("training finished"));
+  std::printf("final test accuracy: %.2f%% (%lld test images)\n", accuracy * 100.0,
+              static_cast<long long>(test.images.shape()[0]));
+  return 0;
+}
+
+}  // namespace tandem

@@ -1,0 +1,31 @@
+// The edge agent: trains the front shard on local Fashion-MNIST against a tandem cloud over
+// wss:// (mutual TLS with the identity folder), K micro-batches in flight per step, with a
+// progress bar, per-epoch evaluation through the cloud and JSON-lines metrics.
+#pragma once
+
+#include <cstdint>
+#include <string>
+
+#include "core/optimizer.h"
+
+namespace tandem {
+
+struct EdgeTrainOptions {
+  std::string host = "localhost";
+  int port = 0;
+  std::string identity_dir;  // client.crt, client.key, ca.crt
+  std::string model_path;
+  std::string cut;
+  std::string backend = "xnnpack";
+  int64_t epochs = 1, limit = 0, test_limit = 0;
+  uint32_t batch = 64, microbatches = 4;
+  SgdOptions sgd;
+  uint64_t seed = 1;
+  std::string metrics_json;
+  std::string client_id = "edge";
+};
+
+// Runs the training; returns the process exit code (1 with a message on a refusal).
+int train_over_wss(const EdgeTrainOptions& options);
+
+}  // namespace tandem
