@@ -67,23 +67,15 @@ int serve_command(int argc, char** argv) {
   args.reject_unknown({"listen", "state-dir", "model", "cut", "batch", "microbatches", "lr", "momentum",
                        "weight-decay", "seed", "backend", "max-message-mb"});
   ServeOptions o;
-  const std::string listen = args.required("listen");
-  const auto colon = listen.rfind(':');
-  if (colon == std::string::npos) fail("cli", cat("--listen expects HOST:PORT, got '", listen, "'"));
-  o.host = listen.substr(0, colon);
-  try {
-    o.port = std::stoi(listen.substr(colon + 1));
-  } catch (const std::exception&) {
-    fail("cli", cat("--listen expects HOST:PORT, got '", listen, "'"));
-  }
+  const HostPort listen = args.host_port("listen", "");
+  o.host = listen.host;
+  o.port = listen.port;
   o.state_dir = args.required("state-dir");
   o.model_path = args.required("model");
   o.cut = args.str("cut", "");
   o.batch_size = static_cast<uint32_t>(args.integer("batch", 64, 1));
   o.microbatches = static_cast<uint32_t>(args.integer("microbatches", 4, 1));
-  o.sgd.lr = static_cast<float>(args.number("lr", 0.05));
-  o.sgd.momentum = static_cast<float>(args.number("momentum", 0.9));
-  o.sgd.weight_decay = static_cast<float>(args.number("weight-decay", 0.0));
+  o.sgd = args.sgd_options();
   o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
   register_built_backends();
   o.backend = args.str("backend", "onednn");
@@ -95,18 +87,6 @@ int serve_command(int argc, char** argv) {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  const std::string command = argc > 1 ? argv[1] : "";
-  try {
-    if (command == "pki") return tandem::pki_command(argc, argv);
-    if (command == "serve") return tandem::serve_command(argc, argv);
-    if (command == "--help" || command == "-h" || command == "help") {
-      std::fputs(tandem::kUsage, stdout);
-      return 0;
-    }
-  } catch (const tandem::Error& e) {
-    std::fprintf(stderr, "tandem-cloud: %s\n", e.what());
-    return 1;
-  }
-  std::fputs(tandem::kUsage, stderr);
-  return 2;
+  return tandem::run_cli(argc, argv, "tandem-cloud", tandem::kUsage,
+                         {{"pki", tandem::pki_command}, {"serve", tandem::serve_command}});
 }

@@ -26,20 +26,9 @@ int train_command(int argc, char** argv) {
   args.reject_unknown({"cloud", "identity", "model", "cut", "data", "epochs", "limit", "test-limit", "batch",
                        "microbatches", "lr", "momentum", "weight-decay", "seed", "backend", "metrics-json"});
   EdgeTrainOptions o;
-  const std::string url = args.required("cloud");
-  const std::string prefix = "wss://";
-  if (url.rfind(prefix, 0) != 0)
-    fail("cli", cat("--cloud must be a wss:// address (TLS is always on), got '", url, "'"));
-  std::string hostport = url.substr(prefix.size());
-  if (!hostport.empty() && hostport.back() == '/') hostport.pop_back();
-  const auto colon = hostport.rfind(':');
-  if (colon == std::string::npos) fail("cli", cat("--cloud expects wss://HOST:PORT, got '", url, "'"));
-  o.host = hostport.substr(0, colon);
-  try {
-    o.port = std::stoi(hostport.substr(colon + 1));
-  } catch (const std::exception&) {
-    fail("cli", cat("--cloud expects wss://HOST:PORT, got '", url, "'"));
-  }
+  const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
+  o.host = cloud.host;
+  o.port = cloud.port;
   o.identity_dir = args.required("identity");
   o.model_path = args.required("model");
   o.cut = args.str("cut", "");
@@ -50,9 +39,7 @@ int train_command(int argc, char** argv) {
   o.test_limit = args.integer("test-limit", 0, 0);
   o.batch = static_cast<uint32_t>(args.integer("batch", 64, 1));
   o.microbatches = static_cast<uint32_t>(args.integer("microbatches", 4, 1));
-  o.sgd.lr = static_cast<float>(args.number("lr", 0.05));
-  o.sgd.momentum = static_cast<float>(args.number("momentum", 0.9));
-  o.sgd.weight_decay = static_cast<float>(args.number("weight-decay", 0.0));
+  o.sgd = args.sgd_options();
   o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
   register_built_backends();
   o.backend = args.str("backend", "xnnpack");
@@ -64,17 +51,5 @@ int train_command(int argc, char** argv) {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  const std::string command = argc > 1 ? argv[1] : "";
-  try {
-    if (command == "train") return tandem::train_command(argc, argv);
-    if (command == "--help" || command == "-h" || command == "help") {
-      std::fputs(tandem::kUsage, stdout);
-      return 0;
-    }
-  } catch (const tandem::Error& e) {
-    std::fprintf(stderr, "tandem-edge: %s\n", e.what());
-    return 1;
-  }
-  std::fputs(tandem::kUsage, stderr);
-  return 2;
+  return tandem::run_cli(argc, argv, "tandem-edge", tandem::kUsage, {{"train", tandem::train_command}});
 }

@@ -87,21 +87,8 @@ struct Split {
   }
 };
 
-struct Data {
-  Tensor images;
-  std::vector<int32_t> labels;
-};
-Data make_data(int64_t n, uint64_t seed) {
-  Rng rng(seed);
-  Data d{random_tensor({n, 8, 8, 1}, rng, 0.0f, 0.5f), std::vector<int32_t>(static_cast<std::size_t>(n))};
-  for (int64_t i = 0; i < n; ++i) {
-    const auto label = static_cast<int32_t>(rng.below(4));
-    d.labels[static_cast<std::size_t>(i)] = label;
-    for (int64_t y = 0; y < 4; ++y)
-      for (int64_t x = 0; x < 4; ++x) d.images[i * 64 + (y + 4 * (label / 2)) * 8 + x + 4 * (label % 2)] += 0.5f;
-  }
-  return d;
-}
+using Data = QuadrantData;
+Data make_data(int64_t n, uint64_t seed) { return quadrant_data(n, seed); }
 
 float max_diff(Network& a, Network& b) {
   float worst = 0.0f;

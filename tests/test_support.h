@@ -56,6 +56,24 @@ inline void expect_close(const float* got, const float* want, int64_t n, const s
                                 << want[worst_at] << " (scale " << scale << ", " << n << " elements)";
 }
 
+// Learnable but not trivial images [n, 8, 8, 1] for 4 classes: the class picks which
+// quadrant is bright, over uniform noise.
+struct QuadrantData {
+  Tensor images;
+  std::vector<int32_t> labels;
+};
+inline QuadrantData quadrant_data(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  QuadrantData d{random_tensor({n, 8, 8, 1}, rng, 0.0f, 0.5f), std::vector<int32_t>(static_cast<std::size_t>(n))};
+  for (int64_t i = 0; i < n; ++i) {
+    const auto label = static_cast<int32_t>(rng.below(4));
+    d.labels[static_cast<std::size_t>(i)] = label;
+    for (int64_t y = 0; y < 4; ++y)
+      for (int64_t x = 0; x < 4; ++x) d.images[i * 64 + (y + 4 * (label / 2)) * 8 + x + 4 * (label % 2)] += 0.5f;
+  }
+  return d;
+}
+
 // A model with one input of per-sample shape `in` feeding `node`, which is the output.
 inline ModelSpec one_node_spec(const Shape& in, NodeSpec node) {
   ModelSpec spec;

@@ -1,5 +1,6 @@
 #include "tools/cli_args.h"
 
+#include <cstdio>
 #include <cstdlib>
 
 #include "core/error.h"
@@ -57,6 +58,48 @@ double CliArgs::number(const std::string& name, double fallback) const {
 void CliArgs::reject_unknown(const std::set<std::string>& known) const {
   for (const auto& [name, value] : values_)
     if (!known.count(name)) fail("cli", cat("unknown option --", name, "; see --help"));
+}
+
+SgdOptions CliArgs::sgd_options() const {
+  SgdOptions o;
+  o.lr = static_cast<float>(number("lr", 0.05));
+  o.momentum = static_cast<float>(number("momentum", 0.9));
+  o.weight_decay = static_cast<float>(number("weight-decay", 0.0));
+  return o;
+}
+
+HostPort CliArgs::host_port(const std::string& name, const std::string& prefix) const {
+  const std::string text = required(name);
+  const std::string form = cat("--", name, " expects ", prefix, "HOST:PORT, got '", text, "'");
+  if (text.rfind(prefix, 0) != 0) fail("cli", form);
+  std::string rest = text.substr(prefix.size());
+  if (!rest.empty() && rest.back() == '/') rest.pop_back();
+  const auto colon = rest.rfind(':');
+  if (colon == std::string::npos || colon == 0) fail("cli", form);
+  char* end = nullptr;
+  const long port = std::strtol(rest.c_str() + colon + 1, &end, 10);
+  if (colon + 1 == rest.size() || *end != '\0' || port < 0 || port > 65535) fail("cli", form);
+  return {rest.substr(0, colon), static_cast<int>(port)};
+}
+
+int run_cli(int argc, char** argv, const char* program, const char* usage,
+            const std::map<std::string, CliCommand>& commands) {
+  const std::string command = argc > 1 ? argv[1] : "";
+  if (command == "--help" || command == "-h" || command == "help") {
+    std::fputs(usage, stdout);
+    return 0;
+  }
+  auto it = commands.find(command);
+  if (it == commands.end()) {
+    std::fputs(usage, stderr);
+    return 2;
+  }
+  try {
+    return it->second(argc, argv);
+  } catch (const Error& e) {
+    std::fprintf(stderr, "%s: %s\n", program, e.what());
+    return 1;
+  }
 }
 
 }  // namespace tandem

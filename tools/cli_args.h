@@ -2,12 +2,20 @@
 // typed getters that throw an Error naming the option when a value is missing or malformed.
 #pragma once
 
+#include <functional>
 #include <map>
 #include <set>
 #include <string>
 #include <vector>
 
+#include "core/optimizer.h"
+
 namespace tandem {
+
+struct HostPort {
+  std::string host;
+  int port = 0;
+};
 
 class CliArgs {
  public:
@@ -21,9 +29,19 @@ class CliArgs {
   double number(const std::string& name, double fallback) const;
   // Throws naming any option not in `known` (catches typos such as --epoch).
   void reject_unknown(const std::set<std::string>& known) const;
+  // --lr (0.05), --momentum (0.9), --weight-decay (0): the options every trainer takes.
+  SgdOptions sgd_options() const;
+  // A required "PREFIXHOST:PORT" option (prefix such as "wss://", may be empty).
+  HostPort host_port(const std::string& name, const std::string& prefix) const;
 
  private:
   std::map<std::string, std::string> values_;
 };
+
+// The shared main of tandem's CLIs: runs commands[argv[1]], prints `usage` for help or an
+// unknown command (exit 2), and an Error as "program: [where] what" (exit 1).
+using CliCommand = std::function<int(int argc, char** argv)>;
+int run_cli(int argc, char** argv, const char* program, const char* usage,
+            const std::map<std::string, CliCommand>& commands);
 
 }  // namespace tandem

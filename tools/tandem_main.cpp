@@ -70,10 +70,7 @@ int train(const CliArgs& args) {
       p->value().copy_from(whole.param(p->name()).value());
       p->bump_version();
     }
-  SgdOptions sgd;
-  sgd.lr = static_cast<float>(args.number("lr", 0.05));
-  sgd.momentum = static_cast<float>(args.number("momentum", 0.9));
-  sgd.weight_decay = static_cast<float>(args.number("weight-decay", 0.0));
+  const SgdOptions sgd = args.sgd_options();
   Sgd front_opt(front.params(), sgd), back_opt(back.params(), sgd);
   ChainTrainer trainer({&front, &back}, {&front_opt, &back_opt});
 
@@ -145,30 +142,17 @@ int train(const CliArgs& args) {
   return 0;
 }
 
-int run(int argc, char** argv) {
-  register_built_backends();
-  const std::string command = argc > 1 ? argv[1] : "";
-  if (command == "train") return train(CliArgs(argc, argv, 2, {}));
-  if (command == "backends") {
-    for (const auto& name : backend_names()) std::printf("%s\n", name.c_str());
-    return 0;
-  }
-  if (command == "--help" || command == "-h" || command == "help") {
-    std::fputs(kUsage, stdout);
-    return 0;
-  }
-  std::fputs(kUsage, stderr);
-  return 2;
+int list_backends(int, char**) {
+  for (const auto& name : backend_names()) std::printf("%s\n", name.c_str());
+  return 0;
 }
 
 }  // namespace
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  try {
-    return tandem::run(argc, argv);
-  } catch (const tandem::Error& e) {
-    std::fprintf(stderr, "tandem: %s\n", e.what());
-    return 1;
-  }
+  tandem::register_built_backends();
+  return tandem::run_cli(argc, argv, "tandem", tandem::kUsage,
+                         {{"train", [](int c, char** v) { return tandem::train(tandem::CliArgs(c, v, 2, {})); }},
+                          {"backends", tandem::list_backends}});
 }
