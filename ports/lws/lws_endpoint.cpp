@@ -314,7 +314,8 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
         uint64_t id = m.connection;
         if (!server_ && id == 0 && !connections_.empty()) id = connections_.begin()->first;
         auto it = connections_.find(id);
-        if (it == connections_.end()) continue;  // closed meanwhile: nothing to deliver to
+        // Closed meanwhile, or refused by the transport (the Error must be the last word).
+        if (it == connections_.end() || it->second->close_after_discard) continue;
         it->second->out.push_back(std::move(m));
         lws_callback_on_writable(it->second->wsi);
       }

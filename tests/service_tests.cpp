@@ -1,0 +1,182 @@
+// Bad input against the real service: a tandem-cloud serve process on a loopback port, and
+// raw clients (with a properly issued identity) that send what a broken or hostile edge
+// might. Each gets the exact Error and a closed connection; the service keeps serving.
+#include <gtest/gtest.h>
+
+#include <signal.h>
+
+#include <csignal>
+#include <cstring>
+#include <cstdio>
+#include <filesystem>
+#include <limits>
+#include <thread>
+
+#include "cloud/pki/pki.h"
+#include "core/error.h"
+#include "core/graph.h"
+#include "core/sha256.h"
+#include "core/wire/messages.h"
+#include "ports/lws/lws_endpoint.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+namespace fs = std::filesystem;
+using namespace std::chrono_literals;
+using Kind = EndpointEvent::Kind;
+
+const std::string kModel = std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json";
+
+// Starts `tandem-cloud serve` (1 MiB message cap) and issues an edge identity for the tests.
+class Service {
+ public:
+  Service() {
+    std::string tmpl = (fs::temp_directory_path() / "tandem-svc-XXXXXX").string();
+    dir_ = mkdtemp(tmpl.data());
+    const std::string log = (dir_ / "cloud.log").string();
+    const std::string cmd = std::string(TANDEM_CLOUD_BIN) + " serve --listen 127.0.0.1:0 --state-dir " +
+                            (dir_ / "state").string() + " --model " + kModel +
+                            " --batch 8 --microbatches 2 --max-message-mb 1 > " + log + " 2>&1 & echo $!";
+    FILE* p = popen(cmd.c_str(), "r");
+    if (!p || std::fscanf(p, "%d", &pid_) != 1) fail("test", "cannot start tandem-cloud");
+    pclose(p);
+    for (int i = 0; i < 100 && port_ == 0; ++i) {
+      std::this_thread::sleep_for(100ms);
+      if (FILE* f = std::fopen(log.c_str(), "r")) {
+        char line[512];
+        while (std::fgets(line, sizeof line, f))
+          if (const char* at = std::strstr(line, "wss://127.0.0.1:")) port_ = std::atoi(at + 16);
+        std::fclose(f);
+      }
+    }
+    if (port_ == 0) fail("test", "tandem-cloud did not report its port");
+    pki::issue((dir_ / "state").string(), "probe", (dir_ / "id").string());
+    id_ = {(dir_ / "id/client.crt").string(), (dir_ / "id/client.key").string(), (dir_ / "id/ca.crt").string()};
+  }
+  ~Service() {
+    if (pid_ > 0) kill(pid_, SIGTERM);
+    std::this_thread::sleep_for(200ms);
+    fs::remove_all(dir_);
+  }
+  bool alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }
+
+  std::unique_ptr<LwsEndpoint> client() {
+    auto c = LwsEndpoint::connect("localhost", port_, id_);
+    EndpointEvent ev;
+    EXPECT_TRUE(c->next(ev, 10s));
+    EXPECT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Connected)) << ev.text;
+    return c;
+  }
+
+ private:
+  fs::path dir_;
+  int pid_ = 0, port_ = 0;
+  TlsIdentity id_;
+};
+
+Service& service() {
+  static Service s;
+  return s;
+}
+
+// Sends each message in turn and expects the last reply to be Error(code, text), then a close.
+void expect_error(std::vector<std::vector<uint8_t>> messages, wire::ErrorCode code, const std::string& text) {
+  auto c = service().client();
+  for (const auto& m : messages) c->send(0, m);
+  EndpointEvent ev;
+  const wire::Message* reply = nullptr;
+  Frame last;
+  while (c->next(ev, 10s) && ev.kind == Kind::Message) {
+    last = std::move(ev.frame);
+    WireError err;
+    reply = verify_frame(last, kDefaultMaxMessageBytes, err);
+    ASSERT_NE(reply, nullptr) << err.text;
+    if (reply->payload_type() == wire::Payload::Error) break;
+  }
+  ASSERT_NE(reply, nullptr) << "no reply";
+  ASSERT_EQ(reply->payload_type(), wire::Payload::Error) << payload_name(reply->payload_type());
+  EXPECT_EQ(reply->payload_as_Error()->code(), code);
+  EXPECT_EQ(reply->payload_as_Error()->text()->str(), text);
+  ASSERT_TRUE(c->next(ev, 10s));
+  EXPECT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Closed)) << "the connection stays open";
+  EXPECT_TRUE(service().alive());
+}
+
+std::vector<uint8_t> bytes(std::span<const uint8_t> s) { return {s.begin(), s.end()}; }
+
+std::vector<uint8_t> good_hello() {
+  const ModelSpec spec = load_model_spec(kModel);
+  MessageWriter w;
+  return bytes(w.hello("probe", model_hash(spec, "pool2")));
+}
+
+std::vector<uint8_t> forward(const Tensor& a, int32_t label = 1, uint32_t step_samples = 8) {
+  MessageWriter w;
+  std::vector<int32_t> labels(static_cast<std::size_t>(a.shape()[0]), label);
+  return bytes(w.forward(0, 0, 0, a, labels, step_samples, 2));
+}
+
+Tensor activations(int64_t n = 4, int64_t c = 64) {
+  Rng rng(1);
+  return random_tensor({n, 7, 7, c}, rng);
+}
+
+TEST(Service, GarbageFrame) {
+  expect_error({std::vector<uint8_t>(300, 0x41)}, wire::ErrorCode::Malformed,
+               "not a tandem wire message (missing identifier 'TDMW')");
+}
+
+TEST(Service, TruncatedFrame) {
+  auto f = forward(activations());
+  f.resize(f.size() / 2);
+  expect_error({good_hello(), f}, wire::ErrorCode::Malformed,
+               "message failed FlatBuffers verification (truncated or corrupt)");
+}
+
+TEST(Service, FrameOverTheSizeCap) {
+  expect_error({good_hello(), std::vector<uint8_t>(2 << 20, 7)}, wire::ErrorCode::TooLarge,
+               "message exceeds the limit of 1048576 bytes");
+}
+
+TEST(Service, WrongModelHash) {
+  MessageWriter w;
+  const ModelSpec spec = load_model_spec(kModel);
+  const auto ours = model_hash(spec, "pool2");
+  const auto theirs = model_hash(spec, "pool1");
+  expect_error({bytes(w.hello("probe", theirs))}, wire::ErrorCode::ModelMismatch,
+               "the edge's model spec or cut differs from the cloud's (hash " + to_hex(theirs.data(), 32).substr(0, 16) +
+                   "... vs " + to_hex(ours.data(), 32).substr(0, 16) + "...)");
+}
+
+TEST(Service, WrongShapes) {
+  expect_error({good_hello(), forward(activations(4, 32))}, wire::ErrorCode::BadTensor,
+               "activations: shape [4, 7, 7, 32] differs from the expected [4, 7, 7, 64]");
+}
+
+TEST(Service, NanActivations) {
+  Tensor a = activations();
+  a[100] = std::numeric_limits<float>::quiet_NaN();
+  expect_error({good_hello(), forward(a)}, wire::ErrorCode::BadTensor, "activations: non-finite value at element 100");
+}
+
+TEST(Service, KeepsServingAProperEdge) {
+  auto c = service().client();
+  c->send(0, good_hello());
+  c->send(0, forward(activations()));
+  EndpointEvent ev;
+  std::vector<wire::Payload> kinds;
+  for (int i = 0; i < 2 && c->next(ev, 10s) && ev.kind == Kind::Message; ++i) {
+    WireError err;
+    const wire::Message* m = verify_frame(ev.frame, kDefaultMaxMessageBytes, err);
+    ASSERT_NE(m, nullptr);
+    kinds.push_back(m->payload_type());
+  }
+  ASSERT_EQ(kinds.size(), 2u);
+  EXPECT_EQ(kinds[0], wire::Payload::Welcome);
+  EXPECT_EQ(kinds[1], wire::Payload::Backward);
+}
+
+}  // namespace
+}  // namespace tandem::test
