@@ -161,19 +161,24 @@ class XnnMaxPool2d final : public MaxPool2dKernel {
     const Pool2dGeometry& g = g_;
     const auto* idx = static_cast<const uint32_t*>(stash);
     const int64_t c = g.channels, kh = g.kernel_h, kw = g.kernel_w;
+    // Input rows are written front to back (the windows tile them), each element once, with a
+    // bitwise select rather than a branch: ties aside, the winner is unpredictable.
     for (int64_t n = 0; n < g.batch; ++n)
-      for (int64_t oy = 0; oy < oh_; ++oy)
-        for (int64_t ox = 0; ox < ow_; ++ox) {
-          const int64_t o = ((n * oh_ + oy) * ow_ + ox) * c;
-          const float* __restrict d = dy + o;
-          const uint32_t* __restrict io = idx + o;
-          for (int64_t ky = 0; ky < kh; ++ky)
+      for (int64_t oy = 0; oy < oh_; ++oy) {
+        const float* __restrict d_row = dy + (n * oh_ + oy) * ow_ * c;
+        const uint32_t* __restrict i_row = idx + (n * oh_ + oy) * ow_ * c;
+        for (int64_t ky = 0; ky < kh; ++ky) {
+          float* __restrict out = dx + (n * g.in_h + oy * kh + ky) * g.in_w * c;
+          for (int64_t ox = 0; ox < ow_; ++ox)
             for (int64_t kx = 0; kx < kw; ++kx) {
               const auto at = static_cast<uint32_t>(kx * kh + ky);  // XNNPACK's in-window index
-              float* __restrict out = dx + ((n * g.in_h + oy * kh + ky) * g.in_w + ox * kw + kx) * c;
-              for (int64_t k = 0; k < c; ++k) out[k] = io[k] == at ? d[k] : 0.0f;
+              const float* __restrict d = d_row + ox * c;
+              const uint32_t* __restrict io = i_row + ox * c;
+              float* __restrict o = out + (ox * kw + kx) * c;
+              for (int64_t k = 0; k < c; ++k) o[k] = select(all_ones_if(io[k] == at), d[k], 0.0f);
             }
         }
+      }
   }
 
  private:
