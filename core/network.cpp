@@ -1,8 +1,17 @@
 #include "core/network.h"
 
+#include <chrono>
+
 #include "core/error.h"
 
 namespace tandem {
+namespace {
+
+double now_s() {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
+}
+
+}  // namespace
 
 Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::move(graph)), backend_(backend) {
   Rng rng(seed);
@@ -46,6 +55,13 @@ int64_t Network::param_count() {
   int64_t n = 0;
   for (Param* p : params()) n += p->value().numel();
   return n;
+}
+
+void Network::set_timing(NodeTimes* times) {
+  times_ = times;
+  if (times_ == nullptr) return;
+  times_->forward_s.assign(graph_.nodes().size(), 0.0);
+  times_->backward_s.assign(graph_.nodes().size(), 0.0);
 }
 
 void Network::zero_grad() {
@@ -107,7 +123,9 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
       continue;
     }
     if (!out.defined() || out.shape() != out_shape) out = Tensor::empty(out_shape);
+    const double t0 = times_ ? now_s() : 0.0;
     layers_[n]->forward(node_inputs_, out, s.stashes[n]);
+    if (times_) times_->forward_s[n] += now_s() - t0;
   }
   return s.values[first_node + static_cast<std::size_t>(graph_.output())];
 }
@@ -160,7 +178,11 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
         node_grads_.push_back(buffer(s.grad_scratch, in_id, shape));
       }
     }
-    if (!layers_[n]->is_view()) layers_[n]->backward(node_inputs_, s.values[id], grad_out, node_grads_, s.stashes[n]);
+    if (!layers_[n]->is_view()) {
+      const double t0 = times_ ? now_s() : 0.0;
+      layers_[n]->backward(node_inputs_, s.values[id], grad_out, node_grads_, s.stashes[n]);
+      if (times_) times_->backward_s[n] += now_s() - t0;
+    }
     // Fold each input's gradient into what earlier consumers left there.
     for (std::size_t k = 0; k < input_ids_[n].size(); ++k) {
       if (!node_grads_[k].defined()) continue;

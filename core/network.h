@@ -39,6 +39,13 @@ class Network {
 
   void zero_grad();
 
+  // When set, each node's forward and backward wall time is added to times (indexed like
+  // graph().nodes()); the caller owns it. For the profiler; off (null) by default.
+  struct NodeTimes {
+    std::vector<double> forward_s, backward_s;
+  };
+  void set_timing(NodeTimes* times);
+
  private:
   struct Slot {
     std::vector<Tensor> values;  // per tensor id: graph inputs, then node outputs
@@ -62,6 +69,7 @@ class Network {
   std::vector<Tensor> grads_;
   std::vector<int> contributions_;
   std::vector<Tensor> node_inputs_, node_grads_;
+  NodeTimes* times_ = nullptr;
 };
 
 }  // namespace tandem

@@ -13,6 +13,7 @@
 #include "edge/data/idx_dataset.h"
 #include "tools/all_backends.h"
 #include "tools/cli_args.h"
+#include "tools/profile_command.h"
 #include "tools/progress.h"
 
 namespace tandem {
@@ -27,13 +28,12 @@ constexpr const char* kUsage = R"(usage:
       spec's default cut unless --cut): front shard on the edge backend (default xnnpack),
       back shard and loss on the cloud backend (default onednn), K micro-batches a step.
       Prints progress, per-epoch metrics (also as JSON lines in FILE) and the test accuracy.
+  tandem profile --model SPEC [--cut NODE] [--edge-backend NAME] [--cloud-backend NAME]
+                 [--batch B] [--iterations N] [--threads T]
+      Times every layer's forward and backward on its shard's backend for micro-batches of
+      B (default 16) random samples, median of N (default 20); prints a table and a JSON line.
   tandem backends      lists the backends this build has
 )";
-
-std::string default_backend(const std::string& preferred) {
-  const auto names = backend_names();
-  return std::find(names.begin(), names.end(), preferred) != names.end() ? preferred : "reference";
-}
 
 std::string fixed(double v, int digits) {
   char buf[64];
@@ -56,8 +56,8 @@ int train(const CliArgs& args) {
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
   BackendOptions backend_options;
   backend_options.threads = static_cast<int>(args.integer("threads", 1, 1));
-  const std::string edge_name = args.str("edge-backend", default_backend("xnnpack"));
-  const std::string cloud_name = args.str("cloud-backend", default_backend("onednn"));
+  const std::string edge_name = args.str("edge-backend", preferred_backend("xnnpack"));
+  const std::string cloud_name = args.str("cloud-backend", preferred_backend("onednn"));
   auto edge_backend = make_backend(edge_name, backend_options);
   auto cloud_backend = make_backend(cloud_name, backend_options);
 
@@ -154,5 +154,6 @@ int main(int argc, char** argv) {
   tandem::register_built_backends();
   return tandem::run_cli(argc, argv, "tandem", tandem::kUsage,
                          {{"train", [](int c, char** v) { return tandem::train(tandem::CliArgs(c, v, 2, {})); }},
+                          {"profile", [](int c, char** v) { return tandem::profile_command(tandem::CliArgs(c, v, 2, {})); }},
                           {"backends", tandem::list_backends}});
 }

@@ -1,0 +1,63 @@
+#include "core/profiler.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/random.h"
+
+namespace tandem {
+namespace {
+
+Shape batched(int64_t batch, const Shape& per_sample) {
+  int64_t dims[kMaxRank] = {batch};
+  for (int d = 0; d < per_sample.rank(); ++d) dims[d + 1] = per_sample[d];
+  return Shape::of(dims, per_sample.rank() + 1);
+}
+
+Tensor random_tensor(const Shape& shape, Rng& rng) {
+  Tensor t = Tensor::empty(shape);
+  float* p = t.data();
+  for (int64_t i = 0; i < t.numel(); ++i) p[i] = rng.uniform(-1.0f, 1.0f);
+  return t;
+}
+
+double median(std::vector<double> v) {
+  std::sort(v.begin(), v.end());
+  return v.empty() ? 0.0 : v[v.size() / 2];
+}
+
+}  // namespace
+
+std::vector<LayerProfile> profile_layers(Network& net, int64_t batch, int iterations, int warmup) {
+  if (batch < 1 || iterations < 1 || warmup < 0)
+    fail("profiler", cat("batch and iterations must be >= 1, got ", batch, " and ", iterations));
+  const Graph& graph = net.graph();
+  Rng rng(0x9f0f11e5ULL);
+  std::vector<Tensor> inputs;
+  for (const auto& in : graph.inputs()) inputs.push_back(random_tensor(batched(batch, in.shape), rng));
+  const auto& nodes = graph.nodes();
+  const Tensor grad = random_tensor(batched(batch, nodes[static_cast<std::size_t>(graph.output())].shape), rng);
+
+  std::vector<std::vector<double>> fwd(nodes.size()), bwd(nodes.size());
+  Network::NodeTimes times;
+  for (int it = 0; it < warmup + iterations; ++it) {
+    net.set_timing(&times);
+    net.forward(inputs, 0);
+    net.backward(grad, 0, /*want_input_grad=*/false);
+    net.set_timing(nullptr);
+    if (it < warmup) continue;
+    for (std::size_t n = 0; n < nodes.size(); ++n) {
+      fwd[n].push_back(times.forward_s[n]);
+      bwd[n].push_back(times.backward_s[n]);
+    }
+  }
+  net.zero_grad();
+
+  std::vector<LayerProfile> out;
+  for (std::size_t n = 0; n < nodes.size(); ++n)
+    out.push_back({nodes[n].spec.name, nodes[n].spec.op, median(fwd[n]), median(bwd[n]),
+                   nodes[n].shape.numel() * static_cast<int64_t>(sizeof(float))});
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,24 @@
+// Per-layer timing of one shard on its backend: forward and backward wall time of every
+// node at a given micro-batch size, and the bytes each node's output takes per sample.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/network.h"
+
+namespace tandem {
+
+struct LayerProfile {
+  std::string node, op;
+  double forward_s = 0.0, backward_s = 0.0;  // median over the iterations, one micro-batch
+  int64_t output_bytes_per_sample = 0;       // f32 output of the node
+};
+
+// Runs `warmup` then `iterations` forward + backward passes of micro-batches of `batch`
+// random inputs through `net` (slot 0), with a fixed output gradient, and reports each
+// node's median times. Parameter gradients accumulate in `net` and are zeroed at the end.
+std::vector<LayerProfile> profile_layers(Network& net, int64_t batch, int iterations, int warmup = 3);
+
+}  // namespace tandem

@@ -1,0 +1,67 @@
+#include "tools/profile_command.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/graph.h"
+#include "core/model_spec.h"
+#include "core/profiler.h"
+#include "tools/all_backends.h"
+
+namespace tandem {
+namespace {
+
+struct ShardTotals {
+  double forward_s = 0.0, backward_s = 0.0;
+};
+
+ShardTotals print_shard(const char* side, const std::string& backend, const std::vector<LayerProfile>& layers,
+                        int64_t batch) {
+  ShardTotals t;
+  for (const LayerProfile& l : layers) {
+    std::printf("%-6s %-10s %-14s %-12s %10.3f %10.3f %12.1f\n", side, backend.c_str(), l.node.c_str(), l.op.c_str(),
+                l.forward_s * 1e3, l.backward_s * 1e3, static_cast<double>(l.output_bytes_per_sample) / 1024.0);
+    t.forward_s += l.forward_s;
+    t.backward_s += l.backward_s;
+  }
+  const double per_sample_us = (t.forward_s + t.backward_s) / static_cast<double>(batch) * 1e6;
+  std::printf("%-6s %-10s %-14s %-12s %10.3f %10.3f   (%.1f us/sample)\n", side, backend.c_str(), "total", "",
+              t.forward_s * 1e3, t.backward_s * 1e3, per_sample_us);
+  return t;
+}
+
+}  // namespace
+
+int profile_command(const CliArgs& args) {
+  args.reject_unknown({"model", "cut", "edge-backend", "cloud-backend", "batch", "iterations", "threads"});
+  const ModelSpec spec = load_model_spec(args.required("model"));
+  const Graph graph = Graph::build(spec);
+  const std::string cut = args.str("cut", graph.default_cut());
+  if (cut.empty()) fail("cli", "the spec names no default cut; pass --cut NODE");
+  auto [front_graph, back_graph] = graph.split(cut);
+  const int64_t batch = args.integer("batch", 16, 1);
+  const int iterations = static_cast<int>(args.integer("iterations", 20, 1));
+  BackendOptions options;
+  options.threads = static_cast<int>(args.integer("threads", 1, 1));
+  const std::string edge_name = args.str("edge-backend", preferred_backend("xnnpack"));
+  const std::string cloud_name = args.str("cloud-backend", preferred_backend("onednn"));
+  auto edge_backend = make_backend(edge_name, options);
+  auto cloud_backend = make_backend(cloud_name, options);
+  Network front(front_graph, *edge_backend, 1), back(back_graph, *cloud_backend, 1);
+
+  std::printf("model %s, cut at '%s', micro-batch %lld, median of %d iterations\n", spec.name.c_str(), cut.c_str(),
+              static_cast<long long>(batch), iterations);
+  std::printf("%-6s %-10s %-14s %-12s %10s %10s %12s\n", "shard", "backend", "node", "op", "fwd ms", "bwd ms",
+              "out KiB/smp");
+  const ShardTotals f = print_shard("front", edge_name, profile_layers(front, batch, iterations), batch);
+  const ShardTotals b = print_shard("back", cloud_name, profile_layers(back, batch, iterations), batch);
+  const int64_t cut_bytes = front_graph.nodes()[static_cast<std::size_t>(front_graph.output())].shape.numel() * 4;
+  std::printf("cut activation: %lld bytes/sample each way\n", static_cast<long long>(cut_bytes));
+  std::printf("{\"profile\":\"%s\",\"cut\":\"%s\",\"microbatch\":%lld,\"front_forward_s\":%.6f,\"front_backward_s\":%.6f,"
+              "\"back_forward_s\":%.6f,\"back_backward_s\":%.6f,\"cut_bytes_per_sample\":%lld}\n",
+              spec.name.c_str(), cut.c_str(), static_cast<long long>(batch), f.forward_s, f.backward_s, b.forward_s,
+              b.backward_s, static_cast<long long>(cut_bytes));
+  return 0;
+}
+
+}  // namespace tandem
