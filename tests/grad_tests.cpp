@@ -97,6 +97,17 @@ TEST(GradConv2d, StrideDilationNoBias) {
   check_node({9, 7, 2}, n, random_tensor({2, 9, 7, 2}, rng));
 }
 
+// 16 output channels: xnnpack's weight gradient is the direct SIMD kernel.
+TEST(GradConv2d, SimdWeightGradStride2) {
+  NodeSpec n = node("conv2d");
+  n.conv2d.out_channels = 16;
+  n.conv2d.kernel = {3, 3};
+  n.conv2d.stride = {2, 2};
+  n.conv2d.padding = {1, 1};
+  Rng rng(3);
+  check_node({7, 6, 2}, n, random_tensor({2, 7, 6, 2}, rng));
+}
+
 TEST(GradLinear, Basic) {
   NodeSpec n = node("linear");
   n.linear.out_features = 6;

@@ -201,10 +201,21 @@ TEST(Conv2d, Stride2OddNoPad) { Conv2dTester().batch(2).input(11, 9, 2).out_chan
 TEST(Conv2d, Dilation2) { Conv2dTester().batch(2).input(10, 9, 3).out_channels(4).kernel(3, 3).dilation(2, 2).padding(2, 2).test(); }
 TEST(Conv2d, Pointwise) { Conv2dTester().batch(4).input(6, 6, 16).out_channels(8).kernel(1, 1).test(); }
 TEST(Conv2d, Kernel5Stride3) { Conv2dTester().batch(2).input(13, 12, 3).out_channels(4).kernel(5, 5).stride(3, 2).padding(2, 1).test(); }
-// Fewer taps x input channels than output channels (a first layer): the backward-weights GEMM
-// may take the other operand as its packed side; 16 x 28 x 28 spans several chunks.
+// Fewer taps x input channels than output channels (a first layer). On xnnpack, Cout % 16 == 0
+// takes the direct SIMD weight gradient; other Cout the GEMM over an im2col, whose packed
+// side may then be the im2col; 16 x 28 x 28 spans several chunks of either.
 TEST(Conv2d, FirstLayerShapes) { Conv2dTester().batch(16).input(28, 28, 1).out_channels(32).kernel(3, 3).padding(1, 1).test(); }
 TEST(Conv2d, FewInputChannelsStride2) { Conv2dTester().batch(3).input(11, 10, 2).out_channels(24).kernel(3, 3).stride(2, 2).padding(1, 1).test(); }
+// The direct weight gradient's blocks: 64 + 16 channels, 48 = 32 + 16, K rows not a multiple
+// of the 6- or 12-row blocks, strides, dilation, asymmetric padding and none.
+TEST(Conv2d, SimdChannels80Pointwise) { Conv2dTester().batch(3).input(5, 7, 5).out_channels(80).kernel(1, 1).test(); }
+TEST(Conv2d, SimdChannels48Kernel5x3) {
+  Conv2dTester().batch(2).input(9, 9, 7).out_channels(48).kernel(5, 3).stride(1, 2).padding(1, 2).test();
+}
+TEST(Conv2d, SimdChannels16Dilated) {
+  Conv2dTester().batch(3).input(12, 11, 3).out_channels(16).kernel(3, 3).stride(2, 2).dilation(2, 2).padding(2, 2).test();
+}
+TEST(Conv2d, SimdChannels128Unpadded) { Conv2dTester().batch(2).input(6, 5, 9).out_channels(128).kernel(2, 2).test(); }
 TEST(Conv2d, FashionMnistShapes) { Conv2dTester().batch(8).input(14, 14, 32).out_channels(64).kernel(3, 3).padding(1, 1).test(); }
 
 TEST(Linear, Basic) { LinearTester().batch(4).features(17, 9).test(); }

@@ -1,12 +1,15 @@
 // Conv2d through XNNPACK: forward is a convolution, backward_data the matching
-// deconvolution (transposed convolution), backward_weights fully connected GEMMs over a
-// transposed im2col, built in cache-sized chunks of output rows.
+// deconvolution (transposed convolution). backward_weights is core's direct SIMD kernel when
+// Cout is a multiple of 16 (XNNPACK 2022 has no GEMM with two changing operands, and packing
+// one per call cost more than the math), else fully connected GEMMs over a transposed
+// im2col, built in cache-sized chunks of output rows.
 #include <algorithm>
 #include <limits>
 #include <tuple>
 #include <utility>
 #include <vector>
 
+#include "core/simd/conv_weight_grad.h"
 #include "edge/xnnpack/xnnpack_common.h"
 
 namespace tandem::xnn {
@@ -58,6 +61,11 @@ class XnnConv2d final : public Conv2dKernel {
       }
     // backward_weights works on chunks of whole output rows whose transposed im2col
     // (K x rows * OW floats) stays in L2, as does the slice of dy packed for it.
+    if (simd::ConvWeightGrad::supports(g)) {
+      direct_ = std::make_unique<simd::ConvWeightGrad>(g);
+      wt_ = aligned_floats(sz(g.out_c * k_));
+      return;
+    }
     chunk_rows_ = std::clamp<int64_t>(kChunkBytes / (k_ * ow_ * int64_t{sizeof(float)}), 1, g.batch * oh_);
 
     wt_ = aligned_floats(sz(g.out_c * k_));
@@ -126,6 +134,7 @@ class XnnConv2d final : public Conv2dKernel {
   // chunks of output rows (one operator each, partial products summed) so the im2col and the
   // packed dy stay in cache. dW^T is then transposed into OHWI. db = column sums of dy.
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
+    if (direct_) return direct_->run(x, dy, dw, db);
     const Conv2dGeometry& g = g_;
     pthreadpool_t pool = ctx_->threadpool();
     transpose(x, g.batch * g.in_h * g.in_w, g.in_c, xt_.get());
@@ -250,6 +259,7 @@ class XnnConv2d final : public Conv2dKernel {
   std::unique_ptr<float, AlignedFree> part_;   // a later chunk's share of dW^T (or dW)
   std::unique_ptr<float, AlignedFree> dyt_;    // one chunk of dy^T [Cout][rows * OW] (pack_cols_)
   PackedOperator fwd_, bwd_;
+  std::unique_ptr<simd::ConvWeightGrad> direct_;  // backward_weights when Cout % 16 == 0
 };
 
 }  // namespace

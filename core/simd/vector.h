@@ -1,0 +1,30 @@
+// Portable 16-float vectors (GCC/Clang vector extensions) for hand kernels, and the
+// attribute that compiles a kernel for AVX-512, AVX2+FMA and baseline x86-64 and picks one
+// at load time; elsewhere (aarch64, wasm with -msimd128) the compiler lowers the vectors.
+#pragma once
+
+#if defined(__GNUC__) && !defined(__clang__)
+// The vectors never cross a non-inlined call; the ABI note does not apply.
+#pragma GCC diagnostic ignored "-Wpsabi"
+#endif
+
+namespace tandem::simd {
+
+// Unaligned (4-byte) loads and stores through this type are allowed.
+using f32x16 = float __attribute__((vector_size(64), aligned(4)));
+
+inline f32x16 load16(const float* p) { return *reinterpret_cast<const f32x16*>(p); }
+inline void store16(float* p, f32x16 v) { *reinterpret_cast<f32x16*>(p) = v; }
+
+}  // namespace tandem::simd
+
+#if defined(__x86_64__) && defined(__GNUC__) && !defined(__clang__)
+// a * b + c may become one FMA: the kernels' results then differ from the reference by
+// rounding only, within the tests' tolerances.
+#define TANDEM_SIMD_KERNEL \
+  __attribute__((target_clones("arch=x86-64-v4", "arch=x86-64-v3", "default"), optimize("fp-contract=fast")))
+#elif defined(__GNUC__) && !defined(__clang__)
+#define TANDEM_SIMD_KERNEL __attribute__((optimize("fp-contract=fast")))
+#else
+#define TANDEM_SIMD_KERNEL
+#endif
