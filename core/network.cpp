@@ -3,6 +3,7 @@
 #include <chrono>
 
 #include "core/error.h"
+#include "core/layers/layers.h"
 
 namespace tandem {
 namespace {
@@ -28,6 +29,7 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
     for (Param* p : layers_.back()->params()) params_.push_back(p);
     input_ids_.push_back(std::move(ids));
   }
+  fuse_relu_into_pools();
   // Only the output and its ancestors take part in backward.
   needs_grad_.assign(nodes.size(), false);
   needs_grad_[static_cast<std::size_t>(graph_.output())] = true;
@@ -39,6 +41,28 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
   const std::size_t tensors = graph_.inputs().size() + nodes.size();
   grads_.resize(tensors);
   contributions_.resize(tensors);
+}
+
+// A ReLU read by nothing but a max pool without padding runs after the pool instead, on the
+// smaller tensor (max commutes with ReLU; the gradients match, ties included): the ReLU
+// node becomes a view of its input. Not for the output, whose value callers read.
+void Network::fuse_relu_into_pools() {
+  const auto& nodes = graph_.nodes();
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
+    if (nodes[n].spec.op != "relu" || static_cast<int>(n) == graph_.output()) continue;
+    int readers = 0, pool = -1;
+    for (std::size_t c = 0; c < nodes.size(); ++c)
+      for (int s : nodes[c].sources)
+        if (s == -static_cast<int>(n) - 1) {
+          ++readers;
+          pool = static_cast<int>(c);
+        }
+    if (readers != 1 || nodes[static_cast<std::size_t>(pool)].spec.op != "max_pool2d") continue;
+    auto* p = dynamic_cast<MaxPool2dLayer*>(layers_[static_cast<std::size_t>(pool)].get());
+    if (p == nullptr || !p->can_fuse_relu()) continue;
+    p->fuse_relu();
+    layers_[n] = std::make_unique<ViewLayer>(nodes[n].spec.name);
+  }
 }
 
 int Network::tensor_id(int source) const {

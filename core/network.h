@@ -54,7 +54,8 @@ class Network {
     // size (K not dividing B) reuse their own buffers instead of re-allocating every step.
     std::vector<Tensor> grad_buffers, grad_scratch;
   };
-  int tensor_id(int source) const;  // GraphNode::sources entry -> tensor id
+  int tensor_id(int source) const;
+  void fuse_relu_into_pools();  // GraphNode::sources entry -> tensor id
   Slot& slot(int index);
   Tensor& buffer(std::vector<Tensor>& pool, int id, const Shape& shape);
 

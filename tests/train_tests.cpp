@@ -4,6 +4,8 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <cmath>
+#include <span>
 #include <cstring>
 #include <new>
 
@@ -136,6 +138,38 @@ TEST(Train, MicrobatchesEqualWholeBatch) {
   const auto whole = run(1);
   EXPECT_LE(max_abs_diff(run(4), whole), 1e-5f);
   EXPECT_LE(max_abs_diff(run(5), whole), 1e-5f);  // uneven micro-batches
+}
+
+// relu1 -> pool1 runs as pool then ReLU (the ReLU folded into the pool); it must train like
+// a spec that writes pool -> ReLU explicitly, where nothing is folded.
+TEST(Train, ReluFoldedIntoPoolTrainsLikePoolThenRelu) {
+  ModelSpec explicit_order = small_cnn();
+  for (NodeSpec& n : explicit_order.nodes) {
+    if (n.name == "pool1") n.inputs = {"conv1"};
+    if (n.name == "relu1") n.inputs = {"pool1"};
+    if (n.name == "flatten") n.inputs = {"relu1"};
+  }
+  Data d = make_data(32, 9);
+  for (float& v : std::span(d.images.data(), static_cast<std::size_t>(d.images.numel())))
+    v = std::round(v * 4.0f) / 4.0f;  // coarse values: ties inside pooling windows
+  auto run = [&](const ModelSpec& spec, bool* folded) {
+    auto backend = make_test_backend(backend_under_test());
+    Network net(Graph::build(spec), *backend, 1234);
+    Sgd opt(net.params(), sgd());
+    ChainTrainer trainer({&net}, {&opt});
+    Network::NodeTimes times;
+    net.set_timing(&times);
+    for (int step = 0; step < 10; ++step) trainer.train_step(d.images, d.labels.data(), 2);
+    const auto& nodes = net.graph().nodes();
+    for (std::size_t i = 0; i < nodes.size(); ++i)
+      if (nodes[i].spec.name == "relu1") *folded = times.forward_s[i] == 0.0;  // a view is not timed
+    return weights_of(net);
+  };
+  bool folded = false, explicit_folded = true;
+  const auto a = run(small_cnn(), &folded), b = run(explicit_order, &explicit_folded);
+  EXPECT_TRUE(folded) << "relu1 -> pool1 should run as a view plus the pool's ReLU";
+  EXPECT_FALSE(explicit_folded);
+  EXPECT_LE(max_abs_diff(a, b), 1e-6f);
 }
 
 TEST(Train, SplitEqualsWholeModel) {

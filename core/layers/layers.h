@@ -65,16 +65,27 @@ class MaxPool2dLayer final : public Layer {
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                 Stash& stash) override;
 
+  // Applies a ReLU to the pooled output (and its gradient) for the ReLU that fed this pool:
+  // max commutes with ReLU, and the pooled tensor is kernel_h * kernel_w times smaller.
+  // Only without padding, so that every window sees at least one input.
+  bool can_fuse_relu() const { return geometry_.pad_h == 0 && geometry_.pad_w == 0; }
+  void fuse_relu() { relu_ = true; }
+
  private:
   MaxPool2dKernel& kernel(int64_t batch);
+  ReluKernel& relu(int64_t elements);
   Backend& backend_;
   Pool2dGeometry geometry_;
   KernelCache<MaxPool2dKernel> kernels_;
+  bool relu_ = false;
+  KernelCache<ReluKernel> relus_;
 };
 
-class FlattenLayer final : public Layer {
+// A node whose output is its input seen with another shape (flatten), or a ReLU folded into
+// the max pool that reads it: the network aliases the tensors.
+class ViewLayer final : public Layer {
  public:
-  explicit FlattenLayer(std::string name) : Layer(std::move(name)) {}
+  explicit ViewLayer(std::string name) : Layer(std::move(name)) {}
   bool is_view() const override { return true; }
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,

@@ -46,22 +46,44 @@ MaxPool2dKernel& MaxPool2dLayer::kernel(int64_t batch) {
   });
 }
 
+ReluKernel& MaxPool2dLayer::relu(int64_t elements) {
+  return relus_.get(elements, [&](int64_t n) { return backend_.relu(n); });
+}
+
+namespace {
+
+// With a fused ReLU the stash also holds the ReLU'd output gradient, after the indices.
+std::size_t gradient_offset(std::size_t index_bytes) { return (index_bytes + 63) / 64 * 64; }
+
+}  // namespace
+
 void MaxPool2dLayer::forward(std::span<const Tensor> in, Tensor& out, Stash& stash) {
   MaxPool2dKernel& k = kernel(in[0].shape()[0]);
-  k.forward(in[0].data(), out.data(), stash.reserve(k.stash_bytes()));
+  const std::size_t bytes = k.stash_bytes();
+  const std::size_t total = relu_ ? gradient_offset(bytes) + static_cast<std::size_t>(out.numel()) * sizeof(float) : bytes;
+  k.forward(in[0].data(), out.data(), stash.reserve(total));
+  if (relu_) relu(out.numel()).forward(out.data(), out.data());
 }
 
-void MaxPool2dLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
+void MaxPool2dLayer::backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out,
                               std::span<Tensor> grad_in, Stash& stash) {
-  if (grad_in[0].defined()) kernel(in[0].shape()[0]).backward(grad_out.data(), stash.bytes.data(), grad_in[0].data());
+  if (!grad_in[0].defined()) return;
+  MaxPool2dKernel& k = kernel(in[0].shape()[0]);
+  const float* dy = grad_out.data();
+  if (relu_) {
+    auto* masked = reinterpret_cast<float*>(stash.bytes.data() + gradient_offset(k.stash_bytes()));
+    relu(out.numel()).backward(out.data(), dy, masked);
+    dy = masked;
+  }
+  k.backward(dy, stash.bytes.data(), grad_in[0].data());
 }
 
-void FlattenLayer::forward(std::span<const Tensor>, Tensor&, Stash&) {
-  fail("flatten", cat("node '", name(), "' is a view; the network aliases it"));
+void ViewLayer::forward(std::span<const Tensor>, Tensor&, Stash&) {
+  fail("network", cat("node '", name(), "' is a view; the network aliases it"));
 }
 
-void FlattenLayer::backward(std::span<const Tensor>, const Tensor&, const Tensor&, std::span<Tensor>, Stash&) {
-  fail("flatten", cat("node '", name(), "' is a view; the network aliases it"));
+void ViewLayer::backward(std::span<const Tensor>, const Tensor&, const Tensor&, std::span<Tensor>, Stash&) {
+  fail("network", cat("node '", name(), "' is a view; the network aliases it"));
 }
 
 std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape>& in, Backend& backend, Rng& rng) {
@@ -70,7 +92,7 @@ std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape
   if (op == "linear") return std::make_unique<LinearLayer>(node, in.at(0), backend, rng);
   if (op == "relu") return std::make_unique<ReluLayer>(node.spec.name, backend);
   if (op == "max_pool2d") return std::make_unique<MaxPool2dLayer>(node, in.at(0), backend);
-  if (op == "flatten") return std::make_unique<FlattenLayer>(node.spec.name);
+  if (op == "flatten") return std::make_unique<ViewLayer>(node.spec.name);
   fail("layer", cat("node '", node.spec.name, "': unknown op '", op, "'"));
 }
 
