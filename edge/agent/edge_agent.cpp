@@ -131,6 +131,8 @@ int train_over_wss(const EdgeTrainOptions& o) {
       bar.update(begin + count, cat("loss ", fixed(loss_sum / static_cast<double>(begin + count), 4)));
     }
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+    const uint64_t train_up = up - up0, train_down = down - down0;
+    const int64_t steps = (n + o.batch - 1) / o.batch;
     bar.finish(cat("loss ", fixed(loss_sum / static_cast<double>(n), 4)));
     // Evaluation through the cloud: the test images stay here, only activations travel.
     int64_t correct = 0, seen = 0;
@@ -156,7 +158,8 @@ int train_over_wss(const EdgeTrainOptions& o) {
         "{\"epoch\":", epoch, ",\"samples\":", n, ",\"seconds\":", fixed(seconds, 3),
         ",\"samples_per_s\":", fixed(static_cast<double>(n) / seconds, 1),
         ",\"train_loss\":", fixed(loss_sum / static_cast<double>(n), 5), ",\"test_accuracy\":", fixed(accuracy, 5),
-        ",\"bytes_up\":", up - up0, ",\"bytes_down\":", down - down0,
+        ",\"steps\":", steps, ",\"bytes_up\":", up - up0, ",\"bytes_down\":", down - down0,
+        ",\"train_bytes_up\":", train_up, ",\"train_bytes_down\":", train_down,
         ",\"edge_busy_s\":", fixed(seconds - epoch_idle, 3), ",\"edge_idle_s\":", fixed(epoch_idle, 3),
         ",\"cloud_busy_s\":", fixed(epoch_cloud, 3), ",\"cloud_idle_s\":", fixed(std::max(0.0, seconds - epoch_cloud), 3),
         "}");

@@ -35,7 +35,7 @@ wait $pb || fail "edge b: $(tail -3 "$work/b.out")"
 for e in a b; do
   acc=$(tail -1 "$work/$e.jsonl" | grep -o '"test_accuracy":[0-9.]*' | cut -d: -f2)
   awk -v a="$acc" 'BEGIN { exit !(a >= 0.70) }' || fail "edge $e reached test accuracy $acc (< 0.70)"
-  for key in epoch samples_per_s train_loss test_accuracy bytes_up bytes_down edge_busy_s edge_idle_s cloud_busy_s cloud_idle_s; do
+  for key in epoch samples_per_s train_loss test_accuracy steps bytes_up bytes_down train_bytes_up train_bytes_down edge_busy_s edge_idle_s cloud_busy_s cloud_idle_s; do
     grep -q "\"$key\":" "$work/$e.jsonl" || fail "metrics of edge $e lack $key"
   done
   echo "edge $e: test accuracy $acc"

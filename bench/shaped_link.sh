@@ -1,0 +1,82 @@
+#!/usr/bin/env bash
+# Pipelining on shaped links: the cloud runs in its own network namespace behind a veth pair,
+# each direction shaped with tc's token bucket (uplink on the edge's end, downlink on the
+# cloud's). Prints samples/s, step times and the ratios of the issue's bars:
+#  1. balanced: both directions at the rate where sending one micro-batch's activations takes
+#     as long as the edge's compute for it (measured first, on an unshaped run):
+#     K=4 against K=1 samples/s (bar >= 1.6x);
+#  2. a 50 Mbit/s uplink (downlink 200 Mbit/s, so the uplink is the bottleneck): K=4's step
+#     time against the time the uplink alone needs for the step's bytes (bar <= 1.15x).
+# Needs root and iproute2 (ip netns, tc tbf). Usage: bash bench/shaped_link.sh [SAMPLES]
+set -euo pipefail
+cd "$(dirname "$0")/.."
+samples=${1:-3200}
+bin=build/release
+[[ -x $bin/edge/tandem-edge ]] || bash scripts/setup.sh release > /dev/null
+command -v tc > /dev/null || apt-get install -y --no-install-recommends iproute2 > /dev/null
+[[ $(id -u) == 0 ]] || { echo "shaped_link.sh needs root (network namespaces and tc)"; exit 1; }
+
+ns=tdm$$ edge_if=tdme$$ cloud_if=tdmc$$ cloud_ip=10.231.0.2
+work=$(mktemp -d)
+cleanup() {
+  kill $(jobs -p) 2> /dev/null || true
+  wait 2> /dev/null || true
+  ip netns del "$ns" 2> /dev/null || true
+  ip link del "$edge_if" 2> /dev/null || true
+  rm -rf "$work"
+}
+trap cleanup EXIT
+ip netns add "$ns"
+ip link add "$edge_if" type veth peer name "$cloud_if"
+ip link set "$cloud_if" netns "$ns"
+ip addr add 10.231.0.1/24 dev "$edge_if"
+ip link set "$edge_if" up
+ip netns exec "$ns" ip addr add "$cloud_ip/24" dev "$cloud_if"
+ip netns exec "$ns" ip link set "$cloud_if" up
+ip netns exec "$ns" ip link set lo up
+
+# shape UP_MBIT DOWN_MBIT (0: unshaped). The queue holds 20 ms at the rate (plus the burst), so
+# acknowledgements going the other way wait little behind data.
+shape() {
+  tc qdisc del dev "$edge_if" root 2> /dev/null || true
+  ip netns exec "$ns" tc qdisc del dev "$cloud_if" root 2> /dev/null || true
+  if [[ $1 != 0 ]]; then tc qdisc add dev "$edge_if" root tbf rate "${1}mbit" burst 64kb latency 20ms; fi
+  if [[ $2 != 0 ]]; then
+    ip netns exec "$ns" tc qdisc add dev "$cloud_if" root tbf rate "${2}mbit" burst 64kb latency 20ms
+  fi
+}
+
+model=samples/fashion-mnist/model.json
+"$bin/cloud/tandem-cloud" pki init --state-dir "$work/state" --hosts "$cloud_ip" > /dev/null
+"$bin/cloud/tandem-cloud" pki issue --state-dir "$work/state" --client bench --out "$work/id" > /dev/null
+ip netns exec "$ns" "$bin/cloud/tandem-cloud" serve --listen "$cloud_ip:0" --state-dir "$work/state" \
+  --model "$model" > "$work/cloud.log" 2>&1 &
+for _ in $(seq 1 100); do grep -q 'listening on' "$work/cloud.log" && break; sleep 0.1; done
+port=$(grep -o "wss://$cloud_ip:[0-9]*" "$work/cloud.log" | cut -d: -f3)
+
+# run NAME K: one epoch of SAMPLES, batch 64; leaves its metrics line in $work/NAME.json.
+run() {
+  "$bin/edge/tandem-edge" train --cloud "wss://$cloud_ip:$port" --identity "$work/id" --model "$model" \
+    --limit "$samples" --test-limit 100 --batch 64 --microbatches "$2" --metrics-json "$work/$1.json" > /dev/null 2>&1
+}
+field() { grep -o "\"$2\":[0-9.]*" "$work/$1.json" | head -1 | cut -d: -f2; }
+
+shape 0 0
+run unshaped 4
+# Balanced: bytes of one micro-batch's activations (with framing) per edge-busy second of it.
+balanced=$(awk -v up="$(field unshaped train_bytes_up)" -v busy="$(field unshaped edge_busy_s)" \
+  -v steps="$(field unshaped steps)" 'BEGIN { mb = steps * 4; printf "%d", (up / mb) * 8 / (busy / mb) / 1e6 }')
+shape "$balanced" "$balanced"
+run balanced_k1 1
+run balanced_k4 4
+k1=$(field balanced_k1 samples_per_s) k4=$(field balanced_k4 samples_per_s)
+echo "balanced link: ${balanced} Mbit/s each way (one micro-batch of 16 sends in about its edge compute time)"
+awk -v a="$k4" -v b="$k1" 'BEGIN { printf "  K=4 %.1f samples/s, K=1 %.1f samples/s: %.2fx (bar >= 1.6x)\n", a, b, a / b }'
+
+shape 50 200
+run slow_uplink 4
+awk -v s="$(field slow_uplink seconds)" -v steps="$(field slow_uplink steps)" -v up="$(field slow_uplink train_bytes_up)" \
+  'BEGIN { step = s / steps; link = up * 8 / 50e6 / steps;
+           printf "50 Mbit/s uplink, 200 Mbit/s downlink: K=4 step %.1f ms, uplink time of its %.0f bytes %.1f ms: %.3fx (bar <= 1.15x)\n",
+                  step * 1e3, up / steps, link * 1e3, step / link }'
+echo "{\"bench\":\"shaped_link\",\"samples\":$samples,\"balanced_mbit\":$balanced,\"k1_samples_per_s\":$k1,\"k4_samples_per_s\":$k4,\"slow_uplink\":$(cat "$work/slow_uplink.json")}"
