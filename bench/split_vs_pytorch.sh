@@ -23,6 +23,7 @@ port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | cut -d: -f3)
 "$bin/edge/tandem-edge" train --cloud "wss://localhost:$port" --identity "$work/id" \
   --model samples/fashion-mnist/model.json --limit "$samples" --test-limit 100 --batch 64 --microbatches 4 \
   --metrics-json "$work/tandem.jsonl" > /dev/null 2>&1
+cat "$work/tandem.jsonl"
 tandem=$(grep -o '"samples_per_s":[0-9.]*' "$work/tandem.jsonl" | cut -d: -f2)
 
 # PyTorch baseline

@@ -14,7 +14,7 @@ constexpr const char* kUsage = R"(usage:
   tandem-edge train --cloud wss://HOST:PORT --identity IDDIR --model SPEC [--cut NODE]
                     [--data fashion-mnist] [--epochs N] [--limit SAMPLES] [--test-limit SAMPLES]
                     [--batch B] [--microbatches K] [--lr X] [--momentum X] [--weight-decay X]
-                    [--seed S] [--backend NAME] [--metrics-json FILE]
+                    [--seed S] [--backend NAME] [--threads T] [--metrics-json FILE]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
       IDDIR/client.crt, client.key, ca.crt from `tandem-cloud pki issue`); raw data never
       leaves this machine, only cut-layer activations. Evaluates through the cloud after
@@ -24,7 +24,7 @@ constexpr const char* kUsage = R"(usage:
 int train_command(int argc, char** argv) {
   const CliArgs args(argc, argv, 2, {});
   args.reject_unknown({"cloud", "identity", "model", "cut", "data", "epochs", "limit", "test-limit", "batch",
-                       "microbatches", "lr", "momentum", "weight-decay", "seed", "backend", "metrics-json"});
+                       "microbatches", "lr", "momentum", "weight-decay", "seed", "backend", "threads", "metrics-json"});
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
   o.host = cloud.host;
@@ -43,6 +43,7 @@ int train_command(int argc, char** argv) {
   o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
   register_built_backends();
   o.backend = args.str("backend", "xnnpack");
+  o.threads = static_cast<int>(args.integer("threads", 1, 1));
   o.metrics_json = args.str("metrics-json", "");
   return train_over_wss(o);
 }

@@ -11,6 +11,7 @@
 
 #include "cloud/pki/pki.h"
 #include "ports/lws/lws_endpoint.h"
+#include "ports/lws/ws_frame.h"
 #include "test_support.h"
 
 namespace tandem::test {
@@ -56,6 +57,38 @@ std::vector<uint8_t> pattern(std::size_t n, uint8_t seed) {
   std::vector<uint8_t> v(n);
   for (std::size_t i = 0; i < n; ++i) v[i] = static_cast<uint8_t>(i * 31 + seed);
   return v;
+}
+
+// The client's own frames (RFC 6455 5.2): header, length forms, mask key, masked payload.
+TEST(ClientFrame, HeaderLengthAndMaskFollowRfc6455) {
+  for (const std::size_t n : {std::size_t{0}, std::size_t{5}, std::size_t{125}, std::size_t{126}, std::size_t{4099},
+                              std::size_t{65535}, std::size_t{65536}, std::size_t{70001}}) {
+    std::vector<uint8_t> payload(n), frame(kMaxClientFrameHeader + n);
+    for (std::size_t i = 0; i < n; ++i) payload[i] = static_cast<uint8_t>(i * 7 + 3);
+    for (const bool first : {true, false})
+      for (const bool last : {true, false}) {
+        const std::size_t len = write_client_frame(frame.data(), payload.data(), n, first, last, 0xa1b2c3d4u);
+        EXPECT_EQ(frame[0], (last ? 0x80 : 0x00) | (first ? 0x2 : 0x0)) << n;
+        ASSERT_EQ(frame[1] & 0x80, 0x80) << "client frames are masked";
+        std::size_t h = 2, got = frame[1] & 0x7f;
+        if (got == 126) {
+          got = std::size_t{frame[2]} << 8 | frame[3];
+          h = 4;
+        } else if (got == 127) {
+          got = 0;
+          for (int i = 0; i < 8; ++i) got = got << 8 | frame[2 + i];
+          h = 10;
+        }
+        EXPECT_EQ(got, n);
+        EXPECT_EQ(h, n < 126 ? 2u : n < 65536 ? 4u : 10u) << "shortest length form, n = " << n;
+        const uint8_t key[4] = {frame[h], frame[h + 1], frame[h + 2], frame[h + 3]};
+        EXPECT_EQ(key[0], 0xd4);
+        EXPECT_EQ(key[3], 0xa1);
+        ASSERT_EQ(len, h + 4 + n);
+        for (std::size_t i = 0; i < n; ++i)
+          ASSERT_EQ(frame[h + 4 + i] ^ key[i % 4], payload[i]) << "byte " << i << " of " << n;
+      }
+  }
 }
 
 TEST(Transport, MutualTlsCarriesLargeMessagesBothWays) {

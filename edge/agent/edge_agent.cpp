@@ -47,7 +47,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
   const std::string cut = o.cut.empty() ? graph.default_cut() : o.cut;
   if (cut.empty()) fail("edge", "the spec names no default cut; pass --cut NODE");
   auto [front_graph, back_graph] = graph.split(cut);
-  auto backend = make_backend(o.backend, BackendOptions{1});
+  auto backend = make_backend(o.backend, BackendOptions{o.threads});
   Network front(front_graph, *backend, o.seed);
   {  // the same initial weights as the whole model (see tandem-cloud serve)
     auto reference = make_backend("reference");

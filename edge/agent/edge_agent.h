@@ -17,6 +17,7 @@ struct EdgeTrainOptions {
   std::string model_path;
   std::string cut;
   std::string backend = "xnnpack";
+  int threads = 1;  // the backend's compute threads
   int64_t epochs = 1, limit = 0, test_limit = 0;
   uint32_t batch = 64, microbatches = 4;
   SgdOptions sgd;
