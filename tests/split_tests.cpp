@@ -60,7 +60,12 @@ struct Split {
     copy_params(back, whole);
   }
 
-  CloudReply send(std::span<const uint8_t> bytes) { return cloud.handle(Frame::copy_of(bytes.data(), bytes.size())); }
+  // As the service does: the reply is queued, then the step it completed (if any) is applied.
+  CloudReply send(std::span<const uint8_t> bytes) {
+    CloudReply r = cloud.handle(Frame::copy_of(bytes.data(), bytes.size()));
+    cloud.finish_step();
+    return r;
+  }
 
   void handshake() {
     CloudReply r = send(edge.hello());

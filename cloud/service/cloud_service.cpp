@@ -91,6 +91,7 @@ class Worker {
                        m->payload_as_Error()->text()->c_str());
       }
       endpoint_.send(id_, reply.bytes, reply.close);
+      session_.finish_step();
     }
   }
 

@@ -33,7 +33,16 @@ CloudReply CloudSession::refuse(const WireError& error) {
   return {writer_.error(error.code, error.text), true};
 }
 
+void CloudSession::finish_step() {
+  if (!step_pending_) return;
+  const auto t0 = std::chrono::steady_clock::now();
+  optimizer_.step();
+  step_pending_ = false;
+  busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
 CloudReply CloudSession::handle(const Frame& frame) {
+  finish_step();  // a step completed by the last message is applied before anything reads the weights
   if (state_ == State::Closed) return refuse({wire::ErrorCode::UnexpectedMessage, "the session is closed"});
   WireError error;
   const wire::Message* m = verify_frame(frame, config_.max_message_bytes, error);
@@ -122,7 +131,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   seen_[mb] = true;
   const uint64_t step = step_;
   if (++seen_count_ == step_microbatches_) {
-    optimizer_.step();
+    step_pending_ = true;  // applied once the reply is on its way (finish_step)
     ++step_;
     seen_count_ = 0;
     std::fill(seen_.begin(), seen_.end(), false);

@@ -35,6 +35,10 @@ class CloudSession {
   CloudSession(Network& back, Sgd& optimizer, const CloudSessionConfig& config);
 
   CloudReply handle(const Frame& frame);
+  // Applies the optimizer step that the last handled message completed, if any. The service
+  // calls it after queueing the reply, so the last gradient of a step leaves before the
+  // update; handle() calls it first in any case.
+  void finish_step();
   uint64_t step() const { return step_; }
   bool closed() const { return state_ == State::Closed; }
   double busy_seconds() const { return busy_s_; }
@@ -60,6 +64,7 @@ class CloudSession {
   uint32_t seen_count_ = 0;
   std::vector<Tensor> dlogits_;
   double busy_s_ = 0.0;
+  bool step_pending_ = false;
 };
 
 }  // namespace tandem
