@@ -206,14 +206,18 @@ TEST(Conv2d, Kernel5Stride3) { Conv2dTester().batch(2).input(13, 12, 3).out_chan
 // side may then be the im2col; 16 x 28 x 28 spans several chunks of either.
 TEST(Conv2d, FirstLayerShapes) { Conv2dTester().batch(16).input(28, 28, 1).out_channels(32).kernel(3, 3).padding(1, 1).test(); }
 TEST(Conv2d, FewInputChannelsStride2) { Conv2dTester().batch(3).input(11, 10, 2).out_channels(24).kernel(3, 3).stride(2, 2).padding(1, 1).test(); }
-// The direct weight gradient's blocks: 64 + 16 channels, 48 = 32 + 16, K rows not a multiple
-// of the 6- or 12-row blocks, strides, dilation, asymmetric padding and none.
+// xnnpack's direct SIMD passes (weight gradient; forward when K = kh*kw*Cin <= 32): blocks of
+// 64 + 16 channels, 48 = 32 + 16, rows not a multiple of the 6- or 12-row tiles, strides,
+// dilation, asymmetric padding and none, no bias.
 TEST(Conv2d, SimdChannels80Pointwise) { Conv2dTester().batch(3).input(5, 7, 5).out_channels(80).kernel(1, 1).test(); }
 TEST(Conv2d, SimdChannels48Kernel5x3) {
   Conv2dTester().batch(2).input(9, 9, 7).out_channels(48).kernel(5, 3).stride(1, 2).padding(1, 2).test();
 }
 TEST(Conv2d, SimdChannels16Dilated) {
   Conv2dTester().batch(3).input(12, 11, 3).out_channels(16).kernel(3, 3).stride(2, 2).dilation(2, 2).padding(2, 2).test();
+}
+TEST(Conv2d, SimdFirstLayerNoBias) {
+  Conv2dTester().batch(2).input(6, 7, 2).out_channels(32).kernel(3, 3).padding(1, 1).bias(false).test();
 }
 TEST(Conv2d, SimdChannels128Unpadded) { Conv2dTester().batch(2).input(6, 5, 9).out_channels(128).kernel(2, 2).test(); }
 TEST(Conv2d, FashionMnistShapes) { Conv2dTester().batch(8).input(14, 14, 32).out_channels(64).kernel(3, 3).padding(1, 1).test(); }

@@ -1,15 +1,17 @@
 // Conv2d through XNNPACK: forward is a convolution, backward_data the matching
-// deconvolution (transposed convolution). backward_weights is core's direct SIMD kernel when
-// Cout is a multiple of 16 (XNNPACK 2022 has no GEMM with two changing operands, and packing
-// one per call cost more than the math), else fully connected GEMMs over a transposed
-// im2col, built in cache-sized chunks of output rows.
+// deconvolution (transposed convolution). When Cout is a multiple of 16, backward_weights is
+// core's direct SIMD kernel (XNNPACK 2022 has no GEMM with two changing operands, and packing
+// one per call cost more than the math), and so is the forward of layers with few taps x
+// input channels (K <= 32: XNNPACK's tiles ran at a quarter of peak on a 3x3x1 first layer).
+// Otherwise backward_weights is fully connected GEMMs over a transposed im2col, built in
+// cache-sized chunks of output rows.
 #include <algorithm>
 #include <limits>
 #include <tuple>
 #include <utility>
 #include <vector>
 
-#include "core/simd/conv_weight_grad.h"
+#include "core/simd/direct_conv2d.h"
 #include "edge/xnnpack/xnnpack_common.h"
 
 namespace tandem::xnn {
@@ -61,8 +63,9 @@ class XnnConv2d final : public Conv2dKernel {
       }
     // backward_weights works on chunks of whole output rows whose transposed im2col
     // (K x rows * OW floats) stays in L2, as does the slice of dy packed for it.
-    if (simd::ConvWeightGrad::supports(g)) {
-      direct_ = std::make_unique<simd::ConvWeightGrad>(g);
+    if (simd::DirectConv2d::supports(g)) {
+      direct_ = std::make_unique<simd::DirectConv2d>(g);
+      direct_forward_ = simd::DirectConv2d::forward_pays(g);
       wt_ = aligned_floats(sz(g.out_c * k_));
       return;
     }
@@ -79,6 +82,10 @@ class XnnConv2d final : public Conv2dKernel {
 
   void forward(const float* x, const WeightsView& w, float* y) override {
     const Conv2dGeometry& g = g_;
+    if (direct_forward_) {
+      require_weights(w);
+      return direct_->forward(x, w.weight, w.version, w.bias, y);
+    }
     if (!fwd_.holds(w, /*uses_bias=*/true)) {
       require_weights(w);
       fwd_.op.reset();  // free the old packing before making the new one
@@ -134,7 +141,7 @@ class XnnConv2d final : public Conv2dKernel {
   // chunks of output rows (one operator each, partial products summed) so the im2col and the
   // packed dy stay in cache. dW^T is then transposed into OHWI. db = column sums of dy.
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
-    if (direct_) return direct_->run(x, dy, dw, db);
+    if (direct_) return direct_->weight_grad(x, dy, dw, db);
     const Conv2dGeometry& g = g_;
     pthreadpool_t pool = ctx_->threadpool();
     transpose(x, g.batch * g.in_h * g.in_w, g.in_c, xt_.get());
@@ -259,7 +266,8 @@ class XnnConv2d final : public Conv2dKernel {
   std::unique_ptr<float, AlignedFree> part_;   // a later chunk's share of dW^T (or dW)
   std::unique_ptr<float, AlignedFree> dyt_;    // one chunk of dy^T [Cout][rows * OW] (pack_cols_)
   PackedOperator fwd_, bwd_;
-  std::unique_ptr<simd::ConvWeightGrad> direct_;  // backward_weights when Cout % 16 == 0
+  std::unique_ptr<simd::DirectConv2d> direct_;  // backward_weights when Cout % 16 == 0
+  bool direct_forward_ = false;                 // and forward, for few taps x input channels
 };
 
 }  // namespace

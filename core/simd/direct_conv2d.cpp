@@ -1,4 +1,4 @@
-#include "core/simd/conv_weight_grad.h"
+#include "core/simd/direct_conv2d.h"
 
 #include <algorithm>
 #include <cstring>
@@ -87,10 +87,74 @@ void accumulate(const float* x, const int64_t* pixel, const int64_t* tap_offset,
   }
 }
 
+// Forward: y[m][16 v + j] = bias + sum over k of x[pixel[m] + offset[k]] * wt[k][16 v + j] for
+// R positions x NV vectors of channels, accumulated over all K in registers.
+template <int R, int NV>
+[[gnu::always_inline]] inline void forward_tile(const float* x, const int64_t* pixel, const int64_t* offset, int64_t k,
+                                                const float* wt, const float* bias, int64_t cout, float* y) {
+  f32x16 a[R][NV];
+  for (int v = 0; v < NV; ++v) {
+    const f32x16 b = bias ? load16(bias + 16 * v) : f32x16{};
+    for (int r = 0; r < R; ++r) a[r][v] = b;
+  }
+  const float* xr[R];
+  for (int r = 0; r < R; ++r) xr[r] = x + pixel[r];
+  for (int64_t kk = 0; kk < k; ++kk) {
+    f32x16 w[NV];
+    for (int v = 0; v < NV; ++v) w[v] = load16(wt + kk * cout + 16 * v);
+    const int64_t o = offset[kk];
+    for (int r = 0; r < R; ++r) {
+      const float b = xr[r][o];
+      for (int v = 0; v < NV; ++v) a[r][v] += b * w[v];
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int v = 0; v < NV; ++v) store16(y + r * cout + 16 * v, a[r][v]);
+}
+
+template <int NV, int R>
+[[gnu::always_inline]] inline void forward_rows(int rows, const float* x, const int64_t* pixel, const int64_t* offset,
+                                                int64_t k, const float* wt, const float* bias, int64_t cout, float* y) {
+  if constexpr (R >= 1) {
+    if (rows == R) return forward_tile<R, NV>(x, pixel, offset, k, wt, bias, cout, y);
+    forward_rows<NV, R - 1>(rows, x, pixel, offset, k, wt, bias, cout, y);
+  }
+}
+
+template <int NV>
+[[gnu::always_inline]] inline void forward_columns(const float* x, const int64_t* pixel, const int64_t* offset,
+                                                   int64_t m, int64_t k, const float* wt, const float* bias,
+                                                   int64_t cout, float* y) {
+  constexpr int kRows = NV == 4 ? 6 : 12;
+  for (int64_t m0 = 0; m0 < m; m0 += kRows) {
+    const int rows = static_cast<int>(std::min<int64_t>(kRows, m - m0));
+    forward_rows<NV, kRows>(rows, x, pixel + m0, offset, k, wt, bias, cout, y + m0 * cout);
+  }
+}
+
+TANDEM_SIMD_KERNEL
+void convolve(const float* x, const int64_t* pixel, const int64_t* offset, int64_t m, int64_t k, const float* wt,
+              const float* bias, int64_t cout, float* y) {
+  for (int64_t c0 = 0; c0 < cout;) {
+    const int64_t left = cout - c0;
+    const float* b = bias ? bias + c0 : nullptr;
+    if (left >= 64) {
+      forward_columns<4>(x, pixel, offset, m, k, wt + c0, b, cout, y + c0);
+      c0 += 64;
+    } else if (left >= 32) {
+      forward_columns<2>(x, pixel, offset, m, k, wt + c0, b, cout, y + c0);
+      c0 += 32;
+    } else {
+      forward_columns<1>(x, pixel, offset, m, k, wt + c0, b, cout, y + c0);
+      c0 += 16;
+    }
+  }
+}
+
 }  // namespace
 
-ConvWeightGrad::ConvWeightGrad(const Conv2dGeometry& g) : g_(g) {
-  if (!supports(g)) fail("simd", cat("conv weight gradient needs out_c % 16 == 0: ", g.str()));
+DirectConv2d::DirectConv2d(const Conv2dGeometry& g) : g_(g) {
+  if (!supports(g)) fail("simd", cat("direct conv2d needs out_c % 16 == 0: ", g.str()));
   const int64_t oh = g.out_h(), ow = g.out_w();
   padded_ = g.pad_h > 0 || g.pad_w > 0;
   hp_ = g.in_h + 2 * g.pad_h;
@@ -111,19 +175,35 @@ ConvWeightGrad::ConvWeightGrad(const Conv2dGeometry& g) : g_(g) {
     std::fill_n(xpad_.get(), count, 0.0f);  // the border stays zero; run() fills the inside
   }
   acc_ = aligned_floats(static_cast<std::size_t>(k_ * g.out_c));
+  wt_ = aligned_floats(static_cast<std::size_t>(k_ * g.out_c));
 }
 
-void ConvWeightGrad::run(const float* x, const float* dy, float* dw, float* db) {
+const float* DirectConv2d::padded(const float* x) {
   const Conv2dGeometry& g = g_;
-  const float* src = x;
-  if (padded_) {
-    const int64_t row = g.in_w * g.in_c;
-    for (int64_t n = 0; n < g.batch; ++n)
-      for (int64_t iy = 0; iy < g.in_h; ++iy)
-        std::memcpy(xpad_.get() + ((n * hp_ + iy + g.pad_h) * wp_ + g.pad_w) * g.in_c,
-                    x + (n * g.in_h + iy) * row, static_cast<std::size_t>(row) * sizeof(float));
-    src = xpad_.get();
+  if (!padded_) return x;
+  const int64_t row = g.in_w * g.in_c;
+  for (int64_t n = 0; n < g.batch; ++n)
+    for (int64_t iy = 0; iy < g.in_h; ++iy)
+      std::memcpy(xpad_.get() + ((n * hp_ + iy + g.pad_h) * wp_ + g.pad_w) * g.in_c, x + (n * g.in_h + iy) * row,
+                  static_cast<std::size_t>(row) * sizeof(float));
+  return xpad_.get();
+}
+
+void DirectConv2d::forward(const float* x, const float* w, uint64_t version, const float* bias, float* y) {
+  const Conv2dGeometry& g = g_;
+  float* wt = wt_.get();
+  if (w != wt_of_ || version != wt_version_) {
+    for (int64_t co = 0; co < g.out_c; ++co)
+      for (int64_t k = 0; k < k_; ++k) wt[k * g.out_c + co] = w[co * k_ + k];
+    wt_of_ = w;
+    wt_version_ = version;
   }
+  convolve(padded(x), pixel_.data(), tap_offset_.data(), m_, k_, wt, g.bias ? bias : nullptr, g.out_c, y);
+}
+
+void DirectConv2d::weight_grad(const float* x, const float* dy, float* dw, float* db) {
+  const Conv2dGeometry& g = g_;
+  const float* src = padded(x);
   float* acc = acc_.get();
   std::fill_n(acc, k_ * g.out_c, 0.0f);
   accumulate(src, pixel_.data(), tap_offset_.data(), dy, m_, k_, g.out_c, acc);
