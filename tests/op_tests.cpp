@@ -146,6 +146,8 @@ class MaxPool2dTester {
   MaxPool2dTester& kernel(int64_t h, int64_t w) { return g_.kernel_h = h, g_.kernel_w = w, *this; }
   MaxPool2dTester& stride(int64_t h, int64_t w) { return g_.stride_h = h, g_.stride_w = w, *this; }
   MaxPool2dTester& padding(int64_t h, int64_t w) { return g_.pad_h = h, g_.pad_w = w, *this; }
+  // Values from {-1, 0, 1}: windows hold ties, and the first maximum in row order must win.
+  MaxPool2dTester& ties(bool t) { return ties_ = t, *this; }
 
   void test() const {
     SCOPED_TRACE(g_.str());
@@ -155,6 +157,8 @@ class MaxPool2dTester {
     Tensor x = Tensor::empty({g_.batch, g_.in_h, g_.in_w, g_.channels});
     for (int64_t i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(i) * 0.01f;
     for (int64_t i = x.numel() - 1; i > 0; --i) std::swap(x[i], x[static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)))]);
+    if (ties_)
+      for (int64_t i = 0; i < x.numel(); ++i) x[i] = static_cast<float>(static_cast<int64_t>(rng.below(3))) - 1.0f;
     Tensor dy = random_tensor({g_.batch, g_.out_h(), g_.out_w(), g_.channels}, rng);
     auto run = [&](Backend& backend, Tensor& y, Tensor& dx) {
       auto k = backend.max_pool2d(g_);
@@ -176,6 +180,7 @@ class MaxPool2dTester {
     auto tested = b.tested->max_pool2d(g_);
     Tensor x2 = x.clone();
     for (int64_t i = x2.numel() - 1; i > 0; --i) std::swap(x2[i], x2[static_cast<int64_t>(rng.below(static_cast<uint64_t>(i + 1)))]);
+
     std::vector<std::byte> stash_a(tested->stash_bytes()), stash_b(tested->stash_bytes());
     std::vector<std::byte> ref_a(ref->stash_bytes()), ref_b(ref->stash_bytes());
     Tensor y_a = Tensor::empty(dy.shape()), y_b = Tensor::empty(dy.shape());
@@ -192,6 +197,7 @@ class MaxPool2dTester {
 
  private:
   Pool2dGeometry g_;
+  bool ties_ = false;
 };
 
 TEST(Conv2d, Basic3x3) { Conv2dTester().batch(2).input(7, 6, 3).out_channels(5).kernel(3, 3).padding(1, 1).test(); }
@@ -248,6 +254,10 @@ TEST(Relu, ForwardBackward) {
 TEST(MaxPool2d, Tiled2x2) { MaxPool2dTester().batch(2).input(8, 6, 5).kernel(2, 2).stride(2, 2).test(); }
 TEST(MaxPool2d, FashionMnistShapes) { MaxPool2dTester().batch(4).input(28, 28, 32).kernel(2, 2).stride(2, 2).test(); }
 TEST(MaxPool2d, Overlapping3x3Stride2Pad1) { MaxPool2dTester().batch(2).input(9, 7, 3).kernel(3, 3).stride(2, 2).padding(1, 1).test(); }
+// 2x2 (xnnpack: the vectorised kernel, 16 channels a vector plus a tail) and tiled 3x3
+// (XNNPACK's argmax pooling, ties moved to row order) on values with ties.
+TEST(MaxPool2d, Ties2x2) { MaxPool2dTester().batch(2).input(6, 8, 20).kernel(2, 2).stride(2, 2).ties(true).test(); }
+TEST(MaxPool2d, Ties3x3Tiled) { MaxPool2dTester().batch(2).input(9, 6, 5).kernel(3, 3).stride(3, 3).ties(true).test(); }
 TEST(MaxPool2d, RaggedEdge) { MaxPool2dTester().batch(1).input(7, 7, 4).kernel(2, 2).stride(2, 2).test(); }
 
 }  // namespace

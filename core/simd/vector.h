@@ -8,13 +8,19 @@
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
+#include <cstdint>
+
 namespace tandem::simd {
 
 // Unaligned (4-byte) loads and stores through this type are allowed.
 using f32x16 = float __attribute__((vector_size(64), aligned(4)));
 
+using u32x16 = uint32_t __attribute__((vector_size(64), aligned(4)));
+using i32x16 = int32_t __attribute__((vector_size(64), aligned(4)));  // comparison results
+
 inline f32x16 load16(const float* p) { return *reinterpret_cast<const f32x16*>(p); }
 inline void store16(float* p, f32x16 v) { *reinterpret_cast<f32x16*>(p) = v; }
+inline void store16u(uint32_t* p, u32x16 v) { *reinterpret_cast<u32x16*>(p) = v; }
 
 }  // namespace tandem::simd
 
