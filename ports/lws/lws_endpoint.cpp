@@ -4,7 +4,6 @@
 
 #include <cstdlib>
 #include <cstring>
-#include <random>
 
 #include "core/error.h"
 #include "core/wire/messages.h"
@@ -196,8 +195,7 @@ int LwsEndpoint::write_some(lws* wsi, Connection& c) {
     // Client frames must be masked; lws 4.1 does that a byte at a time, which cost more than
     // TLS. The frame is built here (masked 8 bytes at a time, a fresh key from the OS's
     // random source each) and goes out raw, still through TLS.
-    std::random_device entropy;
-    const std::size_t frame = write_client_frame(at, m.bytes.data() + c.sent, chunk, first, last, entropy());
+    const std::size_t frame = write_client_frame(at, m.bytes.data() + c.sent, chunk, first, last, entropy_());
     if (lws_write(wsi, at, frame, LWS_WRITE_RAW) < static_cast<int>(frame)) return -1;
   }
   c.sent += chunk;

@@ -12,6 +12,7 @@
 #include <map>
 #include <memory>
 #include <mutex>
+#include <random>
 #include <span>
 #include <string>
 #include <thread>
@@ -99,6 +100,7 @@ class LwsEndpoint {
   uint64_t next_id_ = 1;
   bool client_reported_ = false;  // client role: the connection's end was already reported
   std::vector<unsigned char> write_buffer_;
+  std::random_device entropy_;  // client frames' mask keys
   std::vector<lws*> paused_;
 };
 
