@@ -8,6 +8,7 @@
 #include "cloud/service/cloud_service.h"
 #include "tools/all_backends.h"
 #include "core/error.h"
+#include "core/wire/tensor_codec.h"
 #include "tools/cli_args.h"
 
 namespace tandem {
@@ -16,10 +17,12 @@ namespace {
 constexpr const char* kUsage = R"(usage:
   tandem-cloud serve --listen HOST:PORT --state-dir DIR --model SPEC [--cut NODE]
                      [--batch B] [--microbatches K] [--lr X] [--momentum X] [--weight-decay X]
-                     [--seed S] [--backend NAME] [--max-message-mb N]
+                     [--seed S] [--backend NAME] [--max-message-mb N] [--wire-dtypes LIST]
       Serves split training over wss:// with mutual TLS: one session per edge, the back
       shard and loss on the backend (default onednn). Runs `pki init` on first start.
-      B and K are the most an edge may use. Stops on SIGINT or SIGTERM.
+      B and K are the most an edge may use. LIST: the wire dtypes edges may send
+      activations and receive gradients in (default f32,f16,bf16,i8; each session uses the
+      first the edge offers). Stops on SIGINT or SIGTERM.
   tandem-cloud pki init --state-dir DIR [--hosts NAME,NAME...]
       Makes a CA and a server certificate (for the hosts, default localhost,127.0.0.1)
       in DIR, unless DIR already has them.
@@ -65,7 +68,7 @@ int pki_command(int argc, char** argv) {
 int serve_command(int argc, char** argv) {
   const CliArgs args(argc, argv, 2, {});
   args.reject_unknown({"listen", "state-dir", "model", "cut", "batch", "microbatches", "lr", "momentum",
-                       "weight-decay", "seed", "backend", "max-message-mb"});
+                       "weight-decay", "seed", "backend", "max-message-mb", "wire-dtypes"});
   ServeOptions o;
   const HostPort listen = args.host_port("listen", "");
   o.host = listen.host;
@@ -80,6 +83,12 @@ int serve_command(int argc, char** argv) {
   register_built_backends();
   o.backend = args.str("backend", "onednn");
   o.max_message_bytes = static_cast<std::size_t>(args.integer("max-message-mb", 64, 1)) << 20;
+  o.wire_dtypes.clear();
+  for (const std::string& name : split_commas(args.str("wire-dtypes", "f32,f16,bf16,i8"))) {
+    const auto d = parse_dtype(name);
+    if (!d) fail("cli", cat("--wire-dtypes: unknown dtype '", name, "' (known: f32, f16, bf16, i8)"));
+    o.wire_dtypes.push_back(*d);
+  }
   return serve(o);
 }
 

@@ -4,6 +4,7 @@
 
 #include "core/error.h"
 #include "edge/agent/edge_agent.h"
+#include "core/wire/tensor_codec.h"
 #include "tools/all_backends.h"
 #include "tools/cli_args.h"
 
@@ -14,17 +15,20 @@ constexpr const char* kUsage = R"(usage:
   tandem-edge train --cloud wss://HOST:PORT --identity IDDIR --model SPEC [--cut NODE]
                     [--data fashion-mnist] [--epochs N] [--limit SAMPLES] [--test-limit SAMPLES]
                     [--batch B] [--microbatches K] [--lr X] [--momentum X] [--weight-decay X]
-                    [--seed S] [--backend NAME] [--threads T] [--metrics-json FILE]
+                    [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
+                    [--metrics-json FILE]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
       IDDIR/client.crt, client.key, ca.crt from `tandem-cloud pki issue`); raw data never
       leaves this machine, only cut-layer activations. Evaluates through the cloud after
-      each epoch; prints progress and metrics (also JSON lines in FILE).
+      each epoch; prints progress and metrics (also JSON lines in FILE). --wire-dtype asks
+      for activations and gradients in f16 (scaled per tensor), bf16 or int8 (scale per
+      tensor) on the wire, falling back to f32 if the cloud does not take it.
 )";
 
 int train_command(int argc, char** argv) {
   const CliArgs args(argc, argv, 2, {});
   args.reject_unknown({"cloud", "identity", "model", "cut", "data", "epochs", "limit", "test-limit", "batch",
-                       "microbatches", "lr", "momentum", "weight-decay", "seed", "backend", "threads", "metrics-json"});
+                       "microbatches", "lr", "momentum", "weight-decay", "seed", "backend", "threads", "wire-dtype", "metrics-json"});
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
   o.host = cloud.host;
@@ -44,6 +48,11 @@ int train_command(int argc, char** argv) {
   register_built_backends();
   o.backend = args.str("backend", "xnnpack");
   o.threads = static_cast<int>(args.integer("threads", 1, 1));
+  const std::string dtype = args.str("wire-dtype", "f32");
+  const auto wanted = parse_dtype(dtype);
+  if (!wanted) fail("cli", cat("--wire-dtype: unknown dtype '", dtype, "' (known: f32, f16, bf16, i8)"));
+  o.wire_dtypes = {*wanted};
+  if (*wanted != wire::DType::F32) o.wire_dtypes.push_back(wire::DType::F32);
   o.metrics_json = args.str("metrics-json", "");
   return train_over_wss(o);
 }

@@ -53,9 +53,10 @@ struct Split {
   CloudSession cloud;
   EdgeSession edge;
 
-  explicit Split(uint32_t k, uint32_t batch = 32)
-      : cloud(back, back_opt, {model_hash(spec, "pool1"), batch, k, 4, 1, kDefaultMaxMessageBytes}),
-        edge(front, front_opt, k, model_hash(spec, "pool1"), "edge-test") {
+  explicit Split(uint32_t k, uint32_t batch = 32, std::vector<wire::DType> offer = {wire::DType::F32},
+                 std::vector<wire::DType> takes = CloudSessionConfig{}.dtypes)
+      : cloud(back, back_opt, {model_hash(spec, "pool1"), batch, k, 4, 1, kDefaultMaxMessageBytes, std::move(takes)}),
+        edge(front, front_opt, k, model_hash(spec, "pool1"), "edge-test", std::move(offer)) {
     copy_params(front, whole);
     copy_params(back, whole);
   }
@@ -146,6 +147,41 @@ TEST(SplitSession, LossFallsAndEvaluationWorks) {
   EXPECT_GE(result->correct(), 56u);
 }
 
+// Compressed wire dtypes: negotiated in Hello, and training still works. bf16 rounds element by
+// element, so K micro-batches still equal one whole batch; f16 and int8 scale per tensor (per
+// micro-batch), so there only the loss is checked.
+TEST(SplitSession, CompressedWireDtypesTrain) {
+  Data d = make_data(32, 1);
+  for (const wire::DType dtype : {wire::DType::F16, wire::DType::BF16, wire::DType::I8}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Split s(4, 32, {dtype, wire::DType::F32});
+    s.handshake();
+    EXPECT_EQ(s.edge.dtype(), dtype);
+    EXPECT_EQ(s.cloud.dtype(), dtype);
+    double first = 0, last = 0;
+    for (int step = 0; step < 30; ++step) {
+      s.step(d.images, d.labels.data());
+      (step == 0 ? first : last) = s.edge.step_loss_sum() / 32;
+    }
+    EXPECT_LT(last, 0.5 * first);
+  }
+  Split pipelined(4, 32, {wire::DType::BF16}), plain(1, 32, {wire::DType::BF16});
+  pipelined.handshake();
+  plain.handshake();
+  for (int s = 0; s < 20; ++s) {
+    pipelined.step(d.images, d.labels.data());
+    plain.step(d.images, d.labels.data());
+  }
+  EXPECT_LE(max_diff(pipelined.front, plain.front), 1e-5f);
+  EXPECT_LE(max_diff(pipelined.back, plain.back), 1e-5f);
+}
+
+TEST(SplitSession, WireDtypeFallsBackToWhatTheCloudTakes) {
+  Split s(2, 32, {wire::DType::I8, wire::DType::F32}, {wire::DType::F32, wire::DType::F16});
+  s.handshake();
+  EXPECT_EQ(s.edge.dtype(), wire::DType::F32);
+}
+
 // Sends `bytes` to a fresh or given session and expects an Error reply that closes it.
 void expect_refusal(Split& s, std::span<const uint8_t> bytes, wire::ErrorCode code, const std::string& text) {
   CloudReply r = s.send(bytes);
@@ -176,6 +212,22 @@ TEST(SplitSessionBadInput, WrongModelHash) {
   EXPECT_FALSE(t.edge.on_welcome(Frame::copy_of(r.bytes.data(), r.bytes.size()), err));
   EXPECT_EQ(err.code, wire::ErrorCode::ModelMismatch);
   EXPECT_EQ(err.text.rfind("the cloud refused: the edge's model spec or cut differs", 0), 0u) << err.text;
+}
+
+TEST(SplitSessionBadInput, NoCommonWireDtype) {
+  Split s(2, 32, {wire::DType::I8}, {wire::DType::F32});
+  expect_refusal(s, s.edge.hello(), wire::ErrorCode::BadTensor,
+                 "the edge offers no wire dtype this cloud takes (offered: i8; this cloud takes f32)");
+}
+
+TEST(SplitSessionBadInput, ActivationsInADtypeNotNegotiated) {
+  Split s(2, 32, {wire::DType::F16});
+  s.handshake();
+  MessageWriter w;
+  Rng rng(5);
+  const int32_t labels[16] = {};
+  expect_refusal(s, w.forward(0, 0, 0, random_tensor({16, 4, 4, 6}, rng), labels, 32, 2, wire::DType::BF16),
+                 wire::ErrorCode::BadTensor, "activations: dtype BF16 was not negotiated (this session uses F16)");
 }
 
 TEST(SplitSessionBadInput, WrongProtocolVersion) {

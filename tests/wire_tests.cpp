@@ -5,6 +5,8 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <tuple>
+#include <vector>
 
 #include "core/error.h"
 #include "core/sha256.h"
@@ -35,6 +37,104 @@ TEST(Sha256, KnownVectors) {
   for (std::size_t i = 0; i < million.size(); i += 997) chunked.update(million.data() + i, std::min<std::size_t>(997, million.size() - i));
   const auto d = chunked.finish();
   EXPECT_EQ(to_hex(d.data(), d.size()), "cdc76e5c9914fb9281a1c7e284d73e67f1809a48a497200e046d39ccc7112cd0");
+}
+
+// --- tensor codec ----------------------------------------------------------------------
+
+std::vector<uint16_t> halves(wire::DType d, const std::vector<float>& v, float* scale = nullptr) {
+  std::vector<uint16_t> out(v.size());
+  const float s = encode_tensor(d, v.data(), static_cast<int64_t>(v.size()), reinterpret_cast<uint8_t*>(out.data()));
+  if (scale) *scale = s;
+  return out;
+}
+
+TEST(Codec, Bf16RoundsToNearestEven) {
+  // 1 + 2^-8 is halfway between bf16 neighbours 1 and 1 + 2^-7: ties go to the even (1).
+  const std::vector<float> v = {1.0f, -2.5f, 1.0f + 0x1p-8f, 1.0f + 3 * 0x1p-8f, 1.0f + 0x1p-8f + 0x1p-20f};
+  const auto b = halves(wire::DType::BF16, v);
+  EXPECT_EQ(b[0], 0x3f80);
+  EXPECT_EQ(b[1], 0xc020);
+  EXPECT_EQ(b[2], 0x3f80);  // tie, to even
+  EXPECT_EQ(b[3], 0x3f82);  // tie, to even (up)
+  EXPECT_EQ(b[4], 0x3f81);  // above the tie: up
+}
+
+TEST(Codec, F16IsScaledByAPowerOfTwoAndRoundsToNearestEven) {
+  float scale = 0.0f;
+  // max |x| = 3 -> scale 2^(1 - 14): 3 is sent as 3 * 2^13 = 24576 (0x7600).
+  const auto h = halves(wire::DType::F16, {3.0f, -1.0f, 0.0f, 3.0f * 0x1p-35f}, &scale);
+  EXPECT_EQ(scale, 0x1p-13f);
+  EXPECT_EQ(h[0], 0x7600);
+  EXPECT_EQ(h[1], 0xf000);  // -8192
+  EXPECT_EQ(h[2], 0x0000);
+  EXPECT_EQ(h[3], 0x000c);  // 3 * 2^-22 = 12 * 2^-24: a subnormal half
+  // Round to nearest even at the 11th bit: 2048 + 1 is a tie between 2048 and 2050.
+  const auto t = halves(wire::DType::F16, {16384.0f, 2049.0f, 2051.0f}, &scale);
+  EXPECT_EQ(scale, 1.0f);
+  EXPECT_EQ(t[1], 0x6800);  // 2048
+  EXPECT_EQ(t[2], 0x6802);  // 2052
+}
+
+TEST(Codec, RoundTripsWithinEachDtypesPrecision) {
+  Rng rng(11);
+  std::vector<float> v(4099);
+  for (float& x : v) x = rng.uniform(-1.0f, 1.0f) * std::ldexp(1.0f, static_cast<int>(rng.below(20)) - 10);
+  v[17] = 0.0f;
+  float m = 0.0f;
+  for (float x : v) m = std::max(m, std::fabs(x));
+  const auto n = static_cast<int64_t>(v.size());
+  for (const auto& [d, rel, abs_of_max] : {std::tuple{wire::DType::F32, 0.0f, 0.0f}, std::tuple{wire::DType::F16, 0x1p-11f, 0x1p-25f},
+                                          std::tuple{wire::DType::BF16, 0x1p-8f, 0.0f}, std::tuple{wire::DType::I8, 0.0f, 0.5f / 127}}) {
+    SCOPED_TRACE(dtype_name(d));
+    std::vector<uint8_t> bytes(encoded_bytes(d, n));
+    const float scale = encode_tensor(d, v.data(), n, bytes.data());
+    std::vector<float> back(v.size());
+    std::string why;
+    ASSERT_TRUE(decode_tensor(d, bytes.data(), n, scale, back.data(), why)) << why;
+    for (std::size_t i = 0; i < v.size(); ++i)
+      ASSERT_LE(std::fabs(back[i] - v[i]), rel * std::fabs(v[i]) + abs_of_max * m * 1.0001f) << "element " << i;
+  }
+}
+
+TEST(Codec, RefusesNonFiniteEncodingsAndScales) {
+  std::string why;
+  float out[3];
+  const uint16_t f16[] = {0x3c00, 0x7c00, 0x0000};  // 1, +inf, 0
+  EXPECT_FALSE(decode_tensor(wire::DType::F16, reinterpret_cast<const uint8_t*>(f16), 3, 1.0f, out, why));
+  EXPECT_EQ(why, "non-finite value at element 1");
+  const uint16_t bf16[] = {0x3f80, 0x3f80, 0x7fc0};  // 1, 1, NaN
+  EXPECT_FALSE(decode_tensor(wire::DType::BF16, reinterpret_cast<const uint8_t*>(bf16), 3, 1.0f, out, why));
+  EXPECT_EQ(why, "non-finite value at element 2");
+  const int8_t i8[] = {1, 2, 3};
+  EXPECT_FALSE(decode_tensor(wire::DType::I8, reinterpret_cast<const uint8_t*>(i8), 3, std::numeric_limits<float>::infinity(), out, why));
+  EXPECT_EQ(why, "scale inf is not a finite non-negative number");
+  const uint16_t big[] = {0x7bff, 0, 0};  // 65504 times a scale that overflows f32
+  EXPECT_FALSE(decode_tensor(wire::DType::F16, reinterpret_cast<const uint8_t*>(big), 3, 1e36f, out, why));
+  EXPECT_EQ(why, "non-finite value at element 0");
+}
+
+TEST(Wire, CompressedForwardRoundTripsThroughTheMessage) {
+  MessageWriter writer;
+  const Tensor a = activations(3);
+  const int32_t labels[] = {1, 2, 3};
+  for (const wire::DType d : {wire::DType::F16, wire::DType::BF16, wire::DType::I8}) {
+    SCOPED_TRACE(dtype_name(d));
+    Frame f = frame_of(writer.forward(7, 2, 42, a, labels, 3, 1, d));
+    WireError err;
+    const wire::Message* m = verify_frame(f, kDefaultMaxMessageBytes, err);
+    ASSERT_NE(m, nullptr) << err.text;
+    Tensor decoded;
+    Tensor got = read_tensor(f, m->payload_as_Forward()->activations(), a.shape(), "activations", d, decoded, err);
+    ASSERT_TRUE(got.defined()) << err.text;
+    EXPECT_EQ(got.data(), decoded.data()) << "decoded into the caller's buffer";
+    const float tolerance = d == wire::DType::I8 ? 1.0f / 127 : d == wire::DType::BF16 ? 0x1p-8f : 0x1p-10f;
+    for (int64_t i = 0; i < a.numel(); ++i) ASSERT_NEAR(got.data()[i], a.data()[i], tolerance) << "element " << i;
+    // The same frame read as another dtype is refused, naming both.
+    const wire::DType other = d == wire::DType::I8 ? wire::DType::F16 : wire::DType::I8;
+    EXPECT_FALSE(read_tensor(f, m->payload_as_Forward()->activations(), a.shape(), "activations", other, decoded, err).defined());
+    EXPECT_EQ(err.text, cat("activations: dtype ", wire::EnumNameDType(d), " was not negotiated (this session uses ",
+                            wire::EnumNameDType(other), ")"));
+  }
 }
 
 TEST(Wire, ForwardRoundTripReadsInPlace) {

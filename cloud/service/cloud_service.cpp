@@ -35,7 +35,7 @@ class Worker {
       : id_(id), peer_(std::move(peer)), endpoint_(endpoint), backend_(make_backend(o.backend, BackendOptions{1})),
         back_(shard.graph, *backend_, o.seed), optimizer_(back_.params(), o.sgd),
         session_(back_, optimizer_,
-                 {hash, o.batch_size, o.microbatches, 10, id, o.max_message_bytes}) {
+                 {hash, o.batch_size, o.microbatches, 10, id, o.max_message_bytes, o.wire_dtypes}) {
     for (std::size_t i = 0; i < shard.initial.size(); ++i) {
       back_.params()[i]->value().copy_from(shard.initial[i]);
       back_.params()[i]->bump_version();

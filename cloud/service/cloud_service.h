@@ -8,6 +8,8 @@
 #include "core/optimizer.h"
 #include "core/wire/frame.h"
 
+#include "cloud/session/cloud_session.h"
+
 namespace tandem {
 
 struct ServeOptions {
@@ -21,6 +23,7 @@ struct ServeOptions {
   SgdOptions sgd;
   uint64_t seed = 1;
   std::size_t max_message_bytes = kDefaultMaxMessageBytes;
+  std::vector<wire::DType> wire_dtypes = CloudSessionConfig{}.dtypes;  // what edges may send
 };
 
 // Runs the service; returns the process exit code.

@@ -1,5 +1,6 @@
 #include "cloud/session/cloud_session.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
@@ -80,18 +81,35 @@ CloudReply CloudSession::on_hello(const wire::Hello& hello) {
                    cat("the edge's model spec or cut differs from the cloud's (hash ", theirs.substr(0, 16),
                        "... vs ", to_hex(config_.model_hash.data(), 32).substr(0, 16), "...)")});
   }
-  bool f32 = false;
+  bool agreed = false;
+  std::string offered;
   if (hello.dtypes())
-    for (auto d : *hello.dtypes()) f32 = f32 || d == wire::DType::F32;
-  if (!f32) return refuse({wire::ErrorCode::BadTensor, "the edge offers no dtype this cloud takes (F32)"});
+    for (auto d : *hello.dtypes()) {
+      offered += cat(offered.empty() ? "" : ", ", static_cast<int>(d) <= static_cast<int>(wire::DType::MAX)
+                                                       ? dtype_name(d) : "unknown");
+      if (!agreed && std::find(config_.dtypes.begin(), config_.dtypes.end(), d) != config_.dtypes.end()) {
+        dtype_ = d;
+        agreed = true;
+      }
+    }
+  if (!agreed) {
+    std::string takes;
+    for (auto d : config_.dtypes) takes += cat(takes.empty() ? "" : ", ", dtype_name(d));
+    return refuse({wire::ErrorCode::BadTensor,
+                   cat("the edge offers no wire dtype this cloud takes (offered: ", offered.empty() ? "none" : offered,
+                       "; this cloud takes ", takes, ")")});
+  }
   state_ = State::Training;
-  return {writer_.welcome(config_.session_id, config_.batch_size, config_.microbatches, step_), false};
+  decoded_.resize(config_.microbatches + 1);
+  return {writer_.welcome(config_.session_id, config_.batch_size, config_.microbatches, step_, dtype_), false};
 }
 
 Tensor CloudSession::checked_batch(const Frame& frame, const wire::TensorMsg* t,
-                                   const flatbuffers::Vector<int32_t>* labels, int64_t count, WireError& error) {
+                                   const flatbuffers::Vector<int32_t>* labels, int64_t count, Tensor& decoded,
+                                   WireError& error) {
   if (!check_labels(labels, count, config_.classes, error)) return Tensor();
-  return read_tensor(frame, t, with_batch(back_.graph().inputs()[0].shape, count), "activations", error);
+  return read_tensor(frame, t, with_batch(back_.graph().inputs()[0].shape, count), "activations", dtype_, decoded,
+                     error);
 }
 
 CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd) {
@@ -118,7 +136,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   if (seen_[mb])
     return refuse({wire::ErrorCode::OutOfWindow, cat("micro-batch ", mb, " of step ", step_, " arrived twice")});
   const int64_t count = microbatch_range(step_samples_, step_microbatches_, mb).count;
-  Tensor activations = checked_batch(frame, fwd.activations(), fwd.labels(), count, error);
+  Tensor activations = checked_batch(frame, fwd.activations(), fwd.labels(), count, decoded_[mb], error);
   if (!activations.defined()) return refuse(error);
 
   const auto t0 = std::chrono::steady_clock::now();
@@ -137,7 +155,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
     std::fill(seen_.begin(), seen_.end(), false);
   }
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {writer_.backward(step, mb, grad, static_cast<float>(loss)), false};
+  return {writer_.backward(step, mb, grad, static_cast<float>(loss), dtype_), false};
 }
 
 CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& eval) {
@@ -146,7 +164,7 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   if (count < 1 || count > kMaxEvalBatch)
     return refuse({wire::ErrorCode::BadTensor, cat("evaluation batch of ", count, " samples is outside [1, ",
                                                    kMaxEvalBatch, "]")});
-  Tensor activations = checked_batch(frame, eval.activations(), eval.labels(), count, error);
+  Tensor activations = checked_batch(frame, eval.activations(), eval.labels(), count, decoded_.back(), error);
   if (!activations.defined()) return refuse(error);
   const auto t0 = std::chrono::steady_clock::now();
   // A slot of its own, so evaluation never disturbs a training step's stashes.

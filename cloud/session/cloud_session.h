@@ -22,6 +22,9 @@ struct CloudSessionConfig {
   int32_t classes = 10;
   uint64_t session_id = 1;
   std::size_t max_message_bytes = kDefaultMaxMessageBytes;
+  // Wire dtypes this cloud accepts; the session uses the first one in the edge's Hello that
+  // is among them, for activations and gradients alike.
+  std::vector<wire::DType> dtypes = {wire::DType::F32, wire::DType::F16, wire::DType::BF16, wire::DType::I8};
 };
 
 struct CloudReply {
@@ -42,6 +45,7 @@ class CloudSession {
   uint64_t step() const { return step_; }
   bool closed() const { return state_ == State::Closed; }
   double busy_seconds() const { return busy_s_; }
+  wire::DType dtype() const { return dtype_; }
 
  private:
   enum class State { AwaitHello, Training, Closed };
@@ -49,9 +53,10 @@ class CloudSession {
   CloudReply on_hello(const wire::Hello& hello);
   CloudReply on_forward(const Frame& frame, const wire::Forward& fwd);
   CloudReply on_eval(const Frame& frame, const wire::EvalForward& eval);
-  // Checks the tensor and labels of a (micro-)batch of `count` samples; returns the view.
+  // Checks the tensor and labels of a (micro-)batch of `count` samples; returns the view (F32)
+  // or the tensor decoded into `decoded`.
   Tensor checked_batch(const Frame& frame, const wire::TensorMsg* t, const flatbuffers::Vector<int32_t>* labels,
-                       int64_t count, WireError& error);
+                       int64_t count, Tensor& decoded, WireError& error);
 
   Network& back_;
   Sgd& optimizer_;
@@ -63,6 +68,8 @@ class CloudSession {
   std::vector<bool> seen_;  // micro-batches of the current step already handled
   uint32_t seen_count_ = 0;
   std::vector<Tensor> dlogits_;
+  wire::DType dtype_ = wire::DType::F32;  // negotiated in Hello
+  std::vector<Tensor> decoded_;           // per micro-batch slot, then one for evaluation
   double busy_s_ = 0.0;
   bool step_pending_ = false;
 };

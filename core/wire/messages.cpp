@@ -17,17 +17,19 @@ std::array<uint8_t, 32> model_hash(const ModelSpec& spec, const std::string& cut
   return h.finish();
 }
 
-flatbuffers::Offset<wire::TensorMsg> MessageWriter::tensor(const char* name, const Tensor& t) {
+flatbuffers::Offset<wire::TensorMsg> MessageWriter::tensor(const char* name, const Tensor& t, wire::DType dtype) {
   // The payload first, aligned to 64 bytes (force_align is honoured only by generated
-  // Create*Direct, so align by hand), then the small fields.
-  const std::size_t bytes = t.bytes();
+  // Create*Direct, so align by hand) and encoded in place, then the small fields.
+  const std::size_t bytes = encoded_bytes(dtype, t.numel());
   fbb_.ForceVectorAlignment(bytes, sizeof(uint8_t), kTensorAlignment);
-  const auto data = fbb_.CreateVector(reinterpret_cast<const uint8_t*>(t.data()), bytes);
+  uint8_t* payload = nullptr;
+  const auto data = fbb_.CreateUninitializedVector(bytes, sizeof(uint8_t), &payload);
+  const float scale = encode_tensor(dtype, t.data(), t.numel(), payload);
   int64_t dims[kMaxRank];
   for (int i = 0; i < t.shape().rank(); ++i) dims[i] = t.shape()[i];
   const auto shape = fbb_.CreateVector(dims, static_cast<std::size_t>(t.shape().rank()));
   const auto n = fbb_.CreateString(name);
-  return wire::CreateTensorMsg(fbb_, n, wire::DType::F32, shape, 1.0f, data);
+  return wire::CreateTensorMsg(fbb_, n, dtype, shape, scale, data);
 }
 
 std::span<const uint8_t> MessageWriter::finish(wire::Payload type, flatbuffers::Offset<void> payload) {
@@ -36,12 +38,12 @@ std::span<const uint8_t> MessageWriter::finish(wire::Payload type, flatbuffers::
 }
 
 std::span<const uint8_t> MessageWriter::hello(const std::string& client_id, const std::array<uint8_t, 32>& hash,
-                                              const std::string& token, uint32_t protocol_version) {
+                                              const std::string& token, uint32_t protocol_version,
+                                              std::span<const wire::DType> dtypes) {
   fbb_.Clear();
   const auto id = fbb_.CreateString(client_id);
   const auto h = fbb_.CreateVector(hash.data(), hash.size());
-  const wire::DType dtypes[] = {wire::DType::F32};
-  const auto d = fbb_.CreateVector(reinterpret_cast<const uint8_t*>(dtypes), 1);
+  const auto d = fbb_.CreateVector(reinterpret_cast<const uint8_t*>(dtypes.data()), dtypes.size());
   const auto tok = fbb_.CreateString(token);
   wire::HelloBuilder b(fbb_);
   b.add_protocol_version(protocol_version);
@@ -53,17 +55,18 @@ std::span<const uint8_t> MessageWriter::hello(const std::string& client_id, cons
 }
 
 std::span<const uint8_t> MessageWriter::welcome(uint64_t session_id, uint32_t batch_size, uint32_t microbatches,
-                                                uint64_t start_step) {
+                                                uint64_t start_step, wire::DType dtype) {
   fbb_.Clear();
   return finish(wire::Payload::Welcome,
-                wire::CreateWelcome(fbb_, session_id, batch_size, microbatches, start_step).Union());
+                wire::CreateWelcome(fbb_, session_id, batch_size, microbatches, start_step, dtype).Union());
 }
 
 std::span<const uint8_t> MessageWriter::forward(uint64_t step, uint32_t microbatch, uint64_t weight_version,
                                                 const Tensor& activations, std::span<const int32_t> labels,
-                                                uint32_t step_samples, uint32_t step_microbatches) {
+                                                uint32_t step_samples, uint32_t step_microbatches,
+                                                wire::DType dtype) {
   fbb_.Clear();
-  const auto t = tensor("activations", activations);
+  const auto t = tensor("activations", activations, dtype);
   const auto l = fbb_.CreateVector(labels.data(), labels.size());
   return finish(wire::Payload::Forward, wire::CreateForward(fbb_, step, microbatch, weight_version, t, l,
                                                             step_samples, step_microbatches)
@@ -71,16 +74,16 @@ std::span<const uint8_t> MessageWriter::forward(uint64_t step, uint32_t microbat
 }
 
 std::span<const uint8_t> MessageWriter::backward(uint64_t step, uint32_t microbatch, const Tensor& gradients,
-                                                 float loss) {
+                                                 float loss, wire::DType dtype) {
   fbb_.Clear();
-  const auto t = tensor("gradients", gradients);
+  const auto t = tensor("gradients", gradients, dtype);
   return finish(wire::Payload::Backward, wire::CreateBackward(fbb_, step, microbatch, t, loss).Union());
 }
 
 std::span<const uint8_t> MessageWriter::eval_forward(uint64_t batch_id, const Tensor& activations,
-                                                     std::span<const int32_t> labels) {
+                                                     std::span<const int32_t> labels, wire::DType dtype) {
   fbb_.Clear();
-  const auto t = tensor("activations", activations);
+  const auto t = tensor("activations", activations, dtype);
   const auto l = fbb_.CreateVector(labels.data(), labels.size());
   return finish(wire::Payload::EvalForward, wire::CreateEvalForward(fbb_, batch_id, t, l).Union());
 }
@@ -105,18 +108,19 @@ std::span<const uint8_t> MessageWriter::bye(const std::string& reason) {
 }
 
 Tensor read_tensor(const Frame& frame, const wire::TensorMsg* msg, const Shape& expected, const char* what,
-                   WireError& error) {
+                   wire::DType dtype, Tensor& decoded, WireError& error) {
   auto bad = [&](wire::ErrorCode code, const std::string& text) {
     error = {code, cat(what, ": ", text)};
     return Tensor();
   };
   if (!msg) return bad(wire::ErrorCode::BadTensor, "missing");
-  if (msg->dtype() != wire::DType::F32) {
+  if (msg->dtype() != dtype) {
     const auto d = static_cast<int>(msg->dtype());
     return bad(wire::ErrorCode::BadTensor,
-               d > static_cast<int>(wire::DType::MAX) ? cat("unknown dtype ", d)
-                                                       : cat("dtype ", wire::EnumNameDType(msg->dtype()),
-                                                             " was not negotiated (this session uses F32)"));
+               d > static_cast<int>(wire::DType::MAX)
+                   ? cat("unknown dtype ", d)
+                   : cat("dtype ", wire::EnumNameDType(msg->dtype()), " was not negotiated (this session uses ",
+                         wire::EnumNameDType(dtype), ")"));
   }
   const auto* shape = msg->shape();
   // The Verifier checks a vector's length field for 4-byte alignment only, so a hostile
@@ -134,16 +138,29 @@ Tensor read_tensor(const Frame& frame, const wire::TensorMsg* msg, const Shape& 
     return bad(wire::ErrorCode::BadTensor, cat("shape ", got, "] differs from the expected ", expected.str()));
   }
   const auto* data = msg->data();
-  const std::size_t want = static_cast<std::size_t>(expected.numel()) * sizeof(float);
+  const std::size_t want = encoded_bytes(dtype, expected.numel());
   if (!data || data->size() != want)
     return bad(wire::ErrorCode::BadTensor, cat("carries ", data ? data->size() : 0, " bytes, its shape needs ", want));
   const uint8_t* p = data->data();
   if (reinterpret_cast<std::uintptr_t>(p) % kTensorAlignment != 0)
     return bad(wire::ErrorCode::Malformed, "payload is not 64-byte aligned");
-  const auto* values = reinterpret_cast<const float*>(p);
-  for (int64_t i = 0, n = expected.numel(); i < n; ++i)
-    if (!std::isfinite(values[i])) return bad(wire::ErrorCode::BadTensor, cat("non-finite value at element ", i));
-  return Tensor::borrow(frame.owner(), values, expected);
+  if (dtype == wire::DType::F32) {
+    const auto* values = reinterpret_cast<const float*>(p);
+    for (int64_t i = 0, n = expected.numel(); i < n; ++i)
+      if (!std::isfinite(values[i])) return bad(wire::ErrorCode::BadTensor, cat("non-finite value at element ", i));
+    return Tensor::borrow(frame.owner(), values, expected);
+  }
+  if (!decoded.defined() || decoded.shape() != expected) decoded = Tensor::empty(expected);
+  std::string why;
+  if (!decode_tensor(dtype, p, expected.numel(), msg->scale(), decoded.data(), why))
+    return bad(wire::ErrorCode::BadTensor, why);
+  return decoded;
+}
+
+Tensor read_tensor(const Frame& frame, const wire::TensorMsg* msg, const Shape& expected, const char* what,
+                   WireError& error) {
+  Tensor unused;
+  return read_tensor(frame, msg, expected, what, wire::DType::F32, unused, error);
 }
 
 bool check_labels(const flatbuffers::Vector<int32_t>* labels, int64_t count, int32_t classes, WireError& error) {

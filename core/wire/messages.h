@@ -12,6 +12,7 @@
 #include "core/model_spec.h"
 #include "core/tensor.h"
 #include "core/wire/frame.h"
+#include "core/wire/tensor_codec.h"
 
 namespace tandem {
 
@@ -22,29 +23,41 @@ std::array<uint8_t, 32> model_hash(const ModelSpec& spec, const std::string& cut
 // builder's memory is reused, so steady-state encoding does not allocate once it has grown.
 class MessageWriter {
  public:
+  // `dtypes`: what the edge can send, most wanted first.
   std::span<const uint8_t> hello(const std::string& client_id, const std::array<uint8_t, 32>& model_hash,
-                                 const std::string& token = "", uint32_t protocol_version = kProtocolVersion);
+                                 const std::string& token = "", uint32_t protocol_version = kProtocolVersion,
+                                 std::span<const wire::DType> dtypes = kF32Only);
   std::span<const uint8_t> welcome(uint64_t session_id, uint32_t batch_size, uint32_t microbatches,
-                                   uint64_t start_step);
+                                   uint64_t start_step, wire::DType dtype = wire::DType::F32);
+  // Tensors go out encoded in `dtype` (tensor_codec.h), the session's.
   std::span<const uint8_t> forward(uint64_t step, uint32_t microbatch, uint64_t weight_version,
                                    const Tensor& activations, std::span<const int32_t> labels,
-                                   uint32_t step_samples = 0, uint32_t step_microbatches = 0);
-  std::span<const uint8_t> backward(uint64_t step, uint32_t microbatch, const Tensor& gradients, float loss);
-  std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& activations, std::span<const int32_t> labels);
+                                   uint32_t step_samples = 0, uint32_t step_microbatches = 0,
+                                   wire::DType dtype = wire::DType::F32);
+  std::span<const uint8_t> backward(uint64_t step, uint32_t microbatch, const Tensor& gradients, float loss,
+                                    wire::DType dtype = wire::DType::F32);
+  std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& activations, std::span<const int32_t> labels,
+                                        wire::DType dtype = wire::DType::F32);
   std::span<const uint8_t> eval_result(uint64_t batch_id, uint32_t correct, uint32_t count, double loss_sum,
                                        double cloud_busy_s = 0.0);
   std::span<const uint8_t> error(wire::ErrorCode code, const std::string& text);
   std::span<const uint8_t> bye(const std::string& reason);
 
  private:
-  flatbuffers::Offset<wire::TensorMsg> tensor(const char* name, const Tensor& t);
+  static constexpr wire::DType kF32Only[] = {wire::DType::F32};
+  flatbuffers::Offset<wire::TensorMsg> tensor(const char* name, const Tensor& t, wire::DType dtype);
   std::span<const uint8_t> finish(wire::Payload type, flatbuffers::Offset<void> payload);
   flatbuffers::FlatBufferBuilder fbb_{1 << 16};
 };
 
-// A received tensor checked against the session: f32 (the only dtype negotiated so far),
-// `expected` shape exactly, byte count equal to the shape's, payload 64-byte aligned, every
-// value finite. Returns a view into the frame (no copy), or an empty Tensor with `error` set.
+// A received tensor checked against the session: its dtype (`dtype`, the negotiated one),
+// `expected` shape exactly, byte count equal to the shape's in that dtype, payload 64-byte
+// aligned, every value finite. F32 comes back as a view into the frame (no copy); other
+// dtypes are decoded into `decoded` (re-allocated only when its shape differs). On a problem:
+// an empty Tensor with `error` set.
+Tensor read_tensor(const Frame& frame, const wire::TensorMsg* msg, const Shape& expected, const char* what,
+                   wire::DType dtype, Tensor& decoded, WireError& error);
+// The same for an F32 session.
 Tensor read_tensor(const Frame& frame, const wire::TensorMsg* msg, const Shape& expected, const char* what,
                    WireError& error);
 

@@ -58,7 +58,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
     }
   }
   Sgd optimizer(front.params(), o.sgd);
-  EdgeSession session(front, optimizer, o.microbatches, model_hash(spec, cut), o.client_id);
+  EdgeSession session(front, optimizer, o.microbatches, model_hash(spec, cut), o.client_id, o.wire_dtypes);
 
   std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
   const LabelledImages train = load_fashion_mnist(true, o.limit);
@@ -88,8 +88,10 @@ int train_over_wss(const EdgeTrainOptions& o) {
     std::fprintf(stderr, "tandem-edge: %s\n", err.text.c_str());
     return 1;
   }
-  std::fprintf(stderr, "connected to wss://%s:%d, model %s cut at '%s', front on %s, %u micro-batches a step\n",
-               o.host.c_str(), o.port, spec.name.c_str(), cut.c_str(), o.backend.c_str(), o.microbatches);
+  std::fprintf(stderr,
+               "connected to wss://%s:%d, model %s cut at '%s', front on %s, %u micro-batches a step, %s on the wire\n",
+               o.host.c_str(), o.port, spec.name.c_str(), cut.c_str(), o.backend.c_str(), o.microbatches,
+               dtype_name(session.dtype()));
 
   std::ofstream metrics;
   if (!o.metrics_json.empty()) {
@@ -158,7 +160,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
         "{\"epoch\":", epoch, ",\"samples\":", n, ",\"seconds\":", fixed(seconds, 3),
         ",\"samples_per_s\":", fixed(static_cast<double>(n) / seconds, 1),
         ",\"train_loss\":", fixed(loss_sum / static_cast<double>(n), 5), ",\"test_accuracy\":", fixed(accuracy, 5),
-        ",\"steps\":", steps, ",\"bytes_up\":", up - up0, ",\"bytes_down\":", down - down0,
+        ",\"wire_dtype\":\"", dtype_name(session.dtype()), "\",\"steps\":", steps, ",\"bytes_up\":", up - up0, ",\"bytes_down\":", down - down0,
         ",\"train_bytes_up\":", train_up, ",\"train_bytes_down\":", train_down,
         ",\"edge_busy_s\":", fixed(seconds - epoch_idle, 3), ",\"edge_idle_s\":", fixed(epoch_idle, 3),
         ",\"cloud_busy_s\":", fixed(epoch_cloud, 3), ",\"cloud_idle_s\":", fixed(std::max(0.0, seconds - epoch_cloud), 3),

@@ -5,8 +5,10 @@
 
 #include <cstdint>
 #include <string>
+#include <vector>
 
 #include "core/optimizer.h"
+#include "core/wire/tensor_codec.h"
 
 namespace tandem {
 
@@ -18,6 +20,7 @@ struct EdgeTrainOptions {
   std::string cut;
   std::string backend = "xnnpack";
   int threads = 1;  // the backend's compute threads
+  std::vector<wire::DType> wire_dtypes = {wire::DType::F32};  // offered, most wanted first
   int64_t epochs = 1, limit = 0, test_limit = 0;
   uint32_t batch = 64, microbatches = 4;
   SgdOptions sgd;

@@ -1,18 +1,25 @@
 #include "edge/session/edge_session.h"
 
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/microbatch.h"
 
 namespace tandem {
 
 EdgeSession::EdgeSession(Network& front, Sgd& optimizer, uint32_t microbatches,
-                         const std::array<uint8_t, 32>& model_hash, std::string client_id)
+                         const std::array<uint8_t, 32>& model_hash, std::string client_id,
+                         std::vector<wire::DType> dtypes)
     : front_(front), optimizer_(optimizer), microbatches_(microbatches), model_hash_(model_hash),
-      client_id_(std::move(client_id)), state_(microbatches, 0) {
+      client_id_(std::move(client_id)), offered_(std::move(dtypes)), state_(microbatches, 0),
+      decoded_(microbatches) {
   if (microbatches_ < 1) fail("edge session", "micro-batches must be >= 1");
+  if (offered_.empty()) fail("edge session", "no wire dtype to offer");
 }
 
-std::span<const uint8_t> EdgeSession::hello() { return writer_.hello(client_id_, model_hash_); }
+std::span<const uint8_t> EdgeSession::hello() {
+  return writer_.hello(client_id_, model_hash_, "", kProtocolVersion, offered_);
+}
 
 namespace {
 // The message, or null with `error` set; the cloud's own Error message is passed on.
@@ -42,6 +49,12 @@ bool EdgeSession::on_welcome(const Frame& frame, WireError& error) {
                                                      " micro-batches a step; this edge asks for ", microbatches_)};
     return false;
   }
+  if (std::find(offered_.begin(), offered_.end(), w->dtype()) == offered_.end()) {
+    error = {wire::ErrorCode::BadTensor,
+             cat("the cloud chose wire dtype ", static_cast<int>(w->dtype()), ", which this edge did not offer")};
+    return false;
+  }
+  dtype_ = w->dtype();
   batch_limit_ = w->batch_size();
   step_ = w->start_step();
   welcomed_ = true;
@@ -72,7 +85,7 @@ std::span<const uint8_t> EdgeSession::forward(int mb) {
   state_[static_cast<std::size_t>(mb)] = 1;
   return writer_.forward(step_, static_cast<uint32_t>(mb), step_ /* weights version: optimizer steps applied */, activations,
                          std::span<const int32_t>(labels_ + begin, static_cast<std::size_t>(count)),
-                         static_cast<uint32_t>(batch), static_cast<uint32_t>(step_microbatches_));
+                         static_cast<uint32_t>(batch), static_cast<uint32_t>(step_microbatches_), dtype_);
 }
 
 bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_done) {
@@ -87,7 +100,7 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
     return false;
   }
   const Tensor& sent = front_.output(static_cast<int>(mb));
-  Tensor grad = read_tensor(frame, b->gradients(), sent.shape(), "gradients", error);
+  Tensor grad = read_tensor(frame, b->gradients(), sent.shape(), "gradients", dtype_, decoded_[mb], error);
   if (!grad.defined()) return false;
   front_.backward(grad, static_cast<int>(mb), false);
   loss_sum_ += b->loss();
@@ -104,7 +117,8 @@ std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, const Tens
                                                    int64_t count) {
   // Evaluation uses the slot after the training ones, so it never disturbs a step in flight.
   const Tensor& activations = front_.forward(images, static_cast<int>(microbatches_));
-  return writer_.eval_forward(batch_id, activations, std::span<const int32_t>(labels, static_cast<std::size_t>(count)));
+  return writer_.eval_forward(batch_id, activations, std::span<const int32_t>(labels, static_cast<std::size_t>(count)),
+                              dtype_);
 }
 
 }  // namespace tandem

@@ -18,8 +18,9 @@ namespace tandem {
 
 class EdgeSession {
  public:
+  // `dtypes`: the wire dtypes to offer, most wanted first; the cloud picks one in Welcome.
   EdgeSession(Network& front, Sgd& optimizer, uint32_t microbatches, const std::array<uint8_t, 32>& model_hash,
-              std::string client_id);
+              std::string client_id, std::vector<wire::DType> dtypes = {wire::DType::F32});
 
   std::span<const uint8_t> hello();
   // Welcome (or the cloud's Error, reported in `error`): the cloud's limits (batch size,
@@ -35,6 +36,7 @@ class EdgeSession {
   bool on_backward(const Frame& frame, WireError& error, bool& step_done);
 
   uint64_t step() const { return step_; }
+  wire::DType dtype() const { return dtype_; }  // the wire dtype the cloud chose
   double step_loss_sum() const { return loss_sum_; }
   std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& images, const int32_t* labels, int64_t count);
   std::span<const uint8_t> bye(const std::string& reason) { return writer_.bye(reason); }
@@ -45,6 +47,8 @@ class EdgeSession {
   uint32_t microbatches_;
   std::array<uint8_t, 32> model_hash_;
   std::string client_id_;
+  std::vector<wire::DType> offered_;
+  wire::DType dtype_ = wire::DType::F32;
   MessageWriter writer_;
   uint64_t step_ = 0;
   bool welcomed_ = false;
@@ -53,6 +57,7 @@ class EdgeSession {
   const int32_t* labels_ = nullptr;
   int step_microbatches_ = 0, backed_ = 0;
   std::vector<uint8_t> state_;  // per micro-batch: 0 not sent, 1 forwarded, 2 backed up
+  std::vector<Tensor> decoded_;  // per micro-batch: its gradient decoded (non-F32 sessions)
   double loss_sum_ = 0.0;
 };
 
