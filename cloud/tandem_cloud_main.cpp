@@ -16,13 +16,16 @@ namespace {
 
 constexpr const char* kUsage = R"(usage:
   tandem-cloud serve --listen HOST:PORT --state-dir DIR --model SPEC [--cut NODE]
-                     [--batch B] [--microbatches K] [--lr X] [--momentum X] [--weight-decay X]
+                     [--batch B] [--microbatches K] [OPTIMIZER]
                      [--seed S] [--backend NAME] [--max-message-mb N] [--wire-dtypes LIST]
       Serves split training over wss:// with mutual TLS: one session per edge, the back
       shard and loss on the backend (default onednn). Runs `pki init` on first start.
       B and K are the most an edge may use. LIST: the wire dtypes edges may send
       activations and receive gradients in (default f32,f16,bf16,i8; each session uses the
-      first the edge offers). Stops on SIGINT or SIGTERM.
+      first the edge offers). OPTIMIZER: --optimizer sgd|adam|adamw --lr X --momentum X
+      --nesterov --weight-decay X --beta1 X --beta2 X --eps X --clip-norm X, for the back
+      shard; each step's learning rate is scaled by the factor the edge's schedule sends.
+      Stops on SIGINT or SIGTERM.
   tandem-cloud pki init --state-dir DIR [--hosts NAME,NAME...]
       Makes a CA and a server certificate (for the hosts, default localhost,127.0.0.1)
       in DIR, unless DIR already has them.
@@ -66,9 +69,10 @@ int pki_command(int argc, char** argv) {
 }
 
 int serve_command(int argc, char** argv) {
-  const CliArgs args(argc, argv, 2, {});
-  args.reject_unknown({"listen", "state-dir", "model", "cut", "batch", "microbatches", "lr", "momentum",
-                       "weight-decay", "seed", "backend", "max-message-mb", "wire-dtypes"});
+  const CliArgs args(argc, argv, 2, {"nesterov"});
+  args.reject_unknown(CliArgs::with_optimizer_options({"listen", "state-dir", "model", "cut", "batch", "microbatches",
+                                                       "seed", "backend", "max-message-mb", "wire-dtypes"},
+                                                      /*schedule=*/false));
   ServeOptions o;
   const HostPort listen = args.host_port("listen", "");
   o.host = listen.host;
@@ -78,7 +82,7 @@ int serve_command(int argc, char** argv) {
   o.cut = args.str("cut", "");
   o.batch_size = static_cast<uint32_t>(args.integer("batch", 64, 1));
   o.microbatches = static_cast<uint32_t>(args.integer("microbatches", 4, 1));
-  o.sgd = args.sgd_options();
+  o.optimizer = args.optimizer_options();
   o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
   register_built_backends();
   o.backend = args.str("backend", "onednn");

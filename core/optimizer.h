@@ -1,36 +1,83 @@
-// SGD with momentum, dampening, Nesterov and weight decay, with PyTorch's update rule
-// (torch.optim.SGD), so a run can be compared step for step with a PyTorch peer.
+// Optimizers with PyTorch's update rules, so a run can be compared step for step with a
+// PyTorch peer: SGD (torch.optim.SGD: momentum, dampening, Nesterov, L2 weight decay), Adam
+// and AdamW (decoupled weight decay); optional clipping of the gradients' global norm
+// (torch.nn.utils.clip_grad_norm_) over the optimizer's parameters; and a learning-rate
+// scale set per step by a schedule (schedule.h).
 #pragma once
 
+#include <memory>
+#include <string>
 #include <vector>
 
 #include "core/param.h"
 
 namespace tandem {
 
-struct SgdOptions {
+struct OptimizerOptions {
   float lr = 0.01f;
   float momentum = 0.0f;
   float dampening = 0.0f;
   float weight_decay = 0.0f;
   bool nesterov = false;
+  std::string kind = "sgd";  // sgd | adam | adamw
+  float beta1 = 0.9f, beta2 = 0.999f, eps = 1e-8f;
+  float clip_norm = 0.0f;  // > 0: scale the gradients so their global L2 norm is at most this
 };
 
-class Sgd {
+class Optimizer {
  public:
-  Sgd(std::vector<Param*> params, const SgdOptions& options);
-  // Applies one update from the accumulated gradients and bumps each parameter's version.
+  Optimizer(std::vector<Param*> params, const OptimizerOptions& options);
+  virtual ~Optimizer() = default;
+  Optimizer(const Optimizer&) = delete;
+  Optimizer& operator=(const Optimizer&) = delete;
+
+  // Clips (when asked), applies one update from the accumulated gradients and bumps each
+  // parameter's version.
   void step();
-  void set_lr(float lr) { options_.lr = lr; }
-  const SgdOptions& options() const { return options_; }
-  // Momentum buffers, in parameter order (for checkpoints).
-  std::vector<Tensor>& momentum_buffers() { return momentum_; }
+  // This step's learning rate is options().lr * scale (a schedule's factor).
+  void set_lr_scale(float scale) { scale_ = scale; }
+  float lr() const { return options_.lr * scale_; }
+  const OptimizerOptions& options() const { return options_; }
+  // The gradients' global L2 norm before the last step's clipping (0 before any step).
+  double last_grad_norm() const { return last_norm_; }
+  // Per-parameter state tensors (momentum; Adam's two moments), for checkpoints.
+  virtual std::vector<Tensor*> state() = 0;
+
+ protected:
+  virtual void update(float lr) = 0;
+  std::vector<Param*> params_;
+  OptimizerOptions options_;
 
  private:
-  std::vector<Param*> params_;
-  SgdOptions options_;
+  float scale_ = 1.0f;
+  double last_norm_ = 0.0;
+};
+
+class Sgd final : public Optimizer {
+ public:
+  Sgd(std::vector<Param*> params, const OptimizerOptions& options);
+  std::vector<Tensor*> state() override;
+
+ private:
+  void update(float lr) override;
   std::vector<Tensor> momentum_;
   bool started_ = false;
 };
+
+// Adam (L2 weight decay added to the gradient) or, with kind "adamw", AdamW (weights decay
+// by lr * weight_decay before the Adam step).
+class Adam final : public Optimizer {
+ public:
+  Adam(std::vector<Param*> params, const OptimizerOptions& options);
+  std::vector<Tensor*> state() override;
+
+ private:
+  void update(float lr) override;
+  std::vector<Tensor> m_, v_;
+  int64_t t_ = 0;
+};
+
+// Sgd or Adam from options.kind; throws naming the unknown kind.
+std::unique_ptr<Optimizer> make_optimizer(std::vector<Param*> params, const OptimizerOptions& options);
 
 }  // namespace tandem

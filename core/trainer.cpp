@@ -8,7 +8,7 @@
 
 namespace tandem {
 
-ChainTrainer::ChainTrainer(std::vector<Network*> stages, std::vector<Sgd*> optimizers)
+ChainTrainer::ChainTrainer(std::vector<Network*> stages, std::vector<Optimizer*> optimizers)
     : stages_(std::move(stages)), optimizers_(std::move(optimizers)) {
   if (stages_.empty() || stages_.size() != optimizers_.size())
     fail("trainer", cat("need one optimizer per stage, got ", stages_.size(), " stages and ", optimizers_.size(),

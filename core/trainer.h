@@ -25,7 +25,7 @@ struct StageTimes {
 class ChainTrainer {
  public:
   // Stages run in order; stage i's output is stage i+1's input. One optimizer per stage.
-  ChainTrainer(std::vector<Network*> stages, std::vector<Sgd*> optimizers);
+  ChainTrainer(std::vector<Network*> stages, std::vector<Optimizer*> optimizers);
 
   // One optimizer step on `images` [B, ...] with `labels` [B], in K micro-batches. The
   // result equals one unpipelined step on the whole batch (the gradient of the batch mean).
@@ -36,7 +36,7 @@ class ChainTrainer {
 
  private:
   std::vector<Network*> stages_;
-  std::vector<Sgd*> optimizers_;
+  std::vector<Optimizer*> optimizers_;
   std::vector<Tensor> dlogits_;  // per micro-batch, so unequal sizes keep their buffers
   StageTimes times_;
 };

@@ -14,7 +14,7 @@ namespace {
 constexpr const char* kUsage = R"(usage:
   tandem-edge train --cloud wss://HOST:PORT --identity IDDIR --model SPEC [--cut NODE]
                     [--data fashion-mnist] [--epochs N] [--limit SAMPLES] [--test-limit SAMPLES]
-                    [--batch B] [--microbatches K] [--lr X] [--momentum X] [--weight-decay X]
+                    [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
                     [--metrics-json FILE]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
@@ -23,12 +23,19 @@ constexpr const char* kUsage = R"(usage:
       each epoch; prints progress and metrics (also JSON lines in FILE). --wire-dtype asks
       for activations and gradients in f16 (scaled per tensor), bf16 or int8 (scale per
       tensor) on the wire, falling back to f32 if the cloud does not take it.
+      OPTIMIZER: --optimizer sgd|adam|adamw --lr X --momentum X --nesterov --weight-decay X
+      --beta1 X --beta2 X --eps X --clip-norm X (the cloud has its own; --clip-norm clips
+      this shard's gradients). SCHEDULE: --schedule constant|step|cosine --warmup-steps N
+      --step-size N --gamma X --min-lr-factor X [--total-steps N]; the edge sends each
+      step's factor to the cloud, which scales its own learning rate by it.
 )";
 
 int train_command(int argc, char** argv) {
-  const CliArgs args(argc, argv, 2, {});
-  args.reject_unknown({"cloud", "identity", "model", "cut", "data", "epochs", "limit", "test-limit", "batch",
-                       "microbatches", "lr", "momentum", "weight-decay", "seed", "backend", "threads", "wire-dtype", "metrics-json"});
+  const CliArgs args(argc, argv, 2, {"nesterov"});
+  args.reject_unknown(CliArgs::with_optimizer_options({"cloud", "identity", "model", "cut", "data", "epochs", "limit",
+                                                       "test-limit", "batch", "microbatches", "seed", "backend",
+                                                       "threads", "wire-dtype", "metrics-json"},
+                                                      /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
   o.host = cloud.host;
@@ -43,7 +50,8 @@ int train_command(int argc, char** argv) {
   o.test_limit = args.integer("test-limit", 0, 0);
   o.batch = static_cast<uint32_t>(args.integer("batch", 64, 1));
   o.microbatches = static_cast<uint32_t>(args.integer("microbatches", 4, 1));
-  o.sgd = args.sgd_options();
+  o.optimizer = args.optimizer_options();
+  o.schedule = args.schedule_options(0);  // cosine's length: the run's steps, known once the data is
   o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
   register_built_backends();
   o.backend = args.str("backend", "xnnpack");

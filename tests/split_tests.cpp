@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "cloud/session/cloud_session.h"
+#include "core/error.h"
 #include "core/graph.h"
 #include "core/sha256.h"
 #include "core/trainer.h"
@@ -31,7 +32,7 @@ std::string pick(const char* preferred) {
   return std::find(names.begin(), names.end(), preferred) != names.end() ? preferred : "reference";
 }
 
-SgdOptions sgd() { return {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .nesterov = false}; }
+OptimizerOptions sgd() { return {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .nesterov = false}; }
 
 void copy_params(Network& to, Network& from) {
   for (Param* p : to.params()) {
@@ -76,8 +77,8 @@ struct Split {
   }
 
   // One step, pipelined: every Forward goes out before any Backward is handled.
-  void step(const Tensor& images, const int32_t* labels) {
-    const int k = edge.begin_step(images, labels);
+  void step(const Tensor& images, const int32_t* labels, float lr_scale = 1.0f) {
+    const int k = edge.begin_step(images, labels, lr_scale);
     std::vector<Frame> replies;
     for (int mb = 0; mb < k; ++mb) {
       CloudReply r = send(edge.forward(mb));
@@ -174,6 +175,27 @@ TEST(SplitSession, CompressedWireDtypesTrain) {
   }
   EXPECT_LE(max_diff(pipelined.front, plain.front), 1e-5f);
   EXPECT_LE(max_diff(pipelined.back, plain.back), 1e-5f);
+}
+
+// The edge's schedule factor rides on every Forward and scales the cloud's step too.
+TEST(SplitSession, ScheduleFactorScalesBothSides) {
+  Data d = make_data(32, 1);
+  Split s(2);
+  s.handshake();
+  auto snapshot = [](Network& n) {
+    std::vector<float> all;
+    for (Param* p : n.params()) all.insert(all.end(), p->value().data(), p->value().data() + p->value().numel());
+    return all;
+  };
+  const auto front0 = snapshot(s.front), back0 = snapshot(s.back);
+  s.step(d.images, d.labels.data(), 0.0f);  // a zero factor: no change anywhere
+  EXPECT_EQ(snapshot(s.front), front0);
+  EXPECT_EQ(snapshot(s.back), back0);
+  s.step(d.images, d.labels.data(), 0.5f);
+  EXPECT_NE(snapshot(s.front), front0);
+  EXPECT_NE(snapshot(s.back), back0);
+  EXPECT_FLOAT_EQ(s.front_opt.lr(), 0.025f);
+  EXPECT_FLOAT_EQ(s.back_opt.lr(), 0.025f);
 }
 
 TEST(SplitSession, WireDtypeFallsBackToWhatTheCloudTakes) {
@@ -279,6 +301,19 @@ TEST(SplitSessionBadInput, NanActivations) {
   a[77] = std::numeric_limits<float>::quiet_NaN();
   expect_refusal(s, s.w.forward(0, 0, 0, a, s.labels, 32, 2), wire::ErrorCode::BadTensor,
                  "activations: non-finite value at element 77");
+}
+
+TEST(SplitSessionBadInput, LearningRateScaleOutOfRange) {
+  for (const float scale : {std::numeric_limits<float>::quiet_NaN(), -1.0f, 1000.0f}) {
+    Started s;
+    expect_refusal(s, s.w.forward(0, 0, 0, s.act(), s.labels, 32, 2, wire::DType::F32, scale), wire::ErrorCode::BadTensor,
+                   cat("step 0 asks for a learning-rate scale of ", scale, ", outside [0, 100]"));
+  }
+  Started t;  // a factor that changes inside a step
+  CloudReply r = t.send(t.w.forward(0, 0, 0, t.act(), t.labels, 32, 2, wire::DType::F32, 0.5f));
+  ASSERT_FALSE(r.close);
+  expect_refusal(t, t.w.forward(0, 1, 0, t.act(), t.labels, 32, 2, wire::DType::F32, 0.25f), wire::ErrorCode::BadTensor,
+                 "step 0 changed its size or learning-rate scale between micro-batches");
 }
 
 TEST(SplitSessionBadInput, LabelOutOfRange) {

@@ -80,7 +80,7 @@ ModelSpec small_cnn() {
 using Data = QuadrantData;
 Data make_data(int64_t n, uint64_t seed) { return quadrant_data(n, seed); }
 
-SgdOptions sgd() { return {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .nesterov = false}; }
+OptimizerOptions sgd() { return {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .nesterov = false}; }
 
 struct Whole {
   std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());

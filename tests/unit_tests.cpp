@@ -9,6 +9,7 @@
 #include "core/graph.h"
 #include "core/network.h"
 #include "core/optimizer.h"
+#include "core/schedule.h"
 #include "test_support.h"
 
 namespace tandem::test {
@@ -81,6 +82,93 @@ TEST(Sgd, MatchesPyTorchRule) {
     buf = step == 0 ? d : 0.9f * buf + d;
     w -= 0.1f * buf;
     EXPECT_FLOAT_EQ(p.value()[0], w) << "step " << step;
+  }
+}
+
+// Adam and AdamW against torch.optim's formulas, evaluated in double precision here.
+TEST(Adam, MatchesPyTorchRuleWithAndWithoutDecoupledDecay) {
+  for (const char* kind : {"adam", "adamw"}) {
+    SCOPED_TRACE(kind);
+    Param p("w", Shape{2});
+    p.value()[0] = 1.0f;
+    p.value()[1] = -2.0f;
+    OptimizerOptions o;
+    o.kind = kind;
+    o.lr = 0.01f;
+    o.weight_decay = 0.1f;
+    auto opt = make_optimizer({&p}, o);
+    double w[2] = {1.0, -2.0}, m[2] = {0, 0}, v[2] = {0, 0};
+    const double g_of_step[3][2] = {{0.5, -0.25}, {0.1, 0.3}, {-0.4, 0.05}};
+    for (int t = 1; t <= 3; ++t) {
+      p.zero_grad();
+      for (int i = 0; i < 2; ++i) p.grad()[i] = static_cast<float>(g_of_step[t - 1][i]);
+      opt->step();
+      for (int i = 0; i < 2; ++i) {
+        double g = g_of_step[t - 1][i];
+        if (std::string(kind) == "adamw")
+          w[i] *= 1.0 - 0.01 * 0.1;
+        else
+          g += 0.1 * w[i];
+        m[i] = 0.9 * m[i] + 0.1 * g;
+        v[i] = 0.999 * v[i] + 0.001 * g * g;
+        const double mhat = m[i] / (1 - std::pow(0.9, t)), vhat = v[i] / (1 - std::pow(0.999, t));
+        w[i] -= 0.01 * mhat / (std::sqrt(vhat) + 1e-8);
+        EXPECT_NEAR(p.value()[i], w[i], 1e-6) << "step " << t << " element " << i;
+      }
+    }
+    EXPECT_EQ(opt->state().size(), 2u);  // both moments
+  }
+}
+
+TEST(Optimizer, ClipsTheGlobalNormAndScalesTheLearningRate) {
+  Param a("a", Shape{1}), b("b", Shape{1});
+  OptimizerOptions o;
+  o.lr = 1.0f;
+  o.clip_norm = 1.0f;
+  Sgd sgd({&a, &b}, o);
+  a.grad()[0] = 3.0f;  // global norm 5: clipped to 1 -> (0.6, 0.8) (torch: max / (norm + 1e-6))
+  b.grad()[0] = 4.0f;
+  sgd.set_lr_scale(0.5f);
+  sgd.step();
+  EXPECT_DOUBLE_EQ(sgd.last_grad_norm(), 5.0);
+  EXPECT_NEAR(a.value()[0], -0.5f * 3.0f / (5.0f + 1e-6f), 1e-6);
+  EXPECT_NEAR(b.value()[0], -0.5f * 4.0f / (5.0f + 1e-6f), 1e-6);
+  EXPECT_FLOAT_EQ(sgd.lr(), 0.5f);
+  try {
+    make_optimizer({&a}, {.lr = 0.1f, .momentum = 0, .dampening = 0, .weight_decay = 0, .nesterov = false, .kind = "lamb"});
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "[optimizer] unknown optimizer 'lamb' (known: sgd, adam, adamw)");
+  }
+}
+
+TEST(Schedule, WarmupStepAndCosineFactors) {
+  ScheduleOptions s;
+  EXPECT_FLOAT_EQ(lr_factor(s, 123), 1.0f);
+  s.warmup_steps = 4;
+  EXPECT_FLOAT_EQ(lr_factor(s, 0), 0.25f);
+  EXPECT_FLOAT_EQ(lr_factor(s, 3), 1.0f);
+  s.kind = "step";
+  s.step_size = 10;
+  s.gamma = 0.5f;
+  validate(s);
+  EXPECT_FLOAT_EQ(lr_factor(s, 13), 1.0f);  // 9 steps after warm-up
+  EXPECT_FLOAT_EQ(lr_factor(s, 14), 0.5f);
+  EXPECT_FLOAT_EQ(lr_factor(s, 34), 0.125f);
+  s.kind = "cosine";
+  s.total_steps = 104;
+  s.min_factor = 0.1f;
+  validate(s);
+  EXPECT_FLOAT_EQ(lr_factor(s, 4), 1.0f);
+  EXPECT_NEAR(lr_factor(s, 54), 0.55f, 1e-6);  // half-way: min + (1 - min) / 2
+  EXPECT_NEAR(lr_factor(s, 104), 0.1f, 1e-6);
+  EXPECT_NEAR(lr_factor(s, 500), 0.1f, 1e-6);  // stays at the end
+  s.total_steps = 3;
+  try {
+    validate(s);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "[schedule] cosine needs total steps (3) above the warm-up (4) and a final factor in [0, 1], got 0.1");
   }
 }
 

@@ -60,12 +60,43 @@ void CliArgs::reject_unknown(const std::set<std::string>& known) const {
     if (!known.count(name)) fail("cli", cat("unknown option --", name, "; see --help"));
 }
 
-SgdOptions CliArgs::sgd_options() const {
-  SgdOptions o;
-  o.lr = static_cast<float>(number("lr", 0.05));
-  o.momentum = static_cast<float>(number("momentum", 0.9));
-  o.weight_decay = static_cast<float>(number("weight-decay", 0.0));
+OptimizerOptions CliArgs::optimizer_options() const {
+  OptimizerOptions o;
+  o.kind = str("optimizer", "sgd");
+  if (o.kind != "sgd" && o.kind != "adam" && o.kind != "adamw")
+    fail("cli", cat("--optimizer: unknown optimizer '", o.kind, "' (known: sgd, adam, adamw)"));
+  const bool sgd = o.kind == "sgd";
+  o.lr = static_cast<float>(number("lr", sgd ? 0.05 : 0.001));
+  o.momentum = static_cast<float>(number("momentum", sgd ? 0.9 : 0.0));
+  o.nesterov = has("nesterov");
+  o.weight_decay = static_cast<float>(number("weight-decay", o.kind == "adamw" ? 0.01 : 0.0));
+  o.beta1 = static_cast<float>(number("beta1", 0.9));
+  o.beta2 = static_cast<float>(number("beta2", 0.999));
+  o.eps = static_cast<float>(number("eps", 1e-8));
+  o.clip_norm = static_cast<float>(number("clip-norm", 0.0));
+  if (!sgd && (has("momentum") || o.nesterov)) fail("cli", cat("--momentum and --nesterov are for sgd, not ", o.kind));
   return o;
+}
+
+ScheduleOptions CliArgs::schedule_options(int64_t total_steps) const {
+  ScheduleOptions s;
+  s.kind = str("schedule", "constant");
+  s.warmup_steps = integer("warmup-steps", 0, 0);
+  s.step_size = integer("step-size", 1, 1);
+  s.gamma = static_cast<float>(number("gamma", 0.1));
+  s.total_steps = integer("total-steps", total_steps, 0);
+  s.min_factor = static_cast<float>(number("min-lr-factor", 0.0));
+  if (s.total_steps > 0 || s.kind != "cosine") validate(s);  // else the caller fills total_steps in
+  return s;
+}
+
+std::set<std::string> CliArgs::with_optimizer_options(std::set<std::string> names, bool schedule) {
+  for (const char* n : {"optimizer", "lr", "momentum", "nesterov", "weight-decay", "beta1", "beta2", "eps", "clip-norm"})
+    names.insert(n);
+  if (schedule)
+    for (const char* n : {"schedule", "warmup-steps", "step-size", "gamma", "total-steps", "min-lr-factor"})
+      names.insert(n);
+  return names;
 }
 
 HostPort CliArgs::host_port(const std::string& name, const std::string& prefix) const {

@@ -9,6 +9,7 @@
 #include <vector>
 
 #include "core/optimizer.h"
+#include "core/schedule.h"
 
 namespace tandem {
 
@@ -29,8 +30,16 @@ class CliArgs {
   double number(const std::string& name, double fallback) const;
   // Throws naming any option not in `known` (catches typos such as --epoch).
   void reject_unknown(const std::set<std::string>& known) const;
-  // --lr (0.05), --momentum (0.9), --weight-decay (0): the options every trainer takes.
-  SgdOptions sgd_options() const;
+  // The options every trainer takes: --optimizer sgd|adam|adamw (sgd), --lr (0.05 for sgd,
+  // 0.001 for Adam), --momentum (0.9, sgd), --nesterov (a flag), --weight-decay (0; 0.01
+  // for adamw), --beta1 --beta2 --eps (Adam's 0.9, 0.999, 1e-8), --clip-norm (0: off).
+  OptimizerOptions optimizer_options() const;
+  // --schedule constant|step|cosine, --warmup-steps, --step-size, --gamma, --min-lr-factor;
+  // cosine decays over `total_steps` unless --total-steps says otherwise (0: the caller fills
+  // it in and validates).
+  ScheduleOptions schedule_options(int64_t total_steps) const;
+  // `names` plus the optimizer's (and the schedule's) option names, for reject_unknown.
+  static std::set<std::string> with_optimizer_options(std::set<std::string> names, bool schedule);
   // A required "PREFIXHOST:PORT" option (prefix such as "wss://", may be empty).
   HostPort host_port(const std::string& name, const std::string& prefix) const;
 

@@ -21,13 +21,17 @@ namespace {
 
 constexpr const char* kUsage = R"(usage:
   tandem train --model SPEC [--cut NODE] [--edge-backend NAME] [--cloud-backend NAME]
-               [--epochs N] [--batch B] [--microbatches K] [--lr X] [--momentum X]
-               [--weight-decay X] [--limit SAMPLES] [--test-limit SAMPLES] [--seed S]
-               [--threads T] [--metrics-json FILE]
+               [--epochs N] [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
+               [--limit SAMPLES] [--test-limit SAMPLES] [--seed S] [--threads T]
+               [--metrics-json FILE]
       Trains SPEC on Fashion-MNIST (Debian's dataset-fashion-mnist), split at the cut (the
       spec's default cut unless --cut): front shard on the edge backend (default xnnpack),
       back shard and loss on the cloud backend (default onednn), K micro-batches a step.
       Prints progress, per-epoch metrics (also as JSON lines in FILE) and the test accuracy.
+      OPTIMIZER: --optimizer sgd|adam|adamw (sgd) --lr X (0.05; Adam 0.001) --momentum X
+      (0.9) --nesterov --weight-decay X --beta1 X --beta2 X --eps X --clip-norm X (per shard).
+      SCHEDULE: --schedule constant|step|cosine --warmup-steps N --step-size N --gamma X
+      --min-lr-factor X [--total-steps N] (cosine: the whole run by default).
   tandem profile --model SPEC [--cut NODE] [--edge-backend NAME] [--cloud-backend NAME]
                  [--batch B] [--iterations N] [--threads T]
       Times every layer's forward and backward on its shard's backend for micro-batches of
@@ -42,8 +46,10 @@ std::string fixed(double v, int digits) {
 }
 
 int train(const CliArgs& args) {
-  args.reject_unknown({"model", "cut", "edge-backend", "cloud-backend", "epochs", "batch", "microbatches", "lr",
-                       "momentum", "weight-decay", "limit", "test-limit", "seed", "threads", "metrics-json"});
+  args.reject_unknown(CliArgs::with_optimizer_options({"model", "cut", "edge-backend", "cloud-backend", "epochs", "batch",
+                                                       "microbatches", "limit", "test-limit", "seed", "threads",
+                                                       "metrics-json"},
+                                                      /*schedule=*/true));
   const ModelSpec spec = load_model_spec(args.required("model"));
   const Graph graph = Graph::build(spec);
   const std::string cut = args.str("cut", graph.default_cut());
@@ -70,9 +76,9 @@ int train(const CliArgs& args) {
       p->value().copy_from(whole.param(p->name()).value());
       p->bump_version();
     }
-  const SgdOptions sgd = args.sgd_options();
-  Sgd front_opt(front.params(), sgd), back_opt(back.params(), sgd);
-  ChainTrainer trainer({&front, &back}, {&front_opt, &back_opt});
+  const OptimizerOptions sgd = args.optimizer_options();
+  auto front_opt = make_optimizer(front.params(), sgd), back_opt = make_optimizer(back.params(), sgd);
+  ChainTrainer trainer({&front, &back}, {front_opt.get(), back_opt.get()});
 
   std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
   LabelledImages train_set = load_fashion_mnist(true, args.integer("limit", 0, 0));
@@ -99,6 +105,9 @@ int train(const CliArgs& args) {
   Tensor images = Tensor::empty(Shape{batch, in_shape[0], in_shape[1], in_shape[2]});
   std::vector<int32_t> labels(static_cast<std::size_t>(batch));
   double accuracy = 0.0;
+  ScheduleOptions schedule = args.schedule_options(epochs * ((n + batch - 1) / batch));
+  validate(schedule);
+  int64_t global_step = 0;
   for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
     for (int64_t i = n - 1; i > 0; --i)
       std::swap(order[static_cast<std::size_t>(i)], order[shuffle_rng.below(static_cast<uint64_t>(i + 1))]);
@@ -114,6 +123,9 @@ int train(const CliArgs& args) {
         labels[static_cast<std::size_t>(j)] = train_set.labels[static_cast<std::size_t>(src)];
       }
       Tensor x = count == batch ? images : images.slice_batch(0, count);
+      const float factor = lr_factor(schedule, global_step++);
+      front_opt->set_lr_scale(factor);
+      back_opt->set_lr_scale(factor);
       StepStats s = trainer.train_step(x, labels.data(), static_cast<int>(std::min<int64_t>(microbatches, count)));
       total.loss_sum += s.loss_sum;
       total.correct += s.correct;
@@ -153,7 +165,7 @@ int list_backends(int, char**) {
 int main(int argc, char** argv) {
   tandem::register_built_backends();
   return tandem::run_cli(argc, argv, "tandem", tandem::kUsage,
-                         {{"train", [](int c, char** v) { return tandem::train(tandem::CliArgs(c, v, 2, {})); }},
+                         {{"train", [](int c, char** v) { return tandem::train(tandem::CliArgs(c, v, 2, {"nesterov"})); }},
                           {"profile", [](int c, char** v) { return tandem::profile_command(tandem::CliArgs(c, v, 2, {})); }},
                           {"backends", tandem::list_backends}});
 }

@@ -33,8 +33,8 @@ class Worker {
   Worker(uint64_t id, std::string peer, const BackShard& shard, const ServeOptions& o,
          const std::array<uint8_t, 32>& hash, LwsEndpoint& endpoint)
       : id_(id), peer_(std::move(peer)), endpoint_(endpoint), backend_(make_backend(o.backend, BackendOptions{1})),
-        back_(shard.graph, *backend_, o.seed), optimizer_(back_.params(), o.sgd),
-        session_(back_, optimizer_,
+        back_(shard.graph, *backend_, o.seed), optimizer_(make_optimizer(back_.params(), o.optimizer)),
+        session_(back_, *optimizer_,
                  {hash, o.batch_size, o.microbatches, 10, id, o.max_message_bytes, o.wire_dtypes}) {
     for (std::size_t i = 0; i < shard.initial.size(); ++i) {
       back_.params()[i]->value().copy_from(shard.initial[i]);
@@ -100,7 +100,7 @@ class Worker {
   LwsEndpoint& endpoint_;
   std::unique_ptr<Backend> backend_;
   Network back_;
-  Sgd optimizer_;
+  std::unique_ptr<Optimizer> optimizer_;
   CloudSession session_;
   std::mutex mutex_;
   std::condition_variable wake_;

@@ -20,7 +20,7 @@ struct ServeOptions {
   std::string cut;  // empty: the spec's default cut
   std::string backend = "onednn";
   uint32_t batch_size = 64, microbatches = 4;
-  SgdOptions sgd;
+  OptimizerOptions optimizer;
   uint64_t seed = 1;
   std::size_t max_message_bytes = kDefaultMaxMessageBytes;
   std::vector<wire::DType> wire_dtypes = CloudSessionConfig{}.dtypes;  // what edges may send

@@ -21,7 +21,7 @@ Shape with_batch(const Shape& per_sample, int64_t n) {
 
 }  // namespace
 
-CloudSession::CloudSession(Network& back, Sgd& optimizer, const CloudSessionConfig& config)
+CloudSession::CloudSession(Network& back, Optimizer& optimizer, const CloudSessionConfig& config)
     : back_(back), optimizer_(optimizer), config_(config), seen_(config.microbatches, false),
       dlogits_(config.microbatches) {
   if (back_.graph().inputs().size() != 1) fail("cloud session", "the back shard must have exactly one input (the cut)");
@@ -37,6 +37,7 @@ CloudReply CloudSession::refuse(const WireError& error) {
 void CloudSession::finish_step() {
   if (!step_pending_) return;
   const auto t0 = std::chrono::steady_clock::now();
+  optimizer_.set_lr_scale(step_lr_scale_);
   optimizer_.step();
   step_pending_ = false;
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
@@ -125,11 +126,18 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
       return refuse({wire::ErrorCode::BadTensor,
                      cat("step ", step_, " announces ", samples, " samples in ", k, " micro-batches (session: batch ",
                          config_.batch_size, ", ", config_.microbatches, " micro-batches)")});
+    const float scale = fwd.lr_scale();
+    if (!(scale >= 0.0f && scale <= kMaxLrScale))
+      return refuse({wire::ErrorCode::BadTensor,
+                     cat("step ", step_, " asks for a learning-rate scale of ", scale, ", outside [0, ", kMaxLrScale, "]")});
     step_samples_ = samples;
     step_microbatches_ = k;
+    step_lr_scale_ = scale;
     back_.zero_grad();
-  } else if (fwd.step_samples() != step_samples_ || fwd.step_microbatches() != step_microbatches_) {
-    return refuse({wire::ErrorCode::BadTensor, cat("step ", step_, " changed its size between micro-batches")});
+  } else if (fwd.step_samples() != step_samples_ || fwd.step_microbatches() != step_microbatches_ ||
+             fwd.lr_scale() != step_lr_scale_) {
+    return refuse({wire::ErrorCode::BadTensor,
+                   cat("step ", step_, " changed its size or learning-rate scale between micro-batches")});
   }
   if (!check_window(fwd.step(), fwd.microbatch(), step_, step_microbatches_, error)) return refuse(error);
   const uint32_t mb = fwd.microbatch();

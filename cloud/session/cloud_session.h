@@ -35,7 +35,7 @@ struct CloudReply {
 class CloudSession {
  public:
   // `back` and `optimizer` are this session's back shard (its input is the cut).
-  CloudSession(Network& back, Sgd& optimizer, const CloudSessionConfig& config);
+  CloudSession(Network& back, Optimizer& optimizer, const CloudSessionConfig& config);
 
   CloudReply handle(const Frame& frame);
   // Applies the optimizer step that the last handled message completed, if any. The service
@@ -59,12 +59,14 @@ class CloudSession {
                        int64_t count, Tensor& decoded, WireError& error);
 
   Network& back_;
-  Sgd& optimizer_;
+  Optimizer& optimizer_;
   CloudSessionConfig config_;
   MessageWriter writer_;
   State state_ = State::AwaitHello;
   uint64_t step_ = 0;
   uint32_t step_samples_ = 0, step_microbatches_ = 0;
+  float step_lr_scale_ = 1.0f;
+  static constexpr float kMaxLrScale = 100.0f;  // a schedule's factor; beyond this is a bug or an attack
   std::vector<bool> seen_;  // micro-batches of the current step already handled
   uint32_t seen_count_ = 0;
   std::vector<Tensor> dlogits_;

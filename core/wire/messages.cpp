@@ -64,12 +64,12 @@ std::span<const uint8_t> MessageWriter::welcome(uint64_t session_id, uint32_t ba
 std::span<const uint8_t> MessageWriter::forward(uint64_t step, uint32_t microbatch, uint64_t weight_version,
                                                 const Tensor& activations, std::span<const int32_t> labels,
                                                 uint32_t step_samples, uint32_t step_microbatches,
-                                                wire::DType dtype) {
+                                                wire::DType dtype, float lr_scale) {
   fbb_.Clear();
   const auto t = tensor("activations", activations, dtype);
   const auto l = fbb_.CreateVector(labels.data(), labels.size());
   return finish(wire::Payload::Forward, wire::CreateForward(fbb_, step, microbatch, weight_version, t, l,
-                                                            step_samples, step_microbatches)
+                                                            step_samples, step_microbatches, lr_scale)
                                             .Union());
 }
 

@@ -33,7 +33,7 @@ class MessageWriter {
   std::span<const uint8_t> forward(uint64_t step, uint32_t microbatch, uint64_t weight_version,
                                    const Tensor& activations, std::span<const int32_t> labels,
                                    uint32_t step_samples = 0, uint32_t step_microbatches = 0,
-                                   wire::DType dtype = wire::DType::F32);
+                                   wire::DType dtype = wire::DType::F32, float lr_scale = 1.0f);
   std::span<const uint8_t> backward(uint64_t step, uint32_t microbatch, const Tensor& gradients, float loss,
                                     wire::DType dtype = wire::DType::F32);
   std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& activations, std::span<const int32_t> labels,

@@ -57,8 +57,8 @@ int train_over_wss(const EdgeTrainOptions& o) {
       p->bump_version();
     }
   }
-  Sgd optimizer(front.params(), o.sgd);
-  EdgeSession session(front, optimizer, o.microbatches, model_hash(spec, cut), o.client_id, o.wire_dtypes);
+  auto optimizer = make_optimizer(front.params(), o.optimizer);
+  EdgeSession session(front, *optimizer, o.microbatches, model_hash(spec, cut), o.client_id, o.wire_dtypes);
 
   std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
   const LabelledImages train = load_fashion_mnist(true, o.limit);
@@ -105,6 +105,10 @@ int train_over_wss(const EdgeTrainOptions& o) {
   Tensor images = Tensor::empty(Shape{o.batch, in[0], in[1], in[2]});
   std::vector<int32_t> labels(o.batch);
   double cloud_busy_before = 0.0, accuracy = 0.0;
+  ScheduleOptions schedule = o.schedule;
+  if (schedule.total_steps == 0) schedule.total_steps = o.epochs * ((n + o.batch - 1) / o.batch);
+  validate(schedule);
+  int64_t global_step = 0;
   for (int64_t epoch = 1; epoch <= o.epochs; ++epoch) {
     for (int64_t i = n - 1; i > 0; --i)
       std::swap(order[static_cast<std::size_t>(i)], order[shuffle.below(static_cast<uint64_t>(i + 1))]);
@@ -120,7 +124,8 @@ int train_over_wss(const EdgeTrainOptions& o) {
         std::copy_n(train.images.data() + src * item, item, images.data() + j * item);
         labels[static_cast<std::size_t>(j)] = train.labels[static_cast<std::size_t>(src)];
       }
-      const int k = session.begin_step(count == o.batch ? images : images.slice_batch(0, count), labels.data());
+      const int k = session.begin_step(count == o.batch ? images : images.slice_batch(0, count), labels.data(),
+                                       lr_factor(schedule, global_step++));
       // Every activation leaves as soon as it is computed; gradients are applied as they come.
       for (int mb = 0; mb < k; ++mb) send(session.forward(mb));
       bool done = false;
@@ -160,6 +165,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
         "{\"epoch\":", epoch, ",\"samples\":", n, ",\"seconds\":", fixed(seconds, 3),
         ",\"samples_per_s\":", fixed(static_cast<double>(n) / seconds, 1),
         ",\"train_loss\":", fixed(loss_sum / static_cast<double>(n), 5), ",\"test_accuracy\":", fixed(accuracy, 5),
+        ",\"lr\":", fixed(optimizer->lr(), 6),
         ",\"wire_dtype\":\"", dtype_name(session.dtype()), "\",\"steps\":", steps, ",\"bytes_up\":", up - up0, ",\"bytes_down\":", down - down0,
         ",\"train_bytes_up\":", train_up, ",\"train_bytes_down\":", train_down,
         ",\"edge_busy_s\":", fixed(seconds - epoch_idle, 3), ",\"edge_idle_s\":", fixed(epoch_idle, 3),

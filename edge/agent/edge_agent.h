@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/optimizer.h"
+#include "core/schedule.h"
 #include "core/wire/tensor_codec.h"
 
 namespace tandem {
@@ -23,7 +24,8 @@ struct EdgeTrainOptions {
   std::vector<wire::DType> wire_dtypes = {wire::DType::F32};  // offered, most wanted first
   int64_t epochs = 1, limit = 0, test_limit = 0;
   uint32_t batch = 64, microbatches = 4;
-  SgdOptions sgd;
+  OptimizerOptions optimizer;
+  ScheduleOptions schedule;  // total_steps 0: the whole run
   uint64_t seed = 1;
   std::string metrics_json;
   std::string client_id = "edge";

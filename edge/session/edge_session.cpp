@@ -7,7 +7,7 @@
 
 namespace tandem {
 
-EdgeSession::EdgeSession(Network& front, Sgd& optimizer, uint32_t microbatches,
+EdgeSession::EdgeSession(Network& front, Optimizer& optimizer, uint32_t microbatches,
                          const std::array<uint8_t, 32>& model_hash, std::string client_id,
                          std::vector<wire::DType> dtypes)
     : front_(front), optimizer_(optimizer), microbatches_(microbatches), model_hash_(model_hash),
@@ -61,13 +61,15 @@ bool EdgeSession::on_welcome(const Frame& frame, WireError& error) {
   return true;
 }
 
-int EdgeSession::begin_step(const Tensor& images, const int32_t* labels) {
+int EdgeSession::begin_step(const Tensor& images, const int32_t* labels, float lr_scale) {
   if (!welcomed_) fail("edge session", "begin_step before the cloud's Welcome");
   if (backed_ != step_microbatches_) fail("edge session", cat("step ", step_, " is still in flight"));
   if (images.shape()[0] > static_cast<int64_t>(batch_limit_))
     fail("edge session", cat("batch of ", images.shape()[0], " exceeds the cloud's limit of ", batch_limit_));
   images_ = images;
   labels_ = labels;
+  lr_scale_ = lr_scale;
+  optimizer_.set_lr_scale(lr_scale);
   step_microbatches_ = static_cast<int>(std::min<int64_t>(microbatches_, images.shape()[0]));
   backed_ = 0;
   loss_sum_ = 0.0;
@@ -85,7 +87,7 @@ std::span<const uint8_t> EdgeSession::forward(int mb) {
   state_[static_cast<std::size_t>(mb)] = 1;
   return writer_.forward(step_, static_cast<uint32_t>(mb), step_ /* weights version: optimizer steps applied */, activations,
                          std::span<const int32_t>(labels_ + begin, static_cast<std::size_t>(count)),
-                         static_cast<uint32_t>(batch), static_cast<uint32_t>(step_microbatches_), dtype_);
+                         static_cast<uint32_t>(batch), static_cast<uint32_t>(step_microbatches_), dtype_, lr_scale_);
 }
 
 bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_done) {

@@ -19,7 +19,7 @@ namespace tandem {
 class EdgeSession {
  public:
   // `dtypes`: the wire dtypes to offer, most wanted first; the cloud picks one in Welcome.
-  EdgeSession(Network& front, Sgd& optimizer, uint32_t microbatches, const std::array<uint8_t, 32>& model_hash,
+  EdgeSession(Network& front, Optimizer& optimizer, uint32_t microbatches, const std::array<uint8_t, 32>& model_hash,
               std::string client_id, std::vector<wire::DType> dtypes = {wire::DType::F32});
 
   std::span<const uint8_t> hello();
@@ -29,7 +29,8 @@ class EdgeSession {
 
   // Starts a step on images [B, ...] and labels [B] (kept by reference until the step ends);
   // returns its number of micro-batches, min(K, B).
-  int begin_step(const Tensor& images, const int32_t* labels);
+  // lr_scale: the schedule's factor for this step, applied here and sent to the cloud.
+  int begin_step(const Tensor& images, const int32_t* labels, float lr_scale = 1.0f);
   // Runs micro-batch mb through the front shard; returns the Forward message to send.
   std::span<const uint8_t> forward(int mb);
   // A Backward for this step; `step_done` turns true after the last one (optimizer applied).
@@ -43,7 +44,7 @@ class EdgeSession {
 
  private:
   Network& front_;
-  Sgd& optimizer_;
+  Optimizer& optimizer_;
   uint32_t microbatches_;
   std::array<uint8_t, 32> model_hash_;
   std::string client_id_;
@@ -59,6 +60,7 @@ class EdgeSession {
   std::vector<uint8_t> state_;  // per micro-batch: 0 not sent, 1 forwarded, 2 backed up
   std::vector<Tensor> decoded_;  // per micro-batch: its gradient decoded (non-F32 sessions)
   double loss_sum_ = 0.0;
+  float lr_scale_ = 1.0f;
 };
 
 }  // namespace tandem
