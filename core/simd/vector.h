@@ -4,11 +4,13 @@
 #pragma once
 
 #if defined(__GNUC__) && !defined(__clang__)
-// The vectors never cross a non-inlined call; the ABI note does not apply.
+// The vectors never cross a non-inlined call (the helpers below are always inlined); the
+// ABI note does not apply.
 #pragma GCC diagnostic ignored "-Wpsabi"
 #endif
 
 #include <cstdint>
+#include <cstring>
 
 namespace tandem::simd {
 
@@ -18,9 +20,15 @@ using f32x16 = float __attribute__((vector_size(64), aligned(4)));
 using u32x16 = uint32_t __attribute__((vector_size(64), aligned(4)));
 using i32x16 = int32_t __attribute__((vector_size(64), aligned(4)));  // comparison results
 
-inline f32x16 load16(const float* p) { return *reinterpret_cast<const f32x16*>(p); }
-inline void store16(float* p, f32x16 v) { *reinterpret_cast<f32x16*>(p) = v; }
-inline void store16u(uint32_t* p, u32x16 v) { *reinterpret_cast<u32x16*>(p) = v; }
+// Always inlined: out of line (at -O0) they would be compiled for baseline x86-64, whose ABI
+// passes these vectors differently from the AVX-512 clone calling them.
+[[gnu::always_inline]] inline f32x16 load16(const float* p) {
+  f32x16 v;
+  std::memcpy(&v, p, sizeof v);
+  return v;
+}
+[[gnu::always_inline]] inline void store16(float* p, f32x16 v) { std::memcpy(p, &v, sizeof v); }
+[[gnu::always_inline]] inline void store16u(uint32_t* p, u32x16 v) { std::memcpy(p, &v, sizeof v); }
 
 }  // namespace tandem::simd
 
