@@ -3,9 +3,10 @@
 # (tandem-cloud serve, back shard on oneDNN, certificates generated on first start) and an
 # edge agent (tandem-edge train, front shard on XNNPACK, its own identity issued by the
 # cloud's CA) on loopback over TLS WebSockets with mutual TLS, and split-trains the
-# Fashion-MNIST sample for one epoch: batch 64, 4 micro-batches in flight a step. Prints
-# progress, per-epoch metrics (also in out/metrics.jsonl) and the final test accuracy.
-# Extra arguments go to tandem-edge train (e.g. --epochs 3, --limit 10000).
+# Fashion-MNIST sample for one epoch: batch 64, 4 micro-batches in flight a step, SGD lr 0.05
+# momentum 0.9 on a cosine schedule over the run. Prints progress, per-epoch metrics (also in
+# out/metrics.jsonl) and the final test accuracy. Extra arguments go to tandem-edge train and
+# win over these (e.g. --epochs 3, --limit 10000, --schedule constant, --wire-dtype f16).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh release
@@ -22,6 +23,6 @@ port=$(grep -o 'wss://127.0.0.1:[0-9]*' out/cloud.log | cut -d: -f3)
 if [[ -z $port ]]; then echo "tandem-cloud did not start:"; cat out/cloud.log; exit 1; fi
 head -n 1 out/cloud.log
 "$bin/edge/tandem-edge" train --cloud "wss://localhost:$port" --identity out/edge-identity \
-  --model samples/fashion-mnist/model.json --epochs 1 --batch 64 --microbatches 4 \
+  --model samples/fashion-mnist/model.json --epochs 1 --batch 64 --microbatches 4 --schedule cosine \
   --metrics-json out/metrics.jsonl "$@"
 tail -n 2 out/cloud.log
