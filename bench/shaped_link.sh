@@ -13,43 +13,23 @@ cd "$(dirname "$0")/.."
 samples=${1:-3200}
 bin=build/release
 [[ -x $bin/edge/tandem-edge ]] || bash scripts/setup.sh release > /dev/null
-command -v tc > /dev/null || apt-get install -y --no-install-recommends iproute2 > /dev/null
-[[ $(id -u) == 0 ]] || { echo "shaped_link.sh needs root (network namespaces and tc)"; exit 1; }
-
-ns=tdm$$ edge_if=tdme$$ cloud_if=tdmc$$ cloud_ip=10.231.0.2
+source scripts/lib/shaped_link.sh
+cloud_ip=$shaped_cloud_ip
 work=$(mktemp -d)
 cleanup() {
   kill $(jobs -p) 2> /dev/null || true
   wait 2> /dev/null || true
-  ip netns del "$ns" 2> /dev/null || true
-  ip link del "$edge_if" 2> /dev/null || true
+  shaped_link_down
   rm -rf "$work"
 }
 trap cleanup EXIT
-ip netns add "$ns"
-ip link add "$edge_if" type veth peer name "$cloud_if"
-ip link set "$cloud_if" netns "$ns"
-ip addr add 10.231.0.1/24 dev "$edge_if"
-ip link set "$edge_if" up
-ip netns exec "$ns" ip addr add "$cloud_ip/24" dev "$cloud_if"
-ip netns exec "$ns" ip link set "$cloud_if" up
-ip netns exec "$ns" ip link set lo up
-
-# shape UP_MBIT DOWN_MBIT (0: unshaped). The queue holds 20 ms at the rate (plus the burst), so
-# acknowledgements going the other way wait little behind data.
-shape() {
-  tc qdisc del dev "$edge_if" root 2> /dev/null || true
-  ip netns exec "$ns" tc qdisc del dev "$cloud_if" root 2> /dev/null || true
-  if [[ $1 != 0 ]]; then tc qdisc add dev "$edge_if" root tbf rate "${1}mbit" burst 64kb latency 20ms; fi
-  if [[ $2 != 0 ]]; then
-    ip netns exec "$ns" tc qdisc add dev "$cloud_if" root tbf rate "${2}mbit" burst 64kb latency 20ms
-  fi
-}
+shaped_link_up || exit 1
+shape() { shaped_link_rates "$1" "$2"; }
 
 model=samples/fashion-mnist/model.json
 "$bin/cloud/tandem-cloud" pki init --state-dir "$work/state" --hosts "$cloud_ip" > /dev/null
 "$bin/cloud/tandem-cloud" pki issue --state-dir "$work/state" --client bench --out "$work/id" > /dev/null
-ip netns exec "$ns" "$bin/cloud/tandem-cloud" serve --listen "$cloud_ip:0" --state-dir "$work/state" \
+in_cloud_ns "$bin/cloud/tandem-cloud" serve --listen "$cloud_ip:0" --state-dir "$work/state" \
   --model "$model" > "$work/cloud.log" 2>&1 &
 for _ in $(seq 1 100); do grep -q 'listening on' "$work/cloud.log" && break; sleep 0.1; done
 port=$(grep -o "wss://$cloud_ip:[0-9]*" "$work/cloud.log" | cut -d: -f3)

@@ -28,7 +28,7 @@ double median(std::vector<double> v) {
 
 }  // namespace
 
-std::vector<LayerProfile> profile_layers(Network& net, int64_t batch, int iterations, int warmup) {
+std::vector<LayerProfile> profile_layers(Network& net, int64_t batch, int iterations, int warmup, bool input_grad) {
   if (batch < 1 || iterations < 1 || warmup < 0)
     fail("profiler", cat("batch and iterations must be >= 1, got ", batch, " and ", iterations));
   const Graph& graph = net.graph();
@@ -43,7 +43,7 @@ std::vector<LayerProfile> profile_layers(Network& net, int64_t batch, int iterat
   for (int it = 0; it < warmup + iterations; ++it) {
     net.set_timing(&times);
     net.forward(inputs, 0);
-    net.backward(grad, 0, /*want_input_grad=*/false);
+    net.backward(grad, 0, input_grad);
     net.set_timing(nullptr);
     if (it < warmup) continue;
     for (std::size_t n = 0; n < nodes.size(); ++n) {

@@ -13,6 +13,7 @@
 #include "edge/data/idx_dataset.h"
 #include "tools/all_backends.h"
 #include "tools/cli_args.h"
+#include "tools/plan_command.h"
 #include "tools/profile_command.h"
 #include "tools/progress.h"
 
@@ -36,6 +37,13 @@ constexpr const char* kUsage = R"(usage:
                  [--batch B] [--iterations N] [--threads T]
       Times every layer's forward and backward on its shard's backend for micro-batches of
       B (default 16) random samples, median of N (default 20); prints a table and a JSON line.
+  tandem plan --model SPEC --uplink-mbps U [--downlink-mbps D] [--edge-gflops G | --profile-edge]
+              [--cloud-gflops G] [--edge-memory-mb M] [--batch B] [--microbatches 1,2,4,8,16]
+              [--wire-dtype f32|f16|bf16|i8] [--cut NODE] [--iterations N]
+      For every legal cut and micro-batch count K: the predicted step time of the pipeline
+      (edge compute, uplink, cloud compute, downlink overlapping over K micro-batches) and the
+      edge's peak memory; then `recommended: cut=NODE microbatches=K predicted_samples_per_s=X`.
+      Compute is measured here on the edge and cloud backends unless given in GFLOP/s.
   tandem backends      lists the backends this build has
 )";
 
@@ -167,5 +175,6 @@ int main(int argc, char** argv) {
   return tandem::run_cli(argc, argv, "tandem", tandem::kUsage,
                          {{"train", [](int c, char** v) { return tandem::train(tandem::CliArgs(c, v, 2, {"nesterov"})); }},
                           {"profile", [](int c, char** v) { return tandem::profile_command(tandem::CliArgs(c, v, 2, {})); }},
+                          {"plan", [](int c, char** v) { return tandem::plan_command(tandem::CliArgs(c, v, 2, {"profile-edge"})); }},
                           {"backends", tandem::list_backends}});
 }

@@ -1,0 +1,36 @@
+// Split planner: for every legal cut and micro-batch count K, the predicted step time of the
+// pipelined schedule the agent runs (the edge's K forwards back to back, each sent at once;
+// uplink, cloud and downlink each first come first served; the edge backs each micro-batch
+// up once its gradient is in), from per-micro-batch costs and the link's rates; plus the
+// edge's peak memory, and the recommendation.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+// What one micro-batch costs on each resource.
+struct MicrobatchCost {
+  double edge_forward_s = 0, edge_backward_s = 0, cloud_s = 0;  // cloud: forward, loss, backward
+  double up_s = 0, down_s = 0;                                  // on the link
+};
+
+// Seconds from the step's first forward to the edge's last backward.
+double simulate_step(const std::vector<MicrobatchCost>& microbatches);
+
+struct PlanRow {
+  std::string cut;
+  int microbatches = 1;
+  double step_s = 0, samples_per_s = 0;
+  double edge_s = 0, cloud_s = 0, up_s = 0, down_s = 0;  // busy time per step on each
+  int64_t bytes_up_per_step = 0;
+  double edge_peak_mb = 0;
+  bool fits = true;  // within the edge's memory
+};
+
+// The row with the most samples/s among those that fit (throws if none does).
+const PlanRow& recommend(const std::vector<PlanRow>& rows);
+
+}  // namespace tandem

@@ -1,0 +1,37 @@
+#!/usr/bin/env bash
+# The planner's prediction against a measured run: `tandem plan` for the sample's default cut
+# and K=4 on a 50 Mbit/s uplink (200 Mbit/s downlink), then real tandem-cloud and tandem-edge
+# processes over TLS through a link shaped that way (scripts/lib/shaped_link.sh). The measured
+# samples/s must be within 25% of the predicted. Skips (exit 77, with the reason) where this
+# machine cannot make network namespaces or shape with tc.
+# Usage: plan_vs_measured.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1 src=$2
+cloud_bin=$build/cloud/tandem-cloud edge_bin=$build/edge/tandem-edge
+model=$src/samples/fashion-mnist/model.json
+source "$src/scripts/lib/shaped_link.sh"
+work=$(mktemp -d)
+cleanup() { [[ -n ${cloud_pid:-} ]] && kill "$cloud_pid" 2> /dev/null; wait 2> /dev/null; shaped_link_down; rm -rf "$work"; }
+trap cleanup EXIT
+if ! shaped_link_up 2> "$work/why"; then echo "SKIP: $(cat "$work/why")"; exit 77; fi
+shaped_link_rates 50 200
+
+predicted=$("$build/tools/tandem" plan --model "$model" --cut pool2 --microbatches 4 --uplink-mbps 50 \
+  --downlink-mbps 200 2> /dev/null | grep -o 'predicted_samples_per_s=[0-9.]*' | cut -d= -f2)
+[[ -n $predicted ]] || { echo "FAIL: tandem plan printed no recommendation"; exit 1; }
+
+"$cloud_bin" pki init --state-dir "$work/state" --hosts "$shaped_cloud_ip" > /dev/null
+"$cloud_bin" pki issue --state-dir "$work/state" --client planner-test --out "$work/id" > /dev/null
+in_cloud_ns "$cloud_bin" serve --listen "$shaped_cloud_ip:0" --state-dir "$work/state" --model "$model" \
+  > "$work/cloud.log" 2>&1 &
+cloud_pid=$!
+for _ in $(seq 1 100); do grep -q 'listening on' "$work/cloud.log" && break; sleep 0.1; done
+port=$(grep -o "wss://$shaped_cloud_ip:[0-9]*" "$work/cloud.log" | cut -d: -f3)
+[[ -n $port ]] || { echo "FAIL: the cloud did not start"; cat "$work/cloud.log"; exit 1; }
+"$edge_bin" train --cloud "wss://$shaped_cloud_ip:$port" --identity "$work/id" --model "$model" --limit 1280 \
+  --test-limit 100 --batch 64 --microbatches 4 --metrics-json "$work/m.jsonl" > "$work/edge.out" 2>&1 ||
+  { echo "FAIL: the edge did not train"; cat "$work/edge.out"; exit 1; }
+measured=$(grep -o '"samples_per_s":[0-9.]*' "$work/m.jsonl" | cut -d: -f2)
+awk -v p="$predicted" -v m="$measured" 'BEGIN {
+  r = m / p; printf "predicted %.1f samples/s, measured %.1f: %.3f of the prediction (must be 0.75..1.25)\n", p, m, r
+  exit (r >= 0.75 && r <= 1.25) ? 0 : 1 }'
