@@ -2,9 +2,59 @@
 
 #include <algorithm>
 
+#include <map>
+
 #include "core/error.h"
+#include "core/microbatch.h"
+#include "core/network.h"
+#include "core/profiler.h"
 
 namespace tandem {
+namespace {
+
+constexpr int64_t kFramingBytes = 256;  // a Forward's or Backward's fields around the tensor
+
+struct ShardCost {
+  double forward_s = 0, backward_s = 0;
+};
+
+// Forward FLOPs per sample of a node (convolutions and linear layers; the rest is memory-bound
+// and left out), from its spec and its input's per-sample shape.
+double forward_flops(const GraphNode& node, const Shape& in) {
+  if (node.spec.op == "conv2d") {
+    const auto& c = node.spec.conv2d;
+    return 2.0 * static_cast<double>(node.shape[0] * node.shape[1] * node.shape[2]) *
+           static_cast<double>(c.kernel[0] * c.kernel[1] * in[in.rank() - 1]);
+  }
+  if (node.spec.op == "linear") return 2.0 * static_cast<double>(in.numel() * node.spec.linear.out_features);
+  return 0.0;
+}
+
+// A shard's cost for `m` samples from FLOPs at `gflops`: backward twice the forward, except
+// that layers reading the graph input need no input gradient unless `input_grad`.
+ShardCost estimate(const Graph& g, int64_t m, double gflops, bool input_grad) {
+  ShardCost c;
+  for (const GraphNode& n : g.nodes()) {
+    const int s = n.sources.at(0);
+    const Shape in = s >= 0 ? g.inputs()[static_cast<std::size_t>(s)].shape : g.nodes()[static_cast<std::size_t>(-s - 1)].shape;
+    const double f = forward_flops(n, in) * static_cast<double>(m) / (gflops * 1e9);
+    c.forward_s += f;
+    c.backward_s += (s >= 0 && !input_grad) ? f : 2.0 * f;
+  }
+  return c;
+}
+
+ShardCost measure(const Graph& g, Backend& backend, int64_t m, int iterations, bool input_grad) {
+  Network net(g, backend, 1);
+  ShardCost c;
+  for (const LayerProfile& l : profile_layers(net, m, iterations, 1, input_grad)) {
+    c.forward_s += l.forward_s;
+    c.backward_s += l.backward_s;
+  }
+  return c;
+}
+
+}  // namespace
 
 double simulate_step(const std::vector<MicrobatchCost>& mbs) {
   double edge = 0, up = 0, cloud = 0, down = 0;
@@ -27,6 +77,77 @@ const PlanRow& recommend(const std::vector<PlanRow>& rows) {
     if (r.fits && (!best || r.samples_per_s > best->samples_per_s)) best = &r;
   if (!best) fail("planner", "no cut fits in the edge's memory; raise --edge-memory-mb or use a smaller batch");
   return *best;
+}
+
+std::vector<std::string> legal_cuts(const Graph& graph) {
+  std::vector<std::string> cuts;
+  for (std::size_t i = 0; i < graph.nodes().size(); ++i) {
+    if (static_cast<int>(i) == graph.output()) continue;
+    try {
+      (void)graph.split(graph.nodes()[i].spec.name);
+      cuts.push_back(graph.nodes()[i].spec.name);
+    } catch (const Error&) {  // crossed by more than one tensor
+    }
+  }
+  return cuts;
+}
+
+std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backend& edge, Backend& cloud) {
+  if (!(o.uplink_mbps > 0.0) || !(o.downlink_mbps > 0.0)) fail("planner", "the link's rates must be > 0 Mbit/s");
+  const std::vector<std::string> cuts = o.cuts.empty() ? legal_cuts(graph) : o.cuts;
+  std::vector<PlanRow> rows;
+  for (const std::string& cut : cuts) {
+    auto [front, back] = graph.split(cut);
+    const Shape& act = front.nodes()[static_cast<std::size_t>(front.output())].shape;
+    std::map<int64_t, std::pair<ShardCost, ShardCost>> at;  // micro-batch size -> (edge, cloud)
+    auto cost = [&](int64_t m) -> const std::pair<ShardCost, ShardCost>& {
+      auto it = at.find(m);
+      if (it != at.end()) return it->second;
+      const ShardCost e = o.edge_gflops > 0 ? estimate(front, m, o.edge_gflops, false)
+                                          : measure(front, edge, m, o.iterations, false);
+      const ShardCost c = o.cloud_gflops > 0 ? estimate(back, m, o.cloud_gflops, true)
+                                           : measure(back, cloud, m, o.iterations, true);
+      return at.emplace(m, std::pair{e, c}).first->second;
+    };
+    // Edge memory: parameters with their gradients and momentum, every front tensor of the
+    // whole batch (K slots of B / K samples) and as much again in gradient buffers.
+    int64_t param_floats = 0, act_floats = 0;
+    Network probe(front, edge, 1);
+    param_floats = probe.param_count();
+    for (const GraphNode& n : front.nodes()) act_floats += n.shape.numel();
+    for (const auto& in : front.inputs()) act_floats += in.shape.numel();
+    const double peak_mb = (3.0 * static_cast<double>(param_floats) + 2.0 * static_cast<double>(act_floats * o.batch)) *
+                           4.0 / (1 << 20);
+    for (int k : o.microbatches) {
+      if (k > o.batch) continue;
+      std::vector<MicrobatchCost> mbs;
+      PlanRow row;
+      row.cut = cut;
+      row.microbatches = k;
+      for (int i = 0; i < k; ++i) {
+        const int64_t m = microbatch_range(o.batch, k, i).count;
+        const auto& [e, c] = cost(m);
+        const auto bytes_up = static_cast<int64_t>(encoded_bytes(o.dtype, m * act.numel())) + 4 * m + kFramingBytes;
+        const auto bytes_down = static_cast<int64_t>(encoded_bytes(o.dtype, m * act.numel())) + kFramingBytes;
+        MicrobatchCost mc{e.forward_s, e.backward_s, c.forward_s + c.backward_s,
+                          static_cast<double>(bytes_up) * 8.0 / (o.uplink_mbps * 1e6),
+                          static_cast<double>(bytes_down) * 8.0 / (o.downlink_mbps * 1e6)};
+        mbs.push_back(mc);
+        row.edge_s += mc.edge_forward_s + mc.edge_backward_s;
+        row.cloud_s += mc.cloud_s;
+        row.up_s += mc.up_s;
+        row.down_s += mc.down_s;
+        row.bytes_up_per_step += bytes_up;
+      }
+      row.step_s = simulate_step(mbs);
+      row.samples_per_s = static_cast<double>(o.batch) / row.step_s;
+      row.edge_peak_mb = peak_mb;
+      row.fits = o.edge_memory_mb <= 0.0 || peak_mb <= o.edge_memory_mb;
+      rows.push_back(row);
+    }
+  }
+
+  return rows;
 }
 
 }  // namespace tandem

@@ -9,6 +9,10 @@
 #include <string>
 #include <vector>
 
+#include "core/backend.h"
+#include "core/graph.h"
+#include "core/wire/tensor_codec.h"
+
 namespace tandem {
 
 // What one micro-batch costs on each resource.
@@ -32,5 +36,22 @@ struct PlanRow {
 
 // The row with the most samples/s among those that fit (throws if none does).
 const PlanRow& recommend(const std::vector<PlanRow>& rows);
+
+struct PlanOptions {
+  int64_t batch = 64;
+  std::vector<int> microbatches = {1, 2, 4, 8, 16};
+  double uplink_mbps = 0, downlink_mbps = 0;
+  double edge_gflops = 0, cloud_gflops = 0;  // > 0: estimate from FLOPs instead of measuring
+  double edge_memory_mb = 0;                 // > 0: rows above it do not fit
+  wire::DType dtype = wire::DType::F32;
+  std::vector<std::string> cuts;             // empty: every legal cut
+  int iterations = 5;                        // profiling iterations per shard and size
+};
+
+// Every legal cut x K: measured on the backends (or estimated from the GFLOP/s given).
+std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& options, Backend& edge, Backend& cloud);
+
+// The nodes split() accepts (crossed by one tensor), the output excluded.
+std::vector<std::string> legal_cuts(const Graph& graph);
 
 }  // namespace tandem

@@ -1,63 +1,17 @@
 #include "tools/plan_command.h"
 
 #include <cstdio>
-#include <map>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/graph.h"
-#include "core/microbatch.h"
 #include "core/model_spec.h"
-#include "core/network.h"
 #include "core/planner.h"
-#include "core/profiler.h"
 #include "core/wire/tensor_codec.h"
 #include "tools/all_backends.h"
 
 namespace tandem {
 namespace {
-
-constexpr int64_t kFramingBytes = 256;  // a Forward's or Backward's fields around the tensor
-
-struct ShardCost {
-  double forward_s = 0, backward_s = 0;
-};
-
-// Forward FLOPs per sample of a node (convolutions and linear layers; the rest is memory-bound
-// and left out), from its spec and its input's per-sample shape.
-double forward_flops(const GraphNode& node, const Shape& in) {
-  if (node.spec.op == "conv2d") {
-    const auto& c = node.spec.conv2d;
-    return 2.0 * static_cast<double>(node.shape[0] * node.shape[1] * node.shape[2]) *
-           static_cast<double>(c.kernel[0] * c.kernel[1] * in[in.rank() - 1]);
-  }
-  if (node.spec.op == "linear") return 2.0 * static_cast<double>(in.numel() * node.spec.linear.out_features);
-  return 0.0;
-}
-
-// A shard's cost for `m` samples from FLOPs at `gflops`: backward twice the forward, except
-// that layers reading the graph input need no input gradient unless `input_grad`.
-ShardCost estimate(const Graph& g, int64_t m, double gflops, bool input_grad) {
-  ShardCost c;
-  for (const GraphNode& n : g.nodes()) {
-    const int s = n.sources.at(0);
-    const Shape in = s >= 0 ? g.inputs()[static_cast<std::size_t>(s)].shape : g.nodes()[static_cast<std::size_t>(-s - 1)].shape;
-    const double f = forward_flops(n, in) * static_cast<double>(m) / (gflops * 1e9);
-    c.forward_s += f;
-    c.backward_s += (s >= 0 && !input_grad) ? f : 2.0 * f;
-  }
-  return c;
-}
-
-ShardCost measure(const Graph& g, Backend& backend, int64_t m, int iterations, bool input_grad) {
-  Network net(g, backend, 1);
-  ShardCost c;
-  for (const LayerProfile& l : profile_layers(net, m, iterations, 1, input_grad)) {
-    c.forward_s += l.forward_s;
-    c.backward_s += l.backward_s;
-  }
-  return c;
-}
 
 std::vector<int> parse_list(const std::string& text) {
   std::vector<int> out;
@@ -93,74 +47,21 @@ int plan_command(const CliArgs& args) {
   auto edge_backend = make_backend(args.str("edge-backend", preferred_backend("xnnpack")));
   auto cloud_backend = make_backend(args.str("cloud-backend", preferred_backend("onednn")));
 
-  std::vector<std::string> cuts;
-  if (args.has("cut")) {
-    cuts.push_back(args.str("cut", ""));
-  } else {
-    for (const GraphNode& n : graph.nodes()) {
-      if (n.spec.name == graph.nodes()[static_cast<std::size_t>(graph.output())].spec.name) continue;
-      try {
-        (void)graph.split(n.spec.name);
-        cuts.push_back(n.spec.name);
-      } catch (const Error&) {  // crossed by more than one tensor: not a legal cut
-      }
-    }
-  }
-  std::fprintf(stderr, "planning %zu cuts x %zu micro-batch counts; edge compute %s, cloud compute %s\n", cuts.size(),
-               ks.size(), edge_gflops > 0 ? cat(edge_gflops, " GFLOP/s (given)").c_str() : "measured here",
+  PlanOptions po;
+  po.batch = batch;
+  po.microbatches = ks;
+  po.uplink_mbps = up_mbps;
+  po.downlink_mbps = down_mbps;
+  po.edge_gflops = edge_gflops;
+  po.cloud_gflops = cloud_gflops;
+  po.edge_memory_mb = memory_mb;
+  po.dtype = *dtype;
+  po.iterations = iterations;
+  if (args.has("cut")) po.cuts = {args.str("cut", "")};
+  std::fprintf(stderr, "planning: edge compute %s, cloud compute %s\n",
+               edge_gflops > 0 ? cat(edge_gflops, " GFLOP/s (given)").c_str() : "measured here",
                cloud_gflops > 0 ? cat(cloud_gflops, " GFLOP/s (given)").c_str() : "measured here");
-
-  std::vector<PlanRow> rows;
-  for (const std::string& cut : cuts) {
-    auto [front, back] = graph.split(cut);
-    const Shape& act = front.nodes()[static_cast<std::size_t>(front.output())].shape;
-    std::map<int64_t, std::pair<ShardCost, ShardCost>> at;  // micro-batch size -> (edge, cloud)
-    auto cost = [&](int64_t m) -> const std::pair<ShardCost, ShardCost>& {
-      auto it = at.find(m);
-      if (it != at.end()) return it->second;
-      const ShardCost e = edge_gflops > 0 ? estimate(front, m, edge_gflops, false)
-                                          : measure(front, *edge_backend, m, iterations, false);
-      const ShardCost c = cloud_gflops > 0 ? estimate(back, m, cloud_gflops, true)
-                                           : measure(back, *cloud_backend, m, iterations, true);
-      return at.emplace(m, std::pair{e, c}).first->second;
-    };
-    // Edge memory: parameters with their gradients and momentum, every front tensor of the
-    // whole batch (K slots of B / K samples) and as much again in gradient buffers.
-    int64_t param_floats = 0, act_floats = 0;
-    Network probe(front, *edge_backend, 1);
-    param_floats = probe.param_count();
-    for (const GraphNode& n : front.nodes()) act_floats += n.shape.numel();
-    for (const auto& in : front.inputs()) act_floats += in.shape.numel();
-    const double peak_mb = (3.0 * static_cast<double>(param_floats) + 2.0 * static_cast<double>(act_floats * batch)) *
-                           4.0 / (1 << 20);
-    for (int k : ks) {
-      if (k > batch) continue;
-      std::vector<MicrobatchCost> mbs;
-      PlanRow row;
-      row.cut = cut;
-      row.microbatches = k;
-      for (int i = 0; i < k; ++i) {
-        const int64_t m = microbatch_range(batch, k, i).count;
-        const auto& [e, c] = cost(m);
-        const auto bytes_up = static_cast<int64_t>(encoded_bytes(*dtype, m * act.numel())) + 4 * m + kFramingBytes;
-        const auto bytes_down = static_cast<int64_t>(encoded_bytes(*dtype, m * act.numel())) + kFramingBytes;
-        MicrobatchCost mc{e.forward_s, e.backward_s, c.forward_s + c.backward_s,
-                          static_cast<double>(bytes_up) * 8.0 / (up_mbps * 1e6),
-                          static_cast<double>(bytes_down) * 8.0 / (down_mbps * 1e6)};
-        mbs.push_back(mc);
-        row.edge_s += mc.edge_forward_s + mc.edge_backward_s;
-        row.cloud_s += mc.cloud_s;
-        row.up_s += mc.up_s;
-        row.down_s += mc.down_s;
-        row.bytes_up_per_step += bytes_up;
-      }
-      row.step_s = simulate_step(mbs);
-      row.samples_per_s = static_cast<double>(batch) / row.step_s;
-      row.edge_peak_mb = peak_mb;
-      row.fits = memory_mb <= 0.0 || peak_mb <= memory_mb;
-      rows.push_back(row);
-    }
-  }
+  const std::vector<PlanRow> rows = plan_split(graph, po, *edge_backend, *cloud_backend);
 
   std::printf("batch %lld, uplink %.1f Mbit/s, downlink %.1f Mbit/s, %s on the wire; times per step in ms\n",
               static_cast<long long>(batch), up_mbps, down_mbps, dtype_name(*dtype));
