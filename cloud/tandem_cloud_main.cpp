@@ -20,6 +20,7 @@ constexpr const char* kUsage = R"(usage:
                      [--seed S] [--backend NAME] [--max-message-mb N] [--wire-dtypes LIST]
       Serves split training over wss:// with mutual TLS: one session per edge, the back
       shard and loss on the backend (default onednn). Runs `pki init` on first start.
+      --cut any serves every legal cut: each edge's Hello names its own (tandem-edge --cut auto).
       B and K are the most an edge may use. LIST: the wire dtypes edges may send
       activations and receive gradients in (default f32,f16,bf16,i8; each session uses the
       first the edge offers). OPTIMIZER: --optimizer sgd|adam|adamw --lr X --momentum X

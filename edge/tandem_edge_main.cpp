@@ -12,7 +12,8 @@ namespace tandem {
 namespace {
 
 constexpr const char* kUsage = R"(usage:
-  tandem-edge train --cloud wss://HOST:PORT --identity IDDIR --model SPEC [--cut NODE]
+  tandem-edge train --cloud wss://HOST:PORT --identity IDDIR --model SPEC [--cut NODE | --cut auto
+                    --uplink-mbps U [--downlink-mbps D] [--cloud-gflops G]]
                     [--data fashion-mnist] [--epochs N] [--limit SAMPLES] [--test-limit SAMPLES]
                     [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
@@ -27,14 +28,17 @@ constexpr const char* kUsage = R"(usage:
       --beta1 X --beta2 X --eps X --clip-norm X (the cloud has its own; --clip-norm clips
       this shard's gradients). SCHEDULE: --schedule constant|step|cosine --warmup-steps N
       --step-size N --gamma X --min-lr-factor X [--total-steps N]; the edge sends each
-      step's factor to the cloud, which scales its own learning rate by it.
+      step's factor to the cloud, which scales its own learning rate by it. --cut auto runs
+      the planner (`tandem plan`) here first and trains with its cut and K (K up to
+      --microbatches); the cloud must serve that cut (tandem-cloud serve --cut any).
 )";
 
 int train_command(int argc, char** argv) {
   const CliArgs args(argc, argv, 2, {"nesterov"});
   args.reject_unknown(CliArgs::with_optimizer_options({"cloud", "identity", "model", "cut", "data", "epochs", "limit",
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
-                                                       "threads", "wire-dtype", "metrics-json"},
+                                                       "threads", "wire-dtype", "metrics-json", "uplink-mbps",
+                                                       "downlink-mbps", "cloud-gflops"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -56,6 +60,9 @@ int train_command(int argc, char** argv) {
   register_built_backends();
   o.backend = args.str("backend", "xnnpack");
   o.threads = static_cast<int>(args.integer("threads", 1, 1));
+  o.uplink_mbps = args.number("uplink-mbps", 0.0);
+  o.downlink_mbps = args.number("downlink-mbps", 0.0);
+  o.cloud_gflops = args.number("cloud-gflops", 0.0);
   const std::string dtype = args.str("wire-dtype", "f32");
   const auto wanted = parse_dtype(dtype);
   if (!wanted) fail("cli", cat("--wire-dtype: unknown dtype '", dtype, "' (known: f32, f16, bf16, i8)"));

@@ -1,5 +1,6 @@
 #include "cloud/service/cloud_service.h"
 
+#include <algorithm>
 #include <atomic>
 #include <condition_variable>
 #include <csignal>
@@ -13,6 +14,7 @@
 #include "cloud/session/cloud_session.h"
 #include "core/error.h"
 #include "core/graph.h"
+#include "core/planner.h"
 #include "ports/lws/lws_endpoint.h"
 
 namespace tandem {
@@ -21,8 +23,11 @@ namespace {
 std::atomic<bool> g_stop{false};
 extern "C" void on_signal(int) { g_stop = true; }
 
-// What every session starts from: the back shard's graph and initial weights.
+// What a session starts from: a cut's back shard, its initial weights and the model hash an
+// edge training with that cut sends.
 struct BackShard {
+  std::string cut;
+  std::array<uint8_t, 32> hash{};
   Graph graph;
   std::vector<Tensor> initial;  // in the order of Network::params()
 };
@@ -30,16 +35,12 @@ struct BackShard {
 // One edge's session on its own thread, fed frames by the service loop.
 class Worker {
  public:
-  Worker(uint64_t id, std::string peer, const BackShard& shard, const ServeOptions& o,
-         const std::array<uint8_t, 32>& hash, LwsEndpoint& endpoint)
-      : id_(id), peer_(std::move(peer)), endpoint_(endpoint), backend_(make_backend(o.backend, BackendOptions{1})),
-        back_(shard.graph, *backend_, o.seed), optimizer_(make_optimizer(back_.params(), o.optimizer)),
-        session_(back_, *optimizer_,
-                 {hash, o.batch_size, o.microbatches, 10, id, o.max_message_bytes, o.wire_dtypes}) {
-    for (std::size_t i = 0; i < shard.initial.size(); ++i) {
-      back_.params()[i]->value().copy_from(shard.initial[i]);
-      back_.params()[i]->bump_version();
-    }
+  // The session is made on the first message, for the shard whose cut the Hello names (one
+  // shard, or every legal cut's with --cut any).
+  Worker(uint64_t id, std::string peer, const std::vector<BackShard>& shards, const ServeOptions& o,
+         LwsEndpoint& endpoint)
+      : id_(id), peer_(std::move(peer)), endpoint_(endpoint), shards_(shards), options_(o),
+        backend_(make_backend(o.backend, BackendOptions{1})) {
     thread_ = std::thread([this] { run(); });
   }
   ~Worker() {
@@ -60,12 +61,44 @@ class Worker {
     }
     wake_.notify_one();
   }
-  std::string summary() const {
-    return cat("session ", id_, " (", peer_, "): ", session_.step(), " steps, ", bytes_in_, " bytes in, ", bytes_out_,
-               " bytes out, busy ", session_.busy_seconds(), " s");
+  std::string summary() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!session_) return cat("session ", id_, " (", peer_, "): no Hello");
+    return cat("session ", id_, " (", peer_, "), cut '", cut_, "': ", session_->step(), " steps, ", bytes_in_,
+               " bytes in, ", bytes_out_, " bytes out, busy ", session_->busy_seconds(), " s");
   }
 
  private:
+  // The shard whose model hash a Hello carries; otherwise the first, whose session then
+  // refuses the message with the exact reason.
+  const BackShard& shard_for(const Frame& frame) const {
+    WireError err;
+    const wire::Message* m = verify_frame(frame, options_.max_message_bytes, err);
+    const auto* hello = m ? m->payload_as_Hello() : nullptr;
+    if (hello && hello->model_hash() && hello->model_hash()->size() == 32)
+      for (const BackShard& s : shards_)
+        if (std::equal(s.hash.begin(), s.hash.end(), hello->model_hash()->begin())) return s;
+    return shards_.front();
+  }
+
+  void start_session(const BackShard& shard) {
+    const ServeOptions& o = options_;
+    auto back = std::make_unique<Network>(shard.graph, *backend_, o.seed);
+    for (std::size_t i = 0; i < shard.initial.size(); ++i) {
+      back->params()[i]->value().copy_from(shard.initial[i]);
+      back->params()[i]->bump_version();
+    }
+    auto optimizer = make_optimizer(back->params(), o.optimizer);
+    auto session = std::make_unique<CloudSession>(
+        *back, *optimizer,
+        CloudSessionConfig{shard.hash, o.batch_size, o.microbatches, 10, id_, o.max_message_bytes, o.wire_dtypes});
+    std::lock_guard<std::mutex> lock(mutex_);
+    back_ = std::move(back);
+    optimizer_ = std::move(optimizer);
+    session_ = std::move(session);
+    cut_ = shard.cut;
+  }
+
   void run() {
     for (;;) {
       Frame frame;
@@ -76,11 +109,13 @@ class Worker {
         frame = std::move(inbox_.front());
         inbox_.pop_front();
       }
-      if (session_.closed()) continue;  // the connection is closing: drop the rest
+      if (!session_) start_session(shard_for(frame));
+      CloudSession& session = *session_;
+      if (session.closed()) continue;  // the connection is closing: drop the rest
       bytes_in_ += frame.size();
-      CloudReply reply = session_.handle(frame);
+      CloudReply reply = session.handle(frame);
       bytes_out_ += reply.bytes.size();
-      if (reply.close && !session_.closed()) continue;
+      if (reply.close && !session.closed()) continue;
       if (reply.close) {
         // Log refusals: the operator sees why an edge was turned away.
         WireError err;
@@ -91,17 +126,20 @@ class Worker {
                        m->payload_as_Error()->text()->c_str());
       }
       endpoint_.send(id_, reply.bytes, reply.close);
-      session_.finish_step();
+      session.finish_step();
     }
   }
 
   uint64_t id_;
   std::string peer_;
   LwsEndpoint& endpoint_;
+  const std::vector<BackShard>& shards_;
+  const ServeOptions& options_;
   std::unique_ptr<Backend> backend_;
-  Network back_;
+  std::unique_ptr<Network> back_;  // these three: made on the first message (start_session)
   std::unique_ptr<Optimizer> optimizer_;
-  CloudSession session_;
+  std::unique_ptr<CloudSession> session_;
+  std::string cut_;
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Frame> inbox_;
@@ -117,18 +155,27 @@ int serve(const ServeOptions& o) {
   const ModelSpec spec = load_model_spec(o.model_path);
   const Graph graph = Graph::build(spec);
   const std::string cut = o.cut.empty() ? graph.default_cut() : o.cut;
-  if (cut.empty()) fail("serve", "the spec names no default cut; pass --cut NODE");
-  auto [front_graph, back_graph] = graph.split(cut);
-  const auto hash = model_hash(spec, cut);
+  if (cut.empty()) fail("serve", "the spec names no default cut; pass --cut NODE (or --cut any)");
+  // --cut any: every legal cut, the spec's default (if any) first; an edge picks with its Hello.
+  std::vector<std::string> cuts = {cut};
+  if (cut == "any") {
+    cuts = legal_cuts(graph);
+    const auto d = std::find(cuts.begin(), cuts.end(), graph.default_cut());
+    if (d != cuts.end()) std::rotate(cuts.begin(), d, d + 1);
+  }
 
-  // The back shard starts from the same weights the whole model would (one seeded draw in
-  // graph order), so a run does not depend on where the cut is.
-  BackShard shard{back_graph, {}};
+  // Back shards start from the same weights the whole model would (one seeded draw in graph
+  // order), so a run does not depend on where the cut is.
+  std::vector<BackShard> shards;
   {
     auto reference = make_backend("reference");
     Network whole(graph, *reference, o.seed);
-    Network back(back_graph, *reference, o.seed);
-    for (Param* p : back.params()) shard.initial.push_back(whole.param(p->name()).value().clone());
+    for (const std::string& c : cuts) {
+      BackShard s{c, model_hash(spec, c), graph.split(c).second, {}};
+      Network back(s.graph, *reference, o.seed);
+      for (Param* p : back.params()) s.initial.push_back(whole.param(p->name()).value().clone());
+      shards.push_back(std::move(s));
+    }
   }
 
   EndpointOptions eo;
@@ -137,7 +184,8 @@ int serve(const ServeOptions& o) {
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::printf("tandem-cloud: listening on wss://%s:%d (model %s, cut '%s', back shard on %s, CA %s)\n",
-              o.host.c_str(), endpoint->port(), spec.name.c_str(), cut.c_str(), o.backend.c_str(), ids.ca_cert.c_str());
+              o.host.c_str(), endpoint->port(), spec.name.c_str(),
+              cut == "any" ? cat("any of ", cuts.size()).c_str() : cut.c_str(), o.backend.c_str(), ids.ca_cert.c_str());
   std::fflush(stdout);
 
   std::map<uint64_t, std::unique_ptr<Worker>> workers;
@@ -148,7 +196,7 @@ int serve(const ServeOptions& o) {
       case EndpointEvent::Kind::Connected:
         std::printf("session %llu: edge '%s' connected\n", static_cast<unsigned long long>(ev.connection),
                     ev.text.c_str());
-        workers[ev.connection] = std::make_unique<Worker>(ev.connection, ev.text, shard, o, hash, *endpoint);
+        workers[ev.connection] = std::make_unique<Worker>(ev.connection, ev.text, shards, o, *endpoint);
         break;
       case EndpointEvent::Kind::Message:
         if (auto it = workers.find(ev.connection); it != workers.end()) it->second->push(std::move(ev.frame));

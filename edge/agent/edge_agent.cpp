@@ -6,6 +6,7 @@
 #include <numeric>
 
 #include "core/error.h"
+#include "core/planner.h"
 #include "core/graph.h"
 #include "edge/data/idx_dataset.h"
 #include "edge/session/edge_session.h"
@@ -44,10 +45,30 @@ Frame await_message(LwsEndpoint& link, const char* awaiting, uint64_t& bytes_dow
 int train_over_wss(const EdgeTrainOptions& o) {
   const ModelSpec spec = load_model_spec(o.model_path);
   const Graph graph = Graph::build(spec);
-  const std::string cut = o.cut.empty() ? graph.default_cut() : o.cut;
-  if (cut.empty()) fail("edge", "the spec names no default cut; pass --cut NODE");
-  auto [front_graph, back_graph] = graph.split(cut);
   auto backend = make_backend(o.backend, BackendOptions{o.threads});
+  std::string cut = o.cut.empty() ? graph.default_cut() : o.cut;
+  if (cut.empty()) fail("edge", "the spec names no default cut; pass --cut NODE or --cut auto");
+  uint32_t microbatches = o.microbatches;
+  if (cut == "auto") {
+    // The planner on this machine's edge backend and the given link; the cloud's compute as
+    // given, else taken to be this machine's. K: powers of two up to --microbatches.
+    PlanOptions po;
+    po.batch = o.batch;
+    po.microbatches.clear();
+    for (uint32_t k = 1; k <= o.microbatches && k <= o.batch; k *= 2) po.microbatches.push_back(static_cast<int>(k));
+    po.uplink_mbps = o.uplink_mbps;
+    po.downlink_mbps = o.downlink_mbps > 0 ? o.downlink_mbps : o.uplink_mbps;
+    po.cloud_gflops = o.cloud_gflops;
+    po.dtype = o.wire_dtypes.front();
+    if (!(po.uplink_mbps > 0.0)) fail("edge", "--cut auto needs the link's rate: --uplink-mbps U [--downlink-mbps D]");
+    std::fprintf(stderr, "planning the cut for %.1f Mbit/s up, %.1f down...\n", po.uplink_mbps, po.downlink_mbps);
+    const PlanRow best = recommend(plan_split(graph, po, *backend, *backend));
+    cut = best.cut;
+    microbatches = static_cast<uint32_t>(best.microbatches);
+    std::fprintf(stderr, "planned: cut=%s microbatches=%d predicted_samples_per_s=%.1f\n", cut.c_str(),
+                 best.microbatches, best.samples_per_s);
+  }
+  auto [front_graph, back_graph] = graph.split(cut);
   Network front(front_graph, *backend, o.seed);
   {  // the same initial weights as the whole model (see tandem-cloud serve)
     auto reference = make_backend("reference");
@@ -58,7 +79,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
     }
   }
   auto optimizer = make_optimizer(front.params(), o.optimizer);
-  EdgeSession session(front, *optimizer, o.microbatches, model_hash(spec, cut), o.client_id, o.wire_dtypes);
+  EdgeSession session(front, *optimizer, microbatches, model_hash(spec, cut), o.client_id, o.wire_dtypes);
 
   std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
   const LabelledImages train = load_fashion_mnist(true, o.limit);

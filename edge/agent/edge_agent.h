@@ -22,6 +22,8 @@ struct EdgeTrainOptions {
   std::string backend = "xnnpack";
   int threads = 1;  // the backend's compute threads
   std::vector<wire::DType> wire_dtypes = {wire::DType::F32};  // offered, most wanted first
+  // --cut auto: the link the planner plans for, and the cloud's speed (0: as this machine's).
+  double uplink_mbps = 0, downlink_mbps = 0, cloud_gflops = 0;
   int64_t epochs = 1, limit = 0, test_limit = 0;
   uint32_t batch = 64, microbatches = 4;
   OptimizerOptions optimizer;

@@ -55,4 +55,19 @@ grep -q "cannot connect" "$work/intruder.out" || fail "foreign CA: $(cat "$work/
 # The service still serves.
 kill -0 "$cloud_pid" || fail "the cloud died"
 train after "$work/b" --limit 640 --test-limit 100 || fail "after the refusals: $(tail -3 "$work/after.out")"
-echo "PASS: two concurrent edges above 70%, refusals clear, the service kept serving"
+
+# A cloud that serves any cut, and an edge that plans its own (tandem plan at start-up).
+"$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" --cut any --microbatches 8 \
+  > "$work/any.log" 2>&1 &
+any_pid=$!
+for _ in $(seq 1 100); do grep -q 'listening on' "$work/any.log" && break; sleep 0.1; done
+any_port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/any.log" | cut -d: -f3)
+"$edge_bin" train --cloud "wss://localhost:$any_port" --identity "$work/a" --model "$model" --cut auto \
+  --uplink-mbps 20 --microbatches 8 --limit 640 --test-limit 100 > "$work/auto.out" 2>&1 ||
+  fail "--cut auto: $(tail -3 "$work/auto.out")"
+planned=$(grep -o 'planned: cut=[a-z0-9]* microbatches=[0-9]*' "$work/auto.out") || fail "no plan: $(cat "$work/auto.out")"
+kill "$any_pid"; wait "$any_pid" 2> /dev/null || true
+grep -q "cut '$(echo "$planned" | sed 's/.*cut=\([^ ]*\).*/\1/')': 10 steps" "$work/any.log" ||
+  fail "the cloud did not train the planned cut: $(cat "$work/any.log")"
+echo "edge with --cut auto: $planned, trained by a --cut any cloud"
+echo "PASS: two concurrent edges above 70%, refusals clear, the service kept serving, --cut auto"
