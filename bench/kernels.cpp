@@ -12,6 +12,7 @@
 #include "core/backend.h"
 #include "core/random.h"
 #include "core/tensor.h"
+#include "bench/bench_util.h"
 #include "tools/all_backends.h"
 
 #ifdef TANDEM_HAVE_ONEDNN
@@ -21,24 +22,8 @@
 namespace tandem {
 namespace {
 
-// Median seconds of `reps` calls after one warm-up call.
-double median_seconds(const std::function<void()>& f, int reps) {
-  f();
-  std::vector<double> t;
-  for (int i = 0; i < reps; ++i) {
-    const auto t0 = std::chrono::steady_clock::now();
-    f();
-    t.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count());
-  }
-  std::nth_element(t.begin(), t.begin() + reps / 2, t.end());
-  return t[static_cast<std::size_t>(reps / 2)];
-}
-
-Tensor random(const Shape& s, Rng& rng) {
-  Tensor t = Tensor::empty(s);
-  for (int64_t i = 0; i < t.numel(); ++i) t[i] = rng.uniform(-1.0f, 1.0f);
-  return t;
-}
+using bench::median_seconds;
+using bench::random;
 
 // The best of oneDNN's sgemm over a few square sizes (rows padded off 4 KiB strides, which
 // alias in cache), one thread: the tightest GEMM this machine runs.

@@ -27,6 +27,11 @@ void register_backend(std::string name, BackendFactory factory) {
   r.factories[std::move(name)] = std::move(factory);
 }
 
+std::unique_ptr<GroupedLinearKernel> Backend::grouped_linear(const GroupedLinearGeometry& g) {
+  fail(std::string(name()), cat("has no grouped linear kernel (for heads, which run in the cloud: use onednn or "
+                                "reference) for ", g.str()));
+}
+
 std::vector<std::string> backend_names() {
   Registry& r = registry();
   std::lock_guard<std::mutex> lock(r.mutex);

@@ -63,6 +63,15 @@ class MaxPool2dKernel {
   virtual void backward(const float* dy, const void* stash, float* dx) = 0;
 };
 
+// G linear layers in one call; the same contract as LinearKernel per group (geometry.h).
+class GroupedLinearKernel {
+ public:
+  virtual ~GroupedLinearKernel() = default;
+  virtual void forward(const float* x, const WeightsView& w, float* y) = 0;
+  virtual void backward_data(const float* dy, const WeightsView& w, float* dx) = 0;
+  virtual void backward_weights(const float* x, const float* dy, float* dw, float* db) = 0;
+};
+
 struct BackendOptions {
   int threads = 1;
 };
@@ -75,6 +84,8 @@ class Backend {
   virtual std::unique_ptr<LinearKernel> linear(const LinearGeometry& g) = 0;
   virtual std::unique_ptr<ReluKernel> relu(int64_t elements) = 0;
   virtual std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) = 0;
+  // Throws an Error saying so where a backend has none (heads belong in the cloud).
+  virtual std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g);
 };
 
 using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendOptions&)>;

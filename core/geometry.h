@@ -34,6 +34,15 @@ struct LinearGeometry {
 };
 
 // NHWC max pooling; padded positions never win.
+// G independent linear layers side by side (the second layer of N heads): x [batch, G*I]
+// (group g reads columns g*I..), weights [G, O, I], y [batch, G*O].
+struct GroupedLinearGeometry {
+  int64_t batch = 1, groups = 1, in_features = 1, out_features = 1;
+  bool bias = true;
+  double flops() const { return 2.0 * static_cast<double>(batch * groups * in_features * out_features); }
+  std::string str() const;
+};
+
 struct Pool2dGeometry {
   int64_t batch = 1, in_h = 1, in_w = 1, channels = 1;
   int64_t kernel_h = 1, kernel_w = 1;

@@ -7,6 +7,7 @@
 #include <limits>
 
 #include "core/reference/reference_backend.h"
+#include "core/error.h"
 #include "test_support.h"
 
 namespace tandem::test {
@@ -139,6 +140,49 @@ class LinearTester {
   LinearGeometry g_;
 };
 
+// G linear layers in one call (heads): against the reference, with fresh buffers per pass.
+class GroupedLinearTester {
+ public:
+  GroupedLinearTester& batch(int64_t n) { return g_.batch = n, *this; }
+  GroupedLinearTester& groups(int64_t n) { return g_.groups = n, *this; }
+  GroupedLinearTester& features(int64_t in, int64_t out) { return g_.in_features = in, g_.out_features = out, *this; }
+  GroupedLinearTester& bias(bool b) { return g_.bias = b, *this; }
+
+  void test() const {
+    SCOPED_TRACE(g_.str());
+    Backends b;
+    std::unique_ptr<GroupedLinearKernel> k;
+    try {
+      k = b.tested->grouped_linear(g_);
+    } catch (const Error& e) {
+      GTEST_SKIP() << e.what();
+    }
+    auto ref = b.reference->grouped_linear(g_);
+    Rng rng(9);
+    const int64_t G = g_.groups, I = g_.in_features, O = g_.out_features;
+    Tensor x = random_tensor({g_.batch, G * I}, rng), w = random_tensor({G, O, I}, rng);
+    Tensor bias = random_tensor({G * O}, rng), dy = random_tensor({g_.batch, G * O}, rng);
+    const WeightsView view{w.data(), g_.bias ? bias.data() : nullptr, 1};
+    Tensor want_y = nan_tensor(dy.shape()), got_y = nan_tensor(dy.shape());
+    Tensor want_dx = nan_tensor(x.shape()), got_dx = nan_tensor(x.shape());
+    Tensor want_dw = nan_tensor(w.shape()), got_dw = nan_tensor(w.shape());
+    Tensor want_db = nan_tensor(bias.shape()), got_db = nan_tensor(bias.shape());
+    ref->forward(x.data(), view, want_y.data());
+    k->forward(x.data(), view, got_y.data());
+    ref->backward_data(dy.data(), view, want_dx.data());
+    k->backward_data(dy.data(), view, got_dx.data());
+    ref->backward_weights(x.data(), dy.data(), want_dw.data(), g_.bias ? want_db.data() : nullptr);
+    k->backward_weights(x.data(), dy.data(), got_dw.data(), g_.bias ? got_db.data() : nullptr);
+    expect_close(got_y.data(), want_y.data(), want_y.numel(), "forward");
+    expect_close(got_dx.data(), want_dx.data(), want_dx.numel(), "backward_data");
+    expect_close(got_dw.data(), want_dw.data(), want_dw.numel(), "backward_weights dw");
+    if (g_.bias) expect_close(got_db.data(), want_db.data(), want_db.numel(), "backward_weights db");
+  }
+
+ private:
+  GroupedLinearGeometry g_;
+};
+
 class MaxPool2dTester {
  public:
   MaxPool2dTester& batch(int64_t n) { return g_.batch = n, *this; }
@@ -227,6 +271,10 @@ TEST(Conv2d, SimdFirstLayerNoBias) {
 }
 TEST(Conv2d, SimdChannels128Unpadded) { Conv2dTester().batch(2).input(6, 5, 9).out_channels(128).kernel(2, 2).test(); }
 TEST(Conv2d, FashionMnistShapes) { Conv2dTester().batch(8).input(14, 14, 32).out_channels(64).kernel(3, 3).padding(1, 1).test(); }
+
+TEST(GroupedLinear, Basic) { GroupedLinearTester().batch(5).groups(3).features(7, 4).test(); }
+TEST(GroupedLinear, NoBiasOneGroup) { GroupedLinearTester().batch(4).groups(1).features(9, 6).bias(false).test(); }
+TEST(GroupedLinear, ManyHeads) { GroupedLinearTester().batch(16).groups(64).features(32, 10).test(); }
 
 TEST(Linear, Basic) { LinearTester().batch(4).features(17, 9).test(); }
 TEST(Linear, NoBias) { LinearTester().batch(3).features(8, 5).bias(false).test(); }

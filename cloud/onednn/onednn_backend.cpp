@@ -150,6 +150,9 @@ class Backend final : public tandem::Backend {
   std::unique_ptr<LinearKernel> linear(const LinearGeometry& g) override { return make_linear(ctx_, g); }
   std::unique_ptr<ReluKernel> relu(int64_t elements) override { return make_relu(ctx_, elements); }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return make_max_pool2d(ctx_, g); }
+  std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
+    return make_grouped_linear(ctx_, g);
+  }
 
  private:
   std::shared_ptr<const Context> ctx_;

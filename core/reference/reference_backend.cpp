@@ -213,6 +213,55 @@ class ReferenceMaxPool2d final : public MaxPool2dKernel {
   int64_t oh_, ow_;
 };
 
+class ReferenceGroupedLinear final : public GroupedLinearKernel {
+ public:
+  explicit ReferenceGroupedLinear(const GroupedLinearGeometry& g) : g_(g) {}
+
+  void forward(const float* x, const WeightsView& w, float* y) override {
+    const int64_t G = g_.groups, I = g_.in_features, O = g_.out_features;
+    for (int64_t n = 0; n < g_.batch; ++n)
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t o = 0; o < O; ++o) {
+          const float* xr = x + n * G * I + g * I;
+          const float* wr = w.weight + (g * O + o) * I;
+          float acc = 0.0f;
+          for (int64_t i = 0; i < I; ++i) acc += xr[i] * wr[i];
+          y[n * G * O + g * O + o] = acc + (w.bias ? w.bias[g * O + o] : 0.0f);
+        }
+  }
+
+  void backward_data(const float* dy, const WeightsView& w, float* dx) override {
+    const int64_t G = g_.groups, I = g_.in_features, O = g_.out_features;
+    std::fill_n(dx, g_.batch * G * I, 0.0f);
+    for (int64_t n = 0; n < g_.batch; ++n)
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t o = 0; o < O; ++o) {
+          const float go = dy[n * G * O + g * O + o];
+          const float* wr = w.weight + (g * O + o) * I;
+          float* d = dx + n * G * I + g * I;
+          for (int64_t i = 0; i < I; ++i) d[i] += go * wr[i];
+        }
+  }
+
+  void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
+    const int64_t G = g_.groups, I = g_.in_features, O = g_.out_features;
+    std::fill_n(dw, G * O * I, 0.0f);
+    if (db) std::fill_n(db, G * O, 0.0f);
+    for (int64_t n = 0; n < g_.batch; ++n)
+      for (int64_t g = 0; g < G; ++g)
+        for (int64_t o = 0; o < O; ++o) {
+          const float go = dy[n * G * O + g * O + o];
+          const float* xr = x + n * G * I + g * I;
+          float* d = dw + (g * O + o) * I;
+          for (int64_t i = 0; i < I; ++i) d[i] += go * xr[i];
+          if (db) db[g * O + o] += go;
+        }
+  }
+
+ private:
+  GroupedLinearGeometry g_;
+};
+
 class ReferenceBackend final : public Backend {
  public:
   std::string_view name() const override { return "reference"; }
@@ -227,6 +276,9 @@ class ReferenceBackend final : public Backend {
   }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override {
     return std::make_unique<ReferenceMaxPool2d>(g);
+  }
+  std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
+    return std::make_unique<ReferenceGroupedLinear>(g);
   }
 };
 
