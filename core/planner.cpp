@@ -97,7 +97,9 @@ std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backen
   const std::vector<std::string> cuts = o.cuts.empty() ? legal_cuts(graph) : o.cuts;
   std::vector<PlanRow> rows;
   for (const std::string& cut : cuts) {
-    auto [front, back] = graph.split(cut);
+    const auto shards = graph.split(cut);  // not a structured binding: the lambda below captures it
+    const Graph& front = shards.first;
+    const Graph& back = shards.second;
     const Shape& act = front.nodes()[static_cast<std::size_t>(front.output())].shape;
     std::map<int64_t, std::pair<ShardCost, ShardCost>> at;  // micro-batch size -> (edge, cloud)
     auto cost = [&](int64_t m) -> const std::pair<ShardCost, ShardCost>& {
