@@ -49,6 +49,10 @@ Shape infer_shape(const NodeSpec& n, const std::vector<Shape>& in) {
     expect_inputs(n, in, 1, 1);
     return Shape{n.linear.out_features};
   }
+  if (n.op == "heads") {
+    expect_inputs(n, in, 1, 1);
+    return Shape{n.heads.count * n.heads.out_features};
+  }
   if (n.op == "relu") {
     expect_inputs(n, in, 1, 0);
     return in[0];
@@ -144,9 +148,18 @@ const GraphNode& Graph::node(const std::string& name) const {
   return nodes_[static_cast<std::size_t>(i)];
 }
 
+int64_t Graph::output_groups() const {
+  const GraphNode& out = nodes_.at(static_cast<std::size_t>(output_));
+  return out.spec.op == "heads" ? out.spec.heads.count : 1;
+}
+
 std::vector<std::string> Graph::param_names() const {
   std::vector<std::string> names;
   for (const auto& n : nodes_) {
+    if (n.spec.op == "heads") {
+      for (const char* p : {".w1", ".b1", ".w2", ".b2"}) names.push_back(n.spec.name + p);
+      continue;
+    }
     const bool weighted = n.spec.op == "conv2d" || n.spec.op == "linear";
     if (!weighted) continue;
     names.push_back(n.spec.name + ".weight");

@@ -34,6 +34,8 @@ class Graph {
   const GraphNode& node(const std::string& name) const;
   int find(const std::string& name) const;  // node index or -1
   const std::string& default_cut() const { return default_cut_; }
+  // Heads side by side in the output (a heads node's count), else 1: the loss's groups.
+  int64_t output_groups() const;
   // Parameter names in initialisation order: "<node>.weight", "<node>.bias".
   std::vector<std::string> param_names() const;
 

@@ -10,10 +10,13 @@ namespace tandem {
 
 // Returns the summed loss over the N rows. When dlogits is given, writes
 // (softmax(logits) - onehot(label)) * grad_scale into it (grad_scale = 1 / full batch size).
-// Throws Error for a label outside [0, C).
-double softmax_cross_entropy(const Tensor& logits, const int32_t* labels, float grad_scale, Tensor* dlogits);
+// Throws Error for a label outside [0, C). With `groups` > 1 the logits are G heads' side by
+// side ([N, G*C], heads.h): each head's loss against the same label, averaged over the heads.
+double softmax_cross_entropy(const Tensor& logits, const int32_t* labels, float grad_scale, Tensor* dlogits,
+                             int64_t groups = 1);
 
-// Rows whose largest logit is at the label.
-int64_t count_correct(const Tensor& logits, const int32_t* labels);
+// Rows whose largest logit is at the label; with groups, of the heads' mean logits (the
+// ensemble's prediction).
+int64_t count_correct(const Tensor& logits, const int32_t* labels, int64_t groups = 1);
 
 }  // namespace tandem

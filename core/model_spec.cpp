@@ -66,6 +66,13 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
       fail(kWhere, cat(label, " (linear): field 'linear.out_features' must be > 0, got ", a->out_features()));
     out.linear.out_features = a->out_features();
     out.linear.bias = a->bias();
+  } else if (out.op == "heads") {
+    const auto* a = node->heads();
+    if (!a) fail(kWhere, cat(label, " (heads): missing field 'heads'"));
+    for (const auto& [field, v] : {std::pair{"heads.count", a->count()}, std::pair{"heads.hidden", a->hidden()},
+                                   std::pair{"heads.out_features", a->out_features()}})
+      if (v <= 0) fail(kWhere, cat(label, " (heads): field '", field, "' must be > 0, got ", v));
+    out.heads = {a->count(), a->hidden(), a->out_features()};
   } else if (out.op == "max_pool2d") {
     const auto* a = node->pool();
     if (!a) fail(kWhere, cat(label, " (max_pool2d): missing field 'pool'"));
@@ -84,7 +91,7 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
 }  // namespace
 
 const std::vector<std::string>& known_ops() {
-  static const std::vector<std::string> ops{"conv2d", "linear", "relu", "max_pool2d", "flatten"};
+  static const std::vector<std::string> ops{"conv2d", "linear", "relu", "max_pool2d", "flatten", "heads"};
   return ops;
 }
 

@@ -29,6 +29,10 @@ struct Pool2dAttrs {
   Pair kernel{0, 0}, stride{0, 0}, padding{0, 0};
 };
 
+struct HeadsAttrs {
+  int64_t count = 0, hidden = 0, out_features = 0;
+};
+
 struct NodeSpec {
   std::string name;
   std::string op;
@@ -36,6 +40,7 @@ struct NodeSpec {
   Conv2dAttrs conv2d;
   LinearAttrs linear;
   Pool2dAttrs pool;
+  HeadsAttrs heads;
 };
 
 struct InputSpec {

@@ -40,8 +40,9 @@ StepStats ChainTrainer::train_step(const Tensor& images, const int32_t* labels, 
     if (dlogits_.size() <= static_cast<std::size_t>(mb)) dlogits_.resize(static_cast<std::size_t>(mb) + 1);
     Tensor& dlogits = dlogits_[static_cast<std::size_t>(mb)];
     if (!dlogits.defined() || dlogits.shape() != x.shape()) dlogits = Tensor::empty(x.shape());
-    stats.loss_sum += softmax_cross_entropy(x, labels + begin, scale, &dlogits);
-    stats.correct += count_correct(x, labels + begin);
+    const int64_t heads = stages_.back()->graph().output_groups();
+    stats.loss_sum += softmax_cross_entropy(x, labels + begin, scale, &dlogits, heads);
+    stats.correct += count_correct(x, labels + begin, heads);
     Tensor grad = dlogits;
     for (std::size_t i = stages_.size(); i-- > 0;) {
       const auto t0 = std::chrono::steady_clock::now();
@@ -65,8 +66,9 @@ StepStats ChainTrainer::evaluate(const Tensor& images, const int32_t* labels, in
     const int64_t count = std::min(chunk, total - begin);
     Tensor x = images.slice_batch(begin, count);
     for (Network* s : stages_) x = s->forward(x, 0);
-    stats.loss_sum += softmax_cross_entropy(x, labels + begin, 1.0f, nullptr);
-    stats.correct += count_correct(x, labels + begin);
+    const int64_t heads = stages_.back()->graph().output_groups();
+    stats.loss_sum += softmax_cross_entropy(x, labels + begin, 1.0f, nullptr, heads);
+    stats.correct += count_correct(x, labels + begin, heads);
     stats.samples += count;
   }
   return stats;

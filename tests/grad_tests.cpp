@@ -5,6 +5,7 @@
 
 #include <algorithm>
 
+#include "core/error.h"
 #include "core/graph.h"
 #include "core/loss.h"
 #include "core/network.h"
@@ -152,6 +153,19 @@ TEST(GradFlatten, View) {
   check_node({3, 2, 4}, node("flatten"), random_tensor({2, 3, 2, 4}, rng));
 }
 
+// Heads: 3 heads of Linear(5 -> 4), ReLU, Linear(4 -> 2). Backends without a grouped linear
+// kernel (xnnpack) say so, and the test skips with their words.
+TEST(GradHeads, ThreeHeads) {
+  NodeSpec n = node("heads");
+  n.heads = {3, 4, 2};
+  Rng rng(12);
+  try {
+    check_node({5}, n, random_tensor({4, 5}, rng));
+  } catch (const Error& e) {
+    GTEST_SKIP() << e.what();
+  }
+}
+
 TEST(GradSoftmaxCrossEntropy, Logits) {
   Rng rng(8);
   Tensor logits = random_tensor({5, 7}, rng, -3.0f, 3.0f);
@@ -160,6 +174,25 @@ TEST(GradSoftmaxCrossEntropy, Logits) {
   softmax_cross_entropy(logits, labels, 1.0f, &grad);
   check_gradient(logits, grad, [&] { return softmax_cross_entropy(logits, labels, 1.0f, nullptr); },
                  "softmax_cross_entropy.logits", rng);
+}
+
+// Three heads' logits side by side: each head's loss against the same label, averaged.
+TEST(GradSoftmaxCrossEntropy, Heads) {
+  Rng rng(9);
+  Tensor logits = random_tensor({4, 3 * 5}, rng, -3.0f, 3.0f);
+  const int32_t labels[4] = {0, 4, 2, 2};
+  Tensor grad = Tensor::empty(logits.shape());
+  const double loss = softmax_cross_entropy(logits, labels, 1.0f, &grad, 3);
+  check_gradient(logits, grad, [&] { return softmax_cross_entropy(logits, labels, 1.0f, nullptr, 3); },
+                 "softmax_cross_entropy.heads", rng);
+  double by_hand = 0.0;  // the mean over heads of each head's loss
+  for (int h = 0; h < 3; ++h) {
+    Tensor one = Tensor::empty({4, 5});
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 5; ++c) one[r * 5 + c] = logits[r * 15 + h * 5 + c];
+    by_hand += softmax_cross_entropy(one, labels, 1.0f, nullptr) / 3.0;
+  }
+  EXPECT_NEAR(loss, by_hand, 1e-9);
 }
 
 }  // namespace

@@ -2,6 +2,9 @@
 // names the node and field, and split() cuts where one tensor crosses and refuses otherwise.
 #include <gtest/gtest.h>
 
+#include <string>
+#include <vector>
+
 #include "core/error.h"
 #include "core/graph.h"
 #include "core/model_spec.h"
@@ -40,6 +43,20 @@ TEST(Spec, SampleParsesWithShapesAndParams) {
   ASSERT_EQ(names.size(), 8u);
   EXPECT_EQ(names[0], "conv1.weight");
   EXPECT_EQ(names[7], "fc2.bias");
+}
+
+TEST(Spec, HeadsSampleParsesWithItsGroups) {
+  const Graph g = Graph::build(load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/heads.json"));
+  EXPECT_EQ(g.node("heads").shape, (Shape{80}));
+  EXPECT_EQ(g.output_groups(), 8);
+  const auto names = g.param_names();
+  EXPECT_EQ(std::vector<std::string>(names.end() - 4, names.end()),
+            (std::vector<std::string>{"heads.w1", "heads.b1", "heads.w2", "heads.b2"}));
+  const std::string msg = error_of([] {
+    graph_of(with_nodes(R"({ name: "f", op: "flatten", inputs: ["x"] },
+                           { name: "h", op: "heads", inputs: ["f"], heads: { count: 4, hidden: 0, out_features: 3 } })"));
+  });
+  EXPECT_EQ(msg, "[model spec] node 'h' (heads): field 'heads.hidden' must be > 0, got 0");
 }
 
 TEST(Spec, BinaryRoundTrip) {

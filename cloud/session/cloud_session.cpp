@@ -152,7 +152,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   Tensor& dlogits = dlogits_[mb];
   if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
   const double loss = softmax_cross_entropy(logits, fwd.labels()->data(), 1.0f / static_cast<float>(step_samples_),
-                                            &dlogits);
+                                            &dlogits, back_.graph().output_groups());
   const Tensor grad = back_.backward(dlogits, static_cast<int>(mb), true);
   seen_[mb] = true;
   const uint64_t step = step_;
@@ -177,8 +177,9 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   const auto t0 = std::chrono::steady_clock::now();
   // A slot of its own, so evaluation never disturbs a training step's stashes.
   const Tensor& logits = back_.forward(activations, static_cast<int>(config_.microbatches));
-  const double loss = softmax_cross_entropy(logits, eval.labels()->data(), 1.0f, nullptr);
-  const auto correct = static_cast<uint32_t>(count_correct(logits, eval.labels()->data()));
+  const int64_t heads = back_.graph().output_groups();
+  const double loss = softmax_cross_entropy(logits, eval.labels()->data(), 1.0f, nullptr, heads);
+  const auto correct = static_cast<uint32_t>(count_correct(logits, eval.labels()->data(), heads));
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   return {writer_.eval_result(eval.batch_id(), correct, count, loss, busy_s_), false};
 }

@@ -45,6 +45,29 @@ class LinearLayer final : public Layer {
   KernelCache<LinearKernel> kernels_;
 };
 
+class HeadsLayer final : public Layer {
+ public:
+  HeadsLayer(const GraphNode& node, const Shape& in, Backend& backend, Rng& rng);
+  std::vector<Param*> params() override;
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+  int64_t count() const { return heads_.count; }
+
+ private:
+  struct Kernels {
+    std::unique_ptr<LinearKernel> first;
+    std::unique_ptr<ReluKernel> relu;
+    std::unique_ptr<GroupedLinearKernel> second;
+  };
+  Kernels& kernels(int64_t batch);
+  Backend& backend_;
+  HeadsAttrs heads_;
+  int64_t features_;
+  Param w1_, b1_, w2_, b2_;
+  std::vector<std::pair<int64_t, std::unique_ptr<Kernels>>> kernels_;  // per batch size
+};
+
 class ReluLayer final : public Layer {
  public:
   ReluLayer(std::string name, Backend& backend) : Layer(std::move(name)), backend_(backend) {}

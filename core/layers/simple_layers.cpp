@@ -90,6 +90,7 @@ std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape
   const std::string& op = node.spec.op;
   if (op == "conv2d") return std::make_unique<Conv2dLayer>(node, in.at(0), backend, rng);
   if (op == "linear") return std::make_unique<LinearLayer>(node, in.at(0), backend, rng);
+  if (op == "heads") return std::make_unique<HeadsLayer>(node, in.at(0), backend, rng);
   if (op == "relu") return std::make_unique<ReluLayer>(node.spec.name, backend);
   if (op == "max_pool2d") return std::make_unique<MaxPool2dLayer>(node, in.at(0), backend);
   if (op == "flatten") return std::make_unique<ViewLayer>(node.spec.name);
