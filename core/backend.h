@@ -10,6 +10,7 @@
 #include <string_view>
 #include <vector>
 
+#include "core/activation.h"
 #include "core/geometry.h"
 
 namespace tandem {
@@ -52,6 +53,15 @@ class ReluKernel {
   virtual void backward(const float* y, const float* dy, float* dx) = 0;
 };
 
+// relu6, hardswish, gelu, sigmoid, tanh (activation.h) over `elements` values.
+class ActivationKernel {
+ public:
+  virtual ~ActivationKernel() = default;
+  virtual void forward(const float* x, float* y) = 0;
+  // dx from the forward's input x, its output y and dy.
+  virtual void backward(const float* x, const float* y, const float* dy, float* dx) = 0;
+};
+
 // Max pooling carries a payload from forward to backward (argmax indices or a backend's
 // workspace) in `stash`, which the caller owns: stash_bytes() of it, one per micro-batch.
 class MaxPool2dKernel {
@@ -83,6 +93,7 @@ class Backend {
   virtual std::unique_ptr<Conv2dKernel> conv2d(const Conv2dGeometry& g) = 0;
   virtual std::unique_ptr<LinearKernel> linear(const LinearGeometry& g) = 0;
   virtual std::unique_ptr<ReluKernel> relu(int64_t elements) = 0;
+  virtual std::unique_ptr<ActivationKernel> activation(Activation kind, int64_t elements) = 0;
   virtual std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) = 0;
   // Throws an Error saying so where a backend has none (heads belong in the cloud).
   virtual std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g);

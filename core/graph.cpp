@@ -3,6 +3,7 @@
 #include <map>
 #include <set>
 
+#include "core/activation.h"
 #include "core/error.h"
 
 namespace tandem {
@@ -53,7 +54,7 @@ Shape infer_shape(const NodeSpec& n, const std::vector<Shape>& in) {
     expect_inputs(n, in, 1, 1);
     return Shape{n.heads.count * n.heads.out_features};
   }
-  if (n.op == "relu") {
+  if (n.op == "relu" || parse_activation(n.op)) {
     expect_inputs(n, in, 1, 0);
     return in[0];
   }

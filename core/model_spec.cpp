@@ -91,7 +91,8 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
 }  // namespace
 
 const std::vector<std::string>& known_ops() {
-  static const std::vector<std::string> ops{"conv2d", "linear", "relu", "max_pool2d", "flatten", "heads"};
+  static const std::vector<std::string> ops{"conv2d",    "linear", "relu",    "max_pool2d", "flatten", "heads",
+                                            "relu6",     "hardswish", "gelu", "sigmoid", "tanh"};
   return ops;
 }
 

@@ -153,6 +153,23 @@ TEST(GradFlatten, View) {
   check_node({3, 2, 4}, node("flatten"), random_tensor({2, 3, 2, 4}, rng));
 }
 
+// Activations by finite differences, on values away from their kinks (relu6 at 0 and 6,
+// hardswish at +-3).
+TEST(GradActivation, AllKinds) {
+  for (const char* op : {"relu6", "hardswish", "gelu", "sigmoid", "tanh"}) {
+    SCOPED_TRACE(op);
+    Rng rng(13);
+    Tensor x = Tensor::empty({2, 3, 5});
+    for (int64_t i = 0; i < x.numel(); ++i) {
+      float v = rng.uniform(-7.5f, 7.5f);
+      for (float kink : {-3.0f, 0.0f, 3.0f, 6.0f})
+        if (std::fabs(v - kink) < 0.05f) v = kink + 0.1f;
+      x[i] = v;
+    }
+    check_node({3, 5}, node(op), x);
+  }
+}
+
 // Heads: 3 heads of Linear(5 -> 4), ReLU, Linear(4 -> 2). Backends without a grouped linear
 // kernel (xnnpack) say so, and the test skips with their words.
 TEST(GradHeads, ThreeHeads) {

@@ -281,6 +281,29 @@ TEST(Linear, NoBias) { LinearTester().batch(3).features(8, 5).bias(false).test()
 TEST(Linear, BatchOne) { LinearTester().batch(1).features(33, 10).test(); }
 TEST(Linear, Wide) { LinearTester().batch(16).features(784, 128).test(); }
 
+// relu6, hardswish, gelu, sigmoid, tanh against the reference, on values spanning the kinks
+// (not on them: at a kink the one-sided choices may differ).
+TEST(Activation, ForwardBackward) {
+  Backends b;
+  for (const Activation kind :
+       {Activation::Relu6, Activation::Hardswish, Activation::Gelu, Activation::Sigmoid, Activation::Tanh}) {
+    SCOPED_TRACE(activation_name(kind));
+    for (int64_t n : {1, 37, 4099}) {
+      Rng rng(6);
+      Tensor x = random_tensor({n}, rng, -8.0f, 8.0f), dy = random_tensor({n}, rng);
+      Tensor want_y = nan_tensor({n}), got_y = nan_tensor({n}), want_dx = nan_tensor({n}), got_dx = nan_tensor({n});
+      auto r = b.reference->activation(kind, n);
+      auto t = b.tested->activation(kind, n);
+      r->forward(x.data(), want_y.data());
+      t->forward(x.data(), got_y.data());
+      r->backward(x.data(), want_y.data(), dy.data(), want_dx.data());
+      t->backward(x.data(), got_y.data(), dy.data(), got_dx.data());
+      expect_close(got_y.data(), want_y.data(), n, "forward");
+      expect_close(got_dx.data(), want_dx.data(), n, "backward");
+    }
+  }
+}
+
 TEST(Relu, ForwardBackward) {
   Backends b;
   Rng rng(5);

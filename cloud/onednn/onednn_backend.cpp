@@ -64,6 +64,64 @@ class Relu final : public ReluKernel {
   Step fwd_, bwd_;
 };
 
+struct ActivationShape {
+  Activation kind;
+  int64_t elements;
+  std::string str() const { return cat(activation_name(kind), " [", elements, "]"); }
+};
+
+// The other activations as oneDNN eltwise primitives; backward from the forward's input.
+// relu6 is clip [0, 6], gelu the erf form.
+class OnednnActivation final : public ActivationKernel {
+ public:
+  OnednnActivation(std::shared_ptr<const Context> ctx, Activation kind, int64_t elements)
+      : ctx_(std::move(ctx)), shape_{kind, elements} {
+    guarded(*ctx_, "activation setup", shape_, [&] {
+      const Context& c = *ctx_;
+      const memory::desc md({elements}, f32, tag::x);
+      dnnl::algorithm alg = dnnl::algorithm::eltwise_tanh;
+      float alpha = 0.0f, beta = 0.0f;
+      switch (kind) {
+        case Activation::Relu6: alg = dnnl::algorithm::eltwise_clip, beta = 6.0f; break;
+        case Activation::Hardswish: alg = dnnl::algorithm::eltwise_hardswish; break;
+        case Activation::Gelu: alg = dnnl::algorithm::eltwise_gelu_erf; break;
+        case Activation::Sigmoid: alg = dnnl::algorithm::eltwise_logistic; break;
+        case Activation::Tanh: alg = dnnl::algorithm::eltwise_tanh; break;
+      }
+      const dnnl::primitive_attr attr = user_scratchpad();
+      dnnl::eltwise_forward::primitive_desc fwd_pd({dnnl::prop_kind::forward_training, alg, md, alpha, beta}, attr,
+                                                   c.engine);
+      dnnl::eltwise_backward::primitive_desc bwd_pd({alg, md, md, alpha, beta}, attr, c.engine, fwd_pd);
+      x_ = wrapper(c, md), y_ = wrapper(c, md), bx_ = wrapper(c, md), dy_ = wrapper(c, md), dx_ = wrapper(c, md);
+      fwd_ = Step(c, fwd_pd, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}});
+      bwd_ = Step(c, bwd_pd, {{DNNL_ARG_SRC, bx_}, {DNNL_ARG_DIFF_DST, dy_}, {DNNL_ARG_DIFF_SRC, dx_}});
+    });
+  }
+
+  void forward(const float* x, float* y) override {
+    guarded(*ctx_, "activation forward", shape_, [&] {
+      bind(x_, x);
+      bind(y_, y);
+      fwd_.run(*ctx_);
+    });
+  }
+
+  void backward(const float* x, const float*, const float* dy, float* dx) override {
+    guarded(*ctx_, "activation backward", shape_, [&] {
+      bind(bx_, x);
+      bind(dy_, dy);
+      bind(dx_, dx);
+      bwd_.run(*ctx_);
+    });
+  }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+  ActivationShape shape_;
+  memory x_, y_, bx_, dy_, dx_;
+  Step fwd_, bwd_;
+};
+
 // pooling_max forward_training on NHWC; the stash is oneDNN's workspace (which window
 // position won), read back by pooling_backward. Padded positions never win.
 class MaxPool2d final : public MaxPool2dKernel {
@@ -149,6 +207,9 @@ class Backend final : public tandem::Backend {
   std::unique_ptr<Conv2dKernel> conv2d(const Conv2dGeometry& g) override { return make_conv2d(ctx_, g); }
   std::unique_ptr<LinearKernel> linear(const LinearGeometry& g) override { return make_linear(ctx_, g); }
   std::unique_ptr<ReluKernel> relu(int64_t elements) override { return make_relu(ctx_, elements); }
+  std::unique_ptr<ActivationKernel> activation(Activation kind, int64_t elements) override {
+    return std::make_unique<OnednnActivation>(ctx_, kind, elements);
+  }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return make_max_pool2d(ctx_, g); }
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
     return make_grouped_linear(ctx_, g);

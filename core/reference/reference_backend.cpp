@@ -158,6 +158,21 @@ class ReferenceRelu final : public ReluKernel {
   int64_t n_;
 };
 
+class ReferenceActivation final : public ActivationKernel {
+ public:
+  ReferenceActivation(Activation kind, int64_t n) : kind_(kind), n_(n) {}
+  void forward(const float* x, float* y) override {
+    for (int64_t i = 0; i < n_; ++i) y[i] = activation_forward(kind_, x[i]);
+  }
+  void backward(const float* x, const float* y, const float* dy, float* dx) override {
+    for (int64_t i = 0; i < n_; ++i) dx[i] = activation_backward(kind_, x[i], y[i], dy[i]);
+  }
+
+ private:
+  Activation kind_;
+  int64_t n_;
+};
+
 // Stash: for each output element, the flat input index (iy * W + ix) of its maximum.
 class ReferenceMaxPool2d final : public MaxPool2dKernel {
  public:
@@ -276,6 +291,9 @@ class ReferenceBackend final : public Backend {
   }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override {
     return std::make_unique<ReferenceMaxPool2d>(g);
+  }
+  std::unique_ptr<ActivationKernel> activation(Activation kind, int64_t elements) override {
+    return std::make_unique<ReferenceActivation>(kind, elements);
   }
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
     return std::make_unique<ReferenceGroupedLinear>(g);

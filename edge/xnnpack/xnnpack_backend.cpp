@@ -106,6 +106,62 @@ class XnnRelu final : public ReluKernel {
   Operator op_;
 };
 
+// relu6 (clamp), hardswish and sigmoid forward through XNNPACK's operators; gelu and tanh
+// (which XNNPACK 2022 lacks) and every backward as loops over activation.h's definitions.
+class XnnActivation final : public ActivationKernel {
+ public:
+  XnnActivation(std::shared_ptr<const Context> ctx, Activation kind, int64_t elements)
+      : ctx_(std::move(ctx)), kind_(kind), n_(elements), where_(cat(activation_name(kind), " of ", elements, " elements")) {
+    if (n_ < 0) fail("xnnpack", cat("invalid geometry: ", where_));
+    if (n_ == 0) return;
+    const auto c = static_cast<size_t>(n_);
+    xnn_operator_t op = nullptr;
+    switch (kind_) {
+      case Activation::Relu6:
+        check(xnn_create_clamp_nc_f32(c, c, c, 0.0f, 6.0f, 0, &op), "xnn_create_clamp_nc_f32", where_);
+        break;
+      case Activation::Hardswish:
+        check(xnn_create_hardswish_nc_f32(c, c, c, 0, &op), "xnn_create_hardswish_nc_f32", where_);
+        break;
+      case Activation::Sigmoid:
+        check(xnn_create_sigmoid_nc_f32(c, c, c, 0, &op), "xnn_create_sigmoid_nc_f32", where_);
+        break;
+      default:
+        break;  // portable loop
+    }
+    op_.reset(op);
+  }
+
+  void forward(const float* x, float* y) override {
+    if (n_ == 0) return;
+    if (!op_) {
+      for (int64_t i = 0; i < n_; ++i) y[i] = activation_forward(kind_, x[i]);
+      return;
+    }
+    pthreadpool_t pool = ctx_->threadpool();
+    xnn_status s = xnn_status_success;
+    switch (kind_) {
+      case Activation::Relu6: s = xnn_setup_clamp_nc_f32(op_.get(), 1, x, y, pool); break;
+      case Activation::Hardswish: s = xnn_setup_hardswish_nc_f32(op_.get(), 1, x, y, pool); break;
+      case Activation::Sigmoid: s = xnn_setup_sigmoid_nc_f32(op_.get(), 1, x, y, pool); break;
+      default: break;
+    }
+    check(s, "xnn_setup (activation)", where_);
+    check(xnn_run_operator(op_.get(), pool), "xnn_run_operator (activation)", where_);
+  }
+
+  void backward(const float* x, const float* y, const float* dy, float* dx) override {
+    for (int64_t i = 0; i < n_; ++i) dx[i] = activation_backward(kind_, x[i], y[i], dy[i]);
+  }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+  Activation kind_;
+  int64_t n_;
+  std::string where_;
+  Operator op_;
+};
+
 // Max pooling. Non-overlapping windows that tile the input go through XNNPACK's argmax
 // pooling, or core's vectorised 2x2 kernel for 2x2 windows (4x faster than argmax pooling plus
 // the tie pass). Stash: uint32 index of the maximum inside its window, kx * kh + ky, with
@@ -321,6 +377,9 @@ class XnnBackend final : public Backend {
   }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override {
     return std::make_unique<XnnMaxPool2d>(ctx_, g);
+  }
+  std::unique_ptr<ActivationKernel> activation(Activation kind, int64_t elements) override {
+    return std::make_unique<XnnActivation>(ctx_, kind, elements);
   }
 
  private:
