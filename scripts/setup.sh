@@ -13,6 +13,7 @@ packages=(
   libgtest-dev zlib1g-dev libmbedtls-dev libwebsockets-dev
   dataset-fashion-mnist
   g++-aarch64-linux-gnu emscripten
+  iproute2  # ip netns and tc: the shaped-link test and benchmarks
 )
 missing=()
 for p in "${packages[@]}"; do
