@@ -62,6 +62,14 @@ class ActivationKernel {
   virtual void backward(const float* x, const float* y, const float* dy, float* dx) = 0;
 };
 
+class GlobalAvgPoolKernel {
+ public:
+  virtual ~GlobalAvgPoolKernel() = default;
+  virtual void forward(const float* x, float* y) = 0;
+  // dx[n, h, w, c] = dy[n, c] / (H * W), overwritten
+  virtual void backward(const float* dy, float* dx) = 0;
+};
+
 // Max pooling carries a payload from forward to backward (argmax indices or a backend's
 // workspace) in `stash`, which the caller owns: stash_bytes() of it, one per micro-batch.
 class MaxPool2dKernel {
@@ -95,6 +103,7 @@ class Backend {
   virtual std::unique_ptr<ReluKernel> relu(int64_t elements) = 0;
   virtual std::unique_ptr<ActivationKernel> activation(Activation kind, int64_t elements) = 0;
   virtual std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) = 0;
+  virtual std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) = 0;
   // Throws an Error saying so where a backend has none (heads belong in the cloud).
   virtual std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g);
 };

@@ -18,6 +18,10 @@ std::string GroupedLinearGeometry::str() const {
   return cat("grouped linear N", batch, " ", groups, " x (", in_features, " -> ", out_features, ")");
 }
 
+std::string GlobalPoolGeometry::str() const {
+  return cat("global average pool N", batch, " ", in_h, "x", in_w, "x", channels);
+}
+
 std::string Pool2dGeometry::str() const {
   return cat("max_pool2d N", batch, " ", in_h, "x", in_w, "x", channels, " k", kernel_h, "x", kernel_w,
              " s", stride_h, "x", stride_w, " p", pad_h, "x", pad_w);

@@ -43,6 +43,12 @@ struct GroupedLinearGeometry {
   std::string str() const;
 };
 
+// Mean over all positions of each channel: x [batch, in_h, in_w, channels] -> y [batch, channels].
+struct GlobalPoolGeometry {
+  int64_t batch = 1, in_h = 1, in_w = 1, channels = 1;
+  std::string str() const;
+};
+
 struct Pool2dGeometry {
   int64_t batch = 1, in_h = 1, in_w = 1, channels = 1;
   int64_t kernel_h = 1, kernel_w = 1;

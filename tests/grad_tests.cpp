@@ -153,6 +153,11 @@ TEST(GradFlatten, View) {
   check_node({3, 2, 4}, node("flatten"), random_tensor({2, 3, 2, 4}, rng));
 }
 
+TEST(GradGlobalAvgPool, Mean) {
+  Rng rng(14);
+  check_node({3, 4, 5}, node("global_avg_pool"), random_tensor({2, 3, 4, 5}, rng));
+}
+
 // Activations by finite differences, on values away from their kinks (relu6 at 0 and 6,
 // hardswish at +-3).
 TEST(GradActivation, AllKinds) {

@@ -304,6 +304,25 @@ TEST(Activation, ForwardBackward) {
   }
 }
 
+TEST(GlobalAvgPool, ForwardBackward) {
+  Backends b;
+  for (const GlobalPoolGeometry g : {GlobalPoolGeometry{2, 5, 3, 7}, GlobalPoolGeometry{4, 7, 7, 64}, GlobalPoolGeometry{1, 1, 1, 3}}) {
+    SCOPED_TRACE(g.str());
+    Rng rng(8);
+    Tensor x = random_tensor({g.batch, g.in_h, g.in_w, g.channels}, rng), dy = random_tensor({g.batch, g.channels}, rng);
+    Tensor want_y = nan_tensor(dy.shape()), got_y = nan_tensor(dy.shape());
+    Tensor want_dx = nan_tensor(x.shape()), got_dx = nan_tensor(x.shape());
+    auto r = b.reference->global_avg_pool(g);
+    auto t = b.tested->global_avg_pool(g);
+    r->forward(x.data(), want_y.data());
+    t->forward(x.data(), got_y.data());
+    r->backward(dy.data(), want_dx.data());
+    t->backward(dy.data(), got_dx.data());
+    expect_close(got_y.data(), want_y.data(), want_y.numel(), "forward");
+    expect_close(got_dx.data(), want_dx.data(), want_dx.numel(), "backward");
+  }
+}
+
 TEST(Relu, ForwardBackward) {
   Backends b;
   Rng rng(5);

@@ -122,6 +122,49 @@ class OnednnActivation final : public ActivationKernel {
   Step fwd_, bwd_;
 };
 
+// Global average pooling as oneDNN average pooling with the whole image as the window, and
+// its backward.
+class GlobalAvgPool final : public GlobalAvgPoolKernel {
+ public:
+  GlobalAvgPool(std::shared_ptr<const Context> ctx, const GlobalPoolGeometry& g) : ctx_(std::move(ctx)), g_(g) {
+    guarded(*ctx_, "global average pool setup", g_, [&] {
+      const Context& c = *ctx_;
+      const memory::desc src_md({g.batch, g.channels, g.in_h, g.in_w}, f32, tag::nhwc);
+      const memory::desc dst_md({g.batch, g.channels, 1, 1}, f32, tag::nhwc);
+      const memory::dims kernel{g.in_h, g.in_w}, strides{1, 1}, pad{0, 0};
+      const auto alg = dnnl::algorithm::pooling_avg_exclude_padding;
+      const dnnl::primitive_attr attr = user_scratchpad();
+      dnnl::pooling_forward::primitive_desc fwd_pd(
+          {dnnl::prop_kind::forward_training, alg, src_md, dst_md, strides, kernel, pad, pad}, attr, c.engine);
+      dnnl::pooling_backward::primitive_desc bwd_pd({alg, src_md, dst_md, strides, kernel, pad, pad}, attr, c.engine,
+                                                    fwd_pd);
+      x_ = wrapper(c, src_md), y_ = wrapper(c, dst_md), dy_ = wrapper(c, dst_md), dx_ = wrapper(c, src_md);
+      fwd_ = Step(c, fwd_pd, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}});
+      bwd_ = Step(c, bwd_pd, {{DNNL_ARG_DIFF_DST, dy_}, {DNNL_ARG_DIFF_SRC, dx_}});
+    });
+  }
+  void forward(const float* x, float* y) override {
+    guarded(*ctx_, "global average pool forward", g_, [&] {
+      bind(x_, x);
+      bind(y_, y);
+      fwd_.run(*ctx_);
+    });
+  }
+  void backward(const float* dy, float* dx) override {
+    guarded(*ctx_, "global average pool backward", g_, [&] {
+      bind(dy_, dy);
+      bind(dx_, dx);
+      bwd_.run(*ctx_);
+    });
+  }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+  GlobalPoolGeometry g_;
+  memory x_, y_, dy_, dx_;
+  Step fwd_, bwd_;
+};
+
 // pooling_max forward_training on NHWC; the stash is oneDNN's workspace (which window
 // position won), read back by pooling_backward. Padded positions never win.
 class MaxPool2d final : public MaxPool2dKernel {
@@ -209,6 +252,9 @@ class Backend final : public tandem::Backend {
   std::unique_ptr<ReluKernel> relu(int64_t elements) override { return make_relu(ctx_, elements); }
   std::unique_ptr<ActivationKernel> activation(Activation kind, int64_t elements) override {
     return std::make_unique<OnednnActivation>(ctx_, kind, elements);
+  }
+  std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) override {
+    return std::make_unique<GlobalAvgPool>(ctx_, g);
   }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return make_max_pool2d(ctx_, g); }
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {

@@ -97,6 +97,22 @@ class ActivationLayer final : public Layer {
   KernelCache<ActivationKernel> kernels_;
 };
 
+// [N, H, W, C] -> [N, C], the mean of each channel.
+class GlobalAvgPoolLayer final : public Layer {
+ public:
+  GlobalAvgPoolLayer(std::string name, const Shape& in, Backend& backend)
+      : Layer(std::move(name)), in_(in), backend_(backend) {}
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  GlobalAvgPoolKernel& kernel(int64_t batch);
+  Shape in_;  // per sample [H, W, C]
+  Backend& backend_;
+  KernelCache<GlobalAvgPoolKernel> kernels_;
+};
+
 class MaxPool2dLayer final : public Layer {
  public:
   MaxPool2dLayer(const GraphNode& node, const Shape& in, Backend& backend);

@@ -158,6 +158,30 @@ class ReferenceRelu final : public ReluKernel {
   int64_t n_;
 };
 
+class ReferenceGlobalAvgPool final : public GlobalAvgPoolKernel {
+ public:
+  explicit ReferenceGlobalAvgPool(const GlobalPoolGeometry& g) : g_(g) {}
+  void forward(const float* x, float* y) override {
+    const int64_t plane = g_.in_h * g_.in_w, c = g_.channels;
+    for (int64_t n = 0; n < g_.batch; ++n)
+      for (int64_t k = 0; k < c; ++k) {
+        double s = 0.0;
+        for (int64_t p = 0; p < plane; ++p) s += x[(n * plane + p) * c + k];
+        y[n * c + k] = static_cast<float>(s / static_cast<double>(plane));
+      }
+  }
+  void backward(const float* dy, float* dx) override {
+    const int64_t plane = g_.in_h * g_.in_w, c = g_.channels;
+    const float inv = 1.0f / static_cast<float>(plane);
+    for (int64_t n = 0; n < g_.batch; ++n)
+      for (int64_t p = 0; p < plane; ++p)
+        for (int64_t k = 0; k < c; ++k) dx[(n * plane + p) * c + k] = dy[n * c + k] * inv;
+  }
+
+ private:
+  GlobalPoolGeometry g_;
+};
+
 class ReferenceActivation final : public ActivationKernel {
  public:
   ReferenceActivation(Activation kind, int64_t n) : kind_(kind), n_(n) {}
@@ -294,6 +318,9 @@ class ReferenceBackend final : public Backend {
   }
   std::unique_ptr<ActivationKernel> activation(Activation kind, int64_t elements) override {
     return std::make_unique<ReferenceActivation>(kind, elements);
+  }
+  std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) override {
+    return std::make_unique<ReferenceGlobalAvgPool>(g);
   }
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
     return std::make_unique<ReferenceGroupedLinear>(g);

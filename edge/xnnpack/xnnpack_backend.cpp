@@ -162,6 +162,45 @@ class XnnActivation final : public ActivationKernel {
   Operator op_;
 };
 
+// Global average pooling: XNNPACK's operator forward (each image a row of H*W pixels); the
+// backward spreads dy / (H*W) in a loop (there is nothing to multiply).
+class XnnGlobalAvgPool final : public GlobalAvgPoolKernel {
+ public:
+  XnnGlobalAvgPool(std::shared_ptr<const Context> ctx, const GlobalPoolGeometry& g)
+      : ctx_(std::move(ctx)), g_(g), where_(g.str()) {
+    if (g.batch < 1 || g.in_h < 1 || g.in_w < 1 || g.channels < 1) fail("xnnpack", cat("invalid geometry: ", where_));
+    const auto c = static_cast<size_t>(g.channels);
+    xnn_operator_t op = nullptr;
+    check(xnn_create_global_average_pooling_nwc_f32(c, c, c, -std::numeric_limits<float>::infinity(),
+                                                    std::numeric_limits<float>::infinity(), 0, &op),
+          "xnn_create_global_average_pooling_nwc_f32", where_);
+    op_.reset(op);
+  }
+  void forward(const float* x, float* y) override {
+    pthreadpool_t pool = ctx_->threadpool();
+    check(xnn_setup_global_average_pooling_nwc_f32(op_.get(), static_cast<size_t>(g_.batch),
+                                                   static_cast<size_t>(g_.in_h * g_.in_w), x, y, pool),
+          "xnn_setup_global_average_pooling_nwc_f32", where_);
+    check(xnn_run_operator(op_.get(), pool), "xnn_run_operator (global average pooling)", where_);
+  }
+  void backward(const float* dy, float* dx) override {
+    const int64_t plane = g_.in_h * g_.in_w, c = g_.channels;
+    const float inv = 1.0f / static_cast<float>(plane);
+    for (int64_t n = 0; n < g_.batch; ++n)
+      for (int64_t p = 0; p < plane; ++p) {
+        float* __restrict d = dx + (n * plane + p) * c;
+        const float* __restrict s = dy + n * c;
+        for (int64_t k = 0; k < c; ++k) d[k] = s[k] * inv;
+      }
+  }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+  GlobalPoolGeometry g_;
+  std::string where_;
+  Operator op_;
+};
+
 // Max pooling. Non-overlapping windows that tile the input go through XNNPACK's argmax
 // pooling, or core's vectorised 2x2 kernel for 2x2 windows (4x faster than argmax pooling plus
 // the tie pass). Stash: uint32 index of the maximum inside its window, kx * kh + ky, with
@@ -380,6 +419,9 @@ class XnnBackend final : public Backend {
   }
   std::unique_ptr<ActivationKernel> activation(Activation kind, int64_t elements) override {
     return std::make_unique<XnnActivation>(ctx_, kind, elements);
+  }
+  std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) override {
+    return std::make_unique<XnnGlobalAvgPool>(ctx_, g);
   }
 
  private:
