@@ -62,6 +62,15 @@ class ActivationKernel {
   virtual void backward(const float* x, const float* y, const float* dy, float* dx) = 0;
 };
 
+// Softmax over the last dimension: x, y [rows, channels].
+class SoftmaxKernel {
+ public:
+  virtual ~SoftmaxKernel() = default;
+  virtual void forward(const float* x, float* y) = 0;
+  // dx = y * (dy - sum over the row of dy * y)
+  virtual void backward(const float* y, const float* dy, float* dx) = 0;
+};
+
 class GlobalAvgPoolKernel {
  public:
   virtual ~GlobalAvgPoolKernel() = default;
@@ -104,6 +113,7 @@ class Backend {
   virtual std::unique_ptr<ActivationKernel> activation(Activation kind, int64_t elements) = 0;
   virtual std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) = 0;
   virtual std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) = 0;
+  virtual std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) = 0;
   // Throws an Error saying so where a backend has none (heads belong in the cloud).
   virtual std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g);
 };

@@ -50,6 +50,10 @@ Shape infer_shape(const NodeSpec& n, const std::vector<Shape>& in) {
     expect_inputs(n, in, 1, 1);
     return Shape{n.linear.out_features};
   }
+  if (n.op == "softmax") {  // over the last dimension
+    expect_inputs(n, in, 1, 0);
+    return in[0];
+  }
   if (n.op == "global_avg_pool") {
     expect_inputs(n, in, 1, 3);
     return Shape{in[0][2]};

@@ -153,6 +153,11 @@ TEST(GradFlatten, View) {
   check_node({3, 2, 4}, node("flatten"), random_tensor({2, 3, 2, 4}, rng));
 }
 
+TEST(GradSoftmax, LastDimension) {
+  Rng rng(15);
+  check_node({6}, node("softmax"), random_tensor({3, 6}, rng, -2.0f, 2.0f));
+}
+
 TEST(GradGlobalAvgPool, Mean) {
   Rng rng(14);
   check_node({3, 4, 5}, node("global_avg_pool"), random_tensor({2, 3, 4, 5}, rng));

@@ -304,6 +304,24 @@ TEST(Activation, ForwardBackward) {
   }
 }
 
+TEST(Softmax, ForwardBackward) {
+  Backends b;
+  for (const auto [rows, channels] : {std::pair<int64_t, int64_t>{1, 10}, {7, 3}, {64, 1000}}) {
+    Rng rng(10);
+    Tensor x = random_tensor({rows, channels}, rng, -6.0f, 6.0f), dy = random_tensor({rows, channels}, rng);
+    Tensor want_y = nan_tensor(x.shape()), got_y = nan_tensor(x.shape());
+    Tensor want_dx = nan_tensor(x.shape()), got_dx = nan_tensor(x.shape());
+    auto r = b.reference->softmax(rows, channels);
+    auto t = b.tested->softmax(rows, channels);
+    r->forward(x.data(), want_y.data());
+    t->forward(x.data(), got_y.data());
+    r->backward(want_y.data(), dy.data(), want_dx.data());
+    t->backward(want_y.data(), dy.data(), got_dx.data());
+    expect_close(got_y.data(), want_y.data(), want_y.numel(), "forward");
+    expect_close(got_dx.data(), want_dx.data(), want_dx.numel(), "backward");
+  }
+}
+
 TEST(GlobalAvgPool, ForwardBackward) {
   Backends b;
   for (const GlobalPoolGeometry g : {GlobalPoolGeometry{2, 5, 3, 7}, GlobalPoolGeometry{4, 7, 7, 64}, GlobalPoolGeometry{1, 1, 1, 3}}) {

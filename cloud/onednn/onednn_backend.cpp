@@ -122,6 +122,50 @@ class OnednnActivation final : public ActivationKernel {
   Step fwd_, bwd_;
 };
 
+struct SoftmaxShape {
+  int64_t rows, channels;
+  std::string str() const { return cat("softmax [", rows, ", ", channels, "]"); }
+};
+
+// oneDNN softmax over axis 1 of [rows, channels], and its backward (from the output).
+class Softmax final : public SoftmaxKernel {
+ public:
+  Softmax(std::shared_ptr<const Context> ctx, int64_t rows, int64_t channels)
+      : ctx_(std::move(ctx)), shape_{rows, channels} {
+    guarded(*ctx_, "softmax setup", shape_, [&] {
+      const Context& c = *ctx_;
+      const memory::desc md({rows, channels}, f32, tag::nc);
+      const dnnl::primitive_attr attr = user_scratchpad();
+      dnnl::softmax_forward::primitive_desc fwd_pd({dnnl::prop_kind::forward_training, md, 1}, attr, c.engine);
+      dnnl::softmax_backward::primitive_desc bwd_pd({md, md, 1}, attr, c.engine, fwd_pd);
+      x_ = wrapper(c, md), y_ = wrapper(c, md), by_ = wrapper(c, md), dy_ = wrapper(c, md), dx_ = wrapper(c, md);
+      fwd_ = Step(c, fwd_pd, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}});
+      bwd_ = Step(c, bwd_pd, {{DNNL_ARG_DST, by_}, {DNNL_ARG_DIFF_DST, dy_}, {DNNL_ARG_DIFF_SRC, dx_}});
+    });
+  }
+  void forward(const float* x, float* y) override {
+    guarded(*ctx_, "softmax forward", shape_, [&] {
+      bind(x_, x);
+      bind(y_, y);
+      fwd_.run(*ctx_);
+    });
+  }
+  void backward(const float* y, const float* dy, float* dx) override {
+    guarded(*ctx_, "softmax backward", shape_, [&] {
+      bind(by_, y);
+      bind(dy_, dy);
+      bind(dx_, dx);
+      bwd_.run(*ctx_);
+    });
+  }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+  SoftmaxShape shape_;
+  memory x_, y_, by_, dy_, dx_;
+  Step fwd_, bwd_;
+};
+
 // Global average pooling as oneDNN average pooling with the whole image as the window, and
 // its backward.
 class GlobalAvgPool final : public GlobalAvgPoolKernel {
@@ -255,6 +299,9 @@ class Backend final : public tandem::Backend {
   }
   std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) override {
     return std::make_unique<GlobalAvgPool>(ctx_, g);
+  }
+  std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) override {
+    return std::make_unique<Softmax>(ctx_, rows, channels);
   }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return make_max_pool2d(ctx_, g); }
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {

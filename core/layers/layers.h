@@ -97,6 +97,22 @@ class ActivationLayer final : public Layer {
   KernelCache<ActivationKernel> kernels_;
 };
 
+// Softmax over the last dimension (probabilities as a layer; training losses take logits).
+class SoftmaxLayer final : public Layer {
+ public:
+  SoftmaxLayer(std::string name, const Shape& in, Backend& backend)
+      : Layer(std::move(name)), channels_(in[in.rank() - 1]), backend_(backend) {}
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  SoftmaxKernel& kernel(int64_t rows);
+  int64_t channels_;
+  Backend& backend_;
+  KernelCache<SoftmaxKernel> kernels_;
+};
+
 // [N, H, W, C] -> [N, C], the mean of each channel.
 class GlobalAvgPoolLayer final : public Layer {
  public:

@@ -30,6 +30,19 @@ void ActivationLayer::backward(std::span<const Tensor> in, const Tensor& out, co
     kernel(in[0].numel()).backward(in[0].data(), out.data(), grad_out.data(), grad_in[0].data());
 }
 
+SoftmaxKernel& SoftmaxLayer::kernel(int64_t rows) {
+  return kernels_.get(rows, [&](int64_t n) { return backend_.softmax(n, channels_); });
+}
+
+void SoftmaxLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  kernel(in[0].numel() / channels_).forward(in[0].data(), out.data());
+}
+
+void SoftmaxLayer::backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out,
+                            std::span<Tensor> grad_in, Stash&) {
+  if (grad_in[0].defined()) kernel(in[0].numel() / channels_).backward(out.data(), grad_out.data(), grad_in[0].data());
+}
+
 GlobalAvgPoolKernel& GlobalAvgPoolLayer::kernel(int64_t batch) {
   return kernels_.get(batch, [&](int64_t n) { return backend_.global_avg_pool({n, in_[0], in_[1], in_[2]}); });
 }
@@ -119,6 +132,7 @@ std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape
   if (op == "linear") return std::make_unique<LinearLayer>(node, in.at(0), backend, rng);
   if (op == "heads") return std::make_unique<HeadsLayer>(node, in.at(0), backend, rng);
   if (op == "global_avg_pool") return std::make_unique<GlobalAvgPoolLayer>(node.spec.name, in.at(0), backend);
+  if (op == "softmax") return std::make_unique<SoftmaxLayer>(node.spec.name, in.at(0), backend);
   if (const auto kind = parse_activation(op)) return std::make_unique<ActivationLayer>(node.spec.name, *kind, backend);
   if (op == "relu") return std::make_unique<ReluLayer>(node.spec.name, backend);
   if (op == "max_pool2d") return std::make_unique<MaxPool2dLayer>(node, in.at(0), backend);

@@ -1,6 +1,7 @@
 #include "core/reference/reference_backend.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <limits>
 
@@ -156,6 +157,32 @@ class ReferenceRelu final : public ReluKernel {
 
  private:
   int64_t n_;
+};
+
+class ReferenceSoftmax final : public SoftmaxKernel {
+ public:
+  ReferenceSoftmax(int64_t rows, int64_t channels) : rows_(rows), c_(channels) {}
+  void forward(const float* x, float* y) override {
+    for (int64_t r = 0; r < rows_; ++r) {
+      const float* xr = x + r * c_;
+      float* yr = y + r * c_;
+      const float peak = *std::max_element(xr, xr + c_);
+      double sum = 0.0;
+      for (int64_t k = 0; k < c_; ++k) sum += std::exp(static_cast<double>(xr[k] - peak));
+      for (int64_t k = 0; k < c_; ++k) yr[k] = static_cast<float>(std::exp(static_cast<double>(xr[k] - peak)) / sum);
+    }
+  }
+  void backward(const float* y, const float* dy, float* dx) override {
+    for (int64_t r = 0; r < rows_; ++r) {
+      double dot = 0.0;
+      for (int64_t k = 0; k < c_; ++k) dot += static_cast<double>(dy[r * c_ + k]) * y[r * c_ + k];
+      for (int64_t k = 0; k < c_; ++k)
+        dx[r * c_ + k] = static_cast<float>(y[r * c_ + k] * (dy[r * c_ + k] - dot));
+    }
+  }
+
+ private:
+  int64_t rows_, c_;
 };
 
 class ReferenceGlobalAvgPool final : public GlobalAvgPoolKernel {
@@ -321,6 +348,9 @@ class ReferenceBackend final : public Backend {
   }
   std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) override {
     return std::make_unique<ReferenceGlobalAvgPool>(g);
+  }
+  std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) override {
+    return std::make_unique<ReferenceSoftmax>(rows, channels);
   }
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
     return std::make_unique<ReferenceGroupedLinear>(g);

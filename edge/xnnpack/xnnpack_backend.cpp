@@ -162,6 +162,40 @@ class XnnActivation final : public ActivationKernel {
   Operator op_;
 };
 
+// Softmax: XNNPACK's operator forward; the backward is a loop (two passes over each row).
+class XnnSoftmax final : public SoftmaxKernel {
+ public:
+  XnnSoftmax(std::shared_ptr<const Context> ctx, int64_t rows, int64_t channels)
+      : ctx_(std::move(ctx)), rows_(rows), c_(channels), where_(cat("softmax [", rows, ", ", channels, "]")) {
+    if (rows < 1 || channels < 1) fail("xnnpack", cat("invalid geometry: ", where_));
+    const auto c = static_cast<size_t>(channels);
+    xnn_operator_t op = nullptr;
+    check(xnn_create_softmax_nc_f32(c, c, c, 0, &op), "xnn_create_softmax_nc_f32", where_);
+    op_.reset(op);
+  }
+  void forward(const float* x, float* y) override {
+    pthreadpool_t pool = ctx_->threadpool();
+    check(xnn_setup_softmax_nc_f32(op_.get(), static_cast<size_t>(rows_), x, y, pool), "xnn_setup_softmax_nc_f32",
+          where_);
+    check(xnn_run_operator(op_.get(), pool), "xnn_run_operator (softmax)", where_);
+  }
+  void backward(const float* y, const float* dy, float* dx) override {
+    for (int64_t r = 0; r < rows_; ++r) {
+      const float* yr = y + r * c_;
+      const float* dr = dy + r * c_;
+      float dot = 0.0f;
+      for (int64_t k = 0; k < c_; ++k) dot += dr[k] * yr[k];
+      for (int64_t k = 0; k < c_; ++k) dx[r * c_ + k] = yr[k] * (dr[k] - dot);
+    }
+  }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+  int64_t rows_, c_;
+  std::string where_;
+  Operator op_;
+};
+
 // Global average pooling: XNNPACK's operator forward (each image a row of H*W pixels); the
 // backward spreads dy / (H*W) in a loop (there is nothing to multiply).
 class XnnGlobalAvgPool final : public GlobalAvgPoolKernel {
@@ -422,6 +456,9 @@ class XnnBackend final : public Backend {
   }
   std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) override {
     return std::make_unique<XnnGlobalAvgPool>(ctx_, g);
+  }
+  std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) override {
+    return std::make_unique<XnnSoftmax>(ctx_, rows, channels);
   }
 
  private:
