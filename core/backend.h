@@ -62,6 +62,13 @@ class ActivationKernel {
   virtual void backward(const float* x, const float* y, const float* dy, float* dx) = 0;
 };
 
+// y = a + b elementwise (a residual connection); its backward passes dy to both inputs.
+class AddKernel {
+ public:
+  virtual ~AddKernel() = default;
+  virtual void forward(const float* a, const float* b, float* y) = 0;
+};
+
 // Softmax over the last dimension: x, y [rows, channels].
 class SoftmaxKernel {
  public:
@@ -114,6 +121,7 @@ class Backend {
   virtual std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) = 0;
   virtual std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) = 0;
   virtual std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) = 0;
+  virtual std::unique_ptr<AddKernel> add(int64_t elements) = 0;
   // Throws an Error saying so where a backend has none (heads belong in the cloud).
   virtual std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g);
 };

@@ -13,7 +13,8 @@ constexpr std::string_view kWhere = "graph";
 
 void expect_inputs(const NodeSpec& n, const std::vector<Shape>& in, std::size_t count, int rank) {
   if (in.size() != count)
-    fail(kWhere, cat("node '", n.name, "' (", n.op, "): field 'inputs' needs ", count, " input, got ", in.size()));
+    fail(kWhere, cat("node '", n.name, "' (", n.op, "): field 'inputs' needs ", count, count == 1 ? " input" : " inputs",
+                     ", got ", in.size()));
   if (rank > 0 && in[0].rank() != rank)
     fail(kWhere, cat("node '", n.name, "' (", n.op, "): expects a rank-", rank, " input per sample, got ",
                      in[0].str(), rank == 1 ? " (add a flatten node before it)" : ""));
@@ -49,6 +50,13 @@ Shape infer_shape(const NodeSpec& n, const std::vector<Shape>& in) {
   if (n.op == "linear") {
     expect_inputs(n, in, 1, 1);
     return Shape{n.linear.out_features};
+  }
+  if (n.op == "add") {
+    expect_inputs(n, in, 2, 0);
+    if (in[0] != in[1])
+      fail(kWhere, cat("node '", n.name, "' (add): inputs of shapes ", in[0].str(), " and ", in[1].str(),
+                       " (add needs equal shapes)"));
+    return in[0];
   }
   if (n.op == "softmax") {  // over the last dimension
     expect_inputs(n, in, 1, 0);

@@ -45,10 +45,11 @@ void check_gradient(Tensor values, const Tensor& analytic, F&& f, const std::str
   ::testing::Test::RecordProperty(what + ".worst_rel_err", std::to_string(worst));
 }
 
-// Builds a one-node network on the backend under test and checks every gradient.
-void check_node(const Shape& in, const NodeSpec& node, Tensor x) {
+// Builds the network on the backend under test and checks every gradient (input and
+// parameters) of a random weighted sum of its output.
+void check_spec(const ModelSpec& spec, Tensor x, const std::string& what) {
   auto backend = make_test_backend(backend_under_test());
-  Graph graph = Graph::build(one_node_spec(in, node));
+  Graph graph = Graph::build(spec);
   Network net(graph, *backend, 11);
   Rng rng(99);
   const Tensor& y0 = net.forward(x, 0);
@@ -63,12 +64,15 @@ void check_node(const Shape& in, const NodeSpec& node, Tensor x) {
       return weighted_sum(net.forward(x, 0), r);
     };
   };
-  check_gradient(x, dx, loss, node.name + ".input", rng);
+  check_gradient(x, dx, loss, what + ".input", rng);
   for (Param* p : net.params()) {
     Tensor g = p->grad().clone();
     check_gradient(p->value(), g, loss_after_param_change(*p), p->name(), rng);
   }
 }
+
+// A one-node network.
+void check_node(const Shape& in, const NodeSpec& node, Tensor x) { check_spec(one_node_spec(in, node), x, node.name); }
 
 NodeSpec node(const std::string& op) {
   NodeSpec n;
@@ -151,6 +155,26 @@ TEST(GradMaxPool2d, OverlappingPadded) {
 TEST(GradFlatten, View) {
   Rng rng(7);
   check_node({3, 2, 4}, node("flatten"), random_tensor({2, 3, 2, 4}, rng));
+}
+
+// A residual connection: s = linear(x) + x, so x's gradient adds up from two consumers.
+TEST(GradAdd, Residual) {
+  ModelSpec spec;
+  spec.name = "test.add";
+  spec.inputs.push_back({"x", Shape{4}});
+  NodeSpec lin;
+  lin.name = "lin";
+  lin.op = "linear";
+  lin.inputs = {"x"};
+  lin.linear.out_features = 4;
+  NodeSpec add;
+  add.name = "sum";
+  add.op = "add";
+  add.inputs = {"lin", "x"};
+  spec.nodes = {lin, add};
+  spec.output = "sum";
+  Rng rng(16);
+  check_spec(spec, random_tensor({3, 4}, rng), "add");
 }
 
 TEST(GradSoftmax, LastDimension) {

@@ -304,6 +304,18 @@ TEST(Activation, ForwardBackward) {
   }
 }
 
+TEST(Add, Forward) {
+  Backends b;
+  for (int64_t n : {1, 33, 10000}) {
+    Rng rng(11);
+    Tensor a = random_tensor({n}, rng), c = random_tensor({n}, rng);
+    Tensor want = nan_tensor({n}), got = nan_tensor({n});
+    b.reference->add(n)->forward(a.data(), c.data(), want.data());
+    b.tested->add(n)->forward(a.data(), c.data(), got.data());
+    expect_close(got.data(), want.data(), n, "add", 0.0f);
+  }
+}
+
 TEST(Softmax, ForwardBackward) {
   Backends b;
   for (const auto [rows, channels] : {std::pair<int64_t, int64_t>{1, 10}, {7, 3}, {64, 1000}}) {

@@ -59,6 +59,16 @@ TEST(Spec, HeadsSampleParsesWithItsGroups) {
   EXPECT_EQ(msg, "[model spec] node 'h' (heads): field 'heads.hidden' must be > 0, got 0");
 }
 
+TEST(Spec, AddNeedsTwoInputsOfOneShape) {
+  EXPECT_EQ(error_of([] { graph_of(with_nodes(R"({ name: "s", op: "add", inputs: ["x"] })")); }),
+            "[graph] node 's' (add): field 'inputs' needs 2 inputs, got 1");
+  EXPECT_EQ(error_of([] {
+              graph_of(with_nodes(R"({ name: "p", op: "max_pool2d", inputs: ["x"], pool: { kernel: [2] } },
+                                     { name: "s", op: "add", inputs: ["x", "p"] })"));
+            }),
+            "[graph] node 's' (add): inputs of shapes [8, 8, 2] and [4, 4, 2] (add needs equal shapes)");
+}
+
 TEST(Spec, BinaryRoundTrip) {
   ModelSpec spec = load_model_spec(sample_path());
   ModelSpec again = parse_model_binary(spec.binary.data(), spec.binary.size());

@@ -122,6 +122,39 @@ class OnednnActivation final : public ActivationKernel {
   Step fwd_, bwd_;
 };
 
+struct AddShape {
+  int64_t elements;
+  std::string str() const { return cat("add [", elements, "]"); }
+};
+
+// oneDNN binary add over one flat dimension.
+class Add final : public AddKernel {
+ public:
+  Add(std::shared_ptr<const Context> ctx, int64_t elements) : ctx_(std::move(ctx)), shape_{elements} {
+    guarded(*ctx_, "add setup", shape_, [&] {
+      const Context& c = *ctx_;
+      const memory::desc md({elements}, f32, tag::x);
+      dnnl::binary::primitive_desc pd({dnnl::algorithm::binary_add, md, md, md}, user_scratchpad(), c.engine);
+      a_ = wrapper(c, md), b_ = wrapper(c, md), y_ = wrapper(c, md);
+      step_ = Step(c, pd, {{DNNL_ARG_SRC_0, a_}, {DNNL_ARG_SRC_1, b_}, {DNNL_ARG_DST, y_}});
+    });
+  }
+  void forward(const float* a, const float* b, float* y) override {
+    guarded(*ctx_, "add", shape_, [&] {
+      bind(a_, a);
+      bind(b_, b);
+      bind(y_, y);
+      step_.run(*ctx_);
+    });
+  }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+  AddShape shape_;
+  memory a_, b_, y_;
+  Step step_;
+};
+
 struct SoftmaxShape {
   int64_t rows, channels;
   std::string str() const { return cat("softmax [", rows, ", ", channels, "]"); }
@@ -303,6 +336,7 @@ class Backend final : public tandem::Backend {
   std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) override {
     return std::make_unique<Softmax>(ctx_, rows, channels);
   }
+  std::unique_ptr<AddKernel> add(int64_t elements) override { return std::make_unique<Add>(ctx_, elements); }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return make_max_pool2d(ctx_, g); }
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
     return make_grouped_linear(ctx_, g);

@@ -97,6 +97,19 @@ class ActivationLayer final : public Layer {
   KernelCache<ActivationKernel> kernels_;
 };
 
+// a + b (residual connections); the gradient goes to both inputs unchanged.
+class AddLayer final : public Layer {
+ public:
+  AddLayer(std::string name, Backend& backend) : Layer(std::move(name)), backend_(backend) {}
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  Backend& backend_;
+  KernelCache<AddKernel> kernels_;
+};
+
 // Softmax over the last dimension (probabilities as a layer; training losses take logits).
 class SoftmaxLayer final : public Layer {
  public:

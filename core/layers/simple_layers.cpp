@@ -30,6 +30,16 @@ void ActivationLayer::backward(std::span<const Tensor> in, const Tensor& out, co
     kernel(in[0].numel()).backward(in[0].data(), out.data(), grad_out.data(), grad_in[0].data());
 }
 
+void AddLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  kernels_.get(out.numel(), [&](int64_t n) { return backend_.add(n); }).forward(in[0].data(), in[1].data(), out.data());
+}
+
+void AddLayer::backward(std::span<const Tensor>, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
+                        Stash&) {
+  for (Tensor& g : grad_in)
+    if (g.defined()) g.copy_from(grad_out);
+}
+
 SoftmaxKernel& SoftmaxLayer::kernel(int64_t rows) {
   return kernels_.get(rows, [&](int64_t n) { return backend_.softmax(n, channels_); });
 }
@@ -133,6 +143,7 @@ std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape
   if (op == "heads") return std::make_unique<HeadsLayer>(node, in.at(0), backend, rng);
   if (op == "global_avg_pool") return std::make_unique<GlobalAvgPoolLayer>(node.spec.name, in.at(0), backend);
   if (op == "softmax") return std::make_unique<SoftmaxLayer>(node.spec.name, in.at(0), backend);
+  if (op == "add") return std::make_unique<AddLayer>(node.spec.name, backend);
   if (const auto kind = parse_activation(op)) return std::make_unique<ActivationLayer>(node.spec.name, *kind, backend);
   if (op == "relu") return std::make_unique<ReluLayer>(node.spec.name, backend);
   if (op == "max_pool2d") return std::make_unique<MaxPool2dLayer>(node, in.at(0), backend);

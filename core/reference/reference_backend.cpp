@@ -159,6 +159,17 @@ class ReferenceRelu final : public ReluKernel {
   int64_t n_;
 };
 
+class ReferenceAdd final : public AddKernel {
+ public:
+  explicit ReferenceAdd(int64_t n) : n_(n) {}
+  void forward(const float* a, const float* b, float* y) override {
+    for (int64_t i = 0; i < n_; ++i) y[i] = a[i] + b[i];
+  }
+
+ private:
+  int64_t n_;
+};
+
 class ReferenceSoftmax final : public SoftmaxKernel {
  public:
   ReferenceSoftmax(int64_t rows, int64_t channels) : rows_(rows), c_(channels) {}
@@ -352,6 +363,7 @@ class ReferenceBackend final : public Backend {
   std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) override {
     return std::make_unique<ReferenceSoftmax>(rows, channels);
   }
+  std::unique_ptr<AddKernel> add(int64_t elements) override { return std::make_unique<ReferenceAdd>(elements); }
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
     return std::make_unique<ReferenceGroupedLinear>(g);
   }

@@ -162,6 +162,30 @@ class XnnActivation final : public ActivationKernel {
   Operator op_;
 };
 
+// Elementwise add through XNNPACK's add_nd over one flat dimension.
+class XnnAdd final : public AddKernel {
+ public:
+  XnnAdd(std::shared_ptr<const Context> ctx, int64_t elements)
+      : ctx_(std::move(ctx)), n_(static_cast<size_t>(elements)), where_(cat("add of ", elements, " elements")) {
+    if (elements < 1) fail("xnnpack", cat("invalid geometry: ", where_));
+    xnn_operator_t op = nullptr;
+    check(xnn_create_add_nd_f32(-std::numeric_limits<float>::infinity(), std::numeric_limits<float>::infinity(), 0, &op),
+          "xnn_create_add_nd_f32", where_);
+    op_.reset(op);
+  }
+  void forward(const float* a, const float* b, float* y) override {
+    pthreadpool_t pool = ctx_->threadpool();
+    check(xnn_setup_add_nd_f32(op_.get(), 1, &n_, 1, &n_, a, b, y, pool), "xnn_setup_add_nd_f32", where_);
+    check(xnn_run_operator(op_.get(), pool), "xnn_run_operator (add)", where_);
+  }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+  size_t n_;
+  std::string where_;
+  Operator op_;
+};
+
 // Softmax: XNNPACK's operator forward; the backward is a loop (two passes over each row).
 class XnnSoftmax final : public SoftmaxKernel {
  public:
@@ -460,6 +484,7 @@ class XnnBackend final : public Backend {
   std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) override {
     return std::make_unique<XnnSoftmax>(ctx_, rows, channels);
   }
+  std::unique_ptr<AddKernel> add(int64_t elements) override { return std::make_unique<XnnAdd>(ctx_, elements); }
 
  private:
   std::shared_ptr<const Context> ctx_;
