@@ -51,6 +51,23 @@ Shape infer_shape(const NodeSpec& n, const std::vector<Shape>& in) {
     expect_inputs(n, in, 1, 1);
     return Shape{n.linear.out_features};
   }
+  if (n.op == "concat") {  // along the last dimension (channels, in NHWC)
+    if (in.size() < 2)
+      fail(kWhere, cat("node '", n.name, "' (concat): field 'inputs' needs 2 or more inputs, got ", in.size()));
+    const int rank = in[0].rank();
+    int64_t dims[kMaxRank];
+    for (int d = 0; d < rank; ++d) dims[d] = in[0][d];
+    dims[rank - 1] = 0;
+    for (const Shape& s : in) {
+      bool same = s.rank() == rank;
+      for (int d = 0; same && d + 1 < rank; ++d) same = s[d] == in[0][d];
+      if (!same)
+        fail(kWhere, cat("node '", n.name, "' (concat): input ", s.str(), " differs from ", in[0].str(),
+                         " in more than the last dimension"));
+      dims[rank - 1] += s[rank - 1];
+    }
+    return Shape::of(dims, rank);
+  }
   if (n.op == "add") {
     expect_inputs(n, in, 2, 0);
     if (in[0] != in[1])

@@ -92,7 +92,7 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
 
 const std::vector<std::string>& known_ops() {
   static const std::vector<std::string> ops{"conv2d",    "linear", "relu",    "max_pool2d", "flatten", "heads",
-                                            "relu6",     "hardswish", "gelu", "sigmoid", "tanh", "global_avg_pool", "softmax", "add"};
+                                            "relu6",     "hardswish", "gelu", "sigmoid", "tanh", "global_avg_pool", "softmax", "add", "concat"};
   return ops;
 }
 

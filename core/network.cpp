@@ -1,5 +1,6 @@
 #include "core/network.h"
 
+#include <algorithm>
 #include <chrono>
 
 #include "core/error.h"
@@ -194,8 +195,14 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
         continue;
       }
       const Shape& shape = s.values[i].shape();
+      const auto position = static_cast<int>(node_grads_.size());
+      const bool repeated = std::find(input_ids_[n].begin(), input_ids_[n].begin() + position, in_id) !=
+                            input_ids_[n].begin() + position;
       if (layers_[n]->is_view()) {
         node_grads_.push_back(grad_out.reshape(shape));
+      } else if (repeated) {  // the same tensor read twice (concat(x, x)): a buffer of its own
+        if (s.repeat_scratch.size() <= static_cast<std::size_t>(position)) s.repeat_scratch.resize(position + 1);
+        node_grads_.push_back(buffer(s.repeat_scratch, position, shape));
       } else if (contributions_[i] == 0) {
         node_grads_.push_back(buffer(s.grad_buffers, in_id, shape));
       } else {

@@ -53,6 +53,7 @@ class Network {
     // Backward working buffers per tensor id. Kept per slot so that micro-batches of unequal
     // size (K not dividing B) reuse their own buffers instead of re-allocating every step.
     std::vector<Tensor> grad_buffers, grad_scratch;
+    std::vector<Tensor> repeat_scratch;  // per input position: a tensor a node reads more than once
   };
   int tensor_id(int source) const;
   void fuse_relu_into_pools();  // GraphNode::sources entry -> tensor id

@@ -177,6 +177,26 @@ TEST(GradAdd, Residual) {
   check_spec(spec, random_tensor({3, 4}, rng), "add");
 }
 
+// Channels side by side: a linear branch and the input itself.
+TEST(GradConcat, TwoBranches) {
+  ModelSpec spec;
+  spec.name = "test.concat";
+  spec.inputs.push_back({"x", Shape{2, 3}});
+  NodeSpec act;
+  act.name = "act";
+  act.op = "tanh";
+  act.inputs = {"x"};
+  NodeSpec cat_node;
+  cat_node.name = "joined";
+  cat_node.op = "concat";
+  cat_node.inputs = {"x", "act", "x"};
+  spec.nodes = {act, cat_node};
+  spec.output = "joined";
+  Rng rng(17);
+  check_spec(spec, random_tensor({2, 2, 3}, rng), "concat");
+  EXPECT_EQ(Graph::build(spec).node("joined").shape, (Shape{2, 9}));
+}
+
 TEST(GradSoftmax, LastDimension) {
   Rng rng(15);
   check_node({6}, node("softmax"), random_tensor({3, 6}, rng, -2.0f, 2.0f));

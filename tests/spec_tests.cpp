@@ -69,6 +69,14 @@ TEST(Spec, AddNeedsTwoInputsOfOneShape) {
             "[graph] node 's' (add): inputs of shapes [8, 8, 2] and [4, 4, 2] (add needs equal shapes)");
 }
 
+TEST(Spec, ConcatNeedsMatchingLeadingDimensions) {
+  EXPECT_EQ(error_of([] {
+              graph_of(with_nodes(R"({ name: "p", op: "max_pool2d", inputs: ["x"], pool: { kernel: [2] } },
+                                     { name: "c", op: "concat", inputs: ["x", "p"] })"));
+            }),
+            "[graph] node 'c' (concat): input [4, 4, 2] differs from [8, 8, 2] in more than the last dimension");
+}
+
 TEST(Spec, BinaryRoundTrip) {
   ModelSpec spec = load_model_spec(sample_path());
   ModelSpec again = parse_model_binary(spec.binary.data(), spec.binary.size());

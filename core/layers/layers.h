@@ -97,6 +97,16 @@ class ActivationLayer final : public Layer {
   KernelCache<ActivationKernel> kernels_;
 };
 
+// Inputs side by side along the last dimension (channels). A copy, the same on every
+// backend; the gradient is sliced back.
+class ConcatLayer final : public Layer {
+ public:
+  explicit ConcatLayer(std::string name) : Layer(std::move(name)) {}
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+};
+
 // a + b (residual connections); the gradient goes to both inputs unchanged.
 class AddLayer final : public Layer {
  public:

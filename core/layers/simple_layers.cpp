@@ -30,6 +30,35 @@ void ActivationLayer::backward(std::span<const Tensor> in, const Tensor& out, co
     kernel(in[0].numel()).backward(in[0].data(), out.data(), grad_out.data(), grad_in[0].data());
 }
 
+namespace {
+
+// Rows of the leading dimensions; each input holds `width(k)` values of a row.
+int64_t last_dim(const Tensor& t) { return t.shape()[t.shape().rank() - 1]; }
+
+}  // namespace
+
+void ConcatLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  const int64_t total = last_dim(out), rows = out.numel() / total;
+  int64_t offset = 0;
+  for (const Tensor& t : in) {
+    const int64_t w = last_dim(t);
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(t.data() + r * w, w, out.data() + r * total + offset);
+    offset += w;
+  }
+}
+
+void ConcatLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
+                           Stash&) {
+  const int64_t total = last_dim(grad_out), rows = grad_out.numel() / total;
+  int64_t offset = 0;
+  for (std::size_t k = 0; k < in.size(); ++k) {
+    const int64_t w = last_dim(in[k]);
+    if (grad_in[k].defined())
+      for (int64_t r = 0; r < rows; ++r) std::copy_n(grad_out.data() + r * total + offset, w, grad_in[k].data() + r * w);
+    offset += w;
+  }
+}
+
 void AddLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
   kernels_.get(out.numel(), [&](int64_t n) { return backend_.add(n); }).forward(in[0].data(), in[1].data(), out.data());
 }
@@ -144,6 +173,7 @@ std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape
   if (op == "global_avg_pool") return std::make_unique<GlobalAvgPoolLayer>(node.spec.name, in.at(0), backend);
   if (op == "softmax") return std::make_unique<SoftmaxLayer>(node.spec.name, in.at(0), backend);
   if (op == "add") return std::make_unique<AddLayer>(node.spec.name, backend);
+  if (op == "concat") return std::make_unique<ConcatLayer>(node.spec.name);
   if (const auto kind = parse_activation(op)) return std::make_unique<ActivationLayer>(node.spec.name, *kind, backend);
   if (op == "relu") return std::make_unique<ReluLayer>(node.spec.name, backend);
   if (op == "max_pool2d") return std::make_unique<MaxPool2dLayer>(node, in.at(0), backend);
