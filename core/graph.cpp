@@ -75,7 +75,7 @@ Shape infer_shape(const NodeSpec& n, const std::vector<Shape>& in) {
                        " (add needs equal shapes)"));
     return in[0];
   }
-  if (n.op == "softmax") {  // over the last dimension
+  if (n.op == "softmax" || n.op == "batch_norm") {  // over / per the last dimension
     expect_inputs(n, in, 1, 0);
     return in[0];
   }
@@ -190,6 +190,11 @@ int64_t Graph::output_groups() const {
 std::vector<std::string> Graph::param_names() const {
   std::vector<std::string> names;
   for (const auto& n : nodes_) {
+    if (n.spec.op == "batch_norm") {
+      names.push_back(n.spec.name + ".weight");
+      names.push_back(n.spec.name + ".bias");
+      continue;
+    }
     if (n.spec.op == "heads") {
       for (const char* p : {".w1", ".b1", ".w2", ".b2"}) names.push_back(n.spec.name + p);
       continue;

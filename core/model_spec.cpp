@@ -66,6 +66,13 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
       fail(kWhere, cat(label, " (linear): field 'linear.out_features' must be > 0, got ", a->out_features()));
     out.linear.out_features = a->out_features();
     out.linear.bias = a->bias();
+  } else if (out.op == "batch_norm") {
+    if (const auto* a = node->batch_norm()) {
+      if (!(a->eps() > 0.0f)) fail(kWhere, cat(label, " (batch_norm): field 'batch_norm.eps' must be > 0, got ", a->eps()));
+      if (!(a->momentum() >= 0.0f && a->momentum() <= 1.0f))
+        fail(kWhere, cat(label, " (batch_norm): field 'batch_norm.momentum' must be in [0, 1], got ", a->momentum()));
+      out.batch_norm = {a->eps(), a->momentum()};
+    }
   } else if (out.op == "heads") {
     const auto* a = node->heads();
     if (!a) fail(kWhere, cat(label, " (heads): missing field 'heads'"));
@@ -92,7 +99,7 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
 
 const std::vector<std::string>& known_ops() {
   static const std::vector<std::string> ops{"conv2d",    "linear", "relu",    "max_pool2d", "flatten", "heads",
-                                            "relu6",     "hardswish", "gelu", "sigmoid", "tanh", "global_avg_pool", "softmax", "add", "concat"};
+                                            "relu6",     "hardswish", "gelu", "sigmoid", "tanh", "global_avg_pool", "softmax", "add", "concat", "batch_norm"};
   return ops;
 }
 

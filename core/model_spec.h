@@ -29,6 +29,10 @@ struct Pool2dAttrs {
   Pair kernel{0, 0}, stride{0, 0}, padding{0, 0};
 };
 
+struct BatchNormAttrs {
+  float eps = 1e-5f, momentum = 0.1f;
+};
+
 struct HeadsAttrs {
   int64_t count = 0, hidden = 0, out_features = 0;
 };
@@ -41,6 +45,7 @@ struct NodeSpec {
   LinearAttrs linear;
   Pool2dAttrs pool;
   HeadsAttrs heads;
+  BatchNormAttrs batch_norm;
 };
 
 struct InputSpec {

@@ -89,6 +89,10 @@ void Network::set_timing(NodeTimes* times) {
   times_->backward_s.assign(graph_.nodes().size(), 0.0);
 }
 
+void Network::set_training(bool training) {
+  for (auto& l : layers_) l->set_training(training);
+}
+
 void Network::zero_grad() {
   for (Param* p : params_) p->zero_grad();
 }

@@ -38,6 +38,9 @@ class Network {
   Tensor backward(const Tensor& grad_output, int slot, bool want_input_grad);
 
   void zero_grad();
+  // Training (default) or evaluation mode for every layer (batch norm uses batch statistics
+  // and updates its running ones only in training).
+  void set_training(bool training);
 
   // When set, each node's forward and backward wall time is added to times (indexed like
   // graph().nodes()); the caller owns it. For the profiler; off (null) by default.

@@ -34,6 +34,7 @@ StepStats ChainTrainer::train_step(const Tensor& images, const int32_t* labels, 
     Tensor x = images.slice_batch(begin, count);
     for (std::size_t i = 0; i < stages_.size(); ++i) {
       const auto t0 = std::chrono::steady_clock::now();
+      stages_[i]->set_training(true);
       x = stages_[i]->forward(x, mb);
       times_.busy_s[i] += seconds_since(t0);
     }
@@ -65,7 +66,10 @@ StepStats ChainTrainer::evaluate(const Tensor& images, const int32_t* labels, in
   for (int64_t begin = 0; begin < total; begin += chunk) {
     const int64_t count = std::min(chunk, total - begin);
     Tensor x = images.slice_batch(begin, count);
-    for (Network* s : stages_) x = s->forward(x, 0);
+    for (Network* s : stages_) {
+      s->set_training(false);
+      x = s->forward(x, 0);
+    }
     const int64_t heads = stages_.back()->graph().output_groups();
     stats.loss_sum += softmax_cross_entropy(x, labels + begin, 1.0f, nullptr, heads);
     stats.correct += count_correct(x, labels + begin, heads);

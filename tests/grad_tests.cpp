@@ -157,6 +157,33 @@ TEST(GradFlatten, View) {
   check_node({3, 2, 4}, node("flatten"), random_tensor({2, 3, 2, 4}, rng));
 }
 
+// Batch norm in training mode: the statistics depend on the input, so the finite differences
+// see the whole function. Then evaluation: running statistics as torch updates them.
+TEST(GradBatchNorm, TrainingAndRunningStatistics) {
+  Rng rng(18);
+  Tensor x = random_tensor({4, 3, 2, 5}, rng, -2.0f, 2.0f);
+  check_node({3, 2, 5}, node("batch_norm"), x);
+
+  auto backend = make_test_backend(backend_under_test());
+  Network net(Graph::build(one_node_spec({3, 2, 5}, node("batch_norm"))), *backend, 1);
+  Tensor y = net.forward(x, 0).clone();  // training: per channel mean 0, variance ~1
+  const int64_t c = 5, rows = x.numel() / c;
+  for (int64_t k = 0; k < c; ++k) {
+    double m = 0, v = 0, xm = 0, xv = 0;
+    for (int64_t r = 0; r < rows; ++r) m += y[r * c + k], xm += x[r * c + k];
+    m /= rows, xm /= rows;
+    for (int64_t r = 0; r < rows; ++r) v += (y[r * c + k] - m) * (y[r * c + k] - m), xv += (x[r * c + k] - xm) * (x[r * c + k] - xm);
+    EXPECT_NEAR(m, 0.0, 1e-5);
+    EXPECT_NEAR(v / rows, 1.0, 1e-3);
+    // Evaluation after that one step: running mean 0.1 * mean, variance 0.9 + 0.1 * unbiased var.
+    const double rm = 0.1 * xm, rv = 0.9 + 0.1 * xv / (rows - 1);
+    net.set_training(false);
+    const Tensor& e = net.forward(x, 1);
+    EXPECT_NEAR(e[k], (x[k] - rm) / std::sqrt(rv + 1e-5), 1e-4) << "channel " << k;
+    net.set_training(true);
+  }
+}
+
 // A residual connection: s = linear(x) + x, so x's gradient adds up from two consumers.
 TEST(GradAdd, Residual) {
   ModelSpec spec;

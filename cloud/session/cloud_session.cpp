@@ -148,6 +148,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   if (!activations.defined()) return refuse(error);
 
   const auto t0 = std::chrono::steady_clock::now();
+  back_.set_training(true);
   const Tensor& logits = back_.forward(activations, static_cast<int>(mb));
   Tensor& dlogits = dlogits_[mb];
   if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
@@ -176,6 +177,7 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   if (!activations.defined()) return refuse(error);
   const auto t0 = std::chrono::steady_clock::now();
   // A slot of its own, so evaluation never disturbs a training step's stashes.
+  back_.set_training(false);
   const Tensor& logits = back_.forward(activations, static_cast<int>(config_.microbatches));
   const int64_t heads = back_.graph().output_groups();
   const double loss = softmax_cross_entropy(logits, eval.labels()->data(), 1.0f, nullptr, heads);

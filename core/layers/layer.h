@@ -40,6 +40,9 @@ class Layer {
   // aliases the tensors instead of calling forward and backward.
   virtual bool is_view() const { return false; }
 
+  // Training (the default) or evaluation: layers that behave differently (batch norm) follow.
+  virtual void set_training(bool) {}
+
   // `out` is preallocated with this node's shape for the micro-batch.
   virtual void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) = 0;
   // Writes (overwrites) grad_in[i] for every defined grad_in[i]; accumulates parameter

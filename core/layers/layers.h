@@ -97,6 +97,26 @@ class ActivationLayer final : public Layer {
   KernelCache<ActivationKernel> kernels_;
 };
 
+// Batch normalisation per channel (the last dimension); see batch_norm_layer.cpp.
+class BatchNormLayer final : public Layer {
+ public:
+  BatchNormLayer(const GraphNode& node, const Shape& in, Rng& rng);
+  std::vector<Param*> params() override;
+  void set_training(bool training) override { training_ = training; }
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+  const Tensor& running_mean() const { return running_mean_; }
+  const Tensor& running_var() const { return running_var_; }
+
+ private:
+  BatchNormAttrs attrs_;
+  int64_t channels_;
+  Param weight_, bias_;
+  Tensor running_mean_, running_var_;
+  bool training_ = true;
+};
+
 // Inputs side by side along the last dimension (channels). A copy, the same on every
 // backend; the gradient is sliced back.
 class ConcatLayer final : public Layer {

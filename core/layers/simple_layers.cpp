@@ -174,6 +174,7 @@ std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape
   if (op == "softmax") return std::make_unique<SoftmaxLayer>(node.spec.name, in.at(0), backend);
   if (op == "add") return std::make_unique<AddLayer>(node.spec.name, backend);
   if (op == "concat") return std::make_unique<ConcatLayer>(node.spec.name);
+  if (op == "batch_norm") return std::make_unique<BatchNormLayer>(node, in.at(0), rng);
   if (const auto kind = parse_activation(op)) return std::make_unique<ActivationLayer>(node.spec.name, *kind, backend);
   if (op == "relu") return std::make_unique<ReluLayer>(node.spec.name, backend);
   if (op == "max_pool2d") return std::make_unique<MaxPool2dLayer>(node, in.at(0), backend);

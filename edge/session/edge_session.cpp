@@ -83,6 +83,7 @@ std::span<const uint8_t> EdgeSession::forward(int mb) {
     fail("edge session", cat("micro-batch ", mb, " of step ", step_, " cannot be forwarded now"));
   const int64_t batch = images_.shape()[0];
   const auto [begin, count] = microbatch_range(batch, step_microbatches_, mb);
+  front_.set_training(true);
   const Tensor& activations = front_.forward(images_.slice_batch(begin, count), mb);
   state_[static_cast<std::size_t>(mb)] = 1;
   return writer_.forward(step_, static_cast<uint32_t>(mb), step_ /* weights version: optimizer steps applied */, activations,
@@ -118,6 +119,7 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
 std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, const Tensor& images, const int32_t* labels,
                                                    int64_t count) {
   // Evaluation uses the slot after the training ones, so it never disturbs a step in flight.
+  front_.set_training(false);
   const Tensor& activations = front_.forward(images, static_cast<int>(microbatches_));
   return writer_.eval_forward(batch_id, activations, std::span<const int32_t>(labels, static_cast<std::size_t>(count)),
                               dtype_);
