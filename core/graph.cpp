@@ -75,7 +75,7 @@ Shape infer_shape(const NodeSpec& n, const std::vector<Shape>& in) {
                        " (add needs equal shapes)"));
     return in[0];
   }
-  if (n.op == "softmax" || n.op == "batch_norm") {  // over / per the last dimension
+  if (n.op == "softmax" || n.op == "batch_norm" || n.op == "dropout") {  // over / per the last dimension
     expect_inputs(n, in, 1, 0);
     return in[0];
   }

@@ -66,6 +66,12 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
       fail(kWhere, cat(label, " (linear): field 'linear.out_features' must be > 0, got ", a->out_features()));
     out.linear.out_features = a->out_features();
     out.linear.bias = a->bias();
+  } else if (out.op == "dropout") {
+    if (const auto* a = node->dropout()) {
+      if (!(a->p() >= 0.0f && a->p() < 1.0f))
+        fail(kWhere, cat(label, " (dropout): field 'dropout.p' must be in [0, 1), got ", a->p()));
+      out.dropout.p = a->p();
+    }
   } else if (out.op == "batch_norm") {
     if (const auto* a = node->batch_norm()) {
       if (!(a->eps() > 0.0f)) fail(kWhere, cat(label, " (batch_norm): field 'batch_norm.eps' must be > 0, got ", a->eps()));
@@ -99,7 +105,7 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
 
 const std::vector<std::string>& known_ops() {
   static const std::vector<std::string> ops{"conv2d",    "linear", "relu",    "max_pool2d", "flatten", "heads",
-                                            "relu6",     "hardswish", "gelu", "sigmoid", "tanh", "global_avg_pool", "softmax", "add", "concat", "batch_norm"};
+                                            "relu6",     "hardswish", "gelu", "sigmoid", "tanh", "global_avg_pool", "softmax", "add", "concat", "batch_norm", "dropout"};
   return ops;
 }
 

@@ -29,6 +29,10 @@ struct Pool2dAttrs {
   Pair kernel{0, 0}, stride{0, 0}, padding{0, 0};
 };
 
+struct DropoutAttrs {
+  float p = 0.5f;
+};
+
 struct BatchNormAttrs {
   float eps = 1e-5f, momentum = 0.1f;
 };
@@ -46,6 +50,7 @@ struct NodeSpec {
   Pool2dAttrs pool;
   HeadsAttrs heads;
   BatchNormAttrs batch_norm;
+  DropoutAttrs dropout;
 };
 
 struct InputSpec {

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstring>
 
 #include "core/error.h"
 #include "core/graph.h"
@@ -182,6 +183,37 @@ TEST(GradBatchNorm, TrainingAndRunningStatistics) {
     EXPECT_NEAR(e[k], (x[k] - rm) / std::sqrt(rv + 1e-5), 1e-4) << "channel " << k;
     net.set_training(true);
   }
+}
+
+// Dropout: in training about p of the values are zeroed and the rest scaled by 1 / (1 - p),
+// the backward uses the same mask, the same seed gives the same masks, evaluation passes
+// values through.
+TEST(Dropout, MaskScaleBackwardAndEvaluation) {
+  NodeSpec n = node("dropout");
+  n.dropout.p = 0.25f;
+  Rng rng(19);
+  Tensor x = random_tensor({4, 2500}, rng, 0.5f, 1.5f);  // no zeros: a zero output means dropped
+  auto backend = make_test_backend(backend_under_test());
+  auto run = [&](Network& net) { return net.forward(x, 0).clone(); };
+  Network a(Graph::build(one_node_spec({2500}, n)), *backend, 5), b(Graph::build(one_node_spec({2500}, n)), *backend, 5);
+  const Tensor ya = run(a), yb = run(b);
+  int64_t dropped = 0;
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    ASSERT_EQ(ya[i], yb[i]) << "same seed, same mask";
+    if (ya[i] == 0.0f)
+      ++dropped;
+    else
+      ASSERT_FLOAT_EQ(ya[i], x[i] / 0.75f);
+  }
+  EXPECT_NEAR(static_cast<double>(dropped) / static_cast<double>(x.numel()), 0.25, 0.02);
+  Tensor dy = random_tensor(x.shape(), rng);
+  Tensor dx = a.backward(dy, 0, true).clone();
+  for (int64_t i = 0; i < x.numel(); ++i) ASSERT_FLOAT_EQ(dx[i], ya[i] == 0.0f ? 0.0f : dy[i] / 0.75f);
+  EXPECT_NE(std::memcmp(run(a).data(), ya.data(), static_cast<std::size_t>(x.numel()) * sizeof(float)), 0)
+      << "the next training forward draws a new mask";
+  a.set_training(false);
+  const Tensor ye = run(a);
+  for (int64_t i = 0; i < x.numel(); ++i) ASSERT_EQ(ye[i], x[i]);
 }
 
 // A residual connection: s = linear(x) + x, so x's gradient adds up from two consumers.

@@ -77,6 +77,11 @@ TEST(Spec, ConcatNeedsMatchingLeadingDimensions) {
             "[graph] node 'c' (concat): input [4, 4, 2] differs from [8, 8, 2] in more than the last dimension");
 }
 
+TEST(Spec, DropoutProbabilityMustBeBelowOne) {
+  EXPECT_EQ(error_of([] { graph_of(with_nodes(R"({ name: "d", op: "dropout", inputs: ["x"], dropout: { p: 1.0 } })")); }),
+            "[model spec] node 'd' (dropout): field 'dropout.p' must be in [0, 1), got 1");
+}
+
 TEST(Spec, BinaryRoundTrip) {
   ModelSpec spec = load_model_spec(sample_path());
   ModelSpec again = parse_model_binary(spec.binary.data(), spec.binary.size());

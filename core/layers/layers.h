@@ -97,6 +97,24 @@ class ActivationLayer final : public Layer {
   KernelCache<ActivationKernel> kernels_;
 };
 
+// Inverted dropout with a seeded, counter-based mask: element i of the k-th training forward
+// is kept when hash(seed, k, i) >= p, so a run is reproducible whatever the backend. The
+// mask (one byte an element) stays in the micro-batch's stash for backward.
+class DropoutLayer final : public Layer {
+ public:
+  DropoutLayer(std::string name, float p, uint64_t seed) : Layer(std::move(name)), p_(p), seed_(seed) {}
+  void set_training(bool training) override { training_ = training; }
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  float p_;
+  uint64_t seed_;
+  uint64_t calls_ = 0;
+  bool training_ = true;
+};
+
 // Batch normalisation per channel (the last dimension); see batch_norm_layer.cpp.
 class BatchNormLayer final : public Layer {
  public:

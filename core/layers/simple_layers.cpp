@@ -37,6 +37,48 @@ int64_t last_dim(const Tensor& t) { return t.shape()[t.shape().rank() - 1]; }
 
 }  // namespace
 
+namespace {
+
+// SplitMix64's finaliser: a counter-based stream of well-mixed 64-bit values.
+uint64_t mix(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
+  return z ^ (z >> 31);
+}
+
+}  // namespace
+
+void DropoutLayer::forward(std::span<const Tensor> in, Tensor& out, Stash& stash) {
+  const int64_t n = in[0].numel();
+  auto* keep = static_cast<uint8_t*>(stash.reserve(static_cast<std::size_t>(n) + 1));
+  keep[n] = training_ ? 1 : 0;  // the mode, for this micro-batch's backward
+  const float* x = in[0].data();
+  float* y = out.data();
+  if (!training_ || p_ == 0.0f) {
+    std::copy_n(x, n, y);
+    std::fill_n(keep, n, uint8_t{1});
+    return;
+  }
+  const uint64_t base = mix(seed_ ^ mix(++calls_));
+  const auto threshold = static_cast<uint64_t>(static_cast<double>(p_) * 18446744073709551616.0);
+  const float scale = 1.0f / (1.0f - p_);
+  for (int64_t i = 0; i < n; ++i) {
+    keep[i] = mix(base + static_cast<uint64_t>(i)) >= threshold;
+    y[i] = keep[i] ? x[i] * scale : 0.0f;
+  }
+}
+
+void DropoutLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
+                            std::span<Tensor> grad_in, Stash& stash) {
+  if (!grad_in[0].defined()) return;
+  const int64_t n = in[0].numel();
+  const auto* keep = reinterpret_cast<const uint8_t*>(stash.bytes.data());
+  const float scale = keep[n] && p_ > 0.0f ? 1.0f / (1.0f - p_) : 1.0f;
+  const float* dy = grad_out.data();
+  float* dx = grad_in[0].data();
+  for (int64_t i = 0; i < n; ++i) dx[i] = keep[i] ? dy[i] * scale : 0.0f;
+}
+
 void ConcatLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
   const int64_t total = last_dim(out), rows = out.numel() / total;
   int64_t offset = 0;
@@ -175,6 +217,7 @@ std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape
   if (op == "add") return std::make_unique<AddLayer>(node.spec.name, backend);
   if (op == "concat") return std::make_unique<ConcatLayer>(node.spec.name);
   if (op == "batch_norm") return std::make_unique<BatchNormLayer>(node, in.at(0), rng);
+  if (op == "dropout") return std::make_unique<DropoutLayer>(node.spec.name, node.spec.dropout.p, rng.next());
   if (const auto kind = parse_activation(op)) return std::make_unique<ActivationLayer>(node.spec.name, *kind, backend);
   if (op == "relu") return std::make_unique<ReluLayer>(node.spec.name, backend);
   if (op == "max_pool2d") return std::make_unique<MaxPool2dLayer>(node, in.at(0), backend);
