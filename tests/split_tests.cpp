@@ -204,6 +204,58 @@ TEST(SplitSession, WireDtypeFallsBackToWhatTheCloudTakes) {
   EXPECT_EQ(s.edge.dtype(), wire::DType::F32);
 }
 
+// The model zoo (samples/models): each spec split at its default cut, the front on xnnpack
+// and the back on onednn (when built), trained through the two sessions' messages for a few
+// steps of K=2 on one fixed batch of 4 random images; the batch's loss must fall (Adam 1e-3).
+class Zoo : public ::testing::TestWithParam<const char*> {};
+
+TEST_P(Zoo, SplitTrainsAFewSteps) {
+  const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/models/" + GetParam() + ".json");
+  const Graph graph = Graph::build(spec);
+  const auto [front_graph, back_graph] = graph.split(graph.default_cut());
+  auto edge_backend = make_backend(pick("xnnpack")), cloud_backend = make_backend(pick("onednn"));
+  Network front(front_graph, *edge_backend, 3), back(back_graph, *cloud_backend, 3);
+  OptimizerOptions adam;
+  adam.kind = "adam";
+  adam.lr = 1e-3f;
+  auto front_opt = make_optimizer(front.params(), adam), back_opt = make_optimizer(back.params(), adam);
+  const auto hash = model_hash(spec, graph.default_cut());
+  CloudSession cloud(back, *back_opt, {hash, 4, 2, 10, 1, kDefaultMaxMessageBytes});
+  EdgeSession edge(front, *front_opt, 2, hash, "zoo");
+  auto send = [&](std::span<const uint8_t> bytes) {
+    CloudReply r = cloud.handle(Frame::copy_of(bytes.data(), bytes.size()));
+    cloud.finish_step();
+    return Frame::copy_of(r.bytes.data(), r.bytes.size());
+  };
+  WireError err;
+  ASSERT_TRUE(edge.on_welcome(send(edge.hello()), err)) << err.text;
+  Rng rng(4);
+  const Shape& in = graph.inputs()[0].shape;
+  const Tensor images = random_tensor({4, in[0], in[1], in[2]}, rng, 0.0f, 1.0f);
+  const int32_t labels[4] = {1, 7, 3, 1};
+  std::vector<double> losses;
+  for (int step = 0; step < 6; ++step) {
+    const int k = edge.begin_step(images, labels);
+    std::vector<Frame> replies;
+    for (int mb = 0; mb < k; ++mb) replies.push_back(send(edge.forward(mb)));
+    bool done = false;
+    for (Frame& f : replies) ASSERT_TRUE(edge.on_backward(f, err, done)) << err.text;
+    ASSERT_TRUE(done);
+    losses.push_back(edge.step_loss_sum() / 4);
+    ASSERT_TRUE(std::isfinite(losses.back())) << "step " << step;
+  }
+  EXPECT_LT(losses.back(), losses.front()) << GetParam() << ": loss " << losses.front() << " -> " << losses.back();
+}
+
+INSTANTIATE_TEST_SUITE_P(Models, Zoo,
+                         ::testing::Values("vgg5-28", "vgg5-32", "vgg11-28", "vgg11-32", "vgg16-28", "vgg16-32",
+                                           "resnet18-28", "resnet18-32"),
+                         [](const auto& info) {
+                           std::string n = info.param;
+                           std::replace(n.begin(), n.end(), '-', '_');
+                           return n;
+                         });
+
 // Sends `bytes` to a fresh or given session and expects an Error reply that closes it.
 void expect_refusal(Split& s, std::span<const uint8_t> bytes, wire::ErrorCode code, const std::string& text) {
   CloudReply r = s.send(bytes);
