@@ -17,6 +17,40 @@ using dnnl::memory;
 using tag = memory::format_tag;
 constexpr auto f32 = memory::data_type::f32;
 
+// A forward primitive (src -> dst) and its backward (diff_dst -> diff_src), with the
+// backward reading one tensor of the forward (`saved`: DNNL_ARG_SRC or DNNL_ARG_DST) or none
+// (0); the memories wrap the caller's buffers per call. Shared by the unary kernels below.
+class UnaryPasses {
+ public:
+  void build(const Context& c, const dnnl::primitive_desc_base& fwd_pd, const dnnl::primitive_desc_base& bwd_pd,
+             const memory::desc& in_md, const memory::desc& out_md, int saved) {
+    x_ = wrapper(c, in_md), y_ = wrapper(c, out_md), dy_ = wrapper(c, out_md), dx_ = wrapper(c, in_md);
+    fwd_ = Step(c, fwd_pd, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}});
+    if (saved == 0) {
+      bwd_ = Step(c, bwd_pd, {{DNNL_ARG_DIFF_DST, dy_}, {DNNL_ARG_DIFF_SRC, dx_}});
+      return;
+    }
+    saved_ = wrapper(c, saved == DNNL_ARG_SRC ? in_md : out_md);
+    bwd_ = Step(c, bwd_pd, {{saved, saved_}, {DNNL_ARG_DIFF_DST, dy_}, {DNNL_ARG_DIFF_SRC, dx_}});
+  }
+  void forward(const Context& c, const float* x, float* y) const {
+    bind(x_, x);
+    bind(y_, y);
+    fwd_.run(c);
+  }
+  // `saved`: the forward's input or output, as built (ignored when the backward reads none).
+  void backward(const Context& c, const float* saved, const float* dy, float* dx) const {
+    if (saved_) bind(saved_, saved);
+    bind(dy_, dy);
+    bind(dx_, dx);
+    bwd_.run(c);
+  }
+
+ private:
+  memory x_, y_, saved_, dy_, dx_;
+  Step fwd_, bwd_;
+};
+
 struct ReluShape {
   int64_t elements;
   std::string str() const { return cat("relu [", elements, "]"); }
@@ -34,34 +68,22 @@ class Relu final : public ReluKernel {
       const dnnl::primitive_attr attr = user_scratchpad();
       dnnl::eltwise_forward::primitive_desc fwd_pd({dnnl::prop_kind::forward_training, alg, md, 0.0f}, attr, c.engine);
       dnnl::eltwise_backward::primitive_desc bwd_pd({alg, md, md, 0.0f}, attr, c.engine, fwd_pd);
-      x_ = wrapper(c, md), y_ = wrapper(c, md), by_ = wrapper(c, md), dy_ = wrapper(c, md), dx_ = wrapper(c, md);
-      fwd_ = Step(c, fwd_pd, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}});
-      bwd_ = Step(c, bwd_pd, {{DNNL_ARG_DST, by_}, {DNNL_ARG_DIFF_DST, dy_}, {DNNL_ARG_DIFF_SRC, dx_}});
+      passes_.build(c, fwd_pd, bwd_pd, md, md, DNNL_ARG_DST);
     });
   }
 
   void forward(const float* x, float* y) override {
-    guarded(*ctx_, "relu forward", shape_, [&] {
-      bind(x_, x);
-      bind(y_, y);
-      fwd_.run(*ctx_);
-    });
+    guarded(*ctx_, "relu forward", shape_, [&] { passes_.forward(*ctx_, x, y); });
   }
 
   void backward(const float* y, const float* dy, float* dx) override {
-    guarded(*ctx_, "relu backward", shape_, [&] {
-      bind(by_, y);
-      bind(dy_, dy);
-      bind(dx_, dx);
-      bwd_.run(*ctx_);
-    });
+    guarded(*ctx_, "relu backward", shape_, [&] { passes_.backward(*ctx_, y, dy, dx); });
   }
 
  private:
   std::shared_ptr<const Context> ctx_;
   ReluShape shape_;
-  memory x_, y_, by_, dy_, dx_;
-  Step fwd_, bwd_;
+  UnaryPasses passes_;
 };
 
 struct ActivationShape {
@@ -92,34 +114,22 @@ class OnednnActivation final : public ActivationKernel {
       dnnl::eltwise_forward::primitive_desc fwd_pd({dnnl::prop_kind::forward_training, alg, md, alpha, beta}, attr,
                                                    c.engine);
       dnnl::eltwise_backward::primitive_desc bwd_pd({alg, md, md, alpha, beta}, attr, c.engine, fwd_pd);
-      x_ = wrapper(c, md), y_ = wrapper(c, md), bx_ = wrapper(c, md), dy_ = wrapper(c, md), dx_ = wrapper(c, md);
-      fwd_ = Step(c, fwd_pd, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}});
-      bwd_ = Step(c, bwd_pd, {{DNNL_ARG_SRC, bx_}, {DNNL_ARG_DIFF_DST, dy_}, {DNNL_ARG_DIFF_SRC, dx_}});
+      passes_.build(c, fwd_pd, bwd_pd, md, md, DNNL_ARG_SRC);
     });
   }
 
   void forward(const float* x, float* y) override {
-    guarded(*ctx_, "activation forward", shape_, [&] {
-      bind(x_, x);
-      bind(y_, y);
-      fwd_.run(*ctx_);
-    });
+    guarded(*ctx_, "activation forward", shape_, [&] { passes_.forward(*ctx_, x, y); });
   }
 
   void backward(const float* x, const float*, const float* dy, float* dx) override {
-    guarded(*ctx_, "activation backward", shape_, [&] {
-      bind(bx_, x);
-      bind(dy_, dy);
-      bind(dx_, dx);
-      bwd_.run(*ctx_);
-    });
+    guarded(*ctx_, "activation backward", shape_, [&] { passes_.backward(*ctx_, x, dy, dx); });
   }
 
  private:
   std::shared_ptr<const Context> ctx_;
   ActivationShape shape_;
-  memory x_, y_, bx_, dy_, dx_;
-  Step fwd_, bwd_;
+  UnaryPasses passes_;
 };
 
 struct AddShape {
@@ -171,32 +181,20 @@ class Softmax final : public SoftmaxKernel {
       const dnnl::primitive_attr attr = user_scratchpad();
       dnnl::softmax_forward::primitive_desc fwd_pd({dnnl::prop_kind::forward_training, md, 1}, attr, c.engine);
       dnnl::softmax_backward::primitive_desc bwd_pd({md, md, 1}, attr, c.engine, fwd_pd);
-      x_ = wrapper(c, md), y_ = wrapper(c, md), by_ = wrapper(c, md), dy_ = wrapper(c, md), dx_ = wrapper(c, md);
-      fwd_ = Step(c, fwd_pd, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}});
-      bwd_ = Step(c, bwd_pd, {{DNNL_ARG_DST, by_}, {DNNL_ARG_DIFF_DST, dy_}, {DNNL_ARG_DIFF_SRC, dx_}});
+      passes_.build(c, fwd_pd, bwd_pd, md, md, DNNL_ARG_DST);
     });
   }
   void forward(const float* x, float* y) override {
-    guarded(*ctx_, "softmax forward", shape_, [&] {
-      bind(x_, x);
-      bind(y_, y);
-      fwd_.run(*ctx_);
-    });
+    guarded(*ctx_, "softmax forward", shape_, [&] { passes_.forward(*ctx_, x, y); });
   }
   void backward(const float* y, const float* dy, float* dx) override {
-    guarded(*ctx_, "softmax backward", shape_, [&] {
-      bind(by_, y);
-      bind(dy_, dy);
-      bind(dx_, dx);
-      bwd_.run(*ctx_);
-    });
+    guarded(*ctx_, "softmax backward", shape_, [&] { passes_.backward(*ctx_, y, dy, dx); });
   }
 
  private:
   std::shared_ptr<const Context> ctx_;
   SoftmaxShape shape_;
-  memory x_, y_, by_, dy_, dx_;
-  Step fwd_, bwd_;
+  UnaryPasses passes_;
 };
 
 // Global average pooling as oneDNN average pooling with the whole image as the window, and
@@ -215,31 +213,20 @@ class GlobalAvgPool final : public GlobalAvgPoolKernel {
           {dnnl::prop_kind::forward_training, alg, src_md, dst_md, strides, kernel, pad, pad}, attr, c.engine);
       dnnl::pooling_backward::primitive_desc bwd_pd({alg, src_md, dst_md, strides, kernel, pad, pad}, attr, c.engine,
                                                     fwd_pd);
-      x_ = wrapper(c, src_md), y_ = wrapper(c, dst_md), dy_ = wrapper(c, dst_md), dx_ = wrapper(c, src_md);
-      fwd_ = Step(c, fwd_pd, {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}});
-      bwd_ = Step(c, bwd_pd, {{DNNL_ARG_DIFF_DST, dy_}, {DNNL_ARG_DIFF_SRC, dx_}});
+      passes_.build(c, fwd_pd, bwd_pd, src_md, dst_md, 0);
     });
   }
   void forward(const float* x, float* y) override {
-    guarded(*ctx_, "global average pool forward", g_, [&] {
-      bind(x_, x);
-      bind(y_, y);
-      fwd_.run(*ctx_);
-    });
+    guarded(*ctx_, "global average pool forward", g_, [&] { passes_.forward(*ctx_, x, y); });
   }
   void backward(const float* dy, float* dx) override {
-    guarded(*ctx_, "global average pool backward", g_, [&] {
-      bind(dy_, dy);
-      bind(dx_, dx);
-      bwd_.run(*ctx_);
-    });
+    guarded(*ctx_, "global average pool backward", g_, [&] { passes_.backward(*ctx_, nullptr, dy, dx); });
   }
 
  private:
   std::shared_ptr<const Context> ctx_;
   GlobalPoolGeometry g_;
-  memory x_, y_, dy_, dx_;
-  Step fwd_, bwd_;
+  UnaryPasses passes_;
 };
 
 // pooling_max forward_training on NHWC; the stash is oneDNN's workspace (which window
