@@ -17,17 +17,20 @@ namespace {
 
 int64_t kBatch = 64, kFeatures = 256, kHidden = 64, kOut = 10;  // bench_heads [reps [F H O]]
 
-// One step of N heads as three calls a pass.
-struct Batched {
+// One training step of Linear F -> n*H, ReLU and a second layer: a grouped linear of
+// n x (H -> O) (the batched heads), or for one head as a user would write it, Linear H -> O.
+// Both kernels take the same calls.
+template <typename SecondKernel>
+struct TwoLayers {
   std::unique_ptr<LinearKernel> first;
   std::unique_ptr<ReluKernel> relu;
-  std::unique_ptr<GroupedLinearKernel> second;
+  std::unique_ptr<SecondKernel> second;
   Tensor w1, b1, w2, b2, h, a, y, dy, da, dh, dx, dw1, db1, dw2, db2;
-  Batched(Backend& be, int64_t n, Rng& rng)
+  TwoLayers(Backend& be, int64_t n, std::unique_ptr<SecondKernel> second_kernel, const Shape& w2_shape, Rng& rng)
       : first(be.linear({kBatch, kFeatures, n * kHidden, true})), relu(be.relu(kBatch * n * kHidden)),
-        second(be.grouped_linear({kBatch, n, kHidden, kOut, true})) {
+        second(std::move(second_kernel)) {
     w1 = bench::random({n * kHidden, kFeatures}, rng), b1 = bench::random({n * kHidden}, rng);
-    w2 = bench::random({n, kOut, kHidden}, rng), b2 = bench::random({n * kOut}, rng);
+    w2 = bench::random(w2_shape, rng), b2 = bench::random({n * kOut}, rng);
     h = Tensor::empty({kBatch, n * kHidden}), a = Tensor::empty(h.shape()), y = Tensor::empty({kBatch, n * kOut});
     dy = bench::random(y.shape(), rng), da = Tensor::empty(h.shape()), dh = Tensor::empty(h.shape());
     dx = Tensor::empty({kBatch, kFeatures}), dw1 = Tensor::empty(w1.shape()), db1 = Tensor::empty(b1.shape());
@@ -46,32 +49,15 @@ struct Batched {
   }
 };
 
-// One head as a user would write it: Linear, ReLU, Linear.
-struct Head {
-  std::unique_ptr<LinearKernel> first, second;
-  std::unique_ptr<ReluKernel> relu;
-  Tensor w1, b1, w2, b2, h, a, y, dy, da, dh, dx, dw1, db1, dw2, db2;
-  Head(Backend& be, Rng& rng)
-      : first(be.linear({kBatch, kFeatures, kHidden, true})), second(be.linear({kBatch, kHidden, kOut, true})),
-        relu(be.relu(kBatch * kHidden)) {
-    w1 = bench::random({kHidden, kFeatures}, rng), b1 = bench::random({kHidden}, rng);
-    w2 = bench::random({kOut, kHidden}, rng), b2 = bench::random({kOut}, rng);
-    h = Tensor::empty({kBatch, kHidden}), a = Tensor::empty(h.shape()), y = Tensor::empty({kBatch, kOut});
-    dy = bench::random(y.shape(), rng), da = Tensor::empty(h.shape()), dh = Tensor::empty(h.shape());
-    dx = Tensor::empty({kBatch, kFeatures}), dw1 = Tensor::empty(w1.shape()), db1 = Tensor::empty(b1.shape());
-    dw2 = Tensor::empty(w2.shape()), db2 = Tensor::empty(b2.shape());
-  }
-  void step(const Tensor& x) {
-    const WeightsView v1{w1.data(), b1.data(), 1}, v2{w2.data(), b2.data(), 1};
-    first->forward(x.data(), v1, h.data());
-    relu->forward(h.data(), a.data());
-    second->forward(a.data(), v2, y.data());
-    second->backward_data(dy.data(), v2, da.data());
-    second->backward_weights(a.data(), dy.data(), dw2.data(), db2.data());
-    relu->backward(a.data(), da.data(), dh.data());
-    first->backward_data(dh.data(), v1, dx.data());
-    first->backward_weights(x.data(), dh.data(), dw1.data(), db1.data());
-  }
+// N heads as three calls a pass.
+struct Batched : TwoLayers<GroupedLinearKernel> {
+  Batched(Backend& be, int64_t n, Rng& rng)
+      : TwoLayers(be, n, be.grouped_linear({kBatch, n, kHidden, kOut, true}), Shape{n, kOut, kHidden}, rng) {}
+};
+
+// One head: Linear, ReLU, Linear.
+struct Head : TwoLayers<LinearKernel> {
+  Head(Backend& be, Rng& rng) : TwoLayers(be, 1, be.linear({kBatch, kHidden, kOut, true}), Shape{kOut, kHidden}, rng) {}
 };
 
 // The same N heads, one at a time; their input gradients summed.
