@@ -8,7 +8,7 @@
 #include "core/model_spec.h"
 #include "core/planner.h"
 #include "core/wire/tensor_codec.h"
-#include "tools/all_backends.h"
+#include "tools/cli_setup.h"
 
 namespace tandem {
 namespace {
@@ -44,8 +44,7 @@ int plan_command(const CliArgs& args) {
   if (!dtype) fail("cli", cat("--wire-dtype: unknown dtype '", dtype_text, "' (known: f32, f16, bf16, i8)"));
   const int iterations = static_cast<int>(args.integer("iterations", 5, 1));
   const std::vector<int> ks = parse_list(args.str("microbatches", "1,2,4,8,16"));
-  auto edge_backend = make_backend(args.str("edge-backend", preferred_backend("xnnpack")));
-  auto cloud_backend = make_backend(args.str("cloud-backend", preferred_backend("onednn")));
+  const ShardBackends backends = shard_backends(args);
 
   PlanOptions po;
   po.batch = batch;
@@ -61,7 +60,7 @@ int plan_command(const CliArgs& args) {
   std::fprintf(stderr, "planning: edge compute %s, cloud compute %s\n",
                edge_gflops > 0 ? cat(edge_gflops, " GFLOP/s (given)").c_str() : "measured here",
                cloud_gflops > 0 ? cat(cloud_gflops, " GFLOP/s (given)").c_str() : "measured here");
-  const std::vector<PlanRow> rows = plan_split(graph, po, *edge_backend, *cloud_backend);
+  const std::vector<PlanRow> rows = plan_split(graph, po, *backends.edge, *backends.cloud);
 
   std::printf("batch %lld, uplink %.1f Mbit/s, downlink %.1f Mbit/s, %s on the wire; times per step in ms\n",
               static_cast<long long>(batch), up_mbps, down_mbps, dtype_name(*dtype));

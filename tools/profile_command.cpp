@@ -6,7 +6,7 @@
 #include "core/graph.h"
 #include "core/model_spec.h"
 #include "core/profiler.h"
-#include "tools/all_backends.h"
+#include "tools/cli_setup.h"
 
 namespace tandem {
 namespace {
@@ -34,20 +34,15 @@ ShardTotals print_shard(const char* side, const std::string& backend, const std:
 
 int profile_command(const CliArgs& args) {
   args.reject_unknown({"model", "cut", "edge-backend", "cloud-backend", "batch", "iterations", "threads"});
-  const ModelSpec spec = load_model_spec(args.required("model"));
-  const Graph graph = Graph::build(spec);
-  const std::string cut = args.str("cut", graph.default_cut());
-  if (cut.empty()) fail("cli", "the spec names no default cut; pass --cut NODE");
-  auto [front_graph, back_graph] = graph.split(cut);
+  const SplitModel model = load_split_model(args);
+  const ModelSpec& spec = model.spec;
+  const std::string& cut = model.cut;
+  const Graph& front_graph = model.front;
   const int64_t batch = args.integer("batch", 16, 1);
   const int iterations = static_cast<int>(args.integer("iterations", 20, 1));
-  BackendOptions options;
-  options.threads = static_cast<int>(args.integer("threads", 1, 1));
-  const std::string edge_name = args.str("edge-backend", preferred_backend("xnnpack"));
-  const std::string cloud_name = args.str("cloud-backend", preferred_backend("onednn"));
-  auto edge_backend = make_backend(edge_name, options);
-  auto cloud_backend = make_backend(cloud_name, options);
-  Network front(front_graph, *edge_backend, 1), back(back_graph, *cloud_backend, 1);
+  const ShardBackends backends = shard_backends(args);
+  const std::string &edge_name = backends.edge_name, &cloud_name = backends.cloud_name;
+  Network front(model.front, *backends.edge, 1), back(model.back, *backends.cloud, 1);
 
   std::printf("model %s, cut at '%s', micro-batch %lld, median of %d iterations\n", spec.name.c_str(), cut.c_str(),
               static_cast<long long>(batch), iterations);

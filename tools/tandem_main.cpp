@@ -13,6 +13,7 @@
 #include "edge/data/idx_dataset.h"
 #include "tools/all_backends.h"
 #include "tools/cli_args.h"
+#include "tools/cli_setup.h"
 #include "tools/plan_command.h"
 #include "tools/profile_command.h"
 #include "tools/progress.h"
@@ -58,27 +59,23 @@ int train(const CliArgs& args) {
                                                        "microbatches", "limit", "test-limit", "seed", "threads",
                                                        "metrics-json"},
                                                       /*schedule=*/true));
-  const ModelSpec spec = load_model_spec(args.required("model"));
-  const Graph graph = Graph::build(spec);
-  const std::string cut = args.str("cut", graph.default_cut());
-  if (cut.empty()) fail("cli", "the spec names no default cut; pass --cut NODE");
-  auto [front_graph, back_graph] = graph.split(cut);
+  const SplitModel model = load_split_model(args);
+  const ModelSpec& spec = model.spec;
+  const Graph& graph = model.graph;
+  const std::string& cut = model.cut;
+  const Graph &front_graph = model.front, &back_graph = model.back;
 
   const int64_t epochs = args.integer("epochs", 1, 1);
   const int64_t batch = args.integer("batch", 64, 1);
   const int microbatches = static_cast<int>(args.integer("microbatches", 4, 1));
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
-  BackendOptions backend_options;
-  backend_options.threads = static_cast<int>(args.integer("threads", 1, 1));
-  const std::string edge_name = args.str("edge-backend", preferred_backend("xnnpack"));
-  const std::string cloud_name = args.str("cloud-backend", preferred_backend("onednn"));
-  auto edge_backend = make_backend(edge_name, backend_options);
-  auto cloud_backend = make_backend(cloud_name, backend_options);
+  const ShardBackends backends = shard_backends(args);
+  const std::string &edge_name = backends.edge_name, &cloud_name = backends.cloud_name;
 
   // Both shards draw from one generator in graph order, so the initial weights do not depend
   // on where the cut is.
-  Network whole(graph, *edge_backend, seed);
-  Network front(front_graph, *edge_backend, seed), back(back_graph, *cloud_backend, seed);
+  Network whole(graph, *backends.edge, seed);
+  Network front(front_graph, *backends.edge, seed), back(back_graph, *backends.cloud, seed);
   for (Network* shard : {&front, &back})
     for (Param* p : shard->params()) {
       p->value().copy_from(whole.param(p->name()).value());

@@ -1,0 +1,28 @@
+#include "tools/cli_setup.h"
+
+#include "core/error.h"
+#include "tools/all_backends.h"
+
+namespace tandem {
+
+SplitModel load_split_model(const CliArgs& args) {
+  SplitModel m{load_model_spec(args.required("model")), {}, {}, {}, {}};
+  m.graph = Graph::build(m.spec);
+  m.cut = args.str("cut", m.graph.default_cut());
+  if (m.cut.empty()) fail("cli", "the spec names no default cut; pass --cut NODE");
+  std::tie(m.front, m.back) = m.graph.split(m.cut);
+  return m;
+}
+
+ShardBackends shard_backends(const CliArgs& args) {
+  BackendOptions options;
+  options.threads = static_cast<int>(args.integer("threads", 1, 1));
+  ShardBackends b;
+  b.edge_name = args.str("edge-backend", preferred_backend("xnnpack"));
+  b.cloud_name = args.str("cloud-backend", preferred_backend("onednn"));
+  b.edge = make_backend(b.edge_name, options);
+  b.cloud = make_backend(b.cloud_name, options);
+  return b;
+}
+
+}  // namespace tandem
