@@ -76,6 +76,20 @@ Param& Network::param(const std::string& name) {
   fail("network", cat("no parameter named '", name, "'"));
 }
 
+std::vector<std::pair<std::string, Tensor*>> Network::buffers() {
+  std::vector<std::pair<std::string, Tensor*>> out;
+  for (auto& layer : layers_)
+    for (auto& b : layer->buffers()) out.push_back(b);
+  return out;
+}
+
+std::vector<std::pair<std::string, uint64_t*>> Network::counters() {
+  std::vector<std::pair<std::string, uint64_t*>> out;
+  for (auto& layer : layers_)
+    for (auto& c : layer->counters()) out.push_back(c);
+  return out;
+}
+
 int64_t Network::param_count() {
   int64_t n = 0;
   for (Param* p : params()) n += p->value().numel();

@@ -22,6 +22,9 @@ class Network {
   const std::vector<Param*>& params() const { return params_; }
   Param& param(const std::string& name);
   int64_t param_count();
+  // Every layer's non-trained state (layer.h), in graph order, for checkpoints and export.
+  std::vector<std::pair<std::string, Tensor*>> buffers();
+  std::vector<std::pair<std::string, uint64_t*>> counters();
 
   // Forward of one micro-batch into `slot`; the returned output stays valid until the next
   // forward into the same slot. Inputs are [batch, per-sample shape...] and are kept

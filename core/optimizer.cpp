@@ -31,6 +31,7 @@ void Optimizer::step() {
       }
   }
   update(lr());
+  ++steps_;
   for (Param* p : params_) p->bump_version();
 }
 
@@ -62,11 +63,10 @@ void Sgd::update(float lr) {
     float* buf = momentum_[k].data();
     for (int64_t i = 0; i < n; ++i) {
       const float d = g[i] + wd * w[i];
-      buf[i] = started_ ? mu * buf[i] + (1.0f - damp) * d : d;
+      buf[i] = steps_ > 0 ? mu * buf[i] + (1.0f - damp) * d : d;
       w[i] -= lr * (options_.nesterov ? d + mu * buf[i] : buf[i]);
     }
   }
-  started_ = true;
 }
 
 Adam::Adam(std::vector<Param*> params, const OptimizerOptions& options) : Optimizer(std::move(params), options) {
@@ -92,10 +92,10 @@ std::vector<Tensor*> Adam::state() {
 void Adam::update(float lr) {
   const OptimizerOptions& o = options_;
   const bool decoupled = o.kind == "adamw";
-  ++t_;
+  const int64_t t = steps_ + 1;
   // torch.optim.Adam: step = lr / (1 - b1^t), denom = sqrt(v) / sqrt(1 - b2^t) + eps.
-  const double c1 = 1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(t_));
-  const double c2 = 1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(t_));
+  const double c1 = 1.0 - std::pow(static_cast<double>(o.beta1), static_cast<double>(t));
+  const double c2 = 1.0 - std::pow(static_cast<double>(o.beta2), static_cast<double>(t));
   const auto step_size = static_cast<float>(lr / c1);
   const auto root_c2 = static_cast<float>(std::sqrt(c2));
   for (std::size_t k = 0; k < params_.size(); ++k) {

@@ -42,11 +42,15 @@ class Optimizer {
   double last_grad_norm() const { return last_norm_; }
   // Per-parameter state tensors (momentum; Adam's two moments), for checkpoints.
   virtual std::vector<Tensor*> state() = 0;
+  // Updates applied so far (Adam's t); a checkpoint restores it with the state tensors.
+  int64_t steps() const { return steps_; }
+  void set_steps(int64_t steps) { steps_ = steps; }
 
  protected:
   virtual void update(float lr) = 0;
   std::vector<Param*> params_;
   OptimizerOptions options_;
+  int64_t steps_ = 0;  // updates before the current one while update() runs
 
  private:
   float scale_ = 1.0f;
@@ -61,7 +65,6 @@ class Sgd final : public Optimizer {
  private:
   void update(float lr) override;
   std::vector<Tensor> momentum_;
-  bool started_ = false;
 };
 
 // Adam (L2 weight decay added to the gradient) or, with kind "adamw", AdamW (weights decay
@@ -74,7 +77,6 @@ class Adam final : public Optimizer {
  private:
   void update(float lr) override;
   std::vector<Tensor> m_, v_;
-  int64_t t_ = 0;
 };
 
 // Sgd or Adam from options.kind; throws naming the unknown kind.

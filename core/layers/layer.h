@@ -36,6 +36,10 @@ class Layer {
 
   const std::string& name() const { return name_; }
   virtual std::vector<Param*> params() { return {}; }
+  // State that is not trained but must survive a checkpoint: tensors named as PyTorch names
+  // them (batch norm's running statistics) and counters (dropout's forward count).
+  virtual std::vector<std::pair<std::string, Tensor*>> buffers() { return {}; }
+  virtual std::vector<std::pair<std::string, uint64_t*>> counters() { return {}; }
   // True when the output is the first input seen with another shape (flatten): the network
   // aliases the tensors instead of calling forward and backward.
   virtual bool is_view() const { return false; }

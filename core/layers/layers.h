@@ -104,6 +104,9 @@ class DropoutLayer final : public Layer {
  public:
   DropoutLayer(std::string name, float p, uint64_t seed) : Layer(std::move(name)), p_(p), seed_(seed) {}
   void set_training(bool training) override { training_ = training; }
+  std::vector<std::pair<std::string, uint64_t*>> counters() override {
+    return {{name() + ".seed", &seed_}, {name() + ".calls", &calls_}};
+  }
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                 Stash& stash) override;
@@ -124,6 +127,9 @@ class BatchNormLayer final : public Layer {
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                 Stash& stash) override;
+  std::vector<std::pair<std::string, Tensor*>> buffers() override {
+    return {{name() + ".running_mean", &running_mean_}, {name() + ".running_var", &running_var_}};
+  }
   const Tensor& running_mean() const { return running_mean_; }
   const Tensor& running_var() const { return running_var_; }
 
