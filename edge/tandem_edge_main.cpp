@@ -17,7 +17,8 @@ constexpr const char* kUsage = R"(usage:
                     [--data fashion-mnist] [--epochs N] [--limit SAMPLES] [--test-limit SAMPLES]
                     [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
-                    [--metrics-json FILE]
+                    [--metrics-json FILE] [--client-id NAME]
+                    [--checkpoint-dir DIR [--checkpoint-every STEPS]]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
       IDDIR/client.crt, client.key, ca.crt from `tandem-cloud pki issue`); raw data never
       leaves this machine, only cut-layer activations. Evaluates through the cloud after
@@ -31,6 +32,12 @@ constexpr const char* kUsage = R"(usage:
       step's factor to the cloud, which scales its own learning rate by it. --cut auto runs
       the planner (`tandem plan`) here first and trains with its cut and K (K up to
       --microbatches); the cloud must serve that cut (tandem-cloud serve --cut any).
+      --checkpoint-dir keeps checkpoints of the front shard there, encrypted with
+      IDDIR/checkpoint.key (made on first use), every STEPS steps (default 100; 0: only at
+      each epoch's end); the cloud checkpoints its back shard at the same steps. Run the
+      same command again after a crash of either side and training resumes from the last
+      checkpoint, exactly. --client-id names this edge to the cloud (default: the name of
+      IDDIR); the cloud keeps its checkpoints under that name.
 )";
 
 int train_command(int argc, char** argv) {
@@ -38,7 +45,8 @@ int train_command(int argc, char** argv) {
   args.reject_unknown(CliArgs::with_optimizer_options({"cloud", "identity", "model", "cut", "data", "epochs", "limit",
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
-                                                       "downlink-mbps", "cloud-gflops"},
+                                                       "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
+                                                       "checkpoint-every"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -69,6 +77,12 @@ int train_command(int argc, char** argv) {
   o.wire_dtypes = {*wanted};
   if (*wanted != wire::DType::F32) o.wire_dtypes.push_back(wire::DType::F32);
   o.metrics_json = args.str("metrics-json", "");
+  std::string base = o.identity_dir;
+  while (base.size() > 1 && base.back() == '/') base.pop_back();
+  base = base.substr(base.rfind('/') == std::string::npos ? 0 : base.rfind('/') + 1);
+  o.client_id = args.str("client-id", base.empty() || base[0] == '.' ? "edge" : base);
+  o.checkpoint_dir = args.str("checkpoint-dir", "");
+  o.checkpoint_every = args.integer("checkpoint-every", 100, 0);
   return train_over_wss(o);
 }
 

@@ -5,8 +5,10 @@
 
 #include <cmath>
 #include <limits>
+#include <map>
 
 #include "cloud/session/cloud_session.h"
+#include "core/checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "core/graph.h"
 #include "core/sha256.h"
@@ -55,8 +57,9 @@ struct Split {
   EdgeSession edge;
 
   explicit Split(uint32_t k, uint32_t batch = 32, std::vector<wire::DType> offer = {wire::DType::F32},
-                 std::vector<wire::DType> takes = CloudSessionConfig{}.dtypes)
-      : cloud(back, back_opt, {model_hash(spec, "pool1"), batch, k, 4, 1, kDefaultMaxMessageBytes, std::move(takes)}),
+                 std::vector<wire::DType> takes = CloudSessionConfig{}.dtypes, SessionCheckpoints* store = nullptr)
+      : cloud(back, back_opt,
+              {model_hash(spec, "pool1"), batch, k, 4, 1, kDefaultMaxMessageBytes, std::move(takes), "pool1", store}),
         edge(front, front_opt, k, model_hash(spec, "pool1"), "edge-test", std::move(offer)) {
     copy_params(front, whole);
     copy_params(back, whole);
@@ -77,8 +80,8 @@ struct Split {
   }
 
   // One step, pipelined: every Forward goes out before any Backward is handled.
-  void step(const Tensor& images, const int32_t* labels, float lr_scale = 1.0f) {
-    const int k = edge.begin_step(images, labels, lr_scale);
+  void step(const Tensor& images, const int32_t* labels, float lr_scale = 1.0f, bool checkpoint = false) {
+    const int k = edge.begin_step(images, labels, lr_scale, checkpoint);
     std::vector<Frame> replies;
     for (int mb = 0; mb < k; ++mb) {
       CloudReply r = send(edge.forward(mb));
@@ -125,6 +128,60 @@ TEST(SplitSession, PipelinedEqualsUnpipelined) {
   for (int s = 0; s < 20; ++s) trainer.train_step(d.images, d.labels.data(), 1);
   EXPECT_LE(max_diff(pipelined.front, local.front), 1e-5f);
   EXPECT_LE(max_diff(pipelined.back, local.back), 1e-5f);
+}
+
+// The cloud's checkpoints kept in memory, as the service keeps them in its state folder.
+class MemoryCheckpoints final : public SessionCheckpoints {
+ public:
+  void save(const std::string& client, uint64_t step, std::span<const uint8_t> bytes) override {
+    files_[{client, step}].assign(bytes.begin(), bytes.end());
+  }
+  CheckpointData load(const std::string& client, uint64_t step) override {
+    const auto it = files_.find({client, step});
+    if (it == files_.end()) fail("checkpoint", cat("no checkpoint of step ", step));
+    return decode_checkpoint(it->second);
+  }
+  std::size_t size() const { return files_.size(); }
+
+ private:
+  std::map<std::pair<std::string, uint64_t>, std::vector<uint8_t>> files_;
+};
+
+// Both sides checkpoint step 3, the run goes on to step 4 and both processes die; fresh ones
+// resume from step 3 and finish: the weights equal the uninterrupted run's bit for bit.
+TEST(SplitSession, ResumedSessionsContinueExactlyLikeUninterruptedOnes) {
+  Data d = make_data(32, 2);
+  Split straight(4);
+  straight.handshake();
+  for (int s = 0; s < 6; ++s) straight.step(d.images, d.labels.data(), 1.0f - 0.1f * static_cast<float>(s));
+
+  MemoryCheckpoints store;
+  std::vector<uint8_t> edge_checkpoint;
+  {
+    Split first(4, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, &store);
+    first.handshake();
+    for (int s = 0; s < 4; ++s) {
+      first.step(d.images, d.labels.data(), 1.0f - 0.1f * static_cast<float>(s), s == 2);
+      if (s == 2) {
+        CheckpointMeta meta;
+        meta.role = "edge";
+        meta.step = first.edge.step();
+        edge_checkpoint = encode_checkpoint(meta, first.front, &first.front_opt);
+      }
+    }
+    EXPECT_EQ(store.size(), 1u);
+  }
+  Split second(4, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, &store);
+  const CheckpointData saved = decode_checkpoint(edge_checkpoint);
+  EXPECT_EQ(saved.meta.step, 3u);
+  restore_checkpoint(saved, second.front, &second.front_opt);
+  second.edge.resume_from(3);
+  second.handshake();
+  EXPECT_EQ(second.cloud.step(), 3u);
+  EXPECT_EQ(second.edge.step(), 3u);
+  for (int s = 3; s < 6; ++s) second.step(d.images, d.labels.data(), 1.0f - 0.1f * static_cast<float>(s));
+  EXPECT_EQ(max_diff(straight.front, second.front), 0.0f);
+  EXPECT_EQ(max_diff(straight.back, second.back), 0.0f);
 }
 
 TEST(SplitSession, LossFallsAndEvaluationWorks) {
@@ -220,7 +277,7 @@ TEST_P(Zoo, SplitTrainsAFewSteps) {
   adam.lr = 1e-3f;
   auto front_opt = make_optimizer(front.params(), adam), back_opt = make_optimizer(back.params(), adam);
   const auto hash = model_hash(spec, graph.default_cut());
-  CloudSession cloud(back, *back_opt, {hash, 4, 2, 10, 1, kDefaultMaxMessageBytes});
+  CloudSession cloud(back, *back_opt, {hash, 4, 2, 10, 1, kDefaultMaxMessageBytes, CloudSessionConfig{}.dtypes, "", nullptr});
   EdgeSession edge(front, *front_opt, 2, hash, "zoo");
   auto send = [&](std::span<const uint8_t> bytes) {
     CloudReply r = cloud.handle(Frame::copy_of(bytes.data(), bytes.size()));
@@ -286,6 +343,36 @@ TEST(SplitSessionBadInput, WrongModelHash) {
   EXPECT_FALSE(t.edge.on_welcome(Frame::copy_of(r.bytes.data(), r.bytes.size()), err));
   EXPECT_EQ(err.code, wire::ErrorCode::ModelMismatch);
   EXPECT_EQ(err.text.rfind("the cloud refused: the edge's model spec or cut differs", 0), 0u) << err.text;
+}
+
+TEST(SplitSessionBadInput, ResumeFromAStepTheCloudHasNoCheckpointOf) {
+  MemoryCheckpoints store;
+  Split s(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, &store);
+  s.edge.resume_from(5);
+  expect_refusal(s, s.edge.hello(), wire::ErrorCode::NoCheckpoint,
+                 "cannot resume client 'edge-test' at step 5: [checkpoint] no checkpoint of step 5");
+  Split none(2);
+  none.edge.resume_from(5);
+  expect_refusal(none, none.edge.hello(), wire::ErrorCode::NoCheckpoint,
+                 "this cloud keeps no checkpoints; start the edge afresh");
+}
+
+TEST(SplitSessionBadInput, CheckpointAskedOfACloudWithoutCheckpoints) {
+  Data d = make_data(8, 1);
+  Split s(2, 8);
+  s.handshake();
+  s.edge.begin_step(d.images, d.labels.data(), 1.0f, true);
+  expect_refusal(s, s.edge.forward(0), wire::ErrorCode::NoCheckpoint,
+                 "this cloud keeps no checkpoints (serve it with a state folder)");
+}
+
+TEST(SplitSessionBadInput, ClientIdThatCannotNameAFolder) {
+  for (const char* id : {"../../etc", "", ".hidden", "a b"}) {
+    Split s(2);
+    MessageWriter w;
+    expect_refusal(s, w.hello(id, model_hash(s.spec, "pool1")), wire::ErrorCode::Malformed,
+                   "the client id must be 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'");
+  }
 }
 
 TEST(SplitSessionBadInput, NoCommonWireDtype) {
@@ -365,7 +452,7 @@ TEST(SplitSessionBadInput, LearningRateScaleOutOfRange) {
   CloudReply r = t.send(t.w.forward(0, 0, 0, t.act(), t.labels, 32, 2, wire::DType::F32, 0.5f));
   ASSERT_FALSE(r.close);
   expect_refusal(t, t.w.forward(0, 1, 0, t.act(), t.labels, 32, 2, wire::DType::F32, 0.25f), wire::ErrorCode::BadTensor,
-                 "step 0 changed its size or learning-rate scale between micro-batches");
+                 "step 0 changed its size, learning-rate scale or checkpoint flag between micro-batches");
 }
 
 TEST(SplitSessionBadInput, LabelOutOfRange) {

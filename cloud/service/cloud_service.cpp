@@ -15,6 +15,7 @@
 #include "core/error.h"
 #include "core/graph.h"
 #include "core/planner.h"
+#include "ports/files/checkpoint_store.h"
 #include "ports/lws/lws_endpoint.h"
 
 namespace tandem {
@@ -32,14 +33,34 @@ struct BackShard {
   std::vector<Tensor> initial;  // in the order of Network::params()
 };
 
+// Back-shard checkpoints in STATE_DIR/checkpoints/CLIENT_ID/ (the session has checked the
+// id's characters), the newest three kept. One lock: sessions of one client may overlap
+// while a dropped connection is noticed.
+class FolderCheckpoints final : public SessionCheckpoints {
+ public:
+  explicit FolderCheckpoints(std::string root) : root_(std::move(root)) {}
+  void save(const std::string& client_id, uint64_t step, std::span<const uint8_t> checkpoint) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    CheckpointStore(cat(root_, "/", client_id), "cloud").save(step, checkpoint);
+  }
+  CheckpointData load(const std::string& client_id, uint64_t step) override {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return CheckpointStore(cat(root_, "/", client_id), "cloud").load_step(step);
+  }
+
+ private:
+  std::string root_;
+  std::mutex mutex_;
+};
+
 // One edge's session on its own thread, fed frames by the service loop.
 class Worker {
  public:
   // The session is made on the first message, for the shard whose cut the Hello names (one
   // shard, or every legal cut's with --cut any).
   Worker(uint64_t id, std::string peer, const std::vector<BackShard>& shards, const ServeOptions& o,
-         LwsEndpoint& endpoint)
-      : id_(id), peer_(std::move(peer)), endpoint_(endpoint), shards_(shards), options_(o),
+         LwsEndpoint& endpoint, SessionCheckpoints& checkpoints)
+      : id_(id), peer_(std::move(peer)), endpoint_(endpoint), shards_(shards), options_(o), checkpoints_(checkpoints),
         backend_(make_backend(o.backend, BackendOptions{1})) {
     thread_ = std::thread([this] { run(); });
   }
@@ -89,9 +110,9 @@ class Worker {
       back->params()[i]->bump_version();
     }
     auto optimizer = make_optimizer(back->params(), o.optimizer);
-    auto session = std::make_unique<CloudSession>(
-        *back, *optimizer,
-        CloudSessionConfig{shard.hash, o.batch_size, o.microbatches, 10, id_, o.max_message_bytes, o.wire_dtypes});
+    const CloudSessionConfig config{shard.hash,          o.batch_size,  o.microbatches, 10, id_,
+                                    o.max_message_bytes, o.wire_dtypes, shard.cut,      &checkpoints_};
+    auto session = std::make_unique<CloudSession>(*back, *optimizer, config);
     std::lock_guard<std::mutex> lock(mutex_);
     back_ = std::move(back);
     optimizer_ = std::move(optimizer);
@@ -135,6 +156,7 @@ class Worker {
   LwsEndpoint& endpoint_;
   const std::vector<BackShard>& shards_;
   const ServeOptions& options_;
+  SessionCheckpoints& checkpoints_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Network> back_;  // these three: made on the first message (start_session)
   std::unique_ptr<Optimizer> optimizer_;
@@ -188,6 +210,7 @@ int serve(const ServeOptions& o) {
               cut == "any" ? cat("any of ", cuts.size()).c_str() : cut.c_str(), o.backend.c_str(), ids.ca_cert.c_str());
   std::fflush(stdout);
 
+  FolderCheckpoints checkpoints(o.state_dir + "/checkpoints");
   std::map<uint64_t, std::unique_ptr<Worker>> workers;
   while (!g_stop) {
     EndpointEvent ev;
@@ -196,7 +219,7 @@ int serve(const ServeOptions& o) {
       case EndpointEvent::Kind::Connected:
         std::printf("session %llu: edge '%s' connected\n", static_cast<unsigned long long>(ev.connection),
                     ev.text.c_str());
-        workers[ev.connection] = std::make_unique<Worker>(ev.connection, ev.text, shards, o, *endpoint);
+        workers[ev.connection] = std::make_unique<Worker>(ev.connection, ev.text, shards, o, *endpoint, checkpoints);
         break;
       case EndpointEvent::Kind::Message:
         if (auto it = workers.find(ev.connection); it != workers.end()) it->second->push(std::move(ev.frame));

@@ -1,6 +1,7 @@
 #include "cloud/session/cloud_session.h"
 
 #include <algorithm>
+#include <cctype>
 #include <chrono>
 
 #include "core/error.h"
@@ -12,6 +13,15 @@ namespace tandem {
 namespace {
 
 constexpr uint32_t kMaxEvalBatch = 4096;
+
+// Client ids name the cloud's checkpoint folders: short, and only letters, digits, '.', '_'
+// and '-' (not starting with '.').
+bool valid_client_id(const flatbuffers::String* id) {
+  if (id == nullptr || id->size() < 1 || id->size() > 64 || id->c_str()[0] == '.') return false;
+  for (char c : id->string_view())
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
+  return true;
+}
 
 Shape with_batch(const Shape& per_sample, int64_t n) {
   int64_t dims[kMaxRank] = {n};
@@ -82,6 +92,10 @@ CloudReply CloudSession::on_hello(const wire::Hello& hello) {
                    cat("the edge's model spec or cut differs from the cloud's (hash ", theirs.substr(0, 16),
                        "... vs ", to_hex(config_.model_hash.data(), 32).substr(0, 16), "...)")});
   }
+  if (!valid_client_id(hello.client_id()))
+    return refuse({wire::ErrorCode::Malformed,
+                   "the client id must be 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'"});
+  client_id_ = hello.client_id()->str();
   bool agreed = false;
   std::string offered;
   if (hello.dtypes())
@@ -100,6 +114,8 @@ CloudReply CloudSession::on_hello(const wire::Hello& hello) {
                    cat("the edge offers no wire dtype this cloud takes (offered: ", offered.empty() ? "none" : offered,
                        "; this cloud takes ", takes, ")")});
   }
+  WireError error;
+  if (hello.resume_step() > 0 && !resume(hello.resume_step(), error)) return refuse(error);
   state_ = State::Training;
   decoded_.resize(config_.microbatches + 1);
   return {writer_.welcome(config_.session_id, config_.batch_size, config_.microbatches, step_, dtype_), false};
@@ -130,14 +146,17 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
     if (!(scale >= 0.0f && scale <= kMaxLrScale))
       return refuse({wire::ErrorCode::BadTensor,
                      cat("step ", step_, " asks for a learning-rate scale of ", scale, ", outside [0, ", kMaxLrScale, "]")});
+    if (fwd.checkpoint() && config_.checkpoints == nullptr)
+      return refuse({wire::ErrorCode::NoCheckpoint, "this cloud keeps no checkpoints (serve it with a state folder)"});
     step_samples_ = samples;
     step_microbatches_ = k;
     step_lr_scale_ = scale;
+    step_checkpoint_ = fwd.checkpoint();
     back_.zero_grad();
   } else if (fwd.step_samples() != step_samples_ || fwd.step_microbatches() != step_microbatches_ ||
-             fwd.lr_scale() != step_lr_scale_) {
-    return refuse({wire::ErrorCode::BadTensor,
-                   cat("step ", step_, " changed its size or learning-rate scale between micro-batches")});
+             fwd.lr_scale() != step_lr_scale_ || fwd.checkpoint() != step_checkpoint_) {
+    return refuse({wire::ErrorCode::BadTensor, cat("step ", step_, " changed its size, learning-rate scale or "
+                                                   "checkpoint flag between micro-batches")});
   }
   if (!check_window(fwd.step(), fwd.microbatch(), step_, step_microbatches_, error)) return refuse(error);
   const uint32_t mb = fwd.microbatch();
@@ -164,7 +183,46 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
     std::fill(seen_.begin(), seen_.end(), false);
   }
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
-  return {writer_.backward(step, mb, grad, static_cast<float>(loss), dtype_), false};
+  // The gradient is encoded before the update changes anything it could alias.
+  const CloudReply reply{writer_.backward(step, mb, grad, static_cast<float>(loss), dtype_), false};
+  if (step_pending_ && step_checkpoint_ && !checkpoint_now(error)) return refuse(error);
+  return reply;
+}
+
+bool CloudSession::checkpoint_now(WireError& error) {
+  finish_step();
+  CheckpointMeta meta;
+  meta.role = "cloud";
+  meta.client_id = client_id_;
+  meta.cut = config_.cut;
+  meta.model_hash = config_.model_hash;
+  meta.step = step_;
+  try {
+    config_.checkpoints->save(client_id_, step_, encode_checkpoint(meta, back_, &optimizer_));
+  } catch (const Error& e) {
+    error = {wire::ErrorCode::Internal, cat("the cloud cannot save its checkpoint of step ", step_, ": ", e.what())};
+    return false;
+  }
+  return true;
+}
+
+bool CloudSession::resume(uint64_t step, WireError& error) {
+  if (config_.checkpoints == nullptr) {
+    error = {wire::ErrorCode::NoCheckpoint, "this cloud keeps no checkpoints; start the edge afresh"};
+    return false;
+  }
+  try {
+    const CheckpointData data = config_.checkpoints->load(client_id_, step);
+    if (data.meta.model_hash != config_.model_hash || data.meta.role != "cloud")
+      fail("checkpoint", "it was written for another model, cut or role");
+    restore_checkpoint(data, back_, &optimizer_);
+  } catch (const Error& e) {
+    error = {wire::ErrorCode::NoCheckpoint,
+             cat("cannot resume client '", client_id_, "' at step ", step, ": ", e.what())};
+    return false;
+  }
+  step_ = step;
+  return true;
 }
 
 CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& eval) {

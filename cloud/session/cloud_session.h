@@ -9,11 +9,21 @@
 #include <span>
 #include <vector>
 
+#include "core/checkpoint/checkpoint.h"
 #include "core/network.h"
 #include "core/optimizer.h"
 #include "core/wire/messages.h"
 
 namespace tandem {
+
+// Where sessions keep their back shard's checkpoints, per edge (the service: a folder per
+// client id in its state folder). Both throw Error saying what went wrong.
+class SessionCheckpoints {
+ public:
+  virtual ~SessionCheckpoints() = default;
+  virtual void save(const std::string& client_id, uint64_t step, std::span<const uint8_t> checkpoint) = 0;
+  virtual CheckpointData load(const std::string& client_id, uint64_t step) = 0;
+};
 
 struct CloudSessionConfig {
   std::array<uint8_t, 32> model_hash{};  // what Hello must carry
@@ -25,6 +35,8 @@ struct CloudSessionConfig {
   // Wire dtypes this cloud accepts; the session uses the first one in the edge's Hello that
   // is among them, for activations and gradients alike.
   std::vector<wire::DType> dtypes = {wire::DType::F32, wire::DType::F16, wire::DType::BF16, wire::DType::I8};
+  std::string cut;                           // recorded in checkpoints
+  SessionCheckpoints* checkpoints = nullptr;  // none: a resuming edge is refused
 };
 
 struct CloudReply {
@@ -53,6 +65,10 @@ class CloudSession {
   CloudReply on_hello(const wire::Hello& hello);
   CloudReply on_forward(const Frame& frame, const wire::Forward& fwd);
   CloudReply on_eval(const Frame& frame, const wire::EvalForward& eval);
+  // Restores the back shard from this client's checkpoint of `step`; false with `error` set.
+  bool resume(uint64_t step, WireError& error);
+  // Applies the completed step now and writes its checkpoint; false with `error` set.
+  bool checkpoint_now(WireError& error);
   // Checks the tensor and labels of a (micro-)batch of `count` samples; returns the view (F32)
   // or the tensor decoded into `decoded`.
   Tensor checked_batch(const Frame& frame, const wire::TensorMsg* t, const flatbuffers::Vector<int32_t>* labels,
@@ -66,6 +82,8 @@ class CloudSession {
   uint64_t step_ = 0;
   uint32_t step_samples_ = 0, step_microbatches_ = 0;
   float step_lr_scale_ = 1.0f;
+  bool step_checkpoint_ = false;
+  std::string client_id_;
   static constexpr float kMaxLrScale = 100.0f;  // a schedule's factor; beyond this is a bug or an attack
   std::vector<bool> seen_;  // micro-batches of the current step already handled
   uint32_t seen_count_ = 0;

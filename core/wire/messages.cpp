@@ -39,7 +39,7 @@ std::span<const uint8_t> MessageWriter::finish(wire::Payload type, flatbuffers::
 
 std::span<const uint8_t> MessageWriter::hello(const std::string& client_id, const std::array<uint8_t, 32>& hash,
                                               const std::string& token, uint32_t protocol_version,
-                                              std::span<const wire::DType> dtypes) {
+                                              std::span<const wire::DType> dtypes, uint64_t resume_step) {
   fbb_.Clear();
   const auto id = fbb_.CreateString(client_id);
   const auto h = fbb_.CreateVector(hash.data(), hash.size());
@@ -51,6 +51,7 @@ std::span<const uint8_t> MessageWriter::hello(const std::string& client_id, cons
   b.add_model_hash(h);
   b.add_dtypes(flatbuffers::Offset<flatbuffers::Vector<wire::DType>>(d.o));
   b.add_token(tok);
+  b.add_resume_step(resume_step);
   return finish(wire::Payload::Hello, b.Finish().Union());
 }
 
@@ -64,12 +65,13 @@ std::span<const uint8_t> MessageWriter::welcome(uint64_t session_id, uint32_t ba
 std::span<const uint8_t> MessageWriter::forward(uint64_t step, uint32_t microbatch, uint64_t weight_version,
                                                 const Tensor& activations, std::span<const int32_t> labels,
                                                 uint32_t step_samples, uint32_t step_microbatches,
-                                                wire::DType dtype, float lr_scale) {
+                                                wire::DType dtype, float lr_scale, bool checkpoint) {
   fbb_.Clear();
   const auto t = tensor("activations", activations, dtype);
   const auto l = fbb_.CreateVector(labels.data(), labels.size());
   return finish(wire::Payload::Forward, wire::CreateForward(fbb_, step, microbatch, weight_version, t, l,
-                                                            step_samples, step_microbatches, lr_scale)
+                                                            step_samples, step_microbatches, lr_scale,
+                                                            checkpoint)
                                             .Union());
 }
 

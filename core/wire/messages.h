@@ -26,14 +26,15 @@ class MessageWriter {
   // `dtypes`: what the edge can send, most wanted first.
   std::span<const uint8_t> hello(const std::string& client_id, const std::array<uint8_t, 32>& model_hash,
                                  const std::string& token = "", uint32_t protocol_version = kProtocolVersion,
-                                 std::span<const wire::DType> dtypes = kF32Only);
+                                 std::span<const wire::DType> dtypes = kF32Only, uint64_t resume_step = 0);
   std::span<const uint8_t> welcome(uint64_t session_id, uint32_t batch_size, uint32_t microbatches,
                                    uint64_t start_step, wire::DType dtype = wire::DType::F32);
   // Tensors go out encoded in `dtype` (tensor_codec.h), the session's.
   std::span<const uint8_t> forward(uint64_t step, uint32_t microbatch, uint64_t weight_version,
                                    const Tensor& activations, std::span<const int32_t> labels,
                                    uint32_t step_samples = 0, uint32_t step_microbatches = 0,
-                                   wire::DType dtype = wire::DType::F32, float lr_scale = 1.0f);
+                                   wire::DType dtype = wire::DType::F32, float lr_scale = 1.0f,
+                                   bool checkpoint = false);
   std::span<const uint8_t> backward(uint64_t step, uint32_t microbatch, const Tensor& gradients, float loss,
                                     wire::DType dtype = wire::DType::F32);
   std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& activations, std::span<const int32_t> labels,

@@ -4,10 +4,13 @@
 #include <cstdio>
 #include <fstream>
 #include <numeric>
+#include <optional>
 
 #include "core/error.h"
 #include "core/planner.h"
 #include "core/graph.h"
+#include "edge/agent/edge_checkpoints.h"
+#include "edge/data/epoch_order.h"
 #include "edge/data/idx_dataset.h"
 #include "edge/session/edge_session.h"
 #include "ports/lws/lws_endpoint.h"
@@ -49,7 +52,12 @@ int train_over_wss(const EdgeTrainOptions& o) {
   std::string cut = o.cut.empty() ? graph.default_cut() : o.cut;
   if (cut.empty()) fail("edge", "the spec names no default cut; pass --cut NODE or --cut auto");
   uint32_t microbatches = o.microbatches;
-  if (cut == "auto") {
+  std::optional<EdgeCheckpoints> checkpoints;
+  if (!o.checkpoint_dir.empty()) checkpoints.emplace(o.checkpoint_dir, o.identity_dir, o.checkpoint_every);
+  if (cut == "auto" && checkpoints && checkpoints->latest()) {
+    cut = checkpoints->latest()->meta.cut;  // a resumed run keeps the cut it was planned with
+    std::fprintf(stderr, "--cut auto: resuming with the checkpoint's cut '%s'\n", cut.c_str());
+  } else if (cut == "auto") {
     // The planner on this machine's edge backend and the given link; the cloud's compute as
     // given, else taken to be this machine's. K: powers of two up to --microbatches.
     PlanOptions po;
@@ -80,6 +88,19 @@ int train_over_wss(const EdgeTrainOptions& o) {
   }
   auto optimizer = make_optimizer(front.params(), o.optimizer);
   EdgeSession session(front, *optimizer, microbatches, model_hash(spec, cut), o.client_id, o.wire_dtypes);
+  CheckpointMeta position;  // where training stands: step, epoch and samples of it consumed
+  position.role = "edge";
+  position.client_id = o.client_id;
+  position.cut = cut;
+  position.model_hash = model_hash(spec, cut);
+  if (checkpoints)
+    if (const auto resumed = checkpoints->resume(position.model_hash, front, *optimizer)) {
+      position = *resumed;
+      session.resume_from(position.step);
+      std::fprintf(stderr, "resuming from the checkpoint of step %llu (epoch %lld, %lld samples in)\n",
+                   static_cast<unsigned long long>(position.step), static_cast<long long>(position.epoch),
+                   static_cast<long long>(position.cursor));
+    }
 
   std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
   const LabelledImages train = load_fashion_mnist(true, o.limit);
@@ -120,33 +141,34 @@ int train_over_wss(const EdgeTrainOptions& o) {
     if (!metrics) fail("edge", cat("cannot write --metrics-json ", o.metrics_json));
   }
   const int64_t n = train.images.shape()[0], item = train.images.shape().item_numel();
-  std::vector<int64_t> order(static_cast<std::size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  Rng shuffle(o.seed ^ 0x5eedULL);
   Tensor images = Tensor::empty(Shape{o.batch, in[0], in[1], in[2]});
   std::vector<int32_t> labels(o.batch);
   double cloud_busy_before = 0.0, accuracy = 0.0;
   ScheduleOptions schedule = o.schedule;
   if (schedule.total_steps == 0) schedule.total_steps = o.epochs * ((n + o.batch - 1) / o.batch);
   validate(schedule);
-  int64_t global_step = 0;
-  for (int64_t epoch = 1; epoch <= o.epochs; ++epoch) {
-    for (int64_t i = n - 1; i > 0; --i)
-      std::swap(order[static_cast<std::size_t>(i)], order[shuffle.below(static_cast<uint64_t>(i + 1))]);
+  if (position.cursor > n || position.epoch < 1)
+    fail("edge", cat("the checkpoint stands at sample ", position.cursor, " of epoch ", position.epoch,
+                     ", outside this data set of ", n, " (was --limit changed?)"));
+  if (position.epoch > o.epochs) std::fprintf(stderr, "the checkpoint is past the last epoch: nothing left to train\n");
+  for (int64_t epoch = position.epoch; epoch <= o.epochs; ++epoch) {
+    const std::vector<int64_t> order = epoch_order(n, o.seed, epoch);
+    const int64_t first = epoch == position.epoch ? position.cursor : 0;
     ProgressBar bar(cat("epoch ", epoch, "/", o.epochs), n);
     const auto t0 = Clock::now();
     const uint64_t up0 = up, down0 = down;
     const double idle0 = idle_s;
     double loss_sum = 0.0;
-    for (int64_t begin = 0; begin < n; begin += o.batch) {
+    for (int64_t begin = first; begin < n; begin += o.batch) {
       const int64_t count = std::min<int64_t>(o.batch, n - begin);
       for (int64_t j = 0; j < count; ++j) {
         const int64_t src = order[static_cast<std::size_t>(begin + j)];
         std::copy_n(train.images.data() + src * item, item, images.data() + j * item);
         labels[static_cast<std::size_t>(j)] = train.labels[static_cast<std::size_t>(src)];
       }
+      const bool save = checkpoints && checkpoints->due(position.step + 1, begin + count == n);
       const int k = session.begin_step(count == o.batch ? images : images.slice_batch(0, count), labels.data(),
-                                       lr_factor(schedule, global_step++));
+                                       lr_factor(schedule, static_cast<int64_t>(position.step)), save);
       // Every activation leaves as soon as it is computed; gradients are applied as they come.
       for (int mb = 0; mb < k; ++mb) send(session.forward(mb));
       bool done = false;
@@ -156,12 +178,20 @@ int train_over_wss(const EdgeTrainOptions& o) {
           return 1;
         }
       loss_sum += session.step_loss_sum();
-      bar.update(begin + count, cat("loss ", fixed(loss_sum / static_cast<double>(begin + count), 4)));
+      position.step = session.step();
+      position.cursor = begin + count;
+      if (position.cursor == n) {
+        position.epoch = epoch + 1;
+        position.cursor = 0;
+      }
+      if (save) checkpoints->save(position, front, *optimizer);
+      bar.update(begin + count, cat("loss ", fixed(loss_sum / static_cast<double>(begin + count - first), 4)));
     }
+    const int64_t trained = n - first;  // samples this process trained in this epoch
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
     const uint64_t train_up = up - up0, train_down = down - down0;
-    const int64_t steps = (n + o.batch - 1) / o.batch;
-    bar.finish(cat("loss ", fixed(loss_sum / static_cast<double>(n), 4)));
+    const int64_t steps = (trained + o.batch - 1) / o.batch;
+    bar.finish(cat("loss ", fixed(loss_sum / static_cast<double>(std::max<int64_t>(trained, 1)), 4)));
     // Evaluation through the cloud: the test images stay here, only activations travel.
     int64_t correct = 0, seen = 0;
     double cloud_busy = cloud_busy_before;
@@ -183,11 +213,11 @@ int train_over_wss(const EdgeTrainOptions& o) {
     const double epoch_idle = idle_s - idle0, epoch_cloud = cloud_busy - cloud_busy_before;
     cloud_busy_before = cloud_busy;
     const std::string json = cat(
-        "{\"epoch\":", epoch, ",\"samples\":", n, ",\"seconds\":", fixed(seconds, 3),
-        ",\"samples_per_s\":", fixed(static_cast<double>(n) / seconds, 1),
-        ",\"train_loss\":", fixed(loss_sum / static_cast<double>(n), 5), ",\"test_accuracy\":", fixed(accuracy, 5),
+        "{\"epoch\":", epoch, ",\"samples\":", trained, ",\"seconds\":", fixed(seconds, 3),
+        ",\"samples_per_s\":", fixed(static_cast<double>(trained) / seconds, 1),
+        ",\"train_loss\":", fixed(loss_sum / static_cast<double>(std::max<int64_t>(trained, 1)), 5), ",\"test_accuracy\":", fixed(accuracy, 5),
         ",\"lr\":", fixed(optimizer->lr(), 6),
-        ",\"wire_dtype\":\"", dtype_name(session.dtype()), "\",\"steps\":", steps, ",\"bytes_up\":", up - up0, ",\"bytes_down\":", down - down0,
+        ",\"wire_dtype\":\"", dtype_name(session.dtype()), "\",\"steps\":", steps, ",\"step\":", position.step, ",\"bytes_up\":", up - up0, ",\"bytes_down\":", down - down0,
         ",\"train_bytes_up\":", train_up, ",\"train_bytes_down\":", train_down,
         ",\"edge_busy_s\":", fixed(seconds - epoch_idle, 3), ",\"edge_idle_s\":", fixed(epoch_idle, 3),
         ",\"cloud_busy_s\":", fixed(epoch_cloud, 3), ",\"cloud_idle_s\":", fixed(std::max(0.0, seconds - epoch_cloud), 3),

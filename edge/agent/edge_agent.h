@@ -30,6 +30,10 @@ struct EdgeTrainOptions {
   ScheduleOptions schedule;  // total_steps 0: the whole run
   uint64_t seed = 1;
   std::string metrics_json;
+  // Checkpoints (sealed with IDDIR/checkpoint.key): every N steps and each epoch's end; a
+  // restart with the same folder resumes from the newest. Empty: none.
+  std::string checkpoint_dir;
+  int64_t checkpoint_every = 100;
   std::string client_id = "edge";
 };
 

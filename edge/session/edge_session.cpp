@@ -18,7 +18,7 @@ EdgeSession::EdgeSession(Network& front, Optimizer& optimizer, uint32_t microbat
 }
 
 std::span<const uint8_t> EdgeSession::hello() {
-  return writer_.hello(client_id_, model_hash_, "", kProtocolVersion, offered_);
+  return writer_.hello(client_id_, model_hash_, "", kProtocolVersion, offered_, resume_step_);
 }
 
 namespace {
@@ -54,6 +54,11 @@ bool EdgeSession::on_welcome(const Frame& frame, WireError& error) {
              cat("the cloud chose wire dtype ", static_cast<int>(w->dtype()), ", which this edge did not offer")};
     return false;
   }
+  if (w->start_step() != resume_step_) {
+    error = {wire::ErrorCode::NoCheckpoint, cat("the cloud starts at step ", w->start_step(), " but this edge ",
+                                                resume_step_ ? cat("resumes from step ", resume_step_) : "starts afresh")};
+    return false;
+  }
   dtype_ = w->dtype();
   batch_limit_ = w->batch_size();
   step_ = w->start_step();
@@ -61,7 +66,7 @@ bool EdgeSession::on_welcome(const Frame& frame, WireError& error) {
   return true;
 }
 
-int EdgeSession::begin_step(const Tensor& images, const int32_t* labels, float lr_scale) {
+int EdgeSession::begin_step(const Tensor& images, const int32_t* labels, float lr_scale, bool checkpoint) {
   if (!welcomed_) fail("edge session", "begin_step before the cloud's Welcome");
   if (backed_ != step_microbatches_) fail("edge session", cat("step ", step_, " is still in flight"));
   if (images.shape()[0] > static_cast<int64_t>(batch_limit_))
@@ -69,6 +74,7 @@ int EdgeSession::begin_step(const Tensor& images, const int32_t* labels, float l
   images_ = images;
   labels_ = labels;
   lr_scale_ = lr_scale;
+  checkpoint_ = checkpoint;
   optimizer_.set_lr_scale(lr_scale);
   step_microbatches_ = static_cast<int>(std::min<int64_t>(microbatches_, images.shape()[0]));
   backed_ = 0;
@@ -88,7 +94,8 @@ std::span<const uint8_t> EdgeSession::forward(int mb) {
   state_[static_cast<std::size_t>(mb)] = 1;
   return writer_.forward(step_, static_cast<uint32_t>(mb), step_ /* weights version: optimizer steps applied */, activations,
                          std::span<const int32_t>(labels_ + begin, static_cast<std::size_t>(count)),
-                         static_cast<uint32_t>(batch), static_cast<uint32_t>(step_microbatches_), dtype_, lr_scale_);
+                         static_cast<uint32_t>(batch), static_cast<uint32_t>(step_microbatches_), dtype_, lr_scale_,
+                         checkpoint_);
 }
 
 bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_done) {

@@ -22,15 +22,20 @@ class EdgeSession {
   EdgeSession(Network& front, Optimizer& optimizer, uint32_t microbatches, const std::array<uint8_t, 32>& model_hash,
               std::string client_id, std::vector<wire::DType> dtypes = {wire::DType::F32});
 
+  // Resuming from this edge's checkpoint of `step` (call before hello()): Hello asks the cloud
+  // for its checkpoint of the same step, and Welcome must start there.
+  void resume_from(uint64_t step) { resume_step_ = step; }
   std::span<const uint8_t> hello();
   // Welcome (or the cloud's Error, reported in `error`): the cloud's limits (batch size,
-  // micro-batches, at least this edge's K) and the step to resume from.
+  // micro-batches, at least this edge's K) and the step to start from.
   bool on_welcome(const Frame& frame, WireError& error);
 
   // Starts a step on images [B, ...] and labels [B] (kept by reference until the step ends);
   // returns its number of micro-batches, min(K, B).
   // lr_scale: the schedule's factor for this step, applied here and sent to the cloud.
-  int begin_step(const Tensor& images, const int32_t* labels, float lr_scale = 1.0f);
+  // checkpoint: both sides checkpoint after this step (the cloud's is durable before the
+  // step's last Backward leaves, so the cloud never has less than the edge).
+  int begin_step(const Tensor& images, const int32_t* labels, float lr_scale = 1.0f, bool checkpoint = false);
   // Runs micro-batch mb through the front shard; returns the Forward message to send.
   std::span<const uint8_t> forward(int mb);
   // A Backward for this step; `step_done` turns true after the last one (optimizer applied).
@@ -51,8 +56,8 @@ class EdgeSession {
   std::vector<wire::DType> offered_;
   wire::DType dtype_ = wire::DType::F32;
   MessageWriter writer_;
-  uint64_t step_ = 0;
-  bool welcomed_ = false;
+  uint64_t step_ = 0, resume_step_ = 0;
+  bool welcomed_ = false, checkpoint_ = false;
   uint32_t batch_limit_ = 0;  // the cloud's batch size (Welcome)
   Tensor images_;
   const int32_t* labels_ = nullptr;
