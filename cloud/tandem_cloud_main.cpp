@@ -18,6 +18,7 @@ constexpr const char* kUsage = R"(usage:
   tandem-cloud serve --listen HOST:PORT --state-dir DIR --model SPEC [--cut NODE]
                      [--batch B] [--microbatches K] [OPTIMIZER]
                      [--seed S] [--backend NAME] [--max-message-mb N] [--wire-dtypes LIST]
+                     [--init-from FILE]
       Serves split training over wss:// with mutual TLS: one session per edge, the back
       shard and loss on the backend (default onednn). Runs `pki init` on first start.
       --cut any serves every legal cut: each edge's Hello names its own (tandem-edge --cut auto).
@@ -26,6 +27,10 @@ constexpr const char* kUsage = R"(usage:
       first the edge offers). OPTIMIZER: --optimizer sgd|adam|adamw --lr X --momentum X
       --nesterov --weight-decay X --beta1 X --beta2 X --eps X --clip-norm X, for the back
       shard; each step's learning rate is scaled by the factor the edge's schedule sends.
+      An edge run with --checkpoint-dir makes this service checkpoint its back shard at the
+      same steps, in DIR/checkpoints/CLIENT/ (the newest three kept); a restarted edge
+      resumes both sides from its step. --init-from starts the back shard from a
+      safetensors file of the whole model (PyTorch names and layouts, e.g. `tandem export`).
       Stops on SIGINT or SIGTERM.
   tandem-cloud pki init --state-dir DIR [--hosts NAME,NAME...]
       Makes a CA and a server certificate (for the hosts, default localhost,127.0.0.1)
@@ -72,7 +77,7 @@ int pki_command(int argc, char** argv) {
 int serve_command(int argc, char** argv) {
   const CliArgs args(argc, argv, 2, {"nesterov"});
   args.reject_unknown(CliArgs::with_optimizer_options({"listen", "state-dir", "model", "cut", "batch", "microbatches",
-                                                       "seed", "backend", "max-message-mb", "wire-dtypes"},
+                                                       "seed", "backend", "max-message-mb", "wire-dtypes", "init-from"},
                                                       /*schedule=*/false));
   ServeOptions o;
   const HostPort listen = args.host_port("listen", "");
@@ -88,6 +93,7 @@ int serve_command(int argc, char** argv) {
   register_built_backends();
   o.backend = args.str("backend", "onednn");
   o.max_message_bytes = static_cast<std::size_t>(args.integer("max-message-mb", 64, 1)) << 20;
+  o.init_from = args.str("init-from", "");
   o.wire_dtypes.clear();
   for (const std::string& name : split_commas(args.str("wire-dtypes", "f32,f16,bf16,i8"))) {
     const auto d = parse_dtype(name);

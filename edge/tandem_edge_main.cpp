@@ -18,7 +18,7 @@ constexpr const char* kUsage = R"(usage:
                     [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
                     [--metrics-json FILE] [--client-id NAME]
-                    [--checkpoint-dir DIR [--checkpoint-every STEPS]]
+                    [--checkpoint-dir DIR [--checkpoint-every STEPS]] [--init-from FILE]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
       IDDIR/client.crt, client.key, ca.crt from `tandem-cloud pki issue`); raw data never
       leaves this machine, only cut-layer activations. Evaluates through the cloud after
@@ -37,7 +37,9 @@ constexpr const char* kUsage = R"(usage:
       each epoch's end); the cloud checkpoints its back shard at the same steps. Run the
       same command again after a crash of either side and training resumes from the last
       checkpoint, exactly. --client-id names this edge to the cloud (default: the name of
-      IDDIR); the cloud keeps its checkpoints under that name.
+      IDDIR); the cloud keeps its checkpoints under that name. --init-from starts the front
+      shard from a safetensors file of the whole model (PyTorch names and layouts, e.g. from
+      `tandem export`); only the front's tensors are read.
 )";
 
 int train_command(int argc, char** argv) {
@@ -46,7 +48,7 @@ int train_command(int argc, char** argv) {
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every"},
+                                                       "checkpoint-every", "init-from"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -57,7 +59,7 @@ int train_command(int argc, char** argv) {
   o.cut = args.str("cut", "");
   if (args.str("data", "fashion-mnist") != "fashion-mnist")
     fail("cli", cat("--data knows only fashion-mnist, got '", args.str("data", ""), "'"));
-  o.epochs = args.integer("epochs", 1, 1);
+  o.epochs = args.integer("epochs", 1, 0);  // 0: only evaluate the starting weights
   o.limit = args.integer("limit", 0, 0);
   o.test_limit = args.integer("test-limit", 0, 0);
   o.batch = static_cast<uint32_t>(args.integer("batch", 64, 1));
@@ -83,6 +85,7 @@ int train_command(int argc, char** argv) {
   o.client_id = args.str("client-id", base.empty() || base[0] == '.' ? "edge" : base);
   o.checkpoint_dir = args.str("checkpoint-dir", "");
   o.checkpoint_every = args.integer("checkpoint-every", 100, 0);
+  o.init_from = args.str("init-from", "");
   return train_over_wss(o);
 }
 

@@ -14,6 +14,7 @@ packages=(
   dataset-fashion-mnist
   g++-aarch64-linux-gnu emscripten
   iproute2  # ip netns and tc: the shaped-link test and benchmarks
+  python3-torch python3-numpy libopenblas0-pthread  # the PyTorch peer: interop test, benchmarks
 )
 missing=()
 for p in "${packages[@]}"; do

@@ -14,6 +14,7 @@
 #include "tools/all_backends.h"
 #include "tools/cli_args.h"
 #include "tools/cli_setup.h"
+#include "tools/export_command.h"
 #include "tools/plan_command.h"
 #include "tools/profile_command.h"
 #include "tools/progress.h"
@@ -45,6 +46,17 @@ constexpr const char* kUsage = R"(usage:
       (edge compute, uplink, cloud compute, downlink overlapping over K micro-batches) and the
       edge's peak memory; then `recommended: cut=NODE microbatches=K predicted_samples_per_s=X`.
       Compute is measured here on the edge and cloud backends unless given in GFLOP/s.
+  tandem export --model SPEC --edge-ckpt FILE --cloud-ckpt FILE [--identity IDDIR | --key FILE]
+                --out model.safetensors
+      Merges the edge's checkpoint (from tandem-edge --checkpoint-dir; encrypted, so give
+      the identity folder holding checkpoint.key) and the cloud's of the same step
+      (STATE_DIR/checkpoints/CLIENT/) into one safetensors file with PyTorch's names and
+      layouts (OIHW convolutions, NCHW flatten order), loadable with torch's
+      load_state_dict into the equivalent torch model.
+  tandem evaluate --model SPEC --weights model.safetensors [--backend NAME] [--test-limit N]
+                  [--predictions FILE] [--logits FILE]
+      The whole model's Fashion-MNIST test accuracy from a safetensors file (PyTorch names
+      and layouts); writes each image's predicted class (and raw f32 logits) when asked.
   tandem backends      lists the backends this build has
 )";
 
@@ -173,5 +185,7 @@ int main(int argc, char** argv) {
                          {{"train", [](int c, char** v) { return tandem::train(tandem::CliArgs(c, v, 2, {"nesterov"})); }},
                           {"profile", [](int c, char** v) { return tandem::profile_command(tandem::CliArgs(c, v, 2, {})); }},
                           {"plan", [](int c, char** v) { return tandem::plan_command(tandem::CliArgs(c, v, 2, {"profile-edge"})); }},
+                          {"export", [](int c, char** v) { return tandem::export_command(tandem::CliArgs(c, v, 2, {})); }},
+                          {"evaluate", [](int c, char** v) { return tandem::evaluate_command(tandem::CliArgs(c, v, 2, {})); }},
                           {"backends", tandem::list_backends}});
 }

@@ -15,7 +15,9 @@
 #include "core/error.h"
 #include "core/graph.h"
 #include "core/planner.h"
+#include "core/interop/torch_layout.h"
 #include "ports/files/checkpoint_store.h"
+#include "ports/files/safetensors_file.h"
 #include "ports/lws/lws_endpoint.h"
 
 namespace tandem {
@@ -31,6 +33,7 @@ struct BackShard {
   std::array<uint8_t, 32> hash{};
   Graph graph;
   std::vector<Tensor> initial;  // in the order of Network::params()
+  std::vector<Tensor> initial_buffers;  // in the order of Network::buffers(); empty: fresh
 };
 
 // Back-shard checkpoints in STATE_DIR/checkpoints/CLIENT_ID/ (the session has checked the
@@ -109,6 +112,8 @@ class Worker {
       back->params()[i]->value().copy_from(shard.initial[i]);
       back->params()[i]->bump_version();
     }
+    for (std::size_t i = 0; i < shard.initial_buffers.size(); ++i)
+      back->buffers()[i].second->copy_from(shard.initial_buffers[i]);
     auto optimizer = make_optimizer(back->params(), o.optimizer);
     const CloudSessionConfig config{shard.hash,          o.batch_size,  o.microbatches, 10, id_,
                                     o.max_message_bytes, o.wire_dtypes, shard.cut,      &checkpoints_};
@@ -192,12 +197,21 @@ int serve(const ServeOptions& o) {
   {
     auto reference = make_backend("reference");
     Network whole(graph, *reference, o.seed);
+    std::vector<SafeTensor> init;
+    if (!o.init_from.empty()) init = read_safetensors_file(o.init_from, {});
     for (const std::string& c : cuts) {
-      BackShard s{c, model_hash(spec, c), graph.split(c).second, {}};
+      BackShard s{c, model_hash(spec, c), graph.split(c).second, {}, {}};
       Network back(s.graph, *reference, o.seed);
-      for (Param* p : back.params()) s.initial.push_back(whole.param(p->name()).value().clone());
+      if (!o.init_from.empty()) {
+        shard_from_torch(graph, init, back);
+        for (Param* p : back.params()) s.initial.push_back(p->value().clone());
+        for (auto& [name, t] : back.buffers()) s.initial_buffers.push_back(t->clone());
+      } else {
+        for (Param* p : back.params()) s.initial.push_back(whole.param(p->name()).value().clone());
+      }
       shards.push_back(std::move(s));
     }
+    if (!o.init_from.empty()) std::printf("back shards initialised from %s\n", o.init_from.c_str());
   }
 
   EndpointOptions eo;

@@ -24,6 +24,7 @@ struct ServeOptions {
   uint64_t seed = 1;
   std::size_t max_message_bytes = kDefaultMaxMessageBytes;
   std::vector<wire::DType> wire_dtypes = CloudSessionConfig{}.dtypes;  // what edges may send
+  std::string init_from;  // safetensors of the whole model (PyTorch layout) to start from
 };
 
 // Runs the service; returns the process exit code.

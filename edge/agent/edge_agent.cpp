@@ -9,10 +9,12 @@
 #include "core/error.h"
 #include "core/planner.h"
 #include "core/graph.h"
+#include "core/interop/torch_layout.h"
 #include "edge/agent/edge_checkpoints.h"
 #include "edge/data/epoch_order.h"
 #include "edge/data/idx_dataset.h"
 #include "edge/session/edge_session.h"
+#include "ports/files/safetensors_file.h"
 #include "ports/lws/lws_endpoint.h"
 #include "tools/progress.h"
 
@@ -78,7 +80,10 @@ int train_over_wss(const EdgeTrainOptions& o) {
   }
   auto [front_graph, back_graph] = graph.split(cut);
   Network front(front_graph, *backend, o.seed);
-  {  // the same initial weights as the whole model (see tandem-cloud serve)
+  if (!o.init_from.empty()) {
+    shard_from_torch(graph, read_safetensors_file(o.init_from, tensor_names(front)), front);
+    std::fprintf(stderr, "front shard initialised from %s\n", o.init_from.c_str());
+  } else {  // the same initial weights as the whole model (see tandem-cloud serve)
     auto reference = make_backend("reference");
     Network whole(graph, *reference, o.seed);
     for (Param* p : front.params()) {
@@ -150,7 +155,33 @@ int train_over_wss(const EdgeTrainOptions& o) {
   if (position.cursor > n || position.epoch < 1)
     fail("edge", cat("the checkpoint stands at sample ", position.cursor, " of epoch ", position.epoch,
                      ", outside this data set of ", n, " (was --limit changed?)"));
-  if (position.epoch > o.epochs) std::fprintf(stderr, "the checkpoint is past the last epoch: nothing left to train\n");
+  // Evaluation through the cloud: the test images stay here, only activations travel.
+  auto evaluate = [&](double& cloud_busy) {
+    int64_t correct = 0, seen = 0;
+    for (int64_t begin = 0; begin < test.images.shape()[0]; begin += 1000) {
+      const int64_t count = std::min<int64_t>(1000, test.images.shape()[0] - begin);
+      send(session.eval_forward(static_cast<uint64_t>(begin), test.images.slice_batch(begin, count),
+                                test.labels.data() + begin, count));
+      Frame reply = await_message(*link, "EvalResult", down, idle_s);
+      const wire::Message* m = verify_frame(reply, kDefaultMaxMessageBytes, err);
+      if (!m || m->payload_type() != wire::Payload::EvalResult)
+        fail("edge", m && m->payload_type() == wire::Payload::Error
+                         ? cat("the cloud refused: ", m->payload_as_Error()->text()->str())
+                         : std::string("expected EvalResult"));
+      correct += m->payload_as_EvalResult()->correct();
+      seen += m->payload_as_EvalResult()->count();
+      cloud_busy = m->payload_as_EvalResult()->cloud_busy_s();
+    }
+    return static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(seen, 1));
+  };
+  if (o.epochs == 0) {  // evaluation only, of the starting weights
+    double busy = 0.0;
+    accuracy = evaluate(busy);
+    const std::string json = cat("{\"epoch\":0,\"step\":", position.step, ",\"test_accuracy\":", fixed(accuracy, 5), "}");
+    std::printf("%s\n", json.c_str());
+    if (metrics) metrics << json << "\n" << std::flush;
+  }
+  if (o.epochs > 0 && position.epoch > o.epochs) std::fprintf(stderr, "the checkpoint is past the last epoch: nothing left to train\n");
   for (int64_t epoch = position.epoch; epoch <= o.epochs; ++epoch) {
     const std::vector<int64_t> order = epoch_order(n, o.seed, epoch);
     const int64_t first = epoch == position.epoch ? position.cursor : 0;
@@ -192,24 +223,8 @@ int train_over_wss(const EdgeTrainOptions& o) {
     const uint64_t train_up = up - up0, train_down = down - down0;
     const int64_t steps = (trained + o.batch - 1) / o.batch;
     bar.finish(cat("loss ", fixed(loss_sum / static_cast<double>(std::max<int64_t>(trained, 1)), 4)));
-    // Evaluation through the cloud: the test images stay here, only activations travel.
-    int64_t correct = 0, seen = 0;
     double cloud_busy = cloud_busy_before;
-    for (int64_t begin = 0; begin < test.images.shape()[0]; begin += 1000) {
-      const int64_t count = std::min<int64_t>(1000, test.images.shape()[0] - begin);
-      send(session.eval_forward(static_cast<uint64_t>(begin), test.images.slice_batch(begin, count),
-                                test.labels.data() + begin, count));
-      Frame reply = await_message(*link, "EvalResult", down, idle_s);
-      const wire::Message* m = verify_frame(reply, kDefaultMaxMessageBytes, err);
-      if (!m || m->payload_type() != wire::Payload::EvalResult)
-        fail("edge", m && m->payload_type() == wire::Payload::Error
-                         ? cat("the cloud refused: ", m->payload_as_Error()->text()->str())
-                         : std::string("expected EvalResult"));
-      correct += m->payload_as_EvalResult()->correct();
-      seen += m->payload_as_EvalResult()->count();
-      cloud_busy = m->payload_as_EvalResult()->cloud_busy_s();
-    }
-    accuracy = static_cast<double>(correct) / static_cast<double>(seen);
+    accuracy = evaluate(cloud_busy);
     const double epoch_idle = idle_s - idle0, epoch_cloud = cloud_busy - cloud_busy_before;
     cloud_busy_before = cloud_busy;
     const std::string json = cat(

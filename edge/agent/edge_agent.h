@@ -33,6 +33,9 @@ struct EdgeTrainOptions {
   // Checkpoints (sealed with IDDIR/checkpoint.key): every N steps and each epoch's end; a
   // restart with the same folder resumes from the newest. Empty: none.
   std::string checkpoint_dir;
+  // A safetensors file of the whole model (PyTorch names and layouts) to start from; only
+  // the front shard's tensors are read.
+  std::string init_from;
   int64_t checkpoint_every = 100;
   std::string client_id = "edge";
 };

@@ -1,0 +1,172 @@
+#include "core/interop/torch_layout.h"
+
+#include <cstring>
+
+#include "core/error.h"
+
+namespace tandem {
+namespace {
+
+// How a tensor's layout differs from torch's.
+struct Layout {
+  enum Kind { Same, ConvWeight, FlatColumns, FlatVector } kind = Same;
+  int64_t h = 1, w = 1, c = 1;  // the flattened image (FlatColumns, FlatVector)
+};
+
+bool is_elementwise(const std::string& op) {
+  return op == "relu" || op == "relu6" || op == "hardswish" || op == "gelu" || op == "sigmoid" || op == "tanh" ||
+         op == "dropout" || op == "batch_norm";
+}
+
+// The image a node's input was flattened from, through elementwise ops; h = w = 1 if none.
+Layout flattened_input(const Graph& g, const GraphNode& node) {
+  Layout l;
+  int source = node.sources.empty() ? 0 : node.sources[0];
+  while (source < 0) {
+    const GraphNode& n = g.nodes()[static_cast<std::size_t>(-source - 1)];
+    if (n.spec.op == "flatten") {
+      const int in = n.sources[0];
+      const Shape s = in >= 0 ? g.inputs()[static_cast<std::size_t>(in)].shape
+                              : g.nodes()[static_cast<std::size_t>(-in - 1)].shape;
+      if (s.rank() == 3) l = {Layout::Same, s[0], s[1], s[2]};
+      return l;
+    }
+    if (!is_elementwise(n.spec.op)) return l;
+    source = n.sources[0];
+  }
+  return l;
+}
+
+Layout layout_of(const Graph& g, const std::string& name) {
+  const auto dot = name.rfind('.');
+  if (dot == std::string::npos) fail("torch layout", cat("'", name, "' names no node's tensor"));
+  const int index = g.find(name.substr(0, dot));
+  if (index < 0) fail("torch layout", cat("'", name, "': the model has no node '", name.substr(0, dot), "'"));
+  const GraphNode& node = g.nodes()[static_cast<std::size_t>(index)];
+  const std::string field = name.substr(dot + 1);
+  if (node.spec.op == "conv2d" && field == "weight") return {Layout::ConvWeight};
+  Layout l = flattened_input(g, node);
+  if (l.h * l.w == 1) return {};
+  if ((node.spec.op == "linear" && field == "weight") || (node.spec.op == "heads" && field == "w1"))
+    l.kind = Layout::FlatColumns;
+  else if (node.spec.op == "batch_norm")
+    l.kind = Layout::FlatVector;
+  return l;
+}
+
+// Index of tandem's flattened (h, w, c) element in torch's (c, h, w) order.
+int64_t torch_index(const Layout& l, int64_t i) {
+  const int64_t c = i % l.c, hw = i / l.c;
+  return c * l.h * l.w + hw;
+}
+
+}  // namespace
+
+SafeTensor to_torch(const Graph& whole, const std::string& name, const Tensor& value) {
+  const Layout l = layout_of(whole, name);
+  const Shape& s = value.shape();
+  std::vector<int64_t> dims;
+  for (int i = 0; i < s.rank(); ++i) dims.push_back(s[i]);
+  std::vector<float> out(static_cast<std::size_t>(value.numel()));
+  const float* v = value.data();
+  switch (l.kind) {
+    case Layout::Same:
+      std::memcpy(out.data(), v, value.bytes());
+      break;
+    case Layout::ConvWeight: {  // [O, kh, kw, I] -> [O, I, kh, kw]
+      const int64_t o = s[0], kh = s[1], kw = s[2], ci = s[3];
+      for (int64_t a = 0; a < o; ++a)
+        for (int64_t y = 0; y < kh; ++y)
+          for (int64_t x = 0; x < kw; ++x)
+            for (int64_t k = 0; k < ci; ++k)
+              out[static_cast<std::size_t>(((a * ci + k) * kh + y) * kw + x)] = v[((a * kh + y) * kw + x) * ci + k];
+      dims = {o, ci, kh, kw};
+      break;
+    }
+    case Layout::FlatColumns: {
+      const int64_t rows = s[0], cols = s[1];
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < cols; ++i) out[static_cast<std::size_t>(r * cols + torch_index(l, i))] = v[r * cols + i];
+      break;
+    }
+    case Layout::FlatVector:
+      for (int64_t i = 0; i < value.numel(); ++i) out[static_cast<std::size_t>(torch_index(l, i))] = v[i];
+      break;
+  }
+  return f32_tensor(name, dims, out.data());
+}
+
+void from_torch(const Graph& whole, const SafeTensor& t, Tensor& out) {
+  if (t.dtype != "F32") fail("torch layout", cat("'", t.name, "' is ", t.dtype, "; tandem's weights are F32"));
+  // The expected torch shape is what to_torch makes of a tensor of out's shape.
+  const SafeTensor probe = to_torch(whole, t.name, Tensor::zeros(out.shape()));
+  if (probe.shape != t.shape) {
+    std::string want, got;
+    for (int64_t d : probe.shape) want += cat(want.empty() ? "" : ", ", d);
+    for (int64_t d : t.shape) got += cat(got.empty() ? "" : ", ", d);
+    fail("torch layout", cat("'", t.name, "' is [", got, "] in the file, the model needs [", want, "]"));
+  }
+  const Layout l = layout_of(whole, t.name);
+  const auto* v = reinterpret_cast<const float*>(t.data.data());
+  std::vector<float> aligned(v, v + out.numel());  // the file's bytes need not be float-aligned
+  v = aligned.data();
+  const Shape& s = out.shape();
+  float* o = out.data();
+  switch (l.kind) {
+    case Layout::Same:
+      std::memcpy(o, v, out.bytes());
+      break;
+    case Layout::ConvWeight: {
+      const int64_t co = s[0], kh = s[1], kw = s[2], ci = s[3];
+      for (int64_t a = 0; a < co; ++a)
+        for (int64_t y = 0; y < kh; ++y)
+          for (int64_t x = 0; x < kw; ++x)
+            for (int64_t k = 0; k < ci; ++k) o[((a * kh + y) * kw + x) * ci + k] = v[((a * ci + k) * kh + y) * kw + x];
+      break;
+    }
+    case Layout::FlatColumns: {
+      const int64_t rows = s[0], cols = s[1];
+      for (int64_t r = 0; r < rows; ++r)
+        for (int64_t i = 0; i < cols; ++i) o[r * cols + i] = v[r * cols + torch_index(l, i)];
+      break;
+    }
+    case Layout::FlatVector:
+      for (int64_t i = 0; i < out.numel(); ++i) o[i] = v[torch_index(l, i)];
+      break;
+  }
+}
+
+std::vector<SafeTensor> shard_to_torch(const Graph& whole, Network& shard, int64_t batches_tracked) {
+  std::vector<SafeTensor> out;
+  for (Param* p : shard.params()) out.push_back(to_torch(whole, p->name(), p->value()));
+  for (auto& [name, t] : shard.buffers()) {
+    out.push_back(to_torch(whole, name, *t));
+    const std::string suffix = ".running_var";
+    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
+      out.push_back(i64_tensor(name.substr(0, name.size() - suffix.size()) + ".num_batches_tracked", {},
+                               &batches_tracked));
+  }
+  return out;
+}
+
+std::vector<std::string> tensor_names(Network& shard) {
+  std::vector<std::string> out;
+  for (Param* p : shard.params()) out.push_back(p->name());
+  for (auto& [name, t] : shard.buffers()) out.push_back(name);
+  return out;
+}
+
+void shard_from_torch(const Graph& whole, const std::vector<SafeTensor>& tensors, Network& shard) {
+  auto find = [&](const std::string& name) -> const SafeTensor& {
+    for (const SafeTensor& t : tensors)
+      if (t.name == name) return t;
+    fail("torch layout", cat("the weights have no tensor '", name, "'"));
+  };
+  for (Param* p : shard.params()) {
+    from_torch(whole, find(p->name()), p->value());
+    p->bump_version();
+  }
+  for (auto& [name, t] : shard.buffers()) from_torch(whole, find(name), *t);
+}
+
+}  // namespace tandem

@@ -1,0 +1,31 @@
+// PyTorch's names and layouts for a tandem model's tensors. Names are the same
+// ("<node>.weight", "<node>.running_mean"); layouts differ in two places: convolution
+// weights (tandem OHWI, torch OIHW), and a layer reading a flattened image (tandem flattens
+// NHWC in (h, w, c) order, torch NCHW in (c, h, w)): its input columns are permuted.
+#pragma once
+
+#include <cstdint>
+#include <string>
+#include <vector>
+
+#include "core/graph.h"
+#include "core/interop/safetensors.h"
+#include "core/network.h"
+
+namespace tandem {
+
+// One tensor of `shard` (a Network over part or all of `whole`) in torch's layout.
+SafeTensor to_torch(const Graph& whole, const std::string& name, const Tensor& value);
+// Fills `out` (tandem's layout and shape) from the torch-layout tensor `t`; throws Error when
+// its dtype or shape does not fit.
+void from_torch(const Graph& whole, const SafeTensor& t, Tensor& out);
+
+// Every parameter and buffer of `shard` as torch tensors, plus batch norms' num_batches_tracked.
+std::vector<SafeTensor> shard_to_torch(const Graph& whole, Network& shard, int64_t batches_tracked);
+// The names of a shard's parameters and buffers (what shard_from_torch reads).
+std::vector<std::string> tensor_names(Network& shard);
+// Sets every parameter and buffer of `shard` from `tensors` (e.g. a safetensors file of the
+// whole model); extra tensors are ignored, a missing or misshapen one is an Error naming it.
+void shard_from_torch(const Graph& whole, const std::vector<SafeTensor>& tensors, Network& shard);
+
+}  // namespace tandem

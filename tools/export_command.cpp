@@ -1,0 +1,114 @@
+#include "tools/export_command.h"
+
+#include <cstdio>
+#include <fstream>
+
+#include "core/checkpoint/checkpoint.h"
+#include "core/error.h"
+#include "core/graph.h"
+#include "core/interop/safetensors.h"
+#include "core/interop/torch_layout.h"
+#include "core/loss.h"
+#include "core/sha256.h"
+#include "core/wire/messages.h"
+#include "edge/data/idx_dataset.h"
+#include "ports/crypto/aes_gcm.h"
+#include "ports/files/atomic_file.h"
+#include "tools/all_backends.h"
+#include "tools/progress.h"
+
+namespace tandem {
+namespace {
+
+// A checkpoint file, opened with the key when it is sealed (the edge's).
+CheckpointData read_checkpoint(const std::string& path, const std::string& key_path) {
+  const std::vector<uint8_t> bytes = read_file(path);
+  if (!is_sealed(bytes)) return decode_checkpoint(bytes);
+  if (key_path.empty())
+    fail("export", cat(path, " is encrypted: pass the edge's identity folder (--identity IDDIR, which holds "
+                             "checkpoint.key) or --key FILE"));
+  return decode_checkpoint(open_aes_gcm(load_key(key_path, false), bytes));
+}
+
+// A Network over `graph` whose tensors are the checkpoint's (checked against the model).
+void load_shard(const Graph& graph, const ModelSpec& spec, const CheckpointData& d, const char* role,
+                std::unique_ptr<Network>& net, Backend& backend) {
+  if (d.meta.role != role) fail("export", cat("expected the ", role, "'s checkpoint, got the ", d.meta.role, "'s"));
+  if (d.meta.model_hash != model_hash(spec, d.meta.cut))
+    fail("export", cat("the ", role, "'s checkpoint is of another model or cut than ", spec.name, " cut at '",
+                       d.meta.cut, "'"));
+  net = std::make_unique<Network>(graph, backend, 0);
+  restore_checkpoint(d, *net, nullptr);
+}
+
+}  // namespace
+
+int export_command(const CliArgs& args) {
+  args.reject_unknown({"model", "edge-ckpt", "cloud-ckpt", "identity", "key", "out"});
+  const ModelSpec spec = load_model_spec(args.required("model"));
+  const Graph graph = Graph::build(spec);
+  const std::string key = args.has("key") ? args.str("key", "")
+                          : args.has("identity") ? args.str("identity", "") + "/checkpoint.key"
+                                                 : std::string();
+  const CheckpointData edge = read_checkpoint(args.required("edge-ckpt"), key);
+  const CheckpointData cloud = read_checkpoint(args.required("cloud-ckpt"), "");
+  if (edge.meta.cut != cloud.meta.cut)
+    fail("export", cat("the edge's checkpoint is cut at '", edge.meta.cut, "', the cloud's at '", cloud.meta.cut, "'"));
+  if (edge.meta.step != cloud.meta.step)
+    fail("export", cat("the edge's checkpoint is of step ", edge.meta.step, ", the cloud's of step ", cloud.meta.step,
+                       ": pass the cloud's checkpoint of step ", edge.meta.step, " (the cloud keeps its newest few)"));
+  const auto [front_graph, back_graph] = graph.split(edge.meta.cut);
+  auto reference = make_backend("reference");
+  std::unique_ptr<Network> front, back;
+  load_shard(front_graph, spec, edge, "edge", front, *reference);
+  load_shard(back_graph, spec, cloud, "cloud", back, *reference);
+  std::vector<SafeTensor> tensors = shard_to_torch(graph, *front, static_cast<int64_t>(edge.meta.step));
+  for (SafeTensor& t : shard_to_torch(graph, *back, static_cast<int64_t>(cloud.meta.step))) tensors.push_back(std::move(t));
+  const std::string out = args.required("out");
+  const std::vector<uint8_t> file = write_safetensors(
+      tensors, {{"format", "pt"}, {"tandem_model", spec.name}, {"tandem_cut", edge.meta.cut},
+                {"tandem_step", cat(edge.meta.step)}, {"tandem_layout", "pytorch (OIHW, NCHW flatten order)"}});
+  write_file_atomic(out, file);
+  std::printf("wrote %s: %zu tensors, %zu bytes, model %s at step %llu (edge and cloud cut at '%s')\n", out.c_str(),
+              tensors.size(), file.size(), spec.name.c_str(), static_cast<unsigned long long>(edge.meta.step),
+              edge.meta.cut.c_str());
+  return 0;
+}
+
+int evaluate_command(const CliArgs& args) {
+  args.reject_unknown({"model", "weights", "backend", "test-limit", "predictions", "logits"});
+  const ModelSpec spec = load_model_spec(args.required("model"));
+  const Graph graph = Graph::build(spec);
+  auto backend = make_backend(args.str("backend", "reference"));
+  Network net(graph, *backend, 0);
+  shard_from_torch(graph, read_safetensors(read_file(args.required("weights"))), net);
+  net.set_training(false);
+  const LabelledImages test = load_fashion_mnist(false, args.integer("test-limit", 0, 0));
+  const int64_t n = test.images.shape()[0], groups = graph.output_groups();
+  std::ofstream predictions, logits;
+  if (args.has("predictions")) predictions.open(args.str("predictions", ""));
+  if (args.has("logits")) logits.open(args.str("logits", ""), std::ios::binary);
+  int64_t correct = 0;
+  double loss = 0.0;
+  ProgressBar bar("evaluate", n);
+  for (int64_t begin = 0; begin < n; begin += 500) {
+    const int64_t count = std::min<int64_t>(500, n - begin);
+    const Tensor& out = net.forward(test.images.slice_batch(begin, count), 0);
+    const int32_t* labels = test.labels.data() + begin;
+    correct += count_correct(out, labels, groups);
+    loss += softmax_cross_entropy(out, labels, 1.0f, nullptr, groups);
+    const int64_t c = out.shape().item_numel();
+    for (int64_t i = 0; i < count; ++i) {
+      const float* row = out.data() + i * c;
+      if (predictions) predictions << std::max_element(row, row + c) - row << "\n";
+    }
+    if (logits) logits.write(reinterpret_cast<const char*>(out.data()), static_cast<std::streamsize>(out.bytes()));
+    bar.update(begin + count, "");
+  }
+  bar.finish("");
+  std::printf("{\"test_accuracy\":%.5f,\"test_loss\":%.5f,\"samples\":%lld}\n", static_cast<double>(correct) / n,
+              loss / static_cast<double>(n), static_cast<long long>(n));
+  return 0;
+}
+
+}  // namespace tandem

@@ -1,0 +1,13 @@
+// `tandem export`: the edge's and the cloud's checkpoints of one step merged into one
+// safetensors file with PyTorch's names and layouts. `tandem evaluate`: a whole model's
+// test-set accuracy (and predictions) from such a file, the way PyTorch would compute them.
+#pragma once
+
+#include "tools/cli_args.h"
+
+namespace tandem {
+
+int export_command(const CliArgs& args);
+int evaluate_command(const CliArgs& args);
+
+}  // namespace tandem
