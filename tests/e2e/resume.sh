@@ -1,0 +1,83 @@
+#!/usr/bin/env bash
+# Exact resume with real processes: one uninterrupted split-training run, and the same run
+# with the edge, then the cloud, killed (SIGKILL) at random points, 5 times each, and
+# restarted with the same commands. Both runs' final checkpoints, exported with tandem
+# export, must be byte-identical: no step lost, none applied twice.
+# Usage: resume.sh BUILD_DIR SOURCE_DIR [KILLS_EACH]
+set -euo pipefail
+build=$1 src=$2 kills_each=${3:-5}
+cloud_bin=$build/cloud/tandem-cloud edge_bin=$build/edge/tandem-edge tandem_bin=$build/tools/tandem
+model=$src/samples/fashion-mnist/model.json
+work=$(mktemp -d)
+cleanup() { kill -9 ${cloud_pid:-} ${edge_pid:-} 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; echo "--- cloud log"; tail -20 "$work/cloud.log"; echo "--- edge log"; tail -5 "$work/edge.out"; exit 1; }
+RANDOM=${TANDEM_TEST_SEED:-$$}
+
+port=0
+start_cloud() {
+  "$cloud_bin" serve --listen "127.0.0.1:$port" --state-dir "$work/state" --model "$model" >> "$work/cloud.log" 2>&1 &
+  cloud_pid=$!
+  for _ in $(seq 1 100); do
+    p=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | tail -1 | cut -d: -f3 || true)
+    [[ -n $p ]] && kill -0 "$cloud_pid" 2>/dev/null && [[ $(grep -c 'listening on' "$work/cloud.log") -ge $starts ]] && break
+    sleep 0.1
+  done
+  port=$p
+  [[ -n $port ]] || fail "the cloud did not start"
+}
+starts=1; start_cloud
+"$cloud_bin" pki issue --state-dir "$work/state" --client site --out "$work/site" > /dev/null
+
+# 2 epochs of 4800 samples, batch 32 (300 steps), a checkpoint every step.
+edge_args=(train --identity "$work/site" --model "$model" --epochs 2 --limit 4800 --test-limit 200 --batch 32
+           --microbatches 4 --checkpoint-every 1 --seed 3)
+run_edge() {  # run_edge CLIENT: in the background, output appended to $work/edge.out
+  "$edge_bin" "${edge_args[@]}" --cloud "wss://localhost:$port" --client-id "$1" --checkpoint-dir "$work/ckpt-$1" \
+    >> "$work/edge.out" 2>&1 &
+  edge_pid=$!
+}
+final=000000000300
+
+run_edge straight
+wait "$edge_pid" || fail "the uninterrupted run failed"
+edge_pid=
+
+edge_kills=0 cloud_kills=0 restarts=0
+while :; do
+  run_edge resumed
+  restarts=$((restarts + 1))
+  ((restarts < 60)) || fail "no end after $restarts restarts"
+  if ((edge_kills + cloud_kills < 2 * kills_each)); then
+    sleep "0.$((3 + RANDOM % 7))$((RANDOM % 10))"  # 0.30 .. 0.99 s into this process's run
+    if kill -0 "$edge_pid" 2>/dev/null; then
+      if ((edge_kills <= cloud_kills)); then
+        kill -9 "$edge_pid"; wait "$edge_pid" 2>/dev/null || true
+        edge_kills=$((edge_kills + 1))
+        echo "killed the edge ($edge_kills), at $(ls "$work/ckpt-resumed" | tail -1)"
+      else
+        kill -9 "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+        cloud_kills=$((cloud_kills + 1))
+        echo "killed the cloud ($cloud_kills), at $(ls "$work/state/checkpoints/resumed" | tail -1)"
+        wait "$edge_pid" 2>/dev/null && fail "the edge finished without its cloud"
+        starts=$((starts + 1)); start_cloud
+      fi
+      edge_pid=
+      continue
+    fi
+  fi
+  wait "$edge_pid" || fail "the resumed run failed"
+  edge_pid=
+  break
+done
+echo "$edge_kills edge kills, $cloud_kills cloud kills, $restarts edge starts"
+((edge_kills == kills_each && cloud_kills == kills_each)) || fail "the run ended before $kills_each kills of each"
+grep -c "resuming from the checkpoint of step" "$work/edge.out" | xargs echo "resumed starts:"
+
+for run in straight resumed; do
+  "$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt-$run/edge-$final.tdmc" --identity "$work/site" \
+    --cloud-ckpt "$work/state/checkpoints/$run/cloud-$final.tdmc" --out "$work/$run.safetensors" > /dev/null ||
+    fail "export of the $run run"
+done
+cmp "$work/straight.safetensors" "$work/resumed.safetensors" || fail "the resumed run's weights differ"
+echo "PASS: final weights of the interrupted run equal the uninterrupted run's, byte for byte"
