@@ -18,7 +18,8 @@ constexpr const char* kUsage = R"(usage:
   tandem-cloud serve --listen HOST:PORT --state-dir DIR --model SPEC [--cut NODE]
                      [--batch B] [--microbatches K] [OPTIMIZER]
                      [--seed S] [--backend NAME] [--max-message-mb N] [--wire-dtypes LIST]
-                     [--init-from FILE]
+                     [--init-from FILE] [--metrics-json FILE]
+                     [--aggregate-every S [--min-edges M] [--round-deadline-s D]]
       Serves split training over wss:// with mutual TLS: one session per edge, the back
       shard and loss on the backend (default onednn). Runs `pki init` on first start.
       --cut any serves every legal cut: each edge's Hello names its own (tandem-edge --cut auto).
@@ -31,6 +32,12 @@ constexpr const char* kUsage = R"(usage:
       same steps, in DIR/checkpoints/CLIENT/ (the newest three kept); a restarted edge
       resumes both sides from its step. --init-from starts the back shard from a
       safetensors file of the whole model (PyTorch names and layouts, e.g. `tandem export`).
+      --aggregate-every S: split-federated training. One back shard trains with every edge
+      (a step at a time, in turns); every S steps each edge sends its front shard, and when
+      all connected edges have (or D seconds, default 30, after the first, with at least M,
+      default 1), their average weighted by samples goes back to each of them. An edge that
+      joins late or comes back starts from the newest average. --metrics-json: a JSON line
+      per round and per closed session (client, steps, samples, loss, rounds, bytes, busy).
       Stops on SIGINT or SIGTERM.
   tandem-cloud pki init --state-dir DIR [--hosts NAME,NAME...]
       Makes a CA and a server certificate (for the hosts, default localhost,127.0.0.1)
@@ -77,7 +84,9 @@ int pki_command(int argc, char** argv) {
 int serve_command(int argc, char** argv) {
   const CliArgs args(argc, argv, 2, {"nesterov"});
   args.reject_unknown(CliArgs::with_optimizer_options({"listen", "state-dir", "model", "cut", "batch", "microbatches",
-                                                       "seed", "backend", "max-message-mb", "wire-dtypes", "init-from"},
+                                                       "seed", "backend", "max-message-mb", "wire-dtypes", "init-from",
+                                                       "aggregate-every", "min-edges", "round-deadline-s",
+                                                       "metrics-json"},
                                                       /*schedule=*/false));
   ServeOptions o;
   const HostPort listen = args.host_port("listen", "");
@@ -94,6 +103,10 @@ int serve_command(int argc, char** argv) {
   o.backend = args.str("backend", "onednn");
   o.max_message_bytes = static_cast<std::size_t>(args.integer("max-message-mb", 64, 1)) << 20;
   o.init_from = args.str("init-from", "");
+  o.federation.aggregate_every = static_cast<uint32_t>(args.integer("aggregate-every", 0, 0));
+  o.federation.min_edges = static_cast<uint32_t>(args.integer("min-edges", 1, 1));
+  o.federation.deadline_s = args.number("round-deadline-s", 30.0);
+  o.metrics_json = args.str("metrics-json", "");
   o.wire_dtypes.clear();
   for (const std::string& name : split_commas(args.str("wire-dtypes", "f32,f16,bf16,i8"))) {
     const auto d = parse_dtype(name);

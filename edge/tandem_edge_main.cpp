@@ -1,5 +1,6 @@
 // tandem-edge: the edge agent's command line (`train`).
 #include <cstdio>
+#include <stdexcept>
 #include <string>
 
 #include "core/error.h"
@@ -19,6 +20,7 @@ constexpr const char* kUsage = R"(usage:
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
                     [--metrics-json FILE] [--client-id NAME]
                     [--checkpoint-dir DIR [--checkpoint-every STEPS]] [--init-from FILE]
+                    [--shard I/N [--split iid|class]]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
       IDDIR/client.crt, client.key, ca.crt from `tandem-cloud pki issue`); raw data never
       leaves this machine, only cut-layer activations. Evaluates through the cloud after
@@ -39,7 +41,11 @@ constexpr const char* kUsage = R"(usage:
       checkpoint, exactly. --client-id names this edge to the cloud (default: the name of
       IDDIR); the cloud keeps its checkpoints under that name. --init-from starts the front
       shard from a safetensors file of the whole model (PyTorch names and layouts, e.g. from
-      `tandem export`); only the front's tensors are read.
+      `tandem export`); only the front's tensors are read. --shard I/N trains on this edge's
+      share of the data only (edge I of N, from 0): dealt evenly (iid, the default) or by
+      class (sorted by class, edge I takes the I-th of N equal slices: 2 or 3 classes each
+      with N = 4); for split-federated runs against
+      tandem-cloud serve --aggregate-every S, which this edge then follows.
 )";
 
 int train_command(int argc, char** argv) {
@@ -48,7 +54,7 @@ int train_command(int argc, char** argv) {
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from"},
+                                                       "checkpoint-every", "init-from", "shard", "split"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -86,6 +92,20 @@ int train_command(int argc, char** argv) {
   o.checkpoint_dir = args.str("checkpoint-dir", "");
   o.checkpoint_every = args.integer("checkpoint-every", 100, 0);
   o.init_from = args.str("init-from", "");
+  if (args.has("shard")) {
+    const std::string shard = args.str("shard", "");
+    const auto slash = shard.find('/');
+    try {
+      if (slash == std::string::npos) throw std::invalid_argument("no slash");
+      o.shard_index = std::stoi(shard.substr(0, slash));
+      o.shard_count = std::stoi(shard.substr(slash + 1));
+    } catch (const std::exception&) {
+      fail("cli", cat("--shard wants I/N (edge I of N, from 0), got '", shard, "'"));
+    }
+    if (o.shard_count < 1 || o.shard_index < 0 || o.shard_index >= o.shard_count)
+      fail("cli", cat("--shard ", shard, ": I must be in [0, N)"));
+  }
+  o.split = args.str("split", "iid");
   return train_over_wss(o);
 }
 

@@ -6,6 +6,7 @@
 #include <csignal>
 #include <cstdio>
 #include <deque>
+#include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
@@ -56,14 +57,24 @@ class FolderCheckpoints final : public SessionCheckpoints {
   std::mutex mutex_;
 };
 
+// Split-federated: the one back shard every session trains, in turns, and the rounds.
+struct SharedBack {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Network> net;
+  std::unique_ptr<Optimizer> optimizer;
+  BackShardTurns turns;
+  std::unique_ptr<Federation> federation;
+};
+
 // One edge's session on its own thread, fed frames by the service loop.
 class Worker {
  public:
   // The session is made on the first message, for the shard whose cut the Hello names (one
   // shard, or every legal cut's with --cut any).
   Worker(uint64_t id, std::string peer, const std::vector<BackShard>& shards, const ServeOptions& o,
-         LwsEndpoint& endpoint, SessionCheckpoints& checkpoints)
+         LwsEndpoint& endpoint, SessionCheckpoints& checkpoints, SharedBack* shared)
       : id_(id), peer_(std::move(peer)), endpoint_(endpoint), shards_(shards), options_(o), checkpoints_(checkpoints),
+        shared_(shared),
         backend_(make_backend(o.backend, BackendOptions{1})) {
     thread_ = std::thread([this] { run(); });
   }
@@ -71,6 +82,7 @@ class Worker {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       stop_ = true;
+      if (session_) session_->cancel();  // it may be waiting for its turn on a shared back shard
     }
     wake_.notify_one();
     thread_.join();
@@ -88,8 +100,26 @@ class Worker {
   std::string summary() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (!session_) return cat("session ", id_, " (", peer_, "): no Hello");
-    return cat("session ", id_, " (", peer_, "), cut '", cut_, "': ", session_->step(), " steps, ", bytes_in_,
-               " bytes in, ", bytes_out_, " bytes out, busy ", session_->busy_seconds(), " s");
+    std::string rounds;
+    if (shared_)
+      if (const auto e = shared_->federation->edge(id_)) rounds = cat(", ", e->rounds_joined, " rounds joined");
+    return cat("session ", id_, " (", peer_, "), cut '", cut_, "': ", session_->step(), " steps, ",
+               session_->trained_samples(), " samples, ", bytes_in_, " bytes in, ", bytes_out_, " bytes out, busy ",
+               session_->busy_seconds(), " s", rounds);
+  }
+  // The session's figures as one JSON line, for the metrics file.
+  std::string metrics_line() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!session_) return {};
+    uint32_t rounds = 0;
+    if (shared_)
+      if (const auto e = shared_->federation->edge(id_)) rounds = e->rounds_joined;
+    const double samples = static_cast<double>(session_->trained_samples());
+    return cat("{\"session\":", id_, ",\"client\":\"", session_->client_id(), "\",\"steps\":", session_->step(),
+               ",\"samples\":", session_->trained_samples(), ",\"train_loss\":",
+               samples > 0 ? session_->train_loss_sum() / samples : 0.0, ",\"rounds_joined\":", rounds,
+               ",\"bytes_in\":", bytes_in_.load(), ",\"bytes_out\":", bytes_out_.load(),
+               ",\"busy_s\":", session_->busy_seconds(), "}");
   }
 
  private:
@@ -107,17 +137,26 @@ class Worker {
 
   void start_session(const BackShard& shard) {
     const ServeOptions& o = options_;
-    auto back = std::make_unique<Network>(shard.graph, *backend_, o.seed);
-    for (std::size_t i = 0; i < shard.initial.size(); ++i) {
-      back->params()[i]->value().copy_from(shard.initial[i]);
-      back->params()[i]->bump_version();
+    CloudSessionConfig config{shard.hash,          o.batch_size,  o.microbatches, 10, id_,
+                              o.max_message_bytes, o.wire_dtypes, shard.cut,      &checkpoints_};
+    std::unique_ptr<Network> back;
+    std::unique_ptr<Optimizer> optimizer;
+    std::unique_ptr<CloudSession> session;
+    if (shared_) {  // one back shard for every edge, in turns
+      config.federation = shared_->federation.get();
+      config.turns = &shared_->turns;
+      session = std::make_unique<CloudSession>(*shared_->net, *shared_->optimizer, config);
+    } else {
+      back = std::make_unique<Network>(shard.graph, *backend_, o.seed);
+      for (std::size_t i = 0; i < shard.initial.size(); ++i) {
+        back->params()[i]->value().copy_from(shard.initial[i]);
+        back->params()[i]->bump_version();
+      }
+      for (std::size_t i = 0; i < shard.initial_buffers.size(); ++i)
+        back->buffers()[i].second->copy_from(shard.initial_buffers[i]);
+      optimizer = make_optimizer(back->params(), o.optimizer);
+      session = std::make_unique<CloudSession>(*back, *optimizer, config);
     }
-    for (std::size_t i = 0; i < shard.initial_buffers.size(); ++i)
-      back->buffers()[i].second->copy_from(shard.initial_buffers[i]);
-    auto optimizer = make_optimizer(back->params(), o.optimizer);
-    const CloudSessionConfig config{shard.hash,          o.batch_size,  o.microbatches, 10, id_,
-                                    o.max_message_bytes, o.wire_dtypes, shard.cut,      &checkpoints_};
-    auto session = std::make_unique<CloudSession>(*back, *optimizer, config);
     std::lock_guard<std::mutex> lock(mutex_);
     back_ = std::move(back);
     optimizer_ = std::move(optimizer);
@@ -151,7 +190,8 @@ class Worker {
           std::fprintf(stderr, "session %llu (%s): refused: %s\n", static_cast<unsigned long long>(id_), peer_.c_str(),
                        m->payload_as_Error()->text()->c_str());
       }
-      endpoint_.send(id_, reply.bytes, reply.close);
+      if (!reply.bytes.empty()) endpoint_.send(id_, reply.bytes, reply.close);
+      if (!reply.then.empty()) endpoint_.send(id_, reply.then);
       session.finish_step();
     }
   }
@@ -162,6 +202,7 @@ class Worker {
   const std::vector<BackShard>& shards_;
   const ServeOptions& options_;
   SessionCheckpoints& checkpoints_;
+  SharedBack* shared_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Network> back_;  // these three: made on the first message (start_session)
   std::unique_ptr<Optimizer> optimizer_;
@@ -217,23 +258,71 @@ int serve(const ServeOptions& o) {
   EndpointOptions eo;
   eo.max_message_bytes = o.max_message_bytes;
   auto endpoint = LwsEndpoint::listen(o.host, o.port, {ids.server_cert, ids.server_key, ids.ca_cert}, eo);
+
+  std::ofstream metrics;
+  if (!o.metrics_json.empty()) {
+    metrics.open(o.metrics_json, std::ios::app);
+    if (!metrics) fail("serve", cat("cannot write --metrics-json ", o.metrics_json));
+  }
+  std::mutex metrics_mutex;
+  auto write_metrics = [&](const std::string& line) {
+    if (line.empty() || !metrics) return;
+    std::lock_guard<std::mutex> lock(metrics_mutex);
+    metrics << line << "\n" << std::flush;
+  };
+  std::unique_ptr<SharedBack> shared;
+  if (o.federation.aggregate_every > 0) {
+    if (shards.size() != 1) fail("serve", "a federation trains one cut: give --cut NODE (not any)");
+    shared = std::make_unique<SharedBack>();
+    shared->backend = make_backend(o.backend, BackendOptions{1});
+    const BackShard& s = shards.front();
+    shared->net = std::make_unique<Network>(s.graph, *shared->backend, o.seed);
+    for (std::size_t i = 0; i < s.initial.size(); ++i) {
+      shared->net->params()[i]->value().copy_from(s.initial[i]);
+      shared->net->params()[i]->bump_version();
+    }
+    for (std::size_t i = 0; i < s.initial_buffers.size(); ++i)
+      shared->net->buffers()[i].second->copy_from(s.initial_buffers[i]);
+    shared->optimizer = make_optimizer(shared->net->params(), o.optimizer);
+    // The front every edge starts from: the whole model's initial weights (or --init-from's).
+    auto reference = make_backend("reference");
+    Network front(graph.split(s.cut).first, *reference, o.seed);
+    if (!o.init_from.empty()) {
+      shard_from_torch(graph, read_safetensors_file(o.init_from, tensor_names(front)), front);
+    } else {
+      Network whole(graph, *reference, o.seed);
+      for (Param* p : front.params()) p->value().copy_from(whole.param(p->name()).value());
+    }
+    NamedTensors initial;
+    for (Param* p : front.params()) initial.emplace_back(p->name(), p->value().clone());
+    LwsEndpoint* ep = endpoint.get();
+    shared->federation = std::make_unique<Federation>(
+        std::move(initial), o.federation, [ep](uint64_t c, std::span<const uint8_t> b) { ep->send(c, b); });
+    shared->federation->set_metrics_sink(write_metrics);
+  }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
   std::printf("tandem-cloud: listening on wss://%s:%d (model %s, cut '%s', back shard on %s, CA %s)\n",
               o.host.c_str(), endpoint->port(), spec.name.c_str(),
               cut == "any" ? cat("any of ", cuts.size()).c_str() : cut.c_str(), o.backend.c_str(), ids.ca_cert.c_str());
+  if (shared)
+    std::printf("split-federated: one back shard for every edge, front shards averaged every %u steps (a round "
+                "waits at most %.1f s once one edge has sent, for at least %u edges)\n",
+                o.federation.aggregate_every, o.federation.deadline_s, o.federation.min_edges);
   std::fflush(stdout);
 
   FolderCheckpoints checkpoints(o.state_dir + "/checkpoints");
   std::map<uint64_t, std::unique_ptr<Worker>> workers;
   while (!g_stop) {
     EndpointEvent ev;
-    if (!endpoint->next(ev, std::chrono::milliseconds(200))) continue;
+    if (shared) shared->federation->tick();
+    if (!endpoint->next(ev, std::chrono::milliseconds(100))) continue;
     switch (ev.kind) {
       case EndpointEvent::Kind::Connected:
         std::printf("session %llu: edge '%s' connected\n", static_cast<unsigned long long>(ev.connection),
                     ev.text.c_str());
-        workers[ev.connection] = std::make_unique<Worker>(ev.connection, ev.text, shards, o, *endpoint, checkpoints);
+        workers[ev.connection] = std::make_unique<Worker>(ev.connection, ev.text, shards, o, *endpoint, checkpoints,
+                                                           shared.get());
         break;
       case EndpointEvent::Kind::Message:
         if (auto it = workers.find(ev.connection); it != workers.end()) it->second->push(std::move(ev.frame));
@@ -241,6 +330,7 @@ int serve(const ServeOptions& o) {
       case EndpointEvent::Kind::Closed:
         if (auto it = workers.find(ev.connection); it != workers.end()) {
           const std::string summary = it->second->summary();
+          write_metrics(it->second->metrics_line());
           workers.erase(it);
           std::printf("%s; closed\n", summary.c_str());
         }

@@ -8,6 +8,7 @@
 #include "core/optimizer.h"
 #include "core/wire/frame.h"
 
+#include "cloud/federation/federation.h"
 #include "cloud/session/cloud_session.h"
 
 namespace tandem {
@@ -25,6 +26,10 @@ struct ServeOptions {
   std::size_t max_message_bytes = kDefaultMaxMessageBytes;
   std::vector<wire::DType> wire_dtypes = CloudSessionConfig{}.dtypes;  // what edges may send
   std::string init_from;  // safetensors of the whole model (PyTorch layout) to start from
+  // Split-federated (aggregate_every > 0): one back shard for every edge, front shards
+  // averaged every aggregate_every steps.
+  FederationOptions federation;
+  std::string metrics_json;  // per round and per closed session, JSON lines
 };
 
 // Runs the service; returns the process exit code.

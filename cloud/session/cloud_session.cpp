@@ -39,8 +39,14 @@ CloudSession::CloudSession(Network& back, Optimizer& optimizer, const CloudSessi
     fail("cloud session", cat("micro-batches must be in [1, batch size ", config_.batch_size, "]"));
 }
 
+CloudSession::~CloudSession() {
+  release_turn();
+  if (joined_) config_.federation->leave(config_.session_id);
+}
+
 CloudReply CloudSession::refuse(const WireError& error) {
   state_ = State::Closed;
+  release_turn();
   return {writer_.error(error.code, error.text), true};
 }
 
@@ -50,6 +56,7 @@ void CloudSession::finish_step() {
   optimizer_.set_lr_scale(step_lr_scale_);
   optimizer_.step();
   step_pending_ = false;
+  release_turn();
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -71,8 +78,12 @@ CloudReply CloudSession::handle(const Frame& frame) {
     case wire::Payload::EvalForward:
       if (!training) break;
       return on_eval(frame, *m->payload_as_EvalForward());
+    case wire::Payload::FrontWeights:
+      if (!training) break;
+      return on_front_weights(frame, *m->payload_as_FrontWeights());
     case wire::Payload::Bye:
       state_ = State::Closed;
+      release_turn();
       return {writer_.bye("goodbye"), true};
     default:
       return refuse({wire::ErrorCode::UnexpectedMessage, cat(payload_name(type), " is not a message an edge sends")});
@@ -115,10 +126,20 @@ CloudReply CloudSession::on_hello(const wire::Hello& hello) {
                        "; this cloud takes ", takes, ")")});
   }
   WireError error;
+  if (hello.resume_step() > 0 && config_.federation)
+    return refuse({wire::ErrorCode::NoCheckpoint, "this cloud trains a federation, where edges rejoin with the "
+                                                  "newest average: start the edge without its checkpoint folder"});
   if (hello.resume_step() > 0 && !resume(hello.resume_step(), error)) return refuse(error);
   state_ = State::Training;
   decoded_.resize(config_.microbatches + 1);
-  return {writer_.welcome(config_.session_id, config_.batch_size, config_.microbatches, step_, dtype_), false};
+  if (!config_.federation)
+    return {writer_.welcome(config_.session_id, config_.batch_size, config_.microbatches, step_, dtype_), false};
+  CloudReply reply{{}, false, config_.federation->join(config_.session_id, client_id_)};
+  joined_ = true;
+  const uint32_t round = reply.then.empty() ? 0 : config_.federation->round();
+  reply.bytes = writer_.welcome(config_.session_id, config_.batch_size, config_.microbatches, step_, dtype_,
+                                config_.federation->options().aggregate_every, round);
+  return reply;
 }
 
 Tensor CloudSession::checked_batch(const Frame& frame, const wire::TensorMsg* t,
@@ -148,6 +169,12 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
                      cat("step ", step_, " asks for a learning-rate scale of ", scale, ", outside [0, ", kMaxLrScale, "]")});
     if (fwd.checkpoint() && config_.checkpoints == nullptr)
       return refuse({wire::ErrorCode::NoCheckpoint, "this cloud keeps no checkpoints (serve it with a state folder)"});
+    if (fwd.checkpoint() && config_.federation)
+      return refuse({wire::ErrorCode::NoCheckpoint, "checkpoints of split-federated runs are not kept: train the "
+                                                    "edges without --checkpoint-dir"});
+    // A shared back shard: this session's step runs alone on it, from here to the update.
+    if (config_.turns && !config_.turns->acquire(config_.session_id, cancelled_))
+      return refuse({wire::ErrorCode::Internal, "the session closed while waiting for its turn on the back shard"});
     step_samples_ = samples;
     step_microbatches_ = k;
     step_lr_scale_ = scale;
@@ -175,6 +202,8 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
                                             &dlogits, back_.graph().output_groups());
   const Tensor grad = back_.backward(dlogits, static_cast<int>(mb), true);
   seen_[mb] = true;
+  trained_samples_ += static_cast<uint64_t>(count);
+  train_loss_sum_ += loss;
   const uint64_t step = step_;
   if (++seen_count_ == step_microbatches_) {
     step_pending_ = true;  // applied once the reply is on its way (finish_step)
@@ -233,6 +262,10 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
                                                    kMaxEvalBatch, "]")});
   Tensor activations = checked_batch(frame, eval.activations(), eval.labels(), count, decoded_.back(), error);
   if (!activations.defined()) return refuse(error);
+  // On a shared back shard, between steps: a turn of its own for this batch.
+  const bool own_turn = config_.turns && seen_count_ == 0 && !step_pending_;
+  if (own_turn && !config_.turns->acquire(config_.session_id, cancelled_))
+    return refuse({wire::ErrorCode::Internal, "the session closed while waiting for its turn on the back shard"});
   const auto t0 = std::chrono::steady_clock::now();
   // A slot of its own, so evaluation never disturbs a training step's stashes.
   back_.set_training(false);
@@ -241,7 +274,24 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   const double loss = softmax_cross_entropy(logits, eval.labels()->data(), 1.0f, nullptr, heads);
   const auto correct = static_cast<uint32_t>(count_correct(logits, eval.labels()->data(), heads));
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (own_turn) release_turn();
   return {writer_.eval_result(eval.batch_id(), correct, count, loss, busy_s_), false};
+}
+
+CloudReply CloudSession::on_front_weights(const Frame& frame, const wire::FrontWeights& weights) {
+  if (!config_.federation)
+    return refuse({wire::ErrorCode::UnexpectedMessage, "FrontWeights to a cloud that does not federate"});
+  const uint32_t every = config_.federation->options().aggregate_every;
+  if (seen_count_ != 0 || step_pending_ || step_ == 0 || (step_ % every != 0 && !weights.final()) ||
+      submitted_step_ == step_)
+    return refuse({wire::ErrorCode::OutOfWindow, cat("FrontWeights at step ", step_, " (they are due after every ",
+                                                     every, " steps and after the last, between steps, once)")});
+  WireError error;
+  if (!config_.federation->submit(config_.session_id, frame, weights,
+                                  static_cast<uint64_t>(every) * config_.batch_size, error))
+    return refuse(error);
+  submitted_step_ = step_;
+  return {};  // the Aggregated comes when the round closes
 }
 
 }  // namespace tandem

@@ -5,6 +5,7 @@
 #pragma once
 
 #include <array>
+#include <atomic>
 #include <cstdint>
 #include <span>
 #include <vector>
@@ -13,6 +14,9 @@
 #include "core/network.h"
 #include "core/optimizer.h"
 #include "core/wire/messages.h"
+
+#include "cloud/federation/federation.h"
+#include "cloud/session/back_shard_turns.h"
 
 namespace tandem {
 
@@ -37,17 +41,28 @@ struct CloudSessionConfig {
   std::vector<wire::DType> dtypes = {wire::DType::F32, wire::DType::F16, wire::DType::BF16, wire::DType::I8};
   std::string cut;                           // recorded in checkpoints
   SessionCheckpoints* checkpoints = nullptr;  // none: a resuming edge is refused
+  // Split-federated: the rounds, and the turns on the back shard every session shares.
+  Federation* federation = nullptr;
+  BackShardTurns* turns = nullptr;
 };
 
 struct CloudReply {
-  std::span<const uint8_t> bytes;  // valid until the session handles the next message
+  CloudReply() = default;
+  CloudReply(std::span<const uint8_t> b, bool c, std::vector<uint8_t> t = {}) : bytes(b), close(c), then(std::move(t)) {}
+  std::span<const uint8_t> bytes;  // valid until the session handles the next message; empty: none
   bool close = false;              // send, then close the connection
+  std::vector<uint8_t> then;       // a second message to send after it (the newest Aggregated)
 };
 
 class CloudSession {
  public:
   // `back` and `optimizer` are this session's back shard (its input is the cut).
   CloudSession(Network& back, Optimizer& optimizer, const CloudSessionConfig& config);
+  ~CloudSession();
+  CloudSession(const CloudSession&) = delete;
+  CloudSession& operator=(const CloudSession&) = delete;
+  // From another thread: stop waiting for a turn on a shared back shard (the connection closed).
+  void cancel() { cancelled_ = true; }
 
   CloudReply handle(const Frame& frame);
   // Applies the optimizer step that the last handled message completed, if any. The service
@@ -57,6 +72,9 @@ class CloudSession {
   uint64_t step() const { return step_; }
   bool closed() const { return state_ == State::Closed; }
   double busy_seconds() const { return busy_s_; }
+  uint64_t trained_samples() const { return trained_samples_; }
+  double train_loss_sum() const { return train_loss_sum_; }
+  const std::string& client_id() const { return client_id_; }
   wire::DType dtype() const { return dtype_; }
 
  private:
@@ -65,6 +83,10 @@ class CloudSession {
   CloudReply on_hello(const wire::Hello& hello);
   CloudReply on_forward(const Frame& frame, const wire::Forward& fwd);
   CloudReply on_eval(const Frame& frame, const wire::EvalForward& eval);
+  CloudReply on_front_weights(const Frame& frame, const wire::FrontWeights& weights);
+  void release_turn() {
+    if (config_.turns) config_.turns->release(config_.session_id);
+  }
   // Restores the back shard from this client's checkpoint of `step`; false with `error` set.
   bool resume(uint64_t step, WireError& error);
   // Applies the completed step now and writes its checkpoint; false with `error` set.
@@ -92,6 +114,11 @@ class CloudSession {
   std::vector<Tensor> decoded_;           // per micro-batch slot, then one for evaluation
   double busy_s_ = 0.0;
   bool step_pending_ = false;
+  std::atomic<bool> cancelled_{false};
+  bool joined_ = false;          // in the federation
+  uint64_t trained_samples_ = 0;
+  double train_loss_sum_ = 0.0;
+  uint64_t submitted_step_ = 0;  // the step of the last FrontWeights
 };
 
 }  // namespace tandem

@@ -56,10 +56,34 @@ std::span<const uint8_t> MessageWriter::hello(const std::string& client_id, cons
 }
 
 std::span<const uint8_t> MessageWriter::welcome(uint64_t session_id, uint32_t batch_size, uint32_t microbatches,
-                                                uint64_t start_step, wire::DType dtype) {
+                                                uint64_t start_step, wire::DType dtype, uint32_t aggregate_every,
+                                                uint32_t round) {
   fbb_.Clear();
-  return finish(wire::Payload::Welcome,
-                wire::CreateWelcome(fbb_, session_id, batch_size, microbatches, start_step, dtype).Union());
+  return finish(wire::Payload::Welcome, wire::CreateWelcome(fbb_, session_id, batch_size, microbatches, start_step,
+                                                            dtype, aggregate_every, round)
+                                            .Union());
+}
+
+flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::TensorMsg>>> MessageWriter::tensors(
+    const NamedTensors& list) {
+  std::vector<flatbuffers::Offset<wire::TensorMsg>> offsets;
+  offsets.reserve(list.size());
+  for (const auto& [name, t] : list) offsets.push_back(tensor(name.c_str(), t, wire::DType::F32));
+  return fbb_.CreateVector(offsets);
+}
+
+std::span<const uint8_t> MessageWriter::front_weights(uint32_t round, uint64_t samples, const NamedTensors& list,
+                                                      bool final) {
+  fbb_.Clear();
+  const auto t = tensors(list);
+  return finish(wire::Payload::FrontWeights, wire::CreateFrontWeights(fbb_, round, samples, t, final).Union());
+}
+
+std::span<const uint8_t> MessageWriter::aggregated(uint32_t round, uint32_t edges, uint64_t samples,
+                                                   const NamedTensors& list) {
+  fbb_.Clear();
+  const auto t = tensors(list);
+  return finish(wire::Payload::Aggregated, wire::CreateAggregated(fbb_, round, edges, samples, t).Union());
 }
 
 std::span<const uint8_t> MessageWriter::forward(uint64_t step, uint32_t microbatch, uint64_t weight_version,
@@ -163,6 +187,30 @@ Tensor read_tensor(const Frame& frame, const wire::TensorMsg* msg, const Shape& 
                    WireError& error) {
   Tensor unused;
   return read_tensor(frame, msg, expected, what, wire::DType::F32, unused, error);
+}
+
+bool read_named_tensors(const Frame& frame,
+                        const flatbuffers::Vector<flatbuffers::Offset<wire::TensorMsg>>* list,
+                        const NamedTensors& expected, std::vector<Tensor>& out, WireError& error) {
+  const std::size_t n = list ? list->size() : 0;
+  if (n != expected.size()) {
+    error = {wire::ErrorCode::BadTensor, cat("weights: ", n, " tensors given, the front shard has ", expected.size())};
+    return false;
+  }
+  out.clear();
+  for (std::size_t i = 0; i < n; ++i) {
+    const wire::TensorMsg* t = list->Get(static_cast<flatbuffers::uoffset_t>(i));
+    const std::string& name = expected[i].first;
+    if (!t->name() || t->name()->string_view() != name) {
+      error = {wire::ErrorCode::BadTensor, cat("weights: tensor ", i, " is '", t->name() ? t->name()->str() : "",
+                                               "', expected '", name, "'")};
+      return false;
+    }
+    Tensor v = read_tensor(frame, t, expected[i].second.shape(), name.c_str(), error);
+    if (!v.defined()) return false;
+    out.push_back(std::move(v));
+  }
+  return true;
 }
 
 bool check_labels(const flatbuffers::Vector<int32_t>* labels, int64_t count, int32_t classes, WireError& error) {

@@ -19,6 +19,9 @@ namespace tandem {
 // SHA-256 over the binary model spec, a zero byte and the cut's name: what Hello carries.
 std::array<uint8_t, 32> model_hash(const ModelSpec& spec, const std::string& cut);
 
+// Named f32 tensors: a front shard's parameters in FrontWeights and Aggregated.
+using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
+
 // Builds one message at a time; the returned bytes stay valid until the next call. The
 // builder's memory is reused, so steady-state encoding does not allocate once it has grown.
 class MessageWriter {
@@ -28,7 +31,11 @@ class MessageWriter {
                                  const std::string& token = "", uint32_t protocol_version = kProtocolVersion,
                                  std::span<const wire::DType> dtypes = kF32Only, uint64_t resume_step = 0);
   std::span<const uint8_t> welcome(uint64_t session_id, uint32_t batch_size, uint32_t microbatches,
-                                   uint64_t start_step, wire::DType dtype = wire::DType::F32);
+                                   uint64_t start_step, wire::DType dtype = wire::DType::F32,
+                                   uint32_t aggregate_every = 0, uint32_t round = 0);
+  std::span<const uint8_t> front_weights(uint32_t round, uint64_t samples, const NamedTensors& tensors,
+                                         bool final = false);
+  std::span<const uint8_t> aggregated(uint32_t round, uint32_t edges, uint64_t samples, const NamedTensors& tensors);
   // Tensors go out encoded in `dtype` (tensor_codec.h), the session's.
   std::span<const uint8_t> forward(uint64_t step, uint32_t microbatch, uint64_t weight_version,
                                    const Tensor& activations, std::span<const int32_t> labels,
@@ -47,6 +54,7 @@ class MessageWriter {
  private:
   static constexpr wire::DType kF32Only[] = {wire::DType::F32};
   flatbuffers::Offset<wire::TensorMsg> tensor(const char* name, const Tensor& t, wire::DType dtype);
+  flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::TensorMsg>>> tensors(const NamedTensors& list);
   std::span<const uint8_t> finish(wire::Payload type, flatbuffers::Offset<void> payload);
   flatbuffers::FlatBufferBuilder fbb_{1 << 16};
 };
@@ -61,6 +69,12 @@ Tensor read_tensor(const Frame& frame, const wire::TensorMsg* msg, const Shape& 
 // The same for an F32 session.
 Tensor read_tensor(const Frame& frame, const wire::TensorMsg* msg, const Shape& expected, const char* what,
                    WireError& error);
+
+// A list of named f32 tensors that must match `expected` one for one (names, in order, and
+// shapes; every value finite); `out` gets views into the frame.
+bool read_named_tensors(const Frame& frame,
+                        const flatbuffers::Vector<flatbuffers::Offset<wire::TensorMsg>>* list,
+                        const NamedTensors& expected, std::vector<Tensor>& out, WireError& error);
 
 // Labels: exactly `count` of them, each in [0, classes).
 bool check_labels(const flatbuffers::Vector<int32_t>* labels, int64_t count, int32_t classes, WireError& error);

@@ -13,6 +13,7 @@
 #include "edge/agent/edge_checkpoints.h"
 #include "edge/data/epoch_order.h"
 #include "edge/data/idx_dataset.h"
+#include "edge/data/partition.h"
 #include "edge/session/edge_session.h"
 #include "ports/files/safetensors_file.h"
 #include "ports/lws/lws_endpoint.h"
@@ -108,7 +109,12 @@ int train_over_wss(const EdgeTrainOptions& o) {
     }
 
   std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
-  const LabelledImages train = load_fashion_mnist(true, o.limit);
+  const LabelledImages train = o.shard_count > 1
+                                    ? partition(load_fashion_mnist(true, o.limit), o.shard_index, o.shard_count, o.split)
+                                    : load_fashion_mnist(true, o.limit);
+  if (o.shard_count > 1)
+    std::fprintf(stderr, "this edge's share: %lld samples (shard %d of %d, %s)\n",
+                 static_cast<long long>(train.images.shape()[0]), o.shard_index, o.shard_count, o.split.c_str());
   const LabelledImages test = load_fashion_mnist(false, o.test_limit);
   const Shape& in = graph.inputs().at(0).shape;
   if (train.images.shape().item_numel() != in.numel())
@@ -139,6 +145,22 @@ int train_over_wss(const EdgeTrainOptions& o) {
                "connected to wss://%s:%d, model %s cut at '%s', front on %s, %u micro-batches a step, %s on the wire\n",
                o.host.c_str(), o.port, spec.name.c_str(), cut.c_str(), o.backend.c_str(), o.microbatches,
                dtype_name(session.dtype()));
+  // Split-federated: the newest average first (a late or returning edge), then one every
+  // aggregate_every steps.
+  auto take_average = [&]() {
+    if (!session.on_aggregated(await_message(*link, "Aggregated", down, idle_s), err)) {
+      std::fprintf(stderr, "\ntandem-edge: %s\n", err.text.c_str());
+      return false;
+    }
+    return true;
+  };
+  if (session.aggregate_every() > 0)
+    std::fprintf(stderr, "split-federated: front shards averaged every %u steps\n", session.aggregate_every());
+  if (session.awaiting_aggregate()) {
+    if (!take_average()) return 1;
+    std::fprintf(stderr, "joined at round %u: continuing from the newest average\n", session.round());
+  }
+  uint64_t samples_since_round = 0;
 
   std::ofstream metrics;
   if (!o.metrics_json.empty()) {
@@ -216,7 +238,18 @@ int train_over_wss(const EdgeTrainOptions& o) {
         position.cursor = 0;
       }
       if (save) checkpoints->save(position, front, *optimizer);
+      samples_since_round += static_cast<uint64_t>(count);
+      if (session.aggregate_due()) {
+        send(session.front_weights(samples_since_round));
+        if (!take_average()) return 1;
+        samples_since_round = 0;
+      }
       bar.update(begin + count, cat("loss ", fixed(loss_sum / static_cast<double>(begin + count - first), 4)));
+    }
+    if (epoch == o.epochs && session.aggregate_every() > 0 && session.step() > 0 && !session.exchanged_now()) {
+      // The last steps' weights join a round too, so the run ends on the average.
+      send(session.front_weights(samples_since_round, /*final=*/true));
+      if (!take_average()) return 1;
     }
     const int64_t trained = n - first;  // samples this process trained in this epoch
     const double seconds = std::chrono::duration<double>(Clock::now() - t0).count();
@@ -232,7 +265,8 @@ int train_over_wss(const EdgeTrainOptions& o) {
         ",\"samples_per_s\":", fixed(static_cast<double>(trained) / seconds, 1),
         ",\"train_loss\":", fixed(loss_sum / static_cast<double>(std::max<int64_t>(trained, 1)), 5), ",\"test_accuracy\":", fixed(accuracy, 5),
         ",\"lr\":", fixed(optimizer->lr(), 6),
-        ",\"wire_dtype\":\"", dtype_name(session.dtype()), "\",\"steps\":", steps, ",\"step\":", position.step, ",\"bytes_up\":", up - up0, ",\"bytes_down\":", down - down0,
+        ",\"wire_dtype\":\"", dtype_name(session.dtype()), "\",\"steps\":", steps, ",\"step\":", position.step, ",\"round\":", session.round(),
+        ",\"rounds_joined\":", session.rounds_joined(), ",\"bytes_up\":", up - up0, ",\"bytes_down\":", down - down0,
         ",\"train_bytes_up\":", train_up, ",\"train_bytes_down\":", train_down,
         ",\"edge_busy_s\":", fixed(seconds - epoch_idle, 3), ",\"edge_idle_s\":", fixed(epoch_idle, 3),
         ",\"cloud_busy_s\":", fixed(epoch_cloud, 3), ",\"cloud_idle_s\":", fixed(std::max(0.0, seconds - epoch_cloud), 3),

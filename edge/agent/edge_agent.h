@@ -36,6 +36,10 @@ struct EdgeTrainOptions {
   // A safetensors file of the whole model (PyTorch names and layouts) to start from; only
   // the front shard's tensors are read.
   std::string init_from;
+  // This edge's share of the training set (split-federated runs): shard_index of
+  // shard_count, dealt "iid" or by "class".
+  int shard_index = 0, shard_count = 1;
+  std::string split = "iid";
   int64_t checkpoint_every = 100;
   std::string client_id = "edge";
 };

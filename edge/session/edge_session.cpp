@@ -59,6 +59,8 @@ bool EdgeSession::on_welcome(const Frame& frame, WireError& error) {
                                                 resume_step_ ? cat("resumes from step ", resume_step_) : "starts afresh")};
     return false;
   }
+  aggregate_every_ = w->aggregate_every();
+  awaiting_aggregate_ = w->round() > 0;
   dtype_ = w->dtype();
   batch_limit_ = w->batch_size();
   step_ = w->start_step();
@@ -66,8 +68,39 @@ bool EdgeSession::on_welcome(const Frame& frame, WireError& error) {
   return true;
 }
 
+NamedTensors EdgeSession::front_params() const {
+  NamedTensors out;
+  for (Param* p : front_.params()) out.emplace_back(p->name(), p->value());
+  return out;
+}
+
+std::span<const uint8_t> EdgeSession::front_weights(uint64_t samples, bool final) {
+  if (!(aggregate_due() || (final && aggregate_every_ > 0 && step_ > 0)))
+    fail("edge session", cat("front weights are not due at step ", step_));
+  return writer_.front_weights(round_, samples, front_params(), final);
+}
+
+bool EdgeSession::on_aggregated(const Frame& frame, WireError& error) {
+  const wire::Message* m = expect(frame, wire::Payload::Aggregated, error);
+  if (!m) return false;
+  const auto* a = m->payload_as_Aggregated();
+  std::vector<Tensor> values;
+  if (!read_named_tensors(frame, a->tensors(), front_params(), values, error)) return false;
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    front_.params()[i]->value().copy_from(values[i]);
+    front_.params()[i]->bump_version();
+  }
+  if (!awaiting_aggregate_) ++rounds_joined_;
+  awaiting_aggregate_ = false;
+  exchanged_step_ = step_;
+  round_ = a->round();
+  return true;
+}
+
 int EdgeSession::begin_step(const Tensor& images, const int32_t* labels, float lr_scale, bool checkpoint) {
   if (!welcomed_) fail("edge session", "begin_step before the cloud's Welcome");
+  if (awaiting_aggregate_ || (aggregate_due() && exchanged_step_ != step_))
+    fail("edge session", "begin_step before the round's average (Aggregated) arrived");
   if (backed_ != step_microbatches_) fail("edge session", cat("step ", step_, " is still in flight"));
   if (images.shape()[0] > static_cast<int64_t>(batch_limit_))
     fail("edge session", cat("batch of ", images.shape()[0], " exceeds the cloud's limit of ", batch_limit_));

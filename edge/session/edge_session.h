@@ -42,6 +42,19 @@ class EdgeSession {
   bool on_backward(const Frame& frame, WireError& error, bool& step_done);
 
   uint64_t step() const { return step_; }
+
+  // Split-federated (the cloud's Welcome says so): every aggregate_every() steps the front
+  // shard goes up (front_weights) and the round's average comes down (on_aggregated).
+  uint32_t aggregate_every() const { return aggregate_every_; }
+  bool aggregate_due() const { return aggregate_every_ > 0 && step_ > 0 && step_ % aggregate_every_ == 0; }
+  // Welcome announced the newest average: on_aggregated must take it before the first step.
+  bool awaiting_aggregate() const { return awaiting_aggregate_; }
+  // final: after the edge's last step, whatever its number (the run ends on the average).
+  std::span<const uint8_t> front_weights(uint64_t samples, bool final = false);
+  bool exchanged_now() const { return exchanged_step_ == step_; }
+  bool on_aggregated(const Frame& frame, WireError& error);
+  uint32_t round() const { return round_; }
+  uint32_t rounds_joined() const { return rounds_joined_; }
   wire::DType dtype() const { return dtype_; }  // the wire dtype the cloud chose
   double step_loss_sum() const { return loss_sum_; }
   std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& images, const int32_t* labels, int64_t count);
@@ -58,6 +71,10 @@ class EdgeSession {
   MessageWriter writer_;
   uint64_t step_ = 0, resume_step_ = 0;
   bool welcomed_ = false, checkpoint_ = false;
+  uint32_t aggregate_every_ = 0, round_ = 0, rounds_joined_ = 0;
+  bool awaiting_aggregate_ = false;
+  uint64_t exchanged_step_ = 0;  // the step whose round's average arrived
+  NamedTensors front_params() const;
   uint32_t batch_limit_ = 0;  // the cloud's batch size (Welcome)
   Tensor images_;
   const int32_t* labels_ = nullptr;

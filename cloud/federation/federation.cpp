@@ -1,0 +1,137 @@
+#include "cloud/federation/federation.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace tandem {
+
+Federation::Federation(NamedTensors front, const FederationOptions& options, Send send)
+    : current_(std::move(front)), options_(options), send_(std::move(send)) {
+  if (options_.aggregate_every < 1) fail("federation", "aggregate_every must be >= 1");
+  if (options_.min_edges < 1) fail("federation", "min_edges must be >= 1");
+  if (!(options_.deadline_s > 0.0)) fail("federation", "the round deadline must be > 0 seconds");
+  for (auto& [name, t] : current_) t = t.clone();
+}
+
+uint32_t Federation::round() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return round_;
+}
+
+std::vector<uint8_t> Federation::join(uint64_t connection, const std::string& client) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  edges_[connection].info.client = client;
+  if (round_ == 0) return {};
+  const auto bytes = writer_.aggregated(round_, 0, 0, current_);
+  return {bytes.begin(), bytes.end()};
+}
+
+void Federation::leave(uint64_t connection) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (edges_.erase(connection) == 0) return;
+  bool all = !edges_.empty();
+  for (const auto& [c, e] : edges_) all = all && e.submitted;
+  if (all) close_round("the others left");
+}
+
+bool Federation::submit(uint64_t connection, const Frame& frame, const wire::FrontWeights& w, uint64_t max_samples,
+                        WireError& error) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = edges_.find(connection);
+  if (it == edges_.end()) {
+    error = {wire::ErrorCode::UnexpectedMessage, "FrontWeights from an edge that has not joined"};
+    return false;
+  }
+  Edge& edge = it->second;
+  if (edge.submitted) {
+    error = {wire::ErrorCode::OutOfWindow, cat("a second FrontWeights in round ", round_ + 1)};
+    return false;
+  }
+  if (w.samples() > max_samples) {
+    error = {wire::ErrorCode::BadTensor,
+             cat("FrontWeights claims ", w.samples(), " samples, more than the ", max_samples, " of a round")};
+    return false;
+  }
+  std::vector<Tensor> views;
+  if (!read_named_tensors(frame, w.tensors(), current_, views, error)) return false;
+  edge.weights.clear();
+  for (const Tensor& v : views) edge.weights.push_back(v.clone());  // the frame goes away
+  edge.submitted = true;
+  edge.round_samples = w.samples();
+  edge.info.samples += w.samples();
+  if (!first_submission_) first_submission_ = Clock::now();
+  bool all = true;
+  for (const auto& [c, e] : edges_) all = all && e.submitted;
+  if (all) close_round("every edge sent");
+  return true;
+}
+
+void Federation::tick(Clock::time_point now) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (!first_submission_ || std::chrono::duration<double>(now - *first_submission_).count() < options_.deadline_s)
+    return;
+  uint32_t sent = 0;
+  for (const auto& [c, e] : edges_) sent += e.submitted ? 1 : 0;
+  if (sent >= options_.min_edges) close_round("deadline");
+}
+
+void Federation::close_round(const char* why) {
+  std::vector<Edge*> in;
+  uint64_t samples = 0;
+  for (auto& [c, e] : edges_)
+    if (e.submitted) {
+      in.push_back(&e);
+      samples += e.round_samples;
+    }
+  if (in.empty()) return;
+  // Weighted by samples (equal weights if every edge reports 0), summed in double.
+  std::vector<double> acc;
+  for (std::size_t k = 0; k < current_.size(); ++k) {
+    Tensor& out = current_[k].second;
+    acc.assign(static_cast<std::size_t>(out.numel()), 0.0);
+    for (Edge* e : in) {
+      const double weight = samples > 0 ? static_cast<double>(e->round_samples) / static_cast<double>(samples)
+                                        : 1.0 / static_cast<double>(in.size());
+      const float* v = e->weights[k].data();
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += weight * v[i];
+    }
+    for (std::size_t i = 0; i < acc.size(); ++i) out.data()[i] = static_cast<float>(acc[i]);
+  }
+  ++round_;
+  const auto bytes = writer_.aggregated(round_, static_cast<uint32_t>(in.size()), samples, current_);
+  std::string who;
+  for (auto& [c, e] : edges_)
+    if (e.submitted) {
+      send_(c, bytes);
+      who += cat(who.empty() ? "" : ",", "\"", e.info.client, "\"");
+      ++e.info.rounds_joined;
+      e.submitted = false;
+      e.weights.clear();
+    }
+  const double waited =
+      first_submission_ ? std::chrono::duration<double>(Clock::now() - *first_submission_).count() : 0.0;
+  first_submission_.reset();
+  std::printf("round %u: %zu of %zu edges, %llu samples (%s, waited %.2f s)\n", round_, in.size(), edges_.size(),
+              static_cast<unsigned long long>(samples), why, waited);
+  std::fflush(stdout);
+  if (metrics_)
+    metrics_(cat("{\"round\":", round_, ",\"edges\":[", who, "],\"connected\":", edges_.size(), ",\"samples\":",
+                 samples, ",\"closed_by\":\"", why, "\",\"waited_s\":", waited, "}"));
+}
+
+std::optional<FederatedEdge> Federation::edge(uint64_t connection) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = edges_.find(connection);
+  if (it == edges_.end()) return std::nullopt;
+  return it->second.info;
+}
+
+std::vector<FederatedEdge> Federation::edges() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<FederatedEdge> out;
+  for (const auto& [c, e] : edges_) out.push_back(e.info);
+  return out;
+}
+
+}  // namespace tandem

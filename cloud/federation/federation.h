@@ -1,0 +1,79 @@
+// Split-federated rounds on the cloud: every `aggregate_every` steps each edge sends its front
+// shard; when every connected edge has sent (or the deadline passed with at least
+// `min_edges`), the shards are averaged weighted by their samples and the result goes to
+// every edge that took part. Late or returning edges get the newest average. Thread-safe;
+// transport-free (messages leave through `send`), so it is tested in-process.
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/wire/messages.h"
+
+namespace tandem {
+
+struct FederationOptions {
+  uint32_t aggregate_every = 0;  // steps between rounds; 0: no federation
+  uint32_t min_edges = 1;        // a round past its deadline closes with at least this many
+  double deadline_s = 30.0;      // seconds after a round's first FrontWeights
+};
+
+// One connected edge's part in the federation, for metrics.
+struct FederatedEdge {
+  std::string client;
+  uint32_t rounds_joined = 0;
+  uint64_t samples = 0;  // reported in its FrontWeights
+};
+
+class Federation {
+ public:
+  using Send = std::function<void(uint64_t connection, std::span<const uint8_t> bytes)>;
+  using Clock = std::chrono::steady_clock;
+  // `front`: the front shard's parameter names, shapes and the weights every edge starts from.
+  Federation(NamedTensors front, const FederationOptions& options, Send send);
+
+  const FederationOptions& options() const { return options_; }
+  uint32_t round();
+  // An edge's session started: returns the newest Aggregated for it (empty before round 1).
+  std::vector<uint8_t> join(uint64_t connection, const std::string& client);
+  // Its connection closed: the round may now be complete without it.
+  void leave(uint64_t connection);
+  // Records an edge's front shard (checked: names, shapes, finite values, samples at most
+  // `max_samples`, one submission per round); false with `error` set.
+  bool submit(uint64_t connection, const Frame& frame, const wire::FrontWeights& weights, uint64_t max_samples,
+              WireError& error);
+  // Closes a round whose deadline has passed (the service calls it a few times a second).
+  void tick(Clock::time_point now = Clock::now());
+  std::vector<FederatedEdge> edges();
+  std::optional<FederatedEdge> edge(uint64_t connection);
+  // One JSON line a closed round, for the cloud's metrics file (empty: none).
+  void set_metrics_sink(std::function<void(const std::string&)> sink) { metrics_ = std::move(sink); }
+
+ private:
+  struct Edge {
+    FederatedEdge info;
+    bool submitted = false;
+    uint64_t round_samples = 0;
+    std::vector<Tensor> weights;  // copies of the submitted tensors
+  };
+  void close_round(const char* why);  // with mutex_ held
+
+  std::mutex mutex_;
+  NamedTensors current_;  // the newest average (the initial weights before round 1)
+  FederationOptions options_;
+  Send send_;
+  std::function<void(const std::string&)> metrics_;
+  std::map<uint64_t, Edge> edges_;
+  uint32_t round_ = 0;
+  std::optional<Clock::time_point> first_submission_;
+  MessageWriter writer_;
+};
+
+}  // namespace tandem
