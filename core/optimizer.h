@@ -45,6 +45,13 @@ class Optimizer {
   // Updates applied so far (Adam's t); a checkpoint restores it with the state tensors.
   int64_t steps() const { return steps_; }
   void set_steps(int64_t steps) { steps_ = steps; }
+  // Forgets momentum and moments (as a fresh optimizer): a federated edge does this when its
+  // weights are replaced by a round's average, so its own past direction does not pull the
+  // averaged weights straight back.
+  void reset_state() {
+    for (Tensor* t : state()) t->fill(0.0f);
+    steps_ = 0;
+  }
 
  protected:
   virtual void update(float lr) = 0;

@@ -62,7 +62,7 @@ struct SharedBack {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Network> net;
   std::unique_ptr<Optimizer> optimizer;
-  BackShardTurns turns;
+  std::unique_ptr<BackShardTurns> turns;
   std::unique_ptr<Federation> federation;
 };
 
@@ -144,7 +144,7 @@ class Worker {
     std::unique_ptr<CloudSession> session;
     if (shared_) {  // one back shard for every edge, in turns
       config.federation = shared_->federation.get();
-      config.turns = &shared_->turns;
+      config.turns = shared_->turns.get();
       session = std::make_unique<CloudSession>(*shared_->net, *shared_->optimizer, config);
     } else {
       back = std::make_unique<Network>(shard.graph, *backend_, o.seed);
@@ -275,6 +275,7 @@ int serve(const ServeOptions& o) {
     if (shards.size() != 1) fail("serve", "a federation trains one cut: give --cut NODE (not any)");
     shared = std::make_unique<SharedBack>();
     shared->backend = make_backend(o.backend, BackendOptions{1});
+    shared->turns = std::make_unique<BackShardTurns>(o.federation.deadline_s);
     const BackShard& s = shards.front();
     shared->net = std::make_unique<Network>(s.graph, *shared->backend, o.seed);
     for (std::size_t i = 0; i < s.initial.size(); ++i) {

@@ -53,9 +53,11 @@ CloudReply CloudSession::refuse(const WireError& error) {
 void CloudSession::finish_step() {
   if (!step_pending_) return;
   const auto t0 = std::chrono::steady_clock::now();
+  step_pending_ = false;
+  if (config_.turns && !config_.turns->begin_compute(config_.session_id)) return;  // evicted: the next message says so
   optimizer_.set_lr_scale(step_lr_scale_);
   optimizer_.step();
-  step_pending_ = false;
+  if (config_.turns) config_.turns->end_compute();
   release_turn();
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -193,6 +195,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   Tensor activations = checked_batch(frame, fwd.activations(), fwd.labels(), count, decoded_[mb], error);
   if (!activations.defined()) return refuse(error);
 
+  if (config_.turns && !config_.turns->begin_compute(config_.session_id)) return refuse(evicted());
   const auto t0 = std::chrono::steady_clock::now();
   back_.set_training(true);
   const Tensor& logits = back_.forward(activations, static_cast<int>(mb));
@@ -214,6 +217,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The gradient is encoded before the update changes anything it could alias.
   const CloudReply reply{writer_.backward(step, mb, grad, static_cast<float>(loss), dtype_), false};
+  if (config_.turns) config_.turns->end_compute();
   if (step_pending_ && step_checkpoint_ && !checkpoint_now(error)) return refuse(error);
   return reply;
 }
@@ -266,6 +270,7 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   const bool own_turn = config_.turns && seen_count_ == 0 && !step_pending_;
   if (own_turn && !config_.turns->acquire(config_.session_id, cancelled_))
     return refuse({wire::ErrorCode::Internal, "the session closed while waiting for its turn on the back shard"});
+  if (config_.turns && !config_.turns->begin_compute(config_.session_id)) return refuse(evicted());
   const auto t0 = std::chrono::steady_clock::now();
   // A slot of its own, so evaluation never disturbs a training step's stashes.
   back_.set_training(false);
@@ -274,8 +279,15 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   const double loss = softmax_cross_entropy(logits, eval.labels()->data(), 1.0f, nullptr, heads);
   const auto correct = static_cast<uint32_t>(count_correct(logits, eval.labels()->data(), heads));
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const CloudReply reply{writer_.eval_result(eval.batch_id(), correct, count, loss, busy_s_), false};
+  if (config_.turns) config_.turns->end_compute();
   if (own_turn) release_turn();
-  return {writer_.eval_result(eval.batch_id(), correct, count, loss, busy_s_), false};
+  return reply;
+}
+
+WireError CloudSession::evicted() const {
+  return {wire::ErrorCode::OutOfWindow, "this edge held the shared back shard mid-step without progress for longer "
+                                        "than the round deadline and lost its step; reconnect to rejoin"};
 }
 
 CloudReply CloudSession::on_front_weights(const Frame& frame, const wire::FrontWeights& weights) {

@@ -84,6 +84,7 @@ class CloudSession {
   CloudReply on_forward(const Frame& frame, const wire::Forward& fwd);
   CloudReply on_eval(const Frame& frame, const wire::EvalForward& eval);
   CloudReply on_front_weights(const Frame& frame, const wire::FrontWeights& weights);
+  WireError evicted() const;
   void release_turn() {
     if (config_.turns) config_.turns->release(config_.session_id);
   }
