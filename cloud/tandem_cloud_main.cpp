@@ -85,7 +85,7 @@ int serve_command(int argc, char** argv) {
   const CliArgs args(argc, argv, 2, {"nesterov"});
   args.reject_unknown(CliArgs::with_optimizer_options({"listen", "state-dir", "model", "cut", "batch", "microbatches",
                                                        "seed", "backend", "max-message-mb", "wire-dtypes", "init-from",
-                                                       "aggregate-every", "min-edges", "round-deadline-s",
+                                                       "aggregate-every", "min-edges", "round-deadline-s", "back-accumulate",
                                                        "metrics-json"},
                                                       /*schedule=*/false));
   ServeOptions o;
@@ -106,6 +106,7 @@ int serve_command(int argc, char** argv) {
   o.federation.aggregate_every = static_cast<uint32_t>(args.integer("aggregate-every", 0, 0));
   o.federation.min_edges = static_cast<uint32_t>(args.integer("min-edges", 1, 1));
   o.federation.deadline_s = args.number("round-deadline-s", 30.0);
+  o.federation.back_accumulate = static_cast<uint32_t>(args.integer("back-accumulate", 1, 1));
   o.metrics_json = args.str("metrics-json", "");
   o.wire_dtypes.clear();
   for (const std::string& name : split_commas(args.str("wire-dtypes", "f32,f16,bf16,i8"))) {

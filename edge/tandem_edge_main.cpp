@@ -54,7 +54,7 @@ int train_command(int argc, char** argv) {
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from", "shard", "split"},
+                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -106,6 +106,7 @@ int train_command(int argc, char** argv) {
       fail("cli", cat("--shard ", shard, ": I must be in [0, N)"));
   }
   o.split = args.str("split", "iid");
+  o.proximal_mu = static_cast<float>(args.number("proximal-mu", 0.0));
   return train_over_wss(o);
 }
 

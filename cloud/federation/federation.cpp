@@ -1,10 +1,18 @@
 #include "cloud/federation/federation.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/error.h"
 
 namespace tandem {
+namespace {
+std::string fixed3(double v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.3f", v);
+  return buf;
+}
+}  // namespace
 
 Federation::Federation(NamedTensors front, const FederationOptions& options, Send send)
     : current_(std::move(front)), options_(options), send_(std::move(send)) {
@@ -30,9 +38,7 @@ std::vector<uint8_t> Federation::join(uint64_t connection, const std::string& cl
 void Federation::leave(uint64_t connection) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (edges_.erase(connection) == 0) return;
-  bool all = !edges_.empty();
-  for (const auto& [c, e] : edges_) all = all && e.submitted;
-  if (all) close_round("the others left");
+  if (all_sent()) close_round("the others left");
 }
 
 bool Federation::submit(uint64_t connection, const Frame& frame, const wire::FrontWeights& w, uint64_t max_samples,
@@ -58,22 +64,35 @@ bool Federation::submit(uint64_t connection, const Frame& frame, const wire::Fro
   edge.weights.clear();
   for (const Tensor& v : views) edge.weights.push_back(v.clone());  // the frame goes away
   edge.submitted = true;
+  edge.straggler = false;
   edge.round_samples = w.samples();
   edge.info.samples += w.samples();
   if (!first_submission_) first_submission_ = Clock::now();
-  bool all = true;
-  for (const auto& [c, e] : edges_) all = all && e.submitted;
-  if (all) close_round("every edge sent");
+  if (all_sent()) close_round("every edge sent");
   return true;
+}
+
+bool Federation::all_sent() const {
+  bool any = false;
+  for (const auto& [c, e] : edges_) {
+    if (!e.submitted && !e.straggler) return false;
+    any = any || e.submitted;
+  }
+  return any;
 }
 
 void Federation::tick(Clock::time_point now) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (!first_submission_ || std::chrono::duration<double>(now - *first_submission_).count() < options_.deadline_s)
     return;
-  uint32_t sent = 0;
-  for (const auto& [c, e] : edges_) sent += e.submitted ? 1 : 0;
-  if (sent >= options_.min_edges) close_round("deadline");
+  uint32_t sent = 0, present = 0;
+  for (const auto& [c, e] : edges_) {
+    sent += e.submitted ? 1 : 0;
+    present += e.straggler ? 0 : 1;
+  }
+  if (sent == 0 || sent < std::min(options_.min_edges, present)) return;
+  for (auto& [c, e] : edges_) e.straggler = e.straggler || !e.submitted;
+  close_round("deadline");
 }
 
 void Federation::close_round(const char* why) {
@@ -117,7 +136,7 @@ void Federation::close_round(const char* why) {
   std::fflush(stdout);
   if (metrics_)
     metrics_(cat("{\"round\":", round_, ",\"edges\":[", who, "],\"connected\":", edges_.size(), ",\"samples\":",
-                 samples, ",\"closed_by\":\"", why, "\",\"waited_s\":", waited, "}"));
+                 samples, ",\"closed_by\":\"", why, "\",\"waited_s\":", fixed3(waited), "}"));
 }
 
 std::optional<FederatedEdge> Federation::edge(uint64_t connection) {

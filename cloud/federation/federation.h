@@ -1,7 +1,9 @@
 // Split-federated rounds on the cloud: every `aggregate_every` steps each edge sends its front
 // shard; when every connected edge has sent (or the deadline passed with at least
-// `min_edges`), the shards are averaged weighted by their samples and the result goes to
-// every edge that took part. Late or returning edges get the newest average. Thread-safe;
+// `min_edges`, or all there are), the shards are averaged weighted by their samples and the
+// result goes to every edge that took part. An edge that misses a deadline is a straggler:
+// later rounds do not wait for it until it sends again. Late or returning edges get the
+// newest average. Thread-safe;
 // transport-free (messages leave through `send`), so it is tested in-process.
 #pragma once
 
@@ -23,6 +25,7 @@ struct FederationOptions {
   uint32_t aggregate_every = 0;  // steps between rounds; 0: no federation
   uint32_t min_edges = 1;        // a round past its deadline closes with at least this many
   double deadline_s = 30.0;      // seconds after a round's first FrontWeights
+  uint32_t back_accumulate = 1;  // edge steps summed into one update of the shared back shard
 };
 
 // One connected edge's part in the federation, for metrics.
@@ -60,10 +63,12 @@ class Federation {
   struct Edge {
     FederatedEdge info;
     bool submitted = false;
+    bool straggler = false;  // missed a round's deadline and has not sent since
     uint64_t round_samples = 0;
     std::vector<Tensor> weights;  // copies of the submitted tensors
   };
   void close_round(const char* why);  // with mutex_ held
+  bool all_sent() const;              // every edge that is not a straggler (and at least one)
 
   std::mutex mutex_;
   NamedTensors current_;  // the newest average (the initial weights before round 1)

@@ -25,6 +25,12 @@ namespace tandem {
 namespace {
 
 std::atomic<bool> g_stop{false};
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
 extern "C" void on_signal(int) { g_stop = true; }
 
 // What a session starts from: a cut's back shard, its initial weights and the model hash an
@@ -117,9 +123,9 @@ class Worker {
     const double samples = static_cast<double>(session_->trained_samples());
     return cat("{\"session\":", id_, ",\"client\":\"", session_->client_id(), "\",\"steps\":", session_->step(),
                ",\"samples\":", session_->trained_samples(), ",\"train_loss\":",
-               samples > 0 ? session_->train_loss_sum() / samples : 0.0, ",\"rounds_joined\":", rounds,
+               fixed(samples > 0 ? session_->train_loss_sum() / samples : 0.0, 5), ",\"rounds_joined\":", rounds,
                ",\"bytes_in\":", bytes_in_.load(), ",\"bytes_out\":", bytes_out_.load(),
-               ",\"busy_s\":", session_->busy_seconds(), "}");
+               ",\"busy_s\":", fixed(session_->busy_seconds(), 3), "}");
   }
 
  private:
@@ -276,6 +282,7 @@ int serve(const ServeOptions& o) {
     shared = std::make_unique<SharedBack>();
     shared->backend = make_backend(o.backend, BackendOptions{1});
     shared->turns = std::make_unique<BackShardTurns>(o.federation.deadline_s);
+    shared->turns->accumulate = o.federation.back_accumulate;
     const BackShard& s = shards.front();
     shared->net = std::make_unique<Network>(s.graph, *shared->backend, o.seed);
     for (std::size_t i = 0; i < s.initial.size(); ++i) {

@@ -1,6 +1,8 @@
 // Turns on one back shard that many sessions train (split-federated): a session holds the
 // turn for one whole step (its K micro-batches and the update) or one evaluation batch, the
-// others wait. A waiting session gives up when cancelled (its connection closed), so closing
+// others wait, first come first served, so the edges' steps interleave (an edge whose next
+// step is already queued must not take turn after turn: with non-IID edges the shard would
+// see long runs of the same classes). A waiting session gives up when cancelled (its connection closed), so closing
 // a connection never waits on another edge; and a holder that has not computed for longer
 // than the timeout (a hung edge mid-step) loses the turn, so it stalls the others no longer.
 #pragma once
@@ -9,6 +11,7 @@
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
+#include <deque>
 #include <mutex>
 
 namespace tandem {
@@ -22,14 +25,24 @@ class BackShardTurns {
   // Blocks until `owner` holds the turn (true) or `cancelled` becomes true (false).
   bool acquire(uint64_t owner, const std::atomic<bool>& cancelled) {
     std::unique_lock<std::mutex> lock(mutex_);
-    while (held_ && owner_ != owner) {
-      if (cancelled) return false;
-      if (!computing_ && Clock::now() - last_ > timeout_) {
-        evicted_ = owner_;  // the holder went quiet mid-step: its step is lost
-        break;
+    if (held_ && owner_ == owner) return true;
+    queue_.push_back(owner);
+    for (;;) {
+      if (cancelled) {
+        std::erase(queue_, owner);
+        free_.notify_all();
+        return false;
+      }
+      if (queue_.front() == owner) {
+        if (!held_) break;
+        if (!computing_ && Clock::now() - last_ > timeout_) {
+          evicted_ = owner_;  // the holder went quiet mid-step: its step is lost
+          break;
+        }
       }
       free_.wait_for(lock, std::chrono::milliseconds(50));
     }
+    queue_.pop_front();
     held_ = true;
     owner_ = owner;
     last_ = Clock::now();
@@ -60,6 +73,11 @@ class BackShardTurns {
     std::lock_guard<std::mutex> lock(mutex_);
     return held_ && owner_ == owner;
   }
+  // Steps whose gradients the shared shard sums before one update (the edges' steps
+  // interleave, so with N edges an update sees every edge's data, as IID training would);
+  // read and written only by the turn's holder.
+  uint32_t accumulate = 1, accumulated = 0;
+
   // True once for a session that lost its turn by going quiet.
   bool was_evicted(uint64_t owner) {
     std::lock_guard<std::mutex> lock(mutex_);
@@ -73,6 +91,7 @@ class BackShardTurns {
   std::condition_variable free_;
   Clock::duration timeout_;
   Clock::time_point last_;
+  std::deque<uint64_t> queue_;  // waiting sessions, in arrival order
   uint64_t owner_ = 0, evicted_ = 0;
   bool held_ = false, computing_ = false;
 };

@@ -55,9 +55,14 @@ void CloudSession::finish_step() {
   const auto t0 = std::chrono::steady_clock::now();
   step_pending_ = false;
   if (config_.turns && !config_.turns->begin_compute(config_.session_id)) return;  // evicted: the next message says so
-  optimizer_.set_lr_scale(step_lr_scale_);
-  optimizer_.step();
-  if (config_.turns) config_.turns->end_compute();
+  BackShardTurns* t = config_.turns;
+  if (t == nullptr || ++t->accumulated >= t->accumulate) {
+    // The update averages the summed steps' gradients (each is its batch's mean).
+    optimizer_.set_lr_scale(step_lr_scale_ / static_cast<float>(t ? t->accumulate : 1));
+    optimizer_.step();
+    if (t) t->accumulated = 0;
+  }
+  if (t) t->end_compute();
   release_turn();
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
@@ -181,7 +186,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
     step_microbatches_ = k;
     step_lr_scale_ = scale;
     step_checkpoint_ = fwd.checkpoint();
-    back_.zero_grad();
+    if (config_.turns == nullptr || config_.turns->accumulated == 0) back_.zero_grad();
   } else if (fwd.step_samples() != step_samples_ || fwd.step_microbatches() != step_microbatches_ ||
              fwd.lr_scale() != step_lr_scale_ || fwd.checkpoint() != step_checkpoint_) {
     return refuse({wire::ErrorCode::BadTensor, cat("step ", step_, " changed its size, learning-rate scale or "

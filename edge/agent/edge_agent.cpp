@@ -94,6 +94,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
   }
   auto optimizer = make_optimizer(front.params(), o.optimizer);
   EdgeSession session(front, *optimizer, microbatches, model_hash(spec, cut), o.client_id, o.wire_dtypes);
+  session.set_proximal(o.proximal_mu);
   CheckpointMeta position;  // where training stands: step, epoch and samples of it consumed
   position.role = "edge";
   position.client_id = o.client_id;

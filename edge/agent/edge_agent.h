@@ -40,6 +40,7 @@ struct EdgeTrainOptions {
   // shard_count, dealt "iid" or by "class".
   int shard_index = 0, shard_count = 1;
   std::string split = "iid";
+  float proximal_mu = 0.0f;  // FedProx (split-federated runs)
   int64_t checkpoint_every = 100;
   std::string client_id = "edge";
 };

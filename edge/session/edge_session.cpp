@@ -86,9 +86,11 @@ bool EdgeSession::on_aggregated(const Frame& frame, WireError& error) {
   const auto* a = m->payload_as_Aggregated();
   std::vector<Tensor> values;
   if (!read_named_tensors(frame, a->tensors(), front_params(), values, error)) return false;
+  anchor_.clear();
   for (std::size_t i = 0; i < values.size(); ++i) {
     front_.params()[i]->value().copy_from(values[i]);
     front_.params()[i]->bump_version();
+    anchor_.push_back(values[i].clone());
   }
   if (!awaiting_aggregate_) ++rounds_joined_;
   awaiting_aggregate_ = false;
@@ -149,6 +151,14 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
   loss_sum_ += b->loss();
   state_[mb] = 2;
   if (++backed_ == step_microbatches_) {
+    if (proximal_mu_ > 0.0f && !anchor_.empty())
+      for (std::size_t k = 0; k < anchor_.size(); ++k) {
+        Param& p = *front_.params()[k];
+        float* g = p.grad().data();
+        const float* w = p.value().data();
+        const float* a = anchor_[k].data();
+        for (int64_t i = 0, n = p.grad().numel(); i < n; ++i) g[i] += proximal_mu_ * (w[i] - a[i]);
+      }
     optimizer_.step();
     ++step_;
     step_done = true;

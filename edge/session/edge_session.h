@@ -54,6 +54,9 @@ class EdgeSession {
   bool exchanged_now() const { return exchanged_step_ == step_; }
   bool on_aggregated(const Frame& frame, WireError& error);
   uint32_t round() const { return round_; }
+  // FedProx: adds mu * (w - w_round) to each gradient, w_round the last average taken, so
+  // an edge's non-IID steps drift less from the federation's weights (0: plain FedAvg).
+  void set_proximal(float mu) { proximal_mu_ = mu; }
   uint32_t rounds_joined() const { return rounds_joined_; }
   wire::DType dtype() const { return dtype_; }  // the wire dtype the cloud chose
   double step_loss_sum() const { return loss_sum_; }
@@ -74,6 +77,8 @@ class EdgeSession {
   uint32_t aggregate_every_ = 0, round_ = 0, rounds_joined_ = 0;
   bool awaiting_aggregate_ = false;
   uint64_t exchanged_step_ = 0;  // the step whose round's average arrived
+  float proximal_mu_ = 0.0f;
+  std::vector<Tensor> anchor_;   // the last average taken (FedProx)
   NamedTensors front_params() const;
   uint32_t batch_limit_ = 0;  // the cloud's batch size (Welcome)
   Tensor images_;

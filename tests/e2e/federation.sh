@@ -1,0 +1,69 @@
+#!/usr/bin/env bash
+# Split-federated training with real processes over TLS on loopback.
+#  1. Four edges, non-IID by class, one cloud averaging their front shards every 5 steps:
+#     all finish on the same final average (identical test accuracy), above chance.
+#  2. Failures: of four IID edges one is killed and comes back (it rejoins from the newest
+#     average), one is killed for good and one hangs (SIGSTOP): the others finish, and no
+#     round waits longer than the deadline.
+# Usage: federation.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1 src=$2
+cloud_bin=$build/cloud/tandem-cloud edge_bin=$build/edge/tandem-edge
+model=$src/samples/fashion-mnist/model.json
+work=$(mktemp -d)
+pids=()
+cleanup() { kill -9 ${cloud_pid:-} "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; echo "--- cloud log"; tail -40 "$work/cloud.log"; exit 1; }
+deadline=2
+
+start_cloud() {  # start_cloud EXTRA...
+  "$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" --aggregate-every 5 \
+    --round-deadline-s $deadline --metrics-json "$work/cloud.jsonl" "$@" > "$work/cloud.log" 2>&1 &
+  cloud_pid=$!
+  for _ in $(seq 1 100); do grep -q 'listening on' "$work/cloud.log" && break; sleep 0.1; done
+  port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | cut -d: -f3 || true)
+  [[ -n $port ]] || fail "the cloud did not start"
+}
+edge() {  # edge I SPLIT LIMIT EXTRA...: edge I of 4 in the background; its pid in pids[I]
+  local i=$1 split=$2 limit=$3; shift 3
+  "$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/h$i" --model "$model" --shard "$i/4" \
+    --split "$split" --limit "$limit" --test-limit 1000 --batch 32 --metrics-json "$work/h$i.jsonl" "$@" \
+    >> "$work/h$i.out" 2>&1 &
+  pids[$i]=$!
+}
+
+start_cloud
+for i in 0 1 2 3; do "$cloud_bin" pki issue --state-dir "$work/state" --client "h$i" --out "$work/h$i" > /dev/null; done
+
+# 1. Non-IID by class: 1000 samples each, 32 steps, 6 rounds and a final one.
+for i in 0 1 2 3; do edge $i class 4000 --lr 0.005 --momentum 0; done  # a small front step: non-IID drift
+for i in 0 1 2 3; do wait "${pids[$i]}" || fail "edge $i: $(tail -3 "$work/h$i.out")"; done
+accs=$(for i in 0 1 2 3; do grep -o '"test_accuracy":[0-9.]*' "$work/h$i.jsonl" | tail -1 | cut -d: -f2; done | sort -u)
+echo "non-IID edges' final test accuracy: $accs"
+[[ $(echo "$accs" | wc -l) -eq 1 ]] || fail "the edges ended on different weights: $accs"
+awk -v a="$accs" 'BEGIN { exit !(a >= 0.25) }' || fail "accuracy $accs is not above chance"
+rounds=$(grep -c '"round"' "$work/cloud.jsonl")
+((rounds == 7)) || fail "expected 7 rounds, the cloud closed $rounds"
+grep -q '"rounds_joined":7' "$work/h0.jsonl" || fail "edge 0 did not join 7 rounds: $(tail -1 "$work/h0.jsonl")"
+grep -q '"client":"h3".*"rounds_joined":7' "$work/cloud.jsonl" || fail "the cloud's per-edge metrics lack h3's rounds"
+
+# 2. Failures, IID, 2000 samples each (63 steps).
+kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+rm -f "$work"/*.jsonl "$work"/*.out
+start_cloud --min-edges 2
+for i in 0 1 2 3; do edge $i iid 8000; done
+sleep 1.5
+kill -9 "${pids[3]}"; wait "${pids[3]}" 2>/dev/null || true   # h3 drops out ...
+edge 3 iid 8000                                                # ... and comes back
+kill -9 "${pids[1]}"; wait "${pids[1]}" 2>/dev/null || true   # h1 is gone for good
+sleep 0.5
+kill -STOP "${pids[2]}"                                        # h2 hangs
+for i in 0 3; do wait "${pids[$i]}" || fail "edge $i did not finish: $(tail -3 "$work/h$i.out")"; done
+kill -9 "${pids[2]}" 2>/dev/null || true
+grep -q "joined at round [1-9]" "$work/h3.out" || fail "h3 did not rejoin from the newest average: $(grep -i round "$work/h3.out")"
+waited=$(grep -o '"waited_s":[0-9.]*' "$work/cloud.jsonl" | cut -d: -f2 | sort -g | tail -1)
+echo "longest wait for a round: $waited s (deadline $deadline s)"
+awk -v w="$waited" -v d=$deadline 'BEGIN { exit !(w <= d + 1.0) }' || fail "a round waited $waited s"
+grep -q '"closed_by":"deadline"' "$work/cloud.jsonl" || fail "no round closed at its deadline"
+echo "PASS"
