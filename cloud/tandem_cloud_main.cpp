@@ -19,7 +19,7 @@ constexpr const char* kUsage = R"(usage:
                      [--batch B] [--microbatches K] [OPTIMIZER]
                      [--seed S] [--backend NAME] [--max-message-mb N] [--wire-dtypes LIST]
                      [--init-from FILE] [--metrics-json FILE]
-                     [--aggregate-every S [--min-edges M] [--round-deadline-s D]]
+                     [--aggregate-every S [--min-edges M] [--round-deadline-s D] [--back-accumulate N]]
       Serves split training over wss:// with mutual TLS: one session per edge, the back
       shard and loss on the backend (default onednn). Runs `pki init` on first start.
       --cut any serves every legal cut: each edge's Hello names its own (tandem-edge --cut auto).
@@ -36,7 +36,8 @@ constexpr const char* kUsage = R"(usage:
       (a step at a time, in turns); every S steps each edge sends its front shard, and when
       all connected edges have (or D seconds, default 30, after the first, with at least M,
       default 1), their average weighted by samples goes back to each of them. An edge that
-      joins late or comes back starts from the newest average. --metrics-json: a JSON line
+      joins late or comes back starts from the newest average. --back-accumulate N sums N
+      edge steps' gradients into one update of the back shard. --metrics-json: a JSON line
       per round and per closed session (client, steps, samples, loss, rounds, bytes, busy).
       Stops on SIGINT or SIGTERM.
   tandem-cloud pki init --state-dir DIR [--hosts NAME,NAME...]

@@ -20,7 +20,7 @@ constexpr const char* kUsage = R"(usage:
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
                     [--metrics-json FILE] [--client-id NAME]
                     [--checkpoint-dir DIR [--checkpoint-every STEPS]] [--init-from FILE]
-                    [--shard I/N [--split iid|class]]
+                    [--shard I/N [--split iid|class] [--proximal-mu MU]]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
       IDDIR/client.crt, client.key, ca.crt from `tandem-cloud pki issue`); raw data never
       leaves this machine, only cut-layer activations. Evaluates through the cloud after
@@ -45,7 +45,8 @@ constexpr const char* kUsage = R"(usage:
       share of the data only (edge I of N, from 0): dealt evenly (iid, the default) or by
       class (sorted by class, edge I takes the I-th of N equal slices: 2 or 3 classes each
       with N = 4); for split-federated runs against
-      tandem-cloud serve --aggregate-every S, which this edge then follows.
+      tandem-cloud serve --aggregate-every S, which this edge then follows. --proximal-mu
+      adds FedProx's MU * (w - w_round) to the front's gradients.
 )";
 
 int train_command(int argc, char** argv) {
