@@ -78,15 +78,6 @@ std::string temp_dir(const std::string& name) {
   return dir.string();
 }
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 TEST(Checkpoint, RestoredShardContinuesBitwiseLikeTheUninterruptedOne) {
   const auto d = quadrant_data(32, 3);
   for (const char* kind : {"adam", "sgd"}) {
@@ -115,12 +106,12 @@ TEST(Checkpoint, TruncatedBitFlippedAndForeignFilesAreRefused) {
   Shard a(1);
   const std::vector<uint8_t> bytes = encode_checkpoint(meta_at(1), a.net, a.optimizer.get());
   std::vector<uint8_t> cut(bytes.begin(), bytes.end() - 5);
-  EXPECT_NE(error_of([&] { decode_checkpoint(cut); }).find("truncated"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { decode_checkpoint(cut); }).find("truncated"), std::string::npos);
   std::vector<uint8_t> flipped = bytes;
   flipped[flipped.size() / 2] ^= 0x10;
-  EXPECT_NE(error_of([&] { decode_checkpoint(flipped); }).find("checksum mismatch"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { decode_checkpoint(flipped); }).find("checksum mismatch"), std::string::npos);
   std::vector<uint8_t> foreign = {'n', 'o', 't', ' ', 'o', 'u', 'r', 's', 0, 0, 0, 0, 0, 0, 0, 0};
-  EXPECT_NE(error_of([&] { decode_checkpoint(foreign); }).find("bad magic"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { decode_checkpoint(foreign); }).find("bad magic"), std::string::npos);
 }
 
 TEST(Checkpoint, AnotherModelOrOptimizerIsRefusedBeforeAnythingChanges) {
@@ -128,18 +119,18 @@ TEST(Checkpoint, AnotherModelOrOptimizerIsRefusedBeforeAnythingChanges) {
   const CheckpointData data = decode_checkpoint(encode_checkpoint(meta_at(1), a.net, a.optimizer.get()));
   Shard sgd(2, "sgd");
   const auto before = sgd.weights();
-  EXPECT_NE(error_of([&] { restore_checkpoint(data, sgd.net, sgd.optimizer.get()); }).find("optimizer is 'adam'"),
+  EXPECT_NE(test::error_of([&] { restore_checkpoint(data, sgd.net, sgd.optimizer.get()); }).find("optimizer is 'adam'"),
             std::string::npos);
   EXPECT_EQ(sgd.weights(), before);
 
   CheckpointData wrong = data;
   wrong.params[0].value = Tensor::zeros({3});
   Shard c(3);
-  EXPECT_NE(error_of([&] { restore_checkpoint(wrong, c.net, c.optimizer.get()); }).find("'conv1.weight' is [3]"),
+  EXPECT_NE(test::error_of([&] { restore_checkpoint(wrong, c.net, c.optimizer.get()); }).find("'conv1.weight' is [3]"),
             std::string::npos);
   wrong = data;
   wrong.buffers.clear();
-  EXPECT_NE(error_of([&] { restore_checkpoint(wrong, c.net, c.optimizer.get()); }).find("no buffer 'bn1.running_mean'"),
+  EXPECT_NE(test::error_of([&] { restore_checkpoint(wrong, c.net, c.optimizer.get()); }).find("no buffer 'bn1.running_mean'"),
             std::string::npos);
 }
 
@@ -164,7 +155,7 @@ TEST(CheckpointStore, KeepsTheNewestAndFallsBackPastACorruptOne) {
   ASSERT_EQ(refusals.size(), 2u);
   EXPECT_NE(refusals[0].find("checksum mismatch"), std::string::npos) << refusals[0];
   EXPECT_NE(refusals[1].find("truncated"), std::string::npos) << refusals[1];
-  EXPECT_NE(error_of([&] { store.load_step(2); }).find("no checkpoint of step 2"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { store.load_step(2); }).find("no checkpoint of step 2"), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
@@ -196,7 +187,7 @@ TEST(CheckpointStore, SealedFilesNeedTheirKeyAndRefuseTampering) {
   CheckpointStore wrong_key(dir, "edge", random_key());
   EXPECT_FALSE(wrong_key.load_latest().has_value());
   CheckpointStore no_key(dir, "edge");
-  EXPECT_NE(error_of([&] { no_key.load_step(1); }).find("encrypted and no key"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { no_key.load_step(1); }).find("encrypted and no key"), std::string::npos);
   std::filesystem::remove_all(dir);
 }
 
@@ -208,7 +199,7 @@ TEST(AesGcm, KeyFileIsCreatedOnceAndReadBack) {
   EXPECT_EQ(k1, k2);
   EXPECT_EQ(std::filesystem::status(dir + "/checkpoint.key").permissions() & std::filesystem::perms::group_read,
             std::filesystem::perms::none);
-  EXPECT_NE(error_of([&] { load_key(dir + "/missing.key", false); }).find("no key file"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { load_key(dir + "/missing.key", false); }).find("no key file"), std::string::npos);
   const std::vector<uint8_t> msg = {1, 2, 3};
   const auto sealed = seal_aes_gcm(k1, msg);
   EXPECT_EQ(open_aes_gcm(k1, sealed), msg);

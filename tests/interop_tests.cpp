@@ -14,15 +14,6 @@
 namespace tandem {
 namespace {
 
-std::string error_of(const std::function<void()>& f) {
-  try {
-    f();
-  } catch (const Error& e) {
-    return e.what();
-  }
-  return "(no error)";
-}
-
 std::vector<uint8_t> file_with_header(const std::string& header, std::size_t data_bytes) {
   std::vector<uint8_t> out(8 + header.size() + data_bytes, 0);
   for (int i = 0; i < 8; ++i) out[static_cast<std::size_t>(i)] = static_cast<uint8_t>(header.size() >> (8 * i));
@@ -49,23 +40,23 @@ TEST(Safetensors, RoundTripsTensorsAndMetadata) {
 
 TEST(Safetensors, MalformedFilesAreRefusedWithTheReason) {
   const std::vector<uint8_t> short_file = {1, 2, 3};
-  EXPECT_NE(error_of([&] { read_safetensors(short_file); }).find("shorter than its 8-byte header"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { read_safetensors(short_file); }).find("shorter than its 8-byte header"), std::string::npos);
   auto past = file_with_header("{}", 0);
   past[0] = 200;
-  EXPECT_NE(error_of([&] { read_safetensors(past); }).find("runs past the end"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { read_safetensors(past); }).find("runs past the end"), std::string::npos);
   const auto range = file_with_header(R"({"w":{"dtype":"F32","shape":[2],"data_offsets":[0,16]}})", 8);
-  EXPECT_NE(error_of([&] { read_safetensors(range); }).find("spans bytes 0..16 of 8"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { read_safetensors(range); }).find("spans bytes 0..16 of 8"), std::string::npos);
   const auto count = file_with_header(R"({"w":{"dtype":"F32","shape":[3],"data_offsets":[0,8]}})", 8);
-  EXPECT_NE(error_of([&] { read_safetensors(count); }).find("holds 8 bytes for 3 F32 values"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { read_safetensors(count); }).find("holds 8 bytes for 3 F32 values"), std::string::npos);
   const auto twice = file_with_header(
       R"({"w":{"dtype":"F32","shape":[1],"data_offsets":[0,4]},"w":{"dtype":"F32","shape":[1],"data_offsets":[4,8]}})", 8);
-  EXPECT_NE(error_of([&] { read_safetensors(twice); }).find("appears twice"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { read_safetensors(twice); }).find("appears twice"), std::string::npos);
   const auto bf16 = file_with_header(R"({"w":{"dtype":"BF16","shape":[1],"data_offsets":[0,2]}})", 2);
-  EXPECT_NE(error_of([&] { read_safetensors(bf16); }).find("dtype 'BF16' is not supported"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { read_safetensors(bf16); }).find("dtype 'BF16' is not supported"), std::string::npos);
   const auto garbage = file_with_header(R"({"w":[1,2})", 0);
-  EXPECT_NE(error_of([&] { read_safetensors(garbage); }).find("malformed header"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { read_safetensors(garbage); }).find("malformed header"), std::string::npos);
   const auto negative = file_with_header(R"({"w":{"dtype":"F32","shape":[-1],"data_offsets":[0,4]}})", 4);
-  EXPECT_NE(error_of([&] { read_safetensors(negative); }).find("malformed header"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { read_safetensors(negative); }).find("malformed header"), std::string::npos);
 }
 
 // image [1, 2, 3] -> conv (OHWI [2, 1, 1, 3]) -> flatten (h, w, c) -> linear [1, 4] -> batch
@@ -118,10 +109,10 @@ TEST(TorchLayout, WholeNetworkRoundTripsAndMisfitsAreNamed) {
   auto wrong = tensors;
   for (SafeTensor& t : wrong)
     if (t.name == "fc.weight") t.shape = {4, 1};
-  EXPECT_NE(error_of([&] { shard_from_torch(g, wrong, b); }).find("'fc.weight' is [4, 1] in the file, the model needs [1, 4]"),
+  EXPECT_NE(test::error_of([&] { shard_from_torch(g, wrong, b); }).find("'fc.weight' is [4, 1] in the file, the model needs [1, 4]"),
             std::string::npos);
   wrong.erase(wrong.begin());
-  EXPECT_NE(error_of([&] { shard_from_torch(g, wrong, b); }).find("no tensor 'conv.weight'"), std::string::npos);
+  EXPECT_NE(test::error_of([&] { shard_from_torch(g, wrong, b); }).find("no tensor 'conv.weight'"), std::string::npos);
 }
 
 }  // namespace

@@ -318,7 +318,7 @@ TEST(Add, Forward) {
 
 TEST(Softmax, ForwardBackward) {
   Backends b;
-  for (const auto [rows, channels] : {std::pair<int64_t, int64_t>{1, 10}, {7, 3}, {64, 1000}}) {
+  for (const auto& [rows, channels] : {std::pair<int64_t, int64_t>{1, 10}, {7, 3}, {64, 1000}}) {
     Rng rng(10);
     Tensor x = random_tensor({rows, channels}, rng, -6.0f, 6.0f), dy = random_tensor({rows, channels}, rng);
     Tensor want_y = nan_tensor(x.shape()), got_y = nan_tensor(x.shape());

@@ -6,6 +6,7 @@
 
 #include <cmath>
 #include <cstdlib>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -17,6 +18,16 @@
 #include "tools/all_backends.h"
 
 namespace tandem::test {
+
+// The text of the Error that f throws, or "(no error)".
+inline std::string error_of(const std::function<void()>& f) {
+  try {
+    f();
+  } catch (const std::exception& e) {
+    return e.what();
+  }
+  return "(no error)";
+}
 
 // The backend named by TANDEM_BACKEND (ctest sets it per test), default "reference".
 inline std::string backend_under_test() {

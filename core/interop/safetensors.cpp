@@ -99,20 +99,22 @@ class HeaderReader {
 
 }  // namespace
 
-SafeTensor f32_tensor(std::string name, std::vector<int64_t> shape, const float* values) {
+namespace {
+SafeTensor packed(std::string name, const char* dtype, std::vector<int64_t> shape, const void* values) {
   int64_t n = 1;
   for (int64_t d : shape) n *= d;
-  SafeTensor t{std::move(name), "F32", std::move(shape), std::vector<uint8_t>(static_cast<std::size_t>(n) * 4)};
+  SafeTensor t{std::move(name), dtype, std::move(shape), std::vector<uint8_t>(static_cast<std::size_t>(n) * element_size(dtype))};
   if (n > 0) std::memcpy(t.data.data(), values, t.data.size());
   return t;
 }
+}  // namespace
+
+SafeTensor f32_tensor(std::string name, std::vector<int64_t> shape, const float* values) {
+  return packed(std::move(name), "F32", std::move(shape), values);
+}
 
 SafeTensor i64_tensor(std::string name, std::vector<int64_t> shape, const int64_t* values) {
-  int64_t n = 1;
-  for (int64_t d : shape) n *= d;
-  SafeTensor t{std::move(name), "I64", std::move(shape), std::vector<uint8_t>(static_cast<std::size_t>(n) * 8)};
-  if (n > 0) std::memcpy(t.data.data(), values, t.data.size());
-  return t;
+  return packed(std::move(name), "I64", std::move(shape), values);
 }
 
 std::vector<uint8_t> write_safetensors(const std::vector<SafeTensor>& tensors,
