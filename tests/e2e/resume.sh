@@ -3,9 +3,10 @@
 # with the edge, then the cloud, killed (SIGKILL) at random points, 5 times each, and
 # restarted with the same commands. Both runs' final checkpoints, exported with tandem
 # export, must be byte-identical: no step lost, none applied twice.
-# Usage: resume.sh BUILD_DIR SOURCE_DIR [KILLS_EACH]
+# Each kill comes at a random moment after the run has made progress since the last restart.
+# Usage: resume.sh BUILD_DIR SOURCE_DIR [KILLS_EACH] [SAMPLES]
 set -euo pipefail
-build=$1 src=$2 kills_each=${3:-5}
+build=$1 src=$2 kills_each=${3:-5} samples=${4:-4800}
 cloud_bin=$build/cloud/tandem-cloud edge_bin=$build/edge/tandem-edge tandem_bin=$build/tools/tandem
 model=$src/samples/fashion-mnist/model.json
 work=$(mktemp -d)
@@ -29,15 +30,15 @@ start_cloud() {
 starts=1; start_cloud
 "$cloud_bin" pki issue --state-dir "$work/state" --client site --out "$work/site" > /dev/null
 
-# 2 epochs of 4800 samples, batch 32 (300 steps), a checkpoint every step.
-edge_args=(train --identity "$work/site" --model "$model" --epochs 2 --limit 4800 --test-limit 200 --batch 32
+# 2 epochs of SAMPLES samples, batch 32, a checkpoint every step.
+edge_args=(train --identity "$work/site" --model "$model" --epochs 2 --limit "$samples" --test-limit 200 --batch 32
            --microbatches 4 --checkpoint-every 1 --seed 3)
 run_edge() {  # run_edge CLIENT: in the background, output appended to $work/edge.out
   "$edge_bin" "${edge_args[@]}" --cloud "wss://localhost:$port" --client-id "$1" --checkpoint-dir "$work/ckpt-$1" \
     >> "$work/edge.out" 2>&1 &
   edge_pid=$!
 }
-final=000000000300
+final=$(printf %012d $((2 * ((samples + 31) / 32))))
 
 run_edge straight
 wait "$edge_pid" || fail "the uninterrupted run failed"
@@ -49,7 +50,12 @@ while :; do
   restarts=$((restarts + 1))
   ((restarts < 60)) || fail "no end after $restarts restarts"
   if ((edge_kills + cloud_kills < 2 * kills_each)); then
-    sleep "0.$((3 + RANDOM % 7))$((RANDOM % 10))"  # 0.30 .. 0.99 s into this process's run
+    # Wait for a checkpoint newer than any before this start, then 0 to 0.49 s more.
+    before=$(ls "$work/ckpt-resumed" 2>/dev/null | tail -1 || true)
+    while kill -0 "$edge_pid" 2>/dev/null && [[ $(ls "$work/ckpt-resumed" 2>/dev/null | tail -1) == "$before" ]]; do
+      sleep 0.02
+    done
+    sleep "0.$((RANDOM % 5))$((RANDOM % 10))"
     if kill -0 "$edge_pid" 2>/dev/null; then
       if ((edge_kills <= cloud_kills)); then
         kill -9 "$edge_pid"; wait "$edge_pid" 2>/dev/null || true
