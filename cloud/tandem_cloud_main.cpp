@@ -34,8 +34,9 @@ constexpr const char* kUsage = R"(usage:
       safetensors file of the whole model (PyTorch names and layouts, e.g. `tandem export`).
       --aggregate-every S: split-federated training. One back shard trains with every edge
       (a step at a time, in turns); every S steps each edge sends its front shard, and when
-      all connected edges have (or D seconds, default 30, after the first, with at least M,
-      default 1), their average weighted by samples goes back to each of them. An edge that
+      all connected edges have and they are at least M (default 1), or D seconds (default
+      30) after the first with at least M or all there are, their average weighted by
+      samples goes back to each of them. An edge that
       joins late or comes back starts from the newest average. --back-accumulate N sums N
       edge steps' gradients into one update of the back shard. --metrics-json: a JSON line
       per round and per closed session (client, steps, samples, loss, rounds, bytes, busy).

@@ -102,6 +102,19 @@ TEST(Federation, ARoundClosesAtItsDeadlineWithEnoughEdgesOrWhenTheRestLeave) {
   EXPECT_FLOAT_EQ(first_value(r.sent[3][0], 0), 4.0f);
 }
 
+TEST(Federation, FewerEdgesThanTheMinimumWaitForOthersUntilTheDeadline) {
+  Rounds r({.aggregate_every = 5, .min_edges = 3, .deadline_s = 2.0});
+  r.federation.join(1, "early");
+  EXPECT_EQ(r.submit(1, filled(1, 1), 10), "");
+  EXPECT_TRUE(r.sent.empty());  // alone: the others may still be starting
+  r.federation.join(2, "late");
+  EXPECT_EQ(r.submit(2, filled(3, 3), 10), "");
+  EXPECT_TRUE(r.sent.empty());
+  r.federation.tick(Federation::Clock::now() + std::chrono::seconds(3));  // all there are, at the deadline
+  ASSERT_EQ(r.sent[2].size(), 1u);
+  EXPECT_FLOAT_EQ(first_value(r.sent[2][0], 0), 2.0f);
+}
+
 TEST(Federation, AnEdgeThatMissedADeadlineIsNotWaitedForUntilItSendsAgain) {
   Rounds r({.aggregate_every = 5, .min_edges = 2, .deadline_s = 2.0});
   for (uint64_t c = 1; c <= 3; ++c) r.federation.join(c, "e");

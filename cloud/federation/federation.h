@@ -1,7 +1,7 @@
 // Split-federated rounds on the cloud: every `aggregate_every` steps each edge sends its front
-// shard; when every connected edge has sent (or the deadline passed with at least
-// `min_edges`, or all there are), the shards are averaged weighted by their samples and the
-// result goes to every edge that took part. An edge that misses a deadline is a straggler:
+// shard; when every connected edge has sent and they are at least `min_edges` (or the
+// deadline passed with at least `min_edges`, or all there are), the shards are averaged
+// weighted by their samples and the result goes to every edge that took part. An edge that misses a deadline is a straggler:
 // later rounds do not wait for it until it sends again. Late or returning edges get the
 // newest average. Thread-safe;
 // transport-free (messages leave through `send`), so it is tested in-process.
@@ -68,7 +68,7 @@ class Federation {
     std::vector<Tensor> weights;  // copies of the submitted tensors
   };
   void close_round(const char* why);  // with mutex_ held
-  bool all_sent() const;              // every edge that is not a straggler (and at least one)
+  bool all_sent() const;              // every edge that is not a straggler, and at least min_edges
 
   std::mutex mutex_;
   NamedTensors current_;  // the newest average (the initial weights before round 1)

@@ -221,7 +221,9 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   }
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The gradient is encoded before the update changes anything it could alias.
-  const CloudReply reply{writer_.backward(step, mb, grad, static_cast<float>(loss), dtype_), false};
+  const CloudReply reply{writer_.backward(step, mb, grad, static_cast<float>(loss), dtype_,
+                                          static_cast<uint64_t>(optimizer_.steps())),
+                         false};
   if (config_.turns) config_.turns->end_compute();
   if (step_pending_ && step_checkpoint_ && !checkpoint_now(error)) return refuse(error);
   return reply;

@@ -100,10 +100,11 @@ std::span<const uint8_t> MessageWriter::forward(uint64_t step, uint32_t microbat
 }
 
 std::span<const uint8_t> MessageWriter::backward(uint64_t step, uint32_t microbatch, const Tensor& gradients,
-                                                 float loss, wire::DType dtype) {
+                                                 float loss, wire::DType dtype,
+                                                 uint64_t weight_version) {
   fbb_.Clear();
   const auto t = tensor("gradients", gradients, dtype);
-  return finish(wire::Payload::Backward, wire::CreateBackward(fbb_, step, microbatch, t, loss).Union());
+  return finish(wire::Payload::Backward, wire::CreateBackward(fbb_, step, microbatch, t, loss, weight_version).Union());
 }
 
 std::span<const uint8_t> MessageWriter::eval_forward(uint64_t batch_id, const Tensor& activations,

@@ -43,7 +43,7 @@ class MessageWriter {
                                    wire::DType dtype = wire::DType::F32, float lr_scale = 1.0f,
                                    bool checkpoint = false);
   std::span<const uint8_t> backward(uint64_t step, uint32_t microbatch, const Tensor& gradients, float loss,
-                                    wire::DType dtype = wire::DType::F32);
+                                    wire::DType dtype = wire::DType::F32, uint64_t weight_version = 0);
   std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& activations, std::span<const int32_t> labels,
                                         wire::DType dtype = wire::DType::F32);
   std::span<const uint8_t> eval_result(uint64_t batch_id, uint32_t correct, uint32_t count, double loss_sum,

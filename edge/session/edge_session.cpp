@@ -144,6 +144,12 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
              cat("Backward for step ", b->step(), " micro-batch ", mb, " was not expected (step ", step_, ")")};
     return false;
   }
+  // Outside a federation the back shard has taken exactly as many updates as this edge.
+  if (aggregate_every_ == 0 && b->weight_version() != step_) {
+    error = {wire::ErrorCode::OutOfWindow, cat("Backward for step ", step_, " was computed with back-shard version ",
+                                               b->weight_version(), ", expected ", step_)};
+    return false;
+  }
   const Tensor& sent = front_.output(static_cast<int>(mb));
   Tensor grad = read_tensor(frame, b->gradients(), sent.shape(), "gradients", dtype_, decoded_[mb], error);
   if (!grad.defined()) return false;

@@ -33,7 +33,9 @@ edge() {  # edge I SPLIT LIMIT EXTRA...: edge I of 4 in the background; its pid 
   pids[$i]=$!
 }
 
-start_cloud --round-deadline-s 60  # no deadline closes a round here: all four end on one average
+# Rounds need all four (--min-edges 4) and no deadline closes one: whichever edge starts
+# first waits for the others, and all four end on one average.
+start_cloud --min-edges 4 --round-deadline-s 60
 for i in 0 1 2 3; do "$cloud_bin" pki issue --state-dir "$work/state" --client "h$i" --out "$work/h$i" > /dev/null; done
 
 # 1. Non-IID by class: 1000 samples each, 32 steps, 6 rounds and a final one.
