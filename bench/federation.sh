@@ -13,7 +13,7 @@ work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 "$build/cloud/tandem-cloud" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" \
-  --aggregate-every "$every" --metrics-json "$work/cloud.jsonl" ${CLOUD_ARGS:-} > "$work/cloud.log" 2>&1 &
+  --aggregate-every "$every" --min-edges "$edges" --metrics-json "$work/cloud.jsonl" ${CLOUD_ARGS:-} > "$work/cloud.log" 2>&1 &
 for _ in $(seq 1 100); do grep -q 'listening on' "$work/cloud.log" && break; sleep 0.1; done
 port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | cut -d: -f3)
 pids=()

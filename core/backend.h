@@ -97,6 +97,15 @@ class MaxPool2dKernel {
   virtual void backward(const float* dy, const void* stash, float* dx) = 0;
 };
 
+// Average pooling, PyTorch's default semantics (avg_pool2d.h): no payload between passes.
+class AvgPool2dKernel {
+ public:
+  virtual ~AvgPool2dKernel() = default;
+  virtual void forward(const float* x, float* y) = 0;
+  // dx[N, H, W, C] (overwritten) from dy[N, OH, OW, C]
+  virtual void backward(const float* dy, float* dx) = 0;
+};
+
 // G linear layers in one call; the same contract as LinearKernel per group (geometry.h).
 class GroupedLinearKernel {
  public:
@@ -119,6 +128,7 @@ class Backend {
   virtual std::unique_ptr<ReluKernel> relu(int64_t elements) = 0;
   virtual std::unique_ptr<ActivationKernel> activation(Activation kind, int64_t elements) = 0;
   virtual std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) = 0;
+  virtual std::unique_ptr<AvgPool2dKernel> avg_pool2d(const Pool2dGeometry& g) = 0;
   virtual std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) = 0;
   virtual std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) = 0;
   virtual std::unique_ptr<AddKernel> add(int64_t elements) = 0;

@@ -23,7 +23,7 @@ std::string GlobalPoolGeometry::str() const {
 }
 
 std::string Pool2dGeometry::str() const {
-  return cat("max_pool2d N", batch, " ", in_h, "x", in_w, "x", channels, " k", kernel_h, "x", kernel_w,
+  return cat("pool2d N", batch, " ", in_h, "x", in_w, "x", channels, " k", kernel_h, "x", kernel_w,
              " s", stride_h, "x", stride_w, " p", pad_h, "x", pad_w);
 }
 

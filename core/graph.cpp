@@ -35,14 +35,14 @@ Shape infer_shape(const NodeSpec& n, const std::vector<Shape>& in) {
     }
     return Shape{out[0], out[1], a.out_channels};
   }
-  if (n.op == "max_pool2d") {
+  if (n.op == "max_pool2d" || n.op == "avg_pool2d") {
     expect_inputs(n, in, 1, 3);
     const Pool2dAttrs& a = n.pool;
     int64_t out[2];
     for (int i = 0; i < 2; ++i) {
       auto k = static_cast<std::size_t>(i);
       if (in[0][i] + 2 * a.padding[k] < a.kernel[k])
-        fail(kWhere, cat("node '", n.name, "' (max_pool2d): window larger than the padded input ", in[0].str()));
+        fail(kWhere, cat("node '", n.name, "' (", n.op, "): window larger than the padded input ", in[0].str()));
       out[i] = (in[0][i] + 2 * a.padding[k] - a.kernel[k]) / a.stride[k] + 1;
     }
     return Shape{out[0], out[1], in[0][2]};

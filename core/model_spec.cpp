@@ -86,17 +86,17 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
                                    std::pair{"heads.out_features", a->out_features()}})
       if (v <= 0) fail(kWhere, cat(label, " (heads): field '", field, "' must be > 0, got ", v));
     out.heads = {a->count(), a->hidden(), a->out_features()};
-  } else if (out.op == "max_pool2d") {
+  } else if (out.op == "max_pool2d" || out.op == "avg_pool2d") {
     const auto* a = node->pool();
-    if (!a) fail(kWhere, cat(label, " (max_pool2d): missing field 'pool'"));
+    if (!a) fail(kWhere, cat(label, " (", out.op, "): missing field 'pool'"));
     if (!a->kernel() || a->kernel()->size() == 0)
-      fail(kWhere, cat(label, " (max_pool2d): missing field 'pool.kernel'"));
+      fail(kWhere, cat(label, " (", out.op, "): missing field 'pool.kernel'"));
     out.pool.kernel = read_pair(a->kernel(), {0, 0}, label, "pool.kernel", 1);
     out.pool.stride = read_pair(a->stride(), out.pool.kernel, label, "pool.stride", 1);
     out.pool.padding = read_pair(a->padding(), {0, 0}, label, "pool.padding", 0);
     for (int i = 0; i < 2; ++i)
       if (out.pool.padding[static_cast<std::size_t>(i)] * 2 > out.pool.kernel[static_cast<std::size_t>(i)])
-        fail(kWhere, cat(label, " (max_pool2d): field 'pool.padding' must be at most half the kernel"));
+        fail(kWhere, cat(label, " (", out.op, "): field 'pool.padding' must be at most half the kernel"));
   }
   return out;
 }
@@ -105,7 +105,8 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
 
 const std::vector<std::string>& known_ops() {
   static const std::vector<std::string> ops{"conv2d",    "linear", "relu",    "max_pool2d", "flatten", "heads",
-                                            "relu6",     "hardswish", "gelu", "sigmoid", "tanh", "global_avg_pool", "softmax", "add", "concat", "batch_norm", "dropout"};
+                                            "relu6",     "hardswish", "gelu", "sigmoid", "tanh", "global_avg_pool", "softmax", "add", "concat", "batch_norm", "dropout",
+                                            "avg_pool2d"};
   return ops;
 }
 

@@ -153,6 +153,17 @@ TEST(GradMaxPool2d, OverlappingPadded) {
   check_node({7, 5, 2}, n, distinct_values({2, 7, 5, 2}, rng));
 }
 
+TEST(GradAvgPool2d, TiledAndPaddedOverlapping) {
+  Rng rng(8);
+  NodeSpec n = node("avg_pool2d");
+  n.pool.kernel = {2, 2};
+  n.pool.stride = {2, 2};
+  check_node({6, 4, 3}, n, random_tensor({2, 6, 4, 3}, rng));
+  n.pool.kernel = {3, 3};
+  n.pool.padding = {1, 1};
+  check_node({7, 5, 2}, n, random_tensor({2, 7, 5, 2}, rng));
+}
+
 TEST(GradFlatten, View) {
   Rng rng(7);
   check_node({3, 2, 4}, node("flatten"), random_tensor({2, 3, 2, 4}, rng));

@@ -244,6 +244,45 @@ class MaxPool2dTester {
   bool ties_ = false;
 };
 
+class AvgPool2dTester {
+ public:
+  AvgPool2dTester& batch(int64_t n) { return g_.batch = n, *this; }
+  AvgPool2dTester& input(int64_t h, int64_t w, int64_t c) { return g_.in_h = h, g_.in_w = w, g_.channels = c, *this; }
+  AvgPool2dTester& kernel(int64_t h, int64_t w) { return g_.kernel_h = h, g_.kernel_w = w, *this; }
+  AvgPool2dTester& stride(int64_t h, int64_t w) { return g_.stride_h = h, g_.stride_w = w, *this; }
+  AvgPool2dTester& padding(int64_t h, int64_t w) { return g_.pad_h = h, g_.pad_w = w, *this; }
+
+  void test() const {
+    SCOPED_TRACE(g_.str());
+    Backends b;
+    Rng rng(4);
+    Tensor x = random_tensor({g_.batch, g_.in_h, g_.in_w, g_.channels}, rng);
+    Tensor dy = random_tensor({g_.batch, g_.out_h(), g_.out_w(), g_.channels}, rng);
+    auto run = [&](Backend& backend, const Tensor& in, Tensor& y, Tensor& dx) {
+      auto k = backend.avg_pool2d(g_);
+      k->forward(in.data(), y.data());
+      dx.fill(123.0f);  // backward must overwrite, not accumulate
+      k->backward(dy.data(), dx.data());
+    };
+    Tensor want_y = Tensor::empty(dy.shape()), got_y = Tensor::empty(dy.shape());
+    Tensor want_dx = Tensor::empty(x.shape()), got_dx = Tensor::empty(x.shape());
+    run(*b.reference, x, want_y, want_dx);
+    run(*b.tested, x, got_y, got_dx);
+    expect_close(got_y.data(), want_y.data(), want_y.numel(), "forward", 1e-5f);
+    expect_close(got_dx.data(), want_dx.data(), want_dx.numel(), "backward", 1e-6f);
+    // One kernel, two input buffers in turn (as micro-batch slots are): no stale pointers.
+    auto k = b.tested->avg_pool2d(g_);
+    Tensor x2 = random_tensor(x.shape(), rng), want2 = Tensor::empty(dy.shape()), got2 = Tensor::empty(dy.shape());
+    b.reference->avg_pool2d(g_)->forward(x2.data(), want2.data());
+    k->forward(x.data(), got_y.data());
+    k->forward(x2.data(), got2.data());
+    expect_close(got2.data(), want2.data(), want2.numel(), "forward of a second buffer", 1e-5f);
+  }
+
+ private:
+  Pool2dGeometry g_;
+};
+
 TEST(Conv2d, Basic3x3) { Conv2dTester().batch(2).input(7, 6, 3).out_channels(5).kernel(3, 3).padding(1, 1).test(); }
 TEST(Conv2d, NoBias) { Conv2dTester().batch(1).input(5, 5, 4).out_channels(3).kernel(3, 3).bias(false).test(); }
 TEST(Conv2d, Stride2Padding1) { Conv2dTester().batch(3).input(9, 8, 4).out_channels(6).kernel(3, 3).stride(2, 2).padding(1, 1).test(); }
@@ -371,6 +410,25 @@ TEST(Relu, ForwardBackward) {
   }
 }
 
+TEST(AvgPool2d, Tiled2x2) { AvgPool2dTester().batch(2).input(8, 6, 5).kernel(2, 2).stride(2, 2).test(); }
+TEST(AvgPool2d, Overlapping3x3Stride1) { AvgPool2dTester().batch(2).input(7, 6, 4).kernel(3, 3).stride(1, 1).test(); }
+TEST(AvgPool2d, Padded3x3Stride2) { AvgPool2dTester().batch(3).input(9, 7, 3).kernel(3, 3).stride(2, 2).padding(1, 1).test(); }
+TEST(AvgPool2d, OneByOne) { AvgPool2dTester().batch(2).input(4, 4, 3).kernel(1, 1).stride(2, 2).test(); }
+// PyTorch's count_include_pad: a 2x2 window over a padded 2x2 image of ones divides by 4.
+TEST(AvgPool2d, PaddingCountsAsZerosLikePyTorch) {
+  Backends b;
+  Pool2dGeometry g;
+  g.in_h = g.in_w = 2;
+  g.kernel_h = g.kernel_w = 2;
+  g.pad_h = g.pad_w = 1;
+  for (Backend* backend : {b.reference.get(), b.tested.get()}) {
+    Tensor x = Tensor::empty({1, 2, 2, 1}), y = Tensor::empty({1, 3, 3, 1});
+    x.fill(1.0f);
+    backend->avg_pool2d(g)->forward(x.data(), y.data());
+    const float want[9] = {0.25f, 0.5f, 0.25f, 0.5f, 1.0f, 0.5f, 0.25f, 0.5f, 0.25f};
+    expect_close(y.data(), want, 9, std::string(backend->name()), 1e-6f);
+  }
+}
 TEST(MaxPool2d, Tiled2x2) { MaxPool2dTester().batch(2).input(8, 6, 5).kernel(2, 2).stride(2, 2).test(); }
 TEST(MaxPool2d, FashionMnistShapes) { MaxPool2dTester().batch(4).input(28, 28, 32).kernel(2, 2).stride(2, 2).test(); }
 TEST(MaxPool2d, Overlapping3x3Stride2Pad1) { MaxPool2dTester().batch(2).input(9, 7, 3).kernel(3, 3).stride(2, 2).padding(1, 1).test(); }

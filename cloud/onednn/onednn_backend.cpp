@@ -229,6 +229,37 @@ class GlobalAvgPool final : public GlobalAvgPoolKernel {
   UnaryPasses passes_;
 };
 
+// Average pooling as PyTorch's default: pooling_avg_include_padding, forward and backward.
+class AvgPool2d final : public AvgPool2dKernel {
+ public:
+  AvgPool2d(std::shared_ptr<const Context> ctx, const Pool2dGeometry& g) : ctx_(std::move(ctx)), g_(g) {
+    guarded(*ctx_, "avg_pool2d setup", g_, [&] {
+      const Context& c = *ctx_;
+      const memory::desc src_md({g.batch, g.channels, g.in_h, g.in_w}, f32, tag::nhwc);
+      const memory::desc dst_md({g.batch, g.channels, g.out_h(), g.out_w()}, f32, tag::nhwc);
+      const memory::dims strides{g.stride_h, g.stride_w}, kernel{g.kernel_h, g.kernel_w}, pad{g.pad_h, g.pad_w};
+      const auto alg = dnnl::algorithm::pooling_avg_include_padding;
+      const dnnl::primitive_attr attr = user_scratchpad();
+      dnnl::pooling_forward::primitive_desc fwd_pd(
+          {dnnl::prop_kind::forward_training, alg, src_md, dst_md, strides, kernel, pad, pad}, attr, c.engine);
+      dnnl::pooling_backward::primitive_desc bwd_pd({alg, src_md, dst_md, strides, kernel, pad, pad}, attr, c.engine,
+                                                    fwd_pd);
+      passes_.build(c, fwd_pd, bwd_pd, src_md, dst_md, 0);
+    });
+  }
+  void forward(const float* x, float* y) override {
+    guarded(*ctx_, "avg_pool2d forward", g_, [&] { passes_.forward(*ctx_, x, y); });
+  }
+  void backward(const float* dy, float* dx) override {
+    guarded(*ctx_, "avg_pool2d backward", g_, [&] { passes_.backward(*ctx_, nullptr, dy, dx); });
+  }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+  Pool2dGeometry g_;
+  UnaryPasses passes_;
+};
+
 // pooling_max forward_training on NHWC; the stash is oneDNN's workspace (which window
 // position won), read back by pooling_backward. Padded positions never win.
 class MaxPool2d final : public MaxPool2dKernel {
@@ -325,6 +356,9 @@ class Backend final : public tandem::Backend {
   }
   std::unique_ptr<AddKernel> add(int64_t elements) override { return std::make_unique<Add>(ctx_, elements); }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return make_max_pool2d(ctx_, g); }
+  std::unique_ptr<AvgPool2dKernel> avg_pool2d(const Pool2dGeometry& g) override {
+    return std::make_unique<AvgPool2d>(ctx_, g);
+  }
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
     return make_grouped_linear(ctx_, g);
   }

@@ -219,6 +219,20 @@ class MaxPool2dLayer final : public Layer {
   KernelCache<ReluKernel> relus_;
 };
 
+class AvgPool2dLayer final : public Layer {
+ public:
+  AvgPool2dLayer(const GraphNode& node, const Shape& in, Backend& backend);
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  AvgPool2dKernel& kernel(int64_t batch);
+  Backend& backend_;
+  Pool2dGeometry geometry_;
+  KernelCache<AvgPool2dKernel> kernels_;
+};
+
 // A node whose output is its input seen with another shape (flatten), or a ReLU folded into
 // the max pool that reads it: the network aliases the tensors.
 class ViewLayer final : public Layer {

@@ -145,18 +145,47 @@ ReluKernel& ReluLayer::kernel(int64_t elements) {
   return kernels_.get(elements, [&](int64_t n) { return backend_.relu(n); });
 }
 
-MaxPool2dLayer::MaxPool2dLayer(const GraphNode& node, const Shape& in, Backend& backend)
-    : Layer(node.spec.name), backend_(backend) {
+namespace {
+
+// A pool node's geometry for one image (the batch is set per kernel).
+Pool2dGeometry pool_geometry(const GraphNode& node, const Shape& in) {
   const Pool2dAttrs& a = node.spec.pool;
-  geometry_.in_h = in[0];
-  geometry_.in_w = in[1];
-  geometry_.channels = in[2];
-  geometry_.kernel_h = a.kernel[0];
-  geometry_.kernel_w = a.kernel[1];
-  geometry_.stride_h = a.stride[0];
-  geometry_.stride_w = a.stride[1];
-  geometry_.pad_h = a.padding[0];
-  geometry_.pad_w = a.padding[1];
+  Pool2dGeometry g;
+  g.in_h = in[0];
+  g.in_w = in[1];
+  g.channels = in[2];
+  g.kernel_h = a.kernel[0];
+  g.kernel_w = a.kernel[1];
+  g.stride_h = a.stride[0];
+  g.stride_w = a.stride[1];
+  g.pad_h = a.padding[0];
+  g.pad_w = a.padding[1];
+  return g;
+}
+
+}  // namespace
+
+MaxPool2dLayer::MaxPool2dLayer(const GraphNode& node, const Shape& in, Backend& backend)
+    : Layer(node.spec.name), backend_(backend), geometry_(pool_geometry(node, in)) {}
+
+AvgPool2dLayer::AvgPool2dLayer(const GraphNode& node, const Shape& in, Backend& backend)
+    : Layer(node.spec.name), backend_(backend), geometry_(pool_geometry(node, in)) {}
+
+AvgPool2dKernel& AvgPool2dLayer::kernel(int64_t batch) {
+  return kernels_.get(batch, [&](int64_t n) {
+    Pool2dGeometry g = geometry_;
+    g.batch = n;
+    return backend_.avg_pool2d(g);
+  });
+}
+
+void AvgPool2dLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  kernel(in[0].shape()[0]).forward(in[0].data(), out.data());
+}
+
+void AvgPool2dLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
+                              std::span<Tensor> grad_in, Stash&) {
+  if (grad_in[0].defined()) kernel(in[0].shape()[0]).backward(grad_out.data(), grad_in[0].data());
 }
 
 MaxPool2dKernel& MaxPool2dLayer::kernel(int64_t batch) {
@@ -221,6 +250,7 @@ std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape
   if (const auto kind = parse_activation(op)) return std::make_unique<ActivationLayer>(node.spec.name, *kind, backend);
   if (op == "relu") return std::make_unique<ReluLayer>(node.spec.name, backend);
   if (op == "max_pool2d") return std::make_unique<MaxPool2dLayer>(node, in.at(0), backend);
+  if (op == "avg_pool2d") return std::make_unique<AvgPool2dLayer>(node, in.at(0), backend);
   if (op == "flatten") return std::make_unique<ViewLayer>(node.spec.name);
   fail("layer", cat("node '", node.spec.name, "': unknown op '", op, "'"));
 }

@@ -1,5 +1,7 @@
 #include "core/reference/reference_backend.h"
 
+#include "core/avg_pool2d.h"
+
 #include <algorithm>
 #include <cmath>
 #include <cstring>
@@ -290,6 +292,16 @@ class ReferenceMaxPool2d final : public MaxPool2dKernel {
   int64_t oh_, ow_;
 };
 
+class ReferenceAvgPool2d final : public AvgPool2dKernel {
+ public:
+  explicit ReferenceAvgPool2d(const Pool2dGeometry& g) : g_(g) {}
+  void forward(const float* x, float* y) override { avg_pool2d_forward(g_, x, y); }
+  void backward(const float* dy, float* dx) override { avg_pool2d_backward(g_, dy, dx); }
+
+ private:
+  Pool2dGeometry g_;
+};
+
 class ReferenceGroupedLinear final : public GroupedLinearKernel {
  public:
   explicit ReferenceGroupedLinear(const GroupedLinearGeometry& g) : g_(g) {}
@@ -356,6 +368,9 @@ class ReferenceBackend final : public Backend {
   }
   std::unique_ptr<ActivationKernel> activation(Activation kind, int64_t elements) override {
     return std::make_unique<ReferenceActivation>(kind, elements);
+  }
+  std::unique_ptr<AvgPool2dKernel> avg_pool2d(const Pool2dGeometry& g) override {
+    return std::make_unique<ReferenceAvgPool2d>(g);
   }
   std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) override {
     return std::make_unique<ReferenceGlobalAvgPool>(g);

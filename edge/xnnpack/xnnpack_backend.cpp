@@ -2,6 +2,8 @@
 // (ReLU, max pooling); linear and conv2d live in xnnpack_linear.cpp / xnnpack_conv2d.cpp.
 #include "edge/xnnpack/xnnpack_backend.h"
 
+#include "core/avg_pool2d.h"
+
 #include <algorithm>
 #include <bit>
 #include <cstring>
@@ -259,6 +261,45 @@ class XnnGlobalAvgPool final : public GlobalAvgPoolKernel {
   Operator op_;
 };
 
+// Average pooling: XNNPACK's operator forward for unpadded windows larger than one pixel
+// (its padded windows divide by the pixels inside, not PyTorch's kernel size); core's loops
+// for the rest and for backward (XNNPACK has none).
+class XnnAvgPool2d final : public AvgPool2dKernel {
+ public:
+  XnnAvgPool2d(std::shared_ptr<const Context> ctx, const Pool2dGeometry& g)
+      : ctx_(std::move(ctx)), g_(g), where_(g.str()) {
+    if (g.batch < 1 || g.in_h < 1 || g.in_w < 1 || g.channels < 1 || g.kernel_h < 1 || g.kernel_w < 1 ||
+        g.stride_h < 1 || g.stride_w < 1 || g.pad_h < 0 || g.pad_w < 0 || g.out_h() < 1 || g.out_w() < 1)
+      fail("xnnpack", cat("invalid geometry: ", where_));
+    if (g.pad_h != 0 || g.pad_w != 0 || g.kernel_h * g.kernel_w == 1) return;
+    const auto c = static_cast<size_t>(g.channels);
+    xnn_operator_t op = nullptr;
+    check(xnn_create_average_pooling2d_nhwc_f32(0, 0, 0, 0, static_cast<uint32_t>(g.kernel_h),
+                                                static_cast<uint32_t>(g.kernel_w), static_cast<uint32_t>(g.stride_h),
+                                                static_cast<uint32_t>(g.stride_w), c, c, c,
+                                                -std::numeric_limits<float>::infinity(),
+                                                std::numeric_limits<float>::infinity(), 0, &op),
+          "xnn_create_average_pooling2d_nhwc_f32", where_);
+    op_.reset(op);
+  }
+  void forward(const float* x, float* y) override {
+    if (!op_) return avg_pool2d_forward(g_, x, y);
+    pthreadpool_t pool = ctx_->threadpool();
+    check(xnn_setup_average_pooling2d_nhwc_f32(op_.get(), static_cast<size_t>(g_.batch),
+                                               static_cast<size_t>(g_.in_h), static_cast<size_t>(g_.in_w), x, y,
+                                               pool),
+          "xnn_setup_average_pooling2d_nhwc_f32", where_);
+    check(xnn_run_operator(op_.get(), pool), "xnn_run_operator (average pooling)", where_);
+  }
+  void backward(const float* dy, float* dx) override { avg_pool2d_backward(g_, dy, dx); }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+  Pool2dGeometry g_;
+  std::string where_;
+  Operator op_;
+};
+
 // Max pooling. Non-overlapping windows that tile the input go through XNNPACK's argmax
 // pooling, or core's vectorised 2x2 kernel for 2x2 windows (4x faster than argmax pooling plus
 // the tie pass). Stash: uint32 index of the maximum inside its window, kx * kh + ky, with
@@ -474,6 +515,9 @@ class XnnBackend final : public Backend {
   }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override {
     return std::make_unique<XnnMaxPool2d>(ctx_, g);
+  }
+  std::unique_ptr<AvgPool2dKernel> avg_pool2d(const Pool2dGeometry& g) override {
+    return std::make_unique<XnnAvgPool2d>(ctx_, g);
   }
   std::unique_ptr<ActivationKernel> activation(Activation kind, int64_t elements) override {
     return std::make_unique<XnnActivation>(ctx_, kind, elements);
