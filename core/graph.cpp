@@ -103,6 +103,7 @@ Graph Graph::build(const ModelSpec& spec) {
   for (const auto& in : spec.inputs) inputs.push_back({in.name, in.shape});
   Graph g = from_parts(spec.name, std::move(inputs), spec.nodes, spec.output);
   g.default_cut_ = spec.cut;
+  g.loss_ = spec.loss;
   if (!g.default_cut_.empty() && g.find(g.default_cut_) < 0)
     fail(kWhere, cat("field 'cut' names unknown node '", g.default_cut_, "'"));
   return g;
@@ -252,6 +253,7 @@ std::pair<Graph, Graph> Graph::split(const std::string& cut) const {
   Graph f = from_parts(name_ + ".front", inputs_, std::move(front_nodes), cut);
   Graph b = from_parts(name_ + ".back", {{cut, nodes_[static_cast<std::size_t>(c)].shape}}, std::move(back_nodes),
                        nodes_[static_cast<std::size_t>(output_)].spec.name);
+  f.loss_ = b.loss_ = loss_;
   return {std::move(f), std::move(b)};
 }
 

@@ -34,6 +34,8 @@ class Graph {
   const GraphNode& node(const std::string& name) const;
   int find(const std::string& name) const;  // node index or -1
   const std::string& default_cut() const { return default_cut_; }
+  // The spec's loss (loss.h), kept by both shards of a split.
+  const std::string& loss() const { return loss_; }
   // Heads side by side in the output (a heads node's count), else 1: the loss's groups.
   int64_t output_groups() const;
   // Parameter names in initialisation order: "<node>.weight", "<node>.bias".
@@ -51,6 +53,7 @@ class Graph {
   std::vector<GraphNode> nodes_;
   int output_ = -1;
   std::string default_cut_;
+  std::string loss_ = "softmax_cross_entropy";
 };
 
 // Per-sample output shape of one node, or an Error naming it.

@@ -151,8 +151,8 @@ ModelSpec parse_model_binary(const uint8_t* data, std::size_t size) {
   out.output = m->output() && m->output()->size() ? m->output()->str() : out.nodes.back().name;
   if (!names.count(out.output)) fail(kWhere, cat("field 'output' names unknown node '", out.output, "'"));
   if (m->loss() && m->loss()->size()) out.loss = m->loss()->str();
-  if (out.loss != "softmax_cross_entropy")
-    fail(kWhere, cat("field 'loss' has unknown loss '", out.loss, "' (known: softmax_cross_entropy)"));
+  if (out.loss != "softmax_cross_entropy" && out.loss != "mse")
+    fail(kWhere, cat("field 'loss' has unknown loss '", out.loss, "' (known: softmax_cross_entropy, mse)"));
   if (m->cut()) out.cut = m->cut()->str();
   return out;
 }

@@ -42,7 +42,7 @@ StepStats ChainTrainer::train_step(const Tensor& images, const int32_t* labels, 
     Tensor& dlogits = dlogits_[static_cast<std::size_t>(mb)];
     if (!dlogits.defined() || dlogits.shape() != x.shape()) dlogits = Tensor::empty(x.shape());
     const int64_t heads = stages_.back()->graph().output_groups();
-    stats.loss_sum += softmax_cross_entropy(x, labels + begin, scale, &dlogits, heads);
+    stats.loss_sum += compute_loss(stages_.back()->graph().loss(), x, labels + begin, scale, &dlogits, heads);
     stats.correct += count_correct(x, labels + begin, heads);
     Tensor grad = dlogits;
     for (std::size_t i = stages_.size(); i-- > 0;) {
@@ -71,7 +71,7 @@ StepStats ChainTrainer::evaluate(const Tensor& images, const int32_t* labels, in
       x = s->forward(x, 0);
     }
     const int64_t heads = stages_.back()->graph().output_groups();
-    stats.loss_sum += softmax_cross_entropy(x, labels + begin, 1.0f, nullptr, heads);
+    stats.loss_sum += compute_loss(stages_.back()->graph().loss(), x, labels + begin, 1.0f, nullptr, heads);
     stats.correct += count_correct(x, labels + begin, heads);
     stats.samples += count;
   }

@@ -336,5 +336,34 @@ TEST(GradSoftmaxCrossEntropy, Heads) {
   EXPECT_NEAR(loss, by_hand, 1e-9);
 }
 
+// torch.nn.MSELoss (mean over N * C) against one-hot labels: the value by hand, the gradient
+// by finite differences, heads averaged, and the loss chosen by name.
+TEST(GradMse, OneHotTargets) {
+  Rng rng(10);
+  Tensor y = random_tensor({3, 4}, rng);
+  const int32_t labels[3] = {2, 0, 3};
+  double by_hand = 0.0;  // sum over rows of the row's mean squared error
+  for (int r = 0; r < 3; ++r) {
+    double row = 0.0;
+    for (int c = 0; c < 4; ++c) {
+      const double d = y[r * 4 + c] - (c == labels[r] ? 1.0 : 0.0);
+      row += d * d;
+    }
+    by_hand += row / 4.0;
+  }
+  Tensor grad = Tensor::empty(y.shape());
+  EXPECT_NEAR(mse_onehot(y, labels, 1.0f / 3.0f, &grad), by_hand, 1e-6);
+  EXPECT_NEAR(compute_loss("mse", y, labels, 1.0f, nullptr), by_hand, 1e-6);
+  check_gradient(y, grad, [&] { return mse_onehot(y, labels, 1.0f, nullptr) / 3.0; }, "mse.outputs", rng);
+
+  Tensor heads = random_tensor({2, 2 * 3}, rng);
+  const int32_t two[2] = {1, 2};
+  Tensor hgrad = Tensor::empty(heads.shape());
+  mse_onehot(heads, two, 1.0f, &hgrad, 2);
+  check_gradient(heads, hgrad, [&] { return mse_onehot(heads, two, 1.0f, nullptr, 2); }, "mse.heads", rng);
+  EXPECT_EQ(error_of([&] { compute_loss("hinge", y, labels, 1.0f, nullptr); }),
+            "[loss] unknown loss 'hinge' (known: softmax_cross_entropy, mse)");
+}
+
 }  // namespace
 }  // namespace tandem::test

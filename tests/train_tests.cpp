@@ -82,9 +82,16 @@ Data make_data(int64_t n, uint64_t seed) { return quadrant_data(n, seed); }
 
 OptimizerOptions sgd() { return {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .nesterov = false}; }
 
+ModelSpec with_loss(ModelSpec spec, const std::string& loss) {
+  spec.loss = loss;
+  return spec;
+}
+
 struct Whole {
+  explicit Whole(const std::string& loss = "softmax_cross_entropy") : loss_name(loss) {}
+  std::string loss_name;
   std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
-  Network net{Graph::build(small_cnn()), *backend, 1234};
+  Network net{Graph::build(with_loss(small_cnn(), loss_name)), *backend, 1234};
   Sgd opt{net.params(), sgd()};
   ChainTrainer trainer{{&net}, {&opt}};
 };
@@ -114,6 +121,20 @@ TEST(Train, LossFallsOver50Steps) {
   EXPECT_LT(last, 0.5 * first) << "loss " << first << " -> " << last;
   StepStats eval = w.trainer.evaluate(d.images, d.labels.data(), 16);
   EXPECT_GE(eval.correct, 56) << "training accuracy after 50 steps";
+}
+
+// The spec's loss is the one trained: MSE against one-hot labels learns the task too.
+TEST(Train, MseLossTrainsAClassifier) {
+  Whole w("mse");
+  Data d = make_data(64, 5);
+  double first = 0.0, last = 0.0;
+  for (int step = 0; step < 80; ++step) {
+    StepStats s = w.trainer.train_step(d.images, d.labels.data(), 2);
+    if (step == 0) first = s.loss_sum / 64;
+    last = s.loss_sum / 64;
+  }
+  EXPECT_LT(last, 0.6 * first) << "mse " << first << " -> " << last;
+  EXPECT_GE(w.trainer.evaluate(d.images, d.labels.data(), 16).correct, 48) << "training accuracy after 80 steps";
 }
 
 TEST(Train, SameSeedGivesBitwiseEqualWeights) {

@@ -96,7 +96,7 @@ int evaluate_command(const CliArgs& args) {
     const Tensor& out = net.forward(test.images.slice_batch(begin, count), 0);
     const int32_t* labels = test.labels.data() + begin;
     correct += count_correct(out, labels, groups);
-    loss += softmax_cross_entropy(out, labels, 1.0f, nullptr, groups);
+    loss += compute_loss(graph.loss(), out, labels, 1.0f, nullptr, groups);
     const int64_t c = out.shape().item_numel();
     for (int64_t i = 0; i < count; ++i) {
       const float* row = out.data() + i * c;

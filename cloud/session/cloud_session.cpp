@@ -206,7 +206,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   const Tensor& logits = back_.forward(activations, static_cast<int>(mb));
   Tensor& dlogits = dlogits_[mb];
   if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
-  const double loss = softmax_cross_entropy(logits, fwd.labels()->data(), 1.0f / static_cast<float>(step_samples_),
+  const double loss = compute_loss(back_.graph().loss(), logits, fwd.labels()->data(), 1.0f / static_cast<float>(step_samples_),
                                             &dlogits, back_.graph().output_groups());
   const Tensor grad = back_.backward(dlogits, static_cast<int>(mb), true);
   seen_[mb] = true;
@@ -283,7 +283,7 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   back_.set_training(false);
   const Tensor& logits = back_.forward(activations, static_cast<int>(config_.microbatches));
   const int64_t heads = back_.graph().output_groups();
-  const double loss = softmax_cross_entropy(logits, eval.labels()->data(), 1.0f, nullptr, heads);
+  const double loss = compute_loss(back_.graph().loss(), logits, eval.labels()->data(), 1.0f, nullptr, heads);
   const auto correct = static_cast<uint32_t>(count_correct(logits, eval.labels()->data(), heads));
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const CloudReply reply{writer_.eval_result(eval.batch_id(), correct, count, loss, busy_s_), false};
