@@ -70,6 +70,7 @@ void CloudSession::finish_step() {
 CloudReply CloudSession::handle(const Frame& frame) {
   finish_step();  // a step completed by the last message is applied before anything reads the weights
   if (state_ == State::Closed) return refuse({wire::ErrorCode::UnexpectedMessage, "the session is closed"});
+  if (config_.turns && config_.turns->was_evicted(config_.session_id)) return refuse(evicted());
   WireError error;
   const wire::Message* m = verify_frame(frame, config_.max_message_bytes, error);
   if (!m) return refuse(error);
