@@ -1,0 +1,35 @@
+// The edge's connection to the cloud as the agent uses it: connect with the identity folder,
+// send a message, wait for the next one (a close or a silence becomes an Error naming what
+// was awaited), and count bytes each way and the time spent waiting.
+#pragma once
+
+#include <cstdint>
+#include <memory>
+#include <span>
+#include <string>
+
+#include "core/wire/frame.h"
+#include "ports/lws/lws_endpoint.h"
+
+namespace tandem {
+
+class CloudLink {
+ public:
+  // Connects to wss://host:port with IDDIR/client.crt, client.key and ca.crt; throws Error
+  // saying what to check when the cloud does not answer or refuses the identity.
+  CloudLink(const std::string& host, int port, const std::string& identity_dir);
+
+  void send(std::span<const uint8_t> bytes);
+  Frame await(const char* awaiting);
+
+  uint64_t bytes_up() const { return up_; }
+  uint64_t bytes_down() const { return down_; }
+  double idle_seconds() const { return idle_s_; }
+
+ private:
+  std::unique_ptr<LwsEndpoint> link_;
+  uint64_t up_ = 0, down_ = 0;
+  double idle_s_ = 0.0;
+};
+
+}  // namespace tandem
