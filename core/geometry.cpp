@@ -7,7 +7,7 @@ namespace tandem {
 std::string Conv2dGeometry::str() const {
   return cat("conv2d N", batch, " ", in_h, "x", in_w, "x", in_c, " -> ", out_c, " k", kernel_h, "x",
              kernel_w, " s", stride_h, "x", stride_w, " p", pad_h, "x", pad_w, " d", dilation_h, "x",
-             dilation_w);
+             dilation_w, groups > 1 ? cat(" g", groups) : std::string());
 }
 
 std::string LinearGeometry::str() const {

@@ -15,12 +15,15 @@ struct Conv2dGeometry {
   int64_t pad_h = 0, pad_w = 0;  // symmetric zero padding
   int64_t dilation_h = 1, dilation_w = 1;
   bool bias = true;
+  // Channels split into groups convolved separately (in_c and out_c divisible by it; weights
+  // OHWI with I = in_c / groups); groups == in_c == out_c is a depthwise convolution.
+  int64_t groups = 1;
 
   int64_t out_h() const { return (in_h + 2 * pad_h - dilation_h * (kernel_h - 1) - 1) / stride_h + 1; }
   int64_t out_w() const { return (in_w + 2 * pad_w - dilation_w * (kernel_w - 1) - 1) / stride_w + 1; }
   // Multiply-adds times two, for one forward pass (backward passes cost the same).
   double flops() const {
-    return 2.0 * static_cast<double>(batch * out_h() * out_w() * out_c * kernel_h * kernel_w * in_c);
+    return 2.0 * static_cast<double>(batch * out_h() * out_w() * out_c * kernel_h * kernel_w * (in_c / groups));
   }
   std::string str() const;
 };

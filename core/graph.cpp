@@ -26,6 +26,9 @@ Shape infer_shape(const NodeSpec& n, const std::vector<Shape>& in) {
   if (n.op == "conv2d") {
     expect_inputs(n, in, 1, 3);
     const Conv2dAttrs& a = n.conv2d;
+    if (in[0][2] % a.groups != 0)
+      fail(kWhere, cat("node '", n.name, "' (conv2d): ", a.groups, " groups do not divide its ", in[0][2],
+                       " input channels"));
     int64_t out[2];
     for (int i = 0; i < 2; ++i) {
       auto k = static_cast<std::size_t>(i);

@@ -58,6 +58,10 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
     out.conv2d.stride = read_pair(a->stride(), {1, 1}, label, "conv2d.stride", 1);
     out.conv2d.padding = read_pair(a->padding(), {0, 0}, label, "conv2d.padding", 0);
     out.conv2d.dilation = read_pair(a->dilation(), {1, 1}, label, "conv2d.dilation", 1);
+    if (a->groups() < 1 || a->out_channels() % a->groups() != 0)
+      fail(kWhere, cat(label, " (conv2d): field 'conv2d.groups' must be >= 1 and divide out_channels ",
+                       a->out_channels(), ", got ", a->groups()));
+    out.conv2d.groups = a->groups();
     out.conv2d.bias = a->bias();
   } else if (out.op == "linear") {
     const auto* a = node->linear();

@@ -18,6 +18,7 @@ struct Conv2dAttrs {
   int64_t out_channels = 0;
   Pair kernel{0, 0}, stride{1, 1}, padding{0, 0}, dilation{1, 1};
   bool bias = true;
+  int64_t groups = 1;
 };
 
 struct LinearAttrs {

@@ -91,6 +91,20 @@ TEST(GradConv2d, Padded) {
   check_node({6, 5, 3}, n, random_tensor({2, 6, 5, 3}, rng));
 }
 
+TEST(GradConv2d, GroupedAndDepthwise) {
+  NodeSpec n = node("conv2d");
+  n.conv2d.out_channels = 4;
+  n.conv2d.kernel = {3, 3};
+  n.conv2d.padding = {1, 1};
+  n.conv2d.groups = 2;
+  Rng rng(11);
+  check_node({5, 5, 6}, n, random_tensor({2, 5, 5, 6}, rng));
+  n.conv2d.out_channels = 6;
+  n.conv2d.groups = 6;
+  n.conv2d.stride = {2, 2};
+  check_node({5, 6, 6}, n, random_tensor({2, 5, 6, 6}, rng));
+}
+
 TEST(GradConv2d, StrideDilationNoBias) {
   NodeSpec n = node("conv2d");
   n.conv2d.out_channels = 3;

@@ -35,6 +35,7 @@ class Conv2dTester {
   Conv2dTester& padding(int64_t h, int64_t w) { return g_.pad_h = h, g_.pad_w = w, *this; }
   Conv2dTester& dilation(int64_t h, int64_t w) { return g_.dilation_h = h, g_.dilation_w = w, *this; }
   Conv2dTester& bias(bool b) { return g_.bias = b, *this; }
+  Conv2dTester& groups(int64_t n) { return g_.groups = n, *this; }
 
   void test() const {
     SCOPED_TRACE(g_.str());
@@ -42,7 +43,7 @@ class Conv2dTester {
     Rng rng(42);
     const int64_t oh = g_.out_h(), ow = g_.out_w();
     Tensor x = random_tensor({g_.batch, g_.in_h, g_.in_w, g_.in_c}, rng);
-    Tensor w = random_tensor({g_.out_c, g_.kernel_h, g_.kernel_w, g_.in_c}, rng);
+    Tensor w = random_tensor({g_.out_c, g_.kernel_h, g_.kernel_w, g_.in_c / g_.groups}, rng);
     Tensor bias = random_tensor({g_.out_c}, rng);
     Tensor dy = random_tensor({g_.batch, oh, ow, g_.out_c}, rng);
     auto run = [&](Backend& backend, uint64_t version) {
@@ -284,6 +285,9 @@ class AvgPool2dTester {
 };
 
 TEST(Conv2d, Basic3x3) { Conv2dTester().batch(2).input(7, 6, 3).out_channels(5).kernel(3, 3).padding(1, 1).test(); }
+TEST(Conv2d, Grouped) { Conv2dTester().batch(2).input(7, 6, 6).out_channels(4).kernel(3, 3).padding(1, 1).groups(2).test(); }
+TEST(Conv2d, Depthwise3x3Stride2) { Conv2dTester().batch(2).input(9, 8, 8).out_channels(8).kernel(3, 3).stride(2, 2).padding(1, 1).groups(8).test(); }
+TEST(Conv2d, DepthwiseMultiplier2NoBias) { Conv2dTester().batch(3).input(6, 6, 4).out_channels(8).kernel(3, 3).groups(4).bias(false).test(); }
 TEST(Conv2d, NoBias) { Conv2dTester().batch(1).input(5, 5, 4).out_channels(3).kernel(3, 3).bias(false).test(); }
 TEST(Conv2d, Stride2Padding1) { Conv2dTester().batch(3).input(9, 8, 4).out_channels(6).kernel(3, 3).stride(2, 2).padding(1, 1).test(); }
 TEST(Conv2d, Stride2OddNoPad) { Conv2dTester().batch(2).input(11, 9, 2).out_channels(3).kernel(3, 2).stride(2, 2).test(); }

@@ -40,14 +40,18 @@ class Conv2d final : public Conv2dKernel {
     const Context& c = *ctx_;
     const Conv2dGeometry& g = g_;
     const memory::dims src_dims{g.batch, g.in_c, g.in_h, g.in_w};
-    const memory::dims wei_dims{g.out_c, g.in_c, g.kernel_h, g.kernel_w};
+    // Grouped: weights [groups, out_c / groups, in_c / groups, kh, kw] in oneDNN's logical
+    // order; tandem's OHWI with I = in_c / groups is its gohwi layout.
+    const memory::dims wei_dims =
+        g.groups == 1 ? memory::dims{g.out_c, g.in_c, g.kernel_h, g.kernel_w}
+                      : memory::dims{g.groups, g.out_c / g.groups, g.in_c / g.groups, g.kernel_h, g.kernel_w};
     const memory::dims dst_dims{g.batch, g.out_c, g.out_h(), g.out_w()};
     const memory::dims strides{g.stride_h, g.stride_w};
     const memory::dims dilates{g.dilation_h - 1, g.dilation_w - 1};  // oneDNN: 0 = none
     // Symmetric padding: oneDNN's output size (with floor division) then equals tandem's.
     const memory::dims pad{g.pad_h, g.pad_w};
 
-    const memory::desc src_md(src_dims, f32, tag::nhwc), wei_md(wei_dims, f32, tag::ohwi),
+    const memory::desc src_md(src_dims, f32, tag::nhwc), wei_md(wei_dims, f32, g.groups == 1 ? tag::ohwi : tag::gohwi),
         dst_md(dst_dims, f32, tag::nhwc), bias_md({g.out_c}, f32, tag::x);
     const memory::desc src_want = any_activations ? memory::desc(src_dims, f32, tag::any) : src_md;
     const memory::desc dst_want = any_activations ? memory::desc(dst_dims, f32, tag::any) : dst_md;

@@ -8,7 +8,8 @@ namespace tandem {
 Conv2dLayer::Conv2dLayer(const GraphNode& node, const Shape& in, Backend& backend, Rng& rng)
     : Layer(node.spec.name), backend_(backend),
       weight_(node.spec.name + ".weight",
-              Shape{node.spec.conv2d.out_channels, node.spec.conv2d.kernel[0], node.spec.conv2d.kernel[1], in[2]}) {
+              Shape{node.spec.conv2d.out_channels, node.spec.conv2d.kernel[0], node.spec.conv2d.kernel[1],
+                    in[2] / node.spec.conv2d.groups}) {
   const Conv2dAttrs& a = node.spec.conv2d;
   geometry_.in_h = in[0];
   geometry_.in_w = in[1];
@@ -23,7 +24,9 @@ Conv2dLayer::Conv2dLayer(const GraphNode& node, const Shape& in, Backend& backen
   geometry_.dilation_h = a.dilation[0];
   geometry_.dilation_w = a.dilation[1];
   geometry_.bias = a.bias;
-  const float bound = 1.0f / std::sqrt(static_cast<float>(in[2] * a.kernel[0] * a.kernel[1]));
+  geometry_.groups = a.groups;
+  // PyTorch's fan-in counts one group's input channels.
+  const float bound = 1.0f / std::sqrt(static_cast<float>(in[2] / a.groups * a.kernel[0] * a.kernel[1]));
   init_uniform(weight_, bound, rng);
   if (a.bias) {
     bias_.emplace(node.spec.name + ".bias", Shape{a.out_channels});

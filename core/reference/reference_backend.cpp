@@ -12,9 +12,12 @@ namespace {
 
 using std::size_t;
 
+// Direct loops over every (output, tap) pair; output channel oc of group oc / (out_c / groups)
+// reads that group's in_c / groups input channels.
 class ReferenceConv2d final : public Conv2dKernel {
  public:
-  explicit ReferenceConv2d(const Conv2dGeometry& g) : g_(g), oh_(g.out_h()), ow_(g.out_w()) {}
+  explicit ReferenceConv2d(const Conv2dGeometry& g)
+      : g_(g), oh_(g.out_h()), ow_(g.out_w()), cig_(g.in_c / g.groups), cog_(g.out_c / g.groups) {}
 
   void forward(const float* x, const WeightsView& w, float* y) override {
     const Conv2dGeometry& g = g_;
@@ -31,9 +34,10 @@ class ReferenceConv2d final : public Conv2dKernel {
               if (ix < 0 || ix >= g.in_w) continue;
               const float* in = x + ((n * g.in_h + iy) * g.in_w + ix) * g.in_c;
               for (int64_t oc = 0; oc < g.out_c; ++oc) {
-                const float* wk = w.weight + ((oc * g.kernel_h + ky) * g.kernel_w + kx) * g.in_c;
+                const float* wk = w.weight + ((oc * g.kernel_h + ky) * g.kernel_w + kx) * cig_;
+                const float* ig = in + oc / cog_ * cig_;
                 float acc = 0.0f;
-                for (int64_t ic = 0; ic < g.in_c; ++ic) acc += in[ic] * wk[ic];
+                for (int64_t ic = 0; ic < cig_; ++ic) acc += ig[ic] * wk[ic];
                 out[oc] += acc;
               }
             }
@@ -48,21 +52,23 @@ class ReferenceConv2d final : public Conv2dKernel {
       float* d = dx + ((n * g.in_h + iy) * g.in_w + ix) * g.in_c;
       for (int64_t oc = 0; oc < g.out_c; ++oc) {
         const float go = grad[oc];
-        const float* wk = w.weight + ((oc * g.kernel_h + ky) * g.kernel_w + kx) * g.in_c;
-        for (int64_t ic = 0; ic < g.in_c; ++ic) d[ic] += go * wk[ic];
+        const float* wk = w.weight + ((oc * g.kernel_h + ky) * g.kernel_w + kx) * cig_;
+        float* dg = d + oc / cog_ * cig_;
+        for (int64_t ic = 0; ic < cig_; ++ic) dg[ic] += go * wk[ic];
       }
     }, dy);
   }
 
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
     const Conv2dGeometry& g = g_;
-    std::fill_n(dw, g.out_c * g.kernel_h * g.kernel_w * g.in_c, 0.0f);
+    std::fill_n(dw, g.out_c * g.kernel_h * g.kernel_w * cig_, 0.0f);
     visit([&](int64_t n, int64_t iy, int64_t ix, int64_t ky, int64_t kx, const float* grad) {
       const float* in = x + ((n * g.in_h + iy) * g.in_w + ix) * g.in_c;
       for (int64_t oc = 0; oc < g.out_c; ++oc) {
         const float go = grad[oc];
-        float* d = dw + ((oc * g.kernel_h + ky) * g.kernel_w + kx) * g.in_c;
-        for (int64_t ic = 0; ic < g.in_c; ++ic) d[ic] += go * in[ic];
+        float* d = dw + ((oc * g.kernel_h + ky) * g.kernel_w + kx) * cig_;
+        const float* ig = in + oc / cog_ * cig_;
+        for (int64_t ic = 0; ic < cig_; ++ic) d[ic] += go * ig[ic];
       }
     }, dy);
     if (db) {
@@ -95,7 +101,7 @@ class ReferenceConv2d final : public Conv2dKernel {
   }
 
   Conv2dGeometry g_;
-  int64_t oh_, ow_;
+  int64_t oh_, ow_, cig_, cog_;
 };
 
 class ReferenceLinear final : public LinearKernel {
@@ -385,6 +391,10 @@ class ReferenceBackend final : public Backend {
 };
 
 }  // namespace
+
+std::unique_ptr<Conv2dKernel> make_reference_conv2d(const Conv2dGeometry& g) {
+  return std::make_unique<ReferenceConv2d>(g);
+}
 
 std::unique_ptr<Backend> make_reference_backend(const BackendOptions&) {
   return std::make_unique<ReferenceBackend>();

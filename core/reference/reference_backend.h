@@ -9,5 +9,7 @@
 namespace tandem {
 
 std::unique_ptr<Backend> make_reference_backend(const BackendOptions& options);
+// The portable convolution loops (any groups), for backends that lack a pass.
+std::unique_ptr<Conv2dKernel> make_reference_conv2d(const Conv2dGeometry& g);
 
 }  // namespace tandem

@@ -79,6 +79,7 @@ void column_sums(const float* src, int64_t rows, int64_t cols, float* sums);
 
 // The weighted kernels (xnnpack_conv2d.cpp, xnnpack_linear.cpp).
 std::unique_ptr<Conv2dKernel> make_conv2d(std::shared_ptr<const Context> ctx, const Conv2dGeometry& g);
+std::unique_ptr<Conv2dKernel> make_grouped_conv2d(std::shared_ptr<const Context> ctx, const Conv2dGeometry& g);
 std::unique_ptr<LinearKernel> make_linear(std::shared_ptr<const Context> ctx, const LinearGeometry& g);
 
 }  // namespace tandem::xnn

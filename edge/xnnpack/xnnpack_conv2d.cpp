@@ -273,6 +273,7 @@ class XnnConv2d final : public Conv2dKernel {
 }  // namespace
 
 std::unique_ptr<Conv2dKernel> make_conv2d(std::shared_ptr<const Context> ctx, const Conv2dGeometry& g) {
+  if (g.groups != 1) return make_grouped_conv2d(std::move(ctx), g);
   return std::make_unique<XnnConv2d>(std::move(ctx), g);
 }
 
