@@ -306,7 +306,7 @@ TEST_P(Zoo, SplitTrainsAFewSteps) {
 
 INSTANTIATE_TEST_SUITE_P(Models, Zoo,
                          ::testing::Values("vgg5-28", "vgg5-32", "vgg11-28", "vgg11-32", "vgg16-28", "vgg16-32",
-                                           "resnet18-28", "resnet18-32"),
+                                           "resnet18-28", "resnet18-32", "mobilenetv2-28", "mobilenetv2-32"),
                          [](const auto& info) {
                            std::string n = info.param;
                            std::replace(n.begin(), n.end(), '-', '_');

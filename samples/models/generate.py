@@ -1,8 +1,7 @@
 #!/usr/bin/python3
 """Writes the model zoo's spec files (tandem's JSON model spec) into this folder:
-VGG5, VGG11, VGG16 and ResNet18, each for CIFAR-size 32x32x3 inputs and for 28x28x1
-Fashion-MNIST, 10 classes. Standard library only; rerun after changing a definition.
-MobileNetV2 needs depthwise convolution, which tandem does not have yet.
+VGG5, VGG11, VGG16, ResNet18 and MobileNetV2, each for CIFAR-size 32x32x3 inputs and for
+28x28x1 Fashion-MNIST, 10 classes. Standard library only; rerun after changing a definition.
 
 usage: /usr/bin/python3 samples/models/generate.py
 """
@@ -33,9 +32,11 @@ class Spec:
         self.last = name
         return name
 
-    def conv(self, out, kernel=3, stride=1, padding=1, inputs=None, bias=True):
-        name = self.add("conv2d", inputs, conv2d={"out_channels": out, "kernel": [kernel], "stride": [stride],
-                                                  "padding": [padding], "bias": bias})
+    def conv(self, out, kernel=3, stride=1, padding=1, inputs=None, bias=True, groups=1):
+        attrs = {"out_channels": out, "kernel": [kernel], "stride": [stride], "padding": [padding], "bias": bias}
+        if groups != 1:
+            attrs["groups"] = groups
+        name = self.add("conv2d", inputs, conv2d=attrs)
         h, w, _ = self.shape
         self.shape = ((h + 2 * padding - kernel) // stride + 1, (w + 2 * padding - kernel) // stride + 1, out)
         return name
@@ -102,7 +103,47 @@ def resnet18(name, shape):
     s.write(cut)
 
 
+# MobileNetV2's inverted residual stages (expansion t, channels c, blocks n, first stride s),
+# with the CIFAR adaptation: stride 1 in the stem and in the 24-channel stage.
+MOBILENET_V2 = [(1, 16, 1, 1), (6, 24, 2, 1), (6, 32, 3, 2), (6, 64, 4, 2), (6, 96, 3, 1), (6, 160, 3, 2),
+                (6, 320, 1, 1)]
+
+
+def mobilenet_v2(name, shape):
+    s = Spec(name, shape)
+    s.conv(32, bias=False)
+    s.add("batch_norm")
+    s.add("relu6")
+    channels, cut = 32, None
+    for t, c, n, first_stride in MOBILENET_V2:
+        for block in range(n):
+            stride = first_stride if block == 0 else 1
+            entry = s.last
+            hidden = channels * t
+            if t != 1:  # 1x1 expansion
+                s.conv(hidden, kernel=1, padding=0, bias=False)
+                s.add("batch_norm")
+                s.add("relu6")
+            s.conv(hidden, stride=stride, bias=False, groups=hidden)  # 3x3 depthwise
+            s.add("batch_norm")
+            s.add("relu6")
+            s.conv(c, kernel=1, padding=0, bias=False)  # 1x1 linear projection
+            main = s.add("batch_norm")
+            if stride == 1 and channels == c:
+                s.add("add", inputs=[entry, main])
+            channels = c
+        cut = cut or s.last  # the edge keeps the stem and the first inverted residual block
+    s.conv(1280, kernel=1, padding=0, bias=False)
+    s.add("batch_norm")
+    s.add("relu6")
+    s.add("global_avg_pool")
+    s.add("dropout", dropout={"p": 0.2})
+    s.add("linear", linear={"out_features": 10})
+    s.write(cut)
+
+
 for size, shape in (("32", (32, 32, 3)), ("28", (28, 28, 1))):
     for name, config in VGG.items():
         vgg(f"{name}-{size}", config, shape)
     resnet18(f"resnet18-{size}", shape)
+    mobilenet_v2(f"mobilenetv2-{size}", shape)
