@@ -197,17 +197,19 @@ class Softmax final : public SoftmaxKernel {
   UnaryPasses passes_;
 };
 
-// Global average pooling as oneDNN average pooling with the whole image as the window, and
-// its backward.
-class GlobalAvgPool final : public GlobalAvgPoolKernel {
+// Average pooling forward and backward on NHWC through one UnaryPasses pair: tandem's
+// AvgPool2d (PyTorch's count_include_pad) and global average pooling (the whole image as the
+// window).
+template <typename Kernel, typename Geometry>
+class AvgPooling final : public Kernel {
  public:
-  GlobalAvgPool(std::shared_ptr<const Context> ctx, const GlobalPoolGeometry& g) : ctx_(std::move(ctx)), g_(g) {
-    guarded(*ctx_, "global average pool setup", g_, [&] {
+  AvgPooling(std::shared_ptr<const Context> ctx, const Geometry& g, dnnl::algorithm alg, const memory::dims& out_hw,
+             const memory::dims& kernel, const memory::dims& strides, const memory::dims& pad, const char* what)
+      : ctx_(std::move(ctx)), g_(g), forward_(cat(what, " forward")), backward_(cat(what, " backward")) {
+    guarded(*ctx_, cat(what, " setup"), g_, [&] {
       const Context& c = *ctx_;
       const memory::desc src_md({g.batch, g.channels, g.in_h, g.in_w}, f32, tag::nhwc);
-      const memory::desc dst_md({g.batch, g.channels, 1, 1}, f32, tag::nhwc);
-      const memory::dims kernel{g.in_h, g.in_w}, strides{1, 1}, pad{0, 0};
-      const auto alg = dnnl::algorithm::pooling_avg_exclude_padding;
+      const memory::desc dst_md({g.batch, g.channels, out_hw[0], out_hw[1]}, f32, tag::nhwc);
       const dnnl::primitive_attr attr = user_scratchpad();
       dnnl::pooling_forward::primitive_desc fwd_pd(
           {dnnl::prop_kind::forward_training, alg, src_md, dst_md, strides, kernel, pad, pad}, attr, c.engine);
@@ -217,48 +219,32 @@ class GlobalAvgPool final : public GlobalAvgPoolKernel {
     });
   }
   void forward(const float* x, float* y) override {
-    guarded(*ctx_, "global average pool forward", g_, [&] { passes_.forward(*ctx_, x, y); });
+    guarded(*ctx_, forward_, g_, [&] { passes_.forward(*ctx_, x, y); });
   }
   void backward(const float* dy, float* dx) override {
-    guarded(*ctx_, "global average pool backward", g_, [&] { passes_.backward(*ctx_, nullptr, dy, dx); });
+    guarded(*ctx_, backward_, g_, [&] { passes_.backward(*ctx_, nullptr, dy, dx); });
   }
 
  private:
   std::shared_ptr<const Context> ctx_;
-  GlobalPoolGeometry g_;
+  Geometry g_;
+  std::string forward_, backward_;  // made once: a step allocates nothing
   UnaryPasses passes_;
 };
 
-// Average pooling as PyTorch's default: pooling_avg_include_padding, forward and backward.
-class AvgPool2d final : public AvgPool2dKernel {
- public:
-  AvgPool2d(std::shared_ptr<const Context> ctx, const Pool2dGeometry& g) : ctx_(std::move(ctx)), g_(g) {
-    guarded(*ctx_, "avg_pool2d setup", g_, [&] {
-      const Context& c = *ctx_;
-      const memory::desc src_md({g.batch, g.channels, g.in_h, g.in_w}, f32, tag::nhwc);
-      const memory::desc dst_md({g.batch, g.channels, g.out_h(), g.out_w()}, f32, tag::nhwc);
-      const memory::dims strides{g.stride_h, g.stride_w}, kernel{g.kernel_h, g.kernel_w}, pad{g.pad_h, g.pad_w};
-      const auto alg = dnnl::algorithm::pooling_avg_include_padding;
-      const dnnl::primitive_attr attr = user_scratchpad();
-      dnnl::pooling_forward::primitive_desc fwd_pd(
-          {dnnl::prop_kind::forward_training, alg, src_md, dst_md, strides, kernel, pad, pad}, attr, c.engine);
-      dnnl::pooling_backward::primitive_desc bwd_pd({alg, src_md, dst_md, strides, kernel, pad, pad}, attr, c.engine,
-                                                    fwd_pd);
-      passes_.build(c, fwd_pd, bwd_pd, src_md, dst_md, 0);
-    });
-  }
-  void forward(const float* x, float* y) override {
-    guarded(*ctx_, "avg_pool2d forward", g_, [&] { passes_.forward(*ctx_, x, y); });
-  }
-  void backward(const float* dy, float* dx) override {
-    guarded(*ctx_, "avg_pool2d backward", g_, [&] { passes_.backward(*ctx_, nullptr, dy, dx); });
-  }
+std::unique_ptr<GlobalAvgPoolKernel> make_global_avg_pool(std::shared_ptr<const Context> ctx,
+                                                          const GlobalPoolGeometry& g) {
+  return std::make_unique<AvgPooling<GlobalAvgPoolKernel, GlobalPoolGeometry>>(
+      std::move(ctx), g, dnnl::algorithm::pooling_avg_exclude_padding, memory::dims{1, 1},
+      memory::dims{g.in_h, g.in_w}, memory::dims{1, 1}, memory::dims{0, 0}, "global average pool");
+}
 
- private:
-  std::shared_ptr<const Context> ctx_;
-  Pool2dGeometry g_;
-  UnaryPasses passes_;
-};
+std::unique_ptr<AvgPool2dKernel> make_avg_pool2d(std::shared_ptr<const Context> ctx, const Pool2dGeometry& g) {
+  return std::make_unique<AvgPooling<AvgPool2dKernel, Pool2dGeometry>>(
+      std::move(ctx), g, dnnl::algorithm::pooling_avg_include_padding, memory::dims{g.out_h(), g.out_w()},
+      memory::dims{g.kernel_h, g.kernel_w}, memory::dims{g.stride_h, g.stride_w}, memory::dims{g.pad_h, g.pad_w},
+      "avg_pool2d");
+}
 
 // pooling_max forward_training on NHWC; the stash is oneDNN's workspace (which window
 // position won), read back by pooling_backward. Padded positions never win.
@@ -349,7 +335,7 @@ class Backend final : public tandem::Backend {
     return std::make_unique<OnednnActivation>(ctx_, kind, elements);
   }
   std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) override {
-    return std::make_unique<GlobalAvgPool>(ctx_, g);
+    return make_global_avg_pool(ctx_, g);
   }
   std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) override {
     return std::make_unique<Softmax>(ctx_, rows, channels);
@@ -357,7 +343,7 @@ class Backend final : public tandem::Backend {
   std::unique_ptr<AddKernel> add(int64_t elements) override { return std::make_unique<Add>(ctx_, elements); }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return make_max_pool2d(ctx_, g); }
   std::unique_ptr<AvgPool2dKernel> avg_pool2d(const Pool2dGeometry& g) override {
-    return std::make_unique<AvgPool2d>(ctx_, g);
+    return make_avg_pool2d(ctx_, g);
   }
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
     return make_grouped_linear(ctx_, g);
