@@ -2,7 +2,8 @@
 # Exact resume with real processes: one uninterrupted split-training run, and the same run
 # with the edge, then the cloud, killed (SIGKILL) at random points, 5 times each, and
 # restarted with the same commands. Both runs' final checkpoints, exported with tandem
-# export, must be byte-identical: no step lost, none applied twice.
+# export, must be byte-identical: no step lost, none applied twice. Then the newest edge
+# checkpoint is bit-flipped: refused, the previous one used, the same weights reached.
 # Each kill comes at a random moment after the run has made progress since the last restart.
 # Usage: resume.sh BUILD_DIR SOURCE_DIR [KILLS_EACH] [SAMPLES]
 set -euo pipefail
@@ -86,4 +87,22 @@ for run in straight resumed; do
     fail "export of the $run run"
 done
 cmp "$work/straight.safetensors" "$work/resumed.safetensors" || fail "the resumed run's weights differ"
-echo "PASS: final weights of the interrupted run equal the uninterrupted run's, byte for byte"
+echo "final weights of the interrupted run equal the uninterrupted run's, byte for byte"
+
+# A bit flipped in the edge's newest checkpoint: refused with the reason, the one before is
+# used (the cloud still has its own of that step), and the last step is trained again to the
+# same weights.
+ckpt="$work/ckpt-resumed/edge-$final.tdmc"
+/usr/bin/env python3 -c "import sys; p=sys.argv[1]; b=bytearray(open(p,'rb').read()); b[len(b)//2]^=4; open(p,'wb').write(b)" "$ckpt" 2>/dev/null ||
+  printf '\x55' | dd of="$ckpt" bs=1 seek=100 conv=notrunc status=none
+run_edge resumed
+wait "$edge_pid" || fail "the run after a corrupt checkpoint failed"
+edge_pid=
+grep -q "refused checkpoint .*edge-$final.tdmc: \[aes-gcm\] authentication failed" "$work/edge.out" ||
+  fail "the corrupt checkpoint was not refused with the reason"
+grep -q "resuming from the checkpoint of step $((10#$final - 1))" "$work/edge.out" || fail "not resumed from the step before"
+"$tandem_bin" export --model "$model" --edge-ckpt "$ckpt" --identity "$work/site" \
+  --cloud-ckpt "$work/state/checkpoints/resumed/cloud-$final.tdmc" --out "$work/again.safetensors" > /dev/null ||
+  fail "export after the corrupt checkpoint"
+cmp "$work/straight.safetensors" "$work/again.safetensors" || fail "the weights after the corrupt checkpoint differ"
+echo "PASS: and a bit-flipped newest checkpoint is refused, the one before used, the same weights reached"
