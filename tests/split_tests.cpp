@@ -498,5 +498,35 @@ TEST(SplitSessionBadInput, EdgeRefusesAStrayBackward) {
   EXPECT_EQ(err.text, "Backward for step 0 micro-batch 0 was not expected (step 0)");
 }
 
+TEST(SplitSessionBadInput, EdgeRefusesAGradientOfAnotherBackShardVersion) {
+  Started s;
+  Data d = make_data(32, 4);
+  s.edge.begin_step(d.images, d.labels.data());
+  s.edge.forward(0);
+  MessageWriter w;
+  const Tensor grad = Tensor::zeros(s.front.output(0).shape());
+  const auto bytes = w.backward(0, 0, grad, 1.0f, wire::DType::F32, /*weight_version=*/7);
+  WireError err;
+  bool done = false;
+  EXPECT_FALSE(s.edge.on_backward(Frame::copy_of(bytes.data(), bytes.size()), err, done));
+  EXPECT_EQ(err.code, wire::ErrorCode::OutOfWindow);
+  EXPECT_EQ(err.text, "Backward for step 0 was computed with back-shard version 7, expected 0");
+}
+
+TEST(SplitSessionBadInput, FederationMessagesToACloudThatDoesNotFederate) {
+  NamedTensors front;
+  {
+    Split probe(2);
+    for (Param* p : probe.front.params()) front.emplace_back(p->name(), p->value().clone());
+  }
+  Started s;
+  MessageWriter w;
+  expect_refusal(s, w.front_weights(0, 10, front), wire::ErrorCode::UnexpectedMessage,
+                 "FrontWeights to a cloud that does not federate");
+  Started t;
+  expect_refusal(t, w.aggregated(1, 2, 10, front), wire::ErrorCode::UnexpectedMessage,
+                 "Aggregated is not a message an edge sends");
+}
+
 }  // namespace
 }  // namespace tandem::test
