@@ -13,6 +13,7 @@ packages=(
   libgtest-dev zlib1g-dev libmbedtls-dev libwebsockets-dev
   dataset-fashion-mnist
   g++-aarch64-linux-gnu emscripten
+  qemu-user-static file  # the arm64 tests: the cross-built edge under qemu, file(1) on its binaries
   iproute2  # ip netns and tc: the shaped-link test and benchmarks
   python3-torch python3-numpy libopenblas0-pthread  # the PyTorch peer: interop test, benchmarks
 )

@@ -1,0 +1,63 @@
+// tandem_weights_diff A.safetensors B.safetensors TOLERANCE: prints the largest absolute
+// difference between two exports of one model and exits 1 when it exceeds TOLERANCE, when a
+// value is not finite, or when the files' tensors (names, dtypes, shapes) differ.
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <exception>
+#include <string>
+
+#include "core/error.h"
+#include "ports/files/safetensors_file.h"
+
+namespace tandem {
+namespace {
+
+int diff(const std::string& a_path, const std::string& b_path, double tolerance) {
+  const auto a = read_safetensors_file(a_path, {});
+  const auto b = read_safetensors_file(b_path, {});
+  if (a.size() != b.size()) fail("weights diff", cat(a_path, " has ", a.size(), " tensors, ", b_path, " ", b.size()));
+  if (a.empty()) fail("weights diff", cat(a_path, " holds no tensors"));
+  double worst = 0;
+  std::string worst_name = a[0].name;
+  std::size_t values = 0;
+  for (std::size_t t = 0; t < a.size(); ++t) {
+    const SafeTensor &x = a[t], &y = b[t];
+    if (x.name != y.name || x.dtype != y.dtype || x.shape != y.shape || x.data.size() != y.data.size())
+      fail("weights diff", cat("tensor ", t, " is '", x.name, "' (", x.dtype, ") in ", a_path, " but '", y.name, "' (",
+                               y.dtype, ") in ", b_path, ", or their shapes differ"));
+    if (x.dtype == "I64") {
+      if (x.data != y.data) fail("weights diff", cat("the integers of '", x.name, "' differ"));
+      continue;
+    }
+    for (std::size_t i = 0; i < x.data.size(); i += sizeof(float)) {
+      float u = 0, v = 0;
+      std::memcpy(&u, x.data.data() + i, sizeof u);
+      std::memcpy(&v, y.data.data() + i, sizeof v);
+      if (!std::isfinite(u) || !std::isfinite(v)) fail("weights diff", cat("'", x.name, "' holds a value that is not finite"));
+      const double d = std::fabs(static_cast<double>(u) - static_cast<double>(v));
+      if (d > worst) worst = d, worst_name = x.name;
+      ++values;
+    }
+  }
+  std::printf("max abs difference %.3g (in '%s') over %zu tensors, %zu values; tolerance %.3g\n", worst,
+              worst_name.c_str(), a.size(), values, tolerance);
+  return worst <= tolerance ? 0 : 1;
+}
+
+}  // namespace
+}  // namespace tandem
+
+int main(int argc, char** argv) {
+  if (argc != 4) {
+    std::fprintf(stderr, "usage: %s A.safetensors B.safetensors TOLERANCE\n", argv[0]);
+    return 2;
+  }
+  try {
+    return tandem::diff(argv[1], argv[2], std::strtod(argv[3], nullptr));
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "%s\n", e.what());
+    return 1;
+  }
+}
