@@ -5,6 +5,6 @@ set -euo pipefail
 build=$1 sysroot=$2 bin=tests/$3
 shift 3
 source "$(dirname "$0")/lib.sh"
-arm64_require "$build" "$sysroot" "$bin"
+arm64_require --qemu "$build" "$sysroot" "$bin"
 export QEMU_LD_PREFIX=$sysroot
 exec qemu-aarch64-static "$build/$bin" "$@"

@@ -1,26 +1,35 @@
 # Shared by the arm64 tests: finds the cross build (scripts/build-arm64.sh) or says why not.
 # Sourced; arm64_require exits 77 (skip) only where the cross toolchain is not installed.
 
-# arm64_require ARM64_BUILD SYSROOT FILE...: returns when the FILEs (paths in ARM64_BUILD),
-# the sysroot and qemu-aarch64-static are all there. Otherwise exits 77 (ctest: skipped) when
-# aarch64-linux-gnu-g++ or qemu-aarch64-static is not installed, outside CI (CI=true: setup.sh
-# installs them, so the tests must run), and exits 1 saying what to run in every other case.
+# arm64_skip_or_fail WHY: exits 77 (ctest: skipped) outside CI, 1 with CI=true, where
+# scripts/setup.sh installs the toolchain and the tests must run.
+arm64_skip_or_fail() {
+  if [[ ${CI:-} == true ]]; then
+    echo "FAIL: $1 (CI=true: bash scripts/setup.sh installs it, then bash scripts/build-arm64.sh)"
+    exit 1
+  fi
+  echo "SKIPPED: $1, so this arm64 test cannot run. bash scripts/setup.sh installs it," \
+       "then bash scripts/build-arm64.sh cross-builds the edge."
+  exit 77
+}
+
+# arm64_require [--qemu] ARM64_BUILD SYSROOT FILE...: returns when the FILEs (paths in
+# ARM64_BUILD) and the sysroot are there, and with --qemu qemu-aarch64-static too. A missing
+# build skips only where aarch64-linux-gnu-g++ is not installed; otherwise it fails saying
+# what to run.
 arm64_require() {
-  local build=$1 sysroot=$2 missing=() tools=()
+  local qemu=0 missing=()
+  [[ $1 == --qemu ]] && qemu=1 && shift
+  local build=$1 sysroot=$2
   shift 2
   for f in "$@"; do [[ -f $build/$f ]] || missing+=("$build/$f"); done
   [[ -f $sysroot/.sysroot-stamp ]] || missing+=("the sysroot $sysroot")
-  for t in aarch64-linux-gnu-g++ qemu-aarch64-static; do command -v "$t" > /dev/null || tools+=("$t"); done
-  ((${#missing[@]} + ${#tools[@]})) || return 0
-  if ((${#tools[@]})) && [[ ${CI:-} != true ]]; then
-    echo "SKIPPED: ${tools[*]} not installed, so there is no arm64 cross build to test." \
-         "bash scripts/setup.sh installs the toolchain, then bash scripts/build-arm64.sh builds it."
-    exit 77
-  fi
-  if ((${#tools[@]})); then
-    echo "FAIL: ${tools[*]} not installed (CI=true): bash scripts/setup.sh installs them"
-  else
+  if ((${#missing[@]})); then
+    command -v aarch64-linux-gnu-g++ > /dev/null || arm64_skip_or_fail "aarch64-linux-gnu-g++ is not installed"
     echo "FAIL: the arm64 cross build lacks ${missing[*]}: run bash scripts/build-arm64.sh"
+    exit 1
   fi
-  exit 1
+  if ((qemu)) && ! command -v qemu-aarch64-static > /dev/null; then
+    arm64_skip_or_fail "qemu-aarch64-static (Debian qemu-user-static) is not installed"
+  fi
 }

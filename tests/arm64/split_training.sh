@@ -8,7 +8,7 @@
 set -euo pipefail
 build=$1 src=$2 arm64_build=$3 sysroot=$4
 source "$(dirname "$0")/lib.sh"
-arm64_require "$arm64_build" "$sysroot" edge/tandem-edge
+arm64_require --qemu "$arm64_build" "$sysroot" edge/tandem-edge
 cloud_bin=$build/cloud/tandem-cloud edge_bin=$build/edge/tandem-edge tandem_bin=$build/tools/tandem
 diff_bin=$build/tests/tandem_weights_diff
 model=$src/samples/fashion-mnist/model.json
