@@ -9,7 +9,7 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libflatbuffers-dev flatbuffers-compiler
   libxnnpack-dev libpthreadpool-dev libcpuinfo-dev
-  libdnnl-dev
+  libdnnl-dev ocl-icd-opencl-dev  # oneDNN's CMake package requires OpenCL's headers
   libgtest-dev zlib1g-dev libmbedtls-dev libwebsockets-dev
   dataset-fashion-mnist
   g++-aarch64-linux-gnu emscripten
