@@ -9,8 +9,9 @@ namespace {
 constexpr auto kReplyTimeout = std::chrono::seconds(120);
 }
 
-CloudLink::CloudLink(const std::string& host, int port, const std::string& identity_dir) {
-  const TlsIdentity id{identity_dir + "/client.crt", identity_dir + "/client.key", identity_dir + "/ca.crt"};
+CloudLink::CloudLink(const std::string& host, int port, const std::string& identity_dir, bool without_certificate) {
+  TlsIdentity id{identity_dir + "/client.crt", identity_dir + "/client.key", identity_dir + "/ca.crt"};
+  if (without_certificate) id.cert = id.key = "";
   link_ = LwsEndpoint::connect(host, port, id);
   EndpointEvent ev;
   if (!link_->next(ev, std::chrono::seconds(30)) || ev.kind != EndpointEvent::Kind::Connected)

@@ -89,6 +89,17 @@ void LwsEndpoint::start(bool server, const std::string& host, int port, const Tl
     info.port = port;
     info.iface = host.c_str();
     info.options |= LWS_SERVER_OPTION_REQUIRE_VALID_OPENSSL_CLIENT_CERT | LWS_SERVER_OPTION_DISABLE_IPV6;
+    if (options_.client_certificate_optional) info.options |= LWS_SERVER_OPTION_PEER_CERT_NOT_REQUIRED;
+    if (!options_.web_root.empty()) {
+      mount_ = std::make_unique<lws_http_mount>();
+      std::memset(mount_.get(), 0, sizeof(lws_http_mount));
+      mount_->mountpoint = "/";
+      mount_->mountpoint_len = 1;
+      mount_->origin = options_.web_root.c_str();
+      mount_->def = "index.html";
+      mount_->origin_protocol = LWSMPRO_FILE;
+      info.mounts = mount_.get();
+    }
     info.ssl_cert_filepath = tls.cert.c_str();
     info.ssl_private_key_filepath = tls.key.c_str();
     info.ssl_ca_filepath = tls.ca.c_str();
