@@ -1,7 +1,7 @@
 // Bad input against the real service: a tandem-cloud serve process on a loopback port, and
 // raw clients (with a properly issued identity, or none and an enrolment token, as browsers
-// connect) that send what a broken or hostile edge
-// might. Each gets the exact Error and a closed connection; the service keeps serving.
+// connect) that send what a broken or hostile edge might. Each gets the exact Error and a
+// closed connection; the service keeps serving.
 #include <gtest/gtest.h>
 
 #include <signal.h>
