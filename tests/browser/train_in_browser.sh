@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The browser edge end to end: tandem-cloud serves the page (--web) and takes enrolment tokens;
 # headless Chromium (Debian's, driven by playwright-core) opens the page, trains 50 steps over
-# wss, and the loss falls; a replayed and a forged token are refused; the cloud keeps serving.
+# wss, and the loss falls; a replayed and a forged token are refused; the cloud keeps serving;
+# the page trains on local image files too.
 # Usage: train_in_browser.sh NATIVE_BUILD_DIR SOURCE_DIR WASM_BUILD_DIR
 set -euo pipefail
 build=$1 src=$2 wasm=$3
@@ -29,10 +30,13 @@ port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | cut -d: -f3)
 [[ -n $port ]] || fail "the cloud did not start"
 token=$("$cloud_bin" pki token --state-dir "$work/state" --client page-1 --ttl 10m)
 other=$("$cloud_bin" pki token --state-dir "$work/state" --client page-2 --ttl 10m)
+files=$("$cloud_bin" pki token --state-dir "$work/state" --client page-3 --ttl 10m)
 shot=$build/browser-train.png
-node "$src/tests/browser/train_in_browser.mjs" "https://127.0.0.1:$port/" "$token" "$other" "$shot" 50 ||
-  fail "the browser run failed"
+node "$src/tests/browser/train_in_browser.mjs" "https://127.0.0.1:$port/" "$token" "$other" "$files" "$shot" 50 \
+  "$wasm/web" || fail "the browser run failed"
 kill -0 "$cloud_pid" || fail "the cloud died"
 grep -q "session 1 (), cut 'pool2': 50 steps, 1600 samples" "$work/cloud.log" ||
   fail "the cloud did not train 50 steps of the page's session"
-echo "PASS: the page trained 50 steps in Chromium, the loss fell; replayed and forged tokens refused (screenshot $shot)"
+grep -q "session 4 (), cut 'pool2': 10 steps, 160 samples" "$work/cloud.log" ||
+  fail "the cloud did not train 10 steps on the page's local files"
+echo "PASS: the page trained 50 steps in Chromium, the loss fell; replayed and forged tokens refused; local files trained (screenshot $shot)"
