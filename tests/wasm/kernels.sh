@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # The portable kernels built with em++ -msimd128 and run under node, against the same code
-# built natively: every op of four models' forward, loss and backward (tests/wasm/kernel_check.cpp).
+# built natively, and against the native reference backend: every op of four models' forward,
+# loss and backward (tests/wasm/kernel_check.cpp).
 # Usage: kernels.sh NATIVE_BUILD_DIR SOURCE_DIR WASM_BUILD_DIR
 set -euo pipefail
 build=$1 src=$2 wasm=$3
@@ -16,3 +17,4 @@ for m in samples/fashion-mnist/model.json tests/interop/residual_bn.json samples
 done
 node "$wasm/tandem_kernel_check.js" --write "$work/wasm.bin" "${specs[@]}"
 "$build/tests/tandem_kernel_check" --compare "$work/wasm.bin" "${specs[@]}"
+"$build/tests/tandem_kernel_check" --compare "$work/wasm.bin" --against reference "${specs[@]}"
