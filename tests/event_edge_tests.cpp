@@ -123,6 +123,19 @@ TEST(EventEdge, TrainsEvaluatesAndSaysGoodbye) {
   EXPECT_TRUE(h.cloud->closed()) << "the cloud saw no Bye";
 }
 
+TEST(EventEdge, TrainsWithInt8OnTheWire) {
+  EventEdgeConfig c = config(40);
+  c.dtypes = {wire::DType::I8, wire::DType::F32};
+  Harness h(c);
+  const Pixels train = pixels(512, 1), test = pixels(256, 2);
+  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 512, 8, 8);
+  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 256, 8, 8);
+  h.run();
+  ASSERT_FALSE(h.edge->failed()) << h.events.back();
+  EXPECT_NE(h.events[1].find(R"("dtype":"i8")"), std::string::npos) << h.events[1];
+  EXPECT_GT(h.field(h.events.back(), "test_accuracy"), 0.9) << h.events.back();
+}
+
 TEST(EventEdge, RefusedTokenEndsTheRunWithTheCloudsReason) {
   EventEdgeConfig c = config(5);
   c.token = "tdt1.forged";
