@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "cloud/pki/pki.h"
+#include "cloud/pki/token.h"
 #include "cloud/service/cloud_service.h"
 #include "tools/all_backends.h"
 #include "core/error.h"
@@ -18,7 +19,7 @@ constexpr const char* kUsage = R"(usage:
   tandem-cloud serve --listen HOST:PORT --state-dir DIR --model SPEC [--cut NODE]
                      [--batch B] [--microbatches K] [OPTIMIZER]
                      [--seed S] [--backend NAME] [--max-message-mb N] [--wire-dtypes LIST]
-                     [--init-from FILE] [--metrics-json FILE]
+                     [--init-from FILE] [--metrics-json FILE] [--accept-tokens] [--web DIR]
                      [--aggregate-every S [--min-edges M] [--round-deadline-s D] [--back-accumulate N]]
       Serves split training over wss:// with mutual TLS: one session per edge, the back
       shard and loss on the backend (default onednn). Runs `pki init` on first start.
@@ -40,12 +41,20 @@ constexpr const char* kUsage = R"(usage:
       joins late or comes back starts from the newest average. --back-accumulate N sums N
       edge steps' gradients into one update of the back shard. --metrics-json: a JSON line
       per round and per closed session (client, steps, samples, loss, rounds, bytes, busy).
+      --accept-tokens: an edge may connect without a client certificate if its Hello
+      carries an enrolment token (`pki token`) for its client name; each token works once.
+      --web DIR also serves DIR's files over https on the same port (the browser edge's
+      page, wasm/README.md) and implies --accept-tokens.
       Stops on SIGINT or SIGTERM.
   tandem-cloud pki init --state-dir DIR [--hosts NAME,NAME...]
       Makes a CA and a server certificate (for the hosts, default localhost,127.0.0.1)
       in DIR, unless DIR already has them.
   tandem-cloud pki issue --state-dir DIR --client NAME --out IDDIR
       Issues an edge identity signed by DIR's CA: IDDIR/client.key, client.crt, ca.crt.
+  tandem-cloud pki token --state-dir DIR --client NAME [--ttl 1h]
+      Prints a single-use enrolment token for NAME, signed by DIR's CA and valid for the
+      TTL (seconds, or with s, m, h, d), for an edge without a client certificate (a
+      browser): the service must run with --accept-tokens (or --web).
 )";
 
 std::vector<std::string> split_commas(const std::string& s) {
@@ -71,6 +80,13 @@ int pki_command(int argc, char** argv) {
                 r.server_cert.c_str());
     return 0;
   }
+  if (verb == "token") {
+    args.reject_unknown({"state-dir", "client", "ttl"});
+    std::printf("%s\n", pki::issue_token(args.required("state-dir"), args.required("client"),
+                                         pki::parse_ttl(args.str("ttl", "1h")))
+                            .c_str());
+    return 0;
+  }
   if (verb == "issue") {
     args.reject_unknown({"state-dir", "client", "out"});
     const std::string out = args.required("out");
@@ -84,11 +100,11 @@ int pki_command(int argc, char** argv) {
 }
 
 int serve_command(int argc, char** argv) {
-  const CliArgs args(argc, argv, 2, {"nesterov"});
+  const CliArgs args(argc, argv, 2, {"nesterov", "accept-tokens"});
   args.reject_unknown(CliArgs::with_optimizer_options({"listen", "state-dir", "model", "cut", "batch", "microbatches",
                                                        "seed", "backend", "max-message-mb", "wire-dtypes", "init-from",
                                                        "aggregate-every", "min-edges", "round-deadline-s", "back-accumulate",
-                                                       "metrics-json"},
+                                                       "metrics-json", "accept-tokens", "web"},
                                                       /*schedule=*/false));
   ServeOptions o;
   const HostPort listen = args.host_port("listen", "");
@@ -110,6 +126,8 @@ int serve_command(int argc, char** argv) {
   o.federation.deadline_s = args.number("round-deadline-s", 30.0);
   o.federation.back_accumulate = static_cast<uint32_t>(args.integer("back-accumulate", 1, 1));
   o.metrics_json = args.str("metrics-json", "");
+  o.web_root = args.str("web", "");
+  o.accept_tokens = args.has("accept-tokens") || !o.web_root.empty();
   o.wire_dtypes.clear();
   for (const std::string& name : split_commas(args.str("wire-dtypes", "f32,f16,bf16,i8"))) {
     const auto d = parse_dtype(name);

@@ -4,6 +4,7 @@
 #include <mutex>
 
 #include "core/error.h"
+#include "core/portable/portable_backend.h"
 #include "core/reference/reference_backend.h"
 
 namespace tandem {
@@ -11,7 +12,8 @@ namespace {
 
 struct Registry {
   std::mutex mutex;
-  std::map<std::string, BackendFactory, std::less<>> factories{{"reference", make_reference_backend}};
+  std::map<std::string, BackendFactory, std::less<>> factories{
+      {"reference", make_reference_backend}, {"portable", make_portable_backend}};
 };
 
 Registry& registry() {

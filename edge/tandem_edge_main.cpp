@@ -18,7 +18,7 @@ constexpr const char* kUsage = R"(usage:
                     [--data fashion-mnist] [--epochs N] [--limit SAMPLES] [--test-limit SAMPLES]
                     [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
-                    [--metrics-json FILE] [--client-id NAME]
+                    [--metrics-json FILE] [--client-id NAME] [--token TOKEN]
                     [--checkpoint-dir DIR [--checkpoint-every STEPS]] [--init-from FILE]
                     [--shard I/N [--split iid|class] [--proximal-mu MU]]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
@@ -46,7 +46,9 @@ constexpr const char* kUsage = R"(usage:
       class (sorted by class, edge I takes the I-th of N equal slices: 2 or 3 classes each
       with N = 4); for split-federated runs against
       tandem-cloud serve --aggregate-every S, which this edge then follows. --proximal-mu
-      adds FedProx's MU * (w - w_round) to the front's gradients.
+      adds FedProx's MU * (w - w_round) to the front's gradients. --token: connect without
+      a client certificate, with an enrolment token from `tandem-cloud pki token` (single
+      use, for the client id; IDDIR needs only ca.crt); the cloud must run --accept-tokens.
 )";
 
 int train_command(int argc, char** argv) {
@@ -55,7 +57,7 @@ int train_command(int argc, char** argv) {
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu"},
+                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "token"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -86,6 +88,7 @@ int train_command(int argc, char** argv) {
   o.wire_dtypes = {*wanted};
   if (*wanted != wire::DType::F32) o.wire_dtypes.push_back(wire::DType::F32);
   o.metrics_json = args.str("metrics-json", "");
+  o.token = args.str("token", "");
   std::string base = o.identity_dir;
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   base = base.substr(base.rfind('/') == std::string::npos ? 0 : base.rfind('/') + 1);

@@ -9,14 +9,18 @@ packages=(
   build-essential cmake ninja-build pkg-config git
   libflatbuffers-dev flatbuffers-compiler
   libxnnpack-dev libpthreadpool-dev libcpuinfo-dev
-  libdnnl-dev
+  libdnnl-dev ocl-icd-opencl-dev  # oneDNN's CMake package requires OpenCL's headers
   libgtest-dev zlib1g-dev libmbedtls-dev libwebsockets-dev
   dataset-fashion-mnist
   g++-aarch64-linux-gnu emscripten
   qemu-user-static file  # the arm64 tests: the cross-built edge under qemu, file(1) on its binaries
+  chromium  # the browser test: headless Chromium driven by playwright-core
   iproute2  # ip netns and tc: the shaped-link test and benchmarks
   python3-torch python3-numpy libopenblas0-pthread  # the PyTorch peer: interop test, benchmarks
 )
+# Node.js and npm may come from elsewhere (NodeSource on these machines): Debian's only if absent.
+command -v node >/dev/null 2>&1 || packages+=(nodejs)
+command -v npm >/dev/null 2>&1 || packages+=(npm)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")
@@ -30,6 +34,12 @@ if ((${#missing[@]})); then
   export DEBIAN_FRONTEND=noninteractive
   apt-get update -qq
   apt-get install -y -qq --no-install-recommends "${missing[@]}" >/dev/null
+fi
+
+# playwright-core (drives Debian's Chromium; it downloads no browser) from the npm registry.
+if [[ ! -d tests/browser/node_modules/playwright-core ]]; then
+  echo "tandem setup: installing playwright-core (npm) for the browser test"
+  npm ci --prefix tests/browser --no-audit --no-fund --loglevel=error >/dev/null
 fi
 
 preset=${1:-release}

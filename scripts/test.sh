@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs tandem's whole test suite (ctest), in the release build (with the
-# arm64 edge cross-built, run under qemu) and, for the engine's own code paths, under
-# AddressSanitizer and UndefinedBehaviorSanitizer.
+# WebAssembly build and the arm64 cross build beside it, the latter run under qemu) and, for
+# the engine's own code paths, under AddressSanitizer and UndefinedBehaviorSanitizer.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh release
+bash wasm/build.sh  # the browser edge and the wasm kernels, for the wasm and browser tests
 bash scripts/build-arm64.sh  # the arm64 edge, cross-built; the release suite runs it under qemu
 ctest --preset release
 bash scripts/setup.sh debug-asan

@@ -1,6 +1,7 @@
 // Bad input against the real service: a tandem-cloud serve process on a loopback port, and
-// raw clients (with a properly issued identity) that send what a broken or hostile edge
-// might. Each gets the exact Error and a closed connection; the service keeps serving.
+// raw clients (with a properly issued identity, or none and an enrolment token, as browsers
+// connect) that send what a broken or hostile edge might. Each gets the exact Error and a
+// closed connection; the service keeps serving.
 #include <gtest/gtest.h>
 
 #include <signal.h>
@@ -13,6 +14,7 @@
 #include <thread>
 
 #include "cloud/pki/pki.h"
+#include "cloud/pki/token.h"
 #include "core/error.h"
 #include "core/graph.h"
 #include "core/sha256.h"
@@ -38,7 +40,7 @@ class Service {
     const std::string log = (dir_ / "cloud.log").string();
     const std::string cmd = std::string(TANDEM_CLOUD_BIN) + " serve --listen 127.0.0.1:0 --state-dir " +
                             (dir_ / "state").string() + " --model " + kModel +
-                            " --batch 8 --microbatches 2 --max-message-mb 1 > " + log + " 2>&1 & echo $!";
+                            " --batch 8 --microbatches 2 --max-message-mb 1 --accept-tokens > " + log + " 2>&1 & echo $!";
     FILE* p = popen(cmd.c_str(), "r");
     if (!p || std::fscanf(p, "%d", &pid_) != 1) fail("test", "cannot start tandem-cloud");
     pclose(p);
@@ -60,10 +62,14 @@ class Service {
     std::this_thread::sleep_for(200ms);
     fs::remove_all(dir_);
   }
+  std::string token(const std::string& client, int64_t ttl_s = 600, int64_t now = std::time(nullptr)) const {
+    return pki::issue_token((dir_ / "state").string(), client, ttl_s, now);
+  }
   bool alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }
 
-  std::unique_ptr<LwsEndpoint> client() {
-    auto c = LwsEndpoint::connect("localhost", port_, id_);
+  // `with_certificate` false: TLS without a client certificate, as a browser connects.
+  std::unique_ptr<LwsEndpoint> client(bool with_certificate = true) {
+    auto c = LwsEndpoint::connect("localhost", port_, with_certificate ? id_ : TlsIdentity{"", "", id_.ca});
     EndpointEvent ev;
     EXPECT_TRUE(c->next(ev, 10s));
     EXPECT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Connected)) << ev.text;
@@ -82,8 +88,9 @@ Service& service() {
 }
 
 // Sends each message in turn and expects the last reply to be Error(code, text), then a close.
-void expect_error(std::vector<std::vector<uint8_t>> messages, wire::ErrorCode code, const std::string& text) {
-  auto c = service().client();
+void expect_error(std::vector<std::vector<uint8_t>> messages, wire::ErrorCode code, const std::string& text,
+                  bool with_certificate = true) {
+  auto c = service().client(with_certificate);
   for (const auto& m : messages) c->send(0, m);
   EndpointEvent ev;
   const wire::Message* reply = nullptr;
@@ -160,6 +167,64 @@ TEST(Service, NanActivations) {
   a[100] = std::numeric_limits<float>::quiet_NaN();
   expect_error({good_hello(), forward(a)}, wire::ErrorCode::BadTensor, "activations: non-finite value at element 100");
 }
+
+// Browsers: TLS without a client certificate, and an enrolment token in Hello.
+std::vector<uint8_t> token_hello(const std::string& token, const std::string& client = "ward-7") {
+  const ModelSpec spec = load_model_spec(kModel);
+  MessageWriter w;
+  return bytes(w.hello(client, model_hash(spec, "pool2"), token));
+}
+
+void expect_welcome(std::unique_ptr<LwsEndpoint> c, const std::vector<uint8_t>& hello) {
+  c->send(0, hello);
+  EndpointEvent ev;
+  ASSERT_TRUE(c->next(ev, 10s));
+  ASSERT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Message)) << ev.text;
+  WireError err;
+  const wire::Message* m = verify_frame(ev.frame, kDefaultMaxMessageBytes, err);
+  ASSERT_NE(m, nullptr) << err.text;
+  ASSERT_EQ(m->payload_type(), wire::Payload::Welcome)
+      << (m->payload_type() == wire::Payload::Error ? m->payload_as_Error()->text()->str() : "");
+}
+
+TEST(Service, NoCertificateAndNoToken) {
+  expect_error({token_hello("")}, wire::ErrorCode::Unauthorized,
+               "no client certificate and no enrolment token: give the edge an identity (`tandem-cloud pki issue`) "
+               "or a token (`tandem-cloud pki token`)",
+               false);
+}
+
+TEST(Service, ForgedToken) {
+  std::string token = service().token("ward-7");
+  token[token.size() - 3] = token[token.size() - 3] == 'A' ? 'B' : 'A';
+  expect_error({token_hello(token)}, wire::ErrorCode::Unauthorized,
+               "the enrolment token's signature does not verify against this cloud's CA (forged, altered, or issued "
+               "by another cloud)",
+               false);
+}
+
+TEST(Service, ExpiredToken) {
+  const int64_t t0 = 1'700'000'000;  // 2023-11-14 22:13:20 UTC
+  expect_error({token_hello(service().token("ward-7", 60, t0))}, wire::ErrorCode::Unauthorized,
+               "the enrolment token expired at 2023-11-14 22:14:20 UTC; issue a new one with `tandem-cloud pki token`",
+               false);
+}
+
+TEST(Service, TokenForAnotherClient) {
+  expect_error({token_hello(service().token("ward-7"), "ward-8")}, wire::ErrorCode::Unauthorized,
+               "the enrolment token is for client 'ward-7', but the edge says it is 'ward-8'", false);
+}
+
+TEST(Service, ReplayedToken) {
+  const std::string token = service().token("ward-7");
+  expect_welcome(service().client(false), token_hello(token));
+  expect_error({token_hello(token)}, wire::ErrorCode::Unauthorized,
+               "the enrolment token was already used: tokens are single-use; issue a new one with `tandem-cloud pki "
+               "token`",
+               false);
+}
+
+TEST(Service, CertificateEdgesNeedNoToken) { expect_welcome(service().client(), good_hello()); }
 
 TEST(Service, KeepsServingAProperEdge) {
   auto c = service().client();

@@ -143,8 +143,8 @@ TEST(Transport, OverTheSizeCapGetsAnErrorAndTheServerGoesOn) {
   expect_event(*second, Kind::Connected);
 }
 
-void expect_refused(const TlsIdentity& who) {
-  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server);
+void expect_refused(const TlsIdentity& who, const EndpointOptions& options = {}) {
+  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server, options);
   auto client = LwsEndpoint::connect("localhost", server->port(), who);
   EndpointEvent ev;
   ASSERT_TRUE(client->next(ev, 10s));
@@ -158,6 +158,27 @@ void expect_refused(const TlsIdentity& who) {
 TEST(Transport, ClientCertificateFromAnotherCaIsRefused) { expect_refused(pki_files().foreign); }
 
 TEST(Transport, NoClientCertificateIsRefused) { expect_refused(pki_files().anonymous); }
+
+// For browsers (enrolment tokens): a peer without a certificate gets in with an empty CN for
+// the application to authenticate, but a certificate from another CA is still refused.
+EndpointOptions certificate_optional() {
+  EndpointOptions o;
+  o.client_certificate_optional = true;
+  return o;
+}
+
+TEST(Transport, OptionalClientCertificateLetsAnonymousPeersInWithoutACommonName) {
+  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server, certificate_optional());
+  auto anonymous = LwsEndpoint::connect("localhost", server->port(), pki_files().anonymous);
+  EXPECT_EQ(expect_event(*server, Kind::Connected).text, "");
+  expect_event(*anonymous, Kind::Connected);
+  auto edge = LwsEndpoint::connect("localhost", server->port(), pki_files().edge);
+  EXPECT_EQ(expect_event(*server, Kind::Connected).text, "edge1");
+}
+
+TEST(Transport, OptionalClientCertificateStillRefusesAnotherCa) {
+  expect_refused(pki_files().foreign, certificate_optional());
+}
 
 TEST(Transport, PlainWebSocketIsRefused) {
   auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server);

@@ -10,6 +10,7 @@
 #include "core/network.h"
 #include "core/optimizer.h"
 #include "core/schedule.h"
+#include "core/simd/gemm.h"
 #include "test_support.h"
 
 namespace tandem::test {
@@ -170,6 +171,31 @@ TEST(Schedule, WarmupStepAndCosineFactors) {
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "[schedule] cosine needs total steps (3) above the warm-up (4) and a final factor in [0, 1], got 0.1");
   }
+}
+
+// The portable GEMM against a double-precision loop: row and column remainders, K across
+// its cache blocks, leading dimensions wider than the matrices, and accumulation.
+TEST(PortableGemm, MatchesALoopOnEveryShapeEdge) {
+  Rng rng(7);
+  for (const auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {4, 8, 3}, {7, 13, 300}, {5, 17, 513}, {9, 3, 0}})
+    for (const bool accumulate : {false, true}) {
+      const int64_t lda = k + 2, ldb = n + 3, ldc = n + 1;
+      const Tensor a = random_tensor({m, lda}, rng), b = random_tensor({std::max<int64_t>(k, 1), ldb}, rng);
+      Tensor c = random_tensor({m, ldc}, rng);
+      const Tensor c0 = c.clone();
+      simd::gemm(m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc, accumulate);
+      for (int64_t i = 0; i < m; ++i)
+        for (int64_t j = 0; j < ldc; ++j) {
+          double want = j < n && accumulate ? c0.data()[i * ldc + j] : 0.0;
+          for (int64_t p = 0; p < k && j < n; ++p) want += double(a.data()[i * lda + p]) * b.data()[p * ldb + j];
+          if (j >= n) want = c0.data()[i * ldc + j];  // outside C: untouched
+          ASSERT_NEAR(c.data()[i * ldc + j], want, 1e-4 * (1 + std::abs(want))) << m << "x" << n << "x" << k << " at " << i << "," << j;
+        }
+    }
+  Tensor t = random_tensor({5, 7}, rng), tt = random_tensor({7, 5}, rng);
+  simd::transpose(5, 7, t.data(), 7, tt.data());
+  for (int64_t i = 0; i < 5; ++i)
+    for (int64_t j = 0; j < 7; ++j) EXPECT_EQ(tt.data()[j * 5 + i], t.data()[i * 7 + j]);
 }
 
 TEST(Backends, UnknownNameListsTheKnownOnes) {

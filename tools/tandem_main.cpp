@@ -57,6 +57,9 @@ constexpr const char* kUsage = R"(usage:
                   [--predictions FILE] [--logits FILE]
       The whole model's Fashion-MNIST test accuracy from a safetensors file (PyTorch names
       and layouts); writes each image's predicted class (and raw f32 logits) when asked.
+  tandem pack-spec --model SPEC --out FILE
+      Writes SPEC's canonical binary form (FlatBuffers, identifier TDMS): what model hashes
+      are computed over, and what the browser edge loads (it has no JSON parser).
   tandem backends      lists the backends this build has
 )";
 
@@ -171,6 +174,17 @@ int train(const CliArgs& args) {
   return 0;
 }
 
+int pack_spec(const CliArgs& args) {
+  args.reject_unknown({"model", "out"});
+  const ModelSpec spec = load_model_spec(args.required("model"));
+  const std::string out = args.required("out");
+  std::ofstream f(out, std::ios::binary);
+  f.write(reinterpret_cast<const char*>(spec.binary.data()), static_cast<std::streamsize>(spec.binary.size()));
+  if (!f.flush()) fail("pack-spec", cat("cannot write ", out));
+  std::printf("%s: %zu bytes (model '%s')\n", out.c_str(), spec.binary.size(), spec.name.c_str());
+  return 0;
+}
+
 int list_backends(int, char**) {
   for (const auto& name : backend_names()) std::printf("%s\n", name.c_str());
   return 0;
@@ -187,5 +201,6 @@ int main(int argc, char** argv) {
                           {"plan", [](int c, char** v) { return tandem::plan_command(tandem::CliArgs(c, v, 2, {"profile-edge"})); }},
                           {"export", [](int c, char** v) { return tandem::export_command(tandem::CliArgs(c, v, 2, {})); }},
                           {"evaluate", [](int c, char** v) { return tandem::evaluate_command(tandem::CliArgs(c, v, 2, {})); }},
+                          {"pack-spec", [](int c, char** v) { return tandem::pack_spec(tandem::CliArgs(c, v, 2, {})); }},
                           {"backends", tandem::list_backends}});
 }

@@ -18,6 +18,7 @@
 #include <filesystem>
 #include <memory>
 
+#include "cloud/pki/mbed_support.h"
 #include "core/error.h"
 
 namespace tandem::pki {
@@ -26,106 +27,12 @@ namespace {
 namespace fs = std::filesystem;
 constexpr std::string_view kWhere = "pki";
 
-std::string mbed_error(int code) {
-  char buf[160];
-  mbedtls_strerror(code, buf, sizeof buf);
-  return cat(buf, " (-0x", std::hex, -code, ")");
-}
-
-void check(int rc, const char* what) {
-  if (rc != 0) fail(kWhere, cat(what, " failed: ", mbed_error(rc)));
-}
-
-// mbedTLS contexts, each owned with a named deleter.
-struct PkFree {
-  void operator()(mbedtls_pk_context* p) const {
-    mbedtls_pk_free(p);
-    delete p;
-  }
-};
-using Pk = std::unique_ptr<mbedtls_pk_context, PkFree>;
-Pk new_pk() {
-  Pk pk(new mbedtls_pk_context);
-  mbedtls_pk_init(pk.get());
-  return pk;
-}
-
-struct CrtFree {
-  void operator()(mbedtls_x509_crt* p) const {
-    mbedtls_x509_crt_free(p);
-    delete p;
-  }
-};
-using Crt = std::unique_ptr<mbedtls_x509_crt, CrtFree>;
-Crt load_crt(const std::string& path) {
-  Crt crt(new mbedtls_x509_crt);
-  mbedtls_x509_crt_init(crt.get());
-  check(mbedtls_x509_crt_parse_file(crt.get(), path.c_str()), cat("reading certificate ", path).c_str());
-  return crt;
-}
-
 struct WriteCrtFree {
   void operator()(mbedtls_x509write_cert* p) const {
     mbedtls_x509write_crt_free(p);
     delete p;
   }
 };
-
-class Random {
- public:
-  Random() {
-    mbedtls_entropy_init(&entropy_);
-    mbedtls_ctr_drbg_init(&drbg_);
-    const char* personal = "tandem-pki";
-    check(mbedtls_ctr_drbg_seed(&drbg_, mbedtls_entropy_func, &entropy_, reinterpret_cast<const unsigned char*>(personal),
-                                std::strlen(personal)),
-          "seeding the random generator");
-  }
-  ~Random() {
-    mbedtls_ctr_drbg_free(&drbg_);
-    mbedtls_entropy_free(&entropy_);
-  }
-  Random(const Random&) = delete;
-  Random& operator=(const Random&) = delete;
-  mbedtls_ctr_drbg_context* drbg() { return &drbg_; }
-
- private:
-  mbedtls_entropy_context entropy_;
-  mbedtls_ctr_drbg_context drbg_;
-};
-
-Pk generate_key(Random& rng) {
-  Pk pk = new_pk();
-  check(mbedtls_pk_setup(pk.get(), mbedtls_pk_info_from_type(MBEDTLS_PK_ECKEY)), "key setup");
-  check(mbedtls_ecp_gen_key(MBEDTLS_ECP_DP_SECP256R1, mbedtls_pk_ec(*pk), mbedtls_ctr_drbg_random, rng.drbg()),
-        "generating an EC P-256 key");
-  return pk;
-}
-
-Pk load_key(const std::string& path, Random& rng) {
-  (void)rng;
-  Pk pk = new_pk();
-  check(mbedtls_pk_parse_keyfile(pk.get(), path.c_str(), nullptr), cat("reading key ", path).c_str());
-  return pk;
-}
-
-// Writes `text` to `path` via a temporary file, fsync and rename, with `mode` permissions.
-void write_atomically(const std::string& path, const std::string& text, mode_t mode) {
-  const std::string tmp = path + ".tmp";
-  const int fd = ::open(tmp.c_str(), O_WRONLY | O_CREAT | O_TRUNC, mode);
-  if (fd < 0) fail(kWhere, cat("cannot write ", tmp, ": ", std::strerror(errno)));
-  std::size_t done = 0;
-  while (done < text.size()) {
-    const ssize_t n = ::write(fd, text.data() + done, text.size() - done);
-    if (n <= 0) {
-      ::close(fd);
-      fail(kWhere, cat("cannot write ", tmp, ": ", std::strerror(errno)));
-    }
-    done += static_cast<std::size_t>(n);
-  }
-  if (::fsync(fd) != 0 || ::close(fd) != 0) fail(kWhere, cat("cannot sync ", tmp, ": ", std::strerror(errno)));
-  if (::rename(tmp.c_str(), path.c_str()) != 0) fail(kWhere, cat("cannot rename ", tmp, ": ", std::strerror(errno)));
-}
 
 std::string key_pem(mbedtls_pk_context* pk) {
   std::string buf(16000, '\0');
@@ -217,14 +124,14 @@ std::string make_cert(const CertSpec& spec, mbedtls_pk_context* subject_key, mbe
 
 constexpr const char* kCaSubject = "CN=tandem CA,O=tandem";
 
-void valid_name(const std::string& name) {
+}  // namespace
+
+void check_client_name(const std::string& name) {
   if (name.empty() || name.size() > 64) fail(kWhere, "client name must have 1 to 64 characters");
   for (char c : name)
     if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '-' || c == '_' || c == '.'))
       fail(kWhere, cat("client name '", name, "' may hold only letters, digits, '-', '_' and '.'"));
 }
-
-}  // namespace
 
 InitResult init(const std::string& state_dir, const std::vector<std::string>& hosts) {
   InitResult r;
@@ -255,12 +162,12 @@ InitResult init(const std::string& state_dir, const std::vector<std::string>& ho
 }
 
 void issue(const std::string& state_dir, const std::string& client_name, const std::string& out_dir) {
-  valid_name(client_name);
+  check_client_name(client_name);
   const std::string ca_cert = state_dir + "/ca.crt", ca_key_path = state_dir + "/ca.key";
   if (!fs::exists(ca_cert) || !fs::exists(ca_key_path))
     fail(kWhere, cat(state_dir, " has no CA; run `tandem-cloud pki init --state-dir ", state_dir, "` first"));
   Random rng;
-  Pk ca_key = load_key(ca_key_path, rng);
+  Pk ca_key = load_key(ca_key_path);
   Crt ca = load_crt(ca_cert);
   char issuer[256];
   if (mbedtls_x509_dn_gets(issuer, sizeof issuer, &ca->subject) < 0) fail(kWhere, "cannot read the CA's subject");

@@ -21,6 +21,9 @@ InitResult init(const std::string& state_dir, const std::vector<std::string>& ho
 // CA in DIR) and OUT/ca.crt. Throws Error if DIR has no CA ("run pki init first").
 void issue(const std::string& state_dir, const std::string& client_name, const std::string& out_dir);
 
+// Throws Error unless `name` has 1 to 64 letters, digits, '-', '_' or '.'.
+void check_client_name(const std::string& name);
+
 // Checks `cert_path` against the CA in `ca_path`; returns "" when valid, else why not.
 std::string verify(const std::string& ca_path, const std::string& cert_path);
 

@@ -6,12 +6,14 @@
 #include <csignal>
 #include <cstdio>
 #include <deque>
+#include <filesystem>
 #include <fstream>
 #include <map>
 #include <mutex>
 #include <thread>
 
 #include "cloud/pki/pki.h"
+#include "cloud/pki/token.h"
 #include "cloud/session/cloud_session.h"
 #include "core/error.h"
 #include "core/graph.h"
@@ -77,10 +79,11 @@ class Worker {
  public:
   // The session is made on the first message, for the shard whose cut the Hello names (one
   // shard, or every legal cut's with --cut any).
+  // `peer`: the client certificate's CN; empty: none, and `tokens` checks the Hello's token.
   Worker(uint64_t id, std::string peer, const std::vector<BackShard>& shards, const ServeOptions& o,
-         LwsEndpoint& endpoint, SessionCheckpoints& checkpoints, SharedBack* shared)
+         LwsEndpoint& endpoint, SessionCheckpoints& checkpoints, SharedBack* shared, pki::TokenVerifier* tokens)
       : id_(id), peer_(std::move(peer)), endpoint_(endpoint), shards_(shards), options_(o), checkpoints_(checkpoints),
-        shared_(shared),
+        shared_(shared), tokens_(tokens),
         backend_(make_backend(o.backend, BackendOptions{1})) {
     thread_ = std::thread([this] { run(); });
   }
@@ -145,6 +148,12 @@ class Worker {
     const ServeOptions& o = options_;
     CloudSessionConfig config{shard.hash,          o.batch_size,  o.microbatches, 10, id_,
                               o.max_message_bytes, o.wire_dtypes, shard.cut,      &checkpoints_};
+    if (peer_.empty()) {  // no client certificate: the Hello's enrolment token must vouch for the edge
+      pki::TokenVerifier* tokens = tokens_;
+      config.authorize = [tokens](const std::string& token, const std::string& client) {
+        return tokens ? tokens->accept(token, client) : std::string("this cloud takes only client certificates");
+      };
+    }
     std::unique_ptr<Network> back;
     std::unique_ptr<Optimizer> optimizer;
     std::unique_ptr<CloudSession> session;
@@ -209,6 +218,7 @@ class Worker {
   const ServeOptions& options_;
   SessionCheckpoints& checkpoints_;
   SharedBack* shared_;
+  pki::TokenVerifier* tokens_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Network> back_;  // these three: made on the first message (start_session)
   std::unique_ptr<Optimizer> optimizer_;
@@ -263,6 +273,12 @@ int serve(const ServeOptions& o) {
 
   EndpointOptions eo;
   eo.max_message_bytes = o.max_message_bytes;
+  eo.client_certificate_optional = o.accept_tokens;
+  eo.web_root = o.web_root;
+  if (!o.web_root.empty() && !std::filesystem::is_regular_file(o.web_root + "/index.html"))
+    fail("serve", cat("--web ", o.web_root, " has no index.html (build the browser edge: wasm/README.md)"));
+  std::unique_ptr<pki::TokenVerifier> tokens;
+  if (o.accept_tokens) tokens = std::make_unique<pki::TokenVerifier>(o.state_dir);
   auto endpoint = LwsEndpoint::listen(o.host, o.port, {ids.server_cert, ids.server_key, ids.ca_cert}, eo);
 
   std::ofstream metrics;
@@ -317,6 +333,9 @@ int serve(const ServeOptions& o) {
     std::printf("split-federated: one back shard for every edge, front shards averaged every %u steps (a round "
                 "waits at most %.1f s once one edge has sent, for at least %u edges)\n",
                 o.federation.aggregate_every, o.federation.deadline_s, o.federation.min_edges);
+  if (tokens)
+    std::printf("edges without a client certificate are taken with an enrolment token (tandem-cloud pki token)%s\n",
+                o.web_root.empty() ? "" : cat("; web page: https://", o.host, ":", endpoint->port(), "/").c_str());
   std::fflush(stdout);
 
   FolderCheckpoints checkpoints(o.state_dir + "/checkpoints");
@@ -330,7 +349,7 @@ int serve(const ServeOptions& o) {
         std::printf("session %llu: edge '%s' connected\n", static_cast<unsigned long long>(ev.connection),
                     ev.text.c_str());
         workers[ev.connection] = std::make_unique<Worker>(ev.connection, ev.text, shards, o, *endpoint, checkpoints,
-                                                           shared.get());
+                                                           shared.get(), tokens.get());
         break;
       case EndpointEvent::Kind::Message:
         if (auto it = workers.find(ev.connection); it != workers.end()) it->second->push(std::move(ev.frame));

@@ -30,6 +30,10 @@ struct ServeOptions {
   // averaged every aggregate_every steps.
   FederationOptions federation;
   std::string metrics_json;  // per round and per closed session, JSON lines
+  // Edges without a client certificate (browsers) may connect and must then carry a signed,
+  // single-use enrolment token in Hello (cloud/pki/token.h).
+  bool accept_tokens = false;
+  std::string web_root;  // non-empty: these files are served over https on the same port
 };
 
 // Runs the service; returns the process exit code.

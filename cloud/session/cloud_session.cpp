@@ -115,6 +115,10 @@ CloudReply CloudSession::on_hello(const wire::Hello& hello) {
     return refuse({wire::ErrorCode::Malformed,
                    "the client id must be 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'"});
   client_id_ = hello.client_id()->str();
+  if (config_.authorize) {
+    const std::string why = config_.authorize(hello.token() ? hello.token()->str() : "", client_id_);
+    if (!why.empty()) return refuse({wire::ErrorCode::Unauthorized, why});
+  }
   bool agreed = false;
   std::string offered;
   if (hello.dtypes())

@@ -7,6 +7,7 @@
 #include <array>
 #include <atomic>
 #include <cstdint>
+#include <functional>
 #include <span>
 #include <vector>
 
@@ -44,6 +45,9 @@ struct CloudSessionConfig {
   // Split-federated: the rounds, and the turns on the back shard every session shares.
   Federation* federation = nullptr;
   BackShardTurns* turns = nullptr;
+  // Set when the edge has no client certificate: given the Hello's token and client id,
+  // returns "" to let it in, else why it is refused (Unauthorized).
+  std::function<std::string(const std::string& token, const std::string& client_id)> authorize = nullptr;
 };
 
 struct CloudReply {

@@ -1,6 +1,7 @@
 #include "edge/agent/cloud_link.h"
 
 #include <chrono>
+#include <filesystem>
 
 #include "core/error.h"
 
@@ -9,8 +10,13 @@ namespace {
 constexpr auto kReplyTimeout = std::chrono::seconds(120);
 }
 
-CloudLink::CloudLink(const std::string& host, int port, const std::string& identity_dir) {
-  const TlsIdentity id{identity_dir + "/client.crt", identity_dir + "/client.key", identity_dir + "/ca.crt"};
+CloudLink::CloudLink(const std::string& host, int port, const std::string& identity_dir, bool without_certificate) {
+  TlsIdentity id{identity_dir + "/client.crt", identity_dir + "/client.key", identity_dir + "/ca.crt"};
+  if (without_certificate) id.cert = id.key = "";
+  for (const std::string& file : {id.ca, id.cert, id.key})
+    if (!file.empty() && !std::filesystem::exists(file))
+      fail("edge", cat(file, " is missing: issue an identity with `tandem-cloud pki issue --client NAME --out ",
+                       identity_dir, "`", without_certificate ? "" : ", or connect with --token from `tandem-cloud pki token`"));
   link_ = LwsEndpoint::connect(host, port, id);
   EndpointEvent ev;
   if (!link_->next(ev, std::chrono::seconds(30)) || ev.kind != EndpointEvent::Kind::Connected)

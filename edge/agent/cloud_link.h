@@ -17,7 +17,8 @@ class CloudLink {
  public:
   // Connects to wss://host:port with IDDIR/client.crt, client.key and ca.crt; throws Error
   // saying what to check when the cloud does not answer or refuses the identity.
-  CloudLink(const std::string& host, int port, const std::string& identity_dir);
+  // `without_certificate`: only IDDIR/ca.crt is used (the edge authenticates with a token).
+  CloudLink(const std::string& host, int port, const std::string& identity_dir, bool without_certificate = false);
 
   void send(std::span<const uint8_t> bytes);
   Frame await(const char* awaiting);

@@ -171,7 +171,8 @@ int train_over_wss(const EdgeTrainOptions& o) {
     if (metrics) metrics << json << "\n" << std::flush;
   };
 
-  CloudLink link(o.host, o.port, o.identity_dir);
+  if (!o.token.empty()) session.set_token(o.token);
+  CloudLink link(o.host, o.port, o.identity_dir, !o.token.empty());
   link.send(session.hello());
   WireError err;
   if (!session.on_welcome(link.await("Welcome"), err)) {

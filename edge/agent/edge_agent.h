@@ -16,7 +16,8 @@ namespace tandem {
 struct EdgeTrainOptions {
   std::string host = "localhost";
   int port = 0;
-  std::string identity_dir;  // client.crt, client.key, ca.crt
+  std::string identity_dir;  // client.crt, client.key, ca.crt (only ca.crt with a token)
+  std::string token;         // an enrolment token (`tandem-cloud pki token`) instead of client.crt
   std::string model_path;
   std::string cut;
   std::string backend = "xnnpack";

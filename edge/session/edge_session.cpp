@@ -18,7 +18,7 @@ EdgeSession::EdgeSession(Network& front, Optimizer& optimizer, uint32_t microbat
 }
 
 std::span<const uint8_t> EdgeSession::hello() {
-  return writer_.hello(client_id_, model_hash_, "", kProtocolVersion, offered_, resume_step_);
+  return writer_.hello(client_id_, model_hash_, token_, kProtocolVersion, offered_, resume_step_);
 }
 
 namespace {

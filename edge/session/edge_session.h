@@ -25,6 +25,8 @@ class EdgeSession {
   // Resuming from this edge's checkpoint of `step` (call before hello()): Hello asks the cloud
   // for its checkpoint of the same step, and Welcome must start there.
   void resume_from(uint64_t step) { resume_step_ = step; }
+  // An enrolment token for Hello (an edge without a client certificate).
+  void set_token(std::string token) { token_ = std::move(token); }
   std::span<const uint8_t> hello();
   // Welcome (or the cloud's Error, reported in `error`): the cloud's limits (batch size,
   // micro-batches, at least this edge's K) and the step to start from.
@@ -68,7 +70,7 @@ class EdgeSession {
   Optimizer& optimizer_;
   uint32_t microbatches_;
   std::array<uint8_t, 32> model_hash_;
-  std::string client_id_;
+  std::string client_id_, token_;
   std::vector<wire::DType> offered_;
   wire::DType dtype_ = wire::DType::F32;
   MessageWriter writer_;

@@ -23,6 +23,11 @@ int trampoline(lws* wsi, lws_callback_reasons reason, void* user, void* in, size
   return r == kUseDefault ? lws_callback_http_dummy(wsi, reason, user, in, len) : r;
 }
 
+// The browser edge's page fetches its model spec and data as raw bytes (--web).
+const lws_protocol_vhost_options kWasmMime = {nullptr, nullptr, ".wasm", "application/wasm"};
+const lws_protocol_vhost_options kSpecMime = {&kWasmMime, nullptr, ".tdms", "application/octet-stream"};
+const lws_protocol_vhost_options kExtraMimeTypes = {&kSpecMime, nullptr, ".u8", "application/octet-stream"};
+
 const lws_protocols kProtocols[] = {
     {kProtocol, trampoline, 0, kFragment, 0, nullptr, 0},
     {nullptr, nullptr, 0, 0, 0, nullptr, 0},
@@ -89,6 +94,21 @@ void LwsEndpoint::start(bool server, const std::string& host, int port, const Tl
     info.port = port;
     info.iface = host.c_str();
     info.options |= LWS_SERVER_OPTION_REQUIRE_VALID_OPENSSL_CLIENT_CERT | LWS_SERVER_OPTION_DISABLE_IPV6;
+    if (options_.client_certificate_optional) info.options |= LWS_SERVER_OPTION_PEER_CERT_NOT_REQUIRED;
+    // HTTP/1.1 only: browsers would otherwise carry the WebSocket inside HTTP/2 (RFC 8441),
+    // which drops large messages in this libwebsockets.
+    info.alpn = "http/1.1";
+    if (!options_.web_root.empty()) {
+      mount_ = std::make_unique<lws_http_mount>();
+      std::memset(mount_.get(), 0, sizeof(lws_http_mount));
+      mount_->mountpoint = "/";
+      mount_->mountpoint_len = 1;
+      mount_->origin = options_.web_root.c_str();
+      mount_->def = "index.html";
+      mount_->origin_protocol = LWSMPRO_FILE;
+      mount_->extra_mimetypes = &kExtraMimeTypes;
+      info.mounts = mount_.get();
+    }
     info.ssl_cert_filepath = tls.cert.c_str();
     info.ssl_private_key_filepath = tls.key.c_str();
     info.ssl_ca_filepath = tls.ca.c_str();

@@ -1,7 +1,7 @@
 // TLS WebSocket endpoints on libwebsockets (server for the cloud, client for the edge). One
 // service thread owns the lws context; other threads exchange whole messages with it through
 // bounded queues and wake it with lws_cancel_service(). TLS is always on; the server requires
-// a client certificate signed by its CA. Messages go out in 64 KiB fragments from the
+// a client certificate signed by its CA unless told to leave that to the application. Messages go out in 64 KiB fragments from the
 // WRITEABLE callback; arriving fragments are collected up to a size cap.
 #pragma once
 
@@ -23,6 +23,7 @@
 struct lws;
 struct lws_context;
 struct lws_retry_bo;
+struct lws_http_mount;
 
 namespace tandem {
 
@@ -34,6 +35,11 @@ struct EndpointOptions {
   std::size_t max_message_bytes = kDefaultMaxMessageBytes;
   std::size_t queue_depth = 64;  // arrived messages not yet taken; reading pauses beyond it
   int idle_ping_s = 20, idle_hangup_s = 60;
+  // Server: let peers without a client certificate in (one that presents a certificate must
+  // still be signed by the CA); Connected then reports an empty CN and the application must
+  // authenticate the peer itself.
+  bool client_certificate_optional = false;
+  std::string web_root;  // server: serve this folder's files over https at "/" (index.html)
 };
 
 struct EndpointEvent {
@@ -85,6 +91,7 @@ class LwsEndpoint {
   int port_ = 0;
   lws_context* context_ = nullptr;
   std::unique_ptr<lws_retry_bo> retry_;  // must outlive the context
+  std::unique_ptr<lws_http_mount> mount_;  // the web root's, likewise
   std::thread thread_;
   bool stopping_ = false;  // guarded by mutex_
 

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # End to end with real processes on loopback: a tandem-cloud service and tandem-edge agents
 # over TLS WebSockets with mutual TLS. Two edges train at once and get well above chance; an
-# edge with another cut is refused with the cloud's words, one with another CA's identity
-# cannot connect, and the service keeps serving throughout.
+# edge with an enrolment token instead of a certificate trains once; an edge with another cut
+# is refused with the cloud's words, one with another CA's identity cannot connect, and the
+# service keeps serving throughout.
 # Usage: split_training.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -13,7 +14,8 @@ cleanup() { [[ -n ${cloud_pid:-} ]] && kill "$cloud_pid" 2>/dev/null; wait 2>/de
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- cloud log"; cat "$work/cloud.log"; exit 1; }
 
-"$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" > "$work/cloud.log" 2>&1 &
+"$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" --accept-tokens \
+  > "$work/cloud.log" 2>&1 &
 cloud_pid=$!
 for _ in $(seq 1 100); do grep -q 'listening on' "$work/cloud.log" && break; sleep 0.1; done
 port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | cut -d: -f3)
@@ -52,6 +54,18 @@ grep -q "the cloud refused: the edge's model spec or cut differs from the cloud'
 if train intruder "$work/x" --limit 64 --test-limit 10; then fail "an identity from another CA trained"; fi
 grep -q "cannot connect" "$work/intruder.out" || fail "foreign CA: $(cat "$work/intruder.out")"
 
+# An edge without a client certificate: an enrolment token gets it in once, for its client id.
+mkdir -p "$work/t" && cp "$work/a/ca.crt" "$work/t/"
+token=$("$cloud_bin" pki token --state-dir "$work/state" --client ward-3 --ttl 5m)
+train token "$work/t" --token "$token" --client-id ward-3 --limit 320 --test-limit 100 ||
+  fail "edge with a token: $(tail -3 "$work/token.out")"
+if train replay "$work/t" --token "$token" --client-id ward-3 --limit 64 --test-limit 10; then fail "a token worked twice"; fi
+grep -q "the cloud refused: the enrolment token was already used" "$work/replay.out" || fail "replay: $(cat "$work/replay.out")"
+if train notoken "$work/t" --token "" --client-id ward-3 --limit 64 --test-limit 10; then fail "an edge without certificate or token trained"; fi
+grep -q "client.crt is missing: issue an identity with .tandem-cloud pki issue" "$work/notoken.out" ||
+  fail "no certificate, no token: $(cat "$work/notoken.out")"
+echo "edge with an enrolment token: trained; the replayed token refused"
+
 # The service still serves.
 kill -0 "$cloud_pid" || fail "the cloud died"
 train after "$work/b" --limit 640 --test-limit 100 || fail "after the refusals: $(tail -3 "$work/after.out")"
@@ -70,4 +84,4 @@ kill "$any_pid"; wait "$any_pid" 2> /dev/null || true
 grep -q "cut '$(echo "$planned" | sed 's/.*cut=\([^ ]*\).*/\1/')': 10 steps" "$work/any.log" ||
   fail "the cloud did not train the planned cut: $(cat "$work/any.log")"
 echo "edge with --cut auto: $planned, trained by a --cut any cloud"
-echo "PASS: two concurrent edges above 70%, refusals clear, the service kept serving, --cut auto"
+echo "PASS: two concurrent edges above 70%, a token edge, refusals clear, the service kept serving, --cut auto"

@@ -1,0 +1,39 @@
+// Enrolment tokens for edges that cannot present a client certificate (browsers): a client
+// name, a random id and an expiry, signed with the cloud CA's key; single use, spent on disk.
+#pragma once
+
+#include <cstdint>
+#include <ctime>
+#include <mutex>
+#include <set>
+#include <string>
+
+#include "cloud/pki/mbed_support.h"
+
+namespace tandem::pki {
+
+// "tdt1.<payload>.<signature>", both base64url; the payload reads
+// "client=NAME;id=HEX;iat=UNIX;exp=UNIX". Throws Error if DIR has no CA or ttl_s <= 0.
+std::string issue_token(const std::string& state_dir, const std::string& client, int64_t ttl_s,
+                        int64_t now = std::time(nullptr));
+
+// Parses a --ttl value: seconds, or a number with s, m, h or d. Throws Error otherwise.
+int64_t parse_ttl(const std::string& text);
+
+// Checks tokens against DIR's CA and spends them in DIR/tokens-used (one "ID EXPIRY" line
+// each, appended and fsynced before the token is accepted), so a restart forgets none.
+class TokenVerifier {
+ public:
+  explicit TokenVerifier(const std::string& state_dir);
+  // "" when `token` is genuine, unexpired, unspent and names `client` (it is now spent);
+  // otherwise why it is refused. Thread-safe.
+  std::string accept(const std::string& token, const std::string& client, int64_t now = std::time(nullptr));
+
+ private:
+  Crt ca_;
+  std::string used_path_;
+  std::mutex mutex_;
+  std::set<std::string> used_;
+};
+
+}  // namespace tandem::pki

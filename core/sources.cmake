@@ -1,0 +1,35 @@
+# core's sources (relative to core/), shared by the native build and the wasm build (wasm/).
+set(TANDEM_CORE_SOURCES
+  tensor.cpp
+  activation.cpp
+  avg_pool2d.cpp
+  geometry.cpp
+  backend.cpp
+  param.cpp
+  model_spec.cpp
+  graph.cpp
+  network.cpp
+  profiler.cpp
+  planner.cpp
+  simd/direct_conv2d.cpp
+  simd/max_pool_2x2.cpp
+  simd/gemm.cpp
+  portable/portable_backend.cpp
+  loss.cpp
+  optimizer.cpp
+  checkpoint/checkpoint.cpp
+  interop/safetensors.cpp
+  interop/torch_layout.cpp
+  schedule.cpp
+  trainer.cpp
+  sha256.cpp
+  wire/frame.cpp
+  wire/messages.cpp
+  wire/tensor_codec.cpp
+  layers/conv2d_layer.cpp
+  layers/linear_layer.cpp
+  layers/heads_layer.cpp
+  layers/batch_norm_layer.cpp
+  layers/simple_layers.cpp
+  reference/reference_backend.cpp
+)

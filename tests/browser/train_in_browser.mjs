@@ -1,0 +1,120 @@
+// Drives the browser edge's page in Debian's headless Chromium (playwright-core): the page
+// trains against a local tandem-cloud over wss with an enrolment token; the loss must fall,
+// the chart must show it (screenshot), and a replayed or forged token must be refused.
+// Then the page trains on local image files (PNGs picked through its file input, two classes).
+// Usage: node train_in_browser.mjs PAGE_URL TOKEN OTHER_TOKEN FILES_TOKEN SCREENSHOT STEPS WEB_DIR
+import { readFileSync } from "node:fs";
+import { crc32, deflateSync } from "node:zlib";
+import { chromium } from "playwright-core";
+
+const [pageUrl, token, otherToken, filesToken, screenshot, stepsText, webDir] = process.argv.slice(2);
+const steps = Number(stepsText || 50);
+// An 8-bit grey PNG of w x h pixels.
+function png(pixels, w, h) {
+  const chunk = (type, data) => {
+    const body = Buffer.concat([Buffer.from(type), data]);
+    const out = Buffer.alloc(12 + data.length);
+    out.writeUInt32BE(data.length, 0);
+    body.copy(out, 4);
+    out.writeUInt32BE(crc32(body) >>> 0, 8 + data.length);
+    return out;
+  };
+  const header = Buffer.alloc(13);
+  header.writeUInt32BE(w, 0);
+  header.writeUInt32BE(h, 4);
+  header[8] = 8;  // bit depth; colour type 0 (grey)
+  const rows = Buffer.alloc(h * (w + 1));
+  for (let y = 0; y < h; ++y) Buffer.from(pixels.subarray(y * w, (y + 1) * w)).copy(rows, y * (w + 1) + 1);
+  return Buffer.concat([Buffer.from([137, 80, 78, 71, 13, 10, 26, 10]), chunk("IHDR", header),
+                        chunk("IDAT", deflateSync(rows)), chunk("IEND", Buffer.alloc(0))]);
+}
+
+const fail = (text) => {
+  console.error(`FAIL: ${text}`);
+  process.exitCode = 1;
+};
+
+const browser = await chromium.launch({
+  executablePath: "/usr/bin/chromium",
+  headless: true,
+  args: ["--no-sandbox", "--disable-gpu", "--disable-quic", "--no-first-run", "--disable-background-networking",
+         "--disable-component-update", "--disable-sync", "--ignore-certificate-errors"],
+});
+try {
+  const context = await browser.newContext({ ignoreHTTPSErrors: true, viewport: { width: 1000, height: 820 } });
+  const page = await context.newPage();
+  page.on("console", (m) => { if (m.type() === "error") console.error(`page: ${m.text()}`); });
+  page.on("pageerror", (e) => console.error(`page error: ${e.message}`));
+  page.on("response", (r) => { if (r.status() >= 400) console.error(`page: HTTP ${r.status()} for ${r.url()}`); });
+
+  // Runs one training from the page with `tokenText`; returns the page's record of it.
+  const run = async (tokenText, client) => {
+    const url = `${pageUrl}?token=${encodeURIComponent(tokenText)}&client=${client}&steps=${steps}`;
+    await page.goto(url);
+    await page.click("#train");
+    await page.waitForFunction(() => ["done", "failed"].includes(window.tandemDemo.state), null,
+                               { timeout: 300000, polling: 250 });
+    return page.evaluate(() => ({ ...window.tandemDemo, status: document.getElementById("status").textContent }));
+  };
+
+  const t0 = Date.now();
+  const trained = await run(token, "page-1");
+  const seconds = (Date.now() - t0) / 1000;
+  const losses = trained.events.filter((e) => e.event === "step").map((e) => e.loss);
+  const done = trained.events.find((e) => e.event === "done");
+  if (trained.state !== "done") fail(`training did not finish: ${trained.status}`);
+  else if (losses.length !== steps) fail(`${losses.length} steps reported, expected ${steps}`);
+  else {
+    const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
+    const before = mean(losses.slice(0, 5)), after = mean(losses.slice(-5));
+    console.log(JSON.stringify({ steps: losses.length, loss_first5: before, loss_last5: after,
+                                 test_accuracy: done.test_accuracy, seconds,
+                                 samples_per_s: trained.events.filter((e) => e.event === "step").pop().samples_per_s }));
+    if (!(after < before)) fail(`the loss did not fall: ${before} -> ${after}`);
+    // The chart drew the loss line: blue pixels on the canvas.
+    const blue = await page.evaluate(() => {
+      const c = document.getElementById("chart");
+      const d = c.getContext("2d").getImageData(0, 0, c.width, c.height).data;
+      let n = 0;
+      for (let i = 0; i < d.length; i += 4) n += d[i] < 80 && d[i + 2] > 200;
+      return n;
+    });
+    if (blue < 200) fail(`the chart shows no loss line (${blue} blue pixels)`);
+    await page.screenshot({ path: screenshot, fullPage: true });
+  }
+
+  const replayed = await run(token, "page-1");
+  const wantReplay = "the enrolment token was already used";
+  if (replayed.state !== "failed" || !replayed.status.includes(wantReplay))
+    fail(`a replayed token was not refused: ${replayed.status}`);
+  else console.log(`replayed token: ${replayed.status}`);
+
+  const forged = `${otherToken.slice(0, -4)}${otherToken.endsWith("AAAA") ? "BBBB" : "AAAA"}`;
+  const refused = await run(forged, "page-2");
+  if (refused.state !== "failed" || !refused.status.includes("signature does not verify"))
+    fail(`a forged token was not refused: ${refused.status}`);
+  else console.log(`forged token: ${refused.status}`);
+
+  // Local files: 24 trousers (class 1) and 24 bags (class 8) from the bundled images, as PNGs.
+  const images = readFileSync(`${webDir}/train-images.u8`), labels = readFileSync(`${webDir}/train-labels.u8`);
+  const filesOf = (label) => [...labels.keys()].filter((i) => labels[i] === label).slice(0, 24)
+    .map((i) => ({ name: `img${i}.png`, mimeType: "image/png", buffer: png(images.subarray(784 * i, 784 * (i + 1)), 28, 28) }));
+  await page.goto(`${pageUrl}?token=${encodeURIComponent(filesToken)}&client=page-3&steps=10`);
+  await page.uncheck("#invert");  // already light on dark
+  for (const label of [1, 8]) {
+    await page.setInputFiles("#files", filesOf(label));
+    await page.selectOption("#fileLabel", String(label));
+    await page.click("#addFiles");
+    await page.waitForFunction((n) => document.getElementById("fileCount").textContent.startsWith(`${n} images`),
+                               label === 1 ? 24 : 48);
+  }
+  await page.fill("#batch", "16");
+  await page.click("#train");
+  await page.waitForFunction(() => ["done", "failed"].includes(window.tandemDemo.state), null, { timeout: 120000 });
+  const local = await page.evaluate(() => ({ ...window.tandemDemo, status: document.getElementById("status").textContent }));
+  const localSteps = local.events.filter((e) => e.event === "step").length;
+  if (local.state !== "done" || localSteps !== 10) fail(`training on local files: ${local.status} (${localSteps} steps)`);
+  else console.log(`local files: ${local.status}`);
+} finally {
+  await browser.close();
+}

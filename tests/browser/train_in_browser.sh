@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# The browser edge end to end: tandem-cloud serves the page (--web) and takes enrolment tokens;
+# headless Chromium (Debian's, driven by playwright-core) opens the page, trains 50 steps over
+# wss, and the loss falls; a replayed and a forged token are refused; the cloud keeps serving;
+# the page trains on local image files too.
+# Usage: train_in_browser.sh NATIVE_BUILD_DIR SOURCE_DIR WASM_BUILD_DIR
+set -euo pipefail
+build=$1 src=$2 wasm=$3
+source "$src/tests/wasm/require_wasm_build.sh"
+require_wasm_build
+for need in /usr/bin/chromium "$src/tests/browser/node_modules/playwright-core"; do
+  if [[ ! -e $need ]]; then
+    echo "$need is missing: bash scripts/setup.sh installs Debian's chromium and playwright-core"
+    [[ ${CI:-} == true ]] && exit 1
+    echo "SKIPPED"
+    exit 77
+  fi
+done
+cloud_bin=$build/cloud/tandem-cloud
+work=$(mktemp -d)
+cleanup() { [[ -n ${cloud_pid:-} ]] && kill "$cloud_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; echo "--- cloud log"; cat "$work/cloud.log"; exit 1; }
+
+"$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$src/samples/fashion-mnist/model.json" \
+  --batch 32 --microbatches 4 --web "$wasm/web" > "$work/cloud.log" 2>&1 &
+cloud_pid=$!
+for _ in $(seq 1 100); do grep -q 'listening on' "$work/cloud.log" && break; sleep 0.1; done
+port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | cut -d: -f3)
+[[ -n $port ]] || fail "the cloud did not start"
+token=$("$cloud_bin" pki token --state-dir "$work/state" --client page-1 --ttl 10m)
+other=$("$cloud_bin" pki token --state-dir "$work/state" --client page-2 --ttl 10m)
+files=$("$cloud_bin" pki token --state-dir "$work/state" --client page-3 --ttl 10m)
+shot=$build/browser-train.png
+node "$src/tests/browser/train_in_browser.mjs" "https://127.0.0.1:$port/" "$token" "$other" "$files" "$shot" 50 \
+  "$wasm/web" || fail "the browser run failed"
+kill -0 "$cloud_pid" || fail "the cloud died"
+grep -q "session 1 (), cut 'pool2': 50 steps, 1600 samples" "$work/cloud.log" ||
+  fail "the cloud did not train 50 steps of the page's session"
+grep -q "session 4 (), cut 'pool2': 10 steps, 160 samples" "$work/cloud.log" ||
+  fail "the cloud did not train 10 steps on the page's local files"
+echo "PASS: the page trained 50 steps in Chromium, the loss fell; replayed and forged tokens refused; local files trained (screenshot $shot)"

@@ -1,0 +1,190 @@
+// The event-driven edge (the browser edge's trainer) against an in-process cloud session:
+// it trains, evaluates and says goodbye; refusals, lost links and bad data end it with the
+// exact reason.
+#include <gtest/gtest.h>
+
+#include <cmath>
+#include <deque>
+
+#include "cloud/session/cloud_session.h"
+#include "core/error.h"
+#include "core/graph.h"
+#include "edge/session/event_edge.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+constexpr const char* kSpec = kSmallSplitSpec;
+
+struct Pixels {
+  std::vector<uint8_t> bytes;
+  std::vector<int32_t> labels;
+};
+Pixels pixels(int64_t n, uint64_t seed) {
+  const QuadrantData d = quadrant_data(n, seed);
+  Pixels p{std::vector<uint8_t>(static_cast<std::size_t>(n * 64)), d.labels};
+  for (int64_t i = 0; i < n * 64; ++i)
+    p.bytes[static_cast<std::size_t>(i)] = static_cast<uint8_t>(std::lround(std::min(1.0f, d.images[i]) * 255.0f));
+  return p;
+}
+
+// The edge's messages go to a cloud session in this process, its replies come back in order.
+struct Harness {
+  ModelSpec spec = parse_model_json(kSpec);
+  Graph graph = Graph::build(spec);
+  std::unique_ptr<Backend> backend = make_backend("reference");
+  Network back{graph.split("pool1").second, *backend, 5};
+  Sgd back_opt{back.params(), {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false}};
+  std::unique_ptr<CloudSession> cloud;
+  std::deque<std::vector<uint8_t>> to_edge;
+  std::vector<std::string> events;
+  std::unique_ptr<EventEdge> edge;
+  bool cloud_closed = false;
+
+  explicit Harness(EventEdgeConfig config, std::function<std::string(const std::string&, const std::string&)> authorize = nullptr) {
+    Network whole(graph, *backend, config.seed);
+    for (Param* p : back.params()) {
+      p->value().copy_from(whole.param(p->name()).value());
+      p->bump_version();
+    }
+    CloudSessionConfig cc;
+    cc.model_hash = model_hash(spec, "pool1");
+    cc.batch_size = 32;
+    cc.microbatches = 4;
+    cc.classes = 4;
+    cc.authorize = std::move(authorize);
+    cloud = std::make_unique<CloudSession>(back, back_opt, cc);
+    edge = std::make_unique<EventEdge>(
+        spec, config,
+        [this](std::span<const uint8_t> b) {
+          if (cloud_closed) return;
+          CloudReply r = cloud->handle(Frame::copy_of(b.data(), b.size()));
+          cloud->finish_step();
+          if (!r.bytes.empty()) to_edge.emplace_back(r.bytes.begin(), r.bytes.end());
+          cloud_closed = cloud_closed || r.close;
+        },
+        [this](const std::string& json) { events.push_back(json); });
+  }
+
+  void run() {
+    edge->on_open();
+    while (!to_edge.empty() && !edge->finished()) {
+      const std::vector<uint8_t> m = std::move(to_edge.front());
+      to_edge.pop_front();
+      edge->on_message(Frame::copy_of(m.data(), m.size()));
+    }
+  }
+  int count(const std::string& kind) const {
+    int n = 0;
+    for (const auto& e : events) n += e.find("\"event\":\"" + kind + "\"") != std::string::npos;
+    return n;
+  }
+  double field(const std::string& json, const std::string& name) const {
+    const auto at = json.find("\"" + name + "\":");
+    return at == std::string::npos ? NAN : std::atof(json.c_str() + at + name.size() + 3);
+  }
+};
+
+EventEdgeConfig config(int64_t steps) {
+  EventEdgeConfig c;
+  c.client_id = "page-1";
+  c.batch = 32;
+  c.microbatches = 4;
+  c.steps = steps;
+  c.optimizer = {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false};
+  c.seed = 5;
+  c.backend = backend_under_test();
+  return c;
+}
+
+TEST(EventEdge, TrainsEvaluatesAndSaysGoodbye) {
+  Harness h(config(40));
+  const Pixels train = pixels(512, 1), test = pixels(256, 2);
+  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 512, 8, 8);
+  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 256, 8, 8);
+  h.run();
+  ASSERT_TRUE(h.edge->finished());
+  ASSERT_FALSE(h.edge->failed()) << h.events.back();
+  EXPECT_EQ(h.count("connected"), 1);
+  EXPECT_EQ(h.count("welcome"), 1);
+  EXPECT_EQ(h.count("step"), 40);
+  EXPECT_EQ(h.count("evaluated"), 1);
+  ASSERT_EQ(h.count("done"), 1);
+  EXPECT_EQ(h.edge->steps_done(), 40);
+  EXPECT_EQ(h.cloud->step(), 40u);
+  double first = 0, last = 0;
+  std::vector<double> losses;
+  for (const auto& e : h.events)
+    if (e.find("\"event\":\"step\"") != std::string::npos) losses.push_back(h.field(e, "loss"));
+  for (int i = 0; i < 5; ++i) first += losses[static_cast<std::size_t>(i)] / 5, last += losses[losses.size() - 1 - i] / 5;
+  EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
+  EXPECT_GT(h.field(h.events.back(), "test_accuracy"), 0.9) << h.events.back();
+  EXPECT_TRUE(h.cloud->closed()) << "the cloud saw no Bye";
+}
+
+TEST(EventEdge, TrainsWithInt8OnTheWire) {
+  EventEdgeConfig c = config(40);
+  c.dtypes = {wire::DType::I8, wire::DType::F32};
+  Harness h(c);
+  const Pixels train = pixels(512, 1), test = pixels(256, 2);
+  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 512, 8, 8);
+  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 256, 8, 8);
+  h.run();
+  ASSERT_FALSE(h.edge->failed()) << h.events.back();
+  EXPECT_NE(h.events[1].find(R"("dtype":"i8")"), std::string::npos) << h.events[1];
+  EXPECT_GT(h.field(h.events.back(), "test_accuracy"), 0.9) << h.events.back();
+}
+
+TEST(EventEdge, RefusedTokenEndsTheRunWithTheCloudsReason) {
+  EventEdgeConfig c = config(5);
+  c.token = "tdt1.forged";
+  std::string seen_token, seen_client;
+  Harness h(c, [&](const std::string& token, const std::string& client) {
+    seen_token = token;
+    seen_client = client;
+    return std::string("the enrolment token is malformed");
+  });
+  const Pixels train = pixels(64, 1);
+  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 64, 8, 8);
+  h.run();
+  EXPECT_TRUE(h.edge->failed());
+  EXPECT_EQ(seen_token, "tdt1.forged");
+  EXPECT_EQ(seen_client, "page-1");
+  EXPECT_EQ(h.events.back(), R"j({"event":"error","text":"the cloud refused: the enrolment token is malformed"})j");
+}
+
+TEST(EventEdge, LostLinkEndsTheRunWithTheReason) {
+  Harness h(config(5));
+  const Pixels train = pixels(64, 1);
+  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 64, 8, 8);
+  h.edge->on_open();
+  h.edge->on_closed("the connection closed (code 1006)");
+  EXPECT_TRUE(h.edge->failed());
+  EXPECT_EQ(h.events.back(), R"j({"event":"error","text":"the connection closed (code 1006)"})j");
+  EXPECT_FALSE(h.edge->on_message(Frame::copy_of(h.to_edge.front().data(), h.to_edge.front().size())));
+}
+
+TEST(EventEdge, BadDataIsRefusedWithTheReason) {
+  Harness h(config(5));
+  const Pixels train = pixels(64, 1);
+  try {
+    h.edge->set_data(false, train.bytes.data(), train.labels.data(), 16, 28, 28);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "[edge] images of 28x28 do not fit the model's input [8, 8, 1]");
+  }
+  std::vector<int32_t> labels = train.labels;
+  labels[3] = 7;
+  try {
+    h.edge->set_data(false, train.bytes.data(), labels.data(), 64, 8, 8);
+    FAIL() << "no error";
+  } catch (const Error& e) {
+    EXPECT_STREQ(e.what(), "[edge] label 7 of image 3 is outside [0, 4)");
+  }
+  h.edge->on_open();  // still no training data
+  EXPECT_EQ(h.events.back(), R"j({"event":"error","text":"no training images were given"})j");
+}
+
+}  // namespace
+}  // namespace tandem::test

@@ -1,0 +1,109 @@
+// The browser edge's C API for JavaScript (wasm/web/tandem.js wraps it): one edge per page,
+// an EventEdge fed by the browser's WebSocket; events go to Module.onEvent as objects.
+#include <emscripten/emscripten.h>
+
+#include <memory>
+#include <string>
+
+#include "core/error.h"
+#include "core/model_spec.h"
+#include "core/wire/tensor_codec.h"
+#include "edge/session/event_edge.h"
+#include "ports/browser/browser_socket.h"
+
+namespace {
+
+using namespace tandem;
+
+EM_JS(void, emit_to_page, (const char* json), {
+  if (Module.onEvent) Module.onEvent(JSON.parse(UTF8ToString(json)));
+});
+
+struct Page {
+  std::unique_ptr<EventEdge> edge;
+  std::unique_ptr<BrowserSocket> socket;
+  std::string error;
+};
+
+Page& page() {
+  static Page p;
+  return p;
+}
+
+// Runs f; an Error becomes tandem_last_error() and -1.
+template <typename F>
+int guarded(F&& f) {
+  try {
+    f();
+    page().error.clear();
+    return 0;
+  } catch (const std::exception& e) {
+    page().error = e.what();
+    return -1;
+  }
+}
+
+}  // namespace
+
+extern "C" {
+
+EMSCRIPTEN_KEEPALIVE const char* tandem_last_error() { return page().error.c_str(); }
+
+// spec: the binary model spec (tandem pack-spec). wire_dtype: f32, f16, bf16 or i8.
+EMSCRIPTEN_KEEPALIVE int tandem_create(const uint8_t* spec, int spec_len, const char* cut, const char* client_id,
+                                       const char* token, int batch, int microbatches, int steps, float lr,
+                                       float momentum, int seed, const char* wire_dtype, int eval_samples) {
+  return guarded([&] {
+    Page& p = page();
+    p.socket.reset();
+    p.edge.reset();
+    EventEdgeConfig c;
+    c.cut = cut;
+    c.client_id = client_id;
+    c.token = token;
+    c.batch = static_cast<uint32_t>(batch);
+    c.microbatches = static_cast<uint32_t>(microbatches);
+    c.steps = steps;
+    c.optimizer.lr = lr;
+    c.optimizer.momentum = momentum;
+    c.seed = static_cast<uint64_t>(seed);
+    c.eval_samples = eval_samples;
+    const auto dtype = parse_dtype(wire_dtype);
+    if (!dtype) fail("edge", cat("unknown wire dtype '", wire_dtype, "' (known: f32, f16, bf16, i8)"));
+    c.dtypes = {*dtype};
+    if (*dtype != wire::DType::F32) c.dtypes.push_back(wire::DType::F32);
+    const ModelSpec model = parse_model_binary(spec, static_cast<std::size_t>(spec_len));
+    p.edge = std::make_unique<EventEdge>(
+        model, c, [](std::span<const uint8_t> bytes) { page().socket->send(bytes); },
+        [](const std::string& json) { emit_to_page(json.c_str()); });
+  });
+}
+
+// test: 0 training images, 1 test images; pixels [n][h][w] 8-bit grey.
+EMSCRIPTEN_KEEPALIVE int tandem_set_data(int test, const uint8_t* pixels, const int32_t* labels, int n, int h, int w) {
+  return guarded([&] {
+    if (!page().edge) fail("edge", "tandem_create first");
+    page().edge->set_data(test != 0, pixels, labels, n, h, w);
+  });
+}
+
+// url: wss://HOST:PORT/ of tandem-cloud serve --accept-tokens (or --web).
+EMSCRIPTEN_KEEPALIVE int tandem_start(const char* url) {
+  return guarded([&] {
+    Page& p = page();
+    if (!p.edge) fail("edge", "tandem_create first");
+    BrowserSocket::Handlers h;
+    h.opened = [] { page().edge->on_open(); };
+    h.message = [](Frame frame) {
+      if (!page().edge->on_message(frame)) page().socket->close(page().edge->failed() ? "edge failed" : "done");
+    };
+    h.closed = [](const std::string& why) { page().edge->on_closed(why); };
+    p.socket = std::make_unique<BrowserSocket>(url, std::move(h), kDefaultMaxMessageBytes);
+  });
+}
+
+EMSCRIPTEN_KEEPALIVE void tandem_stop() {
+  if (page().socket) page().socket->close("stopped by the page");
+}
+
+}  // extern "C"

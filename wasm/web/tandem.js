@@ -1,0 +1,76 @@
+// tandem's browser edge as a small JavaScript API over the WebAssembly module
+// (tandem_edge.js): load a model spec and cut, give it images, connect to the cloud over wss
+// with an enrolment token, train, and follow progress and metrics as events.
+"use strict";
+
+class TandemEdge {
+  // options: spec (Uint8Array, the binary model spec from `tandem pack-spec`), cut ("" for the
+  // spec's own), clientId, token, batch, microbatches, steps, lr, momentum, seed, wireDtype
+  // ("f32", "f16", "bf16", "i8"), evalSamples (0: all test images), onEvent(event).
+  static async create(options) {
+    const edge = new TandemEdge(options.onEvent || (() => {}));
+    edge.module = await createTandemModule({
+      onEvent: (event) => edge.dispatch(event),
+      print: (text) => console.log(text),
+      printErr: (text) => console.warn(text),
+    });
+    const m = edge.module;
+    const spec = edge.copyIn(options.spec, 1);
+    const rc = m.ccall("tandem_create", "number",
+      ["number", "number", "string", "string", "string", "number", "number", "number", "number", "number", "number", "string", "number"],
+      [spec, options.spec.length, options.cut || "", options.clientId || "browser", options.token || "",
+       options.batch || 32, options.microbatches || 4, options.steps || 50, options.lr ?? 0.05, options.momentum ?? 0.9,
+       options.seed || 1, options.wireDtype || "f32", options.evalSamples || 0]);
+    m._free(spec);
+    edge.check(rc);
+    return edge;
+  }
+
+  constructor(onEvent) {
+    this.onEvent = onEvent;
+    this.finished = null;
+  }
+
+  // pixels: Uint8Array of n images of h x w 8-bit grey values; labels: n class indices.
+  setTrainingData(pixels, labels, h = 28, w = 28) { this.setData(0, pixels, labels, h, w); }
+  setTestData(pixels, labels, h = 28, w = 28) { this.setData(1, pixels, labels, h, w); }
+
+  // Connects to url (wss://HOST:PORT/) and trains; resolves with the "done" event, rejects
+  // with the cloud's or the link's reason.
+  train(url) {
+    const done = new Promise((resolve, reject) => { this.finished = { resolve, reject }; });
+    this.check(this.module.ccall("tandem_start", "number", ["string"], [url]));
+    return done;
+  }
+
+  stop() { this.module._tandem_stop(); }
+
+  setData(test, pixels, labels, h, w) {
+    const n = labels.length;
+    if (pixels.length !== n * h * w) throw new Error(`${pixels.length} pixels for ${n} images of ${h}x${w}`);
+    const p = this.copyIn(pixels, 1);
+    const l = this.copyIn(Int32Array.from(labels), 4);
+    const rc = this.module._tandem_set_data(test, p, l, n, h, w);
+    this.module._free(p);
+    this.module._free(l);
+    this.check(rc);
+  }
+
+  copyIn(array, bytesPerItem) {
+    const ptr = this.module._malloc(Math.max(1, array.length * bytesPerItem));
+    if (bytesPerItem === 4) this.module.HEAP32.set(array, ptr >> 2);
+    else this.module.HEAPU8.set(array, ptr);
+    return ptr;
+  }
+
+  check(rc) {
+    if (rc !== 0) throw new Error(this.module.UTF8ToString(this.module._tandem_last_error()));
+  }
+
+  dispatch(event) {
+    this.onEvent(event);
+    if (!this.finished) return;
+    if (event.event === "done") this.finished.resolve(event);
+    if (event.event === "error") this.finished.reject(new Error(event.text));
+  }
+}
