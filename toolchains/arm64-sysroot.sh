@@ -39,9 +39,15 @@ if ! ls /var/lib/apt/lists/*_binary-arm64_Packages* > /dev/null 2>&1; then
   apt-get update -qq
 fi
 
+# Only a folder this script made (or an empty or absent one) is ever replaced.
+if [[ -d $out && ! -f $out/.tandem-sysroot && ! -f $out/.sysroot-stamp && -n $(ls -A "$out") ]]; then
+  echo "arm64 sysroot: $out exists and was not made by this script: pick another OUT_DIR or remove it" >&2
+  exit 1
+fi
 rm -rf "$out"
 debs=$out/.debs
 mkdir -p "$debs"
+touch "$out/.tandem-sysroot"
 # As root, apt would hand the download to its _apt user, which cannot write here.
 sandbox=()
 [[ $(id -u) -ne 0 ]] || sandbox=(-o APT::Sandbox::User=root)
