@@ -251,4 +251,13 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
   return want_input_grad ? grads_[0] : Tensor();
 }
 
+void init_from_whole_model(const Graph& whole, uint64_t seed, Network& shard) {
+  auto reference = make_backend("reference");
+  Network model(whole, *reference, seed);
+  for (Param* p : shard.params()) {
+    p->value().copy_from(model.param(p->name()).value());
+    p->bump_version();
+  }
+}
+
 }  // namespace tandem

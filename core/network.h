@@ -80,4 +80,8 @@ class Network {
   NodeTimes* times_ = nullptr;
 };
 
+// Gives `shard`'s parameters the values the whole model (`whole`, seeded with `seed`) starts
+// with, so a shard's weights do not depend on where the model is cut.
+void init_from_whole_model(const Graph& whole, uint64_t seed, Network& shard);
+
 }  // namespace tandem

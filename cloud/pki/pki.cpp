@@ -161,11 +161,15 @@ InitResult init(const std::string& state_dir, const std::vector<std::string>& ho
   return r;
 }
 
+void require_ca(const std::string& state_dir) {
+  if (!fs::exists(state_dir + "/ca.crt") || !fs::exists(state_dir + "/ca.key"))
+    fail(kWhere, cat(state_dir, " has no CA; run `tandem-cloud pki init --state-dir ", state_dir, "` first"));
+}
+
 void issue(const std::string& state_dir, const std::string& client_name, const std::string& out_dir) {
   check_client_name(client_name);
+  require_ca(state_dir);
   const std::string ca_cert = state_dir + "/ca.crt", ca_key_path = state_dir + "/ca.key";
-  if (!fs::exists(ca_cert) || !fs::exists(ca_key_path))
-    fail(kWhere, cat(state_dir, " has no CA; run `tandem-cloud pki init --state-dir ", state_dir, "` first"));
   Random rng;
   Pk ca_key = load_key(ca_key_path);
   Crt ca = load_crt(ca_cert);

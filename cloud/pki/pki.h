@@ -21,6 +21,9 @@ InitResult init(const std::string& state_dir, const std::vector<std::string>& ho
 // CA in DIR) and OUT/ca.crt. Throws Error if DIR has no CA ("run pki init first").
 void issue(const std::string& state_dir, const std::string& client_name, const std::string& out_dir);
 
+// Throws Error saying to run `pki init` unless DIR holds a CA (ca.crt and ca.key).
+void require_ca(const std::string& state_dir);
+
 // Throws Error unless `name` has 1 to 64 letters, digits, '-', '_' or '.'.
 void check_client_name(const std::string& name);
 

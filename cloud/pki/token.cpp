@@ -6,7 +6,6 @@
 #include <cerrno>
 #include <charconv>
 #include <cstring>
-#include <filesystem>
 #include <fstream>
 
 #include "cloud/pki/pki.h"
@@ -16,7 +15,6 @@
 namespace tandem::pki {
 namespace {
 
-namespace fs = std::filesystem;
 constexpr std::string_view kWhere = "pki";
 constexpr std::string_view kPrefix = "tdt1.";
 constexpr std::size_t kMaxTokenChars = 1024;
@@ -110,11 +108,9 @@ std::string utc_text(int64_t t) {
 std::string issue_token(const std::string& state_dir, const std::string& client, int64_t ttl_s, int64_t now) {
   check_client_name(client);
   if (ttl_s <= 0) fail(kWhere, cat("a token's time to live must be > 0 seconds, got ", ttl_s));
-  const std::string ca_key_path = state_dir + "/ca.key";
-  if (!fs::exists(ca_key_path))
-    fail(kWhere, cat(state_dir, " has no CA; run `tandem-cloud pki init --state-dir ", state_dir, "` first"));
+  require_ca(state_dir);
   Random rng;
-  Pk key = load_key(ca_key_path);
+  Pk key = load_key(state_dir + "/ca.key");
   uint8_t id[16];
   check(mbedtls_ctr_drbg_random(rng.drbg(), id, sizeof id), "drawing a token id");
   const std::string payload = cat("client=", client, ";id=", to_hex(id, sizeof id), ";iat=", now, ";exp=", now + ttl_s);

@@ -314,8 +314,7 @@ int serve(const ServeOptions& o) {
     if (!o.init_from.empty()) {
       shard_from_torch(graph, read_safetensors_file(o.init_from, tensor_names(front)), front);
     } else {
-      Network whole(graph, *reference, o.seed);
-      for (Param* p : front.params()) p->value().copy_from(whole.param(p->name()).value());
+      init_from_whole_model(graph, o.seed, front);
     }
     NamedTensors initial;
     for (Param* p : front.params()) initial.emplace_back(p->name(), p->value().clone());

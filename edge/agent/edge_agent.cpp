@@ -72,12 +72,7 @@ void init_front(const EdgeTrainOptions& o, const Graph& graph, Network& front) {
     std::fprintf(stderr, "front shard initialised from %s\n", o.init_from.c_str());
     return;
   }
-  auto reference = make_backend("reference");
-  Network whole(graph, *reference, o.seed);
-  for (Param* p : front.params()) {
-    p->value().copy_from(whole.param(p->name()).value());
-    p->bump_version();
-  }
+  init_from_whole_model(graph, o.seed, front);
 }
 
 LabelledImages training_data(const EdgeTrainOptions& o) {

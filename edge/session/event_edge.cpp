@@ -53,13 +53,7 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
                                   graph.output_groups());
   backend_ = make_backend(config_.backend);
   front_ = std::make_unique<Network>(graph.split(config_.cut).first, *backend_, config_.seed);
-  // The same initial weights the whole model would have (the cloud draws its back shard so).
-  auto reference = make_backend("reference");
-  Network whole(graph, *reference, config_.seed);
-  for (Param* p : front_->params()) {
-    p->value().copy_from(whole.param(p->name()).value());
-    p->bump_version();
-  }
+  init_from_whole_model(graph, config_.seed, *front_);  // as the cloud draws its back shard
   optimizer_ = make_optimizer(front_->params(), config_.optimizer);
   session_ = std::make_unique<EdgeSession>(*front_, *optimizer_, config_.microbatches, model_hash(spec, config_.cut),
                                            config_.client_id, config_.dtypes);
