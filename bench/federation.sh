@@ -3,11 +3,13 @@
 # of the training set (non-IID by class by default: sorted by class, equal slices), against
 # one cloud that averages their front shards every S steps (default 50), E epochs (default
 # 2). Prints every edge's final test accuracy (after the last round's average) and the
-# cloud's rounds. All on this machine over loopback TLS.
-# Usage: bash bench/federation.sh [EDGES] [AGGREGATE_EVERY] [EPOCHS] [SPLIT] [LIMIT]
+# cloud's rounds. All on this machine over loopback TLS. The edges' front shards update once
+# a round (--front-updates round) at lr 0.005 with a cosine schedule, unless EDGE_ARGS says
+# otherwise (its options come after these and override them).
+# Usage: [EDGE_ARGS=...] [CLOUD_ARGS=...] bash bench/federation.sh [EDGES] [AGGREGATE_EVERY] [EPOCHS] [SPLIT] [LIMIT] [BATCH]
 set -euo pipefail
 cd "$(dirname "$0")/.."
-edges=${1:-4} every=${2:-50} epochs=${3:-2} split=${4:-class} limit=${5:-0}
+edges=${1:-4} every=${2:-50} epochs=${3:-2} split=${4:-class} limit=${5:-0} batch=${6:-32}
 build=build/release model=samples/fashion-mnist/model.json
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
@@ -21,7 +23,8 @@ start=$(date +%s.%N)
 for ((i = 0; i < edges; i++)); do
   "$build/cloud/tandem-cloud" pki issue --state-dir "$work/state" --client "hospital-$i" --out "$work/hospital-$i" > /dev/null
   "$build/edge/tandem-edge" train --cloud "wss://localhost:$port" --identity "$work/hospital-$i" --model "$model" \
-    --epochs "$epochs" --limit "$limit" --shard "$i/$edges" --split "$split" --batch 64 --microbatches 4 \
+    --epochs "$epochs" --limit "$limit" --shard "$i/$edges" --split "$split" --batch "$batch" --microbatches 4 \
+    --front-updates round --lr 0.005 --momentum 0 --schedule cosine \
     --metrics-json "$work/edge-$i.jsonl" ${EDGE_ARGS:-} > "$work/edge-$i.out" 2>&1 &
   pids+=($!)
 done

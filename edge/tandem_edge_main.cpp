@@ -20,7 +20,7 @@ constexpr const char* kUsage = R"(usage:
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
                     [--metrics-json FILE] [--client-id NAME] [--token TOKEN]
                     [--checkpoint-dir DIR [--checkpoint-every STEPS]] [--init-from FILE]
-                    [--shard I/N [--split iid|class] [--proximal-mu MU]]
+                    [--shard I/N [--split iid|class] [--front-updates step|round] [--proximal-mu MU]]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
       IDDIR/client.crt, client.key, ca.crt from `tandem-cloud pki issue`); raw data never
       leaves this machine, only cut-layer activations. Evaluates through the cloud after
@@ -45,8 +45,12 @@ constexpr const char* kUsage = R"(usage:
       share of the data only (edge I of N, from 0): dealt evenly (iid, the default) or by
       class (sorted by class, edge I takes the I-th of N equal slices: 2 or 3 classes each
       with N = 4); for split-federated runs against
-      tandem-cloud serve --aggregate-every S, which this edge then follows. --proximal-mu
-      adds FedProx's MU * (w - w_round) to the front's gradients. --token: connect without
+      tandem-cloud serve --aggregate-every S, which this edge then follows. --front-updates
+      round keeps the round's average through each round and takes one optimizer step on
+      the sum of the round's gradients before sending the front (every edge's front stays
+      the same within a round: the choice for non-IID data, with a per-step-sized --lr such
+      as 0.005 and --momentum 0); step (the default) updates after every step (FedAvg's
+      local SGD). --proximal-mu adds FedProx's MU * (w - w_round) to the front's gradients. --token: connect without
       a client certificate, with an enrolment token from `tandem-cloud pki token` (single
       use, for the client id; IDDIR needs only ca.crt); the cloud must run --accept-tokens.
 )";
@@ -57,7 +61,7 @@ int train_command(int argc, char** argv) {
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "token"},
+                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -111,6 +115,10 @@ int train_command(int argc, char** argv) {
   }
   o.split = args.str("split", "iid");
   o.proximal_mu = static_cast<float>(args.number("proximal-mu", 0.0));
+  const std::string front_updates = args.str("front-updates", "step");
+  if (front_updates != "step" && front_updates != "round")
+    fail("cli", cat("--front-updates: '", front_updates, "' is neither step nor round"));
+  o.front_updates_per_round = front_updates == "round";
   return train_over_wss(o);
 }
 

@@ -45,14 +45,19 @@ struct Split {
   std::unique_ptr<Backend> cloud_backend = make_backend(pick("onednn"));
   Network whole{graph, *edge_backend, 77};
   Network front{shards.first, *edge_backend, 0}, back{shards.second, *cloud_backend, 0};
-  Sgd front_opt{front.params(), sgd()}, back_opt{back.params(), sgd()};
+  OptimizerOptions front_options;
+  Sgd front_opt{front.params(), front_options}, back_opt{back.params(), sgd()};
   CloudSession cloud;
   EdgeSession edge;
 
   explicit Split(uint32_t k, uint32_t batch = 32, std::vector<wire::DType> offer = {wire::DType::F32},
-                 std::vector<wire::DType> takes = CloudSessionConfig{}.dtypes, SessionCheckpoints* store = nullptr)
-      : cloud(back, back_opt,
-              {model_hash(spec, "pool1"), batch, k, 4, 1, kDefaultMaxMessageBytes, std::move(takes), "pool1", store}),
+                 std::vector<wire::DType> takes = CloudSessionConfig{}.dtypes, SessionCheckpoints* store = nullptr,
+                 OptimizerOptions front_sgd = sgd(), Federation* federation = nullptr, BackShardTurns* turns = nullptr,
+                 RoundCheckpoints* rounds = nullptr)
+      : front_options(front_sgd),
+        cloud(back, back_opt,
+              {model_hash(spec, "pool1"), batch, k, 4, 1, kDefaultMaxMessageBytes, std::move(takes), "pool1", store,
+               federation, turns, rounds}),
         edge(front, front_opt, k, model_hash(spec, "pool1"), "edge-test", std::move(offer)) {
     copy_params(front, whole);
     copy_params(back, whole);
@@ -519,6 +524,146 @@ TEST(SplitSessionBadInput, FederationMessagesToACloudThatDoesNotFederate) {
   Started t;
   expect_refusal(t, w.aggregated(1, 2, 10, front), wire::ErrorCode::UnexpectedMessage,
                  "Aggregated is not a message an edge sends");
+}
+
+// One edge of a federation (aggregating every 3 steps) whose front updates per round: the
+// front holds still through the round and then takes one step on the sum of the round's
+// gradients. The reference is the same run with a frozen front (lr 0) and no federation,
+// whose per-step front gradients are summed by hand: the back shards match throughout.
+TEST(FederatedSession, PerRoundFrontTakesOneStepOnTheRoundsSummedGradients) {
+  constexpr uint32_t kEvery = 3;
+  const float lr = 0.02f;
+  Data d = make_data(32, 3);
+  const OptimizerOptions frozen{.lr = 0.0f, .momentum = 0.0f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false};
+  OptimizerOptions plain = frozen;
+  plain.lr = lr;
+  Split reference(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, nullptr, frozen);
+  NamedTensors start;
+  for (Param* p : reference.front.params()) start.emplace_back(p->name(), p->value().clone());
+  std::vector<Frame> averages;
+  Federation federation(start, {.aggregate_every = kEvery, .min_edges = 1, .deadline_s = 10.0},
+                        [&](uint64_t, std::span<const uint8_t> b) { averages.push_back(Frame::copy_of(b.data(), b.size())); });
+  BackShardTurns turns;
+  Split edge(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, nullptr, plain, &federation, &turns);
+  edge.edge.set_front_updates(EdgeSession::FrontUpdates::PerRound);
+  reference.handshake();
+  edge.handshake();
+  ASSERT_EQ(edge.edge.aggregate_every(), kEvery);
+
+  std::vector<std::vector<double>> summed(start.size());
+  for (std::size_t k = 0; k < start.size(); ++k) summed[k].assign(static_cast<std::size_t>(start[k].second.numel()), 0.0);
+  for (uint32_t s = 0; s < kEvery; ++s) {
+    reference.step(d.images, d.labels.data());
+    edge.step(d.images, d.labels.data());
+    for (std::size_t k = 0; k < start.size(); ++k) {
+      const Tensor& g = reference.front.params()[k]->grad();
+      for (int64_t i = 0; i < g.numel(); ++i) summed[k][static_cast<std::size_t>(i)] += g[i];
+    }
+    EXPECT_EQ(edge.edge.pending_front_steps(), s + 1);
+    EXPECT_EQ(max_diff(edge.front, reference.front), 0.0f) << "the front moved within the round, step " << s;
+    EXPECT_LE(max_diff(edge.back, reference.back), 1e-6f) << "step " << s;
+  }
+  double largest = 0.0;
+  for (const auto& g : summed)
+    for (double v : g) largest = std::max(largest, std::fabs(v));
+  ASSERT_GT(largest, 1e-3) << "the round's gradients are too small to tell an update from none";
+  ASSERT_TRUE(edge.edge.aggregate_due());
+  const CloudReply r = edge.send(edge.edge.front_weights(kEvery * 32));
+  EXPECT_FALSE(r.close);
+  EXPECT_EQ(edge.edge.pending_front_steps(), 0u);
+  for (std::size_t k = 0; k < start.size(); ++k) {
+    std::vector<float> want(summed[k].size());
+    for (std::size_t i = 0; i < want.size(); ++i)
+      want[i] = start[k].second[static_cast<int64_t>(i)] - static_cast<float>(lr * summed[k][i]);
+    expect_close(edge.front.params()[k]->value().data(), want.data(), static_cast<int64_t>(want.size()),
+                 start[k].first, 1e-5f);
+  }
+  // The one edge's weights are the round's average; taking it changes nothing.
+  ASSERT_EQ(averages.size(), 1u);
+  std::vector<Tensor> before;
+  for (Param* p : edge.front.params()) before.push_back(p->value().clone());
+  WireError err;
+  ASSERT_TRUE(edge.edge.on_aggregated(averages[0], err)) << err.text;
+  for (std::size_t k = 0; k < before.size(); ++k)
+    expect_close(edge.front.params()[k]->value().data(), before[k].data(), before[k].numel(), "after the average", 0.0f);
+
+  // A last, partial round: its pending step is applied before the final front goes up.
+  edge.step(d.images, d.labels.data());
+  EXPECT_EQ(edge.edge.pending_front_steps(), 1u);
+  const float moved_before = max_diff(edge.front, reference.front);
+  edge.send(edge.edge.front_weights(32, /*final=*/true));
+  EXPECT_EQ(edge.edge.pending_front_steps(), 0u);
+  EXPECT_NE(max_diff(edge.front, reference.front), moved_before);
+}
+
+// Records the rounds a federation's sessions checkpoint.
+struct RecordedRounds final : RoundCheckpoints {
+  std::vector<uint32_t> rounds;
+  std::vector<float> first_weight;  // of the average
+  void save(uint32_t round, const NamedTensors& average, Network&, Optimizer&) override {
+    rounds.push_back(round);
+    first_weight.push_back(average.front().second[0]);
+  }
+};
+
+// A closed round is checkpointed once, after the next step's update (between steps, while
+// that session holds the back shard); an edge resuming from its own checkpoint is let in at
+// its step and takes the newest average.
+TEST(FederatedSession, ClosedRoundsAreCheckpointedOnceAndResumingEdgesRejoin) {
+  Data d = make_data(32, 4);
+  NamedTensors start;
+  Split probe(2);
+  for (Param* p : probe.front.params()) start.emplace_back(p->name(), p->value().clone());
+  std::vector<Frame> sent;
+  Federation federation(start, {.aggregate_every = 2, .min_edges = 1, .deadline_s = 10.0},
+                        [&](uint64_t, std::span<const uint8_t> b) { sent.push_back(Frame::copy_of(b.data(), b.size())); });
+  BackShardTurns turns;
+  RecordedRounds rounds;
+  WireError err;
+  {
+    Split edge(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, nullptr, sgd(), &federation, &turns, &rounds);
+    edge.handshake();
+    edge.step(d.images, d.labels.data());
+    edge.step(d.images, d.labels.data());
+    edge.send(edge.edge.front_weights(64));
+    ASSERT_EQ(sent.size(), 1u);
+    EXPECT_TRUE(rounds.rounds.empty());  // not before a step has the back shard's turn
+    ASSERT_TRUE(edge.edge.on_aggregated(sent[0], err)) << err.text;
+    edge.step(d.images, d.labels.data());
+    EXPECT_EQ(rounds.rounds, (std::vector<uint32_t>{1}));
+    edge.step(d.images, d.labels.data());
+    EXPECT_EQ(rounds.rounds, (std::vector<uint32_t>{1}));  // once a round
+  }  // the edge's process ends; its session leaves the federation
+
+  // Restarted from its checkpoint of step 4: let in at step 4, then the newest average.
+  Split again(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, nullptr, sgd(), &federation, &turns, &rounds);
+  again.edge.resume_from(4);
+  CloudReply r = again.send(again.edge.hello());
+  ASSERT_FALSE(r.close);
+  ASSERT_TRUE(again.edge.on_welcome(Frame::copy_of(r.bytes.data(), r.bytes.size()), err)) << err.text;
+  EXPECT_EQ(again.edge.step(), 4u);
+  EXPECT_TRUE(again.edge.awaiting_aggregate());
+  ASSERT_FALSE(r.then.empty());
+  ASSERT_TRUE(again.edge.on_aggregated(Frame::copy_of(r.then.data(), r.then.size()), err)) << err.text;
+  EXPECT_EQ(again.front.params()[0]->value()[0], rounds.first_weight[0]);  // the round-1 average
+  again.step(d.images, d.labels.data());
+  EXPECT_EQ(again.edge.step(), 5u);
+}
+
+// Per step (the default), the same edge moves its front after every step.
+TEST(FederatedSession, PerStepFrontMovesEveryStep) {
+  Data d = make_data(32, 3);
+  NamedTensors start;
+  Split probe(2);
+  for (Param* p : probe.front.params()) start.emplace_back(p->name(), p->value().clone());
+  Federation federation(start, {.aggregate_every = 3, .min_edges = 1, .deadline_s = 10.0},
+                        [](uint64_t, std::span<const uint8_t>) {});
+  BackShardTurns turns;
+  Split edge(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, nullptr, sgd(), &federation, &turns);
+  edge.handshake();
+  edge.step(d.images, d.labels.data());
+  EXPECT_EQ(edge.edge.pending_front_steps(), 0u);
+  EXPECT_GT(max_diff(edge.front, probe.front), 0.0f);
 }
 
 }  // namespace

@@ -35,6 +35,26 @@ std::vector<uint8_t> Federation::join(uint64_t connection, const std::string& cl
   return {bytes.begin(), bytes.end()};
 }
 
+void Federation::restore(uint32_t round, NamedTensors average) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (average.size() != current_.size()) fail("federation", "the restored average has other tensors");
+  for (std::size_t k = 0; k < current_.size(); ++k) {
+    if (average[k].first != current_[k].first || average[k].second.shape() != current_[k].second.shape())
+      fail("federation", cat("the restored average's ", average[k].first, " does not fit the front shard"));
+    current_[k].second = average[k].second.clone();
+  }
+  round_ = saved_round_ = round;
+}
+
+std::optional<std::pair<uint32_t, NamedTensors>> Federation::take_unsaved_round() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (round_ == saved_round_) return std::nullopt;
+  saved_round_ = round_;
+  NamedTensors copy;
+  for (const auto& [name, t] : current_) copy.emplace_back(name, t.clone());
+  return std::make_pair(round_, std::move(copy));
+}
+
 void Federation::leave(uint64_t connection) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (edges_.erase(connection) == 0) return;

@@ -56,6 +56,11 @@ class Federation {
   void tick(Clock::time_point now = Clock::now());
   std::vector<FederatedEdge> edges();
   std::optional<FederatedEdge> edge(uint64_t connection);
+  // A restarted cloud continues from its last saved round (FederationCheckpoints).
+  void restore(uint32_t round, NamedTensors average);
+  // The newest round's number and average once per closed round, for its checkpoint;
+  // nothing while that round has been taken already (or none closed).
+  std::optional<std::pair<uint32_t, NamedTensors>> take_unsaved_round();
   // One JSON line a closed round, for the cloud's metrics file (empty: none).
   void set_metrics_sink(std::function<void(const std::string&)> sink) { metrics_ = std::move(sink); }
 
@@ -76,7 +81,7 @@ class Federation {
   Send send_;
   std::function<void(const std::string&)> metrics_;
   std::map<uint64_t, Edge> edges_;
-  uint32_t round_ = 0;
+  uint32_t round_ = 0, saved_round_ = 0;
   std::optional<Clock::time_point> first_submission_;
   MessageWriter writer_;
 };

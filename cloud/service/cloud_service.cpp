@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "cloud/federation/round_checkpoints.h"
 #include "cloud/pki/pki.h"
 #include "cloud/pki/token.h"
 #include "cloud/session/cloud_session.h"
@@ -72,6 +73,9 @@ struct SharedBack {
   std::unique_ptr<Optimizer> optimizer;
   std::unique_ptr<BackShardTurns> turns;
   std::unique_ptr<Federation> federation;
+  std::unique_ptr<Backend> front_backend;
+  std::unique_ptr<Network> front;  // encodes the rounds' averages
+  std::unique_ptr<FolderRoundCheckpoints> rounds;
 };
 
 // One edge's session on its own thread, fed frames by the service loop.
@@ -160,6 +164,7 @@ class Worker {
     if (shared_) {  // one back shard for every edge, in turns
       config.federation = shared_->federation.get();
       config.turns = shared_->turns.get();
+      config.rounds = shared_->rounds.get();
       session = std::make_unique<CloudSession>(*shared_->net, *shared_->optimizer, config);
     } else {
       back = std::make_unique<Network>(shard.graph, *backend_, o.seed);
@@ -309,8 +314,9 @@ int serve(const ServeOptions& o) {
       shared->net->buffers()[i].second->copy_from(s.initial_buffers[i]);
     shared->optimizer = make_optimizer(shared->net->params(), o.optimizer);
     // The front every edge starts from: the whole model's initial weights (or --init-from's).
-    auto reference = make_backend("reference");
-    Network front(graph.split(s.cut).first, *reference, o.seed);
+    shared->front_backend = make_backend("reference");
+    shared->front = std::make_unique<Network>(graph.split(s.cut).first, *shared->front_backend, o.seed);
+    Network& front = *shared->front;
     if (!o.init_from.empty()) {
       shard_from_torch(graph, read_safetensors_file(o.init_from, tensor_names(front)), front);
     } else {
@@ -322,6 +328,13 @@ int serve(const ServeOptions& o) {
     shared->federation = std::make_unique<Federation>(
         std::move(initial), o.federation, [ep](uint64_t c, std::span<const uint8_t> b) { ep->send(c, b); });
     shared->federation->set_metrics_sink(write_metrics);
+    // Each round's back shard and average are kept; a restarted cloud goes on from the last.
+    shared->rounds = std::make_unique<FolderRoundCheckpoints>(cat(o.state_dir, "/federation"), front, s.hash, s.cut);
+    if (auto last = shared->rounds->load_latest(*shared->net, *shared->optimizer)) {
+      shared->federation->restore(last->first, std::move(last->second));
+      std::printf("tandem-cloud: continuing the federation from round %u (%s)\n", last->first,
+                  shared->rounds->dir().c_str());
+    }
   }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cstdio>
 
 #include "core/error.h"
 #include "core/loss.h"
@@ -62,9 +63,20 @@ void CloudSession::finish_step() {
     optimizer_.step();
     if (t) t->accumulated = 0;
   }
+  if (config_.rounds && (t == nullptr || t->accumulated == 0)) save_round();
   if (t) t->end_compute();
   release_turn();
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+void CloudSession::save_round() {
+  const auto due = config_.federation->take_unsaved_round();
+  if (!due) return;
+  try {
+    config_.rounds->save(due->first, due->second, back_, optimizer_);
+  } catch (const Error& e) {  // training goes on; the operator sees why the round is not kept
+    std::fprintf(stderr, "tandem-cloud: round %u was not checkpointed: %s\n", due->first, e.what());
+  }
 }
 
 CloudReply CloudSession::handle(const Frame& frame) {
@@ -138,10 +150,10 @@ CloudReply CloudSession::on_hello(const wire::Hello& hello) {
                        "; this cloud takes ", takes, ")")});
   }
   WireError error;
-  if (hello.resume_step() > 0 && config_.federation)
-    return refuse({wire::ErrorCode::NoCheckpoint, "this cloud trains a federation, where edges rejoin with the "
-                                                  "newest average: start the edge without its checkpoint folder"});
-  if (hello.resume_step() > 0 && !resume(hello.resume_step(), error)) return refuse(error);
+  // In a federation the shared back shard is the cloud's round checkpoint, not the edge's:
+  // a resuming edge keeps its step and data cursor and takes the newest average.
+  if (hello.resume_step() > 0 && config_.federation) step_ = hello.resume_step();
+  if (hello.resume_step() > 0 && !config_.federation && !resume(hello.resume_step(), error)) return refuse(error);
   state_ = State::Training;
   decoded_.resize(config_.microbatches + 1);
   if (!config_.federation)
@@ -181,9 +193,6 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
                      cat("step ", step_, " asks for a learning-rate scale of ", scale, ", outside [0, ", kMaxLrScale, "]")});
     if (fwd.checkpoint() && config_.checkpoints == nullptr)
       return refuse({wire::ErrorCode::NoCheckpoint, "this cloud keeps no checkpoints (serve it with a state folder)"});
-    if (fwd.checkpoint() && config_.federation)
-      return refuse({wire::ErrorCode::NoCheckpoint, "checkpoints of split-federated runs are not kept: train the "
-                                                    "edges without --checkpoint-dir"});
     // A shared back shard: this session's step runs alone on it, from here to the update.
     if (config_.turns && !config_.turns->acquire(config_.session_id, cancelled_))
       return refuse({wire::ErrorCode::Internal, "the session closed while waiting for its turn on the back shard"});
@@ -230,7 +239,8 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
                                           static_cast<uint64_t>(optimizer_.steps())),
                          false};
   if (config_.turns) config_.turns->end_compute();
-  if (step_pending_ && step_checkpoint_ && !checkpoint_now(error)) return refuse(error);
+  // (A federation's shared back shard is kept per round instead: save_round.)
+  if (step_pending_ && step_checkpoint_ && !config_.federation && !checkpoint_now(error)) return refuse(error);
   return reply;
 }
 

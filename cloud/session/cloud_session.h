@@ -30,6 +30,15 @@ class SessionCheckpoints {
   virtual CheckpointData load(const std::string& client_id, uint64_t step) = 0;
 };
 
+// Split-federated: keeps the shared back shard (with its optimizer) and a round's average
+// of the front shards; called between steps by the session holding the back shard's turn
+// (the service: STATE/federation/, cloud/federation/round_checkpoints.h). Throws Error.
+class RoundCheckpoints {
+ public:
+  virtual ~RoundCheckpoints() = default;
+  virtual void save(uint32_t round, const NamedTensors& average, Network& back, Optimizer& optimizer) = 0;
+};
+
 struct CloudSessionConfig {
   std::array<uint8_t, 32> model_hash{};  // what Hello must carry
   uint32_t batch_size = 64;
@@ -45,6 +54,7 @@ struct CloudSessionConfig {
   // Split-federated: the rounds, and the turns on the back shard every session shares.
   Federation* federation = nullptr;
   BackShardTurns* turns = nullptr;
+  RoundCheckpoints* rounds = nullptr;  // none: a federation's rounds are not checkpointed
   // Set when the edge has no client certificate: given the Hello's token and client id,
   // returns "" to let it in, else why it is refused (Unauthorized).
   std::function<std::string(const std::string& token, const std::string& client_id)> authorize = nullptr;
@@ -94,6 +104,8 @@ class CloudSession {
   }
   // Restores the back shard from this client's checkpoint of `step`; false with `error` set.
   bool resume(uint64_t step, WireError& error);
+  // Split-federated: checkpoints the newest round if it has not been (between steps).
+  void save_round();
   // Applies the completed step now and writes its checkpoint; false with `error` set.
   bool checkpoint_now(WireError& error);
   // Checks the tensor and labels of a (micro-)batch of `count` samples; returns the view (F32)

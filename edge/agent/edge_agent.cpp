@@ -128,6 +128,8 @@ int train_over_wss(const EdgeTrainOptions& o) {
   auto optimizer = make_optimizer(front.params(), o.optimizer);
   EdgeSession session(front, *optimizer, microbatches, model_hash(spec, cut), o.client_id, o.wire_dtypes);
   session.set_proximal(o.proximal_mu);
+  session.set_front_updates(o.front_updates_per_round ? EdgeSession::FrontUpdates::PerRound
+                                                      : EdgeSession::FrontUpdates::PerStep);
   CheckpointMeta position;  // where training stands: step, epoch and samples of it consumed
   position.role = "edge";
   position.client_id = o.client_id;

@@ -42,6 +42,7 @@ struct EdgeTrainOptions {
   int shard_index = 0, shard_count = 1;
   std::string split = "iid";
   float proximal_mu = 0.0f;  // FedProx (split-federated runs)
+  bool front_updates_per_round = false;  // EdgeSession::FrontUpdates (split-federated runs)
   int64_t checkpoint_every = 100;
   std::string client_id = "edge";
 };

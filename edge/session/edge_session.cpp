@@ -77,6 +77,10 @@ NamedTensors EdgeSession::front_params() const {
 std::span<const uint8_t> EdgeSession::front_weights(uint64_t samples, bool final) {
   if (!(aggregate_due() || (final && aggregate_every_ > 0 && step_ > 0)))
     fail("edge session", cat("front weights are not due at step ", step_));
+  if (pending_front_steps_ > 0) {  // per round: the round's one update, on the summed gradients
+    optimizer_.step();
+    pending_front_steps_ = 0;
+  }
   return writer_.front_weights(round_, samples, front_params(), final);
 }
 
@@ -87,6 +91,7 @@ bool EdgeSession::on_aggregated(const Frame& frame, WireError& error) {
   std::vector<Tensor> values;
   if (!read_named_tensors(frame, a->tensors(), front_params(), values, error)) return false;
   anchor_.clear();
+  pending_front_steps_ = 0;  // gradients against the weights the average replaces
   for (std::size_t i = 0; i < values.size(); ++i) {
     front_.params()[i]->value().copy_from(values[i]);
     front_.params()[i]->bump_version();
@@ -115,7 +120,7 @@ int EdgeSession::begin_step(const Tensor& images, const int32_t* labels, float l
   backed_ = 0;
   loss_sum_ = 0.0;
   std::fill(state_.begin(), state_.end(), 0);
-  front_.zero_grad();
+  if (pending_front_steps_ == 0) front_.zero_grad();  // per round: the round's gradients add up
   return step_microbatches_;
 }
 
@@ -165,7 +170,10 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
         const float* a = anchor_[k].data();
         for (int64_t i = 0, n = p.grad().numel(); i < n; ++i) g[i] += proximal_mu_ * (w[i] - a[i]);
       }
-    optimizer_.step();
+    if (per_round())
+      ++pending_front_steps_;
+    else
+      optimizer_.step();
     ++step_;
     step_done = true;
   }

@@ -59,6 +59,16 @@ class EdgeSession {
   // FedProx: adds mu * (w - w_round) to each gradient, w_round the last average taken, so
   // an edge's non-IID steps drift less from the federation's weights (0: plain FedAvg).
   void set_proximal(float mu) { proximal_mu_ = mu; }
+  // Per round (split-federated only): the front keeps the round's average through the
+  // round, sums its steps' gradients and takes one optimizer step on the sum just before it
+  // sends its weights (the sum of S steps' gradients: S steps taken without moving). Every
+  // edge's front then stays the same during a round, so the shared back shard cannot learn
+  // which edge's drifted features it sees (with non-IID edges that drift is what costs
+  // accuracy; bench/README.md, federation.sh). Per step: local SGD (FedAvg), the default.
+  enum class FrontUpdates { PerStep, PerRound };
+  void set_front_updates(FrontUpdates u) { front_updates_ = u; }
+  // Steps whose front gradients are summed and not yet applied (per round).
+  uint32_t pending_front_steps() const { return pending_front_steps_; }
   uint32_t rounds_joined() const { return rounds_joined_; }
   wire::DType dtype() const { return dtype_; }  // the wire dtype the cloud chose
   double step_loss_sum() const { return loss_sum_; }
@@ -81,6 +91,9 @@ class EdgeSession {
   uint64_t exchanged_step_ = 0;  // the step whose round's average arrived
   float proximal_mu_ = 0.0f;
   std::vector<Tensor> anchor_;   // the last average taken (FedProx)
+  FrontUpdates front_updates_ = FrontUpdates::PerStep;
+  uint32_t pending_front_steps_ = 0;
+  bool per_round() const { return front_updates_ == FrontUpdates::PerRound && aggregate_every_ > 0; }
   NamedTensors front_params() const;
   uint32_t batch_limit_ = 0;  // the cloud's batch size (Welcome)
   Tensor images_;
