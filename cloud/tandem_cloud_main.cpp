@@ -39,7 +39,9 @@ constexpr const char* kUsage = R"(usage:
       30) after the first with at least M or all there are, their average weighted by
       samples goes back to each of them. An edge that
       joins late or comes back starts from the newest average. --back-accumulate N sums N
-      edge steps' gradients into one update of the back shard. --metrics-json: a JSON line
+      edge steps' gradients into one update of the back shard. After each round the
+      shared back shard and the round's average are checkpointed in DIR/federation/; a
+      restarted cloud continues from the newest round that loads. --metrics-json: a JSON line
       per round and per closed session (client, steps, samples, loss, rounds, bytes, busy).
       --accept-tokens: an edge may connect without a client certificate if its Hello
       carries an enrolment token (`pki token`) for its client name; each token works once.

@@ -5,6 +5,10 @@
 #  2. Failures: of four IID edges one is killed and comes back (it rejoins from the newest
 #     average), one is killed for good and one hangs (SIGSTOP): the others finish, and no
 #     round waits longer than the deadline.
+#  3. The cloud crashes: four non-IID edges with checkpoint folders and per-round fronts; the
+#     cloud is killed mid-run and its newest round's back shard bit-flipped; restarted, it
+#     refuses that round, continues from the one before, and the edges, run again with the
+#     same command, resume from their checkpoints and all finish on one average.
 # Usage: federation.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -52,7 +56,7 @@ grep -q '"client":"h3".*"rounds_joined":7' "$work/cloud.jsonl" || fail "the clou
 
 # 2. Failures, IID, 2000 samples each (63 steps).
 kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
-rm -f "$work"/*.jsonl "$work"/*.out
+rm -rf "$work"/*.jsonl "$work"/*.out "$work/state/federation"  # a new federation, not part 1's
 start_cloud --min-edges 2 --round-deadline-s $deadline
 for i in 0 1 2 3; do edge $i iid 8000; done
 for _ in $(seq 1 300); do grep -q '^round 2:' "$work/cloud.log" && break; sleep 0.1; done
@@ -68,4 +72,42 @@ waited=$(grep -o '"waited_s":[0-9.]*' "$work/cloud.jsonl" | cut -d: -f2 | sort -
 echo "longest wait for a round: $waited s (deadline $deadline s)"
 awk -v w="$waited" -v d=$deadline 'BEGIN { exit !(w <= d + 1.0) }' || fail "a round waited $waited s"
 grep -q '"closed_by":"deadline"' "$work/cloud.jsonl" || fail "no round closed at its deadline"
+
+# 3. A cloud crash mid-run, non-IID, 1000 samples each (32 steps, rounds every 5).
+kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+rm -rf "$work"/*.jsonl "$work"/*.out "$work/state/federation"
+start_cloud --min-edges 4 --round-deadline-s 60
+crash_edges() {
+  for i in 0 1 2 3; do
+    edge $i class 4000 --front-updates round --lr 0.005 --momentum 0 --checkpoint-dir "$work/ck$i" --checkpoint-every 2
+  done
+}
+crash_edges
+for _ in $(seq 1 600); do grep -q '^round 4:' "$work/cloud.log" && break; sleep 0.05; done
+grep -q '^round 4:' "$work/cloud.log" || fail "round 4 never closed"
+kill -9 "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+for i in 0 1 2 3; do
+  if wait "${pids[$i]}"; then fail "edge $i finished although its cloud died"; fi
+done
+newest=$(ls "$work/state/federation"/back-*.tdmc | sort | tail -1)
+[[ -n $newest ]] || fail "the cloud kept no round checkpoints: $(ls "$work/state/federation" 2>&1)"
+/usr/bin/python3 -c 'import sys; f = open(sys.argv[1], "r+b"); f.seek(200); b = f.read(1); f.seek(200); f.write(bytes([b[0] ^ 0x10]))' "$newest"  # one bit flipped
+cp "$work/cloud.log" "$work/cloud-before.log"
+start_cloud --min-edges 4 --round-deadline-s 60
+grep -q "refused the federation's round .*checksum mismatch.*trying the previous one" "$work/cloud.log" ||
+  fail "the flipped round was not refused: $(head -5 "$work/cloud.log")"
+restored=$(grep -o 'continuing the federation from round [0-9]*' "$work/cloud.log" | grep -o '[0-9]*$' || true)
+[[ -n $restored ]] || fail "the restarted cloud did not continue the federation: $(head -5 "$work/cloud.log")"
+echo "restarted cloud continues from round $restored"
+crash_edges
+for i in 0 1 2 3; do wait "${pids[$i]}" || fail "resumed edge $i: $(tail -3 "$work/h$i.out")"; done
+for i in 0 1 2 3; do
+  grep -q "resuming from the checkpoint of step" "$work/h$i.out" || fail "edge $i did not resume: $(tail -5 "$work/h$i.out")"
+done
+accs=$(for i in 0 1 2 3; do grep -o '"test_accuracy":[0-9.]*' "$work/h$i.jsonl" | tail -1 | cut -d: -f2; done | sort -u)
+echo "after the cloud's crash, the edges' final test accuracy: $accs"
+[[ $(echo "$accs" | wc -l) -eq 1 ]] || fail "the resumed edges ended on different weights: $accs"
+awk -v a="$accs" 'BEGIN { exit !(a >= 0.25) }' || fail "accuracy $accs is not above chance"
+first=$(grep -o '^round [0-9]*' "$work/cloud.log" | head -1 | cut -d' ' -f2)
+((first == restored + 1)) || fail "the restarted cloud's first round was $first, not $((restored + 1))"
 echo "PASS"
