@@ -56,7 +56,7 @@ class Federation {
   void tick(Clock::time_point now = Clock::now());
   std::vector<FederatedEdge> edges();
   std::optional<FederatedEdge> edge(uint64_t connection);
-  // A restarted cloud continues from its last saved round (FederationCheckpoints).
+  // A restarted cloud continues from its last saved round (RoundCheckpoints).
   void restore(uint32_t round, NamedTensors average);
   // The newest round's number and average once per closed round, for its checkpoint;
   // nothing while that round has been taken already (or none closed).
