@@ -183,7 +183,10 @@ int train_over_wss(const EdgeTrainOptions& o) {
   // Split-federated: the newest average first (a late or returning edge), then one every
   // aggregate_every steps and one after the last step.
   if (session.aggregate_every() > 0)
-    std::fprintf(stderr, "split-federated: front shards averaged every %u steps\n", session.aggregate_every());
+    std::fprintf(stderr, "split-federated: front shards averaged every %u steps, the front updated %s\n",
+                 session.aggregate_every(), o.front_updates_per_round ? "once a round" : "every step");
+  else if (o.front_updates_per_round)
+    std::fprintf(stderr, "--front-updates round: this cloud does not federate, so the front updates every step\n");
   if (session.awaiting_aggregate()) {
     if (!take_average(link, session)) return 1;
     std::fprintf(stderr, "joined at round %u: continuing from the newest average\n", session.round());
