@@ -12,6 +12,7 @@ set(TANDEM_CORE_SOURCES
   profiler.cpp
   planner.cpp
   simd/direct_conv2d.cpp
+  simd/winograd_conv2d.cpp
   simd/max_pool_2x2.cpp
   simd/gemm.cpp
   portable/portable_backend.cpp

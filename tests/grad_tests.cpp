@@ -91,6 +91,16 @@ TEST(GradConv2d, Padded) {
   check_node({6, 5, 3}, n, random_tensor({2, 6, 5, 3}, rng));
 }
 
+// Channels in 16s: xnnpack's forward and input gradient run as Winograd F(2x2, 3x3).
+TEST(GradConv2d, WinogradShape) {
+  NodeSpec n = node("conv2d");
+  n.conv2d.out_channels = 16;
+  n.conv2d.kernel = {3, 3};
+  n.conv2d.padding = {1, 1};
+  Rng rng(5);
+  check_node({5, 3, 16}, n, random_tensor({2, 5, 3, 16}, rng));
+}
+
 TEST(GradConv2d, GroupedAndDepthwise) {
   NodeSpec n = node("conv2d");
   n.conv2d.out_channels = 4;

@@ -294,6 +294,13 @@ TEST(Conv2d, Stride2OddNoPad) { Conv2dTester().batch(2).input(11, 9, 2).out_chan
 TEST(Conv2d, Dilation2) { Conv2dTester().batch(2).input(10, 9, 3).out_channels(4).kernel(3, 3).dilation(2, 2).padding(2, 2).test(); }
 TEST(Conv2d, Pointwise) { Conv2dTester().batch(4).input(6, 6, 16).out_channels(8).kernel(1, 1).test(); }
 TEST(Conv2d, Kernel5Stride3) { Conv2dTester().batch(2).input(13, 12, 3).out_channels(4).kernel(5, 5).stride(3, 2).padding(2, 1).test(); }
+// 3x3, stride 1, pad 1 with channels in 16s: xnnpack's forward and backward_data run as
+// Winograd F(2x2, 3x3) (core/simd/winograd_conv2d). The Fashion-MNIST model's conv2 (784
+// tiles: 12 chunks of 64 and a partial one), and odd sizes whose last tiles are cut off.
+TEST(Conv2d, WinogradShapes) { Conv2dTester().batch(16).input(14, 14, 32).out_channels(64).kernel(3, 3).padding(1, 1).test(); }
+TEST(Conv2d, WinogradOddSizesNoBias) {
+  Conv2dTester().batch(3).input(7, 5, 16).out_channels(48).kernel(3, 3).padding(1, 1).bias(false).test();
+}
 // Fewer taps x input channels than output channels (a first layer). On xnnpack, Cout % 16 == 0
 // takes the direct SIMD weight gradient; other Cout the GEMM over an im2col, whose packed
 // side may then be the im2col; 16 x 28 x 28 spans several chunks of either.

@@ -12,6 +12,7 @@
 #include <vector>
 
 #include "core/simd/direct_conv2d.h"
+#include "core/simd/winograd_conv2d.h"
 #include "edge/xnnpack/xnnpack_common.h"
 
 namespace tandem::xnn {
@@ -63,6 +64,7 @@ class XnnConv2d final : public Conv2dKernel {
       }
     // backward_weights works on chunks of whole output rows whose transposed im2col
     // (K x rows * OW floats) stays in L2, as does the slice of dy packed for it.
+    if (simd::WinogradConv2d::supports(g)) winograd_ = std::make_unique<simd::WinogradConv2d>(g);
     if (simd::DirectConv2d::supports(g)) {
       direct_ = std::make_unique<simd::DirectConv2d>(g);
       direct_forward_ = simd::DirectConv2d::forward_pays(g);
@@ -86,6 +88,10 @@ class XnnConv2d final : public Conv2dKernel {
       require_weights(w);
       return direct_->forward(x, w.weight, w.version, w.bias, y);
     }
+    if (winograd_) {
+      require_weights(w);
+      return winograd_->forward(x, w.weight, w.version, w.bias, y);
+    }
     if (!fwd_.holds(w, /*uses_bias=*/true)) {
       require_weights(w);
       fwd_.op.reset();  // free the old packing before making the new one
@@ -108,6 +114,10 @@ class XnnConv2d final : public Conv2dKernel {
   // (oy * stride - pad + ky * dilation, ...), exactly the adjoint of the forward: no flip.
   void backward_data(const float* dy, const WeightsView& w, float* dx) override {
     const Conv2dGeometry& g = g_;
+    if (winograd_) {
+      require_weights(w);
+      return winograd_->backward_data(dy, w.weight, w.version, dx);
+    }
     if (!bwd_.holds(w, /*uses_bias=*/false)) {
       require_weights(w);
       bwd_.op.reset();
@@ -267,6 +277,7 @@ class XnnConv2d final : public Conv2dKernel {
   std::unique_ptr<float, AlignedFree> dyt_;    // one chunk of dy^T [Cout][rows * OW] (pack_cols_)
   PackedOperator fwd_, bwd_;
   std::unique_ptr<simd::DirectConv2d> direct_;  // backward_weights when Cout % 16 == 0
+  std::unique_ptr<simd::WinogradConv2d> winograd_;  // forward and backward_data of 3x3 same layers
   bool direct_forward_ = false;                 // and forward, for few taps x input channels
 };
 
