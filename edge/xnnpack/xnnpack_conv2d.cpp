@@ -64,7 +64,10 @@ class XnnConv2d final : public Conv2dKernel {
       }
     // backward_weights works on chunks of whole output rows whose transposed im2col
     // (K x rows * OW floats) stays in L2, as does the slice of dy packed for it.
-    if (simd::WinogradConv2d::supports(g)) winograd_ = std::make_unique<simd::WinogradConv2d>(g);
+    // Winograd runs on the caller's thread: with a thread pool XNNPACK's own kernels spread
+    // the work instead.
+    if (simd::WinogradConv2d::supports(g) && ctx_->threadpool() == nullptr)
+      winograd_ = std::make_unique<simd::WinogradConv2d>(g);
     if (simd::DirectConv2d::supports(g)) {
       direct_ = std::make_unique<simd::DirectConv2d>(g);
       direct_forward_ = simd::DirectConv2d::forward_pays(g);
@@ -277,7 +280,7 @@ class XnnConv2d final : public Conv2dKernel {
   std::unique_ptr<float, AlignedFree> dyt_;    // one chunk of dy^T [Cout][rows * OW] (pack_cols_)
   PackedOperator fwd_, bwd_;
   std::unique_ptr<simd::DirectConv2d> direct_;  // backward_weights when Cout % 16 == 0
-  std::unique_ptr<simd::WinogradConv2d> winograd_;  // forward and backward_data of 3x3 same layers
+  std::unique_ptr<simd::WinogradConv2d> winograd_;  // forward and backward_data of 3x3 same layers, one thread
   bool direct_forward_ = false;                 // and forward, for few taps x input channels
 };
 
