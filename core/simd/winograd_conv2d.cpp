@@ -155,36 +155,30 @@ void WinogradConv2d::run(const float* in, int64_t in_c, const float* u, int64_t 
   }
 }
 
-void WinogradConv2d::forward(const float* x, const float* w, uint64_t version, const float* bias, float* y) {
+void WinogradConv2d::transform(Transformed& t, const float* w, uint64_t version, bool adjoint) {
+  if (t.of == w && t.version == version) return;
+  // Forward: U[xi][ci][co] of w[co][ky][kx][ci]. Adjoint: U[xi][co][ci] of the kernel
+  // flipped, w[co][2-ky][2-kx][ci] (the same convolution from Cout channels back to Cin).
   const int64_t ci = g_.in_c, co = g_.out_c;
-  if (fwd_.of != w || fwd_.version != version) {  // U[xi][ci][co] from w[co][ky][kx][ci]
-    float g[9], u[16];
-    for (int64_t o = 0; o < co; ++o)
-      for (int64_t i = 0; i < ci; ++i) {
-        for (int tap = 0; tap < 9; ++tap) g[tap] = w[(o * 9 + tap) * ci + i];
-        transform_kernel(g, u);
-        for (int xi = 0; xi < 16; ++xi) fwd_.u.get()[(xi * ci + i) * co + o] = u[xi];
-      }
-    fwd_.of = w;
-    fwd_.version = version;
-  }
-  run(x, ci, fwd_.u.get(), co, bias, y);
+  float g[9], u[16];
+  for (int64_t o = 0; o < co; ++o)
+    for (int64_t i = 0; i < ci; ++i) {
+      for (int tap = 0; tap < 9; ++tap) g[tap] = w[(o * 9 + (adjoint ? 8 - tap : tap)) * ci + i];
+      transform_kernel(g, u);
+      for (int xi = 0; xi < 16; ++xi) t.u.get()[adjoint ? (xi * co + o) * ci + i : (xi * ci + i) * co + o] = u[xi];
+    }
+  t.of = w;
+  t.version = version;
+}
+
+void WinogradConv2d::forward(const float* x, const float* w, uint64_t version, const float* bias, float* y) {
+  transform(fwd_, w, version, /*adjoint=*/false);
+  run(x, g_.in_c, fwd_.u.get(), g_.out_c, bias, y);
 }
 
 void WinogradConv2d::backward_data(const float* dy, const float* w, uint64_t version, float* dx) {
-  const int64_t ci = g_.in_c, co = g_.out_c;
-  if (bwd_.of != w || bwd_.version != version) {  // U[xi][co][ci] from the kernel flipped: w[co][2-ky][2-kx][ci]
-    float g[9], u[16];
-    for (int64_t o = 0; o < co; ++o)
-      for (int64_t i = 0; i < ci; ++i) {
-        for (int tap = 0; tap < 9; ++tap) g[tap] = w[(o * 9 + (8 - tap)) * ci + i];
-        transform_kernel(g, u);
-        for (int xi = 0; xi < 16; ++xi) bwd_.u.get()[(xi * co + o) * ci + i] = u[xi];
-      }
-    bwd_.of = w;
-    bwd_.version = version;
-  }
-  run(dy, co, bwd_.u.get(), ci, nullptr, dx);
+  transform(bwd_, w, version, /*adjoint=*/true);
+  run(dy, g_.out_c, bwd_.u.get(), g_.in_c, nullptr, dx);
 }
 
 }  // namespace tandem::simd

@@ -32,6 +32,8 @@ class WinogradConv2d {
     const float* of = nullptr;
     uint64_t version = 0;
   };
+  // Fills t.u from w unless it already holds (w, version); adjoint: for backward_data.
+  void transform(Transformed& t, const float* w, uint64_t version, bool adjoint);
   void run(const float* in, int64_t in_c, const float* u, int64_t out_c, const float* bias, float* out);
 
   Conv2dGeometry g_;
