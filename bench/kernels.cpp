@@ -13,37 +13,16 @@
 #include "core/random.h"
 #include "core/tensor.h"
 #include "bench/bench_util.h"
+#include "bench/gemm_peak.h"
 #include "tools/all_backends.h"
 
-#ifdef TANDEM_HAVE_ONEDNN
-#include <dnnl.h>
-#endif
 
 namespace tandem {
 namespace {
 
 using bench::median_seconds;
+using bench::gemm_peak_gflops;
 using bench::random;
-
-// The best of oneDNN's sgemm over a few square sizes (rows padded off 4 KiB strides, which
-// alias in cache), one thread: the tightest GEMM this machine runs.
-double gemm_peak_gflops(int reps) {
-#ifdef TANDEM_HAVE_ONEDNN
-  double best = 0.0;
-  for (int64_t n : {512, 1000, 1024}) {
-    const int64_t ld = n % 256 == 0 ? n + 16 : n;
-    Rng rng(1);
-    Tensor a = random({n, ld}, rng), b = random({n, ld}, rng), c = Tensor::zeros({n, ld});
-    const double s = median_seconds(
-        [&] { dnnl_sgemm('N', 'N', n, n, n, 1.0f, a.data(), ld, b.data(), ld, 0.0f, c.data(), ld); }, reps);
-    best = std::max(best, 2.0 * static_cast<double>(n * n * n) / s * 1e-9);
-  }
-  return best;
-#else
-  (void)reps;
-  return 0.0;
-#endif
-}
 
 struct Row {
   std::string backend, op, pass;
