@@ -330,6 +330,9 @@ TEST(Linear, Basic) { LinearTester().batch(4).features(17, 9).test(); }
 TEST(Linear, NoBias) { LinearTester().batch(3).features(8, 5).bias(false).test(); }
 TEST(Linear, BatchOne) { LinearTester().batch(1).features(33, 10).test(); }
 TEST(Linear, Wide) { LinearTester().batch(16).features(784, 128).test(); }
+// A micro-batch on weights that onednn reorders to its blocked layout for the forward, with
+// outputs that do not fill its blocks.
+TEST(Linear, MicroBatchBlockedWeights) { LinearTester().batch(8).features(1000, 77).test(); }
 
 // relu6, hardswish, gelu, sigmoid, tanh against the reference, on values spanning the kinks
 // (not on them: at a kink the one-sided choices may differ).
