@@ -5,7 +5,6 @@
 // ceiling: the loop's time over the step's multiply-adds at this machine's GEMM peak.
 #include <cstdio>
 #include <cstdlib>
-#include <cstring>
 #include <memory>
 #include <string>
 #include <vector>
@@ -45,13 +44,15 @@ struct TwoLayers {
   Tensor w1, b1, w2, b2, h, a, y, dy, da, dh, dx, dw1, db1, dw2, db2;
   uint64_t version = 0;  // a new one each step, as after an optimizer step: no cached weight layouts
   TwoLayers(Backend& be, int64_t n, std::unique_ptr<SecondKernel> second_kernel, const Shape& w2_shape, Rng& rng)
-      : first(be.linear({opt.batch, opt.features, n * opt.hidden, true})), relu(be.relu(opt.batch * n * opt.hidden)),
+      : first(be.linear({opt.batch, opt.features, n * opt.hidden, true})),
+        relu(be.relu(opt.batch * n * opt.hidden)),
         second(std::move(second_kernel)) {
     w1 = bench::random({n * opt.hidden, opt.features}, rng), b1 = bench::random({n * opt.hidden}, rng);
     w2 = bench::random(w2_shape, rng), b2 = bench::random({n * opt.out}, rng);
     // Every buffer holds numbers before the first call: uninitialised memory can hold
     // denormals, which ran oneDNN's GEMMs here at half speed.
-    h = Tensor::zeros({opt.batch, n * opt.hidden}), a = Tensor::zeros(h.shape()), y = Tensor::zeros({opt.batch, n * opt.out});
+    h = Tensor::zeros({opt.batch, n * opt.hidden}), a = Tensor::zeros(h.shape()),
+    y = Tensor::zeros({opt.batch, n * opt.out});
     dy = bench::random(y.shape(), rng), da = Tensor::zeros(h.shape()), dh = Tensor::zeros(h.shape());
     dx = Tensor::zeros({opt.batch, opt.features}), dw1 = Tensor::zeros(w1.shape()), db1 = Tensor::zeros(b1.shape());
     dw2 = Tensor::zeros(w2.shape()), db2 = Tensor::zeros(b2.shape());
@@ -140,7 +141,9 @@ struct Model {
     return Graph::build(spec);
   }
   Model(Backend& be, int64_t n, bool batched, Rng& rng)
-      : graph(build(n, batched)), net(graph, be, 7), sgd(net.params(), OptimizerOptions{0.01f, 0.9f}),
+      : graph(build(n, batched)),
+        net(graph, be, 7),
+        sgd(net.params(), OptimizerOptions{0.01f, 0.9f}),
         dy(bench::random({opt.batch, n * opt.out}, rng)) {}
   void step(const Tensor& x) {
     net.zero_grad();
@@ -173,11 +176,12 @@ void print_row(const char* what, const std::string& backend, int64_t n, const Ti
   const double ceiling = peak > 0 ? t.loop / (step_flops(n) / (peak * 1e9 * opt.threads)) : 0.0;
   std::printf("%-7s %-10s %5lld %12.3f %12.3f %7.1fx %9.1fx\n", what, backend.c_str(), static_cast<long long>(n),
               t.one * 1e3, t.loop * 1e3, t.loop / t.one, ceiling);
-  std::printf("{\"bench\":\"heads\",\"level\":\"%s\",\"backend\":\"%s\",\"heads\":%lld,\"batch\":%lld,\"features\":%lld,"
-              "\"hidden\":%lld,\"out\":%lld,\"threads\":%d,\"batched_s\":%.6f,\"loop_s\":%.6f,\"ceiling\":%.2f}\n",
-              what, backend.c_str(), static_cast<long long>(n), static_cast<long long>(opt.batch),
-              static_cast<long long>(opt.features), static_cast<long long>(opt.hidden), static_cast<long long>(opt.out),
-              opt.threads, t.one, t.loop, ceiling);
+  std::printf(
+      "{\"bench\":\"heads\",\"level\":\"%s\",\"backend\":\"%s\",\"heads\":%lld,\"batch\":%lld,\"features\":%lld,"
+      "\"hidden\":%lld,\"out\":%lld,\"threads\":%d,\"batched_s\":%.6f,\"loop_s\":%.6f,\"ceiling\":%.2f}\n",
+      what, backend.c_str(), static_cast<long long>(n), static_cast<long long>(opt.batch),
+      static_cast<long long>(opt.features), static_cast<long long>(opt.hidden), static_cast<long long>(opt.out),
+      opt.threads, t.one, t.loop, ceiling);
 }
 
 Options parse(int argc, char** argv) {
@@ -216,10 +220,11 @@ int run(int argc, char** argv) {
   Rng rng(3);
   const Tensor x = bench::random({opt.batch, opt.features}, rng);
   const double peak = bench::gemm_peak_gflops(opt.reps);
-  std::printf("heads: batch %lld, %lld features -> %lld hidden (ReLU) -> %lld outputs each; one training step, "
-              "median of %d; %d thread(s); GEMM peak %.1f GFLOP/s a thread\n",
-              static_cast<long long>(opt.batch), static_cast<long long>(opt.features),
-              static_cast<long long>(opt.hidden), static_cast<long long>(opt.out), opt.reps, opt.threads, peak);
+  std::printf(
+      "heads: batch %lld, %lld features -> %lld hidden (ReLU) -> %lld outputs each; one training step, "
+      "median of %d; %d thread(s); GEMM peak %.1f GFLOP/s a thread\n",
+      static_cast<long long>(opt.batch), static_cast<long long>(opt.features), static_cast<long long>(opt.hidden),
+      static_cast<long long>(opt.out), opt.reps, opt.threads, peak);
   std::printf("%-7s %-10s %5s %12s %12s %8s %10s\n", "level", "backend", "N", "one call ms", "loop ms", "ratio",
               "ceiling");
   double bar_ratio = 0.0;
@@ -240,10 +245,13 @@ int run(int argc, char** argv) {
       print_row("model", name, n, measure<BatchedModel, LoopedModel>(*be, n, x, rng), peak);
     }
   }
-  std::printf("ceiling: the loop's time over the step's multiply-adds at the GEMM peak (x threads), the most a one-call "
-              "version could gain\n");
+  std::printf(
+      "ceiling: the loop's time over the step's multiply-adds at the GEMM peak (x threads), the most a one-call "
+      "version could gain\n");
   std::printf("bar (onednn kernels, N = 128, one call >= 5x the loop): %s\n",
-              bar_ratio == 0.0 ? "not measured (no onednn in this build)" : bar_ratio >= 5.0 ? "met" : "MISSED");
+              bar_ratio == 0.0   ? "not measured (no onednn in this build)"
+              : bar_ratio >= 5.0 ? "met"
+                                 : "MISSED");
   return bar_ratio >= 5.0 ? 0 : 1;
 }
 

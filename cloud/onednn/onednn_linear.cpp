@@ -13,8 +13,7 @@ constexpr auto f32 = memory::data_type::f32;
 
 class Linear final : public LinearKernel {
  public:
-  Linear(std::shared_ptr<const Context> ctx, const LinearGeometry& g)
-      : ctx_(std::move(ctx)), g_(g) {
+  Linear(std::shared_ptr<const Context> ctx, const LinearGeometry& g) : ctx_(std::move(ctx)), g_(g) {
     guarded(*ctx_, "linear setup", g_, [&] { build(); });
   }
 
