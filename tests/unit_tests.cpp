@@ -121,6 +121,31 @@ TEST(Adam, MatchesPyTorchRuleWithAndWithoutDecoupledDecay) {
   }
 }
 
+// The same rules over parameters long enough for the vectorised loops and their tails (8-lane
+// norm, Adam's element loop): 37 and 19 elements.
+TEST(Optimizer, LongParametersMatchTheRulesElementwise) {
+  Param a("a", Shape{37}), b("b", Shape{19});
+  double want_sq = 0.0;
+  for (Param* p : {&a, &b})
+    for (int64_t i = 0; i < p->grad().numel(); ++i) {
+      p->value()[i] = 0.05f * static_cast<float>(i) - 0.5f;
+      p->grad()[i] = 0.1f * static_cast<float>(i % 11) - 0.4f;
+      want_sq += static_cast<double>(p->grad()[i]) * p->grad()[i];
+    }
+  std::vector<float> w0(b.value().data(), b.value().data() + 19), g(b.grad().data(), b.grad().data() + 19);
+  OptimizerOptions o;
+  o.kind = "adamw";
+  o.lr = 0.01f;
+  o.weight_decay = 0.1f;
+  auto opt = make_optimizer({&a, &b}, o);
+  opt->step();
+  EXPECT_NEAR(opt->last_grad_norm(), std::sqrt(want_sq), 1e-12 * std::sqrt(want_sq));
+  for (int i = 0; i < 19; ++i) {  // first step: m = 0.1 g, v = 0.001 g^2, bias-corrected to g and g^2
+    const double w = w0[i] * (1.0 - 0.01 * 0.1) - 0.01 * g[i] / (std::fabs(g[i]) + 1e-8);
+    EXPECT_NEAR(b.value()[i], w, 1e-6) << "element " << i;
+  }
+}
+
 TEST(Optimizer, ClipsTheGlobalNormAndScalesTheLearningRate) {
   Param a("a", Shape{1}), b("b", Shape{1});
   OptimizerOptions o;
@@ -136,7 +161,8 @@ TEST(Optimizer, ClipsTheGlobalNormAndScalesTheLearningRate) {
   EXPECT_NEAR(b.value()[0], -0.5f * 4.0f / (5.0f + 1e-6f), 1e-6);
   EXPECT_FLOAT_EQ(sgd.lr(), 0.5f);
   try {
-    make_optimizer({&a}, {.lr = 0.1f, .momentum = 0, .dampening = 0, .weight_decay = 0, .nesterov = false, .kind = "lamb"});
+    make_optimizer({&a},
+                   {.lr = 0.1f, .momentum = 0, .dampening = 0, .weight_decay = 0, .nesterov = false, .kind = "lamb"});
     FAIL() << "no error";
   } catch (const Error& e) {
     EXPECT_STREQ(e.what(), "[optimizer] unknown optimizer 'lamb' (known: sgd, adam, adamw)");
@@ -169,7 +195,8 @@ TEST(Schedule, WarmupStepAndCosineFactors) {
     validate(s);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "[schedule] cosine needs total steps (3) above the warm-up (4) and a final factor in [0, 1], got 0.1");
+    EXPECT_STREQ(e.what(),
+                 "[schedule] cosine needs total steps (3) above the warm-up (4) and a final factor in [0, 1], got 0.1");
   }
 }
 
@@ -177,7 +204,8 @@ TEST(Schedule, WarmupStepAndCosineFactors) {
 // its cache blocks, leading dimensions wider than the matrices, and accumulation.
 TEST(PortableGemm, MatchesALoopOnEveryShapeEdge) {
   Rng rng(7);
-  for (const auto [m, n, k] : std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {4, 8, 3}, {7, 13, 300}, {5, 17, 513}, {9, 3, 0}})
+  for (const auto [m, n, k] :
+       std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {4, 8, 3}, {7, 13, 300}, {5, 17, 513}, {9, 3, 0}})
     for (const bool accumulate : {false, true}) {
       const int64_t lda = k + 2, ldb = n + 3, ldc = n + 1;
       const Tensor a = random_tensor({m, lda}, rng), b = random_tensor({std::max<int64_t>(k, 1), ldb}, rng);
@@ -189,7 +217,8 @@ TEST(PortableGemm, MatchesALoopOnEveryShapeEdge) {
           double want = j < n && accumulate ? c0.data()[i * ldc + j] : 0.0;
           for (int64_t p = 0; p < k && j < n; ++p) want += double(a.data()[i * lda + p]) * b.data()[p * ldb + j];
           if (j >= n) want = c0.data()[i * ldc + j];  // outside C: untouched
-          ASSERT_NEAR(c.data()[i * ldc + j], want, 1e-4 * (1 + std::abs(want))) << m << "x" << n << "x" << k << " at " << i << "," << j;
+          ASSERT_NEAR(c.data()[i * ldc + j], want, 1e-4 * (1 + std::abs(want)))
+              << m << "x" << n << "x" << k << " at " << i << "," << j;
         }
     }
   Tensor t = random_tensor({5, 7}, rng), tt = random_tensor({7, 5}, rng);
