@@ -18,11 +18,13 @@ namespace {
 constexpr const char* kUsage = R"(usage:
   tandem-cloud serve --listen HOST:PORT --state-dir DIR --model SPEC [--cut NODE]
                      [--batch B] [--microbatches K] [OPTIMIZER]
-                     [--seed S] [--backend NAME] [--max-message-mb N] [--wire-dtypes LIST]
+                     [--seed S] [--backend NAME] [--threads T] [--max-message-mb N] [--wire-dtypes LIST]
                      [--init-from FILE] [--metrics-json FILE] [--accept-tokens] [--web DIR]
                      [--aggregate-every S [--min-edges M] [--round-deadline-s D] [--back-accumulate N]]
       Serves split training over wss:// with mutual TLS: one session per edge, the back
-      shard and loss on the backend (default onednn). Runs `pki init` on first start.
+      shard and loss on the backend (default onednn), its kernels on T threads a session
+      (default 1, for many edges at once; a big host's cores can go to a few sessions, as
+      batched heads spread across them). Runs `pki init` on first start.
       --cut any serves every legal cut: each edge's Hello names its own (tandem-edge --cut auto).
       B and K are the most an edge may use. LIST: the wire dtypes edges may send
       activations and receive gradients in (default f32,f16,bf16,i8; each session uses the
@@ -104,9 +106,9 @@ int pki_command(int argc, char** argv) {
 int serve_command(int argc, char** argv) {
   const CliArgs args(argc, argv, 2, {"nesterov", "accept-tokens"});
   args.reject_unknown(CliArgs::with_optimizer_options({"listen", "state-dir", "model", "cut", "batch", "microbatches",
-                                                       "seed", "backend", "max-message-mb", "wire-dtypes", "init-from",
-                                                       "aggregate-every", "min-edges", "round-deadline-s", "back-accumulate",
-                                                       "metrics-json", "accept-tokens", "web"},
+                                                       "seed", "backend", "threads", "max-message-mb", "wire-dtypes",
+                                                       "init-from", "aggregate-every", "min-edges", "round-deadline-s",
+                                                       "back-accumulate", "metrics-json", "accept-tokens", "web"},
                                                       /*schedule=*/false));
   ServeOptions o;
   const HostPort listen = args.host_port("listen", "");
@@ -121,6 +123,7 @@ int serve_command(int argc, char** argv) {
   o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
   register_built_backends();
   o.backend = args.str("backend", "onednn");
+  o.threads = static_cast<int>(args.integer("threads", 1, 1));
   o.max_message_bytes = static_cast<std::size_t>(args.integer("max-message-mb", 64, 1)) << 20;
   o.init_from = args.str("init-from", "");
   o.federation.aggregate_every = static_cast<uint32_t>(args.integer("aggregate-every", 0, 0));

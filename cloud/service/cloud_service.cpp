@@ -88,7 +88,7 @@ class Worker {
          LwsEndpoint& endpoint, SessionCheckpoints& checkpoints, SharedBack* shared, pki::TokenVerifier* tokens)
       : id_(id), peer_(std::move(peer)), endpoint_(endpoint), shards_(shards), options_(o), checkpoints_(checkpoints),
         shared_(shared), tokens_(tokens),
-        backend_(make_backend(o.backend, BackendOptions{1})) {
+        backend_(make_backend(o.backend, BackendOptions{o.threads})) {
     thread_ = std::thread([this] { run(); });
   }
   ~Worker() {
@@ -301,7 +301,7 @@ int serve(const ServeOptions& o) {
   if (o.federation.aggregate_every > 0) {
     if (shards.size() != 1) fail("serve", "a federation trains one cut: give --cut NODE (not any)");
     shared = std::make_unique<SharedBack>();
-    shared->backend = make_backend(o.backend, BackendOptions{1});
+    shared->backend = make_backend(o.backend, BackendOptions{o.threads});
     shared->turns = std::make_unique<BackShardTurns>(o.federation.deadline_s);
     shared->turns->accumulate = o.federation.back_accumulate;
     const BackShard& s = shards.front();
@@ -338,9 +338,11 @@ int serve(const ServeOptions& o) {
   }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
-  std::printf("tandem-cloud: listening on wss://%s:%d (model %s, cut '%s', back shard on %s, CA %s)\n",
+  std::printf("tandem-cloud: listening on wss://%s:%d (model %s, cut '%s', back shard on %s, %d kernel thread%s a "
+              "session, CA %s)\n",
               o.host.c_str(), endpoint->port(), spec.name.c_str(),
-              cut == "any" ? cat("any of ", cuts.size()).c_str() : cut.c_str(), o.backend.c_str(), ids.ca_cert.c_str());
+              cut == "any" ? cat("any of ", cuts.size()).c_str() : cut.c_str(), o.backend.c_str(), o.threads,
+              o.threads == 1 ? "" : "s", ids.ca_cert.c_str());
   if (shared)
     std::printf("split-federated: one back shard for every edge, front shards averaged every %u steps (a round "
                 "waits at most %.1f s once one edge has sent, for at least %u edges)\n",

@@ -20,6 +20,7 @@ struct ServeOptions {
   std::string model_path;
   std::string cut;  // empty: the spec's default cut
   std::string backend = "onednn";
+  int threads = 1;  // each session's kernel threads (BackendOptions.threads)
   uint32_t batch_size = 64, microbatches = 4;
   OptimizerOptions optimizer;
   uint64_t seed = 1;

@@ -70,11 +70,18 @@ echo "edge with an enrolment token: trained; the replayed token refused"
 kill -0 "$cloud_pid" || fail "the cloud died"
 train after "$work/b" --limit 640 --test-limit 100 || fail "after the refusals: $(tail -3 "$work/after.out")"
 
-# A cloud that serves any cut, and an edge that plans its own (tandem plan at start-up).
+# A thread count below 1 is refused before anything starts.
+if "$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" --threads 0 \
+  > "$work/threads0.log" 2>&1; then fail "--threads 0 was taken"; fi
+grep -q "option --threads must be >= 1, got 0" "$work/threads0.log" || fail "--threads 0: $(cat "$work/threads0.log")"
+
+# A cloud that serves any cut on two kernel threads a session, and an edge that plans its
+# own cut (tandem plan at start-up).
 "$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" --cut any --microbatches 8 \
-  > "$work/any.log" 2>&1 &
+  --threads 2 > "$work/any.log" 2>&1 &
 any_pid=$!
 for _ in $(seq 1 100); do grep -q 'listening on' "$work/any.log" && break; sleep 0.1; done
+grep -q ', 2 kernel threads a session,' "$work/any.log" || fail "--threads 2 not in effect: $(cat "$work/any.log")"
 any_port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/any.log" | cut -d: -f3)
 "$edge_bin" train --cloud "wss://localhost:$any_port" --identity "$work/a" --model "$model" --cut auto \
   --uplink-mbps 20 --microbatches 8 --limit 640 --test-limit 100 > "$work/auto.out" 2>&1 ||
@@ -84,4 +91,4 @@ kill "$any_pid"; wait "$any_pid" 2> /dev/null || true
 grep -q "cut '$(echo "$planned" | sed 's/.*cut=\([^ ]*\).*/\1/')': 10 steps" "$work/any.log" ||
   fail "the cloud did not train the planned cut: $(cat "$work/any.log")"
 echo "edge with --cut auto: $planned, trained by a --cut any cloud"
-echo "PASS: two concurrent edges above 70%, a token edge, refusals clear, the service kept serving, --cut auto"
+echo "PASS: two concurrent edges above 70%, a token edge, refusals clear, the service kept serving, --cut auto on a cloud with --threads 2"
