@@ -1,11 +1,13 @@
 // The event-driven edge (the browser edge's trainer) against an in-process cloud session:
 // it trains, evaluates and says goodbye; refusals, lost links and bad data end it with the
-// exact reason.
+// exact reason; in a split-federated cloud it takes part in every round.
 #include <gtest/gtest.h>
 
 #include <cmath>
 #include <deque>
 
+#include "cloud/federation/federation.h"
+#include "cloud/session/back_shard_turns.h"
 #include "cloud/session/cloud_session.h"
 #include "core/error.h"
 #include "core/graph.h"
@@ -184,6 +186,162 @@ TEST(EventEdge, BadDataIsRefusedWithTheReason) {
   }
   h.edge->on_open();  // still no training data
   EXPECT_EQ(h.events.back(), R"j({"event":"error","text":"no training images were given"})j");
+}
+
+}  // namespace
+}  // namespace tandem::test
+
+namespace tandem::test {
+namespace {
+
+// Event edges of one split-federated cloud in this process, as the service runs them: one
+// back shard and optimizer, one Federation, a CloudSession per edge. Each edge's messages are
+// handled at once; the cloud's replies and the rounds' averages queue for their edge.
+struct Federated {
+  struct Link {
+    std::unique_ptr<CloudSession> cloud;
+    std::unique_ptr<EventEdge> edge;
+    std::deque<std::vector<uint8_t>> inbox;
+    std::vector<std::string> events;
+    bool cloud_closed = false;
+  };
+  ModelSpec spec = parse_model_json(kSpec);
+  Graph graph = Graph::build(spec);
+  std::unique_ptr<Backend> backend = make_backend("reference");
+  Network back{graph.split("pool1").second, *backend, 5};
+  Sgd back_opt{back.params(),
+               {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false}};
+  BackShardTurns turns;
+  std::unique_ptr<Federation> federation;
+  std::vector<std::unique_ptr<Link>> links;  // session id i + 1
+
+  Federated(uint32_t every, uint64_t seed) {
+    Network whole(graph, *backend, seed), front(graph.split("pool1").first, *backend, seed);
+    init_from_whole_model(graph, seed, front);
+    for (Param* p : back.params()) {
+      p->value().copy_from(whole.param(p->name()).value());
+      p->bump_version();
+    }
+    NamedTensors start;
+    for (Param* p : front.params()) start.emplace_back(p->name(), p->value().clone());
+    federation = std::make_unique<Federation>(start, FederationOptions{.aggregate_every = every},
+                                              [this](uint64_t session, std::span<const uint8_t> b) {
+                                                links.at(session - 1)->inbox.emplace_back(b.begin(), b.end());
+                                              });
+  }
+
+  Link& connect(EventEdgeConfig config, const Pixels& train, const Pixels& test) {
+    auto link = std::make_unique<Link>();
+    Link* l = link.get();
+    CloudSessionConfig cc;
+    cc.model_hash = model_hash(spec, "pool1");
+    cc.batch_size = 32;
+    cc.microbatches = 4;
+    cc.classes = 4;
+    cc.session_id = links.size() + 1;
+    cc.federation = federation.get();
+    cc.turns = &turns;
+    l->cloud = std::make_unique<CloudSession>(back, back_opt, cc);
+    l->edge = std::make_unique<EventEdge>(
+        spec, config,
+        [l](std::span<const uint8_t> b) {
+          if (l->cloud_closed) return;
+          CloudReply r = l->cloud->handle(Frame::copy_of(b.data(), b.size()));
+          l->cloud->finish_step();
+          if (!r.bytes.empty()) l->inbox.emplace_back(r.bytes.begin(), r.bytes.end());
+          if (!r.then.empty()) l->inbox.push_back(std::move(r.then));
+          l->cloud_closed = l->cloud_closed || r.close;
+        },
+        [l](const std::string& json) { l->events.push_back(json); });
+    const int64_t n = static_cast<int64_t>(train.labels.size()), m = static_cast<int64_t>(test.labels.size());
+    l->edge->set_data(false, train.bytes.data(), train.labels.data(), n, 8, 8);
+    l->edge->set_data(true, test.bytes.data(), test.labels.data(), m, 8, 8);
+    links.push_back(std::move(link));
+    return *l;
+  }
+
+  // Delivers queued messages, edge by edge, until none is left.
+  void pump() {
+    for (bool moved = true; moved;) {
+      moved = false;
+      for (auto& l : links)
+        while (!l->inbox.empty() && !l->edge->finished()) {
+          const std::vector<uint8_t> m = std::move(l->inbox.front());
+          l->inbox.pop_front();
+          l->edge->on_message(Frame::copy_of(m.data(), m.size()));
+          moved = true;
+        }
+    }
+  }
+
+  static std::vector<std::string> of_kind(const Link& l, const std::string& kind) {
+    std::vector<std::string> out;
+    for (const auto& e : l.events)
+      if (e.find("\"event\":\"" + kind + "\"") != std::string::npos) out.push_back(e);
+    return out;
+  }
+};
+
+float largest_difference(const Network& a, const NamedTensors& b) {
+  float worst = 0.0f;
+  for (std::size_t k = 0; k < b.size(); ++k) {
+    const Tensor& t = a.params()[k]->value();
+    for (int64_t i = 0; i < t.numel(); ++i) worst = std::max(worst, std::fabs(t[i] - b[k].second[i]));
+  }
+  return worst;
+}
+
+// Two browser edges with their own data in a federation averaging every 3 steps, fronts
+// updated once a round: rounds at steps 3 and 6 and a last one after step 7; both end on the
+// same average, the federation's newest. A third edge that connects afterwards takes that
+// average before its first step.
+TEST(EventEdge, TakesPartInAFederationsRounds) {
+  constexpr uint32_t kEvery = 3;
+  EventEdgeConfig c = config(7);
+  c.front_updates_per_round = true;
+  Federated f(kEvery, c.seed);
+  const Pixels test = pixels(128, 9);
+  c.client_id = "ward-a";
+  Federated::Link& a = f.connect(c, pixels(256, 1), test);
+  c.client_id = "ward-b";
+  Federated::Link& b = f.connect(c, pixels(256, 2), test);
+  a.edge->on_open();  // both join before the first round, so every round waits for both
+  b.edge->on_open();
+  f.pump();
+  for (Federated::Link* l : {&a, &b}) {
+    ASSERT_TRUE(l->edge->finished());
+    ASSERT_FALSE(l->edge->failed()) << l->events.back();
+    EXPECT_NE(l->events[1].find(R"("aggregate_every":3)"), std::string::npos) << l->events[1];
+    EXPECT_EQ(Federated::of_kind(*l, "step").size(), 7u);
+    const auto rounds = Federated::of_kind(*l, "round");
+    ASSERT_EQ(rounds.size(), 3u);
+    EXPECT_NE(rounds[0].find(R"("round":1,"step":3)"), std::string::npos) << rounds[0];
+    EXPECT_NE(rounds[1].find(R"("round":2,"step":6)"), std::string::npos) << rounds[1];
+    EXPECT_NE(rounds[2].find(R"("round":3,"step":7)"), std::string::npos) << rounds[2];
+    ASSERT_EQ(Federated::of_kind(*l, "done").size(), 1u);
+    EXPECT_NE(l->events.back().find("test_accuracy"), std::string::npos) << l->events.back();
+  }
+  EXPECT_EQ(f.federation->round(), 3u);
+  const auto newest = f.federation->take_unsaved_round();
+  ASSERT_TRUE(newest.has_value());
+  EXPECT_EQ(newest->first, 3u);
+  EXPECT_EQ(largest_difference(a.edge->front(), newest->second), 0.0f) << "edge a is not on the average";
+  EXPECT_EQ(largest_difference(b.edge->front(), newest->second), 0.0f) << "edge b is not on the average";
+
+  a.cloud.reset();  // both connections close
+  b.cloud.reset();
+  c.client_id = "ward-c";
+  c.steps = 2;
+  Federated::Link& late = f.connect(c, pixels(256, 3), test);
+  late.edge->on_open();
+  f.pump();
+  ASSERT_FALSE(late.edge->failed()) << late.events.back();
+  ASSERT_GE(late.events.size(), 4u);
+  EXPECT_NE(late.events[2].find(R"("event":"round","round":3,"step":0)"), std::string::npos)
+      << "the newest average was not taken first: " << late.events[2];
+  const auto rounds = Federated::of_kind(late, "round");
+  ASSERT_EQ(rounds.size(), 2u);  // the newest on joining, and its own last round alone
+  EXPECT_NE(rounds[1].find(R"("round":4,"step":2)"), std::string::npos) << rounds[1];
 }
 
 }  // namespace

@@ -50,9 +50,11 @@ extern "C" {
 EMSCRIPTEN_KEEPALIVE const char* tandem_last_error() { return page().error.c_str(); }
 
 // spec: the binary model spec (tandem pack-spec). wire_dtype: f32, f16, bf16 or i8.
+// front_updates (in a federation): step or round.
 EMSCRIPTEN_KEEPALIVE int tandem_create(const uint8_t* spec, int spec_len, const char* cut, const char* client_id,
                                        const char* token, int batch, int microbatches, int steps, float lr,
-                                       float momentum, int seed, const char* wire_dtype, int eval_samples) {
+                                       float momentum, int seed, const char* wire_dtype, int eval_samples,
+                                       const char* front_updates) {
   return guarded([&] {
     Page& p = page();
     p.socket.reset();
@@ -68,6 +70,10 @@ EMSCRIPTEN_KEEPALIVE int tandem_create(const uint8_t* spec, int spec_len, const 
     c.optimizer.momentum = momentum;
     c.seed = static_cast<uint64_t>(seed);
     c.eval_samples = eval_samples;
+    const std::string updates = front_updates;
+    if (updates != "step" && updates != "round")
+      fail("edge", cat("unknown front updates '", updates, "' (known: step, round)"));
+    c.front_updates_per_round = updates == "round";
     const auto dtype = parse_dtype(wire_dtype);
     if (!dtype) fail("edge", cat("unknown wire dtype '", wire_dtype, "' (known: f32, f16, bf16, i8)"));
     c.dtypes = {*dtype};

@@ -58,6 +58,7 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   session_ = std::make_unique<EdgeSession>(*front_, *optimizer_, config_.microbatches, model_hash(spec, config_.cut),
                                            config_.client_id, config_.dtypes);
   if (!config_.token.empty()) session_->set_token(config_.token);
+  if (config_.front_updates_per_round) session_->set_front_updates(EdgeSession::FrontUpdates::PerRound);
 }
 
 EventEdge::~EventEdge() = default;
@@ -94,10 +95,12 @@ bool EventEdge::on_message(const Frame& frame) {
   switch (state_) {
     case State::AwaitWelcome:
       if (!session_->on_welcome(frame, err)) return fail_with(err.text);
-      if (session_->aggregate_every() > 0)
-        return fail_with("this cloud trains a federation; the browser edge does not take part in federations");
-      emit_(cat("{\"event\":\"welcome\",\"start_step\":", session_->step(), ",\"dtype\":", quoted(dtype_name(session_->dtype())),
-                "}"));
+      emit_(cat("{\"event\":\"welcome\",\"start_step\":", session_->step(), ",\"dtype\":",
+                quoted(dtype_name(session_->dtype())), ",\"aggregate_every\":", session_->aggregate_every(), "}"));
+      if (session_->awaiting_aggregate()) {  // a late edge: the newest average comes first
+        state_ = State::AwaitAverage;
+        return true;
+      }
       state_ = State::Training;
       start_step();
       return !finished();
@@ -116,7 +119,22 @@ bool EventEdge::on_message(const Frame& frame) {
       emit_(cat("{\"event\":\"step\",\"step\":", steps_done_, ",\"steps\":", config_.steps, ",\"loss\":", num(loss),
                 ",\"samples_per_s\":", num(static_cast<double>(samples_done_) / std::max(elapsed, 1e-9)),
                 ",\"edge_busy_s\":", num(busy_s_), ",\"elapsed_s\":", num(elapsed), "}"));
+      samples_since_round_ += static_cast<uint64_t>(batch_images_.shape()[0]);
+      if (session_->aggregate_due()) {
+        send_front(/*final=*/false);
+        return true;
+      }
       start_step();
+      return !finished();
+    }
+    case State::AwaitAverage: {
+      if (!session_->on_aggregated(frame, err)) return fail_with(err.text);
+      emit_(cat("{\"event\":\"round\",\"round\":", session_->round(), ",\"step\":", session_->step(), "}"));
+      state_ = State::Training;
+      if (final_round_)
+        start_eval();
+      else
+        start_step();
       return !finished();
     }
     case State::Evaluating: {
@@ -142,7 +160,12 @@ void EventEdge::on_closed(const std::string& why) {
 }
 
 void EventEdge::start_step() {
-  if (steps_done_ >= config_.steps) return start_eval();
+  if (steps_done_ >= config_.steps) {
+    // In a federation the last steps' front joins a round too, so the run ends on the average.
+    if (session_->aggregate_every() > 0 && session_->step() > 0 && !session_->exchanged_now())
+      return send_front(/*final=*/true);
+    return start_eval();
+  }
   const int64_t n = train_.images.shape()[0];
   const int64_t b = std::min<int64_t>(config_.batch, n);
   const auto t0 = std::chrono::steady_clock::now();
@@ -161,6 +184,15 @@ void EventEdge::start_step() {
   const int k = session_->begin_step(batch_images_, batch_labels_.data());
   for (int mb = 0; mb < k; ++mb) send_(session_->forward(mb));
   busy_s_ += since(t0);
+}
+
+void EventEdge::send_front(bool final) {
+  const auto t0 = std::chrono::steady_clock::now();
+  send_(session_->front_weights(samples_since_round_, final));
+  busy_s_ += since(t0);
+  samples_since_round_ = 0;
+  final_round_ = final;
+  state_ = State::AwaitAverage;
 }
 
 void EventEdge::start_eval() {

@@ -1,6 +1,7 @@
 // The edge's whole training run driven by events instead of blocking waits, for a page's
 // event loop (the browser edge) or any single-threaded host: open -> Hello, each message ->
-// the next action, progress reported as JSON lines. Transport-free, so tested natively.
+// the next action, progress reported as JSON lines; in a split-federated cloud it sends its
+// front shard every round and takes the average. Transport-free, so tested natively.
 #pragma once
 
 #include <chrono>
@@ -30,12 +31,16 @@ struct EventEdgeConfig {
   std::string backend = "portable";
   std::vector<wire::DType> dtypes = {wire::DType::F32};
   int64_t eval_samples = 0;  // test samples evaluated at the end (0: all given)
+  // In a federation: the front updated once a round on the summed gradients (EdgeSession::
+  // FrontUpdates::PerRound), else every step.
+  bool front_updates_per_round = false;
 };
 
 class EventEdge {
  public:
   using Send = std::function<void(std::span<const uint8_t>)>;
-  // One JSON object per event: connected, welcome, step, evaluated, done, error.
+  // One JSON object per event: connected, welcome, step, round (an average taken), evaluated,
+  // done, error.
   using Emit = std::function<void(const std::string& json)>;
 
   EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, Emit emit);
@@ -57,12 +62,13 @@ class EventEdge {
   const Network& front() const { return *front_; }
 
  private:
-  enum class State { Idle, AwaitWelcome, Training, Evaluating, Done, Failed };
+  enum class State { Idle, AwaitWelcome, Training, AwaitAverage, Evaluating, Done, Failed };
   struct Data {
     Tensor images;  // [n, h, w, 1] in [0, 1]
     std::vector<int32_t> labels;
   };
   void start_step();
+  void send_front(bool final);
   void start_eval();
   void send_eval_batch();
   void finish(const std::string& json);
@@ -81,6 +87,8 @@ class EventEdge {
   Data train_, test_;
   State state_ = State::Idle;
   int64_t steps_done_ = 0, epoch_ = 0, cursor_ = 0, samples_done_ = 0;
+  uint64_t samples_since_round_ = 0;
+  bool final_round_ = false;  // the average awaited is the run's last: evaluation follows
   std::vector<int64_t> order_;
   Tensor batch_images_;
   std::vector<int32_t> batch_labels_;

@@ -1,13 +1,15 @@
 // Drives the browser edge's page in Debian's headless Chromium (playwright-core): the page
 // trains against a local tandem-cloud over wss with an enrolment token; the loss must fall,
 // the chart must show it (screenshot), and a replayed or forged token must be refused.
-// Then the page trains on local image files (PNGs picked through its file input, two classes).
+// Then the page trains on local image files (PNGs picked through its file input, two classes),
+// and, given a split-federated cloud's page and token, takes part in its rounds.
 // Usage: node train_in_browser.mjs PAGE_URL TOKEN OTHER_TOKEN FILES_TOKEN SCREENSHOT STEPS WEB_DIR
+//          [FEDERATED_PAGE_URL FEDERATED_TOKEN]
 import { readFileSync } from "node:fs";
 import { crc32, deflateSync } from "node:zlib";
 import { chromium } from "playwright-core";
 
-const [pageUrl, token, otherToken, filesToken, screenshot, stepsText, webDir] = process.argv.slice(2);
+const [pageUrl, token, otherToken, filesToken, screenshot, stepsText, webDir, fedUrl, fedToken] = process.argv.slice(2);
 const steps = Number(stepsText || 50);
 // An 8-bit grey PNG of w x h pixels.
 function png(pixels, w, h) {
@@ -115,6 +117,19 @@ try {
   const localSteps = local.events.filter((e) => e.event === "step").length;
   if (local.state !== "done" || localSteps !== 10) fail(`training on local files: ${local.status} (${localSteps} steps)`);
   else console.log(`local files: ${local.status}`);
+
+  // A federation averaging every 5 steps: 12 steps with the front updated once a round take
+  // rounds 1 and 2 at steps 5 and 10 and a last one after step 12, then evaluate.
+  if (fedUrl) {
+    await page.goto(`${fedUrl}?token=${encodeURIComponent(fedToken)}&client=page-fed&steps=12&frontUpdates=round`);
+    await page.click("#train");
+    await page.waitForFunction(() => ["done", "failed"].includes(window.tandemDemo.state), null, { timeout: 120000 });
+    const fed = await page.evaluate(() => ({ ...window.tandemDemo, status: document.getElementById("status").textContent }));
+    const rounds = fed.events.filter((e) => e.event === "round").map((e) => `${e.round}@${e.step}`).join(" ");
+    if (fed.state !== "done" || rounds !== "1@5 2@10 3@12")
+      fail(`federated page: ${fed.status}; rounds ${rounds || "none"} (want 1@5 2@10 3@12)`);
+    else console.log(`federated page: rounds ${rounds}; ${fed.status}`);
+  }
 } finally {
   await browser.close();
 }

@@ -2,7 +2,8 @@
 # The browser edge end to end: tandem-cloud serves the page (--web) and takes enrolment tokens;
 # headless Chromium (Debian's, driven by playwright-core) opens the page, trains 50 steps over
 # wss, and the loss falls; a replayed and a forged token are refused; the cloud keeps serving;
-# the page trains on local image files too.
+# the page trains on local image files too; on a split-federated cloud it takes part in the
+# rounds with its front updated once a round.
 # Usage: train_in_browser.sh NATIVE_BUILD_DIR SOURCE_DIR WASM_BUILD_DIR
 set -euo pipefail
 build=$1 src=$2 wasm=$3
@@ -18,7 +19,11 @@ for need in /usr/bin/chromium "$src/tests/browser/node_modules/playwright-core";
 done
 cloud_bin=$build/cloud/tandem-cloud
 work=$(mktemp -d)
-cleanup() { [[ -n ${cloud_pid:-} ]] && kill "$cloud_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+cleanup() {
+  for pid in ${cloud_pid:-} ${fed_pid:-}; do kill "$pid" 2>/dev/null; done
+  wait 2>/dev/null
+  rm -rf "$work"
+}
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- cloud log"; cat "$work/cloud.log"; exit 1; }
 
@@ -31,12 +36,21 @@ port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | cut -d: -f3)
 token=$("$cloud_bin" pki token --state-dir "$work/state" --client page-1 --ttl 10m)
 other=$("$cloud_bin" pki token --state-dir "$work/state" --client page-2 --ttl 10m)
 files=$("$cloud_bin" pki token --state-dir "$work/state" --client page-3 --ttl 10m)
+"$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/fed-state" \
+  --model "$src/samples/fashion-mnist/model.json" --batch 32 --microbatches 4 --web "$wasm/web" --aggregate-every 5 \
+  > "$work/fed.log" 2>&1 &
+fed_pid=$!
+for _ in $(seq 1 100); do grep -q 'listening on' "$work/fed.log" && break; sleep 0.1; done
+fed_port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/fed.log" | cut -d: -f3)
+[[ -n $fed_port ]] || fail "the federated cloud did not start: $(cat "$work/fed.log")"
+fed_token=$("$cloud_bin" pki token --state-dir "$work/fed-state" --client page-fed --ttl 10m)
 shot=$build/browser-train.png
 node "$src/tests/browser/train_in_browser.mjs" "https://127.0.0.1:$port/" "$token" "$other" "$files" "$shot" 50 \
-  "$wasm/web" || fail "the browser run failed"
+  "$wasm/web" "https://127.0.0.1:$fed_port/" "$fed_token" || fail "the browser run failed"
+grep -q "round 3: 1 of 1 edges" "$work/fed.log" || fail "the federated cloud closed no third round: $(cat "$work/fed.log")"
 kill -0 "$cloud_pid" || fail "the cloud died"
 grep -q "session 1 (), cut 'pool2': 50 steps, 1600 samples" "$work/cloud.log" ||
   fail "the cloud did not train 50 steps of the page's session"
 grep -q "session 4 (), cut 'pool2': 10 steps, 160 samples" "$work/cloud.log" ||
   fail "the cloud did not train 10 steps on the page's local files"
-echo "PASS: the page trained 50 steps in Chromium, the loss fell; replayed and forged tokens refused; local files trained (screenshot $shot)"
+echo "PASS: the page trained 50 steps in Chromium, the loss fell; replayed and forged tokens refused; local files trained; three federation rounds (screenshot $shot)"

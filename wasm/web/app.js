@@ -14,6 +14,7 @@ $("url").value = params.get("cloud") || `wss://${location.host}/`;
 $("token").value = params.get("token") || "";
 $("client").value = params.get("client") || "browser";
 if (params.get("steps")) $("steps").value = params.get("steps");
+if (params.get("frontUpdates")) $("frontUpdates").value = params.get("frontUpdates");
 CLASSES.forEach((name, i) => $("fileLabel").add(new Option(`${i} ${name}`, i)));
 
 function status(text, isError = false) {
@@ -66,7 +67,10 @@ function onEvent(event) {
   } else if (event.event === "evaluated") {
     chart.addAccuracy(chart.loss.length ? chart.loss[chart.loss.length - 1][0] : 0, event.accuracy);
   } else if (event.event === "welcome") {
-    status(`connected; the cloud sends gradients as ${event.dtype}`);
+    const rounds = event.aggregate_every ? `; a federation averaging fronts every ${event.aggregate_every} steps` : "";
+    status(`connected; the cloud sends gradients as ${event.dtype}${rounds}`);
+  } else if (event.event === "round") {
+    status(`round ${event.round}: took the federation's average at step ${event.step}`);
   } else if (event.event === "done") {
     const acc = event.test_accuracy !== undefined ? `, test accuracy ${(100 * event.test_accuracy).toFixed(1)}%` : "";
     status(`done: ${event.steps} steps, loss ${event.first_loss.toFixed(4)} -> ${event.last_loss.toFixed(4)}${acc}`);
@@ -87,7 +91,7 @@ $("train").addEventListener("click", async () => {
     const edge = await TandemEdge.create({
       spec, clientId: $("client").value, token: $("token").value.trim(), steps: Number($("steps").value),
       batch: Number($("batch").value), microbatches: Number($("microbatches").value), lr: Number($("lr").value),
-      wireDtype: $("dtype").value, onEvent,
+      wireDtype: $("dtype").value, frontUpdates: $("frontUpdates").value, onEvent,
     });
     if (document.querySelector("input[name=source]:checked").value === "files") {
       if (!local.labels.length) throw new Error("add some image files first");

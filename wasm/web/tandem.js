@@ -6,7 +6,9 @@
 class TandemEdge {
   // options: spec (Uint8Array, the binary model spec from `tandem pack-spec`), cut ("" for the
   // spec's own), clientId, token, batch, microbatches, steps, lr, momentum, seed, wireDtype
-  // ("f32", "f16", "bf16", "i8"), evalSamples (0: all test images), onEvent(event).
+  // ("f32", "f16", "bf16", "i8"), evalSamples (0: all test images), frontUpdates ("step" or
+  // "round": in a split-federated cloud, the front updated every step or once a round),
+  // onEvent(event). Events: connected, welcome, step, round, evaluated, done, error.
   static async create(options) {
     const edge = new TandemEdge(options.onEvent || (() => {}));
     edge.module = await createTandemModule({
@@ -17,10 +19,11 @@ class TandemEdge {
     const m = edge.module;
     const spec = edge.copyIn(options.spec, 1);
     const rc = m.ccall("tandem_create", "number",
-      ["number", "number", "string", "string", "string", "number", "number", "number", "number", "number", "number", "string", "number"],
+      ["number", "number", "string", "string", "string", "number", "number", "number", "number", "number", "number", "string", "number",
+       "string"],
       [spec, options.spec.length, options.cut || "", options.clientId || "browser", options.token || "",
        options.batch || 32, options.microbatches || 4, options.steps || 50, options.lr ?? 0.05, options.momentum ?? 0.9,
-       options.seed || 1, options.wireDtype || "f32", options.evalSamples || 0]);
+       options.seed || 1, options.wireDtype || "f32", options.evalSamples || 0, options.frontUpdates || "step"]);
     m._free(spec);
     edge.check(rc);
     return edge;
