@@ -35,9 +35,11 @@ inline std::string backend_under_test() {
   return name && *name ? name : "reference";
 }
 
+// TANDEM_THREADS (default 1): the backend's threads, for the thread-pool variants of tests.
 inline std::unique_ptr<Backend> make_test_backend(const std::string& name) {
   register_built_backends();
-  return make_backend(name);
+  const char* threads = std::getenv("TANDEM_THREADS");
+  return make_backend(name, BackendOptions{threads && *threads ? std::atoi(threads) : 1});
 }
 
 inline void fill_uniform(float* p, int64_t n, Rng& rng, float lo = -1.0f, float hi = 1.0f) {

@@ -139,20 +139,38 @@ WinogradConv2d::WinogradConv2d(const Conv2dGeometry& g) : g_(g) {
   tiles_h_ = (g.in_h + 1) / 2;
   tiles_w_ = (g.in_w + 1) / 2;
   tiles_ = g.batch * tiles_h_ * tiles_w_;
-  const int64_t widest = std::max(g.in_c, g.out_c);
-  v_ = aligned_floats(static_cast<std::size_t>(16 * kChunkTiles * widest));
-  m_ = aligned_floats(static_cast<std::size_t>(16 * kChunkTiles * widest));
+  add_scratch();
   fwd_.u = aligned_floats(static_cast<std::size_t>(16 * g.in_c * g.out_c));
   bwd_.u = aligned_floats(static_cast<std::size_t>(16 * g.in_c * g.out_c));
 }
 
+void WinogradConv2d::add_scratch() {
+  const auto floats = static_cast<std::size_t>(16 * kChunkTiles * std::max(g_.in_c, g_.out_c));
+  scratch_.push_back({aligned_floats(floats), aligned_floats(floats)});
+}
+
+void WinogradConv2d::set_parallel(int workers, ParallelFor parallel_for) {
+  while (static_cast<int>(scratch_.size()) < workers) add_scratch();
+  parallel_for_ = std::move(parallel_for);
+}
+
+// Chunks write disjoint output tiles and read the input only, so ranges of them run apart.
 void WinogradConv2d::run(const float* in, int64_t in_c, const float* u, int64_t out_c, const float* bias, float* out) {
-  for (int64_t t0 = 0; t0 < tiles_; t0 += kChunkTiles) {
-    const int64_t nt = std::min(kChunkTiles, tiles_ - t0);
-    transform_input(in, g_.in_h, g_.in_w, in_c, tiles_h_, tiles_w_, t0, nt, v_.get());
-    multiply(v_.get(), u, nt, in_c, out_c, m_.get());
-    transform_output(m_.get(), bias, g_.in_h, g_.in_w, out_c, tiles_h_, tiles_w_, t0, nt, out);
-  }
+  const int64_t chunks = (tiles_ + kChunkTiles - 1) / kChunkTiles;
+  const int64_t ranges = std::min(static_cast<int64_t>(scratch_.size()), chunks);
+  const auto range = [&](int64_t r) {
+    const Scratch& s = scratch_[static_cast<std::size_t>(r)];
+    for (int64_t c = chunks * r / ranges; c < chunks * (r + 1) / ranges; ++c) {
+      const int64_t t0 = c * kChunkTiles, nt = std::min(kChunkTiles, tiles_ - t0);
+      transform_input(in, g_.in_h, g_.in_w, in_c, tiles_h_, tiles_w_, t0, nt, s.v.get());
+      multiply(s.v.get(), u, nt, in_c, out_c, s.m.get());
+      transform_output(s.m.get(), bias, g_.in_h, g_.in_w, out_c, tiles_h_, tiles_w_, t0, nt, out);
+    }
+  };
+  if (ranges > 1 && parallel_for_)
+    parallel_for_(ranges, range);
+  else
+    for (int64_t r = 0; r < ranges; ++r) range(r);
 }
 
 void WinogradConv2d::transform(Transformed& t, const float* w, uint64_t version, bool adjoint) {

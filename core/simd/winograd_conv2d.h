@@ -5,7 +5,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
 #include <memory>
+#include <vector>
 
 #include "core/geometry.h"
 #include "core/tensor.h"
@@ -19,6 +21,13 @@ class WinogradConv2d {
   static bool supports(const Conv2dGeometry& g);
 
   explicit WinogradConv2d(const Conv2dGeometry& g);
+
+  // Runs body(i) for every i in [0, count), in any order and on any threads (a backend's
+  // thread pool), returning when all are done.
+  using ParallelFor = std::function<void(int64_t count, const std::function<void(int64_t)>& body)>;
+  // Splits each pass's tile chunks into `workers` ranges, each with its own scratch, run by
+  // parallel_for. Without it every chunk runs in order on the caller's thread.
+  void set_parallel(int workers, ParallelFor parallel_for);
 
   // y [N][H][W][Cout] = bias + conv(x, w), w OHWI [Cout][3][3][Cin]; bias may be null. The
   // transformed weights are kept while (w, version) stays the same.
@@ -36,10 +45,16 @@ class WinogradConv2d {
   void transform(Transformed& t, const float* w, uint64_t version, bool adjoint);
   void run(const float* in, int64_t in_c, const float* u, int64_t out_c, const float* bias, float* out);
 
+  struct Scratch {  // a chunk's transformed input and products
+    std::unique_ptr<float, AlignedFree> v, m;
+  };
+  void add_scratch();
+
   Conv2dGeometry g_;
   int64_t tiles_h_ = 0, tiles_w_ = 0, tiles_ = 0;
   Transformed fwd_, bwd_;
-  std::unique_ptr<float, AlignedFree> v_, m_;  // a chunk's transformed input and products
+  std::vector<Scratch> scratch_;  // one per worker range
+  ParallelFor parallel_for_;
 };
 
 }  // namespace tandem::simd

@@ -6,6 +6,7 @@
 // Otherwise backward_weights is fully connected GEMMs over a transposed im2col, built in
 // cache-sized chunks of output rows.
 #include <algorithm>
+#include <functional>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -64,10 +65,20 @@ class XnnConv2d final : public Conv2dKernel {
       }
     // backward_weights works on chunks of whole output rows whose transposed im2col
     // (K x rows * OW floats) stays in L2, as does the slice of dy packed for it.
-    // Winograd runs on the caller's thread: with a thread pool XNNPACK's own kernels spread
-    // the work instead.
-    if (simd::WinogradConv2d::supports(g) && ctx_->threadpool() == nullptr)
+    // Winograd's chunks of tiles spread over the backend's thread pool, when it has one.
+    if (simd::WinogradConv2d::supports(g)) {
       winograd_ = std::make_unique<simd::WinogradConv2d>(g);
+      if (pthreadpool_t pool = ctx_->threadpool())
+        winograd_->set_parallel(static_cast<int>(pthreadpool_get_threads_count(pool)),
+                                [pool](int64_t count, const std::function<void(int64_t)>& body) {
+                                  pthreadpool_parallelize_1d(
+                                      pool,
+                                      [](void* f, size_t i) {
+                                        (*static_cast<const std::function<void(int64_t)>*>(f))(static_cast<int64_t>(i));
+                                      },
+                                      const_cast<std::function<void(int64_t)>*>(&body), static_cast<size_t>(count), 0);
+                                });
+    }
     if (simd::DirectConv2d::supports(g)) {
       direct_ = std::make_unique<simd::DirectConv2d>(g);
       direct_forward_ = simd::DirectConv2d::forward_pays(g);
@@ -280,7 +291,7 @@ class XnnConv2d final : public Conv2dKernel {
   std::unique_ptr<float, AlignedFree> dyt_;    // one chunk of dy^T [Cout][rows * OW] (pack_cols_)
   PackedOperator fwd_, bwd_;
   std::unique_ptr<simd::DirectConv2d> direct_;  // backward_weights when Cout % 16 == 0
-  std::unique_ptr<simd::WinogradConv2d> winograd_;  // forward and backward_data of 3x3 same layers, one thread
+  std::unique_ptr<simd::WinogradConv2d> winograd_;  // forward and backward_data of 3x3 same layers
   bool direct_forward_ = false;                 // and forward, for few taps x input channels
 };
 
