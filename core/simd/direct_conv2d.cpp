@@ -206,7 +206,14 @@ void DirectConv2d::weight_grad(const float* x, const float* dy, float* dw, float
   const float* src = padded(x);
   float* acc = acc_.get();
   std::fill_n(acc, k_ * g.out_c, 0.0f);
-  accumulate(src, pixel_.data(), tap_offset_.data(), dy, m_, k_, g.out_c, acc);
+  // Ranges of K rows in whole row blocks (12: 6 rows of 64 channels, 12 of 32 or 16).
+  constexpr int64_t kBlock = 12;
+  const int64_t blocks = (k_ + kBlock - 1) / kBlock;
+  const int64_t ranges = std::min<int64_t>(parallel_for_ ? workers_ : 1, blocks);
+  run_pieces(parallel_for_, ranges, [&](int64_t r) {
+    const int64_t k0 = blocks * r / ranges * kBlock, k1 = std::min(k_, blocks * (r + 1) / ranges * kBlock);
+    accumulate(src, pixel_.data(), tap_offset_.data() + k0, dy, m_, k1 - k0, g.out_c, acc + k0 * g.out_c);
+  });
   for (int64_t co = 0; co < g.out_c; ++co)
     for (int64_t k = 0; k < k_; ++k) dw[co * k_ + k] = acc[k * g.out_c + co];
   if (db) {

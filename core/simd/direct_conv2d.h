@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/geometry.h"
+#include "core/simd/parallel_for.h"
 #include "core/tensor.h"
 
 namespace tandem::simd {
@@ -34,6 +35,13 @@ class DirectConv2d {
   // input patch; db[co] = sum of dy[.., co] when db is not null.
   void weight_grad(const float* x, const float* dy, float* dw, float* db);
 
+  // weight_grad's rows of dW^T (the K taps x input channels) split into `workers` ranges run
+  // by parallel_for; each range writes its own rows. Without it, one range on the caller.
+  void set_parallel(int workers, ParallelFor parallel_for) {
+    workers_ = workers;
+    parallel_for_ = std::move(parallel_for);
+  }
+
  private:
   const float* padded(const float* x);
 
@@ -49,6 +57,8 @@ class DirectConv2d {
   const float* wt_of_ = nullptr;              // the weights wt_ holds
 
   uint64_t wt_version_ = 0;
+  int workers_ = 1;
+  ParallelFor parallel_for_;
 };
 
 }  // namespace tandem::simd

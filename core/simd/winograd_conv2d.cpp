@@ -167,10 +167,7 @@ void WinogradConv2d::run(const float* in, int64_t in_c, const float* u, int64_t 
       transform_output(s.m.get(), bias, g_.in_h, g_.in_w, out_c, tiles_h_, tiles_w_, t0, nt, out);
     }
   };
-  if (ranges > 1 && parallel_for_)
-    parallel_for_(ranges, range);
-  else
-    for (int64_t r = 0; r < ranges; ++r) range(r);
+  run_pieces(parallel_for_, ranges, range);
 }
 
 void WinogradConv2d::transform(Transformed& t, const float* w, uint64_t version, bool adjoint) {

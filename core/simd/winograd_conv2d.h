@@ -5,11 +5,11 @@
 #pragma once
 
 #include <cstdint>
-#include <functional>
 #include <memory>
 #include <vector>
 
 #include "core/geometry.h"
+#include "core/simd/parallel_for.h"
 #include "core/tensor.h"
 
 namespace tandem::simd {
@@ -22,9 +22,6 @@ class WinogradConv2d {
 
   explicit WinogradConv2d(const Conv2dGeometry& g);
 
-  // Runs body(i) for every i in [0, count), in any order and on any threads (a backend's
-  // thread pool), returning when all are done.
-  using ParallelFor = std::function<void(int64_t count, const std::function<void(int64_t)>& body)>;
   // Splits each pass's tile chunks into `workers` ranges, each with its own scratch, run by
   // parallel_for. Without it every chunk runs in order on the caller's thread.
   void set_parallel(int workers, ParallelFor parallel_for);

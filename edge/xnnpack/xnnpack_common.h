@@ -6,11 +6,13 @@
 #include <xnnpack.h>
 
 #include <cstdint>
+#include <functional>
 #include <memory>
 #include <string>
 
 #include "core/backend.h"
 #include "core/error.h"
+#include "core/simd/parallel_for.h"
 #include "core/tensor.h"
 
 namespace tandem::xnn {
@@ -34,6 +36,15 @@ using Threadpool = std::unique_ptr<pthreadpool, ThreadpoolDeleter>;
 struct Context {
   Threadpool pool;  // null: run on the caller's thread
   pthreadpool_t threadpool() const { return pool.get(); }
+  // The pool's threads (1 without one), and core's kernels' way onto them.
+  int threads() const { return pool ? static_cast<int>(pthreadpool_get_threads_count(pool.get())) : 1; }
+  simd::ParallelFor parallel_for() const {
+    using Body = std::function<void(int64_t)>;
+    return [p = pool.get()](int64_t count, const Body& body) {
+      auto piece = [](void* f, size_t i) { (*static_cast<const Body*>(f))(static_cast<int64_t>(i)); };
+      pthreadpool_parallelize_1d(p, piece, const_cast<Body*>(&body), static_cast<size_t>(count), 0);
+    };
+  }
 };
 
 // An operator that packed a layer's weights when it was created, and which weights those were:

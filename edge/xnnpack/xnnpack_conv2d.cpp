@@ -6,7 +6,6 @@
 // Otherwise backward_weights is fully connected GEMMs over a transposed im2col, built in
 // cache-sized chunks of output rows.
 #include <algorithm>
-#include <functional>
 #include <limits>
 #include <tuple>
 #include <utility>
@@ -66,21 +65,14 @@ class XnnConv2d final : public Conv2dKernel {
     // backward_weights works on chunks of whole output rows whose transposed im2col
     // (K x rows * OW floats) stays in L2, as does the slice of dy packed for it.
     // Winograd's chunks of tiles spread over the backend's thread pool, when it has one.
+    const int workers = ctx_->threads();
     if (simd::WinogradConv2d::supports(g)) {
       winograd_ = std::make_unique<simd::WinogradConv2d>(g);
-      if (pthreadpool_t pool = ctx_->threadpool())
-        winograd_->set_parallel(static_cast<int>(pthreadpool_get_threads_count(pool)),
-                                [pool](int64_t count, const std::function<void(int64_t)>& body) {
-                                  pthreadpool_parallelize_1d(
-                                      pool,
-                                      [](void* f, size_t i) {
-                                        (*static_cast<const std::function<void(int64_t)>*>(f))(static_cast<int64_t>(i));
-                                      },
-                                      const_cast<std::function<void(int64_t)>*>(&body), static_cast<size_t>(count), 0);
-                                });
+      if (workers > 1) winograd_->set_parallel(workers, ctx_->parallel_for());
     }
     if (simd::DirectConv2d::supports(g)) {
       direct_ = std::make_unique<simd::DirectConv2d>(g);
+      if (workers > 1) direct_->set_parallel(workers, ctx_->parallel_for());
       direct_forward_ = simd::DirectConv2d::forward_pays(g);
       wt_ = aligned_floats(sz(g.out_c * k_));
       return;
