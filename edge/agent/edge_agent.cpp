@@ -243,7 +243,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
       }
       bar.update(begin + count, cat("loss ", fixed(loss_sum / static_cast<double>(begin + count - first), 4)));
     }
-    if (epoch == o.epochs && session.aggregate_every() > 0 && session.step() > 0 && !session.exchanged_now()) {
+    if (epoch == o.epochs && session.final_round_due()) {
       // The last steps' weights join a round too, so the run ends on the average.
       link.send(session.front_weights(samples_since_round, /*final=*/true));
       if (!take_average(link, session)) return 1;

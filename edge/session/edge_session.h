@@ -53,7 +53,9 @@ class EdgeSession {
   bool awaiting_aggregate() const { return awaiting_aggregate_; }
   // final: after the edge's last step, whatever its number (the run ends on the average).
   std::span<const uint8_t> front_weights(uint64_t samples, bool final = false);
-  bool exchanged_now() const { return exchanged_step_ == step_; }
+  // After the run's last step: whether its front must still join a round (front_weights
+  // with final), so the run ends on the average; false outside a federation.
+  bool final_round_due() const { return aggregate_every_ > 0 && step_ > 0 && exchanged_step_ != step_; }
   bool on_aggregated(const Frame& frame, WireError& error);
   uint32_t round() const { return round_; }
   // FedProx: adds mu * (w - w_round) to each gradient, w_round the last average taken, so

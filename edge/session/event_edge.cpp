@@ -162,8 +162,7 @@ void EventEdge::on_closed(const std::string& why) {
 void EventEdge::start_step() {
   if (steps_done_ >= config_.steps) {
     // In a federation the last steps' front joins a round too, so the run ends on the average.
-    if (session_->aggregate_every() > 0 && session_->step() > 0 && !session_->exchanged_now())
-      return send_front(/*final=*/true);
+    if (session_->final_round_due()) return send_front(/*final=*/true);
     return start_eval();
   }
   const int64_t n = train_.images.shape()[0];
