@@ -16,7 +16,7 @@
 #include "core/graph.h"
 #include "core/network.h"
 #include "core/optimizer.h"
-#include "tools/all_backends.h"
+#include "backends/registry.h"
 
 namespace tandem {
 namespace {
@@ -216,7 +216,6 @@ Options parse(int argc, char** argv) {
 
 int run(int argc, char** argv) {
   opt = parse(argc, argv);
-  register_built_backends();
   Rng rng(3);
   const Tensor x = bench::random({opt.batch, opt.features}, rng);
   const double peak = bench::gemm_peak_gflops(opt.reps);

@@ -14,7 +14,7 @@
 #include "core/tensor.h"
 #include "bench/bench_util.h"
 #include "bench/gemm_peak.h"
-#include "tools/all_backends.h"
+#include "backends/registry.h"
 
 
 namespace tandem {
@@ -48,7 +48,6 @@ void bench_weighted(Kernel& k, const Geometry& g, const std::string& backend, co
 
 int run(int argc, char** argv) {
   const int reps = argc > 1 ? std::max(3, std::atoi(argv[1])) : 21;
-  register_built_backends();
   Rng rng(7);
 
   LinearGeometry lin{256, 784, 512, true};

@@ -1,4 +1,4 @@
-// The portable GEMM (core/simd/gemm.h) timed on the shapes the browser edge's Fashion-MNIST
+// The portable GEMM (backends/simd/gemm.h) timed on the shapes the browser edge's Fashion-MNIST
 // front runs (im2col convolutions and linear layers), in GFLOP/s, median of repeats. Built
 // natively and with em++ -msimd128 (run under node); bench/wasm_gemm.sh prints the ratio.
 #include <algorithm>
@@ -6,7 +6,7 @@
 #include <cstdio>
 #include <vector>
 
-#include "core/simd/gemm.h"
+#include "backends/simd/gemm.h"
 
 int main() {
   struct Shape {

@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The portable GEMM (core/simd/gemm.h) in WebAssembly (em++ -msimd128, under node) against
+# The portable GEMM (backends/simd/gemm.h) in WebAssembly (em++ -msimd128, under node) against
 # the same code built natively with the default flags (x86-64 baseline: 128-bit SSE2, as wasm
 # SIMD is 128-bit), alternating 3 runs each; prints the medians' ratio. Bar: >= 0.40.
 # Usage: bash bench/wasm_gemm.sh [NATIVE_BUILD_DIR] [WASM_BUILD_DIR] [BAR]

@@ -7,10 +7,10 @@
 #include "cloud/pki/pki.h"
 #include "cloud/pki/token.h"
 #include "cloud/service/cloud_service.h"
-#include "tools/all_backends.h"
+#include "backends/registry.h"
 #include "core/error.h"
 #include "core/wire/tensor_codec.h"
-#include "tools/cli_args.h"
+#include "cli/cli_args.h"
 
 namespace tandem {
 namespace {
@@ -121,7 +121,6 @@ int serve_command(int argc, char** argv) {
   o.microbatches = static_cast<uint32_t>(args.integer("microbatches", 4, 1));
   o.optimizer = args.optimizer_options();
   o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
-  register_built_backends();
   o.backend = args.str("backend", "onednn");
   o.threads = static_cast<int>(args.integer("threads", 1, 1));
   o.max_message_bytes = static_cast<std::size_t>(args.integer("max-message-mb", 64, 1)) << 20;

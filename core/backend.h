@@ -1,17 +1,19 @@
-// The kernel contract every backend (reference, xnnpack, onednn, ...) implements: one small
-// interface per op, created once per shape and reused; backward passes overwrite their outputs.
+// The kernel contract every backend (backends/: reference, portable, xnnpack, onednn, ...)
+// implements: one small interface per kernel, created once per shape and reused; backward
+// passes overwrite their outputs. Backends are made by name in backends/registry.h.
 #pragma once
 
 #include <cstddef>
 #include <cstdint>
-#include <functional>
 #include <memory>
+#include <span>
 #include <string>
 #include <string_view>
 #include <vector>
 
 #include "core/activation.h"
 #include "core/geometry.h"
+#include "core/tensor.h"
 
 namespace tandem {
 
@@ -53,7 +55,7 @@ class ReluKernel {
   virtual void backward(const float* y, const float* dy, float* dx) = 0;
 };
 
-// relu6, hardswish, gelu, sigmoid, tanh (activation.h) over `elements` values.
+// An activation op (relu6, gelu, silu, ...: core/activation.h) over `elements` values.
 class ActivationKernel {
  public:
   virtual ~ActivationKernel() = default;
@@ -119,29 +121,35 @@ struct BackendOptions {
   int threads = 1;
 };
 
+// A backend's answer to "can you run this op": yes, or no with the reason in words a user
+// can act on (what is missing, which backend has it). Asked before any kernel is made.
+struct Support {
+  bool ok = true;
+  std::string why;  // set when !ok
+  static Support yes() { return {}; }
+  static Support no(std::string why) { return {false, std::move(why)}; }
+  explicit operator bool() const { return ok; }
+};
+
 class Backend {
  public:
   virtual ~Backend() = default;
   virtual std::string_view name() const = 0;
+  // Whether this backend runs `op` (an op registry name, core/ops) on inputs of these
+  // per-sample shapes. The default is yes: a backend overrides it for what it lacks, and
+  // the network asks it for every node before making a layer.
+  virtual Support supports(std::string_view op, std::span<const Shape> inputs) const;
   virtual std::unique_ptr<Conv2dKernel> conv2d(const Conv2dGeometry& g) = 0;
   virtual std::unique_ptr<LinearKernel> linear(const LinearGeometry& g) = 0;
   virtual std::unique_ptr<ReluKernel> relu(int64_t elements) = 0;
-  virtual std::unique_ptr<ActivationKernel> activation(Activation kind, int64_t elements) = 0;
+  virtual std::unique_ptr<ActivationKernel> activation(const Activation& kind, int64_t elements) = 0;
   virtual std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) = 0;
   virtual std::unique_ptr<AvgPool2dKernel> avg_pool2d(const Pool2dGeometry& g) = 0;
   virtual std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) = 0;
   virtual std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) = 0;
   virtual std::unique_ptr<AddKernel> add(int64_t elements) = 0;
-  // Throws an Error saying so where a backend has none (heads belong in the cloud).
+  // A backend without one says so in supports("heads"); asked anyway, it throws that answer.
   virtual std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g);
 };
-
-using BackendFactory = std::function<std::unique_ptr<Backend>(const BackendOptions&)>;
-
-// Backends register themselves by name ("reference" is always there); make_backend throws
-// an Error listing the registered names when asked for an unknown one.
-void register_backend(std::string name, BackendFactory factory);
-std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options = {});
-std::vector<std::string> backend_names();
 
 }  // namespace tandem

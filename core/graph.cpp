@@ -3,102 +3,20 @@
 #include <map>
 #include <set>
 
-#include "core/activation.h"
 #include "core/error.h"
+#include "core/ops/op.h"
 
 namespace tandem {
 namespace {
 
 constexpr std::string_view kWhere = "graph";
 
-void expect_inputs(const NodeSpec& n, const std::vector<Shape>& in, std::size_t count, int rank) {
-  if (in.size() != count)
-    fail(kWhere, cat("node '", n.name, "' (", n.op, "): field 'inputs' needs ", count, count == 1 ? " input" : " inputs",
-                     ", got ", in.size()));
-  if (rank > 0 && in[0].rank() != rank)
-    fail(kWhere, cat("node '", n.name, "' (", n.op, "): expects a rank-", rank, " input per sample, got ",
-                     in[0].str(), rank == 1 ? " (add a flatten node before it)" : ""));
-}
-
 }  // namespace
 
 Shape infer_shape(const NodeSpec& n, const std::vector<Shape>& in) {
-  if (n.op == "conv2d") {
-    expect_inputs(n, in, 1, 3);
-    const Conv2dAttrs& a = n.conv2d;
-    if (in[0][2] % a.groups != 0)
-      fail(kWhere, cat("node '", n.name, "' (conv2d): ", a.groups, " groups do not divide its ", in[0][2],
-                       " input channels"));
-    int64_t out[2];
-    for (int i = 0; i < 2; ++i) {
-      auto k = static_cast<std::size_t>(i);
-      out[i] = (in[0][i] + 2 * a.padding[k] - a.dilation[k] * (a.kernel[k] - 1) - 1) / a.stride[k] + 1;
-      if (in[0][i] + 2 * a.padding[k] < a.dilation[k] * (a.kernel[k] - 1) + 1)
-        fail(kWhere, cat("node '", n.name, "' (conv2d): kernel larger than the padded input ", in[0].str()));
-    }
-    return Shape{out[0], out[1], a.out_channels};
-  }
-  if (n.op == "max_pool2d" || n.op == "avg_pool2d") {
-    expect_inputs(n, in, 1, 3);
-    const Pool2dAttrs& a = n.pool;
-    int64_t out[2];
-    for (int i = 0; i < 2; ++i) {
-      auto k = static_cast<std::size_t>(i);
-      if (in[0][i] + 2 * a.padding[k] < a.kernel[k])
-        fail(kWhere, cat("node '", n.name, "' (", n.op, "): window larger than the padded input ", in[0].str()));
-      out[i] = (in[0][i] + 2 * a.padding[k] - a.kernel[k]) / a.stride[k] + 1;
-    }
-    return Shape{out[0], out[1], in[0][2]};
-  }
-  if (n.op == "linear") {
-    expect_inputs(n, in, 1, 1);
-    return Shape{n.linear.out_features};
-  }
-  if (n.op == "concat") {  // along the last dimension (channels, in NHWC)
-    if (in.size() < 2)
-      fail(kWhere, cat("node '", n.name, "' (concat): field 'inputs' needs 2 or more inputs, got ", in.size()));
-    const int rank = in[0].rank();
-    int64_t dims[kMaxRank];
-    for (int d = 0; d < rank; ++d) dims[d] = in[0][d];
-    dims[rank - 1] = 0;
-    for (const Shape& s : in) {
-      bool same = s.rank() == rank;
-      for (int d = 0; same && d + 1 < rank; ++d) same = s[d] == in[0][d];
-      if (!same)
-        fail(kWhere, cat("node '", n.name, "' (concat): input ", s.str(), " differs from ", in[0].str(),
-                         " in more than the last dimension"));
-      dims[rank - 1] += s[rank - 1];
-    }
-    return Shape::of(dims, rank);
-  }
-  if (n.op == "add") {
-    expect_inputs(n, in, 2, 0);
-    if (in[0] != in[1])
-      fail(kWhere, cat("node '", n.name, "' (add): inputs of shapes ", in[0].str(), " and ", in[1].str(),
-                       " (add needs equal shapes)"));
-    return in[0];
-  }
-  if (n.op == "softmax" || n.op == "batch_norm" || n.op == "dropout") {  // over / per the last dimension
-    expect_inputs(n, in, 1, 0);
-    return in[0];
-  }
-  if (n.op == "global_avg_pool") {
-    expect_inputs(n, in, 1, 3);
-    return Shape{in[0][2]};
-  }
-  if (n.op == "heads") {
-    expect_inputs(n, in, 1, 1);
-    return Shape{n.heads.count * n.heads.out_features};
-  }
-  if (n.op == "relu" || parse_activation(n.op)) {
-    expect_inputs(n, in, 1, 0);
-    return in[0];
-  }
-  if (n.op == "flatten") {
-    expect_inputs(n, in, 1, 0);
-    return Shape{in[0].numel()};
-  }
-  fail(kWhere, cat("node '", n.name, "': unknown op '", n.op, "'"));
+  const OpDef* d = find_op(n.op);
+  if (!d) fail(kWhere, cat("node '", n.name, "': unknown op '", n.op, "'"));
+  return d->infer_shape(n, in);
 }
 
 Graph Graph::build(const ModelSpec& spec) {
@@ -188,27 +106,25 @@ const GraphNode& Graph::node(const std::string& name) const {
 
 int64_t Graph::output_groups() const {
   const GraphNode& out = nodes_.at(static_cast<std::size_t>(output_));
-  return out.spec.op == "heads" ? out.spec.heads.count : 1;
+  const OpDef& d = op_def(out.spec.op);
+  return d.output_groups ? d.output_groups(out.spec) : 1;
+}
+
+int64_t Graph::classes() const {
+  return nodes_.at(static_cast<std::size_t>(output_)).shape.numel() / output_groups();
+}
+
+std::vector<Shape> Graph::input_shapes(const GraphNode& node) const {
+  std::vector<Shape> shapes;
+  for (int s : node.sources)
+    shapes.push_back(s >= 0 ? inputs_[static_cast<std::size_t>(s)].shape : nodes_[static_cast<std::size_t>(-s - 1)].shape);
+  return shapes;
 }
 
 std::vector<std::string> Graph::param_names() const {
   std::vector<std::string> names;
-  for (const auto& n : nodes_) {
-    if (n.spec.op == "batch_norm") {
-      names.push_back(n.spec.name + ".weight");
-      names.push_back(n.spec.name + ".bias");
-      continue;
-    }
-    if (n.spec.op == "heads") {
-      for (const char* p : {".w1", ".b1", ".w2", ".b2"}) names.push_back(n.spec.name + p);
-      continue;
-    }
-    const bool weighted = n.spec.op == "conv2d" || n.spec.op == "linear";
-    if (!weighted) continue;
-    names.push_back(n.spec.name + ".weight");
-    const bool bias = n.spec.op == "conv2d" ? n.spec.conv2d.bias : n.spec.linear.bias;
-    if (bias) names.push_back(n.spec.name + ".bias");
-  }
+  for (const auto& n : nodes_)
+    for (const ParamSpec& p : op_params(n.spec, input_shapes(n))) names.push_back(n.spec.name + "." + p.field);
   return names;
 }
 

@@ -38,8 +38,12 @@ class Graph {
   const std::string& loss() const { return loss_; }
   // Heads side by side in the output (a heads node's count), else 1: the loss's groups.
   int64_t output_groups() const;
-  // Parameter names in initialisation order: "<node>.weight", "<node>.bias".
+  // The classes each group of the output scores (the labels' range): output size / groups.
+  int64_t classes() const;
+  // Parameter names in initialisation order: "<node>.weight", "<node>.bias" (core/ops).
   std::vector<std::string> param_names() const;
+  // The per-sample shapes of a node's inputs.
+  std::vector<Shape> input_shapes(const GraphNode& node) const;
 
   // Front shard: the cut node and everything it depends on; back shard: the rest, reading
   // the cut's output as its single input. Refuses a cut crossed by more than one tensor.
@@ -56,7 +60,7 @@ class Graph {
   std::string loss_ = "softmax_cross_entropy";
 };
 
-// Per-sample output shape of one node, or an Error naming it.
+// Per-sample output shape of one node (its op's definition, core/ops), or an Error naming it.
 Shape infer_shape(const NodeSpec& node, const std::vector<Shape>& input_shapes);
 
 }  // namespace tandem

@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/ops/op.h"
 #include "schema/model_generated.h"
 
 namespace tandem {
@@ -17,18 +18,6 @@ std::string node_label(const spec::Node* node, std::size_t index) {
   return cat("node #", index);
 }
 
-// Reads an int-or-pair field: absent -> fallback, one value -> square, two -> (h, w).
-Pair read_pair(const flatbuffers::Vector<int32_t>* v, Pair fallback, const std::string& label,
-               std::string_view field, int64_t min_value) {
-  if (!v || v->size() == 0) return fallback;
-  if (v->size() > 2) fail(kWhere, cat(label, ": field '", field, "' takes 1 or 2 values, got ", v->size()));
-  Pair p{v->Get(0), v->Get(v->size() - 1)};
-  for (int64_t x : p)
-    if (x < min_value)
-      fail(kWhere, cat(label, ": field '", field, "' must be >= ", min_value, ", got ", x));
-  return p;
-}
-
 NodeSpec read_node(const spec::Node* node, std::size_t index) {
   const std::string label = node_label(node, index);
   if (!node) fail(kWhere, cat(label, ": empty entry"));
@@ -37,82 +26,21 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
   out.name = node->name()->str();
   if (!node->op() || node->op()->size() == 0) fail(kWhere, cat(label, ": missing field 'op'"));
   out.op = node->op()->str();
-  const auto& ops = known_ops();
-  if (std::find(ops.begin(), ops.end(), out.op) == ops.end()) {
+  const OpDef* def = find_op(out.op);
+  if (!def) {
     std::string known;
-    for (const auto& o : ops) known += (known.empty() ? "" : ", ") + o;
+    for (const auto& o : op_names()) known += (known.empty() ? "" : ", ") + o;
     fail(kWhere, cat(label, ": field 'op' has unknown op '", out.op, "' (known: ", known, ")"));
   }
   if (node->inputs())
     for (const auto* in : *node->inputs()) out.inputs.push_back(in ? in->str() : std::string());
-
-  if (out.op == "conv2d") {
-    const auto* a = node->conv2d();
-    if (!a) fail(kWhere, cat(label, " (conv2d): missing field 'conv2d'"));
-    if (a->out_channels() <= 0)
-      fail(kWhere, cat(label, " (conv2d): field 'conv2d.out_channels' must be > 0, got ", a->out_channels()));
-    out.conv2d.out_channels = a->out_channels();
-    if (!a->kernel() || a->kernel()->size() == 0)
-      fail(kWhere, cat(label, " (conv2d): missing field 'conv2d.kernel'"));
-    out.conv2d.kernel = read_pair(a->kernel(), {0, 0}, label, "conv2d.kernel", 1);
-    out.conv2d.stride = read_pair(a->stride(), {1, 1}, label, "conv2d.stride", 1);
-    out.conv2d.padding = read_pair(a->padding(), {0, 0}, label, "conv2d.padding", 0);
-    out.conv2d.dilation = read_pair(a->dilation(), {1, 1}, label, "conv2d.dilation", 1);
-    if (a->groups() < 1 || a->out_channels() % a->groups() != 0)
-      fail(kWhere, cat(label, " (conv2d): field 'conv2d.groups' must be >= 1 and divide out_channels ",
-                       a->out_channels(), ", got ", a->groups()));
-    out.conv2d.groups = a->groups();
-    out.conv2d.bias = a->bias();
-  } else if (out.op == "linear") {
-    const auto* a = node->linear();
-    if (!a) fail(kWhere, cat(label, " (linear): missing field 'linear'"));
-    if (a->out_features() <= 0)
-      fail(kWhere, cat(label, " (linear): field 'linear.out_features' must be > 0, got ", a->out_features()));
-    out.linear.out_features = a->out_features();
-    out.linear.bias = a->bias();
-  } else if (out.op == "dropout") {
-    if (const auto* a = node->dropout()) {
-      if (!(a->p() >= 0.0f && a->p() < 1.0f))
-        fail(kWhere, cat(label, " (dropout): field 'dropout.p' must be in [0, 1), got ", a->p()));
-      out.dropout.p = a->p();
-    }
-  } else if (out.op == "batch_norm") {
-    if (const auto* a = node->batch_norm()) {
-      if (!(a->eps() > 0.0f)) fail(kWhere, cat(label, " (batch_norm): field 'batch_norm.eps' must be > 0, got ", a->eps()));
-      if (!(a->momentum() >= 0.0f && a->momentum() <= 1.0f))
-        fail(kWhere, cat(label, " (batch_norm): field 'batch_norm.momentum' must be in [0, 1], got ", a->momentum()));
-      out.batch_norm = {a->eps(), a->momentum()};
-    }
-  } else if (out.op == "heads") {
-    const auto* a = node->heads();
-    if (!a) fail(kWhere, cat(label, " (heads): missing field 'heads'"));
-    for (const auto& [field, v] : {std::pair{"heads.count", a->count()}, std::pair{"heads.hidden", a->hidden()},
-                                   std::pair{"heads.out_features", a->out_features()}})
-      if (v <= 0) fail(kWhere, cat(label, " (heads): field '", field, "' must be > 0, got ", v));
-    out.heads = {a->count(), a->hidden(), a->out_features()};
-  } else if (out.op == "max_pool2d" || out.op == "avg_pool2d") {
-    const auto* a = node->pool();
-    if (!a) fail(kWhere, cat(label, " (", out.op, "): missing field 'pool'"));
-    if (!a->kernel() || a->kernel()->size() == 0)
-      fail(kWhere, cat(label, " (", out.op, "): missing field 'pool.kernel'"));
-    out.pool.kernel = read_pair(a->kernel(), {0, 0}, label, "pool.kernel", 1);
-    out.pool.stride = read_pair(a->stride(), out.pool.kernel, label, "pool.stride", 1);
-    out.pool.padding = read_pair(a->padding(), {0, 0}, label, "pool.padding", 0);
-    for (int i = 0; i < 2; ++i)
-      if (out.pool.padding[static_cast<std::size_t>(i)] * 2 > out.pool.kernel[static_cast<std::size_t>(i)])
-        fail(kWhere, cat(label, " (", out.op, "): field 'pool.padding' must be at most half the kernel"));
-  }
+  if (def->parse) def->parse(*node, out, label);
   return out;
 }
 
 }  // namespace
 
-const std::vector<std::string>& known_ops() {
-  static const std::vector<std::string> ops{"conv2d",    "linear", "relu",    "max_pool2d", "flatten", "heads",
-                                            "relu6",     "hardswish", "gelu", "sigmoid", "tanh", "global_avg_pool", "softmax", "add", "concat", "batch_norm", "dropout",
-                                            "avg_pool2d"};
-  return ops;
-}
+const std::vector<std::string>& known_ops() { return op_names(); }
 
 ModelSpec parse_model_binary(const uint8_t* data, std::size_t size) {
   if (!data || size < 8 || !flatbuffers::BufferHasIdentifier(data, spec::ModelIdentifier()))

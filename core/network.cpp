@@ -26,6 +26,9 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
       shapes.push_back(s >= 0 ? graph_.inputs()[static_cast<std::size_t>(s)].shape
                               : nodes[static_cast<std::size_t>(-s - 1)].shape);
     }
+    if (const Support s = backend_.supports(node.spec.op, shapes); !s)
+      fail("network", cat("node '", node.spec.name, "' (", node.spec.op, ") cannot run on the ", backend_.name(),
+                          " backend: ", s.why));
     layers_.push_back(make_layer(node, shapes, backend_, rng));
     for (Param* p : layers_.back()->params()) params_.push_back(p);
     input_ids_.push_back(std::move(ids));
@@ -50,7 +53,7 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
 void Network::fuse_relu_into_pools() {
   const auto& nodes = graph_.nodes();
   for (std::size_t n = 0; n < nodes.size(); ++n) {
-    if (nodes[n].spec.op != "relu" || static_cast<int>(n) == graph_.output()) continue;
+    if (dynamic_cast<ReluLayer*>(layers_[n].get()) == nullptr || static_cast<int>(n) == graph_.output()) continue;
     int readers = 0, pool = -1;
     for (std::size_t c = 0; c < nodes.size(); ++c)
       for (int s : nodes[c].sources)
@@ -58,7 +61,7 @@ void Network::fuse_relu_into_pools() {
           ++readers;
           pool = static_cast<int>(c);
         }
-    if (readers != 1 || nodes[static_cast<std::size_t>(pool)].spec.op != "max_pool2d") continue;
+    if (readers != 1) continue;
     auto* p = dynamic_cast<MaxPool2dLayer*>(layers_[static_cast<std::size_t>(pool)].get());
     if (p == nullptr || !p->can_fuse_relu()) continue;
     p->fuse_relu();
@@ -138,12 +141,7 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
     fail("network", cat(graph_.name(), ": expected ", graph_inputs.size(), " inputs, got ", inputs.size()));
   const int64_t batch = inputs.empty() ? 0 : inputs[0].shape()[0];
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    const Shape want = [&] {
-      const Shape& s = graph_inputs[i].shape;
-      int64_t dims[kMaxRank] = {batch};
-      for (int d = 0; d < s.rank(); ++d) dims[d + 1] = s[d];
-      return Shape::of(dims, s.rank() + 1);
-    }();
+    const Shape want = graph_inputs[i].shape.batched(batch);
     if (inputs[i].shape() != want)
       fail("network", cat(graph_.name(), ": input '", graph_inputs[i].name, "' has shape ", inputs[i].shape().str(),
                           ", expected ", want.str()));
@@ -156,10 +154,7 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
   for (std::size_t n = 0; n < nodes.size(); ++n) {
     node_inputs_.clear();
     for (int id : input_ids_[n]) node_inputs_.push_back(s.values[static_cast<std::size_t>(id)]);
-    const Shape& per_sample = nodes[n].shape;
-    int64_t dims[kMaxRank] = {batch};
-    for (int d = 0; d < per_sample.rank(); ++d) dims[d + 1] = per_sample[d];
-    const Shape out_shape = Shape::of(dims, per_sample.rank() + 1);
+    const Shape out_shape = nodes[n].shape.batched(batch);
     Tensor& out = s.values[first_node + n];
     if (layers_[n]->is_view()) {
       out = node_inputs_[0].reshape(out_shape);
@@ -251,9 +246,8 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
   return want_input_grad ? grads_[0] : Tensor();
 }
 
-void init_from_whole_model(const Graph& whole, uint64_t seed, Network& shard) {
-  auto reference = make_backend("reference");
-  Network model(whole, *reference, seed);
+void init_from_whole_model(const Graph& whole, uint64_t seed, Network& shard, Backend& whole_backend) {
+  Network model(whole, whole_backend, seed);
   for (Param* p : shard.params()) {
     p->value().copy_from(model.param(p->name()).value());
     p->bump_version();

@@ -81,7 +81,9 @@ class Network {
 };
 
 // Gives `shard`'s parameters the values the whole model (`whole`, seeded with `seed`) starts
-// with, so a shard's weights do not depend on where the model is cut.
-void init_from_whole_model(const Graph& whole, uint64_t seed, Network& shard);
+// with, so a shard's weights do not depend on where the model is cut. The whole model is
+// built on `whole_backend` (one that runs every op of it, such as the reference backend),
+// and no kernel of it is made.
+void init_from_whole_model(const Graph& whole, uint64_t seed, Network& shard, Backend& whole_backend);
 
 }  // namespace tandem

@@ -7,6 +7,7 @@
 #include "core/error.h"
 #include "core/microbatch.h"
 #include "core/network.h"
+#include "core/ops/op.h"
 #include "core/profiler.h"
 
 namespace tandem {
@@ -18,28 +19,16 @@ struct ShardCost {
   double forward_s = 0, backward_s = 0;
 };
 
-// Forward FLOPs per sample of a node (convolutions and linear layers; the rest is memory-bound
-// and left out), from its spec and its input's per-sample shape.
-double forward_flops(const GraphNode& node, const Shape& in) {
-  if (node.spec.op == "conv2d") {
-    const auto& c = node.spec.conv2d;
-    return 2.0 * static_cast<double>(node.shape[0] * node.shape[1] * node.shape[2]) *
-           static_cast<double>(c.kernel[0] * c.kernel[1] * in[in.rank() - 1]);
-  }
-  if (node.spec.op == "linear") return 2.0 * static_cast<double>(in.numel() * node.spec.linear.out_features);
-  return 0.0;
-}
-
-// A shard's cost for `m` samples from FLOPs at `gflops`: backward twice the forward, except
-// that layers reading the graph input need no input gradient unless `input_grad`.
+// A shard's cost for `m` samples from its ops' FLOPs (core/ops) at `gflops`: layers reading
+// the graph input compute no input gradient unless `input_grad`.
 ShardCost estimate(const Graph& g, int64_t m, double gflops, bool input_grad) {
   ShardCost c;
+  const double scale = static_cast<double>(m) / (gflops * 1e9);
   for (const GraphNode& n : g.nodes()) {
-    const int s = n.sources.at(0);
-    const Shape in = s >= 0 ? g.inputs()[static_cast<std::size_t>(s)].shape : g.nodes()[static_cast<std::size_t>(-s - 1)].shape;
-    const double f = forward_flops(n, in) * static_cast<double>(m) / (gflops * 1e9);
-    c.forward_s += f;
-    c.backward_s += (s >= 0 && !input_grad) ? f : 2.0 * f;
+    const OpCost cost = op_cost(n.spec, g.input_shapes(n), n.shape);
+    const bool reads_input = n.sources.at(0) >= 0;
+    c.forward_s += cost.forward_flops * scale;
+    c.backward_s += (cost.backward_weights_flops + (reads_input && !input_grad ? 0.0 : cost.backward_data_flops)) * scale;
   }
   return c;
 }

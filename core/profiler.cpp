@@ -8,12 +8,6 @@
 namespace tandem {
 namespace {
 
-Shape batched(int64_t batch, const Shape& per_sample) {
-  int64_t dims[kMaxRank] = {batch};
-  for (int d = 0; d < per_sample.rank(); ++d) dims[d + 1] = per_sample[d];
-  return Shape::of(dims, per_sample.rank() + 1);
-}
-
 Tensor random_tensor(const Shape& shape, Rng& rng) {
   Tensor t = Tensor::empty(shape);
   float* p = t.data();
@@ -26,7 +20,14 @@ double median(std::vector<double> v) {
   return v.empty() ? 0.0 : v[v.size() / 2];
 }
 
+double gflops(double flops_per_sample, int64_t batch, double seconds) {
+  return seconds > 0 ? flops_per_sample * static_cast<double>(batch) / seconds * 1e-9 : 0.0;
+}
+
 }  // namespace
+
+double LayerProfile::forward_gflops(int64_t batch) const { return gflops(cost.forward_flops, batch, forward_s); }
+double LayerProfile::backward_gflops(int64_t batch) const { return gflops(cost.backward_flops(), batch, backward_s); }
 
 std::vector<LayerProfile> profile_layers(Network& net, int64_t batch, int iterations, int warmup, bool input_grad) {
   if (batch < 1 || iterations < 1 || warmup < 0)
@@ -34,9 +35,9 @@ std::vector<LayerProfile> profile_layers(Network& net, int64_t batch, int iterat
   const Graph& graph = net.graph();
   Rng rng(0x9f0f11e5ULL);
   std::vector<Tensor> inputs;
-  for (const auto& in : graph.inputs()) inputs.push_back(random_tensor(batched(batch, in.shape), rng));
+  for (const auto& in : graph.inputs()) inputs.push_back(random_tensor(in.shape.batched(batch), rng));
   const auto& nodes = graph.nodes();
-  const Tensor grad = random_tensor(batched(batch, nodes[static_cast<std::size_t>(graph.output())].shape), rng);
+  const Tensor grad = random_tensor(nodes[static_cast<std::size_t>(graph.output())].shape.batched(batch), rng);
 
   std::vector<std::vector<double>> fwd(nodes.size()), bwd(nodes.size());
   Network::NodeTimes times;
@@ -56,7 +57,8 @@ std::vector<LayerProfile> profile_layers(Network& net, int64_t batch, int iterat
   std::vector<LayerProfile> out;
   for (std::size_t n = 0; n < nodes.size(); ++n)
     out.push_back({nodes[n].spec.name, nodes[n].spec.op, median(fwd[n]), median(bwd[n]),
-                   nodes[n].shape.numel() * static_cast<int64_t>(sizeof(float))});
+                   nodes[n].shape.numel() * static_cast<int64_t>(sizeof(float)),
+                   op_cost(nodes[n].spec, graph.input_shapes(nodes[n]), nodes[n].shape)});
   return out;
 }
 

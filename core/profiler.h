@@ -1,5 +1,6 @@
 // Per-layer timing of one shard on its backend: forward and backward wall time of every
-// node at a given micro-batch size, and the bytes each node's output takes per sample.
+// node at a given micro-batch size, the bytes each node's output takes per sample, and the
+// node's FLOPs (the op registry's) so that times read as achieved GFLOP/s.
 #pragma once
 
 #include <cstdint>
@@ -7,6 +8,7 @@
 #include <vector>
 
 #include "core/network.h"
+#include "core/ops/op.h"
 
 namespace tandem {
 
@@ -14,6 +16,10 @@ struct LayerProfile {
   std::string node, op;
   double forward_s = 0.0, backward_s = 0.0;  // median over the iterations, one micro-batch
   int64_t output_bytes_per_sample = 0;       // f32 output of the node
+  OpCost cost;                               // per sample, from the op registry (core/ops)
+  // Achieved GFLOP/s of each pass at `batch` samples (0 where the pass has no FLOPs).
+  double forward_gflops(int64_t batch) const;
+  double backward_gflops(int64_t batch) const;
 };
 
 // Runs `warmup` then `iterations` forward + backward passes of micro-batches of `batch`

@@ -33,9 +33,18 @@ int64_t Shape::item_numel() const {
   return n;
 }
 
-Shape Shape::with_batch(int64_t n) const {
+Shape Shape::resize_batch(int64_t n) const {
   Shape s = *this;
   if (s.rank_ > 0) s.dims_[0] = n;
+  return s;
+}
+
+Shape Shape::batched(int64_t n) const {
+  if (rank_ >= kMaxRank) fail("tensor", cat("cannot add a batch dimension to ", str(), ": rank ", kMaxRank, " at most"));
+  Shape s;
+  s.rank_ = rank_ + 1;
+  s.dims_[0] = n;
+  for (int i = 0; i < rank_; ++i) s.dims_[static_cast<std::size_t>(i + 1)] = dims_[static_cast<std::size_t>(i)];
   return s;
 }
 
@@ -94,7 +103,7 @@ Tensor Tensor::slice_batch(int64_t begin, int64_t count) const {
     fail("tensor", cat("batch slice [", begin, ", ", begin + count, ") out of ", shape_.str()));
   Tensor t = *this;
   t.offset_ = offset_ + begin * shape_.item_numel();
-  t.shape_ = shape_.with_batch(count);
+  t.shape_ = shape_.resize_batch(count);
   return t;
 }
 

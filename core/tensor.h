@@ -27,7 +27,10 @@ class Shape {
   int64_t numel() const;
   // Elements per batch item (product of all but the first dimension).
   int64_t item_numel() const;
-  Shape with_batch(int64_t n) const;
+  // The same shape with `n` as its first dimension (a slice of a batch).
+  Shape resize_batch(int64_t n) const;
+  // [n, this...]: a per-sample shape with a batch dimension put in front.
+  Shape batched(int64_t n) const;
   std::string str() const;  // e.g. "[64, 28, 28, 1]"
 
   bool operator==(const Shape& o) const;

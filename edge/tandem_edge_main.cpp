@@ -6,8 +6,8 @@
 #include "core/error.h"
 #include "edge/agent/edge_agent.h"
 #include "core/wire/tensor_codec.h"
-#include "tools/all_backends.h"
-#include "tools/cli_args.h"
+#include "backends/registry.h"
+#include "cli/cli_args.h"
 
 namespace tandem {
 namespace {
@@ -80,7 +80,6 @@ int train_command(int argc, char** argv) {
   o.optimizer = args.optimizer_options();
   o.schedule = args.schedule_options(0);  // cosine's length: the run's steps, known once the data is
   o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
-  register_built_backends();
   o.backend = args.str("backend", "xnnpack");
   o.threads = static_cast<int>(args.integer("threads", 1, 1));
   o.uplink_mbps = args.number("uplink-mbps", 0.0);

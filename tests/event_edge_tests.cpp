@@ -6,6 +6,7 @@
 #include <cmath>
 #include <deque>
 
+#include "backends/registry.h"
 #include "cloud/federation/federation.h"
 #include "cloud/session/back_shard_turns.h"
 #include "cloud/session/cloud_session.h"
@@ -217,7 +218,7 @@ struct Federated {
 
   Federated(uint32_t every, uint64_t seed) {
     Network whole(graph, *backend, seed), front(graph.split("pool1").first, *backend, seed);
-    init_from_whole_model(graph, seed, front);
+    init_from_whole_model(graph, seed, front, *make_backend("reference"));
     for (Param* p : back.params()) {
       p->value().copy_from(whole.param(p->name()).value());
       p->bump_version();

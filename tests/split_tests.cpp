@@ -7,6 +7,7 @@
 #include <limits>
 #include <map>
 
+#include "backends/registry.h"
 #include "cloud/session/cloud_session.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/error.h"
@@ -22,7 +23,6 @@ namespace {
 constexpr const char* kSpec = kSmallSplitSpec;
 
 std::string pick(const char* preferred) {
-  register_built_backends();
   const auto names = backend_names();
   return std::find(names.begin(), names.end(), preferred) != names.end() ? preferred : "reference";
 }
@@ -201,6 +201,29 @@ TEST(SplitSession, LossFallsAndEvaluationWorks) {
   EXPECT_EQ(result->batch_id(), 9u);
   EXPECT_EQ(result->count(), 64u);
   EXPECT_GE(result->correct(), 56u);
+  EdgeSession::EvalResult taken;
+  ASSERT_TRUE(s.edge.on_eval_result(f, err, taken)) << err.text;
+  EXPECT_EQ(taken.count, 64);
+  EXPECT_EQ(taken.correct, static_cast<int64_t>(result->correct()));
+}
+
+// A cloud Error without text (the field is optional on the wire) is reported by the edge with
+// its code, not dereferenced: the native agent crashed on one before.
+TEST(SplitSession, CloudErrorWithoutTextIsReported) {
+  Split s(1, 8);
+  s.handshake();
+  flatbuffers::FlatBufferBuilder fbb;
+  fbb.Finish(wire::CreateMessage(fbb, wire::Payload::Error, wire::CreateError(fbb, wire::ErrorCode::Internal).Union()),
+             wire::MessageIdentifier());
+  const Frame bare = Frame::copy_of(fbb.GetBufferPointer(), fbb.GetSize());
+  WireError err;
+  EdgeSession::EvalResult taken;
+  EXPECT_FALSE(s.edge.on_eval_result(bare, err, taken));
+  EXPECT_EQ(err.code, wire::ErrorCode::Internal);
+  EXPECT_EQ(err.text, "the cloud refused: (no text)");
+  bool done = false;
+  EXPECT_FALSE(s.edge.on_backward(bare, err, done));
+  EXPECT_EQ(err.text, "the cloud refused: (no text)");
 }
 
 // Compressed wire dtypes: negotiated in Hello, and training still works. bf16 rounds element by

@@ -15,7 +15,7 @@
 #include "core/model_spec.h"
 #include "core/random.h"
 #include "core/tensor.h"
-#include "tools/all_backends.h"
+#include "backends/registry.h"
 
 namespace tandem::test {
 
@@ -37,7 +37,6 @@ inline std::string backend_under_test() {
 
 // TANDEM_THREADS (default 1): the backend's threads, for the thread-pool variants of tests.
 inline std::unique_ptr<Backend> make_test_backend(const std::string& name) {
-  register_built_backends();
   const char* threads = std::getenv("TANDEM_THREADS");
   return make_backend(name, BackendOptions{threads && *threads ? std::atoi(threads) : 1});
 }

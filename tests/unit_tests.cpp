@@ -10,7 +10,7 @@
 #include "core/network.h"
 #include "core/optimizer.h"
 #include "core/schedule.h"
-#include "core/simd/gemm.h"
+#include "backends/simd/gemm.h"
 #include "test_support.h"
 
 namespace tandem::test {

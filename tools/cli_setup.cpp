@@ -1,7 +1,7 @@
 #include "tools/cli_setup.h"
 
 #include "core/error.h"
-#include "tools/all_backends.h"
+#include "backends/registry.h"
 
 namespace tandem {
 

@@ -9,7 +9,7 @@
 #include "core/backend.h"
 #include "core/graph.h"
 #include "core/model_spec.h"
-#include "tools/cli_args.h"
+#include "cli/cli_args.h"
 
 namespace tandem {
 

@@ -11,11 +11,11 @@
 #include "core/loss.h"
 #include "core/sha256.h"
 #include "core/wire/messages.h"
-#include "edge/data/idx_dataset.h"
+#include "data/idx_dataset.h"
 #include "ports/crypto/aes_gcm.h"
 #include "ports/files/atomic_file.h"
-#include "tools/all_backends.h"
-#include "tools/progress.h"
+#include "backends/registry.h"
+#include "cli/progress.h"
 
 namespace tandem {
 namespace {

@@ -3,7 +3,7 @@
 // test-set accuracy (and predictions) from such a file, the way PyTorch would compute them.
 #pragma once
 
-#include "tools/cli_args.h"
+#include "cli/cli_args.h"
 
 namespace tandem {
 

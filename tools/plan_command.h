@@ -3,7 +3,7 @@
 // recommended cut and K.
 #pragma once
 
-#include "tools/cli_args.h"
+#include "cli/cli_args.h"
 
 namespace tandem {
 

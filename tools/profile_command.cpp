@@ -19,8 +19,10 @@ ShardTotals print_shard(const char* side, const std::string& backend, const std:
                         int64_t batch) {
   ShardTotals t;
   for (const LayerProfile& l : layers) {
-    std::printf("%-6s %-10s %-14s %-12s %10.3f %10.3f %12.1f\n", side, backend.c_str(), l.node.c_str(), l.op.c_str(),
-                l.forward_s * 1e3, l.backward_s * 1e3, static_cast<double>(l.output_bytes_per_sample) / 1024.0);
+    std::printf("%-6s %-10s %-14s %-12s %10.3f %10.3f %12.1f %9.2f %9.2f\n", side, backend.c_str(), l.node.c_str(),
+                l.op.c_str(), l.forward_s * 1e3, l.backward_s * 1e3,
+                static_cast<double>(l.output_bytes_per_sample) / 1024.0, l.forward_gflops(batch),
+                l.backward_gflops(batch));
     t.forward_s += l.forward_s;
     t.backward_s += l.backward_s;
   }
@@ -46,8 +48,8 @@ int profile_command(const CliArgs& args) {
 
   std::printf("model %s, cut at '%s', micro-batch %lld, median of %d iterations\n", spec.name.c_str(), cut.c_str(),
               static_cast<long long>(batch), iterations);
-  std::printf("%-6s %-10s %-14s %-12s %10s %10s %12s\n", "shard", "backend", "node", "op", "fwd ms", "bwd ms",
-              "out KiB/smp");
+  std::printf("%-6s %-10s %-14s %-12s %10s %10s %12s %9s %9s\n", "shard", "backend", "node", "op", "fwd ms", "bwd ms",
+              "out KiB/smp", "fwd GF/s", "bwd GF/s");
   const ShardTotals f = print_shard("front", edge_name, profile_layers(front, batch, iterations), batch);
   const ShardTotals b = print_shard("back", cloud_name, profile_layers(back, batch, iterations), batch);
   const int64_t cut_bytes = front_graph.nodes()[static_cast<std::size_t>(front_graph.output())].shape.numel() * 4;

@@ -2,7 +2,7 @@
 // backends, at one micro-batch size, with the activation bytes crossing each node.
 #pragma once
 
-#include "tools/cli_args.h"
+#include "cli/cli_args.h"
 
 namespace tandem {
 

@@ -10,14 +10,14 @@
 #include "core/graph.h"
 #include "core/network.h"
 #include "core/trainer.h"
-#include "edge/data/idx_dataset.h"
-#include "tools/all_backends.h"
-#include "tools/cli_args.h"
+#include "data/idx_dataset.h"
+#include "backends/registry.h"
+#include "cli/cli_args.h"
 #include "tools/cli_setup.h"
 #include "tools/export_command.h"
 #include "tools/plan_command.h"
 #include "tools/profile_command.h"
-#include "tools/progress.h"
+#include "cli/progress.h"
 
 namespace tandem {
 namespace {
@@ -122,7 +122,7 @@ int train(const CliArgs& args) {
   std::vector<int64_t> order(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   Rng shuffle_rng(seed ^ 0x5eedULL);
-  Tensor images = Tensor::empty(Shape{batch, in_shape[0], in_shape[1], in_shape[2]});
+  Tensor images = Tensor::empty(in_shape.batched(batch));
   std::vector<int32_t> labels(static_cast<std::size_t>(batch));
   double accuracy = 0.0;
   ScheduleOptions schedule = args.schedule_options(epochs * ((n + batch - 1) / batch));
@@ -194,7 +194,6 @@ int list_backends(int, char**) {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  tandem::register_built_backends();
   return tandem::run_cli(argc, argv, "tandem", tandem::kUsage,
                          {{"train", [](int c, char** v) { return tandem::train(tandem::CliArgs(c, v, 2, {"nesterov"})); }},
                           {"profile", [](int c, char** v) { return tandem::profile_command(tandem::CliArgs(c, v, 2, {})); }},

@@ -12,6 +12,7 @@
 #include <mutex>
 #include <thread>
 
+#include "backends/registry.h"
 #include "cloud/federation/round_checkpoints.h"
 #include "cloud/pki/pki.h"
 #include "cloud/pki/token.h"
@@ -150,7 +151,9 @@ class Worker {
 
   void start_session(const BackShard& shard) {
     const ServeOptions& o = options_;
-    CloudSessionConfig config{shard.hash,          o.batch_size,  o.microbatches, 10, id_,
+    // Labels range over the model's classes (its output's size per head).
+    const auto classes = static_cast<int32_t>(shard.graph.classes());
+    CloudSessionConfig config{shard.hash,          o.batch_size,  o.microbatches, classes, id_,
                               o.max_message_bytes, o.wire_dtypes, shard.cut,      &checkpoints_};
     if (peer_.empty()) {  // no client certificate: the Hello's enrolment token must vouch for the edge
       pki::TokenVerifier* tokens = tokens_;
@@ -320,7 +323,7 @@ int serve(const ServeOptions& o) {
     if (!o.init_from.empty()) {
       shard_from_torch(graph, read_safetensors_file(o.init_from, tensor_names(front)), front);
     } else {
-      init_from_whole_model(graph, o.seed, front);
+      init_from_whole_model(graph, o.seed, front, *shared->front_backend);
     }
     NamedTensors initial;
     for (Param* p : front.params()) initial.emplace_back(p->name(), p->value().clone());

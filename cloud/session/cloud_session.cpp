@@ -24,12 +24,6 @@ bool valid_client_id(const flatbuffers::String* id) {
   return true;
 }
 
-Shape with_batch(const Shape& per_sample, int64_t n) {
-  int64_t dims[kMaxRank] = {n};
-  for (int i = 0; i < per_sample.rank(); ++i) dims[i + 1] = per_sample[i];
-  return Shape::of(dims, per_sample.rank() + 1);
-}
-
 }  // namespace
 
 CloudSession::CloudSession(Network& back, Optimizer& optimizer, const CloudSessionConfig& config)
@@ -170,7 +164,7 @@ Tensor CloudSession::checked_batch(const Frame& frame, const wire::TensorMsg* t,
                                    const flatbuffers::Vector<int32_t>* labels, int64_t count, Tensor& decoded,
                                    WireError& error) {
   if (!check_labels(labels, count, config_.classes, error)) return Tensor();
-  return read_tensor(frame, t, with_batch(back_.graph().inputs()[0].shape, count), "activations", dtype_, decoded,
+  return read_tensor(frame, t, back_.graph().inputs()[0].shape.batched(count), "activations", dtype_, decoded,
                      error);
 }
 

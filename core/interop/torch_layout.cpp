@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/ops/op.h"
 
 namespace tandem {
 namespace {
@@ -13,25 +14,21 @@ struct Layout {
   int64_t h = 1, w = 1, c = 1;  // the flattened image (FlatColumns, FlatVector)
 };
 
-bool is_elementwise(const std::string& op) {
-  return op == "relu" || op == "relu6" || op == "hardswish" || op == "gelu" || op == "sigmoid" || op == "tanh" ||
-         op == "dropout" || op == "batch_norm";
-}
-
 // The image a node's input was flattened from, through elementwise ops; h = w = 1 if none.
 Layout flattened_input(const Graph& g, const GraphNode& node) {
   Layout l;
   int source = node.sources.empty() ? 0 : node.sources[0];
   while (source < 0) {
     const GraphNode& n = g.nodes()[static_cast<std::size_t>(-source - 1)];
-    if (n.spec.op == "flatten") {
+    const OpDef& d = op_def(n.spec.op);
+    if (d.view) {
       const int in = n.sources[0];
       const Shape s = in >= 0 ? g.inputs()[static_cast<std::size_t>(in)].shape
                               : g.nodes()[static_cast<std::size_t>(-in - 1)].shape;
       if (s.rank() == 3) l = {Layout::Same, s[0], s[1], s[2]};
       return l;
     }
-    if (!is_elementwise(n.spec.op)) return l;
+    if (!d.keeps_layout) return l;
     source = n.sources[0];
   }
   return l;
@@ -44,13 +41,13 @@ Layout layout_of(const Graph& g, const std::string& name) {
   if (index < 0) fail("torch layout", cat("'", name, "': the model has no node '", name.substr(0, dot), "'"));
   const GraphNode& node = g.nodes()[static_cast<std::size_t>(index)];
   const std::string field = name.substr(dot + 1);
-  if (node.spec.op == "conv2d" && field == "weight") return {Layout::ConvWeight};
-  Layout l = flattened_input(g, node);
+  const OpDef& d = op_def(node.spec.op);
+  const TorchLayout torch = d.torch_layout ? d.torch_layout(field) : TorchLayout::Same;
+  if (torch == TorchLayout::ConvWeight) return {Layout::ConvWeight};
+  if (torch == TorchLayout::Same) return {};
+  Layout l = flattened_input(g, node);  // the columns or channels index this image, if any
   if (l.h * l.w == 1) return {};
-  if ((node.spec.op == "linear" && field == "weight") || (node.spec.op == "heads" && field == "w1"))
-    l.kind = Layout::FlatColumns;
-  else if (node.spec.op == "batch_norm")
-    l.kind = Layout::FlatVector;
+  l.kind = torch == TorchLayout::InputColumns ? Layout::FlatColumns : Layout::FlatVector;
   return l;
 }
 

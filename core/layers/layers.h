@@ -81,10 +81,10 @@ class ReluLayer final : public Layer {
   KernelCache<ReluKernel> kernels_;
 };
 
-// relu6, hardswish, gelu, sigmoid, tanh: the backend's activation kernel on the whole tensor.
+// An activation op (relu6, gelu, silu, ...): the backend's activation kernel on the whole tensor.
 class ActivationLayer final : public Layer {
  public:
-  ActivationLayer(std::string name, Activation kind, Backend& backend)
+  ActivationLayer(std::string name, const Activation& kind, Backend& backend)
       : Layer(std::move(name)), kind_(kind), backend_(backend) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
@@ -92,7 +92,7 @@ class ActivationLayer final : public Layer {
 
  private:
   ActivationKernel& kernel(int64_t elements);
-  Activation kind_;
+  const Activation& kind_;
   Backend& backend_;
   KernelCache<ActivationKernel> kernels_;
 };

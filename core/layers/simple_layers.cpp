@@ -1,7 +1,10 @@
 // The parameter-free layers: ReLU, MaxPool2d (argmax or workspace stashed per micro-batch)
-// and Flatten (a view), plus make_layer, the one place that maps op names to layers.
+// and Flatten (a view), plus make_layer, which asks the op registry (core/ops) for the layer.
+#include <algorithm>
+
 #include "core/error.h"
 #include "core/layers/layers.h"
+#include "core/ops/op.h"
 
 namespace tandem {
 
@@ -237,22 +240,7 @@ void ViewLayer::backward(std::span<const Tensor>, const Tensor&, const Tensor&, 
 }
 
 std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape>& in, Backend& backend, Rng& rng) {
-  const std::string& op = node.spec.op;
-  if (op == "conv2d") return std::make_unique<Conv2dLayer>(node, in.at(0), backend, rng);
-  if (op == "linear") return std::make_unique<LinearLayer>(node, in.at(0), backend, rng);
-  if (op == "heads") return std::make_unique<HeadsLayer>(node, in.at(0), backend, rng);
-  if (op == "global_avg_pool") return std::make_unique<GlobalAvgPoolLayer>(node.spec.name, in.at(0), backend);
-  if (op == "softmax") return std::make_unique<SoftmaxLayer>(node.spec.name, in.at(0), backend);
-  if (op == "add") return std::make_unique<AddLayer>(node.spec.name, backend);
-  if (op == "concat") return std::make_unique<ConcatLayer>(node.spec.name);
-  if (op == "batch_norm") return std::make_unique<BatchNormLayer>(node, in.at(0), rng);
-  if (op == "dropout") return std::make_unique<DropoutLayer>(node.spec.name, node.spec.dropout.p, rng.next());
-  if (const auto kind = parse_activation(op)) return std::make_unique<ActivationLayer>(node.spec.name, *kind, backend);
-  if (op == "relu") return std::make_unique<ReluLayer>(node.spec.name, backend);
-  if (op == "max_pool2d") return std::make_unique<MaxPool2dLayer>(node, in.at(0), backend);
-  if (op == "avg_pool2d") return std::make_unique<AvgPool2dLayer>(node, in.at(0), backend);
-  if (op == "flatten") return std::make_unique<ViewLayer>(node.spec.name);
-  fail("layer", cat("node '", node.spec.name, "': unknown op '", op, "'"));
+  return op_def(node.spec.op).make_layer(node, in, backend, rng);
 }
 
 }  // namespace tandem

@@ -5,7 +5,7 @@
 #include <cstring>
 
 #include "core/error.h"
-#include "core/simd/vector.h"
+#include "core/vector.h"
 
 namespace tandem {
 namespace {

@@ -5,18 +5,19 @@
 #include <fstream>
 #include <optional>
 
+#include "backends/registry.h"
 #include "core/error.h"
 #include "core/graph.h"
 #include "core/interop/torch_layout.h"
 #include "core/planner.h"
 #include "edge/agent/cloud_link.h"
 #include "edge/agent/edge_checkpoints.h"
-#include "edge/data/epoch_order.h"
-#include "edge/data/idx_dataset.h"
-#include "edge/data/partition.h"
+#include "data/epoch_order.h"
+#include "data/idx_dataset.h"
+#include "data/partition.h"
 #include "edge/session/edge_session.h"
 #include "ports/files/safetensors_file.h"
-#include "tools/progress.h"
+#include "cli/progress.h"
 
 namespace tandem {
 namespace {
@@ -72,7 +73,7 @@ void init_front(const EdgeTrainOptions& o, const Graph& graph, Network& front) {
     std::fprintf(stderr, "front shard initialised from %s\n", o.init_from.c_str());
     return;
   }
-  init_from_whole_model(graph, o.seed, front);
+  init_from_whole_model(graph, o.seed, front, *make_backend("reference"));
 }
 
 LabelledImages training_data(const EdgeTrainOptions& o) {
@@ -92,16 +93,12 @@ double evaluate(CloudLink& link, EdgeSession& session, const LabelledImages& tes
     const int64_t count = std::min<int64_t>(1000, n - begin);
     link.send(session.eval_forward(static_cast<uint64_t>(begin), test.images.slice_batch(begin, count),
                                    test.labels.data() + begin, count));
-    const Frame reply = link.await("EvalResult");
     WireError err;
-    const wire::Message* m = verify_frame(reply, kDefaultMaxMessageBytes, err);
-    if (!m || m->payload_type() != wire::Payload::EvalResult)
-      fail("edge", m && m->payload_type() == wire::Payload::Error
-                       ? cat("the cloud refused: ", m->payload_as_Error()->text()->str())
-                       : std::string("expected EvalResult"));
-    correct += m->payload_as_EvalResult()->correct();
-    seen += m->payload_as_EvalResult()->count();
-    cloud_busy = m->payload_as_EvalResult()->cloud_busy_s();
+    EdgeSession::EvalResult result;
+    if (!session.on_eval_result(link.await("EvalResult"), err, result)) fail("edge", err.text);
+    correct += result.correct;
+    seen += result.count;
+    cloud_busy = result.cloud_busy_s;
   }
   return static_cast<double>(correct) / static_cast<double>(std::max<int64_t>(seen, 1));
 }
@@ -200,7 +197,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
   } else if (position.epoch > o.epochs) {
     std::fprintf(stderr, "the checkpoint is past the last epoch: nothing left to train\n");
   }
-  Tensor images = Tensor::empty(Shape{o.batch, in[0], in[1], in[2]});
+  Tensor images = Tensor::empty(in.batched(o.batch));
   std::vector<int32_t> labels(o.batch);
   for (int64_t epoch = position.epoch; epoch <= o.epochs; ++epoch) {
     const std::vector<int64_t> order = epoch_order(n, o.seed, epoch);

@@ -189,4 +189,12 @@ std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, const Tens
                               dtype_);
 }
 
+bool EdgeSession::on_eval_result(const Frame& frame, WireError& error, EvalResult& result) {
+  const wire::Message* m = expect(frame, wire::Payload::EvalResult, error);
+  if (!m) return false;
+  const auto* r = m->payload_as_EvalResult();
+  result = {r->correct(), r->count(), r->cloud_busy_s()};
+  return true;
+}
+
 }  // namespace tandem

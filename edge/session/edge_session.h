@@ -75,6 +75,13 @@ class EdgeSession {
   wire::DType dtype() const { return dtype_; }  // the wire dtype the cloud chose
   double step_loss_sum() const { return loss_sum_; }
   std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& images, const int32_t* labels, int64_t count);
+  struct EvalResult {
+    int64_t correct = 0, count = 0;
+    double cloud_busy_s = 0;  // the cloud's compute time for this edge so far
+  };
+  // The cloud's answer to an eval_forward; false with `error` set when the frame is bad or
+  // the cloud refused (its Error's code and text, "(no text)" when it sent none).
+  bool on_eval_result(const Frame& frame, WireError& error, EvalResult& result);
   std::span<const uint8_t> bye(const std::string& reason) { return writer_.bye(reason); }
 
  private:

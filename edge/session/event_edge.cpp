@@ -3,9 +3,10 @@
 #include <algorithm>
 #include <cstdio>
 
+#include "backends/registry.h"
 #include "core/error.h"
 #include "core/graph.h"
-#include "edge/data/epoch_order.h"
+#include "data/epoch_order.h"
 
 namespace tandem {
 namespace {
@@ -16,13 +17,6 @@ std::string num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", v);
   return buf;
-}
-
-// [n, item...]
-Shape batched(const Shape& item, int64_t n) {
-  int64_t dims[kMaxRank] = {n};
-  for (int i = 0; i < item.rank(); ++i) dims[i + 1] = item[i];
-  return Shape::of(dims, item.rank() + 1);
 }
 
 std::string quoted(const std::string& s) {
@@ -49,11 +43,10 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
     fail("edge", "steps, batch and micro-batches must be at least 1");
   if (graph.inputs().size() != 1) fail("edge", "the browser edge trains models with one image input");
   input_ = graph.inputs()[0].shape;
-  classes_ = static_cast<int32_t>(graph.nodes()[static_cast<std::size_t>(graph.output())].shape.numel() /
-                                  graph.output_groups());
+  classes_ = static_cast<int32_t>(graph.classes());
   backend_ = make_backend(config_.backend);
   front_ = std::make_unique<Network>(graph.split(config_.cut).first, *backend_, config_.seed);
-  init_from_whole_model(graph, config_.seed, *front_);  // as the cloud draws its back shard
+  init_from_whole_model(graph, config_.seed, *front_, *make_backend("reference"));  // as the cloud draws its back shard
   optimizer_ = make_optimizer(front_->params(), config_.optimizer);
   session_ = std::make_unique<EdgeSession>(*front_, *optimizer_, config_.microbatches, model_hash(spec, config_.cut),
                                            config_.client_id, config_.dtypes);
@@ -71,7 +64,7 @@ void EventEdge::set_data(bool test, const uint8_t* pixels, const int32_t* labels
     if (labels[i] < 0 || labels[i] >= classes_)
       fail("edge", cat("label ", labels[i], " of image ", i, " is outside [0, ", classes_, ")"));
   Data d;
-  d.images = Tensor::empty(batched(input_, n));
+  d.images = Tensor::empty(input_.batched(n));
   float* out = d.images.data();
   for (int64_t i = 0, e = n * h * w; i < e; ++i) out[i] = static_cast<float>(pixels[i]) / 255.0f;
   d.labels.assign(labels, labels + n);
@@ -138,14 +131,10 @@ bool EventEdge::on_message(const Frame& frame) {
       return !finished();
     }
     case State::Evaluating: {
-      const wire::Message* m = verify_frame(frame, kDefaultMaxMessageBytes, err);
-      if (!m) return fail_with(err.text);
-      if (m->payload_type() == wire::Payload::Error)
-        return fail_with(cat("the cloud refused: ", m->payload_as_Error()->text() ? m->payload_as_Error()->text()->str() : ""));
-      if (m->payload_type() != wire::Payload::EvalResult)
-        return fail_with(cat("expected EvalResult, got ", payload_name(m->payload_type())));
-      eval_correct_ += m->payload_as_EvalResult()->correct();
-      eval_seen_ += m->payload_as_EvalResult()->count();
+      EdgeSession::EvalResult result;
+      if (!session_->on_eval_result(frame, err, result)) return fail_with(err.text);
+      eval_correct_ += result.correct;
+      eval_seen_ += result.count;
       send_eval_batch();
       return !finished();
     }
@@ -168,7 +157,7 @@ void EventEdge::start_step() {
   const int64_t n = train_.images.shape()[0];
   const int64_t b = std::min<int64_t>(config_.batch, n);
   const auto t0 = std::chrono::steady_clock::now();
-  if (!batch_images_.defined() || batch_images_.shape()[0] != b) batch_images_ = Tensor::empty(batched(input_, b));
+  if (!batch_images_.defined() || batch_images_.shape()[0] != b) batch_images_ = Tensor::empty(input_.batched(b));
   batch_labels_.resize(static_cast<std::size_t>(b));
   const int64_t item = input_.numel();
   for (int64_t i = 0; i < b; ++i) {

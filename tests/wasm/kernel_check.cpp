@@ -11,6 +11,7 @@
 #include <string>
 #include <vector>
 
+#include "backends/registry.h"
 #include "core/backend.h"
 #include "core/error.h"
 #include "core/graph.h"
@@ -41,12 +42,10 @@ std::vector<Named> run(const std::string& spec_path, const std::string& backend_
   Network net(graph, *backend, 11);
   constexpr int64_t kBatch = 3;
   const Shape& item = graph.inputs().at(0).shape;
-  int64_t dims[kMaxRank] = {kBatch};
-  for (int i = 0; i < item.rank(); ++i) dims[i + 1] = item[i];
-  Tensor x = Tensor::empty(Shape::of(dims, item.rank() + 1));
+  Tensor x = Tensor::empty(item.batched(kBatch));
   Rng rng(5);
   for (int64_t i = 0; i < x.numel(); ++i) x.data()[i] = rng.uniform(0.0f, 1.0f);
-  const int64_t classes = graph.nodes()[static_cast<std::size_t>(graph.output())].shape.numel() / graph.output_groups();
+  const int64_t classes = graph.classes();
   std::vector<int32_t> labels;
   for (int64_t i = 0; i < kBatch; ++i) labels.push_back(static_cast<int32_t>(i * 7 % classes));
   net.set_training(true);

@@ -1,0 +1,17 @@
+// The reference backend: portable C++ loops, the oracle every other backend is tested
+// against. Builds anywhere core builds (g++, aarch64-linux-gnu-g++, em++).
+#pragma once
+
+#include <memory>
+
+#include "core/backend.h"
+
+namespace tandem {
+
+std::unique_ptr<Backend> make_reference_backend(const BackendOptions& options);
+// The portable convolution loops (any groups), for backends that lack a pass.
+std::unique_ptr<Conv2dKernel> make_reference_conv2d(const Conv2dGeometry& g);
+// The activation op's own loops (core/activation.h), for backends without a kernel for it.
+std::unique_ptr<ActivationKernel> make_reference_activation(const Activation& kind, int64_t elements);
+
+}  // namespace tandem

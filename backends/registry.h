@@ -1,0 +1,21 @@
+// The backend registry: every backend this build has (reference and portable always; xnnpack,
+// onednn when their libraries were found), picked by name by the edge, the cloud and the tools.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <string_view>
+#include <vector>
+
+#include "core/backend.h"
+
+namespace tandem {
+
+// The named backend; an Error listing this build's backends when there is no such one.
+std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options = {});
+// This build's backends, in a stable order (reference first).
+std::vector<std::string> backend_names();
+// `preferred` when this build has it, else "reference".
+std::string preferred_backend(const std::string& preferred);
+
+}  // namespace tandem

@@ -1,0 +1,199 @@
+#include "backends/simd/winograd_conv2d.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+#include "core/vector.h"
+
+namespace tandem::simd {
+namespace {
+
+constexpr int64_t kChunkTiles = 64;  // V (16 x 64 x Cin) and M (16 x 64 x Cout) stay in L2
+constexpr int64_t kRows = 4;         // GEMM rows (tiles) per register block
+
+// U = G g G^T for one 3x3 kernel g (row-major), G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1].
+void transform_kernel(const float g[9], float u[16]) {
+  float r[4][3];  // G g
+  for (int j = 0; j < 3; ++j) {
+    r[0][j] = g[j];
+    r[1][j] = 0.5f * (g[j] + g[3 + j] + g[6 + j]);
+    r[2][j] = 0.5f * (g[j] - g[3 + j] + g[6 + j]);
+    r[3][j] = g[6 + j];
+  }
+  for (int a = 0; a < 4; ++a) {
+    u[a * 4 + 0] = r[a][0];
+    u[a * 4 + 1] = 0.5f * (r[a][0] + r[a][1] + r[a][2]);
+    u[a * 4 + 2] = 0.5f * (r[a][0] - r[a][1] + r[a][2]);
+    u[a * 4 + 3] = r[a][2];
+  }
+}
+
+// V[xi][i][c] = (B^T d B)[xi] for tiles t0 .. t0 + nt, d the 4x4 input patch of the tile's
+// 2x2 outputs (zero outside the image), B^T = [1 0 -1 0; 0 1 1 0; 0 -1 1 0; 0 1 0 -1].
+TANDEM_SIMD_KERNEL void transform_input(const float* x, int64_t h, int64_t w, int64_t c, int64_t tiles_h,
+                                        int64_t tiles_w, int64_t t0, int64_t nt, float* v) {
+  const f32x16 zero = {};
+  for (int64_t i = 0; i < nt; ++i) {
+    const int64_t t = t0 + i, n = t / (tiles_h * tiles_w), ty = t / tiles_w % tiles_h, tx = t % tiles_w;
+    const float* img = x + n * h * w * c;
+    for (int64_t c0 = 0; c0 < c; c0 += 16) {
+      f32x16 d[4][4];
+      for (int a = 0; a < 4; ++a) {
+        const int64_t iy = 2 * ty - 1 + a;
+        for (int b = 0; b < 4; ++b) {
+          const int64_t ix = 2 * tx - 1 + b;
+          d[a][b] = iy >= 0 && iy < h && ix >= 0 && ix < w ? load16(img + (iy * w + ix) * c + c0) : zero;
+        }
+      }
+      f32x16 s[4][4];
+      for (int b = 0; b < 4; ++b) {
+        s[0][b] = d[0][b] - d[2][b];
+        s[1][b] = d[1][b] + d[2][b];
+        s[2][b] = d[2][b] - d[1][b];
+        s[3][b] = d[1][b] - d[3][b];
+      }
+      for (int a = 0; a < 4; ++a) {
+        float* out = v + ((a * 4) * nt + i) * c + c0;
+        const int64_t step = nt * c;  // from one xi to the next
+        store16(out, s[a][0] - s[a][2]);
+        store16(out + step, s[a][1] + s[a][2]);
+        store16(out + 2 * step, s[a][2] - s[a][1]);
+        store16(out + 3 * step, s[a][1] - s[a][3]);
+      }
+    }
+  }
+}
+
+// c[R][16 NV] = a[R][k] b[k][16 NV] (row strides lda, ldb, ldc).
+template <int R, int NV>
+[[gnu::always_inline]] inline void block(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t k, float* c,
+                                         int64_t ldc) {
+  f32x16 acc[R][NV] = {};
+  for (int64_t p = 0; p < k; ++p) {
+    f32x16 bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = load16(b + p * ldb + 16 * j);
+    for (int r = 0; r < R; ++r) {
+      const float av = a[r * lda + p];
+      for (int j = 0; j < NV; ++j) acc[r][j] += bv[j] * av;
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) store16(c + r * ldc + 16 * j, acc[r][j]);
+}
+
+template <int R>
+[[gnu::always_inline]] inline void rows(const float* a, const float* b, int64_t k, int64_t n, float* c) {
+  int64_t j = 0;
+  for (; j + 64 <= n; j += 64) block<R, 4>(a, k, b + j, n, k, c + j, n);
+  for (; j + 32 <= n; j += 32) block<R, 2>(a, k, b + j, n, k, c + j, n);
+  for (; j < n; j += 16) block<R, 1>(a, k, b + j, n, k, c + j, n);
+}
+
+// M[xi] = V[xi] U[xi] for the 16 xi: [nt][in_c] x [in_c][out_c] each.
+TANDEM_SIMD_KERNEL void multiply(const float* v, const float* u, int64_t nt, int64_t in_c, int64_t out_c, float* m) {
+  for (int xi = 0; xi < 16; ++xi) {
+    const float* a = v + xi * nt * in_c;
+    const float* b = u + xi * in_c * out_c;
+    float* c = m + xi * nt * out_c;
+    int64_t i = 0;
+    for (; i + kRows <= nt; i += kRows) rows<kRows>(a + i * in_c, b, in_c, out_c, c + i * out_c);
+    for (; i < nt; ++i) rows<1>(a + i * in_c, b, in_c, out_c, c + i * out_c);
+  }
+}
+
+// y's 2x2 outputs of each tile = A^T M A (+ bias), A^T = [1 1 1 0; 0 1 -1 -1].
+TANDEM_SIMD_KERNEL void transform_output(const float* m, const float* bias, int64_t h, int64_t w, int64_t c,
+                                         int64_t tiles_h, int64_t tiles_w, int64_t t0, int64_t nt, float* y) {
+  for (int64_t i = 0; i < nt; ++i) {
+    const int64_t t = t0 + i, n = t / (tiles_h * tiles_w), ty = t / tiles_w % tiles_h, tx = t % tiles_w;
+    float* img = y + n * h * w * c;
+    for (int64_t c0 = 0; c0 < c; c0 += 16) {
+      f32x16 p[16];
+      for (int xi = 0; xi < 16; ++xi) p[xi] = load16(m + (xi * nt + i) * c + c0);
+      f32x16 s[2][4];
+      for (int b = 0; b < 4; ++b) {
+        s[0][b] = p[b] + p[4 + b] + p[8 + b];
+        s[1][b] = p[4 + b] - p[8 + b] - p[12 + b];
+      }
+      const f32x16 b0 = bias ? load16(bias + c0) : f32x16{};
+      for (int a = 0; a < 2; ++a) {
+        const int64_t oy = 2 * ty + a;
+        if (oy >= h) break;
+        store16(img + (oy * w + 2 * tx) * c + c0, s[a][0] + s[a][1] + s[a][2] + b0);
+        if (2 * tx + 1 < w) store16(img + (oy * w + 2 * tx + 1) * c + c0, s[a][1] - s[a][2] - s[a][3] + b0);
+      }
+    }
+  }
+}
+
+}  // namespace
+
+bool WinogradConv2d::supports(const Conv2dGeometry& g) {
+  return g.groups == 1 && g.kernel_h == 3 && g.kernel_w == 3 && g.stride_h == 1 && g.stride_w == 1 &&
+         g.pad_h == 1 && g.pad_w == 1 && g.dilation_h == 1 && g.dilation_w == 1 && g.in_c % 16 == 0 &&
+         g.out_c % 16 == 0;
+}
+
+WinogradConv2d::WinogradConv2d(const Conv2dGeometry& g) : g_(g) {
+  if (!supports(g)) fail("winograd", cat("not a 3x3, stride 1, pad 1 layer with channels in 16s: ", g.str()));
+  tiles_h_ = (g.in_h + 1) / 2;
+  tiles_w_ = (g.in_w + 1) / 2;
+  tiles_ = g.batch * tiles_h_ * tiles_w_;
+  add_scratch();
+  fwd_.u = aligned_floats(static_cast<std::size_t>(16 * g.in_c * g.out_c));
+  bwd_.u = aligned_floats(static_cast<std::size_t>(16 * g.in_c * g.out_c));
+}
+
+void WinogradConv2d::add_scratch() {
+  const auto floats = static_cast<std::size_t>(16 * kChunkTiles * std::max(g_.in_c, g_.out_c));
+  scratch_.push_back({aligned_floats(floats), aligned_floats(floats)});
+}
+
+void WinogradConv2d::set_parallel(int workers, ParallelFor parallel_for) {
+  while (static_cast<int>(scratch_.size()) < workers) add_scratch();
+  parallel_for_ = std::move(parallel_for);
+}
+
+// Chunks write disjoint output tiles and read the input only, so ranges of them run apart.
+void WinogradConv2d::run(const float* in, int64_t in_c, const float* u, int64_t out_c, const float* bias, float* out) {
+  const int64_t chunks = (tiles_ + kChunkTiles - 1) / kChunkTiles;
+  const int64_t ranges = std::min(static_cast<int64_t>(scratch_.size()), chunks);
+  const auto range = [&](int64_t r) {
+    const Scratch& s = scratch_[static_cast<std::size_t>(r)];
+    for (int64_t c = chunks * r / ranges; c < chunks * (r + 1) / ranges; ++c) {
+      const int64_t t0 = c * kChunkTiles, nt = std::min(kChunkTiles, tiles_ - t0);
+      transform_input(in, g_.in_h, g_.in_w, in_c, tiles_h_, tiles_w_, t0, nt, s.v.get());
+      multiply(s.v.get(), u, nt, in_c, out_c, s.m.get());
+      transform_output(s.m.get(), bias, g_.in_h, g_.in_w, out_c, tiles_h_, tiles_w_, t0, nt, out);
+    }
+  };
+  run_pieces(parallel_for_, ranges, range);
+}
+
+void WinogradConv2d::transform(Transformed& t, const float* w, uint64_t version, bool adjoint) {
+  if (t.of == w && t.version == version) return;
+  // Forward: U[xi][ci][co] of w[co][ky][kx][ci]. Adjoint: U[xi][co][ci] of the kernel
+  // flipped, w[co][2-ky][2-kx][ci] (the same convolution from Cout channels back to Cin).
+  const int64_t ci = g_.in_c, co = g_.out_c;
+  float g[9], u[16];
+  for (int64_t o = 0; o < co; ++o)
+    for (int64_t i = 0; i < ci; ++i) {
+      for (int tap = 0; tap < 9; ++tap) g[tap] = w[(o * 9 + (adjoint ? 8 - tap : tap)) * ci + i];
+      transform_kernel(g, u);
+      for (int xi = 0; xi < 16; ++xi) t.u.get()[adjoint ? (xi * co + o) * ci + i : (xi * ci + i) * co + o] = u[xi];
+    }
+  t.of = w;
+  t.version = version;
+}
+
+void WinogradConv2d::forward(const float* x, const float* w, uint64_t version, const float* bias, float* y) {
+  transform(fwd_, w, version, /*adjoint=*/false);
+  run(x, g_.in_c, fwd_.u.get(), g_.out_c, bias, y);
+}
+
+void WinogradConv2d::backward_data(const float* dy, const float* w, uint64_t version, float* dx) {
+  transform(bwd_, w, version, /*adjoint=*/true);
+  run(dy, g_.out_c, bwd_.u.get(), g_.in_c, nullptr, dx);
+}
+
+}  // namespace tandem::simd

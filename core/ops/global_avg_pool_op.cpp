@@ -1,0 +1,26 @@
+// global_avg_pool: [H, W, C] -> [C], each channel's mean. Layer: GlobalAvgPoolLayer.
+#include "core/layers/layers.h"
+#include "core/ops/op.h"
+#include "core/ops/op_support.h"
+
+namespace tandem {
+
+void define_global_avg_pool_op(OpTable& t) {
+  t.add({.name = "global_avg_pool",
+         .infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
+           ops::expect_inputs(n, in, 1, 3);
+           return Shape{in[0][2]};
+         },
+         .cost = [](const NodeSpec&, std::span<const Shape> in, const Shape& out) {
+           OpCost c;
+           c.forward_flops = ops::count(in[0]) + ops::count(out);  // the sums, then a scale
+           c.backward_data_flops = ops::count(in[0]);             // dy / (H * W) spread
+           return c;
+         },
+         .keeps_layout = false,
+         .make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng&) -> std::unique_ptr<Layer> {
+           return std::make_unique<GlobalAvgPoolLayer>(node.spec.name, in[0], backend);
+         }});
+}
+
+}  // namespace tandem

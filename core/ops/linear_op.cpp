@@ -1,0 +1,49 @@
+// linear: x [in] -> x W^T + b, W [out, in]. Its input is rank 1 (a flatten before it); when
+// that flattens an NHWC image, PyTorch's weight columns run over CHW. Layer: linear_layer.
+#include "core/layers/layers.h"
+#include "core/ops/op.h"
+#include "core/ops/op_support.h"
+#include "schema/model_generated.h"
+
+namespace tandem {
+namespace {
+
+void parse(const spec::Node& node, NodeSpec& out, const std::string& label) {
+  const auto* a = node.linear();
+  if (!a) ops::fail_attr(label, "linear", "missing field 'linear'");
+  if (a->out_features() <= 0)
+    ops::fail_attr(label, "linear", cat("field 'linear.out_features' must be > 0, got ", a->out_features()));
+  out.linear.out_features = a->out_features();
+  out.linear.bias = a->bias();
+}
+
+OpCost cost(const NodeSpec& n, std::span<const Shape> in, const Shape&) {
+  const double macs = ops::count(in[0]) * static_cast<double>(n.linear.out_features);
+  OpCost c;
+  c.forward_flops = c.backward_data_flops = c.backward_weights_flops = 2.0 * macs;
+  if (n.linear.bias) c.backward_weights_flops += static_cast<double>(n.linear.out_features);
+  return c;
+}
+
+}  // namespace
+
+void define_linear_op(OpTable& t) {
+  t.add({.name = "linear",
+         .parse = parse,
+         .infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
+           ops::expect_inputs(n, in, 1, 1);
+           return Shape{n.linear.out_features};
+         },
+         .cost = cost,
+         .params = [](const NodeSpec& n, std::span<const Shape> in) {
+           std::vector<ParamSpec> p{{"weight", Shape{n.linear.out_features, in[0][0]}}};
+           if (n.linear.bias) p.push_back({"bias", Shape{n.linear.out_features}});
+           return p;
+         },
+         .torch_layout = [](std::string_view field) { return field == "weight" ? TorchLayout::InputColumns : TorchLayout::Same; },
+         .make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng& rng) -> std::unique_ptr<Layer> {
+           return std::make_unique<LinearLayer>(node, in[0], backend, rng);
+         }});
+}
+
+}  // namespace tandem

@@ -1,0 +1,184 @@
+// The op registry (core/ops) against independent arithmetic: every op's FLOPs recomputed
+// here from the shapes (grouped and depthwise convolutions and heads included), each op's
+// declared parameters against the layer it makes, and the planner's estimate built on them.
+#include <gtest/gtest.h>
+
+#include <map>
+
+#include "core/graph.h"
+#include "core/layers/layer.h"
+#include "core/network.h"
+#include "core/ops/op.h"
+#include "core/planner.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+NodeSpec named(const std::string& op) {
+  NodeSpec n;
+  n.name = op + "_node";
+  n.op = op;
+  return n;
+}
+
+struct Case {
+  NodeSpec node;
+  std::vector<Shape> in;
+  double forward, backward;  // FLOPs of one sample, counted here from the shapes
+};
+
+// One case (or more) for every op; an op added to the registry without a case here fails
+// EveryOpHasAnIndependentFlopCount.
+std::vector<Case> cases() {
+  std::vector<Case> c;
+  auto conv = [](int64_t out, int64_t k, int64_t groups, int64_t stride, int64_t pad, bool bias) {
+    NodeSpec n = named("conv2d");
+    n.conv2d.out_channels = out;
+    n.conv2d.kernel = {k, k};
+    n.conv2d.stride = {stride, stride};
+    n.conv2d.padding = {pad, pad};
+    n.conv2d.groups = groups;
+    n.conv2d.bias = bias;
+    return n;
+  };
+  // Dense 3x3 on 8x8x4 -> 8x8x6: each of 384 outputs is 3*3*4 multiply-adds; backward the
+  // same twice (data, weights) plus the bias' 384 adds.
+  c.push_back({conv(6, 3, 1, 1, 1, true), {{8, 8, 4}}, 2.0 * 384 * 36, 2.0 * 2 * 384 * 36 + 384});
+  // Grouped: 2 groups on 8x8x4 -> 8x8x6, so each output sees 2 input channels.
+  c.push_back({conv(6, 3, 2, 1, 1, false), {{8, 8, 4}}, 2.0 * 384 * 18, 2.0 * 2 * 384 * 18});
+  // Depthwise 3x3 stride 2 on 8x8x8 -> 4x4x8: one input channel an output.
+  c.push_back({conv(8, 3, 8, 2, 1, false), {{8, 8, 8}}, 2.0 * 128 * 9, 2.0 * 2 * 128 * 9});
+  NodeSpec lin = named("linear");
+  lin.linear = {10, true};
+  c.push_back({lin, {{20}}, 2.0 * 200, 2.0 * 2 * 200 + 10});
+  // Heads: 3 heads of 20 -> 8 -> 5: 160 + 40 multiply-adds each, the ReLU on 8 values.
+  NodeSpec heads = named("heads");
+  heads.heads = {3, 8, 5};
+  c.push_back({heads, {{20}}, 3 * (2.0 * 200 + 8), 3 * (2.0 * 200 + 8) + 3 * (2.0 * 200 + 8 + 5)});
+  NodeSpec maxp = named("max_pool2d"), avgp = named("avg_pool2d");
+  maxp.pool = avgp.pool = {{2, 2}, {2, 2}, {0, 0}};
+  // 4x4x3 = 48 outputs of 2x2 windows: 3 comparisons or 4 adds each; backward routes one
+  // value (max) or spreads over the window (avg).
+  c.push_back({maxp, {{8, 8, 3}}, 48 * 3.0, 48 * 1.0});
+  c.push_back({avgp, {{8, 8, 3}}, 48 * 4.0, 48 * 4.0});
+  // Elementwise over 30 values: the arithmetic of each definition.
+  const std::map<std::string, std::pair<double, double>> per_value{
+      {"relu", {1, 1}},    {"relu6", {2, 2}},   {"hardswish", {5, 4}}, {"gelu", {6, 10}}, {"sigmoid", {3, 3}},
+      {"tanh", {1, 3}},    {"dropout", {2, 1}},   {"softmax", {3, 4}}};
+  for (const auto& [op, f] : per_value) c.push_back({named(op), {{5, 6}}, 30 * f.first, 30 * f.second});
+  c.push_back({named("batch_norm"), {{5, 6}}, 30 * 7.0, 30 * 8.0 + 30 * 3.0});
+  c.push_back({named("add"), {{5, 6}, {5, 6}}, 30.0, 0.0});
+  c.push_back({named("concat"), {{5, 6}, {5, 2}}, 0.0, 0.0});
+  c.push_back({named("global_avg_pool"), {{4, 4, 6}}, 96.0 + 6, 96.0});
+  c.push_back({named("flatten"), {{4, 4, 6}}, 0.0, 0.0});
+  return c;
+}
+
+TEST(OpRegistry, EveryOpHasAnIndependentFlopCount) {
+  std::map<std::string, int> seen;
+  for (const Case& k : cases()) {
+    SCOPED_TRACE(k.node.op);
+    const Shape out = infer_shape(k.node, k.in);
+    const OpCost cost = op_cost(k.node, k.in, out);
+    EXPECT_DOUBLE_EQ(cost.forward_flops, k.forward);
+    EXPECT_DOUBLE_EQ(cost.backward_flops(), k.backward);
+    ++seen[k.node.op];
+  }
+  for (const std::string& op : op_names()) EXPECT_TRUE(seen.count(op)) << "no FLOP case for op '" << op << "'";
+}
+
+// Bytes: a convolution moves its input, output and weights; a view (flatten) moves nothing.
+TEST(OpRegistry, BytesMovedFollowTheShapes) {
+  const Case dense = cases()[0];
+  const OpCost c = op_cost(dense.node, dense.in, infer_shape(dense.node, dense.in));
+  const double x = 8 * 8 * 4, y = 8 * 8 * 6, w = 6 * 3 * 3 * 4 + 6;
+  EXPECT_DOUBLE_EQ(c.forward_bytes, 4 * (x + y + w));
+  EXPECT_DOUBLE_EQ(c.backward_bytes, 4 * (y + 2 * x + 2 * w));
+  const NodeSpec flat = named("flatten");
+  const OpCost v = op_cost(flat, std::vector<Shape>{{4, 4, 6}}, Shape{96});
+  EXPECT_EQ(v.forward_bytes, 0.0);
+  EXPECT_EQ(v.backward_bytes, 0.0);
+}
+
+// What the registry says an op's parameters are is what its layer holds, name and shape.
+TEST(OpRegistry, DeclaredParametersAreTheLayersParameters) {
+  auto reference = make_backend("reference");
+  for (const Case& k : cases()) {
+    SCOPED_TRACE(k.node.name + " (" + k.node.op + ")");
+    ModelSpec spec;
+    spec.name = "params";
+    std::vector<std::string> inputs;
+    for (std::size_t i = 0; i < k.in.size(); ++i) {
+      spec.inputs.push_back({"x" + std::to_string(i), k.in[i]});
+      inputs.push_back("x" + std::to_string(i));
+    }
+    NodeSpec n = k.node;
+    n.inputs = inputs;
+    spec.nodes.push_back(n);
+    spec.output = n.name;
+    Network net(Graph::build(spec), *reference, 1);
+    const std::vector<ParamSpec> declared = op_params(n, k.in);
+    const std::vector<Param*> held = net.params();
+    ASSERT_EQ(declared.size(), held.size());
+    for (std::size_t i = 0; i < held.size(); ++i) {
+      EXPECT_EQ(n.name + "." + declared[i].field, held[i]->name());
+      EXPECT_EQ(declared[i].shape, held[i]->value().shape());
+    }
+  }
+}
+
+TEST(OpRegistry, UnknownOpIsRefusedWithTheKnownOnes) {
+  const std::string e = error_of([] { (void)op_def("swishy"); });
+  EXPECT_NE(e.find("unknown op 'swishy'"), std::string::npos) << e;
+  EXPECT_NE(e.find("conv2d"), std::string::npos) << e;
+}
+
+// The planner's estimate is the registry's FLOPs: a depthwise model costs what its
+// depthwise convolution does, not a dense one (the planner counted grouped convolutions as
+// dense before the registry).
+TEST(OpRegistry, PlannerEstimatesDepthwiseFlops) {
+  const ModelSpec spec = parse_model_json(R"({ name: "dw", inputs: [ { name: "x", shape: [8, 8, 8] } ], nodes: [
+    { name: "dw", op: "conv2d", inputs: ["x"], conv2d: { out_channels: 8, kernel: [3], padding: [1], groups: 8, bias: false } },
+    { name: "flat", op: "flatten", inputs: ["dw"] },
+    { name: "fc", op: "linear", inputs: ["flat"], linear: { out_features: 4, bias: false } } ], cut: "dw" })");
+  const Graph g = Graph::build(spec);
+  PlanOptions o;
+  o.batch = 1;
+  o.microbatches = {1};
+  o.cuts = {"dw"};
+  o.uplink_mbps = o.downlink_mbps = 1e9;
+  o.edge_gflops = o.cloud_gflops = 1e-9;  // a FLOP a second: times are FLOP counts
+  auto reference = make_backend("reference");
+  const std::vector<PlanRow> rows = plan_split(g, o, *reference, *reference);
+  ASSERT_EQ(rows.size(), 1u);
+  const double dw = 2.0 * 8 * 8 * 8 * 9;  // 512 outputs of 9 multiply-adds
+  EXPECT_NEAR(rows[0].edge_s, dw + dw, 1e-6);  // forward, and weights only (it reads the input)
+  const double fc = 2.0 * 512 * 4;
+  EXPECT_NEAR(rows[0].cloud_s, fc + 2 * fc, 1e-6);
+}
+
+// Capability answers: every backend says what it runs; xnnpack declines heads with a reason,
+// and a network refuses such a node by name instead of failing at its first step.
+TEST(OpRegistry, BackendsAnswerWhatTheySupport) {
+  for (const std::string& name : backend_names()) {
+    SCOPED_TRACE(name);
+    auto backend = make_backend(name);
+    for (const std::string& op : op_names()) {
+      const Support s = backend->supports(op, {});
+      if (name == "xnnpack" && op == "heads") {
+        EXPECT_FALSE(s.ok);
+        EXPECT_NE(s.why.find("grouped linear"), std::string::npos) << s.why;
+        NodeSpec h = named("heads");
+        h.heads = {2, 3, 4};
+        const std::string e = error_of([&] { Network net(Graph::build(one_node_spec({5}, h)), *backend, 1); });
+        EXPECT_NE(e.find("node 'heads_node' (heads) cannot run on the xnnpack backend"), std::string::npos) << e;
+      } else {
+        EXPECT_TRUE(s.ok) << op << ": " << s.why;
+      }
+    }
+  }
+}
+
+}  // namespace
+}  // namespace tandem::test
