@@ -358,7 +358,7 @@ TEST(Activation, ForwardBackward) {
       expect_close(got_dx.data(), want_dx.data(), n, "backward");
     }
   }
-  EXPECT_GE(tested, 5) << "the registry lost activation ops";
+  EXPECT_GE(tested, 6) << "the registry lost activation ops";
 }
 
 TEST(Add, Forward) {

@@ -95,7 +95,7 @@ struct ActivationShape {
 };
 
 // oneDNN's eltwise algorithm for an activation op, if it has one: relu6 is clip [0, 6], gelu
-// the erf form.
+// the erf form, silu swish with alpha 1.
 struct Eltwise {
   dnnl::algorithm alg;
   float alpha = 0.0f, beta = 0.0f;
@@ -108,6 +108,7 @@ std::optional<Eltwise> eltwise_for(std::string_view name) {
   if (name == "gelu") return Eltwise{algorithm::eltwise_gelu_erf};
   if (name == "sigmoid") return Eltwise{algorithm::eltwise_logistic};
   if (name == "tanh") return Eltwise{algorithm::eltwise_tanh};
+  if (name == "silu") return Eltwise{algorithm::eltwise_swish, 1.0f};  // x * sigmoid(alpha x)
   return std::nullopt;
 }
 
