@@ -10,6 +10,7 @@
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
+#include <fstream>
 #include <limits>
 #include <thread>
 
@@ -17,6 +18,9 @@
 #include "cloud/pki/token.h"
 #include "core/error.h"
 #include "core/graph.h"
+#include "core/network.h"
+#include "core/optimizer.h"
+#include "edge/session/edge_session.h"
 #include "core/sha256.h"
 #include "core/wire/messages.h"
 #include "ports/lws/lws_endpoint.h"
@@ -34,12 +38,18 @@ const std::string kModel = std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mn
 // Starts `tandem-cloud serve` (1 MiB message cap) and issues an edge identity for the tests.
 class Service {
  public:
-  Service() {
+  // `model_json`: the spec's text (written to the service's folder), else the Fashion-MNIST sample.
+  explicit Service(const std::string& model_json = "") {
     std::string tmpl = (fs::temp_directory_path() / "tandem-svc-XXXXXX").string();
     dir_ = mkdtemp(tmpl.data());
     const std::string log = (dir_ / "cloud.log").string();
+    model_ = kModel;
+    if (!model_json.empty()) {
+      model_ = (dir_ / "model.json").string();
+      std::ofstream(model_) << model_json;
+    }
     const std::string cmd = std::string(TANDEM_CLOUD_BIN) + " serve --listen 127.0.0.1:0 --state-dir " +
-                            (dir_ / "state").string() + " --model " + kModel +
+                            (dir_ / "state").string() + " --model " + model_ +
                             " --batch 8 --microbatches 2 --max-message-mb 1 --accept-tokens > " + log + " 2>&1 & echo $!";
     FILE* p = popen(cmd.c_str(), "r");
     if (!p || std::fscanf(p, "%d", &pid_) != 1) fail("test", "cannot start tandem-cloud");
@@ -66,6 +76,7 @@ class Service {
     return pki::issue_token((dir_ / "state").string(), client, ttl_s, now);
   }
   bool alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }
+  const std::string& model() const { return model_; }
 
   // `with_certificate` false: TLS without a client certificate, as a browser connects.
   std::unique_ptr<LwsEndpoint> client(bool with_certificate = true) {
@@ -78,6 +89,7 @@ class Service {
 
  private:
   fs::path dir_;
+  std::string model_;
   int pid_ = 0, port_ = 0;
   TlsIdentity id_;
 };
@@ -241,6 +253,48 @@ TEST(Service, KeepsServingAProperEdge) {
   ASSERT_EQ(kinds.size(), 2u);
   EXPECT_EQ(kinds[0], wire::Payload::Welcome);
   EXPECT_EQ(kinds[1], wire::Payload::Backward);
+}
+
+// A model with 100 classes trains over TLS against the real service: labels up to 99 are
+// taken (the service once took its class count as 10 and refused them), and the loss of a
+// fixed batch falls as an in-process edge session trains the front against it.
+TEST(Service, HundredClassModelTrains) {
+  std::ifstream in(kModel);
+  std::string json((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  const auto at = json.find("out_features: 10 }");
+  ASSERT_NE(at, std::string::npos);
+  json.replace(at, 18, "out_features: 100 }");
+  Service svc(json);
+  const ModelSpec spec = load_model_spec(svc.model());
+  const Graph graph = Graph::build(spec);
+  ASSERT_EQ(graph.classes(), 100);
+  auto backend = make_backend("reference");
+  Network front(graph.split("pool2").first, *backend, 1);
+  init_from_whole_model(graph, 1, front, *backend);
+  Sgd sgd(front.params(), {.lr = 0.05f, .momentum = 0.9f});
+  EdgeSession edge(front, sgd, 2, model_hash(spec, "pool2"), "probe", {wire::DType::F32});
+  auto c = svc.client();
+  auto reply = [&] {
+    EndpointEvent ev;
+    EXPECT_TRUE(c->next(ev, 20s));
+    EXPECT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Message)) << ev.text;
+    return std::move(ev.frame);
+  };
+  c->send(0, bytes(edge.hello()));
+  WireError err;
+  ASSERT_TRUE(edge.on_welcome(reply(), err)) << err.text;
+  Rng rng(3);
+  const Tensor images = random_tensor({8, 28, 28, 1}, rng, 0.0f, 1.0f);
+  const std::vector<int32_t> labels{0, 99, 42, 7, 63, 99, 18, 85};
+  double first = 0, last = 0;
+  for (int step = 0; step < 40; ++step) {
+    const int k = edge.begin_step(images, labels.data());
+    for (int mb = 0; mb < k; ++mb) c->send(0, bytes(edge.forward(mb)));
+    for (bool done = false; !done;) ASSERT_TRUE(edge.on_backward(reply(), err, done)) << err.text;
+    (step == 0 ? first : last) = edge.step_loss_sum() / 8;
+  }
+  EXPECT_NEAR(first, std::log(100.0), 1.0);  // chance over 100 classes
+  EXPECT_LT(last, 0.5 * first) << "first " << first << ", last " << last;
 }
 
 }  // namespace
