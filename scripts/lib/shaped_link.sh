@@ -39,6 +39,15 @@ shaped_link_rates() {
 }
 
 shaped_link_down() {
+  # Whatever still runs in the namespace was started by this script (a cloud started through
+  # in_cloud_ns in the background is a grandchild that `kill $!` does not reach): end it.
+  local pids
+  pids=$(ip netns pids "$shaped_ns" 2> /dev/null || true)
+  if [[ -n $pids ]]; then
+    kill $pids 2> /dev/null || true
+    sleep 0.5
+    kill -9 $pids 2> /dev/null || true
+  fi
   ip netns del "$shaped_ns" 2> /dev/null || true
   ip link del "$shaped_edge_if" 2> /dev/null || true
 }
