@@ -36,10 +36,14 @@ void define_activation_op(OpTable& t) {
   };
   t.add(std::move(relu));
   // FLOPs a value as the formulas above count them (exp, erf and tanh as one each).
-  for (const auto& [a, forward, backward] : {std::tuple{&kRelu6, 2.0, 2.0}, std::tuple{&kHardswish, 5.0, 4.0},
-                                             std::tuple{&kGelu, 6.0, 10.0}, std::tuple{&kSigmoid, 3.0, 3.0},
-                                             std::tuple{&kTanh, 1.0, 3.0}}) {
-    OpDef d = ops::elementwise(std::string(a->name), forward, backward);
+  struct Counted {
+    const Activation* a;
+    double forward, backward;
+  };
+  for (const Counted& c : {Counted{&kRelu6, 2, 2}, Counted{&kHardswish, 5, 4}, Counted{&kGelu, 6, 10},
+                           Counted{&kSigmoid, 3, 3}, Counted{&kTanh, 1, 3}}) {
+    const Activation* a = c.a;
+    OpDef d = ops::elementwise(std::string(a->name), c.forward, c.backward);
     d.activation = a;
     d.make_layer = [a](const GraphNode& node, std::span<const Shape>, Backend& backend, Rng&) -> std::unique_ptr<Layer> {
       return std::make_unique<ActivationLayer>(node.spec.name, *a, backend);
