@@ -28,12 +28,14 @@ Shape infer(const NodeSpec& n, std::span<const Shape> in) {
 }  // namespace
 
 void define_concat_op(OpTable& t) {
-  t.add({.name = "concat",
-         .infer_shape = infer,
-         .cost = [](const NodeSpec&, std::span<const Shape>, const Shape&) { return OpCost{}; },  // copies only
-         .make_layer = [](const GraphNode& node, std::span<const Shape>, Backend&, Rng&) -> std::unique_ptr<Layer> {
+  OpDef d;
+  d.name = "concat";
+  d.infer_shape = infer;
+  d.cost = [](const NodeSpec&, std::span<const Shape>, const Shape&) { return OpCost{}; };  // copies only
+  d.make_layer = [](const GraphNode& node, std::span<const Shape>, Backend&, Rng&) -> std::unique_ptr<Layer> {
            return std::make_unique<ConcatLayer>(node.spec.name);
-         }});
+         };
+  t.add(std::move(d));
 }
 
 }  // namespace tandem

@@ -64,15 +64,17 @@ std::vector<ParamSpec> params(const NodeSpec& n, std::span<const Shape> in) {
 }  // namespace
 
 void define_conv2d_op(OpTable& t) {
-  t.add({.name = "conv2d",
-         .parse = parse,
-         .infer_shape = infer,
-         .cost = cost,
-         .params = params,
-         .torch_layout = [](std::string_view field) { return field == "weight" ? TorchLayout::ConvWeight : TorchLayout::Same; },
-         .make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng& rng) -> std::unique_ptr<Layer> {
+  OpDef d;
+  d.name = "conv2d";
+  d.parse = parse;
+  d.infer_shape = infer;
+  d.cost = cost;
+  d.params = params;
+  d.torch_layout = [](std::string_view field) { return field == "weight" ? TorchLayout::ConvWeight : TorchLayout::Same; };
+  d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng& rng) -> std::unique_ptr<Layer> {
            return std::make_unique<Conv2dLayer>(node, in[0], backend, rng);
-         }});
+         };
+  t.add(std::move(d));
 }
 
 }  // namespace tandem

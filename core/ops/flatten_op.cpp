@@ -7,16 +7,18 @@
 namespace tandem {
 
 void define_flatten_op(OpTable& t) {
-  t.add({.name = "flatten",
-         .infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
+  OpDef d;
+  d.name = "flatten";
+  d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
            ops::expect_inputs(n, in, 1, 0);
            return Shape{in[0].numel()};
-         },
-         .cost = [](const NodeSpec&, std::span<const Shape>, const Shape&) { return OpCost{}; },
-         .view = true,
-         .make_layer = [](const GraphNode& node, std::span<const Shape>, Backend&, Rng&) -> std::unique_ptr<Layer> {
+         };
+  d.cost = [](const NodeSpec&, std::span<const Shape>, const Shape&) { return OpCost{}; };
+  d.view = true;
+  d.make_layer = [](const GraphNode& node, std::span<const Shape>, Backend&, Rng&) -> std::unique_ptr<Layer> {
            return std::make_unique<ViewLayer>(node.spec.name);
-         }});
+         };
+  t.add(std::move(d));
 }
 
 }  // namespace tandem

@@ -33,25 +33,27 @@ OpCost cost(const NodeSpec& n, std::span<const Shape> in, const Shape&) {
 }  // namespace
 
 void define_heads_op(OpTable& t) {
-  t.add({.name = "heads",
-         .parse = parse,
-         .infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
+  OpDef d;
+  d.name = "heads";
+  d.parse = parse;
+  d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
            ops::expect_inputs(n, in, 1, 1);
            return Shape{n.heads.count * n.heads.out_features};
-         },
-         .cost = cost,
-         .params = [](const NodeSpec& n, std::span<const Shape> in) {
+         };
+  d.cost = cost;
+  d.params = [](const NodeSpec& n, std::span<const Shape> in) {
            const HeadsAttrs& h = n.heads;
            return std::vector<ParamSpec>{{"w1", Shape{h.count * h.hidden, in[0][0]}},
                                          {"b1", Shape{h.count * h.hidden}},
                                          {"w2", Shape{h.count, h.out_features, h.hidden}},
                                          {"b2", Shape{h.count * h.out_features}}};
-         },
-         .torch_layout = [](std::string_view field) { return field == "w1" ? TorchLayout::InputColumns : TorchLayout::Same; },
-         .output_groups = [](const NodeSpec& n) { return n.heads.count; },
-         .make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng& rng) -> std::unique_ptr<Layer> {
+         };
+  d.torch_layout = [](std::string_view field) { return field == "w1" ? TorchLayout::InputColumns : TorchLayout::Same; };
+  d.output_groups = [](const NodeSpec& n) { return n.heads.count; };
+  d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng& rng) -> std::unique_ptr<Layer> {
            return std::make_unique<HeadsLayer>(node, in[0], backend, rng);
-         }});
+         };
+  t.add(std::move(d));
 }
 
 }  // namespace tandem

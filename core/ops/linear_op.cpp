@@ -28,22 +28,24 @@ OpCost cost(const NodeSpec& n, std::span<const Shape> in, const Shape&) {
 }  // namespace
 
 void define_linear_op(OpTable& t) {
-  t.add({.name = "linear",
-         .parse = parse,
-         .infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
+  OpDef d;
+  d.name = "linear";
+  d.parse = parse;
+  d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
            ops::expect_inputs(n, in, 1, 1);
            return Shape{n.linear.out_features};
-         },
-         .cost = cost,
-         .params = [](const NodeSpec& n, std::span<const Shape> in) {
+         };
+  d.cost = cost;
+  d.params = [](const NodeSpec& n, std::span<const Shape> in) {
            std::vector<ParamSpec> p{{"weight", Shape{n.linear.out_features, in[0][0]}}};
            if (n.linear.bias) p.push_back({"bias", Shape{n.linear.out_features}});
            return p;
-         },
-         .torch_layout = [](std::string_view field) { return field == "weight" ? TorchLayout::InputColumns : TorchLayout::Same; },
-         .make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng& rng) -> std::unique_ptr<Layer> {
+         };
+  d.torch_layout = [](std::string_view field) { return field == "weight" ? TorchLayout::InputColumns : TorchLayout::Same; };
+  d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng& rng) -> std::unique_ptr<Layer> {
            return std::make_unique<LinearLayer>(node, in[0], backend, rng);
-         }});
+         };
+  t.add(std::move(d));
 }
 
 }  // namespace tandem

@@ -45,7 +45,12 @@ OpCost cost(const NodeSpec& n, std::span<const Shape>, const Shape& out) {
 }
 
 OpDef pool(std::string name) {
-  return {.name = std::move(name), .parse = parse, .infer_shape = infer, .cost = cost};
+  OpDef d;
+  d.name = std::move(name);
+  d.parse = parse;
+  d.infer_shape = infer;
+  d.cost = cost;
+  return d;
 }
 
 }  // namespace
