@@ -8,7 +8,7 @@
 
 #include "backends/registry.h"
 #include "cloud/federation/federation.h"
-#include "cloud/session/back_shard_turns.h"
+#include "cloud/session/back_shard_trainer.h"
 #include "cloud/session/cloud_session.h"
 #include "core/error.h"
 #include "core/graph.h"
@@ -39,6 +39,7 @@ struct Harness {
   std::unique_ptr<Backend> backend = make_backend("reference");
   Network back{graph.split("pool1").second, *backend, 5};
   Sgd back_opt{back.params(), {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false}};
+  BackShardTrainer shard{back, back_opt};
   std::unique_ptr<CloudSession> cloud;
   std::deque<std::vector<uint8_t>> to_edge;
   std::vector<std::string> events;
@@ -57,7 +58,7 @@ struct Harness {
     cc.microbatches = 4;
     cc.classes = 4;
     cc.authorize = std::move(authorize);
-    cloud = std::make_unique<CloudSession>(back, back_opt, cc);
+    cloud = std::make_unique<CloudSession>(shard, cc);
     edge = std::make_unique<EventEdge>(
         spec, config,
         [this](std::span<const uint8_t> b) {
@@ -67,7 +68,7 @@ struct Harness {
           if (!r.bytes.empty()) to_edge.emplace_back(r.bytes.begin(), r.bytes.end());
           cloud_closed = cloud_closed || r.close;
         },
-        [this](const std::string& json) { events.push_back(json); });
+        [this](const EdgeEvent& e) { events.push_back(e.json()); });
   }
 
   void run() {
@@ -212,7 +213,7 @@ struct Federated {
   Network back{graph.split("pool1").second, *backend, 5};
   Sgd back_opt{back.params(),
                {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false}};
-  BackShardTurns turns;
+  BackShardTrainer shard{back, back_opt, 30.0, 1};  // one back shard, in turns
   std::unique_ptr<Federation> federation;
   std::vector<std::unique_ptr<Link>> links;  // session id i + 1
 
@@ -241,8 +242,7 @@ struct Federated {
     cc.classes = 4;
     cc.session_id = links.size() + 1;
     cc.federation = federation.get();
-    cc.turns = &turns;
-    l->cloud = std::make_unique<CloudSession>(back, back_opt, cc);
+    l->cloud = std::make_unique<CloudSession>(shard, cc);
     l->edge = std::make_unique<EventEdge>(
         spec, config,
         [l](std::span<const uint8_t> b) {
@@ -253,7 +253,7 @@ struct Federated {
           if (!r.then.empty()) l->inbox.push_back(std::move(r.then));
           l->cloud_closed = l->cloud_closed || r.close;
         },
-        [l](const std::string& json) { l->events.push_back(json); });
+        [l](const EdgeEvent& e) { l->events.push_back(e.json()); });
     const int64_t n = static_cast<int64_t>(train.labels.size()), m = static_cast<int64_t>(test.labels.size());
     l->edge->set_data(false, train.bytes.data(), train.labels.data(), n, 8, 8);
     l->edge->set_data(true, test.bytes.data(), test.labels.data(), m, 8, 8);

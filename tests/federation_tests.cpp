@@ -1,7 +1,8 @@
 // Split-federated rounds in-process: the average is weighted by samples, late edges get the
 // newest one, a round closes at its deadline with enough edges or when the rest leave, bad
 // FrontWeights are refused with the reason, and turns on the shared back shard are taken
-// first come first served with a quiet holder evicted.
+// first come first served with a quiet holder evicted; the back shard's update is applied
+// once per step on every path (its own shard, a shared one summing steps, an evicted step).
 #include <gtest/gtest.h>
 
 #include <cmath>
@@ -10,8 +11,13 @@
 #include <thread>
 
 #include "cloud/federation/federation.h"
+#include "backends/registry.h"
+#include "cloud/session/back_shard_trainer.h"
 #include "cloud/session/back_shard_turns.h"
+#include "core/graph.h"
+#include "core/model_spec.h"
 #include "core/wire/messages.h"
+#include "test_support.h"
 
 namespace tandem {
 namespace {
@@ -195,6 +201,88 @@ TEST(BackShardTurns, FirstComeFirstServedAndAQuietHolderIsEvicted) {
 
   std::atomic<bool> cancel{true};
   EXPECT_FALSE(turns.acquire(5, cancel));  // a closing session gives up at once
+}
+
+// A back shard with every gradient set to `g` as a step's backward would leave it.
+struct Shard {
+  std::unique_ptr<Backend> backend = make_backend("reference");
+  Network net{Graph::build(parse_model_json(test::kSmallSplitSpec)).split("pool1").second, *backend, 3};
+  Sgd sgd{net.params(), {.lr = 0.5f, .momentum = 0.0f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false}};
+  std::vector<float> first = values();
+  std::vector<float> values() const {
+    std::vector<float> v;
+    for (const Param* p : net.params()) v.insert(v.end(), p->value().data(), p->value().data() + p->value().numel());
+    return v;
+  }
+  void add_grad(float g) {
+    for (Param* p : net.params())
+      for (int64_t i = 0; i < p->grad().numel(); ++i) p->grad()[i] += g;
+  }
+  // How far every weight moved from the start (all move alike here); NAN when they differ.
+  float moved() const {
+    const std::vector<float> now = values();
+    const float d = first[0] - now[0];
+    for (std::size_t i = 0; i < now.size(); ++i)
+      if (std::fabs((first[i] - now[i]) - d) > 1e-6f) return NAN;
+    return d;
+  }
+};
+
+TEST(BackShardTrainer, OneEdgesShardIsUpdatedOncePerStep) {
+  Shard s;
+  BackShardTrainer trainer(s.net, s.sgd);
+  std::atomic<bool> no{false};
+  s.add_grad(7.0f);  // stale: begin_step clears it
+  ASSERT_TRUE(trainer.begin_step(1, no));
+  EXPECT_TRUE(trainer.step_open(1));
+  s.add_grad(1.0f);
+  int between = 0;
+  EXPECT_TRUE(trainer.finish_step(1, 0.5f, [&] { ++between; }));
+  EXPECT_NEAR(s.moved(), 0.5f * 0.5f * 1.0f, 1e-6f);  // lr 0.5, the step's factor 0.5
+  EXPECT_TRUE(trainer.finish_step(1, 0.5f, [&] { ++between; }));  // again: nothing
+  EXPECT_NEAR(s.moved(), 0.25f, 1e-6f);
+  EXPECT_EQ(trainer.updates(), 1u);
+  EXPECT_EQ(between, 1);
+  EXPECT_FALSE(trainer.step_open(1));
+}
+
+TEST(BackShardTrainer, ASharedShardSumsStepsIntoOneUpdate) {
+  Shard s;
+  BackShardTrainer trainer(s.net, s.sgd, 10.0, /*accumulate=*/2);
+  std::atomic<bool> no{false};
+  int between = 0;
+  ASSERT_TRUE(trainer.begin_step(1, no));
+  s.add_grad(1.0f);
+  EXPECT_TRUE(trainer.finish_step(1, 1.0f, [&] { ++between; }));
+  EXPECT_EQ(s.moved(), 0.0f) << "updated before the summed steps were complete";
+  ASSERT_TRUE(trainer.begin_step(2, no));  // the gradients are summing: not cleared
+  s.add_grad(3.0f);
+  EXPECT_TRUE(trainer.finish_step(2, 1.0f, [&] { ++between; }));
+  EXPECT_NEAR(s.moved(), 0.5f * (1.0f + 3.0f) / 2.0f, 1e-6f);  // the mean of the two steps' gradients
+  EXPECT_EQ(trainer.updates(), 1u);
+  EXPECT_EQ(between, 1);
+  ASSERT_TRUE(trainer.begin_step(1, no));  // a new sum starts from zero
+  s.add_grad(2.0f);
+  trainer.release(1);  // its session closed mid-step: the step is abandoned
+  EXPECT_TRUE(trainer.finish_step(1, 1.0f));
+  EXPECT_EQ(trainer.updates(), 1u);
+}
+
+TEST(BackShardTrainer, AnEvictedStepIsNeverApplied) {
+  Shard s;
+  BackShardTrainer trainer(s.net, s.sgd, /*timeout_s=*/0.05, 1);
+  std::atomic<bool> no{false};
+  ASSERT_TRUE(trainer.begin_step(1, no));
+  s.add_grad(1.0f);
+  std::thread other([&] { EXPECT_TRUE(trainer.begin_step(2, no)); });  // 1 goes quiet: 2 takes over
+  other.join();
+  EXPECT_TRUE(trainer.was_evicted(1));
+  EXPECT_FALSE(trainer.finish_step(1, 1.0f));
+  EXPECT_EQ(trainer.updates(), 0u);
+  EXPECT_EQ(s.moved(), 0.0f);
+  s.add_grad(2.0f);
+  EXPECT_TRUE(trainer.finish_step(2, 1.0f));
+  EXPECT_NEAR(s.moved(), 0.5f * 2.0f, 1e-6f);
 }
 
 }  // namespace

@@ -1,6 +1,7 @@
 // Op tests: every kernel of the backend under test (TANDEM_BACKEND) against the reference
 // backend, forward and both backward passes, over shapes that exercise stride, padding and
 // dilation. Fluent testers in the style of XNNPACK's operator testers.
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
 #include <cstring>
@@ -15,11 +16,50 @@
 namespace tandem::test {
 namespace {
 
-// Outputs start as NaN: a kernel that accumulates into its output instead of overwriting it fails.
+// Outputs start as NaN: a kernel that accumulates into its output instead of overwriting it
+// fails. And they sit between guard zones holding a canary that must survive: Tensor::empty
+// pads every allocation by 16 to 31 floats, so a SIMD tail store past the end (or before the
+// start) would be invisible to ASan and to the NaN prefill. The guards are checked when the
+// tensor is released, inside the test that made it.
+constexpr int64_t kGuardFloats = 32;         // 128 bytes each side; keeps the 64-byte alignment
+constexpr uint32_t kCanaryBits = 0xdeadbeefu;  // a float no kernel computes by chance
+
 Tensor nan_tensor(const Shape& s) {
-  Tensor t = Tensor::empty(s);
+  const int64_t n = s.numel(), total = n + 2 * kGuardFloats;
+  float* base = static_cast<float*>(::operator new[](static_cast<std::size_t>(total) * sizeof(float),
+                                                     std::align_val_t{kTensorAlignment}));
+  for (int64_t i = 0; i < total; ++i) std::memcpy(base + i, &kCanaryBits, sizeof kCanaryBits);
+  const std::string shape = s.str();
+  std::shared_ptr<float> owner(base, [n, shape](float* p) {
+    for (int64_t i = 0; i < kGuardFloats; ++i) {
+      uint32_t before = 0, after = 0;
+      std::memcpy(&before, p + i, sizeof before);
+      std::memcpy(&after, p + kGuardFloats + n + i, sizeof after);
+      if (before != kCanaryBits) ADD_FAILURE() << "a kernel wrote " << (kGuardFloats - i) << " floats before its output " << shape;
+      if (after != kCanaryBits) ADD_FAILURE() << "a kernel wrote " << (i + 1) << " floats past the end of its output " << shape;
+      if (before != kCanaryBits || after != kCanaryBits) break;
+    }
+    ::operator delete[](p, std::align_val_t{kTensorAlignment});
+  });
+  Tensor t = Tensor::borrow(owner, base + kGuardFloats, s);
   t.fill(std::numeric_limits<float>::quiet_NaN());
   return t;
+}
+
+// The guards fail a test whose kernel stores one float past the end or before the start.
+TEST(Guards, CatchAStoreOutsideTheOutput) {
+  EXPECT_NONFATAL_FAILURE(
+      {
+        Tensor t = nan_tensor({5});
+        t.data()[5] = 0.0f;
+      },
+      "1 floats past the end of its output [5]");
+  EXPECT_NONFATAL_FAILURE(
+      {
+        Tensor t = nan_tensor({3, 2});
+        t.data()[-2] = 0.0f;
+      },
+      "2 floats before its output [3, 2]");
 }
 
 struct Backends {
@@ -210,8 +250,8 @@ class MaxPool2dTester {
       dx.fill(123.0f);  // backward must overwrite, not accumulate
       k->backward(dy.data(), stash.data(), dx.data());
     };
-    Tensor want_y = Tensor::empty(dy.shape()), got_y = Tensor::empty(dy.shape());
-    Tensor want_dx = Tensor::empty(x.shape()), got_dx = Tensor::empty(x.shape());
+    Tensor want_y = nan_tensor(dy.shape()), got_y = nan_tensor(dy.shape());
+    Tensor want_dx = nan_tensor(x.shape()), got_dx = nan_tensor(x.shape());
     run(*b.reference, want_y, want_dx);
     run(*b.tested, got_y, got_dx);
     expect_close(got_y.data(), want_y.data(), want_y.numel(), "forward", 0.0f);
@@ -226,7 +266,7 @@ class MaxPool2dTester {
 
     std::vector<std::byte> stash_a(tested->stash_bytes()), stash_b(tested->stash_bytes());
     std::vector<std::byte> ref_a(ref->stash_bytes()), ref_b(ref->stash_bytes());
-    Tensor y_a = Tensor::empty(dy.shape()), y_b = Tensor::empty(dy.shape());
+    Tensor y_a = nan_tensor(dy.shape()), y_b = nan_tensor(dy.shape());
     tested->forward(x.data(), y_a.data(), stash_a.data());
     tested->forward(x2.data(), y_b.data(), stash_b.data());
     ref->forward(x.data(), y_a.data(), ref_a.data());
@@ -263,15 +303,15 @@ class AvgPool2dTester {
       dx.fill(123.0f);  // backward must overwrite, not accumulate
       k->backward(dy.data(), dx.data());
     };
-    Tensor want_y = Tensor::empty(dy.shape()), got_y = Tensor::empty(dy.shape());
-    Tensor want_dx = Tensor::empty(x.shape()), got_dx = Tensor::empty(x.shape());
+    Tensor want_y = nan_tensor(dy.shape()), got_y = nan_tensor(dy.shape());
+    Tensor want_dx = nan_tensor(x.shape()), got_dx = nan_tensor(x.shape());
     run(*b.reference, x, want_y, want_dx);
     run(*b.tested, x, got_y, got_dx);
     expect_close(got_y.data(), want_y.data(), want_y.numel(), "forward", 1e-5f);
     expect_close(got_dx.data(), want_dx.data(), want_dx.numel(), "backward", 1e-6f);
     // One kernel, two input buffers in turn (as micro-batch slots are): no stale pointers.
     auto k = b.tested->avg_pool2d(g_);
-    Tensor x2 = random_tensor(x.shape(), rng), want2 = Tensor::empty(dy.shape()), got2 = Tensor::empty(dy.shape());
+    Tensor x2 = random_tensor(x.shape(), rng), want2 = nan_tensor(dy.shape()), got2 = nan_tensor(dy.shape());
     b.reference->avg_pool2d(g_)->forward(x2.data(), want2.data());
     k->forward(x.data(), got_y.data());
     k->forward(x2.data(), got2.data());
@@ -416,7 +456,7 @@ TEST(Relu, ForwardBackward) {
   for (int64_t n : {1, 7, 1000}) {
     Tensor x = random_tensor({n}, rng), dy = random_tensor({n}, rng);
     x[0] = 0.0f;  // the kink: both sides use y > 0
-    Tensor want_y = Tensor::empty({n}), got_y = Tensor::empty({n}), want_dx = Tensor::empty({n}), got_dx = Tensor::empty({n});
+    Tensor want_y = nan_tensor({n}), got_y = nan_tensor({n}), want_dx = nan_tensor({n}), got_dx = nan_tensor({n});
     auto r = b.reference->relu(n);
     auto t = b.tested->relu(n);
     r->forward(x.data(), want_y.data());
@@ -440,7 +480,7 @@ TEST(AvgPool2d, PaddingCountsAsZerosLikePyTorch) {
   g.kernel_h = g.kernel_w = 2;
   g.pad_h = g.pad_w = 1;
   for (Backend* backend : {b.reference.get(), b.tested.get()}) {
-    Tensor x = Tensor::empty({1, 2, 2, 1}), y = Tensor::empty({1, 3, 3, 1});
+    Tensor x = Tensor::empty({1, 2, 2, 1}), y = nan_tensor({1, 3, 3, 1});
     x.fill(1.0f);
     backend->avg_pool2d(g)->forward(x.data(), y.data());
     const float want[9] = {0.25f, 0.5f, 0.25f, 0.5f, 1.0f, 0.5f, 0.25f, 0.5f, 0.25f};

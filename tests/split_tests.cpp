@@ -12,6 +12,7 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "core/graph.h"
+#include "core/loss.h"
 #include "core/sha256.h"
 #include "core/trainer.h"
 #include "edge/session/edge_session.h"
@@ -47,17 +48,19 @@ struct Split {
   Network front{shards.first, *edge_backend, 0}, back{shards.second, *cloud_backend, 0};
   OptimizerOptions front_options;
   Sgd front_opt{front.params(), front_options}, back_opt{back.params(), sgd()};
+  std::unique_ptr<BackShardTrainer> trainer;
   CloudSession cloud;
   EdgeSession edge;
 
   explicit Split(uint32_t k, uint32_t batch = 32, std::vector<wire::DType> offer = {wire::DType::F32},
                  std::vector<wire::DType> takes = CloudSessionConfig{}.dtypes, SessionCheckpoints* store = nullptr,
-                 OptimizerOptions front_sgd = sgd(), Federation* federation = nullptr, BackShardTurns* turns = nullptr,
+                 OptimizerOptions front_sgd = sgd(), Federation* federation = nullptr, bool shared_back = false,
                  RoundCheckpoints* rounds = nullptr)
       : front_options(front_sgd),
-        cloud(back, back_opt,
-              {model_hash(spec, "pool1"), batch, k, 4, 1, kDefaultMaxMessageBytes, std::move(takes), "pool1", store,
-               federation, turns, rounds}),
+        trainer(shared_back ? std::make_unique<BackShardTrainer>(back, back_opt, 30.0, 1)
+                            : std::make_unique<BackShardTrainer>(back, back_opt)),
+        cloud(*trainer, {model_hash(spec, "pool1"), batch, k, 4, 1, kDefaultMaxMessageBytes, std::move(takes), "pool1",
+                         store, federation, rounds}),
         edge(front, front_opt, k, model_hash(spec, "pool1"), "edge-test", std::move(offer)) {
     copy_params(front, whole);
     copy_params(back, whole);
@@ -287,18 +290,38 @@ TEST(SplitSession, WireDtypeFallsBackToWhatTheCloudTakes) {
 // steps of K=2 on one fixed batch of 4 random images; the batch's loss must fall (Adam 1e-3).
 class Zoo : public ::testing::TestWithParam<const char*> {};
 
-TEST_P(Zoo, SplitTrainsAFewSteps) {
+// Each sample model trained split (two micro-batches a step over the wire) takes the same
+// steps as the whole model trained on the reference backend from the same weights and
+// dropout counters: the same losses step by step and the same logits at the end. The split
+// runs on the backend under test (the ctest: reference, where every model agrees within
+// 2e-3; a step applied twice misses by 0.46 on vgg5). On xnnpack and oneDNN, MobileNetV2's
+// batch norm over micro-batches of two samples amplifies their rounding to several percent
+// of the loss within four steps, so there the bounds are loose. And the loss falls.
+TEST_P(Zoo, SplitTrainsLikeTheWholeModel) {
   const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/models/" + GetParam() + ".json");
   const Graph graph = Graph::build(spec);
   const auto [front_graph, back_graph] = graph.split(graph.default_cut());
-  auto edge_backend = make_backend(pick("xnnpack")), cloud_backend = make_backend(pick("onednn"));
-  Network front(front_graph, *edge_backend, 3), back(back_graph, *cloud_backend, 3);
+  auto edge_backend = make_backend(backend_under_test()), cloud_backend = make_backend(backend_under_test());
+  auto reference = make_backend("reference");
+  const bool exact = backend_under_test() == "reference";
+  const double loss_tol = exact ? 2e-3 : 5e-2;
+  const float logit_tol = exact ? 2e-3f : 0.2f;
+  Network whole(graph, *reference, 3), front(front_graph, *edge_backend, 3), back(back_graph, *cloud_backend, 3);
+  for (Network* shard : {&front, &back}) {
+    copy_params(*shard, whole);
+    auto all = whole.counters();
+    for (auto& [name, value] : shard->counters())
+      for (auto& [whole_name, whole_value] : all)
+        if (whole_name == name) *value = *whole_value;  // dropout draws the same masks
+  }
   OptimizerOptions adam;
   adam.kind = "adam";
   adam.lr = 1e-3f;
   auto front_opt = make_optimizer(front.params(), adam), back_opt = make_optimizer(back.params(), adam);
+  auto whole_opt = make_optimizer(whole.params(), adam);
   const auto hash = model_hash(spec, graph.default_cut());
-  CloudSession cloud(back, *back_opt, {hash, 4, 2, 10, 1, kDefaultMaxMessageBytes, CloudSessionConfig{}.dtypes, "", nullptr});
+  BackShardTrainer shard(back, *back_opt);
+  CloudSession cloud(shard, {hash, 4, 2, 10, 1, kDefaultMaxMessageBytes, CloudSessionConfig{}.dtypes, "", nullptr});
   EdgeSession edge(front, *front_opt, 2, hash, "zoo");
   auto send = [&](std::span<const uint8_t> bytes) {
     CloudReply r = cloud.handle(Frame::copy_of(bytes.data(), bytes.size()));
@@ -309,10 +332,25 @@ TEST_P(Zoo, SplitTrainsAFewSteps) {
   ASSERT_TRUE(edge.on_welcome(send(edge.hello()), err)) << err.text;
   Rng rng(4);
   const Shape& in = graph.inputs()[0].shape;
-  const Tensor images = random_tensor({4, in[0], in[1], in[2]}, rng, 0.0f, 1.0f);
+  const Tensor images = random_tensor(in.batched(4), rng, 0.0f, 1.0f);
   const int32_t labels[4] = {1, 7, 3, 1};
+  // The whole model's step as the split one takes it: two micro-batches of two, each loss
+  // scaled by 1/4, gradients summed, one optimizer step.
+  auto whole_step = [&] {
+    whole.set_training(true);
+    whole.zero_grad();
+    double loss = 0.0;
+    for (int mb = 0; mb < 2; ++mb) {
+      const Tensor& logits = whole.forward(images.slice_batch(2 * mb, 2), mb);
+      Tensor dlogits = Tensor::empty(logits.shape());
+      loss += compute_loss(graph.loss(), logits, labels + 2 * mb, 0.25f, &dlogits, graph.output_groups());
+      whole.backward(dlogits, mb, false);
+    }
+    whole_opt->step();
+    return loss / 4;
+  };
   std::vector<double> losses;
-  for (int step = 0; step < 6; ++step) {
+  for (int step = 0; step < 4; ++step) {
     const int k = edge.begin_step(images, labels);
     std::vector<Frame> replies;
     for (int mb = 0; mb < k; ++mb) replies.push_back(send(edge.forward(mb)));
@@ -321,8 +359,19 @@ TEST_P(Zoo, SplitTrainsAFewSteps) {
     ASSERT_TRUE(done);
     losses.push_back(edge.step_loss_sum() / 4);
     ASSERT_TRUE(std::isfinite(losses.back())) << "step " << step;
+    const double want = whole_step();
+    EXPECT_NEAR(losses.back(), want, loss_tol * (1.0 + std::fabs(want))) << GetParam() << ", step " << step;
   }
   EXPECT_LT(losses.back(), losses.front()) << GetParam() << ": loss " << losses.front() << " -> " << losses.back();
+
+  // The trained weights, seen through their logits on fresh images.
+  const Tensor probe = random_tensor(in.batched(4), rng, 0.0f, 1.0f);
+  for (Network* n : {&whole, &front, &back}) n->set_training(false);
+  const Tensor want = whole.forward(probe, 0).clone();
+  const Tensor cut = front.forward(probe, 0).clone();
+  const Tensor& got = back.forward(cut, 0);
+  ASSERT_EQ(got.shape(), want.shape());
+  expect_close(got.data(), want.data(), want.numel(), cat(GetParam(), " logits after training"), logit_tol);
 }
 
 INSTANTIATE_TEST_SUITE_P(Models, Zoo,
@@ -566,8 +615,7 @@ TEST(FederatedSession, PerRoundFrontTakesOneStepOnTheRoundsSummedGradients) {
   std::vector<Frame> averages;
   Federation federation(start, {.aggregate_every = kEvery, .min_edges = 1, .deadline_s = 10.0},
                         [&](uint64_t, std::span<const uint8_t> b) { averages.push_back(Frame::copy_of(b.data(), b.size())); });
-  BackShardTurns turns;
-  Split edge(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, nullptr, plain, &federation, &turns);
+  Split edge(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, nullptr, plain, &federation, true);
   edge.edge.set_front_updates(EdgeSession::FrontUpdates::PerRound);
   reference.handshake();
   edge.handshake();
@@ -640,11 +688,10 @@ TEST(FederatedSession, ClosedRoundsAreCheckpointedOnceAndResumingEdgesRejoin) {
   std::vector<Frame> sent;
   Federation federation(start, {.aggregate_every = 2, .min_edges = 1, .deadline_s = 10.0},
                         [&](uint64_t, std::span<const uint8_t> b) { sent.push_back(Frame::copy_of(b.data(), b.size())); });
-  BackShardTurns turns;
   RecordedRounds rounds;
   WireError err;
   {
-    Split edge(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, nullptr, sgd(), &federation, &turns, &rounds);
+    Split edge(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, nullptr, sgd(), &federation, true, &rounds);
     edge.handshake();
     edge.step(d.images, d.labels.data());
     edge.step(d.images, d.labels.data());
@@ -659,7 +706,7 @@ TEST(FederatedSession, ClosedRoundsAreCheckpointedOnceAndResumingEdgesRejoin) {
   }  // the edge's process ends; its session leaves the federation
 
   // Restarted from its checkpoint of step 4: let in at step 4, then the newest average.
-  Split again(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, nullptr, sgd(), &federation, &turns, &rounds);
+  Split again(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, nullptr, sgd(), &federation, true, &rounds);
   again.edge.resume_from(4);
   CloudReply r = again.send(again.edge.hello());
   ASSERT_FALSE(r.close);
@@ -681,8 +728,7 @@ TEST(FederatedSession, PerStepFrontMovesEveryStep) {
   for (Param* p : probe.front.params()) start.emplace_back(p->name(), p->value().clone());
   Federation federation(start, {.aggregate_every = 3, .min_edges = 1, .deadline_s = 10.0},
                         [](uint64_t, std::span<const uint8_t>) {});
-  BackShardTurns turns;
-  Split edge(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, nullptr, sgd(), &federation, &turns);
+  Split edge(2, 32, {wire::DType::F32}, CloudSessionConfig{}.dtypes, nullptr, sgd(), &federation, true);
   edge.handshake();
   edge.step(d.images, d.labels.data());
   EXPECT_EQ(edge.edge.pending_front_steps(), 0u);

@@ -81,7 +81,7 @@ EMSCRIPTEN_KEEPALIVE int tandem_create(const uint8_t* spec, int spec_len, const 
     const ModelSpec model = parse_model_binary(spec, static_cast<std::size_t>(spec_len));
     p.edge = std::make_unique<EventEdge>(
         model, c, [](std::span<const uint8_t> bytes) { page().socket->send(bytes); },
-        [](const std::string& json) { emit_to_page(json.c_str()); });
+        [](const EdgeEvent& e) { emit_to_page(e.json().c_str()); });
   });
 }
 

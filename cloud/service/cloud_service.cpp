@@ -72,7 +72,7 @@ struct SharedBack {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Network> net;
   std::unique_ptr<Optimizer> optimizer;
-  std::unique_ptr<BackShardTurns> turns;
+  std::unique_ptr<BackShardTrainer> trainer;  // net and optimizer, in turns
   std::unique_ptr<Federation> federation;
   std::unique_ptr<Backend> front_backend;
   std::unique_ptr<Network> front;  // encodes the rounds' averages
@@ -163,12 +163,12 @@ class Worker {
     }
     std::unique_ptr<Network> back;
     std::unique_ptr<Optimizer> optimizer;
+    std::unique_ptr<BackShardTrainer> trainer;
     std::unique_ptr<CloudSession> session;
     if (shared_) {  // one back shard for every edge, in turns
       config.federation = shared_->federation.get();
-      config.turns = shared_->turns.get();
       config.rounds = shared_->rounds.get();
-      session = std::make_unique<CloudSession>(*shared_->net, *shared_->optimizer, config);
+      session = std::make_unique<CloudSession>(*shared_->trainer, config);
     } else {
       back = std::make_unique<Network>(shard.graph, *backend_, o.seed);
       for (std::size_t i = 0; i < shard.initial.size(); ++i) {
@@ -178,11 +178,13 @@ class Worker {
       for (std::size_t i = 0; i < shard.initial_buffers.size(); ++i)
         back->buffers()[i].second->copy_from(shard.initial_buffers[i]);
       optimizer = make_optimizer(back->params(), o.optimizer);
-      session = std::make_unique<CloudSession>(*back, *optimizer, config);
+      trainer = std::make_unique<BackShardTrainer>(*back, *optimizer);
+      session = std::make_unique<CloudSession>(*trainer, config);
     }
     std::lock_guard<std::mutex> lock(mutex_);
     back_ = std::move(back);
     optimizer_ = std::move(optimizer);
+    trainer_ = std::move(trainer);
     session_ = std::move(session);
     cut_ = shard.cut;
   }
@@ -228,8 +230,9 @@ class Worker {
   SharedBack* shared_;
   pki::TokenVerifier* tokens_;
   std::unique_ptr<Backend> backend_;
-  std::unique_ptr<Network> back_;  // these three: made on the first message (start_session)
+  std::unique_ptr<Network> back_;  // these four: made on the first message (start_session)
   std::unique_ptr<Optimizer> optimizer_;
+  std::unique_ptr<BackShardTrainer> trainer_;
   std::unique_ptr<CloudSession> session_;
   std::string cut_;
   std::mutex mutex_;
@@ -305,8 +308,6 @@ int serve(const ServeOptions& o) {
     if (shards.size() != 1) fail("serve", "a federation trains one cut: give --cut NODE (not any)");
     shared = std::make_unique<SharedBack>();
     shared->backend = make_backend(o.backend, BackendOptions{o.threads});
-    shared->turns = std::make_unique<BackShardTurns>(o.federation.deadline_s);
-    shared->turns->accumulate = o.federation.back_accumulate;
     const BackShard& s = shards.front();
     shared->net = std::make_unique<Network>(s.graph, *shared->backend, o.seed);
     for (std::size_t i = 0; i < s.initial.size(); ++i) {
@@ -316,6 +317,10 @@ int serve(const ServeOptions& o) {
     for (std::size_t i = 0; i < s.initial_buffers.size(); ++i)
       shared->net->buffers()[i].second->copy_from(s.initial_buffers[i]);
     shared->optimizer = make_optimizer(shared->net->params(), o.optimizer);
+    // Steps whose gradients the shared shard sums before one update (the edges' steps
+    // interleave, so with N edges an update sees every edge's data, as IID training would).
+    shared->trainer = std::make_unique<BackShardTrainer>(*shared->net, *shared->optimizer, o.federation.deadline_s,
+                                                         o.federation.back_accumulate);
     // The front every edge starts from: the whole model's initial weights (or --init-from's).
     shared->front_backend = make_backend("reference");
     shared->front = std::make_unique<Network>(graph.split(s.cut).first, *shared->front_backend, o.seed);

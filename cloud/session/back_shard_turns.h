@@ -73,11 +73,6 @@ class BackShardTurns {
     std::lock_guard<std::mutex> lock(mutex_);
     return held_ && owner_ == owner;
   }
-  // Steps whose gradients the shared shard sums before one update (the edges' steps
-  // interleave, so with N edges an update sees every edge's data, as IID training would);
-  // read and written only by the turn's holder.
-  uint32_t accumulate = 1, accumulated = 0;
-
   // True once for a session that lost its turn by going quiet.
   bool was_evicted(uint64_t owner) {
     std::lock_guard<std::mutex> lock(mutex_);

@@ -26,8 +26,8 @@ bool valid_client_id(const flatbuffers::String* id) {
 
 }  // namespace
 
-CloudSession::CloudSession(Network& back, Optimizer& optimizer, const CloudSessionConfig& config)
-    : back_(back), optimizer_(optimizer), config_(config), seen_(config.microbatches, false),
+CloudSession::CloudSession(BackShardTrainer& shard, const CloudSessionConfig& config)
+    : shard_(shard), back_(shard.net()), optimizer_(shard.optimizer()), config_(config), seen_(config.microbatches, false),
       dlogits_(config.microbatches) {
   if (back_.graph().inputs().size() != 1) fail("cloud session", "the back shard must have exactly one input (the cut)");
   if (config_.microbatches < 1 || config_.microbatches > config_.batch_size)
@@ -49,17 +49,10 @@ void CloudSession::finish_step() {
   if (!step_pending_) return;
   const auto t0 = std::chrono::steady_clock::now();
   step_pending_ = false;
-  if (config_.turns && !config_.turns->begin_compute(config_.session_id)) return;  // evicted: the next message says so
-  BackShardTurns* t = config_.turns;
-  if (t == nullptr || ++t->accumulated >= t->accumulate) {
-    // The update averages the summed steps' gradients (each is its batch's mean).
-    optimizer_.set_lr_scale(step_lr_scale_ / static_cast<float>(t ? t->accumulate : 1));
-    optimizer_.step();
-    if (t) t->accumulated = 0;
-  }
-  if (config_.rounds && (t == nullptr || t->accumulated == 0)) save_round();
-  if (t) t->end_compute();
-  release_turn();
+  // Evicted (false): the next message says so. A federation keeps its newest round between
+  // updates, while this session still holds the shared shard.
+  shard_.finish_step(config_.session_id, step_lr_scale_, config_.rounds ? std::function<void()>([this] { save_round(); })
+                                                                         : std::function<void()>());
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
@@ -76,7 +69,7 @@ void CloudSession::save_round() {
 CloudReply CloudSession::handle(const Frame& frame) {
   finish_step();  // a step completed by the last message is applied before anything reads the weights
   if (state_ == State::Closed) return refuse({wire::ErrorCode::UnexpectedMessage, "the session is closed"});
-  if (config_.turns && config_.turns->was_evicted(config_.session_id)) return refuse(evicted());
+  if (shard_.was_evicted(config_.session_id)) return refuse(evicted());
   WireError error;
   const wire::Message* m = verify_frame(frame, config_.max_message_bytes, error);
   if (!m) return refuse(error);
@@ -188,13 +181,12 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
     if (fwd.checkpoint() && config_.checkpoints == nullptr)
       return refuse({wire::ErrorCode::NoCheckpoint, "this cloud keeps no checkpoints (serve it with a state folder)"});
     // A shared back shard: this session's step runs alone on it, from here to the update.
-    if (config_.turns && !config_.turns->acquire(config_.session_id, cancelled_))
+    if (!shard_.begin_step(config_.session_id, cancelled_))
       return refuse({wire::ErrorCode::Internal, "the session closed while waiting for its turn on the back shard"});
     step_samples_ = samples;
     step_microbatches_ = k;
     step_lr_scale_ = scale;
     step_checkpoint_ = fwd.checkpoint();
-    if (config_.turns == nullptr || config_.turns->accumulated == 0) back_.zero_grad();
   } else if (fwd.step_samples() != step_samples_ || fwd.step_microbatches() != step_microbatches_ ||
              fwd.lr_scale() != step_lr_scale_ || fwd.checkpoint() != step_checkpoint_) {
     return refuse({wire::ErrorCode::BadTensor, cat("step ", step_, " changed its size, learning-rate scale or "
@@ -208,7 +200,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   Tensor activations = checked_batch(frame, fwd.activations(), fwd.labels(), count, decoded_[mb], error);
   if (!activations.defined()) return refuse(error);
 
-  if (config_.turns && !config_.turns->begin_compute(config_.session_id)) return refuse(evicted());
+  if (!shard_.begin_compute(config_.session_id)) return refuse(evicted());
   const auto t0 = std::chrono::steady_clock::now();
   back_.set_training(true);
   const Tensor& logits = back_.forward(activations, static_cast<int>(mb));
@@ -232,7 +224,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   const CloudReply reply{writer_.backward(step, mb, grad, static_cast<float>(loss), dtype_,
                                           static_cast<uint64_t>(optimizer_.steps())),
                          false};
-  if (config_.turns) config_.turns->end_compute();
+  shard_.end_compute();
   // (A federation's shared back shard is kept per round instead: save_round.)
   if (step_pending_ && step_checkpoint_ && !config_.federation && !checkpoint_now(error)) return refuse(error);
   return reply;
@@ -283,10 +275,10 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   Tensor activations = checked_batch(frame, eval.activations(), eval.labels(), count, decoded_.back(), error);
   if (!activations.defined()) return refuse(error);
   // On a shared back shard, between steps: a turn of its own for this batch.
-  const bool own_turn = config_.turns && seen_count_ == 0 && !step_pending_;
-  if (own_turn && !config_.turns->acquire(config_.session_id, cancelled_))
+  const bool own_turn = shard_.shared() && seen_count_ == 0 && !step_pending_;
+  if (own_turn && !shard_.begin_eval(config_.session_id, cancelled_))
     return refuse({wire::ErrorCode::Internal, "the session closed while waiting for its turn on the back shard"});
-  if (config_.turns && !config_.turns->begin_compute(config_.session_id)) return refuse(evicted());
+  if (!shard_.begin_compute(config_.session_id)) return refuse(evicted());
   const auto t0 = std::chrono::steady_clock::now();
   // A slot of its own, so evaluation never disturbs a training step's stashes.
   back_.set_training(false);
@@ -296,8 +288,8 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   const auto correct = static_cast<uint32_t>(count_correct(logits, eval.labels()->data(), heads));
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const CloudReply reply{writer_.eval_result(eval.batch_id(), correct, count, loss, busy_s_), false};
-  if (config_.turns) config_.turns->end_compute();
-  if (own_turn) release_turn();
+  shard_.end_compute();
+  if (own_turn) shard_.end_eval(config_.session_id);
   return reply;
 }
 

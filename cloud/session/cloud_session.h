@@ -17,7 +17,7 @@
 #include "core/wire/messages.h"
 
 #include "cloud/federation/federation.h"
-#include "cloud/session/back_shard_turns.h"
+#include "cloud/session/back_shard_trainer.h"
 
 namespace tandem {
 
@@ -51,9 +51,9 @@ struct CloudSessionConfig {
   std::vector<wire::DType> dtypes = {wire::DType::F32, wire::DType::F16, wire::DType::BF16, wire::DType::I8};
   std::string cut;                           // recorded in checkpoints
   SessionCheckpoints* checkpoints = nullptr;  // none: a resuming edge is refused
-  // Split-federated: the rounds, and the turns on the back shard every session shares.
+  // Split-federated: the rounds (the back shard every session shares is a shared
+  // BackShardTrainer).
   Federation* federation = nullptr;
-  BackShardTurns* turns = nullptr;
   RoundCheckpoints* rounds = nullptr;  // none: a federation's rounds are not checkpointed
   // Set when the edge has no client certificate: given the Hello's token and client id,
   // returns "" to let it in, else why it is refused (Unauthorized).
@@ -70,8 +70,8 @@ struct CloudReply {
 
 class CloudSession {
  public:
-  // `back` and `optimizer` are this session's back shard (its input is the cut).
-  CloudSession(Network& back, Optimizer& optimizer, const CloudSessionConfig& config);
+  // `shard`: the back shard this session trains (its input is the cut), its own or shared.
+  CloudSession(BackShardTrainer& shard, const CloudSessionConfig& config);
   ~CloudSession();
   CloudSession(const CloudSession&) = delete;
   CloudSession& operator=(const CloudSession&) = delete;
@@ -99,9 +99,7 @@ class CloudSession {
   CloudReply on_eval(const Frame& frame, const wire::EvalForward& eval);
   CloudReply on_front_weights(const Frame& frame, const wire::FrontWeights& weights);
   WireError evicted() const;
-  void release_turn() {
-    if (config_.turns) config_.turns->release(config_.session_id);
-  }
+  void release_turn() { shard_.release(config_.session_id); }
   // Restores the back shard from this client's checkpoint of `step`; false with `error` set.
   bool resume(uint64_t step, WireError& error);
   // Split-federated: checkpoints the newest round if it has not been (between steps).
@@ -113,6 +111,7 @@ class CloudSession {
   Tensor checked_batch(const Frame& frame, const wire::TensorMsg* t, const flatbuffers::Vector<int32_t>* labels,
                        int64_t count, Tensor& decoded, WireError& error);
 
+  BackShardTrainer& shard_;
   Network& back_;
   Optimizer& optimizer_;
   CloudSessionConfig config_;
@@ -130,7 +129,7 @@ class CloudSession {
   wire::DType dtype_ = wire::DType::F32;  // negotiated in Hello
   std::vector<Tensor> decoded_;           // per micro-batch slot, then one for evaluation
   double busy_s_ = 0.0;
-  bool step_pending_ = false;
+  bool step_pending_ = false;  // the step is complete; its update waits for finish_step
   std::atomic<bool> cancelled_{false};
   bool joined_ = false;          // in the federation
   uint64_t trained_samples_ = 0;

@@ -9,11 +9,12 @@
 #include <string>
 
 #include "core/checkpoint/checkpoint.h"
+#include "edge/session/event_edge.h"
 #include "ports/files/checkpoint_store.h"
 
 namespace tandem {
 
-class EdgeCheckpoints {
+class EdgeCheckpoints final : public EdgeCheckpointer {
  public:
   EdgeCheckpoints(const std::string& dir, const std::string& identity_dir, int64_t every);
 
@@ -22,12 +23,12 @@ class EdgeCheckpoints {
   // Restores latest() into the front shard after checking it is for this model and cut;
   // returns its position, or none when the folder holds no checkpoint.
   std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>& model_hash, Network& front,
-                                       Optimizer& optimizer);
+                                       Optimizer& optimizer) override;
   // Whether the step that ends at `step_after` (an epoch's last when `epoch_end`) is saved.
-  bool due(uint64_t step_after, bool epoch_end) const {
+  bool due(uint64_t step_after, bool epoch_end) const override {
     return epoch_end || (every_ > 0 && step_after % static_cast<uint64_t>(every_) == 0);
   }
-  void save(const CheckpointMeta& position, Network& front, Optimizer& optimizer);
+  void save(const CheckpointMeta& position, Network& front, Optimizer& optimizer) override;
 
  private:
   CheckpointStore store_;

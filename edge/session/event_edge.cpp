@@ -11,8 +11,6 @@
 namespace tandem {
 namespace {
 
-constexpr int64_t kEvalChunk = 500;  // test samples per EvalForward
-
 std::string num(double v) {
   char buf[32];
   std::snprintf(buf, sizeof buf, "%.6g", v);
@@ -34,24 +32,71 @@ std::string quoted(const std::string& s) {
 
 }  // namespace
 
+std::string EdgeEvent::json() const {
+  using K = Kind;
+  switch (kind) {
+    case K::Connected:
+      return "{\"event\":\"connected\"}";
+    case K::Welcome:
+      return cat("{\"event\":\"welcome\",\"start_step\":", step, ",\"dtype\":", quoted(dtype),
+                 ",\"aggregate_every\":", aggregate_every, "}");
+    case K::EpochStarted:
+      return cat("{\"event\":\"epoch_started\",\"epoch\":", epoch, ",\"samples\":", samples, ",\"cursor\":", cursor, "}");
+    case K::Step:
+      return cat("{\"event\":\"step\",\"step\":", steps_done, ",\"steps\":", steps, ",\"loss\":", num(loss),
+                 ",\"samples_per_s\":", num(samples_per_s), ",\"edge_busy_s\":", num(edge_busy_s),
+                 ",\"elapsed_s\":", num(seconds), "}");
+    case K::Round:
+      return cat("{\"event\":\"round\",\"round\":", round, ",\"step\":", step, "}");
+    case K::EpochTrained:
+      return cat("{\"event\":\"epoch\",\"epoch\":", epoch, ",\"samples\":", samples, ",\"seconds\":", num(seconds),
+                 ",\"train_loss\":", num(loss), "}");
+    case K::Evaluated:
+      return cat("{\"event\":\"evaluated\",\"accuracy\":", num(accuracy), ",\"samples\":", samples,
+                 ",\"epoch\":", epoch, "}");
+    case K::Done:
+      return cat("{\"event\":\"done\",\"steps\":", steps_done, ",\"first_loss\":", num(first_loss),
+                 ",\"last_loss\":", num(loss), accuracy >= 0 ? cat(",\"test_accuracy\":", num(accuracy)) : "", "}");
+    case K::Error:
+      return cat("{\"event\":\"error\",\"text\":", quoted(text), "}");
+  }
+  return "{}";
+}
+
 EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, Emit emit)
-    : config_(std::move(config)), send_(std::move(send)), emit_(std::move(emit)) {
+    : config_(std::move(config)), send_(std::move(send)), emit_(std::move(emit)), model_name_(spec.name) {
   const Graph graph = Graph::build(spec);
   if (config_.cut.empty()) config_.cut = graph.default_cut();
   if (config_.cut.empty()) fail("edge", "the model spec names no default cut: give one");
-  if (config_.steps < 1 || config_.batch < 1 || config_.microbatches < 1)
-    fail("edge", "steps, batch and micro-batches must be at least 1");
-  if (graph.inputs().size() != 1) fail("edge", "the browser edge trains models with one image input");
+  if (config_.batch < 1 || config_.microbatches < 1 || config_.eval_chunk < 1)
+    fail("edge", "batch, micro-batches and the evaluation chunk must be at least 1");
+  if (config_.steps < 0 || config_.epochs < 0) fail("edge", "steps and epochs must be at least 0");
+  if (graph.inputs().size() != 1) fail("edge", "the edge trains models with one image input");
   input_ = graph.inputs()[0].shape;
   classes_ = static_cast<int32_t>(graph.classes());
-  backend_ = make_backend(config_.backend);
+  backend_ = make_backend(config_.backend, BackendOptions{config_.threads});
   front_ = std::make_unique<Network>(graph.split(config_.cut).first, *backend_, config_.seed);
-  init_from_whole_model(graph, config_.seed, *front_, *make_backend("reference"));  // as the cloud draws its back shard
+  if (config_.init_front)
+    config_.init_front(graph, *front_);
+  else
+    init_from_whole_model(graph, config_.seed, *front_, *make_backend("reference"));  // as the cloud draws its back shard
   optimizer_ = make_optimizer(front_->params(), config_.optimizer);
-  session_ = std::make_unique<EdgeSession>(*front_, *optimizer_, config_.microbatches, model_hash(spec, config_.cut),
+  position_.role = "edge";
+  position_.client_id = config_.client_id;
+  position_.cut = config_.cut;
+  position_.model_hash = model_hash(spec, config_.cut);
+  session_ = std::make_unique<EdgeSession>(*front_, *optimizer_, config_.microbatches, position_.model_hash,
                                            config_.client_id, config_.dtypes);
   if (!config_.token.empty()) session_->set_token(config_.token);
-  if (config_.front_updates_per_round) session_->set_front_updates(EdgeSession::FrontUpdates::PerRound);
+  session_->set_proximal(config_.proximal_mu);
+  session_->set_front_updates(config_.front_updates_per_round ? EdgeSession::FrontUpdates::PerRound
+                                                              : EdgeSession::FrontUpdates::PerStep);
+  if (config_.checkpoints)
+    if (const auto resumed = config_.checkpoints->resume(position_.model_hash, *front_, *optimizer_)) {
+      position_ = *resumed;
+      session_->resume_from(position_.step);
+      resumed_ = true;
+    }
 }
 
 EventEdge::~EventEdge() = default;
@@ -60,15 +105,23 @@ void EventEdge::set_data(bool test, const uint8_t* pixels, const int32_t* labels
   if (n < 1) fail("edge", "no images given");
   if (Shape({h, w, 1}).numel() != input_.numel())
     fail("edge", cat("images of ", h, "x", w, " do not fit the model's input ", input_.str()));
-  for (int64_t i = 0; i < n; ++i)
-    if (labels[i] < 0 || labels[i] >= classes_)
-      fail("edge", cat("label ", labels[i], " of image ", i, " is outside [0, ", classes_, ")"));
-  Data d;
-  d.images = Tensor::empty(input_.batched(n));
-  float* out = d.images.data();
+  Tensor images = Tensor::empty(input_.batched(n));
+  float* out = images.data();
   for (int64_t i = 0, e = n * h * w; i < e; ++i) out[i] = static_cast<float>(pixels[i]) / 255.0f;
-  d.labels.assign(labels, labels + n);
-  (test ? test_ : train_) = std::move(d);
+  set_data(test, std::move(images), std::vector<int32_t>(labels, labels + n));
+}
+
+void EventEdge::set_data(bool test, Tensor images, std::vector<int32_t> labels) {
+  const int64_t n = images.shape().rank() > 0 ? images.shape()[0] : 0;
+  if (n < 1) fail("edge", "no images given");
+  if (images.shape().item_numel() != input_.numel())
+    fail("edge", cat("the model's input is ", input_.str(), " but the images are ", images.shape().str()));
+  if (static_cast<int64_t>(labels.size()) != n)
+    fail("edge", cat(n, " images but ", labels.size(), " labels"));
+  for (int64_t i = 0; i < n; ++i)
+    if (labels[static_cast<std::size_t>(i)] < 0 || labels[static_cast<std::size_t>(i)] >= classes_)
+      fail("edge", cat("label ", labels[static_cast<std::size_t>(i)], " of image ", i, " is outside [0, ", classes_, ")"));
+  (test ? test_ : train_) = Data{std::move(images), std::move(labels)};
 }
 
 void EventEdge::on_open() {
@@ -77,7 +130,25 @@ void EventEdge::on_open() {
     fail_with("no training images were given");
     return;
   }
-  emit_("{\"event\":\"connected\"}");
+  const int64_t n = train_.images.shape()[0];
+  if (position_.cursor > n || position_.epoch < 1) {
+    fail_with(cat("the checkpoint stands at sample ", position_.cursor, " of epoch ", position_.epoch,
+                  ", outside this data set of ", n, " (was the data or --limit changed?)"));
+    return;
+  }
+  schedule_ = config_.schedule;
+  if (schedule_.total_steps == 0) {
+    const int64_t per_epoch = (n + config_.batch - 1) / config_.batch;
+    schedule_.total_steps = config_.epochs > 0 ? config_.epochs * per_epoch : config_.steps;
+    if (config_.epochs > 0 && config_.steps > 0) schedule_.total_steps = std::min(schedule_.total_steps, config_.steps);
+  }
+  try {
+    validate(schedule_);
+  } catch (const Error& e) {
+    fail_with(e.what());
+    return;
+  }
+  emit(event(EdgeEvent::Kind::Connected));
   started_ = std::chrono::steady_clock::now();
   state_ = State::AwaitWelcome;
   send_(session_->hello());
@@ -85,62 +156,81 @@ void EventEdge::on_open() {
 
 bool EventEdge::on_message(const Frame& frame) {
   WireError err;
-  switch (state_) {
-    case State::AwaitWelcome:
-      if (!session_->on_welcome(frame, err)) return fail_with(err.text);
-      emit_(cat("{\"event\":\"welcome\",\"start_step\":", session_->step(), ",\"dtype\":",
-                quoted(dtype_name(session_->dtype())), ",\"aggregate_every\":", session_->aggregate_every(), "}"));
-      if (session_->awaiting_aggregate()) {  // a late edge: the newest average comes first
-        state_ = State::AwaitAverage;
-        return true;
+  try {
+    switch (state_) {
+      case State::AwaitWelcome: {
+        if (!session_->on_welcome(frame, err)) return fail_with(err.text);
+        EdgeEvent e = event(EdgeEvent::Kind::Welcome);
+        e.dtype = dtype_name(session_->dtype());
+        emit(e);
+        if (session_->awaiting_aggregate()) {  // a late edge: the newest average comes first
+          state_ = State::AwaitAverage;
+          after_average_ = AfterAverage::Continue;
+          return true;
+        }
+        proceed();
+        return !finished();
       }
-      state_ = State::Training;
-      start_step();
-      return !finished();
-    case State::Training: {
-      bool done = false;
-      const auto t0 = std::chrono::steady_clock::now();
-      if (!session_->on_backward(frame, err, done)) return fail_with(err.text);
-      busy_s_ += since(t0);
-      if (!done) return true;
-      const double loss = session_->step_loss_sum() / static_cast<double>(batch_images_.shape()[0]);
-      if (first_loss_ < 0) first_loss_ = loss;
-      last_loss_ = loss;
-      ++steps_done_;
-      samples_done_ += batch_images_.shape()[0];
-      const double elapsed = since(started_);
-      emit_(cat("{\"event\":\"step\",\"step\":", steps_done_, ",\"steps\":", config_.steps, ",\"loss\":", num(loss),
-                ",\"samples_per_s\":", num(static_cast<double>(samples_done_) / std::max(elapsed, 1e-9)),
-                ",\"edge_busy_s\":", num(busy_s_), ",\"elapsed_s\":", num(elapsed), "}"));
-      samples_since_round_ += static_cast<uint64_t>(batch_images_.shape()[0]);
-      if (session_->aggregate_due()) {
-        send_front(/*final=*/false);
-        return true;
+      case State::Training: {
+        bool done = false;
+        const auto t0 = std::chrono::steady_clock::now();
+        if (!session_->on_backward(frame, err, done)) return fail_with(err.text);
+        busy_s_ += since(t0);
+        if (!done) return true;
+        const int64_t count = batch_images_.shape()[0], n = train_.images.shape()[0];
+        const double loss = session_->step_loss_sum() / static_cast<double>(count);
+        if (first_loss_ < 0) first_loss_ = loss;
+        last_loss_ = loss;
+        epoch_loss_sum_ += session_->step_loss_sum();
+        ++steps_done_;
+        samples_done_ += count;
+        position_.step = session_->step();
+        position_.cursor += count;
+        EdgeEvent e = event(EdgeEvent::Kind::Step);
+        e.samples = count;
+        e.loss = loss;
+        e.seconds = since(started_);
+        e.samples_per_s = static_cast<double>(samples_done_) / std::max(e.seconds, 1e-9);
+        const bool epoch_end = position_.cursor == n;
+        if (epoch_end) {
+          position_.epoch += 1;
+          position_.cursor = 0;
+        }
+        if (step_saves_) config_.checkpoints->save(position_, *front_, *optimizer_);
+        emit(e);
+        samples_since_round_ += static_cast<uint64_t>(count);
+        if (session_->aggregate_due()) {
+          send_front(/*final=*/false, epoch_end ? AfterAverage::EndEpoch : AfterAverage::Continue);
+          return true;
+        }
+        after_step(epoch_end);
+        return !finished();
       }
-      start_step();
-      return !finished();
+      case State::AwaitAverage: {
+        if (!session_->on_aggregated(frame, err)) return fail_with(err.text);
+        emit(event(EdgeEvent::Kind::Round));
+        switch (after_average_) {
+          case AfterAverage::Continue: proceed(); break;
+          case AfterAverage::EndEpoch: end_epoch(); break;
+          case AfterAverage::Finish: start_eval(/*final=*/true); break;
+        }
+        return !finished();
+      }
+      case State::Evaluating: {
+        EdgeSession::EvalResult result;
+        if (!session_->on_eval_result(frame, err, result)) return fail_with(err.text);
+        eval_correct_ += result.correct;
+        eval_seen_ += result.count;
+        cloud_busy_s_ = result.cloud_busy_s;
+        send_eval_batch();
+        return !finished();
+      }
+      default:
+        return fail_with(state_ == State::Idle ? "a message arrived before the connection opened"
+                                               : "a message arrived after the run ended");
     }
-    case State::AwaitAverage: {
-      if (!session_->on_aggregated(frame, err)) return fail_with(err.text);
-      emit_(cat("{\"event\":\"round\",\"round\":", session_->round(), ",\"step\":", session_->step(), "}"));
-      state_ = State::Training;
-      if (final_round_)
-        start_eval();
-      else
-        start_step();
-      return !finished();
-    }
-    case State::Evaluating: {
-      EdgeSession::EvalResult result;
-      if (!session_->on_eval_result(frame, err, result)) return fail_with(err.text);
-      eval_correct_ += result.correct;
-      eval_seen_ += result.count;
-      send_eval_batch();
-      return !finished();
-    }
-    default:
-      return fail_with(state_ == State::Idle ? "a message arrived before the connection opened"
-                                             : "a message arrived after the run ended");
+  } catch (const Error& e) {  // a checkpoint that cannot be written, a kernel that refuses
+    return fail_with(e.what());
   }
 }
 
@@ -148,48 +238,104 @@ void EventEdge::on_closed(const std::string& why) {
   if (!finished()) fail_with(why);
 }
 
-void EventEdge::start_step() {
-  if (steps_done_ >= config_.steps) {
-    // In a federation the last steps' front joins a round too, so the run ends on the average.
-    if (session_->final_round_due()) return send_front(/*final=*/true);
-    return start_eval();
+const char* EventEdge::awaiting() const {
+  switch (state_) {
+    case State::AwaitWelcome: return "Welcome";
+    case State::Training: return "Backward";
+    case State::AwaitAverage: return "Aggregated";
+    case State::Evaluating: return "EvalResult";
+    default: return "nothing";
   }
+}
+
+bool EventEdge::run_over() const {
+  if (config_.epochs == 0 && config_.steps == 0) return true;
+  if (config_.epochs > 0 && position_.epoch > config_.epochs) return true;
+  return config_.steps > 0 && steps_done_ >= config_.steps;
+}
+
+void EventEdge::proceed() {
+  if (run_over()) return finish_run();
+  start_step();
+}
+
+void EventEdge::after_step(bool epoch_end) {
+  if (epoch_end) return end_epoch();
+  proceed();
+}
+
+void EventEdge::start_step() {
+  state_ = State::Training;
+  just_ended_epoch_ = 0;
   const int64_t n = train_.images.shape()[0];
-  const int64_t b = std::min<int64_t>(config_.batch, n);
   const auto t0 = std::chrono::steady_clock::now();
-  if (!batch_images_.defined() || batch_images_.shape()[0] != b) batch_images_ = Tensor::empty(input_.batched(b));
-  batch_labels_.resize(static_cast<std::size_t>(b));
+  if (!epoch_open_) {  // each epoch a fresh permutation, drawn from (seed, epoch) alone
+    order_ = epoch_order(n, config_.seed, position_.epoch);
+    epoch_first_ = position_.cursor;
+    epoch_loss_sum_ = 0.0;
+    epoch_started_ = t0;
+    epoch_open_ = true;
+    EdgeEvent e = event(EdgeEvent::Kind::EpochStarted);
+    e.samples = n;
+    emit(e);
+  }
+  const int64_t begin = position_.cursor, count = std::min<int64_t>(config_.batch, n - begin);
+  if (!batch_images_.defined() || batch_images_.shape()[0] != count) batch_images_ = Tensor::empty(input_.batched(count));
+  batch_labels_.resize(static_cast<std::size_t>(count));
   const int64_t item = input_.numel();
-  for (int64_t i = 0; i < b; ++i) {
-    if (order_.empty() || cursor_ >= n) {  // a fresh permutation each epoch
-      order_ = epoch_order(n, config_.seed, epoch_++);
-      cursor_ = 0;
-    }
-    const int64_t src = order_[static_cast<std::size_t>(cursor_++)];
+  for (int64_t i = 0; i < count; ++i) {
+    const int64_t src = order_[static_cast<std::size_t>(begin + i)];
     std::copy_n(train_.images.data() + src * item, item, batch_images_.data() + i * item);
     batch_labels_[static_cast<std::size_t>(i)] = train_.labels[static_cast<std::size_t>(src)];
   }
-  const int k = session_->begin_step(batch_images_, batch_labels_.data());
+  step_saves_ = config_.checkpoints && config_.checkpoints->due(session_->step() + 1, begin + count == n);
+  const int k = session_->begin_step(batch_images_, batch_labels_.data(),
+                                     lr_factor(schedule_, static_cast<int64_t>(session_->step())), step_saves_);
+  // Every activation leaves as soon as it is computed; gradients are applied as they come.
   for (int mb = 0; mb < k; ++mb) send_(session_->forward(mb));
   busy_s_ += since(t0);
 }
 
-void EventEdge::send_front(bool final) {
+void EventEdge::end_epoch() {
+  // The last epoch's steps join a round before it is reported, so the run ends on the average.
+  if (run_over() && steps_done_ > 0 && session_->final_round_due())
+    return send_front(/*final=*/true, AfterAverage::EndEpoch);
+  const int64_t trained = train_.images.shape()[0] - epoch_first_;
+  EdgeEvent e = event(EdgeEvent::Kind::EpochTrained);
+  e.epoch = position_.epoch - 1;
+  e.samples = trained;
+  e.loss = epoch_loss_sum_ / static_cast<double>(std::max<int64_t>(trained, 1));
+  e.seconds = since(epoch_started_);
+  epoch_open_ = false;
+  emit(e);
+  just_ended_epoch_ = e.epoch;
+  if (run_over()) return finish_run();
+  if (config_.eval_each_epoch && test_.images.defined()) return start_eval(/*final=*/false);
+  start_step();
+}
+
+void EventEdge::finish_run() {
+  // In a federation the last steps' front joins a round too, so the run ends on the average.
+  if (steps_done_ > 0 && session_->final_round_due()) return send_front(/*final=*/true, AfterAverage::Finish);
+  start_eval(/*final=*/true);
+}
+
+void EventEdge::send_front(bool final, AfterAverage then) {
   const auto t0 = std::chrono::steady_clock::now();
   send_(session_->front_weights(samples_since_round_, final));
   busy_s_ += since(t0);
   samples_since_round_ = 0;
-  final_round_ = final;
+  after_average_ = then;
   state_ = State::AwaitAverage;
 }
 
-void EventEdge::start_eval() {
-  state_ = State::Evaluating;
+void EventEdge::start_eval(bool final) {
+  final_eval_ = final;
   if (!test_.images.defined()) {
-    finish(cat("{\"event\":\"done\",\"steps\":", steps_done_, ",\"first_loss\":", num(first_loss_), ",\"last_loss\":",
-               num(last_loss_), "}"));
-    return;
+    if (!final) return start_step();
+    return say_goodbye();
   }
+  state_ = State::Evaluating;
   const int64_t n = test_.images.shape()[0];
   eval_end_ = config_.eval_samples > 0 ? std::min(config_.eval_samples, n) : n;
   eval_next_ = eval_correct_ = eval_seen_ = 0;
@@ -198,13 +344,15 @@ void EventEdge::start_eval() {
 
 void EventEdge::send_eval_batch() {
   if (eval_next_ >= eval_end_) {
-    const double accuracy = static_cast<double>(eval_correct_) / static_cast<double>(std::max<int64_t>(eval_seen_, 1));
-    emit_(cat("{\"event\":\"evaluated\",\"accuracy\":", num(accuracy), ",\"samples\":", eval_seen_, "}"));
-    finish(cat("{\"event\":\"done\",\"steps\":", steps_done_, ",\"first_loss\":", num(first_loss_), ",\"last_loss\":",
-               num(last_loss_), ",\"test_accuracy\":", num(accuracy), "}"));
-    return;
+    accuracy_ = static_cast<double>(eval_correct_) / static_cast<double>(std::max<int64_t>(eval_seen_, 1));
+    EdgeEvent e = event(EdgeEvent::Kind::Evaluated);
+    e.epoch = just_ended_epoch_;
+    e.samples = eval_seen_;
+    emit(e);
+    if (!final_eval_) return start_step();
+    return say_goodbye();
   }
-  const int64_t count = std::min(kEvalChunk, eval_end_ - eval_next_);
+  const int64_t count = std::min(config_.eval_chunk, eval_end_ - eval_next_);
   const auto t0 = std::chrono::steady_clock::now();
   send_(session_->eval_forward(static_cast<uint64_t>(eval_next_), test_.images.slice_batch(eval_next_, count),
                                test_.labels.data() + eval_next_, count));
@@ -212,16 +360,36 @@ void EventEdge::send_eval_batch() {
   eval_next_ += count;
 }
 
-void EventEdge::finish(const std::string& json) {
+void EventEdge::say_goodbye() {
   state_ = State::Done;
   send_(session_->bye("training finished"));
-  emit_(json);
+  emit(event(EdgeEvent::Kind::Done));
+}
+
+EdgeEvent EventEdge::event(EdgeEvent::Kind kind) const {
+  EdgeEvent e;
+  e.kind = kind;
+  e.epoch = position_.epoch;
+  e.step = session_->step();
+  e.steps_done = steps_done_;
+  e.steps = config_.steps;
+  e.cursor = position_.cursor;
+  e.loss = last_loss_;
+  e.first_loss = first_loss_;
+  e.accuracy = accuracy_;
+  e.edge_busy_s = busy_s_;
+  e.cloud_busy_s = cloud_busy_s_;
+  e.round = session_->round();
+  e.aggregate_every = session_->aggregate_every();
+  return e;
 }
 
 bool EventEdge::fail_with(const std::string& text) {
   if (finished()) return false;
   state_ = State::Failed;
-  emit_(cat("{\"event\":\"error\",\"text\":", quoted(text), "}"));
+  EdgeEvent e = event(EdgeEvent::Kind::Error);
+  e.text = text;
+  emit(e);
   return false;
 }
 

@@ -1,47 +1,93 @@
-// The edge's whole training run driven by events instead of blocking waits, for a page's
-// event loop (the browser edge) or any single-threaded host: open -> Hello, each message ->
-// the next action, progress reported as JSON lines; in a split-federated cloud it sends its
-// front shard every round and takes the average. Transport-free, so tested natively.
+// The edge's side of the protocol, the only one: a whole training run driven by events
+// (open -> Hello, each message -> the next action) over an EdgeSession, for the browser's
+// event loop and for the native agent, which pumps it with blocking reads. It reads batches
+// epoch by epoch, runs K micro-batches a step, joins a federation's rounds, evaluates
+// through the cloud, checkpoints, and ends on the cloud's Error with its text.
+// Transport-free, so tested natively.
 #pragma once
 
+#include <array>
 #include <chrono>
 #include <cstdint>
 #include <functional>
 #include <memory>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
 
 #include "core/backend.h"
+#include "core/checkpoint/checkpoint.h"
 #include "core/model_spec.h"
 #include "core/network.h"
 #include "core/optimizer.h"
+#include "core/schedule.h"
 #include "edge/session/edge_session.h"
 
 namespace tandem {
+
+// Where a run keeps its front shard's checkpoints (the agent: an encrypted folder). The
+// position is CheckpointMeta's step, epoch and cursor. Implementations throw Error.
+class EdgeCheckpointer {
+ public:
+  virtual ~EdgeCheckpointer() = default;
+  // Restores the newest checkpoint into front and optimizer; its position, none afresh.
+  virtual std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>& model_hash, Network& front,
+                                               Optimizer& optimizer) = 0;
+  // Whether the step ending at `step_after` (an epoch's last when `epoch_end`) is saved.
+  virtual bool due(uint64_t step_after, bool epoch_end) const = 0;
+  virtual void save(const CheckpointMeta& position, Network& front, Optimizer& optimizer) = 0;
+};
 
 struct EventEdgeConfig {
   std::string cut;  // empty: the spec's default cut
   std::string client_id = "browser";
   std::string token;  // enrolment token (edges without a client certificate)
   uint32_t batch = 32, microbatches = 4;
-  int64_t steps = 50;
+  // The run's length: whole epochs, at most `steps` steps; 0 means no limit of that kind
+  // (both 0: only evaluate the starting weights). A batch never spans two epochs.
+  int64_t epochs = 0, steps = 50;
   OptimizerOptions optimizer;
+  ScheduleOptions schedule;  // total_steps 0: the run's steps
   uint64_t seed = 1;
   std::string backend = "portable";
+  int threads = 1;  // the backend's compute threads
   std::vector<wire::DType> dtypes = {wire::DType::F32};
-  int64_t eval_samples = 0;  // test samples evaluated at the end (0: all given)
+  bool eval_each_epoch = false;  // else only at the end of the run
+  int64_t eval_samples = 0;      // test samples evaluated (0: all given)
+  int64_t eval_chunk = 500;      // test samples per EvalForward
   // In a federation: the front updated once a round on the summed gradients (EdgeSession::
-  // FrontUpdates::PerRound), else every step.
+  // FrontUpdates::PerRound), else every step; and FedProx's mu.
   bool front_updates_per_round = false;
+  float proximal_mu = 0.0f;
+  // The front shard's starting weights; none: the whole model's seeded initialisation, as
+  // the cloud draws its back shard.
+  std::function<void(const Graph& whole, Network& front)> init_front;
+  EdgeCheckpointer* checkpoints = nullptr;  // none: no checkpoints
+};
+
+// What happened, for a page (json()) or a terminal (the fields).
+struct EdgeEvent {
+  enum class Kind { Connected, Welcome, EpochStarted, Step, Round, EpochTrained, Evaluated, Done, Error };
+  Kind kind = Kind::Connected;
+  int64_t epoch = 0;       // EpochStarted, Step, EpochTrained; Evaluated: the epoch just trained (0: none)
+  uint64_t step = 0;       // the session's step (Welcome: where it starts)
+  int64_t steps_done = 0, steps = 0;  // steps this run has taken, and its limit (0: none)
+  int64_t samples = 0;     // Step: its batch; EpochStarted: the set; EpochTrained: trained; Evaluated: evaluated
+  int64_t cursor = 0;      // EpochStarted, Step: samples of the epoch consumed
+  double loss = 0.0;       // Step: its mean; EpochTrained: the epoch's mean; Done: the last step's
+  double first_loss = 0.0, accuracy = -1.0, samples_per_s = 0.0, seconds = 0.0, edge_busy_s = 0.0,
+         cloud_busy_s = 0.0;  // accuracy < 0: not evaluated
+  uint32_t round = 0, aggregate_every = 0;
+  std::string dtype;  // Welcome: the wire dtype the cloud chose
+  std::string text;   // Error
+  std::string json() const;
 };
 
 class EventEdge {
  public:
   using Send = std::function<void(std::span<const uint8_t>)>;
-  // One JSON object per event: connected, welcome, step, round (an average taken), evaluated,
-  // done, error.
-  using Emit = std::function<void(const std::string& json)>;
+  using Emit = std::function<void(const EdgeEvent&)>;
 
   EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, Emit emit);
   ~EventEdge();
@@ -51,6 +97,8 @@ class EventEdge {
   // Images as 8-bit grey pixels [n][h][w] (scaled to [0, 1] here) and labels in [0, classes).
   // Throws Error when they do not fit the model's input.
   void set_data(bool test, const uint8_t* pixels, const int32_t* labels, int64_t n, int64_t h, int64_t w);
+  // Images [n, ...] in [0, 1] of the model's input size, and their labels.
+  void set_data(bool test, Tensor images, std::vector<int32_t> labels);
 
   void on_open();
   // false once the run has ended (done or failed): the link should close.
@@ -58,26 +106,44 @@ class EventEdge {
   void on_closed(const std::string& why);
   bool finished() const { return state_ == State::Done || state_ == State::Failed; }
   bool failed() const { return state_ == State::Failed; }
+  // The message the run waits for (a blocking pump names it when none comes).
+  const char* awaiting() const;
   int64_t steps_done() const { return steps_done_; }
+  // Where training stands: step, epoch (from 1) and samples of it consumed.
+  const CheckpointMeta& position() const { return position_; }
+  bool resumed() const { return resumed_; }
   const Network& front() const { return *front_; }
+  const Optimizer& optimizer() const { return *optimizer_; }
+  const EdgeSession& session() const { return *session_; }
+  const std::string& cut() const { return config_.cut; }
+  const std::string& model_name() const { return model_name_; }
 
  private:
   enum class State { Idle, AwaitWelcome, Training, AwaitAverage, Evaluating, Done, Failed };
+  enum class AfterAverage { Continue, EndEpoch, Finish };
   struct Data {
-    Tensor images;  // [n, h, w, 1] in [0, 1]
+    Tensor images;  // [n, ...] in [0, 1]
     std::vector<int32_t> labels;
   };
+  bool run_over() const;
   void start_step();
-  void send_front(bool final);
-  void start_eval();
+  void after_step(bool epoch_end);
+  void end_epoch();
+  void finish_run();
+  void proceed();  // the next step, or the run's end
+  void send_front(bool final, AfterAverage then);
+  void start_eval(bool final);
   void send_eval_batch();
-  void finish(const std::string& json);
+  void say_goodbye();  // Bye, and the run is done
+  EdgeEvent event(EdgeEvent::Kind kind) const;
+  void emit(const EdgeEvent& e) { emit_(e); }
   bool fail_with(const std::string& text);
   double since(std::chrono::steady_clock::time_point t) const;
 
   EventEdgeConfig config_;
   Send send_;
   Emit emit_;
+  std::string model_name_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Network> front_;
   std::unique_ptr<Optimizer> optimizer_;
@@ -86,14 +152,19 @@ class EventEdge {
   int32_t classes_ = 10;
   Data train_, test_;
   State state_ = State::Idle;
-  int64_t steps_done_ = 0, epoch_ = 0, cursor_ = 0, samples_done_ = 0;
+  AfterAverage after_average_ = AfterAverage::Continue;
+  CheckpointMeta position_;
+  ScheduleOptions schedule_;  // with the run's length
+  bool resumed_ = false, epoch_open_ = false, step_saves_ = false, final_eval_ = false;
+  int64_t steps_done_ = 0, epoch_first_ = 0, just_ended_epoch_ = 0;
   uint64_t samples_since_round_ = 0;
-  bool final_round_ = false;  // the average awaited is the run's last: evaluation follows
+  double epoch_loss_sum_ = 0.0;
+  std::chrono::steady_clock::time_point epoch_started_;
   std::vector<int64_t> order_;
   Tensor batch_images_;
   std::vector<int32_t> batch_labels_;
-  int64_t eval_next_ = 0, eval_end_ = 0, eval_correct_ = 0, eval_seen_ = 0;
-  double first_loss_ = -1.0, last_loss_ = 0.0, busy_s_ = 0.0;
+  int64_t eval_next_ = 0, eval_end_ = 0, eval_correct_ = 0, eval_seen_ = 0, samples_done_ = 0;
+  double first_loss_ = -1.0, last_loss_ = 0.0, busy_s_ = 0.0, cloud_busy_s_ = 0.0, accuracy_ = -1.0;
   std::chrono::steady_clock::time_point started_;
 };
 

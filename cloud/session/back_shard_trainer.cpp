@@ -1,0 +1,72 @@
+#include "cloud/session/back_shard_trainer.h"
+
+#include <algorithm>
+
+namespace tandem {
+
+BackShardTrainer::BackShardTrainer(Network& net, Optimizer& optimizer, double timeout_s, uint32_t accumulate)
+    : net_(net), optimizer_(optimizer), turns_(std::make_unique<BackShardTurns>(timeout_s)),
+      accumulate_(std::max<uint32_t>(1, accumulate)) {}
+
+bool BackShardTrainer::begin_step(uint64_t owner, const std::atomic<bool>& cancelled) {
+  if (turns_ && !turns_->acquire(owner, cancelled)) return false;
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (accumulated_ == 0) net_.zero_grad();  // else this step's gradients add to the summed steps'
+  if (open_owner_ != 0 && open_owner_ != owner) lost_owner_ = open_owner_;  // its holder was evicted mid-step
+  open_owner_ = owner;
+  return true;
+}
+
+bool BackShardTrainer::begin_eval(uint64_t owner, const std::atomic<bool>& cancelled) {
+  return !turns_ || turns_->acquire(owner, cancelled);
+}
+
+bool BackShardTrainer::begin_compute(uint64_t owner) { return !turns_ || turns_->begin_compute(owner); }
+
+void BackShardTrainer::end_compute() {
+  if (turns_) turns_->end_compute();
+}
+
+bool BackShardTrainer::finish_step(uint64_t owner, float lr_scale, const std::function<void()>& between_updates) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (open_owner_ != owner) {  // no open step of this owner's: nothing to apply, ever twice
+    if (lost_owner_ != owner) return true;
+    lost_owner_ = 0;
+    return false;  // another took the shard over while this owner's step was open
+  }
+  open_owner_ = 0;
+  if (turns_ && !turns_->begin_compute(owner)) return false;  // it went quiet and lost the turn: the step is lost
+  if (++accumulated_ >= accumulate_) {
+    // The update averages the summed steps' gradients (each is its batch's mean).
+    optimizer_.set_lr_scale(lr_scale / static_cast<float>(accumulate_));
+    optimizer_.step();
+    accumulated_ = 0;
+    ++updates_;
+    if (between_updates) between_updates();
+  }
+  if (turns_) {
+    turns_->end_compute();
+    turns_->release(owner);
+  }
+  return true;
+}
+
+bool BackShardTrainer::step_open(uint64_t owner) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return open_owner_ == owner;
+}
+
+void BackShardTrainer::release(uint64_t owner) {
+  {
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (open_owner_ == owner) open_owner_ = 0;
+  }
+  if (turns_) turns_->release(owner);
+}
+
+uint64_t BackShardTrainer::updates() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return updates_;
+}
+
+}  // namespace tandem

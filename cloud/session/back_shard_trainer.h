@@ -1,0 +1,66 @@
+// The back shard, its optimizer and the one place its update happens. A session's step holds
+// the shard from its first micro-batch to the update, which is applied exactly once per step
+// behind the shard's lock, on every path: a shard of one edge's own, or one shard every edge
+// of a federation trains in turns (BackShardTurns), its steps' gradients summed
+// `accumulate` at a time before one update. Sessions speak the protocol; this owns the weights.
+#pragma once
+
+#include <atomic>
+#include <cstdint>
+#include <functional>
+#include <memory>
+#include <mutex>
+
+#include "core/network.h"
+#include "core/optimizer.h"
+#include "cloud/session/back_shard_turns.h"
+
+namespace tandem {
+
+class BackShardTrainer {
+ public:
+  // One edge's own shard.
+  BackShardTrainer(Network& net, Optimizer& optimizer) : net_(net), optimizer_(optimizer) {}
+  // One shard for every edge, in turns; a holder quiet mid-step for `timeout_s` loses its turn.
+  BackShardTrainer(Network& net, Optimizer& optimizer, double timeout_s, uint32_t accumulate);
+
+  Network& net() { return net_; }
+  const Network& net() const { return net_; }
+  Optimizer& optimizer() { return optimizer_; }
+  bool shared() const { return turns_ != nullptr; }
+
+  // `owner`'s step starts: waits for the turn on a shared shard, and zeroes the gradients
+  // unless they are summing across steps. false: `cancelled` turned true while waiting.
+  bool begin_step(uint64_t owner, const std::atomic<bool>& cancelled);
+  // An evaluation batch between steps: the turn for it alone (released by end_eval).
+  bool begin_eval(uint64_t owner, const std::atomic<bool>& cancelled);
+  void end_eval(uint64_t owner) { release(owner); }
+  // Brackets `owner`'s work on the shard; false when it lost the turn by going quiet.
+  bool begin_compute(uint64_t owner);
+  void end_compute();
+
+  // The open step of `owner` is complete: the update, once, with the step's learning-rate
+  // factor (divided by the steps summed). `between_updates` runs after an update, still
+  // holding the shard (a federation's round checkpoint). Then the turn is released. A call
+  // without an open step does nothing; false when the owner lost the turn (nothing applied).
+  bool finish_step(uint64_t owner, float lr_scale, const std::function<void()>& between_updates = nullptr);
+  bool step_open(uint64_t owner) const;
+  // Gives the turn up (a closed session); an open step of its is abandoned.
+  void release(uint64_t owner);
+  // True once for an owner that lost the turn by going quiet.
+  bool was_evicted(uint64_t owner) { return turns_ && turns_->was_evicted(owner); }
+  // Optimizer steps applied so far.
+  uint64_t updates() const;
+
+ private:
+  Network& net_;
+  Optimizer& optimizer_;
+  std::unique_ptr<BackShardTurns> turns_;  // shared shards only
+  uint32_t accumulate_ = 1, accumulated_ = 0;
+  mutable std::mutex mutex_;  // the update, the summing count and the open steps
+  uint64_t open_owner_ = 0;   // the owner whose step is open (0: none)
+  uint64_t lost_owner_ = 0;   // the last owner whose open step was taken over
+  uint64_t updates_ = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,114 @@
+#include "edge/agent/run_report.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+
+namespace tandem {
+namespace {
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+}  // namespace
+
+RunReport::RunReport(const EdgeTrainOptions& options) : o_(options) {
+  if (o_.metrics_json.empty()) return;
+  metrics_.open(o_.metrics_json, std::ios::app);
+  if (!metrics_) fail("edge", cat("cannot write --metrics-json ", o_.metrics_json));
+}
+
+void RunReport::attach(const EventEdge& edge, const CloudLink& link, std::string cut, uint32_t microbatches) {
+  edge_ = &edge;
+  link_ = &link;
+  cut_ = std::move(cut);
+  microbatches_ = microbatches;
+}
+
+void RunReport::line(const std::string& json) {
+  std::printf("%s\n", json.c_str());
+  std::fflush(stdout);
+  if (metrics_) metrics_ << json << "\n" << std::flush;
+}
+
+void RunReport::on_event(const EdgeEvent& e) {
+  if (edge_ == nullptr || link_ == nullptr) return;
+  const EdgeSession& session = edge_->session();
+  using K = EdgeEvent::Kind;
+  switch (e.kind) {
+    case K::Connected:
+    case K::Done:
+      return;
+    case K::Welcome:
+      std::fprintf(stderr,
+                   "connected to wss://%s:%d, model %s cut at '%s', front on %s, %u micro-batches a step, %s on the "
+                   "wire\n",
+                   o_.host.c_str(), o_.port, edge_->model_name().c_str(), cut_.c_str(), o_.backend.c_str(),
+                   microbatches_, e.dtype.c_str());
+      // Split-federated: the newest average first (a late or returning edge), then one every
+      // aggregate_every steps and one after the last step.
+      if (e.aggregate_every > 0)
+        std::fprintf(stderr, "split-federated: front shards averaged every %u steps, the front updated %s\n",
+                     e.aggregate_every, o_.front_updates_per_round ? "once a round" : "every step");
+      else if (o_.front_updates_per_round)
+        std::fprintf(stderr, "--front-updates round: this cloud does not federate, so the front updates every step\n");
+      return;
+    case K::Round:
+      if (e.steps_done == 0)
+        std::fprintf(stderr, "joined at round %u: continuing from the newest average\n", e.round);
+      return;
+    case K::EpochStarted:
+      bar_ = std::make_unique<ProgressBar>(cat("epoch ", e.epoch, "/", o_.epochs), e.samples);
+      first_ = e.cursor;
+      loss_sum_ = 0.0;
+      t0_ = Clock::now();
+      up0_ = link_->bytes_up();
+      down0_ = link_->bytes_down();
+      idle0_ = link_->idle_seconds();
+      return;
+    case K::Step:
+      loss_sum_ += e.loss * static_cast<double>(e.samples);
+      if (bar_) bar_->update(e.cursor, cat("loss ", fixed(loss_sum_ / static_cast<double>(e.cursor - first_), 4)));
+      return;
+    case K::EpochTrained:
+      trained_ = e.samples;
+      mean_loss_ = e.loss;
+      seconds_ = std::chrono::duration<double>(Clock::now() - t0_).count();
+      train_up_ = link_->bytes_up() - up0_;
+      train_down_ = link_->bytes_down() - down0_;
+      if (bar_) bar_->finish(cat("loss ", fixed(mean_loss_, 4)));
+      bar_.reset();
+      return;
+    case K::Evaluated: {
+      accuracy_ = e.accuracy;
+      const double epoch_cloud = e.cloud_busy_s - cloud_busy_before_;
+      cloud_busy_before_ = e.cloud_busy_s;
+      if (e.epoch == 0) {  // not after an epoch: the starting weights (--epochs 0)
+        if (o_.epochs == 0)
+          line(cat("{\"epoch\":0,\"step\":", e.step, ",\"test_accuracy\":", fixed(e.accuracy, 5), "}"));
+        return;
+      }
+      const double idle = link_->idle_seconds() - idle0_;
+      line(cat("{\"epoch\":", e.epoch, ",\"samples\":", trained_, ",\"seconds\":", fixed(seconds_, 3),
+               ",\"samples_per_s\":", fixed(static_cast<double>(trained_) / seconds_, 1),
+               ",\"train_loss\":", fixed(mean_loss_, 5), ",\"test_accuracy\":", fixed(e.accuracy, 5),
+               ",\"lr\":", fixed(edge_->optimizer().lr(), 6), ",\"wire_dtype\":\"", dtype_name(session.dtype()),
+               "\",\"steps\":", (trained_ + o_.batch - 1) / o_.batch, ",\"step\":", e.step, ",\"round\":", e.round,
+               ",\"rounds_joined\":", session.rounds_joined(), ",\"bytes_up\":", link_->bytes_up() - up0_,
+               ",\"bytes_down\":", link_->bytes_down() - down0_, ",\"train_bytes_up\":", train_up_,
+               ",\"train_bytes_down\":", train_down_, ",\"edge_busy_s\":", fixed(seconds_ - idle, 3),
+               ",\"edge_idle_s\":", fixed(idle, 3), ",\"cloud_busy_s\":", fixed(epoch_cloud, 3),
+               ",\"cloud_idle_s\":", fixed(std::max(0.0, seconds_ - epoch_cloud), 3), "}"));
+      return;
+    }
+    case K::Error:
+      if (bar_) std::fprintf(stderr, "\n");
+      std::fprintf(stderr, "tandem-edge: %s\n", e.text.c_str());
+      return;
+  }
+}
+
+}  // namespace tandem

@@ -1,0 +1,48 @@
+// What the native agent shows of a run from the edge driver's events: the connection's lines
+// on stderr, a progress bar per epoch, and one JSON line of metrics per epoch on stdout and
+// in --metrics-json (with the link's bytes and waiting time, which only the agent sees).
+#pragma once
+
+#include <chrono>
+#include <cstdint>
+#include <fstream>
+#include <memory>
+#include <string>
+
+#include "cli/progress.h"
+#include "edge/agent/cloud_link.h"
+#include "edge/agent/edge_agent.h"
+#include "edge/session/event_edge.h"
+
+namespace tandem {
+
+class RunReport {
+ public:
+  // Throws Error when --metrics-json cannot be written.
+  explicit RunReport(const EdgeTrainOptions& options);
+  // The run and its link, once they exist (events before then are not reported).
+  void attach(const EventEdge& edge, const CloudLink& link, std::string cut, uint32_t microbatches);
+  void on_event(const EdgeEvent& e);
+
+  double accuracy() const { return accuracy_; }
+
+ private:
+  using Clock = std::chrono::steady_clock;
+  void line(const std::string& json);
+
+  const EdgeTrainOptions& o_;
+  const EventEdge* edge_ = nullptr;
+  const CloudLink* link_ = nullptr;
+  std::string cut_;
+  uint32_t microbatches_ = 0;
+  std::ofstream metrics_;
+  std::unique_ptr<ProgressBar> bar_;
+  // The epoch under way: where it started (samples, time, link counters) and its losses.
+  int64_t first_ = 0, trained_ = 0;
+  double loss_sum_ = 0.0, mean_loss_ = 0.0, seconds_ = 0.0, idle0_ = 0.0, cloud_busy_before_ = 0.0;
+  double accuracy_ = 0.0;
+  uint64_t up0_ = 0, down0_ = 0, train_up_ = 0, train_down_ = 0;
+  Clock::time_point t0_;
+};
+
+}  // namespace tandem
