@@ -5,6 +5,7 @@
 
 #include <cmath>
 #include <deque>
+#include <map>
 
 #include "backends/registry.h"
 #include "cloud/federation/federation.h"
@@ -32,6 +33,18 @@ Pixels pixels(int64_t n, uint64_t seed) {
   return p;
 }
 
+// The cloud's checkpoints, kept in memory.
+struct MemoryCheckpoints final : SessionCheckpoints {
+  std::map<std::pair<std::string, uint64_t>, std::vector<uint8_t>> kept;
+  void save(const std::string& client_id, uint64_t step, std::span<const uint8_t> checkpoint) override {
+    kept[{client_id, step}].assign(checkpoint.begin(), checkpoint.end());
+  }
+  CheckpointData load(const std::string& client_id, uint64_t step) override {
+    const auto& bytes = kept.at({client_id, step});
+    return decode_checkpoint(bytes);
+  }
+};
+
 // The edge's messages go to a cloud session in this process, its replies come back in order.
 struct Harness {
   ModelSpec spec = parse_model_json(kSpec);
@@ -40,6 +53,7 @@ struct Harness {
   Network back{graph.split("pool1").second, *backend, 5};
   Sgd back_opt{back.params(), {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false}};
   BackShardTrainer shard{back, back_opt};
+  MemoryCheckpoints cloud_checkpoints;
   std::unique_ptr<CloudSession> cloud;
   std::deque<std::vector<uint8_t>> to_edge;
   std::vector<std::string> events;
@@ -58,6 +72,7 @@ struct Harness {
     cc.microbatches = 4;
     cc.classes = 4;
     cc.authorize = std::move(authorize);
+    cc.checkpoints = &cloud_checkpoints;
     cloud = std::make_unique<CloudSession>(shard, cc);
     edge = std::make_unique<EventEdge>(
         spec, config,
@@ -125,6 +140,56 @@ TEST(EventEdge, TrainsEvaluatesAndSaysGoodbye) {
   EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
   EXPECT_GT(h.field(h.events.back(), "test_accuracy"), 0.9) << h.events.back();
   EXPECT_TRUE(h.cloud->closed()) << "the cloud saw no Bye";
+}
+
+// Counts saves; keeps nothing (resuming is the e2e resume test's).
+struct CountingCheckpoints final : EdgeCheckpointer {
+  std::vector<CheckpointMeta> saved;
+  std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>&, Network&, Optimizer&) override {
+    return std::nullopt;
+  }
+  bool due(uint64_t step_after, bool epoch_end) const override { return epoch_end || step_after % 2 == 0; }
+  void save(const CheckpointMeta& position, Network&, Optimizer&) override { saved.push_back(position); }
+};
+
+// The agent's kind of run: whole epochs (a short last batch, never one spanning two epochs),
+// evaluated after each, checkpoints where due with the position after the step.
+TEST(EventEdge, RunsWholeEpochsEvaluatingEach) {
+  EventEdgeConfig c = config(0);
+  c.epochs = 2;
+  c.eval_each_epoch = true;
+  CountingCheckpoints checkpoints;
+  c.checkpoints = &checkpoints;
+  Harness h(c);
+  const Pixels train = pixels(80, 1), test = pixels(64, 2);  // 80 = 32 + 32 + 16
+  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 80, 8, 8);
+  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
+  h.run();
+  ASSERT_FALSE(h.edge->failed()) << h.events.back();
+  EXPECT_EQ(h.count("step"), 6);
+  EXPECT_EQ(h.cloud->step(), 6u);
+  std::vector<std::string> epochs, evaluated;
+  for (const auto& e : h.events) {
+    if (e.find(R"("event":"epoch",)") != std::string::npos) epochs.push_back(e);
+    if (e.find(R"("event":"evaluated")") != std::string::npos) evaluated.push_back(e);
+  }
+  ASSERT_EQ(epochs.size(), 2u);
+  EXPECT_NE(epochs[0].find(R"("epoch":1,"samples":80)"), std::string::npos) << epochs[0];
+  EXPECT_NE(epochs[1].find(R"("epoch":2,"samples":80)"), std::string::npos) << epochs[1];
+  ASSERT_EQ(evaluated.size(), 2u);
+  EXPECT_NE(evaluated[0].find(R"("samples":64,"epoch":1})"), std::string::npos) << evaluated[0];
+  EXPECT_NE(evaluated[1].find(R"("samples":64,"epoch":2})"), std::string::npos) << evaluated[1];
+  EXPECT_EQ(h.count("done"), 1);
+  // Steps 2, 3 (epoch 1's end), 4 and 6 (epoch 2's end), each with the position after it.
+  ASSERT_EQ(checkpoints.saved.size(), 4u);
+  const std::vector<std::array<int64_t, 3>> want = {{2, 1, 64}, {3, 2, 0}, {4, 2, 32}, {6, 3, 0}};
+  for (std::size_t i = 0; i < want.size(); ++i) {
+    EXPECT_EQ(static_cast<int64_t>(checkpoints.saved[i].step), want[i][0]) << i;
+    EXPECT_EQ(checkpoints.saved[i].epoch, want[i][1]) << i;
+    EXPECT_EQ(checkpoints.saved[i].cursor, want[i][2]) << i;
+    EXPECT_EQ(checkpoints.saved[i].client_id, "page-1");
+  }
+  EXPECT_EQ(h.edge->position().epoch, 3);
 }
 
 TEST(EventEdge, TrainsWithInt8OnTheWire) {
