@@ -1,5 +1,6 @@
 // tandem-edge: the edge agent's command line (`train`).
 #include <cstdio>
+#include <filesystem>
 #include <stdexcept>
 #include <string>
 
@@ -8,6 +9,7 @@
 #include "core/wire/tensor_codec.h"
 #include "backends/registry.h"
 #include "cli/cli_args.h"
+#include "ports/crypto/certificate_name.h"
 
 namespace tandem {
 namespace {
@@ -38,8 +40,10 @@ constexpr const char* kUsage = R"(usage:
       IDDIR/checkpoint.key (made on first use), every STEPS steps (default 100; 0: only at
       each epoch's end); the cloud checkpoints its back shard at the same steps. Run the
       same command again after a crash of either side and training resumes from the last
-      checkpoint, exactly. --client-id names this edge to the cloud (default: the name of
-      IDDIR); the cloud keeps its checkpoints under that name. --init-from starts the front
+      checkpoint, exactly. --client-id names this edge to the cloud (default: the name
+      IDDIR/client.crt was issued to, the only one the cloud accepts from that certificate;
+      with --token, the name of IDDIR); the cloud keeps its checkpoints under that name.
+      --init-from starts the front
       shard from a safetensors file of the whole model (PyTorch names and layouts, e.g. from
       `tandem export`); only the front's tensors are read. --shard I/N trains on this edge's
       share of the data only (edge I of N, from 0): dealt evenly (iid, the default) or by
@@ -92,9 +96,13 @@ int train_command(int argc, char** argv) {
   if (*wanted != wire::DType::F32) o.wire_dtypes.push_back(wire::DType::F32);
   o.metrics_json = args.str("metrics-json", "");
   o.token = args.str("token", "");
+  // The client id the cloud binds this edge to: its certificate's name (a token's edge: the
+  // identity folder's name, which the token must be for).
   std::string base = o.identity_dir;
   while (base.size() > 1 && base.back() == '/') base.pop_back();
   base = base.substr(base.rfind('/') == std::string::npos ? 0 : base.rfind('/') + 1);
+  const std::string certificate = o.identity_dir + "/client.crt";
+  if (o.token.empty() && std::filesystem::exists(certificate)) base = certificate_common_name(certificate);
   o.client_id = args.str("client-id", base.empty() || base[0] == '.' ? "edge" : base);
   o.checkpoint_dir = args.str("checkpoint-dir", "");
   o.checkpoint_every = args.integer("checkpoint-every", 100, 0);

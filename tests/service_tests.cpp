@@ -77,6 +77,7 @@ class Service {
   }
   bool alive() const { return pid_ > 0 && kill(pid_, 0) == 0; }
   const std::string& model() const { return model_; }
+  std::string state_dir() const { return (dir_ / "state").string(); }
 
   // `with_certificate` false: TLS without a client certificate, as a browser connects.
   std::unique_ptr<LwsEndpoint> client(bool with_certificate = true) {
@@ -234,6 +235,20 @@ TEST(Service, ReplayedToken) {
                "the enrolment token was already used: tokens are single-use; issue a new one with `tandem-cloud pki "
                "token`",
                false);
+}
+
+// A certificate issued to one client ("probe") cannot train as another: the Hello's client
+// id must be the certificate's name. The refusal comes before the resume it asks for reads
+// anything, and nothing is written under the other's name.
+TEST(Service, CertificateOfAnotherClientIsRefused) {
+  const ModelSpec spec = load_model_spec(kModel);
+  MessageWriter w;
+  const wire::DType f32[] = {wire::DType::F32};
+  expect_error({bytes(w.hello("bob", model_hash(spec, "pool2"), "", kProtocolVersion, f32, /*resume_step=*/5))},
+               wire::ErrorCode::Unauthorized,
+               "the Hello says client id 'bob' but the client certificate was issued to 'probe': an edge trains only "
+               "as the identity it holds");
+  EXPECT_FALSE(fs::exists(service().state_dir() + "/checkpoints/bob"));
 }
 
 TEST(Service, CertificateEdgesNeedNoToken) { expect_welcome(service().client(), good_hello()); }

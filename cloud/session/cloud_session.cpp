@@ -114,6 +114,12 @@ CloudReply CloudSession::on_hello(const wire::Hello& hello) {
     return refuse({wire::ErrorCode::Malformed,
                    "the client id must be 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'"});
   client_id_ = hello.client_id()->str();
+  // The client id names this edge's checkpoints and its place in a federation: it must be
+  // the identity the connection proved, never one the Hello merely claims.
+  if (!config_.peer_identity.empty() && client_id_ != config_.peer_identity)
+    return refuse({wire::ErrorCode::Unauthorized,
+                   cat("the Hello says client id '", client_id_, "' but the client certificate was issued to '",
+                       config_.peer_identity, "': an edge trains only as the identity it holds")});
   if (config_.authorize) {
     const std::string why = config_.authorize(hello.token() ? hello.token()->str() : "", client_id_);
     if (!why.empty()) return refuse({wire::ErrorCode::Unauthorized, why});

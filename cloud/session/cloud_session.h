@@ -55,6 +55,9 @@ struct CloudSessionConfig {
   // BackShardTrainer).
   Federation* federation = nullptr;
   RoundCheckpoints* rounds = nullptr;  // none: a federation's rounds are not checkpointed
+  // The identity the connection proved: its client certificate's CN. A Hello naming another
+  // client id is refused (Unauthorized). Empty: no certificate, and `authorize` decides.
+  std::string peer_identity{};
   // Set when the edge has no client certificate: given the Hello's token and client id,
   // returns "" to let it in, else why it is refused (Unauthorized).
   std::function<std::string(const std::string& token, const std::string& client_id)> authorize = nullptr;

@@ -22,11 +22,14 @@ cloud_pid=$!
 for _ in $(seq 1 100); do grep -q 'listening on' "$work/cloud.log" && break; sleep 0.1; done
 port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | cut -d: -f3)
 [[ -n $port ]] || fail "the cloud did not start"
-"$cloud_bin" pki issue --state-dir "$work/state" --client site --out "$work/site" > /dev/null
+# One identity per client: the cloud binds a client id to its certificate's name.
+for client in arm64 x86; do
+  "$cloud_bin" pki issue --state-dir "$work/state" --client "$client" --out "$work/id-$client" > /dev/null
+done
 
 # 20 steps of 32 samples, 4 micro-batches a step, a checkpoint at the end.
 steps=20 batch=32
-args=(train --cloud "wss://localhost:$port" --identity "$work/site" --model "$model" --epochs 1
+args=(train --cloud "wss://localhost:$port" --model "$model" --epochs 1
       --limit $((steps * batch)) --test-limit 64 --batch $batch --microbatches 4 --seed 3 --backend reference
       --checkpoint-every 0)
 final=$(printf %012d $steps)
@@ -34,10 +37,10 @@ run() {  # run NAME COMMAND...: one edge, then its checkpoints exported to $work
   local name=$1
   shift
   local start=$SECONDS
-  "$@" "${args[@]}" --client-id "$name" --checkpoint-dir "$work/ckpt-$name" > "$work/$name.out" 2>&1 ||
+  "$@" "${args[@]}" --identity "$work/id-$name" --checkpoint-dir "$work/ckpt-$name" > "$work/$name.out" 2>&1 ||
     fail "the $name edge: $(tail -5 "$work/$name.out")"
   grep -q "front on reference" "$work/$name.out" || fail "the $name edge did not train on the reference backend"
-  "$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt-$name/edge-$final.tdmc" --identity "$work/site" \
+  "$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt-$name/edge-$final.tdmc" --identity "$work/id-$name" \
     --cloud-ckpt "$work/state/checkpoints/$name/cloud-$final.tdmc" --out "$work/$name.safetensors" > /dev/null ||
     fail "export of the $name run's step $steps"
   echo "$name edge: $steps steps in $((SECONDS - start)) s, $(grep -o '"train_loss":[0-9.]*' "$work/$name.out")"

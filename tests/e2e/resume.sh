@@ -29,13 +29,16 @@ start_cloud() {
   [[ -n $port ]] || fail "the cloud did not start"
 }
 starts=1; start_cloud
-"$cloud_bin" pki issue --state-dir "$work/state" --client site --out "$work/site" > /dev/null
+# One identity per client: the cloud binds a client id to its certificate's name.
+for client in straight resumed; do
+  "$cloud_bin" pki issue --state-dir "$work/state" --client "$client" --out "$work/id-$client" > /dev/null
+done
 
 # 2 epochs of SAMPLES samples, batch 32, a checkpoint every step.
-edge_args=(train --identity "$work/site" --model "$model" --epochs 2 --limit "$samples" --test-limit 200 --batch 32
+edge_args=(train --model "$model" --epochs 2 --limit "$samples" --test-limit 200 --batch 32
            --microbatches 4 --checkpoint-every 1 --seed 3)
 run_edge() {  # run_edge CLIENT: in the background, output appended to $work/edge.out
-  "$edge_bin" "${edge_args[@]}" --cloud "wss://localhost:$port" --client-id "$1" --checkpoint-dir "$work/ckpt-$1" \
+  "$edge_bin" "${edge_args[@]}" --cloud "wss://localhost:$port" --identity "$work/id-$1" --checkpoint-dir "$work/ckpt-$1" \
     >> "$work/edge.out" 2>&1 &
   edge_pid=$!
 }
@@ -82,7 +85,7 @@ echo "$edge_kills edge kills, $cloud_kills cloud kills, $restarts edge starts"
 grep -c "resuming from the checkpoint of step" "$work/edge.out" | xargs echo "resumed starts:"
 
 for run in straight resumed; do
-  "$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt-$run/edge-$final.tdmc" --identity "$work/site" \
+  "$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt-$run/edge-$final.tdmc" --identity "$work/id-$run" \
     --cloud-ckpt "$work/state/checkpoints/$run/cloud-$final.tdmc" --out "$work/$run.safetensors" > /dev/null ||
     fail "export of the $run run"
 done
@@ -101,7 +104,7 @@ edge_pid=
 grep -q "refused checkpoint .*edge-$final.tdmc: \[aes-gcm\] authentication failed" "$work/edge.out" ||
   fail "the corrupt checkpoint was not refused with the reason"
 grep -q "resuming from the checkpoint of step $((10#$final - 1))" "$work/edge.out" || fail "not resumed from the step before"
-"$tandem_bin" export --model "$model" --edge-ckpt "$ckpt" --identity "$work/site" \
+"$tandem_bin" export --model "$model" --edge-ckpt "$ckpt" --identity "$work/id-resumed" \
   --cloud-ckpt "$work/state/checkpoints/resumed/cloud-$final.tdmc" --out "$work/again.safetensors" > /dev/null ||
   fail "export after the corrupt checkpoint"
 cmp "$work/straight.safetensors" "$work/again.safetensors" || fail "the weights after the corrupt checkpoint differ"

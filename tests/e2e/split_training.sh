@@ -48,6 +48,24 @@ if train wrongcut "$work/a" --cut pool1 --limit 64 --test-limit 10; then fail "a
 grep -q "the cloud refused: the edge's model spec or cut differs from the cloud's" "$work/wrongcut.out" ||
   fail "wrong cut: $(cat "$work/wrongcut.out")"
 
+# An identity issued to hospital-a cannot train as hospital-b: refused with both names, and
+# nothing is written under hospital-b's name (its folder holds what edge b left, unchanged).
+listing() { ls -lR "$work/state/checkpoints/hospital-b" 2> /dev/null || true; }
+before=$(listing)
+if train impostor "$work/a" --client-id hospital-b --limit 64 --test-limit 10; then fail "hospital-a trained as hospital-b"; fi
+grep -q "the cloud refused: the Hello says client id 'hospital-b' but the client certificate was issued to 'hospital-a'" \
+  "$work/impostor.out" || fail "identity binding: $(cat "$work/impostor.out")"
+[[ $(listing) == "$before" ]] ||
+  fail "the refused impostor changed hospital-b's checkpoints"
+# A token for one client, used with another id, is refused too.
+mkdir -p "$work/t2" && cp "$work/a/ca.crt" "$work/t2/"
+token=$("$cloud_bin" pki token --state-dir "$work/state" --client ward-9 --ttl 5m)
+if train tokenswap "$work/t2" --token "$token" --client-id ward-10 --limit 64 --test-limit 10; then
+  fail "a token for ward-9 trained as ward-10"; fi
+grep -q "the cloud refused: the enrolment token is for client 'ward-9', but the edge says it is 'ward-10'" \
+  "$work/tokenswap.out" || fail "token binding: $(cat "$work/tokenswap.out")"
+echo "identities are bound: hospital-a cannot be hospital-b, a token for ward-9 cannot be ward-10"
+
 # An identity from another CA cannot connect.
 "$cloud_bin" pki init --state-dir "$work/other" > /dev/null
 "$cloud_bin" pki issue --state-dir "$work/other" --client intruder --out "$work/x" > /dev/null
