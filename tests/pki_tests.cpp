@@ -9,6 +9,7 @@
 #include <sstream>
 
 #include "cloud/pki/pki.h"
+#include "ports/crypto/certificate_name.h"
 #include "core/error.h"
 
 namespace tandem::test {
@@ -38,8 +39,8 @@ TEST(Pki, InitMakesCaAndServerCertificateOnce) {
   const auto r = pki::init(dir / "state");
   EXPECT_TRUE(r.created);
   EXPECT_EQ(pki::verify(r.ca_cert, r.server_cert), "");
-  EXPECT_EQ(pki::common_name(r.server_cert), "tandem-cloud");
-  EXPECT_EQ(pki::common_name(r.ca_cert), "tandem CA");
+  EXPECT_EQ(certificate_common_name(r.server_cert), "tandem-cloud");
+  EXPECT_EQ(certificate_common_name(r.ca_cert), "tandem CA");
   struct stat st {};
   ASSERT_EQ(stat((dir / "state/ca.key").c_str(), &st), 0);
   EXPECT_EQ(st.st_mode & 0777, 0600u);
@@ -56,7 +57,7 @@ TEST(Pki, IssuedIdentityVerifiesAgainstItsCaOnly) {
   pki::init(dir / "state");
   pki::issue(dir / "state", "hospital-a", dir / "edge-a");
   EXPECT_EQ(pki::verify(dir / "state/ca.crt", dir / "edge-a/client.crt"), "");
-  EXPECT_EQ(pki::common_name(dir / "edge-a/client.crt"), "hospital-a");
+  EXPECT_EQ(certificate_common_name(dir / "edge-a/client.crt"), "hospital-a");
   EXPECT_EQ(slurp(dir / "edge-a/ca.crt"), slurp(dir / "state/ca.crt"));
 
   pki::init(dir / "other");

@@ -200,12 +200,4 @@ std::string verify(const std::string& ca_path, const std::string& cert_path) {
   return text.empty() ? mbed_error(rc) : text;
 }
 
-std::string common_name(const std::string& cert_path) {
-  Crt cert = load_crt(cert_path);
-  for (const mbedtls_x509_name* n = &cert->subject; n; n = n->next)
-    if (MBEDTLS_OID_CMP(MBEDTLS_OID_AT_CN, &n->oid) == 0)
-      return std::string(reinterpret_cast<const char*>(n->val.p), n->val.len);
-  return "";
-}
-
 }  // namespace tandem::pki

@@ -30,7 +30,6 @@ void check_client_name(const std::string& name);
 // Checks `cert_path` against the CA in `ca_path`; returns "" when valid, else why not.
 std::string verify(const std::string& ca_path, const std::string& cert_path);
 
-// The certificate's subject common name (CN).
-std::string common_name(const std::string& cert_path);
+// (A certificate's common name: certificate_common_name, ports/crypto, which the edge reads too.)
 
 }  // namespace tandem::pki
