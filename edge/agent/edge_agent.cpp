@@ -125,7 +125,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
     std::fprintf(stderr, "the checkpoint is past the last epoch: nothing left to train\n");
 
   link.emplace(o.host, o.port, o.identity_dir, !o.token.empty());
-  report.attach(edge, *link, c.cut, microbatches);
+  report.attach(edge, *link, microbatches);
   edge.on_open();  // Hello; then each message the cloud sends drives the run to its end
   while (!edge.finished()) edge.on_message(link->await(edge.awaiting()));
   if (edge.failed()) return 1;

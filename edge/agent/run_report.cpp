@@ -21,10 +21,9 @@ RunReport::RunReport(const EdgeTrainOptions& options) : o_(options) {
   if (!metrics_) fail("edge", cat("cannot write --metrics-json ", o_.metrics_json));
 }
 
-void RunReport::attach(const EventEdge& edge, const CloudLink& link, std::string cut, uint32_t microbatches) {
+void RunReport::attach(const EventEdge& edge, const CloudLink& link, uint32_t microbatches) {
   edge_ = &edge;
   link_ = &link;
-  cut_ = std::move(cut);
   microbatches_ = microbatches;
 }
 
@@ -46,7 +45,7 @@ void RunReport::on_event(const EdgeEvent& e) {
       std::fprintf(stderr,
                    "connected to wss://%s:%d, model %s cut at '%s', front on %s, %u micro-batches a step, %s on the "
                    "wire\n",
-                   o_.host.c_str(), o_.port, edge_->model_name().c_str(), cut_.c_str(), o_.backend.c_str(),
+                   o_.host.c_str(), o_.port, edge_->model_name().c_str(), edge_->cut().c_str(), o_.backend.c_str(),
                    microbatches_, e.dtype.c_str());
       // Split-federated: the newest average first (a late or returning edge), then one every
       // aggregate_every steps and one after the last step.

@@ -21,7 +21,7 @@ class RunReport {
   // Throws Error when --metrics-json cannot be written.
   explicit RunReport(const EdgeTrainOptions& options);
   // The run and its link, once they exist (events before then are not reported).
-  void attach(const EventEdge& edge, const CloudLink& link, std::string cut, uint32_t microbatches);
+  void attach(const EventEdge& edge, const CloudLink& link, uint32_t microbatches);
   void on_event(const EdgeEvent& e);
 
   double accuracy() const { return accuracy_; }
@@ -33,7 +33,6 @@ class RunReport {
   const EdgeTrainOptions& o_;
   const EventEdge* edge_ = nullptr;
   const CloudLink* link_ = nullptr;
-  std::string cut_;
   uint32_t microbatches_ = 0;
   std::ofstream metrics_;
   std::unique_ptr<ProgressBar> bar_;
