@@ -1,9 +1,12 @@
 // tandem-cloud: the cloud side's command line: the split-training service (`serve`) and the
-// PKI (`pki init`, `pki issue`).
+// PKI (`pki init`, `issue`, `token`, `revoke`, `list`).
+#include <algorithm>
 #include <cstdio>
+#include <ctime>
 #include <string>
 #include <vector>
 
+#include "cloud/pki/identities.h"
 #include "cloud/pki/pki.h"
 #include "cloud/pki/token.h"
 #include "cloud/service/cloud_service.h"
@@ -21,6 +24,8 @@ constexpr const char* kUsage = R"(usage:
                      [--seed S] [--backend NAME] [--threads T] [--max-message-mb N] [--wire-dtypes LIST]
                      [--init-from FILE] [--metrics-json FILE] [--accept-tokens] [--web DIR]
                      [--aggregate-every S [--min-edges M] [--round-deadline-s D] [--back-accumulate N]]
+                     [--metrics-listen HOST:PORT] [--max-connections N] [--max-pending-hello N]
+                     [--handshake-timeout-s S] [--hello-timeout-s S] [--max-queued-mb N]
       Serves split training over wss:// with mutual TLS: one session per edge, the back
       shard and loss on the backend (default onednn), its kernels on T threads a session
       (default 1, for many edges at once; a big host's cores can go to a few sessions, as
@@ -49,6 +54,14 @@ constexpr const char* kUsage = R"(usage:
       carries an enrolment token (`pki token`) for its client name; each token works once.
       --web DIR also serves DIR's files over https on the same port (the browser edge's
       page, wasm/README.md) and implies --accept-tokens.
+      --metrics-listen HOST:PORT serves Prometheus' text format at /metrics (sessions,
+      steps, samples, bytes, errors by code, refusals by reason, rounds, busy time, queue
+      depths) and "ok" at /healthz, over plain HTTP (keep it on a private interface).
+      Limits: at most N connections at once (default 256) and N that have not said Hello
+      (default 64), both refused beyond with a Busy Error; the TLS handshake must finish in
+      S seconds (default 10) and the Hello come S seconds after it (default 10); a session
+      with more than N MiB waiting in either direction (default 512) is closed. Revoked
+      identities (`pki revoke`) are refused, and their live sessions closed within a second.
       Stops on SIGINT or SIGTERM.
   tandem-cloud pki init --state-dir DIR [--hosts NAME,NAME...]
       Makes a CA and a server certificate (for the hosts, default localhost,127.0.0.1)
@@ -59,6 +72,14 @@ constexpr const char* kUsage = R"(usage:
       Prints a single-use enrolment token for NAME, signed by DIR's CA and valid for the
       TTL (seconds, or with s, m, h, d), for an edge without a client certificate (a
       browser): the service must run with --accept-tokens (or --web).
+  tandem-cloud pki revoke --state-dir DIR --client NAME
+      Revokes NAME: its certificates (by serial, from DIR/issued.tsv, and any certificate
+      with that name the register does not know) and its enrolment tokens issued until now
+      are refused at every connection; a running cloud closes NAME's live sessions within
+      seconds, with an Error that says so. An identity issued to NAME afterwards works.
+  tandem-cloud pki list --state-dir DIR
+      Lists the identities DIR's CA issued: client, serial, issue and expiry dates, and
+      whether each is valid, expired or revoked.
 )";
 
 std::vector<std::string> split_commas(const std::string& s) {
@@ -91,6 +112,42 @@ int pki_command(int argc, char** argv) {
                             .c_str());
     return 0;
   }
+  if (verb == "revoke") {
+    args.reject_unknown({"state-dir", "client"});
+    const std::string dir = args.required("state-dir"), client = args.required("client");
+    pki::check_client_name(client);
+    pki::require_ca(dir);
+    const pki::Revocation r = pki::revoke(dir, client);
+    std::printf("revoked '%s' at %s: %zu certificate%s by serial%s, enrolment tokens issued until now, and any "
+                "certificate with this name the register does not know; a running cloud closes its sessions within "
+                "seconds\n",
+                client.c_str(), pki::utc_text(r.revoked_at).c_str(), r.serials.size(), r.serials.size() == 1 ? "" : "s",
+                r.serials.empty() ? " (none in the register)" : "");
+    return 0;
+  }
+  if (verb == "list") {
+    args.reject_unknown({"state-dir"});
+    const std::string dir = args.required("state-dir");
+    pki::require_ca(dir);
+    const auto issued = pki::issued_certificates(dir);
+    const auto revoked = pki::revocations(dir);
+    std::printf("%-24s %-34s %-24s %-24s %s\n", "client", "serial", "issued", "expires", "status");
+    const auto now = static_cast<int64_t>(std::time(nullptr));
+    for (const pki::IssuedCertificate& c : issued) {
+      std::string status = c.not_after <= now ? "expired" : "valid";
+      for (const pki::Revocation& r : revoked)
+        if (std::find(r.serials.begin(), r.serials.end(), c.serial) != r.serials.end())
+          status = "revoked " + pki::utc_text(r.revoked_at);
+      std::printf("%-24s %-34s %-24s %-24s %s\n", c.client.c_str(), c.serial.c_str(),
+                  pki::utc_text(c.issued_at).c_str(), pki::utc_text(c.not_after).c_str(), status.c_str());
+    }
+    for (const pki::Revocation& r : revoked)
+      std::printf("revoked client '%s' since %s: its tokens issued until then, and its certificates by serial or "
+                  "unknown to the register, are refused\n",
+                  r.client.c_str(), pki::utc_text(r.revoked_at).c_str());
+    if (issued.empty()) std::printf("(no identities issued by this CA are recorded in %s/issued.tsv)\n", dir.c_str());
+    return 0;
+  }
   if (verb == "issue") {
     args.reject_unknown({"state-dir", "client", "out"});
     const std::string out = args.required("out");
@@ -108,7 +165,9 @@ int serve_command(int argc, char** argv) {
   args.reject_unknown(CliArgs::with_optimizer_options({"listen", "state-dir", "model", "cut", "batch", "microbatches",
                                                        "seed", "backend", "threads", "max-message-mb", "wire-dtypes",
                                                        "init-from", "aggregate-every", "min-edges", "round-deadline-s",
-                                                       "back-accumulate", "metrics-json", "accept-tokens", "web"},
+                                                       "back-accumulate", "metrics-json", "accept-tokens", "web",
+                                                       "metrics-listen", "max-connections", "max-pending-hello",
+                                                       "handshake-timeout-s", "hello-timeout-s", "max-queued-mb"},
                                                       /*schedule=*/false));
   ServeOptions o;
   const HostPort listen = args.host_port("listen", "");
@@ -132,6 +191,16 @@ int serve_command(int argc, char** argv) {
   o.metrics_json = args.str("metrics-json", "");
   o.web_root = args.str("web", "");
   o.accept_tokens = args.has("accept-tokens") || !o.web_root.empty();
+  if (args.has("metrics-listen")) {
+    const HostPort m = args.host_port("metrics-listen", "");
+    o.metrics_host = m.host;
+    o.metrics_port = m.port;
+  }
+  o.max_connections = static_cast<std::size_t>(args.integer("max-connections", 256, 1));
+  o.max_pending_hello = static_cast<std::size_t>(args.integer("max-pending-hello", 64, 1));
+  o.handshake_timeout_s = static_cast<int>(args.integer("handshake-timeout-s", 10, 1));
+  o.hello_timeout_s = static_cast<int>(args.integer("hello-timeout-s", 10, 1));
+  o.max_queued_bytes = static_cast<std::size_t>(args.integer("max-queued-mb", 512, 1)) << 20;
   o.wire_dtypes.clear();
   for (const std::string& name : split_commas(args.str("wire-dtypes", "f32,f16,bf16,i8"))) {
     const auto d = parse_dtype(name);

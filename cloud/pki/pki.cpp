@@ -18,8 +18,10 @@
 #include <filesystem>
 #include <memory>
 
+#include "cloud/pki/identities.h"
 #include "cloud/pki/mbed_support.h"
 #include "core/error.h"
+#include "core/sha256.h"
 
 namespace tandem::pki {
 namespace {
@@ -74,10 +76,13 @@ struct CertSpec {
   bool ca = false;
   std::vector<std::string> hosts;  // server names (subjectAltName), empty for others
   int years = 10;
+  std::time_t now = std::time(nullptr);
+  std::time_t not_after() const { return now + static_cast<std::time_t>(years) * 365 * 86400; }
 };
 
+// The certificate's PEM; `serial` (if given) receives its serial number in hex.
 std::string make_cert(const CertSpec& spec, mbedtls_pk_context* subject_key, mbedtls_pk_context* issuer_key,
-                      const std::string& issuer_name, Random& rng) {
+                      const std::string& issuer_name, Random& rng, std::string* serial_hex = nullptr) {
   std::unique_ptr<mbedtls_x509write_cert, WriteCrtFree> crt(new mbedtls_x509write_cert);
   mbedtls_x509write_crt_init(crt.get());
   mbedtls_x509write_crt_set_version(crt.get(), MBEDTLS_X509_CRT_VERSION_3);
@@ -89,15 +94,14 @@ std::string make_cert(const CertSpec& spec, mbedtls_pk_context* subject_key, mbe
   unsigned char serial_bytes[16];
   check(mbedtls_ctr_drbg_random(rng.drbg(), serial_bytes, sizeof serial_bytes), "drawing a serial number");
   serial_bytes[0] &= 0x7f;  // positive
+  if (serial_hex) *serial_hex = normalize_serial(to_hex(serial_bytes, sizeof serial_bytes));
   mbedtls_mpi serial;
   mbedtls_mpi_init(&serial);
   const int rc = mbedtls_mpi_read_binary(&serial, serial_bytes, sizeof serial_bytes);
   if (rc == 0) check(mbedtls_x509write_crt_set_serial(crt.get(), &serial), "setting the serial number");
   mbedtls_mpi_free(&serial);
   check(rc, "reading the serial number");
-  const std::time_t now = std::time(nullptr);
-  check(mbedtls_x509write_crt_set_validity(crt.get(), utc(now - 3600).c_str(),
-                                           utc(now + static_cast<std::time_t>(spec.years) * 365 * 86400).c_str()),
+  check(mbedtls_x509write_crt_set_validity(crt.get(), utc(spec.now - 3600).c_str(), utc(spec.not_after()).c_str()),
         "setting the validity");
   check(mbedtls_x509write_crt_set_basic_constraints(crt.get(), spec.ca ? 1 : 0, spec.ca ? 0 : -1),
         "setting basic constraints");
@@ -176,8 +180,9 @@ void issue(const std::string& state_dir, const std::string& client_name, const s
   char issuer[256];
   if (mbedtls_x509_dn_gets(issuer, sizeof issuer, &ca->subject) < 0) fail(kWhere, "cannot read the CA's subject");
   Pk key = generate_key(rng);
-  const std::string pem = make_cert({cat("CN=", client_name, ",O=tandem edge"), false, {}, 2}, key.get(),
-                                    ca_key.get(), issuer, rng);
+  const CertSpec spec{cat("CN=", client_name, ",O=tandem edge"), false, {}, 2};
+  std::string serial;
+  const std::string pem = make_cert(spec, key.get(), ca_key.get(), issuer, rng, &serial);
   std::error_code ec;
   fs::create_directories(out_dir, ec);
   if (ec) fail(kWhere, cat("cannot create ", out_dir, ": ", ec.message()));
@@ -185,6 +190,8 @@ void issue(const std::string& state_dir, const std::string& client_name, const s
   write_atomically(out_dir + "/client.crt", pem, 0644);
   fs::copy_file(ca_cert, out_dir + "/ca.crt", fs::copy_options::overwrite_existing, ec);
   if (ec) fail(kWhere, cat("cannot copy the CA certificate to ", out_dir, ": ", ec.message()));
+  // In the register once the identity is complete: `pki revoke` finds its serial there.
+  record_issued(state_dir, {client_name, serial, static_cast<int64_t>(spec.now), static_cast<int64_t>(spec.not_after())});
 }
 
 std::string verify(const std::string& ca_path, const std::string& cert_path) {

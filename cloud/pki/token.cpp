@@ -8,6 +8,7 @@
 #include <cstring>
 #include <fstream>
 
+#include "cloud/pki/identities.h"
 #include "cloud/pki/pki.h"
 #include "core/error.h"
 #include "core/sha256.h"
@@ -94,15 +95,6 @@ bool parse_claims(const std::string& payload, Claims& c) {
   return parse_int(values[2], c.iat) && parse_int(values[3], c.exp);
 }
 
-std::string utc_text(int64_t t) {
-  const std::time_t tt = static_cast<std::time_t>(t);
-  std::tm tm{};
-  gmtime_r(&tt, &tm);
-  char buf[32];
-  std::strftime(buf, sizeof buf, "%Y-%m-%d %H:%M:%S UTC", &tm);
-  return buf;
-}
-
 }  // namespace
 
 std::string issue_token(const std::string& state_dir, const std::string& client, int64_t ttl_s, int64_t now) {
@@ -143,8 +135,8 @@ int64_t parse_ttl(const std::string& text) {
   return v * unit;
 }
 
-TokenVerifier::TokenVerifier(const std::string& state_dir)
-    : ca_(load_crt(state_dir + "/ca.crt")), used_path_(state_dir + "/tokens-used") {
+TokenVerifier::TokenVerifier(const std::string& state_dir, Veto veto)
+    : ca_(load_crt(state_dir + "/ca.crt")), veto_(std::move(veto)), used_path_(state_dir + "/tokens-used") {
   std::ifstream in(used_path_);
   std::string id;
   int64_t exp = 0;
@@ -176,6 +168,8 @@ std::string TokenVerifier::accept(const std::string& token, const std::string& c
                ", in this cloud's future: check the clocks of the machines");
   if (claims.client != client)
     return cat("the enrolment token is for client '", claims.client, "', but the edge says it is '", client, "'");
+  if (veto_)
+    if (std::string why = veto_(claims.client, claims.iat); !why.empty()) return why;
   std::lock_guard<std::mutex> lock(mutex_);
   if (used_.count(claims.id))
     return "the enrolment token was already used: tokens are single-use; issue a new one with `tandem-cloud pki token`";

@@ -4,6 +4,7 @@
 
 #include <cstdint>
 #include <ctime>
+#include <functional>
 #include <mutex>
 #include <set>
 #include <string>
@@ -24,13 +25,17 @@ int64_t parse_ttl(const std::string& text);
 // each, appended and fsynced before the token is accepted), so a restart forgets none.
 class TokenVerifier {
  public:
-  explicit TokenVerifier(const std::string& state_dir);
+  // `veto` (optional) may refuse a genuine token, by its client and issue time: the
+  // revocation list (RevocationList::refuses_token). "" lets it through.
+  using Veto = std::function<std::string(const std::string& client, int64_t issued_at)>;
+  explicit TokenVerifier(const std::string& state_dir, Veto veto = {});
   // "" when `token` is genuine, unexpired, unspent and names `client` (it is now spent);
   // otherwise why it is refused. Thread-safe.
   std::string accept(const std::string& token, const std::string& client, int64_t now = std::time(nullptr));
 
  private:
   Crt ca_;
+  Veto veto_;
   std::string used_path_;
   std::mutex mutex_;
   std::set<std::string> used_;

@@ -11,11 +11,15 @@
 #include <map>
 #include <mutex>
 #include <thread>
+#include <ctime>
+#include <chrono>
 
 #include "backends/registry.h"
 #include "cloud/federation/round_checkpoints.h"
+#include "cloud/pki/identities.h"
 #include "cloud/pki/pki.h"
 #include "cloud/pki/token.h"
+#include "cloud/service/service_metrics.h"
 #include "cloud/session/cloud_session.h"
 #include "core/error.h"
 #include "core/graph.h"
@@ -23,6 +27,7 @@
 #include "core/interop/torch_layout.h"
 #include "ports/files/checkpoint_store.h"
 #include "ports/files/safetensors_file.h"
+#include "ports/lws/http_listener.h"
 #include "ports/lws/lws_endpoint.h"
 
 namespace tandem {
@@ -84,11 +89,13 @@ class Worker {
  public:
   // The session is made on the first message, for the shard whose cut the Hello names (one
   // shard, or every legal cut's with --cut any).
-  // `peer`: the client certificate's CN; empty: none, and `tokens` checks the Hello's token.
-  Worker(uint64_t id, std::string peer, const std::vector<BackShard>& shards, const ServeOptions& o,
-         LwsEndpoint& endpoint, SessionCheckpoints& checkpoints, SharedBack* shared, pki::TokenVerifier* tokens)
-      : id_(id), peer_(std::move(peer)), endpoint_(endpoint), shards_(shards), options_(o), checkpoints_(checkpoints),
-        shared_(shared), tokens_(tokens),
+  // `peer`: the client certificate's CN and serial; empty: none, and `tokens` checks the
+  // Hello's token.
+  Worker(uint64_t id, std::string peer, std::string serial, const std::vector<BackShard>& shards,
+         const ServeOptions& o, LwsEndpoint& endpoint, SessionCheckpoints& checkpoints, SharedBack* shared,
+         pki::TokenVerifier* tokens, ServiceMetrics& metrics)
+      : id_(id), peer_(std::move(peer)), serial_(std::move(serial)), endpoint_(endpoint), shards_(shards), options_(o),
+        checkpoints_(checkpoints), shared_(shared), tokens_(tokens), metrics_(metrics),
         backend_(make_backend(o.backend, BackendOptions{o.threads})) {
     thread_ = std::thread([this] { run(); });
   }
@@ -104,20 +111,57 @@ class Worker {
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
 
-  void push(Frame frame) {
+  // False (and nothing queued) when the session's inbox would pass max_queued_bytes.
+  bool push(Frame frame) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
+      if (inbox_bytes_ + frame.size() > options_.max_queued_bytes) return false;
+      inbox_bytes_ += frame.size();
       inbox_.push_back(std::move(frame));
     }
     wake_.notify_one();
+    return true;
+  }
+  // Sends the Error as the connection's last word and drops whatever else arrives. From the
+  // service's thread (a revocation, a deadline) while the session's thread may be working.
+  void close_with(wire::ErrorCode code, const std::string& why) {
+    if (closing_.exchange(true)) return;
+    std::string who;
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      if (session_) session_->cancel();
+      inbox_.clear();
+      inbox_bytes_ = 0;
+      who = identity();
+    }
+    std::fprintf(stderr, "session %llu (%s): closed: %s\n", static_cast<unsigned long long>(id_), who.c_str(),
+                 why.c_str());
+    MessageWriter writer;
+    const auto bytes = writer.error(code, why);
+    metrics_.count_error(wire::EnumNameErrorCode(code));
+    metrics_.bytes_out += bytes.size();
+    endpoint_.send(id_, bytes, /*close_after=*/true);
+  }
+  bool greeted() const { return greeted_; }
+  std::chrono::steady_clock::time_point connected_at() const { return connected_at_; }
+  // Why the revocation list now refuses this session's identity; "" when it does not.
+  std::string revoked_by(pki::RevocationList& revoked) {
+    if (!peer_.empty()) return revoked.refuses_certificate(peer_, serial_);
+    std::lock_guard<std::mutex> lock(mutex_);
+    if (!session_ || session_->client_id().empty()) return "";
+    return revoked.refuses_session(session_->client_id(), connected_unix_);
+  }
+  std::pair<uint64_t, uint64_t> inbox() {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return {inbox_.size(), inbox_bytes_};
   }
   std::string summary() {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (!session_) return cat("session ", id_, " (", peer_, "): no Hello");
+    if (!session_) return cat("session ", id_, " (", identity(), "): no Hello");
     std::string rounds;
     if (shared_)
       if (const auto e = shared_->federation->edge(id_)) rounds = cat(", ", e->rounds_joined, " rounds joined");
-    return cat("session ", id_, " (", peer_, "), cut '", cut_, "': ", session_->step(), " steps, ",
+    return cat("session ", id_, " (", identity(), "), cut '", cut_, "': ", session_->step(), " steps, ",
                session_->trained_samples(), " samples, ", bytes_in_, " bytes in, ", bytes_out_, " bytes out, busy ",
                session_->busy_seconds(), " s", rounds);
   }
@@ -199,37 +243,63 @@ class Worker {
         if (stop_) return;
         frame = std::move(inbox_.front());
         inbox_.pop_front();
+        inbox_bytes_ -= frame.size();
       }
+      if (closing_) continue;
       if (!session_) start_session(shard_for(frame));
       CloudSession& session = *session_;
       if (session.closed()) continue;  // the connection is closing: drop the rest
       bytes_in_ += frame.size();
+      metrics_.bytes_in += frame.size();
+      ++metrics_.messages_in;
+      const uint64_t steps_before = session.step(), samples_before = session.trained_samples();
+      const double busy_before = session.busy_seconds();
       CloudReply reply = session.handle(frame);
-      bytes_out_ += reply.bytes.size();
+      greeted_ = greeted_ || !session.client_id().empty() || session.closed();
+      bytes_out_ += reply.bytes.size() + reply.then.size();
+      metrics_.bytes_out += reply.bytes.size() + reply.then.size();
       if (reply.close && !session.closed()) continue;
-      if (reply.close) {
-        // Log refusals: the operator sees why an edge was turned away.
-        WireError err;
-        Frame f = Frame::copy_of(reply.bytes.data(), reply.bytes.size());
-        const wire::Message* m = verify_frame(f, kDefaultMaxMessageBytes, err);
-        if (m && m->payload_type() == wire::Payload::Error)
-          std::fprintf(stderr, "session %llu (%s): refused: %s\n", static_cast<unsigned long long>(id_), peer_.c_str(),
-                       m->payload_as_Error()->text()->c_str());
-      }
+      count_and_log_error(reply);
       if (!reply.bytes.empty()) endpoint_.send(id_, reply.bytes, reply.close);
       if (!reply.then.empty()) endpoint_.send(id_, reply.then);
       session.finish_step();
+      // (A resumed session's step jumps with no samples: not a step trained here.)
+      if (session.step() > steps_before && session.trained_samples() > samples_before)
+        metrics_.steps += session.step() - steps_before;
+      if (session.trained_samples() > samples_before) metrics_.samples += session.trained_samples() - samples_before;
+      metrics_.busy_us += static_cast<uint64_t>(std::max(0.0, session.busy_seconds() - busy_before) * 1e6);
     }
   }
 
+  // Errors sent are counted by code; refusals (the Error that closes) are logged, so the
+  // operator sees why an edge was turned away.
+  void count_and_log_error(const CloudReply& reply) {
+    if (reply.bytes.empty()) return;
+    WireError err;
+    Frame f = Frame::copy_of(reply.bytes.data(), reply.bytes.size());
+    const wire::Message* m = verify_frame(f, kDefaultMaxMessageBytes, err);
+    if (!m || m->payload_type() != wire::Payload::Error) return;
+    const wire::Error* e = m->payload_as_Error();
+    metrics_.count_error(wire::EnumNameErrorCode(e->code()));
+    if (reply.close)
+      std::fprintf(stderr, "session %llu (%s): refused: %s\n", static_cast<unsigned long long>(id_), identity().c_str(),
+                   e->text() ? e->text()->c_str() : "(no text)");
+  }
+  // The certificate's name, or the client id a token vouched for.
+  std::string identity() const {
+    if (!peer_.empty()) return peer_;
+    return session_ && !session_->client_id().empty() ? cat("token for ", session_->client_id()) : "no certificate";
+  }
+
   uint64_t id_;
-  std::string peer_;
+  std::string peer_, serial_;
   LwsEndpoint& endpoint_;
   const std::vector<BackShard>& shards_;
   const ServeOptions& options_;
   SessionCheckpoints& checkpoints_;
   SharedBack* shared_;
   pki::TokenVerifier* tokens_;
+  ServiceMetrics& metrics_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Network> back_;  // these four: made on the first message (start_session)
   std::unique_ptr<Optimizer> optimizer_;
@@ -239,7 +309,11 @@ class Worker {
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Frame> inbox_;
+  uint64_t inbox_bytes_ = 0;
   bool stop_ = false;
+  std::atomic<bool> closing_{false}, greeted_{false};
+  const std::chrono::steady_clock::time_point connected_at_ = std::chrono::steady_clock::now();
+  const int64_t connected_unix_ = static_cast<int64_t>(std::time(nullptr));
   std::atomic<uint64_t> bytes_in_{0}, bytes_out_{0};
   std::thread thread_;
 };
@@ -287,22 +361,31 @@ int serve(const ServeOptions& o) {
   eo.max_message_bytes = o.max_message_bytes;
   eo.client_certificate_optional = o.accept_tokens;
   eo.web_root = o.web_root;
+  eo.max_connections = o.max_connections;
+  eo.handshake_timeout_s = o.handshake_timeout_s;
+  eo.max_queued_bytes = o.max_queued_bytes;
   if (!o.web_root.empty() && !std::filesystem::is_regular_file(o.web_root + "/index.html"))
     fail("serve", cat("--web ", o.web_root, " has no index.html (build the browser edge: wasm/README.md)"));
+  // Revoked identities (`pki revoke`): refused at every connection and token, and their live
+  // sessions closed when the list changes.
+  pki::RevocationList revoked(o.state_dir);
   std::unique_ptr<pki::TokenVerifier> tokens;
-  if (o.accept_tokens) tokens = std::make_unique<pki::TokenVerifier>(o.state_dir);
+  if (o.accept_tokens)
+    tokens = std::make_unique<pki::TokenVerifier>(o.state_dir, [&revoked](const std::string& client, int64_t iat) {
+      return revoked.refuses_token(client, iat);
+    });
   auto endpoint = LwsEndpoint::listen(o.host, o.port, {ids.server_cert, ids.server_key, ids.ca_cert}, eo);
 
-  std::ofstream metrics;
+  std::ofstream metrics_file;
   if (!o.metrics_json.empty()) {
-    metrics.open(o.metrics_json, std::ios::app);
-    if (!metrics) fail("serve", cat("cannot write --metrics-json ", o.metrics_json));
+    metrics_file.open(o.metrics_json, std::ios::app);
+    if (!metrics_file) fail("serve", cat("cannot write --metrics-json ", o.metrics_json));
   }
   std::mutex metrics_mutex;
   auto write_metrics = [&](const std::string& line) {
-    if (line.empty() || !metrics) return;
+    if (line.empty() || !metrics_file) return;
     std::lock_guard<std::mutex> lock(metrics_mutex);
-    metrics << line << "\n" << std::flush;
+    metrics_file << line << "\n" << std::flush;
   };
   std::unique_ptr<SharedBack> shared;
   if (o.federation.aggregate_every > 0) {
@@ -359,35 +442,135 @@ int serve(const ServeOptions& o) {
   if (tokens)
     std::printf("edges without a client certificate are taken with an enrolment token (tandem-cloud pki token)%s\n",
                 o.web_root.empty() ? "" : cat("; web page: https://", o.host, ":", endpoint->port(), "/").c_str());
-  std::fflush(stdout);
+  std::printf("limits: %zu connections, %zu without Hello, %d s for the TLS handshake and %d s for the Hello, %zu MiB "
+              "queued a session\n",
+              o.max_connections, o.max_pending_hello, o.handshake_timeout_s, o.hello_timeout_s, o.max_queued_bytes >> 20);
 
   FolderCheckpoints checkpoints(o.state_dir + "/checkpoints");
+  ServiceMetrics metrics;
   std::map<uint64_t, std::unique_ptr<Worker>> workers;
+  std::mutex workers_mutex;  // the loop changes `workers`; a scrape reads them
+  std::unique_ptr<HttpListener> http;
+  if (o.metrics_port >= 0) {
+    http = HttpListener::listen(o.metrics_host, o.metrics_port, [&](const std::string& path) -> HttpResponse {
+      if (path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
+      if (path != "/metrics") return {404, "text/plain; charset=utf-8", "not found: try /metrics or /healthz\n"};
+      return {200, "text/plain; version=0.0.4; charset=utf-8", metrics.prometheus_text([&] {
+                ServiceMetrics::Gauges g;
+                {
+                  std::lock_guard<std::mutex> lock(workers_mutex);
+                  g.sessions_open = workers.size();
+                  for (auto& [id, w] : workers) {
+                    g.sessions_without_hello += w->greeted() ? 0 : 1;
+                    const auto [messages, bytes] = w->inbox();
+                    g.inbox_messages += messages;
+                    g.inbox_bytes += bytes;
+                  }
+                }
+                g.transport_queue = endpoint->queued_events();
+                g.federation_round = shared ? shared->federation->round() : 0;
+                g.refused_max_connections = endpoint->refused_connections();
+                g.closed_queue_overflow = endpoint->overflowed_connections();
+                return g;
+              })};
+    });
+    std::printf("metrics for Prometheus: http://%s:%d/metrics (health: /healthz)\n", o.metrics_host.c_str(),
+                http->port());
+  }
+  std::fflush(stdout);
+
+  // Turns a connection away before it has a session: its last word is an Error saying why.
+  auto refuse = [&](uint64_t connection, wire::ErrorCode code, const std::string& reason, const std::string& why) {
+    metrics.count_refusal(reason);
+    metrics.count_error(wire::EnumNameErrorCode(code));
+    std::fprintf(stderr, "connection %llu: refused: %s\n", static_cast<unsigned long long>(connection), why.c_str());
+    MessageWriter writer;
+    endpoint->send(connection, writer.error(code, why), /*close_after=*/true);
+  };
+  auto last_check = std::chrono::steady_clock::now();
+  uint64_t revocations_seen = revoked.generation();
   while (!g_stop) {
     EndpointEvent ev;
     if (shared) shared->federation->tick();
+    const auto now = std::chrono::steady_clock::now();
+    if (now - last_check >= std::chrono::milliseconds(500)) {
+      last_check = now;
+      // A `pki revoke` while we run: the revoked identities' sessions end now.
+      revoked.reload_if_changed();
+      const bool changed = revoked.generation() != revocations_seen;
+      revocations_seen = revoked.generation();
+      std::lock_guard<std::mutex> lock(workers_mutex);
+      for (auto& [id, w] : workers) {
+        if (changed)
+          if (const std::string why = w->revoked_by(revoked); !why.empty()) {
+            metrics.count_refusal("revoked");
+            w->close_with(wire::ErrorCode::Unauthorized, why);
+            continue;
+          }
+        if (!w->greeted() && now - w->connected_at() > std::chrono::seconds(o.hello_timeout_s)) {
+          metrics.count_refusal("hello_timeout");
+          w->close_with(wire::ErrorCode::Unauthorized,
+                        cat("no Hello within ", o.hello_timeout_s, " s of connecting: a connection must say who it is"));
+        }
+      }
+    }
     if (!endpoint->next(ev, std::chrono::milliseconds(100))) continue;
     switch (ev.kind) {
-      case EndpointEvent::Kind::Connected:
+      case EndpointEvent::Kind::Connected: {
+        if (!ev.text.empty())
+          if (const std::string why = revoked.refuses_certificate(ev.text, ev.serial); !why.empty()) {
+            refuse(ev.connection, wire::ErrorCode::Unauthorized, "revoked", why);
+            break;
+          }
+        std::lock_guard<std::mutex> lock(workers_mutex);
+        const auto pending = std::count_if(workers.begin(), workers.end(), [](auto& w) { return !w.second->greeted(); });
+        if (static_cast<std::size_t>(pending) >= o.max_pending_hello) {
+          refuse(ev.connection, wire::ErrorCode::Busy, "pending_hello",
+                 cat(pending, " connections have not said Hello yet, the most this cloud waits for: try again later"));
+          break;
+        }
         std::printf("session %llu: edge '%s' connected\n", static_cast<unsigned long long>(ev.connection),
                     ev.text.c_str());
-        workers[ev.connection] = std::make_unique<Worker>(ev.connection, ev.text, shards, o, *endpoint, checkpoints,
-                                                           shared.get(), tokens.get());
+        ++metrics.sessions_opened;
+        workers[ev.connection] = std::make_unique<Worker>(ev.connection, ev.text, ev.serial, shards, o, *endpoint,
+                                                          checkpoints, shared.get(), tokens.get(), metrics);
         break;
-      case EndpointEvent::Kind::Message:
-        if (auto it = workers.find(ev.connection); it != workers.end()) it->second->push(std::move(ev.frame));
-        break;
-      case EndpointEvent::Kind::Closed:
+      }
+      case EndpointEvent::Kind::Message: {
+        std::lock_guard<std::mutex> lock(workers_mutex);
         if (auto it = workers.find(ev.connection); it != workers.end()) {
-          const std::string summary = it->second->summary();
-          write_metrics(it->second->metrics_line());
-          workers.erase(it);
+          const std::size_t size = ev.frame.size();
+          if (!it->second->push(std::move(ev.frame))) {
+            metrics.count_refusal("queue_overflow");
+            it->second->close_with(wire::ErrorCode::Busy,
+                                   cat("this session has more than ", o.max_queued_bytes, " bytes waiting (a message of ",
+                                       size, " more arrived): an edge must not send past its window"));
+          }
+        }
+        break;
+      }
+      case EndpointEvent::Kind::Closed: {
+        std::unique_ptr<Worker> gone;
+        {
+          std::lock_guard<std::mutex> lock(workers_mutex);
+          if (auto it = workers.find(ev.connection); it != workers.end()) {
+            gone = std::move(it->second);
+            workers.erase(it);
+          }
+        }
+        if (gone) {
+          ++metrics.sessions_closed;
+          const std::string summary = gone->summary();
+          write_metrics(gone->metrics_line());
+          gone.reset();
           std::printf("%s; closed\n", summary.c_str());
         }
         break;
+      }
     }
     std::fflush(stdout);
   }
+  http.reset();
   workers.clear();
   std::printf("tandem-cloud: stopped\n");
   return 0;

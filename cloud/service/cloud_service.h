@@ -35,6 +35,16 @@ struct ServeOptions {
   // single-use enrolment token in Hello (cloud/pki/token.h).
   bool accept_tokens = false;
   std::string web_root;  // non-empty: these files are served over https on the same port
+  // Operators: Prometheus' text at http://metrics_host:metrics_port/metrics and a health check
+  // at /healthz, over plain HTTP on a separate listener (metrics_port < 0: none; 0: any).
+  std::string metrics_host = "127.0.0.1";
+  int metrics_port = -1;
+  // Limits under load: connections at once, connections that have not said Hello, how long
+  // the TLS handshake and then the Hello may take, and the bytes queued for one session in
+  // either direction (a peer that sends past its window, or stops reading its replies).
+  std::size_t max_connections = 256, max_pending_hello = 64;
+  int handshake_timeout_s = 10, hello_timeout_s = 10;
+  std::size_t max_queued_bytes = std::size_t{512} << 20;
 };
 
 // Runs the service; returns the process exit code.

@@ -1,7 +1,11 @@
 #include "ports/lws/lws_endpoint.h"
 
 #include <libwebsockets.h>
+#include <openssl/bn.h>
+#include <openssl/ssl.h>
+#include <openssl/x509.h>
 
+#include <cstdio>
 #include <cstdlib>
 #include <cstring>
 
@@ -45,6 +49,25 @@ std::string peer_common_name(lws* wsi) {
   return cn.substr(0, cn.find('/'));
 }
 
+// The peer certificate's serial number in lowercase hex, "" without one. lws reports no
+// serial, so it is read from the connection's OpenSSL object (Debian's lws is built on it).
+std::string peer_serial(lws* wsi) {
+  SSL* ssl = lws_get_ssl(wsi);
+  X509* cert = ssl ? SSL_get1_peer_certificate(ssl) : nullptr;
+  if (!cert) return "";
+  std::string out;
+  if (BIGNUM* bn = ASN1_INTEGER_to_BN(X509_get_serialNumber(cert), nullptr)) {
+    if (char* hex = BN_bn2hex(bn)) {
+      for (const char* p = hex; *p; ++p) out += static_cast<char>(std::tolower(static_cast<unsigned char>(*p)));
+      OPENSSL_free(hex);
+    }
+    BN_free(bn);
+  }
+  X509_free(cert);
+  const std::size_t first = out.find_first_not_of('0');
+  return first == std::string::npos ? (out.empty() ? "" : "0") : out.substr(first);
+}
+
 }  // namespace
 
 struct LwsEndpoint::Connection {
@@ -53,8 +76,11 @@ struct LwsEndpoint::Connection {
   bool discarding = false;  // the rest of an over-size message is dropped
   std::deque<Outgoing> out;
   std::size_t sent = 0;     // bytes of out.front() already written
+  std::size_t queued = 0;   // bytes in `out` not yet written
   bool close_when_done = false;
   bool close_after_discard = false;  // refused an over-size message: close once it has passed
+  bool closing = false;     // a last message is queued: nothing more goes out
+  bool overflowed = false;  // the peer left too much unread: close now
 };
 
 std::unique_ptr<LwsEndpoint> LwsEndpoint::listen(const std::string& host, int port, const TlsIdentity& tls,
@@ -89,6 +115,8 @@ void LwsEndpoint::start(bool server, const std::string& host, int port, const Tl
   info.protocols = kProtocols;
   info.user = this;
   info.retry_and_idle_policy = retry_.get();
+  info.timeout_secs = static_cast<unsigned int>(std::max(1, options_.handshake_timeout_s));
+  info.timeout_secs_ah_idle = static_cast<unsigned int>(std::max(1, options_.handshake_timeout_s));  // a silent socket
   info.options = LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
   if (server) {
     info.port = port;
@@ -141,7 +169,7 @@ void LwsEndpoint::start(bool server, const std::string& host, int port, const Tl
     ci.ssl_connection = LCCSCF_USE_SSL;
     ci.retry_and_idle_policy = retry_.get();
     if (!lws_client_connect_via_info(&ci))
-      push_event({EndpointEvent::Kind::Closed, 0, {}, cat("cannot connect to wss://", host, ":", port)});
+      push_event({EndpointEvent::Kind::Closed, 0, {}, cat("cannot connect to wss://", host, ":", port), {}});
   }
   thread_ = std::thread([this] { service_loop(); });
 }
@@ -201,7 +229,13 @@ LwsEndpoint::Connection* LwsEndpoint::connection_of(lws* wsi) {
   return connections_.at(it->second).get();
 }
 
+std::size_t LwsEndpoint::queued_events() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return events_.size();
+}
+
 int LwsEndpoint::write_some(lws* wsi, Connection& c) {
+  if (c.overflowed) return -1;
   if (c.out.empty()) return c.close_when_done ? -1 : 0;
   Outgoing& m = c.out.front();
   const std::size_t chunk = std::min(kFragment, m.bytes.size() - c.sent);
@@ -219,6 +253,7 @@ int LwsEndpoint::write_some(lws* wsi, Connection& c) {
     if (lws_write(wsi, at, frame, LWS_WRITE_RAW) < static_cast<int>(frame)) return -1;
   }
   c.sent += chunk;
+  c.queued -= chunk;
   if (last) {
     c.close_when_done = c.close_when_done || m.close_after;
     c.out.pop_front();
@@ -226,6 +261,21 @@ int LwsEndpoint::write_some(lws* wsi, Connection& c) {
   }
   if (!c.out.empty() || c.close_when_done) lws_callback_on_writable(wsi);
   return 0;
+}
+
+void LwsEndpoint::queue(Connection& c, Outgoing m) {
+  c.closing = c.closing || m.close_after;
+  c.queued += m.bytes.size();
+  c.out.push_back(std::move(m));
+  if (options_.max_queued_bytes && c.queued > options_.max_queued_bytes && !c.overflowed) {
+    // The peer does not read what it is sent: holding more would let one peer take the
+    // memory every other session needs.
+    c.overflowed = true;
+    ++overflowed_connections_;
+    std::fprintf(stderr, "connection %llu: %zu bytes queued and unread, over the limit of %zu: closing it\n",
+                 static_cast<unsigned long long>(c.out.front().connection), c.queued, options_.max_queued_bytes);
+  }
+  lws_callback_on_writable(c.wsi);
 }
 
 int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
@@ -241,9 +291,22 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
       if (reason == LWS_CALLBACK_CLIENT_ESTABLISHED) client_reported_ = false;
       auto c = std::make_unique<Connection>();
       c->wsi = wsi;
+      Connection& conn = *c;
       connections_[id] = std::move(c);
       ids_[wsi] = id;
-      push_event({EndpointEvent::Kind::Connected, id, {}, peer_common_name(wsi)});
+      if (server_ && options_.max_connections && connections_.size() > options_.max_connections) {
+        // Over the bound: the peer learns why, and the application never sees it.
+        ++refused_connections_;
+        MessageWriter writer;
+        const auto bytes = writer.error(wire::ErrorCode::Busy,
+                                        cat("the cloud serves at most ", options_.max_connections,
+                                            " connections at once and has no room now: try again later"));
+        queue(conn, {id, std::vector<uint8_t>(bytes.begin(), bytes.end()), true});
+        return 0;
+      }
+      EndpointEvent connected{EndpointEvent::Kind::Connected, id, {}, peer_common_name(wsi), {}};
+      if (server_) connected.serial = peer_serial(wsi);
+      push_event(std::move(connected));
       return 0;
     }
 
@@ -272,13 +335,17 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
         MessageWriter writer;
         const auto bytes = writer.error(wire::ErrorCode::TooLarge,
                                         cat("message exceeds the limit of ", options_.max_message_bytes, " bytes"));
-        c->out.push_back({ids_[wsi], std::vector<uint8_t>(bytes.begin(), bytes.end()), false});
-        lws_callback_on_writable(wsi);
+        queue(*c, {ids_[wsi], std::vector<uint8_t>(bytes.begin(), bytes.end()), false});
+        c->closing = true;  // the Error must be the last word
         return 0;
       }
       c->rx.insert(c->rx.end(), static_cast<const uint8_t*>(in), static_cast<const uint8_t*>(in) + len);
       if (!final) return 0;
-      push_event({EndpointEvent::Kind::Message, ids_[wsi], Frame::copy_of(c->rx.data(), c->rx.size()), {}});
+      if (c->closing) {  // refused (too many connections, revoked...): nothing it says counts
+        c->rx.clear();
+        return 0;
+      }
+      push_event({EndpointEvent::Kind::Message, ids_[wsi], Frame::copy_of(c->rx.data(), c->rx.size()), {}, {}});
       c->rx.clear();
       std::lock_guard<std::mutex> lock(mutex_);
       if (events_.size() >= options_.queue_depth) {  // the consumer lags: stop reading this peer
@@ -306,7 +373,7 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
         std::lock_guard<std::mutex> lock(mutex_);
         std::erase(paused_, wsi);
       }
-      push_event({EndpointEvent::Kind::Closed, id, {}, "connection closed"});
+      push_event({EndpointEvent::Kind::Closed, id, {}, "connection closed", {}});
       return 0;
     }
 
@@ -315,14 +382,14 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
       // refused our certificate, say) may get no CONNECTION_ERROR: report it here, once.
       if (!server_ && !client_reported_) {
         client_reported_ = true;
-        push_event({EndpointEvent::Kind::Closed, 0, {}, "connection closed during the handshake"});
+        push_event({EndpointEvent::Kind::Closed, 0, {}, "connection closed during the handshake", {}});
       }
       return kUseDefault;
 
     case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
       client_reported_ = true;
       push_event({EndpointEvent::Kind::Closed, 0, {},
-                  cat("connection failed: ", in ? std::string(static_cast<const char*>(in), len ? len : std::strlen(static_cast<const char*>(in))) : std::string("no reason given"))});
+                  cat("connection failed: ", in ? std::string(static_cast<const char*>(in), len ? len : std::strlen(static_cast<const char*>(in))) : std::string("no reason given")), {}});
       return 0;
 
     case LWS_CALLBACK_EVENT_WAIT_CANCELLED: {
@@ -342,10 +409,9 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
         uint64_t id = m.connection;
         if (!server_ && id == 0 && !connections_.empty()) id = connections_.begin()->first;
         auto it = connections_.find(id);
-        // Closed meanwhile, or refused by the transport (the Error must be the last word).
-        if (it == connections_.end() || it->second->close_after_discard) continue;
-        it->second->out.push_back(std::move(m));
-        lws_callback_on_writable(it->second->wsi);
+        // Closed meanwhile, or closing (the last word was queued).
+        if (it == connections_.end() || it->second->closing) continue;
+        queue(*it->second, std::move(m));
       }
       return 0;
     }

@@ -5,6 +5,7 @@
 // WRITEABLE callback; arriving fragments are collected up to a size cap.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <cstdint>
@@ -40,6 +41,13 @@ struct EndpointOptions {
   // authenticate the peer itself.
   bool client_certificate_optional = false;
   std::string web_root;  // server: serve this folder's files over https at "/" (index.html)
+  // Server bounds. At most max_connections WebSocket connections at once (0: no bound); one
+  // more is answered with a Busy Error and closed. The TLS handshake and the HTTP upgrade must
+  // be done within handshake_timeout_s. A connection with more than max_queued_bytes written
+  // to it and not yet sent (a peer that stops reading) is closed (0: no bound).
+  std::size_t max_connections = 0;
+  int handshake_timeout_s = 10;
+  std::size_t max_queued_bytes = 0;
 };
 
 struct EndpointEvent {
@@ -47,6 +55,7 @@ struct EndpointEvent {
   uint64_t connection = 0;
   Frame frame;       // Message
   std::string text;  // Connected: the peer certificate's CN; Closed: why, when known
+  std::string serial;  // Connected (server): the peer certificate's serial, lowercase hex; "" without one
 };
 
 class LwsEndpoint {
@@ -63,10 +72,15 @@ class LwsEndpoint {
   LwsEndpoint& operator=(const LwsEndpoint&) = delete;
 
   int port() const { return port_; }
+  // Connections refused for max_connections, and closed for max_queued_bytes, so far.
+  uint64_t refused_connections() const { return refused_connections_.load(); }
+  uint64_t overflowed_connections() const { return overflowed_connections_.load(); }
+  // Messages arrived and not yet taken with next().
+  std::size_t queued_events();
   // Waits up to `timeout` for the next event.
   bool next(EndpointEvent& event, std::chrono::milliseconds timeout);
   // Queues a message (copied) for `connection` (clients: 0 or the Connected id); with
-  // close_after the connection closes once it is sent.
+  // close_after the connection closes once it is sent, and later messages to it are dropped.
   void send(uint64_t connection, std::span<const uint8_t> bytes, bool close_after = false);
 
   // The lws callback, for the C trampoline only.
@@ -84,6 +98,7 @@ class LwsEndpoint {
   void push_event(EndpointEvent event);
   Connection* connection_of(lws* wsi);
   int write_some(lws* wsi, Connection& c);
+  void queue(Connection& c, Outgoing m);  // service thread
   void service_loop();
 
   EndpointOptions options_;
@@ -109,6 +124,7 @@ class LwsEndpoint {
   std::vector<unsigned char> write_buffer_;
   std::random_device entropy_;  // client frames' mask keys
   std::vector<lws*> paused_;
+  std::atomic<uint64_t> refused_connections_{0}, overflowed_connections_{0};
 };
 
 }  // namespace tandem

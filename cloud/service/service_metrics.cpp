@@ -1,0 +1,81 @@
+#include "cloud/service/service_metrics.h"
+
+#include <ctime>
+
+#include "core/error.h"
+
+namespace tandem {
+namespace {
+
+// One metric family: HELP, TYPE and its samples (Prometheus text exposition format 0.0.4).
+void family(std::string& out, const char* name, const char* type, const char* help) {
+  out += cat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n");
+}
+
+void sample(std::string& out, const std::string& name, double value) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.17g", value);
+  out += cat(name, " ", buf, "\n");
+}
+
+}  // namespace
+
+ServiceMetrics::ServiceMetrics() : start_time_s_(static_cast<int64_t>(std::time(nullptr))) {}
+
+void ServiceMetrics::count_error(const std::string& code) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++errors_[code];
+}
+
+void ServiceMetrics::count_refusal(const std::string& reason) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  ++refusals_[reason];
+}
+
+std::string ServiceMetrics::prometheus_text(const std::function<Gauges()>& gauges) const {
+  const Gauges g = gauges();
+  std::string out;
+  auto counter = [&](const char* name, const char* help, double v) {
+    family(out, name, "counter", help);
+    sample(out, name, v);
+  };
+  auto gauge = [&](const char* name, const char* help, double v) {
+    family(out, name, "gauge", help);
+    sample(out, name, v);
+  };
+  gauge("tandem_up", "1 while the cloud service runs.", 1);
+  gauge("tandem_start_time_seconds", "When the service started, Unix time.", static_cast<double>(start_time_s_));
+  counter("tandem_sessions_opened_total", "Edge connections that became sessions.", sessions_opened.load());
+  counter("tandem_sessions_closed_total", "Sessions whose connection closed.", sessions_closed.load());
+  gauge("tandem_sessions_open", "Sessions open now.", static_cast<double>(g.sessions_open));
+  gauge("tandem_sessions_without_hello", "Open connections that have not said Hello yet.",
+        static_cast<double>(g.sessions_without_hello));
+  counter("tandem_steps_total", "Training steps the back shards completed (rate(): steps per second).", steps.load());
+  counter("tandem_samples_total", "Samples the back shards trained on (rate(): samples per second).", samples.load());
+  counter("tandem_messages_received_total", "Messages received from edges.", messages_in.load());
+  counter("tandem_received_bytes_total", "Bytes of messages received from edges.", bytes_in.load());
+  counter("tandem_sent_bytes_total", "Bytes of messages sent to edges.", bytes_out.load());
+  counter("tandem_compute_busy_seconds_total", "Time the sessions spent computing their steps.",
+          static_cast<double>(busy_us.load()) / 1e6);
+  counter("tandem_federation_rounds_total", "Federation rounds completed (0 without a federation).",
+          static_cast<double>(g.federation_round));
+  gauge("tandem_transport_queue_messages", "Messages arrived that the service has not taken yet.",
+        static_cast<double>(g.transport_queue));
+  gauge("tandem_session_inbox_messages", "Messages taken and waiting for their session's thread.",
+        static_cast<double>(g.inbox_messages));
+  gauge("tandem_session_inbox_bytes", "Bytes of the messages waiting for their session's thread.",
+        static_cast<double>(g.inbox_bytes));
+  std::lock_guard<std::mutex> lock(mutex_);
+  family(out, "tandem_errors_sent_total", "counter", "Error messages sent to edges, by error code.");
+  for (const auto& [code, n] : errors_) sample(out, cat("tandem_errors_sent_total{code=\"", code, "\"}"), static_cast<double>(n));
+  family(out, "tandem_connections_refused_total", "counter",
+         "Connections turned away or closed by the service's limits and revocations, by reason.");
+  std::map<std::string, uint64_t> refusals = refusals_;
+  refusals["max_connections"] += g.refused_max_connections;
+  refusals["queue_overflow"] += g.closed_queue_overflow;
+  for (const auto& [reason, n] : refusals)
+    sample(out, cat("tandem_connections_refused_total{reason=\"", reason, "\"}"), static_cast<double>(n));
+  return out;
+}
+
+}  // namespace tandem

@@ -1,0 +1,133 @@
+#!/usr/bin/env bash
+# End to end, the cloud under an operator's controls and a hostile peer's input, with real
+# processes on loopback: a revoked identity's live session is closed within 5 s with an Error
+# that says so while another edge trains on; a revoked certificate and a token issued before
+# the revocation are refused, also by a restarted cloud; a new identity for the same name
+# works. /metrics is scraped during a run and its counters checked against the run. Raw
+# WebSocket probes: bad opcodes and fragmented or long control frames get a close, connections
+# that never speak (TLS or Hello) are closed at their deadlines, and the bounds on connections
+# without Hello and on all connections answer with a Busy Error.
+# Usage: hardening.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1 src=$2
+cloud_bin=$build/cloud/tandem-cloud edge_bin=$build/edge/tandem-edge
+model=$src/samples/fashion-mnist/model.json
+work=$(mktemp -d)
+pids=()
+cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -20 "$f"; done; exit 1; }
+
+start_cloud() {  # start_cloud NAME EXTRA...: sets port, metrics_port, cloud_pid
+  local name=$1; shift
+  "$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" --accept-tokens \
+    --metrics-listen 127.0.0.1:0 "$@" > "$work/$name.log" 2>&1 &
+  cloud_pid=$!
+  pids+=("$cloud_pid")
+  for _ in $(seq 1 100); do grep -q 'metrics for Prometheus' "$work/$name.log" && break; sleep 0.1; done
+  port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/$name.log" | cut -d: -f3)
+  metrics_port=$(grep -o 'http://127.0.0.1:[0-9]*/metrics' "$work/$name.log" | cut -d: -f3 | cut -d/ -f1)
+  [[ -n $port && -n $metrics_port ]] || fail "cloud $name did not start"
+}
+scrape() { python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$metrics_port$1', timeout=5).read().decode())"; }
+metric() { scrape /metrics | awk -v m="$1" '$1 == m { print $2 }'; }
+train() {  # train NAME IDDIR EXTRA... : runs an edge, output in $work/NAME.out
+  local name=$1 id=$2; shift 2
+  "$edge_bin" train --cloud "wss://localhost:$port" --identity "$id" --model "$model" \
+    --metrics-json "$work/$name.jsonl" "$@" > "$work/$name.out" 2>&1
+}
+
+"$cloud_bin" pki init --state-dir "$work/state" > /dev/null
+for c in hospital-a hospital-b hospital-c; do
+  "$cloud_bin" pki issue --state-dir "$work/state" --client $c --out "$work/$c" > /dev/null
+done
+start_cloud cloud
+
+# Metrics: scraped during one edge's run and after it, against what the edge did.
+[[ $(scrape /healthz) == ok ]] || fail "/healthz did not answer ok"
+train counted "$work/hospital-c" --epochs 1 --limit 1280 --test-limit 200 & pc=$!
+for _ in $(seq 1 100); do [[ $(metric tandem_steps_total) -ge 1 ]] && break; sleep 0.1; done
+[[ $(metric tandem_sessions_open) == 1 ]] || fail "during the run: tandem_sessions_open $(metric tandem_sessions_open), not 1"
+wait $pc || fail "edge c: $(tail -3 "$work/counted.out")"
+for _ in $(seq 1 50); do [[ $(metric tandem_sessions_closed_total) == 1 ]] && break; sleep 0.1; done
+steps=$(tail -1 "$work/counted.jsonl" | grep -o '"steps":[0-9]*' | cut -d: -f2)
+up=$(tail -1 "$work/counted.jsonl" | grep -o '"bytes_up":[0-9]*' | cut -d: -f2)
+[[ $(metric tandem_steps_total) == "$steps" ]] || fail "tandem_steps_total $(metric tandem_steps_total), the edge made $steps steps"
+[[ $(metric tandem_samples_total) == 1280 ]] || fail "tandem_samples_total $(metric tandem_samples_total), not 1280"
+[[ $(metric tandem_sessions_opened_total) == 1 && $(metric tandem_sessions_closed_total) == 1 ]] ||
+  fail "sessions opened $(metric tandem_sessions_opened_total), closed $(metric tandem_sessions_closed_total), not 1 and 1"
+received=$(metric tandem_received_bytes_total)
+awk -v r="$received" -v u="$up" 'BEGIN { exit !(r >= u && u > 0) }' || fail "received $received bytes, the edge sent $up"
+awk -v b="$(metric tandem_compute_busy_seconds_total)" 'BEGIN { exit !(b > 0) }' || fail "no compute busy time"
+scrape /metrics | grep -q '^# TYPE tandem_steps_total counter$' || fail "no TYPE line for tandem_steps_total"
+echo "metrics: $steps steps, 1280 samples, $received bytes received (the edge sent $up), sessions 1 opened and closed"
+
+# Revocation of a live session: hospital-a trains long, hospital-b beside it; a is revoked.
+train long "$work/hospital-a" --epochs 20 --limit 3200 --test-limit 100 & pa=$!
+train beside "$work/hospital-b" --epochs 1 --limit 3200 --test-limit 200 & pb=$!
+for _ in $(seq 1 200); do grep -q "session .*(hospital-a)\|edge 'hospital-a' connected" "$work/cloud.log" && \
+  [[ $(metric tandem_steps_total) -ge $((steps + 5)) ]] && break; sleep 0.1; done
+revoked_at=$(date +%s.%N)
+"$cloud_bin" pki revoke --state-dir "$work/state" --client hospital-a > "$work/revoke.out" || fail "pki revoke: $(cat "$work/revoke.out")"
+if wait $pa; then fail "the revoked edge finished its run"; fi
+took=$(awk -v a="$revoked_at" -v b="$(date +%s.%N)" 'BEGIN { printf "%.2f", b - a }')
+awk -v t="$took" 'BEGIN { exit !(t < 5) }' || fail "the revoked session ended $took s after the revocation (> 5 s)"
+grep -q "the cloud refused: the certificate of 'hospital-a' (serial [0-9a-f]*) was revoked on" "$work/long.out" ||
+  fail "revoked edge: $(tail -3 "$work/long.out")"
+wait $pb || fail "the other edge did not finish beside the revocation: $(tail -3 "$work/beside.out")"
+echo "revocation: hospital-a's live session closed $took s after pki revoke, with the reason; hospital-b finished"
+
+# pki list shows it; a new connection with the revoked certificate is refused, with the reason.
+"$cloud_bin" pki list --state-dir "$work/state" > "$work/list.out"
+grep -q "^hospital-a .* revoked " "$work/list.out" || fail "pki list: $(cat "$work/list.out")"
+grep -q "^hospital-b .* valid$" "$work/list.out" || fail "pki list: $(cat "$work/list.out")"
+if train again "$work/hospital-a" --limit 64 --test-limit 10; then fail "a revoked certificate trained"; fi
+grep -q "the cloud refused: the certificate of 'hospital-a' .* was revoked" "$work/again.out" ||
+  fail "revoked at connection: $(cat "$work/again.out")"
+
+# Tokens: one issued before its client's revocation is refused.
+mkdir -p "$work/t" && cp "$work/hospital-a/ca.crt" "$work/t/"
+token=$("$cloud_bin" pki token --state-dir "$work/state" --client ward-1 --ttl 5m)
+sleep 1.1  # the revocation is later than the token by the clock's second
+"$cloud_bin" pki revoke --state-dir "$work/state" --client ward-1 > /dev/null
+if train oldtoken "$work/t" --token "$token" --client-id ward-1 --limit 64 --test-limit 10; then fail "a revoked token trained"; fi
+grep -q "the cloud refused: the enrolment token was issued to 'ward-1' at .*, before 'ward-1' was revoked" "$work/oldtoken.out" ||
+  fail "revoked token: $(cat "$work/oldtoken.out")"
+
+# A restarted cloud still refuses; a new identity for hospital-a trains.
+kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+start_cloud restarted
+if train after_restart "$work/hospital-a" --limit 64 --test-limit 10; then fail "the restarted cloud took a revoked certificate"; fi
+grep -q "was revoked" "$work/after_restart.out" || fail "after restart: $(cat "$work/after_restart.out")"
+sleep 1.1
+"$cloud_bin" pki issue --state-dir "$work/state" --client hospital-a --out "$work/hospital-a2" > /dev/null
+train reissued "$work/hospital-a2" --limit 320 --test-limit 100 || fail "a new identity for hospital-a: $(tail -3 "$work/reissued.out")"
+[[ $(metric 'tandem_connections_refused_total{reason="revoked"}') -ge 1 ]] || fail "no refusal counted as revoked"
+echo "revocation: refused at connection and after a restart; a token from before refused; a new identity trains"
+
+# Raw WebSocket probes against a cloud with short deadlines and small bounds.
+kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+start_cloud probes --hello-timeout-s 2 --handshake-timeout-s 2 --max-pending-hello 2 --max-connections 3
+probe() { python3 "$src/tests/e2e/ws_raw.py" "$port" "$work/hospital-b" "$@"; }
+out=$(probe opcode fragmented-ping long-ping silent tls-silent)
+echo "$out"
+grep -q "^opcode: closed after .*, close code 1002" <<< "$out" || fail "reserved opcode: $out"
+grep -q "^fragmented-ping: closed after .*, close code 1002" <<< "$out" || fail "fragmented ping: $out"
+grep -q "^long-ping: closed after" <<< "$out" || fail "long ping: $out"
+grep -q "^silent: closed after [23]\.[0-9] s.*no Hello within 2 s of connecting" <<< "$out" || fail "no Hello: $out"
+grep -Eq "^tls-silent: closed after [2-4]\.[0-9] s" <<< "$out" || fail "no TLS handshake: $out"
+out=$(probe hold:2 busy)
+echo "$out"
+grep -q "^busy: closed after .*connections have not said Hello yet, the most this cloud waits for" <<< "$out" ||
+  fail "pending-Hello bound: $out"
+kill -0 "$cloud_pid" || fail "the cloud died under the probes"
+train wellbehaved "$work/hospital-b" --limit 320 --test-limit 100 || fail "after the probes: $(tail -3 "$work/wellbehaved.out")"
+[[ $(metric 'tandem_connections_refused_total{reason="hello_timeout"}') -ge 1 ]] || fail "hello timeouts not counted"
+[[ $(metric 'tandem_connections_refused_total{reason="pending_hello"}') -ge 1 ]] || fail "pending-Hello refusals not counted"
+kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+start_cloud bounded --max-connections 1
+out=$(probe hold:1 busy)
+echo "$out"
+grep -q "^busy: closed after .*the cloud serves at most 1 connections at once" <<< "$out" || fail "connection bound: $out"
+[[ $(metric 'tandem_connections_refused_total{reason="max_connections"}') == 1 ]] || fail "max_connections refusal not counted"
+echo "PASS: revocation (live session closed in $took s), metrics checked against a run, RFC 6455 probes, deadlines and bounds"
