@@ -10,6 +10,7 @@
 #include <filesystem>
 
 #include "cloud/pki/pki.h"
+#include "ports/lws/client_frame_audit.h"
 #include "ports/lws/lws_endpoint.h"
 #include "ports/lws/ws_frame.h"
 #include "test_support.h"
@@ -89,6 +90,39 @@ TEST(ClientFrame, HeaderLengthAndMaskFollowRfc6455) {
           ASSERT_EQ(frame[h + 4 + i] ^ key[i % 4], payload[i]) << "byte " << i << " of " << n;
       }
   }
+}
+
+// The server's audit of a client's stream: requests, the upgrade, then frames of every length
+// form, masked (fine) and then one unmasked (the violation), fed whole and a byte at a time.
+TEST(ClientFrameAudit, FollowsFramesAndCatchesTheFirstUnmaskedOne) {
+  const std::string get = "GET /index.html HTTP/1.1\r\nHost: x\r\n\r\n";
+  const std::string upgrade = "GET / HTTP/1.1\r\nHost: x\r\nUpgrade: WebSocket\r\nConnection: Upgrade\r\n\r\n";
+  std::vector<uint8_t> stream(get.begin(), get.end());
+  stream.insert(stream.end(), upgrade.begin(), upgrade.end());
+  for (const std::size_t n : {std::size_t{0}, std::size_t{125}, std::size_t{126}, std::size_t{70001}}) {
+    std::vector<uint8_t> payload(n, 0x55), frame(kMaxClientFrameHeader + n);
+    frame.resize(write_client_frame(frame.data(), payload.data(), n, true, true, 0x01020304u));
+    stream.insert(stream.end(), frame.begin(), frame.end());
+  }
+  const std::size_t masked_end = stream.size();
+  const uint8_t unmasked[] = {0x82, 0x03, 'a', 'b', 'c'};
+  stream.insert(stream.end(), std::begin(unmasked), std::end(unmasked));
+  for (const bool bytewise : {false, true}) {
+    ClientFrameAudit audit;
+    if (bytewise) {
+      for (std::size_t i = 0; i < masked_end; ++i) audit.feed(&stream[i], 1);
+    } else {
+      audit.feed(stream.data(), masked_end);
+    }
+    EXPECT_EQ(audit.violation(), "") << "masked frames after an upgrade are fine";
+    audit.feed(stream.data() + masked_end, stream.size() - masked_end);
+    EXPECT_EQ(audit.violation(),
+              "a client frame without a mask (RFC 6455 section 5.1: every client frame is masked)");
+  }
+  ClientFrameAudit plain_http;  // without an upgrade, nothing is read as a frame
+  plain_http.feed(reinterpret_cast<const uint8_t*>(get.data()), get.size());
+  plain_http.feed(unmasked, sizeof unmasked);
+  EXPECT_EQ(plain_http.violation(), "");
 }
 
 TEST(Transport, MutualTlsCarriesLargeMessagesBothWays) {

@@ -11,6 +11,7 @@
 
 #include "core/error.h"
 #include "core/wire/messages.h"
+#include "ports/lws/client_frame_audit.h"
 #include "ports/lws/ws_frame.h"
 
 namespace tandem {
@@ -314,6 +315,16 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
     case LWS_CALLBACK_CLIENT_RECEIVE: {
       Connection* c = connection_of(wsi);
       if (!c) return -1;
+      if (server_) {
+        // What lws does not check (client_frame_audit.h): closed with 1002, nothing delivered.
+        if (const std::string why = client_frame_violation(lws_get_ssl(wsi)); !why.empty()) {
+          std::fprintf(stderr, "connection %llu: closed: %s\n", static_cast<unsigned long long>(ids_[wsi]), why.c_str());
+          static const char kReason[] = "unmasked frame";
+          lws_close_reason(wsi, LWS_CLOSE_STATUS_PROTOCOL_ERR,
+                           reinterpret_cast<unsigned char*>(const_cast<char*>(kReason)), sizeof kReason - 1);
+          return -1;
+        }
+      }
       const bool final = lws_is_final_fragment(wsi) && !lws_remaining_packet_payload(wsi);
       if (c->discarding) {
         c->discarding = !final;

@@ -4,7 +4,7 @@
 # that says so while another edge trains on; a revoked certificate and a token issued before
 # the revocation are refused, also by a restarted cloud; a new identity for the same name
 # works. /metrics is scraped during a run and its counters checked against the run. Raw
-# WebSocket probes: bad opcodes and fragmented or long control frames get a close, connections
+# WebSocket probes: unmasked frames, bad opcodes and fragmented or long control frames get a close, connections
 # that never speak (TLS or Hello) are closed at their deadlines, and the bounds on connections
 # without Hello and on all connections answer with a Busy Error.
 # Usage: hardening.sh BUILD_DIR SOURCE_DIR
@@ -109,8 +109,9 @@ echo "revocation: refused at connection and after a restart; a token from before
 kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
 start_cloud probes --hello-timeout-s 2 --handshake-timeout-s 2 --max-pending-hello 2 --max-connections 3
 probe() { python3 "$src/tests/e2e/ws_raw.py" "$port" "$work/hospital-b" "$@"; }
-out=$(probe opcode fragmented-ping long-ping silent tls-silent)
+out=$(probe unmasked opcode fragmented-ping long-ping silent tls-silent)
 echo "$out"
+grep -q "^unmasked: closed after .*, close code 1002.*unmasked frame" <<< "$out" || fail "unmasked frame: $out"
 grep -q "^opcode: closed after .*, close code 1002" <<< "$out" || fail "reserved opcode: $out"
 grep -q "^fragmented-ping: closed after .*, close code 1002" <<< "$out" || fail "fragmented ping: $out"
 grep -q "^long-ping: closed after" <<< "$out" || fail "long ping: $out"
