@@ -8,6 +8,7 @@
 #include <fstream>
 #include <sstream>
 
+#include "cloud/pki/identities.h"
 #include "cloud/pki/pki.h"
 #include "ports/crypto/certificate_name.h"
 #include "core/error.h"
@@ -98,6 +99,63 @@ TEST(Pki, CommandLine) {
             0);
   EXPECT_EQ(pki::verify(dir / "s/ca.crt", dir / "id/client.crt"), "");
   EXPECT_NE(std::system((bin + " pki issue --state-dir " + (dir / "s") + " --out x 2> /dev/null").c_str()), 0);
+}
+
+// The register and the revocation list: a revoked client's certificates are refused by serial,
+// one with its name that the register does not know too, one issued after the revocation is
+// not; tokens issued until the revocation are refused; a running list sees a later revoke.
+TEST(Pki, RevocationRefusesWhatWasIssuedUntilThen) {
+  TempDir dir;
+  const std::string state = dir / "state";
+  pki::init(state);
+  pki::issue(state, "alice", dir / "alice");
+  pki::issue(state, "bob", dir / "bob");
+  const auto issued = pki::issued_certificates(state);
+  ASSERT_EQ(issued.size(), 2u);
+  EXPECT_EQ(issued[0].client, "alice");
+  EXPECT_EQ(issued[0].serial, pki::normalize_serial(issued[0].serial));
+  EXPECT_GT(issued[0].not_after, issued[0].issued_at + 700 * 86400);
+  const std::string alice = issued[0].serial, bob = issued[1].serial;
+
+  pki::RevocationList list(state);
+  EXPECT_EQ(list.refuses_certificate("alice", alice), "");
+  const pki::Revocation r = pki::revoke(state, "alice", 1000);
+  ASSERT_EQ(r.serials, std::vector<std::string>{alice});
+  const std::string why = list.refuses_certificate("alice", alice);  // reread: the file changed
+  EXPECT_EQ(why.rfind("the certificate of 'alice' (serial " + alice + ") was revoked on 1970-01-01 00:16:40 UTC", 0), 0u)
+      << why;
+  EXPECT_EQ(list.refuses_certificate("bob", bob), "");
+  EXPECT_NE(list.refuses_certificate("alice", "1234abcd"), "") << "a name revoked, a serial the register does not know";
+  EXPECT_NE(list.refuses_certificate("mallory", alice), "") << "alice's serial under any name";
+  EXPECT_EQ(list.refuses_token("alice", 1001), "");
+  EXPECT_EQ(list.refuses_token("alice", 999),
+            "the enrolment token was issued to 'alice' at 1970-01-01 00:16:39 UTC, before 'alice' was revoked on "
+            "1970-01-01 00:16:40 UTC; ask the cloud's operator for a new token");
+  EXPECT_NE(list.refuses_session("alice", 900), "");
+  EXPECT_EQ(list.refuses_session("alice", 1001), "");
+
+  pki::issue(state, "alice", dir / "alice2");  // a new identity after the revocation works
+  const std::string alice2 = pki::issued_certificates(state).back().serial;
+  EXPECT_EQ(list.refuses_certificate("alice", alice2), "");
+  EXPECT_NE(list.refuses_certificate("alice", alice), "");
+  EXPECT_EQ(pki::RevocationList(state).refuses_certificate("alice", alice2), "") << "as a restarted cloud reads it";
+  EXPECT_EQ(pki::normalize_serial("00:0A:bC"), "abc");
+  EXPECT_EQ(pki::normalize_serial("000"), "0");
+}
+
+// The CLI: revoke and list say what happened.
+TEST(Pki, RevokeAndListOnTheCommandLine) {
+  TempDir dir;
+  const std::string bin = TANDEM_CLOUD_BIN, state = dir / "s";
+  ASSERT_EQ(std::system((bin + " pki init --state-dir " + state + " > /dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((bin + " pki issue --state-dir " + state + " --client ward-1 --out " + (dir / "w") + " > /dev/null").c_str()), 0);
+  ASSERT_EQ(std::system((bin + " pki revoke --state-dir " + state + " --client ward-1 > " + (dir / "revoke.txt")).c_str()), 0);
+  EXPECT_NE(slurp(dir / "revoke.txt").find("revoked 'ward-1' at "), std::string::npos) << slurp(dir / "revoke.txt");
+  ASSERT_EQ(std::system((bin + " pki list --state-dir " + state + " > " + (dir / "list.txt")).c_str()), 0);
+  const std::string list = slurp(dir / "list.txt");
+  EXPECT_NE(list.find("ward-1"), std::string::npos) << list;
+  EXPECT_NE(list.find(" revoked "), std::string::npos) << list;
+  EXPECT_NE(std::system((bin + " pki revoke --state-dir " + state + " --client 'bad name' 2> /dev/null").c_str()), 0);
 }
 
 }  // namespace
