@@ -49,7 +49,7 @@ node "$src/tests/browser/train_in_browser.mjs" "https://127.0.0.1:$port/" "$toke
   "$wasm/web" "https://127.0.0.1:$fed_port/" "$fed_token" || fail "the browser run failed"
 grep -q "round 3: 1 of 1 edges" "$work/fed.log" || fail "the federated cloud closed no third round: $(cat "$work/fed.log")"
 kill -0 "$cloud_pid" || fail "the cloud died"
-grep -q "session 1 (), cut 'pool2': 50 steps, 1600 samples" "$work/cloud.log" ||
+grep -q "session 1 (token for page-1), cut 'pool2': 50 steps, 1600 samples" "$work/cloud.log" ||
   fail "the cloud did not train 50 steps of the page's session"
 grep -q "session 4 (), cut 'pool2': 10 steps, 160 samples" "$work/cloud.log" ||
   fail "the cloud did not train 10 steps on the page's local files"
