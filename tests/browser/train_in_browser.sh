@@ -51,6 +51,6 @@ grep -q "round 3: 1 of 1 edges" "$work/fed.log" || fail "the federated cloud clo
 kill -0 "$cloud_pid" || fail "the cloud died"
 grep -q "session 1 (token for page-1), cut 'pool2': 50 steps, 1600 samples" "$work/cloud.log" ||
   fail "the cloud did not train 50 steps of the page's session"
-grep -q "session 4 (), cut 'pool2': 10 steps, 160 samples" "$work/cloud.log" ||
+grep -q "session 4 (token for page-3), cut 'pool2': 10 steps, 160 samples" "$work/cloud.log" ||
   fail "the cloud did not train 10 steps on the page's local files"
 echo "PASS: the page trained 50 steps in Chromium, the loss fell; replayed and forged tokens refused; local files trained; three federation rounds (screenshot $shot)"
