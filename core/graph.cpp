@@ -76,6 +76,9 @@ Graph Graph::from_parts(std::string name, std::vector<GraphInput> inputs, std::v
       }
     }
     gn.shape = infer_shape(gn.spec, shapes);
+    if (!gn.shape.numel_at_most(kMaxSampleElements))
+      fail(kWhere, cat("node '", gn.spec.name, "' (", gn.spec.op, "): its output per sample ", gn.shape.str(),
+                       " has more than ", kMaxSampleElements, " elements"));
     node_index[gn.spec.name] = static_cast<int>(g.nodes_.size());
     g.nodes_.push_back(std::move(gn));
     for (int c : consumers[static_cast<std::size_t>(i)])

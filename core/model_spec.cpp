@@ -68,6 +68,9 @@ ModelSpec parse_model_binary(const uint8_t* data, std::size_t size) {
       dims.push_back(d);
     }
     s.shape = Shape::of(dims.data(), static_cast<int>(dims.size()));
+    if (!s.shape.numel_at_most(kMaxSampleElements))
+      fail(kWhere, cat("input '", s.name, "': field 'shape' has more than ", kMaxSampleElements,
+                       " elements per sample"));
     out.inputs.push_back(std::move(s));
   }
   if (!m->nodes() || m->nodes()->size() == 0) fail(kWhere, "missing field 'nodes' (at least one node)");

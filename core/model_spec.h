@@ -69,6 +69,10 @@ struct ModelSpec {
   std::vector<uint8_t> binary;  // the canonical FlatBuffers form (what hashes and travels)
 };
 
+// The most elements one sample's tensor may have at any node (inputs included): 8 GiB of
+// floats, far beyond any model trained here; it keeps every shape's arithmetic in range.
+inline constexpr int64_t kMaxSampleElements = int64_t{1} << 31;
+
 // The ops this engine knows, for error messages and validation.
 const std::vector<std::string>& known_ops();
 

@@ -27,6 +27,18 @@ int64_t Shape::numel() const {
   return n;
 }
 
+bool Shape::numel_at_most(int64_t limit) const {
+  for (int i = 0; i < rank_; ++i)
+    if (dims_[static_cast<std::size_t>(i)] == 0) return limit >= 0;
+  int64_t n = 1;
+  for (int i = 0; i < rank_; ++i) {
+    const int64_t d = dims_[static_cast<std::size_t>(i)];
+    if (d < 0 || n > limit / d) return false;
+    n *= d;
+  }
+  return n <= limit;
+}
+
 int64_t Shape::item_numel() const {
   int64_t n = 1;
   for (int i = 1; i < rank_; ++i) n *= dims_[static_cast<std::size_t>(i)];

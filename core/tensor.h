@@ -25,6 +25,8 @@ class Shape {
   int64_t operator[](int i) const { return dims_[static_cast<std::size_t>(i)]; }
   int64_t& operator[](int i) { return dims_[static_cast<std::size_t>(i)]; }
   int64_t numel() const;
+  // Whether numel() is at most `limit`, found without overflowing (for shapes from outside).
+  bool numel_at_most(int64_t limit) const;
   // Elements per batch item (product of all but the first dimension).
   int64_t item_numel() const;
   // The same shape with `n` as its first dimension (a slice of a batch).

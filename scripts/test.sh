@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Sets up, builds and runs tandem's whole test suite (ctest), in the release build (with the
-# WebAssembly build and the arm64 cross build beside it, the latter run under qemu) and, for
-# the engine's own code paths, under AddressSanitizer and UndefinedBehaviorSanitizer.
+# WebAssembly build and the arm64 cross build beside it, the latter run under qemu), for the
+# engine's own code paths under AddressSanitizer and UndefinedBehaviorSanitizer, and last the
+# libFuzzer harnesses (clang 14), each fuzzed for a minute from its seeds (tests/fuzz/).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 bash scripts/setup.sh release
@@ -10,3 +11,5 @@ bash scripts/build-arm64.sh  # the arm64 edge, cross-built; the release suite ru
 ctest --preset release
 bash scripts/setup.sh debug-asan
 ctest --preset debug-asan
+bash scripts/setup.sh fuzz
+ctest --preset fuzz

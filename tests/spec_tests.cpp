@@ -162,6 +162,26 @@ TEST(Spec, GarbageBinaryIsRefused) {
             "[model spec] not a tandem model spec (missing file identifier 'TDMS')");
 }
 
+// Found by tests/fuzz (model_spec; the input is tests/fuzz/regressions/model_spec/): an input
+// shape of ~2^60 elements per sample overflowed int64 in Shape::numel (a flatten node's shape
+// inference); a node's output could overflow too. Both are refused, naming the input or node.
+TEST(Spec, ShapesTooLargeToComputeAreRefused) {
+  EXPECT_EQ(error_of([] {
+              graph_of(R"({ name: "t", inputs: [ { name: "x", shape: [926927447620845575, 12] } ],
+                            nodes: [ { name: "f", op: "flatten", inputs: ["x"] } ] })");
+            }),
+            "[model spec] input 'x': field 'shape' has more than 2147483648 elements per sample");
+  EXPECT_EQ(error_of([] {
+              graph_of(with_nodes(R"({ name: "c", op: "conv2d", inputs: ["x"], conv2d: { out_channels: 2147483647, kernel: [1] } },
+                                     { name: "f", op: "flatten", inputs: ["c"] })"));
+            }),
+            "[graph] node 'c' (conv2d): its output per sample [8, 8, 2147483647] has more than 2147483648 elements");
+  // At the limit is fine.
+  EXPECT_EQ(error_of([] { graph_of(R"({ name: "t", inputs: [ { name: "x", shape: [2147483648] } ],
+                                         nodes: [ { name: "r", op: "relu", inputs: ["x"] } ] })"); }),
+            "");
+}
+
 TEST(Split, SampleAtPool2) {
   Graph g = Graph::build(load_model_spec(sample_path()));
   auto [front, back] = g.split("pool2");

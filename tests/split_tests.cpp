@@ -512,6 +512,52 @@ TEST(SplitSessionBadInput, NanActivations) {
                  "activations: non-finite value at element 77");
 }
 
+// Found by tests/fuzz (cloud_session; the input is tests/fuzz/regressions/cloud_session/
+// i8-activations-overflow-the-back-shard): finite activations near the end of the float range
+// overflow the back shard. Its NaN gradient went to the I8 encoder (undefined behaviour), or
+// back to an F32 edge that then refused it, and the step would have reached the weights.
+TEST(SplitSessionBadInput, ActivationsThatOverflowTheBackShard) {
+  for (const wire::DType dtype : {wire::DType::F32, wire::DType::I8}) {
+    SCOPED_TRACE(dtype_name(dtype));
+    Split s(2, 32, {dtype});
+    s.handshake();
+    // Each sample near the largest float, signed as fc1's first row of weights: its first unit overflows.
+    const Tensor& row = s.back.param("fc1.weight").value();  // [24, 96]
+    Tensor a = Tensor::empty({16, 4, 4, 6});
+    for (int64_t i = 0; i < a.numel(); ++i) a[i] = std::copysign(3e38f, row[i % 96]);
+    MessageWriter w;
+    const int32_t labels[16] = {0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3, 0, 1, 2, 3};
+    expect_refusal(s, w.forward(0, 0, 0, a, labels, 32, 2, dtype), wire::ErrorCode::BadTensor,
+                   "step 0 micro-batch 0: the activations overflow the back shard (non-finite loss); they are far "
+                   "outside any trained range");
+  }
+}
+
+// A cloud's gradients so large that the front's weights overflow: the edge says so itself
+// before it would send non-finite activations (which the I8 encoder cannot carry).
+TEST(SplitSessionBadInput, GradientsThatMakeTheFrontDiverge) {
+  Data d = make_data(32, 5);
+  Split s(2);
+  s.handshake();
+  ASSERT_EQ(s.edge.begin_step(d.images, d.labels.data()), 2);
+  MessageWriter cloud;
+  for (int mb = 0; mb < 2; ++mb) {
+    (void)s.edge.forward(mb);
+    Tensor g = Tensor::empty({16, 4, 4, 6});
+    for (int64_t i = 0; i < g.numel(); ++i) g[i] = i % 2 ? 3e38f : -3e38f;
+    const auto bytes = cloud.backward(0, static_cast<uint32_t>(mb), g, 1.0f);
+    WireError err;
+    bool done = false;
+    ASSERT_TRUE(s.edge.on_backward(Frame::copy_of(bytes.data(), bytes.size()), err, done)) << err.text;
+    EXPECT_EQ(done, mb == 1);
+  }
+  s.edge.begin_step(d.images, d.labels.data());
+  const std::string e = error_of([&] { s.edge.forward(0); });
+  const std::string want = "[edge session] the front shard's activations for micro-batch 0 of step 1 are not finite";
+  EXPECT_EQ(e.substr(0, want.size()), want) << e;
+  EXPECT_NE(e.find("): its weights diverged"), std::string::npos) << e;
+}
+
 TEST(SplitSessionBadInput, LearningRateScaleOutOfRange) {
   for (const float scale : {std::numeric_limits<float>::quiet_NaN(), -1.0f, 1000.0f}) {
     Started s;

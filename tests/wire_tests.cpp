@@ -113,6 +113,23 @@ TEST(Codec, RefusesNonFiniteEncodingsAndScales) {
   EXPECT_EQ(why, "non-finite value at element 0");
 }
 
+// Found by tests/fuzz (cloud_session, tests/fuzz/regressions/cloud_session/): a NaN reached
+// the I8 encoder, whose clamp let it through to a float-to-int8 conversion (undefined; UBSan
+// reported it). Senders refuse non-finite tensors first; the encoder itself stays defined.
+TEST(Codec, I8EncodingOfNonFiniteValuesIsDefined) {
+  const float v[] = {std::numeric_limits<float>::quiet_NaN(), 1.0f, -std::numeric_limits<float>::quiet_NaN(), -1.0f};
+  int8_t out[4];
+  EXPECT_EQ(encode_tensor(wire::DType::I8, v, 4, reinterpret_cast<uint8_t*>(out)), 1.0f / 127.0f);
+  EXPECT_EQ(out[0], 0);
+  EXPECT_EQ(out[1], 127);
+  EXPECT_EQ(out[2], 0);
+  EXPECT_EQ(out[3], -127);
+  const float inf[] = {std::numeric_limits<float>::infinity(), -std::numeric_limits<float>::infinity()};
+  EXPECT_EQ(encode_tensor(wire::DType::I8, inf, 2, reinterpret_cast<uint8_t*>(out)), 1.0f);
+  EXPECT_EQ(out[0], 127);
+  EXPECT_EQ(out[1], -127);
+}
+
 TEST(Wire, CompressedForwardRoundTripsThroughTheMessage) {
   MessageWriter writer;
   const Tensor a = activations(3);

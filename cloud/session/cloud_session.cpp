@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cctype>
 #include <chrono>
+#include <cmath>
 #include <cstdio>
 
 #include "core/error.h"
@@ -14,6 +15,13 @@ namespace tandem {
 namespace {
 
 constexpr uint32_t kMaxEvalBatch = 4096;
+
+bool all_finite(const Tensor& t) {
+  const float* p = t.data();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i)
+    if (!std::isfinite(p[i])) return false;
+  return true;
+}
 
 // Client ids name the cloud's checkpoint folders: short, and only letters, digits, '.', '_'
 // and '-' (not starting with '.').
@@ -215,6 +223,15 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   const double loss = compute_loss(back_.graph().loss(), logits, fwd.labels()->data(), 1.0f / static_cast<float>(step_samples_),
                                             &dlogits, back_.graph().output_groups());
   const Tensor grad = back_.backward(dlogits, static_cast<int>(mb), true);
+  // Finite activations can still overflow the back shard (values near the float range's
+  // end): such a micro-batch must neither reach the weights nor go back as a non-finite
+  // gradient (which the edge refuses, or I8 cannot encode).
+  if (!std::isfinite(loss) || !all_finite(grad)) {
+    shard_.end_compute();
+    return refuse({wire::ErrorCode::BadTensor,
+                   cat("step ", step_, " micro-batch ", mb, ": the activations overflow the back shard (non-finite ",
+                       std::isfinite(loss) ? "gradient" : "loss", "); they are far outside any trained range")});
+  }
   seen_[mb] = true;
   trained_samples_ += static_cast<uint64_t>(count);
   train_loss_sum_ += loss;

@@ -91,7 +91,10 @@ TANDEM_SIMD_KERNEL
 void encode_i8(const float* src, int64_t count, float inverse_scale, int8_t* dst) {
   constexpr float kRound = 12582912.0f;  // 1.5 * 2^23: adding it rounds to nearest even
   for (int64_t i = 0; i < count; ++i) {
-    const float q = std::clamp((src[i] * inverse_scale + kRound) - kRound, -127.0f, 127.0f);
+    const float r = (src[i] * inverse_scale + kRound) - kRound;
+    // Clamped so that NaN (which std::clamp passes through, and whose conversion to an
+    // integer is undefined) becomes 0; senders refuse non-finite tensors before this.
+    const float q = r >= -127.0f ? (r <= 127.0f ? r : 127.0f) : (r < -127.0f ? -127.0f : 0.0f);
     dst[i] = static_cast<int8_t>(q);
   }
 }

@@ -1,6 +1,7 @@
 #include "edge/session/edge_session.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "core/microbatch.h"
@@ -37,6 +38,20 @@ const wire::Message* expect(const Frame& frame, wire::Payload want, WireError& e
     return nullptr;
   }
   return m;
+}
+
+// The front shard's output must be finite before it leaves: weights that diverged (a learning
+// rate too high, or huge gradients from the cloud) are this edge's problem to report, not a
+// tensor for the cloud to refuse (nor NaN for the I8 encoder). The first bad element, or -1.
+int64_t first_non_finite(const Tensor& activations) {
+  const float* p = activations.data();
+  for (int64_t i = 0, n = activations.numel(); i < n; ++i)
+    if (!std::isfinite(p[i])) return i;
+  return -1;
+}
+[[noreturn]] void diverged(const std::string& what, int64_t element) {
+  fail("edge session", cat("the front shard's activations for ", what, " are not finite (element ", element,
+                           "): its weights diverged"));
 }
 }  // namespace
 
@@ -131,6 +146,7 @@ std::span<const uint8_t> EdgeSession::forward(int mb) {
   const auto [begin, count] = microbatch_range(batch, step_microbatches_, mb);
   front_.set_training(true);
   const Tensor& activations = front_.forward(images_.slice_batch(begin, count), mb);
+  if (const int64_t bad = first_non_finite(activations); bad >= 0) diverged(cat("micro-batch ", mb, " of step ", step_), bad);
   state_[static_cast<std::size_t>(mb)] = 1;
   return writer_.forward(step_, static_cast<uint32_t>(mb), step_ /* weights version: optimizer steps applied */, activations,
                          std::span<const int32_t>(labels_ + begin, static_cast<std::size_t>(count)),
@@ -185,6 +201,7 @@ std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, const Tens
   // Evaluation uses the slot after the training ones, so it never disturbs a step in flight.
   front_.set_training(false);
   const Tensor& activations = front_.forward(images, static_cast<int>(microbatches_));
+  if (const int64_t bad = first_non_finite(activations); bad >= 0) diverged(cat("evaluation batch ", batch_id), bad);
   return writer_.eval_forward(batch_id, activations, std::span<const int32_t>(labels, static_cast<std::size_t>(count)),
                               dtype_);
 }

@@ -1,0 +1,195 @@
+// Writes the fuzzers' seed corpora (tests/fuzz/corpus/<harness>/) from real runs and real
+// files, so they can be regenerated when a format changes:
+//   build/fuzz/tests/fuzz/tandem_fuzz_seeds <source dir> <corpus dir>
+//   cloud_session, edge_session: both directions of an EventEdge split-training against a
+//     CloudSession in this process (fuzz_setup.h's model and flags), one file per set-up;
+//   model_spec: sample and test specs in JSON and in the binary form;
+//   checkpoint: real checkpoints (Sgd with momentum; batch norm, dropout and Adam; the cloud's);
+//   safetensors: PyTorch-layout exports of those models;
+//   token: a real token (from a CA of its own), payloads for the harness to sign, a --ttl.
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <cstdio>
+#include <deque>
+#include <fstream>
+#include <iostream>
+#include <iterator>
+
+#include "cloud/pki/pki.h"
+#include "cloud/pki/token.h"
+#include "core/interop/safetensors.h"
+#include "core/interop/torch_layout.h"
+#include "core/trainer.h"
+#include "tests/fuzz/fuzz_setup.h"
+
+using namespace tandem;
+using namespace tandem::fuzz;
+
+namespace {
+
+std::string out_dir;
+
+void write(const std::string& harness, const std::string& name, std::span<const uint8_t> bytes) {
+  const std::string dir = out_dir + "/" + harness;
+  ::mkdir(out_dir.c_str(), 0755);
+  ::mkdir(dir.c_str(), 0755);
+  std::ofstream out(dir + "/" + name, std::ios::binary | std::ios::trunc);
+  out.write(reinterpret_cast<const char*>(bytes.data()), static_cast<std::streamsize>(bytes.size()));
+  if (!out) fail("seeds", cat("cannot write ", dir, "/", name));
+}
+void write(const std::string& harness, const std::string& name, const std::string& text) {
+  write(harness, name, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+}
+
+std::string read_text(const std::string& path) {
+  std::ifstream in(path, std::ios::binary);
+  if (!in) fail("seeds", cat("cannot read ", path));
+  return std::string(std::istreambuf_iterator<char>(in), std::istreambuf_iterator<char>());
+}
+
+// One run of the edge against the cloud with `flags`: what each side received, in order.
+void session_seeds(uint8_t flags, const std::string& name) {
+  std::vector<std::vector<uint8_t>> to_cloud, to_edge_log;
+  std::deque<std::vector<uint8_t>> to_edge;
+  Cloud cloud(flags, [&](std::span<const uint8_t> b) { to_edge.emplace_back(b.begin(), b.end()); });
+  bool closed = false;
+  EdgeMemoryCheckpoints checkpoints;
+  std::string last_event;
+  EventEdge edge(
+      model().spec, edge_config(flags, &checkpoints),
+      [&](std::span<const uint8_t> b) {
+        if (closed) return;
+        to_cloud.emplace_back(b.begin(), b.end());
+        const CloudReply r = cloud.session->handle(Frame::copy_of(b.data(), b.size()));
+        cloud.session->finish_step();
+        if (!r.bytes.empty()) to_edge.emplace_back(r.bytes.begin(), r.bytes.end());
+        if (!r.then.empty()) to_edge.push_back(r.then);
+        closed = closed || r.close;
+      },
+      [&](const EdgeEvent& e) { last_event = e.json(); });
+  give_data(edge);
+  edge.on_open();
+  while (!to_edge.empty() && !edge.finished()) {
+    std::vector<uint8_t> m = std::move(to_edge.front());
+    to_edge.pop_front();
+    to_edge_log.push_back(m);
+    edge.on_message(Frame::copy_of(m.data(), m.size()));
+  }
+  if (!edge.finished() || edge.failed()) fail("seeds", cat(name, ": the run did not finish: ", last_event));
+  write("cloud_session", name, join_input(flags, to_cloud));
+  write("edge_session", name, join_input(flags, to_edge_log));
+  std::printf("session %-22s %zu messages to the cloud, %zu to the edge\n", name.c_str(), to_cloud.size(),
+              to_edge_log.size());
+}
+
+constexpr const char* kBnSpec = R"({ name: "fuzz-bn", inputs: [ { name: "image", shape: [8, 8, 1] } ], nodes: [
+  { name: "conv1", op: "conv2d", inputs: ["image"], conv2d: { out_channels: 4, kernel: [3], padding: [1] } },
+  { name: "bn1", op: "batch_norm", inputs: ["conv1"] },
+  { name: "relu1", op: "relu", inputs: ["bn1"] },
+  { name: "pool1", op: "max_pool2d", inputs: ["relu1"], pool: { kernel: [2] } },
+  { name: "flatten", op: "flatten", inputs: ["pool1"] },
+  { name: "drop", op: "dropout", inputs: ["flatten"], dropout: { p: 0.25 } },
+  { name: "fc1", op: "linear", inputs: ["drop"], linear: { out_features: 4 } } ], cut: "pool1" })";
+
+void checkpoint_and_safetensors_seeds() {
+  Model& m = model();
+  const Tensor x = images(kBatch);
+  const Pixels p = pixels(kBatch);
+  {  // the split model, whole, two Sgd steps with momentum
+    Network net(m.graph, *m.backend, kSeed);
+    Sgd opt(net.params(), Model::sgd());
+    ChainTrainer trainer({&net}, {&opt});
+    for (int s = 0; s < 2; ++s) trainer.train_step(x, p.labels.data(), 2);
+    CheckpointMeta meta;
+    meta.role = "whole";
+    meta.cut = kCut;
+    meta.model_hash = m.hash;
+    meta.step = 2;
+    meta.epoch = 1;
+    meta.cursor = 16;
+    write("checkpoint", "split-whole-sgd", encode_checkpoint(meta, net, &opt));
+    write("safetensors", "split-whole", write_safetensors(shard_to_torch(m.graph, net, 2), {{"format", "pt"}}));
+    Network front(m.shards.first, *m.backend, kSeed);
+    write("safetensors", "split-front", write_safetensors(shard_to_torch(m.graph, front, 0)));
+  }
+  write("checkpoint", "cloud-step1", m.cloud_step1);
+  {  // batch norm, dropout and Adam
+    const ModelSpec spec = parse_model_json(kBnSpec);
+    const Graph graph = Graph::build(spec);
+    Network net(graph, *m.backend, kSeed);
+    OptimizerOptions adam;
+    adam.kind = "adam";
+    adam.lr = 0.001f;
+    auto opt = make_optimizer(net.params(), adam);
+    ChainTrainer trainer({&net}, {opt.get()});
+    trainer.train_step(x, p.labels.data(), 1);
+    CheckpointMeta meta;
+    meta.role = "whole";
+    meta.step = 1;
+    write("checkpoint", "bn-dropout-adam", encode_checkpoint(meta, net, opt.get()));
+    write("checkpoint", "bn-no-optimizer", encode_checkpoint(meta, net, nullptr));
+    write("safetensors", "bn-dropout", write_safetensors(shard_to_torch(graph, net, 1)));
+  }
+}
+
+void spec_seeds(const std::string& source) {
+  const std::pair<const char*, std::string> specs[] = {
+      {"split-test", kSplitSpec},
+      {"fashion-mnist", read_text(source + "/samples/fashion-mnist/model.json")},
+      {"heads", read_text(source + "/samples/fashion-mnist/heads.json")},
+      {"residual-bn", read_text(source + "/tests/interop/residual_bn.json")},
+      {"resnet18-28", read_text(source + "/samples/models/resnet18-28.json")},
+      {"mobilenetv2-28", read_text(source + "/samples/models/mobilenetv2-28.json")},
+  };
+  for (const auto& [name, json] : specs) {
+    const ModelSpec spec = parse_model_json(json, name);
+    write("model_spec", cat(name, ".json"), json);
+    write("model_spec", cat(name, ".tdms"), spec.binary);
+  }
+}
+
+void token_seeds() {
+  char tmpl[] = "/tmp/tandem-fuzz-seeds-XXXXXX";
+  if (!mkdtemp(tmpl)) fail("seeds", "mkdtemp");
+  const std::string dir = tmpl;
+  pki::init(dir);
+  const int64_t now = 1900000000;  // token_fuzz.cpp's clock
+  // Mode 0: a real token (signed by this CA, not the harness's: its signature fails there).
+  write("token", "real-token", cat('\0', kClient, "\n", pki::issue_token(dir, kClient, 3600, now - 60)));
+  // Mode 1: payloads the harness signs: accepted once, expired, from the future, another client.
+  const std::string id = "0123456789abcdef0123456789abcdef";
+  write("token", "signed-valid", cat('\1', kClient, "\nclient=", kClient, ";id=", id, ";iat=", now - 60, ";exp=", now + 3600));
+  write("token", "signed-expired", cat('\1', kClient, "\nclient=", kClient, ";id=", id, ";iat=", now - 7200, ";exp=", now - 3600));
+  write("token", "signed-future", cat('\1', kClient, "\nclient=", kClient, ";id=", id, ";iat=", now + 3600, ";exp=", now + 7200));
+  write("token", "signed-other-client", cat('\1', "mallory\nclient=", kClient, ";id=", id, ";iat=", now, ";exp=", now + 60));
+  // Mode 2: a --ttl value and a client name.
+  write("token", "ttl", cat('\2', kClient, "\n15m"));
+  std::system(cat("rm -rf '", dir, "'").c_str());
+}
+
+}  // namespace
+
+int main(int argc, char** argv) {
+  if (argc != 3) {
+    std::fprintf(stderr, "usage: %s <source dir> <corpus dir>\n", argv[0]);
+    return 2;
+  }
+  out_dir = argv[2];
+  try {
+    session_seeds(0, "f32");
+    session_seeds(1, "f16");
+    session_seeds(3 | kAuthorize | kPeerIdentity, "i8-token-identity");
+    session_seeds(kFederation, "federation");
+    session_seeds(2 | kFederation | kPerRound, "bf16-federation-per-round");
+    session_seeds(kCheckpoints, "checkpoints");
+    session_seeds(kCheckpoints | kResume, "resume");
+    spec_seeds(argv[1]);
+    checkpoint_and_safetensors_seeds();
+    token_seeds();
+  } catch (const std::exception& e) {
+    std::fprintf(stderr, "tandem_fuzz_seeds: %s\n", e.what());
+    return 1;
+  }
+  return 0;
+}
