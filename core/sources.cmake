@@ -23,6 +23,7 @@ set(TANDEM_CORE_SOURCES
   wire/frame.cpp
   wire/messages.cpp
   wire/tensor_codec.cpp
+  wire/egress_audit.cpp
   layers/conv2d_layer.cpp
   layers/linear_layer.cpp
   layers/heads_layer.cpp

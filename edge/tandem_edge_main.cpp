@@ -20,7 +20,7 @@ constexpr const char* kUsage = R"(usage:
                     [--data fashion-mnist] [--epochs N] [--limit SAMPLES] [--test-limit SAMPLES]
                     [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
-                    [--metrics-json FILE] [--client-id NAME] [--token TOKEN]
+                    [--metrics-json FILE] [--client-id NAME] [--token TOKEN] [--audit-log FILE]
                     [--checkpoint-dir DIR [--checkpoint-every STEPS]] [--init-from FILE]
                     [--shard I/N [--split iid|class] [--front-updates step|round] [--proximal-mu MU]]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
@@ -36,6 +36,10 @@ constexpr const char* kUsage = R"(usage:
       step's factor to the cloud, which scales its own learning rate by it. --cut auto runs
       the planner (`tandem plan`) here first and trains with its cut and K (K up to
       --microbatches); the cloud must serve that cut (tandem-cloud serve --cut any).
+      --audit-log FILE (default IDDIR/egress.jsonl): every message this edge sends is
+      appended there before it leaves, as a hash-chained JSON line (type, step, tensor
+      names, shapes, dtypes, bytes, SHA-256 of each payload), with a summary at the run's
+      end; `tandem audit verify FILE` checks the chain and says what left.
       --checkpoint-dir keeps checkpoints of the front shard there, encrypted with
       IDDIR/checkpoint.key (made on first use), every STEPS steps (default 100; 0: only at
       each epoch's end); the cloud checkpoints its back shard at the same steps. Run the
@@ -65,7 +69,7 @@ int train_command(int argc, char** argv) {
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token"},
+                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -95,6 +99,7 @@ int train_command(int argc, char** argv) {
   o.wire_dtypes = {*wanted};
   if (*wanted != wire::DType::F32) o.wire_dtypes.push_back(wire::DType::F32);
   o.metrics_json = args.str("metrics-json", "");
+  o.audit_log = args.str("audit-log", "");
   o.token = args.str("token", "");
   // The client id the cloud binds this edge to: its certificate's name (a token's edge: the
   // identity folder's name, which the token must be for).

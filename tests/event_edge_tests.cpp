@@ -6,6 +6,7 @@
 #include <cmath>
 #include <deque>
 #include <map>
+#include <sstream>
 
 #include "backends/registry.h"
 #include "cloud/federation/federation.h"
@@ -14,6 +15,7 @@
 #include "core/error.h"
 #include "core/graph.h"
 #include "edge/session/event_edge.h"
+#include "tools/audit_verify.h"
 #include "test_support.h"
 
 namespace tandem::test {
@@ -56,6 +58,7 @@ struct Harness {
   MemoryCheckpoints cloud_checkpoints;
   std::unique_ptr<CloudSession> cloud;
   std::deque<std::vector<uint8_t>> to_edge;
+  std::vector<std::vector<uint8_t>> sent;  // every message the edge sent, as it left
   std::vector<std::string> events;
   std::unique_ptr<EventEdge> edge;
   bool cloud_closed = false;
@@ -77,6 +80,7 @@ struct Harness {
     edge = std::make_unique<EventEdge>(
         spec, config,
         [this](std::span<const uint8_t> b) {
+          sent.emplace_back(b.begin(), b.end());
           if (cloud_closed) return;
           CloudReply r = cloud->handle(Frame::copy_of(b.data(), b.size()));
           cloud->finish_step();
@@ -140,6 +144,118 @@ TEST(EventEdge, TrainsEvaluatesAndSaysGoodbye) {
   EXPECT_LT(last, 0.5 * first) << "first " << first << " last " << last;
   EXPECT_GT(h.field(h.events.back(), "test_accuracy"), 0.9) << h.events.back();
   EXPECT_TRUE(h.cloud->closed()) << "the cloud saw no Bye";
+}
+
+// The egress log of a real run: it verifies, says what left (activations and labels, never
+// the images), and every kind of edit breaks it with the line and the reason.
+TEST(EgressAudit, RunLogVerifiesAndEditsAreCaught) {
+  std::vector<std::string> lines;
+  EgressAudit audit([&](const std::string& line) { lines.push_back(line); });
+  EventEdgeConfig c = config(6);
+  c.audit = &audit;
+  Harness h(c);
+  const Pixels train = pixels(256, 1), test = pixels(64, 2);
+  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
+  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
+  h.run();
+  ASSERT_TRUE(h.edge->finished() && !h.edge->failed()) << h.events.back();
+  const std::string anchor = audit.finish("done");
+  ASSERT_EQ(lines.size(), h.sent.size() + 2) << "a run record, one line a message, a summary";
+  uint64_t sent_bytes = 0;
+  for (const auto& m : h.sent) sent_bytes += m.size();
+  EXPECT_EQ(audit.bytes(), sent_bytes);
+
+  auto verify = [](const std::vector<std::string>& log) {
+    std::string text;
+    for (const auto& l : log) text += l + "\n";
+    std::istringstream in(text);
+    return verify_egress_log(in);
+  };
+  const EgressReport ok = verify(lines);
+  ASSERT_EQ(ok.error, "");
+  EXPECT_EQ(ok.last_hash, anchor);
+  EXPECT_EQ(ok.runs, 1u);
+  EXPECT_EQ(ok.clients, std::set<std::string>{"page-1"});
+  EXPECT_EQ(ok.messages, h.sent.size());
+  EXPECT_EQ(ok.bytes, sent_bytes);
+  ASSERT_EQ(ok.kinds.count("Forward"), 1u);
+  EXPECT_EQ(ok.kinds.at("Forward").messages, 24u) << "6 steps of 4 micro-batches";
+  EXPECT_EQ(ok.kinds.at("Forward").labels, 6u * 32u);
+  EXPECT_EQ(ok.kinds.at("Forward").tensors, std::set<std::string>{"activations f32 [8,4,4,6]"});
+  EXPECT_EQ(ok.kinds.at("Hello").messages, 1u);
+  EXPECT_EQ(ok.kinds.at("Bye").messages, 1u);
+  EXPECT_EQ(ok.kinds.at("EvalForward").labels, 64u);
+  EXPECT_TRUE(ok.notes.empty());
+  const std::string text = egress_report_text("log", ok);
+  EXPECT_NE(text.find("log verifies: " + std::to_string(lines.size()) + " lines, 1 run (client page-1)"),
+            std::string::npos)
+      << text;
+
+  // Edited: one digit of a Forward's byte count.
+  std::vector<std::string> edited = lines;
+  const std::size_t at = edited[5].find("\"bytes\":") + 8;
+  edited[5][at] = edited[5][at] == '1' ? '2' : '1';
+  EXPECT_EQ(verify(edited).error, "line 6: its text does not give its hash: the line was edited");
+  // Re-hashed after the edit: the next line's "prev" no longer matches.
+  std::string claimed, computed;
+  ASSERT_TRUE(egress_line_hashes(edited[5], claimed, computed));
+  edited[5].replace(edited[5].size() - 66, 64, computed);
+  EXPECT_EQ(verify(edited).error,
+            "line 7: its \"prev\" is not the hash of the line before: a line was removed, inserted or reordered");
+  std::vector<std::string> removed = lines;
+  removed.erase(removed.begin() + 3);
+  EXPECT_EQ(verify(removed).error,
+            "line 4: its \"prev\" is not the hash of the line before: a line was removed, inserted or reordered");
+  std::vector<std::string> swapped = lines;
+  std::swap(swapped[2], swapped[3]);
+  EXPECT_EQ(verify(swapped).error,
+            "line 3: its \"prev\" is not the hash of the line before: a line was removed, inserted or reordered");
+  std::vector<std::string> cut(lines.begin(), lines.end() - 3);  // the end, summary included
+  const EgressReport truncated = verify(cut);
+  EXPECT_EQ(truncated.error, "");
+  ASSERT_EQ(truncated.notes.size(), 1u);
+  EXPECT_EQ(truncated.notes[0], "run 1 has no summary: the edge stopped without one, or the log was cut");
+  EXPECT_NE(truncated.last_hash, anchor) << "the anchor tells a cut log";
+  std::vector<std::string> garbage = lines;
+  garbage.insert(garbage.begin() + 2, "{\"not\":\"a log line\"}");
+  EXPECT_EQ(verify(garbage).error, "line 3: not an egress log line (no hash at its end)");
+
+  // A second run continues the chain in the same log.
+  EgressAudit again([&](const std::string& line) { lines.push_back(line); }, anchor);
+  again.begin_run("page-1", "m", "pool1", {});
+  again.finish("done");
+  const EgressReport two = verify(lines);
+  EXPECT_EQ(two.error, "");
+  EXPECT_EQ(two.runs, 2u);
+}
+
+// What leaves is activations and labels: no row of any training or test image appears in any
+// message the edge sent (as the f32 the edge holds it in).
+TEST(EgressAudit, NoInputImageLeavesTheEdge) {
+  Harness h(config(8));
+  const Pixels train = pixels(256, 1), test = pixels(64, 2);
+  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
+  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
+  h.run();
+  ASSERT_TRUE(h.edge->finished() && !h.edge->failed()) << h.events.back();
+  int rows_checked = 0;
+  for (const Pixels* set : {&train, &test})
+    for (std::size_t i = 0; i + 8 <= set->bytes.size(); i += 8) {
+      float row[8];
+      std::set<uint8_t> distinct;
+      for (int x = 0; x < 8; ++x) {
+        row[x] = static_cast<float>(set->bytes[i + x]) / 255.0f;
+        distinct.insert(set->bytes[i + x]);
+      }
+      if (distinct.size() < 4) continue;  // flat rows (zeros) would match any padding
+      ++rows_checked;
+      for (const auto& m : h.sent)
+        ASSERT_EQ(std::search(m.begin(), m.end(), reinterpret_cast<const uint8_t*>(row),
+                              reinterpret_cast<const uint8_t*>(row) + sizeof row),
+                  m.end())
+            << "an image row left the edge";
+    }
+  EXPECT_GT(rows_checked, 100);
 }
 
 // Counts saves; keeps nothing (resuming is the e2e resume test's).

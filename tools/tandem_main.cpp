@@ -13,6 +13,7 @@
 #include "data/idx_dataset.h"
 #include "backends/registry.h"
 #include "cli/cli_args.h"
+#include "tools/audit_verify.h"
 #include "tools/cli_setup.h"
 #include "tools/export_command.h"
 #include "tools/plan_command.h"
@@ -57,6 +58,12 @@ constexpr const char* kUsage = R"(usage:
                   [--predictions FILE] [--logits FILE]
       The whole model's Fashion-MNIST test accuracy from a safetensors file (PyTorch names
       and layouts); writes each image's predicted class (and raw f32 logits) when asked.
+  tandem audit verify LOG [--expect-last HASH]
+      Checks an edge's egress log (tandem-edge --audit-log, default IDDIR/egress.jsonl):
+      every line's hash, the chain from line to line and each run's summary; prints what
+      left the edge, by kind (messages, bytes, tensors with dtypes and shapes, labels).
+      Exits 1 on any edited, removed, inserted or reordered line; --expect-last compares the
+      last hash with the one the edge printed at the end of its run.
   tandem pack-spec --model SPEC --out FILE
       Writes SPEC's canonical binary form (FlatBuffers, identifier TDMS): what model hashes
       are computed over, and what the browser edge loads (it has no JSON parser).
@@ -201,5 +208,6 @@ int main(int argc, char** argv) {
                           {"export", [](int c, char** v) { return tandem::export_command(tandem::CliArgs(c, v, 2, {})); }},
                           {"evaluate", [](int c, char** v) { return tandem::evaluate_command(tandem::CliArgs(c, v, 2, {})); }},
                           {"pack-spec", [](int c, char** v) { return tandem::pack_spec(tandem::CliArgs(c, v, 2, {})); }},
-                          {"backends", tandem::list_backends}});
+                          {"backends", tandem::list_backends},
+                          {"audit", tandem::audit_command}});
 }

@@ -108,7 +108,10 @@ void write_revoked(const std::string& dir, const std::vector<Revocation>& rows) 
   std::string text = "# client\trevoked_at (unix seconds)\tserials; written by tandem-cloud pki revoke\n";
   for (const auto& r : rows) {
     std::string serials;
-    for (const auto& s : r.serials) serials += (serials.empty() ? "" : ",") + s;
+    for (const auto& s : r.serials) {
+      if (!serials.empty()) serials += ",";
+      serials += s;
+    }
     text += cat(r.client, "\t", r.revoked_at, "\t", serials, "\n");
   }
   write_atomically(revoked_path(dir), text, 0600);

@@ -1,4 +1,5 @@
 #include "edge/agent/edge_agent.h"
+#include "edge/agent/egress_log_file.h"
 
 #include <cstdio>
 #include <optional>
@@ -106,6 +107,8 @@ int train_over_wss(const EdgeTrainOptions& o) {
   c.proximal_mu = o.proximal_mu;
   c.init_front = [&o](const Graph& whole, Network& front) { init_front(o, whole, front); };
   if (checkpoints) c.checkpoints = &*checkpoints;
+  EgressLogFile egress(o.audit_log.empty() ? o.identity_dir + "/egress.jsonl" : o.audit_log);
+  c.audit = &egress.audit();
 
   std::optional<CloudLink> link;
   RunReport report(o);
@@ -128,6 +131,10 @@ int train_over_wss(const EdgeTrainOptions& o) {
   report.attach(edge, *link, microbatches);
   edge.on_open();  // Hello; then each message the cloud sends drives the run to its end
   while (!edge.finished()) edge.on_message(link->await(edge.awaiting()));
+  const std::string anchor = egress.finish(edge.failed() ? "failed" : "done");
+  std::fprintf(stderr, "egress log: %s, %llu messages, %llu bytes sent; last hash %s (`tandem audit verify` checks it)\n",
+               egress.path().c_str(), static_cast<unsigned long long>(egress.audit().messages()),
+               static_cast<unsigned long long>(egress.audit().bytes()), anchor.c_str());
   if (edge.failed()) return 1;
   std::printf("final test accuracy: %.2f%% (%lld test images)\n", report.accuracy() * 100.0,
               static_cast<long long>(test_images));

@@ -31,6 +31,7 @@ struct EdgeTrainOptions {
   ScheduleOptions schedule;  // total_steps 0: the whole run
   uint64_t seed = 1;
   std::string metrics_json;
+  std::string audit_log;  // the egress log; empty: IDDIR/egress.jsonl
   // Checkpoints (sealed with IDDIR/checkpoint.key): every N steps and each epoch's end; a
   // restart with the same folder resumes from the newest. Empty: none.
   std::string checkpoint_dir;

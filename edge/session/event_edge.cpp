@@ -65,6 +65,11 @@ std::string EdgeEvent::json() const {
 
 EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, Emit emit)
     : config_(std::move(config)), send_(std::move(send)), emit_(std::move(emit)), model_name_(spec.name) {
+  if (EgressAudit* audit = config_.audit)  // what leaves is on record before it leaves
+    send_ = [audit, send = std::move(send_)](std::span<const uint8_t> bytes) {
+      audit->record(bytes);
+      send(bytes);
+    };
   const Graph graph = Graph::build(spec);
   if (config_.cut.empty()) config_.cut = graph.default_cut();
   if (config_.cut.empty()) fail("edge", "the model spec names no default cut: give one");
@@ -151,6 +156,7 @@ void EventEdge::on_open() {
   emit(event(EdgeEvent::Kind::Connected));
   started_ = std::chrono::steady_clock::now();
   state_ = State::AwaitWelcome;
+  if (config_.audit) config_.audit->begin_run(config_.client_id, model_name_, config_.cut, position_.model_hash);
   send_(session_->hello());
 }
 

@@ -22,6 +22,7 @@
 #include "core/network.h"
 #include "core/optimizer.h"
 #include "core/schedule.h"
+#include "core/wire/egress_audit.h"
 #include "edge/session/edge_session.h"
 
 namespace tandem {
@@ -64,6 +65,9 @@ struct EventEdgeConfig {
   // the cloud draws its back shard.
   std::function<void(const Graph& whole, Network& front)> init_front;
   EdgeCheckpointer* checkpoints = nullptr;  // none: no checkpoints
+  // Every message is recorded here before it is sent (the run record at on_open; the
+  // summary is the owner's EgressAudit::finish).
+  EgressAudit* audit = nullptr;
 };
 
 // What happened, for a page (json()) or a terminal (the fields).

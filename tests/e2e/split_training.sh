@@ -43,6 +43,20 @@ for e in a b; do
   echo "edge $e: test accuracy $acc"
 done
 
+# Each edge's egress log (IDDIR/egress.jsonl) verifies, says what left, and fails once edited.
+tandem_bin=$build/tools/tandem
+"$tandem_bin" audit verify "$work/a/egress.jsonl" > "$work/audit.out" || fail "audit verify: $(cat "$work/audit.out")"
+grep -q "verifies: .* 1 run (client hospital-a), the chain intact" "$work/audit.out" || fail "audit: $(cat "$work/audit.out")"
+grep -Eq "^  Forward +[0-9]+ messages .* activations f32 \[[0-9,]+\]; [0-9]+ labels" "$work/audit.out" ||
+  fail "audit, Forward: $(cat "$work/audit.out")"
+anchor=$(grep -o 'last hash [0-9a-f]*' "$work/a.out" | cut -d' ' -f3)
+"$tandem_bin" audit verify "$work/a/egress.jsonl" --expect-last "$anchor" > /dev/null || fail "the edge's printed last hash"
+sed '5s/"step":\([0-9]*\)/"step":9\1/' "$work/a/egress.jsonl" > "$work/edited.jsonl"
+if "$tandem_bin" audit verify "$work/edited.jsonl" > "$work/edited.out"; then fail "an edited egress log verified"; fi
+grep -q "does NOT verify: line 5: its text does not give its hash: the line was edited" "$work/edited.out" ||
+  fail "edited log: $(cat "$work/edited.out")"
+echo "egress log: verifies, $(grep -c . "$work/a/egress.jsonl") lines; an edited line is caught"
+
 # Another cut: another model hash; refused in the cloud's words.
 if train wrongcut "$work/a" --cut pool1 --limit 64 --test-limit 10; then fail "an edge with another cut trained"; fi
 grep -q "the cloud refused: the edge's model spec or cut differs from the cloud's" "$work/wrongcut.out" ||

@@ -1,0 +1,36 @@
+// `tandem audit verify LOG`: checks an edge's egress log (core/wire/egress_audit.h) line by
+// line (every line's own hash, the chain, the runs' counts) and says what left, by kind.
+#pragma once
+
+#include <cstdint>
+#include <istream>
+#include <map>
+#include <set>
+#include <string>
+#include <vector>
+
+#include "cli/cli_args.h"
+
+namespace tandem {
+
+struct EgressKind {
+  uint64_t messages = 0, bytes = 0, labels = 0;
+  std::set<std::string> tensors;  // "name dtype [shape]"
+};
+
+struct EgressReport {
+  std::string error;  // "" when the log verifies; else the first broken line and why
+  uint64_t lines = 0, runs = 0;
+  std::vector<std::string> notes;  // runs without a summary (interrupted or killed)
+  std::set<std::string> clients;
+  std::map<std::string, EgressKind> kinds;
+  uint64_t messages = 0, bytes = 0;
+  std::string last_hash;
+};
+
+EgressReport verify_egress_log(std::istream& in);
+std::string egress_report_text(const std::string& path, const EgressReport& report);
+
+int audit_command(int argc, char** argv);
+
+}  // namespace tandem
