@@ -17,6 +17,7 @@ packages=(
   chromium  # the browser test: headless Chromium driven by playwright-core
   iproute2  # ip netns and tc: the shaped-link test and benchmarks
   python3-torch python3-numpy libopenblas0-pthread  # the PyTorch peer: interop test, benchmarks
+  nlohmann-json3-dev  # JSON for `tandem audit verify`
   clang-14 libclang-rt-14-dev  # the fuzz preset: clang 14 and libFuzzer (tests/fuzz/)
 )
 # Node.js and npm may come from elsewhere (NodeSource on these machines): Debian's only if absent.
