@@ -7,6 +7,7 @@
 
 #include "core/error.h"
 #include "core/model_spec.h"
+#include "core/wire/egress_audit.h"
 #include "core/wire/tensor_codec.h"
 #include "edge/session/event_edge.h"
 #include "ports/browser/browser_socket.h"
@@ -23,6 +24,10 @@ struct Page {
   std::unique_ptr<EventEdge> edge;
   std::unique_ptr<BrowserSocket> socket;
   std::string error;
+  // The egress log (core/wire/egress_audit.h), kept in memory for the page to offer for
+  // download: every message is on it before it leaves, the run's summary when it ends.
+  std::string egress_log;
+  std::unique_ptr<EgressAudit> audit;
 };
 
 Page& page() {
@@ -79,9 +84,17 @@ EMSCRIPTEN_KEEPALIVE int tandem_create(const uint8_t* spec, int spec_len, const 
     c.dtypes = {*dtype};
     if (*dtype != wire::DType::F32) c.dtypes.push_back(wire::DType::F32);
     const ModelSpec model = parse_model_binary(spec, static_cast<std::size_t>(spec_len));
+    // A page's log goes on across its runs, one chain.
+    const std::string prev = p.audit ? p.audit->last_hash() : EgressAudit::genesis();
+    p.audit = std::make_unique<EgressAudit>([](const std::string& line) { page().egress_log += line + "\n"; }, prev);
+    c.audit = p.audit.get();
     p.edge = std::make_unique<EventEdge>(
         model, c, [](std::span<const uint8_t> bytes) { page().socket->send(bytes); },
-        [](const EdgeEvent& e) { emit_to_page(e.json().c_str()); });
+        [](const EdgeEvent& e) {
+          if (e.kind == EdgeEvent::Kind::Done || e.kind == EdgeEvent::Kind::Error)
+            page().audit->finish(e.kind == EdgeEvent::Kind::Done ? "done" : "failed");
+          emit_to_page(e.json().c_str());
+        });
   });
 }
 
@@ -107,6 +120,9 @@ EMSCRIPTEN_KEEPALIVE int tandem_start(const char* url) {
     p.socket = std::make_unique<BrowserSocket>(url, std::move(h), kDefaultMaxMessageBytes);
   });
 }
+
+// The page's egress log so far: JSON lines, `tandem audit verify` checks a download of it.
+EMSCRIPTEN_KEEPALIVE const char* tandem_egress_log() { return page().egress_log.c_str(); }
 
 EMSCRIPTEN_KEEPALIVE void tandem_stop() {
   if (page().socket) page().socket->close("stopped by the page");

@@ -5,11 +5,11 @@
 // and, given a split-federated cloud's page and token, takes part in its rounds.
 // Usage: node train_in_browser.mjs PAGE_URL TOKEN OTHER_TOKEN FILES_TOKEN SCREENSHOT STEPS WEB_DIR
 //          [FEDERATED_PAGE_URL FEDERATED_TOKEN]
-import { readFileSync } from "node:fs";
+import { readFileSync, writeFileSync } from "node:fs";
 import { crc32, deflateSync } from "node:zlib";
 import { chromium } from "playwright-core";
 
-const [pageUrl, token, otherToken, filesToken, screenshot, stepsText, webDir, fedUrl, fedToken] = process.argv.slice(2);
+const [pageUrl, token, otherToken, filesToken, screenshot, stepsText, webDir, fedUrl, fedToken, egressPath] = process.argv.slice(2);
 const steps = Number(stepsText || 50);
 // An 8-bit grey PNG of w x h pixels.
 function png(pixels, w, h) {
@@ -84,6 +84,9 @@ try {
     if (blue < 200) fail(`the chart shows no loss line (${blue} blue pixels)`);
     await page.screenshot({ path: screenshot, fullPage: true });
   }
+  // The page's egress log, as its download link offers it: the shell script verifies it.
+  if (!trained.egressLog || !(await page.isVisible("#egress"))) fail("the page offers no egress log");
+  else writeFileSync(egressPath, trained.egressLog);
 
   const replayed = await run(token, "page-1");
   const wantReplay = "the enrolment token was already used";

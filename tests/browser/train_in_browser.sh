@@ -46,7 +46,11 @@ fed_port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/fed.log" | cut -d: -f3)
 fed_token=$("$cloud_bin" pki token --state-dir "$work/fed-state" --client page-fed --ttl 10m)
 shot=$build/browser-train.png
 node "$src/tests/browser/train_in_browser.mjs" "https://127.0.0.1:$port/" "$token" "$other" "$files" "$shot" 50 \
-  "$wasm/web" "https://127.0.0.1:$fed_port/" "$fed_token" || fail "the browser run failed"
+  "$wasm/web" "https://127.0.0.1:$fed_port/" "$fed_token" "$work/egress.jsonl" || fail "the browser run failed"
+"$build/tools/tandem" audit verify "$work/egress.jsonl" > "$work/audit.out" || fail "the page's egress log: $(cat "$work/audit.out")"
+grep -q "verifies: .* 1 run (client page-1)" "$work/audit.out" || fail "the page's egress log: $(cat "$work/audit.out")"
+grep -Eq "^  Forward +200 messages .* activations f32" "$work/audit.out" || fail "the page's egress log: $(cat "$work/audit.out")"
+echo "the page's egress log verifies: $(grep -c . "$work/egress.jsonl") lines"
 grep -q "round 3: 1 of 1 edges" "$work/fed.log" || fail "the federated cloud closed no third round: $(cat "$work/fed.log")"
 kill -0 "$cloud_pid" || fail "the cloud died"
 grep -q "session 1 (token for page-1), cut 'pool2': 50 steps, 1600 samples" "$work/cloud.log" ||

@@ -103,6 +103,7 @@ $("train").addEventListener("click", async () => {
       edge.setTestData(await fetchBytes("test-images.u8"), await fetchBytes("test-labels.u8"));
     }
     status("connecting...");
+    lastEdge = edge;
     await edge.train($("url").value);
     window.tandemDemo.state = "done";
   } catch (e) {
@@ -111,5 +112,18 @@ $("train").addEventListener("click", async () => {
     window.tandemDemo.error = e.message;
   } finally {
     $("train").disabled = false;
+    offerEgressLog();
   }
 });
+
+// What left this page, for the user to keep: the edge's egress log as a download.
+let lastEdge = null;
+function offerEgressLog() {
+  if (!lastEdge) return;
+  const log = lastEdge.egressLog();
+  window.tandemDemo.egressLog = log;
+  const link = $("egress");
+  if (link.href) URL.revokeObjectURL(link.href);
+  link.href = URL.createObjectURL(new Blob([log], { type: "application/x-ndjson" }));
+  link.hidden = false;
+}

@@ -48,6 +48,10 @@ class TandemEdge {
 
   stop() { this.module._tandem_stop(); }
 
+  // The egress log: a hash-chained JSON line for every message this edge sent, and each
+  // run's summary (`tandem audit verify` checks it).
+  egressLog() { return this.module.UTF8ToString(this.module._tandem_egress_log()); }
+
   setData(test, pixels, labels, h, w) {
     const n = labels.length;
     if (pixels.length !== n * h * w) throw new Error(`${pixels.length} pixels for ${n} images of ${h}x${w}`);
