@@ -24,6 +24,8 @@ set(TANDEM_CORE_SOURCES
   wire/messages.cpp
   wire/tensor_codec.cpp
   wire/egress_audit.cpp
+  privacy/rdp_accountant.cpp
+  privacy/cut_noise.cpp
   layers/conv2d_layer.cpp
   layers/linear_layer.cpp
   layers/heads_layer.cpp
