@@ -21,6 +21,7 @@ constexpr const char* kUsage = R"(usage:
                     [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
                     [--metrics-json FILE] [--client-id NAME] [--token TOKEN] [--audit-log FILE]
+                    [--dp-clip C --dp-noise SIGMA [--dp-delta D] [--dp-epsilon-budget E]]
                     [--checkpoint-dir DIR [--checkpoint-every STEPS]] [--init-from FILE]
                     [--shard I/N [--split iid|class] [--front-updates step|round] [--proximal-mu MU]]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
@@ -40,6 +41,11 @@ constexpr const char* kUsage = R"(usage:
       appended there before it leaves, as a hash-chained JSON line (type, step, tensor
       names, shapes, dtypes, bytes, SHA-256 of each payload), with a summary at the run's
       end; `tandem audit verify FILE` checks the chain and says what left.
+      --dp-clip C --dp-noise SIGMA: differential privacy on the cut: each sample's
+      activations are clipped to L2 norm C and get Gaussian noise of SIGMA * C before they
+      leave (training and evaluation); epsilon at D (default 1e-5) for the training set is
+      accounted (RDP, sampling rate batch / samples) and printed with each epoch
+      (dp_epsilon); --dp-epsilon-budget E stops the run before a step would pass E.
       --checkpoint-dir keeps checkpoints of the front shard there, encrypted with
       IDDIR/checkpoint.key (made on first use), every STEPS steps (default 100; 0: only at
       each epoch's end); the cloud checkpoints its back shard at the same steps. Run the
@@ -69,7 +75,7 @@ int train_command(int argc, char** argv) {
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log"},
+                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -100,6 +106,14 @@ int train_command(int argc, char** argv) {
   if (*wanted != wire::DType::F32) o.wire_dtypes.push_back(wire::DType::F32);
   o.metrics_json = args.str("metrics-json", "");
   o.audit_log = args.str("audit-log", "");
+  o.dp_clip = static_cast<float>(args.number("dp-clip", 0.0));
+  o.dp_noise = static_cast<float>(args.number("dp-noise", 0.0));
+  o.dp_delta = args.number("dp-delta", 1e-5);
+  o.dp_epsilon_budget = args.number("dp-epsilon-budget", 0.0);
+  if (o.dp_clip < 0 || o.dp_noise < 0 || !(o.dp_delta > 0 && o.dp_delta < 1) || o.dp_epsilon_budget < 0)
+    fail("cli", "--dp-clip, --dp-noise and --dp-epsilon-budget must be >= 0 and --dp-delta in (0, 1)");
+  if ((o.dp_noise > 0 || o.dp_epsilon_budget > 0) && o.dp_clip <= 0)
+    fail("cli", "--dp-noise and --dp-epsilon-budget need --dp-clip C (the norm the noise is scaled to)");
   o.token = args.str("token", "");
   // The client id the cloud binds this edge to: its certificate's name (a token's edge: the
   // identity folder's name, which the token must be for).

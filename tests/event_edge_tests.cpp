@@ -14,6 +14,7 @@
 #include "cloud/session/cloud_session.h"
 #include "core/error.h"
 #include "core/graph.h"
+#include "core/privacy/rdp_accountant.h"
 #include "edge/session/event_edge.h"
 #include "tools/audit_verify.h"
 #include "test_support.h"
@@ -256,6 +257,58 @@ TEST(EgressAudit, NoInputImageLeavesTheEdge) {
             << "an image row left the edge";
     }
   EXPECT_GT(rows_checked, 100);
+}
+
+// Noise on the cut, wired: with a clip no sample reaches and no noise, the run is the same
+// run bit for bit; with noise, each step reports the accountant's epsilon and a budget stops
+// the run before the step that would pass it.
+TEST(EventEdgeDp, AnUnreachedClipWithoutNoiseChangesNothing) {
+  const Pixels train = pixels(256, 1), test = pixels(64, 2);
+  auto run = [&](float clip) {
+    EventEdgeConfig c = config(8);
+    c.dp_clip = clip;
+    c.dp_seed = 3;
+    auto h = std::make_unique<Harness>(c);
+    h->edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
+    h->edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
+    h->run();
+    return h;
+  };
+  const auto plain = run(0.0f), clipped = run(1e9f);
+  ASSERT_TRUE(clipped->edge->finished() && !clipped->edge->failed()) << clipped->events.back();
+  const auto a = plain->edge->front().params(), b = clipped->edge->front().params();
+  ASSERT_EQ(a.size(), b.size());
+  for (std::size_t i = 0; i < a.size(); ++i)
+    for (int64_t j = 0; j < a[i]->value().numel(); ++j)
+      ASSERT_EQ(a[i]->value().data()[j], b[i]->value().data()[j]) << a[i]->name() << " " << j;
+  EXPECT_NE(clipped->events.back().find("\"dp_epsilon\":null"), std::string::npos) << clipped->events.back();
+}
+
+TEST(EventEdgeDp, EpsilonIsReportedAndTheBudgetStopsTheRun) {
+  const Pixels train = pixels(256, 1), test = pixels(64, 2);
+  const double q = 32.0 / 256.0;
+  EventEdgeConfig c = config(40);
+  c.dp_clip = 1.0f;
+  c.dp_noise = 1.0f;
+  c.dp_seed = 9;
+  c.dp_epsilon_budget = (dp_epsilon(q, 1.0, 5, 1e-5).epsilon + dp_epsilon(q, 1.0, 6, 1e-5).epsilon) / 2;
+  Harness h(c);
+  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
+  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
+  h.run();
+  ASSERT_TRUE(h.edge->finished() && !h.edge->failed()) << h.events.back();
+  EXPECT_EQ(h.edge->steps_done(), 5) << "the sixth step would pass the budget";
+  int k = 0;
+  for (const auto& e : h.events)
+    if (e.find("\"event\":\"step\"") != std::string::npos) {
+      ++k;
+      EXPECT_NEAR(h.field(e, "dp_epsilon"), dp_epsilon(q, 1.0, static_cast<uint64_t>(k), 1e-5).epsilon, 1e-3) << e;
+      EXPECT_TRUE(std::isfinite(h.field(e, "loss"))) << e;
+    }
+  EXPECT_EQ(k, 5);
+  EXPECT_NE(h.events.back().find("\"stopped\":\"the next step would pass the privacy budget"), std::string::npos)
+      << h.events.back();
+  EXPECT_TRUE(h.cloud->closed()) << "the run ended normally, with Bye";
 }
 
 // Counts saves; keeps nothing (resuming is the e2e resume test's).

@@ -32,6 +32,9 @@ struct EdgeTrainOptions {
   uint64_t seed = 1;
   std::string metrics_json;
   std::string audit_log;  // the egress log; empty: IDDIR/egress.jsonl
+  // Differential privacy on the cut (EventEdgeConfig's dp_*): clip 0 means none.
+  float dp_clip = 0.0f, dp_noise = 0.0f;
+  double dp_delta = 1e-5, dp_epsilon_budget = 0.0;
   // Checkpoints (sealed with IDDIR/checkpoint.key): every N steps and each epoch's end; a
   // restart with the same folder resumes from the newest. Empty: none.
   std::string checkpoint_dir;

@@ -1,5 +1,6 @@
 #include "edge/agent/run_report.h"
 
+#include <cmath>
 #include <cstdio>
 
 #include "core/error.h"
@@ -39,7 +40,12 @@ void RunReport::on_event(const EdgeEvent& e) {
   using K = EdgeEvent::Kind;
   switch (e.kind) {
     case K::Connected:
+      return;
     case K::Done:
+      if (!e.text.empty()) std::fprintf(stderr, "stopped early: %s\n", e.text.c_str());
+      if (e.epsilon >= 0)
+        std::fprintf(stderr, "differential privacy on the cut: epsilon %s at delta %g over the run\n",
+                     std::isinf(e.epsilon) ? "unbounded (no noise)" : fixed(e.epsilon, 3).c_str(), o_.dp_delta);
       return;
     case K::Welcome:
       std::fprintf(stderr,
@@ -75,6 +81,7 @@ void RunReport::on_event(const EdgeEvent& e) {
     case K::EpochTrained:
       trained_ = e.samples;
       mean_loss_ = e.loss;
+      epsilon_ = e.epsilon;
       seconds_ = std::chrono::duration<double>(Clock::now() - t0_).count();
       train_up_ = link_->bytes_up() - up0_;
       train_down_ = link_->bytes_down() - down0_;
@@ -100,7 +107,9 @@ void RunReport::on_event(const EdgeEvent& e) {
                ",\"bytes_down\":", link_->bytes_down() - down0_, ",\"train_bytes_up\":", train_up_,
                ",\"train_bytes_down\":", train_down_, ",\"edge_busy_s\":", fixed(seconds_ - idle, 3),
                ",\"edge_idle_s\":", fixed(idle, 3), ",\"cloud_busy_s\":", fixed(epoch_cloud, 3),
-               ",\"cloud_idle_s\":", fixed(std::max(0.0, seconds_ - epoch_cloud), 3), "}"));
+               ",\"cloud_idle_s\":", fixed(std::max(0.0, seconds_ - epoch_cloud), 3),
+               epsilon_ < 0 ? "" : std::isinf(epsilon_) ? ",\"dp_epsilon\":null" : cat(",\"dp_epsilon\":", fixed(epsilon_, 4)),
+               "}"));
       return;
     }
     case K::Error:

@@ -148,7 +148,8 @@ std::span<const uint8_t> EdgeSession::forward(int mb) {
   const Tensor& activations = front_.forward(images_.slice_batch(begin, count), mb);
   if (const int64_t bad = first_non_finite(activations); bad >= 0) diverged(cat("micro-batch ", mb, " of step ", step_), bad);
   state_[static_cast<std::size_t>(mb)] = 1;
-  return writer_.forward(step_, static_cast<uint32_t>(mb), step_ /* weights version: optimizer steps applied */, activations,
+  return writer_.forward(step_, static_cast<uint32_t>(mb), step_ /* weights version: optimizer steps applied */,
+                         leaving(activations, static_cast<std::size_t>(mb)),
                          std::span<const int32_t>(labels_ + begin, static_cast<std::size_t>(count)),
                          static_cast<uint32_t>(batch), static_cast<uint32_t>(step_microbatches_), dtype_, lr_scale_,
                          checkpoint_);
@@ -174,7 +175,12 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
   const Tensor& sent = front_.output(static_cast<int>(mb));
   Tensor grad = read_tensor(frame, b->gradients(), sent.shape(), "gradients", dtype_, decoded_[mb], error);
   if (!grad.defined()) return false;
-  front_.backward(grad, static_cast<int>(mb), false);
+  if (noise_) {  // the gradient is of what was sent: back through the clip first
+    noise_->backward(grad, sent, clip_scales_[mb], cut_grads_[mb]);
+    front_.backward(cut_grads_[mb], static_cast<int>(mb), false);
+  } else {
+    front_.backward(grad, static_cast<int>(mb), false);
+  }
   loss_sum_ += b->loss();
   state_[mb] = 2;
   if (++backed_ == step_microbatches_) {
@@ -202,8 +208,19 @@ std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, const Tens
   front_.set_training(false);
   const Tensor& activations = front_.forward(images, static_cast<int>(microbatches_));
   if (const int64_t bad = first_non_finite(activations); bad >= 0) diverged(cat("evaluation batch ", batch_id), bad);
-  return writer_.eval_forward(batch_id, activations, std::span<const int32_t>(labels, static_cast<std::size_t>(count)),
-                              dtype_);
+  return writer_.eval_forward(batch_id, leaving(activations, microbatches_),
+                              std::span<const int32_t>(labels, static_cast<std::size_t>(count)), dtype_);
+}
+
+const Tensor& EdgeSession::leaving(const Tensor& activations, std::size_t slot) {
+  if (!noise_) return activations;
+  if (noised_.size() <= slot) {
+    noised_.resize(microbatches_ + 1);
+    cut_grads_.resize(microbatches_ + 1);
+    clip_scales_.resize(microbatches_ + 1);
+  }
+  noise_->forward(activations, noised_[slot], clip_scales_[slot]);
+  return noised_[slot];
 }
 
 bool EdgeSession::on_eval_result(const Frame& frame, WireError& error, EvalResult& result) {

@@ -12,6 +12,7 @@
 
 #include "core/network.h"
 #include "core/optimizer.h"
+#include "core/privacy/cut_noise.h"
 #include "core/wire/messages.h"
 
 namespace tandem {
@@ -61,6 +62,10 @@ class EdgeSession {
   // FedProx: adds mu * (w - w_round) to each gradient, w_round the last average taken, so
   // an edge's non-IID steps drift less from the federation's weights (0: plain FedAvg).
   void set_proximal(float mu) { proximal_mu_ = mu; }
+  // Noise on the cut (differential privacy for what leaves): every Forward and EvalForward
+  // carries each sample's activations clipped and noised; each Backward's gradient goes
+  // back through the clip before the front's backward. Owned by the caller; null: none.
+  void set_cut_noise(CutNoise* noise) { noise_ = noise; }
   // Per round (split-federated only): the front keeps the round's average through the
   // round, sums its steps' gradients and takes one optimizer step on the sum just before it
   // sends its weights (the sum of S steps' gradients: S steps taken without moving). Every
@@ -104,12 +109,18 @@ class EdgeSession {
   uint32_t pending_front_steps_ = 0;
   bool per_round() const { return front_updates_ == FrontUpdates::PerRound && aggregate_every_ > 0; }
   NamedTensors front_params() const;
+  // What leaves for these activations: themselves, or clipped and noised (slot: the
+  // micro-batch, or microbatches_ for evaluation).
+  const Tensor& leaving(const Tensor& activations, std::size_t slot);
   uint32_t batch_limit_ = 0;  // the cloud's batch size (Welcome)
   Tensor images_;
   const int32_t* labels_ = nullptr;
   int step_microbatches_ = 0, backed_ = 0;
   std::vector<uint8_t> state_;  // per micro-batch: 0 not sent, 1 forwarded, 2 backed up
   std::vector<Tensor> decoded_;  // per micro-batch: its gradient decoded (non-F32 sessions)
+  CutNoise* noise_ = nullptr;
+  std::vector<Tensor> noised_, cut_grads_;  // per micro-batch (and one for evaluation)
+  std::vector<std::vector<float>> clip_scales_;
   double loss_sum_ = 0.0;
   float lr_scale_ = 1.0f;
 };

@@ -1,11 +1,14 @@
 #include "edge/session/event_edge.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstdio>
+#include <limits>
 
 #include "backends/registry.h"
 #include "core/error.h"
 #include "core/graph.h"
+#include "core/privacy/rdp_accountant.h"
 #include "data/epoch_order.h"
 
 namespace tandem {
@@ -30,6 +33,12 @@ std::string quoted(const std::string& s) {
   return out + "\"";
 }
 
+// Epsilon spent on the cut; null when it is unbounded (clipping without noise).
+std::string dp_json(double epsilon) {
+  if (epsilon < 0) return "";
+  return std::isinf(epsilon) ? std::string(",\"dp_epsilon\":null") : cat(",\"dp_epsilon\":", num(epsilon));
+}
+
 }  // namespace
 
 std::string EdgeEvent::json() const {
@@ -45,18 +54,19 @@ std::string EdgeEvent::json() const {
     case K::Step:
       return cat("{\"event\":\"step\",\"step\":", steps_done, ",\"steps\":", steps, ",\"loss\":", num(loss),
                  ",\"samples_per_s\":", num(samples_per_s), ",\"edge_busy_s\":", num(edge_busy_s),
-                 ",\"elapsed_s\":", num(seconds), "}");
+                 ",\"elapsed_s\":", num(seconds), dp_json(epsilon), "}");
     case K::Round:
       return cat("{\"event\":\"round\",\"round\":", round, ",\"step\":", step, "}");
     case K::EpochTrained:
       return cat("{\"event\":\"epoch\",\"epoch\":", epoch, ",\"samples\":", samples, ",\"seconds\":", num(seconds),
-                 ",\"train_loss\":", num(loss), "}");
+                 ",\"train_loss\":", num(loss), dp_json(epsilon), "}");
     case K::Evaluated:
       return cat("{\"event\":\"evaluated\",\"accuracy\":", num(accuracy), ",\"samples\":", samples,
                  ",\"epoch\":", epoch, "}");
     case K::Done:
       return cat("{\"event\":\"done\",\"steps\":", steps_done, ",\"first_loss\":", num(first_loss),
-                 ",\"last_loss\":", num(loss), accuracy >= 0 ? cat(",\"test_accuracy\":", num(accuracy)) : "", "}");
+                 ",\"last_loss\":", num(loss), accuracy >= 0 ? cat(",\"test_accuracy\":", num(accuracy)) : "",
+                 dp_json(epsilon), text.empty() ? "" : cat(",\"stopped\":", quoted(text)), "}");
     case K::Error:
       return cat("{\"event\":\"error\",\"text\":", quoted(text), "}");
   }
@@ -94,6 +104,10 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
                                            config_.client_id, config_.dtypes);
   if (!config_.token.empty()) session_->set_token(config_.token);
   session_->set_proximal(config_.proximal_mu);
+  if (config_.dp_clip > 0.0f) {
+    noise_ = std::make_unique<CutNoise>(config_.dp_clip, config_.dp_noise, config_.dp_seed);
+    session_->set_cut_noise(noise_.get());
+  }
   session_->set_front_updates(config_.front_updates_per_round ? EdgeSession::FrontUpdates::PerRound
                                                               : EdgeSession::FrontUpdates::PerStep);
   if (config_.checkpoints)
@@ -254,7 +268,20 @@ const char* EventEdge::awaiting() const {
   }
 }
 
+double EventEdge::epsilon_after(uint64_t steps) const {
+  if (!noise_ || !train_.images.defined()) return -1.0;
+  if (config_.dp_noise <= 0.0f) return std::numeric_limits<double>::infinity();  // clipping alone proves nothing
+  if (steps == 0) return 0.0;
+  const double q = std::min(1.0, static_cast<double>(config_.batch) / static_cast<double>(train_.images.shape()[0]));
+  return dp_epsilon(q, config_.dp_noise, steps, config_.dp_delta).epsilon;
+}
+
+bool EventEdge::budget_spent() const {
+  return noise_ && config_.dp_epsilon_budget > 0.0 && epsilon_after(session_->step() + 1) > config_.dp_epsilon_budget;
+}
+
 bool EventEdge::run_over() const {
+  if (budget_spent()) return true;
   if (config_.epochs == 0 && config_.steps == 0) return true;
   if (config_.epochs > 0 && position_.epoch > config_.epochs) return true;
   return config_.steps > 0 && steps_done_ >= config_.steps;
@@ -387,6 +414,10 @@ EdgeEvent EventEdge::event(EdgeEvent::Kind kind) const {
   e.cloud_busy_s = cloud_busy_s_;
   e.round = session_->round();
   e.aggregate_every = session_->aggregate_every();
+  e.epsilon = epsilon_after(session_->step());
+  if (kind == EdgeEvent::Kind::Done && budget_spent())
+    e.text = cat("the next step would pass the privacy budget (epsilon ", config_.dp_epsilon_budget, " at delta ",
+                 config_.dp_delta, ")");
   return e;
 }
 

@@ -22,6 +22,7 @@
 #include "core/network.h"
 #include "core/optimizer.h"
 #include "core/schedule.h"
+#include "core/privacy/cut_noise.h"
 #include "core/wire/egress_audit.h"
 #include "edge/session/edge_session.h"
 
@@ -68,6 +69,15 @@ struct EventEdgeConfig {
   // Every message is recorded here before it is sent (the run record at on_open; the
   // summary is the owner's EgressAudit::finish).
   EgressAudit* audit = nullptr;
+  // Differential privacy on the cut (dp_clip > 0): each sample's activations, in training and
+  // evaluation, clipped to L2 norm dp_clip and noised with N(0, (dp_noise * dp_clip)^2)
+  // (core/privacy/cut_noise.h). Epsilon at dp_delta for the training set is accounted (RDP of
+  // the sampled Gaussian mechanism, sampling rate batch / training samples, one release a
+  // step) and reported with each step, epoch and the run's end; the run stops before a step
+  // that would pass dp_epsilon_budget (0: none). dp_seed 0: the noise from the OS's entropy.
+  float dp_clip = 0.0f, dp_noise = 0.0f;
+  double dp_delta = 1e-5, dp_epsilon_budget = 0.0;
+  uint64_t dp_seed = 0;
 };
 
 // What happened, for a page (json()) or a terminal (the fields).
@@ -84,7 +94,8 @@ struct EdgeEvent {
          cloud_busy_s = 0.0;  // accuracy < 0: not evaluated
   uint32_t round = 0, aggregate_every = 0;
   std::string dtype;  // Welcome: the wire dtype the cloud chose
-  std::string text;   // Error
+  std::string text;   // Error; Done: why the run stopped early (a privacy budget), if it did
+  double epsilon = -1.0;  // Step, EpochTrained, Done: DP epsilon spent on the cut (< 0: no DP)
   std::string json() const;
 };
 
@@ -130,6 +141,8 @@ class EventEdge {
     std::vector<int32_t> labels;
   };
   bool run_over() const;
+  double epsilon_after(uint64_t steps) const;  // -1 without DP
+  bool budget_spent() const;  // the next step would pass the privacy budget
   void start_step();
   void after_step(bool epoch_end);
   void end_epoch();
@@ -152,6 +165,7 @@ class EventEdge {
   std::unique_ptr<Network> front_;
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<EdgeSession> session_;
+  std::unique_ptr<CutNoise> noise_;
   Shape input_;  // one sample's
   int32_t classes_ = 10;
   Data train_, test_;
