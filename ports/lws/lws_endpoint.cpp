@@ -20,6 +20,7 @@ namespace {
 constexpr const char* kProtocol = "tandem.v1";
 constexpr std::size_t kFragment = 64 * 1024;
 constexpr int kUseDefault = -999;  // on_callback: let lws' default handler answer
+constexpr int kLingerS = 1;        // after the last word, how long the server waits for the peer to close
 
 int trampoline(lws* wsi, lws_callback_reasons reason, void* user, void* in, size_t len) {
   lws_context* ctx = wsi ? lws_get_context(wsi) : nullptr;
@@ -82,6 +83,7 @@ struct LwsEndpoint::Connection {
   bool close_after_discard = false;  // refused an over-size message: close once it has passed
   bool closing = false;     // a last message is queued: nothing more goes out
   bool overflowed = false;  // the peer left too much unread: close now
+  bool lingering = false;   // the last word is out: waiting for the peer to close
 };
 
 std::unique_ptr<LwsEndpoint> LwsEndpoint::listen(const std::string& host, int port, const TlsIdentity& tls,
@@ -237,7 +239,17 @@ std::size_t LwsEndpoint::queued_events() {
 
 int LwsEndpoint::write_some(lws* wsi, Connection& c) {
   if (c.overflowed) return -1;
-  if (c.out.empty()) return c.close_when_done ? -1 : 0;
+  if (c.out.empty()) {
+    if (!c.close_when_done) return 0;
+    if (!server_ || c.lingering) return -1;
+    // The last word (an Error) is out. Closing now, while the peer may still be sending,
+    // makes the kernel reset the connection, which can destroy that Error before the peer
+    // reads it: the peer closes once it has read it; until then, for at most kLingerS,
+    // what it sends is read and dropped (`closing`).
+    c.lingering = true;
+    lws_set_timeout(wsi, PENDING_TIMEOUT_USER_OK, kLingerS);
+    return 0;
+  }
   Outgoing& m = c.out.front();
   const std::size_t chunk = std::min(kFragment, m.bytes.size() - c.sent);
   const bool first = c.sent == 0, last = c.sent + chunk == m.bytes.size();
