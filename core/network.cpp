@@ -111,7 +111,43 @@ void Network::set_training(bool training) {
 }
 
 void Network::zero_grad() {
+  if (any_weights_pending())
+    fail("network", cat(graph_.name(), ": zero_grad while a deferred backward's weight gradients are pending"));
   for (Param* p : params_) p->zero_grad();
+}
+
+bool Network::weights_pending(int slot_index) const {
+  return slot_index >= 0 && static_cast<std::size_t>(slot_index) < slots_.size() &&
+         slots_[static_cast<std::size_t>(slot_index)].weights_pending;
+}
+
+bool Network::any_weights_pending() const {
+  return std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return s.weights_pending; });
+}
+
+void Network::drop_deferred_weights() {
+  for (Slot& s : slots_) {
+    if (!s.weights_pending) continue;
+    for (Tensor& t : s.deferred_grad_out) t = Tensor();
+    s.weights_pending = false;
+  }
+}
+
+void Network::backward_weights(int slot_index) {
+  if (!weights_pending(slot_index)) return;
+  Slot& s = slots_[static_cast<std::size_t>(slot_index)];
+  const std::size_t first_node = graph_.inputs().size();
+  for (std::size_t n = graph_.nodes().size(); n-- > 0;) {
+    Tensor& grad_out = s.deferred_grad_out[n];
+    if (!grad_out.defined()) continue;
+    node_inputs_.clear();
+    for (int in_id : input_ids_[n]) node_inputs_.push_back(s.values[static_cast<std::size_t>(in_id)]);
+    const double t0 = times_ ? now_s() : 0.0;
+    layers_[n]->backward_weights(node_inputs_, s.values[first_node + n], grad_out, s.stashes[n]);
+    if (times_) times_->backward_s[n] += now_s() - t0;
+    grad_out = Tensor();
+  }
+  s.weights_pending = false;
 }
 
 Network::Slot& Network::slot(int index) {
@@ -147,6 +183,8 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
                           ", expected ", want.str()));
   }
   Slot& s = slot(slot_index);
+  if (s.weights_pending)
+    fail("network", cat(graph_.name(), ": forward into slot ", slot_index, " before its deferred weight gradients"));
   for (std::size_t i = 0; i < inputs.size(); ++i) s.values[i] = inputs[i];
 
   const auto& nodes = graph_.nodes();
@@ -176,10 +214,12 @@ const Tensor& Network::output(int slot_index) const {
   return s.values[graph_.inputs().size() + static_cast<std::size_t>(graph_.output())];
 }
 
-Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_input_grad) {
+Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_input_grad, bool defer_weights) {
   if (slot_index < 0 || static_cast<std::size_t>(slot_index) >= slots_.size() || slots_[static_cast<std::size_t>(slot_index)].values.empty())
     fail("network", cat(graph_.name(), ": backward of slot ", slot_index, " before its forward"));
   Slot& s = slots_[static_cast<std::size_t>(slot_index)];
+  if (s.weights_pending)
+    fail("network", cat(graph_.name(), ": backward of slot ", slot_index, " before its deferred weight gradients"));
   const std::size_t first_node = graph_.inputs().size();
   const auto& nodes = graph_.nodes();
   const std::size_t out_id = first_node + static_cast<std::size_t>(graph_.output());
@@ -224,7 +264,16 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
     }
     if (!layers_[n]->is_view()) {
       const double t0 = times_ ? now_s() : 0.0;
-      layers_[n]->backward(node_inputs_, s.values[id], grad_out, node_grads_, s.stashes[n]);
+      if (defer_weights && layers_[n]->splits_backward()) {
+        // grad_out is final here (every consumer of this node ran) and lives in the slot's
+        // buffers for this node's output, which nothing writes before the slot's next backward.
+        layers_[n]->backward_data(node_inputs_, s.values[id], grad_out, node_grads_, s.stashes[n]);
+        if (s.deferred_grad_out.size() != nodes.size()) s.deferred_grad_out.resize(nodes.size());
+        s.deferred_grad_out[n] = grad_out;
+        s.weights_pending = true;
+      } else {
+        layers_[n]->backward(node_inputs_, s.values[id], grad_out, node_grads_, s.stashes[n]);
+      }
       if (times_) times_->backward_s[n] += now_s() - t0;
     }
     // Fold each input's gradient into what earlier consumers left there.

@@ -38,7 +38,18 @@ class Network {
   // Backward of the micro-batch in `slot` from the gradient of the output. Accumulates
   // parameter gradients; returns the gradient of input 0 when asked (else an empty tensor).
   // The returned gradient is valid until the next backward.
-  Tensor backward(const Tensor& grad_output, int slot, bool want_input_grad);
+  // With `defer_weights`, layers that can split their backward (Layer::splits_backward)
+  // leave their parameter gradients for backward_weights(slot): the input gradient is ready
+  // sooner (zero-bubble's split: a party in the middle sends it, then computes the rest).
+  Tensor backward(const Tensor& grad_output, int slot, bool want_input_grad, bool defer_weights = false);
+  // The parameter gradients a deferred backward of `slot` left; accumulated exactly as an
+  // undeferred backward would. Must run before the slot's next forward or backward, and
+  // before the gradients are read (both refuse while any is pending). Nothing pending: no-op.
+  void backward_weights(int slot);
+  bool weights_pending(int slot) const;
+  bool any_weights_pending() const;
+  // Forgets every pending weight-gradient pass (an abandoned step's).
+  void drop_deferred_weights();
 
   void zero_grad();
   // Training (default) or evaluation mode for every layer (batch norm uses batch statistics
@@ -60,6 +71,9 @@ class Network {
     // size (K not dividing B) reuse their own buffers instead of re-allocating every step.
     std::vector<Tensor> grad_buffers, grad_scratch;
     std::vector<Tensor> repeat_scratch;  // per input position: a tensor a node reads more than once
+    // Per node: the output gradient a deferred backward left for backward_weights.
+    std::vector<Tensor> deferred_grad_out;
+    bool weights_pending = false;
   };
   int tensor_id(int source) const;
   void fuse_relu_into_pools();  // GraphNode::sources entry -> tensor id

@@ -10,6 +10,7 @@
 #include <new>
 
 #include "core/graph.h"
+#include "core/error.h"
 #include "core/network.h"
 #include "core/trainer.h"
 #include "test_support.h"
@@ -216,6 +217,79 @@ TEST(Train, SplitEqualsWholeModel) {
       for (int64_t i = 0; i < want.numel(); ++i) worst = std::max(worst, std::fabs(p->value()[i] - want[i]));
       EXPECT_LE(worst, 1e-5f) << p->name();
     }
+}
+
+// Zero-bubble's split of backward: input gradients first, parameter gradients later. Two
+// copies of each model take the same micro-batches; one defers its weight gradients and runs
+// them after every backward, in micro-batch order. Input and parameter gradients must be
+// bitwise equal to the undeferred backward's (convolutions, linears, heads, batch norm,
+// residual adds). A slot with weights pending refuses a forward, and zero_grad refuses.
+TEST(Train, DeferredWeightGradientsEqualImmediateOnes) {
+  // A residual block with batch norm, a linear and heads: every kind of node with parameters.
+  ModelSpec residual;
+  residual.name = "small-residual";
+  residual.inputs.push_back({"image", Shape{8, 8, 1}});
+  auto add = [&](const std::string& name, const std::string& op, std::vector<std::string> inputs) -> NodeSpec& {
+    NodeSpec n;
+    n.name = name;
+    n.op = op;
+    n.inputs = std::move(inputs);
+    residual.nodes.push_back(n);
+    return residual.nodes.back();
+  };
+  for (const char* conv : {"conv1", "conv2"}) {
+    NodeSpec& c = add(conv, "conv2d", {conv == std::string("conv1") ? "image" : "relu1"});
+    c.conv2d.out_channels = 4;
+    c.conv2d.kernel = {3, 3};
+    c.conv2d.padding = {1, 1};
+    if (conv == std::string("conv1")) {
+      add("bn1", "batch_norm", {"conv1"});
+      add("relu1", "relu", {"bn1"});
+    }
+  }
+  add("sum", "add", {"conv2", "relu1"});
+  add("flatten", "flatten", {"sum"});
+  add("fc", "linear", {"flatten"}).linear.out_features = 12;
+  // (xnnpack has no grouped linear: heads are a cloud op.)
+  const bool heads = backend_under_test() != "xnnpack";
+  if (heads) add("heads", "heads", {"fc"}).heads = {3, 5, 2};
+  residual.output = heads ? "heads" : "fc";
+  std::vector<ModelSpec> specs = {small_cnn(), residual};
+  for (const ModelSpec& spec : specs) {
+    SCOPED_TRACE(spec.name);
+    auto backend = make_test_backend(backend_under_test());
+    const Graph graph = Graph::build(spec);
+    Network now(graph, *backend, 11), later(graph, *backend, 11);
+    Rng rng(5);
+    const Shape& in = graph.inputs()[0].shape;
+    std::vector<Tensor> inputs, grads_out;
+    for (int mb = 0; mb < 3; ++mb) inputs.push_back(random_tensor(in.batched(2), rng, 0.0f, 1.0f));
+    for (int step = 0; step < 2; ++step) {
+      now.zero_grad();
+      later.zero_grad();
+      for (int mb = 0; mb < 3; ++mb) {
+        const Tensor& a = now.forward(inputs[mb], mb);
+        const Tensor& b = later.forward(inputs[mb], mb);
+        ASSERT_EQ(std::memcmp(a.data(), b.data(), a.numel() * sizeof(float)), 0);
+        if (grads_out.size() <= static_cast<std::size_t>(mb)) grads_out.push_back(random_tensor(a.shape(), rng));
+      }
+      for (int mb = 0; mb < 3; ++mb) {
+        const Tensor dx_now = now.backward(grads_out[mb], mb, true).clone();
+        const Tensor dx_later = later.backward(grads_out[mb], mb, true, true).clone();
+        EXPECT_TRUE(later.weights_pending(mb));
+        ASSERT_EQ(std::memcmp(dx_now.data(), dx_later.data(), dx_now.numel() * sizeof(float)), 0) << "mb " << mb;
+      }
+      EXPECT_THROW(later.forward(inputs[0], 0), Error);
+      EXPECT_THROW(later.zero_grad(), Error);
+      for (int mb = 0; mb < 3; ++mb) later.backward_weights(mb);
+      EXPECT_FALSE(later.any_weights_pending());
+      for (Param* p : now.params()) {
+        const Tensor& want = p->grad();
+        const Tensor& got = later.param(p->name()).grad();
+        EXPECT_EQ(std::memcmp(want.data(), got.data(), want.numel() * sizeof(float)), 0) << p->name();
+      }
+    }
+  }
 }
 
 TEST(Train, SteadyStateStepDoesNotAllocate) {

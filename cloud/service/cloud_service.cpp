@@ -237,13 +237,25 @@ class Worker {
   void run() {
     for (;;) {
       Frame frame;
+      bool idle = false;
       {
         std::unique_lock<std::mutex> lock(mutex_);
-        wake_.wait(lock, [&] { return stop_ || !inbox_.empty(); });
-        if (stop_) return;
-        frame = std::move(inbox_.front());
-        inbox_.pop_front();
-        inbox_bytes_ -= frame.size();
+        // While no message waits, the back shard's deferred weight gradients run (one
+        // micro-batch's at a time, so a Forward that arrives meanwhile waits little).
+        idle = !stop_ && inbox_.empty() && !closing_ && session_ && session_->has_deferred_work();
+        if (!idle) {
+          wake_.wait(lock, [&] { return stop_ || !inbox_.empty(); });
+          if (stop_) return;
+          frame = std::move(inbox_.front());
+          inbox_.pop_front();
+          inbox_bytes_ -= frame.size();
+        }
+      }
+      if (idle) {
+        const double busy_before = session_->busy_seconds();
+        session_->run_deferred();
+        metrics_.busy_us += static_cast<uint64_t>(std::max(0.0, session_->busy_seconds() - busy_before) * 1e6);
+        continue;
       }
       if (closing_) continue;
       if (!session_) start_session(shard_for(frame));

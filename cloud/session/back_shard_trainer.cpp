@@ -11,6 +11,9 @@ BackShardTrainer::BackShardTrainer(Network& net, Optimizer& optimizer, double ti
 bool BackShardTrainer::begin_step(uint64_t owner, const std::atomic<bool>& cancelled) {
   if (turns_ && !turns_->acquire(owner, cancelled)) return false;
   std::lock_guard<std::mutex> lock(mutex_);
+  // A step abandoned mid-way (its session closed or was evicted) may have left weight
+  // gradients deferred; they are never applied.
+  net_.drop_deferred_weights();
   if (accumulated_ == 0) net_.zero_grad();  // else this step's gradients add to the summed steps'
   if (open_owner_ != 0 && open_owner_ != owner) lost_owner_ = open_owner_;  // its holder was evicted mid-step
   open_owner_ = owner;

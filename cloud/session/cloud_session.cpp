@@ -37,6 +37,7 @@ bool valid_client_id(const flatbuffers::String* id) {
 CloudSession::CloudSession(BackShardTrainer& shard, const CloudSessionConfig& config)
     : shard_(shard), back_(shard.net()), optimizer_(shard.optimizer()), config_(config), seen_(config.microbatches, false),
       dlogits_(config.microbatches) {
+  deferred_.reserve(config_.microbatches);
   if (back_.graph().inputs().size() != 1) fail("cloud session", "the back shard must have exactly one input (the cut)");
   if (config_.microbatches < 1 || config_.microbatches > config_.batch_size)
     fail("cloud session", cat("micro-batches must be in [1, batch size ", config_.batch_size, "]"));
@@ -53,8 +54,22 @@ CloudReply CloudSession::refuse(const WireError& error) {
   return {writer_.error(error.code, error.text), true};
 }
 
+void CloudSession::run_deferred() {
+  if (deferred_.empty()) return;
+  if (!shard_.begin_compute(config_.session_id)) {  // lost the turn: the step is lost (the next message says so)
+    deferred_.clear();
+    return;
+  }
+  const auto t0 = std::chrono::steady_clock::now();
+  back_.backward_weights(static_cast<int>(deferred_.front()));
+  deferred_.erase(deferred_.begin());
+  busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  shard_.end_compute();
+}
+
 void CloudSession::finish_step() {
   if (!step_pending_) return;
+  while (!deferred_.empty()) run_deferred();
   const auto t0 = std::chrono::steady_clock::now();
   step_pending_ = false;
   // Evicted (false): the next message says so. A federation keeps its newest round between
@@ -222,7 +237,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
   const double loss = compute_loss(back_.graph().loss(), logits, fwd.labels()->data(), 1.0f / static_cast<float>(step_samples_),
                                             &dlogits, back_.graph().output_groups());
-  const Tensor grad = back_.backward(dlogits, static_cast<int>(mb), true);
+  const Tensor grad = back_.backward(dlogits, static_cast<int>(mb), true, /*defer_weights=*/true);
   // Finite activations can still overflow the back shard (values near the float range's
   // end): such a micro-batch must neither reach the weights nor go back as a non-finite
   // gradient (which the edge refuses, or I8 cannot encode).
@@ -233,6 +248,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
                        std::isfinite(loss) ? "gradient" : "loss", "); they are far outside any trained range")});
   }
   seen_[mb] = true;
+  deferred_.push_back(mb);
   trained_samples_ += static_cast<uint64_t>(count);
   train_loss_sum_ += loss;
   const uint64_t step = step_;

@@ -86,6 +86,12 @@ class CloudSession {
   // calls it after queueing the reply, so the last gradient of a step leaves before the
   // update; handle() calls it first in any case.
   void finish_step();
+  // Input gradients first (zero-bubble's split of backward): a Forward's reply carries the
+  // gradient of the cut as soon as it is known, and the back shard's own weight gradients
+  // wait here. The service runs them while no message waits, one micro-batch at a time;
+  // finish_step runs what is left before the update.
+  bool has_deferred_work() const { return !deferred_.empty(); }
+  void run_deferred();
   uint64_t step() const { return step_; }
   bool closed() const { return state_ == State::Closed; }
   double busy_seconds() const { return busy_s_; }
@@ -102,7 +108,10 @@ class CloudSession {
   CloudReply on_eval(const Frame& frame, const wire::EvalForward& eval);
   CloudReply on_front_weights(const Frame& frame, const wire::FrontWeights& weights);
   WireError evicted() const;
-  void release_turn() { shard_.release(config_.session_id); }
+  void release_turn() {
+    deferred_.clear();  // an abandoned step's weight gradients are never applied
+    shard_.release(config_.session_id);
+  }
   // Restores the back shard from this client's checkpoint of `step`; false with `error` set.
   bool resume(uint64_t step, WireError& error);
   // Split-federated: checkpoints the newest round if it has not been (between steps).
@@ -129,6 +138,7 @@ class CloudSession {
   std::vector<bool> seen_;  // micro-batches of the current step already handled
   uint32_t seen_count_ = 0;
   std::vector<Tensor> dlogits_;
+  std::vector<uint32_t> deferred_;  // micro-batches whose weight gradients wait, in arrival order
   wire::DType dtype_ = wire::DType::F32;  // negotiated in Hello
   std::vector<Tensor> decoded_;           // per micro-batch slot, then one for evaluation
   double busy_s_ = 0.0;

@@ -51,12 +51,22 @@ void Conv2dLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
   kernel(in[0].shape()[0]).forward(in[0].data(), view_of(weight_, bias_ ? &*bias_ : nullptr), out.data());
 }
 
-void Conv2dLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
-                           std::span<Tensor> grad_in, Stash&) {
-  Conv2dKernel& k = kernel(in[0].shape()[0]);
+void Conv2dLayer::backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out,
+                           std::span<Tensor> grad_in, Stash& stash) {
+  backward_data(in, out, grad_out, grad_in, stash);
+  backward_weights(in, out, grad_out, stash);
+}
+
+void Conv2dLayer::backward_data(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
+                                std::span<Tensor> grad_in, Stash&) {
   if (grad_in[0].defined())
-    k.backward_data(grad_out.data(), view_of(weight_, bias_ ? &*bias_ : nullptr), grad_in[0].data());
-  k.backward_weights(in[0].data(), grad_out.data(), weight_.grad_target(), bias_ ? bias_->grad_target() : nullptr);
+    kernel(in[0].shape()[0]).backward_data(grad_out.data(), view_of(weight_, bias_ ? &*bias_ : nullptr),
+                                           grad_in[0].data());
+}
+
+void Conv2dLayer::backward_weights(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, Stash&) {
+  kernel(in[0].shape()[0]).backward_weights(in[0].data(), grad_out.data(), weight_.grad_target(),
+                                            bias_ ? bias_->grad_target() : nullptr);
   weight_.commit_grad();
   if (bias_) bias_->commit_grad();
 }

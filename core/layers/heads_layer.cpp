@@ -46,17 +46,32 @@ void HeadsLayer::forward(std::span<const Tensor> in, Tensor& out, Stash& stash) 
   k.second->forward(a, view_of(w2_, &b2_), out.data());
 }
 
-void HeadsLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
+void HeadsLayer::backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out,
                           std::span<Tensor> grad_in, Stash& stash) {
+  backward_data(in, out, grad_out, grad_in, stash);
+  backward_weights(in, out, grad_out, stash);
+}
+
+// The stash holds a (the ReLU output), da and dh: the data pass leaves dh there for the
+// weights pass.
+void HeadsLayer::backward_data(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
+                               std::span<Tensor> grad_in, Stash& stash) {
   const int64_t batch = in[0].shape()[0], hidden = batch * heads_.count * heads_.hidden;
   Kernels& k = kernels(batch);
   auto* a = reinterpret_cast<float*>(stash.bytes.data());
   float* da = a + hidden;
   float* dh = da + hidden;
   k.second->backward_data(grad_out.data(), view_of(w2_, &b2_), da);
-  k.second->backward_weights(a, grad_out.data(), w2_.grad_target(), b2_.grad_target());
   k.relu->backward(a, da, dh);
   if (grad_in[0].defined()) k.first->backward_data(dh, view_of(w1_, &b1_), grad_in[0].data());
+}
+
+void HeadsLayer::backward_weights(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, Stash& stash) {
+  const int64_t batch = in[0].shape()[0], hidden = batch * heads_.count * heads_.hidden;
+  Kernels& k = kernels(batch);
+  auto* a = reinterpret_cast<float*>(stash.bytes.data());
+  const float* dh = a + 2 * hidden;
+  k.second->backward_weights(a, grad_out.data(), w2_.grad_target(), b2_.grad_target());
   k.first->backward_weights(in[0].data(), dh, w1_.grad_target(), b1_.grad_target());
   for (Param* p : params()) p->commit_grad();
 }

@@ -54,6 +54,15 @@ class Layer {
   virtual void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out,
                         std::span<Tensor> grad_in, Stash& stash) = 0;
 
+  // Zero-bubble's split of backward, for layers with parameters whose gradients can wait:
+  // backward_data writes grad_in only, backward_weights later accumulates the parameter
+  // gradients from the same grad_out and stash (before either is reused). The two together
+  // do exactly what backward does. Layers that cannot split (batch norm's input gradient
+  // needs its parameter gradients) keep the default: no split.
+  virtual bool splits_backward() const { return false; }
+  virtual void backward_data(std::span<const Tensor>, const Tensor&, const Tensor&, std::span<Tensor>, Stash&) {}
+  virtual void backward_weights(std::span<const Tensor>, const Tensor&, const Tensor&, Stash&) {}
+
  private:
   std::string name_;
 };

@@ -18,6 +18,10 @@ class Conv2dLayer final : public Layer {
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                 Stash& stash) override;
+  bool splits_backward() const override { return true; }
+  void backward_data(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                     Stash& stash) override;
+  void backward_weights(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, Stash& stash) override;
 
  private:
   Conv2dKernel& kernel(int64_t batch);
@@ -35,6 +39,10 @@ class LinearLayer final : public Layer {
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                 Stash& stash) override;
+  bool splits_backward() const override { return true; }
+  void backward_data(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                     Stash& stash) override;
+  void backward_weights(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, Stash& stash) override;
 
  private:
   LinearKernel& kernel(int64_t batch);
@@ -52,6 +60,10 @@ class HeadsLayer final : public Layer {
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                 Stash& stash) override;
+  bool splits_backward() const override { return true; }
+  void backward_data(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                     Stash& stash) override;
+  void backward_weights(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, Stash& stash) override;
   int64_t count() const { return heads_.count; }
 
  private:
