@@ -26,6 +26,7 @@ constexpr const char* kUsage = R"(usage:
                      [--aggregate-every S [--min-edges M] [--round-deadline-s D] [--back-accumulate N]]
                      [--metrics-listen HOST:PORT] [--max-connections N] [--max-pending-hello N]
                      [--handshake-timeout-s S] [--hello-timeout-s S] [--max-queued-mb N]
+                     [--weight-grads deferred|inline]
       Serves split training over wss:// with mutual TLS: one session per edge, the back
       shard and loss on the backend (default onednn), its kernels on T threads a session
       (default 1, for many edges at once; a big host's cores can go to a few sessions, as
@@ -62,6 +63,9 @@ constexpr const char* kUsage = R"(usage:
       S seconds (default 10) and the Hello come S seconds after it (default 10); a session
       with more than N MiB waiting in either direction (default 512) is closed. Revoked
       identities (`pki revoke`) are refused, and their live sessions closed within a second.
+      --weight-grads deferred (default): each gradient of the cut goes back before the back
+      shard's own weight gradients, which run while the session waits for the edge (the
+      zero-bubble split of backward; the same sums bit for bit); inline computes them first.
       Stops on SIGINT or SIGTERM.
   tandem-cloud pki init --state-dir DIR [--hosts NAME,NAME...]
       Makes a CA and a server certificate (for the hosts, default localhost,127.0.0.1)
@@ -167,7 +171,8 @@ int serve_command(int argc, char** argv) {
                                                        "init-from", "aggregate-every", "min-edges", "round-deadline-s",
                                                        "back-accumulate", "metrics-json", "accept-tokens", "web",
                                                        "metrics-listen", "max-connections", "max-pending-hello",
-                                                       "handshake-timeout-s", "hello-timeout-s", "max-queued-mb"},
+                                                       "handshake-timeout-s", "hello-timeout-s", "max-queued-mb",
+                                                       "weight-grads"},
                                                       /*schedule=*/false));
   ServeOptions o;
   const HostPort listen = args.host_port("listen", "");
@@ -201,6 +206,10 @@ int serve_command(int argc, char** argv) {
   o.handshake_timeout_s = static_cast<int>(args.integer("handshake-timeout-s", 10, 1));
   o.hello_timeout_s = static_cast<int>(args.integer("hello-timeout-s", 10, 1));
   o.max_queued_bytes = static_cast<std::size_t>(args.integer("max-queued-mb", 512, 1)) << 20;
+  const std::string weight_grads = args.str("weight-grads", "deferred");
+  if (weight_grads != "deferred" && weight_grads != "inline")
+    fail("cli", cat("--weight-grads: '", weight_grads, "' is neither deferred nor inline"));
+  o.defer_weights = weight_grads == "deferred";
   o.wire_dtypes.clear();
   for (const std::string& name : split_commas(args.str("wire-dtypes", "f32,f16,bf16,i8"))) {
     const auto d = parse_dtype(name);

@@ -104,6 +104,7 @@ void Network::set_timing(NodeTimes* times) {
   if (times_ == nullptr) return;
   times_->forward_s.assign(graph_.nodes().size(), 0.0);
   times_->backward_s.assign(graph_.nodes().size(), 0.0);
+  times_->weights_s.assign(graph_.nodes().size(), 0.0);
 }
 
 void Network::set_training(bool training) {
@@ -144,7 +145,7 @@ void Network::backward_weights(int slot_index) {
     for (int in_id : input_ids_[n]) node_inputs_.push_back(s.values[static_cast<std::size_t>(in_id)]);
     const double t0 = times_ ? now_s() : 0.0;
     layers_[n]->backward_weights(node_inputs_, s.values[first_node + n], grad_out, s.stashes[n]);
-    if (times_) times_->backward_s[n] += now_s() - t0;
+    if (times_) times_->weights_s[n] += now_s() - t0;
     grad_out = Tensor();
   }
   s.weights_pending = false;

@@ -60,6 +60,7 @@ class Network {
   // graph().nodes()); the caller owns it. For the profiler; off (null) by default.
   struct NodeTimes {
     std::vector<double> forward_s, backward_s;
+    std::vector<double> weights_s;  // deferred weight-gradient passes (backward_weights)
   };
   void set_timing(NodeTimes* times);
 

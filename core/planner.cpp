@@ -17,6 +17,7 @@ constexpr int64_t kFramingBytes = 256;  // a Forward's or Backward's fields arou
 
 struct ShardCost {
   double forward_s = 0, backward_s = 0;
+  double weights_s = 0;  // of backward_s: the weight gradients
 };
 
 // A shard's cost for `m` samples from its ops' FLOPs (core/ops) at `gflops`: layers reading
@@ -29,6 +30,9 @@ ShardCost estimate(const Graph& g, int64_t m, double gflops, bool input_grad) {
     const bool reads_input = n.sources.at(0) >= 0;
     c.forward_s += cost.forward_flops * scale;
     c.backward_s += (cost.backward_weights_flops + (reads_input && !input_grad ? 0.0 : cost.backward_data_flops)) * scale;
+    // (Batch norm computes its few weight-gradient FLOPs with its input gradient; counted
+    // here as deferred all the same.)
+    c.weights_s += cost.backward_weights_flops * scale;
   }
   return c;
 }
@@ -39,6 +43,7 @@ ShardCost measure(const Graph& g, Backend& backend, int64_t m, int iterations, b
   for (const LayerProfile& l : profile_layers(net, m, iterations, 1, input_grad)) {
     c.forward_s += l.forward_s;
     c.backward_s += l.backward_s;
+    c.weights_s += l.weights_s;
   }
   return c;
 }
@@ -46,18 +51,23 @@ ShardCost measure(const Graph& g, Backend& backend, int64_t m, int iterations, b
 }  // namespace
 
 double simulate_step(const std::vector<MicrobatchCost>& mbs) {
+  if (mbs.empty()) return 0.0;
   double edge = 0, up = 0, cloud = 0, down = 0;
   std::vector<double> arrived(mbs.size());
+  std::size_t deferred_next = 0;  // the oldest micro-batch whose weight gradients wait
   for (std::size_t i = 0; i < mbs.size(); ++i) {
     edge += mbs[i].edge_forward_s;
     up = std::max(up, edge) + mbs[i].up_s;
+    while (deferred_next < i && cloud < up) cloud += mbs[deferred_next++].cloud_deferred_s;  // idle until then
     cloud = std::max(cloud, up) + mbs[i].cloud_s;
     down = std::max(down, cloud) + mbs[i].down_s;
     arrived[i] = down;
   }
+  while (deferred_next < mbs.size()) cloud += mbs[deferred_next++].cloud_deferred_s;  // before the update
   // Gradients arrive in order; each backward starts when it is in and the edge is free.
   for (std::size_t i = 0; i < mbs.size(); ++i) edge = std::max(edge, arrived[i]) + mbs[i].edge_backward_s;
-  return edge;
+  // The next step's first activations reach the cloud edge_forward + up after this step ends.
+  return std::max(edge, cloud - mbs[0].edge_forward_s - mbs[0].up_s);
 }
 
 const PlanRow& recommend(const std::vector<PlanRow>& rows) {
@@ -120,12 +130,12 @@ std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backen
         const auto& [e, c] = cost(m);
         const auto bytes_up = static_cast<int64_t>(encoded_bytes(o.dtype, m * act.numel())) + 4 * m + kFramingBytes;
         const auto bytes_down = static_cast<int64_t>(encoded_bytes(o.dtype, m * act.numel())) + kFramingBytes;
-        MicrobatchCost mc{e.forward_s, e.backward_s, c.forward_s + c.backward_s,
+        MicrobatchCost mc{e.forward_s, e.backward_s, c.forward_s + c.backward_s - c.weights_s, c.weights_s,
                           static_cast<double>(bytes_up) * 8.0 / (o.uplink_mbps * 1e6),
                           static_cast<double>(bytes_down) * 8.0 / (o.downlink_mbps * 1e6)};
         mbs.push_back(mc);
         row.edge_s += mc.edge_forward_s + mc.edge_backward_s;
-        row.cloud_s += mc.cloud_s;
+        row.cloud_s += mc.cloud_s + mc.cloud_deferred_s;
         row.up_s += mc.up_s;
         row.down_s += mc.down_s;
         row.bytes_up_per_step += bytes_up;

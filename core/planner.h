@@ -1,8 +1,9 @@
 // Split planner: for every legal cut and micro-batch count K, the predicted step time of the
 // pipelined schedule the agent runs (the edge's K forwards back to back, each sent at once;
-// uplink, cloud and downlink each first come first served; the edge backs each micro-batch
-// up once its gradient is in), from per-micro-batch costs and the link's rates; plus the
-// edge's peak memory, and the recommendation.
+// uplink, cloud and downlink each first come first served; the cloud sends each input
+// gradient before its weight gradients, which it runs while idle; the edge backs each
+// micro-batch up once its gradient is in), from per-micro-batch costs and the link's rates;
+// plus the edge's peak memory, and the recommendation.
 #pragma once
 
 #include <cstdint>
@@ -17,11 +18,16 @@ namespace tandem {
 
 // What one micro-batch costs on each resource.
 struct MicrobatchCost {
-  double edge_forward_s = 0, edge_backward_s = 0, cloud_s = 0;  // cloud: forward, loss, backward
-  double up_s = 0, down_s = 0;                                  // on the link
+  double edge_forward_s = 0, edge_backward_s = 0;
+  double cloud_s = 0;           // before the gradient leaves: forward, loss, input gradients
+  double cloud_deferred_s = 0;  // after: the back shard's weight gradients
+  double up_s = 0, down_s = 0;  // on the link
 };
 
-// Seconds from the step's first forward to the edge's last backward.
+// A step's time in steady state: from its first forward to the edge's last backward, or, if
+// the cloud is still busy with weight gradients and the update when the next step's first
+// activations arrive, until the cloud can take them. Deferred work runs one micro-batch's at
+// a time while no activations wait (started work is not interrupted), the rest before the update.
 double simulate_step(const std::vector<MicrobatchCost>& microbatches);
 
 struct PlanRow {

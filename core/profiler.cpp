@@ -39,26 +39,31 @@ std::vector<LayerProfile> profile_layers(Network& net, int64_t batch, int iterat
   const auto& nodes = graph.nodes();
   const Tensor grad = random_tensor(nodes[static_cast<std::size_t>(graph.output())].shape.batched(batch), rng);
 
-  std::vector<std::vector<double>> fwd(nodes.size()), bwd(nodes.size());
+  std::vector<std::vector<double>> fwd(nodes.size()), bwd(nodes.size()), wgt(nodes.size());
   Network::NodeTimes times;
   for (int it = 0; it < warmup + iterations; ++it) {
     net.set_timing(&times);
     net.forward(inputs, 0);
-    net.backward(grad, 0, input_grad);
+    // Split as the cloud runs it: input gradients, then the deferred weight gradients.
+    net.backward(grad, 0, input_grad, /*defer_weights=*/true);
+    net.backward_weights(0);
     net.set_timing(nullptr);
     if (it < warmup) continue;
     for (std::size_t n = 0; n < nodes.size(); ++n) {
       fwd[n].push_back(times.forward_s[n]);
-      bwd[n].push_back(times.backward_s[n]);
+      bwd[n].push_back(times.backward_s[n] + times.weights_s[n]);
+      wgt[n].push_back(times.weights_s[n]);
     }
   }
   net.zero_grad();
 
   std::vector<LayerProfile> out;
-  for (std::size_t n = 0; n < nodes.size(); ++n)
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
     out.push_back({nodes[n].spec.name, nodes[n].spec.op, median(fwd[n]), median(bwd[n]),
                    nodes[n].shape.numel() * static_cast<int64_t>(sizeof(float)),
                    op_cost(nodes[n].spec, graph.input_shapes(nodes[n]), nodes[n].shape)});
+    out.back().weights_s = median(wgt[n]);
+  }
   return out;
 }
 

@@ -17,6 +17,7 @@ struct LayerProfile {
   double forward_s = 0.0, backward_s = 0.0;  // median over the iterations, one micro-batch
   int64_t output_bytes_per_sample = 0;       // f32 output of the node
   OpCost cost;                               // per sample, from the op registry (core/ops)
+  double weights_s = 0.0;  // of backward_s: the weight gradients, which a party in the middle defers
   // Achieved GFLOP/s of each pass at `batch` samples (0 where the pass has no FLOPs).
   double forward_gflops(int64_t batch) const;
   double backward_gflops(int64_t batch) const;

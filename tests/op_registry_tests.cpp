@@ -128,6 +128,21 @@ TEST(OpRegistry, DeclaredParametersAreTheLayersParameters) {
   }
 }
 
+// The planner's schedule: the cloud sends each input gradient before its weight gradients
+// and runs those while no activations wait. Two micro-batches, every pass 1 s, a free link:
+// the edge gets its gradients at 2 and 3 instead of 3 and 5, and the step takes 4 s, not 6.
+// When the edge is slower, deferred work fills the cloud's gaps and costs nothing.
+TEST(Planner, InputGradientsFirstShortenTheStep) {
+  MicrobatchCost split{1, 1, 1, 1, 0, 0}, whole{1, 1, 2, 0, 0, 0};
+  EXPECT_DOUBLE_EQ(simulate_step({split, split}), 4.0);
+  EXPECT_DOUBLE_EQ(simulate_step({whole, whole}), 6.0);
+  MicrobatchCost slow_edge{2, 1, 1, 1, 0, 0};
+  EXPECT_DOUBLE_EQ(simulate_step({slow_edge, slow_edge}), 6.0);
+  // A cloud whose deferred tail outlasts the edge's backward delays the next step's start.
+  MicrobatchCost heavy_weights{1, 1, 1, 5, 0, 0};
+  EXPECT_DOUBLE_EQ(simulate_step({heavy_weights, heavy_weights}), 3.0 + 10.0 - 1.0);
+}
+
 TEST(OpRegistry, UnknownOpIsRefusedWithTheKnownOnes) {
   const std::string e = error_of([] { (void)op_def("swishy"); });
   EXPECT_NE(e.find("unknown op 'swishy'"), std::string::npos) << e;

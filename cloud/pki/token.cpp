@@ -22,7 +22,7 @@ constexpr std::size_t kMaxTokenChars = 1024;
 constexpr int64_t kClockSkewS = 300;  // a token "issued" this far in the future is still taken
 constexpr const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
-std::string base64url(const std::string& bytes) {
+std::string base64url(std::string_view bytes) {
   std::string out;
   uint32_t acc = 0;
   int bits = 0;
@@ -58,7 +58,7 @@ bool from_base64url(std::string_view text, std::string& out) {
 }
 
 // What the CA signs: a domain separator and the payload.
-std::array<uint8_t, 32> digest(const std::string& payload) {
+std::array<uint8_t, 32> digest(std::string_view payload) {
   Sha256 h;
   static constexpr char kDomain[] = "tandem enrolment token v1\n";
   h.update(kDomain, sizeof kDomain - 1);
@@ -105,14 +105,17 @@ std::string issue_token(const std::string& state_dir, const std::string& client,
   Pk key = load_key(state_dir + "/ca.key");
   uint8_t id[16];
   check(mbedtls_ctr_drbg_random(rng.drbg(), id, sizeof id), "drawing a token id");
-  const std::string payload = cat("client=", client, ";id=", to_hex(id, sizeof id), ";iat=", now, ";exp=", now + ttl_s);
+  return sign_token(key, rng, cat("client=", client, ";id=", to_hex(id, sizeof id), ";iat=", now, ";exp=", now + ttl_s));
+}
+
+std::string sign_token(const Pk& ca_key, Random& rng, std::string_view payload) {
   const auto hash = digest(payload);
   unsigned char sig[MBEDTLS_PK_SIGNATURE_MAX_SIZE];
   std::size_t sig_len = 0;
-  check(mbedtls_pk_sign(key.get(), MBEDTLS_MD_SHA256, hash.data(), hash.size(), sig, &sig_len, mbedtls_ctr_drbg_random,
-                        rng.drbg()),
+  check(mbedtls_pk_sign(ca_key.get(), MBEDTLS_MD_SHA256, hash.data(), hash.size(), sig, &sig_len,
+                        mbedtls_ctr_drbg_random, rng.drbg()),
         "signing the token");
-  return cat(kPrefix, base64url(payload), ".", base64url(std::string(reinterpret_cast<char*>(sig), sig_len)));
+  return cat(kPrefix, base64url(payload), ".", base64url(std::string_view(reinterpret_cast<char*>(sig), sig_len)));
 }
 
 int64_t parse_ttl(const std::string& text) {

@@ -200,6 +200,7 @@ class Worker {
     CloudSessionConfig config{shard.hash,          o.batch_size,  o.microbatches, classes, id_,
                               o.max_message_bytes, o.wire_dtypes, shard.cut,      &checkpoints_};
     config.peer_identity = peer_;
+    config.defer_weights = o.defer_weights;
     if (peer_.empty()) {  // no client certificate: the Hello's enrolment token must vouch for the edge
       pki::TokenVerifier* tokens = tokens_;
       config.authorize = [tokens](const std::string& token, const std::string& client) {

@@ -45,6 +45,8 @@ struct ServeOptions {
   std::size_t max_connections = 256, max_pending_hello = 64;
   int handshake_timeout_s = 10, hello_timeout_s = 10;
   std::size_t max_queued_bytes = std::size_t{512} << 20;
+  // The cut's gradient before the back shard's weight gradients (CloudSessionConfig).
+  bool defer_weights = true;
 };
 
 // Runs the service; returns the process exit code.

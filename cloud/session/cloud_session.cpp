@@ -237,7 +237,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
   const double loss = compute_loss(back_.graph().loss(), logits, fwd.labels()->data(), 1.0f / static_cast<float>(step_samples_),
                                             &dlogits, back_.graph().output_groups());
-  const Tensor grad = back_.backward(dlogits, static_cast<int>(mb), true, /*defer_weights=*/true);
+  const Tensor grad = back_.backward(dlogits, static_cast<int>(mb), true, config_.defer_weights);
   // Finite activations can still overflow the back shard (values near the float range's
   // end): such a micro-batch must neither reach the weights nor go back as a non-finite
   // gradient (which the edge refuses, or I8 cannot encode).
@@ -248,7 +248,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
                        std::isfinite(loss) ? "gradient" : "loss", "); they are far outside any trained range")});
   }
   seen_[mb] = true;
-  deferred_.push_back(mb);
+  if (config_.defer_weights) deferred_.push_back(mb);
   trained_samples_ += static_cast<uint64_t>(count);
   train_loss_sum_ += loss;
   const uint64_t step = step_;

@@ -61,6 +61,10 @@ struct CloudSessionConfig {
   // Set when the edge has no client certificate: given the Hello's token and client id,
   // returns "" to let it in, else why it is refused (Unauthorized).
   std::function<std::string(const std::string& token, const std::string& client_id)> authorize = nullptr;
+  // Input gradients first: each Forward's reply leaves before the back shard's weight
+  // gradients, which run while the session is idle (false: all of backward before the reply,
+  // for comparison).
+  bool defer_weights = true;
 };
 
 struct CloudReply {

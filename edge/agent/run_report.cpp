@@ -82,6 +82,7 @@ void RunReport::on_event(const EdgeEvent& e) {
       trained_ = e.samples;
       mean_loss_ = e.loss;
       epsilon_ = e.epsilon;
+      first_grad_ms_ = e.first_grad_ms;
       seconds_ = std::chrono::duration<double>(Clock::now() - t0_).count();
       train_up_ = link_->bytes_up() - up0_;
       train_down_ = link_->bytes_down() - down0_;
@@ -106,7 +107,9 @@ void RunReport::on_event(const EdgeEvent& e) {
                ",\"rounds_joined\":", session.rounds_joined(), ",\"bytes_up\":", link_->bytes_up() - up0_,
                ",\"bytes_down\":", link_->bytes_down() - down0_, ",\"train_bytes_up\":", train_up_,
                ",\"train_bytes_down\":", train_down_, ",\"edge_busy_s\":", fixed(seconds_ - idle, 3),
-               ",\"edge_idle_s\":", fixed(idle, 3), ",\"cloud_busy_s\":", fixed(epoch_cloud, 3),
+               ",\"edge_idle_s\":", fixed(idle, 3), ",\"edge_idle_fraction\":", fixed(idle / std::max(seconds_, 1e-9), 4),
+               first_grad_ms_ < 0 ? "" : cat(",\"first_grad_ms\":", fixed(first_grad_ms_, 3)),
+               ",\"cloud_busy_s\":", fixed(epoch_cloud, 3),
                ",\"cloud_idle_s\":", fixed(std::max(0.0, seconds_ - epoch_cloud), 3),
                epsilon_ < 0 ? "" : std::isinf(epsilon_) ? ",\"dp_epsilon\":null" : cat(",\"dp_epsilon\":", fixed(epsilon_, 4)),
                "}"));

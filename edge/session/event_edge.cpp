@@ -59,7 +59,8 @@ std::string EdgeEvent::json() const {
       return cat("{\"event\":\"round\",\"round\":", round, ",\"step\":", step, "}");
     case K::EpochTrained:
       return cat("{\"event\":\"epoch\",\"epoch\":", epoch, ",\"samples\":", samples, ",\"seconds\":", num(seconds),
-                 ",\"train_loss\":", num(loss), dp_json(epsilon), "}");
+                 ",\"train_loss\":", num(loss), first_grad_ms < 0 ? "" : cat(",\"first_grad_ms\":", num(first_grad_ms)),
+                 dp_json(epsilon), "}");
     case K::Evaluated:
       return cat("{\"event\":\"evaluated\",\"accuracy\":", num(accuracy), ",\"samples\":", samples,
                  ",\"epoch\":", epoch, "}");
@@ -194,6 +195,10 @@ bool EventEdge::on_message(const Frame& frame) {
       case State::Training: {
         bool done = false;
         const auto t0 = std::chrono::steady_clock::now();
+        if (awaiting_first_grad_) {
+          first_grad_s_.push_back(std::chrono::duration<double>(t0 - step_sent_).count());
+          awaiting_first_grad_ = false;
+        }
         if (!session_->on_backward(frame, err, done)) return fail_with(err.text);
         busy_s_ += since(t0);
         if (!done) return true;
@@ -308,6 +313,7 @@ void EventEdge::start_step() {
     epoch_loss_sum_ = 0.0;
     epoch_started_ = t0;
     epoch_open_ = true;
+    first_grad_s_.clear();
     EdgeEvent e = event(EdgeEvent::Kind::EpochStarted);
     e.samples = n;
     emit(e);
@@ -325,7 +331,13 @@ void EventEdge::start_step() {
   const int k = session_->begin_step(batch_images_, batch_labels_.data(),
                                      lr_factor(schedule_, static_cast<int64_t>(session_->step())), step_saves_);
   // Every activation leaves as soon as it is computed; gradients are applied as they come.
-  for (int mb = 0; mb < k; ++mb) send_(session_->forward(mb));
+  for (int mb = 0; mb < k; ++mb) {
+    send_(session_->forward(mb));
+    if (mb == 0) {
+      step_sent_ = std::chrono::steady_clock::now();
+      awaiting_first_grad_ = true;
+    }
+  }
   busy_s_ += since(t0);
 }
 
@@ -339,6 +351,11 @@ void EventEdge::end_epoch() {
   e.samples = trained;
   e.loss = epoch_loss_sum_ / static_cast<double>(std::max<int64_t>(trained, 1));
   e.seconds = since(epoch_started_);
+  if (!first_grad_s_.empty()) {
+    auto mid = first_grad_s_.begin() + static_cast<std::ptrdiff_t>(first_grad_s_.size() / 2);
+    std::nth_element(first_grad_s_.begin(), mid, first_grad_s_.end());
+    e.first_grad_ms = *mid * 1e3;
+  }
   epoch_open_ = false;
   emit(e);
   just_ended_epoch_ = e.epoch;

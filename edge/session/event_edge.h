@@ -96,6 +96,9 @@ struct EdgeEvent {
   std::string dtype;  // Welcome: the wire dtype the cloud chose
   std::string text;   // Error; Done: why the run stopped early (a privacy budget), if it did
   double epsilon = -1.0;  // Step, EpochTrained, Done: DP epsilon spent on the cut (< 0: no DP)
+  // EpochTrained: the median over its steps of the time from a step's first Forward handed
+  // to the transport to its first gradient back (the pipeline's fill; < 0: no step).
+  double first_grad_ms = -1.0;
   std::string json() const;
 };
 
@@ -178,6 +181,9 @@ class EventEdge {
   uint64_t samples_since_round_ = 0;
   double epoch_loss_sum_ = 0.0;
   std::chrono::steady_clock::time_point epoch_started_;
+  std::chrono::steady_clock::time_point step_sent_;  // the step's first Forward went out
+  bool awaiting_first_grad_ = false;
+  std::vector<double> first_grad_s_;  // this epoch's steps
   std::vector<int64_t> order_;
   Tensor batch_images_;
   std::vector<int32_t> batch_labels_;

@@ -21,14 +21,8 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- cloud log"; tail -40 "$work/cloud.log"; exit 1; }
 deadline=2
 
-start_cloud() {  # start_cloud EXTRA...
-  "$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" --aggregate-every 5 \
-    --metrics-json "$work/cloud.jsonl" "$@" > "$work/cloud.log" 2>&1 &
-  cloud_pid=$!
-  for _ in $(seq 1 100); do grep -q 'listening on' "$work/cloud.log" && break; sleep 0.1; done
-  port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | cut -d: -f3 || true)
-  [[ -n $port ]] || fail "the cloud did not start"
-}
+source "$src/tests/e2e/lib.sh"
+start_cloud() { start_cloud_as cloud --aggregate-every 5 --metrics-json "$work/cloud.jsonl" "$@"; }  # EXTRA...
 edge() {  # edge I SPLIT LIMIT EXTRA...: edge I of 4 in the background; its pid in pids[I]
   local i=$1 split=$2 limit=$3; shift 3
   "$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/h$i" --model "$model" --shard "$i/4" \

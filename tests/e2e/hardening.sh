@@ -18,19 +18,12 @@ cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -20 "$f"; done; exit 1; }
 
+source "$src/tests/e2e/lib.sh"
 start_cloud() {  # start_cloud NAME EXTRA...: sets port, metrics_port, cloud_pid
   local name=$1; shift
-  "$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" --accept-tokens \
-    --metrics-listen 127.0.0.1:0 "$@" > "$work/$name.log" 2>&1 &
-  cloud_pid=$!
+  start_cloud_as "$name" --accept-tokens --metrics-listen 127.0.0.1:0 "$@"
   pids+=("$cloud_pid")
-  for _ in $(seq 1 100); do grep -q 'metrics for Prometheus' "$work/$name.log" && break; sleep 0.1; done
-  port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/$name.log" | cut -d: -f3)
-  metrics_port=$(grep -o 'http://127.0.0.1:[0-9]*/metrics' "$work/$name.log" | cut -d: -f3 | cut -d/ -f1)
-  [[ -n $port && -n $metrics_port ]] || fail "cloud $name did not start"
 }
-scrape() { python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$metrics_port$1', timeout=5).read().decode())"; }
-metric() { scrape /metrics | awk -v m="$1" '$1 == m { print $2 }'; }
 train() {  # train NAME IDDIR EXTRA... : runs an edge, output in $work/NAME.out
   local name=$1 id=$2; shift 2
   "$edge_bin" train --cloud "wss://localhost:$port" --identity "$id" --model "$model" \

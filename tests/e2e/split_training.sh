@@ -14,12 +14,8 @@ cleanup() { [[ -n ${cloud_pid:-} ]] && kill "$cloud_pid" 2>/dev/null; wait 2>/de
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- cloud log"; cat "$work/cloud.log"; exit 1; }
 
-"$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" --accept-tokens \
-  > "$work/cloud.log" 2>&1 &
-cloud_pid=$!
-for _ in $(seq 1 100); do grep -q 'listening on' "$work/cloud.log" && break; sleep 0.1; done
-port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | cut -d: -f3)
-[[ -n $port ]] || fail "the cloud did not start"
+source "$src/tests/e2e/lib.sh"
+start_cloud_as cloud --accept-tokens
 "$cloud_bin" pki issue --state-dir "$work/state" --client hospital-a --out "$work/a" > /dev/null
 "$cloud_bin" pki issue --state-dir "$work/state" --client hospital-b --out "$work/b" > /dev/null
 

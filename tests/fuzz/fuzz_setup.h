@@ -33,18 +33,11 @@
 #include "core/trainer.h"
 #include "core/wire/messages.h"
 #include "edge/session/event_edge.h"
+#include "../small_split_spec.h"
 
 namespace tandem::fuzz {
 
-// tests/test_support.h's kSmallSplitSpec (8x8 images, 4 classes, cut after the first block).
-inline constexpr const char* kSplitSpec = R"({ name: "split-test", inputs: [ { name: "image", shape: [8, 8, 1] } ], nodes: [
-  { name: "conv1", op: "conv2d", inputs: ["image"], conv2d: { out_channels: 6, kernel: [3], padding: [1] } },
-  { name: "relu1", op: "relu", inputs: ["conv1"] },
-  { name: "pool1", op: "max_pool2d", inputs: ["relu1"], pool: { kernel: [2] } },
-  { name: "flatten", op: "flatten", inputs: ["pool1"] },
-  { name: "fc1", op: "linear", inputs: ["flatten"], linear: { out_features: 24 } },
-  { name: "relu2", op: "relu", inputs: ["fc1"] },
-  { name: "fc2", op: "linear", inputs: ["relu2"], linear: { out_features: 4 } } ], cut: "pool1" })";
+inline constexpr const char* kSplitSpec = test::kSmallSplitSpec;  // 8x8 images, 4 classes
 inline constexpr const char* kCut = "pool1";
 inline constexpr const char* kClient = "edge-fuzz";
 inline constexpr const char* kToken = "fuzz-token";

@@ -6,7 +6,6 @@
 //   mode % 3 == 1: a token payload ("client=..;id=..;iat=..;exp=..") that the harness signs with
 //                  the CA's key, so the fuzzer gets past the signature to the claims' checks;
 //   mode % 3 == 2: a --ttl value.
-#include <mbedtls/pk.h>
 #include <unistd.h>
 
 #include <cstdlib>
@@ -16,14 +15,12 @@
 #include "cloud/pki/pki.h"
 #include "cloud/pki/token.h"
 #include "core/error.h"
-#include "core/sha256.h"
 
 using namespace tandem;
 
 namespace {
 
 constexpr int64_t kNow = 1900000000;  // the clock the fuzzed tokens are checked at
-constexpr const char* kAlphabet = "ABCDEFGHIJKLMNOPQRSTUVWXYZabcdefghijklmnopqrstuvwxyz0123456789-_";
 
 struct State {
   std::string dir;
@@ -32,37 +29,6 @@ struct State {
   pki::Random rng;
 };
 State* state = nullptr;
-
-std::string base64url(std::string_view bytes) {
-  std::string out;
-  uint32_t acc = 0;
-  int bits = 0;
-  for (unsigned char c : bytes) {
-    acc = (acc << 8) | c;
-    bits += 8;
-    while (bits >= 6) {
-      bits -= 6;
-      out += kAlphabet[(acc >> bits) & 63];
-    }
-  }
-  if (bits > 0) out += kAlphabet[(acc << (6 - bits)) & 63];
-  return out;
-}
-
-// As pki::issue_token signs (cloud/pki/token.cpp), but any payload.
-std::string sign(std::string_view payload) {
-  Sha256 h;
-  static constexpr char kDomain[] = "tandem enrolment token v1\n";
-  h.update(kDomain, sizeof kDomain - 1);
-  h.update(payload.data(), payload.size());
-  const auto hash = h.finish();
-  unsigned char sig[MBEDTLS_PK_SIGNATURE_MAX_SIZE];
-  std::size_t sig_len = 0;
-  pki::check(mbedtls_pk_sign(state->ca_key.get(), MBEDTLS_MD_SHA256, hash.data(), hash.size(), sig, &sig_len,
-                             mbedtls_ctr_drbg_random, state->rng.drbg()),
-             "signing the fuzzed token");
-  return "tdt1." + base64url(payload) + "." + base64url(std::string_view(reinterpret_cast<char*>(sig), sig_len));
-}
 
 }  // namespace
 
@@ -88,7 +54,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
     switch (data[0] % 3) {
       case 0: (void)state->verifier->accept(body, client, kNow); break;
       case 1:
-        if (body.size() <= 512) (void)state->verifier->accept(sign(body), client, kNow);
+        if (body.size() <= 512) (void)state->verifier->accept(pki::sign_token(state->ca_key, state->rng, body), client, kNow);
         break;
       default:
         (void)pki::parse_ttl(body);

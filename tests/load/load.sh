@@ -20,18 +20,9 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- cloud log"; tail -30 "$work/cloud.log"; exit 1; }
 
 "$cloud_bin" pki init --state-dir "$work/state" > /dev/null
-"$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" --metrics-listen 127.0.0.1:0 \
-  --max-connections $((edges + 16)) > "$work/cloud.log" 2>&1 &
-cloud_pid=$!
+source "$src/tests/e2e/lib.sh"
+start_cloud_as cloud --metrics-listen 127.0.0.1:0 --max-connections $((edges + 16))
 pids+=("$cloud_pid")
-for _ in $(seq 1 100); do grep -q 'metrics for Prometheus' "$work/cloud.log" && break; sleep 0.1; done
-port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | cut -d: -f3)
-metrics_port=$(grep -o 'http://127.0.0.1:[0-9]*/metrics' "$work/cloud.log" | cut -d: -f3 | cut -d/ -f1)
-[[ -n $port && -n $metrics_port ]] || fail "the cloud did not start"
-metric() {
-  python3 -c "import urllib.request; print(urllib.request.urlopen('http://127.0.0.1:$metrics_port/metrics', timeout=5).read().decode())" |
-    awk -v m="$1" '$1 == m { print $2 }'
-}
 for i in $(seq 0 "$edges"); do
   "$cloud_bin" pki issue --state-dir "$work/state" --client "edge-$i" --out "$work/id/$i" > /dev/null
 done

@@ -1,0 +1,24 @@
+# What the end-to-end and load scripts share: starting a tandem-cloud service on a free
+# loopback port and reading its Prometheus counters. Source it after setting cloud_bin,
+# model and work, and defining fail().
+
+# start_cloud_as LOG ARGS...: `tandem-cloud serve` on 127.0.0.1:0 with --state-dir
+# $work/state and --model $model, output in $work/LOG.log. Waits until it listens (and
+# serves metrics, when ARGS has --metrics-listen); sets cloud_pid, port and metrics_port.
+start_cloud_as() {
+  local log=$work/$1.log ready='listening on'; shift
+  [[ " $* " == *" --metrics-listen "* ]] && ready='metrics for Prometheus'
+  "$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" "$@" > "$log" 2>&1 &
+  cloud_pid=$!
+  for _ in $(seq 1 100); do grep -q "$ready" "$log" && break; sleep 0.1; done
+  port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$log" | cut -d: -f3 || true)
+  metrics_port=$(grep -o 'http://127.0.0.1:[0-9]*/metrics' "$log" | cut -d: -f3 | cut -d/ -f1 || true)
+  [[ -n $port ]] || fail "the cloud ($1) did not start"
+  [[ " $* " != *" --metrics-listen "* || -n $metrics_port ]] || fail "the cloud ($1) serves no metrics"
+}
+
+# scrape PATH: the cloud's metrics listener's answer; metric NAME: one counter's value.
+scrape() {
+  python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$metrics_port$1', timeout=5).read().decode())"
+}
+metric() { scrape /metrics | awk -v m="$1" '$1 == m { print $2 }'; }
