@@ -2,8 +2,11 @@
 # tandem's split training (cloud + edge over TLS WebSockets on loopback, K=4) against a
 # PyTorch split-learning baseline (edge and cloud processes over a loopback TCP socket,
 # /usr/bin/python3 with Debian's python3-torch), same model, batch 64 and cut, one thread a
-# process. The two alternate for ROUNDS rounds (default 3) on the same machine; prints each
-# round, the medians and the ratio of the medians.
+# process. tandem runs twice a round: as it trains (the cloud sends each gradient of the cut
+# before its own weight gradients) and with --weight-grads inline (all of backward before the
+# reply, as before issue 19). The three alternate for ROUNDS rounds (default 3) on the same
+# machine; prints each round (with the edge's idle fraction and median time to a step's first
+# gradient), the medians and the ratios of the medians.
 # Usage: bash bench/split_vs_pytorch.sh [SAMPLES]   (default 12800; ROUNDS=N in the environment)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -19,10 +22,11 @@ trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
 "$bin/cloud/tandem-cloud" pki init --state-dir "$work/state" > /dev/null
 "$bin/cloud/tandem-cloud" pki issue --state-dir "$work/state" --client bench --out "$work/id" > /dev/null
 
-# One tandem run: a fresh cloud service and an edge; prints samples/s.
+# One tandem run: a fresh cloud service (with the arguments given) and an edge; prints
+# samples/s, the edge's idle fraction and the median time to a step's first gradient (ms).
 tandem_round() {
   "$bin/cloud/tandem-cloud" serve --listen 127.0.0.1:0 --state-dir "$work/state" \
-    --model samples/fashion-mnist/model.json > "$work/cloud.log" 2>&1 &
+    --model samples/fashion-mnist/model.json "$@" > "$work/cloud.log" 2>&1 &
   local cloud=$!
   for _ in $(seq 1 100); do grep -q 'listening on' "$work/cloud.log" && break; sleep 0.1; done
   local port
@@ -32,7 +36,10 @@ tandem_round() {
     --model samples/fashion-mnist/model.json --limit "$samples" --test-limit 100 --batch 64 --microbatches 4 \
     --metrics-json "$work/tandem.jsonl" > /dev/null 2>&1
   kill "$cloud"; wait "$cloud" 2> /dev/null || true
-  grep -o '"samples_per_s":[0-9.]*' "$work/tandem.jsonl" | cut -d: -f2
+  local field
+  for field in samples_per_s edge_idle_fraction first_grad_ms; do
+    grep -o "\"$field\":[0-9.]*" "$work/tandem.jsonl" | tail -1 | cut -d: -f2
+  done | paste -sd' '
 }
 
 # One PyTorch baseline run; prints samples/s.
@@ -48,13 +55,18 @@ pytorch_round() {
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-: > "$work/t" ; : > "$work/p"
+: > "$work/t" ; : > "$work/i" ; : > "$work/p"
 for r in $(seq 1 "$rounds"); do
-  t=$(tandem_round); p=$(pytorch_round)
-  echo "$t" >> "$work/t"; echo "$p" >> "$work/p"
-  echo "round $r: tandem (TLS, K=4) $t samples/s, PyTorch split baseline (TCP, K=1) $p samples/s"
+  read -r t t_idle t_first <<< "$(tandem_round)"
+  read -r i i_idle i_first <<< "$(tandem_round --weight-grads inline)"
+  p=$(pytorch_round)
+  echo "$t" >> "$work/t"; echo "$i" >> "$work/i"; echo "$p" >> "$work/p"
+  echo "round $r: tandem (TLS, K=4) $t samples/s (edge idle $t_idle, first gradient $t_first ms);" \
+    "inline weight gradients $i (idle $i_idle, first $i_first ms); PyTorch split baseline (TCP, K=1) $p samples/s"
 done
-tandem=$(median < "$work/t"); base=$(median < "$work/p")
-echo "median of $rounds: tandem $tandem samples/s, PyTorch $base samples/s"
-awk -v t="$tandem" -v b="$base" 'BEGIN { printf "ratio tandem / PyTorch (medians): %.2fx (bar: >= 2x)\n", t / b }'
-echo "{\"bench\":\"split_vs_pytorch\",\"samples\":$samples,\"rounds\":$rounds,\"tandem_samples_per_s\":$tandem,\"pytorch_samples_per_s\":$base}"
+tandem=$(median < "$work/t"); inline=$(median < "$work/i"); base=$(median < "$work/p")
+echo "median of $rounds: tandem $tandem samples/s, inline weight gradients $inline, PyTorch $base samples/s"
+awk -v t="$tandem" -v i="$inline" -v b="$base" 'BEGIN {
+  printf "ratio tandem / PyTorch (medians): %.2fx (bar: >= 2.5x); inline / PyTorch %.2fx; tandem / inline %.3f\n",
+    t / b, i / b, t / i }'
+echo "{\"bench\":\"split_vs_pytorch\",\"samples\":$samples,\"rounds\":$rounds,\"tandem_samples_per_s\":$tandem,\"inline_samples_per_s\":$inline,\"pytorch_samples_per_s\":$base}"

@@ -26,6 +26,7 @@ set(TANDEM_CORE_SOURCES
   wire/egress_audit.cpp
   privacy/rdp_accountant.cpp
   privacy/cut_noise.cpp
+  privacy/nopeek.cpp
   layers/conv2d_layer.cpp
   layers/linear_layer.cpp
   layers/heads_layer.cpp

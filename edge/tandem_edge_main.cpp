@@ -21,7 +21,7 @@ constexpr const char* kUsage = R"(usage:
                     [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
                     [--metrics-json FILE] [--client-id NAME] [--token TOKEN] [--audit-log FILE]
-                    [--dp-clip C --dp-noise SIGMA [--dp-delta D] [--dp-epsilon-budget E]]
+                    [--dp-clip C --dp-noise SIGMA [--dp-delta D] [--dp-epsilon-budget E]] [--nopeek ALPHA]
                     [--checkpoint-dir DIR [--checkpoint-every STEPS]] [--init-from FILE]
                     [--shard I/N [--split iid|class] [--front-updates step|round] [--proximal-mu MU]]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
@@ -46,6 +46,10 @@ constexpr const char* kUsage = R"(usage:
       leave (training and evaluation); epsilon at D (default 1e-5) for the training set is
       accounted (RDP, sampling rate batch / samples) and printed with each epoch
       (dp_epsilon); --dp-epsilon-budget E stops the run before a step would pass E.
+      --nopeek ALPHA: NoPeek, ALPHA times the distance correlation between each
+      micro-batch's images and its cut activations joins the front's loss (the cloud never
+      sees it), so the activations say less about the images; each epoch reports the
+      correlation (dcor). Try 0.1 to 1; it costs accuracy as it rises.
       --checkpoint-dir keeps checkpoints of the front shard there, encrypted with
       IDDIR/checkpoint.key (made on first use), every STEPS steps (default 100; 0: only at
       each epoch's end); the cloud checkpoints its back shard at the same steps. Run the
@@ -75,7 +79,7 @@ int train_command(int argc, char** argv) {
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget"},
+                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "nopeek"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -114,6 +118,8 @@ int train_command(int argc, char** argv) {
     fail("cli", "--dp-clip, --dp-noise and --dp-epsilon-budget must be >= 0 and --dp-delta in (0, 1)");
   if ((o.dp_noise > 0 || o.dp_epsilon_budget > 0) && o.dp_clip <= 0)
     fail("cli", "--dp-noise and --dp-epsilon-budget need --dp-clip C (the norm the noise is scaled to)");
+  o.nopeek = static_cast<float>(args.number("nopeek", 0.0));
+  if (!(o.nopeek >= 0.0f)) fail("cli", "--nopeek must be >= 0 (the weight of the distance-correlation penalty)");
   o.token = args.str("token", "");
   // The client id the cloud binds this edge to: its certificate's name (a token's edge: the
   // identity folder's name, which the token must be for).

@@ -1,12 +1,14 @@
 // Privacy's building blocks: the RDP accountant against values published with TF Privacy's
-// tests (and the Gaussian mechanism's closed form), and the noise on the cut: clipping,
-// the noise's spread, and its backward by finite differences.
+// tests (and the Gaussian mechanism's closed form), the noise on the cut (clipping, the
+// noise's spread, its backward by finite differences), and NoPeek's distance correlation
+// (against values computed with numpy from the definition, and its gradient).
 #include <gtest/gtest.h>
 
 #include <cmath>
 
 #include "core/error.h"
 #include "core/privacy/cut_noise.h"
+#include "core/privacy/nopeek.h"
 #include "core/privacy/rdp_accountant.h"
 #include "core/random.h"
 
@@ -126,6 +128,44 @@ TEST(CutNoise, BackwardMatchesFiniteDifferences) {
     minus.data()[i] -= h;
     const double numeric = (loss(plus) - loss(minus)) / (2 * h);
     EXPECT_NEAR(grad.data()[i], numeric, 2e-3) << "element " << i;
+  }
+}
+
+// Values from numpy on the definition (Szekely et al. 2007): double-centred distance
+// matrices A, B; DCor = sqrt(mean(AB) / sqrt(mean(AA) mean(BB))).
+TEST(NoPeek, DistanceCorrelationMatchesTheDefinition) {
+  std::vector<double> work;
+  const float x1[] = {1, 2, 3, 4}, z1[] = {1, 4, 9, 16};
+  EXPECT_NEAR(distance_correlation(x1, 1, z1, 1, 4, nullptr, 1.0f, work), 0.9880575600825113, 1e-6);
+  const float x2[] = {1, 0, 0, 1, 2, 2, 3, -1, 0, 0}, z2[] = {1, 0.5f, 2, -1, 4};
+  EXPECT_NEAR(distance_correlation(x2, 2, z2, 1, 5, nullptr, 1.0f, work), 0.7759322833304452, 1e-6);
+  // A copy, scaled and shifted, is fully dependent; a constant carries nothing.
+  Tensor x = random_activations(8, 5, 31, 1.0f), z = x.clone();
+  for (int64_t i = 0; i < z.numel(); ++i) z.data()[i] = 3.0f * z.data()[i] + 1.0f;
+  EXPECT_NEAR(distance_correlation(x.data(), 5, z.data(), 5, 8, nullptr, 1.0f, work), 1.0, 1e-6);
+  std::vector<float> flat(8 * 3, 0.25f);
+  EXPECT_EQ(distance_correlation(x.data(), 5, flat.data(), 3, 8, nullptr, 1.0f, work), 0.0);
+}
+
+TEST(NoPeek, GradientMatchesFiniteDifferences) {
+  const int64_t n = 6, dx = 4, dz = 7;
+  const Tensor x = random_activations(n, dx, 41, 1.0f);
+  Tensor z = random_activations(n, dz, 42, 1.0f);
+  for (int64_t k = 0; k < dx; ++k) z.data()[k] += 2.0f * x.data()[k];  // some dependence
+  std::vector<double> work;
+  std::vector<float> grad(static_cast<std::size_t>(n * dz), 0.5f);  // adds to what is there
+  const double d = distance_correlation(x.data(), dx, z.data(), dz, n, grad.data(), 2.0f, work);
+  EXPECT_GT(d, 0.3);
+  EXPECT_LT(d, 1.0);
+  const double h = 1e-3;
+  for (int64_t i = 0; i < n * dz; ++i) {
+    Tensor plus = z.clone(), minus = z.clone();
+    plus.data()[i] += static_cast<float>(h);
+    minus.data()[i] -= static_cast<float>(h);
+    const double numeric = 2.0 * (distance_correlation(x.data(), dx, plus.data(), dz, n, nullptr, 1.0f, work) -
+                                  distance_correlation(x.data(), dx, minus.data(), dz, n, nullptr, 1.0f, work)) /
+                           (2 * h);
+    EXPECT_NEAR(grad[static_cast<std::size_t>(i)] - 0.5f, numeric, 2e-3) << "element " << i;
   }
 }
 

@@ -35,6 +35,7 @@ struct EdgeTrainOptions {
   // Differential privacy on the cut (EventEdgeConfig's dp_*): clip 0 means none.
   float dp_clip = 0.0f, dp_noise = 0.0f;
   double dp_delta = 1e-5, dp_epsilon_budget = 0.0;
+  float nopeek = 0.0f;  // EventEdgeConfig::nopeek
   // Checkpoints (sealed with IDDIR/checkpoint.key): every N steps and each epoch's end; a
   // restart with the same folder resumes from the newest. Empty: none.
   std::string checkpoint_dir;

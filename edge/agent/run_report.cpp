@@ -83,6 +83,7 @@ void RunReport::on_event(const EdgeEvent& e) {
       mean_loss_ = e.loss;
       epsilon_ = e.epsilon;
       first_grad_ms_ = e.first_grad_ms;
+      dcor_ = e.dcor;
       seconds_ = std::chrono::duration<double>(Clock::now() - t0_).count();
       train_up_ = link_->bytes_up() - up0_;
       train_down_ = link_->bytes_down() - down0_;
@@ -111,6 +112,7 @@ void RunReport::on_event(const EdgeEvent& e) {
                first_grad_ms_ < 0 ? "" : cat(",\"first_grad_ms\":", fixed(first_grad_ms_, 3)),
                ",\"cloud_busy_s\":", fixed(epoch_cloud, 3),
                ",\"cloud_idle_s\":", fixed(std::max(0.0, seconds_ - epoch_cloud), 3),
+               dcor_ < 0 ? "" : cat(",\"nopeek_dcor\":", fixed(dcor_, 4)),
                epsilon_ < 0 ? "" : std::isinf(epsilon_) ? ",\"dp_epsilon\":null" : cat(",\"dp_epsilon\":", fixed(epsilon_, 4)),
                "}"));
       return;

@@ -5,6 +5,7 @@
 
 #include "core/error.h"
 #include "core/microbatch.h"
+#include "core/privacy/nopeek.h"
 
 namespace tandem {
 
@@ -134,9 +135,34 @@ int EdgeSession::begin_step(const Tensor& images, const int32_t* labels, float l
   step_microbatches_ = static_cast<int>(std::min<int64_t>(microbatches_, images.shape()[0]));
   backed_ = 0;
   loss_sum_ = 0.0;
+  step_dcor_ = 0.0;
+  nopeek_ready_ = false;
   std::fill(state_.begin(), state_.end(), 0);
   if (pending_front_steps_ == 0) front_.zero_grad();  // per round: the round's gradients add up
   return step_microbatches_;
+}
+
+// The penalty is the whole step's: its samples' activations gathered from the K slots, so
+// that it does not depend on K (and K micro-batches still train exactly like one).
+void EdgeSession::nopeek_step() {
+  const int64_t batch = images_.shape()[0];
+  int64_t row = 0;
+  for (int m = 0; m < step_microbatches_; ++m) {
+    if (state_[static_cast<std::size_t>(m)] == 0)
+      fail("edge session", "NoPeek needs every micro-batch of the step forwarded before the first Backward");
+    const Tensor& z = front_.output(m);
+    row = z.numel() / z.shape()[0];
+  }
+  nopeek_z_.resize(static_cast<std::size_t>(batch * row));
+  for (int m = 0; m < step_microbatches_; ++m) {
+    const Tensor& z = front_.output(m);
+    const int64_t begin = microbatch_range(batch, step_microbatches_, m).begin;
+    std::copy_n(z.data(), z.numel(), nopeek_z_.data() + begin * row);
+  }
+  nopeek_grad_.assign(nopeek_z_.size(), 0.0f);
+  step_dcor_ = distance_correlation(images_.data(), images_.numel() / batch, nopeek_z_.data(), row, batch,
+                                    nopeek_grad_.data(), nopeek_, dcor_work_);
+  nopeek_ready_ = true;
 }
 
 std::span<const uint8_t> EdgeSession::forward(int mb) {
@@ -175,12 +201,27 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
   const Tensor& sent = front_.output(static_cast<int>(mb));
   Tensor grad = read_tensor(frame, b->gradients(), sent.shape(), "gradients", dtype_, decoded_[mb], error);
   if (!grad.defined()) return false;
+  const Tensor* cut_grad = &grad;
   if (noise_) {  // the gradient is of what was sent: back through the clip first
     noise_->backward(grad, sent, clip_scales_[mb], cut_grads_[mb]);
-    front_.backward(cut_grads_[mb], static_cast<int>(mb), false);
-  } else {
-    front_.backward(grad, static_cast<int>(mb), false);
+    cut_grad = &cut_grads_[mb];
   }
+  if (nopeek_ > 0.0f) {  // plus the penalty's gradient, in a buffer of the edge's own
+    if (!nopeek_ready_) nopeek_step();
+    if (cut_grads_.size() <= mb) cut_grads_.resize(microbatches_ + 1);
+    Tensor& own = cut_grads_[mb];
+    if (cut_grad != &own) {
+      if (!own.defined() || own.shape() != sent.shape()) own = Tensor::empty(sent.shape());
+      own.copy_from(*cut_grad);
+    }
+    const auto [begin, count] = microbatch_range(images_.shape()[0], step_microbatches_, static_cast<int>(mb));
+    const int64_t row = sent.numel() / count;
+    const float* penalty = nopeek_grad_.data() + begin * row;
+    float* g = own.data();
+    for (int64_t i = 0, n = count * row; i < n; ++i) g[i] += penalty[i];
+    cut_grad = &own;
+  }
+  front_.backward(*cut_grad, static_cast<int>(mb), false);
   loss_sum_ += b->loss();
   state_[mb] = 2;
   if (++backed_ == step_microbatches_) {

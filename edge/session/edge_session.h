@@ -66,6 +66,12 @@ class EdgeSession {
   // carries each sample's activations clipped and noised; each Backward's gradient goes
   // back through the clip before the front's backward. Owned by the caller; null: none.
   void set_cut_noise(CutNoise* noise) { noise_ = noise; }
+  // NoPeek: adds alpha times the distance correlation between the step's inputs and its cut
+  // activations (before any noise; all K micro-batches together, computed at the step's
+  // first Backward) to the edge's loss, so the front learns activations that say less about
+  // the input. The penalty is the edge's alone: the cloud never sees it. 0: none.
+  void set_nopeek(float alpha) { nopeek_ = alpha; }
+  double step_dcor() const { return step_dcor_; }  // the step's distance correlation (NoPeek on)
   // Per round (split-federated only): the front keeps the round's average through the
   // round, sums its steps' gradients and takes one optimizer step on the sum just before it
   // sends its weights (the sum of S steps' gradients: S steps taken without moving). Every
@@ -121,6 +127,12 @@ class EdgeSession {
   CutNoise* noise_ = nullptr;
   std::vector<Tensor> noised_, cut_grads_;  // per micro-batch (and one for evaluation)
   std::vector<std::vector<float>> clip_scales_;
+  float nopeek_ = 0.0f;
+  void nopeek_step();  // the step's correlation and its gradient for every sample
+  bool nopeek_ready_ = false;
+  double step_dcor_ = 0.0;
+  std::vector<float> nopeek_z_, nopeek_grad_;  // the step's activations and the penalty's gradient
+  std::vector<double> dcor_work_;              // distance_correlation's scratch
   double loss_sum_ = 0.0;
   float lr_scale_ = 1.0f;
 };

@@ -54,12 +54,13 @@ std::string EdgeEvent::json() const {
     case K::Step:
       return cat("{\"event\":\"step\",\"step\":", steps_done, ",\"steps\":", steps, ",\"loss\":", num(loss),
                  ",\"samples_per_s\":", num(samples_per_s), ",\"edge_busy_s\":", num(edge_busy_s),
-                 ",\"elapsed_s\":", num(seconds), dp_json(epsilon), "}");
+                 ",\"elapsed_s\":", num(seconds), dcor < 0 ? "" : cat(",\"dcor\":", num(dcor)), dp_json(epsilon), "}");
     case K::Round:
       return cat("{\"event\":\"round\",\"round\":", round, ",\"step\":", step, "}");
     case K::EpochTrained:
       return cat("{\"event\":\"epoch\",\"epoch\":", epoch, ",\"samples\":", samples, ",\"seconds\":", num(seconds),
                  ",\"train_loss\":", num(loss), first_grad_ms < 0 ? "" : cat(",\"first_grad_ms\":", num(first_grad_ms)),
+                 dcor < 0 ? "" : cat(",\"dcor\":", num(dcor)),
                  dp_json(epsilon), "}");
     case K::Evaluated:
       return cat("{\"event\":\"evaluated\",\"accuracy\":", num(accuracy), ",\"samples\":", samples,
@@ -105,6 +106,7 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
                                            config_.client_id, config_.dtypes);
   if (!config_.token.empty()) session_->set_token(config_.token);
   session_->set_proximal(config_.proximal_mu);
+  session_->set_nopeek(config_.nopeek);
   if (config_.dp_clip > 0.0f) {
     noise_ = std::make_unique<CutNoise>(config_.dp_clip, config_.dp_noise, config_.dp_seed);
     session_->set_cut_noise(noise_.get());
@@ -214,6 +216,10 @@ bool EventEdge::on_message(const Frame& frame) {
         EdgeEvent e = event(EdgeEvent::Kind::Step);
         e.samples = count;
         e.loss = loss;
+        if (config_.nopeek > 0.0f) {
+          e.dcor = session_->step_dcor();
+          epoch_dcor_sum_ += e.dcor * static_cast<double>(count);
+        }
         e.seconds = since(started_);
         e.samples_per_s = static_cast<double>(samples_done_) / std::max(e.seconds, 1e-9);
         const bool epoch_end = position_.cursor == n;
@@ -314,6 +320,7 @@ void EventEdge::start_step() {
     epoch_started_ = t0;
     epoch_open_ = true;
     first_grad_s_.clear();
+    epoch_dcor_sum_ = 0.0;
     EdgeEvent e = event(EdgeEvent::Kind::EpochStarted);
     e.samples = n;
     emit(e);
@@ -351,6 +358,7 @@ void EventEdge::end_epoch() {
   e.samples = trained;
   e.loss = epoch_loss_sum_ / static_cast<double>(std::max<int64_t>(trained, 1));
   e.seconds = since(epoch_started_);
+  if (config_.nopeek > 0.0f) e.dcor = epoch_dcor_sum_ / static_cast<double>(std::max<int64_t>(trained, 1));
   if (!first_grad_s_.empty()) {
     auto mid = first_grad_s_.begin() + static_cast<std::ptrdiff_t>(first_grad_s_.size() / 2);
     std::nth_element(first_grad_s_.begin(), mid, first_grad_s_.end());

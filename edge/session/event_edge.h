@@ -78,6 +78,10 @@ struct EventEdgeConfig {
   float dp_clip = 0.0f, dp_noise = 0.0f;
   double dp_delta = 1e-5, dp_epsilon_budget = 0.0;
   uint64_t dp_seed = 0;
+  // NoPeek (core/privacy/nopeek.h): alpha times the distance correlation between each
+  // micro-batch's inputs and its cut activations joins the front's loss; the step's and the
+  // epoch's correlation are reported (dcor). 0: none.
+  float nopeek = 0.0f;
 };
 
 // What happened, for a page (json()) or a terminal (the fields).
@@ -99,6 +103,9 @@ struct EdgeEvent {
   // EpochTrained: the median over its steps of the time from a step's first Forward handed
   // to the transport to its first gradient back (the pipeline's fill; < 0: no step).
   double first_grad_ms = -1.0;
+  // Step: its inputs' distance correlation with their cut activations; EpochTrained: the
+  // epoch's mean (NoPeek on; < 0: off).
+  double dcor = -1.0;
   std::string json() const;
 };
 
@@ -184,6 +191,7 @@ class EventEdge {
   std::chrono::steady_clock::time_point step_sent_;  // the step's first Forward went out
   bool awaiting_first_grad_ = false;
   std::vector<double> first_grad_s_;  // this epoch's steps
+  double epoch_dcor_sum_ = 0.0;       // NoPeek: each step's correlation times its samples
   std::vector<int64_t> order_;
   Tensor batch_images_;
   std::vector<int32_t> batch_labels_;
