@@ -11,7 +11,7 @@ samples=${2:-0}
 bin=build/release
 [[ -x $bin/edge/tandem-edge ]] || bash scripts/setup.sh release > /dev/null
 work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null; rm -rf "$work"' EXIT
 "$bin/cloud/tandem-cloud" serve --listen 127.0.0.1:0 --state-dir "$work/state" \
   --model samples/fashion-mnist/model.json > "$work/cloud.log" 2>&1 &
 for _ in $(seq 1 100); do grep -q 'listening on' "$work/cloud.log" && break; sleep 0.1; done

@@ -12,7 +12,7 @@ cd "$(dirname "$0")/.."
 edges=${1:-4} every=${2:-50} epochs=${3:-2} split=${4:-class} limit=${5:-0} batch=${6:-32}
 build=build/release model=samples/fashion-mnist/model.json
 work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null; rm -rf "$work"' EXIT
 export OMP_NUM_THREADS=1
 "$build/cloud/tandem-cloud" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" \
   --aggregate-every "$every" --min-edges "$edges" --metrics-json "$work/cloud.jsonl" ${CLOUD_ARGS:-} > "$work/cloud.log" 2>&1 &

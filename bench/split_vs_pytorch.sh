@@ -17,7 +17,7 @@ bin=build/release
 /usr/bin/python3 -c 'import torch' 2>/dev/null || {
   echo "needs Debian's python3-torch: apt-get install python3-torch libopenblas0-pthread"; exit 1; }
 work=$(mktemp -d)
-trap 'kill $(jobs -p) 2>/dev/null; wait 2>/dev/null; rm -rf "$work"' EXIT
+trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null; rm -rf "$work"' EXIT
 
 "$bin/cloud/tandem-cloud" pki init --state-dir "$work/state" > /dev/null
 "$bin/cloud/tandem-cloud" pki issue --state-dir "$work/state" --client bench --out "$work/id" > /dev/null
@@ -57,8 +57,14 @@ median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] 
 
 : > "$work/t" ; : > "$work/i" ; : > "$work/p"
 for r in $(seq 1 "$rounds"); do
-  read -r t t_idle t_first <<< "$(tandem_round)"
-  read -r i i_idle i_first <<< "$(tandem_round --weight-grads inline)"
+  # Which of the two tandem runs goes first alternates, so neither always follows PyTorch's.
+  if ((r % 2)); then
+    read -r t t_idle t_first <<< "$(tandem_round)"
+    read -r i i_idle i_first <<< "$(tandem_round --weight-grads inline)"
+  else
+    read -r i i_idle i_first <<< "$(tandem_round --weight-grads inline)"
+    read -r t t_idle t_first <<< "$(tandem_round)"
+  fi
   p=$(pytorch_round)
   echo "$t" >> "$work/t"; echo "$i" >> "$work/i"; echo "$p" >> "$work/p"
   echo "round $r: tandem (TLS, K=4) $t samples/s (edge idle $t_idle, first gradient $t_first ms);" \

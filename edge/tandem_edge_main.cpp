@@ -21,7 +21,8 @@ constexpr const char* kUsage = R"(usage:
                     [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
                     [--metrics-json FILE] [--client-id NAME] [--token TOKEN] [--audit-log FILE]
-                    [--dp-clip C --dp-noise SIGMA [--dp-delta D] [--dp-epsilon-budget E]] [--nopeek ALPHA]
+                    [--dp-clip C --dp-noise SIGMA [--dp-delta D] [--dp-epsilon-budget E] [--dp-eval noised|clean]]
+                    [--nopeek ALPHA]
                     [--checkpoint-dir DIR [--checkpoint-every STEPS]] [--init-from FILE]
                     [--shard I/N [--split iid|class] [--front-updates step|round] [--proximal-mu MU]]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
@@ -46,6 +47,8 @@ constexpr const char* kUsage = R"(usage:
       leave (training and evaluation); epsilon at D (default 1e-5) for the training set is
       accounted (RDP, sampling rate batch / samples) and printed with each epoch
       (dp_epsilon); --dp-epsilon-budget E stops the run before a step would pass E.
+      --dp-eval clean sends the evaluation set's activations without noise (default
+      noised): epsilon covers the training set only, and the cloud sees the others as they are.
       --nopeek ALPHA: NoPeek, ALPHA times the distance correlation between each
       micro-batch's images and its cut activations joins the front's loss (the cloud never
       sees it), so the activations say less about the images; each epoch reports the
@@ -79,7 +82,7 @@ int train_command(int argc, char** argv) {
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "nopeek"},
+                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-eval", "nopeek"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -118,6 +121,9 @@ int train_command(int argc, char** argv) {
     fail("cli", "--dp-clip, --dp-noise and --dp-epsilon-budget must be >= 0 and --dp-delta in (0, 1)");
   if ((o.dp_noise > 0 || o.dp_epsilon_budget > 0) && o.dp_clip <= 0)
     fail("cli", "--dp-noise and --dp-epsilon-budget need --dp-clip C (the norm the noise is scaled to)");
+  const std::string dp_eval = args.str("dp-eval", "noised");
+  if (dp_eval != "noised" && dp_eval != "clean") fail("cli", cat("--dp-eval: '", dp_eval, "' is neither noised nor clean"));
+  o.dp_noise_evaluation = dp_eval == "noised";
   o.nopeek = static_cast<float>(args.number("nopeek", 0.0));
   if (!(o.nopeek >= 0.0f)) fail("cli", "--nopeek must be >= 0 (the weight of the distance-correlation penalty)");
   o.token = args.str("token", "");

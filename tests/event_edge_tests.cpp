@@ -311,6 +311,42 @@ TEST(EventEdgeDp, EpsilonIsReportedAndTheBudgetStopsTheRun) {
   EXPECT_TRUE(h.cloud->closed()) << "the run ended normally, with Bye";
 }
 
+// --dp-eval clean: with no step taken, the evaluation batch leaves exactly as it does without
+// DP (the same weights, the same images), and noised evaluation changes it.
+TEST(EventEdgeDp, CleanEvaluationSendsTheActivationsAsTheyAre) {
+  const Pixels train = pixels(64, 1), test = pixels(64, 2);
+  auto eval_activations = [&](float noise, bool noised_eval) {
+    EventEdgeConfig c = config(0);
+    c.epochs = 0;  // evaluate the starting weights only
+    if (noise > 0.0f) {
+      c.dp_clip = 1.0f;
+      c.dp_noise = noise;
+      c.dp_seed = 3;
+      c.dp_noise_evaluation = noised_eval;
+    }
+    Harness h(c);
+    h.edge->set_data(false, train.bytes.data(), train.labels.data(), 64, 8, 8);
+    h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
+    h.run();
+    EXPECT_TRUE(h.edge->finished() && !h.edge->failed()) << h.events.back();
+    for (const auto& bytes : h.sent) {
+      const Frame f = Frame::copy_of(bytes.data(), bytes.size());
+      WireError err;
+      const wire::Message* m = verify_frame(f, kDefaultMaxMessageBytes, err);
+      if (m && m->payload_type() == wire::Payload::EvalForward) {
+        const auto* data = m->payload_as_EvalForward()->activations()->data();
+        return std::vector<uint8_t>(data->begin(), data->end());
+      }
+    }
+    ADD_FAILURE() << "no EvalForward was sent";
+    return std::vector<uint8_t>();
+  };
+  const auto plain = eval_activations(0.0f, true);
+  EXPECT_FALSE(plain.empty());
+  EXPECT_EQ(eval_activations(1.0f, false), plain);
+  EXPECT_NE(eval_activations(1.0f, true), plain);
+}
+
 // NoPeek: the same run with a negligible and with a strong penalty. Every step reports its
 // distance correlation; the strong penalty drives the correlation of what leaves well below
 // the other run's (0.98 -> 0.84 here; on these quadrant images, where the class is where

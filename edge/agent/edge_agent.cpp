@@ -110,6 +110,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
   c.dp_delta = o.dp_delta;
   c.dp_epsilon_budget = o.dp_epsilon_budget;
   c.nopeek = o.nopeek;
+  c.dp_noise_evaluation = o.dp_noise_evaluation;
   c.init_front = [&o](const Graph& whole, Network& front) { init_front(o, whole, front); };
   if (checkpoints) c.checkpoints = &*checkpoints;
   EgressLogFile egress(o.audit_log.empty() ? o.identity_dir + "/egress.jsonl" : o.audit_log);

@@ -36,6 +36,7 @@ struct EdgeTrainOptions {
   float dp_clip = 0.0f, dp_noise = 0.0f;
   double dp_delta = 1e-5, dp_epsilon_budget = 0.0;
   float nopeek = 0.0f;  // EventEdgeConfig::nopeek
+  bool dp_noise_evaluation = true;  // EventEdgeConfig::dp_noise_evaluation
   // Checkpoints (sealed with IDDIR/checkpoint.key): every N steps and each epoch's end; a
   // restart with the same folder resumes from the newest. Empty: none.
   std::string checkpoint_dir;

@@ -249,7 +249,7 @@ std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, const Tens
   front_.set_training(false);
   const Tensor& activations = front_.forward(images, static_cast<int>(microbatches_));
   if (const int64_t bad = first_non_finite(activations); bad >= 0) diverged(cat("evaluation batch ", batch_id), bad);
-  return writer_.eval_forward(batch_id, leaving(activations, microbatches_),
+  return writer_.eval_forward(batch_id, noise_evaluation_ ? leaving(activations, microbatches_) : activations,
                               std::span<const int32_t>(labels, static_cast<std::size_t>(count)), dtype_);
 }
 

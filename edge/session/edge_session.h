@@ -62,10 +62,14 @@ class EdgeSession {
   // FedProx: adds mu * (w - w_round) to each gradient, w_round the last average taken, so
   // an edge's non-IID steps drift less from the federation's weights (0: plain FedAvg).
   void set_proximal(float mu) { proximal_mu_ = mu; }
-  // Noise on the cut (differential privacy for what leaves): every Forward and EvalForward
-  // carries each sample's activations clipped and noised; each Backward's gradient goes
-  // back through the clip before the front's backward. Owned by the caller; null: none.
-  void set_cut_noise(CutNoise* noise) { noise_ = noise; }
+  // Noise on the cut (differential privacy for what leaves): every Forward (and EvalForward,
+  // unless `evaluation` is false) carries each sample's activations clipped and noised; each
+  // Backward's gradient goes back through the clip before the front's backward. Owned by the
+  // caller; null: none.
+  void set_cut_noise(CutNoise* noise, bool evaluation = true) {
+    noise_ = noise;
+    noise_evaluation_ = evaluation;
+  }
   // NoPeek: adds alpha times the distance correlation between the step's inputs and its cut
   // activations (before any noise; all K micro-batches together, computed at the step's
   // first Backward) to the edge's loss, so the front learns activations that say less about
@@ -125,6 +129,7 @@ class EdgeSession {
   std::vector<uint8_t> state_;  // per micro-batch: 0 not sent, 1 forwarded, 2 backed up
   std::vector<Tensor> decoded_;  // per micro-batch: its gradient decoded (non-F32 sessions)
   CutNoise* noise_ = nullptr;
+  bool noise_evaluation_ = true;
   std::vector<Tensor> noised_, cut_grads_;  // per micro-batch (and one for evaluation)
   std::vector<std::vector<float>> clip_scales_;
   float nopeek_ = 0.0f;

@@ -109,7 +109,7 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   session_->set_nopeek(config_.nopeek);
   if (config_.dp_clip > 0.0f) {
     noise_ = std::make_unique<CutNoise>(config_.dp_clip, config_.dp_noise, config_.dp_seed);
-    session_->set_cut_noise(noise_.get());
+    session_->set_cut_noise(noise_.get(), config_.dp_noise_evaluation);
   }
   session_->set_front_updates(config_.front_updates_per_round ? EdgeSession::FrontUpdates::PerRound
                                                               : EdgeSession::FrontUpdates::PerStep);

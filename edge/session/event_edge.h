@@ -78,6 +78,9 @@ struct EventEdgeConfig {
   float dp_clip = 0.0f, dp_noise = 0.0f;
   double dp_delta = 1e-5, dp_epsilon_budget = 0.0;
   uint64_t dp_seed = 0;
+  // False: evaluation batches leave without noise (the guarantee covers the training set
+  // only; the cloud then sees the evaluation set's activations as they are).
+  bool dp_noise_evaluation = true;
   // NoPeek (core/privacy/nopeek.h): alpha times the distance correlation between each
   // micro-batch's inputs and its cut activations joins the front's loss; the step's and the
   // epoch's correlation are reported (dcor). 0: none.
