@@ -50,8 +50,8 @@ ShardCost measure(const Graph& g, Backend& backend, int64_t m, int iterations, b
 
 }  // namespace
 
-double simulate_step(const std::vector<MicrobatchCost>& mbs) {
-  if (mbs.empty()) return 0.0;
+StepTimeline simulate_step(const std::vector<MicrobatchCost>& mbs) {
+  if (mbs.empty()) return {};
   double edge = 0, up = 0, cloud = 0, down = 0;
   std::vector<double> arrived(mbs.size());
   std::size_t deferred_next = 0;  // the oldest micro-batch whose weight gradients wait
@@ -64,10 +64,20 @@ double simulate_step(const std::vector<MicrobatchCost>& mbs) {
     arrived[i] = down;
   }
   while (deferred_next < mbs.size()) cloud += mbs[deferred_next++].cloud_deferred_s;  // before the update
+  StepTimeline t;
+  t.first_grad_s = std::max(arrived[0], edge) - mbs[0].edge_forward_s;
   // Gradients arrive in order; each backward starts when it is in and the edge is free.
   for (std::size_t i = 0; i < mbs.size(); ++i) edge = std::max(edge, arrived[i]) + mbs[i].edge_backward_s;
   // The next step's first activations reach the cloud edge_forward + up after this step ends.
-  return std::max(edge, cloud - mbs[0].edge_forward_s - mbs[0].up_s);
+  t.step_s = std::max(edge, cloud - mbs[0].edge_forward_s - mbs[0].up_s);
+  double edge_busy = 0, cloud_busy = 0;
+  for (const MicrobatchCost& m : mbs) {
+    edge_busy += m.edge_forward_s + m.edge_backward_s;
+    cloud_busy += m.cloud_s + m.cloud_deferred_s;
+  }
+  t.edge_idle_s = std::max(0.0, t.step_s - edge_busy);
+  t.cloud_idle_s = std::max(0.0, t.step_s - cloud_busy);
+  return t;
 }
 
 const PlanRow& recommend(const std::vector<PlanRow>& rows) {
@@ -140,7 +150,11 @@ std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backen
         row.down_s += mc.down_s;
         row.bytes_up_per_step += bytes_up;
       }
-      row.step_s = simulate_step(mbs);
+      const StepTimeline t = simulate_step(mbs);
+      row.step_s = t.step_s;
+      row.first_grad_s = t.first_grad_s;
+      row.edge_idle_s = t.edge_idle_s;
+      row.cloud_idle_s = t.cloud_idle_s;
       row.samples_per_s = static_cast<double>(o.batch) / row.step_s;
       row.edge_peak_mb = peak_mb;
       row.fits = o.edge_memory_mb <= 0.0 || peak_mb <= o.edge_memory_mb;

@@ -24,16 +24,28 @@ struct MicrobatchCost {
   double up_s = 0, down_s = 0;  // on the link
 };
 
-// A step's time in steady state: from its first forward to the edge's last backward, or, if
-// the cloud is still busy with weight gradients and the update when the next step's first
-// activations arrive, until the cloud can take them. Deferred work runs one micro-batch's at
-// a time while no activations wait (started work is not interrupted), the rest before the update.
-double simulate_step(const std::vector<MicrobatchCost>& microbatches);
+// One step of the schedule, simulated.
+struct StepTimeline {
+  // In steady state: from its first forward to the edge's last backward, or, if the cloud is
+  // still busy with weight gradients when the next step's first activations arrive, until
+  // the cloud can take them.
+  double step_s = 0;
+  // From the first Forward handed to the link to the edge taking the first gradient up (it
+  // computes all K forwards first), as the edge's metrics measure it (first_grad_ms).
+  double first_grad_s = 0;
+  double edge_idle_s = 0, cloud_idle_s = 0;  // the step's time less each one's busy time
+  double bubble() const { return step_s > 0 ? edge_idle_s / step_s : 0.0; }  // the edge's idle fraction
+};
+
+// Deferred work runs one micro-batch's at a time while no activations wait (started work is
+// not interrupted), the rest before the update.
+StepTimeline simulate_step(const std::vector<MicrobatchCost>& microbatches);
 
 struct PlanRow {
   std::string cut;
   int microbatches = 1;
   double step_s = 0, samples_per_s = 0;
+  double first_grad_s = 0, edge_idle_s = 0, cloud_idle_s = 0;  // StepTimeline's
   double edge_s = 0, cloud_s = 0, up_s = 0, down_s = 0;  // busy time per step on each
   int64_t bytes_up_per_step = 0;
   double edge_peak_mb = 0;

@@ -134,13 +134,22 @@ TEST(OpRegistry, DeclaredParametersAreTheLayersParameters) {
 // When the edge is slower, deferred work fills the cloud's gaps and costs nothing.
 TEST(Planner, InputGradientsFirstShortenTheStep) {
   MicrobatchCost split{1, 1, 1, 1, 0, 0}, whole{1, 1, 2, 0, 0, 0};
-  EXPECT_DOUBLE_EQ(simulate_step({split, split}), 4.0);
-  EXPECT_DOUBLE_EQ(simulate_step({whole, whole}), 6.0);
+  const StepTimeline zb = simulate_step({split, split}), inline_weights = simulate_step({whole, whole});
+  EXPECT_DOUBLE_EQ(zb.step_s, 4.0);
+  EXPECT_DOUBLE_EQ(inline_weights.step_s, 6.0);
+  // The edge hands mb 0 up at 1, computes mb 1's forward until 2, and takes gradient 0 up at
+  // 2 (zero bubble) or when it arrives at 3 (inline).
+  EXPECT_DOUBLE_EQ(zb.first_grad_s, 1.0);
+  EXPECT_DOUBLE_EQ(inline_weights.first_grad_s, 2.0);
+  EXPECT_DOUBLE_EQ(zb.edge_idle_s, 0.0);  // 4 s of its own work in a 4 s step
+  EXPECT_DOUBLE_EQ(inline_weights.edge_idle_s, 2.0);
+  EXPECT_DOUBLE_EQ(inline_weights.bubble(), 2.0 / 6.0);
+  EXPECT_DOUBLE_EQ(zb.cloud_idle_s, 0.0);
   MicrobatchCost slow_edge{2, 1, 1, 1, 0, 0};
-  EXPECT_DOUBLE_EQ(simulate_step({slow_edge, slow_edge}), 6.0);
+  EXPECT_DOUBLE_EQ(simulate_step({slow_edge, slow_edge}).step_s, 6.0);
   // A cloud whose deferred tail outlasts the edge's backward delays the next step's start.
   MicrobatchCost heavy_weights{1, 1, 1, 5, 0, 0};
-  EXPECT_DOUBLE_EQ(simulate_step({heavy_weights, heavy_weights}), 3.0 + 10.0 - 1.0);
+  EXPECT_DOUBLE_EQ(simulate_step({heavy_weights, heavy_weights}).step_s, 3.0 + 10.0 - 1.0);
 }
 
 TEST(OpRegistry, UnknownOpIsRefusedWithTheKnownOnes) {

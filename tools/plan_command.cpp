@@ -64,17 +64,19 @@ int plan_command(const CliArgs& args) {
 
   std::printf("batch %lld, uplink %.1f Mbit/s, downlink %.1f Mbit/s, %s on the wire; times per step in ms\n",
               static_cast<long long>(batch), up_mbps, down_mbps, dtype_name(*dtype));
-  std::printf("%-12s %3s %9s %9s %9s %9s %10s %12s %10s\n", "cut", "K", "edge", "uplink", "cloud", "downlink", "step",
-              "samples/s", "edge MiB");
+  std::printf("%-12s %3s %9s %9s %9s %9s %10s %10s %7s %12s %10s\n", "cut", "K", "edge", "uplink", "cloud", "downlink",
+              "step", "1st grad", "bubble", "samples/s", "edge MiB");
   for (const PlanRow& r : rows)
-    std::printf("%-12s %3d %9.2f %9.2f %9.2f %9.2f %10.2f %12.1f %10.1f%s\n", r.cut.c_str(), r.microbatches,
-                r.edge_s * 1e3, r.up_s * 1e3, r.cloud_s * 1e3, r.down_s * 1e3, r.step_s * 1e3, r.samples_per_s,
-                r.edge_peak_mb, r.fits ? "" : "  (over --edge-memory-mb)");
+    std::printf("%-12s %3d %9.2f %9.2f %9.2f %9.2f %10.2f %10.2f %6.1f%% %12.1f %10.1f%s\n", r.cut.c_str(),
+                r.microbatches, r.edge_s * 1e3, r.up_s * 1e3, r.cloud_s * 1e3, r.down_s * 1e3, r.step_s * 1e3,
+                r.first_grad_s * 1e3, 100.0 * r.edge_idle_s / r.step_s, r.samples_per_s, r.edge_peak_mb,
+                r.fits ? "" : "  (over --edge-memory-mb)");
   for (const PlanRow& r : rows)
     std::printf("{\"plan\":\"%s\",\"cut\":\"%s\",\"microbatches\":%d,\"predicted_step_s\":%.6f,\"predicted_samples_per_s\":%.1f,"
+                "\"predicted_first_grad_ms\":%.3f,\"predicted_edge_idle_fraction\":%.4f,\"predicted_cloud_idle_fraction\":%.4f,"
                 "\"edge_peak_mb\":%.1f,\"fits\":%s}\n",
-                spec.name.c_str(), r.cut.c_str(), r.microbatches, r.step_s, r.samples_per_s, r.edge_peak_mb,
-                r.fits ? "true" : "false");
+                spec.name.c_str(), r.cut.c_str(), r.microbatches, r.step_s, r.samples_per_s, r.first_grad_s * 1e3,
+                r.edge_idle_s / r.step_s, r.cloud_idle_s / r.step_s, r.edge_peak_mb, r.fits ? "true" : "false");
   const PlanRow& best = recommend(rows);
   std::printf("recommended: cut=%s microbatches=%d predicted_samples_per_s=%.1f\n", best.cut.c_str(), best.microbatches,
               best.samples_per_s);

@@ -6,7 +6,8 @@
 # auxiliary data, a decoder) reconstructs 1000 training images from what the edge sent.
 # Prints each setting's test accuracy, epsilon, SSIM and MSE, beside the mean-image floor.
 # Usage: bash bench/privacy/inversion.sh [EPOCHS] [SETTING...]
-#   SETTING: CUT (no protection), CUT:dp:C:SIGMA or CUT:nopeek:ALPHA
+#   SETTING: CUT (no protection), CUT:dp:C:SIGMA[:clean] (clean: --dp-eval clean, the test
+#   set's activations leave without noise) or CUT:nopeek:ALPHA
 #   (default 1 epoch; pool1 pool2 relu3 pool2:nopeek:1 pool2:dp:4:0.5 relu3:dp:4:0.5)
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -29,14 +30,14 @@ start_cloud_as cloud --cut any
 : > "$work/results.jsonl"
 n=0
 for setting in "${settings[@]}"; do
-  IFS=: read -r cut kind x y <<< "$setting"
+  IFS=: read -r cut kind x y eval_mode <<< "$setting"
   n=$((n + 1))
   id=$work/id$n
   "$cloud_bin" pki issue --state-dir "$work/state" --client "bench$n" --out "$id" > /dev/null
   protect=() attack=()
   case ${kind:-} in
     "") ;;
-    dp) protect=(--dp-clip "$x" --dp-noise "$y"); attack=(--dp-clip "$x" --dp-noise "$y") ;;
+    dp) protect=(--dp-clip "$x" --dp-noise "$y" --dp-eval "${eval_mode:-noised}"); attack=(--dp-clip "$x" --dp-noise "$y") ;;
     nopeek) protect=(--nopeek "$x") ;;
     *) fail "unknown setting $setting" ;;
   esac

@@ -16,8 +16,9 @@ trap cleanup EXIT
 if ! shaped_link_up 2> "$work/why"; then echo "SKIP: $(cat "$work/why")"; exit 77; fi
 shaped_link_rates 50 200
 
-predicted=$("$build/tools/tandem" plan --model "$model" --cut pool2 --microbatches 4 --uplink-mbps 50 \
-  --downlink-mbps 200 2> /dev/null | grep -o 'predicted_samples_per_s=[0-9.]*' | cut -d= -f2)
+"$build/tools/tandem" plan --model "$model" --cut pool2 --microbatches 4 --uplink-mbps 50 \
+  --downlink-mbps 200 > "$work/plan.out" 2> /dev/null || true
+predicted=$(grep -o 'predicted_samples_per_s=[0-9.]*' "$work/plan.out" | cut -d= -f2)
 [[ -n $predicted ]] || { echo "FAIL: tandem plan printed no recommendation"; exit 1; }
 
 "$cloud_bin" pki init --state-dir "$work/state" --hosts "$shaped_cloud_ip" > /dev/null
@@ -32,6 +33,11 @@ port=$(grep -o "wss://$shaped_cloud_ip:[0-9]*" "$work/cloud.log" | cut -d: -f3)
   --test-limit 100 --batch 64 --microbatches 4 --metrics-json "$work/m.jsonl" > "$work/edge.out" 2>&1 ||
   { echo "FAIL: the edge did not train"; cat "$work/edge.out"; exit 1; }
 measured=$(grep -o '"samples_per_s":[0-9.]*' "$work/m.jsonl" | cut -d: -f2)
+# The step's shape beside the prediction (reported, not judged: one short run is noisy).
+plan_field() { grep '"microbatches":4' "$work/plan.out" | grep -o "\"$1\":[0-9.]*" | cut -d: -f2; }
+run_field() { grep -o "\"$1\":[0-9.]*" "$work/m.jsonl" | tail -1 | cut -d: -f2; }
+echo "time to the first gradient: predicted $(plan_field predicted_first_grad_ms) ms, measured $(run_field first_grad_ms) ms;" \
+  "edge idle: predicted $(plan_field predicted_edge_idle_fraction), measured $(run_field edge_idle_fraction)"
 awk -v p="$predicted" -v m="$measured" 'BEGIN {
   r = m / p; printf "predicted %.1f samples/s, measured %.1f: %.3f of the prediction (must be 0.75..1.25)\n", p, m, r
   exit (r >= 0.75 && r <= 1.25) ? 0 : 1 }'
