@@ -55,13 +55,13 @@ for setting in "${settings[@]}"; do
     tee -a "$work/results.jsonl"
 done
 
-printf "\n%-18s %7s %9s %8s %7s %8s %11s\n" setting "values" accuracy epsilon SSIM MSE "mean SSIM"
+printf "\n%-22s %7s %9s %8s %7s %8s %11s\n" setting "values" accuracy epsilon SSIM MSE "mean SSIM"
 /usr/bin/python3 - "$work/results.jsonl" <<'PY'
 import json, sys
 for line in open(sys.argv[1]):
     r = json.loads(line)
     eps = "-" if r["epsilon"] is None else f"{r['epsilon']:.2f}"
-    print(f"{r['label']:<18} {r['cut_values']:>7} {100 * r['test_accuracy']:>8.2f}% {eps:>8} {r['ssim']:>7.3f} "
+    print(f"{r['label']:<22} {r['cut_values']:>7} {100 * r['test_accuracy']:>8.2f}% {eps:>8} {r['ssim']:>7.3f} "
           f"{r['mse']:>8.4f} {r['mean_image_ssim']:>11.3f}")
 PY
 echo "bar (issue 18): with DP at epsilon <= 8, SSIM <= 0.3, beside the no-noise SSIM"
