@@ -268,6 +268,27 @@ TEST(BackShardTrainer, ASharedShardSumsStepsIntoOneUpdate) {
   EXPECT_EQ(trainer.updates(), 1u);
 }
 
+// A session that closes mid-step may leave weight gradients deferred (input gradients first)
+// on a shared shard: the next step neither applies them nor trips over them.
+TEST(BackShardTrainer, AnAbandonedStepsDeferredWeightGradientsAreDropped) {
+  Shard s;
+  BackShardTrainer trainer(s.net, s.sgd, 10.0, 1);
+  std::atomic<bool> no{false};
+  ASSERT_TRUE(trainer.begin_step(1, no));
+  Rng rng(8);
+  const Tensor cut = test::random_tensor(s.net.graph().inputs()[0].shape.batched(2), rng);
+  const Tensor& out = s.net.forward(cut, 0);
+  (void)s.net.backward(test::random_tensor(out.shape(), rng), 0, true, /*defer_weights=*/true);
+  ASSERT_TRUE(s.net.any_weights_pending());
+  trainer.release(1);  // its session closed before running them
+  ASSERT_TRUE(trainer.begin_step(2, no));
+  EXPECT_FALSE(s.net.any_weights_pending());
+  s.net.forward(cut, 0);  // the slot is free again
+  s.add_grad(1.0f);
+  EXPECT_TRUE(trainer.finish_step(2, 1.0f));
+  EXPECT_NEAR(s.moved(), 0.5f, 1e-6f) << "only step 2's gradient was applied";
+}
+
 TEST(BackShardTrainer, AnEvictedStepIsNeverApplied) {
   Shard s;
   BackShardTrainer trainer(s.net, s.sgd, /*timeout_s=*/0.05, 1);
