@@ -104,7 +104,8 @@ try {
   const images = readFileSync(`${webDir}/train-images.u8`), labels = readFileSync(`${webDir}/train-labels.u8`);
   const filesOf = (label) => [...labels.keys()].filter((i) => labels[i] === label).slice(0, 24)
     .map((i) => ({ name: `img${i}.png`, mimeType: "image/png", buffer: png(images.subarray(784 * i, 784 * (i + 1)), 28, 28) }));
-  await page.goto(`${pageUrl}?token=${encodeURIComponent(filesToken)}&client=page-3&steps=10`);
+  // With noise on the cut and NoPeek: every step reports epsilon and the distance correlation.
+  await page.goto(`${pageUrl}?token=${encodeURIComponent(filesToken)}&client=page-3&steps=10&dpClip=4&dpNoise=0.8&nopeek=0.1`);
   await page.uncheck("#invert");  // already light on dark
   for (const label of [1, 8]) {
     await page.setInputFiles("#files", filesOf(label));
@@ -118,8 +119,10 @@ try {
   await page.waitForFunction(() => ["done", "failed"].includes(window.tandemDemo.state), null, { timeout: 120000 });
   const local = await page.evaluate(() => ({ ...window.tandemDemo, status: document.getElementById("status").textContent }));
   const localSteps = local.events.filter((e) => e.event === "step").length;
+  const private_ = local.events.filter((e) => e.event === "step" && e.dp_epsilon > 0 && e.dcor >= 0 && e.dcor <= 1);
   if (local.state !== "done" || localSteps !== 10) fail(`training on local files: ${local.status} (${localSteps} steps)`);
-  else console.log(`local files: ${local.status}`);
+  else if (private_.length !== 10) fail(`${private_.length} of 10 steps reported epsilon and the distance correlation`);
+  else console.log(`local files, with DP and NoPeek: ${local.status}; last step ${JSON.stringify(local.events.filter((e) => e.event === "step").pop())}`);
 
   // A federation averaging every 5 steps: 12 steps with the front updated once a round take
   // rounds 1 and 2 at steps 5 and 10 and a last one after step 12, then evaluate.

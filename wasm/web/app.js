@@ -15,6 +15,7 @@ $("token").value = params.get("token") || "";
 $("client").value = params.get("client") || "browser";
 if (params.get("steps")) $("steps").value = params.get("steps");
 if (params.get("frontUpdates")) $("frontUpdates").value = params.get("frontUpdates");
+for (const id of ["dpClip", "dpNoise", "nopeek"]) if (params.get(id)) $(id).value = params.get(id);
 CLASSES.forEach((name, i) => $("fileLabel").add(new Option(`${i} ${name}`, i)));
 
 function status(text, isError = false) {
@@ -63,7 +64,9 @@ function onEvent(event) {
   window.tandemDemo.events.push(event);
   if (event.event === "step") {
     chart.addLoss(event.step, event.loss);
-    status(`step ${event.step} of ${event.steps}: loss ${event.loss.toFixed(4)}, ${event.samples_per_s.toFixed(1)} samples/s`);
+    const privacy = (event.dp_epsilon !== undefined ? `, epsilon ${event.dp_epsilon === null ? "unbounded" : event.dp_epsilon.toFixed(3)}` : "") +
+      (event.dcor !== undefined ? `, distance correlation ${event.dcor.toFixed(3)}` : "");
+    status(`step ${event.step} of ${event.steps}: loss ${event.loss.toFixed(4)}, ${event.samples_per_s.toFixed(1)} samples/s${privacy}`);
   } else if (event.event === "evaluated") {
     chart.addAccuracy(chart.loss.length ? chart.loss[chart.loss.length - 1][0] : 0, event.accuracy);
   } else if (event.event === "welcome") {
@@ -92,6 +95,7 @@ $("train").addEventListener("click", async () => {
       spec, clientId: $("client").value, token: $("token").value.trim(), steps: Number($("steps").value),
       batch: Number($("batch").value), microbatches: Number($("microbatches").value), lr: Number($("lr").value),
       wireDtype: $("dtype").value, frontUpdates: $("frontUpdates").value, onEvent,
+      privacy: { dpClip: Number($("dpClip").value), dpNoise: Number($("dpNoise").value), nopeek: Number($("nopeek").value) },
     });
     if (document.querySelector("input[name=source]:checked").value === "files") {
       if (!local.labels.length) throw new Error("add some image files first");

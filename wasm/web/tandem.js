@@ -8,7 +8,9 @@ class TandemEdge {
   // spec's own), clientId, token, batch, microbatches, steps, lr, momentum, seed, wireDtype
   // ("f32", "f16", "bf16", "i8"), evalSamples (0: all test images), frontUpdates ("step" or
   // "round": in a split-federated cloud, the front updated every step or once a round),
-  // onEvent(event). Events: connected, welcome, step, round, evaluated, done, error.
+  // privacy ({ dpClip, dpNoise, dpDelta, dpEpsilonBudget, dpEval: "noised" or "clean",
+  // nopeek }, as tandem-edge's --dp-* and --nopeek; absent: none), onEvent(event). Events:
+  // connected, welcome, step (with dp_epsilon and dcor when on), round, evaluated, done, error.
   static async create(options) {
     const edge = new TandemEdge(options.onEvent || (() => {}));
     edge.module = await createTandemModule({
@@ -17,6 +19,11 @@ class TandemEdge {
       printErr: (text) => console.warn(text),
     });
     const m = edge.module;
+    const privacy = options.privacy || {};
+    edge.check(m.ccall("tandem_set_privacy", "number",
+      ["number", "number", "number", "number", "number", "number"],
+      [privacy.dpClip || 0, privacy.dpNoise || 0, privacy.dpDelta || 1e-5, privacy.dpEpsilonBudget || 0,
+       privacy.dpEval === "clean" ? 0 : 1, privacy.nopeek || 0]));
     const spec = edge.copyIn(options.spec, 1);
     const rc = m.ccall("tandem_create", "number",
       ["number", "number", "string", "string", "string", "number", "number", "number", "number", "number", "number", "string", "number",
