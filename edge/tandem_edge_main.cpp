@@ -113,19 +113,15 @@ int train_command(int argc, char** argv) {
   if (*wanted != wire::DType::F32) o.wire_dtypes.push_back(wire::DType::F32);
   o.metrics_json = args.str("metrics-json", "");
   o.audit_log = args.str("audit-log", "");
-  o.dp_clip = static_cast<float>(args.number("dp-clip", 0.0));
-  o.dp_noise = static_cast<float>(args.number("dp-noise", 0.0));
-  o.dp_delta = args.number("dp-delta", 1e-5);
-  o.dp_epsilon_budget = args.number("dp-epsilon-budget", 0.0);
-  if (o.dp_clip < 0 || o.dp_noise < 0 || !(o.dp_delta > 0 && o.dp_delta < 1) || o.dp_epsilon_budget < 0)
-    fail("cli", "--dp-clip, --dp-noise and --dp-epsilon-budget must be >= 0 and --dp-delta in (0, 1)");
-  if ((o.dp_noise > 0 || o.dp_epsilon_budget > 0) && o.dp_clip <= 0)
-    fail("cli", "--dp-noise and --dp-epsilon-budget need --dp-clip C (the norm the noise is scaled to)");
+  o.privacy.dp_clip = static_cast<float>(args.number("dp-clip", 0.0));
+  o.privacy.dp_noise = static_cast<float>(args.number("dp-noise", 0.0));
+  o.privacy.dp_delta = args.number("dp-delta", 1e-5);
+  o.privacy.dp_epsilon_budget = args.number("dp-epsilon-budget", 0.0);
   const std::string dp_eval = args.str("dp-eval", "noised");
   if (dp_eval != "noised" && dp_eval != "clean") fail("cli", cat("--dp-eval: '", dp_eval, "' is neither noised nor clean"));
-  o.dp_noise_evaluation = dp_eval == "noised";
-  o.nopeek = static_cast<float>(args.number("nopeek", 0.0));
-  if (!(o.nopeek >= 0.0f)) fail("cli", "--nopeek must be >= 0 (the weight of the distance-correlation penalty)");
+  o.privacy.dp_noise_evaluation = dp_eval == "noised";
+  o.privacy.nopeek = static_cast<float>(args.number("nopeek", 0.0));
+  if (const std::string why = o.privacy.problem(); !why.empty()) fail("cli", why);
   o.token = args.str("token", "");
   // The client id the cloud binds this edge to: its certificate's name (a token's edge: the
   // identity folder's name, which the token must be for).

@@ -266,8 +266,8 @@ TEST(EventEdgeDp, AnUnreachedClipWithoutNoiseChangesNothing) {
   const Pixels train = pixels(256, 1), test = pixels(64, 2);
   auto run = [&](float clip) {
     EventEdgeConfig c = config(8);
-    c.dp_clip = clip;
-    c.dp_seed = 3;
+    c.privacy.dp_clip = clip;
+    c.privacy.dp_seed = 3;
     auto h = std::make_unique<Harness>(c);
     h->edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
     h->edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
@@ -288,10 +288,10 @@ TEST(EventEdgeDp, EpsilonIsReportedAndTheBudgetStopsTheRun) {
   const Pixels train = pixels(256, 1), test = pixels(64, 2);
   const double q = 32.0 / 256.0;
   EventEdgeConfig c = config(40);
-  c.dp_clip = 1.0f;
-  c.dp_noise = 1.0f;
-  c.dp_seed = 9;
-  c.dp_epsilon_budget = (dp_epsilon(q, 1.0, 5, 1e-5).epsilon + dp_epsilon(q, 1.0, 6, 1e-5).epsilon) / 2;
+  c.privacy.dp_clip = 1.0f;
+  c.privacy.dp_noise = 1.0f;
+  c.privacy.dp_seed = 9;
+  c.privacy.dp_epsilon_budget = (dp_epsilon(q, 1.0, 5, 1e-5).epsilon + dp_epsilon(q, 1.0, 6, 1e-5).epsilon) / 2;
   Harness h(c);
   h.edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
   h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
@@ -319,10 +319,10 @@ TEST(EventEdgeDp, CleanEvaluationSendsTheActivationsAsTheyAre) {
     EventEdgeConfig c = config(0);
     c.epochs = 0;  // evaluate the starting weights only
     if (noise > 0.0f) {
-      c.dp_clip = 1.0f;
-      c.dp_noise = noise;
-      c.dp_seed = 3;
-      c.dp_noise_evaluation = noised_eval;
+      c.privacy.dp_clip = 1.0f;
+      c.privacy.dp_noise = noise;
+      c.privacy.dp_seed = 3;
+      c.privacy.dp_noise_evaluation = noised_eval;
     }
     Harness h(c);
     h.edge->set_data(false, train.bytes.data(), train.labels.data(), 64, 8, 8);
@@ -355,7 +355,7 @@ TEST(EventEdgeNoPeek, ThePenaltyLowersTheCorrelationOfWhatLeaves) {
   const Pixels train = pixels(256, 1), test = pixels(64, 2);
   auto run = [&](float alpha) {
     EventEdgeConfig c = config(40);
-    c.nopeek = alpha;
+    c.privacy.nopeek = alpha;
     Harness h(c);
     h.edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
     h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);

@@ -28,10 +28,7 @@ struct Page {
   // download: every message is on it before it leaves, the run's summary when it ends.
   std::string egress_log;
   std::unique_ptr<EgressAudit> audit;
-  // Privacy options for the next tandem_create (tandem_set_privacy); none by default.
-  float dp_clip = 0.0f, dp_noise = 0.0f, nopeek = 0.0f;
-  double dp_delta = 1e-5, dp_epsilon_budget = 0.0;
-  bool dp_noise_evaluation = true;
+  EdgePrivacy privacy;  // for the next tandem_create (tandem_set_privacy); none by default
 };
 
 Page& page() {
@@ -58,24 +55,21 @@ extern "C" {
 
 EMSCRIPTEN_KEEPALIVE const char* tandem_last_error() { return page().error.c_str(); }
 
-// Privacy for the runs tandem_create makes from now on (EventEdgeConfig's dp_* and nopeek, as
+// Privacy for the runs tandem_create makes from now on (EdgePrivacy: as
 // tandem-edge's --dp-clip, --dp-noise, --dp-delta, --dp-epsilon-budget, --dp-eval and
 // --nopeek): dp_clip 0 turns noise on the cut off, nopeek 0 the penalty.
 EMSCRIPTEN_KEEPALIVE int tandem_set_privacy(float dp_clip, float dp_noise, double dp_delta, double dp_epsilon_budget,
                                             int noise_evaluation, float nopeek) {
   return guarded([&] {
-    if (!(dp_clip >= 0.0f && dp_noise >= 0.0f && dp_delta > 0.0 && dp_delta < 1.0 && dp_epsilon_budget >= 0.0 &&
-          nopeek >= 0.0f))
-      fail("edge", "privacy: clip, noise, budget and nopeek must be >= 0 and delta in (0, 1)");
-    if ((dp_noise > 0.0f || dp_epsilon_budget > 0.0) && dp_clip <= 0.0f)
-      fail("edge", "privacy: noise and a budget need a clip norm (the norm the noise is scaled to)");
-    Page& p = page();
-    p.dp_clip = dp_clip;
-    p.dp_noise = dp_noise;
-    p.dp_delta = dp_delta;
-    p.dp_epsilon_budget = dp_epsilon_budget;
-    p.dp_noise_evaluation = noise_evaluation != 0;
-    p.nopeek = nopeek;
+    EdgePrivacy privacy;
+    privacy.dp_clip = dp_clip;
+    privacy.dp_noise = dp_noise;
+    privacy.dp_delta = dp_delta;
+    privacy.dp_epsilon_budget = dp_epsilon_budget;
+    privacy.dp_noise_evaluation = noise_evaluation != 0;
+    privacy.nopeek = nopeek;
+    if (const std::string why = privacy.problem(); !why.empty()) fail("edge", cat("privacy: ", why));
+    page().privacy = privacy;
   });
 }
 
@@ -100,12 +94,7 @@ EMSCRIPTEN_KEEPALIVE int tandem_create(const uint8_t* spec, int spec_len, const 
     c.optimizer.momentum = momentum;
     c.seed = static_cast<uint64_t>(seed);
     c.eval_samples = eval_samples;
-    c.dp_clip = p.dp_clip;
-    c.dp_noise = p.dp_noise;
-    c.dp_delta = p.dp_delta;
-    c.dp_epsilon_budget = p.dp_epsilon_budget;
-    c.dp_noise_evaluation = p.dp_noise_evaluation;
-    c.nopeek = p.nopeek;
+    c.privacy = p.privacy;
     const std::string updates = front_updates;
     if (updates != "step" && updates != "round")
       fail("edge", cat("unknown front updates '", updates, "' (known: step, round)"));

@@ -105,12 +105,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
   c.eval_chunk = 1000;
   c.front_updates_per_round = o.front_updates_per_round;
   c.proximal_mu = o.proximal_mu;
-  c.dp_clip = o.dp_clip;
-  c.dp_noise = o.dp_noise;
-  c.dp_delta = o.dp_delta;
-  c.dp_epsilon_budget = o.dp_epsilon_budget;
-  c.nopeek = o.nopeek;
-  c.dp_noise_evaluation = o.dp_noise_evaluation;
+  c.privacy = o.privacy;
   c.init_front = [&o](const Graph& whole, Network& front) { init_front(o, whole, front); };
   if (checkpoints) c.checkpoints = &*checkpoints;
   EgressLogFile egress(o.audit_log.empty() ? o.identity_dir + "/egress.jsonl" : o.audit_log);

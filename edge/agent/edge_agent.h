@@ -10,6 +10,7 @@
 #include "core/optimizer.h"
 #include "core/schedule.h"
 #include "core/wire/tensor_codec.h"
+#include "edge/session/event_edge.h"
 
 namespace tandem {
 
@@ -32,11 +33,7 @@ struct EdgeTrainOptions {
   uint64_t seed = 1;
   std::string metrics_json;
   std::string audit_log;  // the egress log; empty: IDDIR/egress.jsonl
-  // Differential privacy on the cut (EventEdgeConfig's dp_*): clip 0 means none.
-  float dp_clip = 0.0f, dp_noise = 0.0f;
-  double dp_delta = 1e-5, dp_epsilon_budget = 0.0;
-  float nopeek = 0.0f;  // EventEdgeConfig::nopeek
-  bool dp_noise_evaluation = true;  // EventEdgeConfig::dp_noise_evaluation
+  EdgePrivacy privacy;  // noise on the cut and NoPeek (none by default)
   // Checkpoints (sealed with IDDIR/checkpoint.key): every N steps and each epoch's end; a
   // restart with the same folder resumes from the newest. Empty: none.
   std::string checkpoint_dir;

@@ -45,7 +45,7 @@ void RunReport::on_event(const EdgeEvent& e) {
       if (!e.text.empty()) std::fprintf(stderr, "stopped early: %s\n", e.text.c_str());
       if (e.epsilon >= 0)
         std::fprintf(stderr, "differential privacy on the cut: epsilon %s at delta %g over the run\n",
-                     std::isinf(e.epsilon) ? "unbounded (no noise)" : fixed(e.epsilon, 3).c_str(), o_.dp_delta);
+                     std::isinf(e.epsilon) ? "unbounded (no noise)" : fixed(e.epsilon, 3).c_str(), o_.privacy.dp_delta);
       return;
     case K::Welcome:
       std::fprintf(stderr,

@@ -75,6 +75,15 @@ std::string EdgeEvent::json() const {
   return "{}";
 }
 
+std::string EdgePrivacy::problem() const {
+  if (!(dp_clip >= 0.0f && dp_noise >= 0.0f && dp_epsilon_budget >= 0.0 && dp_delta > 0.0 && dp_delta < 1.0))
+    return "--dp-clip, --dp-noise and --dp-epsilon-budget must be >= 0 and --dp-delta in (0, 1)";
+  if ((dp_noise > 0.0f || dp_epsilon_budget > 0.0) && dp_clip <= 0.0f)
+    return "--dp-noise and --dp-epsilon-budget need --dp-clip C (the norm the noise is scaled to)";
+  if (!(nopeek >= 0.0f)) return "--nopeek must be >= 0 (the weight of the distance-correlation penalty)";
+  return "";
+}
+
 EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, Emit emit)
     : config_(std::move(config)), send_(std::move(send)), emit_(std::move(emit)), model_name_(spec.name) {
   if (EgressAudit* audit = config_.audit)  // what leaves is on record before it leaves
@@ -106,10 +115,10 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
                                            config_.client_id, config_.dtypes);
   if (!config_.token.empty()) session_->set_token(config_.token);
   session_->set_proximal(config_.proximal_mu);
-  session_->set_nopeek(config_.nopeek);
-  if (config_.dp_clip > 0.0f) {
-    noise_ = std::make_unique<CutNoise>(config_.dp_clip, config_.dp_noise, config_.dp_seed);
-    session_->set_cut_noise(noise_.get(), config_.dp_noise_evaluation);
+  session_->set_nopeek(config_.privacy.nopeek);
+  if (config_.privacy.dp_clip > 0.0f) {
+    noise_ = std::make_unique<CutNoise>(config_.privacy.dp_clip, config_.privacy.dp_noise, config_.privacy.dp_seed);
+    session_->set_cut_noise(noise_.get(), config_.privacy.dp_noise_evaluation);
   }
   session_->set_front_updates(config_.front_updates_per_round ? EdgeSession::FrontUpdates::PerRound
                                                               : EdgeSession::FrontUpdates::PerStep);
@@ -216,7 +225,7 @@ bool EventEdge::on_message(const Frame& frame) {
         EdgeEvent e = event(EdgeEvent::Kind::Step);
         e.samples = count;
         e.loss = loss;
-        if (config_.nopeek > 0.0f) {
+        if (config_.privacy.nopeek > 0.0f) {
           e.dcor = session_->step_dcor();
           epoch_dcor_sum_ += e.dcor * static_cast<double>(count);
         }
@@ -281,14 +290,14 @@ const char* EventEdge::awaiting() const {
 
 double EventEdge::epsilon_after(uint64_t steps) const {
   if (!noise_ || !train_.images.defined()) return -1.0;
-  if (config_.dp_noise <= 0.0f) return std::numeric_limits<double>::infinity();  // clipping alone proves nothing
+  if (config_.privacy.dp_noise <= 0.0f) return std::numeric_limits<double>::infinity();  // clipping alone proves nothing
   if (steps == 0) return 0.0;
   const double q = std::min(1.0, static_cast<double>(config_.batch) / static_cast<double>(train_.images.shape()[0]));
-  return dp_epsilon(q, config_.dp_noise, steps, config_.dp_delta).epsilon;
+  return dp_epsilon(q, config_.privacy.dp_noise, steps, config_.privacy.dp_delta).epsilon;
 }
 
 bool EventEdge::budget_spent() const {
-  return noise_ && config_.dp_epsilon_budget > 0.0 && epsilon_after(session_->step() + 1) > config_.dp_epsilon_budget;
+  return noise_ && config_.privacy.dp_epsilon_budget > 0.0 && epsilon_after(session_->step() + 1) > config_.privacy.dp_epsilon_budget;
 }
 
 bool EventEdge::run_over() const {
@@ -358,7 +367,7 @@ void EventEdge::end_epoch() {
   e.samples = trained;
   e.loss = epoch_loss_sum_ / static_cast<double>(std::max<int64_t>(trained, 1));
   e.seconds = since(epoch_started_);
-  if (config_.nopeek > 0.0f) e.dcor = epoch_dcor_sum_ / static_cast<double>(std::max<int64_t>(trained, 1));
+  if (config_.privacy.nopeek > 0.0f) e.dcor = epoch_dcor_sum_ / static_cast<double>(std::max<int64_t>(trained, 1));
   if (!first_grad_s_.empty()) {
     auto mid = first_grad_s_.begin() + static_cast<std::ptrdiff_t>(first_grad_s_.size() / 2);
     std::nth_element(first_grad_s_.begin(), mid, first_grad_s_.end());
@@ -441,8 +450,8 @@ EdgeEvent EventEdge::event(EdgeEvent::Kind kind) const {
   e.aggregate_every = session_->aggregate_every();
   e.epsilon = epsilon_after(session_->step());
   if (kind == EdgeEvent::Kind::Done && budget_spent())
-    e.text = cat("the next step would pass the privacy budget (epsilon ", config_.dp_epsilon_budget, " at delta ",
-                 config_.dp_delta, ")");
+    e.text = cat("the next step would pass the privacy budget (epsilon ", config_.privacy.dp_epsilon_budget, " at delta ",
+                 config_.privacy.dp_delta, ")");
   return e;
 }
 

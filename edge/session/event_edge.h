@@ -41,6 +41,29 @@ class EdgeCheckpointer {
   virtual void save(const CheckpointMeta& position, Network& front, Optimizer& optimizer) = 0;
 };
 
+// What the edge does to what it sends, for privacy (README, "What leaves the edge"); the same
+// for tandem-edge's --dp-* and --nopeek and the browser's TandemEdge.create({privacy}).
+struct EdgePrivacy {
+  // Differential privacy on the cut (dp_clip > 0): each sample's activations, in training and
+  // evaluation, clipped to L2 norm dp_clip and noised with N(0, (dp_noise * dp_clip)^2)
+  // (core/privacy/cut_noise.h). Epsilon at dp_delta for the training set is accounted (RDP of
+  // the sampled Gaussian mechanism, sampling rate batch / training samples, one release a
+  // step) and reported with each step, epoch and the run's end; the run stops before a step
+  // that would pass dp_epsilon_budget (0: none). dp_seed 0: the noise from the OS's entropy.
+  float dp_clip = 0.0f, dp_noise = 0.0f;
+  double dp_delta = 1e-5, dp_epsilon_budget = 0.0;
+  uint64_t dp_seed = 0;
+  // False: evaluation batches leave without noise (the guarantee covers the training set
+  // only; the cloud then sees the evaluation set's activations as they are).
+  bool dp_noise_evaluation = true;
+  // NoPeek (core/privacy/nopeek.h): alpha times the distance correlation between a step's
+  // inputs and its cut activations joins the front's loss; the step's and the epoch's
+  // correlation are reported (dcor). 0: none.
+  float nopeek = 0.0f;
+  // "" when the values are usable, else what is wrong (in the command line's words).
+  std::string problem() const;
+};
+
 struct EventEdgeConfig {
   std::string cut;  // empty: the spec's default cut
   std::string client_id = "browser";
@@ -69,22 +92,7 @@ struct EventEdgeConfig {
   // Every message is recorded here before it is sent (the run record at on_open; the
   // summary is the owner's EgressAudit::finish).
   EgressAudit* audit = nullptr;
-  // Differential privacy on the cut (dp_clip > 0): each sample's activations, in training and
-  // evaluation, clipped to L2 norm dp_clip and noised with N(0, (dp_noise * dp_clip)^2)
-  // (core/privacy/cut_noise.h). Epsilon at dp_delta for the training set is accounted (RDP of
-  // the sampled Gaussian mechanism, sampling rate batch / training samples, one release a
-  // step) and reported with each step, epoch and the run's end; the run stops before a step
-  // that would pass dp_epsilon_budget (0: none). dp_seed 0: the noise from the OS's entropy.
-  float dp_clip = 0.0f, dp_noise = 0.0f;
-  double dp_delta = 1e-5, dp_epsilon_budget = 0.0;
-  uint64_t dp_seed = 0;
-  // False: evaluation batches leave without noise (the guarantee covers the training set
-  // only; the cloud then sees the evaluation set's activations as they are).
-  bool dp_noise_evaluation = true;
-  // NoPeek (core/privacy/nopeek.h): alpha times the distance correlation between each
-  // micro-batch's inputs and its cut activations joins the front's loss; the step's and the
-  // epoch's correlation are reported (dcor). 0: none.
-  float nopeek = 0.0f;
+  EdgePrivacy privacy;  // noise on the cut and NoPeek: none by default
 };
 
 // What happened, for a page (json()) or a terminal (the fields).
