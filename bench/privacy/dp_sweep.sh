@@ -11,8 +11,8 @@ set -euo pipefail
 cd "$(dirname "$0")/../.."
 epochs=${1:-3} cut=${2:-relu3} clip=${3:-4}
 shift $(( $# < 3 ? $# : 3 ))
-sigmas=("${@:-0.5 0.7}")
-read -r -a sigmas <<< "${sigmas[*]}"
+sigmas=("$@")
+((${#sigmas[@]})) || sigmas=(0.5 0.7)
 bin=build/release
 model=samples/fashion-mnist/model.json
 [[ -x $bin/edge/tandem-edge ]] || bash scripts/setup.sh release > /dev/null
