@@ -131,7 +131,39 @@ std::vector<std::string> Graph::param_names() const {
   return names;
 }
 
+bool u_shaped_cut(const std::string& cut) { return cut.find(',') != std::string::npos; }
+
+std::pair<std::string, std::string> u_shaped_cuts(const std::string& cut) {
+  const std::size_t comma = cut.find(',');
+  if (comma == std::string::npos) fail("split", cat("cut '", cut, "' is not U-shaped (\"FRONT_CUT,TAIL_CUT\")"));
+  std::pair<std::string, std::string> cuts{cut.substr(0, comma), cut.substr(comma + 1)};
+  if (cuts.first.empty() || cuts.second.empty() || u_shaped_cut(cuts.second))
+    fail("split", cat("a U-shaped cut names two nodes, \"FRONT_CUT,TAIL_CUT\", not '", cut, "'"));
+  return cuts;
+}
+
+Graph Graph::tail(const std::string& cut) const {
+  const auto [a, b] = u_shaped_cuts(cut);
+  Graph middle = split(a).second;
+  if (middle.find(b) < 0)
+    fail("split", cat("U-shaped cut '", cut, "': '", b, "' must come after '", a, "' (the cloud's middle runs from '", a,
+                      "' to '", b, "')"));
+  Graph t = middle.split(b).second;
+  t.name_ = name_ + ".tail";
+  return t;
+}
+
 std::pair<Graph, Graph> Graph::split(const std::string& cut) const {
+  if (u_shaped_cut(cut)) {
+    const auto [a, b] = u_shaped_cuts(cut);
+    auto [front, back] = split(a);
+    if (back.find(b) < 0)
+      fail("split", cat("U-shaped cut '", cut, "': '", b, "' must come after '", a, "' (the cloud's middle runs from '",
+                        a, "' to '", b, "')"));
+    Graph middle = back.split(b).first;
+    middle.name_ = name_ + ".middle";
+    return {std::move(front), std::move(middle)};
+  }
   const int c = find(cut);
   if (c < 0) fail("split", cat("cut node '", cut, "' is not in the graph"));
   if (c == output_) fail("split", cat("cut node '", cut, "' is the output: nothing would be left for the back shard"));

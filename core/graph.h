@@ -47,7 +47,11 @@ class Graph {
 
   // Front shard: the cut node and everything it depends on; back shard: the rest, reading
   // the cut's output as its single input. Refuses a cut crossed by more than one tensor.
+  // A U-shaped cut "A,B" (u_shaped_cut): the front up to A, and as the back shard the
+  // middle, from A's output to B (its output is B's; it has no loss).
   std::pair<Graph, Graph> split(const std::string& cut) const;
+  // A U-shaped cut's tail: from B's output to the model's output and the loss (the edge's).
+  Graph tail(const std::string& cut) const;
 
  private:
   static Graph from_parts(std::string name, std::vector<GraphInput> inputs, std::vector<NodeSpec> nodes,
@@ -59,6 +63,12 @@ class Graph {
   std::string default_cut_;
   std::string loss_ = "softmax_cross_entropy";
 };
+
+// A U-shaped split names two cuts, "A,B": the edge runs the front (the inputs to A) and the
+// tail (B to the loss), so the labels never leave it; the cloud runs the middle (A to B).
+bool u_shaped_cut(const std::string& cut);
+// "A,B" -> {"A", "B"}; throws Error when either is empty or there are more than two.
+std::pair<std::string, std::string> u_shaped_cuts(const std::string& cut);
 
 // Per-sample output shape of one node (its op's definition, core/ops), or an Error naming it.
 Shape infer_shape(const NodeSpec& node, const std::vector<Shape>& input_shapes);

@@ -382,11 +382,11 @@ TEST(EventEdgeNoPeek, ThePenaltyLowersTheCorrelationOfWhatLeaves) {
 // Counts saves; keeps nothing (resuming is the e2e resume test's).
 struct CountingCheckpoints final : EdgeCheckpointer {
   std::vector<CheckpointMeta> saved;
-  std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>&, Network&, Optimizer&) override {
+  std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>&, std::span<Network* const>, Optimizer&) override {
     return std::nullopt;
   }
   bool due(uint64_t step_after, bool epoch_end) const override { return epoch_end || step_after % 2 == 0; }
-  void save(const CheckpointMeta& position, Network&, Optimizer&) override { saved.push_back(position); }
+  void save(const CheckpointMeta& position, std::span<Network* const>, Optimizer&) override { saved.push_back(position); }
 };
 
 // The agent's kind of run: whole epochs (a short last batch, never one spanning two epochs),

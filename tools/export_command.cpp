@@ -64,6 +64,11 @@ int export_command(const CliArgs& args) {
   load_shard(back_graph, spec, cloud, "cloud", back, *reference);
   std::vector<SafeTensor> tensors = shard_to_torch(graph, *front, static_cast<int64_t>(edge.meta.step));
   for (SafeTensor& t : shard_to_torch(graph, *back, static_cast<int64_t>(cloud.meta.step))) tensors.push_back(std::move(t));
+  if (u_shaped_cut(edge.meta.cut)) {  // the edge's checkpoint holds the tail too
+    std::unique_ptr<Network> tail;
+    load_shard(graph.tail(edge.meta.cut), spec, edge, "edge", tail, *reference);
+    for (SafeTensor& t : shard_to_torch(graph, *tail, static_cast<int64_t>(edge.meta.step))) tensors.push_back(std::move(t));
+  }
   const std::string out = args.required("out");
   const std::vector<uint8_t> file = write_safetensors(
       tensors, {{"format", "pt"}, {"tandem_model", spec.name}, {"tandem_cut", edge.meta.cut},

@@ -6,9 +6,16 @@
 
 namespace tandem {
 
-FolderRoundCheckpoints::FolderRoundCheckpoints(std::string dir, Network& front, std::array<uint8_t, 32> model_hash,
-                                               std::string cut)
-    : front_(front), model_hash_(model_hash), cut_(std::move(cut)), backs_(dir, "back"), fronts_(dir, "front") {}
+FolderRoundCheckpoints::FolderRoundCheckpoints(std::string dir, std::vector<Network*> edge_model,
+                                               std::array<uint8_t, 32> model_hash, std::string cut)
+    : edge_model_(std::move(edge_model)), model_hash_(model_hash), cut_(std::move(cut)), backs_(dir, "back"),
+      fronts_(dir, "front") {}
+
+std::vector<Param*> FolderRoundCheckpoints::params() const {
+  std::vector<Param*> out;
+  for (Network* net : edge_model_) out.insert(out.end(), net->params().begin(), net->params().end());
+  return out;
+}
 
 CheckpointMeta FolderRoundCheckpoints::meta(const char* role, uint32_t round) const {
   CheckpointMeta m;
@@ -22,11 +29,11 @@ CheckpointMeta FolderRoundCheckpoints::meta(const char* role, uint32_t round) co
 
 void FolderRoundCheckpoints::save(uint32_t round, const NamedTensors& average, Network& back, Optimizer& optimizer) {
   std::lock_guard<std::mutex> lock(mutex_);
-  const auto params = front_.params();
+  const auto params = this->params();
   if (params.size() != average.size()) fail("federation checkpoint", "the average does not fit the front shard");
   for (std::size_t k = 0; k < params.size(); ++k) params[k]->value().copy_from(average[k].second);
   // The front first: a round counts once its back shard is on disk too (load_latest).
-  fronts_.save(round, encode_checkpoint(meta("federation-front", round), front_, nullptr));
+  fronts_.save(round, encode_checkpoint(meta("federation-front", round), edge_model_, nullptr));
   backs_.save(round, encode_checkpoint(meta("federation-back", round), back, &optimizer));
 }
 
@@ -42,10 +49,10 @@ std::optional<std::pair<uint32_t, NamedTensors>> FolderRoundCheckpoints::load_la
           fail("checkpoint", cat("round ", *it, " was written for another model or cut"));
       if (b.meta.role != "federation-back" || f.meta.role != "federation-front")
         fail("checkpoint", cat("round ", *it, "'s files are not a federation's back and front shards"));
-      restore_checkpoint(f, front_, nullptr);  // checks every shape before the back changes
+      restore_checkpoint(f, edge_model_, nullptr);  // checks every shape before the back changes
       restore_checkpoint(b, back, &optimizer);
       NamedTensors average;
-      for (Param* p : front_.params()) average.emplace_back(p->name(), p->value().clone());
+      for (Param* p : params()) average.emplace_back(p->name(), p->value().clone());
       return std::make_pair(static_cast<uint32_t>(*it), std::move(average));
     } catch (const Error& e) {
       const std::string msg = cat("refused the federation's round ", *it, " in ", dir(), ": ", e.what(),

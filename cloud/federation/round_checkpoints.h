@@ -18,8 +18,12 @@ namespace tandem {
 
 class FolderRoundCheckpoints final : public RoundCheckpoints {
  public:
-  // `front`: a network of the front shard, used to encode and check the averages.
-  FolderRoundCheckpoints(std::string dir, Network& front, std::array<uint8_t, 32> model_hash, std::string cut);
+  // `edge_model`: networks of what the edges average (the front shard, and a U-shaped
+  // split's tail after it), used to encode and check the averages.
+  FolderRoundCheckpoints(std::string dir, std::vector<Network*> edge_model, std::array<uint8_t, 32> model_hash,
+                         std::string cut);
+  FolderRoundCheckpoints(std::string dir, Network& front, std::array<uint8_t, 32> model_hash, std::string cut)
+      : FolderRoundCheckpoints(std::move(dir), std::vector<Network*>{&front}, model_hash, std::move(cut)) {}
 
   void save(uint32_t round, const NamedTensors& average, Network& back, Optimizer& optimizer) override;
   // Restores the back shard and its optimizer from the newest round whose two files load
@@ -34,7 +38,8 @@ class FolderRoundCheckpoints final : public RoundCheckpoints {
  private:
   CheckpointMeta meta(const char* role, uint32_t round) const;
   std::mutex mutex_;
-  Network& front_;
+  std::vector<Network*> edge_model_;
+  std::vector<Param*> params() const;  // edge_model_'s, in order
   std::array<uint8_t, 32> model_hash_;
   std::string cut_;
   CheckpointStore backs_, fronts_;

@@ -81,6 +81,7 @@ struct SharedBack {
   std::unique_ptr<Federation> federation;
   std::unique_ptr<Backend> front_backend;
   std::unique_ptr<Network> front;  // encodes the rounds' averages
+  std::unique_ptr<Network> tail;   // a U-shaped split's: the edges average it with the front
   std::unique_ptr<FolderRoundCheckpoints> rounds;
 };
 
@@ -421,20 +422,26 @@ int serve(const ServeOptions& o) {
     // The front every edge starts from: the whole model's initial weights (or --init-from's).
     shared->front_backend = make_backend("reference");
     shared->front = std::make_unique<Network>(graph.split(s.cut).first, *shared->front_backend, o.seed);
-    Network& front = *shared->front;
-    if (!o.init_from.empty()) {
-      shard_from_torch(graph, read_safetensors_file(o.init_from, tensor_names(front)), front);
-    } else {
-      init_from_whole_model(graph, o.seed, front, *shared->front_backend);
+    std::vector<Network*> edge_model = {shared->front.get()};
+    if (u_shaped_cut(s.cut)) {  // the edges also hold the tail: it joins the rounds after the front
+      shared->tail = std::make_unique<Network>(graph.tail(s.cut), *shared->front_backend, o.seed);
+      edge_model.push_back(shared->tail.get());
     }
     NamedTensors initial;
-    for (Param* p : front.params()) initial.emplace_back(p->name(), p->value().clone());
+    for (Network* part : edge_model) {
+      if (!o.init_from.empty()) {
+        shard_from_torch(graph, read_safetensors_file(o.init_from, tensor_names(*part)), *part);
+      } else {
+        init_from_whole_model(graph, o.seed, *part, *shared->front_backend);
+      }
+      for (Param* p : part->params()) initial.emplace_back(p->name(), p->value().clone());
+    }
     LwsEndpoint* ep = endpoint.get();
     shared->federation = std::make_unique<Federation>(
         std::move(initial), o.federation, [ep](uint64_t c, std::span<const uint8_t> b) { ep->send(c, b); });
     shared->federation->set_metrics_sink(write_metrics);
     // Each round's back shard and average are kept; a restarted cloud goes on from the last.
-    shared->rounds = std::make_unique<FolderRoundCheckpoints>(cat(o.state_dir, "/federation"), front, s.hash, s.cut);
+    shared->rounds = std::make_unique<FolderRoundCheckpoints>(cat(o.state_dir, "/federation"), edge_model, s.hash, s.cut);
     if (auto last = shared->rounds->load_latest(*shared->net, *shared->optimizer)) {
       shared->federation->restore(last->first, std::move(last->second));
       std::printf("tandem-cloud: continuing the federation from round %u (%s)\n", last->first,

@@ -37,6 +37,8 @@ bool valid_client_id(const flatbuffers::String* id) {
 CloudSession::CloudSession(BackShardTrainer& shard, const CloudSessionConfig& config)
     : shard_(shard), back_(shard.net()), optimizer_(shard.optimizer()), config_(config), seen_(config.microbatches, false),
       dlogits_(config.microbatches) {
+  u_shaped_ = u_shaped_cut(config_.cut);
+  middle_backed_.assign(config_.microbatches, false);
   deferred_.reserve(config_.microbatches);
   if (back_.graph().inputs().size() != 1) fail("cloud session", "the back shard must have exactly one input (the cut)");
   if (config_.microbatches < 1 || config_.microbatches > config_.batch_size)
@@ -108,6 +110,12 @@ CloudReply CloudSession::handle(const Frame& frame) {
     case wire::Payload::EvalForward:
       if (!training) break;
       return on_eval(frame, *m->payload_as_EvalForward());
+    case wire::Payload::MiddleGradient:
+      if (!u_shaped_)
+        return refuse({wire::ErrorCode::UnexpectedMessage,
+                       "MiddleGradient to a cloud that runs the back shard and the loss (not a U-shaped split)"});
+      if (!training) break;
+      return on_middle_gradient(frame, *m->payload_as_MiddleGradient());
     case wire::Payload::FrontWeights:
       if (!training) break;
       return on_front_weights(frame, *m->payload_as_FrontWeights());
@@ -185,7 +193,15 @@ CloudReply CloudSession::on_hello(const wire::Hello& hello) {
 Tensor CloudSession::checked_batch(const Frame& frame, const wire::TensorMsg* t,
                                    const flatbuffers::Vector<int32_t>* labels, int64_t count, Tensor& decoded,
                                    WireError& error) {
-  if (!check_labels(labels, count, config_.classes, error)) return Tensor();
+  if (u_shaped_) {
+    if (labels != nullptr) {
+      error = {wire::ErrorCode::BadTensor, cat("this cloud runs the middle of a U-shaped split (cut '", config_.cut,
+                                               "'): the labels stay at the edge, and a message carrying them is refused")};
+      return Tensor();
+    }
+  } else if (!check_labels(labels, count, config_.classes, error)) {
+    return Tensor();
+  }
   return read_tensor(frame, t, back_.graph().inputs()[0].shape.batched(count), "activations", dtype_, decoded,
                      error);
 }
@@ -232,6 +248,21 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   if (!shard_.begin_compute(config_.session_id)) return refuse(evicted());
   const auto t0 = std::chrono::steady_clock::now();
   back_.set_training(true);
+  if (u_shaped_) {  // the middle's output goes down; its gradient comes back (on_middle_gradient)
+    const Tensor& out = back_.forward(activations, static_cast<int>(mb));
+    if (!all_finite(out)) {
+      shard_.end_compute();
+      return refuse({wire::ErrorCode::BadTensor, cat("step ", step_, " micro-batch ", mb, ": the activations overflow "
+                                                     "the middle shard (a non-finite output)")});
+    }
+    seen_[mb] = true;
+    ++seen_count_;
+    trained_samples_ += static_cast<uint64_t>(count);
+    busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const CloudReply reply{writer_.middle_output(step_, mb, out, dtype_, static_cast<uint64_t>(optimizer_.steps())), false};
+    shard_.end_compute();
+    return reply;
+  }
   const Tensor& logits = back_.forward(activations, static_cast<int>(mb));
   Tensor& dlogits = dlogits_[mb];
   if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
@@ -248,16 +279,11 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
                        std::isfinite(loss) ? "gradient" : "loss", "); they are far outside any trained range")});
   }
   seen_[mb] = true;
-  if (config_.defer_weights) deferred_.push_back(mb);
+  ++seen_count_;
   trained_samples_ += static_cast<uint64_t>(count);
   train_loss_sum_ += loss;
   const uint64_t step = step_;
-  if (++seen_count_ == step_microbatches_) {
-    step_pending_ = true;  // applied once the reply is on its way (finish_step)
-    ++step_;
-    seen_count_ = 0;
-    std::fill(seen_.begin(), seen_.end(), false);
-  }
+  microbatch_done(mb);
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   // The gradient is encoded before the update changes anything it could alias.
   const CloudReply reply{writer_.backward(step, mb, grad, static_cast<float>(loss), dtype_,
@@ -266,6 +292,50 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   shard_.end_compute();
   // (A federation's shared back shard is kept per round instead: save_round.)
   if (step_pending_ && step_checkpoint_ && !config_.federation && !checkpoint_now(error)) return refuse(error);
+  return reply;
+}
+
+void CloudSession::microbatch_done(uint32_t mb) {
+  if (config_.defer_weights) deferred_.push_back(mb);
+  const uint32_t done = u_shaped_ ? ++middle_backed_count_ : seen_count_;
+  if (done < step_microbatches_) return;
+  step_pending_ = true;  // applied once the reply is on its way (finish_step)
+  ++step_;
+  seen_count_ = middle_backed_count_ = 0;
+  std::fill(seen_.begin(), seen_.end(), false);
+  std::fill(middle_backed_.begin(), middle_backed_.end(), false);
+}
+
+CloudReply CloudSession::on_middle_gradient(const Frame& frame, const wire::MiddleGradient& mg) {
+  const uint32_t mb = mg.microbatch();
+  if (mg.step() != step_ || seen_count_ == 0 || mb >= step_microbatches_ || !seen_[mb] || middle_backed_[mb])
+    return refuse({wire::ErrorCode::OutOfWindow, cat("MiddleGradient for step ", mg.step(), " micro-batch ", mb,
+                                                     " was not expected (the middle's output for it has not left, or "
+                                                     "its gradient came already; step ", step_, ")")});
+  if (!std::isfinite(mg.loss()))
+    return refuse({wire::ErrorCode::BadTensor, cat("step ", step_, " micro-batch ", mb, ": the loss is not finite")});
+  WireError error;
+  const Tensor& out = back_.output(static_cast<int>(mb));
+  Tensor grad_out = read_tensor(frame, mg.gradients(), out.shape(), "gradients", dtype_, decoded_[mb], error);
+  if (!grad_out.defined()) return refuse(error);
+  if (!shard_.begin_compute(config_.session_id)) return refuse(evicted());
+  const auto t0 = std::chrono::steady_clock::now();
+  const Tensor grad = back_.backward(grad_out, static_cast<int>(mb), true, config_.defer_weights);
+  if (!all_finite(grad)) {
+    shard_.end_compute();
+    return refuse({wire::ErrorCode::BadTensor, cat("step ", step_, " micro-batch ", mb, ": the gradient overflows the "
+                                                   "middle shard (non-finite); it is far outside any trained range")});
+  }
+  middle_backed_[mb] = true;
+  train_loss_sum_ += mg.loss();
+  const uint64_t step = step_;
+  microbatch_done(mb);
+  busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  const CloudReply reply{writer_.backward(step, mb, grad, mg.loss(), dtype_, static_cast<uint64_t>(optimizer_.steps())),
+                         false};
+  shard_.end_compute();
+  WireError save_error;
+  if (step_pending_ && step_checkpoint_ && !config_.federation && !checkpoint_now(save_error)) return refuse(save_error);
   return reply;
 }
 
@@ -307,7 +377,13 @@ bool CloudSession::resume(uint64_t step, WireError& error) {
 
 CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& eval) {
   WireError error;
-  const uint32_t count = eval.labels() ? eval.labels()->size() : 0;
+  // U-shaped: no labels; the batch's size is the activations' first dimension.
+  const wire::TensorMsg* t = eval.activations();
+  const uint32_t count =
+      !u_shaped_ ? (eval.labels() ? eval.labels()->size() : 0)
+                 : (t && t->shape() && t->shape()->size() > 0 && t->shape()->Get(0) > 0 && t->shape()->Get(0) <= kMaxEvalBatch
+                        ? static_cast<uint32_t>(t->shape()->Get(0))
+                        : 0);
   if (count < 1 || count > kMaxEvalBatch)
     return refuse({wire::ErrorCode::BadTensor, cat("evaluation batch of ", count, " samples is outside [1, ",
                                                    kMaxEvalBatch, "]")});
@@ -321,6 +397,14 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   const auto t0 = std::chrono::steady_clock::now();
   // A slot of its own, so evaluation never disturbs a training step's stashes.
   back_.set_training(false);
+  if (u_shaped_) {  // the edge's tail scores it
+    const Tensor& out = back_.forward(activations, static_cast<int>(config_.microbatches));
+    busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    const CloudReply reply{writer_.eval_middle_output(eval.batch_id(), out, dtype_, busy_s_), false};
+    shard_.end_compute();
+    if (own_turn) shard_.end_eval(config_.session_id);
+    return reply;
+  }
   const Tensor& logits = back_.forward(activations, static_cast<int>(config_.microbatches));
   const int64_t heads = back_.graph().output_groups();
   const double loss = compute_loss(back_.graph().loss(), logits, eval.labels()->data(), 1.0f, nullptr, heads);

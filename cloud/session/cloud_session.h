@@ -49,7 +49,10 @@ struct CloudSessionConfig {
   // Wire dtypes this cloud accepts; the session uses the first one in the edge's Hello that
   // is among them, for activations and gradients alike.
   std::vector<wire::DType> dtypes = {wire::DType::F32, wire::DType::F16, wire::DType::BF16, wire::DType::I8};
-  std::string cut;                           // recorded in checkpoints
+  // Recorded in checkpoints. A U-shaped cut ("A,B", graph.h) makes the session the middle's:
+  // the shard runs from A to B, Forwards must carry no labels, each Forward is answered with
+  // a MiddleOutput and each MiddleGradient with the Backward of the middle's input.
+  std::string cut;
   SessionCheckpoints* checkpoints = nullptr;  // none: a resuming edge is refused
   // Split-federated: the rounds (the back shard every session shares is a shared
   // BackShardTrainer).
@@ -109,6 +112,10 @@ class CloudSession {
   CloudReply refuse(const WireError& error);
   CloudReply on_hello(const wire::Hello& hello);
   CloudReply on_forward(const Frame& frame, const wire::Forward& fwd);
+  // U-shaped: the gradient of a micro-batch's middle output, answered with its Backward.
+  CloudReply on_middle_gradient(const Frame& frame, const wire::MiddleGradient& grad);
+  // The micro-batch's backward is done: counts it, and marks the step complete after the last.
+  void microbatch_done(uint32_t mb);
   CloudReply on_eval(const Frame& frame, const wire::EvalForward& eval);
   CloudReply on_front_weights(const Frame& frame, const wire::FrontWeights& weights);
   WireError evicted() const;
@@ -139,8 +146,11 @@ class CloudSession {
   bool step_checkpoint_ = false;
   std::string client_id_;
   static constexpr float kMaxLrScale = 100.0f;  // a schedule's factor; beyond this is a bug or an attack
-  std::vector<bool> seen_;  // micro-batches of the current step already handled
+  std::vector<bool> seen_;  // micro-batches of the current step already forwarded
   uint32_t seen_count_ = 0;
+  bool u_shaped_ = false;           // the middle of a U-shaped split (config_.cut "A,B")
+  std::vector<bool> middle_backed_;  // U-shaped: micro-batches whose MiddleGradient was handled
+  uint32_t middle_backed_count_ = 0;
   std::vector<Tensor> dlogits_;
   std::vector<uint32_t> deferred_;  // micro-batches whose weight gradients wait, in arrival order
   wire::DType dtype_ = wire::DType::F32;  // negotiated in Hello

@@ -63,13 +63,15 @@ const Tensor& match(const std::vector<NamedTensor>& saved, const std::string& na
 
 }  // namespace
 
-std::vector<uint8_t> encode_checkpoint(const CheckpointMeta& meta, Network& net, Optimizer* optimizer) {
+std::vector<uint8_t> encode_checkpoint(const CheckpointMeta& meta, std::span<Network* const> nets, Optimizer* optimizer) {
   flatbuffers::FlatBufferBuilder b(1 << 16);
   TensorOffsets params, buffers, state;
-  for (Param* p : net.params()) params.push_back(put(b, p->name(), p->value()));
-  for (auto& [name, t] : net.buffers()) buffers.push_back(put(b, name, *t));
   std::vector<flatbuffers::Offset<ckpt::NamedCounter>> counters;
-  for (auto& [name, v] : net.counters()) counters.push_back(ckpt::CreateNamedCounterDirect(b, name.c_str(), *v));
+  for (Network* net : nets) {
+    for (Param* p : net->params()) params.push_back(put(b, p->name(), p->value()));
+    for (auto& [name, t] : net->buffers()) buffers.push_back(put(b, name, *t));
+    for (auto& [name, v] : net->counters()) counters.push_back(ckpt::CreateNamedCounterDirect(b, name.c_str(), *v));
+  }
   if (optimizer != nullptr) {
     int k = 0;
     for (Tensor* t : optimizer->state()) state.push_back(put(b, cat("state", k++), *t));
@@ -129,14 +131,20 @@ CheckpointData decode_checkpoint(std::span<const uint8_t> bytes) {
   return d;
 }
 
-void restore_checkpoint(const CheckpointData& d, Network& net, Optimizer* optimizer) {
+void restore_checkpoint(const CheckpointData& d, std::span<Network* const> nets, Optimizer* optimizer) {
   // Every check first, so a checkpoint that does not fit leaves the model untouched.
   std::vector<std::pair<Tensor*, const Tensor*>> copies;
-  for (Param* p : net.params())
-    copies.emplace_back(&p->value(), &match(d.params, p->name(), p->value().shape(), "parameter"));
-  for (auto& [name, t] : net.buffers()) copies.emplace_back(t, &match(d.buffers, name, t->shape(), "buffer"));
+  std::vector<std::pair<std::string, Tensor*>> all_buffers;
+  std::vector<std::pair<std::string, uint64_t*>> all_counters;
+  for (Network* net : nets) {
+    for (Param* p : net->params())
+      copies.emplace_back(&p->value(), &match(d.params, p->name(), p->value().shape(), "parameter"));
+    for (auto& b : net->buffers()) all_buffers.push_back(b);
+    for (auto& c : net->counters()) all_counters.push_back(c);
+  }
+  for (auto& [name, t] : all_buffers) copies.emplace_back(t, &match(d.buffers, name, t->shape(), "buffer"));
   std::vector<std::pair<uint64_t*, uint64_t>> counters;
-  for (auto& [name, v] : net.counters()) {
+  for (auto& [name, v] : all_counters) {
     bool found = false;
     for (auto& [saved, value] : d.counters)
       if (saved == name) {
@@ -158,7 +166,8 @@ void restore_checkpoint(const CheckpointData& d, Network& net, Optimizer* optimi
   }
   for (auto& [dst, src] : copies) dst->copy_from(*src);
   for (auto& [dst, v] : counters) *dst = v;
-  for (Param* p : net.params()) p->bump_version();
+  for (Network* net : nets)
+    for (Param* p : net->params()) p->bump_version();
   if (optimizer != nullptr) optimizer->set_steps(d.optimizer_steps);
 }
 

@@ -39,7 +39,13 @@ struct CheckpointData {
 
 // "TDMCKPT1", the payload's length (u64 little-endian), the FlatBuffers payload
 // (schema/checkpoint.fbs) and its SHA-256.
-std::vector<uint8_t> encode_checkpoint(const CheckpointMeta& meta, Network& net, Optimizer* optimizer);
+// `nets`: one model in parts with distinct parameter names (a U-shaped edge: front and tail),
+// saved as one; `optimizer` holds them all.
+std::vector<uint8_t> encode_checkpoint(const CheckpointMeta& meta, std::span<Network* const> nets, Optimizer* optimizer);
+inline std::vector<uint8_t> encode_checkpoint(const CheckpointMeta& meta, Network& net, Optimizer* optimizer) {
+  Network* const one[] = {&net};
+  return encode_checkpoint(meta, one, optimizer);
+}
 
 // Checks the frame, the checksum, the FlatBuffers verifier and every tensor's shape against
 // its data; throws Error("[checkpoint] ...") saying what is wrong.
@@ -47,6 +53,10 @@ CheckpointData decode_checkpoint(std::span<const uint8_t> bytes);
 
 // Checks that the checkpoint fits (same parameter names and shapes, buffers, counters, and
 // optimizer kind when one is given) before changing anything, then copies the state in.
-void restore_checkpoint(const CheckpointData& data, Network& net, Optimizer* optimizer);
+void restore_checkpoint(const CheckpointData& data, std::span<Network* const> nets, Optimizer* optimizer);
+inline void restore_checkpoint(const CheckpointData& data, Network& net, Optimizer* optimizer) {
+  Network* const one[] = {&net};
+  restore_checkpoint(data, one, optimizer);
+}
 
 }  // namespace tandem

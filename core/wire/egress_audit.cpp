@@ -125,6 +125,12 @@ void EgressAudit::record(std::span<const uint8_t> message) {
                     labels_of(f->labels()));
         break;
       }
+      case wire::Payload::MiddleGradient: {  // U-shaped: the gradient of the middle's output
+        const auto* g = m->payload_as_MiddleGradient();
+        body += cat(",\"step\":", g->step(), ",\"microbatch\":", g->microbatch(), ",\"tensors\":[",
+                    tensor_json(g->gradients()), "]");
+        break;
+      }
       case wire::Payload::FrontWeights: {
         const auto* f = m->payload_as_FrontWeights();
         std::string tensors;

@@ -92,7 +92,9 @@ std::span<const uint8_t> MessageWriter::forward(uint64_t step, uint32_t microbat
                                                 wire::DType dtype, float lr_scale, bool checkpoint) {
   fbb_.Clear();
   const auto t = tensor("activations", activations, dtype);
-  const auto l = fbb_.CreateVector(labels.data(), labels.size());
+  // No labels (a U-shaped edge keeps them): the field is absent, not empty.
+  const auto l = labels.empty() ? flatbuffers::Offset<flatbuffers::Vector<int32_t>>()
+                                : fbb_.CreateVector(labels.data(), labels.size());
   return finish(wire::Payload::Forward, wire::CreateForward(fbb_, step, microbatch, weight_version, t, l,
                                                             step_samples, step_microbatches, lr_scale,
                                                             checkpoint)
@@ -111,8 +113,32 @@ std::span<const uint8_t> MessageWriter::eval_forward(uint64_t batch_id, const Te
                                                      std::span<const int32_t> labels, wire::DType dtype) {
   fbb_.Clear();
   const auto t = tensor("activations", activations, dtype);
-  const auto l = fbb_.CreateVector(labels.data(), labels.size());
+  const auto l = labels.empty() ? flatbuffers::Offset<flatbuffers::Vector<int32_t>>()
+                                : fbb_.CreateVector(labels.data(), labels.size());
   return finish(wire::Payload::EvalForward, wire::CreateEvalForward(fbb_, batch_id, t, l).Union());
+}
+
+std::span<const uint8_t> MessageWriter::middle_output(uint64_t step, uint32_t microbatch, const Tensor& activations,
+                                                      wire::DType dtype, uint64_t weight_version) {
+  fbb_.Clear();
+  const auto t = tensor("activations", activations, dtype);
+  return finish(wire::Payload::MiddleOutput,
+                wire::CreateMiddleOutput(fbb_, step, microbatch, t, weight_version).Union());
+}
+
+std::span<const uint8_t> MessageWriter::middle_gradient(uint64_t step, uint32_t microbatch, const Tensor& gradients,
+                                                        float loss, wire::DType dtype) {
+  fbb_.Clear();
+  const auto t = tensor("gradients", gradients, dtype);
+  return finish(wire::Payload::MiddleGradient, wire::CreateMiddleGradient(fbb_, step, microbatch, t, loss).Union());
+}
+
+std::span<const uint8_t> MessageWriter::eval_middle_output(uint64_t batch_id, const Tensor& activations,
+                                                           wire::DType dtype, double cloud_busy_s) {
+  fbb_.Clear();
+  const auto t = tensor("activations", activations, dtype);
+  return finish(wire::Payload::EvalMiddleOutput,
+                wire::CreateEvalMiddleOutput(fbb_, batch_id, t, cloud_busy_s).Union());
 }
 
 std::span<const uint8_t> MessageWriter::eval_result(uint64_t batch_id, uint32_t correct, uint32_t count,

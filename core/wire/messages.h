@@ -16,7 +16,8 @@
 
 namespace tandem {
 
-// SHA-256 over the binary model spec, a zero byte and the cut's name: what Hello carries.
+// SHA-256 over the binary model spec, a zero byte and the cut's name ("A,B" for a U-shaped
+// split): what Hello carries.
 std::array<uint8_t, 32> model_hash(const ModelSpec& spec, const std::string& cut);
 
 // Named f32 tensors: a front shard's parameters in FrontWeights and Aggregated.
@@ -46,6 +47,14 @@ class MessageWriter {
                                     wire::DType dtype = wire::DType::F32, uint64_t weight_version = 0);
   std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& activations, std::span<const int32_t> labels,
                                         wire::DType dtype = wire::DType::F32);
+  // U-shaped training (schema/wire.fbs): the middle's output down, its gradient up, and the
+  // middle's output for an evaluation batch.
+  std::span<const uint8_t> middle_output(uint64_t step, uint32_t microbatch, const Tensor& activations,
+                                         wire::DType dtype = wire::DType::F32, uint64_t weight_version = 0);
+  std::span<const uint8_t> middle_gradient(uint64_t step, uint32_t microbatch, const Tensor& gradients, float loss,
+                                           wire::DType dtype = wire::DType::F32);
+  std::span<const uint8_t> eval_middle_output(uint64_t batch_id, const Tensor& activations,
+                                              wire::DType dtype = wire::DType::F32, double cloud_busy_s = 0.0);
   std::span<const uint8_t> eval_result(uint64_t batch_id, uint32_t correct, uint32_t count, double loss_sum,
                                        double cloud_busy_s = 0.0);
   std::span<const uint8_t> error(wire::ErrorCode code, const std::string& text);

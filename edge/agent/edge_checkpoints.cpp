@@ -13,20 +13,20 @@ EdgeCheckpoints::EdgeCheckpoints(const std::string& dir, const std::string& iden
   latest_ = store_.load_latest();
 }
 
-std::optional<CheckpointMeta> EdgeCheckpoints::resume(const std::array<uint8_t, 32>& model_hash, Network& front,
-                                                      Optimizer& optimizer) {
+std::optional<CheckpointMeta> EdgeCheckpoints::resume(const std::array<uint8_t, 32>& model_hash,
+                                                      std::span<Network* const> model, Optimizer& optimizer) {
   if (!latest_) return std::nullopt;
   const CheckpointData& d = *latest_;
   if (d.meta.role != "edge" || d.meta.model_hash != model_hash)
     fail("edge", cat("the checkpoints in ", store_.dir(), " are of another model or cut (cut '", d.meta.cut,
                      "', model hash ", to_hex(d.meta.model_hash.data(), 8),
                      "...); give another --checkpoint-dir or remove that folder to start afresh"));
-  restore_checkpoint(d, front, &optimizer);
+  restore_checkpoint(d, model, &optimizer);
   return d.meta;
 }
 
-void EdgeCheckpoints::save(const CheckpointMeta& position, Network& front, Optimizer& optimizer) {
-  store_.save(position.step, encode_checkpoint(position, front, &optimizer));
+void EdgeCheckpoints::save(const CheckpointMeta& position, std::span<Network* const> model, Optimizer& optimizer) {
+  store_.save(position.step, encode_checkpoint(position, model, &optimizer));
 }
 
 }  // namespace tandem

@@ -20,15 +20,15 @@ class EdgeCheckpoints final : public EdgeCheckpointer {
 
   // The newest checkpoint that decodes, if any (for the cut it was trained with).
   const std::optional<CheckpointData>& latest() const { return latest_; }
-  // Restores latest() into the front shard after checking it is for this model and cut;
+  // Restores latest() into the edge's networks after checking it is for this model and cut;
   // returns its position, or none when the folder holds no checkpoint.
-  std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>& model_hash, Network& front,
+  std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>& model_hash, std::span<Network* const> model,
                                        Optimizer& optimizer) override;
   // Whether the step that ends at `step_after` (an epoch's last when `epoch_end`) is saved.
   bool due(uint64_t step_after, bool epoch_end) const override {
     return epoch_end || (every_ > 0 && step_after % static_cast<uint64_t>(every_) == 0);
   }
-  void save(const CheckpointMeta& position, Network& front, Optimizer& optimizer) override;
+  void save(const CheckpointMeta& position, std::span<Network* const> model, Optimizer& optimizer) override;
 
  private:
   CheckpointStore store_;

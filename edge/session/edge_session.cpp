@@ -4,6 +4,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/loss.h"
 #include "core/microbatch.h"
 #include "core/privacy/nopeek.h"
 
@@ -84,9 +85,21 @@ bool EdgeSession::on_welcome(const Frame& frame, WireError& error) {
   return true;
 }
 
+void EdgeSession::set_tail(Network* tail) {
+  if (step_microbatches_ != backed_) fail("edge session", "set_tail during a step");
+  tail_ = tail;
+  dlogits_.assign(microbatches_, Tensor());
+}
+
+std::vector<Param*> EdgeSession::edge_params() const {
+  std::vector<Param*> out = front_.params();
+  if (tail_) out.insert(out.end(), tail_->params().begin(), tail_->params().end());
+  return out;
+}
+
 NamedTensors EdgeSession::front_params() const {
   NamedTensors out;
-  for (Param* p : front_.params()) out.emplace_back(p->name(), p->value());
+  for (Param* p : edge_params()) out.emplace_back(p->name(), p->value());
   return out;
 }
 
@@ -108,9 +121,10 @@ bool EdgeSession::on_aggregated(const Frame& frame, WireError& error) {
   if (!read_named_tensors(frame, a->tensors(), front_params(), values, error)) return false;
   anchor_.clear();
   pending_front_steps_ = 0;  // gradients against the weights the average replaces
+  const std::vector<Param*> params = edge_params();
   for (std::size_t i = 0; i < values.size(); ++i) {
-    front_.params()[i]->value().copy_from(values[i]);
-    front_.params()[i]->bump_version();
+    params[i]->value().copy_from(values[i]);
+    params[i]->bump_version();
     anchor_.push_back(values[i].clone());
   }
   if (!awaiting_aggregate_) ++rounds_joined_;
@@ -138,7 +152,10 @@ int EdgeSession::begin_step(const Tensor& images, const int32_t* labels, float l
   step_dcor_ = 0.0;
   nopeek_ready_ = false;
   std::fill(state_.begin(), state_.end(), 0);
-  if (pending_front_steps_ == 0) front_.zero_grad();  // per round: the round's gradients add up
+  if (pending_front_steps_ == 0) {  // per round: the round's gradients add up
+    front_.zero_grad();
+    if (tail_) tail_->zero_grad();
+  }
   return step_microbatches_;
 }
 
@@ -176,7 +193,8 @@ std::span<const uint8_t> EdgeSession::forward(int mb) {
   state_[static_cast<std::size_t>(mb)] = 1;
   return writer_.forward(step_, static_cast<uint32_t>(mb), step_ /* weights version: optimizer steps applied */,
                          leaving(activations, static_cast<std::size_t>(mb)),
-                         std::span<const int32_t>(labels_ + begin, static_cast<std::size_t>(count)),
+                         tail_ ? std::span<const int32_t>()  // U-shaped: the labels stay here
+                               : std::span<const int32_t>(labels_ + begin, static_cast<std::size_t>(count)),
                          static_cast<uint32_t>(batch), static_cast<uint32_t>(step_microbatches_), dtype_, lr_scale_,
                          checkpoint_);
 }
@@ -187,7 +205,7 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
   if (!m) return false;
   const auto* b = m->payload_as_Backward();
   const uint32_t mb = b->microbatch();
-  if (b->step() != step_ || mb >= static_cast<uint32_t>(step_microbatches_) || state_[mb] != 1) {
+  if (b->step() != step_ || mb >= static_cast<uint32_t>(step_microbatches_) || state_[mb] != (tail_ ? 3 : 1)) {
     error = {wire::ErrorCode::OutOfWindow,
              cat("Backward for step ", b->step(), " micro-batch ", mb, " was not expected (step ", step_, ")")};
     return false;
@@ -222,17 +240,19 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
     cut_grad = &own;
   }
   front_.backward(*cut_grad, static_cast<int>(mb), false);
-  loss_sum_ += b->loss();
+  if (!tail_) loss_sum_ += b->loss();  // U-shaped: the tail's own (on_middle_output)
   state_[mb] = 2;
   if (++backed_ == step_microbatches_) {
-    if (proximal_mu_ > 0.0f && !anchor_.empty())
+    if (proximal_mu_ > 0.0f && !anchor_.empty()) {
+      const std::vector<Param*> params = edge_params();
       for (std::size_t k = 0; k < anchor_.size(); ++k) {
-        Param& p = *front_.params()[k];
+        Param& p = *params[k];
         float* g = p.grad().data();
         const float* w = p.value().data();
         const float* a = anchor_[k].data();
         for (int64_t i = 0, n = p.grad().numel(); i < n; ++i) g[i] += proximal_mu_ * (w[i] - a[i]);
       }
+    }
     if (per_round())
       ++pending_front_steps_;
     else
@@ -243,14 +263,73 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
   return true;
 }
 
+bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::span<const uint8_t>& reply) {
+  reply = {};
+  if (!tail_) {
+    error = {wire::ErrorCode::UnexpectedMessage, "MiddleOutput, but this edge runs no tail (its cut is not U-shaped)"};
+    return false;
+  }
+  const wire::Message* m = expect(frame, wire::Payload::MiddleOutput, error);
+  if (!m) return false;
+  const auto* o = m->payload_as_MiddleOutput();
+  const uint32_t mb = o->microbatch();
+  if (o->step() != step_ || mb >= static_cast<uint32_t>(step_microbatches_) || state_[mb] != 1) {
+    error = {wire::ErrorCode::OutOfWindow,
+             cat("MiddleOutput for step ", o->step(), " micro-batch ", mb, " was not expected (step ", step_, ")")};
+    return false;
+  }
+  if (aggregate_every_ == 0 && o->weight_version() != step_) {
+    error = {wire::ErrorCode::OutOfWindow, cat("MiddleOutput for step ", step_, " was computed with middle version ",
+                                               o->weight_version(), ", expected ", step_)};
+    return false;
+  }
+  const auto [begin, count] = microbatch_range(images_.shape()[0], step_microbatches_, static_cast<int>(mb));
+  const Shape shape = tail_->graph().inputs()[0].shape.batched(count);
+  Tensor middle = read_tensor(frame, o->activations(), shape, "activations", dtype_, decoded_[mb], error);
+  if (!middle.defined()) return false;
+  tail_->set_training(true);
+  const Tensor& logits = tail_->forward(middle, static_cast<int>(mb));
+  Tensor& dlogits = dlogits_[mb];
+  if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
+  const double loss = compute_loss(tail_->graph().loss(), logits, labels_ + begin,
+                                   1.0f / static_cast<float>(images_.shape()[0]), &dlogits, tail_->graph().output_groups());
+  const Tensor grad = tail_->backward(dlogits, static_cast<int>(mb), true);
+  if (!std::isfinite(loss)) fail("edge session", cat("the tail's loss for micro-batch ", mb, " of step ", step_,
+                                                     " is not finite: the weights diverged"));
+  if (const int64_t bad = first_non_finite(grad); bad >= 0)
+    fail("edge session", cat("the tail's gradient for micro-batch ", mb, " of step ", step_, " is not finite (element ",
+                             bad, "): the weights diverged"));
+  loss_sum_ += loss;
+  state_[mb] = 3;
+  reply = writer_.middle_gradient(step_, mb, grad, static_cast<float>(loss), dtype_);
+  return true;
+}
+
+bool EdgeSession::on_step_message(const Frame& frame, WireError& error, bool& step_done,
+                                  std::span<const uint8_t>& reply) {
+  reply = {};
+  step_done = false;
+  if (tail_) {
+    WireError ignored;
+    const wire::Message* m = verify_frame(frame, kDefaultMaxMessageBytes, ignored);
+    if (m && m->payload_type() == wire::Payload::MiddleOutput) return on_middle_output(frame, error, reply);
+  }
+  return on_backward(frame, error, step_done);
+}
+
 std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, const Tensor& images, const int32_t* labels,
                                                    int64_t count) {
   // Evaluation uses the slot after the training ones, so it never disturbs a step in flight.
   front_.set_training(false);
   const Tensor& activations = front_.forward(images, static_cast<int>(microbatches_));
   if (const int64_t bad = first_non_finite(activations); bad >= 0) diverged(cat("evaluation batch ", batch_id), bad);
+  eval_labels_ = labels;
+  eval_count_ = count;
+  eval_batch_ = batch_id;
   return writer_.eval_forward(batch_id, noise_evaluation_ ? leaving(activations, microbatches_) : activations,
-                              std::span<const int32_t>(labels, static_cast<std::size_t>(count)), dtype_);
+                              tail_ ? std::span<const int32_t>()  // U-shaped: scored here (on_eval_result)
+                                    : std::span<const int32_t>(labels, static_cast<std::size_t>(count)),
+                              dtype_);
 }
 
 const Tensor& EdgeSession::leaving(const Tensor& activations, std::size_t slot) {
@@ -265,6 +344,23 @@ const Tensor& EdgeSession::leaving(const Tensor& activations, std::size_t slot) 
 }
 
 bool EdgeSession::on_eval_result(const Frame& frame, WireError& error, EvalResult& result) {
+  if (tail_) {  // U-shaped: the middle's output comes back, and the tail scores it
+    const wire::Message* m = expect(frame, wire::Payload::EvalMiddleOutput, error);
+    if (!m) return false;
+    const auto* o = m->payload_as_EvalMiddleOutput();
+    if (o->batch_id() != eval_batch_ || eval_labels_ == nullptr) {
+      error = {wire::ErrorCode::OutOfWindow, cat("EvalMiddleOutput for batch ", o->batch_id(), " was not expected")};
+      return false;
+    }
+    const Shape shape = tail_->graph().inputs()[0].shape.batched(eval_count_);
+    Tensor middle = read_tensor(frame, o->activations(), shape, "activations", dtype_, eval_decoded_, error);
+    if (!middle.defined()) return false;
+    tail_->set_training(false);
+    const Tensor& logits = tail_->forward(middle, static_cast<int>(microbatches_));
+    result = {count_correct(logits, eval_labels_, tail_->graph().output_groups()), eval_count_, o->cloud_busy_s()};
+    eval_labels_ = nullptr;
+    return true;
+  }
   const wire::Message* m = expect(frame, wire::Payload::EvalResult, error);
   if (!m) return false;
   const auto* r = m->payload_as_EvalResult();

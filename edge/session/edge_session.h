@@ -43,6 +43,20 @@ class EdgeSession {
   std::span<const uint8_t> forward(int mb);
   // A Backward for this step; `step_done` turns true after the last one (optimizer applied).
   bool on_backward(const Frame& frame, WireError& error, bool& step_done);
+  // U-shaped (set_tail): the middle's output for a micro-batch of this step. The tail and the
+  // loss run on it, and `reply` gets the MiddleGradient to send (valid until the next message
+  // is written).
+  bool on_middle_output(const Frame& frame, WireError& error, std::span<const uint8_t>& reply);
+  // Whatever the cloud sends during a step: a Backward, or (U-shaped) a MiddleOutput, whose
+  // MiddleGradient is put in `reply` (else `reply` is empty).
+  bool on_step_message(const Frame& frame, WireError& error, bool& step_done, std::span<const uint8_t>& reply);
+
+  // A U-shaped split (graph.h, u_shaped_cut): the edge also runs the tail, from the cloud's
+  // middle output to the loss, so the labels never leave. Its parameters train with the
+  // front's (the optimizer must hold both), and join the front's in a federation's rounds.
+  // Set before the first step; null: the cloud runs the rest and the loss.
+  void set_tail(Network* tail);
+  bool u_shaped() const { return tail_ != nullptr; }
 
   uint64_t step() const { return step_; }
 
@@ -118,7 +132,14 @@ class EdgeSession {
   FrontUpdates front_updates_ = FrontUpdates::PerStep;
   uint32_t pending_front_steps_ = 0;
   bool per_round() const { return front_updates_ == FrontUpdates::PerRound && aggregate_every_ > 0; }
-  NamedTensors front_params() const;
+  NamedTensors front_params() const;  // what a round exchanges: the front's, then the tail's
+  std::vector<Param*> edge_params() const;
+  Network* tail_ = nullptr;
+  std::vector<Tensor> dlogits_;  // U-shaped: per micro-batch slot, the loss's gradient
+  const int32_t* eval_labels_ = nullptr;  // U-shaped: the evaluation batch in flight
+  int64_t eval_count_ = 0;
+  uint64_t eval_batch_ = 0;
+  Tensor eval_decoded_;
   // What leaves for these activations: themselves, or clipped and noised (slot: the
   // micro-batch, or microbatches_ for evaluation).
   const Tensor& leaving(const Tensor& activations, std::size_t slot);
@@ -126,7 +147,8 @@ class EdgeSession {
   Tensor images_;
   const int32_t* labels_ = nullptr;
   int step_microbatches_ = 0, backed_ = 0;
-  std::vector<uint8_t> state_;  // per micro-batch: 0 not sent, 1 forwarded, 2 backed up
+  // Per micro-batch: 0 not sent, 1 forwarded, 3 (U-shaped) its middle gradient sent, 2 backed up.
+  std::vector<uint8_t> state_;
   std::vector<Tensor> decoded_;  // per micro-batch: its gradient decoded (non-F32 sessions)
   CutNoise* noise_ = nullptr;
   bool noise_evaluation_ = true;

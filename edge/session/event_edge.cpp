@@ -102,11 +102,20 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   classes_ = static_cast<int32_t>(graph.classes());
   backend_ = make_backend(config_.backend, BackendOptions{config_.threads});
   front_ = std::make_unique<Network>(graph.split(config_.cut).first, *backend_, config_.seed);
-  if (config_.init_front)
-    config_.init_front(graph, *front_);
-  else
-    init_from_whole_model(graph, config_.seed, *front_, *make_backend("reference"));  // as the cloud draws its back shard
-  optimizer_ = make_optimizer(front_->params(), config_.optimizer);
+  model_ = {front_.get()};
+  if (u_shaped_cut(config_.cut)) {  // the edge also runs the tail and the loss: the labels stay here
+    tail_ = std::make_unique<Network>(graph.tail(config_.cut), *backend_, config_.seed);
+    model_.push_back(tail_.get());
+  }
+  for (Network* net : model_) {
+    if (config_.init_front)
+      config_.init_front(graph, *net);
+    else
+      init_from_whole_model(graph, config_.seed, *net, *make_backend("reference"));  // as the cloud draws its shard
+  }
+  std::vector<Param*> params = front_->params();
+  if (tail_) params.insert(params.end(), tail_->params().begin(), tail_->params().end());
+  optimizer_ = make_optimizer(params, config_.optimizer);
   position_.role = "edge";
   position_.client_id = config_.client_id;
   position_.cut = config_.cut;
@@ -114,6 +123,7 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   session_ = std::make_unique<EdgeSession>(*front_, *optimizer_, config_.microbatches, position_.model_hash,
                                            config_.client_id, config_.dtypes);
   if (!config_.token.empty()) session_->set_token(config_.token);
+  if (tail_) session_->set_tail(tail_.get());
   session_->set_proximal(config_.proximal_mu);
   session_->set_nopeek(config_.privacy.nopeek);
   if (config_.privacy.dp_clip > 0.0f) {
@@ -123,7 +133,7 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   session_->set_front_updates(config_.front_updates_per_round ? EdgeSession::FrontUpdates::PerRound
                                                               : EdgeSession::FrontUpdates::PerStep);
   if (config_.checkpoints)
-    if (const auto resumed = config_.checkpoints->resume(position_.model_hash, *front_, *optimizer_)) {
+    if (const auto resumed = config_.checkpoints->resume(position_.model_hash, model_, *optimizer_)) {
       position_ = *resumed;
       session_->resume_from(position_.step);
       resumed_ = true;
@@ -206,11 +216,13 @@ bool EventEdge::on_message(const Frame& frame) {
       case State::Training: {
         bool done = false;
         const auto t0 = std::chrono::steady_clock::now();
-        if (awaiting_first_grad_) {
+        std::span<const uint8_t> reply;
+        if (!session_->on_step_message(frame, err, done, reply)) return fail_with(err.text);
+        if (awaiting_first_grad_ && reply.empty()) {  // the step's first Backward (not a MiddleOutput)
           first_grad_s_.push_back(std::chrono::duration<double>(t0 - step_sent_).count());
           awaiting_first_grad_ = false;
         }
-        if (!session_->on_backward(frame, err, done)) return fail_with(err.text);
+        if (!reply.empty()) send_(reply);  // U-shaped: the middle output's gradient goes back up
         busy_s_ += since(t0);
         if (!done) return true;
         const int64_t count = batch_images_.shape()[0], n = train_.images.shape()[0];
@@ -236,7 +248,7 @@ bool EventEdge::on_message(const Frame& frame) {
           position_.epoch += 1;
           position_.cursor = 0;
         }
-        if (step_saves_) config_.checkpoints->save(position_, *front_, *optimizer_);
+        if (step_saves_) config_.checkpoints->save(position_, model_, *optimizer_);
         emit(e);
         samples_since_round_ += static_cast<uint64_t>(count);
         if (session_->aggregate_due()) {
@@ -281,7 +293,7 @@ void EventEdge::on_closed(const std::string& why) {
 const char* EventEdge::awaiting() const {
   switch (state_) {
     case State::AwaitWelcome: return "Welcome";
-    case State::Training: return "Backward";
+    case State::Training: return tail_ ? "MiddleOutput or Backward" : "Backward";
     case State::AwaitAverage: return "Aggregated";
     case State::Evaluating: return "EvalResult";
     default: return "nothing";

@@ -29,16 +29,18 @@
 namespace tandem {
 
 // Where a run keeps its front shard's checkpoints (the agent: an encrypted folder). The
-// position is CheckpointMeta's step, epoch and cursor. Implementations throw Error.
+// position is CheckpointMeta's step, epoch and cursor. `model`: the edge's networks, the
+// front and, in a U-shaped run, the tail (saved as one; core/checkpoint). Implementations
+// throw Error.
 class EdgeCheckpointer {
  public:
   virtual ~EdgeCheckpointer() = default;
   // Restores the newest checkpoint into front and optimizer; its position, none afresh.
-  virtual std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>& model_hash, Network& front,
-                                               Optimizer& optimizer) = 0;
+  virtual std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>& model_hash,
+                                               std::span<Network* const> model, Optimizer& optimizer) = 0;
   // Whether the step ending at `step_after` (an epoch's last when `epoch_end`) is saved.
   virtual bool due(uint64_t step_after, bool epoch_end) const = 0;
-  virtual void save(const CheckpointMeta& position, Network& front, Optimizer& optimizer) = 0;
+  virtual void save(const CheckpointMeta& position, std::span<Network* const> model, Optimizer& optimizer) = 0;
 };
 
 // What the edge does to what it sends, for privacy (README, "What leaves the edge"); the same
@@ -149,6 +151,7 @@ class EventEdge {
   const CheckpointMeta& position() const { return position_; }
   bool resumed() const { return resumed_; }
   const Network& front() const { return *front_; }
+  const Network* tail() const { return tail_.get(); }  // U-shaped runs only
   const Optimizer& optimizer() const { return *optimizer_; }
   const EdgeSession& session() const { return *session_; }
   const std::string& cut() const { return config_.cut; }
@@ -184,6 +187,8 @@ class EventEdge {
   std::string model_name_;
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Network> front_;
+  std::unique_ptr<Network> tail_;      // U-shaped runs: from the second cut to the loss
+  std::vector<Network*> model_;        // front (and tail): what checkpoints hold
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<EdgeSession> session_;
   std::unique_ptr<CutNoise> noise_;

@@ -231,7 +231,7 @@ struct Cloud {
 struct EdgeMemoryCheckpoints final : EdgeCheckpointer {
   bool resume_at_1 = false;
   std::vector<uint8_t> last;
-  std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>&, Network&, Optimizer&) override {
+  std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>&, std::span<Network* const>, Optimizer&) override {
     if (!resume_at_1) return std::nullopt;
     CheckpointMeta meta;
     meta.role = "edge";
@@ -243,8 +243,8 @@ struct EdgeMemoryCheckpoints final : EdgeCheckpointer {
     return meta;
   }
   bool due(uint64_t, bool) const override { return true; }
-  void save(const CheckpointMeta& position, Network& front, Optimizer& optimizer) override {
-    last = encode_checkpoint(position, front, &optimizer);
+  void save(const CheckpointMeta& position, std::span<Network* const> model, Optimizer& optimizer) override {
+    last = encode_checkpoint(position, model, &optimizer);
   }
 };
 

@@ -1,0 +1,286 @@
+// U-shaped split training in-process (cut "pool1,fc1"): the edge runs the front and the tail
+// with the loss, the cloud the middle. It trains exactly like the whole model, no label
+// leaves the edge, and a cloud that trains U-shaped refuses labels and stray gradients.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backends/registry.h"
+#include "cloud/session/cloud_session.h"
+#include "core/error.h"
+#include "core/graph.h"
+#include "core/loss.h"
+#include "core/trainer.h"
+#include "edge/session/edge_session.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+constexpr const char* kCut = "pool1,fc1";
+
+OptimizerOptions sgd() { return {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .nesterov = false}; }
+
+void copy_params(Network& to, Network& from) {
+  for (Param* p : to.params()) {
+    p->value().copy_from(from.param(p->name()).value());
+    p->bump_version();
+  }
+}
+
+float max_diff(Network& part, Network& whole) {
+  float worst = 0.0f;
+  for (Param* p : part.params()) {
+    const Tensor& q = whole.param(p->name()).value();
+    for (int64_t i = 0; i < q.numel(); ++i) worst = std::max(worst, std::fabs(p->value()[i] - q[i]));
+  }
+  return worst;
+}
+
+std::vector<Param*> joined(Network& a, Network& b) {
+  std::vector<Param*> out = a.params();
+  out.insert(out.end(), b.params().begin(), b.params().end());
+  return out;
+}
+
+CloudReply deliver(CloudSession& cloud, std::span<const uint8_t> bytes) {
+  CloudReply r = cloud.handle(Frame::copy_of(bytes.data(), bytes.size()));
+  cloud.finish_step();  // as the service does, once the reply is queued
+  return r;
+}
+
+Frame frame_of(std::span<const uint8_t> bytes) { return Frame::copy_of(bytes.data(), bytes.size()); }
+
+// The edge (front and tail) and the cloud (the middle), all on the backend under test,
+// starting from the whole model's weights.
+struct UShaped {
+  ModelSpec spec = parse_model_json(kSmallSplitSpec);
+  Graph graph = Graph::build(spec);
+  std::unique_ptr<Backend> backend = make_backend(backend_under_test());
+  Network whole{graph, *backend, 77};
+  Network front{graph.split(kCut).first, *backend, 0}, middle{graph.split(kCut).second, *backend, 0},
+      tail{graph.tail(kCut), *backend, 0};
+  Sgd edge_opt{joined(front, tail), sgd()}, middle_opt{middle.params(), sgd()};
+  BackShardTrainer trainer{middle, middle_opt};
+  CloudSession cloud;
+  EdgeSession edge;
+
+  explicit UShaped(uint32_t k, std::string cloud_cut = kCut)
+      : cloud(trainer, {model_hash(spec, kCut), 32, k, 4, 1, kDefaultMaxMessageBytes, CloudSessionConfig{}.dtypes,
+                        std::move(cloud_cut)}),
+        edge(front, edge_opt, k, model_hash(spec, kCut), "edge-u") {
+    for (Network* n : {&front, &middle, &tail}) copy_params(*n, whole);
+    edge.set_tail(&tail);
+  }
+
+  void handshake() {
+    CloudReply r = deliver(cloud, edge.hello());
+    ASSERT_FALSE(r.close);
+    WireError err;
+    ASSERT_TRUE(edge.on_welcome(frame_of(r.bytes), err)) << err.text;
+  }
+
+  // One pipelined step: every Forward first, the middle outputs handled in reverse order, then
+  // the Backwards in reverse order (arrival order must not matter).
+  void step(const Tensor& images, const int32_t* labels) {
+    const int k = edge.begin_step(images, labels);
+    std::vector<Frame> outputs, backwards;
+    for (int mb = 0; mb < k; ++mb) {
+      const std::span<const uint8_t> fwd = edge.forward(mb);
+      const wire::Message* m = wire::GetMessage(fwd.data());
+      ASSERT_EQ(m->payload_as_Forward()->labels(), nullptr) << "a label left the edge";
+      CloudReply r = deliver(cloud, fwd);
+      ASSERT_FALSE(r.close) << "the cloud closed the session";
+      outputs.push_back(frame_of(r.bytes));
+    }
+    for (std::size_t i = outputs.size(); i-- > 0;) {
+      WireError err;
+      bool done = true;
+      std::span<const uint8_t> reply;
+      ASSERT_TRUE(edge.on_step_message(outputs[i], err, done, reply)) << err.text;
+      ASSERT_FALSE(done);
+      ASSERT_FALSE(reply.empty());
+      CloudReply r = deliver(cloud, reply);
+      ASSERT_FALSE(r.close) << "the cloud closed the session";
+      backwards.push_back(frame_of(r.bytes));
+    }
+    for (std::size_t i = backwards.size(); i-- > 0;) {
+      WireError err;
+      bool done = false;
+      std::span<const uint8_t> reply;
+      ASSERT_TRUE(edge.on_step_message(backwards[i], err, done, reply)) << err.text;
+      EXPECT_TRUE(reply.empty());
+      EXPECT_EQ(done, i == 0);
+    }
+  }
+};
+
+TEST(UShapedSession, TrainsLikeTheWholeModel) {
+  const QuadrantData d = quadrant_data(32, 1);
+  UShaped u(4);
+  u.handshake();
+  Network& whole = u.whole;
+  Sgd whole_opt(whole.params(), sgd());
+  ChainTrainer local({&whole}, {&whole_opt});
+  for (int s = 0; s < 20; ++s) {
+    u.step(d.images, d.labels.data());
+    const double want = local.train_step(d.images, d.labels.data(), 1).loss_sum;
+    EXPECT_NEAR(u.edge.step_loss_sum(), want, 1e-3 * std::max(1.0, std::fabs(want))) << "step " << s;
+  }
+  EXPECT_EQ(u.edge.step(), 20u);
+  EXPECT_EQ(u.cloud.step(), 20u);
+  EXPECT_LE(max_diff(u.front, whole), 1e-5f);
+  EXPECT_LE(max_diff(u.middle, whole), 1e-5f);
+  EXPECT_LE(max_diff(u.tail, whole), 1e-5f);
+  Network start(u.graph, *u.backend, 77);  // and the weights did move
+  for (Network* n : {&u.front, &u.middle, &u.tail}) EXPECT_GT(max_diff(*n, start), 1e-3f) << n->graph().name();
+}
+
+// Evaluation: the cloud returns the middle's output and the edge's tail scores it, so the
+// evaluation labels stay at the edge too; the count equals the whole model's.
+TEST(UShapedSession, EvaluationIsScoredAtTheEdge) {
+  const QuadrantData train = quadrant_data(32, 1), test = quadrant_data(64, 2);
+  UShaped u(4);
+  u.handshake();
+  for (int s = 0; s < 5; ++s) u.step(train.images, train.labels.data());
+  const std::span<const uint8_t> eval = u.edge.eval_forward(7, test.images, test.labels.data(), 64);
+  ASSERT_EQ(wire::GetMessage(eval.data())->payload_as_EvalForward()->labels(), nullptr);
+  CloudReply r = deliver(u.cloud, eval);
+  ASSERT_FALSE(r.close);
+  ASSERT_EQ(wire::GetMessage(r.bytes.data())->payload_type(), wire::Payload::EvalMiddleOutput);
+  WireError err;
+  EdgeSession::EvalResult result;
+  ASSERT_TRUE(u.edge.on_eval_result(frame_of(r.bytes), err, result)) << err.text;
+  for (Network* n : {&u.front, &u.middle, &u.tail}) n->set_training(false);
+  const Tensor& logits = u.tail.forward(u.middle.forward(u.front.forward(test.images, 0), 0), 0);
+  EXPECT_EQ(result.count, 64);
+  EXPECT_EQ(result.correct, count_correct(logits, test.labels.data()));
+}
+
+void expect_refusal(CloudReply r, wire::ErrorCode code, const std::string& text) {
+  ASSERT_TRUE(r.close);
+  const wire::Message* m = wire::GetMessage(r.bytes.data());
+  ASSERT_EQ(m->payload_type(), wire::Payload::Error);
+  EXPECT_EQ(m->payload_as_Error()->code(), code);
+  EXPECT_EQ(m->payload_as_Error()->text()->str(), text);
+}
+
+// An edge that sends labels (one that is not U-shaped) to a cloud started U-shaped.
+TEST(UShapedSessionBadInput, ForwardCarryingLabels) {
+  const QuadrantData d = quadrant_data(32, 1);
+  UShaped u(4);
+  u.handshake();
+  MessageWriter w;
+  const Tensor act = u.front.forward(d.images.slice_batch(0, 8), 0).clone();
+  expect_refusal(deliver(u.cloud, w.forward(0, 0, 0, act, std::span<const int32_t>(d.labels.data(), 8), 32, 4)),
+                 wire::ErrorCode::BadTensor,
+                 "this cloud runs the middle of a U-shaped split (cut 'pool1,fc1'): the labels stay at the edge, and a "
+                 "message carrying them is refused");
+}
+
+TEST(UShapedSessionBadInput, MiddleGradientBeforeItsForward) {
+  UShaped u(4);
+  u.handshake();
+  MessageWriter w;
+  expect_refusal(deliver(u.cloud, w.middle_gradient(0, 1, Tensor::zeros(Shape({8, 24})), 1.0f)),
+                 wire::ErrorCode::OutOfWindow,
+                 "MiddleGradient for step 0 micro-batch 1 was not expected (the middle's output for it has not left, "
+                 "or its gradient came already; step 0)");
+}
+
+TEST(UShapedSessionBadInput, MiddleGradientTwiceAndOfTheWrongShape) {
+  const QuadrantData d = quadrant_data(32, 1);
+  for (const bool twice : {true, false}) {
+    UShaped u(4);
+    u.handshake();
+    u.edge.begin_step(d.images, d.labels.data());
+    CloudReply out = deliver(u.cloud, u.edge.forward(0));
+    ASSERT_FALSE(out.close);
+    MessageWriter w;
+    if (twice) {
+      ASSERT_FALSE(deliver(u.cloud, w.middle_gradient(0, 0, Tensor::zeros(Shape({8, 24})), 1.0f)).close);
+      expect_refusal(deliver(u.cloud, w.middle_gradient(0, 0, Tensor::zeros(Shape({8, 24})), 1.0f)),
+                     wire::ErrorCode::OutOfWindow,
+                     "MiddleGradient for step 0 micro-batch 0 was not expected (the middle's output for it has not "
+                     "left, or its gradient came already; step 0)");
+    } else {
+      expect_refusal(deliver(u.cloud, w.middle_gradient(0, 0, Tensor::zeros(Shape({8, 23})), 1.0f)),
+                     wire::ErrorCode::BadTensor, "gradients: shape [8, 23] differs from the expected [8, 24]");
+    }
+  }
+}
+
+TEST(UShapedSessionBadInput, NonFiniteLoss) {
+  const QuadrantData d = quadrant_data(32, 1);
+  UShaped u(4);
+  u.handshake();
+  u.edge.begin_step(d.images, d.labels.data());
+  ASSERT_FALSE(deliver(u.cloud, u.edge.forward(0)).close);
+  MessageWriter w;
+  expect_refusal(deliver(u.cloud, w.middle_gradient(0, 0, Tensor::zeros(Shape({8, 24})), NAN)),
+                 wire::ErrorCode::BadTensor, "step 0 micro-batch 0: the loss is not finite");
+}
+
+// A cloud that runs the back shard and the loss has no middle output to take a gradient of.
+TEST(UShapedSessionBadInput, MiddleGradientToAnOrdinaryCloud) {
+  ModelSpec spec = parse_model_json(kSmallSplitSpec);
+  Graph graph = Graph::build(spec);
+  auto backend = make_backend("reference");
+  Network back(graph.split("pool1").second, *backend, 1);
+  Sgd opt(back.params(), sgd());
+  BackShardTrainer trainer(back, opt);
+  CloudSession cloud(trainer, {model_hash(spec, "pool1"), 32, 4, 4, 1, kDefaultMaxMessageBytes,
+                               CloudSessionConfig{}.dtypes, "pool1"});
+  MessageWriter w;
+  ASSERT_FALSE(deliver(cloud, w.hello("edge-u", model_hash(spec, "pool1"))).close);
+  expect_refusal(deliver(cloud, w.middle_gradient(0, 0, Tensor::zeros(Shape({8, 24})), 1.0f)),
+                 wire::ErrorCode::UnexpectedMessage,
+                 "MiddleGradient to a cloud that runs the back shard and the loss (not a U-shaped split)");
+}
+
+// The edge checks what comes down as the cloud checks what goes up.
+TEST(UShapedSessionBadInput, EdgeRefusesAMiddleOutputItDidNotAskFor) {
+  const QuadrantData d = quadrant_data(32, 1);
+  UShaped u(4);
+  u.handshake();
+  u.edge.begin_step(d.images, d.labels.data());
+  MessageWriter w;
+  WireError err;
+  bool done = false;
+  std::span<const uint8_t> reply;
+  EXPECT_FALSE(u.edge.on_step_message(frame_of(w.middle_output(0, 2, Tensor::zeros(Shape({8, 24})))), err, done, reply));
+  EXPECT_EQ(err.code, wire::ErrorCode::OutOfWindow);
+  EXPECT_EQ(err.text, "MiddleOutput for step 0 micro-batch 2 was not expected (step 0)");
+  (void)u.edge.forward(2);
+  EXPECT_FALSE(u.edge.on_step_message(frame_of(w.middle_output(0, 2, Tensor::zeros(Shape({8, 25})))), err, done, reply));
+  EXPECT_EQ(err.text, "activations: shape [8, 25] differs from the expected [8, 24]");
+}
+
+TEST(UShapedGraph, CutsAreCheckedAndNamed) {
+  const Graph graph = Graph::build(parse_model_json(kSmallSplitSpec));
+  const auto [front, middle] = graph.split(kCut);
+  const Graph tail = graph.tail(kCut);
+  EXPECT_EQ(front.nodes().back().spec.name, "pool1");
+  EXPECT_EQ(middle.inputs()[0].name, "pool1");
+  EXPECT_EQ(middle.nodes().back().spec.name, "fc1");
+  EXPECT_EQ(tail.inputs()[0].name, "fc1");
+  EXPECT_EQ(tail.nodes().back().spec.name, "fc2");
+  EXPECT_EQ(tail.loss(), graph.loss());
+  EXPECT_EQ(front.param_names().size() + middle.param_names().size() + tail.param_names().size(),
+            graph.param_names().size());
+  auto message = [&](const char* cut) {
+    try {
+      (void)graph.split(cut);
+    } catch (const Error& e) {
+      return std::string(e.what());
+    }
+    return std::string("no error");
+  };
+  EXPECT_EQ(message("fc1,pool1"), "[split] U-shaped cut 'fc1,pool1': 'pool1' must come after 'fc1' (the cloud's "
+                                  "middle runs from 'fc1' to 'pool1')");
+  EXPECT_EQ(message("pool1,"), "[split] a U-shaped cut names two nodes, \"FRONT_CUT,TAIL_CUT\", not 'pool1,'");
+  EXPECT_EQ(message("pool1,fc2"), "[split] cut node 'fc2' is the output: nothing would be left for the back shard");
+}
+
+}  // namespace
+}  // namespace tandem::test
