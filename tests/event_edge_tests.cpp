@@ -53,7 +53,8 @@ struct Harness {
   ModelSpec spec = parse_model_json(kSpec);
   Graph graph = Graph::build(spec);
   std::unique_ptr<Backend> backend = make_backend("reference");
-  Network back{graph.split("pool1").second, *backend, 5};
+  std::string cut = "pool1";  // the edge's config.cut when it names one
+  Network back{graph.split(cut).second, *backend, 5};
   Sgd back_opt{back.params(), {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false}};
   BackShardTrainer shard{back, back_opt};
   MemoryCheckpoints cloud_checkpoints;
@@ -64,14 +65,16 @@ struct Harness {
   std::unique_ptr<EventEdge> edge;
   bool cloud_closed = false;
 
-  explicit Harness(EventEdgeConfig config, std::function<std::string(const std::string&, const std::string&)> authorize = nullptr) {
+  explicit Harness(EventEdgeConfig config, std::function<std::string(const std::string&, const std::string&)> authorize = nullptr)
+      : cut(config.cut.empty() ? "pool1" : config.cut) {
     Network whole(graph, *backend, config.seed);
     for (Param* p : back.params()) {
       p->value().copy_from(whole.param(p->name()).value());
       p->bump_version();
     }
     CloudSessionConfig cc;
-    cc.model_hash = model_hash(spec, "pool1");
+    cc.model_hash = model_hash(spec, cut);
+    cc.cut = cut;
     cc.batch_size = 32;
     cc.microbatches = 4;
     cc.classes = 4;
@@ -512,22 +515,31 @@ struct Federated {
   ModelSpec spec = parse_model_json(kSpec);
   Graph graph = Graph::build(spec);
   std::unique_ptr<Backend> backend = make_backend("reference");
-  Network back{graph.split("pool1").second, *backend, 5};
+  std::string cut;
+  Network back{graph.split(cut).second, *backend, 5};
   Sgd back_opt{back.params(),
                {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false}};
   BackShardTrainer shard{back, back_opt, 30.0, 1};  // one back shard, in turns
   std::unique_ptr<Federation> federation;
   std::vector<std::unique_ptr<Link>> links;  // session id i + 1
 
-  Federated(uint32_t every, uint64_t seed) {
-    Network whole(graph, *backend, seed), front(graph.split("pool1").first, *backend, seed);
-    init_from_whole_model(graph, seed, front, *make_backend("reference"));
+  // A U-shaped cut: the edges' rounds average the front and the tail.
+  Federated(uint32_t every, uint64_t seed, std::string cut_at = "pool1") : cut(std::move(cut_at)) {
+    Network whole(graph, *backend, seed), front(graph.split(cut).first, *backend, seed);
+    std::unique_ptr<Network> tail;
+    std::vector<Network*> edge_model = {&front};
+    if (u_shaped_cut(cut)) {
+      tail = std::make_unique<Network>(graph.tail(cut), *backend, seed);
+      edge_model.push_back(tail.get());
+    }
+    for (Network* part : edge_model) init_from_whole_model(graph, seed, *part, *make_backend("reference"));
     for (Param* p : back.params()) {
       p->value().copy_from(whole.param(p->name()).value());
       p->bump_version();
     }
     NamedTensors start;
-    for (Param* p : front.params()) start.emplace_back(p->name(), p->value().clone());
+    for (Network* part : edge_model)
+      for (Param* p : part->params()) start.emplace_back(p->name(), p->value().clone());
     federation = std::make_unique<Federation>(start, FederationOptions{.aggregate_every = every},
                                               [this](uint64_t session, std::span<const uint8_t> b) {
                                                 links.at(session - 1)->inbox.emplace_back(b.begin(), b.end());
@@ -538,7 +550,8 @@ struct Federated {
     auto link = std::make_unique<Link>();
     Link* l = link.get();
     CloudSessionConfig cc;
-    cc.model_hash = model_hash(spec, "pool1");
+    cc.model_hash = model_hash(spec, cut);
+    cc.cut = cut;
     cc.batch_size = 32;
     cc.microbatches = 4;
     cc.classes = 4;
@@ -645,6 +658,102 @@ TEST(EventEdge, TakesPartInAFederationsRounds) {
   const auto rounds = Federated::of_kind(late, "round");
   ASSERT_EQ(rounds.size(), 2u);  // the newest on joining, and its own last round alone
   EXPECT_NE(rounds[1].find(R"("round":4,"step":2)"), std::string::npos) << rounds[1];
+}
+
+// U-shaped (cut "pool1,fc1"): the edge runs the tail and the loss too. It trains, evaluates
+// through the middle, and no label leaves: the egress log counts none, and every Forward and
+// EvalForward it sent has no labels field. Its checkpoints hold the tail with the front.
+TEST(EventEdgeUShaped, TrainsAndNoLabelLeaves) {
+  struct Keeper final : EdgeCheckpointer {
+    std::vector<uint8_t> last;
+    std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>&, std::span<Network* const>, Optimizer&) override {
+      return std::nullopt;
+    }
+    bool due(uint64_t, bool) const override { return true; }
+    void save(const CheckpointMeta& position, std::span<Network* const> model, Optimizer& optimizer) override {
+      last = encode_checkpoint(position, model, &optimizer);
+    }
+  } keeper;
+  std::vector<std::string> lines;
+  EgressAudit audit([&](const std::string& line) { lines.push_back(line); });
+  EventEdgeConfig c = config(24);
+  c.cut = "pool1,fc1";
+  c.audit = &audit;
+  c.checkpoints = &keeper;
+  Harness h(c);
+  const Pixels train = pixels(256, 1), test = pixels(128, 2);
+  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
+  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 128, 8, 8);
+  h.run();
+  ASSERT_TRUE(h.edge->finished());
+  ASSERT_FALSE(h.edge->failed()) << h.events.back();
+  EXPECT_EQ(h.count("step"), 24);
+  EXPECT_EQ(h.cloud->step(), 24u);
+  const std::string& done = h.events.back();
+  EXPECT_LT(h.field(done, "last_loss"), 0.5 * h.field(done, "first_loss")) << done;
+  EXPECT_GT(h.field(done, "test_accuracy"), 0.8) << done;
+  audit.finish("done");
+  std::string text;
+  for (const auto& l : lines) text += l + "\n";
+  std::istringstream in(text);
+  const EgressReport report = verify_egress_log(in);
+  ASSERT_EQ(report.error, "");
+  EXPECT_EQ(report.kinds.at("Forward").messages, 24u * 4u);
+  EXPECT_EQ(report.kinds.at("Forward").labels, 0u);
+  EXPECT_EQ(report.kinds.at("EvalForward").labels, 0u);
+  ASSERT_EQ(report.kinds.count("MiddleGradient"), 1u);
+  EXPECT_EQ(report.kinds.at("MiddleGradient").messages, 24u * 4u);
+  EXPECT_EQ(report.kinds.at("MiddleGradient").tensors, std::set<std::string>{"gradients f32 [8,24]"});
+  for (const auto& m : h.sent) {
+    const wire::Message* msg = wire::GetMessage(m.data());
+    if (msg->payload_type() == wire::Payload::Forward) ASSERT_EQ(msg->payload_as_Forward()->labels(), nullptr);
+    if (msg->payload_type() == wire::Payload::EvalForward) ASSERT_EQ(msg->payload_as_EvalForward()->labels(), nullptr);
+  }
+  const CheckpointData saved = decode_checkpoint(keeper.last);
+  std::set<std::string> names;
+  for (const auto& t : saved.params) names.insert(t.name);
+  EXPECT_EQ(names, (std::set<std::string>{"conv1.weight", "conv1.bias", "fc2.weight", "fc2.bias"}));
+  EXPECT_EQ(saved.meta.cut, "pool1,fc1");
+}
+
+float largest_difference_by_name(const Network& a, const NamedTensors& b) {
+  float worst = 0.0f;
+  for (const Param* p : a.params()) {
+    const auto it = std::find_if(b.begin(), b.end(), [&](const auto& t) { return t.first == p->name(); });
+    if (it == b.end()) return INFINITY;
+    for (int64_t i = 0; i < p->value().numel(); ++i) worst = std::max(worst, std::fabs(p->value()[i] - it->second[i]));
+  }
+  return worst;
+}
+
+// A U-shaped federation: the rounds average the edges' fronts and tails, and both edges end
+// on the average of both.
+TEST(EventEdgeUShaped, TakesPartInAFederationsRounds) {
+  EventEdgeConfig c = config(7);
+  c.cut = "pool1,fc1";
+  c.front_updates_per_round = true;
+  Federated f(3, c.seed, c.cut);
+  const Pixels test = pixels(128, 9);
+  c.client_id = "ward-a";
+  Federated::Link& a = f.connect(c, pixels(256, 1), test);
+  c.client_id = "ward-b";
+  Federated::Link& b = f.connect(c, pixels(256, 2), test);
+  a.edge->on_open();
+  b.edge->on_open();
+  f.pump();
+  for (Federated::Link* l : {&a, &b}) {
+    ASSERT_TRUE(l->edge->finished());
+    ASSERT_FALSE(l->edge->failed()) << l->events.back();
+    EXPECT_EQ(Federated::of_kind(*l, "round").size(), 3u);
+  }
+  const auto newest = f.federation->take_unsaved_round();
+  ASSERT_TRUE(newest.has_value());
+  ASSERT_EQ(newest->second.size(), 4u) << "conv1's and fc2's weight and bias";
+  for (Federated::Link* l : {&a, &b}) {
+    ASSERT_NE(l->edge->tail(), nullptr);
+    EXPECT_EQ(largest_difference_by_name(l->edge->front(), newest->second), 0.0f);
+    EXPECT_EQ(largest_difference_by_name(*l->edge->tail(), newest->second), 0.0f);
+  }
 }
 
 }  // namespace
