@@ -5,9 +5,13 @@
 # export, must be byte-identical: no step lost, none applied twice. Then the newest edge
 # checkpoint is bit-flipped: refused, the previous one used, the same weights reached.
 # Each kill comes at a random moment after the run has made progress since the last restart.
-# Usage: resume.sh BUILD_DIR SOURCE_DIR [KILLS_EACH] [SAMPLES]
+# CUT: both sides' cut (default: the spec's); "A,B" runs it U-shaped, where the edge's
+# checkpoints hold the tail too and the export puts the three parts together.
+# Usage: resume.sh BUILD_DIR SOURCE_DIR [KILLS_EACH] [SAMPLES] [CUT]
 set -euo pipefail
 build=$1 src=$2 kills_each=${3:-5} samples=${4:-4800}
+cut_args=()
+[[ -n ${5:-} ]] && cut_args=(--cut "$5")
 cloud_bin=$build/cloud/tandem-cloud edge_bin=$build/edge/tandem-edge tandem_bin=$build/tools/tandem
 model=$src/samples/fashion-mnist/model.json
 work=$(mktemp -d)
@@ -18,7 +22,8 @@ RANDOM=${TANDEM_TEST_SEED:-$$}
 
 port=0
 start_cloud() {
-  "$cloud_bin" serve --listen "127.0.0.1:$port" --state-dir "$work/state" --model "$model" >> "$work/cloud.log" 2>&1 &
+  "$cloud_bin" serve --listen "127.0.0.1:$port" --state-dir "$work/state" --model "$model" "${cut_args[@]}" \
+    >> "$work/cloud.log" 2>&1 &
   cloud_pid=$!
   for _ in $(seq 1 100); do
     p=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | tail -1 | cut -d: -f3 || true)
@@ -36,7 +41,7 @@ done
 
 # 2 epochs of SAMPLES samples, batch 32, a checkpoint every step.
 edge_args=(train --model "$model" --epochs 2 --limit "$samples" --test-limit 200 --batch 32
-           --microbatches 4 --checkpoint-every 1 --seed 3)
+           --microbatches 4 --checkpoint-every 1 --seed 3 "${cut_args[@]}")
 run_edge() {  # run_edge CLIENT: in the background, output appended to $work/edge.out
   "$edge_bin" "${edge_args[@]}" --cloud "wss://localhost:$port" --identity "$work/id-$1" --checkpoint-dir "$work/ckpt-$1" \
     >> "$work/edge.out" 2>&1 &
