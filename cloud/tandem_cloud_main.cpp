@@ -19,7 +19,7 @@ namespace tandem {
 namespace {
 
 constexpr const char* kUsage = R"(usage:
-  tandem-cloud serve --listen HOST:PORT --state-dir DIR --model SPEC [--cut NODE]
+  tandem-cloud serve --listen HOST:PORT --state-dir DIR --model SPEC [--cut NODE | --cut A,B]
                      [--batch B] [--microbatches K] [OPTIMIZER]
                      [--seed S] [--backend NAME] [--threads T] [--max-message-mb N] [--wire-dtypes LIST]
                      [--init-from FILE] [--metrics-json FILE] [--accept-tokens] [--web DIR]
@@ -32,6 +32,8 @@ constexpr const char* kUsage = R"(usage:
       (default 1, for many edges at once; a big host's cores can go to a few sessions, as
       batched heads spread across them). Runs `pki init` on first start.
       --cut any serves every legal cut: each edge's Hello names its own (tandem-edge --cut auto).
+      --cut A,B serves the middle of a U-shaped split (A to B): the edge keeps the front, the
+      tail and the loss, so Forwards carry no labels (any that do are refused).
       B and K are the most an edge may use. LIST: the wire dtypes edges may send
       activations and receive gradients in (default f32,f16,bf16,i8; each session uses the
       first the edge offers). OPTIMIZER: --optimizer sgd|adam|adamw --lr X --momentum X

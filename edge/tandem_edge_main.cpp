@@ -15,14 +15,14 @@ namespace tandem {
 namespace {
 
 constexpr const char* kUsage = R"(usage:
-  tandem-edge train --cloud wss://HOST:PORT --identity IDDIR --model SPEC [--cut NODE | --cut auto
+  tandem-edge train --cloud wss://HOST:PORT --identity IDDIR --model SPEC [--cut NODE | --cut A,B | --cut auto
                     --uplink-mbps U [--downlink-mbps D] [--cloud-gflops G]]
                     [--data fashion-mnist] [--epochs N] [--limit SAMPLES] [--test-limit SAMPLES]
                     [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
                     [--metrics-json FILE] [--client-id NAME] [--token TOKEN] [--audit-log FILE]
                     [--dp-clip C --dp-noise SIGMA [--dp-delta D] [--dp-epsilon-budget E] [--dp-eval noised|clean]]
-                    [--nopeek ALPHA]
+                    [--nopeek ALPHA] [--grad-clip C --grad-noise SIGMA]
                     [--checkpoint-dir DIR [--checkpoint-every STEPS]] [--init-from FILE]
                     [--shard I/N [--split iid|class] [--front-updates step|round] [--proximal-mu MU]]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
@@ -53,6 +53,11 @@ constexpr const char* kUsage = R"(usage:
       micro-batch's images and its cut activations joins the front's loss (the cloud never
       sees it), so the activations say less about the images; each epoch reports the
       correlation (dcor). Try 0.1 to 1; it costs accuracy as it rises.
+      --cut A,B trains U-shaped (the cloud serves the same cut): this edge runs the front up
+      to A and the tail from B with the loss, the cloud the middle; no label leaves. The
+      gradient this edge then sends up is computed from the labels: --grad-clip C
+      --grad-noise SIGMA clips each sample's gradient (of its own loss) to L2 norm C and adds
+      Gaussian noise of SIGMA * C before it leaves (bench/privacy/label_leakage.sh).
       --checkpoint-dir keeps checkpoints of the front shard there, encrypted with
       IDDIR/checkpoint.key (made on first use), every STEPS steps (default 100; 0: only at
       each epoch's end); the cloud checkpoints its back shard at the same steps. Run the
@@ -82,7 +87,7 @@ int train_command(int argc, char** argv) {
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-eval", "nopeek"},
+                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-eval", "nopeek", "grad-clip", "grad-noise"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -121,6 +126,8 @@ int train_command(int argc, char** argv) {
   if (dp_eval != "noised" && dp_eval != "clean") fail("cli", cat("--dp-eval: '", dp_eval, "' is neither noised nor clean"));
   o.privacy.dp_noise_evaluation = dp_eval == "noised";
   o.privacy.nopeek = static_cast<float>(args.number("nopeek", 0.0));
+  o.privacy.grad_clip = static_cast<float>(args.number("grad-clip", 0.0));
+  o.privacy.grad_noise = static_cast<float>(args.number("grad-noise", 0.0));
   if (const std::string why = o.privacy.problem(); !why.empty()) fail("cli", why);
   o.token = args.str("token", "");
   // The client id the cloud binds this edge to: its certificate's name (a token's edge: the

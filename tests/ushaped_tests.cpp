@@ -10,6 +10,7 @@
 #include "core/error.h"
 #include "core/graph.h"
 #include "core/loss.h"
+#include "core/privacy/cut_noise.h"
 #include "core/trainer.h"
 #include "edge/session/edge_session.h"
 #include "test_support.h"
@@ -155,6 +156,56 @@ TEST(UShapedSession, EvaluationIsScoredAtTheEdge) {
   const Tensor& logits = u.tail.forward(u.middle.forward(u.front.forward(test.images, 0), 0), 0);
   EXPECT_EQ(result.count, 64);
   EXPECT_EQ(result.correct, count_correct(logits, test.labels.data()));
+}
+
+// Noise on the gradient sent up (the labels' protection): with no noise each sample's
+// gradient of its own loss leaves clipped to C (rows times the step's samples); with noise
+// the rows differ from the exact ones; the tail's own update stays the exact one either way.
+TEST(UShapedSession, GradientNoiseClipsAndNoisesWhatLeaves) {
+  const QuadrantData d = quadrant_data(32, 1);
+  for (const float sigma : {0.0f, 1.0f}) {
+    UShaped exact(4), noised(4);
+    CutNoise noise(0.05f, sigma, 7);
+    noised.edge.set_gradient_noise(&noise);
+    for (UShaped* u : {&exact, &noised}) {
+      u->handshake();
+      u->edge.begin_step(d.images, d.labels.data());
+    }
+    std::vector<Tensor> sent[2];
+    for (int which = 0; which < 2; ++which) {
+      UShaped& u = which ? noised : exact;
+      for (int mb = 0; mb < 4; ++mb) {
+        CloudReply r = deliver(u.cloud, u.edge.forward(mb));
+        WireError err;
+        bool done = false;
+        std::span<const uint8_t> reply;
+        ASSERT_TRUE(u.edge.on_step_message(frame_of(r.bytes), err, done, reply)) << err.text;
+        const Frame f = frame_of(reply);
+        Tensor g = read_tensor(f, wire::GetMessage(f.data())->payload_as_MiddleGradient()->gradients(),
+                               Shape({8, 24}), "gradients", err);
+        ASSERT_TRUE(g.defined()) << err.text;
+        sent[which].push_back(g.clone());
+      }
+    }
+    float largest_row = 0.0f, largest_difference = 0.0f;
+    for (int mb = 0; mb < 4; ++mb)
+      for (int i = 0; i < 8; ++i) {
+        double sq = 0.0;
+        for (int j = 0; j < 24; ++j) {
+          const float v = sent[1][mb][i * 24 + j] * 32.0f;
+          sq += static_cast<double>(v) * v;
+          largest_difference = std::max(largest_difference, std::fabs(sent[1][mb][i * 24 + j] - sent[0][mb][i * 24 + j]));
+        }
+        largest_row = std::max(largest_row, static_cast<float>(std::sqrt(sq)));
+      }
+    if (sigma == 0.0f)
+      EXPECT_LE(largest_row, 0.05f * 1.0001f) << "a sample's gradient left unclipped";
+    else
+      EXPECT_GT(largest_row, 0.05f * 2) << "no noise on the gradient";
+    EXPECT_GT(largest_difference, 1e-5f);
+    for (int which = 0; which < 2; ++which)  // the tail's gradients are the exact ones either way
+      EXPECT_EQ((which ? noised : exact).tail.param("fc2.weight").grad()[5], exact.tail.param("fc2.weight").grad()[5]);
+  }
 }
 
 void expect_refusal(CloudReply r, wire::ErrorCode code, const std::string& text) {

@@ -301,7 +301,19 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
                              bad, "): the weights diverged"));
   loss_sum_ += loss;
   state_[mb] = 3;
-  reply = writer_.middle_gradient(step_, mb, grad, static_cast<float>(loss), dtype_);
+  const Tensor* up = &grad;
+  if (grad_noise_) {  // on each sample's gradient of its own loss (the rows times the step's samples)
+    const float samples = static_cast<float>(images_.shape()[0]);
+    if (!per_sample_grad_.defined() || per_sample_grad_.shape() != grad.shape()) per_sample_grad_ = Tensor::empty(grad.shape());
+    const float* g = grad.data();
+    float* per_sample = per_sample_grad_.data();
+    for (int64_t i = 0, n = grad.numel(); i < n; ++i) per_sample[i] = g[i] * samples;
+    grad_noise_->forward(per_sample_grad_, noised_grad_, grad_scales_);
+    float* noised = noised_grad_.data();
+    for (int64_t i = 0, n = grad.numel(); i < n; ++i) noised[i] /= samples;
+    up = &noised_grad_;
+  }
+  reply = writer_.middle_gradient(step_, mb, *up, static_cast<float>(loss), dtype_);
   return true;
 }
 

@@ -56,6 +56,10 @@ class EdgeSession {
   // front's (the optimizer must hold both), and join the front's in a federation's rounds.
   // Set before the first step; null: the cloud runs the rest and the loss.
   void set_tail(Network* tail);
+  // U-shaped: each sample's gradient of its own loss (its row of the gradient sent up, times
+  // the step's samples) clipped and noised (CutNoise's forward) before it leaves; the tail's
+  // own gradients stay exact. Owned by the caller; null: none.
+  void set_gradient_noise(CutNoise* noise) { grad_noise_ = noise; }
   bool u_shaped() const { return tail_ != nullptr; }
 
   uint64_t step() const { return step_; }
@@ -135,6 +139,9 @@ class EdgeSession {
   NamedTensors front_params() const;  // what a round exchanges: the front's, then the tail's
   std::vector<Param*> edge_params() const;
   Network* tail_ = nullptr;
+  CutNoise* grad_noise_ = nullptr;
+  Tensor per_sample_grad_, noised_grad_;
+  std::vector<float> grad_scales_;
   std::vector<Tensor> dlogits_;  // U-shaped: per micro-batch slot, the loss's gradient
   const int32_t* eval_labels_ = nullptr;  // U-shaped: the evaluation batch in flight
   int64_t eval_count_ = 0;

@@ -81,6 +81,8 @@ std::string EdgePrivacy::problem() const {
   if ((dp_noise > 0.0f || dp_epsilon_budget > 0.0) && dp_clip <= 0.0f)
     return "--dp-noise and --dp-epsilon-budget need --dp-clip C (the norm the noise is scaled to)";
   if (!(nopeek >= 0.0f)) return "--nopeek must be >= 0 (the weight of the distance-correlation penalty)";
+  if (!(grad_clip >= 0.0f && grad_noise >= 0.0f)) return "--grad-clip and --grad-noise must be >= 0";
+  if (grad_noise > 0.0f && grad_clip <= 0.0f) return "--grad-noise needs --grad-clip C (the norm the noise is scaled to)";
   return "";
 }
 
@@ -124,6 +126,13 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
                                            config_.client_id, config_.dtypes);
   if (!config_.token.empty()) session_->set_token(config_.token);
   if (tail_) session_->set_tail(tail_.get());
+  if (config_.privacy.grad_clip > 0.0f) {
+    if (!tail_)
+      fail("edge", cat("--grad-clip protects the labels of a U-shaped split (a cut \"A,B\"); cut '", config_.cut,
+                       "' sends the labels themselves"));
+    grad_noise_ = std::make_unique<CutNoise>(config_.privacy.grad_clip, config_.privacy.grad_noise, config_.privacy.dp_seed);
+    session_->set_gradient_noise(grad_noise_.get());
+  }
   session_->set_proximal(config_.proximal_mu);
   session_->set_nopeek(config_.privacy.nopeek);
   if (config_.privacy.dp_clip > 0.0f) {

@@ -62,6 +62,13 @@ struct EdgePrivacy {
   // inputs and its cut activations joins the front's loss; the step's and the epoch's
   // correlation are reported (dcor). 0: none.
   float nopeek = 0.0f;
+  // U-shaped runs only: the gradient the edge sends up (of the middle's output) is computed
+  // from the labels. grad_clip > 0 clips each sample's gradient of its own loss (its row,
+  // times the batch) to L2 norm grad_clip and adds
+  // N(0, (grad_noise * grad_clip)^2) per element, so the cloud learns less of the labels
+  // from it (bench/privacy/label_leakage.sh measures how much). No epsilon is claimed: the
+  // tail trains on the exact labels, and its weights shape later gradients.
+  float grad_clip = 0.0f, grad_noise = 0.0f;
   // "" when the values are usable, else what is wrong (in the command line's words).
   std::string problem() const;
 };
@@ -189,6 +196,7 @@ class EventEdge {
   std::unique_ptr<Network> front_;
   std::unique_ptr<Network> tail_;      // U-shaped runs: from the second cut to the loss
   std::vector<Network*> model_;        // front (and tail): what checkpoints hold
+  std::unique_ptr<CutNoise> grad_noise_;  // U-shaped: on the gradient sent up (EdgePrivacy::grad_clip)
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<EdgeSession> session_;
   std::unique_ptr<CutNoise> noise_;
