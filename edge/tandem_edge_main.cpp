@@ -22,7 +22,7 @@ constexpr const char* kUsage = R"(usage:
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
                     [--metrics-json FILE] [--client-id NAME] [--token TOKEN] [--audit-log FILE]
                     [--dp-clip C --dp-noise SIGMA [--dp-delta D] [--dp-epsilon-budget E] [--dp-eval noised|clean]]
-                    [--nopeek ALPHA] [--grad-clip C --grad-noise SIGMA]
+                    [--nopeek ALPHA] [--label-noise SIGMA] [--grad-clip C --grad-noise SIGMA]
                     [--checkpoint-dir DIR [--checkpoint-every STEPS]] [--init-from FILE]
                     [--shard I/N [--split iid|class] [--front-updates step|round] [--proximal-mu MU]]
       Trains the front shard on local Fashion-MNIST against the cloud (mutual TLS with
@@ -58,6 +58,11 @@ constexpr const char* kUsage = R"(usage:
       gradient this edge then sends up is computed from the labels: --grad-clip C
       --grad-noise SIGMA clips each sample's gradient (of its own loss) to L2 norm C and adds
       Gaussian noise of SIGMA * C before it leaves (bench/privacy/label_leakage.sh).
+      --label-noise SIGMA (U-shaped): label differential privacy: Gaussian noise of SIGMA on
+      each sample's loss gradient at the logits, on which the tail trains too; label epsilon
+      at --dp-delta is printed with each epoch (label_epsilon) and --dp-epsilon-budget stops
+      the run before a step would pass it. Try 2 to 8; it protects more, and costs more, as
+      it rises (bench/privacy/label_leakage.sh).
       --checkpoint-dir keeps checkpoints of the front shard there, encrypted with
       IDDIR/checkpoint.key (made on first use), every STEPS steps (default 100; 0: only at
       each epoch's end); the cloud checkpoints its back shard at the same steps. Run the
@@ -87,7 +92,7 @@ int train_command(int argc, char** argv) {
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-eval", "nopeek", "grad-clip", "grad-noise"},
+                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-eval", "nopeek", "grad-clip", "grad-noise", "label-noise"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -128,6 +133,7 @@ int train_command(int argc, char** argv) {
   o.privacy.nopeek = static_cast<float>(args.number("nopeek", 0.0));
   o.privacy.grad_clip = static_cast<float>(args.number("grad-clip", 0.0));
   o.privacy.grad_noise = static_cast<float>(args.number("grad-noise", 0.0));
+  o.privacy.label_noise = static_cast<float>(args.number("label-noise", 0.0));
   if (const std::string why = o.privacy.problem(); !why.empty()) fail("cli", why);
   o.token = args.str("token", "");
   // The client id the cloud binds this edge to: its certificate's name (a token's edge: the

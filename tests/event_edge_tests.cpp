@@ -706,14 +706,69 @@ TEST(EventEdgeUShaped, TrainsAndNoLabelLeaves) {
   EXPECT_EQ(report.kinds.at("MiddleGradient").tensors, std::set<std::string>{"gradients f32 [8,24]"});
   for (const auto& m : h.sent) {
     const wire::Message* msg = wire::GetMessage(m.data());
-    if (msg->payload_type() == wire::Payload::Forward) ASSERT_EQ(msg->payload_as_Forward()->labels(), nullptr);
-    if (msg->payload_type() == wire::Payload::EvalForward) ASSERT_EQ(msg->payload_as_EvalForward()->labels(), nullptr);
+    if (msg->payload_type() == wire::Payload::Forward) {
+      ASSERT_EQ(msg->payload_as_Forward()->labels(), nullptr);
+    }
+    if (msg->payload_type() == wire::Payload::EvalForward) {
+      ASSERT_EQ(msg->payload_as_EvalForward()->labels(), nullptr);
+    }
   }
   const CheckpointData saved = decode_checkpoint(keeper.last);
   std::set<std::string> names;
   for (const auto& t : saved.params) names.insert(t.name);
   EXPECT_EQ(names, (std::set<std::string>{"conv1.weight", "conv1.bias", "fc2.weight", "fc2.bias"}));
   EXPECT_EQ(saved.meta.cut, "pool1,fc1");
+}
+
+// Label DP (--label-noise): each step and the run's end report the labels' epsilon as the
+// accountant gives it for the noise multiplier sigma / sqrt(2); the loss the cloud hears of is
+// 0; noise 0 changes nothing (its clip, at the gradient's bound, never bites), noise 4 changes
+// the tail's training. Asked of an ordinary cut, it is refused with the reason.
+TEST(EventEdgeUShaped, LabelNoiseIsAccountedAndHidesTheLoss) {
+  const Pixels train = pixels(256, 1), test = pixels(64, 2);
+  auto run = [&](float sigma) {
+    EventEdgeConfig c = config(8);
+    c.cut = "pool1,fc1";
+    c.privacy.label_noise = sigma;
+    c.privacy.dp_seed = 5;
+    auto h = std::make_unique<Harness>(c);
+    h->edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
+    h->edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
+    h->run();
+    EXPECT_TRUE(h->edge->finished() && !h->edge->failed()) << h->events.back();
+    return h;
+  };
+  auto plain = run(0.0f), zero = run(1e-30f), noised = run(4.0f);
+  auto tail_weight = [](Harness& h) { return h.edge->tail()->params()[0]->value().clone(); };
+  const Tensor a = tail_weight(*plain), b = tail_weight(*zero), c = tail_weight(*noised);
+  float same = 0.0f, moved = 0.0f;
+  for (int64_t i = 0; i < a.numel(); ++i) {
+    same = std::max(same, std::fabs(a[i] - b[i]));
+    moved = std::max(moved, std::fabs(a[i] - c[i]));
+  }
+  EXPECT_EQ(same, 0.0f) << "a clip at the bound changed the gradient";
+  EXPECT_GT(moved, 1e-3f);
+  const double want = dp_epsilon(32.0 / 256.0, 4.0 / std::sqrt(2.0), 8, 1e-5).epsilon;
+  EXPECT_NEAR(noised->field(noised->events.back(), "label_epsilon"), want, 1e-4 * want) << noised->events.back();
+  EXPECT_EQ(plain->events.back().find("label_epsilon"), std::string::npos);
+  int gradients = 0;
+  for (const auto& m : noised->sent) {
+    const wire::Message* msg = wire::GetMessage(m.data());
+    if (msg->payload_type() != wire::Payload::MiddleGradient) continue;
+    ++gradients;
+    EXPECT_EQ(msg->payload_as_MiddleGradient()->loss(), 0.0f);
+  }
+  EXPECT_EQ(gradients, 8 * 4);
+
+  EventEdgeConfig ordinary = config(8);
+  ordinary.privacy.label_noise = 2.0f;
+  try {
+    Harness h(ordinary);
+    ADD_FAILURE() << "label noise on an ordinary cut was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "[edge] --label-noise protects the labels of a U-shaped split (a cut \"A,B\"); cut "
+                                     "'pool1' sends the labels themselves");
+  }
 }
 
 float largest_difference_by_name(const Network& a, const NamedTensors& b) {

@@ -7,6 +7,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <functional>
 #include <memory>
 #include <string>
 #include <vector>
@@ -19,6 +20,7 @@
 #include "core/graph.h"
 #include "core/microbatch.h"
 #include "core/privacy/cut_noise.h"
+#include "core/privacy/rdp_accountant.h"
 #include "data/epoch_order.h"
 #include "data/idx_dataset.h"
 #include "edge/session/edge_session.h"
@@ -27,10 +29,13 @@ namespace tandem {
 namespace {
 
 constexpr const char* kUsage = R"(usage: bench_label_leakage --model SPEC [--epochs E] [--limit N] [--test-limit N]
-         [--cut A] [--u-cut A,B] [--grad-clip C] [--sigmas S1,S2,...] [--classes P,Q] [--seed S]
+         [--cut A] [--u-cut A,B] [--grad-clip C] [--sigmas S1,...] [--label-sigmas S1,...]
+         [--classes P,Q] [--seed S]
   Trains the model once with the ordinary cut A (the cloud reads the labels from each
-  Forward), once U-shaped at A,B without noise, and once for each sigma with --grad-clip C
-  and --grad-noise sigma on the gradients the edge sends up. For each: the test accuracy,
+  Forward), once U-shaped at A,B without noise, once for each of --sigmas with --grad-clip C
+  and --grad-noise sigma on the gradients the edge sends up, and once for each of
+  --label-sigmas with --label-noise sigma (label DP: its epsilon at delta 1e-5 is printed).
+  For each: the test accuracy,
   and the curious cloud's attacks on what it received, per step: the norm attack's and the
   direction attack's AUC on classes P and Q (the direction attack knows one sample of P per
   step), and the ten-class attack's accuracy (one known sample per class per step; every
@@ -39,7 +44,8 @@ constexpr const char* kUsage = R"(usage: bench_label_leakage --model SPEC [--epo
 
 struct Setting {
   std::string name, cut;
-  float sigma = -1.0f;  // < 0: no noise on the gradients sent up
+  float sigma = -1.0f;        // < 0: no noise on the gradients sent up (--grad-noise)
+  float label_sigma = -1.0f;  // < 0: no label noise (--label-noise)
 };
 
 struct Outcome {
@@ -158,6 +164,12 @@ Outcome run(const ModelSpec& spec, const Setting& s, const CliArgs& args, const 
     noise = std::make_unique<CutNoise>(static_cast<float>(args.number("grad-clip", 1.0)), s.sigma, seed + 99);
     edge.set_gradient_noise(noise.get());
   }
+  std::unique_ptr<CutNoise> label_noise;
+  if (s.label_sigma >= 0.0f) {  // as tandem-edge --label-noise sets it up (EventEdge)
+    const float bound = std::sqrt(2.0f * static_cast<float>(graph.output_groups()));
+    label_noise = std::make_unique<CutNoise>(bound, s.label_sigma / bound, seed + 101);
+    edge.set_label_noise(label_noise.get());
+  }
   auto deliver = [&](std::span<const uint8_t> bytes) {
     CloudReply r = cloud.handle(Frame::copy_of(bytes.data(), bytes.size()));
     cloud.finish_step();
@@ -268,40 +280,57 @@ int main_impl(int argc, char** argv) {
     return 2;
   }
   args.reject_unknown(CliArgs::with_optimizer_options(
-      {"model", "epochs", "limit", "test-limit", "cut", "u-cut", "grad-clip", "sigmas", "classes", "seed"}, false));
+      {"model", "epochs", "limit", "test-limit", "cut", "u-cut", "grad-clip", "sigmas", "label-sigmas", "classes", "seed"},
+      false));
   const ModelSpec spec = load_model_spec(args.required("model"));
   const LabelledImages train = load_fashion_mnist(true, args.integer("limit", 0, 0));
   const LabelledImages test = load_fashion_mnist(false, args.integer("test-limit", 0, 0));
   std::vector<Setting> settings = {{"ordinary cut", args.str("cut", "pool2")},
                                    {"U-shaped", args.str("u-cut", "pool2,relu3")}};
-  std::string sigmas = args.str("sigmas", "1,4,16");
-  for (std::size_t at = 0; !sigmas.empty();) {
-    const std::size_t comma = sigmas.find(',', at);
-    const std::string one = sigmas.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
-    settings.push_back({cat("U-shaped, grad noise ", one), args.str("u-cut", "pool2,relu3"), std::stof(one)});
-    if (comma == std::string::npos) break;
-    at = comma + 1;
-  }
+  auto each = [](const std::string& list, const std::function<void(const std::string&)>& f) {
+    for (std::size_t at = 0; !list.empty();) {
+      const std::size_t comma = list.find(',', at);
+      f(list.substr(at, comma == std::string::npos ? std::string::npos : comma - at));
+      if (comma == std::string::npos) break;
+      at = comma + 1;
+    }
+  };
+  const std::string u_cut = args.str("u-cut", "pool2,relu3");
+  each(args.str("sigmas", "0.5,1"),
+       [&](const std::string& one) { settings.push_back({cat("U-shaped, grad noise ", one), u_cut, std::stof(one)}); });
+  each(args.str("label-sigmas", "2,4"), [&](const std::string& one) {
+    settings.push_back({cat("U-shaped, label noise ", one), u_cut, -1.0f, std::stof(one)});
+  });
   const std::string classes = args.str("classes", "0,1");
   std::printf("label leakage: %s, %lld training samples x %lld epochs, batch 64, K 4; attacks on classes %s; "
               "grad clip %.3g\n",
               spec.name.c_str(), static_cast<long long>(train.images.shape()[0]),
               static_cast<long long>(args.integer("epochs", 2, 1)), classes.c_str(), args.number("grad-clip", 1.0));
-  std::printf("%-28s %9s %9s %9s %10s %12s\n", "setting", "test acc", "norm AUC", "dir AUC", "10-class", "grad norm");
+  std::printf("%-28s %9s %9s %9s %10s %12s %9s\n", "setting", "test acc", "norm AUC", "dir AUC", "10-class", "grad norm",
+              "label eps");
   for (const Setting& s : settings) {
     const Outcome o = run(spec, s, args, train, test);
     auto score = [](double v) { return v < 0 ? std::string("n/a") : cat(static_cast<int>(std::lround(v * 1000)) / 1000.0); };
-    std::printf("%-28s %8.2f%% %9s %9s %9.1f%% %12s%s\n", s.name.c_str(), 100.0 * o.accuracy, score(o.norm_auc).c_str(),
-                score(o.direction_auc).c_str(), 100.0 * o.ten_class,
-                o.median_grad_norm > 0 ? cat(o.median_grad_norm).c_str() : "-",
+    // Label DP's epsilon at delta 1e-5 over the run, as tandem-edge accounts it.
+    const double steps = static_cast<double>(args.integer("epochs", 2, 1)) *
+                         std::ceil(static_cast<double>(train.images.shape()[0]) / 64.0);
+    const double eps =
+        s.label_sigma > 0 ? dp_epsilon(std::min(1.0, 64.0 / static_cast<double>(train.images.shape()[0])),
+                                       s.label_sigma / std::sqrt(2.0), static_cast<uint64_t>(steps), 1e-5)
+                                .epsilon
+                          : -1.0;
+    std::printf("%-28s %8.2f%% %9s %9s %9.1f%% %12s %9s%s\n", s.name.c_str(), 100.0 * o.accuracy,
+                score(o.norm_auc).c_str(), score(o.direction_auc).c_str(), 100.0 * o.ten_class,
+                o.median_grad_norm > 0 ? cat(o.median_grad_norm).c_str() : "-", eps < 0 ? "-" : cat(eps).c_str(),
                 o.labels_read ? cat("   (", o.labels_read, " labels read from the Forwards)").c_str() : "");
     std::printf("{\"bench\":\"label_leakage\",\"setting\":\"%s\",\"cut\":\"%s\",\"sigma\":%g,\"test_accuracy\":%.5f,"
                 "\"norm_auc\":%s,\"direction_auc\":%s,\"ten_class_attack_accuracy\":%.4f,\"labels_read\":%lld,"
-                "\"median_grad_norm\":%.5g,\"steps_scored\":%lld}\n",
+                "\"median_grad_norm\":%.5g,\"steps_scored\":%lld,\"label_sigma\":%g,\"label_epsilon\":%s}\n",
                 s.name.c_str(), s.cut.c_str(), s.sigma < 0 ? 0.0 : s.sigma, o.accuracy,
                 o.norm_auc < 0 ? "null" : cat(o.norm_auc).c_str(), o.direction_auc < 0 ? "null" : cat(o.direction_auc).c_str(),
                 o.ten_class, static_cast<long long>(o.labels_read), o.median_grad_norm,
-                static_cast<long long>(o.steps_scored));
+                static_cast<long long>(o.steps_scored), s.label_sigma < 0 ? 0.0 : s.label_sigma,
+                eps < 0 ? "null" : cat(eps).c_str());
     std::fflush(stdout);
   }
   return 0;

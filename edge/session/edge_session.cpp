@@ -293,7 +293,17 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
   if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
   const double loss = compute_loss(tail_->graph().loss(), logits, labels_ + begin,
                                    1.0f / static_cast<float>(images_.shape()[0]), &dlogits, tail_->graph().output_groups());
-  const Tensor grad = tail_->backward(dlogits, static_cast<int>(mb), true);
+  const float samples = static_cast<float>(images_.shape()[0]);
+  const Tensor* loss_grad = &dlogits;
+  if (label_noise_) {  // on each sample's own loss gradient (the rows times the step's samples)
+    float* d = dlogits.data();
+    for (int64_t i = 0, n = dlogits.numel(); i < n; ++i) d[i] *= samples;
+    label_noise_->forward(dlogits, noised_dlogits_, grad_scales_);
+    float* noised = noised_dlogits_.data();
+    for (int64_t i = 0, n = dlogits.numel(); i < n; ++i) noised[i] /= samples;
+    loss_grad = &noised_dlogits_;
+  }
+  const Tensor grad = tail_->backward(*loss_grad, static_cast<int>(mb), true);
   if (!std::isfinite(loss)) fail("edge session", cat("the tail's loss for micro-batch ", mb, " of step ", step_,
                                                      " is not finite: the weights diverged"));
   if (const int64_t bad = first_non_finite(grad); bad >= 0)
@@ -303,7 +313,6 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
   state_[mb] = 3;
   const Tensor* up = &grad;
   if (grad_noise_) {  // on each sample's gradient of its own loss (the rows times the step's samples)
-    const float samples = static_cast<float>(images_.shape()[0]);
     if (!per_sample_grad_.defined() || per_sample_grad_.shape() != grad.shape()) per_sample_grad_ = Tensor::empty(grad.shape());
     const float* g = grad.data();
     float* per_sample = per_sample_grad_.data();
@@ -313,7 +322,8 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
     for (int64_t i = 0, n = grad.numel(); i < n; ++i) noised[i] /= samples;
     up = &noised_grad_;
   }
-  reply = writer_.middle_gradient(step_, mb, *up, static_cast<float>(loss), dtype_);
+  // With label noise the exact loss would tell the cloud about the labels: it gets 0.
+  reply = writer_.middle_gradient(step_, mb, *up, label_noise_ ? 0.0f : static_cast<float>(loss), dtype_);
   return true;
 }
 

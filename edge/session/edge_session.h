@@ -60,6 +60,11 @@ class EdgeSession {
   // the step's samples) clipped and noised (CutNoise's forward) before it leaves; the tail's
   // own gradients stay exact. Owned by the caller; null: none.
   void set_gradient_noise(CutNoise* noise) { grad_noise_ = noise; }
+  // U-shaped, label differential privacy: each sample's loss gradient at the logits (of its
+  // own loss) goes through `noise` (CutNoise's forward: its clip at the gradient's bound,
+  // then Gaussian noise) before the tail's backward, for the tail's weights and for what is
+  // sent up alike; the loss reported to the cloud is then 0. Owned by the caller; null: none.
+  void set_label_noise(CutNoise* noise) { label_noise_ = noise; }
   bool u_shaped() const { return tail_ != nullptr; }
 
   uint64_t step() const { return step_; }
@@ -140,6 +145,8 @@ class EdgeSession {
   std::vector<Param*> edge_params() const;
   Network* tail_ = nullptr;
   CutNoise* grad_noise_ = nullptr;
+  CutNoise* label_noise_ = nullptr;
+  Tensor noised_dlogits_;
   Tensor per_sample_grad_, noised_grad_;
   std::vector<float> grad_scales_;
   std::vector<Tensor> dlogits_;  // U-shaped: per micro-batch slot, the loss's gradient
