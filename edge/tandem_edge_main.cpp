@@ -58,11 +58,10 @@ constexpr const char* kUsage = R"(usage:
       gradient this edge then sends up is computed from the labels: --grad-clip C
       --grad-noise SIGMA clips each sample's gradient (of its own loss) to L2 norm C and adds
       Gaussian noise of SIGMA * C before it leaves (bench/privacy/label_leakage.sh).
-      --label-noise SIGMA (U-shaped): label differential privacy: Gaussian noise of SIGMA on
-      each sample's loss gradient at the logits, on which the tail trains too; label epsilon
-      at --dp-delta is printed with each epoch (label_epsilon) and --dp-epsilon-budget stops
-      the run before a step would pass it. Try 2 to 8; it protects more, and costs more, as
-      it rises (bench/privacy/label_leakage.sh).
+      --label-noise SIGMA (U-shaped): Gaussian noise of SIGMA on each sample's loss gradient
+      at the logits, for the gradient sent up only (the tail trains on the exact one): where
+      the labels enter, so it hides them at less cost than --grad-noise. Try 0.25 to 0.5
+      (bench/privacy/label_leakage.sh). Neither claims an epsilon.
       --checkpoint-dir keeps checkpoints of the front shard there, encrypted with
       IDDIR/checkpoint.key (made on first use), every STEPS steps (default 100; 0: only at
       each epoch's end); the cloud checkpoints its back shard at the same steps. Run the

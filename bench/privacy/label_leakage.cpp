@@ -20,7 +20,6 @@
 #include "core/graph.h"
 #include "core/microbatch.h"
 #include "core/privacy/cut_noise.h"
-#include "core/privacy/rdp_accountant.h"
 #include "data/epoch_order.h"
 #include "data/idx_dataset.h"
 #include "edge/session/edge_session.h"
@@ -34,9 +33,8 @@ constexpr const char* kUsage = R"(usage: bench_label_leakage --model SPEC [--epo
   Trains the model once with the ordinary cut A (the cloud reads the labels from each
   Forward), once U-shaped at A,B without noise, once for each of --sigmas with --grad-clip C
   and --grad-noise sigma on the gradients the edge sends up, and once for each of
-  --label-sigmas with --label-noise sigma (label DP: its epsilon at delta 1e-5 is printed).
-  For each: the test accuracy,
-  and the curious cloud's attacks on what it received, per step: the norm attack's and the
+  --label-sigmas with --label-noise sigma (noise on the loss gradient at the logits, for what
+  goes up). For each: the test accuracy, and the curious cloud's attacks on what it received, per step: the norm attack's and the
   direction attack's AUC on classes P and Q (the direction attack knows one sample of P per
   step), and the ten-class attack's accuracy (one known sample per class per step; every
   other sample takes the class of the known one its gradient is closest to in cosine).
@@ -306,31 +304,21 @@ int main_impl(int argc, char** argv) {
               "grad clip %.3g\n",
               spec.name.c_str(), static_cast<long long>(train.images.shape()[0]),
               static_cast<long long>(args.integer("epochs", 2, 1)), classes.c_str(), args.number("grad-clip", 1.0));
-  std::printf("%-28s %9s %9s %9s %10s %12s %9s\n", "setting", "test acc", "norm AUC", "dir AUC", "10-class", "grad norm",
-              "label eps");
+  std::printf("%-28s %9s %9s %9s %10s %12s\n", "setting", "test acc", "norm AUC", "dir AUC", "10-class", "grad norm");
   for (const Setting& s : settings) {
     const Outcome o = run(spec, s, args, train, test);
     auto score = [](double v) { return v < 0 ? std::string("n/a") : cat(static_cast<int>(std::lround(v * 1000)) / 1000.0); };
-    // Label DP's epsilon at delta 1e-5 over the run, as tandem-edge accounts it.
-    const double steps = static_cast<double>(args.integer("epochs", 2, 1)) *
-                         std::ceil(static_cast<double>(train.images.shape()[0]) / 64.0);
-    const double eps =
-        s.label_sigma > 0 ? dp_epsilon(std::min(1.0, 64.0 / static_cast<double>(train.images.shape()[0])),
-                                       s.label_sigma / std::sqrt(2.0), static_cast<uint64_t>(steps), 1e-5)
-                                .epsilon
-                          : -1.0;
-    std::printf("%-28s %8.2f%% %9s %9s %9.1f%% %12s %9s%s\n", s.name.c_str(), 100.0 * o.accuracy,
+    std::printf("%-28s %8.2f%% %9s %9s %9.1f%% %12s%s\n", s.name.c_str(), 100.0 * o.accuracy,
                 score(o.norm_auc).c_str(), score(o.direction_auc).c_str(), 100.0 * o.ten_class,
-                o.median_grad_norm > 0 ? cat(o.median_grad_norm).c_str() : "-", eps < 0 ? "-" : cat(eps).c_str(),
+                o.median_grad_norm > 0 ? cat(o.median_grad_norm).c_str() : "-",
                 o.labels_read ? cat("   (", o.labels_read, " labels read from the Forwards)").c_str() : "");
     std::printf("{\"bench\":\"label_leakage\",\"setting\":\"%s\",\"cut\":\"%s\",\"sigma\":%g,\"test_accuracy\":%.5f,"
                 "\"norm_auc\":%s,\"direction_auc\":%s,\"ten_class_attack_accuracy\":%.4f,\"labels_read\":%lld,"
-                "\"median_grad_norm\":%.5g,\"steps_scored\":%lld,\"label_sigma\":%g,\"label_epsilon\":%s}\n",
+                "\"median_grad_norm\":%.5g,\"steps_scored\":%lld,\"label_sigma\":%g}\n",
                 s.name.c_str(), s.cut.c_str(), s.sigma < 0 ? 0.0 : s.sigma, o.accuracy,
                 o.norm_auc < 0 ? "null" : cat(o.norm_auc).c_str(), o.direction_auc < 0 ? "null" : cat(o.direction_auc).c_str(),
                 o.ten_class, static_cast<long long>(o.labels_read), o.median_grad_norm,
-                static_cast<long long>(o.steps_scored), s.label_sigma < 0 ? 0.0 : s.label_sigma,
-                eps < 0 ? "null" : cat(eps).c_str());
+                static_cast<long long>(o.steps_scored), s.label_sigma < 0 ? 0.0 : s.label_sigma);
     std::fflush(stdout);
   }
   return 0;

@@ -46,9 +46,6 @@ void RunReport::on_event(const EdgeEvent& e) {
       if (e.epsilon >= 0)
         std::fprintf(stderr, "differential privacy on the cut: epsilon %s at delta %g over the run\n",
                      std::isinf(e.epsilon) ? "unbounded (no noise)" : fixed(e.epsilon, 3).c_str(), o_.privacy.dp_delta);
-      if (e.label_epsilon >= 0)
-        std::fprintf(stderr, "label differential privacy: epsilon %s at delta %g over the run\n",
-                     fixed(e.label_epsilon, 3).c_str(), o_.privacy.dp_delta);
       return;
     case K::Welcome:
       std::fprintf(stderr,
@@ -85,7 +82,6 @@ void RunReport::on_event(const EdgeEvent& e) {
       trained_ = e.samples;
       mean_loss_ = e.loss;
       epsilon_ = e.epsilon;
-      label_epsilon_ = e.label_epsilon;
       first_grad_ms_ = e.first_grad_ms;
       dcor_ = e.dcor;
       seconds_ = std::chrono::duration<double>(Clock::now() - t0_).count();
@@ -118,7 +114,6 @@ void RunReport::on_event(const EdgeEvent& e) {
                ",\"cloud_idle_s\":", fixed(std::max(0.0, seconds_ - epoch_cloud), 3),
                dcor_ < 0 ? "" : cat(",\"nopeek_dcor\":", fixed(dcor_, 4)),
                epsilon_ < 0 ? "" : std::isinf(epsilon_) ? ",\"dp_epsilon\":null" : cat(",\"dp_epsilon\":", fixed(epsilon_, 4)),
-               label_epsilon_ < 0 ? "" : cat(",\"label_epsilon\":", fixed(label_epsilon_, 4)),
                "}"));
       return;
     }

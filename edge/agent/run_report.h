@@ -40,7 +40,6 @@ class RunReport {
   int64_t first_ = 0, trained_ = 0;
   double loss_sum_ = 0.0, mean_loss_ = 0.0, seconds_ = 0.0, idle0_ = 0.0, cloud_busy_before_ = 0.0;
   double epsilon_ = -1.0;  // DP spent on the cut by the epoch's end (< 0: no DP)
-  double label_epsilon_ = -1.0;  // and on the labels (--label-noise)
   double dcor_ = -1.0;            // NoPeek: the epoch's distance correlation (< 0: off)
   double first_grad_ms_ = -1.0;  // the epoch's median time to a step's first gradient (< 0: none)
   double accuracy_ = 0.0;

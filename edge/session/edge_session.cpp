@@ -294,16 +294,37 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
   const double loss = compute_loss(tail_->graph().loss(), logits, labels_ + begin,
                                    1.0f / static_cast<float>(images_.shape()[0]), &dlogits, tail_->graph().output_groups());
   const float samples = static_cast<float>(images_.shape()[0]);
-  const Tensor* loss_grad = &dlogits;
-  if (label_noise_) {  // on each sample's own loss gradient (the rows times the step's samples)
-    float* d = dlogits.data();
-    for (int64_t i = 0, n = dlogits.numel(); i < n; ++i) d[i] *= samples;
-    label_noise_->forward(dlogits, noised_dlogits_, grad_scales_);
+  Tensor grad;
+  if (label_noise_) {
+    // Noise on each sample's own loss gradient at the logits (the rows times the step's
+    // samples) for what goes up; the tail's weights take the exact gradient: the noisy pass
+    // runs first and its parameter gradients are put back, then the exact pass adds its own.
+    // (Training the tail on the noisy gradient too would make the labels' protection a DP
+    // guarantee, but measured on Fashion-MNIST it lets the tail's weights drift until
+    // training collapses: bench/README.md, label_leakage.)
+    if (tail_grads_.size() != tail_->params().size()) tail_grads_.resize(tail_->params().size());
+    for (std::size_t k = 0; k < tail_grads_.size(); ++k) {
+      const Tensor& g = tail_->params()[k]->grad();
+      if (!tail_grads_[k].defined() || tail_grads_[k].shape() != g.shape()) tail_grads_[k] = Tensor::empty(g.shape());
+      tail_grads_[k].copy_from(g);
+    }
+    if (!per_sample_dlogits_.defined() || per_sample_dlogits_.shape() != dlogits.shape())
+      per_sample_dlogits_ = Tensor::empty(dlogits.shape());
+    const float* d = dlogits.data();
+    float* per_sample = per_sample_dlogits_.data();
+    for (int64_t i = 0, n = dlogits.numel(); i < n; ++i) per_sample[i] = d[i] * samples;
+    label_noise_->forward(per_sample_dlogits_, noised_dlogits_, grad_scales_);
     float* noised = noised_dlogits_.data();
     for (int64_t i = 0, n = dlogits.numel(); i < n; ++i) noised[i] /= samples;
-    loss_grad = &noised_dlogits_;
+    grad = tail_->backward(noised_dlogits_, static_cast<int>(mb), true);
+    if (!noised_grad_in_.defined() || noised_grad_in_.shape() != grad.shape()) noised_grad_in_ = Tensor::empty(grad.shape());
+    noised_grad_in_.copy_from(grad);  // the backward's own buffer is reused by the next one
+    grad = noised_grad_in_;
+    for (std::size_t k = 0; k < tail_grads_.size(); ++k) tail_->params()[k]->grad().copy_from(tail_grads_[k]);
+    tail_->backward(dlogits, static_cast<int>(mb), false);
+  } else {
+    grad = tail_->backward(dlogits, static_cast<int>(mb), true);
   }
-  const Tensor grad = tail_->backward(*loss_grad, static_cast<int>(mb), true);
   if (!std::isfinite(loss)) fail("edge session", cat("the tail's loss for micro-batch ", mb, " of step ", step_,
                                                      " is not finite: the weights diverged"));
   if (const int64_t bad = first_non_finite(grad); bad >= 0)
@@ -322,8 +343,8 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
     for (int64_t i = 0, n = grad.numel(); i < n; ++i) noised[i] /= samples;
     up = &noised_grad_;
   }
-  // With label noise the exact loss would tell the cloud about the labels: it gets 0.
-  reply = writer_.middle_gradient(step_, mb, *up, label_noise_ ? 0.0f : static_cast<float>(loss), dtype_);
+  // With the labels protected, the exact loss would tell the cloud about them: it gets 0.
+  reply = writer_.middle_gradient(step_, mb, *up, label_noise_ || grad_noise_ ? 0.0f : static_cast<float>(loss), dtype_);
   return true;
 }
 

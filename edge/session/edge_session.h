@@ -60,10 +60,11 @@ class EdgeSession {
   // the step's samples) clipped and noised (CutNoise's forward) before it leaves; the tail's
   // own gradients stay exact. Owned by the caller; null: none.
   void set_gradient_noise(CutNoise* noise) { grad_noise_ = noise; }
-  // U-shaped, label differential privacy: each sample's loss gradient at the logits (of its
+  // U-shaped: for the gradient sent up, each sample's loss gradient at the logits (of its
   // own loss) goes through `noise` (CutNoise's forward: its clip at the gradient's bound,
-  // then Gaussian noise) before the tail's backward, for the tail's weights and for what is
-  // sent up alike; the loss reported to the cloud is then 0. Owned by the caller; null: none.
+  // then Gaussian noise) before the tail's backward; the tail's own weights take the exact
+  // gradient. With this or set_gradient_noise the loss reported to the cloud is 0. Owned by
+  // the caller; null: none.
   void set_label_noise(CutNoise* noise) { label_noise_ = noise; }
   bool u_shaped() const { return tail_ != nullptr; }
 
@@ -146,7 +147,8 @@ class EdgeSession {
   Network* tail_ = nullptr;
   CutNoise* grad_noise_ = nullptr;
   CutNoise* label_noise_ = nullptr;
-  Tensor noised_dlogits_;
+  Tensor per_sample_dlogits_, noised_dlogits_, noised_grad_in_;
+  std::vector<Tensor> tail_grads_;  // label noise: the tail's gradients before the noisy pass
   Tensor per_sample_grad_, noised_grad_;
   std::vector<float> grad_scales_;
   std::vector<Tensor> dlogits_;  // U-shaped: per micro-batch slot, the loss's gradient

@@ -34,12 +34,9 @@ std::string quoted(const std::string& s) {
 }
 
 // Epsilon spent on the cut; null when it is unbounded (clipping without noise).
-std::string dp_json(double epsilon, double label_epsilon) {
-  std::string out;
-  if (epsilon >= 0)
-    out = std::isinf(epsilon) ? std::string(",\"dp_epsilon\":null") : cat(",\"dp_epsilon\":", num(epsilon));
-  if (label_epsilon >= 0) out += cat(",\"label_epsilon\":", num(label_epsilon));
-  return out;
+std::string dp_json(double epsilon) {
+  if (epsilon < 0) return "";
+  return std::isinf(epsilon) ? std::string(",\"dp_epsilon\":null") : cat(",\"dp_epsilon\":", num(epsilon));
 }
 
 }  // namespace
@@ -57,21 +54,21 @@ std::string EdgeEvent::json() const {
     case K::Step:
       return cat("{\"event\":\"step\",\"step\":", steps_done, ",\"steps\":", steps, ",\"loss\":", num(loss),
                  ",\"samples_per_s\":", num(samples_per_s), ",\"edge_busy_s\":", num(edge_busy_s),
-                 ",\"elapsed_s\":", num(seconds), dcor < 0 ? "" : cat(",\"dcor\":", num(dcor)), dp_json(epsilon, label_epsilon), "}");
+                 ",\"elapsed_s\":", num(seconds), dcor < 0 ? "" : cat(",\"dcor\":", num(dcor)), dp_json(epsilon), "}");
     case K::Round:
       return cat("{\"event\":\"round\",\"round\":", round, ",\"step\":", step, "}");
     case K::EpochTrained:
       return cat("{\"event\":\"epoch\",\"epoch\":", epoch, ",\"samples\":", samples, ",\"seconds\":", num(seconds),
                  ",\"train_loss\":", num(loss), first_grad_ms < 0 ? "" : cat(",\"first_grad_ms\":", num(first_grad_ms)),
                  dcor < 0 ? "" : cat(",\"dcor\":", num(dcor)),
-                 dp_json(epsilon, label_epsilon), "}");
+                 dp_json(epsilon), "}");
     case K::Evaluated:
       return cat("{\"event\":\"evaluated\",\"accuracy\":", num(accuracy), ",\"samples\":", samples,
                  ",\"epoch\":", epoch, "}");
     case K::Done:
       return cat("{\"event\":\"done\",\"steps\":", steps_done, ",\"first_loss\":", num(first_loss),
                  ",\"last_loss\":", num(loss), accuracy >= 0 ? cat(",\"test_accuracy\":", num(accuracy)) : "",
-                 dp_json(epsilon, label_epsilon), text.empty() ? "" : cat(",\"stopped\":", quoted(text)), "}");
+                 dp_json(epsilon), text.empty() ? "" : cat(",\"stopped\":", quoted(text)), "}");
     case K::Error:
       return cat("{\"event\":\"error\",\"text\":", quoted(text), "}");
   }
@@ -81,9 +78,8 @@ std::string EdgeEvent::json() const {
 std::string EdgePrivacy::problem() const {
   if (!(dp_clip >= 0.0f && dp_noise >= 0.0f && dp_epsilon_budget >= 0.0 && dp_delta > 0.0 && dp_delta < 1.0))
     return "--dp-clip, --dp-noise and --dp-epsilon-budget must be >= 0 and --dp-delta in (0, 1)";
-  if (dp_noise > 0.0f && dp_clip <= 0.0f) return "--dp-noise needs --dp-clip C (the norm the noise is scaled to)";
-  if (dp_epsilon_budget > 0.0 && dp_clip <= 0.0f && label_noise <= 0.0f)
-    return "--dp-epsilon-budget needs noise to account: --dp-clip C (and --dp-noise), or --label-noise";
+  if ((dp_noise > 0.0f || dp_epsilon_budget > 0.0) && dp_clip <= 0.0f)
+    return "--dp-noise and --dp-epsilon-budget need --dp-clip C (the norm the noise is scaled to)";
   if (!(nopeek >= 0.0f)) return "--nopeek must be >= 0 (the weight of the distance-correlation penalty)";
   if (!(grad_clip >= 0.0f && grad_noise >= 0.0f)) return "--grad-clip and --grad-noise must be >= 0";
   if (grad_noise > 0.0f && grad_clip <= 0.0f) return "--grad-noise needs --grad-clip C (the norm the noise is scaled to)";
@@ -144,11 +140,10 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
                        "' sends the labels themselves"));
     if (graph.loss() != "softmax_cross_entropy")
       fail("edge", cat("--label-noise needs a softmax cross-entropy model (its loss gradient's bound), not '", graph.loss(), "'"));
-    // Each head's p - onehot(y) moves by at most sqrt(2) when its label changes: the clip at
-    // that bound never bites, and the noise is label_noise per value.
-    label_sensitivity_ = std::sqrt(2.0f * static_cast<float>(graph.output_groups()));
-    label_noise_ = std::make_unique<CutNoise>(label_sensitivity_, config_.privacy.label_noise / label_sensitivity_,
-                                              config_.privacy.dp_seed);
+    // Each head's p - onehot(y) has L2 norm at most sqrt(2): the clip at that bound never
+    // bites, and the noise is label_noise per value.
+    const float bound = std::sqrt(2.0f * static_cast<float>(graph.output_groups()));
+    label_noise_ = std::make_unique<CutNoise>(bound, config_.privacy.label_noise / bound, config_.privacy.dp_seed);
     session_->set_label_noise(label_noise_.get());
   }
   session_->set_proximal(config_.proximal_mu);
@@ -327,13 +322,6 @@ const char* EventEdge::awaiting() const {
   }
 }
 
-double EventEdge::label_epsilon_after(uint64_t steps) const {
-  if (!label_noise_ || !train_.images.defined()) return -1.0;
-  if (steps == 0) return 0.0;
-  const double q = std::min(1.0, static_cast<double>(config_.batch) / static_cast<double>(train_.images.shape()[0]));
-  return dp_epsilon(q, config_.privacy.label_noise / label_sensitivity_, steps, config_.privacy.dp_delta).epsilon;
-}
-
 double EventEdge::epsilon_after(uint64_t steps) const {
   if (!noise_ || !train_.images.defined()) return -1.0;
   if (config_.privacy.dp_noise <= 0.0f) return std::numeric_limits<double>::infinity();  // clipping alone proves nothing
@@ -343,10 +331,7 @@ double EventEdge::epsilon_after(uint64_t steps) const {
 }
 
 bool EventEdge::budget_spent() const {
-  const double budget = config_.privacy.dp_epsilon_budget;
-  if (budget <= 0.0) return false;
-  return (noise_ && epsilon_after(session_->step() + 1) > budget) ||
-         (label_noise_ && label_epsilon_after(session_->step() + 1) > budget);
+  return noise_ && config_.privacy.dp_epsilon_budget > 0.0 && epsilon_after(session_->step() + 1) > config_.privacy.dp_epsilon_budget;
 }
 
 bool EventEdge::run_over() const {
@@ -498,7 +483,6 @@ EdgeEvent EventEdge::event(EdgeEvent::Kind kind) const {
   e.round = session_->round();
   e.aggregate_every = session_->aggregate_every();
   e.epsilon = epsilon_after(session_->step());
-  e.label_epsilon = label_epsilon_after(session_->step());
   if (kind == EdgeEvent::Kind::Done && budget_spent())
     e.text = cat("the next step would pass the privacy budget (epsilon ", config_.privacy.dp_epsilon_budget, " at delta ",
                  config_.privacy.dp_delta, ")");

@@ -51,8 +51,8 @@ struct EdgePrivacy {
   // (core/privacy/cut_noise.h). Epsilon at dp_delta for the training set is accounted (RDP of
   // the sampled Gaussian mechanism, sampling rate batch / training samples, one release a
   // step) and reported with each step, epoch and the run's end; the run stops before a step
-  // that would pass dp_epsilon_budget (0: none; it bounds label_epsilon too). dp_seed 0: the
-  // noise (every kind below too) from the OS's entropy.
+  // that would pass dp_epsilon_budget (0: none). dp_seed 0: the noise (every kind below too)
+  // from the OS's entropy.
   float dp_clip = 0.0f, dp_noise = 0.0f;
   double dp_delta = 1e-5, dp_epsilon_budget = 0.0;
   uint64_t dp_seed = 0;
@@ -70,13 +70,13 @@ struct EdgePrivacy {
   // from it (bench/privacy/label_leakage.sh measures how much). No epsilon is claimed: the
   // tail trains on the exact labels, and its weights shape later gradients.
   float grad_clip = 0.0f, grad_noise = 0.0f;
-  // U-shaped runs only, label differential privacy: label_noise > 0 adds N(0, label_noise^2)
-  // to each sample's gradient of its own loss at the logits (p - onehot(y), L2 norm at most
-  // sqrt(2) per head), and the tail trains on that noised gradient too, so everything the
-  // cloud receives depends on a label only through it: epsilon at dp_delta is accounted (the
-  // sampled Gaussian mechanism, noise multiplier label_noise / sqrt(2 * heads)) and reported
-  // as label_epsilon. The loss the edge reports to the cloud is then 0. Softmax cross-entropy
-  // models only.
+  // U-shaped runs only: label_noise > 0 adds N(0, label_noise^2) to each sample's gradient
+  // of its own loss at the logits (p - onehot(y), L2 norm at most sqrt(2) a head) for the
+  // gradient sent up; the tail's own weights train on the exact one. The noise sits where the
+  // labels enter, so it hides them at less cost than grad_noise (bench/README.md,
+  // label_leakage). No epsilon is claimed (the tail's weights, trained on the exact labels,
+  // shape later gradients). With either, the loss the edge reports to the cloud is 0.
+  // Softmax cross-entropy models only.
   float label_noise = 0.0f;
   // "" when the values are usable, else what is wrong (in the command line's words).
   std::string problem() const;
@@ -129,7 +129,6 @@ struct EdgeEvent {
   std::string dtype;  // Welcome: the wire dtype the cloud chose
   std::string text;   // Error; Done: why the run stopped early (a privacy budget), if it did
   double epsilon = -1.0;  // Step, EpochTrained, Done: DP epsilon spent on the cut (< 0: no DP)
-  double label_epsilon = -1.0;  // the same for the labels (EdgePrivacy::label_noise; < 0: off)
   // EpochTrained: the median over its steps of the time from a step's first Forward handed
   // to the transport to its first gradient back (the pipeline's fill; < 0: no step).
   double first_grad_ms = -1.0;
@@ -183,8 +182,6 @@ class EventEdge {
   };
   bool run_over() const;
   double epsilon_after(uint64_t steps) const;  // -1 without DP
-  double label_epsilon_after(uint64_t steps) const;  // -1 without label noise
-  float label_sensitivity_ = 0.0f;  // sqrt(2 * heads)
   bool budget_spent() const;  // the next step would pass the privacy budget
   void start_step();
   void after_step(bool epoch_end);
