@@ -15,11 +15,14 @@ namespace tandem {
 
 struct SplitModel {
   ModelSpec spec;
-  Graph graph, front, back;
+  Graph graph, front, back;  // a U-shaped cut: back is the middle
   std::string cut;
+  bool u_shaped = false;
+  Graph tail;  // a U-shaped cut's: on the edge's backend
 };
 
-// --model SPEC split at --cut (default: the spec's cut); throws when neither names one.
+// --model SPEC split at --cut (default: the spec's cut; "A,B": U-shaped, with the tail);
+// throws when neither names one.
 SplitModel load_split_model(const CliArgs& args);
 
 struct ShardBackends {

@@ -51,7 +51,12 @@ int profile_command(const CliArgs& args) {
   std::printf("%-6s %-10s %-14s %-12s %10s %10s %12s %9s %9s\n", "shard", "backend", "node", "op", "fwd ms", "bwd ms",
               "out KiB/smp", "fwd GF/s", "bwd GF/s");
   const ShardTotals f = print_shard("front", edge_name, profile_layers(front, batch, iterations), batch);
-  const ShardTotals b = print_shard("back", cloud_name, profile_layers(back, batch, iterations), batch);
+  const ShardTotals b = print_shard(model.u_shaped ? "middle" : "back", cloud_name,
+                                    profile_layers(back, batch, iterations), batch);
+  if (model.u_shaped) {  // the edge's tail (its time is the edge's, not in the JSON line's totals)
+    Network tail(model.tail, *backends.edge, 1);
+    print_shard("tail", edge_name, profile_layers(tail, batch, iterations), batch);
+  }
   const int64_t cut_bytes = front_graph.nodes()[static_cast<std::size_t>(front_graph.output())].shape.numel() * 4;
   std::printf("cut activation: %lld bytes/sample each way\n", static_cast<long long>(cut_bytes));
   std::printf("{\"profile\":\"%s\",\"cut\":\"%s\",\"microbatch\":%lld,\"front_forward_s\":%.6f,\"front_backward_s\":%.6f,"

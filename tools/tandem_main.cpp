@@ -98,14 +98,24 @@ int train(const CliArgs& args) {
   // on where the cut is.
   Network whole(graph, *backends.edge, seed);
   Network front(front_graph, *backends.edge, seed), back(back_graph, *backends.cloud, seed);
-  for (Network* shard : {&front, &back})
+  // A U-shaped cut: the edge's tail is the chain's third stage.
+  std::unique_ptr<Network> tail;
+  if (model.u_shaped) tail = std::make_unique<Network>(model.tail, *backends.edge, seed);
+  std::vector<Network*> stages = {&front, &back};
+  if (tail) stages.push_back(tail.get());
+  for (Network* shard : stages)
     for (Param* p : shard->params()) {
       p->value().copy_from(whole.param(p->name()).value());
       p->bump_version();
     }
   const OptimizerOptions sgd = args.optimizer_options();
-  auto front_opt = make_optimizer(front.params(), sgd), back_opt = make_optimizer(back.params(), sgd);
-  ChainTrainer trainer({&front, &back}, {front_opt.get(), back_opt.get()});
+  std::vector<std::unique_ptr<Optimizer>> optimizers;
+  std::vector<Optimizer*> stage_optimizers;
+  for (Network* shard : stages) {
+    optimizers.push_back(make_optimizer(shard->params(), sgd));
+    stage_optimizers.push_back(optimizers.back().get());
+  }
+  ChainTrainer trainer(stages, stage_optimizers);
 
   std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
   LabelledImages train_set = load_fashion_mnist(true, args.integer("limit", 0, 0));
@@ -115,7 +125,9 @@ int train(const CliArgs& args) {
     fail("cli", cat("the model's input '", graph.inputs()[0].name, "' is ", in_shape.str(), " but the images are ",
                     train_set.images.shape().str()));
   std::fprintf(stderr, "model %s: %lld parameters, cut at '%s' (front %zu nodes on %s, back %zu nodes on %s)\n",
-               spec.name.c_str(), static_cast<long long>(front.param_count() + back.param_count()), cut.c_str(),
+               spec.name.c_str(),
+               static_cast<long long>(front.param_count() + back.param_count() + (tail ? tail->param_count() : 0)),
+               cut.c_str(),
                front_graph.nodes().size(), edge_name.c_str(), back_graph.nodes().size(), cloud_name.c_str());
 
   std::ofstream metrics;
@@ -151,8 +163,7 @@ int train(const CliArgs& args) {
       }
       Tensor x = count == batch ? images : images.slice_batch(0, count);
       const float factor = lr_factor(schedule, global_step++);
-      front_opt->set_lr_scale(factor);
-      back_opt->set_lr_scale(factor);
+      for (Optimizer* o : stage_optimizers) o->set_lr_scale(factor);
       StepStats s = trainer.train_step(x, labels.data(), static_cast<int>(std::min<int64_t>(microbatches, count)));
       total.loss_sum += s.loss_sum;
       total.correct += s.correct;
