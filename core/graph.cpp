@@ -25,8 +25,16 @@ Graph Graph::build(const ModelSpec& spec) {
   Graph g = from_parts(spec.name, std::move(inputs), spec.nodes, spec.output);
   g.default_cut_ = spec.cut;
   g.loss_ = spec.loss;
-  if (!g.default_cut_.empty() && g.find(g.default_cut_) < 0)
-    fail(kWhere, cat("field 'cut' names unknown node '", g.default_cut_, "'"));
+  if (!g.default_cut_.empty()) {
+    // A U-shaped cut names two nodes; u_shaped_cuts says what is wrong with its form.
+    std::vector<std::string> named = {g.default_cut_};
+    if (u_shaped_cut(g.default_cut_)) {
+      const auto [a, b] = u_shaped_cuts(g.default_cut_);
+      named = {a, b};
+    }
+    for (const std::string& node : named)
+      if (g.find(node) < 0) fail(kWhere, cat("field 'cut' names unknown node '", node, "'"));
+  }
   return g;
 }
 

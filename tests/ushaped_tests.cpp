@@ -54,22 +54,37 @@ Frame frame_of(std::span<const uint8_t> bytes) { return Frame::copy_of(bytes.dat
 
 // The edge (front and tail) and the cloud (the middle), all on the backend under test,
 // starting from the whole model's weights.
+// The small model with a square linear in its middle (fcm: 24 to 24), so a middle can start
+// with a layer whose backward reads its input and give out its input's shape.
+constexpr const char* kSquareMiddleSpec = R"({ name: "square-middle", inputs: [ { name: "image", shape: [8, 8, 1] } ], nodes: [
+  { name: "conv1", op: "conv2d", inputs: ["image"], conv2d: { out_channels: 6, kernel: [3], padding: [1] } },
+  { name: "relu1", op: "relu", inputs: ["conv1"] },
+  { name: "pool1", op: "max_pool2d", inputs: ["relu1"], pool: { kernel: [2] } },
+  { name: "flatten", op: "flatten", inputs: ["pool1"] },
+  { name: "fc1", op: "linear", inputs: ["flatten"], linear: { out_features: 24 } },
+  { name: "relu2", op: "relu", inputs: ["fc1"] },
+  { name: "fcm", op: "linear", inputs: ["relu2"], linear: { out_features: 24 } },
+  { name: "relu3", op: "relu", inputs: ["fcm"] },
+  { name: "fc2", op: "linear", inputs: ["relu3"], linear: { out_features: 4 } } ], cut: "relu2,fcm" })";
+
 struct UShaped {
-  ModelSpec spec = parse_model_json(kSmallSplitSpec);
+  ModelSpec spec;
   Graph graph = Graph::build(spec);
   std::unique_ptr<Backend> backend = make_backend(backend_under_test());
   Network whole{graph, *backend, 77};
-  Network front{graph.split(kCut).first, *backend, 0}, middle{graph.split(kCut).second, *backend, 0},
-      tail{graph.tail(kCut), *backend, 0};
+  std::string cut = kCut;
+  Network front{graph.split(cut).first, *backend, 0}, middle{graph.split(cut).second, *backend, 0},
+      tail{graph.tail(cut), *backend, 0};
   Sgd edge_opt{joined(front, tail), sgd()}, middle_opt{middle.params(), sgd()};
   BackShardTrainer trainer{middle, middle_opt};
   CloudSession cloud;
   EdgeSession edge;
 
-  explicit UShaped(uint32_t k, std::string cloud_cut = kCut)
-      : cloud(trainer, {model_hash(spec, kCut), 32, k, 4, 1, kDefaultMaxMessageBytes, CloudSessionConfig{}.dtypes,
-                        std::move(cloud_cut)}),
-        edge(front, edge_opt, k, model_hash(spec, kCut), "edge-u") {
+  explicit UShaped(uint32_t k, wire::DType dtype = wire::DType::F32, std::string cut_at = kCut,
+                   const char* spec_json = kSmallSplitSpec)
+      : spec(parse_model_json(spec_json)), cut(std::move(cut_at)),
+        cloud(trainer, {model_hash(spec, cut), 32, k, 4, 1, kDefaultMaxMessageBytes, CloudSessionConfig{}.dtypes, cut}),
+        edge(front, edge_opt, k, model_hash(spec, cut), "edge-u", {dtype}) {
     for (Network* n : {&front, &middle, &tail}) copy_params(*n, whole);
     edge.set_tail(&tail);
   }
@@ -135,6 +150,26 @@ TEST(UShapedSession, TrainsLikeTheWholeModel) {
   EXPECT_LE(max_diff(u.tail, whole), 1e-5f);
   Network start(u.graph, *u.backend, 77);  // and the weights did move
   for (Network* n : {&u.front, &u.middle, &u.tail}) EXPECT_GT(max_diff(*n, start), 1e-3f) << n->graph().name();
+}
+
+// A middle whose output has its input's shape and whose first layer's backward reads its input
+// (a square linear), with a dtype the cloud decodes: the gradient coming up must not be
+// decoded over the activations the middle's backward still needs. Against the whole model
+// within f16's rounding.
+TEST(UShapedSession, ADecodedGradientLeavesTheMiddlesInputsAlone) {
+  const QuadrantData d = quadrant_data(32, 1);
+  UShaped u(4, wire::DType::F16, "relu2,fcm", kSquareMiddleSpec);
+  u.handshake();
+  ASSERT_EQ(u.edge.dtype(), wire::DType::F16);
+  Sgd whole_opt(u.whole.params(), sgd());
+  ChainTrainer local({&u.whole}, {&whole_opt});
+  for (int s = 0; s < 5; ++s) {
+    u.step(d.images, d.labels.data());
+    local.train_step(d.images, d.labels.data(), 1);
+  }
+  EXPECT_LE(max_diff(u.front, u.whole), 1e-3f);
+  EXPECT_LE(max_diff(u.middle, u.whole), 1e-3f);  // 6.7e-3 when the gradient was decoded over the inputs
+  EXPECT_LE(max_diff(u.tail, u.whole), 1e-3f);
 }
 
 // Evaluation: the cloud returns the middle's output and the edge's tail scores it, so the
@@ -331,6 +366,17 @@ TEST(UShapedGraph, CutsAreCheckedAndNamed) {
                                   "middle runs from 'fc1' to 'pool1')");
   EXPECT_EQ(message("pool1,"), "[split] a U-shaped cut names two nodes, \"FRONT_CUT,TAIL_CUT\", not 'pool1,'");
   EXPECT_EQ(message("pool1,fc2"), "[split] cut node 'fc2' is the output: nothing would be left for the back shard");
+  // A spec's own cut may be U-shaped; both nodes must exist.
+  ModelSpec spec = parse_model_json(kSmallSplitSpec);
+  spec.cut = "pool1,fc1";
+  EXPECT_EQ(Graph::build(spec).default_cut(), "pool1,fc1");
+  spec.cut = "pool1,fc9";
+  try {
+    (void)Graph::build(spec);
+    ADD_FAILURE() << "a cut naming no node was taken";
+  } catch (const Error& e) {
+    EXPECT_EQ(std::string(e.what()), "[graph] field 'cut' names unknown node 'fc9'");
+  }
 }
 
 }  // namespace

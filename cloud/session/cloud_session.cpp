@@ -39,6 +39,7 @@ CloudSession::CloudSession(BackShardTrainer& shard, const CloudSessionConfig& co
       dlogits_(config.microbatches) {
   u_shaped_ = u_shaped_cut(config_.cut);
   middle_backed_.assign(config_.microbatches, false);
+  decoded_grads_.resize(config_.microbatches);
   deferred_.reserve(config_.microbatches);
   if (back_.graph().inputs().size() != 1) fail("cloud session", "the back shard must have exactly one input (the cut)");
   if (config_.microbatches < 1 || config_.microbatches > config_.batch_size)
@@ -316,7 +317,8 @@ CloudReply CloudSession::on_middle_gradient(const Frame& frame, const wire::Midd
     return refuse({wire::ErrorCode::BadTensor, cat("step ", step_, " micro-batch ", mb, ": the loss is not finite")});
   WireError error;
   const Tensor& out = back_.output(static_cast<int>(mb));
-  Tensor grad_out = read_tensor(frame, mg.gradients(), out.shape(), "gradients", dtype_, decoded_[mb], error);
+  // Its own buffer: decoded_[mb] may hold the activations the middle's backward reads.
+  Tensor grad_out = read_tensor(frame, mg.gradients(), out.shape(), "gradients", dtype_, decoded_grads_[mb], error);
   if (!grad_out.defined()) return refuse(error);
   if (!shard_.begin_compute(config_.session_id)) return refuse(evicted());
   const auto t0 = std::chrono::steady_clock::now();

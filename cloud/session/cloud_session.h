@@ -151,6 +151,7 @@ class CloudSession {
   bool u_shaped_ = false;           // the middle of a U-shaped split (config_.cut "A,B")
   std::vector<bool> middle_backed_;  // U-shaped: micro-batches whose MiddleGradient was handled
   uint32_t middle_backed_count_ = 0;
+  std::vector<Tensor> decoded_grads_;  // U-shaped: per micro-batch, its MiddleGradient decoded
   std::vector<Tensor> dlogits_;
   std::vector<uint32_t> deferred_;  // micro-batches whose weight gradients wait, in arrival order
   wire::DType dtype_ = wire::DType::F32;  // negotiated in Hello
