@@ -1,5 +1,7 @@
 // What the session harnesses and the seed generator (make_seeds.cpp) share: the small split
 // model, the cloud and edge set-ups a fuzz input's first byte selects, and the input format.
+// Built with TANDEM_FUZZ_USHAPED (the ushaped_* harnesses), the split is U-shaped: the cloud
+// runs the middle, the edge the front and the tail, and the messages are theirs.
 //
 // A session input is one flags byte (Flags below), then frames, each a 4-byte little-endian
 // length and that many bytes (a length past the end takes the rest). The cloud harness feeds
@@ -38,7 +40,13 @@
 namespace tandem::fuzz {
 
 inline constexpr const char* kSplitSpec = test::kSmallSplitSpec;  // 8x8 images, 4 classes
+#ifdef TANDEM_FUZZ_USHAPED
+inline constexpr const char* kCut = "pool1,fc1";
+inline constexpr const char* kHarnessPrefix = "ushaped_";  // corpus/<prefix><harness>
+#else
 inline constexpr const char* kCut = "pool1";
+inline constexpr const char* kHarnessPrefix = "";
+#endif
 inline constexpr const char* kClient = "edge-fuzz";
 inline constexpr const char* kToken = "fuzz-token";
 inline constexpr uint32_t kBatch = 8, kMicrobatches = 2, kClasses = 4, kAggregateEvery = 2;
@@ -131,17 +139,28 @@ struct Model {
   std::pair<Graph, Graph> shards = graph.split(kCut);
   std::unique_ptr<Backend> backend = make_backend("reference");
   std::array<uint8_t, 32> hash = model_hash(spec, kCut);
-  NamedTensors front_start;             // a federation's starting average
+  NamedTensors front_start;             // a federation's starting average (and the tail's, U-shaped)
   std::vector<uint8_t> cloud_step1;     // the cloud's checkpoint of kClient's step 1
 
   Model() {
     Network front(shards.first, *backend, kSeed);
+    std::unique_ptr<Network> tail;
+    if (u_shaped_cut(kCut)) tail = std::make_unique<Network>(graph.tail(kCut), *backend, kSeed);
     for (Param* p : front.params()) front_start.emplace_back(p->name(), p->value().clone());
+    if (tail)
+      for (Param* p : tail->params()) front_start.emplace_back(p->name(), p->value().clone());
     // The cloud's state after a real first step (its optimizer has taken one step).
     Network whole_front(shards.first, *backend, kSeed), back(shards.second, *backend, kSeed);
     Sgd front_opt(whole_front.params(), sgd()), opt(back.params(), sgd());
-    ChainTrainer({&whole_front, &back}, {&front_opt, &opt}).train_step(images(kBatch), pixels(kBatch).labels.data(),
-                                                                      kMicrobatches);
+    std::vector<Network*> stages = {&whole_front, &back};
+    std::vector<Optimizer*> optimizers = {&front_opt, &opt};
+    std::unique_ptr<Sgd> tail_opt;
+    if (tail) {
+      tail_opt = std::make_unique<Sgd>(tail->params(), sgd());
+      stages.push_back(tail.get());
+      optimizers.push_back(tail_opt.get());
+    }
+    ChainTrainer(stages, optimizers).train_step(images(kBatch), pixels(kBatch).labels.data(), kMicrobatches);
     CheckpointMeta meta;
     meta.role = "cloud";
     meta.client_id = kClient;
