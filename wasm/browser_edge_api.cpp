@@ -56,10 +56,12 @@ extern "C" {
 EMSCRIPTEN_KEEPALIVE const char* tandem_last_error() { return page().error.c_str(); }
 
 // Privacy for the runs tandem_create makes from now on (EdgePrivacy: as
-// tandem-edge's --dp-clip, --dp-noise, --dp-delta, --dp-epsilon-budget, --dp-eval and
-// --nopeek): dp_clip 0 turns noise on the cut off, nopeek 0 the penalty.
+// tandem-edge's --dp-clip, --dp-noise, --dp-delta, --dp-epsilon-budget, --dp-eval, --nopeek,
+// and for a U-shaped cut --grad-clip, --grad-noise and --label-noise): dp_clip 0 turns noise
+// on the cut off, nopeek 0 the penalty, grad_clip and label_noise 0 the labels' noise.
 EMSCRIPTEN_KEEPALIVE int tandem_set_privacy(float dp_clip, float dp_noise, double dp_delta, double dp_epsilon_budget,
-                                            int noise_evaluation, float nopeek) {
+                                            int noise_evaluation, float nopeek, float grad_clip, float grad_noise,
+                                            float label_noise) {
   return guarded([&] {
     EdgePrivacy privacy;
     privacy.dp_clip = dp_clip;
@@ -68,6 +70,9 @@ EMSCRIPTEN_KEEPALIVE int tandem_set_privacy(float dp_clip, float dp_noise, doubl
     privacy.dp_epsilon_budget = dp_epsilon_budget;
     privacy.dp_noise_evaluation = noise_evaluation != 0;
     privacy.nopeek = nopeek;
+    privacy.grad_clip = grad_clip;
+    privacy.grad_noise = grad_noise;
+    privacy.label_noise = label_noise;
     if (const std::string why = privacy.problem(); !why.empty()) fail("edge", cat("privacy: ", why));
     page().privacy = privacy;
   });

@@ -9,7 +9,9 @@ class TandemEdge {
   // ("f32", "f16", "bf16", "i8"), evalSamples (0: all test images), frontUpdates ("step" or
   // "round": in a split-federated cloud, the front updated every step or once a round),
   // privacy ({ dpClip, dpNoise, dpDelta, dpEpsilonBudget, dpEval: "noised" or "clean",
-  // nopeek }, as tandem-edge's --dp-* and --nopeek; absent: none), onEvent(event). Events:
+  // nopeek, and with a U-shaped cut ("A,B": the labels stay in the page) gradClip, gradNoise,
+  // labelNoise }, as tandem-edge's --dp-*, --nopeek, --grad-* and --label-noise; absent:
+  // none), onEvent(event). Events:
   // connected, welcome, step (with dp_epsilon and dcor when on), round, evaluated, done, error.
   static async create(options) {
     const edge = new TandemEdge(options.onEvent || (() => {}));
@@ -21,9 +23,10 @@ class TandemEdge {
     const m = edge.module;
     const privacy = options.privacy || {};
     edge.check(m.ccall("tandem_set_privacy", "number",
-      ["number", "number", "number", "number", "number", "number"],
+      ["number", "number", "number", "number", "number", "number", "number", "number", "number"],
       [privacy.dpClip || 0, privacy.dpNoise || 0, privacy.dpDelta || 1e-5, privacy.dpEpsilonBudget || 0,
-       privacy.dpEval === "clean" ? 0 : 1, privacy.nopeek || 0]));
+       privacy.dpEval === "clean" ? 0 : 1, privacy.nopeek || 0, privacy.gradClip || 0, privacy.gradNoise || 0,
+       privacy.labelNoise || 0]));
     const spec = edge.copyIn(options.spec, 1);
     const rc = m.ccall("tandem_create", "number",
       ["number", "number", "string", "string", "string", "number", "number", "number", "number", "number", "number", "string", "number",
