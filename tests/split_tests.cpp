@@ -30,12 +30,6 @@ std::string pick(const char* preferred) {
 
 OptimizerOptions sgd() { return {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .nesterov = false}; }
 
-void copy_params(Network& to, Network& from) {
-  for (Param* p : to.params()) {
-    p->value().copy_from(from.param(p->name()).value());
-    p->bump_version();
-  }
-}
 
 // An edge (xnnpack when built) and a cloud (onednn when built) joined by in-process messages.
 struct Split {
@@ -101,14 +95,6 @@ struct Split {
 using Data = QuadrantData;
 Data make_data(int64_t n, uint64_t seed) { return quadrant_data(n, seed); }
 
-float max_diff(Network& a, Network& b) {
-  float worst = 0.0f;
-  for (Param* p : a.params()) {
-    const Tensor& q = b.param(p->name()).value();
-    for (int64_t i = 0; i < q.numel(); ++i) worst = std::max(worst, std::fabs(p->value()[i] - q[i]));
-  }
-  return worst;
-}
 
 TEST(SplitSession, PipelinedEqualsUnpipelined) {
   Data d = make_data(32, 1);

@@ -4,6 +4,7 @@
 
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdlib>
 #include <functional>
@@ -13,6 +14,7 @@
 
 #include "core/backend.h"
 #include "core/model_spec.h"
+#include "core/network.h"
 #include "core/random.h"
 #include "core/tensor.h"
 #include "backends/registry.h"
@@ -28,6 +30,24 @@ inline std::string error_of(const std::function<void()>& f) {
     return e.what();
   }
   return "(no error)";
+}
+
+// Gives `to`'s parameters the values of the same names in `from` (a shard from its whole model).
+inline void copy_params(Network& to, Network& from) {
+  for (Param* p : to.params()) {
+    p->value().copy_from(from.param(p->name()).value());
+    p->bump_version();
+  }
+}
+
+// The largest difference between `part`'s parameters and those of the same names in `whole`.
+inline float max_diff(Network& part, Network& whole) {
+  float worst = 0.0f;
+  for (Param* p : part.params()) {
+    const Tensor& q = whole.param(p->name()).value();
+    for (int64_t i = 0; i < q.numel(); ++i) worst = std::max(worst, std::fabs(p->value()[i] - q[i]));
+  }
+  return worst;
 }
 
 // The backend named by TANDEM_BACKEND (ctest sets it per test), default "reference".
