@@ -65,7 +65,8 @@ std::vector<Case> cases() {
   // Elementwise over 30 values: the arithmetic of each definition.
   const std::map<std::string, std::pair<double, double>> per_value{
       {"relu", {1, 1}},    {"relu6", {2, 2}},   {"hardswish", {5, 4}}, {"gelu", {6, 10}}, {"sigmoid", {3, 3}},
-      {"tanh", {1, 3}},    {"silu", {4, 7}},    {"dropout", {2, 1}},   {"softmax", {3, 4}}};
+      {"tanh", {1, 3}},    {"silu", {4, 7}},    {"dropout", {2, 1}},   {"softmax", {3, 4}},
+      {"gelu_tanh", {9, 19}}};
   for (const auto& [op, f] : per_value) c.push_back({named(op), {{5, 6}}, 30 * f.first, 30 * f.second});
   c.push_back({named("batch_norm"), {{5, 6}}, 30 * 7.0, 30 * 8.0 + 30 * 3.0});
   c.push_back({named("add"), {{5, 6}, {5, 6}}, 30.0, 0.0});

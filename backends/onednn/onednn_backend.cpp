@@ -95,7 +95,7 @@ struct ActivationShape {
 };
 
 // oneDNN's eltwise algorithm for an activation op, if it has one: relu6 is clip [0, 6], gelu
-// the erf form, silu swish with alpha 1.
+// the erf form (gelu_tanh its tanh approximation), silu swish with alpha 1.
 struct Eltwise {
   dnnl::algorithm alg;
   float alpha = 0.0f, beta = 0.0f;
@@ -106,6 +106,7 @@ std::optional<Eltwise> eltwise_for(std::string_view name) {
   if (name == "relu6") return Eltwise{algorithm::eltwise_clip, 0.0f, 6.0f};
   if (name == "hardswish") return Eltwise{algorithm::eltwise_hardswish};
   if (name == "gelu") return Eltwise{algorithm::eltwise_gelu_erf};
+  if (name == "gelu_tanh") return Eltwise{algorithm::eltwise_gelu_tanh};
   if (name == "sigmoid") return Eltwise{algorithm::eltwise_logistic};
   if (name == "tanh") return Eltwise{algorithm::eltwise_tanh};
   if (name == "silu") return Eltwise{algorithm::eltwise_swish, 1.0f};  // x * sigmoid(alpha x)
