@@ -80,6 +80,18 @@ class SoftmaxKernel {
   virtual void backward(const float* y, const float* dy, float* dx) = 0;
 };
 
+// Layer normalisation (LayerNormGeometry): y = (x - mean) / sqrt(var + eps) * gamma + beta per
+// row. Forward writes each row's mean and variance (biased, as PyTorch) for backward;
+// backward writes dx (when not null) and this call's dgamma and dbeta (overwriting, as
+// Param::grad_target wants).
+class LayerNormKernel {
+ public:
+  virtual ~LayerNormKernel() = default;
+  virtual void forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* var) = 0;
+  virtual void backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* var,
+                        float* dx, float* dgamma, float* dbeta) = 0;
+};
+
 class GlobalAvgPoolKernel {
  public:
   virtual ~GlobalAvgPoolKernel() = default;
@@ -148,6 +160,7 @@ class Backend {
   virtual std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) = 0;
   virtual std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) = 0;
   virtual std::unique_ptr<AddKernel> add(int64_t elements) = 0;
+  virtual std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) = 0;
   // A backend without one says so in supports("heads"); asked anyway, it throws that answer.
   virtual std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g);
 };

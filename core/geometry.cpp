@@ -18,6 +18,8 @@ std::string GroupedLinearGeometry::str() const {
   return cat("grouped linear N", batch, " ", groups, " x (", in_features, " -> ", out_features, ")");
 }
 
+std::string LayerNormGeometry::str() const { return cat("layer norm [", rows, ", ", features, "] eps ", eps); }
+
 std::string GlobalPoolGeometry::str() const {
   return cat("global average pool N", batch, " ", in_h, "x", in_w, "x", channels);
 }

@@ -46,6 +46,14 @@ struct GroupedLinearGeometry {
   std::string str() const;
 };
 
+// Layer normalisation of `rows` vectors of `features` values each (every sample, and every
+// token of a sequence), with a scale and a shift per feature.
+struct LayerNormGeometry {
+  int64_t rows = 1, features = 1;
+  float eps = 1e-5f;
+  std::string str() const;
+};
+
 // Mean over all positions of each channel: x [batch, in_h, in_w, channels] -> y [batch, channels].
 struct GlobalPoolGeometry {
   int64_t batch = 1, in_h = 1, in_w = 1, channels = 1;

@@ -38,6 +38,10 @@ struct BatchNormAttrs {
   float eps = 1e-5f, momentum = 0.1f;
 };
 
+struct LayerNormAttrs {
+  float eps = 1e-5f;
+};
+
 struct HeadsAttrs {
   int64_t count = 0, hidden = 0, out_features = 0;
 };
@@ -52,6 +56,7 @@ struct NodeSpec {
   HeadsAttrs heads;
   BatchNormAttrs batch_norm;
   DropoutAttrs dropout;
+  LayerNormAttrs layer_norm;
 };
 
 struct InputSpec {

@@ -31,6 +31,7 @@ set(TANDEM_CORE_SOURCES
   layers/linear_layer.cpp
   layers/heads_layer.cpp
   layers/batch_norm_layer.cpp
+  layers/layer_norm_layer.cpp
   layers/simple_layers.cpp
 )
 

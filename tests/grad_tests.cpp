@@ -292,6 +292,29 @@ TEST(GradConcat, TwoBranches) {
   EXPECT_EQ(Graph::build(spec).node("joined").shape, (Shape{2, 9}));
 }
 
+// Layer normalisation over tokens' features ([tokens, features] a sample); its forward gives
+// each row mean 0 and variance 1 / (1 + eps / var) before the scale and shift, with the spec's eps.
+TEST(GradLayerNorm, TokensAndFeatures) {
+  Rng rng(19);
+  check_node({5, 12}, node("layer_norm"), random_tensor({3, 5, 12}, rng, -2.0f, 2.0f));
+
+  NodeSpec ln = node("layer_norm");
+  ln.layer_norm.eps = 0.5f;
+  auto backend = make_test_backend(backend_under_test());
+  Network net(Graph::build(one_node_spec({4, 6}, ln)), *backend, 1);
+  const Tensor x = random_tensor({2, 4, 6}, rng, -2.0f, 2.0f);
+  const Tensor& y = net.forward(x, 0);
+  for (int64_t r = 0; r < 8; ++r) {
+    double m = 0, v = 0, ym = 0, yv = 0;
+    for (int64_t i = 0; i < 6; ++i) m += x[r * 6 + i], ym += y[r * 6 + i];
+    m /= 6, ym /= 6;
+    for (int64_t i = 0; i < 6; ++i) v += (x[r * 6 + i] - m) * (x[r * 6 + i] - m), yv += (y[r * 6 + i] - ym) * (y[r * 6 + i] - ym);
+    v /= 6, yv /= 6;
+    EXPECT_NEAR(ym, 0.0, 1e-5) << "row " << r;
+    EXPECT_NEAR(yv, v / (v + 0.5), 1e-4) << "row " << r;
+  }
+}
+
 TEST(GradSoftmax, LastDimension) {
   Rng rng(15);
   check_node({6}, node("softmax"), random_tensor({3, 6}, rng, -2.0f, 2.0f));

@@ -69,6 +69,7 @@ std::vector<Case> cases() {
       {"gelu_tanh", {9, 19}}};
   for (const auto& [op, f] : per_value) c.push_back({named(op), {{5, 6}}, 30 * f.first, 30 * f.second});
   c.push_back({named("batch_norm"), {{5, 6}}, 30 * 7.0, 30 * 8.0 + 30 * 3.0});
+  c.push_back({named("layer_norm"), {{5, 6}}, 30 * 6.0, 30 * 8.0 + 30 * 3.0});
   c.push_back({named("add"), {{5, 6}, {5, 6}}, 30.0, 0.0});
   c.push_back({named("concat"), {{5, 6}, {5, 2}}, 0.0, 0.0});
   c.push_back({named("global_avg_pool"), {{4, 4, 6}}, 96.0 + 6, 96.0});

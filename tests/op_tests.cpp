@@ -413,6 +413,46 @@ TEST(Add, Forward) {
   }
 }
 
+// Layer normalisation against the reference: outputs, statistics, and every gradient, for a
+// row of one feature, BERT-sized rows, and rows far from zero (a large common offset, where a
+// one-pass variance would cancel); backward without the input gradient too.
+TEST(LayerNorm, ForwardBackward) {
+  Backends b;
+  struct Case {
+    int64_t rows, features;
+    float eps, offset;
+  };
+  for (const Case c : {Case{3, 1, 1e-5f, 0.0f}, Case{7, 33, 1e-5f, 0.0f}, Case{64, 256, 1e-12f, 0.0f},
+                       Case{5, 40, 1e-5f, 300.0f}}) {
+    SCOPED_TRACE(cat(c.rows, "x", c.features, " offset ", c.offset));
+    Rng rng(21);
+    const LayerNormGeometry g{c.rows, c.features, c.eps};
+    const int64_t n = c.rows * c.features;
+    Tensor x = random_tensor({n}, rng, -3.0f, 3.0f), dy = random_tensor({n}, rng);
+    for (int64_t i = 0; i < n; ++i) x[i] += c.offset;
+    Tensor gamma = random_tensor({c.features}, rng, 0.5f, 1.5f), beta = random_tensor({c.features}, rng);
+    auto r = b.reference->layer_norm(g);
+    auto t = b.tested->layer_norm(g);
+    Tensor want_y = nan_tensor({n}), got_y = nan_tensor({n});
+    Tensor want_stats = nan_tensor({2 * c.rows}), got_stats = nan_tensor({2 * c.rows});
+    r->forward(x.data(), gamma.data(), beta.data(), want_y.data(), want_stats.data(), want_stats.data() + c.rows);
+    t->forward(x.data(), gamma.data(), beta.data(), got_y.data(), got_stats.data(), got_stats.data() + c.rows);
+    expect_close(got_y.data(), want_y.data(), n, "forward", 1e-4f);
+    for (const bool want_input : {true, false}) {
+      Tensor want_dx = nan_tensor({n}), got_dx = nan_tensor({n});
+      Tensor want_dg = nan_tensor({c.features}), got_dg = nan_tensor({c.features});
+      Tensor want_db = nan_tensor({c.features}), got_db = nan_tensor({c.features});
+      r->backward(x.data(), dy.data(), gamma.data(), want_stats.data(), want_stats.data() + c.rows,
+                  want_input ? want_dx.data() : nullptr, want_dg.data(), want_db.data());
+      t->backward(x.data(), dy.data(), gamma.data(), got_stats.data(), got_stats.data() + c.rows,
+                  want_input ? got_dx.data() : nullptr, got_dg.data(), got_db.data());
+      if (want_input) expect_close(got_dx.data(), want_dx.data(), n, "backward dx", 1e-3f);
+      expect_close(got_dg.data(), want_dg.data(), c.features, "backward dgamma", 1e-3f);
+      expect_close(got_db.data(), want_db.data(), c.features, "backward dbeta", 1e-4f);
+    }
+  }
+}
+
 TEST(Softmax, ForwardBackward) {
   Backends b;
   for (const auto& [rows, channels] : {std::pair<int64_t, int64_t>{1, 10}, {7, 3}, {64, 1000}}) {

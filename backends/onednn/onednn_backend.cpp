@@ -209,6 +209,61 @@ class Softmax final : public SoftmaxKernel {
   UnaryPasses passes_;
 };
 
+// oneDNN's fused layer normalisation (forward_training, and backward with the scale's and the
+// shift's gradients): mean and variance per row come out of forward and go into backward.
+// An unwanted input gradient is written to a buffer of the kernel's own. Backward takes the
+// shift too (with use_shift oneDNN 2.6 will not execute without it).
+class LayerNorm final : public LayerNormKernel {
+ public:
+  LayerNorm(std::shared_ptr<const Context> ctx, const LayerNormGeometry& g)
+      : ctx_(std::move(ctx)), g_(g) {
+    guarded(*ctx_, "layer norm setup", g_, [&] {
+      const Context& c = *ctx_;
+      const memory::desc md({g.rows, g.features}, f32, tag::nc), stat({g.rows}, f32, tag::x),
+          param({g.features}, f32, tag::x);
+      const auto flags = dnnl::normalization_flags::use_scale | dnnl::normalization_flags::use_shift;
+      const dnnl::primitive_attr attr = user_scratchpad();
+      dnnl::layer_normalization_forward::primitive_desc fwd_pd(
+          {dnnl::prop_kind::forward_training, md, stat, g.eps, flags}, attr, c.engine);
+      dnnl::layer_normalization_backward::primitive_desc bwd_pd({dnnl::prop_kind::backward, md, md, stat, g.eps, flags},
+                                                                 attr, c.engine, fwd_pd);
+      x_ = wrapper(c, md), y_ = wrapper(c, md), dy_ = wrapper(c, md), dx_ = wrapper(c, md);
+      mean_ = wrapper(c, stat), var_ = wrapper(c, stat);
+      gamma_ = wrapper(c, param), beta_ = wrapper(c, param), dgamma_m_ = wrapper(c, param), dbeta_m_ = wrapper(c, param);
+      forward_ = Step(c, fwd_pd,
+                      {{DNNL_ARG_SRC, x_}, {DNNL_ARG_DST, y_}, {DNNL_ARG_MEAN, mean_}, {DNNL_ARG_VARIANCE, var_},
+                       {DNNL_ARG_SCALE, gamma_}, {DNNL_ARG_SHIFT, beta_}});
+      backward_ = Step(c, bwd_pd,
+                       {{DNNL_ARG_SRC, x_}, {DNNL_ARG_MEAN, mean_}, {DNNL_ARG_VARIANCE, var_}, {DNNL_ARG_DIFF_DST, dy_},
+                        {DNNL_ARG_SCALE, gamma_}, {DNNL_ARG_SHIFT, beta_}, {DNNL_ARG_DIFF_SRC, dx_},
+                        {DNNL_ARG_DIFF_SCALE, dgamma_m_},
+                        {DNNL_ARG_DIFF_SHIFT, dbeta_m_}});
+    });
+  }
+  void forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* var) override {
+    guarded(*ctx_, "layer norm forward", g_, [&] {
+      bind(x_, x), bind(gamma_, gamma), bind(beta_, beta), bind(y_, y), bind(mean_, mean), bind(var_, var);
+      forward_.run(*ctx_);
+    });
+  }
+  void backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* var, float* dx,
+                float* dgamma, float* dbeta) override {
+    guarded(*ctx_, "layer norm backward", g_, [&] {
+      if (dx == nullptr) unwanted_dx_.resize(static_cast<std::size_t>(g_.rows * g_.features));
+      bind(x_, x), bind(dy_, dy), bind(gamma_, gamma), bind(mean_, mean), bind(var_, var);
+      bind(dx_, dx ? dx : unwanted_dx_.data()), bind(dgamma_m_, dgamma), bind(dbeta_m_, dbeta);
+      backward_.run(*ctx_);
+    });
+  }
+
+ private:
+  std::shared_ptr<const Context> ctx_;
+  LayerNormGeometry g_;
+  memory x_, y_, dy_, dx_, mean_, var_, gamma_, beta_, dgamma_m_, dbeta_m_;
+  Step forward_, backward_;
+  std::vector<float> unwanted_dx_;
+};
+
 // Average pooling forward and backward on NHWC through one UnaryPasses pair: tandem's
 // AvgPool2d (PyTorch's count_include_pad) and global average pooling (the whole image as the
 // window).
@@ -355,6 +410,9 @@ class Backend final : public tandem::Backend {
     return std::make_unique<Softmax>(ctx_, rows, channels);
   }
   std::unique_ptr<AddKernel> add(int64_t elements) override { return std::make_unique<Add>(ctx_, elements); }
+  std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override {
+    return std::make_unique<LayerNorm>(ctx_, g);
+  }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return make_max_pool2d(ctx_, g); }
   std::unique_ptr<AvgPool2dKernel> avg_pool2d(const Pool2dGeometry& g) override {
     return make_avg_pool2d(ctx_, g);

@@ -6,6 +6,7 @@
 #include <cmath>
 #include <cstring>
 #include <limits>
+#include <vector>
 
 namespace tandem {
 namespace {
@@ -357,6 +358,60 @@ class ReferenceGroupedLinear final : public GroupedLinearKernel {
   GroupedLinearGeometry g_;
 };
 
+// Layer normalisation per row, in double: the oracle the other backends are tested against.
+class ReferenceLayerNorm final : public LayerNormKernel {
+ public:
+  explicit ReferenceLayerNorm(const LayerNormGeometry& g) : g_(g) {}
+  void forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* var) override {
+    const int64_t n = g_.features;
+    for (int64_t r = 0; r < g_.rows; ++r) {
+      const float* xr = x + r * n;
+      double s = 0.0, ss = 0.0;
+      for (int64_t i = 0; i < n; ++i) s += xr[i];
+      const double m = s / static_cast<double>(n);
+      for (int64_t i = 0; i < n; ++i) ss += (xr[i] - m) * (xr[i] - m);
+      const double v = ss / static_cast<double>(n);
+      const double rstd = 1.0 / std::sqrt(v + g_.eps);
+      for (int64_t i = 0; i < n; ++i) y[r * n + i] = static_cast<float>((xr[i] - m) * rstd * gamma[i] + beta[i]);
+      mean[r] = static_cast<float>(m);
+      var[r] = static_cast<float>(v);
+    }
+  }
+  void backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* var, float* dx,
+                float* dgamma, float* dbeta) override {
+    const int64_t n = g_.features;
+    std::vector<double> dg(static_cast<std::size_t>(n), 0.0), db(static_cast<std::size_t>(n), 0.0);
+    for (int64_t r = 0; r < g_.rows; ++r) {
+      const float* xr = x + r * n;
+      const float* dyr = dy + r * n;
+      const double rstd = 1.0 / std::sqrt(static_cast<double>(var[r]) + g_.eps);
+      double sum_dxhat = 0.0, sum_dxhat_xhat = 0.0;
+      for (int64_t i = 0; i < n; ++i) {
+        const double xhat = (xr[i] - mean[r]) * rstd;
+        const double dxhat = static_cast<double>(dyr[i]) * gamma[i];
+        sum_dxhat += dxhat;
+        sum_dxhat_xhat += dxhat * xhat;
+        dg[static_cast<std::size_t>(i)] += dyr[i] * xhat;
+        db[static_cast<std::size_t>(i)] += dyr[i];
+      }
+      if (dx == nullptr) continue;
+      for (int64_t i = 0; i < n; ++i) {
+        const double xhat = (xr[i] - mean[r]) * rstd;
+        const double dxhat = static_cast<double>(dyr[i]) * gamma[i];
+        dx[r * n + i] = static_cast<float>(rstd / static_cast<double>(n) *
+                                           (static_cast<double>(n) * dxhat - sum_dxhat - xhat * sum_dxhat_xhat));
+      }
+    }
+    for (int64_t i = 0; i < n; ++i) {
+      dgamma[i] = static_cast<float>(dg[static_cast<std::size_t>(i)]);
+      dbeta[i] = static_cast<float>(db[static_cast<std::size_t>(i)]);
+    }
+  }
+
+ private:
+  LayerNormGeometry g_;
+};
+
 class ReferenceBackend final : public Backend {
  public:
   std::string_view name() const override { return "reference"; }
@@ -388,6 +443,9 @@ class ReferenceBackend final : public Backend {
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
     return std::make_unique<ReferenceGroupedLinear>(g);
   }
+  std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override {
+    return std::make_unique<ReferenceLayerNorm>(g);
+  }
 };
 
 }  // namespace
@@ -406,6 +464,10 @@ namespace tandem {
 
 std::unique_ptr<ActivationKernel> make_reference_activation(const Activation& kind, int64_t elements) {
   return std::make_unique<ReferenceActivation>(kind, elements);
+}
+
+std::unique_ptr<LayerNormKernel> make_reference_layer_norm(const LayerNormGeometry& g) {
+  return std::make_unique<ReferenceLayerNorm>(g);
 }
 
 }  // namespace tandem

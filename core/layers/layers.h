@@ -153,6 +153,27 @@ class BatchNormLayer final : public Layer {
   bool training_ = true;
 };
 
+// Layer normalisation over the last dimension (features), as torch.nn.LayerNorm: each row
+// (a sample, or a token of one) normalised with its own statistics, scaled and shifted per
+// feature; the same in training and evaluation. Kernels from the backend (oneDNN's fused
+// primitive, the reference loops elsewhere).
+class LayerNormLayer final : public Layer {
+ public:
+  LayerNormLayer(const GraphNode& node, const Shape& in, Backend& backend);
+  std::vector<Param*> params() override { return {&weight_, &bias_}; }
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  LayerNormKernel& kernel(int64_t rows);
+  LayerNormAttrs attrs_;
+  int64_t features_;
+  Param weight_, bias_;
+  Backend& backend_;
+  KernelCache<LayerNormKernel> kernels_;
+};
+
 // Inputs side by side along the last dimension (channels). A copy, the same on every
 // backend; the gradient is sliced back.
 class ConcatLayer final : public Layer {

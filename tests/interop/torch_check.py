@@ -69,6 +69,11 @@ class SpecModel(torch.nn.Module):
                 bn = torch.nn.BatchNorm2d if len(s) == 3 else torch.nn.BatchNorm1d
                 setattr(self, name, bn(s[0], eps=a.get("eps", 1e-5), momentum=a.get("momentum", 0.1)))
                 out = s
+            elif op == "layer_norm":
+                if len(s) != 1:
+                    raise SystemExit("torch_check.py: layer_norm is checked on feature vectors only")
+                setattr(self, name, torch.nn.LayerNorm(s[0], eps=node.get("layer_norm", {}).get("eps", 1e-5)))
+                out = s
             elif op == "flatten":
                 out = (int(np.prod(s)),)
             elif op == "global_avg_pool":
@@ -89,7 +94,7 @@ class SpecModel(torch.nn.Module):
         for node in self.order:
             name, op = node["name"], node["op"]
             x = [values[i] for i in node["inputs"]]
-            if op in ("conv2d", "linear", "batch_norm"):
+            if op in ("conv2d", "linear", "batch_norm", "layer_norm"):
                 y = getattr(self, name)(x[0])
             elif op == "max_pool2d":
                 k, st, p = node["_pool"]
