@@ -8,4 +8,5 @@ set(TANDEM_PORTABLE_BACKEND_SOURCES
   simd/winograd_conv2d.cpp
   simd/max_pool_2x2.cpp
   simd/gemm.cpp
+  simd/layer_norm.cpp
 )

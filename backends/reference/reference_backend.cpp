@@ -466,8 +466,4 @@ std::unique_ptr<ActivationKernel> make_reference_activation(const Activation& ki
   return std::make_unique<ReferenceActivation>(kind, elements);
 }
 
-std::unique_ptr<LayerNormKernel> make_reference_layer_norm(const LayerNormGeometry& g) {
-  return std::make_unique<ReferenceLayerNorm>(g);
-}
-
 }  // namespace tandem

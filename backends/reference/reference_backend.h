@@ -13,8 +13,5 @@ std::unique_ptr<Backend> make_reference_backend(const BackendOptions& options);
 std::unique_ptr<Conv2dKernel> make_reference_conv2d(const Conv2dGeometry& g);
 // The activation op's own loops (core/activation.h), for backends without a kernel for it.
 std::unique_ptr<ActivationKernel> make_reference_activation(const Activation& kind, int64_t elements);
-// Layer normalisation's loops, in double (xnnpack and portable use them: neither library path
-// has one; XNNPACK 2022 has no layer normalisation operator).
-std::unique_ptr<LayerNormKernel> make_reference_layer_norm(const LayerNormGeometry& g);
 
 }  // namespace tandem

@@ -11,7 +11,7 @@
 #include <mutex>
 #include <vector>
 
-#include "backends/reference/reference_backend.h"
+#include "backends/simd/layer_norm.h"
 #include "backends/simd/max_pool_2x2.h"
 #include "core/tensor.h"
 #include "backends/xnnpack/xnnpack_common.h"
@@ -530,10 +530,8 @@ class XnnBackend final : public Backend {
     return std::make_unique<XnnSoftmax>(ctx_, rows, channels);
   }
   std::unique_ptr<AddKernel> add(int64_t elements) override { return std::make_unique<XnnAdd>(ctx_, elements); }
-  // XNNPACK 2022 has no layer normalisation operator: the reference loops.
-  std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override {
-    return make_reference_layer_norm(g);
-  }
+  // XNNPACK 2022 has no layer normalisation operator: the simd kernel (the portable backend's).
+  std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override { return simd::make_layer_norm(g); }
 
  private:
   std::shared_ptr<const Context> ctx_;
