@@ -21,18 +21,8 @@ void parse(const spec::Node& node, NodeSpec& out, const std::string& label) {
 void define_batch_norm_op(OpTable& t) {
   // Statistics (a sum and a sum of squares), normalise and scale-shift a value; backward
   // two reductions and the input gradient's affine map; dgamma and dbeta one multiply-add each.
-  OpDef d = ops::elementwise("batch_norm", 7, 8);
-  const auto elementwise_cost = d.cost;
-  d.cost = [elementwise_cost](const NodeSpec& n, std::span<const Shape> in, const Shape& out) {
-    OpCost c = elementwise_cost(n, in, out);
-    c.backward_weights_flops = 3.0 * ops::count(out);
-    return c;
-  };
+  OpDef d = ops::normalization("batch_norm", 7, 8);
   d.parse = parse;
-  d.params = [](const NodeSpec&, std::span<const Shape> in) {
-    const int64_t c = in[0][in[0].rank() - 1];
-    return std::vector<ParamSpec>{{"weight", Shape{c}}, {"bias", Shape{c}}};
-  };
   d.torch_layout = [](std::string_view) { return TorchLayout::InputChannels; };
   d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend&, Rng& rng) -> std::unique_ptr<Layer> {
     return std::make_unique<BatchNormLayer>(node, in[0], rng);

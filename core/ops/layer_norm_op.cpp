@@ -21,18 +21,8 @@ void define_layer_norm_op(OpTable& t) {
   // Forward: a row's sum and sum of squares (2 a value), normalise (2), scale and shift (2).
   // Backward: dxhat = dy * gamma (1), its two row sums (3), the input gradient's affine map
   // (4); dgamma and dbeta one multiply-add and one add a value.
-  OpDef d = ops::elementwise("layer_norm", 6, 8);
-  const auto elementwise_cost = d.cost;
-  d.cost = [elementwise_cost](const NodeSpec& n, std::span<const Shape> in, const Shape& out) {
-    OpCost c = elementwise_cost(n, in, out);
-    c.backward_weights_flops = 3.0 * ops::count(out);
-    return c;
-  };
+  OpDef d = ops::normalization("layer_norm", 6, 8);
   d.parse = parse;
-  d.params = [](const NodeSpec&, std::span<const Shape> in) {
-    const int64_t f = in[0][in[0].rank() - 1];
-    return std::vector<ParamSpec>{{"weight", Shape{f}}, {"bias", Shape{f}}};
-  };
   d.torch_layout = [](std::string_view) { return TorchLayout::Same; };  // [features], as torch's
   d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng&) -> std::unique_ptr<Layer> {
     return std::make_unique<LayerNormLayer>(node, in[0], backend);
