@@ -37,7 +37,9 @@ std::vector<NamedTensor> take(const flatbuffers::Vector<flatbuffers::Offset<ckpt
     for (uint32_t i = 0; i < t->shape()->size(); ++i) {
       dims[i] = t->shape()->Get(i);
       if (dims[i] < 0 || dims[i] > (int64_t{1} << 32)) fail("checkpoint", cat(what, " '", name, "' has a bad shape"));
-      n *= dims[i];
+      // Found by tests/fuzz (checkpoint): a few dimensions near 2^32 overflowed the count.
+      if (__builtin_mul_overflow(n, dims[i], &n))
+        fail("checkpoint", cat(what, " '", name, "' has a bad shape (its element count overflows)"));
     }
     if (n != static_cast<int64_t>(t->data()->size()))
       fail("checkpoint", cat(what, " '", name, "' holds ", t->data()->size(), " values for ", n, " elements"));
