@@ -5,6 +5,7 @@
 #include <set>
 
 #include "core/error.h"
+#include "core/flatbuffer_read.h"
 #include "core/ops/op.h"
 #include "schema/model_generated.h"
 
@@ -63,7 +64,8 @@ ModelSpec parse_model_binary(const uint8_t* data, std::size_t size) {
     InputSpec s;
     s.name = in->name()->str();
     std::vector<int64_t> dims;
-    for (int64_t d : *in->shape()) {
+    for (flatbuffers::uoffset_t k = 0; k < in->shape()->size(); ++k) {
+      const int64_t d = int64_at(*in->shape(), k);
       if (d <= 0) fail(kWhere, cat("input '", s.name, "': field 'shape' has a non-positive dimension"));
       dims.push_back(d);
     }

@@ -7,6 +7,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/flatbuffer_read.h"
 #include "core/loss.h"
 #include "core/microbatch.h"
 #include "core/sha256.h"
@@ -381,11 +382,9 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   WireError error;
   // U-shaped: no labels; the batch's size is the activations' first dimension.
   const wire::TensorMsg* t = eval.activations();
-  const uint32_t count =
-      !u_shaped_ ? (eval.labels() ? eval.labels()->size() : 0)
-                 : (t && t->shape() && t->shape()->size() > 0 && t->shape()->Get(0) > 0 && t->shape()->Get(0) <= kMaxEvalBatch
-                        ? static_cast<uint32_t>(t->shape()->Get(0))
-                        : 0);
+  const int64_t rows = t && t->shape() && t->shape()->size() > 0 ? int64_at(*t->shape(), 0) : 0;
+  const uint32_t count = !u_shaped_ ? (eval.labels() ? eval.labels()->size() : 0)
+                                    : (rows > 0 && rows <= kMaxEvalBatch ? static_cast<uint32_t>(rows) : 0);
   if (count < 1 || count > kMaxEvalBatch)
     return refuse({wire::ErrorCode::BadTensor, cat("evaluation batch of ", count, " samples is outside [1, ",
                                                    kMaxEvalBatch, "]")});

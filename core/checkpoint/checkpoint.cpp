@@ -3,6 +3,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/flatbuffer_read.h"
 #include "core/sha256.h"
 #include "schema/checkpoint_generated.h"
 
@@ -35,7 +36,7 @@ std::vector<NamedTensor> take(const flatbuffers::Vector<flatbuffers::Offset<ckpt
     int64_t dims[kMaxRank] = {};
     int64_t n = 1;
     for (uint32_t i = 0; i < t->shape()->size(); ++i) {
-      dims[i] = t->shape()->Get(i);
+      dims[i] = int64_at(*t->shape(), i);
       if (dims[i] < 0 || dims[i] > (int64_t{1} << 32)) fail("checkpoint", cat(what, " '", name, "' has a bad shape"));
       // Found by tests/fuzz (checkpoint): a few dimensions near 2^32 overflowed the count.
       if (__builtin_mul_overflow(n, dims[i], &n))

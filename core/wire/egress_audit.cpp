@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/flatbuffer_read.h"
 #include "core/sha256.h"
 #include "core/wire/frame.h"
 #include "core/wire/tensor_codec.h"
@@ -29,9 +30,9 @@ std::string EgressAudit::tensor_json(const wire::TensorMsg* t) const {
   if (!t) return "null";
   std::string shape;
   if (t->shape())
-    for (int64_t d : *t->shape()) {
+    for (flatbuffers::uoffset_t k = 0; k < t->shape()->size(); ++k) {
       if (!shape.empty()) shape += ",";
-      shape += std::to_string(d);
+      shape += std::to_string(int64_at(*t->shape(), k));
     }
   const std::span<const uint8_t> data = t->data() ? std::span<const uint8_t>(t->data()->data(), t->data()->size())
                                                   : std::span<const uint8_t>();

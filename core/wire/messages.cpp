@@ -4,6 +4,7 @@
 #include <cstring>
 
 #include "core/error.h"
+#include "core/flatbuffer_read.h"
 #include "core/sha256.h"
 
 namespace tandem {
@@ -176,13 +177,7 @@ Tensor read_tensor(const Frame& frame, const wire::TensorMsg* msg, const Shape& 
                          wire::EnumNameDType(dtype), ")"));
   }
   const auto* shape = msg->shape();
-  // The Verifier checks a vector's length field for 4-byte alignment only, so a hostile
-  // buffer can misalign 8-byte elements: read them byte-wise.
-  auto dim = [&](flatbuffers::uoffset_t i) {
-    int64_t v;
-    std::memcpy(&v, shape->Data() + i * sizeof(int64_t), sizeof v);
-    return flatbuffers::EndianScalar(v);
-  };
+  auto dim = [&](flatbuffers::uoffset_t i) { return int64_at(*shape, i); };
   bool same = shape && static_cast<int>(shape->size()) == expected.rank();
   for (int i = 0; same && i < expected.rank(); ++i) same = dim(static_cast<flatbuffers::uoffset_t>(i)) == expected[i];
   if (!same) {
