@@ -326,6 +326,22 @@ TEST(UShapedSessionBadInput, EdgeRefusesAMiddleOutputItDidNotAskFor) {
   EXPECT_EQ(err.text, "activations: shape [8, 25] differs from the expected [8, 24]");
 }
 
+// An evaluation answer for another batch, or of the wrong shape, is refused with the reason.
+TEST(UShapedSessionBadInput, EdgeRefusesAStrayEvalMiddleOutput) {
+  const QuadrantData test = quadrant_data(8, 2);
+  UShaped u(4);
+  u.handshake();
+  (void)u.edge.eval_forward(3, test.images, test.labels.data(), 8);
+  MessageWriter w;
+  WireError err;
+  EdgeSession::EvalResult result;
+  EXPECT_FALSE(u.edge.on_eval_result(frame_of(w.eval_middle_output(4, Tensor::zeros(Shape({8, 24})))), err, result));
+  EXPECT_EQ(err.code, wire::ErrorCode::OutOfWindow);
+  EXPECT_EQ(err.text, "EvalMiddleOutput for batch 4 was not expected");
+  EXPECT_FALSE(u.edge.on_eval_result(frame_of(w.eval_middle_output(3, Tensor::zeros(Shape({7, 24})))), err, result));
+  EXPECT_EQ(err.text, "activations: shape [7, 24] differs from the expected [8, 24]");
+}
+
 TEST(UShapedGraph, CutsAreCheckedAndNamed) {
   const Graph graph = Graph::build(parse_model_json(kSmallSplitSpec));
   const auto [front, middle] = graph.split(kCut);

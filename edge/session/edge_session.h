@@ -147,9 +147,12 @@ class EdgeSession {
   Network* tail_ = nullptr;
   CutNoise* grad_noise_ = nullptr;
   CutNoise* label_noise_ = nullptr;
-  Tensor per_sample_dlogits_, noised_dlogits_, noised_grad_in_;
+  Tensor noised_dlogits_, noised_grad_in_;
   std::vector<Tensor> tail_grads_;  // label noise: the tail's gradients before the noisy pass
-  Tensor per_sample_grad_, noised_grad_;
+  Tensor per_sample_, noised_grad_;
+  // `grad` (of the step's mean loss) times `samples` is each sample's gradient of its own
+  // loss: through `noise` (clip and noise a sample at a time), then back to the mean's scale.
+  void noise_per_sample(CutNoise& noise, const Tensor& grad, float samples, Tensor& out);
   std::vector<float> grad_scales_;
   std::vector<Tensor> dlogits_;  // U-shaped: per micro-batch slot, the loss's gradient
   const int32_t* eval_labels_ = nullptr;  // U-shaped: the evaluation batch in flight
