@@ -9,4 +9,5 @@ set(TANDEM_PORTABLE_BACKEND_SOURCES
   simd/max_pool_2x2.cpp
   simd/gemm.cpp
   simd/layer_norm.cpp
+  simd/attention.cpp
 )

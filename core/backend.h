@@ -92,6 +92,20 @@ class LayerNormKernel {
                         float* dx, float* dgamma, float* dbeta) = 0;
 };
 
+// Multi-head scaled dot-product attention (AttentionGeometry). Forward: per sample and head,
+// P = softmax(q k^T / sqrt(head_dim)) over the keys the mask keeps (and, causal, those not
+// after the query), out = P v; P is written to `probs` [batch, heads, tokens, tokens] for
+// backward. A query that sees no key (all masked) gets P = 0 and out = 0, never NaN. `mask`
+// [batch, tokens] (nonzero: keep) may be null. Backward writes dq, dk, dv (each may be null)
+// from dout and the forward's probs; masked keys need no mask there (their P is 0).
+class AttentionKernel {
+ public:
+  virtual ~AttentionKernel() = default;
+  virtual void forward(const float* q, const float* k, const float* v, const float* mask, float* out, float* probs) = 0;
+  virtual void backward(const float* q, const float* k, const float* v, const float* probs, const float* dout,
+                        float* dq, float* dk, float* dv) = 0;
+};
+
 class GlobalAvgPoolKernel {
  public:
   virtual ~GlobalAvgPoolKernel() = default;
@@ -161,6 +175,7 @@ class Backend {
   virtual std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) = 0;
   virtual std::unique_ptr<AddKernel> add(int64_t elements) = 0;
   virtual std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) = 0;
+  virtual std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) = 0;
   // A backend without one says so in supports("heads"); asked anyway, it throws that answer.
   virtual std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g);
 };

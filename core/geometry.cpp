@@ -20,6 +20,10 @@ std::string GroupedLinearGeometry::str() const {
 
 std::string LayerNormGeometry::str() const { return cat("layer norm [", rows, ", ", features, "] eps ", eps); }
 
+std::string AttentionGeometry::str() const {
+  return cat("attention N", batch, " T", tokens, " heads ", heads, "x", head_dim, causal ? " causal" : "");
+}
+
 std::string GlobalPoolGeometry::str() const {
   return cat("global average pool N", batch, " ", in_h, "x", in_w, "x", channels);
 }

@@ -54,6 +54,16 @@ struct LayerNormGeometry {
   std::string str() const;
 };
 
+// Multi-head attention on q, k, v [batch, tokens, heads * head_dim]: each token's heads side
+// by side, as a linear's output holds them (torch's [batch, tokens, features] before its view
+// to heads).
+struct AttentionGeometry {
+  int64_t batch = 1, tokens = 1, heads = 1, head_dim = 1;
+  bool causal = false;
+  int64_t features() const { return heads * head_dim; }
+  std::string str() const;
+};
+
 // Mean over all positions of each channel: x [batch, in_h, in_w, channels] -> y [batch, channels].
 struct GlobalPoolGeometry {
   int64_t batch = 1, in_h = 1, in_w = 1, channels = 1;

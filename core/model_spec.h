@@ -42,6 +42,19 @@ struct LayerNormAttrs {
   float eps = 1e-5f;
 };
 
+struct AttentionAttrs {
+  int64_t heads = 0;
+  bool causal = false;
+};
+
+struct EmbeddingAttrs {
+  int64_t count = 0, features = 0;
+};
+
+struct TokenPoolAttrs {
+  bool mean = false;  // "mean" over the kept tokens; else the first token
+};
+
 struct HeadsAttrs {
   int64_t count = 0, hidden = 0, out_features = 0;
 };
@@ -57,6 +70,9 @@ struct NodeSpec {
   BatchNormAttrs batch_norm;
   DropoutAttrs dropout;
   LayerNormAttrs layer_norm;
+  AttentionAttrs attention;
+  EmbeddingAttrs embedding;
+  TokenPoolAttrs token_pool;
 };
 
 struct InputSpec {

@@ -32,6 +32,8 @@ set(TANDEM_CORE_SOURCES
   layers/heads_layer.cpp
   layers/batch_norm_layer.cpp
   layers/layer_norm_layer.cpp
+  layers/embedding_layers.cpp
+  layers/attention_layer.cpp
   layers/simple_layers.cpp
 )
 

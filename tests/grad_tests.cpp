@@ -48,28 +48,35 @@ void check_gradient(Tensor values, const Tensor& analytic, F&& f, const std::str
 }
 
 // Builds the network on the backend under test and checks every gradient (input and
-// parameters) of a random weighted sum of its output.
-void check_spec(const ModelSpec& spec, Tensor x, const std::string& what) {
+// parameters) of a random weighted sum of its output. `more` are the graph's further inputs
+// (masks, boxes, ids: not differentiated); `input_grad` false when input 0 is not
+// differentiable either (token ids).
+void check_spec(const ModelSpec& spec, Tensor x, const std::string& what, std::vector<Tensor> more = {},
+                bool input_grad = true) {
   auto backend = make_test_backend(backend_under_test());
   Graph graph = Graph::build(spec);
   Network net(graph, *backend, 11);
   Rng rng(99);
-  const Tensor& y0 = net.forward(x, 0);
+  std::vector<Tensor> inputs{x};
+  inputs.insert(inputs.end(), more.begin(), more.end());
+  const Tensor& y0 = net.forward(inputs, 0);
   Tensor r = random_tensor(y0.shape(), rng);
   net.zero_grad();
-  Tensor dx = net.backward(r, 0, true).clone();
-  auto loss = [&] { return weighted_sum(net.forward(x, 0), r); };
+  Tensor dx = net.backward(r, 0, input_grad);
+  if (input_grad) dx = dx.clone();
+  auto loss = [&] { return weighted_sum(net.forward(inputs, 0), r); };
   // Bump versions so a backend that packs weights sees each perturbation.
   auto loss_after_param_change = [&](Param& p) {
-    return [&net, &p, &x, &r] {
+    return [&net, &p, &inputs, &r] {
       p.bump_version();
-      return weighted_sum(net.forward(x, 0), r);
+      return weighted_sum(net.forward(inputs, 0), r);
     };
   };
-  check_gradient(x, dx, loss, what + ".input", rng);
+  if (input_grad) check_gradient(x, dx, loss, what + ".input", rng);
   for (Param* p : net.params()) {
     Tensor g = p->grad().clone();
     check_gradient(p->value(), g, loss_after_param_change(*p), p->name(), rng);
+    p->bump_version();  // its last element was restored after the last forward: repack it
   }
 }
 
@@ -144,6 +151,154 @@ TEST(GradLinear, Basic) {
   n.linear.out_features = 6;
   Rng rng(3);
   check_node({10}, n, random_tensor({3, 10}, rng));
+}
+
+// On a sequence [tokens, features]: each token's row through the same weights.
+TEST(GradLinear, Sequence) {
+  NodeSpec n = node("linear");
+  n.linear.out_features = 6;
+  Rng rng(23);
+  check_node({4, 7}, n, random_tensor({2, 4, 7}, rng));
+  check_node({5, 8}, n, random_tensor({3, 5, 8}, rng));
+}
+
+NodeSpec wired(NodeSpec n, std::vector<std::string> inputs) {
+  n.inputs = std::move(inputs);
+  return n;
+}
+
+NodeSpec linear_node(const std::string& name, int64_t out) {
+  NodeSpec n = node("linear");
+  n.name = name;
+  n.linear.out_features = out;
+  return n;
+}
+
+// A padding mask [batch, tokens]: sample 0 keeps its first `kept` tokens, the others keep
+// every token but the second.
+Tensor padding_mask(int64_t batch, int64_t tokens, int64_t kept) {
+  Tensor m = Tensor::zeros({batch, tokens});
+  for (int64_t b = 0; b < batch; ++b)
+    for (int64_t t = 0; t < tokens; ++t) m[b * tokens + t] = (b == 0 ? t < kept : t != 1) ? 1.0f : 0.0f;
+  return m;
+}
+
+// BERT's self-attention block: query, key and value linears, attention over 2 heads with a
+// key padding mask (causal too), the output linear.
+TEST(GradAttention, SelfAttentionBlock) {
+  for (const bool causal : {false, true}) {
+    SCOPED_TRACE(causal ? "causal" : "bidirectional");
+    ModelSpec spec;
+    spec.name = "test.attention";
+    spec.inputs = {{"x", {5, 8}}, {"mask", {5}}};
+    NodeSpec att = node("attention");
+    att.attention = {2, causal};
+    spec.nodes = {wired(linear_node("q", 8), {"x"}), wired(linear_node("k", 8), {"x"}), wired(linear_node("v", 8), {"x"}),
+                  wired(att, {"q", "k", "v", "mask"}), wired(linear_node("o", 6), {att.name})};
+    spec.output = "o";
+    Rng rng(29);
+    check_spec(spec, random_tensor({3, 5, 8}, rng), "attention", {padding_mask(3, 5, 3)});
+  }
+}
+
+// Token ids pick rows: only the table has a gradient (ids are not differentiable).
+TEST(GradEmbedding, TokenIds) {
+  NodeSpec n = node("embedding");
+  n.embedding = {7, 4};
+  Tensor ids = Tensor::empty({2, 5});
+  const float picks[10] = {0, 3, 3, 6, 1, 2, 2, 2, 5, 0};  // repeated ids sum their gradients
+  for (int i = 0; i < 10; ++i) ids[i] = picks[i];
+  check_spec(one_node_spec({5}, n), ids, "embedding", {}, false);
+}
+
+TEST(GradEmbedding, Positions) {
+  NodeSpec n = node("position_embedding");
+  n.embedding = {9, 0};
+  Rng rng(37);
+  check_node({6, 4}, n, random_tensor({2, 6, 4}, rng));
+}
+
+// LayoutLM's 2-D positions: boxes whose corners share rows of the x and y tables.
+TEST(GradEmbedding, Layout) {
+  ModelSpec spec;
+  spec.name = "test.layout";
+  spec.inputs = {{"x", {3, 4}}, {"boxes", {3, 4}}};
+  NodeSpec n = node("layout_embedding");
+  n.embedding = {10, 0};
+  spec.nodes = {wired(n, {"x", "boxes"})};
+  spec.output = n.name;
+  Tensor boxes = Tensor::empty({2, 3, 4});
+  const float corners[24] = {0, 0, 3, 2, 3, 2, 9, 2, 1, 1, 1, 1, 5, 0, 9, 9, 0, 4, 4, 8, 2, 2, 7, 3};
+  for (int i = 0; i < 24; ++i) boxes[i] = corners[i];
+  Rng rng(41);
+  check_spec(spec, random_tensor({2, 3, 4}, rng), "layout_embedding", {boxes});
+}
+
+// Ids and boxes come from the edge's own data: a bad one stops the forward with an Error that
+// names the node, the value and where it is.
+TEST(GradEmbedding, BadIdsAndBoxesAreRefusedWithTheNode) {
+  auto backend = make_test_backend(backend_under_test());
+  NodeSpec n = node("embedding");
+  n.embedding = {7, 4};
+  Network net(Graph::build(one_node_spec({3}, n)), *backend, 1);
+  for (const auto& [bad, text] : std::vector<std::pair<float, std::string>>{
+           {7.0f, "token id 7 at element 4"}, {-1.0f, "token id -1 at element 4"}, {2.5f, "token id 2.5 at element 4"}}) {
+    Tensor ids = Tensor::zeros({2, 3});
+    ids[4] = bad;
+    EXPECT_EQ(error_of([&] { net.forward(ids, 0); }),
+              "[embedding] node 'embedding0': " + text + " is not an integer in [0, 7)");
+  }
+  ModelSpec spec;
+  spec.name = "test.layout";
+  spec.inputs = {{"x", {2, 4}}, {"boxes", {2, 4}}};
+  NodeSpec l = node("layout_embedding");
+  l.embedding = {10, 0};
+  spec.nodes = {wired(l, {"x", "boxes"})};
+  spec.output = l.name;
+  Network layout(Graph::build(spec), *backend, 1);
+  Tensor boxes = Tensor::zeros({1, 2, 4});
+  boxes[4] = 5.0f, boxes[6] = 3.0f;  // box 1: x0 5, x1 3
+  const std::vector<Tensor> in{Tensor::zeros({1, 2, 4}), boxes};
+  EXPECT_EQ(error_of([&] { layout.forward(in, 0); }),
+            "[embedding] node 'layout_embedding0': box 1 [5, 0, 3, 0] ends before it starts (boxes are [x0, y0, x1, y1])");
+}
+
+// A sample whose every key is padding: its attention output and every gradient stay finite
+// (0), and the other samples are unaffected by it.
+TEST(GradAttention, FullyMaskedSampleStaysFinite) {
+  auto backend = make_test_backend(backend_under_test());
+  ModelSpec spec;
+  spec.name = "test.masked";
+  spec.inputs = {{"x", {4, 8}}, {"mask", {4}}};
+  NodeSpec att = node("attention");
+  att.attention = {2, false};
+  spec.nodes = {wired(linear_node("q", 8), {"x"}), wired(att, {"q", "x", "x", "mask"})};
+  spec.output = att.name;
+  Network net(Graph::build(spec), *backend, 1);
+  Rng rng(47);
+  Tensor mask = Tensor::zeros({2, 4});
+  for (int t = 0; t < 4; ++t) mask[t] = 1.0f;  // sample 0 keeps all; sample 1 none
+  const std::vector<Tensor> in{random_tensor({2, 4, 8}, rng, -30.0f, 30.0f), mask};
+  const Tensor y = net.forward(in, 0).clone();
+  for (int64_t i = 32; i < 64; ++i) ASSERT_EQ(y[i], 0.0f) << i;
+  net.zero_grad();
+  const Tensor dx = net.backward(random_tensor({2, 4, 8}, rng), 0, true);
+  for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_TRUE(std::isfinite(dx[i])) << i;
+  for (Param* p : net.params())
+    for (int64_t i = 0; i < p->grad().numel(); ++i) ASSERT_TRUE(std::isfinite(p->grad()[i])) << p->name();
+}
+
+TEST(GradTokenPool, FirstAndMaskedMean) {
+  Rng rng(43);
+  check_node({4, 6}, node("token_pool"), random_tensor({2, 4, 6}, rng));
+  ModelSpec spec;
+  spec.name = "test.token_pool";
+  spec.inputs = {{"x", {4, 6}}, {"mask", {4}}};
+  NodeSpec n = node("token_pool");
+  n.token_pool.mean = true;
+  spec.nodes = {wired(n, {"x", "mask"})};
+  spec.output = n.name;
+  check_spec(spec, random_tensor({3, 4, 6}, rng), "token_pool mean", {padding_mask(3, 4, 2)});
 }
 
 TEST(GradRelu, AwayFromKink) {

@@ -74,6 +74,28 @@ std::vector<Case> cases() {
   c.push_back({named("concat"), {{5, 6}, {5, 2}}, 0.0, 0.0});
   c.push_back({named("global_avg_pool"), {{4, 4, 6}}, 96.0 + 6, 96.0});
   c.push_back({named("flatten"), {{4, 4, 6}}, 0.0, 0.0});
+  // A linear on a sequence of 7 tokens of 20: 7 rows of 200 multiply-adds.
+  c.push_back({lin, {{7, 20}}, 7 * 2.0 * 200, 7 * 2.0 * 2 * 200 + 10});
+  // Attention on 6 tokens of 8 features in 2 heads: S = QK^T is 6*6 dot products of 8
+  // (2 heads x 4), O = PV the same; the softmax 5 FLOPs on each of 2*6*6 scores. Backward:
+  // four such products, 3 FLOPs a score.
+  NodeSpec att = named("attention");
+  att.attention = {2, false};
+  c.push_back({att, {{6, 8}, {6, 8}, {6, 8}, {6}}, 2 * (2.0 * 36 * 8) + 5.0 * 72, 4 * (2.0 * 36 * 8) + 3.0 * 72});
+  // Embeddings of 5 tokens of 6 features: token ids copy rows (their gradient adds, 30);
+  // positions add a row (30 each way); LayoutLM's six rows add 6 a value each way.
+  NodeSpec emb = named("embedding"), pos = named("position_embedding"), layout = named("layout_embedding");
+  emb.embedding = {11, 6};
+  pos.embedding = layout.embedding = {9, 0};
+  c.push_back({emb, {{5}}, 0.0, 30.0});
+  c.push_back({pos, {{5, 6}}, 30.0, 30.0});
+  c.push_back({layout, {{5, 6}, {5, 4}}, 6 * 30.0, 6 * 30.0});
+  // token_pool over 5 tokens of 6: first is a copy; mean adds 30 values and scales 6, and
+  // spreads 30 scaled values back.
+  NodeSpec first = named("token_pool"), mean = named("token_pool");
+  mean.token_pool.mean = true;
+  c.push_back({first, {{5, 6}}, 0.0, 0.0});
+  c.push_back({mean, {{5, 6}, {5}}, 36.0, 30.0});
   return c;
 }
 

@@ -453,6 +453,56 @@ TEST(LayerNorm, ForwardBackward) {
   }
 }
 
+// Attention: masked, causal, a sample whose keys are all padding (its output and gradients
+// must be 0, not NaN), scores near 1e3 (the softmax must subtract its row's maximum), and each
+// input gradient asked for alone.
+TEST(Attention, ForwardBackward) {
+  Backends b;
+  struct Case {
+    int64_t batch, tokens, heads, head_dim;
+    bool causal, masked;
+    float range;
+  };
+  for (const Case c : {Case{2, 5, 2, 4, false, false, 1.0f}, Case{3, 7, 3, 8, false, true, 1.0f},
+                       Case{2, 9, 1, 16, true, false, 1.0f}, Case{2, 6, 2, 8, true, true, 1.0f},
+                       Case{1, 33, 4, 16, false, true, 1.0f}, Case{2, 8, 2, 4, false, true, 40.0f}}) {
+    SCOPED_TRACE(cat("N", c.batch, " T", c.tokens, " heads ", c.heads, "x", c.head_dim, c.causal ? " causal" : "",
+                     c.masked ? " masked" : "", " range ", c.range));
+    const AttentionGeometry g{c.batch, c.tokens, c.heads, c.head_dim, c.causal};
+    const Shape s{c.batch, c.tokens, g.features()}, ps{c.batch, c.heads, c.tokens, c.tokens};
+    Rng rng(31);
+    Tensor q = random_tensor(s, rng, -c.range, c.range), k = random_tensor(s, rng, -c.range, c.range);
+    Tensor v = random_tensor(s, rng), dout = random_tensor(s, rng);
+    // Sample 0 keeps a random prefix of at least one token; the last sample keeps none.
+    Tensor mask = Tensor::zeros({c.batch, c.tokens});
+    for (int64_t t = 0; t < c.tokens; ++t) mask[t] = t <= static_cast<int64_t>(rng.below(static_cast<uint64_t>(c.tokens))) ? 1.0f : 0.0f;
+    mask[0] = 1.0f;
+    for (int64_t n = 1; n + 1 < c.batch; ++n)
+      for (int64_t t = 0; t < c.tokens; ++t) mask[n * c.tokens + t] = (t % 3 != 1) ? 1.0f : 0.0f;
+    const float* m = c.masked ? mask.data() : nullptr;
+    auto r = b.reference->attention(g);
+    auto t = b.tested->attention(g);
+    Tensor want = nan_tensor(s), got = nan_tensor(s), want_p = nan_tensor(ps), got_p = nan_tensor(ps);
+    r->forward(q.data(), k.data(), v.data(), m, want.data(), want_p.data());
+    t->forward(q.data(), k.data(), v.data(), m, got.data(), got_p.data());
+    expect_close(got.data(), want.data(), want.numel(), "forward", 1e-4f);
+    expect_close(got_p.data(), want_p.data(), want_p.numel(), "probabilities", 1e-3f);
+    if (c.masked && c.batch > 1) {
+      const int64_t last = (c.batch - 1) * c.tokens * g.features();
+      for (int64_t i = 0; i < c.tokens * g.features(); ++i) ASSERT_EQ(got[last + i], 0.0f) << "fully masked sample, " << i;
+    }
+    for (int which = -1; which < 3; ++which) {  // all three gradients, then each alone
+      Tensor want_d[3] = {nan_tensor(s), nan_tensor(s), nan_tensor(s)}, got_d[3] = {nan_tensor(s), nan_tensor(s), nan_tensor(s)};
+      auto ptr = [&](Tensor* d, int i) { return which < 0 || which == i ? d[i].data() : nullptr; };
+      r->backward(q.data(), k.data(), v.data(), want_p.data(), dout.data(), ptr(want_d, 0), ptr(want_d, 1), ptr(want_d, 2));
+      t->backward(q.data(), k.data(), v.data(), got_p.data(), dout.data(), ptr(got_d, 0), ptr(got_d, 1), ptr(got_d, 2));
+      const char* names[3] = {"dq", "dk", "dv"};
+      for (int i = 0; i < 3; ++i)
+        if (which < 0 || which == i) expect_close(got_d[i].data(), want_d[i].data(), want_d[i].numel(), names[i], 2e-3f);
+    }
+  }
+}
+
 TEST(Softmax, ForwardBackward) {
   Backends b;
   for (const auto& [rows, channels] : {std::pair<int64_t, int64_t>{1, 10}, {7, 3}, {64, 1000}}) {

@@ -125,7 +125,56 @@ TEST(Spec, BadPairNamesField) {
 
 TEST(Spec, ShapeMismatchNamesTheNode) {
   const std::string msg = error_of([] { graph_of(with_nodes(R"({ name: "fc", op: "linear", inputs: ["x"], linear: { out_features: 3 } })")); });
-  EXPECT_EQ(msg, "[graph] node 'fc' (linear): expects a rank-1 input per sample, got [8, 8, 2] (add a flatten node before it)");
+  EXPECT_EQ(msg, "[graph] node 'fc' (linear): expects a vector [features] or a sequence [tokens, features] per sample, "
+                 "got [8, 8, 2] (add a flatten node before it)");
+}
+
+// A BERT-style encoder layer in the JSON form: ids and mask as inputs, the embeddings,
+// attention with the mask, the pooled first token.
+constexpr const char* kEncoder = R"({ name: "enc", inputs: [ { name: "ids", shape: [6] }, { name: "mask", shape: [6] } ],
+  nodes: [
+    { name: "tok", op: "embedding", inputs: ["ids"], embedding: { count: 50, features: 8 } },
+    { name: "pos", op: "position_embedding", inputs: ["tok"], embedding: { count: 16 } },
+    { name: "ln", op: "layer_norm", inputs: ["pos"], layer_norm: { eps: 1e-12 } },
+    { name: "q", op: "linear", inputs: ["ln"], linear: { out_features: 8 } },
+    { name: "k", op: "linear", inputs: ["ln"], linear: { out_features: 8 } },
+    { name: "v", op: "linear", inputs: ["ln"], linear: { out_features: 8 } },
+    { name: "att", op: "attention", inputs: ["q", "k", "v", "mask"], attention: { heads: 2 } },
+    { name: "cls", op: "token_pool", inputs: ["att"] },
+    { name: "mean", op: "token_pool", inputs: ["att", "mask"], token_pool: { mode: "mean" } },
+    { name: "fc", op: "linear", inputs: ["cls"], linear: { out_features: 2 } } ], output: "fc" })";
+
+TEST(Spec, TransformerNodesParseWithTheirShapes) {
+  const Graph g = graph_of(kEncoder);
+  EXPECT_EQ(g.node("tok").shape, (Shape{6, 8}));
+  EXPECT_EQ(g.node("att").shape, (Shape{6, 8}));
+  EXPECT_EQ(g.node("cls").shape, (Shape{8}));
+  EXPECT_EQ(g.node("mean").shape, (Shape{8}));
+  EXPECT_EQ(g.node("fc").shape, (Shape{2}));
+  EXPECT_EQ(g.nodes()[static_cast<std::size_t>(g.find("att"))].spec.attention.heads, 2);
+  EXPECT_TRUE(g.nodes()[static_cast<std::size_t>(g.find("mean"))].spec.token_pool.mean);
+}
+
+TEST(Spec, TransformerNodesAreCheckedWithNodeAndField) {
+  auto with = [](const std::string& from, const std::string& to) {
+    std::string s = kEncoder;
+    s.replace(s.find(from), from.size(), to);
+    return s;
+  };
+  EXPECT_EQ(error_of([&] { graph_of(with("heads: 2", "heads: 3")); }),
+            "[graph] node 'att' (attention): 8 features do not split into 3 heads (field 'attention.heads')");
+  EXPECT_EQ(error_of([&] { graph_of(with("heads: 2", "heads: 0")); }),
+            "[model spec] node 'att' (attention): field 'attention.heads' must be > 0, got 0");
+  EXPECT_EQ(error_of([&] { graph_of(with(R"(["q", "k", "v", "mask"])", R"(["q", "k", "ids"])")); }),
+            "[graph] node 'att' (attention): query, key and value must have one shape, got [6, 8], [6, 8], [6]");
+  EXPECT_EQ(error_of([&] { graph_of(with(R"(["q", "k", "v", "mask"])", R"(["q", "k", "v", "ln"])")); }),
+            "[graph] node 'att' (attention): its mask must be [tokens] = [6], got [6, 8]");
+  EXPECT_EQ(error_of([&] { graph_of(with("count: 16", "count: 4")); }),
+            "[graph] node 'pos' (position_embedding): 6 tokens exceed the table's 4 positions (field 'embedding.count')");
+  EXPECT_EQ(error_of([&] { graph_of(with("count: 50, features: 8", "count: 50")); }),
+            "[model spec] node 'tok' (embedding): field 'embedding.features' must be > 0, got 0");
+  EXPECT_EQ(error_of([&] { graph_of(with(R"(mode: "mean")", R"(mode: "max")")); }),
+            "[model spec] node 'mean' (token_pool): field 'token_pool.mode' is 'first' or 'mean', got 'max'");
 }
 
 TEST(Spec, KernelLargerThanInputNamesTheNode) {

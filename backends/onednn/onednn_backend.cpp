@@ -413,6 +413,7 @@ class Backend final : public tandem::Backend {
   std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override {
     return std::make_unique<LayerNorm>(ctx_, g);
   }
+  std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) override { return make_attention(ctx_, g); }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return make_max_pool2d(ctx_, g); }
   std::unique_ptr<AvgPool2dKernel> avg_pool2d(const Pool2dGeometry& g) override {
     return make_avg_pool2d(ctx_, g);

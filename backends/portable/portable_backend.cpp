@@ -6,6 +6,7 @@
 
 #include "backends/reference/reference_backend.h"
 #include "backends/simd/gemm.h"
+#include "backends/simd/attention.h"
 #include "backends/simd/layer_norm.h"
 
 namespace tandem {
@@ -187,6 +188,7 @@ class PortableBackend final : public Backend {
   }
   std::unique_ptr<AddKernel> add(int64_t elements) override { return reference_->add(elements); }
   std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override { return simd::make_layer_norm(g); }
+  std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) override { return simd::make_attention(g); }
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
     return reference_->grouped_linear(g);
   }

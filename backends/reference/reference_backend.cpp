@@ -412,6 +412,81 @@ class ReferenceLayerNorm final : public LayerNormKernel {
   LayerNormGeometry g_;
 };
 
+// Attention per sample, head, query and key, in double: the oracle.
+class ReferenceAttention final : public AttentionKernel {
+ public:
+  explicit ReferenceAttention(const AttentionGeometry& g) : g_(g) {}
+  void forward(const float* q, const float* k, const float* v, const float* mask, float* out, float* probs) override {
+    const int64_t T = g_.tokens, D = g_.features(), dh = g_.head_dim;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+    std::vector<double> s(static_cast<std::size_t>(T));
+    for (int64_t b = 0; b < g_.batch; ++b)
+      for (int64_t h = 0; h < g_.heads; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          float* p = probs + ((b * g_.heads + h) * T + i) * T;
+          double top = -std::numeric_limits<double>::infinity();
+          for (int64_t j = 0; j < T; ++j) {
+            const bool keep = (!mask || mask[b * T + j] != 0.0f) && (!g_.causal || j <= i);
+            double dot = 0.0;
+            for (int64_t d = 0; d < dh; ++d)
+              dot += static_cast<double>(q[(b * T + i) * D + h * dh + d]) * k[(b * T + j) * D + h * dh + d];
+            s[static_cast<std::size_t>(j)] = keep ? dot * scale : -std::numeric_limits<double>::infinity();
+            top = std::max(top, s[static_cast<std::size_t>(j)]);
+          }
+          double sum = 0.0;
+          for (int64_t j = 0; j < T; ++j) {
+            const double e = std::isinf(top) ? 0.0 : std::exp(s[static_cast<std::size_t>(j)] - top);
+            s[static_cast<std::size_t>(j)] = e;
+            sum += e;
+          }
+          for (int64_t j = 0; j < T; ++j) p[j] = sum > 0.0 ? static_cast<float>(s[static_cast<std::size_t>(j)] / sum) : 0.0f;
+          for (int64_t d = 0; d < dh; ++d) {
+            double o = 0.0;
+            for (int64_t j = 0; j < T; ++j) o += static_cast<double>(p[j]) * v[(b * T + j) * D + h * dh + d];
+            out[(b * T + i) * D + h * dh + d] = static_cast<float>(o);
+          }
+        }
+  }
+  void backward(const float* q, const float* k, const float* v, const float* probs, const float* dout, float* dq,
+                float* dk, float* dv) override {
+    const int64_t T = g_.tokens, D = g_.features(), dh = g_.head_dim;
+    const double scale = 1.0 / std::sqrt(static_cast<double>(dh));
+    const std::size_t n = static_cast<std::size_t>(g_.batch * T * D);
+    std::vector<double> gq(n, 0.0), gk(n, 0.0), gv(n, 0.0), dp(static_cast<std::size_t>(T));
+    for (int64_t b = 0; b < g_.batch; ++b)
+      for (int64_t h = 0; h < g_.heads; ++h)
+        for (int64_t i = 0; i < T; ++i) {
+          const float* p = probs + ((b * g_.heads + h) * T + i) * T;
+          const float* go = dout + (b * T + i) * D + h * dh;
+          double dot_pdp = 0.0;
+          for (int64_t j = 0; j < T; ++j) {
+            double x = 0.0;
+            for (int64_t d = 0; d < dh; ++d) {
+              x += static_cast<double>(go[d]) * v[(b * T + j) * D + h * dh + d];
+              gv[static_cast<std::size_t>((b * T + j) * D + h * dh + d)] += static_cast<double>(p[j]) * go[d];
+            }
+            dp[static_cast<std::size_t>(j)] = x;
+            dot_pdp += x * p[j];
+          }
+          for (int64_t j = 0; j < T; ++j) {
+            const double ds = p[j] * (dp[static_cast<std::size_t>(j)] - dot_pdp) * scale;
+            for (int64_t d = 0; d < dh; ++d) {
+              gq[static_cast<std::size_t>((b * T + i) * D + h * dh + d)] += ds * k[(b * T + j) * D + h * dh + d];
+              gk[static_cast<std::size_t>((b * T + j) * D + h * dh + d)] += ds * q[(b * T + i) * D + h * dh + d];
+            }
+          }
+        }
+    for (std::size_t x = 0; x < n; ++x) {
+      if (dq) dq[x] = static_cast<float>(gq[x]);
+      if (dk) dk[x] = static_cast<float>(gk[x]);
+      if (dv) dv[x] = static_cast<float>(gv[x]);
+    }
+  }
+
+ private:
+  AttentionGeometry g_;
+};
+
 class ReferenceBackend final : public Backend {
  public:
   std::string_view name() const override { return "reference"; }
@@ -445,6 +520,9 @@ class ReferenceBackend final : public Backend {
   }
   std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override {
     return std::make_unique<ReferenceLayerNorm>(g);
+  }
+  std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) override {
+    return std::make_unique<ReferenceAttention>(g);
   }
 };
 

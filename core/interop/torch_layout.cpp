@@ -17,6 +17,7 @@ struct Layout {
 // The image a node's input was flattened from, through elementwise ops; h = w = 1 if none.
 Layout flattened_input(const Graph& g, const GraphNode& node) {
   Layout l;
+  if (g.input_shapes(node)[0].rank() != 1) return l;  // a sequence's linear: features are features
   int source = node.sources.empty() ? 0 : node.sources[0];
   while (source < 0) {
     const GraphNode& n = g.nodes()[static_cast<std::size_t>(-source - 1)];

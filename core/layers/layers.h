@@ -2,6 +2,7 @@
 // a thin binding of graph attributes to backend kernels; the maths lives in the backends.
 #pragma once
 
+#include <array>
 #include <optional>
 
 #include "core/layers/layer.h"
@@ -10,6 +11,8 @@ namespace tandem {
 
 // Fills p with U(-bound, bound) from rng and bumps its version.
 void init_uniform(Param& p, float bound, Rng& rng);
+// Fills p with N(0, stddev^2) from rng and bumps its version.
+void init_normal(Param& p, float stddev, Rng& rng);
 
 class Conv2dLayer final : public Layer {
  public:
@@ -46,6 +49,7 @@ class LinearLayer final : public Layer {
 
  private:
   LinearKernel& kernel(int64_t batch);
+  int64_t rows(const Tensor& x) const;  // batch x tokens for a sequence
   Backend& backend_;
   LinearGeometry geometry_;
   Param weight_;
@@ -172,6 +176,83 @@ class LayerNormLayer final : public Layer {
   Param weight_, bias_;
   Backend& backend_;
   KernelCache<LayerNormKernel> kernels_;
+};
+
+// Token ids (integers in f32, any shape) -> rows of a [count, features] table.
+class EmbeddingLayer final : public Layer {
+ public:
+  EmbeddingLayer(const GraphNode& node, Rng& rng);
+  std::vector<Param*> params() override { return {&weight_}; }
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  int64_t count_, features_;
+  Param weight_;
+};
+
+// A sequence [tokens, features] plus row t of a learned table at token t.
+class PositionEmbeddingLayer final : public Layer {
+ public:
+  PositionEmbeddingLayer(const GraphNode& node, const Shape& in, Rng& rng);
+  std::vector<Param*> params() override { return {&weight_}; }
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  int64_t tokens_, features_;
+  Param weight_;
+};
+
+// LayoutLM's 2-D position: a sequence plus, per token, the rows its box [x0, y0, x1, y1]
+// picks in the x, y, height and width tables.
+class LayoutEmbeddingLayer final : public Layer {
+ public:
+  LayoutEmbeddingLayer(const GraphNode& node, const Shape& in, Rng& rng);
+  std::vector<Param*> params() override { return {&x_, &y_, &h_, &w_}; }
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  std::array<int64_t, 6> rows(const Tensor& boxes, int64_t token) const;
+  int64_t count_, features_;
+  Param x_, y_, h_, w_;
+};
+
+// Multi-head attention on query, key, value [tokens, features] and an optional mask [tokens];
+// kernels from the backend, the softmax probabilities stashed per micro-batch.
+class AttentionLayer final : public Layer {
+ public:
+  AttentionLayer(const GraphNode& node, const Shape& in, Backend& backend);
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  AttentionKernel& kernel(int64_t batch);
+  Backend& backend_;
+  AttentionGeometry geometry_;
+  KernelCache<AttentionKernel> kernels_;
+};
+
+// A sequence [tokens, features] -> [features]: its first token, or the mean of the tokens the
+// optional mask keeps.
+class TokenPoolLayer final : public Layer {
+ public:
+  TokenPoolLayer(const GraphNode& node, const Shape& in)
+      : Layer(node.spec.name), mean_(node.spec.token_pool.mean), tokens_(in[0]), features_(in[1]) {}
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  // Sample b's weight of token t: 1 / kept tokens where kept, else 0 (first: 1 for token 0).
+  float weight(std::span<const Tensor> in, int64_t b, int64_t t) const;
+  bool mean_;
+  int64_t tokens_, features_;
 };
 
 // Inputs side by side along the last dimension (channels). A copy, the same on every

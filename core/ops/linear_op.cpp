@@ -1,5 +1,6 @@
-// linear: x [in] -> x W^T + b, W [out, in]. Its input is rank 1 (a flatten before it); when
-// that flattens an NHWC image, PyTorch's weight columns run over CHW. Layer: linear_layer.
+// linear: x [..., in] -> x W^T + b, W [out, in], over the last dimension as torch.nn.Linear
+// (a sample's vector, or each token's of a sequence [tokens, in]). When a rank-1 input
+// flattens an NHWC image, PyTorch's weight columns run over CHW. Layer: linear_layer.
 #include "core/layers/layers.h"
 #include "core/ops/op.h"
 #include "core/ops/op_support.h"
@@ -32,12 +33,17 @@ void define_linear_op(OpTable& t) {
   d.name = "linear";
   d.parse = parse;
   d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
-           ops::expect_inputs(n, in, 1, 1);
-           return Shape{n.linear.out_features};
+           ops::expect_inputs(n, in, 1, 0);
+           if (in[0].rank() > 2)  // an image: torch would apply it per pixel, which is rarely meant
+             ops::fail_node(n, cat("expects a vector [features] or a sequence [tokens, features] per sample, got ",
+                                   in[0].str(), " (add a flatten node before it)"));
+           Shape out = in[0];
+           out[out.rank() - 1] = n.linear.out_features;
+           return out;
          };
   d.cost = cost;
   d.params = [](const NodeSpec& n, std::span<const Shape> in) {
-           std::vector<ParamSpec> p{{"weight", Shape{n.linear.out_features, in[0][0]}}};
+           std::vector<ParamSpec> p{{"weight", Shape{n.linear.out_features, in[0][in[0].rank() - 1]}}};
            if (n.linear.bias) p.push_back({"bias", Shape{n.linear.out_features}});
            return p;
          };

@@ -21,6 +21,10 @@ Pair read_pair(const flatbuffers::Vector<int32_t>* v, Pair fallback, const std::
   return p;
 }
 
+void fail_node(const NodeSpec& n, const std::string& text) {
+  fail("graph", cat("node '", n.name, "' (", n.op, "): ", text));
+}
+
 void fail_attr(const std::string& label, std::string_view op, const std::string& text) {
   fail("model spec", cat(label, " (", op, "): ", text));
 }

@@ -23,6 +23,9 @@ void expect_inputs(const NodeSpec& n, std::span<const Shape> in, std::size_t cou
 Pair read_pair(const flatbuffers::Vector<int32_t>* v, Pair fallback, const std::string& label, std::string_view field,
                int64_t min_value);
 
+// [[noreturn]] "[graph] node '<name>' (<op>): <text>", for a problem with a node's inputs.
+[[noreturn]] void fail_node(const NodeSpec& n, const std::string& text);
+
 // [[noreturn]] "<label> (<op>): <text>" from the model spec.
 [[noreturn]] void fail_attr(const std::string& label, std::string_view op, const std::string& text);
 

@@ -1,0 +1,140 @@
+// The embedding layers (core/ops/embedding_op.cpp): a table row read per token forward, the
+// token's gradient added into that row backward. The same loops on every backend: a gather
+// and a scatter-add of whole rows, memory-bound, with nothing for a library to fuse.
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/layers/layers.h"
+
+namespace tandem {
+namespace {
+
+// The integer an f32 tensor carries at `i`, or an Error naming the node, what it is and where.
+int64_t index_at(const Tensor& t, int64_t i, int64_t count, const std::string& node, const char* what) {
+  const float v = t[i];
+  if (!(v >= 0.0f && v < static_cast<float>(count)) || v != std::floor(v))
+    fail("embedding", cat("node '", node, "': ", what, " ", v, " at element ", i, " is not an integer in [0, ", count,
+                          ")"));
+  return static_cast<int64_t>(v);
+}
+
+void add_row(const float* row, float* out, int64_t n) {
+  for (int64_t j = 0; j < n; ++j) out[j] += row[j];
+}
+
+// The table's gradient: zero, then each token's output gradient added into its row.
+template <typename RowOf>
+void scatter_rows(Param& table, const Tensor& grad_out, int64_t features, RowOf&& row_of) {
+  float* g = table.grad_target();
+  std::memset(g, 0, static_cast<std::size_t>(table.value().numel()) * sizeof(float));
+  const int64_t tokens = grad_out.numel() / features;
+  for (int64_t t = 0; t < tokens; ++t) add_row(grad_out.data() + t * features, g + row_of(t) * features, features);
+  table.commit_grad();
+}
+
+void pass_gradient(const Tensor& grad_out, std::span<Tensor> grad_in) {
+  if (grad_in[0].defined())
+    std::memcpy(grad_in[0].data(), grad_out.data(), static_cast<std::size_t>(grad_out.numel()) * sizeof(float));
+  for (std::size_t i = 1; i < grad_in.size(); ++i)
+    if (grad_in[i].defined()) grad_in[i].fill(0.0f);  // boxes are not differentiable
+}
+
+}  // namespace
+
+void init_normal(Param& p, float stddev, Rng& rng) {
+  float* v = p.value().data();
+  for (int64_t i = 0, n = p.value().numel(); i < n; ++i) {
+    // Box-Muller; 1 - u keeps the logarithm's argument in (0, 1].
+    const float u = 1.0f - rng.uniform01(), w = rng.uniform01();
+    v[i] = stddev * std::sqrt(-2.0f * std::log(u)) * std::cos(6.28318530718f * w);
+  }
+  p.bump_version();
+}
+
+EmbeddingLayer::EmbeddingLayer(const GraphNode& node, Rng& rng)
+    : Layer(node.spec.name), count_(node.spec.embedding.count), features_(node.spec.embedding.features),
+      weight_(node.spec.name + ".weight", Shape{count_, features_}) {
+  init_normal(weight_, 1.0f, rng);  // torch.nn.Embedding's N(0, 1)
+}
+
+void EmbeddingLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  const Tensor& ids = in[0];
+  for (int64_t t = 0, n = ids.numel(); t < n; ++t)
+    std::memcpy(out.data() + t * features_, weight_.value().data() + index_at(ids, t, count_, name(), "token id") * features_,
+                static_cast<std::size_t>(features_) * sizeof(float));
+}
+
+void EmbeddingLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
+                              std::span<Tensor> grad_in, Stash&) {
+  if (grad_in[0].defined()) grad_in[0].fill(0.0f);  // ids are not differentiable
+  scatter_rows(weight_, grad_out, features_, [&](int64_t t) { return static_cast<int64_t>(in[0][t]); });
+}
+
+PositionEmbeddingLayer::PositionEmbeddingLayer(const GraphNode& node, const Shape& in, Rng& rng)
+    : Layer(node.spec.name), tokens_(in[0]), features_(in[1]),
+      weight_(node.spec.name + ".weight", Shape{node.spec.embedding.count, features_}) {
+  init_normal(weight_, 1.0f, rng);
+}
+
+void PositionEmbeddingLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  const int64_t sample = tokens_ * features_;
+  for (int64_t b = 0, n = in[0].numel() / sample; b < n; ++b) {
+    std::memcpy(out.data() + b * sample, in[0].data() + b * sample, static_cast<std::size_t>(sample) * sizeof(float));
+    add_row(weight_.value().data(), out.data() + b * sample, sample);  // rows 0..tokens-1 are contiguous
+  }
+}
+
+void PositionEmbeddingLayer::backward(std::span<const Tensor>, const Tensor&, const Tensor& grad_out,
+                                      std::span<Tensor> grad_in, Stash&) {
+  pass_gradient(grad_out, grad_in);
+  scatter_rows(weight_, grad_out, features_, [&](int64_t t) { return t % tokens_; });
+}
+
+LayoutEmbeddingLayer::LayoutEmbeddingLayer(const GraphNode& node, const Shape& in, Rng& rng)
+    : Layer(node.spec.name), count_(node.spec.embedding.count), features_(in[1]),
+      x_(node.spec.name + ".x_position", Shape{count_, features_}),
+      y_(node.spec.name + ".y_position", Shape{count_, features_}),
+      h_(node.spec.name + ".h_position", Shape{count_, features_}),
+      w_(node.spec.name + ".w_position", Shape{count_, features_}) {
+  for (Param* p : params()) init_normal(*p, 1.0f, rng);
+}
+
+// Row of each table for token t: x[x0], y[y0], x[x1], y[y1], h[y1 - y0], w[x1 - x0].
+std::array<int64_t, 6> LayoutEmbeddingLayer::rows(const Tensor& boxes, int64_t t) const {
+  const int64_t x0 = index_at(boxes, 4 * t, count_, name(), "box coordinate");
+  const int64_t y0 = index_at(boxes, 4 * t + 1, count_, name(), "box coordinate");
+  const int64_t x1 = index_at(boxes, 4 * t + 2, count_, name(), "box coordinate");
+  const int64_t y1 = index_at(boxes, 4 * t + 3, count_, name(), "box coordinate");
+  if (x1 < x0 || y1 < y0)
+    fail("embedding", cat("node '", name(), "': box ", t, " [", x0, ", ", y0, ", ", x1, ", ", y1,
+                          "] ends before it starts (boxes are [x0, y0, x1, y1])"));
+  return {x0, y0, x1, y1, y1 - y0, x1 - x0};
+}
+
+void LayoutEmbeddingLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  const Param* tables[6] = {&x_, &y_, &x_, &y_, &h_, &w_};
+  std::memcpy(out.data(), in[0].data(), static_cast<std::size_t>(in[0].numel()) * sizeof(float));
+  for (int64_t t = 0, n = in[0].numel() / features_; t < n; ++t) {
+    const auto r = rows(in[1], t);
+    for (int k = 0; k < 6; ++k) add_row(tables[k]->value().data() + r[k] * features_, out.data() + t * features_, features_);
+  }
+}
+
+void LayoutEmbeddingLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
+                                    std::span<Tensor> grad_in, Stash&) {
+  pass_gradient(grad_out, grad_in);
+  // x and y tables are read twice a token (x0 and x1, y0 and y1): both rows get the gradient.
+  const int64_t tokens = grad_out.numel() / features_;
+  Param* tables[4] = {&x_, &y_, &h_, &w_};
+  for (Param* p : tables) std::memset(p->grad_target(), 0, static_cast<std::size_t>(p->value().numel()) * sizeof(float));
+  const int table_of[6] = {0, 1, 0, 1, 2, 3};
+  for (int64_t t = 0; t < tokens; ++t) {
+    const auto r = rows(in[1], t);
+    for (int k = 0; k < 6; ++k)
+      add_row(grad_out.data() + t * features_, tables[table_of[k]]->grad_target() + r[k] * features_, features_);
+  }
+  for (Param* p : tables) p->commit_grad();
+}
+
+}  // namespace tandem

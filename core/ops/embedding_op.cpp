@@ -1,0 +1,122 @@
+// The embedding tables of a transformer's input, as Hugging Face's BERT and LayoutLM hold them:
+// `embedding` (token ids -> vectors, torch.nn.Embedding), `position_embedding` (row t of a
+// table added to token t) and `layout_embedding` (LayoutLM's 2-D position: the x, y, height
+// and width tables of each token's box [x0, y0, x1, y1] added). Ids and coordinates are
+// integers carried in f32 tensors (exact below 2^24); a bad one stops the forward with an
+// Error naming the node. Layers: embedding_layers.cpp.
+#include "core/layers/layers.h"
+#include "core/ops/op.h"
+#include "core/ops/op_support.h"
+#include "schema/model_generated.h"
+
+namespace tandem {
+namespace {
+
+// Reads `embedding: { count, features }`; `features` only where the op is told it (token ids
+// have none), else it follows the input.
+std::function<void(const spec::Node&, NodeSpec&, const std::string&)> parse(const char* op, bool needs_features) {
+  return [op, needs_features](const spec::Node& node, NodeSpec& out, const std::string& label) {
+    const auto* a = node.embedding();
+    if (!a) ops::fail_attr(label, op, "missing field 'embedding'");
+    if (a->count() <= 0) ops::fail_attr(label, op, cat("field 'embedding.count' must be > 0, got ", a->count()));
+    if (needs_features && a->features() <= 0)
+      ops::fail_attr(label, op, cat("field 'embedding.features' must be > 0, got ", a->features()));
+    out.embedding = {a->count(), a->features()};
+  };
+}
+
+// An input [tokens, features] whose tokens fit the table.
+void expect_sequence(const NodeSpec& n, const Shape& x) {
+  if (x.rank() != 2) ops::fail_node(n, cat("expects a sequence [tokens, features] per sample, got ", x.str()));
+  if (x[0] > n.embedding.count)
+    ops::fail_node(n, cat(x[0], " tokens exceed the table's ", n.embedding.count, " positions (field 'embedding.count')"));
+}
+
+OpDef token_embedding() {
+  OpDef d;
+  d.name = "embedding";
+  d.parse = parse("embedding", true);
+  d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
+    ops::expect_inputs(n, in, 1, 0);
+    if (in[0].rank() >= kMaxRank - 1) ops::fail_node(n, cat("ids of rank ", in[0].rank(), " are too many dimensions"));
+    int64_t dims[kMaxRank] = {};
+    for (int i = 0; i < in[0].rank(); ++i) dims[i] = in[0][i];
+    dims[in[0].rank()] = n.embedding.features;
+    return Shape::of(dims, in[0].rank() + 1);
+  };
+  // A row copied forward; its gradient added into the table backward (1 a value).
+  d.cost = [](const NodeSpec&, std::span<const Shape>, const Shape& out) {
+    OpCost c;
+    c.backward_weights_flops = ops::count(out);
+    return c;
+  };
+  d.params = [](const NodeSpec& n, std::span<const Shape>) {
+    return std::vector<ParamSpec>{{"weight", Shape{n.embedding.count, n.embedding.features}}};
+  };
+  d.make_layer = [](const GraphNode& node, std::span<const Shape>, Backend&, Rng& rng) -> std::unique_ptr<Layer> {
+    return std::make_unique<EmbeddingLayer>(node, rng);
+  };
+  return d;
+}
+
+OpDef position_embedding() {
+  OpDef d;
+  d.name = "position_embedding";
+  d.parse = parse("position_embedding", false);
+  d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
+    ops::expect_inputs(n, in, 1, 0);
+    expect_sequence(n, in[0]);
+    return in[0];
+  };
+  // An add a value forward; the gradient passes through and is summed into the table.
+  d.cost = [](const NodeSpec&, std::span<const Shape>, const Shape& out) {
+    OpCost c;
+    c.forward_flops = c.backward_weights_flops = ops::count(out);
+    return c;
+  };
+  d.params = [](const NodeSpec& n, std::span<const Shape> in) {
+    return std::vector<ParamSpec>{{"weight", Shape{n.embedding.count, in[0][1]}}};
+  };
+  d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend&, Rng& rng) -> std::unique_ptr<Layer> {
+    return std::make_unique<PositionEmbeddingLayer>(node, in[0], rng);
+  };
+  return d;
+}
+
+OpDef layout_embedding() {
+  OpDef d;
+  d.name = "layout_embedding";
+  d.parse = parse("layout_embedding", false);
+  d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
+    if (in.size() != 2) ops::fail_node(n, cat("field 'inputs' needs 2 inputs (the sequence, then the boxes), got ", in.size()));
+    if (in[0].rank() != 2) ops::fail_node(n, cat("expects a sequence [tokens, features] per sample, got ", in[0].str()));
+    if (in[1] != Shape{in[0][0], 4})
+      ops::fail_node(n, cat("its boxes must be [tokens, 4] (x0, y0, x1, y1) = [", in[0][0], ", 4], got ", in[1].str()));
+    return in[0];
+  };
+  // Six rows added a value forward (x0, y0, x1, y1, height, width); six sums backward.
+  d.cost = [](const NodeSpec&, std::span<const Shape>, const Shape& out) {
+    OpCost c;
+    c.forward_flops = c.backward_weights_flops = 6.0 * ops::count(out);
+    return c;
+  };
+  d.params = [](const NodeSpec& n, std::span<const Shape> in) {
+    const Shape table{n.embedding.count, in[0][1]};
+    return std::vector<ParamSpec>{
+        {"x_position", table}, {"y_position", table}, {"h_position", table}, {"w_position", table}};
+  };
+  d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend&, Rng& rng) -> std::unique_ptr<Layer> {
+    return std::make_unique<LayoutEmbeddingLayer>(node, in[0], rng);
+  };
+  return d;
+}
+
+}  // namespace
+
+void define_embedding_op(OpTable& t) {
+  t.add(token_embedding());
+  t.add(position_embedding());
+  t.add(layout_embedding());
+}
+
+}  // namespace tandem

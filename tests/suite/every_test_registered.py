@@ -1,0 +1,53 @@
+#!/usr/bin/env python3
+"""Fails when a GoogleTest case of this build runs under no ctest entry: every ctest command
+that runs a gtest binary with --gtest_filter is read from `ctest -N --show-only=json-v1`,
+and each binary's listed tests must match one of its filters (a test written but never
+registered in tests/CMakeLists.txt would otherwise pass CI unseen).
+Usage: every_test_registered.py BUILD_DIR"""
+import fnmatch
+import json
+import os
+import subprocess
+import sys
+
+build = sys.argv[1]
+shown = json.loads(subprocess.run(["ctest", "--show-only=json-v1"], cwd=build, check=True,
+                                  capture_output=True, text=True).stdout)
+
+
+def matches(name, gtest_filter):
+    positive, _, negative = gtest_filter.partition("-")
+    hit = any(fnmatch.fnmatchcase(name, p) for p in positive.split(":") if p)
+    return hit and not any(fnmatch.fnmatchcase(name, p) for p in negative.split(":") if p)
+
+
+filters = {}  # binary -> its filters (a run without one covers the whole binary)
+for test in shown["tests"]:
+    command = test.get("command") or []
+    if not command or not os.path.basename(command[0]).startswith("tandem_") or not command[0].endswith("_tests"):
+        continue
+    f = next((a.split("=", 1)[1] for a in command[1:] if a.startswith("--gtest_filter=")), "*")
+    filters.setdefault(command[0], []).append(f)
+
+missing = []
+for binary, fs in sorted(filters.items()):
+    listed = subprocess.run([binary, "--gtest_list_tests"], check=True, capture_output=True, text=True).stdout
+    suite = ""
+    for line in listed.splitlines():
+        if not line.strip():
+            continue
+        if not line.startswith(" "):
+            suite = line.strip()
+            continue
+        name = suite + line.strip().split()[0]
+        if name.startswith("DISABLED_") or ".DISABLED_" in name:
+            continue
+        if not any(matches(name, f) for f in fs):
+            missing.append(f"{os.path.basename(binary)}: {name}")
+
+print(f"{len(filters)} test binaries checked")
+if missing:
+    print("these GoogleTest cases run under no ctest entry; register them in tests/CMakeLists.txt:")
+    for m in missing:
+        print("  " + m)
+    sys.exit(1)
