@@ -1,6 +1,6 @@
 // bench/layer_norm: LayerNorm forward + backward (input and parameter gradients) per backend,
 // one thread, on transformer shapes: the median seconds of one pass over [rows, features].
-// bench/layer_norm.sh prints these beside torch.nn.LayerNorm's on the same shapes
+// bench/op_vs_pytorch.sh layer_norm prints these beside torch.nn.LayerNorm's on the same shapes
 // (bench/pytorch_layer_norm.py) measured in the same run.
 #include <cstdio>
 #include <cstdlib>
@@ -35,7 +35,7 @@ int main(int argc, char** argv) {
                         db.data());
           },
           reps);
-      std::printf("{\"bench\":\"layer_norm\",\"backend\":\"%s\",\"rows\":%lld,\"features\":%lld,\"forward_ms\":%.4f,"
+      std::printf("{\"bench\":\"layer_norm\",\"backend\":\"%s\",\"shape\":\"%lldx%lld\",\"forward_ms\":%.4f,"
                   "\"backward_ms\":%.4f,\"total_ms\":%.4f}\n",
                   name.c_str(), static_cast<long long>(s.rows), static_cast<long long>(s.features), fwd * 1e3, bwd * 1e3,
                   (fwd + bwd) * 1e3);

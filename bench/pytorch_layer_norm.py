@@ -1,5 +1,5 @@
 """torch.nn.LayerNorm forward + backward (input and parameter gradients), one thread, on the
-shapes of bench/layer_norm.cpp: median milliseconds as JSON lines (bench/layer_norm.sh)."""
+shapes of bench/layer_norm.cpp: median milliseconds as JSON lines (bench/op_vs_pytorch.sh layer_norm)."""
 import json
 import statistics
 import sys
@@ -27,5 +27,5 @@ for rows, features in ((64 * 128, 256), (16 * 128, 768)):
             fwd.append(t1 - t0)
             bwd.append(t2 - t1)
     f, b = statistics.median(fwd) * 1e3, statistics.median(bwd) * 1e3
-    print(json.dumps({"bench": "layer_norm", "backend": "pytorch", "rows": rows, "features": features,
+    print(json.dumps({"bench": "layer_norm", "backend": "pytorch", "shape": f"{rows}x{features}",
                       "forward_ms": round(f, 4), "backward_ms": round(b, 4), "total_ms": round(f + b, 4)}))

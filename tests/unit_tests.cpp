@@ -11,6 +11,7 @@
 #include "core/optimizer.h"
 #include "core/schedule.h"
 #include "backends/simd/gemm.h"
+#include "core/vector.h"
 #include "test_support.h"
 
 namespace tandem::test {
@@ -204,27 +205,50 @@ TEST(Schedule, WarmupStepAndCosineFactors) {
 // its cache blocks, leading dimensions wider than the matrices, and accumulation.
 TEST(PortableGemm, MatchesALoopOnEveryShapeEdge) {
   Rng rng(7);
+  for (const bool native : {false, true})  // gemm, then gemm_native (16-wide tiles)
   for (const auto [m, n, k] :
-       std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {4, 8, 3}, {7, 13, 300}, {5, 17, 513}, {9, 3, 0}})
+       std::vector<std::array<int64_t, 3>>{{1, 1, 1}, {4, 8, 3}, {7, 13, 300}, {5, 17, 513}, {9, 3, 0}, {6, 37, 20}})
     for (const bool accumulate : {false, true}) {
       const int64_t lda = k + 2, ldb = n + 3, ldc = n + 1;
       const Tensor a = random_tensor({m, lda}, rng), b = random_tensor({std::max<int64_t>(k, 1), ldb}, rng);
       Tensor c = random_tensor({m, ldc}, rng);
       const Tensor c0 = c.clone();
-      simd::gemm(m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc, accumulate);
+      (native ? simd::gemm_native : simd::gemm)(m, n, k, a.data(), lda, b.data(), ldb, c.data(), ldc, accumulate);
       for (int64_t i = 0; i < m; ++i)
         for (int64_t j = 0; j < ldc; ++j) {
           double want = j < n && accumulate ? c0.data()[i * ldc + j] : 0.0;
           for (int64_t p = 0; p < k && j < n; ++p) want += double(a.data()[i * lda + p]) * b.data()[p * ldb + j];
           if (j >= n) want = c0.data()[i * ldc + j];  // outside C: untouched
           ASSERT_NEAR(c.data()[i * ldc + j], want, 1e-4 * (1 + std::abs(want)))
-              << m << "x" << n << "x" << k << " at " << i << "," << j;
+              << (native ? "native " : "") << m << "x" << n << "x" << k << " at " << i << "," << j;
         }
     }
   Tensor t = random_tensor({5, 7}, rng), tt = random_tensor({7, 5}, rng);
   simd::transpose(5, 7, t.data(), 7, tt.data());
   for (int64_t i = 0; i < 5; ++i)
     for (int64_t j = 0; j < 7; ++j) EXPECT_EQ(tt.data()[j * 5 + i], t.data()[i * 7 + j]);
+}
+
+// The softmax's vector exp: within 4 float ulps (relative 5e-7) of expf over its range, and
+// tiny (not 0, not NaN, not inf) below it, capped above it.
+TEST(Vector, Exp16MatchesExpf) {
+  float worst = 0.0f;
+  for (float x0 = -87.0f; x0 < 88.5f; x0 += 0.37f * 16) {
+    float in[16], out[16];
+    for (int i = 0; i < 16; ++i) in[i] = x0 + 0.37f * static_cast<float>(i) * 0.999f;
+    simd::store16(out, simd::exp16(simd::load16(in)));
+    for (int i = 0; i < 16; ++i) {
+      if (in[i] > 88.3f) continue;
+      const double want = std::exp(static_cast<double>(in[i]));
+      worst = std::max(worst, static_cast<float>(std::fabs(out[i] - want) / want));
+    }
+  }
+  EXPECT_LT(worst, 5e-7f);
+  float in[16], out[16];
+  for (int i = 0; i < 16; ++i) in[i] = i < 8 ? -1000.0f - static_cast<float>(i) : 1000.0f;
+  simd::store16(out, simd::exp16(simd::load16(in)));
+  for (int i = 0; i < 8; ++i) EXPECT_TRUE(out[i] > 0.0f && out[i] < 1e-37f) << out[i];
+  for (int i = 8; i < 16; ++i) EXPECT_TRUE(std::isfinite(out[i]) && out[i] > 1e38f) << out[i];
 }
 
 TEST(Backends, UnknownNameListsTheKnownOnes) {

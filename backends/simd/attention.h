@@ -1,4 +1,4 @@
-// Multi-head attention in float on the vectorised GEMM (simd/gemm.h): four products per head
+// Multi-head attention in float on the vectorised GEMM (simd/gemm.h, gemm_native): four products per head
 // and a masked, numerically safe softmax; the kernel of the portable (browser) and xnnpack
 // backends, since neither library has an attention with a backward.
 #pragma once
