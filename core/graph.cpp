@@ -1,5 +1,6 @@
 #include "core/graph.h"
 
+#include <algorithm>
 #include <map>
 #include <set>
 
@@ -21,7 +22,7 @@ Shape infer_shape(const NodeSpec& n, const std::vector<Shape>& in) {
 
 Graph Graph::build(const ModelSpec& spec) {
   std::vector<GraphInput> inputs;
-  for (const auto& in : spec.inputs) inputs.push_back({in.name, in.shape});
+  for (const auto& in : spec.inputs) inputs.push_back({in.name, in.shape, in.integer, in.mask});
   Graph g = from_parts(spec.name, std::move(inputs), spec.nodes, spec.output);
   g.default_cut_ = spec.cut;
   g.loss_ = spec.loss;
@@ -189,6 +190,7 @@ std::pair<Graph, Graph> Graph::split(const std::string& cut) const {
 
   std::vector<NodeSpec> front_nodes, back_nodes;
   std::map<std::string, std::string> crossing;  // tensor -> the back nodes reading it
+  std::vector<int> masks;                       // graph inputs (masks) the back shard reads
   for (std::size_t i = 0; i < nodes_.size(); ++i) {
     if (front[i]) {
       front_nodes.push_back(nodes_[i].spec);
@@ -199,6 +201,10 @@ std::pair<Graph, Graph> Graph::split(const std::string& cut) const {
       const int s = nodes_[i].sources[k];
       const bool from_front = s >= 0 || front[static_cast<std::size_t>(-s - 1)];
       if (!from_front) continue;
+      if (s >= 0 && inputs_[static_cast<std::size_t>(s)].mask) {  // travels with the activations
+        if (std::find(masks.begin(), masks.end(), s) == masks.end()) masks.push_back(s);
+        continue;
+      }
       std::string& readers = crossing[nodes_[i].spec.inputs[k]];
       readers += (readers.empty() ? "'" : ", '") + nodes_[i].spec.name + "'";
     }
@@ -212,8 +218,12 @@ std::pair<Graph, Graph> Graph::split(const std::string& cut) const {
     fail("split", cat("cut at '", cut, "' is crossed by ", crossing.size(), " tensors: ", list,
                       "; pick a node that every path from the inputs to the output passes through"));
   }
+  if (masks.size() > 1)
+    fail("split", cat("cut at '", cut, "' would send ", masks.size(), " masks; one mask input may cross a cut"));
+  std::vector<GraphInput> back_inputs{{cut, nodes_[static_cast<std::size_t>(c)].shape}};
+  for (int m : masks) back_inputs.push_back(inputs_[static_cast<std::size_t>(m)]);
   Graph f = from_parts(name_ + ".front", inputs_, std::move(front_nodes), cut);
-  Graph b = from_parts(name_ + ".back", {{cut, nodes_[static_cast<std::size_t>(c)].shape}}, std::move(back_nodes),
+  Graph b = from_parts(name_ + ".back", std::move(back_inputs), std::move(back_nodes),
                        nodes_[static_cast<std::size_t>(output_)].spec.name);
   f.loss_ = b.loss_ = loss_;
   return {std::move(f), std::move(b)};

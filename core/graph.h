@@ -13,6 +13,7 @@ namespace tandem {
 struct GraphInput {
   std::string name;
   Shape shape;  // per sample
+  bool integer = false, mask = false;  // InputSpec's
 };
 
 struct GraphNode {
@@ -45,8 +46,10 @@ class Graph {
   // The per-sample shapes of a node's inputs.
   std::vector<Shape> input_shapes(const GraphNode& node) const;
 
-  // Front shard: the cut node and everything it depends on; back shard: the rest, reading
-  // the cut's output as its single input. Refuses a cut crossed by more than one tensor.
+  // Front shard: the cut node and everything it depends on (and every graph input); back
+  // shard: the rest, reading the cut's output as its first input and, when it reads one, the
+  // graph's mask input as its second (graph_input.mask: the one input that may cross).
+  // Refuses a cut crossed by any other tensor.
   // A U-shaped cut "A,B" (u_shaped_cut): the front up to A, and as the back shard the
   // middle, from A's output to B (its output is B's; it has no loss).
   std::pair<Graph, Graph> split(const std::string& cut) const;

@@ -70,6 +70,13 @@ ModelSpec parse_model_binary(const uint8_t* data, std::size_t size) {
       dims.push_back(d);
     }
     s.shape = Shape::of(dims.data(), static_cast<int>(dims.size()));
+    const std::string dtype = in->dtype() ? in->dtype()->str() : "float32";
+    if (dtype != "float32" && dtype != "int32")
+      fail(kWhere, cat("input '", s.name, "': field 'dtype' is 'float32' or 'int32', got '", dtype, "'"));
+    s.integer = dtype == "int32";
+    s.mask = in->mask();
+    if (s.mask && s.shape.rank() != 1)
+      fail(kWhere, cat("input '", s.name, "': a mask is [tokens] per sample, got ", s.shape.str()));
     if (!s.shape.numel_at_most(kMaxSampleElements))
       fail(kWhere, cat("input '", s.name, "': field 'shape' has more than ", kMaxSampleElements,
                        " elements per sample"));

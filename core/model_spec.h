@@ -78,6 +78,12 @@ struct NodeSpec {
 struct InputSpec {
   std::string name;
   Shape shape;  // per sample, no batch dimension
+  // Token ids and coordinates are integers (carried in f32 tensors, exact below 2^24, and
+  // checked to be integers when the data is read).
+  bool integer = false;
+  // A key padding mask [tokens] (1 keep, 0 padding): the one input that may cross a cut, with
+  // the activations, when the cloud's shard reads it (its attention needs it).
+  bool mask = false;
 };
 
 struct ModelSpec {

@@ -489,10 +489,10 @@ TEST(EventEdge, BadDataIsRefusedWithTheReason) {
     h.edge->set_data(false, train.bytes.data(), labels.data(), 64, 8, 8);
     FAIL() << "no error";
   } catch (const Error& e) {
-    EXPECT_STREQ(e.what(), "[edge] label 7 of image 3 is outside [0, 4)");
+    EXPECT_STREQ(e.what(), "[edge] label 7 of sample 3 is outside [0, 4)");
   }
   h.edge->on_open();  // still no training data
-  EXPECT_EQ(h.events.back(), R"j({"event":"error","text":"no training images were given"})j");
+  EXPECT_EQ(h.events.back(), R"j({"event":"error","text":"no training data was given"})j");
 }
 
 }  // namespace

@@ -42,7 +42,12 @@ CloudSession::CloudSession(BackShardTrainer& shard, const CloudSessionConfig& co
   middle_backed_.assign(config_.microbatches, false);
   decoded_grads_.resize(config_.microbatches);
   deferred_.reserve(config_.microbatches);
-  if (back_.graph().inputs().size() != 1) fail("cloud session", "the back shard must have exactly one input (the cut)");
+  const auto& inputs = back_.graph().inputs();
+  if (inputs.empty() || inputs.size() > 2 || (inputs.size() == 2 && !inputs[1].mask))
+    fail("cloud session", "the back shard's inputs must be the cut and at most a mask (Graph::split)");
+  mask_tokens_ = inputs.size() == 2 ? inputs[1].shape[0] : 0;
+  inputs_.assign(config_.microbatches + 1, std::vector<Tensor>(inputs.size()));
+  masks_.resize(config_.microbatches + 1);
   if (config_.microbatches < 1 || config_.microbatches > config_.batch_size)
     fail("cloud session", cat("micro-batches must be in [1, batch size ", config_.batch_size, "]"));
 }
@@ -192,20 +197,24 @@ CloudReply CloudSession::on_hello(const wire::Hello& hello) {
   return reply;
 }
 
-Tensor CloudSession::checked_batch(const Frame& frame, const wire::TensorMsg* t,
-                                   const flatbuffers::Vector<int32_t>* labels, int64_t count, Tensor& decoded,
-                                   WireError& error) {
+bool CloudSession::checked_batch(const Frame& frame, const wire::TensorMsg* t,
+                                 const flatbuffers::Vector<int32_t>* labels, const flatbuffers::Vector<uint8_t>* mask,
+                                 int64_t count, std::size_t slot, WireError& error) {
   if (u_shaped_) {
     if (labels != nullptr) {
       error = {wire::ErrorCode::BadTensor, cat("this cloud runs the middle of a U-shaped split (cut '", config_.cut,
                                                "'): the labels stay at the edge, and a message carrying them is refused")};
-      return Tensor();
+      return false;
     }
   } else if (!check_labels(labels, count, config_.classes, error)) {
-    return Tensor();
+    return false;
   }
-  return read_tensor(frame, t, back_.graph().inputs()[0].shape.batched(count), "activations", dtype_, decoded,
-                     error);
+  if (!read_mask(mask, count, mask_tokens_, masks_[slot], error)) return false;
+  std::vector<Tensor>& in = inputs_[slot];
+  in[0] = read_tensor(frame, t, back_.graph().inputs()[0].shape.batched(count), "activations", dtype_, decoded_[slot],
+                      error);
+  if (mask_tokens_ > 0) in[1] = masks_[slot];
+  return in[0].defined();
 }
 
 CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd) {
@@ -244,8 +253,8 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   if (seen_[mb])
     return refuse({wire::ErrorCode::OutOfWindow, cat("micro-batch ", mb, " of step ", step_, " arrived twice")});
   const int64_t count = microbatch_range(step_samples_, step_microbatches_, mb).count;
-  Tensor activations = checked_batch(frame, fwd.activations(), fwd.labels(), count, decoded_[mb], error);
-  if (!activations.defined()) return refuse(error);
+  if (!checked_batch(frame, fwd.activations(), fwd.labels(), fwd.mask(), count, mb, error)) return refuse(error);
+  const std::vector<Tensor>& activations = inputs_[mb];  // and the mask, when the shard reads one
 
   if (!shard_.begin_compute(config_.session_id)) return refuse(evicted());
   const auto t0 = std::chrono::steady_clock::now();
@@ -388,8 +397,9 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   if (count < 1 || count > kMaxEvalBatch)
     return refuse({wire::ErrorCode::BadTensor, cat("evaluation batch of ", count, " samples is outside [1, ",
                                                    kMaxEvalBatch, "]")});
-  Tensor activations = checked_batch(frame, eval.activations(), eval.labels(), count, decoded_.back(), error);
-  if (!activations.defined()) return refuse(error);
+  if (!checked_batch(frame, eval.activations(), eval.labels(), eval.mask(), count, config_.microbatches, error))
+    return refuse(error);
+  const std::vector<Tensor>& activations = inputs_[config_.microbatches];
   // On a shared back shard, between steps: a turn of its own for this batch.
   const bool own_turn = shard_.shared() && seen_count_ == 0 && !step_pending_;
   if (own_turn && !shard_.begin_eval(config_.session_id, cancelled_))

@@ -129,10 +129,11 @@ class CloudSession {
   void save_round();
   // Applies the completed step now and writes its checkpoint; false with `error` set.
   bool checkpoint_now(WireError& error);
-  // Checks the tensor and labels of a (micro-)batch of `count` samples; returns the view (F32)
-  // or the tensor decoded into `decoded`.
-  Tensor checked_batch(const Frame& frame, const wire::TensorMsg* t, const flatbuffers::Vector<int32_t>* labels,
-                       int64_t count, Tensor& decoded, WireError& error);
+  // Checks the tensor, labels and mask of a (micro-)batch of `count` samples into inputs_[slot]:
+  // the activations (a view for F32, else decoded into decoded_[slot]) and, when the shard
+  // reads one, the mask (masks_[slot]). False with `error` set.
+  bool checked_batch(const Frame& frame, const wire::TensorMsg* t, const flatbuffers::Vector<int32_t>* labels,
+                     const flatbuffers::Vector<uint8_t>* mask, int64_t count, std::size_t slot, WireError& error);
 
   BackShardTrainer& shard_;
   Network& back_;
@@ -156,6 +157,9 @@ class CloudSession {
   std::vector<uint32_t> deferred_;  // micro-batches whose weight gradients wait, in arrival order
   wire::DType dtype_ = wire::DType::F32;  // negotiated in Hello
   std::vector<Tensor> decoded_;           // per micro-batch slot, then one for evaluation
+  int64_t mask_tokens_ = 0;               // the mask's tokens when the shard reads one, else 0
+  std::vector<Tensor> masks_;             // per slot, as decoded_
+  std::vector<std::vector<Tensor>> inputs_;  // per slot: the shard's inputs (activations, mask)
   double busy_s_ = 0.0;
   bool step_pending_ = false;  // the step is complete; its update waits for finish_step
   std::atomic<bool> cancelled_{false};

@@ -65,6 +65,14 @@ std::span<const uint8_t> MessageWriter::welcome(uint64_t session_id, uint32_t ba
                                             .Union());
 }
 
+flatbuffers::Offset<flatbuffers::Vector<uint8_t>> MessageWriter::mask_bytes(const Tensor* mask) {
+  if (mask == nullptr) return {};
+  uint8_t* out = nullptr;
+  const auto v = fbb_.CreateUninitializedVector(static_cast<std::size_t>(mask->numel()), &out);
+  for (int64_t i = 0; i < mask->numel(); ++i) out[i] = (*mask)[i] != 0.0f ? 1 : 0;
+  return v;
+}
+
 flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::TensorMsg>>> MessageWriter::tensors(
     const NamedTensors& list) {
   std::vector<flatbuffers::Offset<wire::TensorMsg>> offsets;
@@ -90,15 +98,16 @@ std::span<const uint8_t> MessageWriter::aggregated(uint32_t round, uint32_t edge
 std::span<const uint8_t> MessageWriter::forward(uint64_t step, uint32_t microbatch, uint64_t weight_version,
                                                 const Tensor& activations, std::span<const int32_t> labels,
                                                 uint32_t step_samples, uint32_t step_microbatches,
-                                                wire::DType dtype, float lr_scale, bool checkpoint) {
+                                                wire::DType dtype, float lr_scale, bool checkpoint, const Tensor* mask) {
   fbb_.Clear();
+  const auto m = mask_bytes(mask);
   const auto t = tensor("activations", activations, dtype);
   // No labels (a U-shaped edge keeps them): the field is absent, not empty.
   const auto l = labels.empty() ? flatbuffers::Offset<flatbuffers::Vector<int32_t>>()
                                 : fbb_.CreateVector(labels.data(), labels.size());
   return finish(wire::Payload::Forward, wire::CreateForward(fbb_, step, microbatch, weight_version, t, l,
                                                             step_samples, step_microbatches, lr_scale,
-                                                            checkpoint)
+                                                            checkpoint, m)
                                             .Union());
 }
 
@@ -111,12 +120,14 @@ std::span<const uint8_t> MessageWriter::backward(uint64_t step, uint32_t microba
 }
 
 std::span<const uint8_t> MessageWriter::eval_forward(uint64_t batch_id, const Tensor& activations,
-                                                     std::span<const int32_t> labels, wire::DType dtype) {
+                                                     std::span<const int32_t> labels, wire::DType dtype,
+                                                     const Tensor* mask) {
   fbb_.Clear();
+  const auto m = mask_bytes(mask);
   const auto t = tensor("activations", activations, dtype);
   const auto l = labels.empty() ? flatbuffers::Offset<flatbuffers::Vector<int32_t>>()
                                 : fbb_.CreateVector(labels.data(), labels.size());
-  return finish(wire::Payload::EvalForward, wire::CreateEvalForward(fbb_, batch_id, t, l).Union());
+  return finish(wire::Payload::EvalForward, wire::CreateEvalForward(fbb_, batch_id, t, l, m).Union());
 }
 
 std::span<const uint8_t> MessageWriter::middle_output(uint64_t step, uint32_t microbatch, const Tensor& activations,
@@ -246,6 +257,32 @@ bool check_labels(const flatbuffers::Vector<int32_t>* labels, int64_t count, int
       error = {wire::ErrorCode::BadTensor, cat("labels: ", labels->Get(i), " at ", i, " is outside [0, ", classes, ")")};
       return false;
     }
+  return true;
+}
+
+bool read_mask(const flatbuffers::Vector<uint8_t>* mask, int64_t count, int64_t tokens, Tensor& decoded,
+               WireError& error) {
+  if (tokens == 0) {
+    if (mask == nullptr) return true;
+    error = {wire::ErrorCode::BadTensor, "mask: this split's cloud shard reads no mask, and a message carrying one is "
+                                         "refused (nothing of the input but a mask the cloud needs may leave)"};
+    return false;
+  }
+  if (!mask || static_cast<int64_t>(mask->size()) != count * tokens) {
+    error = {wire::ErrorCode::BadTensor, cat("mask: ", mask ? mask->size() : 0, " bytes given for ", count,
+                                             " samples of ", tokens, " tokens")};
+    return false;
+  }
+  const Shape shape{count, tokens};
+  if (!decoded.defined() || decoded.shape() != shape) decoded = Tensor::empty(shape);
+  for (flatbuffers::uoffset_t i = 0; i < mask->size(); ++i) {
+    const uint8_t b = mask->Get(i);
+    if (b > 1) {
+      error = {wire::ErrorCode::BadTensor, cat("mask: ", static_cast<int>(b), " at ", i, " is neither 0 nor 1")};
+      return false;
+    }
+    decoded[i] = b;
+  }
   return true;
 }
 

@@ -42,11 +42,13 @@ class MessageWriter {
                                    const Tensor& activations, std::span<const int32_t> labels,
                                    uint32_t step_samples = 0, uint32_t step_microbatches = 0,
                                    wire::DType dtype = wire::DType::F32, float lr_scale = 1.0f,
-                                   bool checkpoint = false);
+                                   bool checkpoint = false, const Tensor* mask = nullptr);
   std::span<const uint8_t> backward(uint64_t step, uint32_t microbatch, const Tensor& gradients, float loss,
                                     wire::DType dtype = wire::DType::F32, uint64_t weight_version = 0);
+  // `mask`: the key padding mask [samples, tokens] of 0s and 1s, when the cloud's shard reads
+  // one (Graph::split); it goes as one byte a token.
   std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& activations, std::span<const int32_t> labels,
-                                        wire::DType dtype = wire::DType::F32);
+                                        wire::DType dtype = wire::DType::F32, const Tensor* mask = nullptr);
   // U-shaped training (schema/wire.fbs): the middle's output down, its gradient up, and the
   // middle's output for an evaluation batch.
   std::span<const uint8_t> middle_output(uint64_t step, uint32_t microbatch, const Tensor& activations,
@@ -64,6 +66,7 @@ class MessageWriter {
   static constexpr wire::DType kF32Only[] = {wire::DType::F32};
   flatbuffers::Offset<wire::TensorMsg> tensor(const char* name, const Tensor& t, wire::DType dtype);
   flatbuffers::Offset<flatbuffers::Vector<flatbuffers::Offset<wire::TensorMsg>>> tensors(const NamedTensors& list);
+  flatbuffers::Offset<flatbuffers::Vector<uint8_t>> mask_bytes(const Tensor* mask);  // absent when null
   std::span<const uint8_t> finish(wire::Payload type, flatbuffers::Offset<void> payload);
   flatbuffers::FlatBufferBuilder fbb_{1 << 16};
 };
@@ -87,6 +90,12 @@ bool read_named_tensors(const Frame& frame,
 
 // Labels: exactly `count` of them, each in [0, classes).
 bool check_labels(const flatbuffers::Vector<int32_t>* labels, int64_t count, int32_t classes, WireError& error);
+
+// A Forward's or EvalForward's mask for a shard that reads one (`tokens` > 0): `count` samples
+// of `tokens` bytes, each 0 or 1, into `decoded` [count, tokens] as floats. A shard that reads
+// none (`tokens` == 0) must get none. False with `error` (BadTensor) otherwise.
+bool read_mask(const flatbuffers::Vector<uint8_t>* mask, int64_t count, int64_t tokens, Tensor& decoded,
+               WireError& error);
 
 // The step must be `expected_step` and the micro-batch below `microbatches`.
 bool check_window(uint64_t step, uint32_t microbatch, uint64_t expected_step, uint32_t microbatches,

@@ -89,6 +89,13 @@ void EdgeSession::set_tail(Network* tail) {
   if (step_microbatches_ != backed_) fail("edge session", "set_tail during a step");
   tail_ = tail;
   dlogits_.assign(microbatches_, Tensor());
+  tail_mask_ = -1;
+  if (!tail || tail->graph().inputs().size() < 2) return;  // the tail reads the middle's output only
+  const std::string& mask = tail->graph().inputs()[1].name;
+  const auto& in = front_.graph().inputs();
+  for (std::size_t i = 0; i < in.size(); ++i)
+    if (in[i].name == mask) tail_mask_ = static_cast<int>(i);
+  if (tail_mask_ < 0) fail("edge session", cat("the tail reads mask '", mask, "', which is not an input of the front"));
 }
 
 std::vector<Param*> EdgeSession::edge_params() const {
@@ -134,19 +141,40 @@ bool EdgeSession::on_aggregated(const Frame& frame, WireError& error) {
   return true;
 }
 
-int EdgeSession::begin_step(const Tensor& images, const int32_t* labels, float lr_scale, bool checkpoint) {
+void EdgeSession::set_mask_input(int index) {
+  const auto& in = front_.graph().inputs();
+  if (index >= static_cast<int>(in.size()) || (index >= 0 && !in[static_cast<std::size_t>(index)].mask))
+    fail("edge session", cat("input ", index, " of the front is not a mask"));
+  mask_input_ = index;
+}
+
+std::span<const Tensor> EdgeSession::slice_inputs(int64_t begin, int64_t count) {
+  mb_inputs_.resize(inputs_.size());
+  for (std::size_t i = 0; i < inputs_.size(); ++i) mb_inputs_[i] = inputs_[i].slice_batch(begin, count);
+  return mb_inputs_;
+}
+
+std::span<const Tensor> EdgeSession::tail_inputs(const Tensor& middle, const Tensor* mask) {
+  tail_in_.assign(1, middle);
+  if (mask) tail_in_.push_back(*mask);
+  return tail_in_;
+}
+
+int EdgeSession::begin_step(std::span<const Tensor> inputs, const int32_t* labels, float lr_scale, bool checkpoint) {
   if (!welcomed_) fail("edge session", "begin_step before the cloud's Welcome");
   if (awaiting_aggregate_ || (aggregate_due() && exchanged_step_ != step_))
     fail("edge session", "begin_step before the round's average (Aggregated) arrived");
   if (backed_ != step_microbatches_) fail("edge session", cat("step ", step_, " is still in flight"));
-  if (images.shape()[0] > static_cast<int64_t>(batch_limit_))
-    fail("edge session", cat("batch of ", images.shape()[0], " exceeds the cloud's limit of ", batch_limit_));
-  images_ = images;
+  if (inputs.size() != front_.graph().inputs().size())
+    fail("edge session", cat("the front takes ", front_.graph().inputs().size(), " inputs, given ", inputs.size()));
+  if (inputs[0].shape()[0] > static_cast<int64_t>(batch_limit_))
+    fail("edge session", cat("batch of ", inputs[0].shape()[0], " exceeds the cloud's limit of ", batch_limit_));
+  inputs_.assign(inputs.begin(), inputs.end());
   labels_ = labels;
   lr_scale_ = lr_scale;
   checkpoint_ = checkpoint;
   optimizer_.set_lr_scale(lr_scale);
-  step_microbatches_ = static_cast<int>(std::min<int64_t>(microbatches_, images.shape()[0]));
+  step_microbatches_ = static_cast<int>(std::min<int64_t>(microbatches_, batch()));
   backed_ = 0;
   loss_sum_ = 0.0;
   step_dcor_ = 0.0;
@@ -162,7 +190,7 @@ int EdgeSession::begin_step(const Tensor& images, const int32_t* labels, float l
 // The penalty is the whole step's: its samples' activations gathered from the K slots, so
 // that it does not depend on K (and K micro-batches still train exactly like one).
 void EdgeSession::nopeek_step() {
-  const int64_t batch = images_.shape()[0];
+  const int64_t batch = this->batch();
   int64_t row = 0;
   for (int m = 0; m < step_microbatches_; ++m) {
     if (state_[static_cast<std::size_t>(m)] == 0)
@@ -177,7 +205,8 @@ void EdgeSession::nopeek_step() {
     std::copy_n(z.data(), z.numel(), nopeek_z_.data() + begin * row);
   }
   nopeek_grad_.assign(nopeek_z_.size(), 0.0f);
-  step_dcor_ = distance_correlation(images_.data(), images_.numel() / batch, nopeek_z_.data(), row, batch,
+  // The correlation with the first input (the image; for a sequence, its ids).
+  step_dcor_ = distance_correlation(inputs_[0].data(), inputs_[0].numel() / batch, nopeek_z_.data(), row, batch,
                                     nopeek_grad_.data(), nopeek_, dcor_work_);
   nopeek_ready_ = true;
 }
@@ -185,10 +214,11 @@ void EdgeSession::nopeek_step() {
 std::span<const uint8_t> EdgeSession::forward(int mb) {
   if (mb < 0 || mb >= step_microbatches_ || state_[static_cast<std::size_t>(mb)] != 0)
     fail("edge session", cat("micro-batch ", mb, " of step ", step_, " cannot be forwarded now"));
-  const int64_t batch = images_.shape()[0];
+  const int64_t batch = this->batch();
   const auto [begin, count] = microbatch_range(batch, step_microbatches_, mb);
   front_.set_training(true);
-  const Tensor& activations = front_.forward(images_.slice_batch(begin, count), mb);
+  const std::span<const Tensor> in = slice_inputs(begin, count);
+  const Tensor& activations = front_.forward(in, mb);
   if (const int64_t bad = first_non_finite(activations); bad >= 0) diverged(cat("micro-batch ", mb, " of step ", step_), bad);
   state_[static_cast<std::size_t>(mb)] = 1;
   return writer_.forward(step_, static_cast<uint32_t>(mb), step_ /* weights version: optimizer steps applied */,
@@ -196,7 +226,7 @@ std::span<const uint8_t> EdgeSession::forward(int mb) {
                          tail_ ? std::span<const int32_t>()  // U-shaped: the labels stay here
                                : std::span<const int32_t>(labels_ + begin, static_cast<std::size_t>(count)),
                          static_cast<uint32_t>(batch), static_cast<uint32_t>(step_microbatches_), dtype_, lr_scale_,
-                         checkpoint_);
+                         checkpoint_, mask_input_ >= 0 ? &in[static_cast<std::size_t>(mask_input_)] : nullptr);
 }
 
 bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_done) {
@@ -232,7 +262,7 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
       if (!own.defined() || own.shape() != sent.shape()) own = Tensor::empty(sent.shape());
       own.copy_from(*cut_grad);
     }
-    const auto [begin, count] = microbatch_range(images_.shape()[0], step_microbatches_, static_cast<int>(mb));
+    const auto [begin, count] = microbatch_range(batch(), step_microbatches_, static_cast<int>(mb));
     const int64_t row = sent.numel() / count;
     const float* penalty = nopeek_grad_.data() + begin * row;
     float* g = own.data();
@@ -293,17 +323,19 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
                                                o->weight_version(), ", expected ", step_)};
     return false;
   }
-  const auto [begin, count] = microbatch_range(images_.shape()[0], step_microbatches_, static_cast<int>(mb));
+  const auto [begin, count] = microbatch_range(batch(), step_microbatches_, static_cast<int>(mb));
   const Shape shape = tail_->graph().inputs()[0].shape.batched(count);
   Tensor middle = read_tensor(frame, o->activations(), shape, "activations", dtype_, decoded_[mb], error);
   if (!middle.defined()) return false;
   tail_->set_training(true);
-  const Tensor& logits = tail_->forward(middle, static_cast<int>(mb));
+  Tensor mask;  // the micro-batch's, when the tail reads one
+  if (tail_mask_ >= 0) mask = inputs_[static_cast<std::size_t>(tail_mask_)].slice_batch(begin, count);
+  const Tensor& logits = tail_->forward(tail_inputs(middle, tail_mask_ >= 0 ? &mask : nullptr), static_cast<int>(mb));
   Tensor& dlogits = dlogits_[mb];
   if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
   const double loss = compute_loss(tail_->graph().loss(), logits, labels_ + begin,
-                                   1.0f / static_cast<float>(images_.shape()[0]), &dlogits, tail_->graph().output_groups());
-  const float samples = static_cast<float>(images_.shape()[0]);
+                                   1.0f / static_cast<float>(batch()), &dlogits, tail_->graph().output_groups());
+  const float samples = static_cast<float>(batch());
   Tensor grad;
   if (label_noise_) {
     // Noise on each sample's own loss gradient at the logits (the rows times the step's
@@ -357,11 +389,12 @@ bool EdgeSession::on_step_message(const Frame& frame, WireError& error, bool& st
   return on_backward(frame, error, step_done);
 }
 
-std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, const Tensor& images, const int32_t* labels,
-                                                   int64_t count) {
+std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, std::span<const Tensor> inputs,
+                                                   const int32_t* labels, int64_t count) {
   // Evaluation uses the slot after the training ones, so it never disturbs a step in flight.
   front_.set_training(false);
-  const Tensor& activations = front_.forward(images, static_cast<int>(microbatches_));
+  const Tensor& activations = front_.forward(inputs, static_cast<int>(microbatches_));
+  if (tail_mask_ >= 0) eval_mask_ = inputs[static_cast<std::size_t>(tail_mask_)];
   if (const int64_t bad = first_non_finite(activations); bad >= 0) diverged(cat("evaluation batch ", batch_id), bad);
   eval_labels_ = labels;
   eval_count_ = count;
@@ -369,7 +402,7 @@ std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, const Tens
   return writer_.eval_forward(batch_id, noise_evaluation_ ? leaving(activations, microbatches_) : activations,
                               tail_ ? std::span<const int32_t>()  // U-shaped: scored here (on_eval_result)
                                     : std::span<const int32_t>(labels, static_cast<std::size_t>(count)),
-                              dtype_);
+                              dtype_, mask_input_ >= 0 ? &inputs[static_cast<std::size_t>(mask_input_)] : nullptr);
 }
 
 const Tensor& EdgeSession::leaving(const Tensor& activations, std::size_t slot) {
@@ -396,7 +429,8 @@ bool EdgeSession::on_eval_result(const Frame& frame, WireError& error, EvalResul
     Tensor middle = read_tensor(frame, o->activations(), shape, "activations", dtype_, eval_decoded_, error);
     if (!middle.defined()) return false;
     tail_->set_training(false);
-    const Tensor& logits = tail_->forward(middle, static_cast<int>(microbatches_));
+    const Tensor& logits =
+        tail_->forward(tail_inputs(middle, tail_mask_ >= 0 ? &eval_mask_ : nullptr), static_cast<int>(microbatches_));
     result = {count_correct(logits, eval_labels_, tail_->graph().output_groups()), eval_count_, o->cloud_busy_s()};
     eval_labels_ = nullptr;
     return true;

@@ -33,12 +33,20 @@ class EdgeSession {
   // micro-batches, at least this edge's K) and the step to start from.
   bool on_welcome(const Frame& frame, WireError& error);
 
-  // Starts a step on images [B, ...] and labels [B] (kept by reference until the step ends);
-  // returns its number of micro-batches, min(K, B).
+  // Starts a step on the front's inputs (each [B, ...], in its graph's order: images, or ids,
+  // mask, boxes...) and labels [B] (kept by reference until the step ends); returns its
+  // number of micro-batches, min(K, B).
   // lr_scale: the schedule's factor for this step, applied here and sent to the cloud.
   // checkpoint: both sides checkpoint after this step (the cloud's is durable before the
   // step's last Backward leaves, so the cloud never has less than the edge).
-  int begin_step(const Tensor& images, const int32_t* labels, float lr_scale = 1.0f, bool checkpoint = false);
+  int begin_step(std::span<const Tensor> inputs, const int32_t* labels, float lr_scale = 1.0f,
+                 bool checkpoint = false);
+  int begin_step(const Tensor& images, const int32_t* labels, float lr_scale = 1.0f, bool checkpoint = false) {
+    return begin_step(std::span<const Tensor>(&images, 1), labels, lr_scale, checkpoint);
+  }
+  // The front's input (index into its graph's inputs) that the cloud's shard reads too: a
+  // key padding mask (Graph::split), sent with every Forward and EvalForward. -1: none.
+  void set_mask_input(int index);
   // Runs micro-batch mb through the front shard; returns the Forward message to send.
   std::span<const uint8_t> forward(int mb);
   // A Backward for this step; `step_done` turns true after the last one (optimizer applied).
@@ -113,7 +121,11 @@ class EdgeSession {
   uint32_t rounds_joined() const { return rounds_joined_; }
   wire::DType dtype() const { return dtype_; }  // the wire dtype the cloud chose
   double step_loss_sum() const { return loss_sum_; }
-  std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& images, const int32_t* labels, int64_t count);
+  std::span<const uint8_t> eval_forward(uint64_t batch_id, std::span<const Tensor> inputs, const int32_t* labels,
+                                        int64_t count);
+  std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& images, const int32_t* labels, int64_t count) {
+    return eval_forward(batch_id, std::span<const Tensor>(&images, 1), labels, count);
+  }
   struct EvalResult {
     int64_t correct = 0, count = 0;
     double cloud_busy_s = 0;  // the cloud's compute time for this edge so far
@@ -163,7 +175,17 @@ class EdgeSession {
   // micro-batch, or microbatches_ for evaluation).
   const Tensor& leaving(const Tensor& activations, std::size_t slot);
   uint32_t batch_limit_ = 0;  // the cloud's batch size (Welcome)
-  Tensor images_;
+  std::vector<Tensor> inputs_;     // the step's, each [B, ...]
+  std::vector<Tensor> mb_inputs_;  // a micro-batch's slices of them
+  int mask_input_ = -1;            // set_mask_input
+  int tail_mask_ = -1;             // U-shaped: the front input the tail reads as its mask, or -1
+  Tensor eval_mask_;               // U-shaped: the evaluation batch's mask, for the tail
+  int64_t batch() const { return inputs_[0].shape()[0]; }
+  // The micro-batch [begin, begin + count) of every input, in mb_inputs_.
+  std::span<const Tensor> slice_inputs(int64_t begin, int64_t count);
+  // The tail's inputs: the middle's output, and its mask when it reads one.
+  std::span<const Tensor> tail_inputs(const Tensor& middle, const Tensor* mask);
+  std::vector<Tensor> tail_in_;
   const int32_t* labels_ = nullptr;
   int step_microbatches_ = 0, backed_ = 0;
   // Per micro-batch: 0 not sent, 1 forwarded, 3 (U-shaped) its middle gradient sent, 2 backed up.

@@ -100,8 +100,7 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   if (config_.batch < 1 || config_.microbatches < 1 || config_.eval_chunk < 1)
     fail("edge", "batch, micro-batches and the evaluation chunk must be at least 1");
   if (config_.steps < 0 || config_.epochs < 0) fail("edge", "steps and epochs must be at least 0");
-  if (graph.inputs().size() != 1) fail("edge", "the edge trains models with one image input");
-  input_ = graph.inputs()[0].shape;
+  inputs_ = graph.inputs();
   classes_ = static_cast<int32_t>(graph.classes());
   backend_ = make_backend(config_.backend, BackendOptions{config_.threads});
   front_ = std::make_unique<Network>(graph.split(config_.cut).first, *backend_, config_.seed);
@@ -127,6 +126,10 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
                                            config_.client_id, config_.dtypes);
   if (!config_.token.empty()) session_->set_token(config_.token);
   if (tail_) session_->set_tail(tail_.get());
+  // The cloud's shard reads the mask (its attention does): it goes up with the activations.
+  const Graph cloud_shard = graph.split(config_.cut).second;
+  for (std::size_t i = 0; cloud_shard.inputs().size() > 1 && i < inputs_.size(); ++i)
+    if (inputs_[i].name == cloud_shard.inputs()[1].name) session_->set_mask_input(static_cast<int>(i));
   if (config_.privacy.grad_clip > 0.0f) {
     if (!tail_)
       fail("edge", cat("--grad-clip protects the labels of a U-shaped split (a cut \"A,B\"); cut '", config_.cut,
@@ -166,34 +169,57 @@ EventEdge::~EventEdge() = default;
 
 void EventEdge::set_data(bool test, const uint8_t* pixels, const int32_t* labels, int64_t n, int64_t h, int64_t w) {
   if (n < 1) fail("edge", "no images given");
-  if (Shape({h, w, 1}).numel() != input_.numel())
-    fail("edge", cat("images of ", h, "x", w, " do not fit the model's input ", input_.str()));
-  Tensor images = Tensor::empty(input_.batched(n));
+  const Shape& input = inputs_[0].shape;
+  if (inputs_.size() != 1 || Shape({h, w, 1}).numel() != input.numel())
+    fail("edge", cat("images of ", h, "x", w, " do not fit the model's input ", input.str(),
+                     inputs_.size() != 1 ? cat(" (it takes ", inputs_.size(), " inputs)") : std::string()));
+  Tensor images = Tensor::empty(input.batched(n));
   float* out = images.data();
   for (int64_t i = 0, e = n * h * w; i < e; ++i) out[i] = static_cast<float>(pixels[i]) / 255.0f;
   set_data(test, std::move(images), std::vector<int32_t>(labels, labels + n));
 }
 
 void EventEdge::set_data(bool test, Tensor images, std::vector<int32_t> labels) {
-  const int64_t n = images.shape().rank() > 0 ? images.shape()[0] : 0;
-  if (n < 1) fail("edge", "no images given");
-  if (images.shape().item_numel() != input_.numel())
-    fail("edge", cat("the model's input is ", input_.str(), " but the images are ", images.shape().str()));
+  if (images.shape().rank() > 0 && inputs_.size() == 1 && images.shape().item_numel() == inputs_[0].shape.numel())
+    images = images.reshape(inputs_[0].shape.batched(images.shape()[0]));  // e.g. [n, 784] for [28, 28, 1]
+  std::vector<Tensor> inputs;
+  inputs.push_back(std::move(images));
+  set_data(test, std::move(inputs), std::move(labels));
+}
+
+void EventEdge::set_data(bool test, std::vector<Tensor> inputs, std::vector<int32_t> labels) {
+  if (inputs.size() != inputs_.size())
+    fail("edge", cat("the model takes ", inputs_.size(), " inputs, given ", inputs.size()));
+  const int64_t n = inputs[0].shape().rank() > 0 ? inputs[0].shape()[0] : 0;
+  if (n < 1) fail("edge", "no samples given");
+  for (std::size_t i = 0; i < inputs.size(); ++i) {
+    const GraphInput& in = inputs_[i];
+    if (inputs[i].shape() != in.shape.batched(n))
+      fail("edge", cat("the model's input '", in.name, "' is ", in.shape.str(), " a sample but the data is ",
+                       inputs[i].shape().str(), " for ", n, " samples"));
+    if (!in.integer && !in.mask) continue;
+    for (int64_t e = 0; e < inputs[i].numel(); ++e) {
+      const float v = inputs[i][e];
+      if (in.mask ? (v != 0.0f && v != 1.0f) : (v != std::floor(v) || std::fabs(v) > 16777216.0f))
+        fail("edge", cat("input '", in.name, "': ", v, " at element ", e, " is not ",
+                         in.mask ? "0 or 1 (a mask)" : "an integer below 2^24 (ids and coordinates)"));
+    }
+  }
   if (static_cast<int64_t>(labels.size()) != n)
-    fail("edge", cat(n, " images but ", labels.size(), " labels"));
+    fail("edge", cat(n, " samples but ", labels.size(), " labels"));
   for (int64_t i = 0; i < n; ++i)
     if (labels[static_cast<std::size_t>(i)] < 0 || labels[static_cast<std::size_t>(i)] >= classes_)
-      fail("edge", cat("label ", labels[static_cast<std::size_t>(i)], " of image ", i, " is outside [0, ", classes_, ")"));
-  (test ? test_ : train_) = Data{std::move(images), std::move(labels)};
+      fail("edge", cat("label ", labels[static_cast<std::size_t>(i)], " of sample ", i, " is outside [0, ", classes_, ")"));
+  (test ? test_ : train_) = Data{std::move(inputs), std::move(labels)};
 }
 
 void EventEdge::on_open() {
   if (state_ != State::Idle) return;
-  if (!train_.images.defined()) {
-    fail_with("no training images were given");
+  if (!train_.given()) {
+    fail_with("no training data was given");
     return;
   }
-  const int64_t n = train_.images.shape()[0];
+  const int64_t n = train_.count();
   if (position_.cursor > n || position_.epoch < 1) {
     fail_with(cat("the checkpoint stands at sample ", position_.cursor, " of epoch ", position_.epoch,
                   ", outside this data set of ", n, " (was the data or --limit changed?)"));
@@ -247,7 +273,7 @@ bool EventEdge::on_message(const Frame& frame) {
         if (!reply.empty()) send_(reply);  // U-shaped: the middle output's gradient goes back up
         busy_s_ += since(t0);
         if (!done) return true;
-        const int64_t count = batch_images_.shape()[0], n = train_.images.shape()[0];
+        const int64_t count = batch_inputs_[0].shape()[0], n = train_.count();
         const double loss = session_->step_loss_sum() / static_cast<double>(count);
         if (first_loss_ < 0) first_loss_ = loss;
         last_loss_ = loss;
@@ -323,10 +349,10 @@ const char* EventEdge::awaiting() const {
 }
 
 double EventEdge::epsilon_after(uint64_t steps) const {
-  if (!noise_ || !train_.images.defined()) return -1.0;
+  if (!noise_ || !train_.given()) return -1.0;
   if (config_.privacy.dp_noise <= 0.0f) return std::numeric_limits<double>::infinity();  // clipping alone proves nothing
   if (steps == 0) return 0.0;
-  const double q = std::min(1.0, static_cast<double>(config_.batch) / static_cast<double>(train_.images.shape()[0]));
+  const double q = std::min(1.0, static_cast<double>(config_.batch) / static_cast<double>(train_.count()));
   return dp_epsilon(q, config_.privacy.dp_noise, steps, config_.privacy.dp_delta).epsilon;
 }
 
@@ -354,7 +380,7 @@ void EventEdge::after_step(bool epoch_end) {
 void EventEdge::start_step() {
   state_ = State::Training;
   just_ended_epoch_ = 0;
-  const int64_t n = train_.images.shape()[0];
+  const int64_t n = train_.count();
   const auto t0 = std::chrono::steady_clock::now();
   if (!epoch_open_) {  // each epoch a fresh permutation, drawn from (seed, epoch) alone
     order_ = epoch_order(n, config_.seed, position_.epoch);
@@ -369,16 +395,20 @@ void EventEdge::start_step() {
     emit(e);
   }
   const int64_t begin = position_.cursor, count = std::min<int64_t>(config_.batch, n - begin);
-  if (!batch_images_.defined() || batch_images_.shape()[0] != count) batch_images_ = Tensor::empty(input_.batched(count));
+  batch_inputs_.resize(inputs_.size());
   batch_labels_.resize(static_cast<std::size_t>(count));
-  const int64_t item = input_.numel();
-  for (int64_t i = 0; i < count; ++i) {
-    const int64_t src = order_[static_cast<std::size_t>(begin + i)];
-    std::copy_n(train_.images.data() + src * item, item, batch_images_.data() + i * item);
-    batch_labels_[static_cast<std::size_t>(i)] = train_.labels[static_cast<std::size_t>(src)];
+  for (std::size_t k = 0; k < inputs_.size(); ++k) {
+    Tensor& batch = batch_inputs_[k];
+    if (!batch.defined() || batch.shape()[0] != count) batch = Tensor::empty(inputs_[k].shape.batched(count));
+    const int64_t item = inputs_[k].shape.numel();
+    for (int64_t i = 0; i < count; ++i)
+      std::copy_n(train_.inputs[k].data() + order_[static_cast<std::size_t>(begin + i)] * item, item,
+                  batch.data() + i * item);
   }
+  for (int64_t i = 0; i < count; ++i)
+    batch_labels_[static_cast<std::size_t>(i)] = train_.labels[static_cast<std::size_t>(order_[static_cast<std::size_t>(begin + i)])];
   step_saves_ = config_.checkpoints && config_.checkpoints->due(session_->step() + 1, begin + count == n);
-  const int k = session_->begin_step(batch_images_, batch_labels_.data(),
+  const int k = session_->begin_step(batch_inputs_, batch_labels_.data(),
                                      lr_factor(schedule_, static_cast<int64_t>(session_->step())), step_saves_);
   // Every activation leaves as soon as it is computed; gradients are applied as they come.
   for (int mb = 0; mb < k; ++mb) {
@@ -395,7 +425,7 @@ void EventEdge::end_epoch() {
   // The last epoch's steps join a round before it is reported, so the run ends on the average.
   if (run_over() && steps_done_ > 0 && session_->final_round_due())
     return send_front(/*final=*/true, AfterAverage::EndEpoch);
-  const int64_t trained = train_.images.shape()[0] - epoch_first_;
+  const int64_t trained = train_.count() - epoch_first_;
   EdgeEvent e = event(EdgeEvent::Kind::EpochTrained);
   e.epoch = position_.epoch - 1;
   e.samples = trained;
@@ -411,7 +441,7 @@ void EventEdge::end_epoch() {
   emit(e);
   just_ended_epoch_ = e.epoch;
   if (run_over()) return finish_run();
-  if (config_.eval_each_epoch && test_.images.defined()) return start_eval(/*final=*/false);
+  if (config_.eval_each_epoch && test_.given()) return start_eval(/*final=*/false);
   start_step();
 }
 
@@ -432,12 +462,12 @@ void EventEdge::send_front(bool final, AfterAverage then) {
 
 void EventEdge::start_eval(bool final) {
   final_eval_ = final;
-  if (!test_.images.defined()) {
+  if (!test_.given()) {
     if (!final) return start_step();
     return say_goodbye();
   }
   state_ = State::Evaluating;
-  const int64_t n = test_.images.shape()[0];
+  const int64_t n = test_.count();
   eval_end_ = config_.eval_samples > 0 ? std::min(config_.eval_samples, n) : n;
   eval_next_ = eval_correct_ = eval_seen_ = 0;
   send_eval_batch();
@@ -455,8 +485,10 @@ void EventEdge::send_eval_batch() {
   }
   const int64_t count = std::min(config_.eval_chunk, eval_end_ - eval_next_);
   const auto t0 = std::chrono::steady_clock::now();
-  send_(session_->eval_forward(static_cast<uint64_t>(eval_next_), test_.images.slice_batch(eval_next_, count),
-                               test_.labels.data() + eval_next_, count));
+  eval_inputs_.resize(inputs_.size());
+  for (std::size_t k = 0; k < inputs_.size(); ++k) eval_inputs_[k] = test_.inputs[k].slice_batch(eval_next_, count);
+  send_(session_->eval_forward(static_cast<uint64_t>(eval_next_), eval_inputs_, test_.labels.data() + eval_next_,
+                               count));
   busy_s_ += since(t0);
   eval_next_ += count;
 }

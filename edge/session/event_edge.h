@@ -153,6 +153,10 @@ class EventEdge {
   void set_data(bool test, const uint8_t* pixels, const int32_t* labels, int64_t n, int64_t h, int64_t w);
   // Images [n, ...] in [0, 1] of the model's input size, and their labels.
   void set_data(bool test, Tensor images, std::vector<int32_t> labels);
+  // Every input of the model (in its spec's order: ids, mask, boxes, pixels...), each [n, ...]
+  // with its spec's per-sample shape, and their labels; ids and coordinates integers, masks
+  // 0 or 1 (checked here: an Error names the input and the element).
+  void set_data(bool test, std::vector<Tensor> inputs, std::vector<int32_t> labels);
 
   void on_open();
   // false once the run has ended (done or failed): the link should close.
@@ -177,8 +181,10 @@ class EventEdge {
   enum class State { Idle, AwaitWelcome, Training, AwaitAverage, Evaluating, Done, Failed };
   enum class AfterAverage { Continue, EndEpoch, Finish };
   struct Data {
-    Tensor images;  // [n, ...] in [0, 1]
+    std::vector<Tensor> inputs;  // each [n, ...], the model's inputs in order
     std::vector<int32_t> labels;
+    bool given() const { return !inputs.empty(); }
+    int64_t count() const { return inputs.empty() ? 0 : inputs[0].shape()[0]; }
   };
   bool run_over() const;
   double epsilon_after(uint64_t steps) const;  // -1 without DP
@@ -210,7 +216,7 @@ class EventEdge {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<EdgeSession> session_;
   std::unique_ptr<CutNoise> noise_;
-  Shape input_;  // one sample's
+  std::vector<GraphInput> inputs_;  // the model's, one sample's shapes
   int32_t classes_ = 10;
   Data train_, test_;
   State state_ = State::Idle;
@@ -227,7 +233,7 @@ class EventEdge {
   std::vector<double> first_grad_s_;  // this epoch's steps
   double epoch_dcor_sum_ = 0.0;       // NoPeek: each step's correlation times its samples
   std::vector<int64_t> order_;
-  Tensor batch_images_;
+  std::vector<Tensor> batch_inputs_, eval_inputs_;
   std::vector<int32_t> batch_labels_;
   int64_t eval_next_ = 0, eval_end_ = 0, eval_correct_ = 0, eval_seen_ = 0, samples_done_ = 0;
   double first_loss_ = -1.0, last_loss_ = 0.0, busy_s_ = 0.0, cloud_busy_s_ = 0.0, accuracy_ = -1.0;

@@ -1,0 +1,233 @@
+// A transformer encoder split inside its layers (cut "ln1"), in-process: the edge runs the
+// embeddings and the first layer on token ids and a padding mask, the cloud the second layer
+// and the head. The mask is the one input that goes up (the cloud's attention reads it), the
+// ids never do; the split trains exactly like the whole model; bad masks are refused.
+#include <gtest/gtest.h>
+
+#include <cmath>
+
+#include "backends/registry.h"
+#include "cloud/session/cloud_session.h"
+#include "core/error.h"
+#include "core/graph.h"
+#include "core/loss.h"
+#include "core/microbatch.h"
+#include "edge/session/edge_session.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+// Two post-LayerNorm encoder layers (BERT's order) on 6 tokens of 8 features, 2 heads; the
+// first layer at the edge, the second (its attention reads the mask) and the head in the cloud.
+constexpr const char* kEncoderSpec = R"({ name: "tiny-encoder",
+  inputs: [ { name: "ids", shape: [6], dtype: "int32" }, { name: "mask", shape: [6], mask: true } ],
+  nodes: [
+    { name: "tok", op: "embedding", inputs: ["ids"], embedding: { count: 20, features: 8 } },
+    { name: "pos", op: "position_embedding", inputs: ["tok"], embedding: { count: 6 } },
+    { name: "ln0", op: "layer_norm", inputs: ["pos"] },
+    { name: "q0", op: "linear", inputs: ["ln0"], linear: { out_features: 8 } },
+    { name: "k0", op: "linear", inputs: ["ln0"], linear: { out_features: 8 } },
+    { name: "v0", op: "linear", inputs: ["ln0"], linear: { out_features: 8 } },
+    { name: "att0", op: "attention", inputs: ["q0", "k0", "v0", "mask"], attention: { heads: 2 } },
+    { name: "o0", op: "linear", inputs: ["att0"], linear: { out_features: 8 } },
+    { name: "res0", op: "add", inputs: ["ln0", "o0"] },
+    { name: "ln1", op: "layer_norm", inputs: ["res0"] },
+    { name: "q1", op: "linear", inputs: ["ln1"], linear: { out_features: 8 } },
+    { name: "k1", op: "linear", inputs: ["ln1"], linear: { out_features: 8 } },
+    { name: "v1", op: "linear", inputs: ["ln1"], linear: { out_features: 8 } },
+    { name: "att1", op: "attention", inputs: ["q1", "k1", "v1", "mask"], attention: { heads: 2 } },
+    { name: "o1", op: "linear", inputs: ["att1"], linear: { out_features: 8 } },
+    { name: "res1", op: "add", inputs: ["ln1", "o1"] },
+    { name: "ln2", op: "layer_norm", inputs: ["res1"] },
+    { name: "ff1", op: "linear", inputs: ["ln2"], linear: { out_features: 16 } },
+    { name: "act", op: "gelu", inputs: ["ff1"] },
+    { name: "ff2", op: "linear", inputs: ["act"], linear: { out_features: 8 } },
+    { name: "res2", op: "add", inputs: ["ln2", "ff2"] },
+    { name: "ln3", op: "layer_norm", inputs: ["res2"] },
+    { name: "cls", op: "token_pool", inputs: ["ln3", "mask"], token_pool: { mode: "mean" } },
+    { name: "fc", op: "linear", inputs: ["cls"], linear: { out_features: 3 } } ], output: "fc", cut: "ln1" })";
+
+OptimizerOptions sgd() { return {.lr = 0.1f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false}; }
+
+Frame frame_of(std::span<const uint8_t> bytes) { return Frame::copy_of(bytes.data(), bytes.size()); }
+
+CloudReply deliver(CloudSession& cloud, std::span<const uint8_t> bytes) {
+  CloudReply r = cloud.handle(frame_of(bytes));
+  cloud.finish_step();
+  return r;
+}
+
+// `n` sequences: ids in [0, 20), sequence b keeps its first 6 - b % 4 tokens (the rest are
+// padding: id 0, mask 0); the label is the first token's id mod 3.
+struct Sequences {
+  Tensor ids, mask;
+  std::vector<int32_t> labels;
+  std::vector<Tensor> inputs() const { return {ids, mask}; }
+};
+Sequences sequences(int64_t n, uint64_t seed) {
+  Rng rng(seed);
+  Sequences s{Tensor::zeros({n, 6}), Tensor::zeros({n, 6}), {}};
+  for (int64_t b = 0; b < n; ++b) {
+    for (int64_t t = 0; t < 6 - b % 4; ++t) {
+      s.ids[b * 6 + t] = static_cast<float>(rng.below(20));
+      s.mask[b * 6 + t] = 1.0f;
+    }
+    s.labels.push_back(static_cast<int32_t>(s.ids[b * 6]) % 3);
+  }
+  return s;
+}
+
+struct EncoderSplit {
+  ModelSpec spec = parse_model_json(kEncoderSpec);
+  Graph graph = Graph::build(spec);
+  std::unique_ptr<Backend> backend = make_backend(backend_under_test());
+  Network whole{graph, *backend, 5};
+  Network front{graph.split("ln1").first, *backend, 0}, back{graph.split("ln1").second, *backend, 0};
+  Sgd front_opt{front.params(), sgd()}, back_opt{back.params(), sgd()};
+  BackShardTrainer trainer{back, back_opt};
+  CloudSession cloud;
+  EdgeSession edge;
+
+  explicit EncoderSplit(uint32_t k)
+      : cloud(trainer, {model_hash(spec, "ln1"), 32, k, 3, 1, kDefaultMaxMessageBytes, CloudSessionConfig{}.dtypes, "ln1"}),
+        edge(front, front_opt, k, model_hash(spec, "ln1"), "edge-seq") {
+    copy_params(front, whole);
+    copy_params(back, whole);
+    edge.set_mask_input(1);
+    CloudReply r = deliver(cloud, edge.hello());
+    WireError err;
+    EXPECT_TRUE(!r.close && edge.on_welcome(frame_of(r.bytes), err)) << err.text;
+  }
+};
+
+TEST(SequenceSplit, TheMaskTravelsAndTheSplitTrainsLikeTheWholeModel) {
+  const Sequences d = sequences(12, 3);
+  EncoderSplit s(3);
+  EXPECT_EQ(s.back.graph().inputs().size(), 2u);  // ln1's output and the mask
+  Sgd whole_opt(s.whole.params(), sgd());
+  Tensor dlogits;
+  for (int step = 0; step < 10; ++step) {
+    const int k = s.edge.begin_step(d.inputs(), d.labels.data());
+    std::vector<Frame> replies;
+    for (int mb = 0; mb < k; ++mb) {
+      const std::span<const uint8_t> fwd = s.edge.forward(mb);
+      const wire::Forward* f = wire::GetMessage(fwd.data())->payload_as_Forward();
+      const auto [begin, count] = microbatch_range(12, k, mb);
+      ASSERT_NE(f->mask(), nullptr);
+      ASSERT_EQ(f->mask()->size(), static_cast<uint32_t>(count * 6));
+      for (int64_t i = 0; i < count * 6; ++i) EXPECT_EQ(f->mask()->Get(static_cast<uint32_t>(i)), d.mask[begin * 6 + i]);
+      EXPECT_EQ(f->activations()->shape()->size(), 3u);  // [count, 6, 8]: ln1's output, not the ids
+      CloudReply r = deliver(s.cloud, fwd);
+      ASSERT_FALSE(r.close) << "the cloud closed the session";
+      replies.push_back(frame_of(r.bytes));
+    }
+    bool done = false;
+    for (std::size_t i = replies.size(); i-- > 0;) {
+      WireError err;
+      ASSERT_TRUE(s.edge.on_backward(replies[i], err, done)) << err.text;
+    }
+    ASSERT_TRUE(done);
+    // The whole model on the whole batch, one step of the same optimizer.
+    s.whole.zero_grad();
+    const Tensor& logits = s.whole.forward(d.inputs(), 0);
+    if (!dlogits.defined()) dlogits = Tensor::empty(logits.shape());
+    const double want = compute_loss(s.graph.loss(), logits, d.labels.data(), 1.0f / 12.0f, &dlogits);
+    s.whole.backward(dlogits, 0, false);
+    whole_opt.step();
+    EXPECT_NEAR(s.edge.step_loss_sum(), want, 1e-4 * std::max(1.0, std::fabs(want))) << "step " << step;
+  }
+  EXPECT_LE(max_diff(s.front, s.whole), 1e-5f);
+  EXPECT_LE(max_diff(s.back, s.whole), 1e-5f);
+  Network start(s.graph, *s.backend, 5);
+  EXPECT_GT(max_diff(s.back, start), 1e-3f);
+}
+
+// The evaluation batch carries the mask too, and the cloud scores it like the whole model.
+TEST(SequenceSplit, EvaluationCarriesTheMask) {
+  const Sequences d = sequences(8, 4);
+  EncoderSplit s(2);
+  const std::span<const uint8_t> ev = s.edge.eval_forward(1, d.inputs(), d.labels.data(), 8);
+  const wire::EvalForward* e = wire::GetMessage(ev.data())->payload_as_EvalForward();
+  ASSERT_NE(e->mask(), nullptr);
+  EXPECT_EQ(e->mask()->size(), 48u);
+  CloudReply r = deliver(s.cloud, ev);
+  ASSERT_FALSE(r.close);
+  WireError err;
+  EdgeSession::EvalResult result;
+  ASSERT_TRUE(s.edge.on_eval_result(frame_of(r.bytes), err, result)) << err.text;
+  s.whole.set_training(false);
+  EXPECT_EQ(result.correct, count_correct(s.whole.forward(d.inputs(), 0), d.labels.data()));
+  EXPECT_EQ(result.count, 8);
+}
+
+// A Forward whose mask is missing, the wrong size or not 0/1 is refused with the reason; a
+// cloud whose shard reads no mask refuses one.
+TEST(SequenceSplitBadInput, MasksAreChecked) {
+  const Sequences d = sequences(4, 5);
+  auto refused = [&](const std::function<void(std::vector<uint8_t>&)>& corrupt, bool with_mask = true) {
+    EncoderSplit s(1);
+    s.edge.begin_step(d.inputs(), d.labels.data());
+    const std::span<const uint8_t> fwd = s.edge.forward(0);
+    const wire::Forward* f = wire::GetMessage(fwd.data())->payload_as_Forward();
+    std::vector<uint8_t> mask(f->mask()->begin(), f->mask()->end());
+    corrupt(mask);
+    MessageWriter w;
+    const Tensor activations = s.front.output(0);
+    Tensor m = Tensor::empty({static_cast<int64_t>(mask.size())});
+    for (std::size_t i = 0; i < mask.size(); ++i) m[static_cast<int64_t>(i)] = mask[i];
+    const std::span<const uint8_t> bad =
+        w.forward(0, 0, 0, activations, d.labels, 4, 1, wire::DType::F32, 1.0f, false, with_mask ? &m : nullptr);
+    CloudReply r = deliver(s.cloud, bad);
+    EXPECT_TRUE(r.close);
+    const wire::Error* e = wire::GetMessage(r.bytes.data())->payload_as_Error();
+    return e ? e->text()->str() : std::string("(not an Error)");
+  };
+  EXPECT_EQ(refused([](std::vector<uint8_t>&) {}, false), "mask: 0 bytes given for 4 samples of 6 tokens");
+  EXPECT_EQ(refused([](std::vector<uint8_t>& m) { m.pop_back(); }), "mask: 23 bytes given for 4 samples of 6 tokens");
+  // (a mask value of 2 is written as 1 by the writer, so corrupt the frame's byte instead)
+  EncoderSplit s(1);
+  s.edge.begin_step(d.inputs(), d.labels.data());
+  const std::span<const uint8_t> fwd = s.edge.forward(0);
+  std::vector<uint8_t> bytes(fwd.begin(), fwd.end());
+  const wire::Forward* f = wire::GetMessage(bytes.data())->payload_as_Forward();
+  const std::size_t at = static_cast<std::size_t>(f->mask()->Data() + 5 - bytes.data());
+  bytes[at] = 2;
+  CloudReply r = deliver(s.cloud, bytes);
+  EXPECT_TRUE(r.close);
+  EXPECT_EQ(wire::GetMessage(r.bytes.data())->payload_as_Error()->text()->str(), "mask: 2 at 5 is neither 0 nor 1");
+}
+
+TEST(SequenceSplitBadInput, ACloudThatReadsNoMaskRefusesOne) {
+  WireError err;
+  Tensor decoded;
+  EXPECT_FALSE(read_mask(nullptr, 4, 6, decoded, err));
+  const std::vector<uint8_t> bytes(24, 1);
+  flatbuffers::FlatBufferBuilder b;
+  b.Finish(b.CreateVector(bytes));
+  const auto* v = flatbuffers::GetRoot<flatbuffers::Vector<uint8_t>>(b.GetBufferPointer());
+  EXPECT_TRUE(read_mask(v, 4, 6, decoded, err));
+  EXPECT_EQ(decoded.shape(), (Shape{4, 6}));
+  EXPECT_FALSE(read_mask(v, 4, 0, decoded, err));
+  EXPECT_EQ(err.text, "mask: this split's cloud shard reads no mask, and a message carrying one is refused (nothing "
+                      "of the input but a mask the cloud needs may leave)");
+}
+
+// Only a mask may cross a cut: a cut the back shard reads the ids across is refused.
+TEST(SequenceSplitGraph, OnlyAMaskCrosses) {
+  const ModelSpec spec = parse_model_json(kEncoderSpec);
+  const Graph g = Graph::build(spec);
+  const Graph back = g.split("ln1").second;
+  ASSERT_EQ(back.inputs().size(), 2u);
+  EXPECT_EQ(back.inputs()[1].name, "mask");
+  EXPECT_TRUE(back.inputs()[1].mask);
+  std::string json = kEncoderSpec;
+  const std::string from = R"({ name: "cls", op: "token_pool", inputs: ["ln3", "mask"])";
+  json.replace(json.find(from), from.size(), R"({ name: "cls", op: "token_pool", inputs: ["ln3", "ids"])");
+  EXPECT_EQ(error_of([&] { Graph::build(parse_model_json(json)).split("ln1"); }),
+            "[split] cut at 'ln1' is crossed by 2 tensors: 'ids' (read by 'cls'), 'ln1' (read by 'q1', 'k1', 'v1', "
+            "'res1'); pick a node that every path from the inputs to the output passes through");
+}
+
+}  // namespace
+}  // namespace tandem::test
