@@ -89,6 +89,7 @@ EgressReport verify_egress_log(std::istream& in) {
           if (j.contains("tensors"))
             for (const auto& t : j.at("tensors")) k.tensors.insert(tensor_text(t));
           if (j.contains("labels")) k.labels += j.at("labels").get<uint64_t>();
+          if (j.contains("mask")) k.mask_tokens += j.at("mask").get<uint64_t>();
         }
       }
       next_seq = seq + 1;
@@ -116,6 +117,7 @@ std::string egress_report_text(const std::string& path, const EgressReport& r) {
     std::string what;
     for (const auto& t : k.tensors) { if (!what.empty()) what += "; "; what += t; }
     if (k.labels) what += cat(what.empty() ? "" : "; ", k.labels, " labels");
+    if (k.mask_tokens) what += cat(what.empty() ? "" : "; ", k.mask_tokens, " mask tokens");
     out += cat(head, what.empty() ? "" : "   ", what, "\n");
   }
   char total[96];

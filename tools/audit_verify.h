@@ -14,7 +14,7 @@
 namespace tandem {
 
 struct EgressKind {
-  uint64_t messages = 0, bytes = 0, labels = 0;
+  uint64_t messages = 0, bytes = 0, labels = 0, mask_tokens = 0;  // mask: one byte a token
   std::set<std::string> tensors;  // "name dtype [shape]"
 };
 

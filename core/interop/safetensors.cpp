@@ -9,9 +9,10 @@ namespace tandem {
 namespace {
 
 std::size_t element_size(const std::string& dtype) {
-  if (dtype == "F32") return 4;
+  if (dtype == "F32" || dtype == "I32") return 4;
   if (dtype == "I64") return 8;
-  fail("safetensors", cat("dtype '", dtype, "' is not supported (tandem reads F32 and I64)"));
+  if (dtype == "U8") return 1;
+  fail("safetensors", cat("dtype '", dtype, "' is not supported (tandem reads F32, I32, I64 and U8)"));
 }
 
 std::string quoted(const std::string& s) {

@@ -14,7 +14,7 @@ namespace tandem {
 
 struct SafeTensor {
   std::string name;
-  std::string dtype;  // "F32" or "I64" (what tandem writes); reading accepts these two
+  std::string dtype;  // "F32" or "I64" (what tandem writes); reading also accepts I32 and U8 (data sets)
   std::vector<int64_t> shape;
   std::vector<uint8_t> data;  // little-endian values, numel * element size bytes
 };

@@ -40,6 +40,12 @@ std::string EgressAudit::tensor_json(const wire::TensorMsg* t) const {
              "\",\"shape\":[", shape, "],\"bytes\":", data.size(), ",\"sha256\":\"", payload_hash(data), "\"}");
 }
 
+std::string EgressAudit::mask_json(const flatbuffers::Vector<uint8_t>* mask) const {
+  if (!mask) return "";
+  return cat(",\"mask\":", mask->size(), ",\"mask_sha256\":\"",
+             payload_hash(std::span<const uint8_t>(mask->data(), mask->size())), "\"");
+}
+
 std::string EgressAudit::labels_json(std::span<const int32_t> labels) const {
   const std::span<const uint8_t> bytes(reinterpret_cast<const uint8_t*>(labels.data()), labels.size() * 4);
   return cat(",\"labels\":", labels.size(), ",\"labels_sha256\":\"", payload_hash(bytes), "\"");
@@ -117,13 +123,13 @@ void EgressAudit::record(std::span<const uint8_t> message) {
       case wire::Payload::Forward: {
         const auto* f = m->payload_as_Forward();
         body += cat(",\"step\":", f->step(), ",\"microbatch\":", f->microbatch(), ",\"tensors\":[",
-                    tensor_json(f->activations()), "]", labels_of(f->labels()));
+                    tensor_json(f->activations()), "]", labels_of(f->labels()), mask_json(f->mask()));
         break;
       }
       case wire::Payload::EvalForward: {
         const auto* f = m->payload_as_EvalForward();
         body += cat(",\"batch\":", f->batch_id(), ",\"tensors\":[", tensor_json(f->activations()), "]",
-                    labels_of(f->labels()));
+                    labels_of(f->labels()), mask_json(f->mask()));
         break;
       }
       case wire::Payload::MiddleGradient: {  // U-shaped: the gradient of the middle's output

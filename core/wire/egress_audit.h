@@ -2,6 +2,8 @@
 // step, tensor names, shapes, dtypes, bytes, the SHA-256 of each payload), a run's summary.
 #pragma once
 
+#include <flatbuffers/flatbuffers.h>
+
 #include <array>
 #include <cstdint>
 #include <functional>
@@ -45,6 +47,7 @@ class EgressAudit {
   std::string payload_hash(std::span<const uint8_t> bytes) const;
   std::string tensor_json(const wire::TensorMsg* t) const;
   std::string labels_json(std::span<const int32_t> labels) const;
+  std::string mask_json(const flatbuffers::Vector<uint8_t>* mask) const;  // "" without one
   Sink sink_;
   Hasher hasher_;
   std::string prev_;

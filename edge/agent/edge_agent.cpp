@@ -16,6 +16,7 @@
 #include "edge/agent/run_report.h"
 #include "edge/session/event_edge.h"
 #include "ports/files/safetensors_file.h"
+#include "ports/files/tensor_dataset.h"
 
 namespace tandem {
 namespace {
@@ -120,11 +121,22 @@ int train_over_wss(const EdgeTrainOptions& o) {
                  static_cast<unsigned long long>(edge.position().step), static_cast<long long>(edge.position().epoch),
                  static_cast<long long>(edge.position().cursor));
 
-  std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
-  LabelledImages train = training_data(o), test = load_fashion_mnist(false, o.test_limit);
-  const int64_t test_images = test.images.shape()[0];
-  edge.set_data(false, std::move(train.images), std::move(train.labels));
-  edge.set_data(true, std::move(test.images), std::move(test.labels));
+  int64_t test_images = 0;
+  if (o.data == "fashion-mnist") {
+    std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
+    LabelledImages train = training_data(o), test = load_fashion_mnist(false, o.test_limit);
+    test_images = test.images.shape()[0];
+    edge.set_data(false, std::move(train.images), std::move(train.labels));
+    edge.set_data(true, std::move(test.images), std::move(test.labels));
+  } else {
+    if (o.shard_count > 1) fail("edge", "--shard partitions Fashion-MNIST only; give each edge its own --data folder");
+    std::fprintf(stderr, "loading the data set in %s\n", o.data.c_str());
+    LabelledInputs train = read_tensor_dataset(o.data + "/train.safetensors", graph.inputs(), o.limit);
+    LabelledInputs test = read_tensor_dataset(o.data + "/test.safetensors", graph.inputs(), o.test_limit);
+    test_images = static_cast<int64_t>(test.labels.size());
+    edge.set_data(false, std::move(train.inputs), std::move(train.labels));
+    edge.set_data(true, std::move(test.inputs), std::move(test.labels));
+  }
   if (o.epochs > 0 && edge.position().epoch > o.epochs)
     std::fprintf(stderr, "the checkpoint is past the last epoch: nothing left to train\n");
 

@@ -27,6 +27,9 @@ struct EdgeTrainOptions {
   // --cut auto: the link the planner plans for, and the cloud's speed (0: as this machine's).
   double uplink_mbps = 0, downlink_mbps = 0, cloud_gflops = 0;
   int64_t epochs = 1, limit = 0, test_limit = 0;
+  // "fashion-mnist", or a folder with train.safetensors and test.safetensors
+  // (ports/files/tensor_dataset.h).
+  std::string data = "fashion-mnist";
   uint32_t batch = 64, microbatches = 4;
   OptimizerOptions optimizer;
   ScheduleOptions schedule;  // total_steps 0: the whole run

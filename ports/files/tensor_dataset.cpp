@@ -1,0 +1,73 @@
+#include "ports/files/tensor_dataset.h"
+
+#include <cmath>
+#include <cstring>
+
+#include "core/error.h"
+#include "ports/files/safetensors_file.h"
+
+namespace tandem {
+namespace {
+
+// Element i of a tensor of any dtype the reader accepts, as a double (exact for these).
+double value_at(const SafeTensor& t, int64_t i) {
+  const uint8_t* p = t.data.data();
+  if (t.dtype == "F32") {
+    float v;
+    std::memcpy(&v, p + 4 * i, 4);
+    return v;
+  }
+  if (t.dtype == "I32") {
+    int32_t v;
+    std::memcpy(&v, p + 4 * i, 4);
+    return v;
+  }
+  if (t.dtype == "I64") {
+    int64_t v;
+    std::memcpy(&v, p + 8 * i, 8);
+    return static_cast<double>(v);
+  }
+  return p[i];  // U8
+}
+
+const SafeTensor& named(const std::vector<SafeTensor>& all, const std::string& name, const std::string& path) {
+  for (const SafeTensor& t : all)
+    if (t.name == name) return t;
+  fail("data set", cat(path, " has no tensor '", name, "' (a data set holds one tensor per model input, and 'labels')"));
+}
+
+}  // namespace
+
+LabelledInputs read_tensor_dataset(const std::string& path, const std::vector<GraphInput>& inputs, int64_t limit) {
+  std::vector<std::string> names{"labels"};
+  for (const GraphInput& in : inputs) names.push_back(in.name);
+  const std::vector<SafeTensor> all = read_safetensors_file(path, names);
+  const SafeTensor& labels = named(all, "labels", path);
+  if (labels.shape.size() != 1 || (labels.dtype != "I32" && labels.dtype != "I64"))
+    fail("data set", cat(path, ": 'labels' must be I32 or I64 [N], got ", labels.dtype, " of rank ", labels.shape.size()));
+  const int64_t total = labels.shape[0], n = limit > 0 ? std::min(limit, total) : total;
+  LabelledInputs out;
+  for (int64_t i = 0; i < n; ++i) out.labels.push_back(static_cast<int32_t>(value_at(labels, i)));
+  for (const GraphInput& in : inputs) {
+    const SafeTensor& t = named(all, in.name, path);
+    const Shape want = in.shape.batched(total);
+    bool fits = static_cast<int>(t.shape.size()) == want.rank();
+    for (int d = 0; fits && d < want.rank(); ++d) fits = t.shape[static_cast<std::size_t>(d)] == want[d];
+    if (!fits) {
+      std::string got;
+      for (int64_t d : t.shape) got += cat(got.empty() ? "" : ", ", d);
+      fail("data set", cat(path, ": '", in.name, "' is [", got, "], the model wants ", want.str()));
+    }
+    Tensor v = Tensor::empty(in.shape.batched(n));
+    for (int64_t i = 0; i < v.numel(); ++i) {
+      const double x = value_at(t, i);
+      if ((in.integer || in.mask) && (x != std::floor(x) || std::fabs(x) > 16777216.0))
+        fail("data set", cat(path, ": '", in.name, "' holds ", x, " at element ", i, ", not an integer below 2^24"));
+      v[i] = static_cast<float>(x);
+    }
+    out.inputs.push_back(std::move(v));
+  }
+  return out;
+}
+
+}  // namespace tandem
