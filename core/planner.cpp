@@ -110,6 +110,8 @@ std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backen
     const Graph& front = shards.first;
     const Graph& back = shards.second;
     const Shape& act = front.nodes()[static_cast<std::size_t>(front.output())].shape;
+    // A mask the back shard reads goes up too, a byte a token (Graph::split, read_mask).
+    const int64_t mask_bytes = back.inputs().size() > 1 ? back.inputs()[1].shape.numel() : 0;
     std::map<int64_t, std::pair<ShardCost, ShardCost>> at;  // micro-batch size -> (edge, cloud)
     auto cost = [&](int64_t m) -> const std::pair<ShardCost, ShardCost>& {
       auto it = at.find(m);
@@ -138,7 +140,8 @@ std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backen
       for (int i = 0; i < k; ++i) {
         const int64_t m = microbatch_range(o.batch, k, i).count;
         const auto& [e, c] = cost(m);
-        const auto bytes_up = static_cast<int64_t>(encoded_bytes(o.dtype, m * act.numel())) + 4 * m + kFramingBytes;
+        const auto bytes_up =
+            static_cast<int64_t>(encoded_bytes(o.dtype, m * act.numel())) + (4 + mask_bytes) * m + kFramingBytes;
         const auto bytes_down = static_cast<int64_t>(encoded_bytes(o.dtype, m * act.numel())) + kFramingBytes;
         MicrobatchCost mc{e.forward_s, e.backward_s, c.forward_s + c.backward_s - c.weights_s, c.weights_s,
                           static_cast<double>(bytes_up) * 8.0 / (o.uplink_mbps * 1e6),

@@ -35,7 +35,16 @@ std::vector<LayerProfile> profile_layers(Network& net, int64_t batch, int iterat
   const Graph& graph = net.graph();
   Rng rng(0x9f0f11e5ULL);
   std::vector<Tensor> inputs;
-  for (const auto& in : graph.inputs()) inputs.push_back(random_tensor(in.shape.batched(batch), rng));
+  for (const auto& in : graph.inputs()) {
+    if (!in.integer && !in.mask) {
+      inputs.push_back(random_tensor(in.shape.batched(batch), rng));
+      continue;
+    }
+    // Ids and coordinates 0 (valid for any table; the gather costs the same), masks all 1.
+    Tensor t = Tensor::empty(in.shape.batched(batch));
+    t.fill(in.mask ? 1.0f : 0.0f);
+    inputs.push_back(std::move(t));
+  }
   const auto& nodes = graph.nodes();
   const Tensor grad = random_tensor(nodes[static_cast<std::size_t>(graph.output())].shape.batched(batch), rng);
 

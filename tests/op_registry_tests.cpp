@@ -206,6 +206,23 @@ TEST(OpRegistry, PlannerEstimatesDepthwiseFlops) {
   EXPECT_NEAR(rows[0].cloud_s, fc + 2 * fc, 1e-6);
 }
 
+// A cut inside an encoder sends the mask with the activations: a byte a token per sample on
+// top of the activations and the label (samples/forms-layoutlm: 16 tokens of 32 features).
+TEST(Planner, TheMaskGoesUpWithTheActivations) {
+  const Graph g = Graph::build(load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/forms-layoutlm/model.json"));
+  PlanOptions o;
+  o.batch = 8;
+  o.microbatches = {1};
+  o.cuts = {g.default_cut(), "layoutlm.pooler.first"};
+  o.uplink_mbps = o.downlink_mbps = 1e3;
+  o.edge_gflops = o.cloud_gflops = 1.0;
+  auto reference = make_backend("reference");
+  const std::vector<PlanRow> rows = plan_split(g, o, *reference, *reference);
+  ASSERT_EQ(rows.size(), 2u);
+  EXPECT_EQ(rows[0].bytes_up_per_step - rows[1].bytes_up_per_step, 8 * (16 * 32 * 4 + 16) - 8 * (32 * 4))
+      << "inside the encoder: [16, 32] activations and 16 mask bytes a sample; after the pool: [32], no mask";
+}
+
 // Capability answers: every backend says what it runs; xnnpack declines heads with a reason,
 // and a network refuses such a node by name instead of failing at its first step.
 TEST(OpRegistry, BackendsAnswerWhatTheySupport) {
