@@ -14,6 +14,7 @@
 #include "data/idx_dataset.h"
 #include "ports/crypto/aes_gcm.h"
 #include "ports/files/atomic_file.h"
+#include "ports/files/tensor_dataset.h"
 #include "backends/registry.h"
 #include "cli/progress.h"
 
@@ -81,15 +82,23 @@ int export_command(const CliArgs& args) {
 }
 
 int evaluate_command(const CliArgs& args) {
-  args.reject_unknown({"model", "weights", "backend", "test-limit", "predictions", "logits"});
+  args.reject_unknown({"model", "weights", "backend", "test-limit", "predictions", "logits", "data"});
   const ModelSpec spec = load_model_spec(args.required("model"));
   const Graph graph = Graph::build(spec);
   auto backend = make_backend(args.str("backend", "reference"));
   Network net(graph, *backend, 0);
   shard_from_torch(graph, read_safetensors(read_file(args.required("weights"))), net);
   net.set_training(false);
-  const LabelledImages test = load_fashion_mnist(false, args.integer("test-limit", 0, 0));
-  const int64_t n = test.images.shape()[0], groups = graph.output_groups();
+  // Fashion-MNIST's test set, or DIR/test.safetensors (ports/files/tensor_dataset.h).
+  const std::string data = args.str("data", "fashion-mnist");
+  LabelledInputs test;
+  if (data == "fashion-mnist") {
+    LabelledImages images = load_fashion_mnist(false, args.integer("test-limit", 0, 0));
+    test = {{std::move(images.images)}, std::move(images.labels)};
+  } else {
+    test = read_tensor_dataset(data + "/test.safetensors", graph.inputs(), args.integer("test-limit", 0, 0));
+  }
+  const int64_t n = static_cast<int64_t>(test.labels.size()), groups = graph.output_groups();
   std::ofstream predictions, logits;
   if (args.has("predictions")) predictions.open(args.str("predictions", ""));
   if (args.has("logits")) logits.open(args.str("logits", ""), std::ios::binary);
@@ -98,7 +107,9 @@ int evaluate_command(const CliArgs& args) {
   ProgressBar bar("evaluate", n);
   for (int64_t begin = 0; begin < n; begin += 500) {
     const int64_t count = std::min<int64_t>(500, n - begin);
-    const Tensor& out = net.forward(test.images.slice_batch(begin, count), 0);
+    std::vector<Tensor> batch;
+    for (const Tensor& t : test.inputs) batch.push_back(t.slice_batch(begin, count));
+    const Tensor& out = net.forward(batch, 0);
     const int32_t* labels = test.labels.data() + begin;
     correct += count_correct(out, labels, groups);
     loss += compute_loss(graph.loss(), out, labels, 1.0f, nullptr, groups);

@@ -55,9 +55,10 @@ constexpr const char* kUsage = R"(usage:
       layouts (OIHW convolutions, NCHW flatten order), loadable with torch's
       load_state_dict into the equivalent torch model.
   tandem evaluate --model SPEC --weights model.safetensors [--backend NAME] [--test-limit N]
-                  [--predictions FILE] [--logits FILE]
-      The whole model's Fashion-MNIST test accuracy from a safetensors file (PyTorch names
-      and layouts); writes each image's predicted class (and raw f32 logits) when asked.
+                  [--data fashion-mnist|DIR] [--predictions FILE] [--logits FILE]
+      The whole model's test accuracy from a safetensors file (PyTorch names and layouts;
+      Hugging Face's for a spec whose nodes carry its module names) on Fashion-MNIST or
+      DIR/test.safetensors; writes each sample's predicted class (and raw f32 logits) when asked.
   tandem audit verify LOG [--expect-last HASH]
       Checks an edge's egress log (tandem-edge --audit-log, default IDDIR/egress.jsonl):
       every line's hash, the chain from line to line and each run's summary; prints what

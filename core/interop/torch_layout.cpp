@@ -36,10 +36,14 @@ Layout flattened_input(const Graph& g, const GraphNode& node) {
 }
 
 Layout layout_of(const Graph& g, const std::string& name) {
-  const auto dot = name.rfind('.');
+  // The node is the longest dotted prefix that names one: a field may hold dots itself
+  // (layout_embedding's "x_position_embeddings.weight", Hugging Face's names).
+  auto dot = name.rfind('.');
   if (dot == std::string::npos) fail("torch layout", cat("'", name, "' names no node's tensor"));
-  const int index = g.find(name.substr(0, dot));
-  if (index < 0) fail("torch layout", cat("'", name, "': the model has no node '", name.substr(0, dot), "'"));
+  const auto last = dot;
+  int index = g.find(name.substr(0, dot));
+  while (index < 0 && dot > 0 && (dot = name.rfind('.', dot - 1)) != std::string::npos) index = g.find(name.substr(0, dot));
+  if (index < 0) fail("torch layout", cat("'", name, "': the model has no node '", name.substr(0, last), "'"));
   const GraphNode& node = g.nodes()[static_cast<std::size_t>(index)];
   const std::string field = name.substr(dot + 1);
   const OpDef& d = op_def(node.spec.op);

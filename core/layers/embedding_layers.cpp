@@ -93,10 +93,10 @@ void PositionEmbeddingLayer::backward(std::span<const Tensor>, const Tensor&, co
 
 LayoutEmbeddingLayer::LayoutEmbeddingLayer(const GraphNode& node, const Shape& in, Rng& rng)
     : Layer(node.spec.name), count_(node.spec.embedding.count), features_(in[1]),
-      x_(node.spec.name + ".x_position", Shape{count_, features_}),
-      y_(node.spec.name + ".y_position", Shape{count_, features_}),
-      h_(node.spec.name + ".h_position", Shape{count_, features_}),
-      w_(node.spec.name + ".w_position", Shape{count_, features_}) {
+      x_(node.spec.name + ".x_position_embeddings.weight", Shape{count_, features_}),
+      y_(node.spec.name + ".y_position_embeddings.weight", Shape{count_, features_}),
+      h_(node.spec.name + ".h_position_embeddings.weight", Shape{count_, features_}),
+      w_(node.spec.name + ".w_position_embeddings.weight", Shape{count_, features_}) {
   for (Param* p : params()) init_normal(*p, 1.0f, rng);
 }
 

@@ -102,8 +102,11 @@ OpDef layout_embedding() {
   };
   d.params = [](const NodeSpec& n, std::span<const Shape> in) {
     const Shape table{n.embedding.count, in[0][1]};
-    return std::vector<ParamSpec>{
-        {"x_position", table}, {"y_position", table}, {"h_position", table}, {"w_position", table}};
+    // Hugging Face's LayoutLM names: a node named "layoutlm.embeddings" holds its tensors.
+    return std::vector<ParamSpec>{{"x_position_embeddings.weight", table},
+                                  {"y_position_embeddings.weight", table},
+                                  {"h_position_embeddings.weight", table},
+                                  {"w_position_embeddings.weight", table}};
   };
   d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend&, Rng& rng) -> std::unique_ptr<Layer> {
     return std::make_unique<LayoutEmbeddingLayer>(node, in[0], rng);

@@ -1,0 +1,142 @@
+#!/usr/bin/python3
+"""The forms-layoutlm encoder built with torch.nn under Hugging Face's LayoutLM module names
+(Debian's torch has no transformers library): seeded random weights saved as safetensors with
+HF's tensor names, and the model's logits on a data set's test pages, for tandem to match.
+
+usage: layoutlm_check.py write WEIGHTS DATA_DIR TORCH_LOGITS   (weights and torch's logits)
+       layoutlm_check.py compare TORCH_LOGITS TANDEM_LOGITS      (exit 1 beyond 1e-4)
+77: no torch in this Python (the test skips, saying so).
+"""
+import json
+import math
+import struct
+import sys
+
+try:
+    import torch
+    import torch.nn.functional as F
+except ImportError as e:  # pragma: no cover
+    print(f"SKIP: /usr/bin/python3 has no torch ({e}); install python3-torch")
+    sys.exit(77)
+
+HIDDEN, HEADS, LAYERS, INTER, VOCAB, POSITIONS, COORDS, CLASSES = 32, 4, 2, 64, 32, 16, 33, 4
+
+
+class Module(torch.nn.Module):
+    pass
+
+
+def layer_norm():
+    return torch.nn.LayerNorm(HIDDEN, eps=1e-12)
+
+
+class Model(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.layoutlm = Module()
+        e = self.layoutlm.embeddings = Module()
+        e.word_embeddings = torch.nn.Embedding(VOCAB, HIDDEN)
+        e.position_embeddings = torch.nn.Embedding(POSITIONS, HIDDEN)
+        for axis in "xyhw":
+            setattr(e, f"{axis}_position_embeddings", torch.nn.Embedding(COORDS, HIDDEN))
+        e.LayerNorm = layer_norm()
+        self.layoutlm.encoder = Module()
+        self.layoutlm.encoder.layer = torch.nn.ModuleList()
+        for _ in range(LAYERS):
+            layer = Module()
+            layer.attention = Module()
+            layer.attention.self = Module()
+            for w in ("query", "key", "value"):
+                setattr(layer.attention.self, w, torch.nn.Linear(HIDDEN, HIDDEN))
+            layer.attention.output = Module()
+            layer.attention.output.dense = torch.nn.Linear(HIDDEN, HIDDEN)
+            layer.attention.output.LayerNorm = layer_norm()
+            layer.intermediate = Module()
+            layer.intermediate.dense = torch.nn.Linear(HIDDEN, INTER)
+            layer.output = Module()
+            layer.output.dense = torch.nn.Linear(INTER, HIDDEN)
+            layer.output.LayerNorm = layer_norm()
+            self.layoutlm.encoder.layer.append(layer)
+        self.layoutlm.pooler = Module()
+        self.layoutlm.pooler.dense = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.classifier = torch.nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, ids, mask, boxes):
+        e = self.layoutlm.embeddings
+        t = ids.shape[1]
+        x = e.word_embeddings(ids) + e.position_embeddings(torch.arange(t))[None]
+        x = (x + e.x_position_embeddings(boxes[..., 0]) + e.y_position_embeddings(boxes[..., 1])
+             + e.x_position_embeddings(boxes[..., 2]) + e.y_position_embeddings(boxes[..., 3])
+             + e.h_position_embeddings(boxes[..., 3] - boxes[..., 1])
+             + e.w_position_embeddings(boxes[..., 2] - boxes[..., 0]))
+        x = e.LayerNorm(x)
+        additive = ((1.0 - mask.float()) * torch.finfo(torch.float32).min)[:, None, None, :]
+        b, dh = x.shape[0], HIDDEN // HEADS
+        for layer in self.layoutlm.encoder.layer:
+            a = layer.attention.self
+            split = lambda v: v.view(b, t, HEADS, dh).permute(0, 2, 1, 3)
+            scores = split(a.query(x)) @ split(a.key(x)).transpose(-1, -2) / math.sqrt(dh) + additive
+            ctx = (torch.softmax(scores, -1) @ split(a.value(x))).permute(0, 2, 1, 3).reshape(b, t, HIDDEN)
+            x = layer.attention.output.LayerNorm(x + layer.attention.output.dense(ctx))
+            x = layer.output.LayerNorm(x + layer.output.dense(F.gelu(layer.intermediate.dense(x))))
+        pooled = torch.tanh(self.layoutlm.pooler.dense(x[:, 0]))
+        return self.classifier(pooled)
+
+
+def read_safetensors(path):
+    blob = open(path, "rb").read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + n])
+    out = {}
+    for name, h in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = h["data_offsets"]
+        fmt = {"I32": "i", "U8": "B", "F32": "f", "I64": "q"}[h["dtype"]]
+        count = math.prod(h["shape"])
+        out[name] = torch.tensor(struct.unpack(f"<{count}{fmt}", blob[8 + n + a:8 + n + b])).reshape(h["shape"])
+    return out
+
+
+def write_safetensors(path, tensors):
+    header, blobs, offset = {}, [], 0
+    for name, t in tensors.items():
+        data = t.detach().contiguous().float().numpy().tobytes()
+        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        blobs.append(data)
+        offset += len(data)
+    text = json.dumps(header).encode()
+    text += b" " * (-len(text) % 8)
+    with open(path, "wb") as f:
+        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+def main():
+    torch.set_num_threads(1)
+    if sys.argv[1] == "write":
+        weights, data, logits_path = sys.argv[2:5]
+        torch.manual_seed(16)
+        model = Model().eval()
+        with torch.no_grad():  # BERT's initialisation scale, so the logits are not all alike
+            for name, p in model.named_parameters():
+                if not name.endswith("LayerNorm.weight") and not name.endswith("LayerNorm.bias"):
+                    p.normal_(0.0, 0.2)
+        write_safetensors(weights, model.state_dict())
+        test = read_safetensors(data + "/test.safetensors")
+        with torch.no_grad():
+            logits = model(test["ids"].long(), test["mask"], test["boxes"].long())
+        open(logits_path, "wb").write(logits.numpy().astype("<f4").tobytes())
+        print(f"torch: {len(model.state_dict())} tensors under Hugging Face names, logits of {logits.shape[0]} pages")
+        return 0
+    want = torch.frombuffer(bytearray(open(sys.argv[2], "rb").read()), dtype=torch.float32)
+    got = torch.frombuffer(bytearray(open(sys.argv[3], "rb").read()), dtype=torch.float32)
+    if want.shape != got.shape:
+        print(f"FAIL: torch wrote {want.numel()} logits, tandem {got.numel()}")
+        return 1
+    worst = (want - got).abs().max().item()
+    print(f"logits of torch and tandem: {want.numel()} values, max difference {worst:.3g} (bar 1e-4)")
+    return 0 if worst <= 1e-4 else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
