@@ -36,6 +36,18 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
   if (node->inputs())
     for (const auto* in : *node->inputs()) out.inputs.push_back(in ? in->str() : std::string());
   if (def->parse) def->parse(*node, out, label);
+  out.freeze = node->freeze();
+  if (out.freeze && !def->freezable)
+    fail(kWhere, cat(label, ": field 'freeze': freezing a ", out.op, " node is not supported yet (linear, conv2d, "
+                     "layer_norm and the embeddings can be frozen)"));
+  if (const auto* l = node->lora()) {
+    if (out.op != "linear") fail(kWhere, cat(label, ": field 'lora' applies to linear nodes only"));
+    if (l->rank() <= 0) fail(kWhere, cat(label, " (linear): field 'lora.rank' must be > 0, got ", l->rank()));
+    if (l->alpha() < 0.0f) fail(kWhere, cat(label, " (linear): field 'lora.alpha' must be >= 0, got ", l->alpha()));
+    if (l->dropout() != 0.0f)
+      fail(kWhere, cat(label, " (linear): field 'lora.dropout' is not supported yet (0 only), got ", l->dropout()));
+    out.lora = {l->rank(), l->alpha()};
+  }
   return out;
 }
 

@@ -55,6 +55,12 @@ struct TokenPoolAttrs {
   bool mean = false;  // "mean" over the kept tokens; else the first token
 };
 
+struct LoraAttrs {
+  int64_t rank = 0;  // 0: no adapter
+  float alpha = 0.0f;
+  float scale() const { return (alpha > 0.0f ? alpha : static_cast<float>(rank)) / static_cast<float>(rank); }
+};
+
 struct HeadsAttrs {
   int64_t count = 0, hidden = 0, out_features = 0;
 };
@@ -73,6 +79,8 @@ struct NodeSpec {
   AttentionAttrs attention;
   EmbeddingAttrs embedding;
   TokenPoolAttrs token_pool;
+  bool freeze = false;  // its parameters do not train (a LoRA adapter's base is frozen too)
+  LoraAttrs lora;
 };
 
 struct InputSpec {

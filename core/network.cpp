@@ -30,7 +30,10 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
       fail("network", cat("node '", node.spec.name, "' (", node.spec.op, ") cannot run on the ", backend_.name(),
                           " backend: ", s.why));
     layers_.push_back(make_layer(node, shapes, backend_, rng));
-    for (Param* p : layers_.back()->params()) params_.push_back(p);
+    for (Param* p : layers_.back()->params()) {
+      all_params_.push_back(p);
+      if (p->trainable()) params_.push_back(p);
+    }
     input_ids_.push_back(std::move(ids));
   }
   fuse_relu_into_pools();
@@ -74,7 +77,7 @@ int Network::tensor_id(int source) const {
 }
 
 Param& Network::param(const std::string& name) {
-  for (Param* p : params())
+  for (Param* p : all_params())
     if (p->name() == name) return *p;
   fail("network", cat("no parameter named '", name, "'"));
 }
@@ -298,7 +301,7 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
 
 void init_from_whole_model(const Graph& whole, uint64_t seed, Network& shard, Backend& whole_backend) {
   Network model(whole, whole_backend, seed);
-  for (Param* p : shard.params()) {
+  for (Param* p : shard.all_params()) {
     p->value().copy_from(model.param(p->name()).value());
     p->bump_version();
   }

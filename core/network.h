@@ -19,7 +19,10 @@ class Network {
 
   const Graph& graph() const { return graph_; }
   Backend& backend() const { return backend_; }
+  // The trainable parameters (what optimizers, checkpoints and federation rounds hold).
   const std::vector<Param*>& params() const { return params_; }
+  // Every parameter, frozen ones too (what weights are loaded into and exported from).
+  const std::vector<Param*>& all_params() const { return all_params_; }
   Param& param(const std::string& name);
   int64_t param_count();
   // Every layer's non-trained state (layer.h), in graph order, for checkpoints and export.
@@ -84,7 +87,8 @@ class Network {
   Graph graph_;
   Backend& backend_;
   std::vector<std::unique_ptr<Layer>> layers_;
-  std::vector<Param*> params_;  // all layers' parameters, in graph order
+  std::vector<Param*> params_;      // the layers' trainable parameters, in graph order
+  std::vector<Param*> all_params_;  // and the frozen ones
   std::vector<std::vector<int>> input_ids_;  // per node: tensor ids of its inputs
   std::vector<bool> needs_grad_;            // per node: on a path to the output
   std::vector<Slot> slots_;

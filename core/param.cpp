@@ -16,8 +16,14 @@ void Param::commit_grad() {
 }
 
 void Param::zero_grad() {
-  grad_.fill(0.0f);
+  if (trainable_) grad_.fill(0.0f);
   accumulating_ = false;
+}
+
+void Param::freeze() {
+  trainable_ = false;
+  grad_ = Tensor();
+  scratch_ = Tensor();
 }
 
 }  // namespace tandem

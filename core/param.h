@@ -21,11 +21,15 @@ class Param {
   uint64_t version() const { return version_; }
   // Call after changing value() in place.
   void bump_version() { ++version_; }
+  // A frozen parameter keeps its value and has no gradient (grad() and grad_target() are
+  // empty): its layer skips its gradient, and no optimizer, checkpoint or round holds it.
+  void freeze();
+  bool trainable() const { return trainable_; }
 
   // Where a kernel should write this micro-batch's gradient (it overwrites), then
   // commit_grad() adds it to the accumulated gradient. After zero_grad() the first write
   // lands directly in grad(), so K = 1 costs no extra pass.
-  float* grad_target() { return accumulating_ ? scratch_.data() : grad_.data(); }
+  float* grad_target() { return !trainable_ ? nullptr : accumulating_ ? scratch_.data() : grad_.data(); }
   void commit_grad();
   void zero_grad();
 
@@ -34,6 +38,7 @@ class Param {
   Tensor value_, grad_, scratch_;
   uint64_t version_ = 1;
   bool accumulating_ = false;  // grad() already holds a contribution
+  bool trainable_ = true;
 };
 
 // What a kernel sees of a layer's weight and optional bias. Versions only grow, so their sum

@@ -126,10 +126,14 @@ std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backen
     // whole batch (K slots of B / K samples) and as much again in gradient buffers.
     int64_t param_floats = 0, act_floats = 0;
     Network probe(front, edge, 1);
-    param_floats = probe.param_count();
+    param_floats = probe.param_count();  // trainable: value, gradient, momentum; frozen: value only
+    int64_t frozen_floats = 0;
+    for (Param* p : probe.all_params())
+      if (!p->trainable()) frozen_floats += p->value().numel();
     for (const GraphNode& n : front.nodes()) act_floats += n.shape.numel();
     for (const auto& in : front.inputs()) act_floats += in.shape.numel();
-    const double peak_mb = (3.0 * static_cast<double>(param_floats) + 2.0 * static_cast<double>(act_floats * o.batch)) *
+    const double peak_mb = (3.0 * static_cast<double>(param_floats) + static_cast<double>(frozen_floats) +
+                            2.0 * static_cast<double>(act_floats * o.batch)) *
                            4.0 / (1 << 20);
     for (int k : o.microbatches) {
       if (k > o.batch) continue;

@@ -10,6 +10,7 @@
 #include "core/graph.h"
 #include "core/loss.h"
 #include "core/network.h"
+#include "core/optimizer.h"
 #include "core/ops/op.h"
 #include "test_support.h"
 
@@ -52,10 +53,11 @@ void check_gradient(Tensor values, const Tensor& analytic, F&& f, const std::str
 // (masks, boxes, ids: not differentiated); `input_grad` false when input 0 is not
 // differentiable either (token ids).
 void check_spec(const ModelSpec& spec, Tensor x, const std::string& what, std::vector<Tensor> more = {},
-                bool input_grad = true) {
+                bool input_grad = true, const std::function<void(Network&)>& prepare = nullptr) {
   auto backend = make_test_backend(backend_under_test());
   Graph graph = Graph::build(spec);
   Network net(graph, *backend, 11);
+  if (prepare) prepare(net);
   Rng rng(99);
   std::vector<Tensor> inputs{x};
   inputs.insert(inputs.end(), more.begin(), more.end());
@@ -286,6 +288,122 @@ TEST(GradAttention, FullyMaskedSampleStaysFinite) {
   for (int64_t i = 0; i < dx.numel(); ++i) ASSERT_TRUE(std::isfinite(dx[i])) << i;
   for (Param* p : net.params())
     for (int64_t i = 0; i < p->grad().numel(); ++i) ASSERT_TRUE(std::isfinite(p->grad()[i])) << p->name();
+}
+
+// ViT's embeddings: patches by a strided convolution seen as tokens, a [CLS] vector before
+// them and position embeddings added.
+TEST(GradEmbedding, PatchesAndClassToken) {
+  ModelSpec spec;
+  spec.name = "test.vit";
+  spec.inputs = {{"image", {4, 6, 2}}};
+  NodeSpec conv = node("conv2d");
+  conv.name = "patch";
+  conv.conv2d.out_channels = 5;
+  conv.conv2d.kernel = {2, 2};
+  conv.conv2d.stride = {2, 2};
+  NodeSpec tokens = node("tokens"), cls = node("class_token");
+  spec.nodes = {wired(conv, {"image"}), wired(tokens, {"patch"}), wired(cls, {tokens.name})};
+  spec.output = cls.name;
+  EXPECT_EQ(Graph::build(spec).node(cls.name).shape, (Shape{7, 5}));  // 2 x 3 patches and [CLS]
+  Rng rng(53);
+  check_spec(spec, random_tensor({2, 4, 6, 2}, rng), "class_token");
+}
+
+NodeSpec lora_linear(int64_t out, int64_t rank, float alpha) {
+  NodeSpec n = linear_node("fc", out);
+  n.lora = {rank, alpha};
+  return n;
+}
+
+// LoRA on a linear (on a sequence): the adapter's A and B get their gradients, the input its
+// own through the base and the adapter; B starts at zero, so it is set first (else A's
+// gradient would be zero and prove nothing).
+TEST(GradLora, AdapterAndInputGradients) {
+  Rng rng(59);
+  check_spec(one_node_spec({3, 7}, lora_linear(5, 2, 4.0f)), random_tensor({2, 3, 7}, rng), "lora", {}, true,
+             [](Network& net) {
+               Rng r(61);
+               Param& b = net.param("fc.lora_B.weight");
+               for (int64_t i = 0; i < b.value().numel(); ++i) b.value()[i] = r.uniform(-1.0f, 1.0f);
+               b.bump_version();
+             });
+}
+
+// The adapted layer is the base layer with W + (alpha / r) B A: the same output as a plain
+// linear holding the merged weights; only A and B train, the base has no gradient buffer.
+TEST(GradLora, EqualsTheMergedWeightsAndTrainsOnlyTheAdapter) {
+  auto backend = make_test_backend(backend_under_test());
+  Network adapted(Graph::build(one_node_spec({7}, lora_linear(5, 3, 6.0f))), *backend, 3);
+  Network merged(Graph::build(one_node_spec({7}, linear_node("fc", 5))), *backend, 4);
+  ASSERT_EQ(adapted.params().size(), 2u);
+  EXPECT_EQ(adapted.params()[0]->name(), "fc.lora_A.weight");
+  EXPECT_EQ(adapted.params()[1]->name(), "fc.lora_B.weight");
+  EXPECT_EQ(adapted.all_params().size(), 4u);
+  EXPECT_FALSE(adapted.param("fc.weight").trainable());
+  EXPECT_FALSE(adapted.param("fc.weight").grad().defined());
+  Rng rng(67);
+  Param& b = adapted.param("fc.lora_B.weight");
+  for (int64_t i = 0; i < b.value().numel(); ++i) b.value()[i] = rng.uniform(-1.0f, 1.0f);
+  b.bump_version();
+  const Tensor& a = adapted.param("fc.lora_A.weight").value();
+  Tensor w = adapted.param("fc.weight").value().clone();
+  for (int64_t o = 0; o < 5; ++o)
+    for (int64_t i = 0; i < 7; ++i) {
+      double d = 0;
+      for (int64_t r = 0; r < 3; ++r) d += static_cast<double>(b.value()[o * 3 + r]) * a[r * 7 + i];
+      w[o * 7 + i] += static_cast<float>(2.0 * d);  // alpha / rank = 2
+    }
+  merged.param("fc.weight").value().copy_from(w);
+  merged.param("fc.bias").value().copy_from(adapted.param("fc.bias").value());
+  for (Param* p : merged.all_params()) p->bump_version();
+  const Tensor x = random_tensor({4, 7}, rng);
+  const Tensor y = adapted.forward(x, 0).clone();
+  expect_close(y.data(), merged.forward(x, 0).data(), y.numel(), "adapted vs merged", 1e-5f);
+  // One SGD step moves A and B only.
+  const Tensor base = adapted.param("fc.weight").value().clone(), a_before = a.clone();
+  Sgd sgd(adapted.params(), {.lr = 0.1f});
+  adapted.zero_grad();
+  adapted.forward(x, 0);
+  adapted.backward(random_tensor({4, 5}, rng), 0, false);
+  sgd.step();
+  EXPECT_EQ(max_abs_diff(base, adapted.param("fc.weight").value()), 0.0f);
+  EXPECT_GT(max_abs_diff(a_before, adapted.param("fc.lora_A.weight").value()), 0.0f);
+}
+
+// Frozen nodes: no gradient buffers, not in params() (so no optimizer state, checkpoint or
+// round), their values unchanged by training, while the input gradient still flows through.
+TEST(GradLora, FrozenNodesDoNotTrain) {
+  auto backend = make_test_backend(backend_under_test());
+  ModelSpec spec;
+  spec.name = "test.frozen";
+  spec.inputs = {{"ids", {4}, true, false}};
+  NodeSpec emb = node("embedding"), ln = node("layer_norm"), fc = linear_node("fc", 3), head = linear_node("head", 2);
+  emb.embedding = {9, 6};
+  emb.freeze = ln.freeze = fc.freeze = true;
+  spec.nodes = {wired(emb, {"ids"}), wired(ln, {emb.name}), wired(fc, {ln.name}), wired(node("token_pool"), {"fc"}),
+                wired(head, {"token_pool0"})};
+  spec.output = "head";
+  Network net(Graph::build(spec), *backend, 5);
+  ASSERT_EQ(net.params().size(), 2u);  // head.weight, head.bias
+  EXPECT_EQ(net.all_params().size(), 7u);
+  for (Param* p : net.all_params()) EXPECT_EQ(p->trainable(), p->name().rfind("head.", 0) == 0) << p->name();
+  std::vector<Tensor> before;
+  for (Param* p : net.all_params()) before.push_back(p->value().clone());
+  Tensor ids = Tensor::zeros({3, 4});
+  for (int64_t i = 0; i < 12; ++i) ids[i] = static_cast<float>(i % 9);
+  Sgd sgd(net.params(), {.lr = 0.5f});
+  Rng rng(71);
+  for (int s = 0; s < 3; ++s) {
+    net.zero_grad();
+    net.forward(ids, 0);
+    net.backward(random_tensor({3, 2}, rng), 0, false);
+    sgd.step();
+  }
+  for (std::size_t i = 0; i < before.size(); ++i) {
+    const float moved = max_abs_diff(before[i], net.all_params()[i]->value());
+    if (net.all_params()[i]->trainable()) EXPECT_GT(moved, 0.0f) << net.all_params()[i]->name();
+    else EXPECT_EQ(moved, 0.0f) << net.all_params()[i]->name();
+  }
 }
 
 TEST(GradTokenPool, FirstAndMaskedMean) {

@@ -76,6 +76,14 @@ std::vector<Case> cases() {
   c.push_back({named("flatten"), {{4, 4, 6}}, 0.0, 0.0});
   // A linear on a sequence of 7 tokens of 20: 7 rows of 200 multiply-adds.
   c.push_back({lin, {{7, 20}}, 7 * 2.0 * 200, 7 * 2.0 * 2 * 200 + 10});
+  // With a rank-2 LoRA adapter: x A^T (20 -> 2) and B (2 -> 10) on 7 rows are 7 * (40 + 20)
+  // multiply-adds each way, the scaled add 2 a value of 70 forward; backward the adapter's
+  // products, its scaled gradient (70) and its add into dx (140); the frozen base has no
+  // weight gradient, the adapter's two are another 7 * 60 multiply-adds and the scale (70).
+  NodeSpec adapted = lin;
+  adapted.lora = {2, 0.0f};
+  c.push_back({adapted, {{7, 20}}, 7 * 2.0 * 200 + 7 * 2.0 * 60 + 140,
+               (7 * 2.0 * 200 + 7 * 2.0 * 60 + 70 + 140) + (7 * 2.0 * 60 + 70)});
   // Attention on 6 tokens of 8 features in 2 heads: S = QK^T is 6*6 dot products of 8
   // (2 heads x 4), O = PV the same; the softmax 5 FLOPs on each of 2*6*6 scores. Backward:
   // four such products, 3 FLOPs a score.
@@ -90,6 +98,9 @@ std::vector<Case> cases() {
   c.push_back({emb, {{5}}, 0.0, 30.0});
   c.push_back({pos, {{5, 6}}, 30.0, 30.0});
   c.push_back({layout, {{5, 6}, {5, 4}}, 6 * 30.0, 6 * 30.0});
+  // tokens: a view; class_token on 5 tokens of 6: 36 adds each way (6 tokens out).
+  c.push_back({named("tokens"), {{2, 3, 6}}, 0.0, 0.0});
+  c.push_back({named("class_token"), {{5, 6}}, 36.0, 36.0});
   // token_pool over 5 tokens of 6: first is a copy; mean adds 30 values and scales 6, and
   // spreads 30 scaled values back.
   NodeSpec first = named("token_pool"), mean = named("token_pool");
@@ -143,7 +154,7 @@ TEST(OpRegistry, DeclaredParametersAreTheLayersParameters) {
     spec.output = n.name;
     Network net(Graph::build(spec), *reference, 1);
     const std::vector<ParamSpec> declared = op_params(n, k.in);
-    const std::vector<Param*> held = net.params();
+    const std::vector<Param*> held = net.all_params();  // frozen ones too (a LoRA adapter's base)
     ASSERT_EQ(declared.size(), held.size());
     for (std::size_t i = 0; i < held.size(); ++i) {
       EXPECT_EQ(n.name + "." + declared[i].field, held[i]->name());

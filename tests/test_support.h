@@ -40,6 +40,13 @@ inline void copy_params(Network& to, Network& from) {
   }
 }
 
+// The largest elementwise difference of two tensors of one size.
+inline float max_abs_diff(const Tensor& a, const Tensor& b) {
+  float worst = 0.0f;
+  for (int64_t i = 0; i < a.numel(); ++i) worst = std::max(worst, std::fabs(a[i] - b[i]));
+  return worst;
+}
+
 // The largest difference between `part`'s parameters and those of the same names in `whole`.
 inline float max_diff(Network& part, Network& whole) {
   float worst = 0.0f;

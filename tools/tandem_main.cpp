@@ -105,7 +105,7 @@ int train(const CliArgs& args) {
   std::vector<Network*> stages = {&front, &back};
   if (tail) stages.push_back(tail.get());
   for (Network* shard : stages)
-    for (Param* p : shard->params()) {
+    for (Param* p : shard->all_params()) {
       p->value().copy_from(whole.param(p->name()).value());
       p->bump_version();
     }

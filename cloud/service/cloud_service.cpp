@@ -219,8 +219,8 @@ class Worker {
     } else {
       back = std::make_unique<Network>(shard.graph, *backend_, o.seed);
       for (std::size_t i = 0; i < shard.initial.size(); ++i) {
-        back->params()[i]->value().copy_from(shard.initial[i]);
-        back->params()[i]->bump_version();
+        back->all_params()[i]->value().copy_from(shard.initial[i]);
+        back->all_params()[i]->bump_version();
       }
       for (std::size_t i = 0; i < shard.initial_buffers.size(); ++i)
         back->buffers()[i].second->copy_from(shard.initial_buffers[i]);
@@ -361,10 +361,10 @@ int serve(const ServeOptions& o) {
       Network back(s.graph, *reference, o.seed);
       if (!o.init_from.empty()) {
         shard_from_torch(graph, init, back);
-        for (Param* p : back.params()) s.initial.push_back(p->value().clone());
+        for (Param* p : back.all_params()) s.initial.push_back(p->value().clone());
         for (auto& [name, t] : back.buffers()) s.initial_buffers.push_back(t->clone());
       } else {
-        for (Param* p : back.params()) s.initial.push_back(whole.param(p->name()).value().clone());
+        for (Param* p : back.all_params()) s.initial.push_back(whole.param(p->name()).value().clone());
       }
       shards.push_back(std::move(s));
     }
@@ -409,8 +409,8 @@ int serve(const ServeOptions& o) {
     const BackShard& s = shards.front();
     shared->net = std::make_unique<Network>(s.graph, *shared->backend, o.seed);
     for (std::size_t i = 0; i < s.initial.size(); ++i) {
-      shared->net->params()[i]->value().copy_from(s.initial[i]);
-      shared->net->params()[i]->bump_version();
+      shared->net->all_params()[i]->value().copy_from(s.initial[i]);
+      shared->net->all_params()[i]->bump_version();
     }
     for (std::size_t i = 0; i < s.initial_buffers.size(); ++i)
       shared->net->buffers()[i].second->copy_from(s.initial_buffers[i]);

@@ -140,7 +140,7 @@ void from_torch(const Graph& whole, const SafeTensor& t, Tensor& out) {
 
 std::vector<SafeTensor> shard_to_torch(const Graph& whole, Network& shard, int64_t batches_tracked) {
   std::vector<SafeTensor> out;
-  for (Param* p : shard.params()) out.push_back(to_torch(whole, p->name(), p->value()));
+  for (Param* p : shard.all_params()) out.push_back(to_torch(whole, p->name(), p->value()));
   for (auto& [name, t] : shard.buffers()) {
     out.push_back(to_torch(whole, name, *t));
     const std::string suffix = ".running_var";
@@ -153,7 +153,7 @@ std::vector<SafeTensor> shard_to_torch(const Graph& whole, Network& shard, int64
 
 std::vector<std::string> tensor_names(Network& shard) {
   std::vector<std::string> out;
-  for (Param* p : shard.params()) out.push_back(p->name());
+  for (Param* p : shard.all_params()) out.push_back(p->name());
   for (auto& [name, t] : shard.buffers()) out.push_back(name);
   return out;
 }
@@ -164,7 +164,7 @@ void shard_from_torch(const Graph& whole, const std::vector<SafeTensor>& tensors
       if (t.name == name) return t;
     fail("torch layout", cat("the weights have no tensor '", name, "'"));
   };
-  for (Param* p : shard.params()) {
+  for (Param* p : shard.all_params()) {
     from_torch(whole, find(p->name()), p->value());
     p->bump_version();
   }

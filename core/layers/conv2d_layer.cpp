@@ -32,6 +32,10 @@ Conv2dLayer::Conv2dLayer(const GraphNode& node, const Shape& in, Backend& backen
     bias_.emplace(node.spec.name + ".bias", Shape{a.out_channels});
     init_uniform(*bias_, bound, rng);
   }
+  if (node.spec.freeze) {
+    weight_.freeze();
+    if (bias_) bias_->freeze();
+  }
 }
 
 std::vector<Param*> Conv2dLayer::params() {
@@ -65,6 +69,7 @@ void Conv2dLayer::backward_data(std::span<const Tensor> in, const Tensor&, const
 }
 
 void Conv2dLayer::backward_weights(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, Stash&) {
+  if (!weight_.trainable()) return;  // frozen (NodeSpec::freeze)
   kernel(in[0].shape()[0]).backward_weights(in[0].data(), grad_out.data(), weight_.grad_target(),
                                             bias_ ? bias_->grad_target() : nullptr);
   weight_.commit_grad();

@@ -26,6 +26,7 @@ void add_row(const float* row, float* out, int64_t n) {
 // The table's gradient: zero, then each token's output gradient added into its row.
 template <typename RowOf>
 void scatter_rows(Param& table, const Tensor& grad_out, int64_t features, RowOf&& row_of) {
+  if (!table.trainable()) return;  // frozen (NodeSpec::freeze)
   float* g = table.grad_target();
   std::memset(g, 0, static_cast<std::size_t>(table.value().numel()) * sizeof(float));
   const int64_t tokens = grad_out.numel() / features;
@@ -56,6 +57,7 @@ EmbeddingLayer::EmbeddingLayer(const GraphNode& node, Rng& rng)
     : Layer(node.spec.name), count_(node.spec.embedding.count), features_(node.spec.embedding.features),
       weight_(node.spec.name + ".weight", Shape{count_, features_}) {
   init_normal(weight_, 1.0f, rng);  // torch.nn.Embedding's N(0, 1)
+  if (node.spec.freeze) weight_.freeze();
 }
 
 void EmbeddingLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
@@ -75,6 +77,7 @@ PositionEmbeddingLayer::PositionEmbeddingLayer(const GraphNode& node, const Shap
     : Layer(node.spec.name), tokens_(in[0]), features_(in[1]),
       weight_(node.spec.name + ".weight", Shape{node.spec.embedding.count, features_}) {
   init_normal(weight_, 1.0f, rng);
+  if (node.spec.freeze) weight_.freeze();
 }
 
 void PositionEmbeddingLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
@@ -97,7 +100,10 @@ LayoutEmbeddingLayer::LayoutEmbeddingLayer(const GraphNode& node, const Shape& i
       y_(node.spec.name + ".y_position_embeddings.weight", Shape{count_, features_}),
       h_(node.spec.name + ".h_position_embeddings.weight", Shape{count_, features_}),
       w_(node.spec.name + ".w_position_embeddings.weight", Shape{count_, features_}) {
-  for (Param* p : params()) init_normal(*p, 1.0f, rng);
+  for (Param* p : params()) {
+    init_normal(*p, 1.0f, rng);
+    if (node.spec.freeze) p->freeze();
+  }
 }
 
 // Row of each table for token t: x[x0], y[y0], x[x1], y[y1], h[y1 - y0], w[x1 - x0].
@@ -124,6 +130,7 @@ void LayoutEmbeddingLayer::forward(std::span<const Tensor> in, Tensor& out, Stas
 void LayoutEmbeddingLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
                                     std::span<Tensor> grad_in, Stash&) {
   pass_gradient(grad_out, grad_in);
+  if (!x_.trainable()) return;  // frozen (NodeSpec::freeze)
   // x and y tables are read twice a token (x0 and x1, y0 and y1): both rows get the gradient.
   const int64_t tokens = grad_out.numel() / features_;
   Param* tables[4] = {&x_, &y_, &h_, &w_};
@@ -135,6 +142,48 @@ void LayoutEmbeddingLayer::backward(std::span<const Tensor> in, const Tensor&, c
       add_row(grad_out.data() + t * features_, tables[table_of[k]]->grad_target() + r[k] * features_, features_);
   }
   for (Param* p : tables) p->commit_grad();
+}
+
+ClassTokenLayer::ClassTokenLayer(const GraphNode& node, const Shape& in, Rng& rng)
+    : Layer(node.spec.name), tokens_(in[0]), features_(in[1]), cls_(node.spec.name + ".cls_token", Shape{1, 1, in[1]}),
+      positions_(node.spec.name + ".position_embeddings", Shape{1, in[0] + 1, in[1]}) {
+  init_normal(cls_, 0.02f, rng);  // Hugging Face's ViT initialiser range
+  init_normal(positions_, 0.02f, rng);
+  if (node.spec.freeze) cls_.freeze(), positions_.freeze();
+}
+
+void ClassTokenLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  const int64_t sample = tokens_ * features_, out_sample = sample + features_;
+  for (int64_t b = 0, n = in[0].shape()[0]; b < n; ++b) {
+    float* y = out.data() + b * out_sample;
+    std::memcpy(y, cls_.value().data(), static_cast<std::size_t>(features_) * sizeof(float));
+    std::memcpy(y + features_, in[0].data() + b * sample, static_cast<std::size_t>(sample) * sizeof(float));
+    add_row(positions_.value().data(), y, out_sample);
+  }
+}
+
+void ClassTokenLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
+                               std::span<Tensor> grad_in, Stash&) {
+  const int64_t sample = tokens_ * features_, out_sample = sample + features_, n = in[0].shape()[0];
+  if (!cls_.trainable()) {  // frozen: the input's gradient only
+    for (int64_t b = 0; grad_in[0].defined() && b < n; ++b)
+      std::memcpy(grad_in[0].data() + b * sample, grad_out.data() + b * out_sample + features_,
+                  static_cast<std::size_t>(sample) * sizeof(float));
+    return;
+  }
+  float* dcls = cls_.grad_target();
+  float* dpos = positions_.grad_target();
+  std::memset(dcls, 0, static_cast<std::size_t>(features_) * sizeof(float));
+  std::memset(dpos, 0, static_cast<std::size_t>(out_sample) * sizeof(float));
+  for (int64_t b = 0; b < n; ++b) {
+    const float* dy = grad_out.data() + b * out_sample;
+    add_row(dy, dcls, features_);
+    add_row(dy, dpos, out_sample);
+    if (grad_in[0].defined())
+      std::memcpy(grad_in[0].data() + b * sample, dy + features_, static_cast<std::size_t>(sample) * sizeof(float));
+  }
+  cls_.commit_grad();
+  positions_.commit_grad();
 }
 
 }  // namespace tandem

@@ -10,6 +10,11 @@ LayerNormLayer::LayerNormLayer(const GraphNode& node, const Shape& in, Backend& 
       backend_(backend) {
   weight_.value().fill(1.0f);  // PyTorch's initialisation: scale 1, shift 0
   weight_.bump_version();
+  if (node.spec.freeze) {
+    weight_.freeze();
+    bias_.freeze();
+    frozen_grads_ = Tensor::empty({2 * features_});  // the kernel's scale and shift gradients, unused
+  }
 }
 
 LayerNormKernel& LayerNormLayer::kernel(int64_t rows) {
@@ -26,8 +31,13 @@ void LayerNormLayer::backward(std::span<const Tensor> in, const Tensor&, const T
                               std::span<Tensor> grad_in, Stash& stash) {
   const int64_t rows = in[0].numel() / features_;
   const auto* stats = reinterpret_cast<const float*>(stash.bytes.data());
+  const bool frozen = !weight_.trainable();
+  if (frozen && !grad_in[0].defined()) return;
   kernel(rows).backward(in[0].data(), grad_out.data(), weight_.value().data(), stats, stats + rows,
-                        grad_in[0].defined() ? grad_in[0].data() : nullptr, weight_.grad_target(), bias_.grad_target());
+                        grad_in[0].defined() ? grad_in[0].data() : nullptr,
+                        frozen ? frozen_grads_.data() : weight_.grad_target(),
+                        frozen ? frozen_grads_.data() + features_ : bias_.grad_target());
+  if (frozen) return;
   weight_.commit_grad();
   bias_.commit_grad();
 }

@@ -50,11 +50,21 @@ class LinearLayer final : public Layer {
  private:
   LinearKernel& kernel(int64_t batch);
   int64_t rows(const Tensor& x) const;  // batch x tokens for a sequence
+  // A LoRA adapter's kernels (x -> x A^T, then -> B) and buffers for one row count.
+  struct Lora {
+    std::unique_ptr<LinearKernel> down, up;
+    Tensor up_out, scaled_dy, dx;
+  };
+  Lora& lora(int64_t batch);
+  const Tensor& scaled(Lora& k, const Tensor& grad_out, int64_t n) const;
   Backend& backend_;
   LinearGeometry geometry_;
   Param weight_;
   std::optional<Param> bias_;
+  std::optional<Param> lora_a_, lora_b_;  // NodeSpec::lora
+  float lora_scale_ = 0.0f;
   KernelCache<LinearKernel> kernels_;
+  KernelCache<Lora> lora_kernels_;
 };
 
 class HeadsLayer final : public Layer {
@@ -174,6 +184,7 @@ class LayerNormLayer final : public Layer {
   LayerNormAttrs attrs_;
   int64_t features_;
   Param weight_, bias_;
+  Tensor frozen_grads_;  // frozen: where the kernel writes the gradients nobody takes
   Backend& backend_;
   KernelCache<LayerNormKernel> kernels_;
 };
@@ -220,6 +231,21 @@ class LayoutEmbeddingLayer final : public Layer {
   std::array<int64_t, 6> rows(const Tensor& boxes, int64_t token) const;
   int64_t count_, features_;
   Param x_, y_, h_, w_;
+};
+
+// ViT's embeddings after the patches: a learned [CLS] vector before the sequence [T, D], and
+// a learned position embedding added to each of the T + 1 tokens.
+class ClassTokenLayer final : public Layer {
+ public:
+  ClassTokenLayer(const GraphNode& node, const Shape& in, Rng& rng);
+  std::vector<Param*> params() override { return {&cls_, &positions_}; }
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  int64_t tokens_, features_;  // the input's
+  Param cls_, positions_;
 };
 
 // Multi-head attention on query, key, value [tokens, features] and an optional mask [tokens];

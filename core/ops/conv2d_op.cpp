@@ -74,6 +74,7 @@ void define_conv2d_op(OpTable& t) {
   d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng& rng) -> std::unique_ptr<Layer> {
            return std::make_unique<Conv2dLayer>(node, in[0], backend, rng);
          };
+  d.freezable = true;
   t.add(std::move(d));
 }
 

@@ -1,7 +1,8 @@
-// The embedding tables of a transformer's input, as Hugging Face's BERT and LayoutLM hold them:
-// `embedding` (token ids -> vectors, torch.nn.Embedding), `position_embedding` (row t of a
-// table added to token t) and `layout_embedding` (LayoutLM's 2-D position: the x, y, height
-// and width tables of each token's box [x0, y0, x1, y1] added). Ids and coordinates are
+// The embedding tables of a transformer's input, as Hugging Face's BERT, LayoutLM and ViT hold
+// them: `embedding` (token ids -> vectors, torch.nn.Embedding), `position_embedding` (row t of
+// a table added to token t), `layout_embedding` (LayoutLM's 2-D position: the x, y, height
+// and width tables of each token's box [x0, y0, x1, y1] added) and `class_token` (ViT's: a
+// learned [CLS] vector put before the patches, and a position embedding added to each). Ids and coordinates are
 // integers carried in f32 tensors (exact below 2^24); a bad one stops the forward with an
 // Error naming the node. Layers: embedding_layers.cpp.
 #include "core/layers/layers.h"
@@ -114,12 +115,37 @@ OpDef layout_embedding() {
   return d;
 }
 
+OpDef class_token() {
+  OpDef d;
+  d.name = "class_token";
+  d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
+    ops::expect_inputs(n, in, 1, 2);
+    return Shape{in[0][0] + 1, in[0][1]};
+  };
+  // A copy and an add a value forward; the input's gradient is a copy, the tables' a sum.
+  d.cost = [](const NodeSpec&, std::span<const Shape>, const Shape& out) {
+    OpCost c;
+    c.forward_flops = c.backward_weights_flops = ops::count(out);
+    return c;
+  };
+  // Hugging Face's ViTEmbeddings: a node named "vit.embeddings" holds its tensors.
+  d.params = [](const NodeSpec&, std::span<const Shape> in) {
+    return std::vector<ParamSpec>{{"cls_token", Shape{1, 1, in[0][1]}},
+                                  {"position_embeddings", Shape{1, in[0][0] + 1, in[0][1]}}};
+  };
+  d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend&, Rng& rng) -> std::unique_ptr<Layer> {
+    return std::make_unique<ClassTokenLayer>(node, in[0], rng);
+  };
+  return d;
+}
+
 }  // namespace
 
 void define_embedding_op(OpTable& t) {
-  t.add(token_embedding());
-  t.add(position_embedding());
-  t.add(layout_embedding());
+  for (OpDef d : {token_embedding(), position_embedding(), layout_embedding(), class_token()}) {
+    d.freezable = true;
+    t.add(std::move(d));
+  }
 }
 
 }  // namespace tandem

@@ -27,6 +27,7 @@ void define_layer_norm_op(OpTable& t) {
   d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng&) -> std::unique_ptr<Layer> {
     return std::make_unique<LayerNormLayer>(node, in[0], backend);
   };
+  d.freezable = true;
   t.add(std::move(d));
 }
 

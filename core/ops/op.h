@@ -69,6 +69,8 @@ struct OpDef {
   bool view = false;
   // How many heads the output holds side by side (the loss's groups). Null: 1.
   std::function<int64_t(const NodeSpec& node)> output_groups;
+  // Its parameters can be frozen (NodeSpec::freeze): its layer computes no gradient for them.
+  bool freezable = false;
   // An activation's math (core/activation.h), for the backends' kernels. Null: not one.
   const Activation* activation = nullptr;
   // The layer for a graph node, parameters initialised as PyTorch does from `rng`.

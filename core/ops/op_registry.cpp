@@ -80,6 +80,7 @@ std::vector<ParamSpec> op_params(const NodeSpec& node, std::span<const Shape> in
 OpCost op_cost(const NodeSpec& node, std::span<const Shape> in, const Shape& out) {
   const OpDef& d = op_def(node.op);
   OpCost c = d.cost(node, in, out);
+  if (node.freeze) c.backward_weights_flops = 0.0;  // a frozen node computes no weight gradient
   if (!d.view && c.forward_bytes == 0 && c.backward_bytes == 0) {
     double params = 0;
     for (const ParamSpec& p : op_params(node, in)) params += static_cast<double>(p.shape.numel());

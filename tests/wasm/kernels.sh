@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # The portable kernels built with em++ -msimd128 and run under node, against the same code
-# built natively, and against the native reference backend: every op of five models' forward,
+# built natively, and against the native reference backend: every op of six models' forward,
 # loss and backward (tests/wasm/kernel_check.cpp).
 # Usage: kernels.sh NATIVE_BUILD_DIR SOURCE_DIR WASM_BUILD_DIR
 set -euo pipefail
@@ -11,7 +11,7 @@ work=$(mktemp -d)
 trap 'rm -rf "$work"' EXIT
 specs=()
 for m in samples/fashion-mnist/model.json tests/interop/residual_bn.json samples/models/mobilenetv2-28.json \
-         samples/models/vgg5-28.json samples/forms-layoutlm/model.json; do
+         samples/models/vgg5-28.json samples/forms-layoutlm/model.json samples/fashion-vit/model.json; do
   "$build/tools/tandem" pack-spec --model "$src/$m" --out "$work/$(basename "$m" .json).tdms" >/dev/null
   specs+=("$work/$(basename "$m" .json).tdms")
 done
