@@ -155,6 +155,33 @@ TEST(Spec, TransformerNodesParseWithTheirShapes) {
   EXPECT_TRUE(g.nodes()[static_cast<std::size_t>(g.find("mean"))].spec.token_pool.mean);
 }
 
+TEST(Spec, FreezeAndLoraParseAndAreChecked) {
+  const Graph g = graph_of(with_nodes(R"({ name: "f", op: "flatten", inputs: ["x"] },
+    { name: "fc", op: "linear", inputs: ["f"], linear: { out_features: 4 }, lora: { rank: 2, alpha: 8 } },
+    { name: "out", op: "linear", inputs: ["fc"], linear: { out_features: 2 }, freeze: true })"));
+  const NodeSpec& fc = g.node("fc").spec;
+  EXPECT_EQ(fc.lora.rank, 2);
+  EXPECT_FLOAT_EQ(fc.lora.scale(), 4.0f);
+  EXPECT_TRUE(g.node("out").spec.freeze);
+  EXPECT_EQ(error_of([] {
+              graph_of(with_nodes(R"({ name: "p", op: "max_pool2d", inputs: ["x"], pool: { kernel: [2] }, lora: { rank: 2 } })"));
+            }),
+            "[model spec] node 'p': field 'lora' applies to linear nodes only");
+  EXPECT_EQ(error_of([] {
+              graph_of(with_nodes(R"({ name: "f", op: "flatten", inputs: ["x"] },
+                { name: "fc", op: "linear", inputs: ["f"], linear: { out_features: 4 }, lora: { rank: 0 } })"));
+            }),
+            "[model spec] node 'fc' (linear): field 'lora.rank' must be > 0, got 0");
+  EXPECT_EQ(error_of([] {
+              graph_of(with_nodes(R"({ name: "f", op: "flatten", inputs: ["x"] },
+                { name: "fc", op: "linear", inputs: ["f"], linear: { out_features: 4 }, lora: { rank: 2, dropout: 0.1 } })"));
+            }),
+            "[model spec] node 'fc' (linear): field 'lora.dropout' is not supported yet (0 only), got 0.1");
+  EXPECT_EQ(error_of([] { graph_of(with_nodes(R"({ name: "b", op: "batch_norm", inputs: ["x"], freeze: true })")); }),
+            "[model spec] node 'b': field 'freeze': freezing a batch_norm node is not supported yet (linear, conv2d, "
+            "layer_norm and the embeddings can be frozen)");
+}
+
 TEST(Spec, TransformerNodesAreCheckedWithNodeAndField) {
   auto with = [](const std::string& from, const std::string& to) {
     std::string s = kEncoder;

@@ -159,16 +159,27 @@ std::vector<std::string> tensor_names(Network& shard) {
 }
 
 void shard_from_torch(const Graph& whole, const std::vector<SafeTensor>& tensors, Network& shard) {
-  auto find = [&](const std::string& name) -> const SafeTensor& {
+  auto find = [&](const std::string& name) -> const SafeTensor* {
     for (const SafeTensor& t : tensors)
-      if (t.name == name) return t;
-    fail("torch layout", cat("the weights have no tensor '", name, "'"));
+      if (t.name == name) return &t;
+    return nullptr;
+  };
+  auto adapter = [](const std::string& name) {
+    return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
   };
   for (Param* p : shard.all_params()) {
-    from_torch(whole, find(p->name()), p->value());
+    const SafeTensor* t = find(p->name());
+    // A base model's file has no LoRA adapters: they start as PEFT starts them (B zero).
+    if (!t && adapter(p->name())) continue;
+    if (!t) fail("torch layout", cat("the weights have no tensor '", p->name(), "'"));
+    from_torch(whole, *t, p->value());
     p->bump_version();
   }
-  for (auto& [name, t] : shard.buffers()) from_torch(whole, find(name), *t);
+  for (auto& [name, t] : shard.buffers()) {
+    const SafeTensor* saved = find(name);
+    if (!saved) fail("torch layout", cat("the weights have no tensor '", name, "'"));
+    from_torch(whole, *saved, *t);
+  }
 }
 
 }  // namespace tandem

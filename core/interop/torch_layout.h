@@ -25,7 +25,8 @@ std::vector<SafeTensor> shard_to_torch(const Graph& whole, Network& shard, int64
 // The names of a shard's parameters and buffers (what shard_from_torch reads).
 std::vector<std::string> tensor_names(Network& shard);
 // Sets every parameter and buffer of `shard` from `tensors` (e.g. a safetensors file of the
-// whole model); extra tensors are ignored, a missing or misshapen one is an Error naming it.
+// whole model); extra tensors are ignored, a missing or misshapen one is an Error naming it,
+// except LoRA adapters (lora_A, lora_B) a base model's file lacks: they keep their start.
 void shard_from_torch(const Graph& whole, const std::vector<SafeTensor>& tensors, Network& shard);
 
 }  // namespace tandem
