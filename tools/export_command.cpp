@@ -2,6 +2,7 @@
 
 #include <cstdio>
 #include <fstream>
+#include <optional>
 
 #include "core/checkpoint/checkpoint.h"
 #include "core/error.h"
@@ -31,21 +32,51 @@ CheckpointData read_checkpoint(const std::string& path, const std::string& key_p
   return decode_checkpoint(open_aes_gcm(load_key(key_path, false), bytes));
 }
 
-// A Network over `graph` whose tensors are the checkpoint's (checked against the model).
-void load_shard(const Graph& graph, const ModelSpec& spec, const CheckpointData& d, const char* role,
-                std::unique_ptr<Network>& net, Backend& backend) {
+// A Network over `graph` whose tensors are the checkpoint's (checked against the model); its
+// frozen parameters (not in checkpoints) from `base`, the file they were loaded from.
+void load_shard(const Graph& whole, const Graph& graph, const ModelSpec& spec, const CheckpointData& d,
+                const char* role, const std::vector<SafeTensor>* base, std::unique_ptr<Network>& net,
+                Backend& backend) {
   if (d.meta.role != role) fail("export", cat("expected the ", role, "'s checkpoint, got the ", d.meta.role, "'s"));
   if (d.meta.model_hash != model_hash(spec, d.meta.cut))
     fail("export", cat("the ", role, "'s checkpoint is of another model or cut than ", spec.name, " cut at '",
                        d.meta.cut, "'"));
   net = std::make_unique<Network>(graph, backend, 0);
+  if (net->all_params().size() != net->params().size()) {
+    if (!base)
+      fail("export", cat("the model has frozen parameters (frozen nodes, LoRA bases), which checkpoints do not hold: "
+                         "pass the file they were loaded from with --base FILE"));
+    shard_from_torch(whole, *base, *net);
+  }
   restore_checkpoint(d, *net, nullptr);
+}
+
+// LoRA merged into the base weights: W += (alpha / r) B A on every adapted linear of `net`.
+void merge_adapters(const Graph& graph, Network& net) {
+  for (const GraphNode& n : graph.nodes()) {
+    if (n.spec.lora.rank == 0) continue;
+    Param& w = net.param(n.spec.name + ".weight");
+    const Tensor& a = net.param(n.spec.name + ".lora_A.weight").value();
+    const Tensor& b = net.param(n.spec.name + ".lora_B.weight").value();
+    const int64_t out = w.value().shape()[0], in = w.value().shape()[1], r = n.spec.lora.rank;
+    const float s = n.spec.lora.scale();
+    for (int64_t o = 0; o < out; ++o)
+      for (int64_t i = 0; i < in; ++i) {
+        double d = 0.0;
+        for (int64_t k = 0; k < r; ++k) d += static_cast<double>(b[o * r + k]) * a[k * in + i];
+        w.value()[o * in + i] += static_cast<float>(s * d);
+      }
+  }
+}
+
+bool is_adapter(const std::string& name) {
+  return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
 }
 
 }  // namespace
 
 int export_command(const CliArgs& args) {
-  args.reject_unknown({"model", "edge-ckpt", "cloud-ckpt", "identity", "key", "out"});
+  args.reject_unknown({"model", "edge-ckpt", "cloud-ckpt", "identity", "key", "out", "base", "merge-lora"});
   const ModelSpec spec = load_model_spec(args.required("model"));
   const Graph graph = Graph::build(spec);
   const std::string key = args.has("key") ? args.str("key", "")
@@ -60,16 +91,20 @@ int export_command(const CliArgs& args) {
                        ": pass the cloud's checkpoint of step ", edge.meta.step, " (the cloud keeps its newest few)"));
   const auto [front_graph, back_graph] = graph.split(edge.meta.cut);
   auto reference = make_backend("reference");
-  std::unique_ptr<Network> front, back;
-  load_shard(front_graph, spec, edge, "edge", front, *reference);
-  load_shard(back_graph, spec, cloud, "cloud", back, *reference);
-  std::vector<SafeTensor> tensors = shard_to_torch(graph, *front, static_cast<int64_t>(edge.meta.step));
-  for (SafeTensor& t : shard_to_torch(graph, *back, static_cast<int64_t>(cloud.meta.step))) tensors.push_back(std::move(t));
-  if (u_shaped_cut(edge.meta.cut)) {  // the edge's checkpoint holds the tail too
-    std::unique_ptr<Network> tail;
-    load_shard(graph.tail(edge.meta.cut), spec, edge, "edge", tail, *reference);
-    for (SafeTensor& t : shard_to_torch(graph, *tail, static_cast<int64_t>(edge.meta.step))) tensors.push_back(std::move(t));
-  }
+  std::optional<std::vector<SafeTensor>> base;
+  if (args.has("base")) base = read_safetensors(read_file(args.str("base", "")));
+  const bool merge = args.has("merge-lora");
+  std::vector<SafeTensor> tensors;
+  auto add = [&](const Graph& part, const CheckpointData& d, const char* role) {
+    std::unique_ptr<Network> net;
+    load_shard(graph, part, spec, d, role, base ? &*base : nullptr, net, *reference);
+    if (merge) merge_adapters(part, *net);
+    for (SafeTensor& t : shard_to_torch(graph, *net, static_cast<int64_t>(d.meta.step)))
+      if (!merge || !is_adapter(t.name)) tensors.push_back(std::move(t));
+  };
+  add(front_graph, edge, "edge");
+  add(back_graph, cloud, "cloud");
+  if (u_shaped_cut(edge.meta.cut)) add(graph.tail(edge.meta.cut), edge, "edge");  // the edge's checkpoint holds the tail too
   const std::string out = args.required("out");
   const std::vector<uint8_t> file = write_safetensors(
       tensors, {{"format", "pt"}, {"tandem_model", spec.name}, {"tandem_cut", edge.meta.cut},

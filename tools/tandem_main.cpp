@@ -48,12 +48,15 @@ constexpr const char* kUsage = R"(usage:
       edge's peak memory; then `recommended: cut=NODE microbatches=K predicted_samples_per_s=X`.
       Compute is measured here on the edge and cloud backends unless given in GFLOP/s.
   tandem export --model SPEC --edge-ckpt FILE --cloud-ckpt FILE [--identity IDDIR | --key FILE]
-                --out model.safetensors
+                [--base FILE [--merge-lora]] --out model.safetensors
       Merges the edge's checkpoint (from tandem-edge --checkpoint-dir; encrypted, so give
       the identity folder holding checkpoint.key) and the cloud's of the same step
       (STATE_DIR/checkpoints/CLIENT/) into one safetensors file with PyTorch's names and
       layouts (OIHW convolutions, NCHW flatten order), loadable with torch's
-      load_state_dict into the equivalent torch model.
+      load_state_dict into the equivalent torch model. A model with frozen parameters (frozen
+      nodes, LoRA bases; checkpoints hold only what trains) takes them from --base FILE, the
+      file they were loaded from: LoRA adapters are written beside them (PEFT's lora_A,
+      lora_B names), or merged into the base weights with --merge-lora (W += alpha/r B A).
   tandem evaluate --model SPEC --weights model.safetensors [--backend NAME] [--test-limit N]
                   [--data fashion-mnist|DIR] [--predictions FILE] [--logits FILE]
       The whole model's test accuracy from a safetensors file (PyTorch names and layouts;
@@ -217,7 +220,7 @@ int main(int argc, char** argv) {
                          {{"train", [](int c, char** v) { return tandem::train(tandem::CliArgs(c, v, 2, {"nesterov"})); }},
                           {"profile", [](int c, char** v) { return tandem::profile_command(tandem::CliArgs(c, v, 2, {})); }},
                           {"plan", [](int c, char** v) { return tandem::plan_command(tandem::CliArgs(c, v, 2, {"profile-edge"})); }},
-                          {"export", [](int c, char** v) { return tandem::export_command(tandem::CliArgs(c, v, 2, {})); }},
+                          {"export", [](int c, char** v) { return tandem::export_command(tandem::CliArgs(c, v, 2, {"merge-lora"})); }},
                           {"evaluate", [](int c, char** v) { return tandem::evaluate_command(tandem::CliArgs(c, v, 2, {})); }},
                           {"pack-spec", [](int c, char** v) { return tandem::pack_spec(tandem::CliArgs(c, v, 2, {})); }},
                           {"backends", tandem::list_backends},

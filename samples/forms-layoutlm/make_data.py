@@ -6,10 +6,12 @@ reading order, so only the boxes say where a word sits). Each page holds one key
 The class is the key word and whether it sits in the page's top or bottom half:
 0 invoice/top, 1 invoice/bottom, 2 referral/top, 3 referral/bottom. A model that reads only
 the words gets at most 50%: the 2-D position path must learn. Token 0 is [CLS] (id 1, box 0).
+--rule x places the split between the page's left and right halves instead (a second task
+on the same pages, for fine-tuning a model trained on the first).
 Writes OUT/train.safetensors (4000 pages) and OUT/test.safetensors (1000): ids I32 [N, 16],
 mask U8 [N, 16] (1 keep, 0 padding), boxes I32 [N, 16, 4], labels I32 [N]; tandem-edge
 --data OUT reads them. Standard library only.
-Usage: make_data.py OUT [TRAIN] [TEST]"""
+Usage: make_data.py OUT [TRAIN] [TEST] [--rule y|x]"""
 import json
 import os
 import random
@@ -19,7 +21,7 @@ import sys
 TOKENS, GRID = 16, 32
 
 
-def page(rng):
+def page(rng, rule="y"):
     length = rng.randint(8, TOKENS)
     key = rng.choice((2, 3))
     words = [key] + [rng.randint(4, 31) for _ in range(length - 2)]
@@ -29,7 +31,8 @@ def page(rng):
         boxes.append([x0, y0, x0 + rng.randint(1, 4), min(y0 + 1, GRID)])
     order = list(range(len(words)))
     rng.shuffle(order)
-    label = (key - 2) * 2 + (1 if boxes[0][1] >= GRID // 2 else 0)
+    where = boxes[0][1] if rule == "y" else boxes[0][0]
+    label = (key - 2) * 2 + (1 if where >= GRID // 2 else 0)
     ids = [1] + [words[i] for i in order]
     box = [[0, 0, 0, 0]] + [boxes[i] for i in order]
     pad = TOKENS - len(ids)
@@ -57,13 +60,21 @@ def write(path, pages):
 
 
 def main():
-    out = sys.argv[1]
-    train, test = (int(sys.argv[2]) if len(sys.argv) > 2 else 4000), (int(sys.argv[3]) if len(sys.argv) > 3 else 1000)
+    args = sys.argv[1:]
+    rule = "y"
+    if "--rule" in args:
+        at = args.index("--rule")
+        rule = args[at + 1]
+        del args[at:at + 2]
+    if rule not in ("y", "x"):
+        sys.exit(f"make_data.py: --rule is y or x, got {rule}")
+    out = args[0]
+    train, test = (int(args[1]) if len(args) > 1 else 4000), (int(args[2]) if len(args) > 2 else 1000)
     os.makedirs(out, exist_ok=True)
     rng = random.Random(2026)
-    write(os.path.join(out, "train.safetensors"), [page(rng) for _ in range(train)])
-    write(os.path.join(out, "test.safetensors"), [page(rng) for _ in range(test)])
-    print(f"forms-layoutlm: {train} training and {test} test pages in {out}")
+    write(os.path.join(out, "train.safetensors"), [page(rng, rule) for _ in range(train)])
+    write(os.path.join(out, "test.safetensors"), [page(rng, rule) for _ in range(test)])
+    print(f"forms-layoutlm: {train} training and {test} test pages in {out} (rule {rule})")
 
 
 if __name__ == "__main__":
