@@ -3,13 +3,12 @@
 plus the additive key padding mask, softmax, times V, back to [B, T, D]; forward + backward
 (query, key and value gradients), one thread, on the shapes of bench/attention.cpp: median
 milliseconds as JSON lines (bench/attention.sh)."""
-import json
 import math
-import statistics
 import sys
-import time
 
 import torch
+
+from torch_op_timer import time_op
 
 torch.set_num_threads(1)
 reps = int(sys.argv[1]) if len(sys.argv) > 1 else 21
@@ -30,17 +29,9 @@ for batch, tokens, heads, dh in ((8, 128, 4, 64), (4, 128, 12, 64)):
     dout = torch.rand(batch, tokens, d) * 2 - 1
     keep = torch.tensor([[1.0 if t < tokens - 12 * b else 0.0 for t in range(tokens)] for b in range(batch)])
     additive = ((1.0 - keep) * torch.finfo(torch.float32).min)[:, None, None, :]  # as BERT's extended mask
-    fwd, bwd = [], []
-    for i in range(reps + 1):
-        t0 = time.perf_counter()
-        out = attention(q, k, v, additive, heads)
-        t1 = time.perf_counter()
-        out.backward(dout)
-        t2 = time.perf_counter()
+
+    def reset():
         q.grad = k.grad = v.grad = None
-        if i:  # the first is a warm-up
-            fwd.append(t1 - t0)
-            bwd.append(t2 - t1)
-    f, b_ = statistics.median(fwd) * 1e3, statistics.median(bwd) * 1e3
-    print(json.dumps({"bench": "attention", "backend": "pytorch", "shape": f"{batch}x{tokens} h{heads}x{dh}",
-                      "forward_ms": round(f, 4), "backward_ms": round(b_, 4), "total_ms": round(f + b_, 4)}))
+
+    time_op("attention", f"{batch}x{tokens} h{heads}x{dh}", lambda: attention(q, k, v, additive, heads),
+            lambda out: out.backward(dout), reset, reps)
