@@ -14,6 +14,28 @@ ChainTrainer::ChainTrainer(std::vector<Network*> stages, std::vector<Optimizer*>
     fail("trainer", cat("need one optimizer per stage, got ", stages_.size(), " stages and ", optimizers_.size(),
                         " optimizers"));
   times_.busy_s.assign(stages_.size(), 0.0);
+  const auto& first = stages_.front()->graph().inputs();
+  for (Network* s : stages_) {
+    int mask = -1;
+    if (s != stages_.front() && s->graph().inputs().size() > 1)
+      for (std::size_t k = 0; k < first.size(); ++k)
+        if (first[k].name == s->graph().inputs()[1].name) mask = static_cast<int>(k);
+    if (s != stages_.front() && s->graph().inputs().size() > 1 && mask < 0)
+      fail("trainer", cat(s->graph().name(), " reads an input the first stage does not take"));
+    mask_of_.push_back(mask);
+  }
+}
+
+std::span<const Tensor> ChainTrainer::stage_inputs(std::size_t i, std::span<const Tensor> inputs, const Tensor& x,
+                                                   int64_t begin, int64_t count) {
+  in_.clear();
+  if (i == 0) {
+    for (const Tensor& t : inputs) in_.push_back(t.slice_batch(begin, count));
+    return in_;
+  }
+  in_.push_back(x);
+  if (mask_of_[i] >= 0) in_.push_back(inputs[static_cast<std::size_t>(mask_of_[i])].slice_batch(begin, count));
+  return in_;
 }
 
 namespace {
@@ -22,8 +44,8 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 }
 }  // namespace
 
-StepStats ChainTrainer::train_step(const Tensor& images, const int32_t* labels, int microbatches) {
-  const int64_t batch = images.shape()[0];
+StepStats ChainTrainer::train_step(std::span<const Tensor> inputs, const int32_t* labels, int microbatches) {
+  const int64_t batch = inputs[0].shape()[0];
   if (microbatches < 1 || microbatches > batch)
     fail("trainer", cat("micro-batches must be in [1, batch size ", batch, "], got ", microbatches));
   for (Network* s : stages_) s->zero_grad();
@@ -31,11 +53,11 @@ StepStats ChainTrainer::train_step(const Tensor& images, const int32_t* labels, 
   const float scale = 1.0f / static_cast<float>(batch);
   for (int mb = 0; mb < microbatches; ++mb) {
     const auto [begin, count] = microbatch_range(batch, microbatches, mb);
-    Tensor x = images.slice_batch(begin, count);
+    Tensor x;
     for (std::size_t i = 0; i < stages_.size(); ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       stages_[i]->set_training(true);
-      x = stages_[i]->forward(x, mb);
+      x = stages_[i]->forward(stage_inputs(i, inputs, x, begin, count), mb);
       times_.busy_s[i] += seconds_since(t0);
     }
     if (dlogits_.size() <= static_cast<std::size_t>(mb)) dlogits_.resize(static_cast<std::size_t>(mb) + 1);
@@ -60,15 +82,15 @@ StepStats ChainTrainer::train_step(const Tensor& images, const int32_t* labels, 
   return stats;
 }
 
-StepStats ChainTrainer::evaluate(const Tensor& images, const int32_t* labels, int64_t chunk) {
+StepStats ChainTrainer::evaluate(std::span<const Tensor> inputs, const int32_t* labels, int64_t chunk) {
   StepStats stats;
-  const int64_t total = images.shape()[0];
+  const int64_t total = inputs[0].shape()[0];
   for (int64_t begin = 0; begin < total; begin += chunk) {
     const int64_t count = std::min(chunk, total - begin);
-    Tensor x = images.slice_batch(begin, count);
-    for (Network* s : stages_) {
-      s->set_training(false);
-      x = s->forward(x, 0);
+    Tensor x;
+    for (std::size_t i = 0; i < stages_.size(); ++i) {
+      stages_[i]->set_training(false);
+      x = stages_[i]->forward(stage_inputs(i, inputs, x, begin, count), 0);
     }
     const int64_t heads = stages_.back()->graph().output_groups();
     stats.loss_sum += compute_loss(stages_.back()->graph().loss(), x, labels + begin, 1.0f, nullptr, heads);

@@ -4,6 +4,7 @@
 #pragma once
 
 #include <cstdint>
+#include <span>
 #include <vector>
 
 #include "core/network.h"
@@ -27,11 +28,19 @@ class ChainTrainer {
   // Stages run in order; stage i's output is stage i+1's input. One optimizer per stage.
   ChainTrainer(std::vector<Network*> stages, std::vector<Optimizer*> optimizers);
 
-  // One optimizer step on `images` [B, ...] with `labels` [B], in K micro-batches. The
-  // result equals one unpipelined step on the whole batch (the gradient of the batch mean).
-  StepStats train_step(const Tensor& images, const int32_t* labels, int microbatches);
+  // One optimizer step on the first stage's inputs (each [B, ...]: images, or ids, mask...)
+  // with `labels` [B], in K micro-batches. A later stage that reads the mask (Graph::split's
+  // second input) gets the micro-batch's rows of it. The result equals one unpipelined step
+  // on the whole batch (the gradient of the batch mean).
+  StepStats train_step(std::span<const Tensor> inputs, const int32_t* labels, int microbatches);
+  StepStats train_step(const Tensor& images, const int32_t* labels, int microbatches) {
+    return train_step(std::span<const Tensor>(&images, 1), labels, microbatches);
+  }
   // Forward only, in chunks of at most `chunk` samples; no gradients.
-  StepStats evaluate(const Tensor& images, const int32_t* labels, int64_t chunk);
+  StepStats evaluate(std::span<const Tensor> inputs, const int32_t* labels, int64_t chunk);
+  StepStats evaluate(const Tensor& images, const int32_t* labels, int64_t chunk) {
+    return evaluate(std::span<const Tensor>(&images, 1), labels, chunk);
+  }
   const StageTimes& times() const { return times_; }
 
  private:
@@ -39,6 +48,12 @@ class ChainTrainer {
   std::vector<Optimizer*> optimizers_;
   std::vector<Tensor> dlogits_;  // per micro-batch, so unequal sizes keep their buffers
   StageTimes times_;
+  std::vector<int> mask_of_;  // per stage: the first stage's input it reads as its mask, or -1
+  // Stage i's inputs for the rows [begin, begin + count): all of them for the first, else
+  // the previous output and the mask's rows when it reads one.
+  std::span<const Tensor> stage_inputs(std::size_t i, std::span<const Tensor> inputs, const Tensor& x, int64_t begin,
+                                       int64_t count);
+  std::vector<Tensor> in_;
 };
 
 }  // namespace tandem

@@ -12,6 +12,7 @@
 #include "core/graph.h"
 #include "core/loss.h"
 #include "core/microbatch.h"
+#include "core/trainer.h"
 #include "edge/session/edge_session.h"
 #include "test_support.h"
 
@@ -141,6 +142,23 @@ TEST(SequenceSplit, TheMaskTravelsAndTheSplitTrainsLikeTheWholeModel) {
   EXPECT_LE(max_diff(s.back, s.whole), 1e-5f);
   Network start(s.graph, *s.backend, 5);
   EXPECT_GT(max_diff(s.back, start), 1e-3f);
+}
+
+// Local training (tandem train's ChainTrainer) feeds the back stage the mask's rows too: the
+// split chain trains exactly as the whole model does.
+TEST(SequenceSplit, TheLocalChainFeedsTheMaskToTheBackStage) {
+  const Sequences d = sequences(12, 6);
+  EncoderSplit s(3);
+  Sgd whole_opt(s.whole.params(), sgd());
+  ChainTrainer chain({&s.front, &s.back}, {&s.front_opt, &s.back_opt}), whole({&s.whole}, {&whole_opt});
+  for (int step = 0; step < 5; ++step) {
+    const double got = chain.train_step(d.inputs(), d.labels.data(), 3).loss_sum;
+    const double want = whole.train_step(d.inputs(), d.labels.data(), 1).loss_sum;
+    EXPECT_NEAR(got, want, 1e-4 * std::max(1.0, std::fabs(want))) << "step " << step;
+  }
+  EXPECT_LE(max_diff(s.front, s.whole), 1e-5f);
+  EXPECT_LE(max_diff(s.back, s.whole), 1e-5f);
+  EXPECT_EQ(chain.evaluate(d.inputs(), d.labels.data(), 5).correct, whole.evaluate(d.inputs(), d.labels.data(), 12).correct);
 }
 
 // The evaluation batch carries the mask too, and the cloud scores it like the whole model.

@@ -11,6 +11,7 @@
 #include "core/network.h"
 #include "core/trainer.h"
 #include "data/idx_dataset.h"
+#include "ports/files/tensor_dataset.h"
 #include "backends/registry.h"
 #include "cli/cli_args.h"
 #include "tools/audit_verify.h"
@@ -24,11 +25,12 @@ namespace tandem {
 namespace {
 
 constexpr const char* kUsage = R"(usage:
-  tandem train --model SPEC [--cut NODE] [--edge-backend NAME] [--cloud-backend NAME]
+  tandem train --model SPEC [--cut NODE] [--edge-backend NAME] [--cloud-backend NAME] [--data fashion-mnist|DIR]
                [--epochs N] [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
                [--limit SAMPLES] [--test-limit SAMPLES] [--seed S] [--threads T]
                [--metrics-json FILE]
-      Trains SPEC on Fashion-MNIST (Debian's dataset-fashion-mnist), split at the cut (the
+      Trains SPEC on Fashion-MNIST (Debian's dataset-fashion-mnist; or DIR/train.safetensors and
+      DIR/test.safetensors, a tensor per model input and "labels"), split at the cut (the
       spec's default cut unless --cut): front shard on the edge backend (default xnnpack),
       back shard and loss on the cloud backend (default onednn), K micro-batches a step.
       Prints progress, per-epoch metrics (also as JSON lines in FILE) and the test accuracy.
@@ -83,7 +85,7 @@ std::string fixed(double v, int digits) {
 int train(const CliArgs& args) {
   args.reject_unknown(CliArgs::with_optimizer_options({"model", "cut", "edge-backend", "cloud-backend", "epochs", "batch",
                                                        "microbatches", "limit", "test-limit", "seed", "threads",
-                                                       "metrics-json"},
+                                                       "metrics-json", "data"},
                                                       /*schedule=*/true));
   const SplitModel model = load_split_model(args);
   const ModelSpec& spec = model.spec;
@@ -121,13 +123,26 @@ int train(const CliArgs& args) {
   }
   ChainTrainer trainer(stages, stage_optimizers);
 
-  std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
-  LabelledImages train_set = load_fashion_mnist(true, args.integer("limit", 0, 0));
-  LabelledImages test_set = load_fashion_mnist(false, args.integer("test-limit", 0, 0));
-  const Shape& in_shape = graph.inputs().at(0).shape;
-  if (train_set.images.shape().item_numel() != in_shape.numel())
-    fail("cli", cat("the model's input '", graph.inputs()[0].name, "' is ", in_shape.str(), " but the images are ",
-                    train_set.images.shape().str()));
+  // Fashion-MNIST, or a data set folder (DIR/train.safetensors, DIR/test.safetensors: a
+  // tensor per model input and "labels", ports/files/tensor_dataset.h).
+  const std::string data = args.str("data", "fashion-mnist");
+  LabelledInputs train_set, test_set;
+  if (data == "fashion-mnist") {
+    std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
+    LabelledImages train_images = load_fashion_mnist(true, args.integer("limit", 0, 0));
+    LabelledImages test_images = load_fashion_mnist(false, args.integer("test-limit", 0, 0));
+    const Shape& in_shape = graph.inputs().at(0).shape;
+    if (graph.inputs().size() != 1 || train_images.images.shape().item_numel() != in_shape.numel())
+      fail("cli", cat("the model's inputs are not one image of Fashion-MNIST's size (its first, '",
+                      graph.inputs()[0].name, "', is ", in_shape.str(), "): give its data with --data DIR"));
+    const int64_t n_train = train_images.images.shape()[0], n_test = test_images.images.shape()[0];
+    train_set = {{train_images.images.reshape(in_shape.batched(n_train))}, std::move(train_images.labels)};
+    test_set = {{test_images.images.reshape(in_shape.batched(n_test))}, std::move(test_images.labels)};
+  } else {
+    std::fprintf(stderr, "loading the data set in %s\n", data.c_str());
+    train_set = read_tensor_dataset(data + "/train.safetensors", graph.inputs(), args.integer("limit", 0, 0));
+    test_set = read_tensor_dataset(data + "/test.safetensors", graph.inputs(), args.integer("test-limit", 0, 0));
+  }
   std::fprintf(stderr, "model %s: %lld parameters, cut at '%s' (front %zu nodes on %s, back %zu nodes on %s)\n",
                spec.name.c_str(),
                static_cast<long long>(front.param_count() + back.param_count() + (tail ? tail->param_count() : 0)),
@@ -140,12 +155,12 @@ int train(const CliArgs& args) {
     if (!metrics) fail("cli", cat("cannot write --metrics-json ", args.str("metrics-json", "")));
   }
 
-  const int64_t n = train_set.images.shape()[0];
-  const int64_t item = train_set.images.shape().item_numel();
+  const int64_t n = static_cast<int64_t>(train_set.labels.size());
   std::vector<int64_t> order(static_cast<std::size_t>(n));
   std::iota(order.begin(), order.end(), 0);
   Rng shuffle_rng(seed ^ 0x5eedULL);
-  Tensor images = Tensor::empty(in_shape.batched(batch));
+  std::vector<Tensor> inputs;  // a step's rows of every input
+  for (const GraphInput& in : graph.inputs()) inputs.push_back(Tensor::empty(in.shape.batched(batch)));
   std::vector<int32_t> labels(static_cast<std::size_t>(batch));
   double accuracy = 0.0;
   ScheduleOptions schedule = args.schedule_options(epochs * ((n + batch - 1) / batch));
@@ -160,12 +175,16 @@ int train(const CliArgs& args) {
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t begin = 0; begin < n; begin += batch) {
       const int64_t count = std::min(batch, n - begin);
-      for (int64_t j = 0; j < count; ++j) {
-        const int64_t src = order[static_cast<std::size_t>(begin + j)];
-        std::copy_n(train_set.images.data() + src * item, item, images.data() + j * item);
-        labels[static_cast<std::size_t>(j)] = train_set.labels[static_cast<std::size_t>(src)];
+      std::vector<Tensor> x;
+      for (std::size_t k = 0; k < inputs.size(); ++k) {
+        const int64_t item = graph.inputs()[k].shape.numel();
+        for (int64_t j = 0; j < count; ++j)
+          std::copy_n(train_set.inputs[k].data() + order[static_cast<std::size_t>(begin + j)] * item, item,
+                      inputs[k].data() + j * item);
+        x.push_back(count == batch ? inputs[k] : inputs[k].slice_batch(0, count));
       }
-      Tensor x = count == batch ? images : images.slice_batch(0, count);
+      for (int64_t j = 0; j < count; ++j)
+        labels[static_cast<std::size_t>(j)] = train_set.labels[static_cast<std::size_t>(order[static_cast<std::size_t>(begin + j)])];
       const float factor = lr_factor(schedule, global_step++);
       for (Optimizer* o : stage_optimizers) o->set_lr_scale(factor);
       StepStats s = trainer.train_step(x, labels.data(), static_cast<int>(std::min<int64_t>(microbatches, count)));
@@ -176,7 +195,7 @@ int train(const CliArgs& args) {
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     bar.finish(cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
-    StepStats test = trainer.evaluate(test_set.images, test_set.labels.data(), 1000);
+    StepStats test = trainer.evaluate(test_set.inputs, test_set.labels.data(), 1000);
     accuracy = static_cast<double>(test.correct) / static_cast<double>(test.samples);
     const std::string json = cat(
         "{\"epoch\":", epoch, ",\"samples\":", total.samples, ",\"seconds\":", fixed(seconds, 3),
@@ -191,8 +210,8 @@ int train(const CliArgs& args) {
     std::fflush(stdout);
     if (metrics) metrics << json << "\n" << std::flush;
   }
-  std::printf("final test accuracy: %.2f%% (%lld test images)\n", accuracy * 100.0,
-              static_cast<long long>(test_set.images.shape()[0]));
+  std::printf("final test accuracy: %.2f%% (%lld test samples)\n", accuracy * 100.0,
+              static_cast<long long>(test_set.labels.size()));
   return 0;
 }
 

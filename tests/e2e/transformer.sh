@@ -50,4 +50,10 @@ grep -Eq "^  Forward +2000 messages .* activations f32 \[8,16,32\]; 16000 labels
   fail "Forward in the audit (activations, labels, the mask): $(cat "$work/audit.out")"
 grep -q '"name":"ids"\|"name":"boxes"' "$work/c/egress.jsonl" && fail "ids or boxes left the edge"
 echo "egress log: verifies; only activations, labels and the mask left"
+# The same model trained locally (tandem train: both shards in one process) on the same data.
+"$tandem_bin" train --model "$model" --data "$work/forms" --epochs 4 --batch 32 --optimizer adam --lr 0.003 \
+  --metrics-json "$work/local.jsonl" > "$work/local.out" 2>&1 || fail "tandem train --data: $(tail -3 "$work/local.out")"
+local_acc=$(tail -1 "$work/local.jsonl" | grep -o '"test_accuracy":[0-9.]*' | cut -d: -f2)
+echo "tandem train --data (local): test accuracy $local_acc"
+awk -v a="$local_acc" 'BEGIN { exit !(a >= 0.90) }' || fail "local training reached $local_acc (< 0.90)"
 echo "PASS"
