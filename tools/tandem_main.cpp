@@ -19,6 +19,7 @@
 #include "tools/export_command.h"
 #include "tools/plan_command.h"
 #include "tools/profile_command.h"
+#include "tools/text_command.h"
 #include "cli/progress.h"
 
 namespace tandem {
@@ -70,6 +71,11 @@ constexpr const char* kUsage = R"(usage:
       left the edge, by kind (messages, bytes, tensors with dtypes and shapes, labels).
       Exits 1 on any edited, removed, inserted or reordered line; --expect-last compares the
       last hash with the one the edge printed at the end of its run.
+  tandem text vocab --texts train.jsonl --out spm.model [--vocab-size N]
+  tandem text encode --spm spm.model --texts FILE.jsonl --tokens T --out FILE.safetensors
+      A SentencePiece vocabulary trained on a data set's texts (JSON lines with "text"), and
+      texts with integer "label"s encoded into a data set for --data DIR ([CLS], T-1 pieces,
+      padding; ids, mask and labels). `tandem text` alone says more.
   tandem pack-spec --model SPEC --out FILE
       Writes SPEC's canonical binary form (FlatBuffers, identifier TDMS): what model hashes
       are computed over, and what the browser edge loads (it has no JSON parser).
@@ -243,5 +249,6 @@ int main(int argc, char** argv) {
                           {"evaluate", [](int c, char** v) { return tandem::evaluate_command(tandem::CliArgs(c, v, 2, {})); }},
                           {"pack-spec", [](int c, char** v) { return tandem::pack_spec(tandem::CliArgs(c, v, 2, {})); }},
                           {"backends", tandem::list_backends},
-                          {"audit", tandem::audit_command}});
+                          {"audit", tandem::audit_command},
+                          {"text", tandem::text_command}});
 }

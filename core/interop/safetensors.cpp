@@ -118,6 +118,14 @@ SafeTensor i64_tensor(std::string name, std::vector<int64_t> shape, const int64_
   return packed(std::move(name), "I64", std::move(shape), values);
 }
 
+SafeTensor i32_tensor(std::string name, std::vector<int64_t> shape, const int32_t* values) {
+  return packed(std::move(name), "I32", std::move(shape), values);
+}
+
+SafeTensor u8_tensor(std::string name, std::vector<int64_t> shape, const uint8_t* values) {
+  return packed(std::move(name), "U8", std::move(shape), values);
+}
+
 std::vector<uint8_t> write_safetensors(const std::vector<SafeTensor>& tensors,
                                        const std::map<std::string, std::string>& metadata) {
   std::string header = "{";

@@ -14,7 +14,7 @@ namespace tandem {
 
 struct SafeTensor {
   std::string name;
-  std::string dtype;  // "F32" or "I64" (what tandem writes); reading also accepts I32 and U8 (data sets)
+  std::string dtype;  // "F32", "I64", "I32" or "U8" (the last two: data sets)
   std::vector<int64_t> shape;
   std::vector<uint8_t> data;  // little-endian values, numel * element size bytes
 };
@@ -39,5 +39,8 @@ std::vector<SafeTensor> read_safetensors(std::span<const uint8_t> file,
 
 SafeTensor f32_tensor(std::string name, std::vector<int64_t> shape, const float* values);
 SafeTensor i64_tensor(std::string name, std::vector<int64_t> shape, const int64_t* values);
+// Data sets' dtypes: token ids, boxes and labels (I32), masks (U8).
+SafeTensor i32_tensor(std::string name, std::vector<int64_t> shape, const int32_t* values);
+SafeTensor u8_tensor(std::string name, std::vector<int64_t> shape, const uint8_t* values);
 
 }  // namespace tandem

@@ -1,0 +1,245 @@
+#!/usr/bin/python3
+"""samples/spam-bert's model in torch.nn (Hugging Face's BERT module names and computation:
+post-LayerNorm layers, erf GELU, the pooler's tanh on [CLS]; torch's default initialisation,
+as tandem's), on the data samples/spam-bert/prepare.sh wrote (the same SentencePiece ids and
+masks). Two peers for bench/spam_bert.sh, one thread a process:
+
+  whole DATA EPOCHS BATCH LR [LIMIT]   trains the whole model with AdamW as tandem does
+                                        (weight decay 0.01), each epoch in a seeded random
+                                        order; prints a JSON line: test accuracy, samples/s
+  cloud PORT LR                         the split baseline's cloud: layers 2 and 3, the pooler,
+                                        the classifier and the loss
+  edge PORT DATA SAMPLES BATCH LR       the split baseline's edge (embeddings, layers 0 and 1):
+                                        per batch it sends the activations, the mask and the
+                                        labels over loopback TCP and waits for the gradient
+                                        (conventional split learning, one batch in flight);
+                                        prints a JSON line with samples/s
+"""
+import json
+import math
+import socket
+import struct
+import sys
+import time
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+
+VOCAB, HIDDEN, HEADS, LAYERS, INTER, TOKENS, CLASSES, CUT = 8000, 256, 4, 4, 1024, 128, 2, 2
+
+
+class Module(torch.nn.Module):
+    pass
+
+
+def layer_norm():
+    return torch.nn.LayerNorm(HIDDEN, eps=1e-12)
+
+
+def encoder_layer():
+    layer = Module()
+    layer.attention = Module()
+    layer.attention.self = Module()
+    for w in ("query", "key", "value"):
+        setattr(layer.attention.self, w, torch.nn.Linear(HIDDEN, HIDDEN))
+    layer.attention.output = Module()
+    layer.attention.output.dense = torch.nn.Linear(HIDDEN, HIDDEN)
+    layer.attention.output.LayerNorm = layer_norm()
+    layer.intermediate = Module()
+    layer.intermediate.dense = torch.nn.Linear(HIDDEN, INTER)
+    layer.output = Module()
+    layer.output.dense = torch.nn.Linear(INTER, HIDDEN)
+    layer.output.LayerNorm = layer_norm()
+    return layer
+
+
+def run_layer(layer, x, additive):
+    b, t, _ = x.shape
+    dh = HIDDEN // HEADS
+    a = layer.attention.self
+    split = lambda v: v.view(b, t, HEADS, dh).permute(0, 2, 1, 3)
+    scores = split(a.query(x)) @ split(a.key(x)).transpose(-1, -2) / math.sqrt(dh) + additive
+    ctx = (torch.softmax(scores, -1) @ split(a.value(x))).permute(0, 2, 1, 3).reshape(b, t, HIDDEN)
+    x = layer.attention.output.LayerNorm(x + layer.attention.output.dense(ctx))
+    return layer.output.LayerNorm(x + layer.output.dense(F.gelu(layer.intermediate.dense(x))))
+
+
+def additive_mask(mask):
+    return ((1.0 - mask.float()) * torch.finfo(torch.float32).min)[:, None, None, :]
+
+
+class Front(torch.nn.Module):
+    """The embeddings and the first CUT layers (the edge's shard)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embeddings = Module()
+        self.embeddings.word_embeddings = torch.nn.Embedding(VOCAB, HIDDEN)
+        self.embeddings.position_embeddings = torch.nn.Embedding(TOKENS, HIDDEN)
+        self.embeddings.LayerNorm = layer_norm()
+        self.layers = torch.nn.ModuleList(encoder_layer() for _ in range(CUT))
+
+    def forward(self, ids, mask):
+        e = self.embeddings
+        x = e.LayerNorm(e.word_embeddings(ids) + e.position_embeddings(torch.arange(ids.shape[1]))[None])
+        additive = additive_mask(mask)
+        for layer in self.layers:
+            x = run_layer(layer, x, additive)
+        return x
+
+
+class Back(torch.nn.Module):
+    """The last layers, the pooler and the classifier (the cloud's shard)."""
+
+    def __init__(self):
+        super().__init__()
+        self.layers = torch.nn.ModuleList(encoder_layer() for _ in range(LAYERS - CUT))
+        self.pooler = torch.nn.Linear(HIDDEN, HIDDEN)
+        self.classifier = torch.nn.Linear(HIDDEN, CLASSES)
+
+    def forward(self, x, mask):
+        additive = additive_mask(mask)
+        for layer in self.layers:
+            x = run_layer(layer, x, additive)
+        return self.classifier(torch.tanh(self.pooler(x[:, 0])))
+
+
+def read_safetensors(path):
+    blob = open(path, "rb").read()
+    n = struct.unpack("<Q", blob[:8])[0]
+    header = json.loads(blob[8:8 + n])
+    out = {}
+    for name, h in header.items():
+        if name == "__metadata__":
+            continue
+        a, b = h["data_offsets"]
+        dtype = {"I32": np.int32, "U8": np.uint8, "F32": np.float32, "I64": np.int64}[h["dtype"]]
+        out[name] = torch.from_numpy(np.frombuffer(blob[8 + n + a:8 + n + b], dtype=dtype).reshape(h["shape"]).copy())
+    return out
+
+
+def load(data, split, limit=0):
+    t = read_safetensors(f"{data}/{split}.safetensors")
+    ids, mask, labels = t["input_ids"].long(), t["attention_mask"], t["labels"].long()
+    if limit:
+        ids, mask, labels = ids[:limit], mask[:limit], labels[:limit]
+    return ids, mask, labels
+
+
+def adamw(params, lr):
+    return torch.optim.AdamW(params, lr=lr, betas=(0.9, 0.999), eps=1e-8, weight_decay=0.01)
+
+
+def whole(data, epochs, batch, lr, limit):
+    torch.manual_seed(1)
+    front, back = Front(), Back()
+    opt = adamw(list(front.parameters()) + list(back.parameters()), lr)
+    ids, mask, labels = load(data, "train", limit)
+    test_ids, test_mask, test_labels = load(data, "test")
+    start = time.perf_counter()
+    seen = 0
+    for epoch in range(epochs):
+        front.train(), back.train()
+        order = torch.randperm(len(ids), generator=torch.Generator().manual_seed(epoch + 1))
+        for begin in range(0, len(ids), batch):
+            idx = order[begin:begin + batch]
+            opt.zero_grad()
+            loss = F.cross_entropy(back(front(ids[idx], mask[idx]), mask[idx]), labels[idx])
+            loss.backward()
+            opt.step()
+            seen += len(idx)
+    seconds = time.perf_counter() - start
+    front.eval(), back.eval()
+    correct = 0
+    with torch.no_grad():
+        for begin in range(0, len(test_ids), 256):
+            s = slice(begin, begin + 256)
+            correct += (back(front(test_ids[s], test_mask[s]), test_mask[s]).argmax(1) == test_labels[s]).sum().item()
+    print(json.dumps({"peer": "pytorch-whole", "epochs": epochs, "samples": seen,
+                      "samples_per_s": round(seen / seconds, 1), "test_accuracy": correct / len(test_ids)}))
+
+
+def recv_exact(sock, n):
+    buf = bytearray(n)
+    view = memoryview(buf)
+    got = 0
+    while got < n:
+        k = sock.recv_into(view[got:], n - got)
+        if k == 0:
+            raise EOFError
+        got += k
+    return bytes(buf)
+
+
+def send_array(sock, array):
+    data = np.ascontiguousarray(array).tobytes()
+    sock.sendall(struct.pack("<Q", len(data)) + data)
+
+
+def recv_array(sock, dtype, shape):
+    (n,) = struct.unpack("<Q", recv_exact(sock, 8))
+    return np.frombuffer(recv_exact(sock, n), dtype=dtype).reshape(shape).copy()
+
+
+def cloud(port, lr):
+    torch.manual_seed(2)
+    model = Back()
+    opt = adamw(model.parameters(), lr)
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("127.0.0.1", port))
+    server.listen(1)
+    conn, _ = server.accept()
+    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    try:
+        while True:
+            (batch,) = struct.unpack("<I", recv_exact(conn, 4))
+            act = torch.from_numpy(recv_array(conn, np.float32, (batch, TOKENS, HIDDEN))).requires_grad_()
+            mask = torch.from_numpy(recv_array(conn, np.uint8, (batch, TOKENS)))
+            labels = torch.from_numpy(recv_array(conn, np.int64, (batch,)))
+            opt.zero_grad()
+            F.cross_entropy(model(act, mask), labels).backward()
+            opt.step()
+            send_array(conn, act.grad.numpy())
+    except EOFError:
+        pass
+
+
+def edge(port, data, samples, batch, lr):
+    torch.manual_seed(1)
+    ids, mask, labels = load(data, "train", samples)
+    model = Front()
+    opt = adamw(model.parameters(), lr)
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    order = torch.randperm(len(ids))
+    start = time.perf_counter()
+    for begin in range(0, len(ids), batch):
+        idx = order[begin:begin + batch]
+        opt.zero_grad()
+        act = model(ids[idx], mask[idx])
+        sock.sendall(struct.pack("<I", len(idx)))
+        send_array(sock, act.detach().numpy())
+        send_array(sock, mask[idx].numpy())
+        send_array(sock, labels[idx].numpy())
+        act.backward(torch.from_numpy(recv_array(sock, np.float32, tuple(act.shape))))
+        opt.step()
+    seconds = time.perf_counter() - start
+    sock.close()
+    print(json.dumps({"baseline": "pytorch-split", "samples": len(ids), "seconds": round(seconds, 3),
+                      "samples_per_s": round(len(ids) / seconds, 1)}))
+
+
+if __name__ == "__main__":
+    torch.set_num_threads(1)
+    mode = sys.argv[1] if len(sys.argv) > 1 else ""
+    if mode == "whole":
+        whole(sys.argv[2], int(sys.argv[3]), int(sys.argv[4]), float(sys.argv[5]), int(sys.argv[6]) if len(sys.argv) > 6 else 0)
+    elif mode == "cloud":
+        cloud(int(sys.argv[2]), float(sys.argv[3]))
+    elif mode == "edge":
+        edge(int(sys.argv[2]), sys.argv[3], int(sys.argv[4]), int(sys.argv[5]), float(sys.argv[6]))
+    else:
+        print(__doc__)
+        sys.exit(2)
