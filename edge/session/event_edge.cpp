@@ -103,7 +103,13 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   inputs_ = graph.inputs();
   classes_ = static_cast<int32_t>(graph.classes());
   backend_ = make_backend(config_.backend, BackendOptions{config_.threads});
-  front_ = std::make_unique<Network>(graph.split(config_.cut).first, *backend_, config_.seed);
+  const Graph front_graph = graph.split(config_.cut).first;
+  front_ = std::make_unique<Network>(front_graph, *backend_, config_.seed);
+  // An EvalForward carries a chunk's activations in one message: at most kEvalMessageBytes
+  // of f32 (a cloud takes 64 MiB by default), however wide the cut (a sequence model's cut
+  // is tokens x features a sample: 128 KiB for spam-bert's).
+  const int64_t cut_bytes = front_graph.nodes()[static_cast<std::size_t>(front_graph.output())].shape.numel() * 4;
+  eval_chunk_ = std::clamp<int64_t>(kEvalMessageBytes / std::max<int64_t>(cut_bytes, 1), 1, config_.eval_chunk);
   model_ = {front_.get()};
   if (u_shaped_cut(config_.cut)) {  // the edge also runs the tail and the loss: the labels stay here
     tail_ = std::make_unique<Network>(graph.tail(config_.cut), *backend_, config_.seed);
@@ -483,7 +489,7 @@ void EventEdge::send_eval_batch() {
     if (!final_eval_) return start_step();
     return say_goodbye();
   }
-  const int64_t count = std::min(config_.eval_chunk, eval_end_ - eval_next_);
+  const int64_t count = std::min(eval_chunk_, eval_end_ - eval_next_);
   const auto t0 = std::chrono::steady_clock::now();
   eval_inputs_.resize(inputs_.size());
   for (std::size_t k = 0; k < inputs_.size(); ++k) eval_inputs_[k] = test_.inputs[k].slice_batch(eval_next_, count);

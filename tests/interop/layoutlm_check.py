@@ -4,6 +4,9 @@
 HF's tensor names, and the model's logits on a data set's test pages, for tandem to match.
 
 usage: layoutlm_check.py write WEIGHTS DATA_DIR TORCH_LOGITS   (weights and torch's logits)
+       layoutlm_check.py train WEIGHTS DATA_DIR SAMPLES STEPS LR TORCH_LOGITS
+           (from WEIGHTS, STEPS steps of plain SGD at LR, each on the training split's first
+           SAMPLES pages, the loss their mean; then the test pages' logits)
        layoutlm_check.py compare TORCH_LOGITS TANDEM_LOGITS      (exit 1 beyond 1e-4)
 77: no torch in this Python (the test skips, saying so).
 """
@@ -127,6 +130,25 @@ def main():
             logits = model(test["ids"].long(), test["mask"], test["boxes"].long())
         open(logits_path, "wb").write(logits.numpy().astype("<f4").tobytes())
         print(f"torch: {len(model.state_dict())} tensors under Hugging Face names, logits of {logits.shape[0]} pages")
+        return 0
+    if sys.argv[1] == "train":
+        weights, data, samples, steps, lr, logits_path = sys.argv[2:8]
+        model = Model()
+        model.load_state_dict(read_safetensors(weights))
+        model.train()  # no dropout in this model: train and eval compute the same
+        train = read_safetensors(data + "/train.safetensors")
+        n = int(samples)
+        ids, mask, boxes, labels = (train[k][:n] for k in ("ids", "mask", "boxes", "labels"))
+        opt = torch.optim.SGD(model.parameters(), lr=float(lr), momentum=0.0)
+        for _ in range(int(steps)):
+            opt.zero_grad()
+            F.cross_entropy(model(ids.long(), mask, boxes.long()), labels.long()).backward()
+            opt.step()
+        test = read_safetensors(data + "/test.safetensors")
+        with torch.no_grad():
+            logits = model(test["ids"].long(), test["mask"], test["boxes"].long())
+        open(logits_path, "wb").write(logits.numpy().astype("<f4").tobytes())
+        print(f"torch: {steps} SGD steps on {n} pages, logits of {logits.shape[0]} pages")
         return 0
     want = torch.frombuffer(bytearray(open(sys.argv[2], "rb").read()), dtype=torch.float32)
     got = torch.frombuffer(bytearray(open(sys.argv[3], "rb").read()), dtype=torch.float32)
