@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Builds tandem's WebAssembly targets with Debian's Emscripten (em++ -msimd128) into OUT
 # (default build/wasm) and assembles the browser edge's page in OUT/web: the page, the edge
-# (tandem_edge.js), the sample model's binary spec and a Fashion-MNIST subset.
+# (tandem_edge.js), the sample models' binary specs (the CNN and the ViT) and a Fashion-MNIST subset.
 # Needs the native release build (for `tandem pack-spec`). Usage: bash wasm/build.sh [OUT]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -22,6 +22,7 @@ mkdir -p "$web"
 cp "$root"/wasm/web/* "$web/"
 cp "$out/tandem_edge.js" "$web/"
 "$tandem" pack-spec --model "$root/samples/fashion-mnist/model.json" --out "$web/model.tdms" >/dev/null
+"$tandem" pack-spec --model "$root/samples/fashion-vit/model.json" --out "$web/fashion-vit.tdms" >/dev/null
 # The bundled subset: the first 2048 training and 500 test images (raw 8-bit pixels, labels).
 data=/usr/share/datasets/fashion-mnist
 /usr/bin/python3 - "$data" "$web" <<'PY'

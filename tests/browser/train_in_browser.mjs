@@ -4,12 +4,15 @@
 // Then the page trains on local image files (PNGs picked through its file input, two classes),
 // and, given a split-federated cloud's page and token, takes part in its rounds.
 // Usage: node train_in_browser.mjs PAGE_URL TOKEN OTHER_TOKEN FILES_TOKEN SCREENSHOT STEPS WEB_DIR
-//          [FEDERATED_PAGE_URL FEDERATED_TOKEN]
+//          [FEDERATED_PAGE_URL FEDERATED_TOKEN EGRESS_LOG [VIT_PAGE_URL VIT_TOKEN]]
+// Given a cloud serving samples/fashion-vit, the page also trains the vision transformer's
+// front (patches, [CLS], layer 0) and its loss must fall.
 import { readFileSync, writeFileSync } from "node:fs";
 import { crc32, deflateSync } from "node:zlib";
 import { chromium } from "playwright-core";
 
-const [pageUrl, token, otherToken, filesToken, screenshot, stepsText, webDir, fedUrl, fedToken, egressPath] = process.argv.slice(2);
+const [pageUrl, token, otherToken, filesToken, screenshot, stepsText, webDir, fedUrl, fedToken, egressPath, vitUrl, vitToken] =
+  process.argv.slice(2);
 const steps = Number(stepsText || 50);
 // An 8-bit grey PNG of w x h pixels.
 function png(pixels, w, h) {
@@ -135,6 +138,21 @@ try {
     if (fed.state !== "done" || rounds !== "1@5 2@10 3@12")
       fail(`federated page: ${fed.status}; rounds ${rounds || "none"} (want 1@5 2@10 3@12)`);
     else console.log(`federated page: rounds ${rounds}; ${fed.status}`);
+  }
+
+  // The vision transformer's front in the page: 30 steps; the mean loss of the last five below
+  // that of the first five.
+  if (vitUrl) {
+    await page.goto(`${vitUrl}?token=${encodeURIComponent(vitToken)}&client=page-vit&steps=30&model=fashion-vit&lr=0.02`);
+    await page.click("#train");
+    await page.waitForFunction(() => ["done", "failed"].includes(window.tandemDemo.state), null, { timeout: 300000 });
+    const vit = await page.evaluate(() => ({ ...window.tandemDemo, status: document.getElementById("status").textContent }));
+    const vitLosses = vit.events.filter((e) => e.event === "step").map((e) => e.loss);
+    const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
+    if (vit.state !== "done" || vitLosses.length !== 30) fail(`the ViT page: ${vit.status} (${vitLosses.length} steps)`);
+    else if (!(mean(vitLosses.slice(-5)) < mean(vitLosses.slice(0, 5))))
+      fail(`the ViT's loss did not fall: ${mean(vitLosses.slice(0, 5))} -> ${mean(vitLosses.slice(-5))}`);
+    else console.log(`ViT front in the page: loss ${mean(vitLosses.slice(0, 5)).toFixed(4)} -> ${mean(vitLosses.slice(-5)).toFixed(4)}; ${vit.status}`);
   }
 } finally {
   await browser.close();

@@ -3,7 +3,8 @@
 # headless Chromium (Debian's, driven by playwright-core) opens the page, trains 50 steps over
 # wss, and the loss falls; a replayed and a forged token are refused; the cloud keeps serving;
 # the page trains on local image files too; on a split-federated cloud it takes part in the
-# rounds with its front updated once a round.
+# rounds with its front updated once a round; and the page trains the vision transformer's
+# front (samples/fashion-vit) against a cloud serving it.
 # Usage: train_in_browser.sh NATIVE_BUILD_DIR SOURCE_DIR WASM_BUILD_DIR
 set -euo pipefail
 build=$1 src=$2 wasm=$3
@@ -20,7 +21,7 @@ done
 cloud_bin=$build/cloud/tandem-cloud
 work=$(mktemp -d)
 cleanup() {
-  for pid in ${cloud_pid:-} ${fed_pid:-}; do kill "$pid" 2>/dev/null; done
+  for pid in ${cloud_pid:-} ${fed_pid:-} ${vit_pid:-}; do kill "$pid" 2>/dev/null; done
   wait 2>/dev/null
   rm -rf "$work"
 }
@@ -44,9 +45,17 @@ for _ in $(seq 1 100); do grep -q 'listening on' "$work/fed.log" && break; sleep
 fed_port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/fed.log" | cut -d: -f3)
 [[ -n $fed_port ]] || fail "the federated cloud did not start: $(cat "$work/fed.log")"
 fed_token=$("$cloud_bin" pki token --state-dir "$work/fed-state" --client page-fed --ttl 10m)
+"$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/vit-state" --model "$src/samples/fashion-vit/model.json" \
+  --batch 32 --microbatches 4 --lr 0.02 --web "$wasm/web" > "$work/vit.log" 2>&1 &
+vit_pid=$!
+for _ in $(seq 1 100); do grep -q 'listening on' "$work/vit.log" && break; sleep 0.1; done
+vit_port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/vit.log" | cut -d: -f3)
+[[ -n $vit_port ]] || fail "the ViT cloud did not start: $(cat "$work/vit.log")"
+vit_token=$("$cloud_bin" pki token --state-dir "$work/vit-state" --client page-vit --ttl 10m)
 shot=$build/browser-train.png
 node "$src/tests/browser/train_in_browser.mjs" "https://127.0.0.1:$port/" "$token" "$other" "$files" "$shot" 50 \
-  "$wasm/web" "https://127.0.0.1:$fed_port/" "$fed_token" "$work/egress.jsonl" || fail "the browser run failed"
+  "$wasm/web" "https://127.0.0.1:$fed_port/" "$fed_token" "$work/egress.jsonl" "https://127.0.0.1:$vit_port/" "$vit_token" ||
+  fail "the browser run failed"
 "$build/tools/tandem" audit verify "$work/egress.jsonl" > "$work/audit.out" || fail "the page's egress log: $(cat "$work/audit.out")"
 grep -q "verifies: .* 1 run (client page-1)" "$work/audit.out" || fail "the page's egress log: $(cat "$work/audit.out")"
 grep -Eq "^  Forward +200 messages .* activations f32" "$work/audit.out" || fail "the page's egress log: $(cat "$work/audit.out")"
@@ -57,4 +66,6 @@ grep -q "session 1 (token for page-1), cut 'pool2': 50 steps, 1600 samples" "$wo
   fail "the cloud did not train 50 steps of the page's session"
 grep -q "session 4 (token for page-3), cut 'pool2': 10 steps, 160 samples" "$work/cloud.log" ||
   fail "the cloud did not train 10 steps on the page's local files"
-echo "PASS: the page trained 50 steps in Chromium, the loss fell; replayed and forged tokens refused; local files trained; three federation rounds (screenshot $shot)"
+grep -q "session 1 (token for page-vit), cut 'vit.encoder.layer.0.output.residual': 30 steps, 960 samples" "$work/vit.log" ||
+  fail "the ViT cloud did not train 30 steps of the page's session: $(cat "$work/vit.log")"
+echo "PASS: the page trained 50 steps in Chromium, the loss fell; replayed and forged tokens refused; local files trained; three federation rounds; the ViT's front trained (screenshot $shot)"

@@ -15,6 +15,8 @@ $("token").value = params.get("token") || "";
 $("client").value = params.get("client") || "browser";
 if (params.get("steps")) $("steps").value = params.get("steps");
 if (params.get("frontUpdates")) $("frontUpdates").value = params.get("frontUpdates");
+if (params.get("model")) $("model").value = params.get("model");
+for (const id of ["lr", "batch"]) if (params.get(id)) $(id).value = params.get(id);
 for (const id of ["dpClip", "dpNoise", "nopeek"]) if (params.get(id)) $(id).value = params.get(id);
 CLASSES.forEach((name, i) => $("fileLabel").add(new Option(`${i} ${name}`, i)));
 
@@ -90,7 +92,9 @@ $("train").addEventListener("click", async () => {
   window.tandemDemo.state = "running";
   try {
     status("loading the model and data...");
-    const spec = await fetchBytes("model.tdms");
+    // The model's binary spec (wasm/build.sh packs each model the page offers); the cloud
+    // refuses a front whose model differs from the one it serves.
+    const spec = await fetchBytes(`${$("model").value}.tdms`);
     const edge = await TandemEdge.create({
       spec, clientId: $("client").value, token: $("token").value.trim(), steps: Number($("steps").value),
       batch: Number($("batch").value), microbatches: Number($("microbatches").value), lr: Number($("lr").value),
