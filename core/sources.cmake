@@ -15,6 +15,7 @@ set(TANDEM_CORE_SOURCES
   loss.cpp
   optimizer.cpp
   checkpoint/checkpoint.cpp
+  interop/hugging_face.cpp
   interop/safetensors.cpp
   interop/torch_layout.cpp
   schedule.cpp

@@ -7,6 +7,7 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "core/graph.h"
+#include "core/interop/hugging_face.h"
 #include "core/interop/safetensors.h"
 #include "core/interop/torch_layout.h"
 #include "core/loss.h"
@@ -105,6 +106,7 @@ int export_command(const CliArgs& args) {
   add(front_graph, edge, "edge");
   add(back_graph, cloud, "cloud");
   if (u_shaped_cut(edge.meta.cut)) add(graph.tail(edge.meta.cut), edge, "edge");  // the edge's checkpoint holds the tail too
+  for (SafeTensor& t : hugging_face_export_extras(graph)) tensors.push_back(std::move(t));
   const std::string out = args.required("out");
   const std::vector<uint8_t> file = write_safetensors(
       tensors, {{"format", "pt"}, {"tandem_model", spec.name}, {"tandem_cut", edge.meta.cut},

@@ -430,7 +430,7 @@ int serve(const ServeOptions& o) {
     NamedTensors initial;
     for (Network* part : edge_model) {
       if (!o.init_from.empty()) {
-        shard_from_torch(graph, read_safetensors_file(o.init_from, tensor_names(*part)), *part);
+        shard_from_torch(graph, read_safetensors_file(o.init_from, import_names(graph, *part)), *part);
       } else {
         init_from_whole_model(graph, o.seed, *part, *shared->front_backend);
       }

@@ -1,8 +1,10 @@
 #include "core/interop/torch_layout.h"
 
 #include <cstring>
+#include <optional>
 
 #include "core/error.h"
+#include "core/interop/hugging_face.h"
 #include "core/ops/op.h"
 
 namespace tandem {
@@ -158,17 +160,18 @@ std::vector<std::string> tensor_names(Network& shard) {
   return out;
 }
 
+std::vector<std::string> import_names(const Graph& whole, Network& shard) {
+  std::vector<std::string> names = tensor_names(shard);
+  for (std::string& alias : hugging_face_aliases(whole, names)) names.push_back(std::move(alias));
+  return names;
+}
+
 void shard_from_torch(const Graph& whole, const std::vector<SafeTensor>& tensors, Network& shard) {
-  auto find = [&](const std::string& name) -> const SafeTensor* {
-    for (const SafeTensor& t : tensors)
-      if (t.name == name) return &t;
-    return nullptr;
-  };
   auto adapter = [](const std::string& name) {
     return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
   };
   for (Param* p : shard.all_params()) {
-    const SafeTensor* t = find(p->name());
+    const std::optional<SafeTensor> t = hugging_face_tensor(whole, tensors, p->name());
     // A base model's file has no LoRA adapters: they start as PEFT starts them (B zero).
     if (!t && adapter(p->name())) continue;
     if (!t) fail("torch layout", cat("the weights have no tensor '", p->name(), "'"));
@@ -176,7 +179,7 @@ void shard_from_torch(const Graph& whole, const std::vector<SafeTensor>& tensors
     p->bump_version();
   }
   for (auto& [name, t] : shard.buffers()) {
-    const SafeTensor* saved = find(name);
+    const std::optional<SafeTensor> saved = hugging_face_tensor(whole, tensors, name);
     if (!saved) fail("torch layout", cat("the weights have no tensor '", name, "'"));
     from_torch(whole, *saved, *t);
   }

@@ -24,9 +24,14 @@ void from_torch(const Graph& whole, const SafeTensor& t, Tensor& out);
 std::vector<SafeTensor> shard_to_torch(const Graph& whole, Network& shard, int64_t batches_tracked);
 // The names of a shard's parameters and buffers (what shard_from_torch reads).
 std::vector<std::string> tensor_names(Network& shard);
+// tensor_names and the other names a Hugging Face file may hold them under (hugging_face.h):
+// what a reader of only the shard's tensors fetches.
+std::vector<std::string> import_names(const Graph& whole, Network& shard);
 // Sets every parameter and buffer of `shard` from `tensors` (e.g. a safetensors file of the
-// whole model); extra tensors are ignored, a missing or misshapen one is an Error naming it,
-// except LoRA adapters (lora_A, lora_B) a base model's file lacks: they keep their start.
+// whole model, tandem's or Hugging Face's: hugging_face_tensor adapts names, dtypes and BERT's
+// position and token-type tables); extra tensors are ignored, a missing or misshapen one is an
+// Error naming it, except LoRA adapters (lora_A, lora_B) a base model's file lacks: they keep
+// their start.
 void shard_from_torch(const Graph& whole, const std::vector<SafeTensor>& tensors, Network& shard);
 
 }  // namespace tandem

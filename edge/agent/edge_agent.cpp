@@ -60,7 +60,7 @@ CutChoice choose_cut(const EdgeTrainOptions& o, const Graph& graph, Backend& bac
 // the whole model's seeded initialisation, as the cloud's back shard gets (tandem-cloud serve).
 void init_front(const EdgeTrainOptions& o, const Graph& graph, Network& front) {
   if (!o.init_from.empty()) {
-    shard_from_torch(graph, read_safetensors_file(o.init_from, tensor_names(front)), front);
+    shard_from_torch(graph, read_safetensors_file(o.init_from, import_names(graph, front)), front);
     std::fprintf(stderr, "front shard initialised from %s\n", o.init_from.c_str());
     return;
   }
