@@ -44,9 +44,9 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
     if (out.op != "linear") fail(kWhere, cat(label, ": field 'lora' applies to linear nodes only"));
     if (l->rank() <= 0) fail(kWhere, cat(label, " (linear): field 'lora.rank' must be > 0, got ", l->rank()));
     if (l->alpha() < 0.0f) fail(kWhere, cat(label, " (linear): field 'lora.alpha' must be >= 0, got ", l->alpha()));
-    if (l->dropout() != 0.0f)
-      fail(kWhere, cat(label, " (linear): field 'lora.dropout' is not supported yet (0 only), got ", l->dropout()));
-    out.lora = {l->rank(), l->alpha()};
+    if (!(l->dropout() >= 0.0f && l->dropout() < 1.0f))
+      fail(kWhere, cat(label, " (linear): field 'lora.dropout' must be in [0, 1), got ", l->dropout()));
+    out.lora = {l->rank(), l->alpha(), l->dropout()};
   }
   return out;
 }

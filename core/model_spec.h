@@ -58,6 +58,7 @@ struct TokenPoolAttrs {
 struct LoraAttrs {
   int64_t rank = 0;  // 0: no adapter
   float alpha = 0.0f;
+  float dropout = 0.0f;  // PEFT's lora_dropout: on the adapter's input, in training only
   float scale() const { return (alpha > 0.0f ? alpha : static_cast<float>(rank)) / static_cast<float>(rank); }
 };
 

@@ -406,6 +406,79 @@ TEST(GradLora, FrozenNodesDoNotTrain) {
   }
 }
 
+// LoRA's input dropout (PEFT's lora_dropout): evaluation computes what an adapter without
+// dropout does; in training each forward draws a new mask, replayed by rewinding the layer's
+// call counter (what a resumed checkpoint does); and the gradients of A, B and the input,
+// checked by finite differences under one mask, follow the dropped input.
+TEST(GradLora, InputDropout) {
+  auto backend = make_test_backend(backend_under_test());
+  NodeSpec n = lora_linear(5, 3, 6.0f);
+  n.lora.dropout = 0.5f;
+  Network net(Graph::build(one_node_spec({3, 7}, n)), *backend, 3);
+  Network plain(Graph::build(one_node_spec({3, 7}, lora_linear(5, 3, 6.0f))), *backend, 3);
+  Rng rng(73);
+  Param& b = net.param("fc.lora_B.weight");
+  for (int64_t i = 0; i < b.value().numel(); ++i) b.value()[i] = rng.uniform(-1.0f, 1.0f);
+  b.bump_version();
+  plain.param("fc.lora_B.weight").value().copy_from(b.value());
+  plain.param("fc.lora_B.weight").bump_version();
+  const Tensor x = random_tensor({4, 3, 7}, rng, 0.5f, 1.5f);
+  uint64_t* calls = nullptr;
+  for (auto& [name, value] : net.counters())
+    if (name == "fc.lora_dropout.calls") calls = value;
+  ASSERT_NE(calls, nullptr) << "the dropout's call counter is not among the network's counters";
+
+  net.set_training(false);
+  const Tensor evaluated = net.forward(x, 0).clone();
+  expect_close(evaluated.data(), plain.forward(x, 0).data(), evaluated.numel(), "evaluation, no dropout", 1e-6f);
+  net.set_training(true);
+  const uint64_t start = *calls;
+  const Tensor first = net.forward(x, 0).clone();
+  EXPECT_GT(max_abs_diff(first, evaluated), 1e-3f) << "training dropped nothing";
+  EXPECT_GT(max_abs_diff(net.forward(x, 0), first), 1e-3f) << "the next forward drew the same mask";
+  *calls = start;
+  EXPECT_EQ(max_abs_diff(net.forward(x, 0), first), 0.0f) << "a rewound counter did not replay the mask";
+
+  // loss = sum(y * dy) under the mask of call start + 1.
+  const Tensor dy = random_tensor(first.shape(), rng);
+  auto loss = [&](const Tensor& input) {
+    *calls = start;
+    const Tensor& y = net.forward(input, 0);
+    double l = 0.0;
+    for (int64_t i = 0; i < y.numel(); ++i) l += static_cast<double>(y[i]) * dy[i];
+    return l;
+  };
+  loss(x);
+  net.zero_grad();
+  const Tensor dx = net.backward(dy, 0, true).clone();
+  const float h = 1e-2f;
+  for (const char* name : {"fc.lora_A.weight", "fc.lora_B.weight"}) {
+    Param& p = net.param(name);
+    const Tensor analytic = p.grad().clone();
+    for (int64_t i = 0; i < p.value().numel(); ++i) {
+      const float v = p.value()[i];
+      p.value()[i] = v + h;
+      p.bump_version();
+      const double up = loss(x);
+      p.value()[i] = v - h;
+      p.bump_version();
+      const double down = loss(x);
+      p.value()[i] = v;
+      p.bump_version();
+      EXPECT_NEAR(analytic[i], (up - down) / (2.0 * h), 2e-2) << name << "[" << i << "]";
+    }
+  }
+  Tensor moved = x.clone();
+  for (int64_t i = 0; i < x.numel(); ++i) {
+    moved[i] = x[i] + h;
+    const double up = loss(moved);
+    moved[i] = x[i] - h;
+    const double down = loss(moved);
+    moved[i] = x[i];
+    EXPECT_NEAR(dx[i], (up - down) / (2.0 * h), 2e-2) << "x[" << i << "]";
+  }
+}
+
 TEST(GradTokenPool, FirstAndMaskedMean) {
   Rng rng(43);
   check_node({4, 6}, node("token_pool"), random_tensor({2, 4, 6}, rng));

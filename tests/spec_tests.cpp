@@ -174,9 +174,14 @@ TEST(Spec, FreezeAndLoraParseAndAreChecked) {
             "[model spec] node 'fc' (linear): field 'lora.rank' must be > 0, got 0");
   EXPECT_EQ(error_of([] {
               graph_of(with_nodes(R"({ name: "f", op: "flatten", inputs: ["x"] },
-                { name: "fc", op: "linear", inputs: ["f"], linear: { out_features: 4 }, lora: { rank: 2, dropout: 0.1 } })"));
+                { name: "fc", op: "linear", inputs: ["f"], linear: { out_features: 4 }, lora: { rank: 2, dropout: 1 } })"));
             }),
-            "[model spec] node 'fc' (linear): field 'lora.dropout' is not supported yet (0 only), got 0.1");
+            "[model spec] node 'fc' (linear): field 'lora.dropout' must be in [0, 1), got 1");
+  EXPECT_FLOAT_EQ(graph_of(with_nodes(R"({ name: "f", op: "flatten", inputs: ["x"] },
+                { name: "fc", op: "linear", inputs: ["f"], linear: { out_features: 4 }, lora: { rank: 2, dropout: 0.1 } })"))
+                      .node("fc")
+                      .spec.lora.dropout,
+                  0.1f);
   EXPECT_EQ(error_of([] { graph_of(with_nodes(R"({ name: "b", op: "batch_norm", inputs: ["x"], freeze: true })")); }),
             "[model spec] node 'b': field 'freeze': freezing a batch_norm node is not supported yet (linear, conv2d, "
             "layer_norm and the embeddings can be frozen)");

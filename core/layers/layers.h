@@ -46,6 +46,8 @@ class LinearLayer final : public Layer {
   void backward_data(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                      Stash& stash) override;
   void backward_weights(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, Stash& stash) override;
+  void set_training(bool training) override { training_ = training; }
+  std::vector<std::pair<std::string, uint64_t*>> counters() override;
 
  private:
   LinearKernel& kernel(int64_t batch);
@@ -54,15 +56,24 @@ class LinearLayer final : public Layer {
   struct Lora {
     std::unique_ptr<LinearKernel> down, up;
     Tensor up_out, scaled_dy, dx;
+    Tensor dropped;  // the adapter's input after its dropout (LoraAttrs::dropout > 0)
   };
   Lora& lora(int64_t batch);
   const Tensor& scaled(Lora& k, const Tensor& grad_out, int64_t n) const;
+  // The adapter's dropout mask in a micro-batch's stash (after x A^T and its gradient), or
+  // null when this micro-batch's forward dropped nothing (no dropout, or evaluation).
+  const uint8_t* dropout_keep(const Stash& stash, int64_t n) const;
+  // x with the mask applied and scaled by 1 / (1 - p), into k.dropped.
+  const float* dropped_input(Lora& k, const float* x, const uint8_t* keep, int64_t n) const;
   Backend& backend_;
   LinearGeometry geometry_;
   Param weight_;
   std::optional<Param> bias_;
   std::optional<Param> lora_a_, lora_b_;  // NodeSpec::lora
   float lora_scale_ = 0.0f;
+  float lora_dropout_ = 0.0f;
+  uint64_t lora_seed_ = 0, lora_calls_ = 0;  // the dropout mask's stream (counters(): replayed on resume)
+  bool training_ = true;
   KernelCache<LinearKernel> kernels_;
   KernelCache<Lora> lora_kernels_;
 };

@@ -1,7 +1,9 @@
 // Linear: x[N, I] -> x W^T + b with W [O, I]; all three passes run in the backend. A
 // sequence [batch, tokens, I] is batch * tokens rows. With a LoRA adapter (NodeSpec::lora),
 // y += s (x A^T) B^T, s = alpha / rank, A [r, I] and B [O, r] on the backend's linear
-// kernels too; the base W and b are frozen then, as with NodeSpec::freeze.
+// kernels too; the base W and b are frozen then, as with NodeSpec::freeze. PEFT's
+// lora_dropout drops the adapter's input (not the base layer's) in training.
+#include "core/layers/dropout_mask.h"
 #include "core/layers/layers.h"
 
 #include <cmath>
@@ -27,6 +29,8 @@ LinearLayer::LinearLayer(const GraphNode& node, const Shape& in, Backend& backen
     lora_b_.emplace(node.spec.name + ".lora_B.weight", Shape{geometry_.out_features, l.rank});
     init_uniform(*lora_a_, bound, rng);
     lora_scale_ = l.scale();
+    lora_dropout_ = l.dropout;
+    if (lora_dropout_ > 0.0f) lora_seed_ = rng.next();  // after the weights: no dropout, no change to them
   }
   if (node.spec.freeze || lora_a_) {
     weight_.freeze();
@@ -39,6 +43,11 @@ std::vector<Param*> LinearLayer::params() {
   if (bias_) out.push_back(&*bias_);
   if (lora_a_) out.insert(out.end(), {&*lora_a_, &*lora_b_});
   return out;
+}
+
+std::vector<std::pair<std::string, uint64_t*>> LinearLayer::counters() {
+  if (lora_dropout_ == 0.0f) return {};
+  return {{name() + ".lora_dropout.seed", &lora_seed_}, {name() + ".lora_dropout.calls", &lora_calls_}};
 }
 
 int64_t LinearLayer::rows(const Tensor& x) const { return x.numel() / geometry_.in_features; }
@@ -60,6 +69,7 @@ LinearLayer::Lora& LinearLayer::lora(int64_t batch) {
     k->up_out = Tensor::empty({n, geometry_.out_features});
     k->scaled_dy = Tensor::empty({n, geometry_.out_features});
     k->dx = Tensor::empty({n, geometry_.in_features});
+    if (lora_dropout_ > 0.0f) k->dropped = Tensor::empty({n, geometry_.in_features});
     return k;
   });
 }
@@ -68,11 +78,24 @@ void LinearLayer::forward(std::span<const Tensor> in, Tensor& out, Stash& stash)
   const int64_t n = rows(in[0]);
   kernel(n).forward(in[0].data(), view_of(weight_, bias_ ? &*bias_ : nullptr), out.data());
   if (!lora_a_) return;
-  // The stash keeps x A^T for backward, then (backward_data) the gradient reaching it.
-  const int64_t r = lora_a_->value().shape()[0];
-  auto* xa = static_cast<float*>(stash.reserve(2 * static_cast<std::size_t>(n * r) * sizeof(float)));
+  // The stash keeps x A^T for backward, then (backward_data) the gradient reaching it; with
+  // dropout, then the mask (a byte a value) and whether this forward dropped.
+  const int64_t r = lora_a_->value().shape()[0], values = n * geometry_.in_features;
+  const std::size_t products = 2 * static_cast<std::size_t>(n * r) * sizeof(float);
+  auto* bytes = static_cast<uint8_t*>(
+      stash.reserve(products + (lora_dropout_ > 0.0f ? static_cast<std::size_t>(values) + 1 : 0)));
+  auto* xa = reinterpret_cast<float*>(bytes);
   Lora& k = lora(n);
-  k.down->forward(in[0].data(), view_of(*lora_a_, nullptr), xa);
+  const float* x = in[0].data();
+  if (lora_dropout_ > 0.0f) {
+    uint8_t* keep = bytes + products;
+    keep[values] = training_ ? 1 : 0;
+    if (training_) {
+      dropout_mask(lora_seed_, ++lora_calls_, lora_dropout_, values, keep);
+      x = dropped_input(k, x, keep, n);
+    }
+  }
+  k.down->forward(x, view_of(*lora_a_, nullptr), xa);
   k.up->forward(xa, view_of(*lora_b_, nullptr), k.up_out.data());
   float* y = out.data();
   const float* u = k.up_out.data();
@@ -83,6 +106,20 @@ void LinearLayer::backward(std::span<const Tensor> in, const Tensor& out, const 
                            std::span<Tensor> grad_in, Stash& stash) {
   backward_data(in, out, grad_out, grad_in, stash);
   backward_weights(in, out, grad_out, stash);
+}
+
+const uint8_t* LinearLayer::dropout_keep(const Stash& stash, int64_t n) const {
+  if (lora_dropout_ == 0.0f) return nullptr;
+  const std::size_t products = 2 * static_cast<std::size_t>(n * lora_a_->value().shape()[0]) * sizeof(float);
+  const auto* keep = reinterpret_cast<const uint8_t*>(stash.bytes.data()) + products;
+  return keep[n * geometry_.in_features] ? keep : nullptr;
+}
+
+const float* LinearLayer::dropped_input(Lora& k, const float* x, const uint8_t* keep, int64_t n) const {
+  const float scale = 1.0f / (1.0f - lora_dropout_);
+  float* d = k.dropped.data();
+  for (int64_t i = 0, e = n * geometry_.in_features; i < e; ++i) d[i] = keep[i] ? x[i] * scale : 0.0f;
+  return d;
 }
 
 // s * dy, the gradient reaching the adapter's output.
@@ -106,6 +143,11 @@ void LinearLayer::backward_data(std::span<const Tensor> in, const Tensor&, const
   k.down->backward_data(dxa, view_of(*lora_a_, nullptr), k.dx.data());  // its part of dx: d(xA^T) A
   float* dx = grad_in[0].data();
   const float* add = k.dx.data();
+  if (const uint8_t* keep = dropout_keep(stash, n)) {  // through the dropout: the kept values' share
+    const float scale = 1.0f / (1.0f - lora_dropout_);
+    for (int64_t i = 0, e = n * geometry_.in_features; i < e; ++i) dx[i] += keep[i] ? add[i] * scale : 0.0f;
+    return;
+  }
   for (int64_t i = 0, e = n * geometry_.in_features; i < e; ++i) dx[i] += add[i];
 }
 
@@ -122,7 +164,11 @@ void LinearLayer::backward_weights(std::span<const Tensor> in, const Tensor&, co
   const float* xa = reinterpret_cast<const float*>(stash.bytes.data());
   const float* dxa = xa + n * lora_a_->value().shape()[0];
   k.up->backward_weights(xa, scaled(k, grad_out, n).data(), lora_b_->grad_target(), nullptr);  // dB = s dy^T xA^T
-  k.down->backward_weights(in[0].data(), dxa, lora_a_->grad_target(), nullptr);               // dA = d(xA^T)^T x
+  // dA = d(xA^T)^T x, x as the adapter saw it: the dropped input is rebuilt from the stash's
+  // mask (k.dropped is shared by the micro-batches in flight).
+  const uint8_t* keep = dropout_keep(stash, n);
+  const float* x = keep ? dropped_input(k, in[0].data(), keep, n) : in[0].data();
+  k.down->backward_weights(x, dxa, lora_a_->grad_target(), nullptr);
   lora_b_->commit_grad();
   lora_a_->commit_grad();
 }

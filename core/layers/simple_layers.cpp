@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/layers/dropout_mask.h"
 #include "core/layers/layers.h"
 #include "core/ops/op.h"
 
@@ -51,6 +52,12 @@ uint64_t mix(uint64_t z) {
 
 }  // namespace
 
+void dropout_mask(uint64_t seed, uint64_t call, float p, int64_t n, uint8_t* keep) {
+  const uint64_t base = mix(seed ^ mix(call));
+  const auto threshold = static_cast<uint64_t>(static_cast<double>(p) * 18446744073709551616.0);
+  for (int64_t i = 0; i < n; ++i) keep[i] = mix(base + static_cast<uint64_t>(i)) >= threshold;
+}
+
 void DropoutLayer::forward(std::span<const Tensor> in, Tensor& out, Stash& stash) {
   const int64_t n = in[0].numel();
   auto* keep = static_cast<uint8_t*>(stash.reserve(static_cast<std::size_t>(n) + 1));
@@ -62,13 +69,9 @@ void DropoutLayer::forward(std::span<const Tensor> in, Tensor& out, Stash& stash
     std::fill_n(keep, n, uint8_t{1});
     return;
   }
-  const uint64_t base = mix(seed_ ^ mix(++calls_));
-  const auto threshold = static_cast<uint64_t>(static_cast<double>(p_) * 18446744073709551616.0);
+  dropout_mask(seed_, ++calls_, p_, n, keep);
   const float scale = 1.0f / (1.0f - p_);
-  for (int64_t i = 0; i < n; ++i) {
-    keep[i] = mix(base + static_cast<uint64_t>(i)) >= threshold;
-    y[i] = keep[i] ? x[i] * scale : 0.0f;
-  }
+  for (int64_t i = 0; i < n; ++i) y[i] = keep[i] ? x[i] * scale : 0.0f;
 }
 
 void DropoutLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
