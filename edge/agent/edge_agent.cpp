@@ -59,6 +59,13 @@ CutChoice choose_cut(const EdgeTrainOptions& o, const Graph& graph, Backend& bac
 // The front shard's starting weights: --init-from's (only the front's tensors are read), or
 // the whole model's seeded initialisation, as the cloud's back shard gets (tandem-cloud serve).
 void init_front(const EdgeTrainOptions& o, const Graph& graph, Network& front) {
+  int64_t all = 0, trainable = 0;
+  for (const Param* p : front.all_params()) all += p->value().numel();
+  for (const Param* p : front.params()) trainable += p->value().numel();
+  // What trains here (frozen layers and LoRA: a small part), so a user sees what fine-tuning costs.
+  std::fprintf(stderr, "edge shard (%zu nodes): %lld parameters, %lld trainable (%.2f%%)\n", front.graph().nodes().size(),
+               static_cast<long long>(all), static_cast<long long>(trainable),
+               all > 0 ? 100.0 * static_cast<double>(trainable) / static_cast<double>(all) : 0.0);
   if (!o.init_from.empty()) {
     shard_from_torch(graph, read_safetensors_file(o.init_from, import_names(graph, front)), front);
     std::fprintf(stderr, "front shard initialised from %s\n", o.init_from.c_str());

@@ -1,7 +1,9 @@
 // What the session harnesses and the seed generator (make_seeds.cpp) share: the small split
 // model, the cloud and edge set-ups a fuzz input's first byte selects, and the input format.
 // Built with TANDEM_FUZZ_USHAPED (the ushaped_* harnesses), the split is U-shaped: the cloud
-// runs the middle, the edge the front and the tail, and the messages are theirs.
+// runs the middle, the edge the front and the tail, and the messages are theirs. Built with
+// TANDEM_FUZZ_SEQUENCE (the sequence_* harnesses), the model is a small encoder on token ids
+// and a padding mask, cut inside its layers: the mask travels with the activations.
 //
 // A session input is one flags byte (Flags below), then frames, each a 4-byte little-endian
 // length and that many bytes (a length past the end takes the rest). The cloud harness feeds
@@ -39,8 +41,35 @@
 
 namespace tandem::fuzz {
 
+// Two attention layers on 6 tokens (ids below 8, a padding mask), cut after the first: the
+// cloud's layer and its masked mean pooling read the mask.
+inline constexpr const char* kSequenceSpec = R"({ name: "sequence-test", inputs: [
+  { name: "ids", shape: [6], dtype: "int32" }, { name: "mask", shape: [6], mask: true } ], nodes: [
+  { name: "emb", op: "embedding", inputs: ["ids"], embedding: { count: 8, features: 8 } },
+  { name: "pos", op: "position_embedding", inputs: ["emb"], embedding: { count: 6 } },
+  { name: "q0", op: "linear", inputs: ["pos"], linear: { out_features: 8 } },
+  { name: "k0", op: "linear", inputs: ["pos"], linear: { out_features: 8 } },
+  { name: "v0", op: "linear", inputs: ["pos"], linear: { out_features: 8 } },
+  { name: "att0", op: "attention", inputs: ["q0", "k0", "v0", "mask"], attention: { heads: 2 } },
+  { name: "res0", op: "add", inputs: ["pos", "att0"] },
+  { name: "enc0", op: "layer_norm", inputs: ["res0"] },
+  { name: "q1", op: "linear", inputs: ["enc0"], linear: { out_features: 8 } },
+  { name: "k1", op: "linear", inputs: ["enc0"], linear: { out_features: 8 } },
+  { name: "v1", op: "linear", inputs: ["enc0"], linear: { out_features: 8 } },
+  { name: "att1", op: "attention", inputs: ["q1", "k1", "v1", "mask"], attention: { heads: 2 } },
+  { name: "res1", op: "add", inputs: ["enc0", "att1"] },
+  { name: "pool", op: "token_pool", inputs: ["res1", "mask"], token_pool: { mode: "mean" } },
+  { name: "fc", op: "linear", inputs: ["pool"], linear: { out_features: 4 } } ], cut: "enc0" })";
+
+#if defined(TANDEM_FUZZ_SEQUENCE)
+inline constexpr const char* kSplitSpec = kSequenceSpec;
+inline constexpr const char* kCut = "enc0";
+inline constexpr const char* kHarnessPrefix = "sequence_";
+#else
 inline constexpr const char* kSplitSpec = test::kSmallSplitSpec;  // 8x8 images, 4 classes
-#ifdef TANDEM_FUZZ_USHAPED
+#endif
+#if defined(TANDEM_FUZZ_SEQUENCE)
+#elif defined(TANDEM_FUZZ_USHAPED)
 inline constexpr const char* kCut = "pool1,fc1";
 inline constexpr const char* kHarnessPrefix = "ushaped_";  // corpus/<prefix><harness>
 #else
@@ -132,6 +161,31 @@ inline Tensor images(int64_t n) {
   return t;
 }
 
+// kSequenceSpec's inputs for pixels(n)'s labels: [CLS] (id 1), the label's key word (2 + label)
+// and filler words (6, 7), then padding to 6 tokens (mask 0 from a length of 3 to 6).
+inline std::vector<Tensor> sequences(int64_t n) {
+  const Pixels p = pixels(n);
+  Tensor ids = Tensor::zeros({n, 6}), mask = Tensor::zeros({n, 6});
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t length = 3 + i % 4;
+    for (int64_t t = 0; t < length; ++t) {
+      ids[i * 6 + t] = static_cast<float>(t == 0 ? 1 : t == 1 + i % (length - 1) ? 2 + p.labels[static_cast<std::size_t>(i)]
+                                                                                 : 6 + (i + t) % 2);
+      mask[i * 6 + t] = 1.0f;
+    }
+  }
+  return {ids, mask};
+}
+
+// What the model reads: images, or (TANDEM_FUZZ_SEQUENCE) ids and mask.
+inline std::vector<Tensor> model_inputs(int64_t n) {
+#ifdef TANDEM_FUZZ_SEQUENCE
+  return sequences(n);
+#else
+  return {images(n)};
+#endif
+}
+
 // The model, its shards and what every run starts from (built once).
 struct Model {
   ModelSpec spec = parse_model_json(kSplitSpec);
@@ -160,7 +214,8 @@ struct Model {
       stages.push_back(tail.get());
       optimizers.push_back(tail_opt.get());
     }
-    ChainTrainer(stages, optimizers).train_step(images(kBatch), pixels(kBatch).labels.data(), kMicrobatches);
+    const std::vector<Tensor> inputs = model_inputs(kBatch);
+    ChainTrainer(stages, optimizers).train_step(inputs, pixels(kBatch).labels.data(), kMicrobatches);
     CheckpointMeta meta;
     meta.role = "cloud";
     meta.client_id = kClient;
@@ -291,8 +346,13 @@ inline EventEdgeConfig edge_config(uint8_t flags, EdgeMemoryCheckpoints* checkpo
 
 inline void give_data(EventEdge& edge) {
   static const Pixels train = pixels(kTrainImages), test = pixels(kTestImages);
+#ifdef TANDEM_FUZZ_SEQUENCE
+  edge.set_data(false, sequences(kTrainImages), train.labels);
+  edge.set_data(true, sequences(kTestImages), test.labels);
+#else
   edge.set_data(false, train.bytes.data(), train.labels.data(), kTrainImages, 8, 8);
   edge.set_data(true, test.bytes.data(), test.labels.data(), kTestImages, 8, 8);
+#endif
 }
 
 // Every message a peer sends must verify (a cheap oracle for the writers).

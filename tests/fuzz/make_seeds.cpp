@@ -184,7 +184,7 @@ int main(int argc, char** argv) {
     session_seeds(2 | kFederation | kPerRound, "bf16-federation-per-round");
     session_seeds(kCheckpoints, "checkpoints");
     session_seeds(kCheckpoints | kResume, "resume");
-#ifdef TANDEM_FUZZ_USHAPED  // the U-shaped build writes only its sessions' seeds
+#if defined(TANDEM_FUZZ_USHAPED) || defined(TANDEM_FUZZ_SEQUENCE)  // these builds write only their sessions' seeds
     (void)argv;
     return 0;
 #endif
