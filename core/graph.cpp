@@ -1,5 +1,7 @@
 #include "core/graph.h"
 
+#include <cmath>
+
 #include <algorithm>
 #include <map>
 #include <set>
@@ -227,6 +229,16 @@ std::pair<Graph, Graph> Graph::split(const std::string& cut) const {
                        nodes_[static_cast<std::size_t>(output_)].spec.name);
   f.loss_ = b.loss_ = loss_;
   return {std::move(f), std::move(b)};
+}
+
+bool GraphInput::accepts(double v) const {
+  if (mask) return v == 0.0 || v == 1.0;
+  if (integer) return v == std::floor(v) && std::fabs(v) <= 16777216.0;
+  return true;
+}
+
+const char* GraphInput::rule() const {
+  return mask ? "0 or 1 (a mask)" : integer ? "an integer below 2^24 (ids and coordinates)" : "any number";
 }
 
 }  // namespace tandem

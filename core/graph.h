@@ -14,6 +14,11 @@ struct GraphInput {
   std::string name;
   Shape shape;  // per sample
   bool integer = false, mask = false;  // InputSpec's
+  // Whether `v` is a value this input takes: a mask's 0 or 1; ids' and coordinates' integers
+  // exact in f32 (|v| <= 2^24); anything else for an input of neither kind. What data sets
+  // and the edge check their inputs with; rule() says it in words for their errors.
+  bool accepts(double v) const;
+  const char* rule() const;
 };
 
 struct GraphNode {

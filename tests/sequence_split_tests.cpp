@@ -14,6 +14,10 @@
 #include "core/microbatch.h"
 #include "core/trainer.h"
 #include "edge/session/edge_session.h"
+#include "edge/session/event_edge.h"
+#include "core/interop/safetensors.h"
+#include "ports/files/atomic_file.h"
+#include "ports/files/tensor_dataset.h"
 #include "test_support.h"
 
 namespace tandem::test {
@@ -214,6 +218,47 @@ TEST(SequenceSplitBadInput, MasksAreChecked) {
   CloudReply r = deliver(s.cloud, bytes);
   EXPECT_TRUE(r.close);
   EXPECT_EQ(wire::GetMessage(r.bytes.data())->payload_as_Error()->text()->str(), "mask: 2 at 5 is neither 0 nor 1");
+}
+
+// One rule for an input's values (GraphInput::accepts), where an edge's data arrives: a data
+// set file and EventEdge::set_data refuse a mask of 2 or a fractional id with the same words.
+TEST(SequenceSplitBadInput, DataSetsAndTheEdgeCheckValuesAlike) {
+  const Graph g = Graph::build(parse_model_json(kEncoderSpec));
+  const GraphInput& ids = g.inputs()[0];
+  const GraphInput& mask = g.inputs()[1];
+  EXPECT_TRUE(ids.accepts(7.0));
+  EXPECT_FALSE(ids.accepts(3.5));
+  EXPECT_FALSE(ids.accepts(16777218.0));
+  EXPECT_TRUE(mask.accepts(1.0));
+  EXPECT_FALSE(mask.accepts(2.0));
+
+  const Sequences d = sequences(4, 5);
+  std::vector<int32_t> id_values(24);
+  std::vector<uint8_t> mask_values(24);
+  for (int64_t i = 0; i < 24; ++i) {
+    id_values[static_cast<std::size_t>(i)] = static_cast<int32_t>(d.ids[i]);
+    mask_values[static_cast<std::size_t>(i)] = static_cast<uint8_t>(d.mask[i]);
+  }
+  mask_values[3] = 2;
+  const std::string path = ::testing::TempDir() + "/bad-mask.safetensors";
+  write_file_atomic(path, write_safetensors({i32_tensor("ids", {4, 6}, id_values.data()),
+                                             u8_tensor("mask", {4, 6}, mask_values.data()),
+                                             i32_tensor("labels", {4}, d.labels.data())}));
+  EXPECT_EQ(error_of([&] { read_tensor_dataset(path, g.inputs()); }),
+            cat("[data set] ", path, ": 'mask' holds 2 at element 3, not 0 or 1 (a mask)"));
+
+  EventEdgeConfig c;
+  c.cut = "ln1";
+  c.backend = "reference";
+  EventEdge edge(parse_model_json(kEncoderSpec), c, [](std::span<const uint8_t>) {}, [](const EdgeEvent&) {});
+  Tensor bad_mask = d.mask.clone(), bad_ids = d.ids.clone();
+  bad_mask[3] = 2.0f;
+  bad_ids[5] = 3.5f;
+  std::vector<int32_t> labels(d.labels.begin(), d.labels.end());
+  EXPECT_EQ(error_of([&] { edge.set_data(false, {d.ids, bad_mask}, labels); }),
+            "[edge] input 'mask': 2 at element 3 is not 0 or 1 (a mask)");
+  EXPECT_EQ(error_of([&] { edge.set_data(false, {bad_ids, d.mask}, labels); }),
+            "[edge] input 'ids': 3.5 at element 5 is not an integer below 2^24 (ids and coordinates)");
 }
 
 TEST(SequenceSplitBadInput, ACloudThatReadsNoMaskRefusesOne) {

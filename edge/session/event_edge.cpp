@@ -204,12 +204,9 @@ void EventEdge::set_data(bool test, std::vector<Tensor> inputs, std::vector<int3
       fail("edge", cat("the model's input '", in.name, "' is ", in.shape.str(), " a sample but the data is ",
                        inputs[i].shape().str(), " for ", n, " samples"));
     if (!in.integer && !in.mask) continue;
-    for (int64_t e = 0; e < inputs[i].numel(); ++e) {
-      const float v = inputs[i][e];
-      if (in.mask ? (v != 0.0f && v != 1.0f) : (v != std::floor(v) || std::fabs(v) > 16777216.0f))
-        fail("edge", cat("input '", in.name, "': ", v, " at element ", e, " is not ",
-                         in.mask ? "0 or 1 (a mask)" : "an integer below 2^24 (ids and coordinates)"));
-    }
+    for (int64_t e = 0; e < inputs[i].numel(); ++e)
+      if (!in.accepts(inputs[i][e]))
+        fail("edge", cat("input '", in.name, "': ", inputs[i][e], " at element ", e, " is not ", in.rule()));
   }
   if (static_cast<int64_t>(labels.size()) != n)
     fail("edge", cat(n, " samples but ", labels.size(), " labels"));

@@ -61,8 +61,7 @@ LabelledInputs read_tensor_dataset(const std::string& path, const std::vector<Gr
     Tensor v = Tensor::empty(in.shape.batched(n));
     for (int64_t i = 0; i < v.numel(); ++i) {
       const double x = value_at(t, i);
-      if ((in.integer || in.mask) && (x != std::floor(x) || std::fabs(x) > 16777216.0))
-        fail("data set", cat(path, ": '", in.name, "' holds ", x, " at element ", i, ", not an integer below 2^24"));
+      if (!in.accepts(x)) fail("data set", cat(path, ": '", in.name, "' holds ", x, " at element ", i, ", not ", in.rule()));
       v[i] = static_cast<float>(x);
     }
     out.inputs.push_back(std::move(v));
