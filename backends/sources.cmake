@@ -10,4 +10,5 @@ set(TANDEM_PORTABLE_BACKEND_SOURCES
   simd/gemm.cpp
   simd/layer_norm.cpp
   simd/attention.cpp
+  simd/activation.cpp
 )

@@ -5,6 +5,7 @@
 #include <vector>
 
 #include "backends/reference/reference_backend.h"
+#include "backends/simd/activation.h"
 #include "backends/simd/gemm.h"
 #include "backends/simd/attention.h"
 #include "backends/simd/layer_norm.h"
@@ -176,6 +177,7 @@ class PortableBackend final : public Backend {
   }
   std::unique_ptr<ReluKernel> relu(int64_t elements) override { return reference_->relu(elements); }
   std::unique_ptr<ActivationKernel> activation(const Activation& kind, int64_t elements) override {
+    if (auto k = simd::make_activation(kind, elements)) return k;
     return reference_->activation(kind, elements);
   }
   std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return reference_->max_pool2d(g); }

@@ -11,6 +11,7 @@
 #include <mutex>
 #include <vector>
 
+#include "backends/simd/activation.h"
 #include "backends/simd/attention.h"
 #include "backends/simd/layer_norm.h"
 #include "backends/simd/max_pool_2x2.h"
@@ -522,6 +523,7 @@ class XnnBackend final : public Backend {
     return std::make_unique<XnnAvgPool2d>(ctx_, g);
   }
   std::unique_ptr<ActivationKernel> activation(const Activation& kind, int64_t elements) override {
+    if (auto k = simd::make_activation(kind, elements)) return k;  // GELU: XNNPACK 2022 has none
     return std::make_unique<XnnActivation>(ctx_, kind, elements);
   }
   std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) override {
