@@ -16,7 +16,7 @@ masks). Two peers for bench/spam_bert.sh, one thread a process:
                                         prints a JSON line with samples/s
 """
 import json
-import math
+import os
 import socket
 import struct
 import sys
@@ -26,47 +26,13 @@ import numpy as np
 import torch
 import torch.nn.functional as F
 
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "../tests/interop"), os.path.join(HERE, "pytorch_split")]
+from hf_encoder import Module, additive_mask, encoder_layer, layer_norm, run_layer  # noqa: E402
+from baseline import recv_array, recv_exact, send_array  # noqa: E402  (the split baseline's framing)
+
 VOCAB, HIDDEN, HEADS, LAYERS, INTER, TOKENS, CLASSES, CUT = 8000, 256, 4, 4, 1024, 128, 2, 2
 
-
-class Module(torch.nn.Module):
-    pass
-
-
-def layer_norm():
-    return torch.nn.LayerNorm(HIDDEN, eps=1e-12)
-
-
-def encoder_layer():
-    layer = Module()
-    layer.attention = Module()
-    layer.attention.self = Module()
-    for w in ("query", "key", "value"):
-        setattr(layer.attention.self, w, torch.nn.Linear(HIDDEN, HIDDEN))
-    layer.attention.output = Module()
-    layer.attention.output.dense = torch.nn.Linear(HIDDEN, HIDDEN)
-    layer.attention.output.LayerNorm = layer_norm()
-    layer.intermediate = Module()
-    layer.intermediate.dense = torch.nn.Linear(HIDDEN, INTER)
-    layer.output = Module()
-    layer.output.dense = torch.nn.Linear(INTER, HIDDEN)
-    layer.output.LayerNorm = layer_norm()
-    return layer
-
-
-def run_layer(layer, x, additive):
-    b, t, _ = x.shape
-    dh = HIDDEN // HEADS
-    a = layer.attention.self
-    split = lambda v: v.view(b, t, HEADS, dh).permute(0, 2, 1, 3)
-    scores = split(a.query(x)) @ split(a.key(x)).transpose(-1, -2) / math.sqrt(dh) + additive
-    ctx = (torch.softmax(scores, -1) @ split(a.value(x))).permute(0, 2, 1, 3).reshape(b, t, HIDDEN)
-    x = layer.attention.output.LayerNorm(x + layer.attention.output.dense(ctx))
-    return layer.output.LayerNorm(x + layer.output.dense(F.gelu(layer.intermediate.dense(x))))
-
-
-def additive_mask(mask):
-    return ((1.0 - mask.float()) * torch.finfo(torch.float32).min)[:, None, None, :]
 
 
 class Front(torch.nn.Module):
@@ -77,15 +43,15 @@ class Front(torch.nn.Module):
         self.embeddings = Module()
         self.embeddings.word_embeddings = torch.nn.Embedding(VOCAB, HIDDEN)
         self.embeddings.position_embeddings = torch.nn.Embedding(TOKENS, HIDDEN)
-        self.embeddings.LayerNorm = layer_norm()
-        self.layers = torch.nn.ModuleList(encoder_layer() for _ in range(CUT))
+        self.embeddings.LayerNorm = layer_norm(HIDDEN)
+        self.layers = torch.nn.ModuleList(encoder_layer(HIDDEN, INTER) for _ in range(CUT))
 
     def forward(self, ids, mask):
         e = self.embeddings
         x = e.LayerNorm(e.word_embeddings(ids) + e.position_embeddings(torch.arange(ids.shape[1]))[None])
         additive = additive_mask(mask)
         for layer in self.layers:
-            x = run_layer(layer, x, additive)
+            x = run_layer(layer, x, additive, HEADS)
         return x
 
 
@@ -94,14 +60,14 @@ class Back(torch.nn.Module):
 
     def __init__(self):
         super().__init__()
-        self.layers = torch.nn.ModuleList(encoder_layer() for _ in range(LAYERS - CUT))
+        self.layers = torch.nn.ModuleList(encoder_layer(HIDDEN, INTER) for _ in range(LAYERS - CUT))
         self.pooler = torch.nn.Linear(HIDDEN, HIDDEN)
         self.classifier = torch.nn.Linear(HIDDEN, CLASSES)
 
     def forward(self, x, mask):
         additive = additive_mask(mask)
         for layer in self.layers:
-            x = run_layer(layer, x, additive)
+            x = run_layer(layer, x, additive, HEADS)
         return self.classifier(torch.tanh(self.pooler(x[:, 0])))
 
 
@@ -160,27 +126,6 @@ def whole(data, epochs, batch, lr, limit):
                       "samples_per_s": round(seen / seconds, 1), "test_accuracy": correct / len(test_ids)}))
 
 
-def recv_exact(sock, n):
-    buf = bytearray(n)
-    view = memoryview(buf)
-    got = 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            raise EOFError
-        got += k
-    return bytes(buf)
-
-
-def send_array(sock, array):
-    data = np.ascontiguousarray(array).tobytes()
-    sock.sendall(struct.pack("<Q", len(data)) + data)
-
-
-def recv_array(sock, dtype, shape):
-    (n,) = struct.unpack("<Q", recv_exact(sock, 8))
-    return np.frombuffer(recv_exact(sock, n), dtype=dtype).reshape(shape).copy()
-
 
 def cloud(port, lr):
     torch.manual_seed(2)
@@ -195,9 +140,9 @@ def cloud(port, lr):
     try:
         while True:
             (batch,) = struct.unpack("<I", recv_exact(conn, 4))
-            act = torch.from_numpy(recv_array(conn, np.float32, (batch, TOKENS, HIDDEN))).requires_grad_()
-            mask = torch.from_numpy(recv_array(conn, np.uint8, (batch, TOKENS)))
-            labels = torch.from_numpy(recv_array(conn, np.int64, (batch,)))
+            act = torch.from_numpy(recv_array(conn, np.float32, (batch, TOKENS, HIDDEN)).copy()).requires_grad_()
+            mask = torch.from_numpy(recv_array(conn, np.uint8, (batch, TOKENS)).copy())
+            labels = torch.from_numpy(recv_array(conn, np.int64, (batch,)).copy())
             opt.zero_grad()
             F.cross_entropy(model(act, mask), labels).backward()
             opt.step()
@@ -220,10 +165,10 @@ def edge(port, data, samples, batch, lr):
         opt.zero_grad()
         act = model(ids[idx], mask[idx])
         sock.sendall(struct.pack("<I", len(idx)))
-        send_array(sock, act.detach().numpy())
+        send_array(sock, np.ascontiguousarray(act.detach().numpy()))
         send_array(sock, mask[idx].numpy())
         send_array(sock, labels[idx].numpy())
-        act.backward(torch.from_numpy(recv_array(sock, np.float32, tuple(act.shape))))
+        act.backward(torch.from_numpy(recv_array(sock, np.float32, tuple(act.shape)).copy()))
         opt.step()
     seconds = time.perf_counter() - start
     sock.close()

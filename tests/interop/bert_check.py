@@ -15,28 +15,18 @@ usage: bert_check.py spec OUT_JSON                             (the same model a
 77: no torch in this Python (the test skips, saying so).
 """
 import json
-import math
 import sys
 
 try:
     import torch
-    import torch.nn.functional as F
 except ImportError as e:  # pragma: no cover
     print(f"SKIP: /usr/bin/python3 has no torch ({e}); install python3-torch")
     sys.exit(77)
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from layoutlm_check import read_safetensors  # noqa: E402
+from hf_encoder import Module, additive_mask, encoder_layer, layer_norm, read_safetensors, run_layer  # noqa: E402
 
 HIDDEN, HEADS, LAYERS, INTER, VOCAB, TOKENS, TABLE, TYPES, CLASSES = 32, 4, 2, 64, 32, 16, 64, 2, 4
-
-
-class Module(torch.nn.Module):
-    pass
-
-
-def layer_norm():
-    return torch.nn.LayerNorm(HIDDEN, eps=1e-12)
 
 
 class Bert(torch.nn.Module):
@@ -47,24 +37,9 @@ class Bert(torch.nn.Module):
         e.word_embeddings = torch.nn.Embedding(VOCAB, HIDDEN)
         e.position_embeddings = torch.nn.Embedding(table, HIDDEN)
         e.token_type_embeddings = torch.nn.Embedding(TYPES, HIDDEN)
-        e.LayerNorm = layer_norm()
+        e.LayerNorm = layer_norm(HIDDEN)
         self.bert.encoder = Module()
-        self.bert.encoder.layer = torch.nn.ModuleList()
-        for _ in range(LAYERS):
-            layer = Module()
-            layer.attention = Module()
-            layer.attention.self = Module()
-            for w in ("query", "key", "value"):
-                setattr(layer.attention.self, w, torch.nn.Linear(HIDDEN, HIDDEN))
-            layer.attention.output = Module()
-            layer.attention.output.dense = torch.nn.Linear(HIDDEN, HIDDEN)
-            layer.attention.output.LayerNorm = layer_norm()
-            layer.intermediate = Module()
-            layer.intermediate.dense = torch.nn.Linear(HIDDEN, INTER)
-            layer.output = Module()
-            layer.output.dense = torch.nn.Linear(INTER, HIDDEN)
-            layer.output.LayerNorm = layer_norm()
-            self.bert.encoder.layer.append(layer)
+        self.bert.encoder.layer = torch.nn.ModuleList(encoder_layer(HIDDEN, INTER) for _ in range(LAYERS))
         self.bert.pooler = Module()
         self.bert.pooler.dense = torch.nn.Linear(HIDDEN, HIDDEN)
         self.classifier = torch.nn.Linear(HIDDEN, CLASSES)
@@ -74,15 +49,9 @@ class Bert(torch.nn.Module):
         t = ids.shape[1]
         x = e.word_embeddings(ids) + e.position_embeddings(torch.arange(t))[None] + e.token_type_embeddings(torch.zeros_like(ids))
         x = e.LayerNorm(x)
-        additive = ((1.0 - mask.float()) * torch.finfo(torch.float32).min)[:, None, None, :]
-        b, dh = x.shape[0], HIDDEN // HEADS
+        additive = additive_mask(mask)
         for layer in self.bert.encoder.layer:
-            a = layer.attention.self
-            split = lambda v: v.view(b, t, HEADS, dh).permute(0, 2, 1, 3)
-            scores = split(a.query(x)) @ split(a.key(x)).transpose(-1, -2) / math.sqrt(dh) + additive
-            ctx = (torch.softmax(scores, -1) @ split(a.value(x))).permute(0, 2, 1, 3).reshape(b, t, HIDDEN)
-            x = layer.attention.output.LayerNorm(x + layer.attention.output.dense(ctx))
-            x = layer.output.LayerNorm(x + layer.output.dense(F.gelu(layer.intermediate.dense(x))))
+            x = run_layer(layer, x, additive, HEADS)
         return self.classifier(torch.tanh(self.bert.pooler.dense(x[:, 0])))
 
 

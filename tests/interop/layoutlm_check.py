@@ -10,9 +10,6 @@ usage: layoutlm_check.py write WEIGHTS DATA_DIR TORCH_LOGITS   (weights and torc
        layoutlm_check.py compare TORCH_LOGITS TANDEM_LOGITS      (exit 1 beyond 1e-4)
 77: no torch in this Python (the test skips, saying so).
 """
-import json
-import math
-import struct
 import sys
 
 try:
@@ -22,15 +19,10 @@ except ImportError as e:  # pragma: no cover
     print(f"SKIP: /usr/bin/python3 has no torch ({e}); install python3-torch")
     sys.exit(77)
 
+sys.path.insert(0, __file__.rsplit("/", 1)[0])
+from hf_encoder import Module, additive_mask, encoder_layer, layer_norm, read_safetensors, run_layer, write_safetensors  # noqa: E402
+
 HIDDEN, HEADS, LAYERS, INTER, VOCAB, POSITIONS, COORDS, CLASSES = 32, 4, 2, 64, 32, 16, 33, 4
-
-
-class Module(torch.nn.Module):
-    pass
-
-
-def layer_norm():
-    return torch.nn.LayerNorm(HIDDEN, eps=1e-12)
 
 
 class Model(torch.nn.Module):
@@ -42,24 +34,9 @@ class Model(torch.nn.Module):
         e.position_embeddings = torch.nn.Embedding(POSITIONS, HIDDEN)
         for axis in "xyhw":
             setattr(e, f"{axis}_position_embeddings", torch.nn.Embedding(COORDS, HIDDEN))
-        e.LayerNorm = layer_norm()
+        e.LayerNorm = layer_norm(HIDDEN)
         self.layoutlm.encoder = Module()
-        self.layoutlm.encoder.layer = torch.nn.ModuleList()
-        for _ in range(LAYERS):
-            layer = Module()
-            layer.attention = Module()
-            layer.attention.self = Module()
-            for w in ("query", "key", "value"):
-                setattr(layer.attention.self, w, torch.nn.Linear(HIDDEN, HIDDEN))
-            layer.attention.output = Module()
-            layer.attention.output.dense = torch.nn.Linear(HIDDEN, HIDDEN)
-            layer.attention.output.LayerNorm = layer_norm()
-            layer.intermediate = Module()
-            layer.intermediate.dense = torch.nn.Linear(HIDDEN, INTER)
-            layer.output = Module()
-            layer.output.dense = torch.nn.Linear(INTER, HIDDEN)
-            layer.output.LayerNorm = layer_norm()
-            self.layoutlm.encoder.layer.append(layer)
+        self.layoutlm.encoder.layer = torch.nn.ModuleList(encoder_layer(HIDDEN, INTER) for _ in range(LAYERS))
         self.layoutlm.pooler = Module()
         self.layoutlm.pooler.dense = torch.nn.Linear(HIDDEN, HIDDEN)
         self.classifier = torch.nn.Linear(HIDDEN, CLASSES)
@@ -73,45 +50,11 @@ class Model(torch.nn.Module):
              + e.h_position_embeddings(boxes[..., 3] - boxes[..., 1])
              + e.w_position_embeddings(boxes[..., 2] - boxes[..., 0]))
         x = e.LayerNorm(x)
-        additive = ((1.0 - mask.float()) * torch.finfo(torch.float32).min)[:, None, None, :]
-        b, dh = x.shape[0], HIDDEN // HEADS
+        additive = additive_mask(mask)
         for layer in self.layoutlm.encoder.layer:
-            a = layer.attention.self
-            split = lambda v: v.view(b, t, HEADS, dh).permute(0, 2, 1, 3)
-            scores = split(a.query(x)) @ split(a.key(x)).transpose(-1, -2) / math.sqrt(dh) + additive
-            ctx = (torch.softmax(scores, -1) @ split(a.value(x))).permute(0, 2, 1, 3).reshape(b, t, HIDDEN)
-            x = layer.attention.output.LayerNorm(x + layer.attention.output.dense(ctx))
-            x = layer.output.LayerNorm(x + layer.output.dense(F.gelu(layer.intermediate.dense(x))))
+            x = run_layer(layer, x, additive, HEADS)
         pooled = torch.tanh(self.layoutlm.pooler.dense(x[:, 0]))
         return self.classifier(pooled)
-
-
-def read_safetensors(path):
-    blob = open(path, "rb").read()
-    n = struct.unpack("<Q", blob[:8])[0]
-    header = json.loads(blob[8:8 + n])
-    out = {}
-    for name, h in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = h["data_offsets"]
-        fmt = {"I32": "i", "U8": "B", "F32": "f", "I64": "q"}[h["dtype"]]
-        count = math.prod(h["shape"])
-        out[name] = torch.tensor(struct.unpack(f"<{count}{fmt}", blob[8 + n + a:8 + n + b])).reshape(h["shape"])
-    return out
-
-
-def write_safetensors(path, tensors):
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        data = t.detach().contiguous().float().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
-        blobs.append(data)
-        offset += len(data)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
 
 
 def main():
