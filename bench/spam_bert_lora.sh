@@ -83,15 +83,20 @@ report() {  # NAME: trainable all acc rss_kib round_bytes
 }
 read -r f_all f_train f_acc f_rss f_rounds f_bytes < <(report full)
 read -r l_all l_train l_acc l_rss l_rounds l_bytes < <(report lora)
+echo "full: $f_all parameters, $f_train trainable, accuracy $f_acc, peak RSS $f_rss KiB, $f_rounds rounds of $f_bytes bytes"
+echo "LoRA: $l_all parameters, $l_train trainable, accuracy $l_acc, peak RSS $l_rss KiB, $l_rounds rounds of $l_bytes bytes"
 awk -v fa="$f_all" -v ft="$f_train" -v facc="$f_acc" -v frss="$f_rss" -v fr="$f_rounds" -v fb="$f_bytes" \
-    -v la="$l_all" -v lt="$l_train" -v lacc="$l_acc" -v lrss="$l_rss" -v lr="$l_rounds" -v lb="$l_bytes" 'BEGIN {
+    -v la="$l_all" -v lt="$l_train" -v lacc="$l_acc" -v lrss="$l_rss" -v lr="$l_rounds" -v lb="$l_bytes" '
+BEGIN {
   # Training state: every weight, plus a gradient and AdamW's two moments per trainable one.
   fs = (fa + 3 * ft) * 4 / 1048576; ls = (la + 3 * lt) * 4 / 1048576
-  printf "%-6s %12s %10s %9s %14s %16s %14s\n", "", "front params", "trainable", "peak RSS", "training state", "FrontWeights/round", "test accuracy"
-  printf "%-6s %12d %9.2f%% %6.0f MiB %10.1f MiB %13.1f KiB %13.2f%%\n", "full", fa, 100 * ft / fa, frss / 1024, fs, fb / fr / 1024, 100 * facc
-  printf "%-6s %12d %9.2f%% %6.0f MiB %10.1f MiB %13.1f KiB %13.2f%%\n", "LoRA", la, 100 * lt / la, lrss / 1024, ls, lb / lr / 1024, 100 * lacc
+  row = "%-6s %12d %9.2f%% %6.0f MiB %10.1f MiB %13.1f KiB %13.2f%%\n"
+  printf "%-6s %12s %10s %10s %14s %17s %14s\n", "", "front params", "trainable", "peak RSS", "training state", "FrontWeights/round", "test accuracy"
+  printf row, "full", fa, 100 * ft / fa, frss / 1024, fs, fb / fr / 1024, 100 * facc
+  printf row, "LoRA", la, 100 * lt / la, lrss / 1024, ls, lb / lr / 1024, 100 * lacc
   share = lt / la; mem = lrss / frss; state = ls / fs; bytes = (lb / lr) / (fb / fr); gap = (lacc - facc) * 100
-  printf "LoRA / full: trainable %.2f%% (bar <= 2%%), peak RSS %.0f%% and training state %.0f%% (bar <= 50%%), round bytes %.2f%% (bar <= 5%%), accuracy %+.2f points (bar >= -1)\n", \
-    100 * share, 100 * mem, 100 * state, 100 * bytes, gap
-  printf "{\"bench\":\"spam_bert_lora\",\"trainable_share\":%.4f,\"peak_rss_ratio\":%.3f,\"state_ratio\":%.3f,\"round_bytes_ratio\":%.4f,\"full_accuracy\":%s,\"lora_accuracy\":%s}\n", \
-    share, mem, state, bytes, facc, lacc }'
+  printf "LoRA / full: trainable %.2f%% (bar <= 2%%), peak RSS %.0f%% and training state %.0f%% (bar <= 50%%), ", 100 * share, 100 * mem, 100 * state
+  printf "round bytes %.2f%% (bar <= 5%%), accuracy %+.2f points (bar >= -1)\n", 100 * bytes, gap
+  printf "{\"bench\":\"spam_bert_lora\",\"trainable_share\":%.4f,\"peak_rss_ratio\":%.3f,\"state_ratio\":%.3f,", share, mem, state
+  printf "\"round_bytes_ratio\":%.4f,\"full_accuracy\":%s,\"lora_accuracy\":%s}\n", bytes, facc, lacc
+}'
