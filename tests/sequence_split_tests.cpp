@@ -246,6 +246,12 @@ TEST(SequenceSplitBadInput, DataSetsAndTheEdgeCheckValuesAlike) {
                                              i32_tensor("labels", {4}, d.labels.data())}));
   EXPECT_EQ(error_of([&] { read_tensor_dataset(path, g.inputs()); }),
             cat("[data set] ", path, ": 'mask' holds 2 at element 3, not 0 or 1 (a mask)"));
+  // Half-precision tensors are weights (Hugging Face's), never a data set's.
+  write_file_atomic(path, write_safetensors({i32_tensor("ids", {4, 6}, id_values.data()),
+                                             SafeTensor{"mask", "F16", {4, 6}, std::vector<uint8_t>(48, 0)},
+                                             i32_tensor("labels", {4}, d.labels.data())}));
+  EXPECT_EQ(error_of([&] { read_tensor_dataset(path, g.inputs()); }),
+            "[data set] 'mask' is F16: a data set's tensors are F32, I32, I64 or U8");
 
   EventEdgeConfig c;
   c.cut = "ln1";

@@ -14,7 +14,7 @@ namespace tandem {
 
 struct SafeTensor {
   std::string name;
-  std::string dtype;  // "F32", "I64", "I32" or "U8" (the last two: data sets)
+  std::string dtype;  // "F32", "I64", "I32" or "U8" (data sets); reading also takes HF's F16 and BF16 weights
   std::vector<int64_t> shape;
   std::vector<uint8_t> data;  // little-endian values, numel * element size bytes
 };

@@ -27,7 +27,9 @@ double value_at(const SafeTensor& t, int64_t i) {
     std::memcpy(&v, p + 8 * i, 8);
     return static_cast<double>(v);
   }
-  return p[i];  // U8
+  if (t.dtype == "U8") return p[i];
+  // The header reader also takes F16 and BF16 (Hugging Face's weights); a data set holds none.
+  fail("data set", cat("'", t.name, "' is ", t.dtype, ": a data set's tensors are F32, I32, I64 or U8"));
 }
 
 const SafeTensor& named(const std::vector<SafeTensor>& all, const std::string& name, const std::string& path) {
