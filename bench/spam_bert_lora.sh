@@ -88,7 +88,7 @@ echo "LoRA: $l_all parameters, $l_train trainable, accuracy $l_acc, peak RSS $l_
 awk -v fa="$f_all" -v ft="$f_train" -v facc="$f_acc" -v frss="$f_rss" -v fr="$f_rounds" -v fb="$f_bytes" \
     -v la="$l_all" -v lt="$l_train" -v lacc="$l_acc" -v lrss="$l_rss" -v lr="$l_rounds" -v lb="$l_bytes" '
 BEGIN {
-  # Training state: every weight, plus a gradient and AdamW's two moments per trainable one.
+  # Training state: every weight, plus a gradient and the two AdamW moments per trainable one.
   fs = (fa + 3 * ft) * 4 / 1048576; ls = (la + 3 * lt) * 4 / 1048576
   row = "%-6s %12d %9.2f%% %6.0f MiB %10.1f MiB %13.1f KiB %13.2f%%\n"
   printf "%-6s %12s %10s %10s %14s %17s %14s\n", "", "front params", "trainable", "peak RSS", "training state", "FrontWeights/round", "test accuracy"

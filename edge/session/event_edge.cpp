@@ -107,9 +107,15 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   front_ = std::make_unique<Network>(front_graph, *backend_, config_.seed);
   // An EvalForward carries a chunk's activations in one message: at most kEvalMessageBytes
   // of f32 (a cloud takes 64 MiB by default), however wide the cut (a sequence model's cut
-  // is tokens x features a sample: 128 KiB for spam-bert's).
+  // is tokens x features a sample: 128 KiB for spam-bert's). And the front keeps every
+  // node's output for the chunk: at most kEvalActivationBytes of them, or a training step's
+  // (spam-bert's front holds 4.6 MiB a mail: 128 mails took the edge to 1.2 GiB).
   const int64_t cut_bytes = front_graph.nodes()[static_cast<std::size_t>(front_graph.output())].shape.numel() * 4;
-  eval_chunk_ = std::clamp<int64_t>(kEvalMessageBytes / std::max<int64_t>(cut_bytes, 1), 1, config_.eval_chunk);
+  int64_t front_bytes = 0;
+  for (const GraphNode& n : front_graph.nodes()) front_bytes += n.shape.numel() * 4;
+  const int64_t by_memory = std::max<int64_t>(kEvalActivationBytes / std::max<int64_t>(front_bytes, 1), config_.batch);
+  eval_chunk_ = std::clamp<int64_t>(std::min(kEvalMessageBytes / std::max<int64_t>(cut_bytes, 1), by_memory), 1,
+                                    config_.eval_chunk);
   model_ = {front_.get()};
   if (u_shaped_cut(config_.cut)) {  // the edge also runs the tail and the loss: the labels stay here
     tail_ = std::make_unique<Network>(graph.tail(config_.cut), *backend_, config_.seed);

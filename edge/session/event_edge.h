@@ -82,8 +82,10 @@ struct EdgePrivacy {
   std::string problem() const;
 };
 
-// The most f32 activation bytes one EvalForward carries (its chunk of test samples is cut to fit).
-inline constexpr int64_t kEvalMessageBytes = int64_t{16} << 20;
+// The most f32 activation bytes one EvalForward carries, and the most the front holds for
+// one (the node outputs of its chunk; at least a training batch's): an evaluation chunk of
+// test samples is cut to fit both.
+inline constexpr int64_t kEvalMessageBytes = int64_t{16} << 20, kEvalActivationBytes = int64_t{256} << 20;
 
 struct EventEdgeConfig {
   std::string cut;  // empty: the spec's default cut
@@ -101,7 +103,7 @@ struct EventEdgeConfig {
   std::vector<wire::DType> dtypes = {wire::DType::F32};
   bool eval_each_epoch = false;  // else only at the end of the run
   int64_t eval_samples = 0;      // test samples evaluated (0: all given)
-  int64_t eval_chunk = 500;      // test samples per EvalForward (fewer when they would pass kEvalMessageBytes)
+  int64_t eval_chunk = 500;      // test samples per EvalForward (fewer: kEvalMessageBytes, kEvalActivationBytes)
   // In a federation: the front updated once a round on the summed gradients (EdgeSession::
   // FrontUpdates::PerRound), else every step; and FedProx's mu.
   bool front_updates_per_round = false;
@@ -238,7 +240,7 @@ class EventEdge {
   std::vector<int64_t> order_;
   std::vector<Tensor> batch_inputs_, eval_inputs_;
   std::vector<int32_t> batch_labels_;
-  int64_t eval_chunk_ = 1;  // config_.eval_chunk bounded by kEvalMessageBytes
+  int64_t eval_chunk_ = 1;  // config_.eval_chunk within kEvalMessageBytes and kEvalActivationBytes
   int64_t eval_next_ = 0, eval_end_ = 0, eval_correct_ = 0, eval_seen_ = 0, samples_done_ = 0;
   double first_loss_ = -1.0, last_loss_ = 0.0, busy_s_ = 0.0, cloud_busy_s_ = 0.0, accuracy_ = -1.0;
   std::chrono::steady_clock::time_point started_;
