@@ -28,7 +28,7 @@ import torch.nn.functional as F
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "../tests/interop"), os.path.join(HERE, "pytorch_split")]
-from hf_encoder import Module, additive_mask, encoder_layer, layer_norm, run_layer  # noqa: E402
+from hf_encoder import Module, additive_mask, encoder_layer, layer_norm, read_safetensors, run_layer  # noqa: E402
 from baseline import recv_array, recv_exact, send_array  # noqa: E402  (the split baseline's framing)
 
 VOCAB, HIDDEN, HEADS, LAYERS, INTER, TOKENS, CLASSES, CUT = 8000, 256, 4, 4, 1024, 128, 2, 2
@@ -69,20 +69,6 @@ class Back(torch.nn.Module):
         for layer in self.layers:
             x = run_layer(layer, x, additive, HEADS)
         return self.classifier(torch.tanh(self.pooler(x[:, 0])))
-
-
-def read_safetensors(path):
-    blob = open(path, "rb").read()
-    n = struct.unpack("<Q", blob[:8])[0]
-    header = json.loads(blob[8:8 + n])
-    out = {}
-    for name, h in header.items():
-        if name == "__metadata__":
-            continue
-        a, b = h["data_offsets"]
-        dtype = {"I32": np.int32, "U8": np.uint8, "F32": np.float32, "I64": np.int64}[h["dtype"]]
-        out[name] = torch.from_numpy(np.frombuffer(blob[8 + n + a:8 + n + b], dtype=dtype).reshape(h["shape"]).copy())
-    return out
 
 
 def load(data, split, limit=0):

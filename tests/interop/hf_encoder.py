@@ -53,6 +53,8 @@ def run_layer(layer, x, additive, heads):
 
 
 def read_safetensors(path):
+    """Every tensor of a safetensors file (F32, I32, I64, U8) as a torch tensor."""
+    import numpy as np
     blob = open(path, "rb").read()
     n = struct.unpack("<Q", blob[:8])[0]
     header = json.loads(blob[8:8 + n])
@@ -61,9 +63,8 @@ def read_safetensors(path):
         if name == "__metadata__":
             continue
         a, b = h["data_offsets"]
-        fmt = {"I32": "i", "U8": "B", "F32": "f", "I64": "q"}[h["dtype"]]
-        count = math.prod(h["shape"])
-        out[name] = torch.tensor(struct.unpack(f"<{count}{fmt}", blob[8 + n + a:8 + n + b])).reshape(h["shape"])
+        dtype = {"I32": np.int32, "U8": np.uint8, "F32": np.float32, "I64": np.int64}[h["dtype"]]
+        out[name] = torch.from_numpy(np.frombuffer(blob[8 + n + a:8 + n + b], dtype=dtype).reshape(h["shape"]).copy())
     return out
 
 
