@@ -109,7 +109,7 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   // of f32 (a cloud takes 64 MiB by default), however wide the cut (a sequence model's cut
   // is tokens x features a sample: 128 KiB for spam-bert's). And the front keeps every
   // node's output for the chunk: at most kEvalActivationBytes of them, or a training step's
-  // (spam-bert's front holds 4.6 MiB a mail: 128 mails took the edge to 1.2 GiB).
+  // (spam-bert's front holds 4.9 MiB a mail: 128 mails took the edge to 1.2 GiB).
   const int64_t cut_bytes = front_graph.nodes()[static_cast<std::size_t>(front_graph.output())].shape.numel() * 4;
   int64_t front_bytes = 0;
   for (const GraphNode& n : front_graph.nodes()) front_bytes += n.shape.numel() * 4;
