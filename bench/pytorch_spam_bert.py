@@ -17,7 +17,6 @@ masks). Two peers for bench/spam_bert.sh, one thread a process:
 """
 import json
 import os
-import socket
 import struct
 import sys
 import time
@@ -29,7 +28,7 @@ import torch.nn.functional as F
 HERE = os.path.dirname(os.path.abspath(__file__))
 sys.path[:0] = [os.path.join(HERE, "../tests/interop"), os.path.join(HERE, "pytorch_split")]
 from hf_encoder import Module, additive_mask, encoder_layer, layer_norm, read_safetensors, run_layer  # noqa: E402
-from baseline import recv_array, recv_exact, send_array  # noqa: E402  (the split baseline's framing)
+from baseline import accept_edge, connect_cloud, recv_array, recv_exact, send_array  # noqa: E402  (the split baseline's)
 
 VOCAB, HIDDEN, HEADS, LAYERS, INTER, TOKENS, CLASSES, CUT = 8000, 256, 4, 4, 1024, 128, 2, 2
 
@@ -117,12 +116,7 @@ def cloud(port, lr):
     torch.manual_seed(2)
     model = Back()
     opt = adamw(model.parameters(), lr)
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("127.0.0.1", port))
-    server.listen(1)
-    conn, _ = server.accept()
-    conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    conn = accept_edge(port)
     try:
         while True:
             (batch,) = struct.unpack("<I", recv_exact(conn, 4))
@@ -142,8 +136,7 @@ def edge(port, data, samples, batch, lr):
     ids, mask, labels = load(data, "train", samples)
     model = Front()
     opt = adamw(model.parameters(), lr)
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock = connect_cloud(port)
     order = torch.randperm(len(ids))
     start = time.perf_counter()
     for begin in range(0, len(ids), batch):

@@ -55,16 +55,29 @@ def recv_array(sock, dtype, shape):
     return np.frombuffer(recv_exact(sock, n), dtype=dtype).reshape(shape)
 
 
-def cloud(port):
-    model = back()
-    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    loss_fn = nn.CrossEntropyLoss()
+def accept_edge(port):
+    """The cloud's side: one edge's connection on loopback PORT, Nagle off."""
     server = socket.socket()
     server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
     server.bind(("127.0.0.1", port))
     server.listen(1)
     conn, _ = server.accept()
     conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return conn
+
+
+def connect_cloud(port):
+    """The edge's side: a connection to the cloud on loopback PORT, Nagle off."""
+    sock = socket.create_connection(("127.0.0.1", port))
+    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    return sock
+
+
+def cloud(port):
+    model = back()
+    opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    loss_fn = nn.CrossEntropyLoss()
+    conn = accept_edge(port)
     try:
         while True:
             (batch,) = struct.unpack("<I", recv_exact(conn, 4))
@@ -91,8 +104,7 @@ def edge(port, samples, batch):
     images, labels = load(samples)
     model = front()
     opt = torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
-    sock = socket.create_connection(("127.0.0.1", port))
-    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+    sock = connect_cloud(port)
     order = torch.randperm(len(images))
     start = time.perf_counter()
     for begin in range(0, len(images), batch):
