@@ -2,11 +2,12 @@
 # tandem's split training (cloud + edge over TLS WebSockets on loopback, K=4) against a
 # PyTorch split-learning baseline (edge and cloud processes over a loopback TCP socket,
 # /usr/bin/python3 with Debian's python3-torch), same model, batch 64 and cut, one thread a
-# process. tandem runs twice a round: as it trains (the cloud sends each gradient of the cut
-# before its own weight gradients) and with --weight-grads inline (all of backward before the
-# reply, as before issue 19). The three alternate for ROUNDS rounds (default 3) on the same
-# machine; prints each round (with the edge's idle fraction and median time to a step's first
-# gradient), the medians and the ratios of the medians.
+# process. tandem runs three times a round: as it trains by default (synchronous; the cloud
+# sends each gradient of the cut before its own weight gradients), with --weight-grads inline
+# (all of backward before the reply, as before issue 19) and with the edge's --pipeline async.
+# The four alternate for ROUNDS rounds (default 3) on the same machine; prints each round (with
+# the edge's idle fraction and median time to a step's first gradient), the medians and the
+# ratios of the medians.
 # Usage: bash bench/split_vs_pytorch.sh [SAMPLES]   (default 12800; ROUNDS=N in the environment)
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -22,9 +23,12 @@ trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null; rm -rf "$work"' EXI
 "$bin/cloud/tandem-cloud" pki init --state-dir "$work/state" > /dev/null
 "$bin/cloud/tandem-cloud" pki issue --state-dir "$work/state" --client bench --out "$work/id" > /dev/null
 
-# One tandem run: a fresh cloud service (with the arguments given) and an edge; prints
-# samples/s, the edge's idle fraction and the median time to a step's first gradient (ms).
+# One tandem run: a fresh cloud service (with the arguments given after the first) and an edge
+# (with the first argument's words); prints samples/s, the edge's idle fraction and the median
+# time to a step's first gradient (ms).
 tandem_round() {
+  local edge_args=$1
+  shift
   "$bin/cloud/tandem-cloud" serve --listen 127.0.0.1:0 --state-dir "$work/state" \
     --model samples/fashion-mnist/model.json "$@" > "$work/cloud.log" 2>&1 &
   local cloud=$!
@@ -34,7 +38,7 @@ tandem_round() {
   rm -f "$work/tandem.jsonl"
   "$bin/edge/tandem-edge" train --cloud "wss://localhost:$port" --identity "$work/id" \
     --model samples/fashion-mnist/model.json --limit "$samples" --test-limit 100 --batch 64 --microbatches 4 \
-    --metrics-json "$work/tandem.jsonl" > /dev/null 2>&1
+    --metrics-json "$work/tandem.jsonl" $edge_args > /dev/null 2>&1
   kill "$cloud"; wait "$cloud" 2> /dev/null || true
   local field
   for field in samples_per_s edge_idle_fraction first_grad_ms; do
@@ -55,24 +59,27 @@ pytorch_round() {
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
 
-: > "$work/t" ; : > "$work/i" ; : > "$work/p"
+: > "$work/t" ; : > "$work/i" ; : > "$work/a" ; : > "$work/p" ; : > "$work/ti" ; : > "$work/ai"
 for r in $(seq 1 "$rounds"); do
-  # Which of the two tandem runs goes first alternates, so neither always follows PyTorch's.
-  if ((r % 2)); then
-    read -r t t_idle t_first <<< "$(tandem_round)"
-    read -r i i_idle i_first <<< "$(tandem_round --weight-grads inline)"
-  else
-    read -r i i_idle i_first <<< "$(tandem_round --weight-grads inline)"
-    read -r t t_idle t_first <<< "$(tandem_round)"
-  fi
+  # The tandem runs' order rotates, so none always follows PyTorch's.
+  for j in 0 1 2; do
+    case $(((r + j) % 3)) in
+      0) read -r t t_idle t_first <<< "$(tandem_round "")" ;;
+      1) read -r i i_idle i_first <<< "$(tandem_round "" --weight-grads inline)" ;;
+      2) read -r a a_idle a_first <<< "$(tandem_round "--pipeline async")" ;;
+    esac
+  done
   p=$(pytorch_round)
-  echo "$t" >> "$work/t"; echo "$i" >> "$work/i"; echo "$p" >> "$work/p"
+  echo "$t" >> "$work/t"; echo "$i" >> "$work/i"; echo "$a" >> "$work/a"; echo "$p" >> "$work/p"
+  echo "$t_idle" >> "$work/ti"; echo "$a_idle" >> "$work/ai"
   echo "round $r: tandem (TLS, K=4) $t samples/s (edge idle $t_idle, first gradient $t_first ms);" \
-    "inline weight gradients $i (idle $i_idle, first $i_first ms); PyTorch split baseline (TCP, K=1) $p samples/s"
+    "inline weight gradients $i (idle $i_idle, first $i_first ms); asynchronous $a (idle $a_idle);" \
+    "PyTorch split baseline (TCP, K=1) $p samples/s"
 done
-tandem=$(median < "$work/t"); inline=$(median < "$work/i"); base=$(median < "$work/p")
-echo "median of $rounds: tandem $tandem samples/s, inline weight gradients $inline, PyTorch $base samples/s"
-awk -v t="$tandem" -v i="$inline" -v b="$base" 'BEGIN {
-  printf "ratio tandem / PyTorch (medians): %.2fx (bar: >= 2.5x); inline / PyTorch %.2fx; tandem / inline %.3f\n",
-    t / b, i / b, t / i }'
-echo "{\"bench\":\"split_vs_pytorch\",\"samples\":$samples,\"rounds\":$rounds,\"tandem_samples_per_s\":$tandem,\"inline_samples_per_s\":$inline,\"pytorch_samples_per_s\":$base}"
+tandem=$(median < "$work/t"); inline=$(median < "$work/i"); async=$(median < "$work/a"); base=$(median < "$work/p")
+echo "median of $rounds: tandem $tandem samples/s (edge idle $(median < "$work/ti")), inline weight gradients $inline," \
+  "asynchronous $async (edge idle $(median < "$work/ai")), PyTorch $base samples/s"
+awk -v t="$tandem" -v i="$inline" -v a="$async" -v b="$base" 'BEGIN {
+  printf "ratio tandem / PyTorch (medians): %.2fx (bar: >= 2.5x); asynchronous / PyTorch %.2fx (bar: >= 3x); inline / PyTorch %.2fx; tandem / inline %.3f\n",
+    t / b, a / b, i / b, t / i }'
+echo "{\"bench\":\"split_vs_pytorch\",\"samples\":$samples,\"rounds\":$rounds,\"tandem_samples_per_s\":$tandem,\"inline_samples_per_s\":$inline,\"async_samples_per_s\":$async,\"pytorch_samples_per_s\":$base}"

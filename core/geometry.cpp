@@ -1,5 +1,7 @@
 #include "core/geometry.h"
 
+#include <atomic>
+
 #include "core/error.h"
 
 namespace tandem {
@@ -8,6 +10,11 @@ std::string Conv2dGeometry::str() const {
   return cat("conv2d N", batch, " ", in_h, "x", in_w, "x", in_c, " -> ", out_c, " k", kernel_h, "x",
              kernel_w, " s", stride_h, "x", stride_w, " p", pad_h, "x", pad_w, " d", dilation_h, "x",
              dilation_w, groups > 1 ? cat(" g", groups) : std::string());
+}
+
+uint64_t new_weights_id() {
+  static std::atomic<uint64_t> next{0};
+  return ++next;
 }
 
 std::string LinearGeometry::str() const {

@@ -32,9 +32,16 @@ struct Conv2dGeometry {
 struct LinearGeometry {
   int64_t batch = 1, in_features = 1, out_features = 1;
   bool bias = true;
+  // Nonzero: the weights' identity (new_weights_id()). Kernels made with the same id read the
+  // same weights at other row counts (one layer's, for each micro-batch size and length
+  // bucket), so a backend that packs weights packs once per version for all of them.
+  uint64_t weights_id = 0;
   double flops() const { return 2.0 * static_cast<double>(batch * in_features * out_features); }
   std::string str() const;
 };
+
+// A process-wide unique LinearGeometry::weights_id.
+uint64_t new_weights_id();
 
 // NHWC max pooling; padded positions never win.
 // G independent linear layers side by side (the second layer of N heads): x [batch, G*I]

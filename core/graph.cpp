@@ -24,8 +24,18 @@ Shape infer_shape(const NodeSpec& n, const std::vector<Shape>& in) {
 
 Graph Graph::build(const ModelSpec& spec) {
   std::vector<GraphInput> inputs;
-  for (const auto& in : spec.inputs) inputs.push_back({in.name, in.shape, in.integer, in.mask});
-  Graph g = from_parts(spec.name, std::move(inputs), spec.nodes, spec.output);
+  std::vector<int64_t> buckets;
+  int64_t tokens = 0;
+  for (const auto& in : spec.inputs)
+    if (in.mask && !in.length_buckets.empty()) buckets = in.length_buckets, tokens = in.shape[0];
+  // With buckets the mask, and the ids and boxes of its length, may run shorter.
+  for (const auto& in : spec.inputs)
+    inputs.push_back({in.name, in.shape, in.integer, in.mask,
+                      tokens > 0 && (in.integer || in.mask) && in.shape[0] == tokens});
+  Graph g = from_parts(spec.name, std::move(inputs), spec.nodes, spec.output, std::move(buckets));
+  if (!g.length_buckets_.empty() && g.nodes_[static_cast<std::size_t>(g.output_)].tokens)
+    fail(kWhere, cat("output node '", spec.output, "' is per token, so its size would follow the length buckets; pool "
+                     "the tokens (token_pool) before the output, or drop field 'length_buckets'"));
   g.default_cut_ = spec.cut;
   g.loss_ = spec.loss;
   if (!g.default_cut_.empty()) {
@@ -42,9 +52,10 @@ Graph Graph::build(const ModelSpec& spec) {
 }
 
 Graph Graph::from_parts(std::string name, std::vector<GraphInput> inputs, std::vector<NodeSpec> nodes,
-                        const std::string& output) {
+                        const std::string& output, std::vector<int64_t> buckets) {
   Graph g;
   g.name_ = std::move(name);
+  g.length_buckets_ = std::move(buckets);
   g.inputs_ = std::move(inputs);
   std::map<std::string, int> input_index, spec_index;
   for (std::size_t i = 0; i < g.inputs_.size(); ++i) input_index[g.inputs_[i].name] = static_cast<int>(i);
@@ -87,6 +98,7 @@ Graph Graph::from_parts(std::string name, std::vector<GraphInput> inputs, std::v
       }
     }
     gn.shape = infer_shape(gn.spec, shapes);
+    if (!g.length_buckets_.empty()) g.mark_tokens(gn);
     if (!gn.shape.numel_at_most(kMaxSampleElements))
       fail(kWhere, cat("node '", gn.spec.name, "' (", gn.spec.op, "): its output per sample ", gn.shape.str(),
                        " has more than ", kMaxSampleElements, " elements"));
@@ -223,12 +235,72 @@ std::pair<Graph, Graph> Graph::split(const std::string& cut) const {
   if (masks.size() > 1)
     fail("split", cat("cut at '", cut, "' would send ", masks.size(), " masks; one mask input may cross a cut"));
   std::vector<GraphInput> back_inputs{{cut, nodes_[static_cast<std::size_t>(c)].shape}};
+  back_inputs[0].tokens = nodes_[static_cast<std::size_t>(c)].tokens;
   for (int m : masks) back_inputs.push_back(inputs_[static_cast<std::size_t>(m)]);
-  Graph f = from_parts(name_ + ".front", inputs_, std::move(front_nodes), cut);
+  Graph f = from_parts(name_ + ".front", inputs_, std::move(front_nodes), cut, length_buckets_);
   Graph b = from_parts(name_ + ".back", std::move(back_inputs), std::move(back_nodes),
-                       nodes_[static_cast<std::size_t>(output_)].spec.name);
+                       nodes_[static_cast<std::size_t>(output_)].spec.name, length_buckets_);
   f.loss_ = b.loss_ = loss_;
   return {std::move(f), std::move(b)};
+}
+
+// Whether the node is per token, or an Error when it reads a sequence at a length it cannot
+// take: a Fixed op, or a per-token op reading one whose only dimension is the tokens (ids)
+// except to add one (an embedding: [T] -> [T, F]); a linear or a concatenation there would
+// work across the tokens.
+void Graph::mark_tokens(GraphNode& node) const {
+  const OpDef& d = op_def(node.spec.op);
+  auto tokens_at = [&](std::size_t k) {
+    const int s = node.sources[k];
+    return s >= 0 ? inputs_[static_cast<std::size_t>(s)].tokens : nodes_[static_cast<std::size_t>(-s - 1)].tokens;
+  };
+  auto refuse = [&](std::size_t k, const char* why) {
+    fail(kWhere, cat("node '", node.spec.name, "' (", node.spec.op, ") reads '", node.spec.inputs[k],
+                     "', a sequence that runs at the length buckets' lengths, but ", why,
+                     "; drop field 'length_buckets' or change the node"));
+  };
+  bool any = false;
+  for (std::size_t k = 0; k < node.sources.size(); ++k) any = any || tokens_at(k);
+  if (!any) return;
+  if (d.sequence == SequenceLength::Fixed) refuse(0, "it needs its inputs' full length");
+  if (d.sequence == SequenceLength::Pools) return;
+  const Shape in0 = node.sources[0] >= 0 ? inputs_[static_cast<std::size_t>(node.sources[0])].shape
+                                         : nodes_[static_cast<std::size_t>(-node.sources[0] - 1)].shape;
+  for (std::size_t k = 0; k < node.sources.size(); ++k)
+    if (!tokens_at(k)) refuse(0, cat("its input '", node.spec.inputs[k], "' is not a sequence of that length").c_str());
+  if (in0.rank() == 1 && !(node.shape.rank() == 2 && node.shape[0] == in0[0]))
+    refuse(0, "it would work across the tokens");
+  node.tokens = true;
+}
+
+int64_t Graph::sequence_length(std::span<const Tensor> inputs) const {
+  int64_t length = -1;
+  for (std::size_t i = 0; i < inputs_.size() && i < inputs.size(); ++i) {
+    if (!inputs_[i].tokens) continue;
+    const Shape& s = inputs[i].shape();
+    const int64_t l = s.rank() >= 2 ? s[1] : 0;
+    if (length >= 0 && l != length)
+      fail(kWhere, cat(name_, ": input '", inputs_[i].name, "' runs at ", l, " tokens, the others at ", length));
+    length = l;
+  }
+  if (length < 0) return -1;
+  // (Only a graph with buckets marks inputs per token.)
+  if (std::find(length_buckets_.begin(), length_buckets_.end(), length) == length_buckets_.end())
+    fail(kWhere, cat(name_, ": inputs of ", length, " tokens, not one of the length buckets ", buckets_text()));
+  return length;
+}
+
+std::string Graph::buckets_text() const {
+  std::string out = "[";
+  for (int64_t b : length_buckets_) out += cat(out.size() > 1 ? ", " : "", b);
+  return out + "]";
+}
+
+Shape Graph::at_length(const Shape& shape, bool tokens, int64_t length) {
+  if (!tokens || length < 0) return shape;
+  Shape s = shape;
+  s[0] = length;
+  return s;
 }
 
 bool GraphInput::accepts(double v) const {

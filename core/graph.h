@@ -2,11 +2,13 @@
 // split(cut) into the front shard (edge) and back shard (cloud) at a named node.
 #pragma once
 
+#include <span>
 #include <string>
 #include <utility>
 #include <vector>
 
 #include "core/model_spec.h"
+#include "core/tensor.h"
 
 namespace tandem {
 
@@ -14,6 +16,10 @@ struct GraphInput {
   std::string name;
   Shape shape;  // per sample
   bool integer = false, mask = false;  // InputSpec's
+  // Its first per-sample dimension is the sequence's length, which a micro-batch may run
+  // shorter at (the graph's length_buckets()): the mask, ids and boxes; a back shard's cut
+  // input when the cut's output is per token.
+  bool tokens = false;
   // Whether `v` is a value this input takes: a mask's 0 or 1; ids' and coordinates' integers
   // exact in f32 (|v| <= 2^24); anything else for an input of neither kind. What data sets
   // and the edge check their inputs with; rule() says it in words for their errors.
@@ -26,6 +32,7 @@ struct GraphNode {
   // For each input: index into inputs() when >= 0, else node index -(id + 1).
   std::vector<int> sources;
   Shape shape;  // per-sample output shape
+  bool tokens = false;  // per token: shape[0] is the sequence's length (GraphInput::tokens)
 };
 
 class Graph {
@@ -40,6 +47,16 @@ class Graph {
   const GraphNode& node(const std::string& name) const;
   int find(const std::string& name) const;  // node index or -1
   const std::string& default_cut() const { return default_cut_; }
+  // The lengths a micro-batch's sequences may run at (the mask's InputSpec::length_buckets,
+  // the longest last); empty when they always run at the spec's. A graph with buckets has a
+  // mask input or an input cut from one, and every node reading a sequence takes any length.
+  const std::vector<int64_t>& length_buckets() const { return length_buckets_; }
+  // The length the inputs run at (their tokens inputs' shape[1], all alike, one of the
+  // buckets), or an Error naming the input; -1 when no input is per token.
+  int64_t sequence_length(std::span<const Tensor> inputs) const;
+  // A node's or input's per-sample shape at sequence length `length`.
+  static Shape at_length(const Shape& shape, bool tokens, int64_t length);
+  std::string buckets_text() const;  // "[32, 64, 128]", for errors
   // The spec's loss (loss.h), kept by both shards of a split.
   const std::string& loss() const { return loss_; }
   // Heads side by side in the output (a heads node's count), else 1: the loss's groups.
@@ -62,13 +79,17 @@ class Graph {
   Graph tail(const std::string& cut) const;
 
  private:
+  // `buckets`: the length buckets (empty: none); with them every node reading a per-token
+  // tensor must take any length (OpDef::sequence), else an Error names it.
   static Graph from_parts(std::string name, std::vector<GraphInput> inputs, std::vector<NodeSpec> nodes,
-                          const std::string& output);
+                          const std::string& output, std::vector<int64_t> buckets);
+  void mark_tokens(GraphNode& node) const;
   std::string name_;
   std::vector<GraphInput> inputs_;
   std::vector<GraphNode> nodes_;
   int output_ = -1;
   std::string default_cut_;
+  std::vector<int64_t> length_buckets_;
   std::string loss_ = "softmax_cross_entropy";
 };
 

@@ -89,6 +89,19 @@ ModelSpec parse_model_binary(const uint8_t* data, std::size_t size) {
     s.mask = in->mask();
     if (s.mask && s.shape.rank() != 1)
       fail(kWhere, cat("input '", s.name, "': a mask is [tokens] per sample, got ", s.shape.str()));
+    if (in->length_buckets() && in->length_buckets()->size() > 0) {
+      if (!s.mask) fail(kWhere, cat("input '", s.name, "': field 'length_buckets' belongs on the mask input"));
+      if (in->length_buckets()->size() > kMaxLengthBuckets)
+        fail(kWhere, cat("input '", s.name, "': field 'length_buckets' has more than ", kMaxLengthBuckets, " lengths"));
+      for (flatbuffers::uoffset_t k = 0; k < in->length_buckets()->size(); ++k) {
+        const int64_t b = int64_at(*in->length_buckets(), k);
+        if (b < 1 || b > s.shape[0] || (!s.length_buckets.empty() && b <= s.length_buckets.back()))
+          fail(kWhere, cat("input '", s.name, "': field 'length_buckets' needs increasing lengths in [1, ", s.shape[0],
+                           "], got ", b, " at position ", k));
+        s.length_buckets.push_back(b);
+      }
+      if (s.length_buckets.back() != s.shape[0]) s.length_buckets.push_back(s.shape[0]);
+    }
     if (!s.shape.numel_at_most(kMaxSampleElements))
       fail(kWhere, cat("input '", s.name, "': field 'shape' has more than ", kMaxSampleElements,
                        " elements per sample"));

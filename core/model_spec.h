@@ -93,6 +93,11 @@ struct InputSpec {
   // A key padding mask [tokens] (1 keep, 0 padding): the one input that may cross a cut, with
   // the activations, when the cloud's shard reads it (its attention needs it).
   bool mask = false;
+  // On the mask input only: the lengths a micro-batch may run at (increasing, the last is
+  // shape[0]; empty: always shape[0]). Each runs at the smallest bucket that holds its longest
+  // sequence (its last kept token), so short texts cost their length, not the spec's; a
+  // few buckets keep the kernels and plans every backend caches per length few.
+  std::vector<int64_t> length_buckets{};
 };
 
 struct ModelSpec {
@@ -108,6 +113,9 @@ struct ModelSpec {
 // The most elements one sample's tensor may have at any node (inputs included): 8 GiB of
 // floats, far beyond any model trained here; it keeps every shape's arithmetic in range.
 inline constexpr int64_t kMaxSampleElements = int64_t{1} << 31;
+// At most this many length buckets (InputSpec::length_buckets): each is a kernel and a plan
+// per layer and batch size on every backend.
+inline constexpr std::size_t kMaxLengthBuckets = 8;
 
 // The ops this engine knows, for error messages and validation.
 const std::vector<std::string>& known_ops();

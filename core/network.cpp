@@ -9,6 +9,13 @@
 namespace tandem {
 namespace {
 
+// The first shape.numel() values of `backing`, grown when too small: micro-batches of other
+// sizes or lengths (length buckets) reuse one allocation instead of making their own each time.
+Tensor view_of_backing(Tensor& backing, const Shape& shape) {
+  if (!backing.defined() || backing.numel() < shape.numel()) backing = Tensor::empty(Shape{shape.numel()});
+  return backing.prefix(shape);
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -48,6 +55,18 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
   const std::size_t tensors = graph_.inputs().size() + nodes.size();
   grads_.resize(tensors);
   contributions_.resize(tensors);
+  const int never = static_cast<int>(nodes.size());
+  last_read_.assign(tensors, -1);
+  for (std::size_t n = 0; n < nodes.size(); ++n)
+    for (int id : input_ids_[n]) last_read_[static_cast<std::size_t>(id)] = std::max(last_read_[static_cast<std::size_t>(id)], static_cast<int>(n));
+  for (std::size_t i = 0; i < graph_.inputs().size(); ++i) last_read_[i] = never;
+  last_read_[graph_.inputs().size() + static_cast<std::size_t>(graph_.output())] = never;
+  // A view's output shares its source's storage: the source lives as long as the view.
+  for (std::size_t n = nodes.size(); n-- > 0;) {
+    if (!layers_[n]->is_view()) continue;
+    const auto out = graph_.inputs().size() + n, src = static_cast<std::size_t>(input_ids_[n][0]);
+    last_read_[src] = std::max(last_read_[src], last_read_[out]);
+  }
 }
 
 // A ReLU read by nothing but a max pool without padding runs after the pool instead, on the
@@ -111,7 +130,18 @@ void Network::set_timing(NodeTimes* times) {
 }
 
 void Network::set_training(bool training) {
+  training_ = training;
   for (auto& l : layers_) l->set_training(training);
+}
+
+Tensor Network::from_pool(Slot& s, const Shape& shape) {
+  std::size_t best = s.pool.size();
+  for (std::size_t i = 0; i < s.pool.size(); ++i)
+    if (s.pool[i].numel() >= shape.numel() && (best == s.pool.size() || s.pool[i].numel() < s.pool[best].numel()))
+      best = i;
+  Tensor backing = best < s.pool.size() ? std::move(s.pool[best]) : Tensor::empty(Shape{shape.numel()});
+  if (best < s.pool.size()) s.pool.erase(s.pool.begin() + static_cast<std::ptrdiff_t>(best));
+  return backing.prefix(shape);
 }
 
 void Network::zero_grad() {
@@ -163,15 +193,16 @@ Network::Slot& Network::slot(int index) {
   if (s.values.empty()) {
     s.values.resize(graph_.inputs().size() + graph_.nodes().size());
     s.stashes.resize(graph_.nodes().size());
-    s.grad_buffers.resize(s.values.size());
-    s.grad_scratch.resize(s.values.size());
+    s.backing.resize(graph_.nodes().size());
   }
   return s;
 }
 
-Tensor& Network::buffer(std::vector<Tensor>& pool, int id, const Shape& shape) {
-  Tensor& t = pool[static_cast<std::size_t>(id)];
-  if (!t.defined() || t.shape() != shape) t = Tensor::empty(shape);
+Tensor& Network::buffer(Buffers& pool, int id, const Shape& shape) {
+  const auto i = static_cast<std::size_t>(id);
+  if (pool.view.size() <= i) pool.view.resize(i + 1), pool.backing.resize(i + 1);
+  Tensor& t = pool.view[i];
+  if (!t.defined() || t.shape() != shape) t = view_of_backing(pool.backing[i], shape);
   return t;
 }
 
@@ -180,8 +211,10 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
   if (inputs.size() != graph_inputs.size())
     fail("network", cat(graph_.name(), ": expected ", graph_inputs.size(), " inputs, got ", inputs.size()));
   const int64_t batch = inputs.empty() ? 0 : inputs[0].shape()[0];
+  // With length buckets the sequences may run shorter: every per-token shape follows.
+  const int64_t length = graph_.sequence_length(inputs);
   for (std::size_t i = 0; i < inputs.size(); ++i) {
-    const Shape want = graph_inputs[i].shape.batched(batch);
+    const Shape want = Graph::at_length(graph_inputs[i].shape, graph_inputs[i].tokens, length).batched(batch);
     if (inputs[i].shape() != want)
       fail("network", cat(graph_.name(), ": input '", graph_inputs[i].name, "' has shape ", inputs[i].shape().str(),
                           ", expected ", want.str()));
@@ -190,22 +223,51 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
   if (s.weights_pending)
     fail("network", cat(graph_.name(), ": forward into slot ", slot_index, " before its deferred weight gradients"));
   for (std::size_t i = 0; i < inputs.size(); ++i) s.values[i] = inputs[i];
+  const bool evaluation = !training_;
+  if (evaluation) {
+    // What the slot's last pass left (a training pass's storage, an evaluation's output) is
+    // free for this one, as a training pass overwrites its own.
+    s.pool.reserve(graph_.nodes().size() + 1);  // never more than every node output: no growth
+    for (Tensor& b : s.backing)
+      if (b.defined()) s.pool.push_back(std::move(b));
+    for (std::size_t id = inputs.size(); id < s.values.size(); ++id) {
+      Tensor& v = s.values[id];
+      const bool view = layers_[id - inputs.size()]->is_view();
+      const bool read_again = std::any_of(inputs.begin(), inputs.end(), [&](const Tensor& in) { return in.data() == v.data(); });
+      if (s.evaluated && v.defined() && !view && !read_again) s.pool.push_back(v);
+      v = Tensor();
+    }
+  }
+  if (!evaluation && s.evaluated) s.pool.clear();  // training keeps a backing a node
+  s.evaluated = evaluation;
 
   const auto& nodes = graph_.nodes();
   const std::size_t first_node = graph_inputs.size();
   for (std::size_t n = 0; n < nodes.size(); ++n) {
     node_inputs_.clear();
     for (int id : input_ids_[n]) node_inputs_.push_back(s.values[static_cast<std::size_t>(id)]);
-    const Shape out_shape = nodes[n].shape.batched(batch);
+    const Shape out_shape = Graph::at_length(nodes[n].shape, nodes[n].tokens, length).batched(batch);
     Tensor& out = s.values[first_node + n];
     if (layers_[n]->is_view()) {
       out = node_inputs_[0].reshape(out_shape);
       continue;
     }
-    if (!out.defined() || out.shape() != out_shape) out = Tensor::empty(out_shape);
+    if (evaluation) {
+      out = from_pool(s, out_shape);
+    } else if (!out.defined() || out.shape() != out_shape) {
+      out = view_of_backing(s.backing[n], out_shape);
+    }
     const double t0 = times_ ? now_s() : 0.0;
     layers_[n]->forward(node_inputs_, out, s.stashes[n]);
     if (times_) times_->forward_s[n] += now_s() - t0;
+    if (!evaluation) continue;
+    for (int id : input_ids_[n]) {  // inputs read for the last time go back to the pool
+      Tensor& v = s.values[static_cast<std::size_t>(id)];
+      if (last_read_[static_cast<std::size_t>(id)] != static_cast<int>(n) || !v.defined()) continue;
+      const std::size_t node = static_cast<std::size_t>(id) - first_node;
+      if (!layers_[node]->is_view()) s.pool.push_back(v);
+      v = Tensor();
+    }
   }
   return s.values[first_node + static_cast<std::size_t>(graph_.output())];
 }
@@ -224,6 +286,9 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
   Slot& s = slots_[static_cast<std::size_t>(slot_index)];
   if (s.weights_pending)
     fail("network", cat(graph_.name(), ": backward of slot ", slot_index, " before its deferred weight gradients"));
+  if (s.evaluated)
+    fail("network", cat(graph_.name(), ": backward of slot ", slot_index,
+                        " after an evaluation forward, which keeps no activations (set_training(true) first)"));
   const std::size_t first_node = graph_.inputs().size();
   const auto& nodes = graph_.nodes();
   const std::size_t out_id = first_node + static_cast<std::size_t>(graph_.output());
@@ -258,7 +323,6 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
       if (layers_[n]->is_view()) {
         node_grads_.push_back(grad_out.reshape(shape));
       } else if (repeated) {  // the same tensor read twice (concat(x, x)): a buffer of its own
-        if (s.repeat_scratch.size() <= static_cast<std::size_t>(position)) s.repeat_scratch.resize(position + 1);
         node_grads_.push_back(buffer(s.repeat_scratch, position, shape));
       } else if (contributions_[i] == 0) {
         node_grads_.push_back(buffer(s.grad_buffers, in_id, shape));

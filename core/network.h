@@ -56,7 +56,9 @@ class Network {
 
   void zero_grad();
   // Training (default) or evaluation mode for every layer (batch norm uses batch statistics
-  // and updates its running ones only in training).
+  // and updates its running ones only in training). An evaluation forward keeps no more than
+  // it needs: each node output goes back to the slot's pool once its last reader ran, so it
+  // holds a few tensors at a time, not every node's output; its slot cannot be backed up.
   void set_training(bool training);
 
   // When set, each node's forward and backward wall time is added to times (indexed like
@@ -68,21 +70,29 @@ class Network {
   void set_timing(NodeTimes* times);
 
  private:
+  // Tensors of the shape last asked for (`view`), each a view of the largest allocation made
+  // for it so far (`backing`), indexed alike.
+  struct Buffers {
+    std::vector<Tensor> view, backing;
+  };
   struct Slot {
     std::vector<Tensor> values;  // per tensor id: graph inputs, then node outputs
+    std::vector<Tensor> backing;  // per node: the storage its output is a view of
     std::vector<Stash> stashes;  // per node
     // Backward working buffers per tensor id. Kept per slot so that micro-batches of unequal
-    // size (K not dividing B) reuse their own buffers instead of re-allocating every step.
-    std::vector<Tensor> grad_buffers, grad_scratch;
-    std::vector<Tensor> repeat_scratch;  // per input position: a tensor a node reads more than once
+    // size (K not dividing B) or length reuse their own buffers instead of re-allocating.
+    Buffers grad_buffers, grad_scratch;
+    Buffers repeat_scratch;  // per input position: a tensor a node reads more than once
     // Per node: the output gradient a deferred backward left for backward_weights.
     std::vector<Tensor> deferred_grad_out;
     bool weights_pending = false;
+    bool evaluated = false;  // the last forward was an evaluation's (its values are gone)
+    std::vector<Tensor> pool;  // evaluation: storage free for the next node output
   };
   int tensor_id(int source) const;
   void fuse_relu_into_pools();  // GraphNode::sources entry -> tensor id
   Slot& slot(int index);
-  Tensor& buffer(std::vector<Tensor>& pool, int id, const Shape& shape);
+  Tensor& buffer(Buffers& pool, int id, const Shape& shape);
 
   Graph graph_;
   Backend& backend_;
@@ -91,6 +101,12 @@ class Network {
   std::vector<Param*> all_params_;  // and the frozen ones
   std::vector<std::vector<int>> input_ids_;  // per node: tensor ids of its inputs
   std::vector<bool> needs_grad_;            // per node: on a path to the output
+  // Per tensor id: the last node whose forward reads it (views extend their source's), or
+  // the node count for the output and graph inputs, which an evaluation forward keeps.
+  std::vector<int> last_read_;
+  bool training_ = true;
+  // Evaluation: the smallest pooled storage holding `shape` (or new), as a view.
+  Tensor from_pool(Slot& s, const Shape& shape);
   std::vector<Slot> slots_;
   // Gradients of the backward in progress (one runs at a time), per tensor id.
   std::vector<Tensor> grads_;

@@ -14,6 +14,11 @@ namespace tandem {
 namespace {
 
 constexpr int64_t kFramingBytes = 256;  // a Forward's or Backward's fields around the tensor
+// What the link carries besides the message: per 1448-byte TCP segment (MTU 1500) 52 bytes of
+// TCP/IP headers with timestamps and 14 of Ethernet, TLS records' 29 per 16 KiB, and the
+// acknowledgements of the other direction's data. Measured with tc's counters on the shaped
+// link (bench/shaped_link.sh): 1.066x tandem's bytes on the uplink.
+constexpr double kWireOverhead = 1.066;
 
 struct ShardCost {
   double forward_s = 0, backward_s = 0;
@@ -48,6 +53,18 @@ ShardCost measure(const Graph& g, Backend& backend, int64_t m, int iterations, b
   return c;
 }
 
+
+// Each side's idle time in a step of t.step_s: the step less its busy time.
+void set_idle(const std::vector<MicrobatchCost>& mbs, StepTimeline& t) {
+  double edge_busy = 0, cloud_busy = 0;
+  for (const MicrobatchCost& m : mbs) {
+    edge_busy += m.edge_forward_s + m.edge_backward_s;
+    cloud_busy += m.cloud_s + m.cloud_deferred_s;
+  }
+  t.edge_idle_s = std::max(0.0, t.step_s - edge_busy);
+  t.cloud_idle_s = std::max(0.0, t.step_s - cloud_busy);
+}
+
 }  // namespace
 
 StepTimeline simulate_step(const std::vector<MicrobatchCost>& mbs) {
@@ -70,13 +87,50 @@ StepTimeline simulate_step(const std::vector<MicrobatchCost>& mbs) {
   for (std::size_t i = 0; i < mbs.size(); ++i) edge = std::max(edge, arrived[i]) + mbs[i].edge_backward_s;
   // The next step's first activations reach the cloud edge_forward + up after this step ends.
   t.step_s = std::max(edge, cloud - mbs[0].edge_forward_s - mbs[0].up_s);
-  double edge_busy = 0, cloud_busy = 0;
-  for (const MicrobatchCost& m : mbs) {
-    edge_busy += m.edge_forward_s + m.edge_backward_s;
-    cloud_busy += m.cloud_s + m.cloud_deferred_s;
+  set_idle(mbs, t);
+  return t;
+}
+
+StepTimeline simulate_async_steps(const std::vector<MicrobatchCost>& mbs) {
+  if (mbs.empty()) return {};
+  constexpr int kSteps = 10, kFirst = 3, kLast = 7;  // steady state: the step times of 4..7
+  const std::size_t k = mbs.size();
+  double edge = 0, up = 0, cloud = 0, down = 0;
+  std::vector<std::vector<double>> arrived(kSteps, std::vector<double>(k));
+  std::vector<double> first_sent(kSteps), first_taken(kSteps), done(kSteps);
+  std::vector<double> deferred;  // weight-gradient work the cloud still owes, oldest first
+  std::size_t deferred_next = 0;
+  const auto forwards = [&](int s) {
+    for (std::size_t i = 0; i < k; ++i) {
+      edge += mbs[i].edge_forward_s;
+      if (i == 0) first_sent[static_cast<std::size_t>(s)] = edge;
+      up = std::max(up, edge) + mbs[i].up_s;
+      if (i == 0)  // the step before is updated first: all its weight gradients
+        while (deferred_next < deferred.size()) cloud += deferred[deferred_next++];
+      while (deferred_next < deferred.size() && cloud < up) cloud += deferred[deferred_next++];  // while idle
+      cloud = std::max(cloud, up) + mbs[i].cloud_s;
+      deferred.push_back(mbs[i].cloud_deferred_s);
+      down = std::max(down, cloud) + mbs[i].down_s;
+      arrived[static_cast<std::size_t>(s)][i] = down;
+    }
+  };
+  const auto backwards = [&](int s) {
+    for (std::size_t i = 0; i < k; ++i) {
+      edge = std::max(edge, arrived[static_cast<std::size_t>(s)][i]);
+      if (i == 0) first_taken[static_cast<std::size_t>(s)] = edge;
+      edge += mbs[i].edge_backward_s;
+    }
+    done[static_cast<std::size_t>(s)] = edge;
+  };
+  forwards(0);
+  for (int s = 0; s < kSteps; ++s) {
+    if (s + 1 < kSteps) forwards(s + 1);
+    backwards(s);
   }
-  t.edge_idle_s = std::max(0.0, t.step_s - edge_busy);
-  t.cloud_idle_s = std::max(0.0, t.step_s - cloud_busy);
+  StepTimeline t;
+  t.step_s = (done[kLast] - done[kFirst]) / (kLast - kFirst);
+  t.first_grad_s = first_taken[kLast] - first_sent[kLast];
+  set_idle(mbs, t);
   return t;
 }
 
@@ -148,8 +202,8 @@ std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backen
             static_cast<int64_t>(encoded_bytes(o.dtype, m * act.numel())) + (4 + mask_bytes) * m + kFramingBytes;
         const auto bytes_down = static_cast<int64_t>(encoded_bytes(o.dtype, m * act.numel())) + kFramingBytes;
         MicrobatchCost mc{e.forward_s, e.backward_s, c.forward_s + c.backward_s - c.weights_s, c.weights_s,
-                          static_cast<double>(bytes_up) * 8.0 / (o.uplink_mbps * 1e6),
-                          static_cast<double>(bytes_down) * 8.0 / (o.downlink_mbps * 1e6)};
+                          static_cast<double>(bytes_up) * kWireOverhead * 8.0 / (o.uplink_mbps * 1e6),
+                          static_cast<double>(bytes_down) * kWireOverhead * 8.0 / (o.downlink_mbps * 1e6)};
         mbs.push_back(mc);
         row.edge_s += mc.edge_forward_s + mc.edge_backward_s;
         row.cloud_s += mc.cloud_s + mc.cloud_deferred_s;
@@ -157,7 +211,7 @@ std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backen
         row.down_s += mc.down_s;
         row.bytes_up_per_step += bytes_up;
       }
-      const StepTimeline t = simulate_step(mbs);
+      const StepTimeline t = o.async ? simulate_async_steps(mbs) : simulate_step(mbs);
       row.step_s = t.step_s;
       row.first_grad_s = t.first_grad_s;
       row.edge_idle_s = t.edge_idle_s;

@@ -2,7 +2,8 @@
 // pipelined schedule the agent runs (the edge's K forwards back to back, each sent at once;
 // uplink, cloud and downlink each first come first served; the cloud sends each input
 // gradient before its weight gradients, which it runs while idle; the edge backs each
-// micro-batch up once its gradient is in), from per-micro-batch costs and the link's rates;
+// micro-batch up once its gradient is in), synchronous or asynchronous (the next step's
+// forwards before this one's backwards), from per-micro-batch costs and the link's rates;
 // plus the edge's peak memory, and the recommendation.
 #pragma once
 
@@ -40,6 +41,11 @@ struct StepTimeline {
 // Deferred work runs one micro-batch's at a time while no activations wait (started work is
 // not interrupted), the rest before the update.
 StepTimeline simulate_step(const std::vector<MicrobatchCost>& microbatches);
+// The asynchronous schedule (EdgeSession::set_async) in steady state: the edge forwards step
+// s+1 right after step s (F0 F1 B0 F2 B1 F3 ...), each backward once its gradient is in; the
+// cloud finishes a step's deferred work before the next step's first micro-batch. Simulated
+// over several steps; the step time is the mean over the middle ones.
+StepTimeline simulate_async_steps(const std::vector<MicrobatchCost>& microbatches);
 
 struct PlanRow {
   std::string cut;
@@ -64,6 +70,7 @@ struct PlanOptions {
   wire::DType dtype = wire::DType::F32;
   std::vector<std::string> cuts;             // empty: every legal cut
   int iterations = 5;                        // profiling iterations per shard and size
+  bool async = false;                        // predict the asynchronous schedule
 };
 
 // Every legal cut x K: measured on the backends (or estimated from the GFLOP/s given).

@@ -9,6 +9,7 @@ set(TANDEM_CORE_SOURCES
   param.cpp
   model_spec.cpp
   graph.cpp
+  length_buckets.cpp
   network.cpp
   profiler.cpp
   planner.cpp

@@ -127,6 +127,13 @@ Tensor Tensor::reshape(const Shape& shape) const {
   return t;
 }
 
+Tensor Tensor::prefix(const Shape& shape) const {
+  if (shape.numel() > numel()) fail("tensor", cat("cannot see ", shape_.str(), " as the larger ", shape.str()));
+  Tensor t = *this;
+  t.shape_ = shape;
+  return t;
+}
+
 Tensor Tensor::clone() const {
   Tensor t = empty(shape_);
   if (numel() > 0) std::memcpy(t.data(), data(), bytes());

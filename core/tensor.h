@@ -72,6 +72,8 @@ class Tensor {
   Tensor slice_batch(int64_t begin, int64_t count) const;
   // Same storage seen with another shape of equal element count.
   Tensor reshape(const Shape& shape) const;
+  // Its first shape.numel() values seen as `shape` (a buffer reused for smaller tensors).
+  Tensor prefix(const Shape& shape) const;
   // Deep copy into fresh storage.
   Tensor clone() const;
 

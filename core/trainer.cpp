@@ -27,14 +27,17 @@ ChainTrainer::ChainTrainer(std::vector<Network*> stages, std::vector<Optimizer*>
 }
 
 std::span<const Tensor> ChainTrainer::stage_inputs(std::size_t i, std::span<const Tensor> inputs, const Tensor& x,
-                                                   int64_t begin, int64_t count) {
+                                                   int64_t begin, int64_t count, int slot) {
+  if (cuts_.size() <= static_cast<std::size_t>(slot)) cuts_.resize(static_cast<std::size_t>(slot) + 1);
+  LengthCut& cut = cuts_[static_cast<std::size_t>(slot)];
   in_.clear();
-  if (i == 0) {
+  if (i == 0) {  // the micro-batch at its length bucket (core/length_buckets.h), as an edge runs it
     for (const Tensor& t : inputs) in_.push_back(t.slice_batch(begin, count));
-    return in_;
+    fit_to_bucket(stages_.front()->graph(), in_, cut);
+    return cut.inputs;
   }
   in_.push_back(x);
-  if (mask_of_[i] >= 0) in_.push_back(inputs[static_cast<std::size_t>(mask_of_[i])].slice_batch(begin, count));
+  if (mask_of_[i] >= 0) in_.push_back(cut.inputs[static_cast<std::size_t>(mask_of_[i])]);
   return in_;
 }
 
@@ -57,7 +60,7 @@ StepStats ChainTrainer::train_step(std::span<const Tensor> inputs, const int32_t
     for (std::size_t i = 0; i < stages_.size(); ++i) {
       const auto t0 = std::chrono::steady_clock::now();
       stages_[i]->set_training(true);
-      x = stages_[i]->forward(stage_inputs(i, inputs, x, begin, count), mb);
+      x = stages_[i]->forward(stage_inputs(i, inputs, x, begin, count, mb), mb);
       times_.busy_s[i] += seconds_since(t0);
     }
     if (dlogits_.size() <= static_cast<std::size_t>(mb)) dlogits_.resize(static_cast<std::size_t>(mb) + 1);
@@ -90,7 +93,7 @@ StepStats ChainTrainer::evaluate(std::span<const Tensor> inputs, const int32_t* 
     Tensor x;
     for (std::size_t i = 0; i < stages_.size(); ++i) {
       stages_[i]->set_training(false);
-      x = stages_[i]->forward(stage_inputs(i, inputs, x, begin, count), 0);
+      x = stages_[i]->forward(stage_inputs(i, inputs, x, begin, count, 0), 0);
     }
     const int64_t heads = stages_.back()->graph().output_groups();
     stats.loss_sum += compute_loss(stages_.back()->graph().loss(), x, labels + begin, 1.0f, nullptr, heads);

@@ -7,6 +7,7 @@
 #include <span>
 #include <vector>
 
+#include "core/length_buckets.h"
 #include "core/network.h"
 #include "core/optimizer.h"
 
@@ -49,11 +50,13 @@ class ChainTrainer {
   std::vector<Tensor> dlogits_;  // per micro-batch, so unequal sizes keep their buffers
   StageTimes times_;
   std::vector<int> mask_of_;  // per stage: the first stage's input it reads as its mask, or -1
-  // Stage i's inputs for the rows [begin, begin + count): all of them for the first, else
-  // the previous output and the mask's rows when it reads one.
+  // Stage i's inputs for the rows [begin, begin + count) in network slot `slot`: all of them
+  // for the first, cut to their length bucket, else the previous output and the mask's rows
+  // (at the same length) when it reads one.
   std::span<const Tensor> stage_inputs(std::size_t i, std::span<const Tensor> inputs, const Tensor& x, int64_t begin,
-                                       int64_t count);
+                                       int64_t count, int slot);
   std::vector<Tensor> in_;
+  std::vector<LengthCut> cuts_;  // per slot: the first stage's inputs as it ran them
 };
 
 }  // namespace tandem

@@ -18,7 +18,7 @@ constexpr const char* kUsage = R"(usage:
   tandem-edge train --cloud wss://HOST:PORT --identity IDDIR --model SPEC [--cut NODE | --cut A,B | --cut auto
                     --uplink-mbps U [--downlink-mbps D] [--cloud-gflops G]]
                     [--data fashion-mnist|DIR] [--epochs N] [--limit SAMPLES] [--test-limit SAMPLES]
-                    [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
+                    [--batch B] [--microbatches K] [--pipeline sync|async] [--group-by-length] [OPTIMIZER] [SCHEDULE]
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
                     [--metrics-json FILE] [--client-id NAME] [--token TOKEN] [--audit-log FILE]
                     [--dp-clip C --dp-noise SIGMA [--dp-delta D] [--dp-epsilon-budget E] [--dp-eval noised|clean]]
@@ -33,6 +33,18 @@ constexpr const char* kUsage = R"(usage:
       each epoch; prints progress and metrics (also JSON lines in FILE). --wire-dtype asks
       for activations and gradients in f16 (scaled per tensor), bf16 or int8 (scale per
       tensor) on the wire, falling back to f32 if the cloud does not take it.
+      With the spec's length_buckets, each micro-batch runs at the smallest bucket that
+      holds its longest sequence; --group-by-length also orders each epoch so a batch holds
+      sequences of like length (megabatches of 50 batches sorted by length, their batches
+      shuffled): fewer tokens a step, at some cost in accuracy when length and class go
+      together (bench/length_buckets.sh).
+      --pipeline async starts each step's forwards before the gradients of the step before it
+      are in (weight stashing: each micro-batch backs up on the weights its forward used, and
+      its gradient is applied one update late), so the edge computes instead of waiting;
+      a step that ends an epoch, saves a checkpoint or ends the run waits for the one
+      before it. Plain split training only (not with a U-shaped cut, --dp-clip, --nopeek or
+      --front-updates round; the cloud refuses nothing: it sees steps in order). sync (the
+      default) applies each step's update before the next step's forwards.
       OPTIMIZER: --optimizer sgd|adam|adamw --lr X --momentum X --nesterov --weight-decay X
       --beta1 X --beta2 X --eps X --clip-norm X (the cloud has its own; --clip-norm clips
       this shard's gradients). SCHEDULE: --schedule constant|step|cosine --warmup-steps N
@@ -88,12 +100,12 @@ constexpr const char* kUsage = R"(usage:
 )";
 
 int train_command(int argc, char** argv) {
-  const CliArgs args(argc, argv, 2, {"nesterov"});
+  const CliArgs args(argc, argv, 2, {"nesterov", "group-by-length"});
   args.reject_unknown(CliArgs::with_optimizer_options({"cloud", "identity", "model", "cut", "data", "epochs", "limit",
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-eval", "nopeek", "grad-clip", "grad-noise", "label-noise"},
+                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-eval", "nopeek", "grad-clip", "grad-noise", "label-noise", "group-by-length", "pipeline"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -166,6 +178,10 @@ int train_command(int argc, char** argv) {
   if (front_updates != "step" && front_updates != "round")
     fail("cli", cat("--front-updates: '", front_updates, "' is neither step nor round"));
   o.front_updates_per_round = front_updates == "round";
+  o.group_by_length = args.has("group-by-length");
+  const std::string pipeline = args.str("pipeline", "sync");
+  if (pipeline != "sync" && pipeline != "async") fail("cli", cat("--pipeline: '", pipeline, "' is neither sync nor async"));
+  o.async = pipeline == "async";
   return train_over_wss(o);
 }
 

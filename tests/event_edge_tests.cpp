@@ -393,11 +393,13 @@ struct CountingCheckpoints final : EdgeCheckpointer {
 };
 
 // The agent's kind of run: whole epochs (a short last batch, never one spanning two epochs),
-// evaluated after each, checkpoints where due with the position after the step.
-TEST(EventEdge, RunsWholeEpochsEvaluatingEach) {
+// evaluated after each, checkpoints where due with the position after the step; the same
+// with the asynchronous pipeline (a step ending an epoch or saving waits for the one before).
+void expect_whole_epochs_evaluating_each(bool async) {
   EventEdgeConfig c = config(0);
   c.epochs = 2;
   c.eval_each_epoch = true;
+  c.async = async;
   CountingCheckpoints checkpoints;
   c.checkpoints = &checkpoints;
   Harness h(c);
@@ -430,6 +432,45 @@ TEST(EventEdge, RunsWholeEpochsEvaluatingEach) {
     EXPECT_EQ(checkpoints.saved[i].client_id, "page-1");
   }
   EXPECT_EQ(h.edge->position().epoch, 3);
+}
+
+TEST(EventEdge, RunsWholeEpochsEvaluatingEach) { expect_whole_epochs_evaluating_each(/*async=*/false); }
+
+// The asynchronous pipeline through the driver: step t+1's Forwards leave before step t's
+// Backwards are handled, and it still trains.
+TEST(EventEdge, AsyncForwardsTheNextStepAheadAndTrains) {
+  EventEdgeConfig c = config(40);
+  c.async = true;
+  Harness h(c);
+  const Pixels train = pixels(512, 1), test = pixels(256, 2);
+  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 512, 8, 8);
+  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 256, 8, 8);
+  h.run();
+  ASSERT_TRUE(h.edge->finished());
+  ASSERT_FALSE(h.edge->failed()) << h.events.back();
+  EXPECT_EQ(h.count("step"), 40);
+  EXPECT_EQ(h.cloud->step(), 40u);
+  // Hello, then step 0's four Forwards and at once step 1's: before any Backward was handled.
+  ASSERT_GE(h.sent.size(), 9u);
+  for (std::size_t i = 1; i < 9; ++i) {
+    WireError err;
+    const Frame f = Frame::copy_of(h.sent[i].data(), h.sent[i].size());
+    const wire::Message* m = verify_frame(f, kDefaultMaxMessageBytes, err);
+    ASSERT_NE(m, nullptr) << err.text;
+    ASSERT_EQ(m->payload_type(), wire::Payload::Forward) << "message " << i;
+    EXPECT_EQ(m->payload_as_Forward()->step(), (i - 1) / 4) << "message " << i;
+  }
+  EXPECT_GT(h.field(h.events.back(), "test_accuracy"), 0.9) << h.events.back();
+}
+
+TEST(EventEdge, AsyncKeepsEpochAndCheckpointBoundaries) { expect_whole_epochs_evaluating_each(/*async=*/true); }
+
+TEST(EventEdge, AsyncRefusesWhatItCannotPipeline) {
+  EventEdgeConfig c = config(4);
+  c.async = true;
+  c.privacy.nopeek = 0.5f;
+  EXPECT_EQ(error_of([&] { Harness h(c); }),
+            "[edge] --pipeline async is for plain split training, not with --nopeek");
 }
 
 TEST(EventEdge, TrainsWithInt8OnTheWire) {

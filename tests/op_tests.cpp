@@ -372,6 +372,51 @@ TEST(Linear, Wide) { LinearTester().batch(16).features(784, 128).test(); }
 // outputs that do not fill its blocks.
 TEST(Linear, MicroBatchBlockedWeights) { LinearTester().batch(8).features(1000, 77).test(); }
 
+// One layer's kernels at several row counts (micro-batch sizes, length buckets) share a
+// weights_id: each computes its own rows right, and a backend that packs weights packs once
+// per version for all of them. Seen from outside: values changed without a version bump
+// are seen by no kernel of the id after one of them packed (xnnpack), or by all (backends that
+// read the weights as they are); never by some and not others.
+TEST(Linear, KernelsOfOneLayerShareItsWeights) {
+  std::unique_ptr<Backend> b = make_test_backend(backend_under_test());
+  std::unique_ptr<Backend> reference = make_reference_backend({});
+  Backend& ref = *reference;
+  const int64_t in = 12, out = 7;
+  Rng rng(3);
+  std::vector<float> w(static_cast<std::size_t>(in * out)), bias(static_cast<std::size_t>(out));
+  for (float& v : w) v = rng.uniform01() - 0.5f;
+  for (float& v : bias) v = rng.uniform01() - 0.5f;
+  const uint64_t id = new_weights_id();
+  WeightsView view{w.data(), bias.data(), 1};
+  std::vector<std::unique_ptr<LinearKernel>> kernels;
+  std::vector<std::vector<float>> x;
+  for (const int64_t rows : {4, 9, 2}) {
+    kernels.push_back(b->linear(LinearGeometry{rows, in, out, true, id}));
+    std::vector<float> xs(static_cast<std::size_t>(rows * in));
+    for (float& v : xs) v = rng.uniform01() - 0.5f;
+    x.push_back(std::move(xs));
+    std::vector<float> got(static_cast<std::size_t>(rows * out)), want(got.size());
+    kernels.back()->forward(x.back().data(), view, got.data());
+    ref.linear(LinearGeometry{rows, in, out, true})->forward(x.back().data(), view, want.data());
+    for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5f) << rows << " rows, at " << i;
+  }
+  // Version 2 packed by the 4-row kernel, then other values under the same version (against
+  // the contract, to see who packed): the 2-row kernel, not run at version 2 before, answers
+  // with the values the 4-row kernel packed when it shares that packing (xnnpack), else with
+  // the values as they are.
+  for (float& v : w) v += 1.0f;
+  view.version = 2;
+  std::vector<float> packed_out(static_cast<std::size_t>(2 * out)), ignored(static_cast<std::size_t>(4 * out));
+  ref.linear(LinearGeometry{2, in, out, true})->forward(x[2].data(), view, packed_out.data());
+  kernels[0]->forward(x[0].data(), view, ignored.data());
+  for (float& v : w) v += 1.0f;
+  std::vector<float> got(packed_out.size()), as_they_are(packed_out.size());
+  kernels[2]->forward(x[2].data(), view, got.data());
+  ref.linear(LinearGeometry{2, in, out, true})->forward(x[2].data(), view, as_they_are.data());
+  const std::vector<float>& want = b->name() == "xnnpack" ? packed_out : as_they_are;
+  for (std::size_t i = 0; i < got.size(); ++i) EXPECT_NEAR(got[i], want[i], 1e-5f) << "at " << i;
+}
+
 // Every activation op the registry has (relu6, hardswish, gelu, sigmoid, tanh, silu, ...)
 // against the reference, on values spanning the kinks (not on them: at a kink the one-sided
 // choices may differ).

@@ -4,7 +4,10 @@
 // ids never do; the split trains exactly like the whole model; bad masks are refused.
 #include <gtest/gtest.h>
 
+#include <unistd.h>
+
 #include <cmath>
+#include <cstdio>
 
 #include "backends/registry.h"
 #include "cloud/session/cloud_session.h"
@@ -13,6 +16,7 @@
 #include "core/loss.h"
 #include "core/microbatch.h"
 #include "core/trainer.h"
+#include "data/epoch_order.h"
 #include "edge/session/edge_session.h"
 #include "edge/session/event_edge.h"
 #include "core/interop/safetensors.h"
@@ -63,18 +67,21 @@ CloudReply deliver(CloudSession& cloud, std::span<const uint8_t> bytes) {
   return r;
 }
 
-// `n` sequences: ids in [0, 20), sequence b keeps its first 6 - b % 4 tokens (the rest are
-// padding: id 0, mask 0); the label is the first token's id mod 3.
+// Sequences of 6 tokens: ids in [0, 20), padding id 0 with mask 0; the label is the first
+// token's id mod 3.
 struct Sequences {
   Tensor ids, mask;
   std::vector<int32_t> labels;
   std::vector<Tensor> inputs() const { return {ids, mask}; }
 };
-Sequences sequences(int64_t n, uint64_t seed) {
+
+// Sequence b keeps its first lengths[b] tokens.
+Sequences sequences_of_lengths(const std::vector<int64_t>& lengths, uint64_t seed) {
   Rng rng(seed);
+  const auto n = static_cast<int64_t>(lengths.size());
   Sequences s{Tensor::zeros({n, 6}), Tensor::zeros({n, 6}), {}};
   for (int64_t b = 0; b < n; ++b) {
-    for (int64_t t = 0; t < 6 - b % 4; ++t) {
+    for (int64_t t = 0; t < lengths[static_cast<std::size_t>(b)]; ++t) {
       s.ids[b * 6 + t] = static_cast<float>(rng.below(20));
       s.mask[b * 6 + t] = 1.0f;
     }
@@ -83,8 +90,24 @@ Sequences sequences(int64_t n, uint64_t seed) {
   return s;
 }
 
+// `n` sequences, b keeping its first 6 - b % 4 tokens.
+Sequences sequences(int64_t n, uint64_t seed) {
+  std::vector<int64_t> lengths;
+  for (int64_t b = 0; b < n; ++b) lengths.push_back(6 - b % 4);
+  return sequences_of_lengths(lengths, seed);
+}
+
+// The encoder with length buckets 2 and 4 (and 6, its length).
+std::string bucketed_spec() {
+  std::string json = kEncoderSpec;
+  const std::string from = R"({ name: "mask", shape: [6], mask: true })";
+  json.replace(json.find(from), from.size(), R"({ name: "mask", shape: [6], mask: true, length_buckets: [2, 4] })");
+  return json;
+}
+
 struct EncoderSplit {
-  ModelSpec spec = parse_model_json(kEncoderSpec);
+  std::string json;
+  ModelSpec spec = parse_model_json(json);
   Graph graph = Graph::build(spec);
   std::unique_ptr<Backend> backend = make_backend(backend_under_test());
   Network whole{graph, *backend, 5};
@@ -94,8 +117,9 @@ struct EncoderSplit {
   CloudSession cloud;
   EdgeSession edge;
 
-  explicit EncoderSplit(uint32_t k)
-      : cloud(trainer, {model_hash(spec, "ln1"), 32, k, 3, 1, kDefaultMaxMessageBytes, CloudSessionConfig{}.dtypes, "ln1"}),
+  explicit EncoderSplit(uint32_t k, std::string spec_json = kEncoderSpec)
+      : json(std::move(spec_json)),
+        cloud(trainer, {model_hash(spec, "ln1"), 32, k, 3, 1, kDefaultMaxMessageBytes, CloudSessionConfig{}.dtypes, "ln1"}),
         edge(front, front_opt, k, model_hash(spec, "ln1"), "edge-seq") {
     copy_params(front, whole);
     copy_params(back, whole);
@@ -105,6 +129,29 @@ struct EncoderSplit {
     EXPECT_TRUE(!r.close && edge.on_welcome(frame_of(r.bytes), err)) << err.text;
   }
 };
+
+// Hands the cloud's Backward replies to the edge, the last first; they end its step.
+void deliver_backwards(EdgeSession& edge, const std::vector<Frame>& replies) {
+  bool done = false;
+  for (std::size_t i = replies.size(); i-- > 0;) {
+    WireError err;
+    ASSERT_TRUE(edge.on_backward(replies[i], err, done)) << err.text;
+  }
+  ASSERT_TRUE(done);
+}
+
+// The split chain (K=3) and the whole model (K=`whole_k`) trained `steps` steps on `d`: the
+// same losses, and then the same weights (s's front and back against `whole_net`).
+void expect_trains_alike(ChainTrainer& chain, ChainTrainer& whole, EncoderSplit& s, Network& whole_net,
+                         const Sequences& d, int steps, int whole_k) {
+  for (int step = 0; step < steps; ++step) {
+    const double got = chain.train_step(d.inputs(), d.labels.data(), 3).loss_sum;
+    const double want = whole.train_step(d.inputs(), d.labels.data(), whole_k).loss_sum;
+    EXPECT_NEAR(got, want, 1e-4 * std::max(1.0, std::fabs(want))) << "step " << step;
+  }
+  EXPECT_LE(max_diff(s.front, whole_net), 1e-5f);
+  EXPECT_LE(max_diff(s.back, whole_net), 1e-5f);
+}
 
 TEST(SequenceSplit, TheMaskTravelsAndTheSplitTrainsLikeTheWholeModel) {
   const Sequences d = sequences(12, 3);
@@ -127,12 +174,7 @@ TEST(SequenceSplit, TheMaskTravelsAndTheSplitTrainsLikeTheWholeModel) {
       ASSERT_FALSE(r.close) << "the cloud closed the session";
       replies.push_back(frame_of(r.bytes));
     }
-    bool done = false;
-    for (std::size_t i = replies.size(); i-- > 0;) {
-      WireError err;
-      ASSERT_TRUE(s.edge.on_backward(replies[i], err, done)) << err.text;
-    }
-    ASSERT_TRUE(done);
+    ASSERT_NO_FATAL_FAILURE(deliver_backwards(s.edge, replies));
     // The whole model on the whole batch, one step of the same optimizer.
     s.whole.zero_grad();
     const Tensor& logits = s.whole.forward(d.inputs(), 0);
@@ -155,13 +197,7 @@ TEST(SequenceSplit, TheLocalChainFeedsTheMaskToTheBackStage) {
   EncoderSplit s(3);
   Sgd whole_opt(s.whole.params(), sgd());
   ChainTrainer chain({&s.front, &s.back}, {&s.front_opt, &s.back_opt}), whole({&s.whole}, {&whole_opt});
-  for (int step = 0; step < 5; ++step) {
-    const double got = chain.train_step(d.inputs(), d.labels.data(), 3).loss_sum;
-    const double want = whole.train_step(d.inputs(), d.labels.data(), 1).loss_sum;
-    EXPECT_NEAR(got, want, 1e-4 * std::max(1.0, std::fabs(want))) << "step " << step;
-  }
-  EXPECT_LE(max_diff(s.front, s.whole), 1e-5f);
-  EXPECT_LE(max_diff(s.back, s.whole), 1e-5f);
+  expect_trains_alike(chain, whole, s, s.whole, d, 5, 1);
   EXPECT_EQ(chain.evaluate(d.inputs(), d.labels.data(), 5).correct, whole.evaluate(d.inputs(), d.labels.data(), 12).correct);
 }
 
@@ -240,7 +276,8 @@ TEST(SequenceSplitBadInput, DataSetsAndTheEdgeCheckValuesAlike) {
     mask_values[static_cast<std::size_t>(i)] = static_cast<uint8_t>(d.mask[i]);
   }
   mask_values[3] = 2;
-  const std::string path = ::testing::TempDir() + "/bad-mask.safetensors";
+  // One file per process: ctest runs this binary once per backend, side by side.
+  const std::string path = cat(::testing::TempDir(), "/bad-mask-", ::getpid(), ".safetensors");
   write_file_atomic(path, write_safetensors({i32_tensor("ids", {4, 6}, id_values.data()),
                                              u8_tensor("mask", {4, 6}, mask_values.data()),
                                              i32_tensor("labels", {4}, d.labels.data())}));
@@ -252,6 +289,7 @@ TEST(SequenceSplitBadInput, DataSetsAndTheEdgeCheckValuesAlike) {
                                              i32_tensor("labels", {4}, d.labels.data())}));
   EXPECT_EQ(error_of([&] { read_tensor_dataset(path, g.inputs()); }),
             "[data set] 'mask' is F16: a data set's tensors are F32, I32, I64 or U8");
+  std::remove(path.c_str());
 
   EventEdgeConfig c;
   c.cut = "ln1";
@@ -296,6 +334,157 @@ TEST(SequenceSplitGraph, OnlyAMaskCrosses) {
   EXPECT_EQ(error_of([&] { Graph::build(parse_model_json(json)).split("ln1"); }),
             "[split] cut at 'ln1' is crossed by 2 tensors: 'ids' (read by 'cls'), 'ln1' (read by 'q1', 'k1', 'v1', "
             "'res1'); pick a node that every path from the inputs to the output passes through");
+}
+
+
+// Each micro-batch runs at the smallest bucket holding its longest sequence (2, 4 and 6
+// here): the activations and the mask go up at that length, and the split trains exactly as
+// the whole model without buckets does at the full length (padding is masked everywhere).
+TEST(LengthBuckets, MicroBatchesRunAtTheirBucketAndTrainLikeTheFullLength) {
+  const Sequences d = sequences_of_lengths({2, 1, 2, 2, 3, 4, 1, 2, 6, 5, 1, 3}, 7);
+  EncoderSplit s(3, bucketed_spec());
+  EncoderSplit plain(3);  // the same weights (seed 5), no buckets
+  EXPECT_EQ(s.graph.length_buckets(), (std::vector<int64_t>{2, 4, 6}));
+  Sgd whole_opt(plain.whole.params(), sgd());
+  ChainTrainer whole({&plain.whole}, {&whole_opt});
+  const int64_t want_length[3] = {2, 4, 6};
+  for (int step = 0; step < 6; ++step) {
+    const int k = s.edge.begin_step(d.inputs(), d.labels.data());
+    ASSERT_EQ(k, 3);
+    std::vector<Frame> replies;
+    for (int mb = 0; mb < k; ++mb) {
+      const std::span<const uint8_t> fwd = s.edge.forward(mb);
+      const wire::Forward* f = wire::GetMessage(fwd.data())->payload_as_Forward();
+      ASSERT_EQ(f->activations()->shape()->size(), 3u);
+      EXPECT_EQ(f->activations()->shape()->Get(1), want_length[mb]) << "micro-batch " << mb;
+      EXPECT_EQ(f->mask()->size(), static_cast<uint32_t>(4 * want_length[mb]));
+      CloudReply r = deliver(s.cloud, fwd);
+      ASSERT_FALSE(r.close) << wire::GetMessage(r.bytes.data())->payload_as_Error()->text()->str();
+      replies.push_back(frame_of(r.bytes));
+    }
+    ASSERT_NO_FATAL_FAILURE(deliver_backwards(s.edge, replies));
+    const double want = whole.train_step(d.inputs(), d.labels.data(), 1).loss_sum;
+    EXPECT_NEAR(s.edge.step_loss_sum(), want, 1e-4 * std::max(1.0, std::fabs(want))) << "step " << step;
+  }
+  EXPECT_LE(max_diff(s.front, plain.whole), 1e-5f);
+  EXPECT_LE(max_diff(s.back, plain.whole), 1e-5f);
+
+  // Evaluation runs at its batch's bucket too (longest 3: 4 tokens) and scores alike.
+  const Sequences e = sequences_of_lengths({3, 1, 2, 3, 2}, 8);
+  const std::span<const uint8_t> ev = s.edge.eval_forward(1, e.inputs(), e.labels.data(), 5);
+  const wire::EvalForward* m = wire::GetMessage(ev.data())->payload_as_EvalForward();
+  EXPECT_EQ(m->activations()->shape()->Get(1), 4);
+  EXPECT_EQ(m->mask()->size(), 20u);
+  CloudReply r = deliver(s.cloud, ev);
+  ASSERT_FALSE(r.close);
+  WireError err;
+  EdgeSession::EvalResult result;
+  ASSERT_TRUE(s.edge.on_eval_result(frame_of(r.bytes), err, result)) << err.text;
+  plain.whole.set_training(false);
+  EXPECT_EQ(result.correct, count_correct(plain.whole.forward(e.inputs(), 0), e.labels.data()));
+}
+
+// Local training (tandem train) cuts micro-batches to their buckets too, with the same result.
+TEST(LengthBuckets, TheLocalChainRunsAtBucketsLikeTheFullLength) {
+  const Sequences d = sequences_of_lengths({2, 1, 2, 2, 3, 4, 1, 2, 6, 5, 1, 3}, 9);
+  EncoderSplit s(3, bucketed_spec()), plain(3);
+  Sgd whole_opt(plain.whole.params(), sgd());
+  ChainTrainer chain({&s.front, &s.back}, {&s.front_opt, &s.back_opt}), whole({&plain.whole}, {&whole_opt});
+  expect_trains_alike(chain, whole, s, plain.whole, d, 4, 3);
+}
+
+// Each epoch's batches are grouped by length: within megabatches of 50 batches every batch
+// holds samples of like length (the megabatch sorted, longest first, then its whole batches
+// shuffled), the samples are those of the epoch's order there, and the same (order, lengths,
+// seed) give the same grouping.
+TEST(LengthBuckets, EpochsGroupBatchesByLength) {
+  const int64_t n = 231, batch = 2;  // megabatches of 100: two whole ones and 31 (15 batches and one sample)
+  Rng rng(4);
+  std::vector<int32_t> lengths;
+  for (int64_t i = 0; i < n; ++i) lengths.push_back(1 + static_cast<int32_t>(rng.below(128)));
+  const std::vector<int64_t> order = epoch_order(n, 1, 0);
+  std::vector<int64_t> grouped = order;
+  group_by_length(grouped, lengths, batch, 7);
+  auto length_at = [&](int64_t i) { return lengths[static_cast<std::size_t>(grouped[static_cast<std::size_t>(i)])]; };
+  for (int64_t first = 0; first < n; first += 100) {
+    const int64_t last = std::min(n, first + 100);
+    EXPECT_TRUE(std::is_permutation(grouped.begin() + first, grouped.begin() + last, order.begin() + first));
+    // Sorted into batches: the batches' length ranges do not overlap, and they are not in
+    // sorted order any more (shuffled).
+    std::vector<std::pair<int32_t, int32_t>> ranges;  // per whole batch: shortest, longest
+    for (int64_t b = first; b + batch <= last; b += batch)
+      ranges.emplace_back(std::min(length_at(b), length_at(b + 1)), std::max(length_at(b), length_at(b + 1)));
+    bool descending = true;
+    for (std::size_t i = 0; i < ranges.size(); ++i)
+      for (std::size_t j = 0; j < ranges.size(); ++j) {
+        if (i == j) continue;
+        EXPECT_TRUE(ranges[i].second <= ranges[j].first || ranges[j].second <= ranges[i].first ||
+                    ranges[i].first == ranges[i].second || ranges[j].first == ranges[j].second ||
+                    ranges[i] == ranges[j])
+            << "batches " << i << " and " << j << " of the megabatch at " << first << " mix lengths";
+        if (j == i + 1 && ranges[i].first < ranges[j].second) descending = false;
+      }
+    EXPECT_FALSE(descending) << "the megabatch at " << first << " was not shuffled";
+  }
+  EXPECT_EQ(grouped.back(), [&] {  // the epoch's last sample, in a batch of its own, stays last
+    std::vector<int64_t> tail(order.begin() + 200, order.end());
+    std::stable_sort(tail.begin(), tail.end(), [&](int64_t a, int64_t b) {
+      return lengths[static_cast<std::size_t>(a)] > lengths[static_cast<std::size_t>(b)];
+    });
+    return tail.back();
+  }());
+  std::vector<int64_t> again = order, other = order;
+  group_by_length(again, lengths, batch, 7);
+  group_by_length(other, lengths, batch, 8);
+  EXPECT_EQ(again, grouped);
+  EXPECT_NE(other, grouped);
+}
+
+// A Forward at a length that is not a bucket (or longer than the spec's) is refused by name.
+TEST(LengthBucketsBadInput, TheCloudTakesBucketLengthsOnly) {
+  const Sequences d = sequences_of_lengths({2, 1, 2, 2}, 10);
+  for (const int64_t tokens : {3, 7}) {
+    EncoderSplit s(1, bucketed_spec());
+    s.edge.begin_step(d.inputs(), d.labels.data());
+    s.edge.forward(0);  // bucket 2
+    MessageWriter w;
+    const Tensor activations = Tensor::zeros({4, tokens, 8});
+    const Tensor mask = Tensor::zeros({4 * tokens});
+    CloudReply r = deliver(s.cloud, w.forward(0, 0, 0, activations, d.labels, 4, 1, wire::DType::F32, 1.0f, false, &mask));
+    ASSERT_TRUE(r.close);
+    EXPECT_EQ(wire::GetMessage(r.bytes.data())->payload_as_Error()->text()->str(),
+              cat("activations of ", tokens, " tokens: this model runs sequences at its length buckets [2, 4, 6] only"));
+  }
+}
+
+// Buckets belong on the mask, increase within its length, and need a model whose every node
+// that reads a sequence takes any length, with an output that is not per token.
+TEST(LengthBucketsBadInput, SpecsAreChecked) {
+  auto error_for = [](const std::string& from, const std::string& to) {
+    std::string json = bucketed_spec();
+    json.replace(json.find(from), from.size(), to);
+    return error_of([&] { Graph::build(parse_model_json(json)); });
+  };
+  EXPECT_EQ(error_for("length_buckets: [2, 4]", "length_buckets: [4, 2]"),
+            "[model spec] input 'mask': field 'length_buckets' needs increasing lengths in [1, 6], got 2 at position 1");
+  EXPECT_EQ(error_for("length_buckets: [2, 4]", "length_buckets: [2, 9]"),
+            "[model spec] input 'mask': field 'length_buckets' needs increasing lengths in [1, 6], got 9 at position 1");
+  EXPECT_EQ(error_for(R"(dtype: "int32" })", R"(dtype: "int32", length_buckets: [3] })"),
+            "[model spec] input 'ids': field 'length_buckets' belongs on the mask input");
+  EXPECT_EQ(error_for(R"({ name: "cls", op: "token_pool", inputs: ["ln3", "mask"], token_pool: { mode: "mean" } },
+    { name: "fc", op: "linear", inputs: ["cls"], linear: { out_features: 3 } } ], output: "fc")",
+                      R"({ name: "flat", op: "flatten", inputs: ["ln3"] },
+    { name: "fc", op: "linear", inputs: ["flat"], linear: { out_features: 3 } } ], output: "fc")"),
+            "[graph] node 'flat' (flatten) reads 'ln3', a sequence that runs at the length buckets' lengths, but it "
+            "needs its inputs' full length; drop field 'length_buckets' or change the node");
+  EXPECT_EQ(error_for(R"({ name: "pos", op: "position_embedding", inputs: ["tok"], embedding: { count: 6 } },)",
+                      R"({ name: "pos", op: "position_embedding", inputs: ["tok"], embedding: { count: 6 } },
+    { name: "idl", op: "linear", inputs: ["ids"], linear: { out_features: 8 } },)"),
+            "[graph] node 'idl' (linear) reads 'ids', a sequence that runs at the length buckets' lengths, but it would "
+            "work across the tokens; drop field 'length_buckets' or change the node");
+  EXPECT_EQ(error_for(R"(output: "fc")", R"(output: "ln3")"),
+            "[graph] output node 'ln3' is per token, so its size would follow the length buckets; pool the tokens "
+            "(token_pool) before the output, or drop field 'length_buckets'");
 }
 
 }  // namespace

@@ -23,7 +23,7 @@
 #include "edge/session/edge_session.h"
 #include "core/sha256.h"
 #include "core/wire/messages.h"
-#include "ports/lws/lws_endpoint.h"
+#include "ports/tls/wss_client.h"
 #include "test_support.h"
 
 namespace tandem::test {
@@ -80,8 +80,8 @@ class Service {
   std::string state_dir() const { return (dir_ / "state").string(); }
 
   // `with_certificate` false: TLS without a client certificate, as a browser connects.
-  std::unique_ptr<LwsEndpoint> client(bool with_certificate = true) {
-    auto c = LwsEndpoint::connect("localhost", port_, with_certificate ? id_ : TlsIdentity{"", "", id_.ca});
+  std::unique_ptr<WssClient> client(bool with_certificate = true) {
+    auto c = WssClient::connect("localhost", port_, with_certificate ? id_ : TlsIdentity{"", "", id_.ca});
     EndpointEvent ev;
     EXPECT_TRUE(c->next(ev, 10s));
     EXPECT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Connected)) << ev.text;
@@ -188,7 +188,7 @@ std::vector<uint8_t> token_hello(const std::string& token, const std::string& cl
   return bytes(w.hello(client, model_hash(spec, "pool2"), token));
 }
 
-void expect_welcome(std::unique_ptr<LwsEndpoint> c, const std::vector<uint8_t>& hello) {
+void expect_welcome(std::unique_ptr<WssClient> c, const std::vector<uint8_t>& hello) {
   c->send(0, hello);
   EndpointEvent ev;
   ASSERT_TRUE(c->next(ev, 10s));

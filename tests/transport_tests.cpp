@@ -1,18 +1,26 @@
-// Transport tests on loopback: TLS WebSockets with mutual TLS between an LwsEndpoint server
-// and clients, large fragmented messages both ways, the size cap, and the connections that
-// must be refused (another CA's certificate, no certificate, plain ws://).
+// Transport tests on loopback: TLS WebSockets with mutual TLS between the cloud's server
+// (LwsEndpoint) and the edge's client (WssClient), large fragmented messages both ways, the
+// size cap, the connections that must be refused (another CA's certificate, no certificate,
+// plain ws://, a server certificate for another name), and a broken server's frames.
 #include <arpa/inet.h>
 #include <gtest/gtest.h>
 #include <netinet/in.h>
 #include <sys/socket.h>
 #include <unistd.h>
 
+#include <openssl/evp.h>
+#include <openssl/sha.h>
+#include <openssl/ssl.h>
+
+#include <cstring>
 #include <filesystem>
+#include <thread>
 
 #include "cloud/pki/pki.h"
 #include "ports/lws/client_frame_audit.h"
 #include "ports/lws/lws_endpoint.h"
-#include "ports/lws/ws_frame.h"
+#include "ports/tls/wss_client.h"
+#include "ports/tls/ws_frame.h"
 #include "test_support.h"
 
 namespace tandem::test {
@@ -47,7 +55,8 @@ Pki& pki_files() {
 }
 
 // The next event of `kind`, skipping none: fails the test on timeout or another kind.
-EndpointEvent expect_event(LwsEndpoint& e, Kind kind, std::chrono::milliseconds timeout = 10s) {
+template <class Endpoint>
+EndpointEvent expect_event(Endpoint& e, Kind kind, std::chrono::milliseconds timeout = 10s) {
   EndpointEvent ev;
   EXPECT_TRUE(e.next(ev, timeout)) << "no event within the timeout";
   EXPECT_EQ(static_cast<int>(ev.kind), static_cast<int>(kind)) << "event text: " << ev.text;
@@ -128,7 +137,7 @@ TEST(ClientFrameAudit, FollowsFramesAndCatchesTheFirstUnmaskedOne) {
 TEST(Transport, MutualTlsCarriesLargeMessagesBothWays) {
   auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server);
   ASSERT_GT(server->port(), 0);
-  auto client = LwsEndpoint::connect("localhost", server->port(), pki_files().edge);
+  auto client = WssClient::connect("localhost", server->port(), pki_files().edge);
   const EndpointEvent hello = expect_event(*server, Kind::Connected);
   EXPECT_EQ(hello.text, "edge1");  // the peer certificate's CN
   expect_event(*client, Kind::Connected);
@@ -158,7 +167,7 @@ TEST(Transport, OverTheSizeCapGetsAnErrorAndTheServerGoesOn) {
   EndpointOptions small;
   small.max_message_bytes = 1 << 20;
   auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server, small);
-  auto client = LwsEndpoint::connect("localhost", server->port(), pki_files().edge);
+  auto client = WssClient::connect("localhost", server->port(), pki_files().edge);
   expect_event(*server, Kind::Connected);
   expect_event(*client, Kind::Connected);
   client->send(0, pattern(2 << 20, 5));
@@ -172,20 +181,20 @@ TEST(Transport, OverTheSizeCapGetsAnErrorAndTheServerGoesOn) {
   expect_event(*client, Kind::Closed);
   expect_event(*server, Kind::Closed);
 
-  auto second = LwsEndpoint::connect("localhost", server->port(), pki_files().edge);
+  auto second = WssClient::connect("localhost", server->port(), pki_files().edge);
   expect_event(*server, Kind::Connected);
   expect_event(*second, Kind::Connected);
 }
 
 void expect_refused(const TlsIdentity& who, const EndpointOptions& options = {}) {
   auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server, options);
-  auto client = LwsEndpoint::connect("localhost", server->port(), who);
+  auto client = WssClient::connect("localhost", server->port(), who);
   EndpointEvent ev;
   ASSERT_TRUE(client->next(ev, 10s));
   EXPECT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Closed)) << ev.text;
   EXPECT_FALSE(server->next(ev, 200ms) && ev.kind == Kind::Connected) << "the server accepted " << ev.text;
   // And it keeps serving a proper edge.
-  auto good = LwsEndpoint::connect("localhost", server->port(), pki_files().edge);
+  auto good = WssClient::connect("localhost", server->port(), pki_files().edge);
   EXPECT_EQ(expect_event(*server, Kind::Connected).text, "edge1");
 }
 
@@ -203,10 +212,10 @@ EndpointOptions certificate_optional() {
 
 TEST(Transport, OptionalClientCertificateLetsAnonymousPeersInWithoutACommonName) {
   auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server, certificate_optional());
-  auto anonymous = LwsEndpoint::connect("localhost", server->port(), pki_files().anonymous);
+  auto anonymous = WssClient::connect("localhost", server->port(), pki_files().anonymous);
   EXPECT_EQ(expect_event(*server, Kind::Connected).text, "");
   expect_event(*anonymous, Kind::Connected);
-  auto edge = LwsEndpoint::connect("localhost", server->port(), pki_files().edge);
+  auto edge = WssClient::connect("localhost", server->port(), pki_files().edge);
   EXPECT_EQ(expect_event(*server, Kind::Connected).text, "edge1");
 }
 
@@ -237,6 +246,201 @@ TEST(Transport, PlainWebSocketIsRefused) {
   EXPECT_EQ(answer.find("101 Switching Protocols"), std::string::npos) << answer;
   EndpointEvent ev;
   EXPECT_FALSE(server->next(ev, 200ms) && ev.kind == Kind::Connected);
+}
+
+// The server's frame headers as the edge's client reads them (RFC 6455 5.2, 5.1, 5.5).
+TEST(ClientFrame, ServerHeadersAreReadAndChecked) {
+  ServerFrameHeader h;
+  std::string error;
+  const uint8_t small[] = {0x82, 0x05};
+  ASSERT_TRUE(read_server_frame_header(small, 2, h, error));
+  EXPECT_TRUE(h.fin);
+  EXPECT_EQ(h.opcode, ws_opcode::kBinary);
+  EXPECT_EQ(h.length, 5u);
+  EXPECT_EQ(h.size, 2u);
+  const uint8_t medium[] = {0x02, 126, 0x01, 0x00};
+  EXPECT_FALSE(read_server_frame_header(medium, 3, h, error));  // more bytes needed
+  EXPECT_EQ(error, "");
+  ASSERT_TRUE(read_server_frame_header(medium, 4, h, error));
+  EXPECT_FALSE(h.fin);
+  EXPECT_EQ(h.length, 256u);
+  EXPECT_EQ(h.size, 4u);
+  const uint8_t large[] = {0x80, 127, 0, 0, 0, 0, 0, 1, 0, 0};
+  ASSERT_TRUE(read_server_frame_header(large, 10, h, error));
+  EXPECT_EQ(h.opcode, ws_opcode::kContinuation);
+  EXPECT_EQ(h.length, 65536u);
+  EXPECT_EQ(h.size, 10u);
+
+  const auto broken = [](std::initializer_list<uint8_t> bytes) {
+    const std::vector<uint8_t> v(bytes);
+    ServerFrameHeader ignored;
+    std::string why;
+    EXPECT_FALSE(read_server_frame_header(v.data(), v.size(), ignored, why));
+    return why;
+  };
+  EXPECT_EQ(broken({0x82, 0x85, 1, 2, 3, 4}), "a masked frame from the server (RFC 6455 section 5.1: a server never masks)");
+  EXPECT_EQ(broken({0xC2, 0x00}), "a frame with reserved bits set (no extension was agreed)");
+  EXPECT_EQ(broken({0x83, 0x00}), "a frame with the reserved opcode 3");
+  EXPECT_EQ(broken({0x8B, 0x00}), "a frame with the reserved opcode 11");
+  EXPECT_EQ(broken({0x09, 0x00}), "a fragmented or long control frame (RFC 6455 section 5.5)");
+  EXPECT_EQ(broken({0x89, 126, 0, 200}), "a fragmented or long control frame (RFC 6455 section 5.5)");
+  EXPECT_EQ(broken({0x82, 127, 0x80, 0, 0, 0, 0, 0, 0, 1}), "a frame length with its top bit set");
+}
+
+// A TLS server that answers the WebSocket upgrade itself and then sends `then` as it is: what
+// a broken or hostile server could send the edge's client.
+class RawTlsServer {
+ public:
+  explicit RawTlsServer(std::vector<uint8_t> then, bool right_accept = true) : then_(std::move(then)) {
+    ctx_ = SSL_CTX_new(TLS_server_method());
+    SSL_CTX_use_certificate_chain_file(ctx_, pki_files().server.cert.c_str());
+    SSL_CTX_use_PrivateKey_file(ctx_, pki_files().server.key.c_str(), SSL_FILETYPE_PEM);
+    listen_fd_ = ::socket(AF_INET, SOCK_STREAM, 0);
+    sockaddr_in addr{};
+    addr.sin_family = AF_INET;
+    addr.sin_addr.s_addr = htonl(INADDR_LOOPBACK);
+    EXPECT_EQ(::bind(listen_fd_, reinterpret_cast<sockaddr*>(&addr), sizeof addr), 0);
+    EXPECT_EQ(::listen(listen_fd_, 1), 0);
+    socklen_t len = sizeof addr;
+    ::getsockname(listen_fd_, reinterpret_cast<sockaddr*>(&addr), &len);
+    port_ = ntohs(addr.sin_port);
+    thread_ = std::thread([this, right_accept] { serve(right_accept); });
+  }
+  ~RawTlsServer() {
+    thread_.join();
+    ::close(listen_fd_);
+    SSL_CTX_free(ctx_);
+  }
+  int port() const { return port_; }
+
+ private:
+  void serve(bool right_accept) {
+    const int fd = ::accept(listen_fd_, nullptr, nullptr);
+    timeval tv{5, 0};
+    setsockopt(fd, SOL_SOCKET, SO_RCVTIMEO, &tv, sizeof tv);
+    SSL* ssl = SSL_new(ctx_);
+    SSL_set_fd(ssl, fd);
+    if (SSL_accept(ssl) == 1) {
+      std::string request;
+      char buf[4096];
+      while (request.find("\r\n\r\n") == std::string::npos) {
+        const int n = SSL_read(ssl, buf, sizeof buf);
+        if (n <= 0) break;
+        request.append(buf, static_cast<std::size_t>(n));
+      }
+      const std::size_t at = request.find("Sec-WebSocket-Key: ") + 19;
+      std::string key = request.substr(at, request.find("\r\n", at) - at) + "258EAFA5-E914-47DA-95CA-C5AB0DC85B11";
+      if (!right_accept) key += "x";
+      unsigned char digest[SHA_DIGEST_LENGTH], accept[64] = {};
+      SHA1(reinterpret_cast<const unsigned char*>(key.data()), key.size(), digest);
+      EVP_EncodeBlock(accept, digest, sizeof digest);
+      std::string reply = "HTTP/1.1 101 Switching Protocols\r\nUpgrade: websocket\r\nConnection: Upgrade\r\n"
+                          "Sec-WebSocket-Protocol: tandem.v1\r\nSec-WebSocket-Accept: ";
+      reply += reinterpret_cast<const char*>(accept);
+      reply += "\r\n\r\n";
+      reply.append(then_.begin(), then_.end());
+      SSL_write(ssl, reply.data(), static_cast<int>(reply.size()));
+      while (SSL_read(ssl, buf, sizeof buf) > 0) {  // until the client closes (or 5 s)
+      }
+    }
+    SSL_free(ssl);
+    ::close(fd);
+  }
+  std::vector<uint8_t> then_;
+  SSL_CTX* ctx_ = nullptr;
+  int listen_fd_ = -1, port_ = 0;
+  std::thread thread_;
+};
+
+// What the client reports (the Closed event's text) after the server sent `frames`, and
+// the sizes of the messages it delivered before.
+std::string client_verdict(std::vector<uint8_t> frames, std::vector<std::size_t>* messages = nullptr,
+                           bool right_accept = true, EndpointOptions options = {}) {
+  RawTlsServer server(std::move(frames), right_accept);
+  auto client = WssClient::connect("localhost", server.port(), pki_files().edge, options);
+  EndpointEvent ev;
+  while (client->next(ev, 10s)) {
+    if (ev.kind == Kind::Closed) return ev.text;
+    if (ev.kind == Kind::Message && messages) messages->push_back(ev.frame.size());
+  }
+  return "no Closed within 10 s";
+}
+
+TEST(Transport, TheClientRefusesWhatABrokenServerSends) {
+  EXPECT_EQ(client_verdict({}, nullptr, /*right_accept=*/false),
+            "connection closed during the handshake: the server's Sec-WebSocket-Accept does not match the key");
+  EXPECT_EQ(client_verdict({0x82, 0x83, 1, 2, 3, 4, 'a', 'b', 'c'}),
+            "connection closed: the server broke the WebSocket protocol: a masked frame from the server (RFC 6455 "
+            "section 5.1: a server never masks)");
+  EXPECT_EQ(client_verdict({0x81, 0x01, 'a'}),
+            "connection closed: the server sent a text frame (tandem.v1 is binary frames only)");
+  EXPECT_EQ(client_verdict({0x80, 0x01, 'a'}), "connection closed: the server continued a message it never began");
+  EXPECT_EQ(client_verdict({0x02, 0x01, 'a', 0x82, 0x01, 'b'}),
+            "connection closed: the server began a message inside another");
+  EndpointOptions small;
+  small.max_message_bytes = 1000;
+  EXPECT_EQ(client_verdict({0x82, 126, 0x07, 0xD0}, nullptr, true, small),  // 2000 announced
+            "connection closed: a message from the server exceeds the limit of 1000 bytes");
+  // A message in three fragments with a ping between them, then a close with a reason: the
+  // message arrives whole, and the reason is reported.
+  std::vector<uint8_t> frames = {0x02, 0x02, 'a', 'b', 0x89, 0x01, 'p', 0x00, 0x01, 'c', 0x80, 0x00};
+  frames.insert(frames.end(), {0x82, 0x00});  // an empty message
+  frames.insert(frames.end(), {0x88, 0x05, 0x03, 0xE8, 'b', 'y', 'e'});
+  std::vector<std::size_t> messages;
+  EXPECT_EQ(client_verdict(frames, &messages), "connection closed: bye");
+  EXPECT_EQ(messages, (std::vector<std::size_t>{3, 0}));
+}
+
+// The server's certificate must name the host the edge dialled, not just chain to its CA.
+TEST(Transport, TheClientChecksTheServersName) {
+  auto server = LwsEndpoint::listen("0.0.0.0", 0, pki_files().server);
+  auto client = WssClient::connect("127.0.0.2", server->port(), pki_files().edge);
+  EndpointEvent ev;
+  ASSERT_TRUE(client->next(ev, 10s));
+  EXPECT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Closed));
+  EXPECT_EQ(ev.text, "connection failed: the server's certificate: IP address mismatch");
+  auto by_address = WssClient::connect("127.0.0.1", server->port(), pki_files().edge);
+  expect_event(*by_address, Kind::Connected);
+  EXPECT_EQ(expect_event(*server, Kind::Connected).text, "edge1");
+}
+
+// A client whose application lags stops reading (the server's sends wait in TCP) and, once
+// read again, delivers every message in order.
+TEST(Transport, ALaggingClientPausesAndLosesNothing) {
+  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server);
+  EndpointOptions shallow;
+  shallow.queue_depth = 4;
+  auto client = WssClient::connect("localhost", server->port(), pki_files().edge, shallow);
+  const EndpointEvent hello = expect_event(*server, Kind::Connected);
+  expect_event(*client, Kind::Connected);
+  constexpr int kMessages = 40;
+  for (int i = 0; i < kMessages; ++i) server->send(hello.connection, pattern(200000, static_cast<uint8_t>(i)));
+  std::this_thread::sleep_for(300ms);
+  EXPECT_LE(client->queued_events(), 5u);
+  for (int i = 0; i < kMessages; ++i) {
+    const EndpointEvent got = expect_event(*client, Kind::Message);
+    const auto want = pattern(200000, static_cast<uint8_t>(i));
+    ASSERT_EQ(got.frame.size(), want.size());
+    ASSERT_EQ(std::memcmp(got.frame.data(), want.data(), want.size()), 0) << "message " << i;
+  }
+}
+
+// Idle connections stay up: the server's pings are answered, and the client's own pings
+// are (lws answers them), so neither side hangs up on a quiet peer.
+TEST(Transport, IdlePingsKeepAQuietConnection) {
+  EndpointOptions quick;
+  quick.idle_ping_s = 1;
+  quick.idle_hangup_s = 3;
+  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server, quick);
+  auto client = WssClient::connect("localhost", server->port(), pki_files().edge, quick);
+  const EndpointEvent hello = expect_event(*server, Kind::Connected);
+  expect_event(*client, Kind::Connected);
+  EndpointEvent ev;
+  EXPECT_FALSE(client->next(ev, 4500ms)) << "event text: " << ev.text;
+  client->send(0, pattern(10, 1));
+  EXPECT_EQ(expect_event(*server, Kind::Message).frame.size(), 10u);
+  server->send(hello.connection, pattern(20, 2));
+  EXPECT_EQ(expect_event(*client, Kind::Message).frame.size(), 20u);
 }
 
 }  // namespace

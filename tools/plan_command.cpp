@@ -30,7 +30,7 @@ std::vector<int> parse_list(const std::string& text) {
 int plan_command(const CliArgs& args) {
   args.reject_unknown({"model", "batch", "uplink-mbps", "downlink-mbps", "edge-gflops", "cloud-gflops", "profile-edge",
                        "edge-memory-mb", "wire-dtype", "edge-backend", "cloud-backend", "microbatches", "iterations",
-                       "cut"});
+                       "cut", "pipeline"});
   const ModelSpec spec = load_model_spec(args.required("model"));
   const Graph graph = Graph::build(spec);
   const int64_t batch = args.integer("batch", 64, 1);
@@ -57,13 +57,16 @@ int plan_command(const CliArgs& args) {
   po.dtype = *dtype;
   po.iterations = iterations;
   if (args.has("cut")) po.cuts = {args.str("cut", "")};
+  const std::string pipeline = args.str("pipeline", "sync");
+  if (pipeline != "sync" && pipeline != "async") fail("cli", cat("--pipeline: '", pipeline, "' is neither sync nor async"));
+  po.async = pipeline == "async";
   std::fprintf(stderr, "planning: edge compute %s, cloud compute %s\n",
                edge_gflops > 0 ? cat(edge_gflops, " GFLOP/s (given)").c_str() : "measured here",
                cloud_gflops > 0 ? cat(cloud_gflops, " GFLOP/s (given)").c_str() : "measured here");
   const std::vector<PlanRow> rows = plan_split(graph, po, *backends.edge, *backends.cloud);
 
-  std::printf("batch %lld, uplink %.1f Mbit/s, downlink %.1f Mbit/s, %s on the wire; times per step in ms\n",
-              static_cast<long long>(batch), up_mbps, down_mbps, dtype_name(*dtype));
+  std::printf("batch %lld, uplink %.1f Mbit/s, downlink %.1f Mbit/s, %s on the wire, %s pipeline; times per step in ms\n",
+              static_cast<long long>(batch), up_mbps, down_mbps, dtype_name(*dtype), pipeline.c_str());
   std::printf("%-12s %3s %9s %9s %9s %9s %10s %10s %7s %12s %10s\n", "cut", "K", "edge", "uplink", "cloud", "downlink",
               "step", "1st grad", "bubble", "samples/s", "edge MiB");
   for (const PlanRow& r : rows)
@@ -72,10 +75,10 @@ int plan_command(const CliArgs& args) {
                 r.first_grad_s * 1e3, 100.0 * r.edge_idle_s / r.step_s, r.samples_per_s, r.edge_peak_mb,
                 r.fits ? "" : "  (over --edge-memory-mb)");
   for (const PlanRow& r : rows)
-    std::printf("{\"plan\":\"%s\",\"cut\":\"%s\",\"microbatches\":%d,\"predicted_step_s\":%.6f,\"predicted_samples_per_s\":%.1f,"
+    std::printf("{\"plan\":\"%s\",\"pipeline\":\"%s\",\"cut\":\"%s\",\"microbatches\":%d,\"predicted_step_s\":%.6f,\"predicted_samples_per_s\":%.1f,"
                 "\"predicted_first_grad_ms\":%.3f,\"predicted_edge_idle_fraction\":%.4f,\"predicted_cloud_idle_fraction\":%.4f,"
                 "\"edge_peak_mb\":%.1f,\"fits\":%s}\n",
-                spec.name.c_str(), r.cut.c_str(), r.microbatches, r.step_s, r.samples_per_s, r.first_grad_s * 1e3,
+                spec.name.c_str(), pipeline.c_str(), r.cut.c_str(), r.microbatches, r.step_s, r.samples_per_s, r.first_grad_s * 1e3,
                 r.edge_idle_s / r.step_s, r.cloud_idle_s / r.step_s, r.edge_peak_mb, r.fits ? "true" : "false");
   const PlanRow& best = recommend(rows);
   std::printf("recommended: cut=%s microbatches=%d predicted_samples_per_s=%.1f\n", best.cut.c_str(), best.microbatches,

@@ -45,10 +45,12 @@ constexpr const char* kUsage = R"(usage:
       B (default 16) random samples, median of N (default 20); prints a table and a JSON line.
   tandem plan --model SPEC --uplink-mbps U [--downlink-mbps D] [--edge-gflops G | --profile-edge]
               [--cloud-gflops G] [--edge-memory-mb M] [--batch B] [--microbatches 1,2,4,8,16]
-              [--wire-dtype f32|f16|bf16|i8] [--cut NODE] [--iterations N]
+              [--wire-dtype f32|f16|bf16|i8] [--cut NODE] [--iterations N] [--pipeline sync|async]
       For every legal cut and micro-batch count K: the predicted step time of the pipeline
-      (edge compute, uplink, cloud compute, downlink overlapping over K micro-batches) and the
-      edge's peak memory; then `recommended: cut=NODE microbatches=K predicted_samples_per_s=X`.
+      (edge compute, uplink, cloud compute, downlink overlapping over K micro-batches; with
+      --pipeline async the next step's forwards overlap this one's backwards, as
+      tandem-edge --pipeline async runs) and the edge's peak memory; then
+      `recommended: cut=NODE microbatches=K predicted_samples_per_s=X`.
       Compute is measured here on the edge and cloud backends unless given in GFLOP/s.
   tandem export --model SPEC --edge-ckpt FILE --cloud-ckpt FILE [--identity IDDIR | --key FILE]
                 [--base FILE [--merge-lora]] --out model.safetensors

@@ -79,11 +79,12 @@ EMSCRIPTEN_KEEPALIVE int tandem_set_privacy(float dp_clip, float dp_noise, doubl
 }
 
 // spec: the binary model spec (tandem pack-spec). wire_dtype: f32, f16, bf16 or i8.
-// front_updates (in a federation): step or round.
+// front_updates (in a federation): step or round. pipeline: sync or async (tandem-edge's
+// --pipeline: the next step's forwards before this one's gradients are in).
 EMSCRIPTEN_KEEPALIVE int tandem_create(const uint8_t* spec, int spec_len, const char* cut, const char* client_id,
                                        const char* token, int batch, int microbatches, int steps, float lr,
                                        float momentum, int seed, const char* wire_dtype, int eval_samples,
-                                       const char* front_updates) {
+                                       const char* front_updates, const char* pipeline) {
   return guarded([&] {
     Page& p = page();
     p.socket.reset();
@@ -104,6 +105,10 @@ EMSCRIPTEN_KEEPALIVE int tandem_create(const uint8_t* spec, int spec_len, const 
     if (updates != "step" && updates != "round")
       fail("edge", cat("unknown front updates '", updates, "' (known: step, round)"));
     c.front_updates_per_round = updates == "round";
+    const std::string schedule = pipeline;
+    if (schedule != "sync" && schedule != "async")
+      fail("edge", cat("unknown pipeline '", schedule, "' (known: sync, async)"));
+    c.async = schedule == "async";
     const auto dtype = parse_dtype(wire_dtype);
     if (!dtype) fail("edge", cat("unknown wire dtype '", wire_dtype, "' (known: f32, f16, bf16, i8)"));
     c.dtypes = {*dtype};

@@ -7,7 +7,9 @@
 
 #include <cstdint>
 #include <functional>
+#include <map>
 #include <memory>
+#include <mutex>
 #include <string>
 
 #include "core/backend.h"
@@ -31,22 +33,6 @@ struct ThreadpoolDeleter {
 };
 using Threadpool = std::unique_ptr<pthreadpool, ThreadpoolDeleter>;
 
-// What a backend shares with its kernels; kernels hold it by shared_ptr, so a kernel that
-// outlives its backend still has a thread pool.
-struct Context {
-  Threadpool pool;  // null: run on the caller's thread
-  pthreadpool_t threadpool() const { return pool.get(); }
-  // The pool's threads (1 without one), and core's kernels' way onto them.
-  int threads() const { return pool ? static_cast<int>(pthreadpool_get_threads_count(pool.get())) : 1; }
-  simd::ParallelFor parallel_for() const {
-    using Body = std::function<void(int64_t)>;
-    return [p = pool.get()](int64_t count, const Body& body) {
-      auto piece = [](void* f, size_t i) { (*static_cast<const Body*>(f))(static_cast<int64_t>(i)); };
-      pthreadpool_parallelize_1d(p, piece, const_cast<Body*>(&body), static_cast<size_t>(count), 0);
-    };
-  }
-};
-
 // An operator that packed a layer's weights when it was created, and which weights those were:
 // it is re-created only when the weights (pointer or version) change, once per optimizer step.
 struct PackedOperator {
@@ -65,6 +51,43 @@ struct PackedOperator {
     version = w.version;
   }
 };
+
+// What a backend shares with its kernels; kernels hold it by shared_ptr, so a kernel that
+// outlives its backend still has a thread pool.
+struct Context {
+  Threadpool pool;  // null: run on the caller's thread
+  // A linear layer's packed weights, shared by its kernels at every row count (micro-batch
+  // sizes, length buckets) through LinearGeometry::weights_id: a new weights version packs
+  // once, not once per kernel. Entries live while a kernel holds them.
+  struct LinearPacking {
+    PackedOperator forward, backward_data;
+  };
+  std::shared_ptr<LinearPacking> linear_packing(uint64_t weights_id) const {
+    if (weights_id == 0) return std::make_shared<LinearPacking>();
+    const std::lock_guard<std::mutex> lock(packing_mutex_);
+    std::weak_ptr<LinearPacking>& entry = packings_[weights_id];
+    std::shared_ptr<LinearPacking> p = entry.lock();
+    if (!p) entry = p = std::make_shared<LinearPacking>();
+    for (auto it = packings_.begin(); it != packings_.end();)  // forget the expired
+      it = it->second.expired() ? packings_.erase(it) : std::next(it);
+    return p;
+  }
+  pthreadpool_t threadpool() const { return pool.get(); }
+  // The pool's threads (1 without one), and core's kernels' way onto them.
+  int threads() const { return pool ? static_cast<int>(pthreadpool_get_threads_count(pool.get())) : 1; }
+  simd::ParallelFor parallel_for() const {
+    using Body = std::function<void(int64_t)>;
+    return [p = pool.get()](int64_t count, const Body& body) {
+      auto piece = [](void* f, size_t i) { (*static_cast<const Body*>(f))(static_cast<int64_t>(i)); };
+      pthreadpool_parallelize_1d(p, piece, const_cast<Body*>(&body), static_cast<size_t>(count), 0);
+    };
+  }
+
+ private:
+  mutable std::mutex packing_mutex_;
+  mutable std::map<uint64_t, std::weak_ptr<LinearPacking>> packings_;
+};
+
 
 // xnn_initialize, once per process; throws Error when XNNPACK refuses (e.g. unsupported CPU).
 void initialize();

@@ -11,36 +11,38 @@ constexpr float kInf = std::numeric_limits<float>::infinity();
 class XnnLinear final : public LinearKernel {
  public:
   XnnLinear(std::shared_ptr<const Context> ctx, const LinearGeometry& g)
-      : ctx_(std::move(ctx)), g_(g), where_(g.str()) {
+      : ctx_(std::move(ctx)), g_(g), where_(g.str()), packing_(ctx_->linear_packing(g.weights_id)) {
     if (g.batch < 1 || g.in_features < 1 || g.out_features < 1) fail("xnnpack", cat("invalid geometry: ", where_));
     dyt_ = input_scratch(g.out_features * g.batch);
   }
 
   // y[N, O] = x[N, I] W[O, I]^T + b: weights in XNNPACK's own [out, in] layout.
   void forward(const float* x, const WeightsView& w, float* y) override {
-    if (!fwd_.holds(w, /*uses_bias=*/true)) {
+    PackedOperator& fwd = packing_->forward;
+    if (!fwd.holds(w, /*uses_bias=*/true)) {
       require_weights(w);
-      fwd_.op.reset();  // free the old packing before making the new one
+      fwd.op.reset();  // free the old packing before making the new one
       xnn_operator_t op = nullptr;
       check(xnn_create_fully_connected_nc_f32(in(), out(), in(), out(), w.weight, w.bias, -kInf, kInf, 0, &op),
             "xnn_create_fully_connected_nc_f32 (forward)", where_);
-      fwd_.reset(op, w);
+      fwd.reset(op, w);
     }
-    run(fwd_.op.get(), batch(), x, y, "forward");
+    run(fwd.op.get(), batch(), x, y, "forward");
   }
 
   // dx[N, I] = dy[N, O] W[O, I]: W read as [in = O, out = I] (XNN_FLAG_TRANSPOSE_WEIGHTS).
   void backward_data(const float* dy, const WeightsView& w, float* dx) override {
-    if (!bwd_.holds(w, /*uses_bias=*/false)) {
+    PackedOperator& bwd = packing_->backward_data;
+    if (!bwd.holds(w, /*uses_bias=*/false)) {
       require_weights(w);
-      bwd_.op.reset();
+      bwd.op.reset();
       xnn_operator_t op = nullptr;
       check(xnn_create_fully_connected_nc_f32(out(), in(), out(), in(), w.weight, nullptr, -kInf, kInf,
                                               XNN_FLAG_TRANSPOSE_WEIGHTS, &op),
             "xnn_create_fully_connected_nc_f32 (backward_data)", where_);
-      bwd_.reset(op, w);
+      bwd.reset(op, w);
     }
-    run(bwd_.op.get(), batch(), dy, dx, "backward_data");
+    run(bwd.op.get(), batch(), dy, dx, "backward_data");
   }
 
   // dW[O, I] = dy^T[O, N] x[N, I]: dy transposed by hand, x packed as weights [in = N, out = I]
@@ -79,7 +81,9 @@ class XnnLinear final : public LinearKernel {
   LinearGeometry g_;
   std::string where_;
   std::unique_ptr<float, AlignedFree> dyt_;  // dy^T [O, N]
-  PackedOperator fwd_, bwd_;
+  // The layer's packed weights, shared with its kernels at other row counts (each run sets
+  // the operator up for its own rows).
+  std::shared_ptr<Context::LinearPacking> packing_;
 };
 
 }  // namespace

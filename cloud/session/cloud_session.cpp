@@ -209,10 +209,23 @@ bool CloudSession::checked_batch(const Frame& frame, const wire::TensorMsg* t,
   } else if (!check_labels(labels, count, config_.classes, error)) {
     return false;
   }
-  if (!read_mask(mask, count, mask_tokens_, masks_[slot], error)) return false;
+  // With length buckets a micro-batch runs at its own length: the activations' second
+  // dimension, which must be a bucket; the mask comes at that length too.
+  const GraphInput& cut = back_.graph().inputs()[0];
+  int64_t length = -1;
+  if (cut.tokens && t && t->shape() && t->shape()->size() >= 2) {
+    length = int64_at(*t->shape(), 1);
+    const auto& buckets = back_.graph().length_buckets();
+    if (std::find(buckets.begin(), buckets.end(), length) == buckets.end()) {
+      error = {wire::ErrorCode::BadTensor, cat("activations of ", length, " tokens: this model runs sequences at its "
+                                               "length buckets ", back_.graph().buckets_text(), " only")};
+      return false;
+    }
+  }
+  if (!read_mask(mask, count, mask_tokens_ > 0 && length > 0 ? length : mask_tokens_, masks_[slot], error)) return false;
   std::vector<Tensor>& in = inputs_[slot];
-  in[0] = read_tensor(frame, t, back_.graph().inputs()[0].shape.batched(count), "activations", dtype_, decoded_[slot],
-                      error);
+  in[0] = read_tensor(frame, t, Graph::at_length(cut.shape, cut.tokens, length).batched(count), "activations", dtype_,
+                      decoded_[slot], error);
   if (mask_tokens_ > 0) in[1] = masks_[slot];
   return in[0].defined();
 }

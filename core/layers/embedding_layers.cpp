@@ -74,14 +74,14 @@ void EmbeddingLayer::backward(std::span<const Tensor> in, const Tensor&, const T
 }
 
 PositionEmbeddingLayer::PositionEmbeddingLayer(const GraphNode& node, const Shape& in, Rng& rng)
-    : Layer(node.spec.name), tokens_(in[0]), features_(in[1]),
+    : Layer(node.spec.name), features_(in[1]),
       weight_(node.spec.name + ".weight", Shape{node.spec.embedding.count, features_}) {
   init_normal(weight_, 1.0f, rng);
   if (node.spec.freeze) weight_.freeze();
 }
 
 void PositionEmbeddingLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
-  const int64_t sample = tokens_ * features_;
+  const int64_t sample = in[0].shape()[1] * features_;
   for (int64_t b = 0, n = in[0].numel() / sample; b < n; ++b) {
     std::memcpy(out.data() + b * sample, in[0].data() + b * sample, static_cast<std::size_t>(sample) * sizeof(float));
     add_row(weight_.value().data(), out.data() + b * sample, sample);  // rows 0..tokens-1 are contiguous
@@ -91,7 +91,8 @@ void PositionEmbeddingLayer::forward(std::span<const Tensor> in, Tensor& out, St
 void PositionEmbeddingLayer::backward(std::span<const Tensor>, const Tensor&, const Tensor& grad_out,
                                       std::span<Tensor> grad_in, Stash&) {
   pass_gradient(grad_out, grad_in);
-  scatter_rows(weight_, grad_out, features_, [&](int64_t t) { return t % tokens_; });
+  const int64_t tokens = grad_out.shape()[1];
+  scatter_rows(weight_, grad_out, features_, [&](int64_t t) { return t % tokens; });
 }
 
 LayoutEmbeddingLayer::LayoutEmbeddingLayer(const GraphNode& node, const Shape& in, Rng& rng)

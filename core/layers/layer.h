@@ -67,21 +67,30 @@ class Layer {
   std::string name_;
 };
 
-// Kernels keyed by batch size: the micro-batch size is fixed in steady state, and a smaller
-// last batch gets its own kernel instead of re-planning the common one.
+// Kernels keyed by batch size (or rows): the micro-batch size is fixed in steady state, and a
+// smaller last batch gets its own kernel instead of re-planning the common one. A sequence's
+// kernels may also key on its length (length buckets): a few of each, never one per call.
 template <typename Kernel>
 class KernelCache {
  public:
   template <typename Make>
   Kernel& get(int64_t batch, Make&& make) {
-    for (auto& [n, k] : kernels_)
-      if (n == batch) return *k;
-    kernels_.emplace_back(batch, make(batch));
-    return *kernels_.back().second;
+    return find_or_make(batch, 0, [&] { return make(batch); });
+  }
+  template <typename Make>
+  Kernel& get(int64_t batch, int64_t length, Make&& make) {
+    return find_or_make(batch, length, [&] { return make(batch, length); });
   }
 
  private:
-  std::vector<std::pair<int64_t, std::unique_ptr<Kernel>>> kernels_;
+  template <typename Make>
+  Kernel& find_or_make(int64_t batch, int64_t length, Make&& make) {
+    for (auto& [key, k] : kernels_)
+      if (key.first == batch && key.second == length) return *k;
+    kernels_.emplace_back(std::pair{batch, length}, make());
+    return *kernels_.back().second;
+  }
+  std::vector<std::pair<std::pair<int64_t, int64_t>, std::unique_ptr<Kernel>>> kernels_;
 };
 
 // Builds the layer for a node, initialising its parameters like PyTorch's defaults

@@ -70,6 +70,7 @@ class LinearLayer final : public Layer {
   Param weight_;
   std::optional<Param> bias_;
   std::optional<Param> lora_a_, lora_b_;  // NodeSpec::lora
+  std::array<uint64_t, 2> lora_ids_{};    // their LinearGeometry::weights_id
   float lora_scale_ = 0.0f;
   float lora_dropout_ = 0.0f;
   uint64_t lora_seed_ = 0, lora_calls_ = 0;  // the dropout mask's stream (counters(): replayed on resume)
@@ -224,7 +225,7 @@ class PositionEmbeddingLayer final : public Layer {
                 Stash& stash) override;
 
  private:
-  int64_t tokens_, features_;
+  int64_t features_;  // the tokens: the input's shape[1] (length buckets)
   Param weight_;
 };
 
@@ -269,9 +270,9 @@ class AttentionLayer final : public Layer {
                 Stash& stash) override;
 
  private:
-  AttentionKernel& kernel(int64_t batch);
+  AttentionKernel& kernel(const Tensor& q);
   Backend& backend_;
-  AttentionGeometry geometry_;
+  AttentionGeometry geometry_;  // batch and tokens set per kernel
   KernelCache<AttentionKernel> kernels_;
 };
 
@@ -280,7 +281,7 @@ class AttentionLayer final : public Layer {
 class TokenPoolLayer final : public Layer {
  public:
   TokenPoolLayer(const GraphNode& node, const Shape& in)
-      : Layer(node.spec.name), mean_(node.spec.token_pool.mean), tokens_(in[0]), features_(in[1]) {}
+      : Layer(node.spec.name), mean_(node.spec.token_pool.mean), features_(in[1]) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                 Stash& stash) override;
@@ -289,7 +290,7 @@ class TokenPoolLayer final : public Layer {
   // Sample b's weight of token t: 1 / kept tokens where kept, else 0 (first: 1 for token 0).
   float weight(std::span<const Tensor> in, int64_t b, int64_t t) const;
   bool mean_;
-  int64_t tokens_, features_;
+  int64_t features_;  // the tokens: the input's shape[1] (length buckets)
 };
 
 // Inputs side by side along the last dimension (channels). A copy, the same on every

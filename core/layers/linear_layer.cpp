@@ -17,6 +17,7 @@ LinearLayer::LinearLayer(const GraphNode& node, const Shape& in, Backend& backen
   geometry_.in_features = in[in.rank() - 1];
   geometry_.out_features = node.spec.linear.out_features;
   geometry_.bias = node.spec.linear.bias;
+  geometry_.weights_id = new_weights_id();
   const float bound = 1.0f / std::sqrt(static_cast<float>(geometry_.in_features));
   init_uniform(weight_, bound, rng);
   if (geometry_.bias) {
@@ -25,6 +26,7 @@ LinearLayer::LinearLayer(const GraphNode& node, const Shape& in, Backend& backen
   }
   if (const LoraAttrs& l = node.spec.lora; l.rank > 0) {
     // PEFT's initialisation: A as a linear layer's weight (U(+-1/sqrt(in))), B zero.
+    lora_ids_ = {new_weights_id(), new_weights_id()};
     lora_a_.emplace(node.spec.name + ".lora_A.weight", Shape{l.rank, geometry_.in_features});
     lora_b_.emplace(node.spec.name + ".lora_B.weight", Shape{geometry_.out_features, l.rank});
     init_uniform(*lora_a_, bound, rng);
@@ -64,8 +66,8 @@ LinearLayer::Lora& LinearLayer::lora(int64_t batch) {
   return lora_kernels_.get(batch, [&](int64_t n) {
     auto k = std::make_unique<Lora>();
     const int64_t r = lora_a_->value().shape()[0];
-    k->down = backend_.linear(LinearGeometry{n, geometry_.in_features, r, false});
-    k->up = backend_.linear(LinearGeometry{n, r, geometry_.out_features, false});
+    k->down = backend_.linear(LinearGeometry{n, geometry_.in_features, r, false, lora_ids_[0]});
+    k->up = backend_.linear(LinearGeometry{n, r, geometry_.out_features, false, lora_ids_[1]});
     k->up_out = Tensor::empty({n, geometry_.out_features});
     k->scaled_dy = Tensor::empty({n, geometry_.out_features});
     k->dx = Tensor::empty({n, geometry_.in_features});

@@ -248,21 +248,23 @@ std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape
 
 float TokenPoolLayer::weight(std::span<const Tensor> in, int64_t b, int64_t t) const {
   if (!mean_) return t == 0 ? 1.0f : 0.0f;
-  if (in.size() < 2) return 1.0f / static_cast<float>(tokens_);
-  const float* m = in[1].data() + b * tokens_;
+  const int64_t tokens = in[0].shape()[1];
+  if (in.size() < 2) return 1.0f / static_cast<float>(tokens);
+  const float* m = in[1].data() + b * tokens;
   if (m[t] == 0.0f) return 0.0f;
   int64_t kept = 0;
-  for (int64_t j = 0; j < tokens_; ++j) kept += m[j] != 0.0f;
+  for (int64_t j = 0; j < tokens; ++j) kept += m[j] != 0.0f;
   return 1.0f / static_cast<float>(kept);
 }
 
 void TokenPoolLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
   out.fill(0.0f);
+  const int64_t tokens = in[0].shape()[1];
   for (int64_t b = 0, n = in[0].shape()[0]; b < n; ++b)
-    for (int64_t t = 0; t < tokens_; ++t) {
+    for (int64_t t = 0; t < tokens; ++t) {
       const float w = weight(in, b, t);
       if (w == 0.0f) continue;
-      const float* x = in[0].data() + (b * tokens_ + t) * features_;
+      const float* x = in[0].data() + (b * tokens + t) * features_;
       float* y = out.data() + b * features_;
       for (int64_t f = 0; f < features_; ++f) y[f] += w * x[f];
     }
@@ -272,11 +274,12 @@ void TokenPoolLayer::backward(std::span<const Tensor> in, const Tensor&, const T
                               std::span<Tensor> grad_in, Stash&) {
   if (grad_in.size() > 1 && grad_in[1].defined()) grad_in[1].fill(0.0f);  // the mask is not differentiable
   if (!grad_in[0].defined()) return;
+  const int64_t tokens = in[0].shape()[1];
   for (int64_t b = 0, n = in[0].shape()[0]; b < n; ++b)
-    for (int64_t t = 0; t < tokens_; ++t) {
+    for (int64_t t = 0; t < tokens; ++t) {
       const float w = weight(in, b, t);
       const float* dy = grad_out.data() + b * features_;
-      float* dx = grad_in[0].data() + (b * tokens_ + t) * features_;
+      float* dx = grad_in[0].data() + (b * tokens + t) * features_;
       for (int64_t f = 0; f < features_; ++f) dx[f] = w * dy[f];
     }
 }

@@ -9,6 +9,7 @@ namespace tandem {
 void define_add_op(OpTable& t) {
   OpDef d;
   d.name = "add";
+  d.sequence = SequenceLength::Follows;
   d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
            ops::expect_inputs(n, in, 2, 0);
            if (in[0] != in[1])

@@ -49,6 +49,7 @@ OpCost cost(const NodeSpec& n, std::span<const Shape> in, const Shape&) {
 void define_attention_op(OpTable& t) {
   OpDef d;
   d.name = "attention";
+  d.sequence = SequenceLength::Follows;  // the mask runs at the same length
   d.parse = parse;
   d.infer_shape = attention_shape;
   d.cost = cost;

@@ -23,6 +23,7 @@ void define_batch_norm_op(OpTable& t) {
   // two reductions and the input gradient's affine map; dgamma and dbeta one multiply-add each.
   OpDef d = ops::normalization("batch_norm", 7, 8);
   d.parse = parse;
+  d.sequence = SequenceLength::Fixed;  // its statistics would count the padding
   d.torch_layout = [](std::string_view) { return TorchLayout::InputChannels; };
   d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend&, Rng& rng) -> std::unique_ptr<Layer> {
     return std::make_unique<BatchNormLayer>(node, in[0], rng);

@@ -30,6 +30,7 @@ Shape infer(const NodeSpec& n, std::span<const Shape> in) {
 void define_concat_op(OpTable& t) {
   OpDef d;
   d.name = "concat";
+  d.sequence = SequenceLength::Follows;  // along the last dimension: the tokens stay first
   d.infer_shape = infer;
   d.cost = [](const NodeSpec&, std::span<const Shape>, const Shape&) { return OpCost{}; };  // copies only
   d.make_layer = [](const GraphNode& node, std::span<const Shape>, Backend&, Rng&) -> std::unique_ptr<Layer> {

@@ -21,6 +21,7 @@ inline OpDef elementwise(std::string name, double forward_flops_per_value, doubl
     return c;
   };
   d.keeps_layout = true;
+  d.sequence = SequenceLength::Follows;  // value by value (softmax: row by row, a token's)
   return d;
 }
 

@@ -36,6 +36,7 @@ void expect_sequence(const NodeSpec& n, const Shape& x) {
 OpDef token_embedding() {
   OpDef d;
   d.name = "embedding";
+  d.sequence = SequenceLength::Follows;
   d.parse = parse("embedding", true);
   d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
     ops::expect_inputs(n, in, 1, 0);
@@ -63,6 +64,7 @@ OpDef token_embedding() {
 OpDef position_embedding() {
   OpDef d;
   d.name = "position_embedding";
+  d.sequence = SequenceLength::Follows;  // a sequence of L tokens adds the table's rows 0..L-1
   d.parse = parse("position_embedding", false);
   d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
     ops::expect_inputs(n, in, 1, 0);
@@ -87,6 +89,7 @@ OpDef position_embedding() {
 OpDef layout_embedding() {
   OpDef d;
   d.name = "layout_embedding";
+  d.sequence = SequenceLength::Follows;
   d.parse = parse("layout_embedding", false);
   d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
     if (in.size() != 2) ops::fail_node(n, cat("field 'inputs' needs 2 inputs (the sequence, then the boxes), got ", in.size()));

@@ -41,6 +41,7 @@ OpCost cost(const NodeSpec& n, std::span<const Shape> in, const Shape& out) {
 void define_linear_op(OpTable& t) {
   OpDef d;
   d.name = "linear";
+  d.sequence = SequenceLength::Follows;  // a sequence is its tokens' rows
   d.parse = parse;
   d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
            ops::expect_inputs(n, in, 1, 0);

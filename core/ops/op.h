@@ -48,6 +48,15 @@ enum class TorchLayout {
   InputChannels,  // one value per input element, which may be a flattened NHWC image
 };
 
+// How an op takes a sequence that runs shorter than the spec's length (length buckets,
+// InputSpec::length_buckets). Graph::build refuses buckets on a model with a node that reads a
+// sequence and is Fixed, as its output would change with the length.
+enum class SequenceLength {
+  Fixed,    // needs its inputs' shapes exactly as the spec has them
+  Follows,  // per token: the output's first dimension is the length of its inputs' (all alike)
+  Pools,    // reduces the tokens: any length in, an output that does not depend on it
+};
+
 struct OpDef {
   std::string name;
   // Reads and checks the op's attribute table of a binary spec node into `out`; errors
@@ -67,6 +76,7 @@ struct OpDef {
   bool keeps_layout = false;
   // The output is the input seen with another shape (flatten): no work, no bytes moved.
   bool view = false;
+  SequenceLength sequence = SequenceLength::Fixed;
   // How many heads the output holds side by side (the loss's groups). Null: 1.
   std::function<int64_t(const NodeSpec& node)> output_groups;
   // Its parameters can be frozen (NodeSpec::freeze): its layer computes no gradient for them.

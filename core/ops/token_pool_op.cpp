@@ -24,6 +24,7 @@ void parse(const spec::Node& node, NodeSpec& out, const std::string& label) {
 void define_token_pool_op(OpTable& t) {
   OpDef d;
   d.name = "token_pool";
+  d.sequence = SequenceLength::Pools;
   d.parse = parse;
   d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
     if (in.empty() || in.size() > 2)

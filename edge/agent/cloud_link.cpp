@@ -17,7 +17,7 @@ CloudLink::CloudLink(const std::string& host, int port, const std::string& ident
     if (!file.empty() && !std::filesystem::exists(file))
       fail("edge", cat(file, " is missing: issue an identity with `tandem-cloud pki issue --client NAME --out ",
                        identity_dir, "`", without_certificate ? "" : ", or connect with --token from `tandem-cloud pki token`"));
-  link_ = LwsEndpoint::connect(host, port, id);
+  link_ = WssClient::connect(host, port, id);
   EndpointEvent ev;
   if (!link_->next(ev, std::chrono::seconds(30)) || ev.kind != EndpointEvent::Kind::Connected)
     fail("edge", cat("cannot connect to wss://", host, ":", port, ": ", ev.text.empty() ? "no answer within 30 s" : ev.text,

@@ -9,7 +9,7 @@
 #include <string>
 
 #include "core/wire/frame.h"
-#include "ports/lws/lws_endpoint.h"
+#include "ports/tls/wss_client.h"
 
 namespace tandem {
 
@@ -28,7 +28,7 @@ class CloudLink {
   double idle_seconds() const { return idle_s_; }
 
  private:
-  std::unique_ptr<LwsEndpoint> link_;
+  std::unique_ptr<WssClient> link_;
   uint64_t up_ = 0, down_ = 0;
   double idle_s_ = 0.0;
 };

@@ -112,6 +112,8 @@ int train_over_wss(const EdgeTrainOptions& o) {
   c.eval_each_epoch = true;
   c.eval_chunk = 1000;
   c.front_updates_per_round = o.front_updates_per_round;
+  c.group_by_length = o.group_by_length;
+  c.async = o.async;
   c.proximal_mu = o.proximal_mu;
   c.privacy = o.privacy;
   c.init_front = [&o](const Graph& whole, Network& front) { init_front(o, whole, front); };

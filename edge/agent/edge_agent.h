@@ -49,6 +49,8 @@ struct EdgeTrainOptions {
   std::string split = "iid";
   float proximal_mu = 0.0f;  // FedProx (split-federated runs)
   bool front_updates_per_round = false;  // EdgeSession::FrontUpdates (split-federated runs)
+  bool group_by_length = false;          // EventEdgeConfig::group_by_length
+  bool async = false;                    // EventEdgeConfig::async (--pipeline async)
   int64_t checkpoint_every = 100;
   std::string client_id = "edge";
 };

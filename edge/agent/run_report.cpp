@@ -84,9 +84,11 @@ void RunReport::on_event(const EdgeEvent& e) {
       epsilon_ = e.epsilon;
       first_grad_ms_ = e.first_grad_ms;
       dcor_ = e.dcor;
+      tokens_per_sample_ = e.tokens_per_sample;
       seconds_ = std::chrono::duration<double>(Clock::now() - t0_).count();
       train_up_ = link_->bytes_up() - up0_;
       train_down_ = link_->bytes_down() - down0_;
+      train_idle_ = link_->idle_seconds() - idle0_;  // training's alone, as seconds_ is
       if (bar_) bar_->finish(cat("loss ", fixed(mean_loss_, 4)));
       bar_.reset();
       return;
@@ -99,12 +101,13 @@ void RunReport::on_event(const EdgeEvent& e) {
           line(cat("{\"epoch\":0,\"step\":", e.step, ",\"test_accuracy\":", fixed(e.accuracy, 5), "}"));
         return;
       }
-      const double idle = link_->idle_seconds() - idle0_;
+      const double idle = train_idle_;
+      const int64_t steps = std::max<int64_t>(1, (trained_ + o_.batch - 1) / o_.batch);
       line(cat("{\"epoch\":", e.epoch, ",\"samples\":", trained_, ",\"seconds\":", fixed(seconds_, 3),
                ",\"samples_per_s\":", fixed(static_cast<double>(trained_) / seconds_, 1),
                ",\"train_loss\":", fixed(mean_loss_, 5), ",\"test_accuracy\":", fixed(e.accuracy, 5),
                ",\"lr\":", fixed(edge_->optimizer().lr(), 6), ",\"wire_dtype\":\"", dtype_name(session.dtype()),
-               "\",\"steps\":", (trained_ + o_.batch - 1) / o_.batch, ",\"step\":", e.step, ",\"round\":", e.round,
+               "\",\"pipeline\":\"", o_.async ? "async" : "sync", "\",\"steps\":", steps, ",\"step\":", e.step, ",\"round\":", e.round,
                ",\"rounds_joined\":", session.rounds_joined(), ",\"bytes_up\":", link_->bytes_up() - up0_,
                ",\"bytes_down\":", link_->bytes_down() - down0_, ",\"train_bytes_up\":", train_up_,
                ",\"train_bytes_down\":", train_down_, ",\"edge_busy_s\":", fixed(seconds_ - idle, 3),
@@ -112,7 +115,11 @@ void RunReport::on_event(const EdgeEvent& e) {
                first_grad_ms_ < 0 ? "" : cat(",\"first_grad_ms\":", fixed(first_grad_ms_, 3)),
                ",\"cloud_busy_s\":", fixed(epoch_cloud, 3),
                ",\"cloud_idle_s\":", fixed(std::max(0.0, seconds_ - epoch_cloud), 3),
+               // Per step, what the planner predicts (tandem plan): each side's idle time.
+               ",\"edge_idle_ms_per_step\":", fixed(idle / static_cast<double>(steps) * 1e3, 3),
+               ",\"cloud_idle_ms_per_step\":", fixed(std::max(0.0, seconds_ - epoch_cloud) / static_cast<double>(steps) * 1e3, 3),
                dcor_ < 0 ? "" : cat(",\"nopeek_dcor\":", fixed(dcor_, 4)),
+               tokens_per_sample_ < 0 ? "" : cat(",\"tokens_per_sample\":", fixed(tokens_per_sample_, 1)),
                epsilon_ < 0 ? "" : std::isinf(epsilon_) ? ",\"dp_epsilon\":null" : cat(",\"dp_epsilon\":", fixed(epsilon_, 4)),
                "}"));
       return;

@@ -38,9 +38,10 @@ class RunReport {
   std::unique_ptr<ProgressBar> bar_;
   // The epoch under way: where it started (samples, time, link counters) and its losses.
   int64_t first_ = 0, trained_ = 0;
-  double loss_sum_ = 0.0, mean_loss_ = 0.0, seconds_ = 0.0, idle0_ = 0.0, cloud_busy_before_ = 0.0;
+  double loss_sum_ = 0.0, mean_loss_ = 0.0, seconds_ = 0.0, idle0_ = 0.0, train_idle_ = 0.0, cloud_busy_before_ = 0.0;
   double epsilon_ = -1.0;  // DP spent on the cut by the epoch's end (< 0: no DP)
   double dcor_ = -1.0;            // NoPeek: the epoch's distance correlation (< 0: off)
+  double tokens_per_sample_ = -1.0;  // length buckets: the epoch's mean tokens a sample (< 0: none)
   double first_grad_ms_ = -1.0;  // the epoch's median time to a step's first gradient (< 0: none)
   double accuracy_ = 0.0;
   uint64_t up0_ = 0, down0_ = 0, train_up_ = 0, train_down_ = 0;

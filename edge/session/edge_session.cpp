@@ -14,8 +14,7 @@ EdgeSession::EdgeSession(Network& front, Optimizer& optimizer, uint32_t microbat
                          const std::array<uint8_t, 32>& model_hash, std::string client_id,
                          std::vector<wire::DType> dtypes)
     : front_(front), optimizer_(optimizer), microbatches_(microbatches), model_hash_(model_hash),
-      client_id_(std::move(client_id)), offered_(std::move(dtypes)), state_(microbatches, 0),
-      decoded_(microbatches) {
+      client_id_(std::move(client_id)), offered_(std::move(dtypes)), decoded_(microbatches) {
   if (microbatches_ < 1) fail("edge session", "micro-batches must be >= 1");
   if (offered_.empty()) fail("edge session", "no wire dtype to offer");
 }
@@ -86,7 +85,7 @@ bool EdgeSession::on_welcome(const Frame& frame, WireError& error) {
 }
 
 void EdgeSession::set_tail(Network* tail) {
-  if (step_microbatches_ != backed_) fail("edge session", "set_tail during a step");
+  if (steps_in_flight() > 0) fail("edge session", "set_tail during a step");
   tail_ = tail;
   dlogits_.assign(microbatches_, Tensor());
   tail_mask_ = -1;
@@ -148,10 +147,25 @@ void EdgeSession::set_mask_input(int index) {
   mask_input_ = index;
 }
 
-std::span<const Tensor> EdgeSession::slice_inputs(int64_t begin, int64_t count) {
-  mb_inputs_.resize(inputs_.size());
-  for (std::size_t i = 0; i < inputs_.size(); ++i) mb_inputs_[i] = inputs_[i].slice_batch(begin, count);
-  return mb_inputs_;
+LengthCut& EdgeSession::cut_slot(std::size_t slot) {
+  if (cut_.size() <= slot) cut_.resize(std::max<std::size_t>(slot + 1, eval_slot() + 1));
+  return cut_[slot];
+}
+
+std::span<const Tensor> EdgeSession::slice_inputs(const StepState& s, int64_t begin, int64_t count, std::size_t slot) {
+  mb_inputs_.resize(s.inputs.size());
+  for (std::size_t i = 0; i < s.inputs.size(); ++i) mb_inputs_[i] = s.inputs[i].slice_batch(begin, count);
+  LengthCut& cut = cut_slot(slot);
+  if (s.length >= 0)
+    cut_to_length(front_.graph(), mb_inputs_, s.length, cut);
+  else
+    fit_to_bucket(front_.graph(), mb_inputs_, cut);
+  return cut.inputs;
+}
+
+Shape EdgeSession::tail_input_shape(std::size_t slot, int64_t count) const {
+  const GraphInput& in = tail_->graph().inputs()[0];
+  return Graph::at_length(in.shape, in.tokens, slot < cut_.size() ? cut_[slot].length : -1).batched(count);
 }
 
 std::span<const Tensor> EdgeSession::tail_inputs(const Tensor& middle, const Tensor* mask) {
@@ -160,73 +174,114 @@ std::span<const Tensor> EdgeSession::tail_inputs(const Tensor& middle, const Ten
   return tail_in_;
 }
 
+void EdgeSession::set_async(bool on) {
+  if (steps_in_flight() > 0) fail("edge session", "set_async during a step");
+  async_ = on;
+  decoded_.resize(eval_slot());
+}
+
 int EdgeSession::begin_step(std::span<const Tensor> inputs, const int32_t* labels, float lr_scale, bool checkpoint) {
   if (!welcomed_) fail("edge session", "begin_step before the cloud's Welcome");
   if (awaiting_aggregate_ || (aggregate_due() && exchanged_step_ != step_))
     fail("edge session", "begin_step before the round's average (Aggregated) arrived");
-  if (backed_ != step_microbatches_) fail("edge session", cat("step ", step_, " is still in flight"));
+  const int in_flight = steps_in_flight();
+  if (in_flight > (async_ ? 1 : 0))
+    fail("edge session", cat("step ", step_ + static_cast<uint64_t>(in_flight) - 1, " is still in flight"));
+  if (async_) {
+    const char* why = tail_ ? "a U-shaped split (the tail's loss needs the current weights)"
+                      : noise_ ? "noise on the cut (each release is accounted per step)"
+                      : nopeek_ > 0.0f ? "NoPeek (its penalty reads a whole step's activations)"
+                      : aggregate_every_ > 0 ? "a federation (its rounds exchange the weights of a step boundary)"
+                                             : nullptr;
+    if (why) fail("edge session", cat("the asynchronous schedule is for plain split training, not with ", why));
+    if (in_flight == 1 && cur_.checkpoint)
+      fail("edge session", cat("step ", cur_.number, " saves a checkpoint: the next step waits until it is done"));
+  }
   if (inputs.size() != front_.graph().inputs().size())
     fail("edge session", cat("the front takes ", front_.graph().inputs().size(), " inputs, given ", inputs.size()));
   if (inputs[0].shape()[0] > static_cast<int64_t>(batch_limit_))
     fail("edge session", cat("batch of ", inputs[0].shape()[0], " exceeds the cloud's limit of ", batch_limit_));
-  inputs_.assign(inputs.begin(), inputs.end());
-  labels_ = labels;
-  lr_scale_ = lr_scale;
-  checkpoint_ = checkpoint;
-  optimizer_.set_lr_scale(lr_scale);
-  step_microbatches_ = static_cast<int>(std::min<int64_t>(microbatches_, batch()));
-  backed_ = 0;
-  loss_sum_ = 0.0;
-  step_dcor_ = 0.0;
-  nopeek_ready_ = false;
-  std::fill(state_.begin(), state_.end(), 0);
-  if (pending_front_steps_ == 0) {  // per round: the round's gradients add up
-    front_.zero_grad();
-    if (tail_) tail_->zero_grad();
+  StepState& s = in_flight == 0 ? cur_ : ahead_;
+  s.active = true;
+  s.number = step_ + static_cast<uint64_t>(in_flight);
+  s.inputs.assign(inputs.begin(), inputs.end());
+  s.labels = labels;
+  s.lr_scale = lr_scale;
+  s.checkpoint = checkpoint;
+  s.microbatches = static_cast<int>(std::min<int64_t>(microbatches_, s.batch()));
+  s.length = nopeek_ > 0.0f ? bucket_for(front_.graph(), s.inputs) : -1;
+  s.backed = 0;
+  s.loss_sum = 0.0;
+  s.weights = step_;
+  s.state.assign(microbatches_, 0);
+  if (in_flight == 0) {
+    step_dcor_ = 0.0;
+    nopeek_ready_ = false;
+    optimizer_.set_lr_scale(lr_scale);
+    if (pending_front_steps_ == 0) {  // per round: the round's gradients add up
+      front_.zero_grad();
+      if (tail_) tail_->zero_grad();
+    }
   }
-  return step_microbatches_;
+  return s.microbatches;
 }
 
 // The penalty is the whole step's: its samples' activations gathered from the K slots, so
 // that it does not depend on K (and K micro-batches still train exactly like one).
 void EdgeSession::nopeek_step() {
-  const int64_t batch = this->batch();
+  const int64_t batch = cur_.batch();
   int64_t row = 0;
-  for (int m = 0; m < step_microbatches_; ++m) {
-    if (state_[static_cast<std::size_t>(m)] == 0)
+  for (int m = 0; m < cur_.microbatches; ++m) {
+    if (cur_.state[static_cast<std::size_t>(m)] == 0)
       fail("edge session", "NoPeek needs every micro-batch of the step forwarded before the first Backward");
     const Tensor& z = front_.output(m);
     row = z.numel() / z.shape()[0];
   }
   nopeek_z_.resize(static_cast<std::size_t>(batch * row));
-  for (int m = 0; m < step_microbatches_; ++m) {
+  for (int m = 0; m < cur_.microbatches; ++m) {
     const Tensor& z = front_.output(m);
-    const int64_t begin = microbatch_range(batch, step_microbatches_, m).begin;
+    const int64_t begin = microbatch_range(batch, cur_.microbatches, m).begin;
     std::copy_n(z.data(), z.numel(), nopeek_z_.data() + begin * row);
   }
   nopeek_grad_.assign(nopeek_z_.size(), 0.0f);
   // The correlation with the first input (the image; for a sequence, its ids).
-  step_dcor_ = distance_correlation(inputs_[0].data(), inputs_[0].numel() / batch, nopeek_z_.data(), row, batch,
+  step_dcor_ = distance_correlation(cur_.inputs[0].data(), cur_.inputs[0].numel() / batch, nopeek_z_.data(), row, batch,
                                     nopeek_grad_.data(), nopeek_, dcor_work_);
   nopeek_ready_ = true;
 }
 
 std::span<const uint8_t> EdgeSession::forward(int mb) {
-  if (mb < 0 || mb >= step_microbatches_ || state_[static_cast<std::size_t>(mb)] != 0)
-    fail("edge session", cat("micro-batch ", mb, " of step ", step_, " cannot be forwarded now"));
-  const int64_t batch = this->batch();
-  const auto [begin, count] = microbatch_range(batch, step_microbatches_, mb);
+  StepState& s = newest();
+  if (!s.active || mb < 0 || mb >= s.microbatches || s.state[static_cast<std::size_t>(mb)] != 0)
+    fail("edge session", cat("micro-batch ", mb, " of step ", s.number, " cannot be forwarded now"));
+  if (s.weights != step_)  // its backward would not know which weights to use
+    fail("edge session", cat("micro-batch ", mb, " of step ", s.number, " comes after an update: forward a step's "
+                             "micro-batches before the Backwards of the step before it"));
+  const int64_t batch = s.batch();
+  const auto [begin, count] = microbatch_range(batch, s.microbatches, mb);
+  const std::size_t slot = slot_of(s, static_cast<uint32_t>(mb));
   front_.set_training(true);
-  const std::span<const Tensor> in = slice_inputs(begin, count);
-  const Tensor& activations = front_.forward(in, mb);
-  if (const int64_t bad = first_non_finite(activations); bad >= 0) diverged(cat("micro-batch ", mb, " of step ", step_), bad);
-  state_[static_cast<std::size_t>(mb)] = 1;
-  return writer_.forward(step_, static_cast<uint32_t>(mb), step_ /* weights version: optimizer steps applied */,
-                         leaving(activations, static_cast<std::size_t>(mb)),
+  const std::span<const Tensor> in = slice_inputs(s, begin, count, slot);
+  if (const int64_t length = cut_[slot].length; length > 0) tokens_run_ += count * length;
+  const Tensor& activations = front_.forward(in, static_cast<int>(slot));
+  if (const int64_t bad = first_non_finite(activations); bad >= 0) diverged(cat("micro-batch ", mb, " of step ", s.number), bad);
+  s.state[static_cast<std::size_t>(mb)] = 1;
+  return writer_.forward(s.number, static_cast<uint32_t>(mb), s.weights /* weights version: updates applied */,
+                         leaving(activations, slot),
                          tail_ ? std::span<const int32_t>()  // U-shaped: the labels stay here
-                               : std::span<const int32_t>(labels_ + begin, static_cast<std::size_t>(count)),
-                         static_cast<uint32_t>(batch), static_cast<uint32_t>(step_microbatches_), dtype_, lr_scale_,
-                         checkpoint_, mask_input_ >= 0 ? &in[static_cast<std::size_t>(mask_input_)] : nullptr);
+                               : std::span<const int32_t>(s.labels + begin, static_cast<std::size_t>(count)),
+                         static_cast<uint32_t>(batch), static_cast<uint32_t>(s.microbatches), dtype_, s.lr_scale,
+                         s.checkpoint, mask_input_ >= 0 ? &in[static_cast<std::size_t>(mask_input_)] : nullptr);
+}
+
+void EdgeSession::swap_stash() {
+  std::size_t k = 0;
+  for (Param* p : edge_params()) {
+    if (!p->trainable()) continue;
+    std::swap(p->value(), stash_[k++]);
+    p->bump_version();  // kernels that pack weights see another tensor
+  }
+  stash_in_ = !stash_in_;
 }
 
 bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_done) {
@@ -235,19 +290,22 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
   if (!m) return false;
   const auto* b = m->payload_as_Backward();
   const uint32_t mb = b->microbatch();
-  if (b->step() != step_ || mb >= static_cast<uint32_t>(step_microbatches_) || state_[mb] != (tail_ ? 3 : 1)) {
+  StepState& s = cur_;
+  if (!s.active || b->step() != s.number || mb >= static_cast<uint32_t>(s.microbatches) ||
+      s.state[mb] != (tail_ ? 3 : 1)) {
     error = {wire::ErrorCode::OutOfWindow,
              cat("Backward for step ", b->step(), " micro-batch ", mb, " was not expected (step ", step_, ")")};
     return false;
   }
-  // Outside a federation the back shard has taken exactly as many updates as this edge.
-  if (aggregate_every_ == 0 && b->weight_version() != step_) {
-    error = {wire::ErrorCode::OutOfWindow, cat("Backward for step ", step_, " was computed with back-shard version ",
-                                               b->weight_version(), ", expected ", step_)};
+  // Outside a federation the back shard has taken as many updates as steps before this one.
+  if (aggregate_every_ == 0 && b->weight_version() != s.number) {
+    error = {wire::ErrorCode::OutOfWindow, cat("Backward for step ", s.number, " was computed with back-shard version ",
+                                               b->weight_version(), ", expected ", s.number)};
     return false;
   }
-  const Tensor& sent = front_.output(static_cast<int>(mb));
-  Tensor grad = read_tensor(frame, b->gradients(), sent.shape(), "gradients", dtype_, decoded_[mb], error);
+  const std::size_t slot = slot_of(s, mb);
+  const Tensor& sent = front_.output(static_cast<int>(slot));
+  Tensor grad = read_tensor(frame, b->gradients(), sent.shape(), "gradients", dtype_, decoded_[slot], error);
   if (!grad.defined()) return false;
   const Tensor* cut_grad = &grad;
   if (noise_) {  // the gradient is of what was sent: back through the clip first
@@ -256,23 +314,36 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
   }
   if (nopeek_ > 0.0f) {  // plus the penalty's gradient, in a buffer of the edge's own
     if (!nopeek_ready_) nopeek_step();
-    if (cut_grads_.size() <= mb) cut_grads_.resize(microbatches_ + 1);
+    if (cut_grads_.size() <= mb) cut_grads_.resize(eval_slot() + 1);
     Tensor& own = cut_grads_[mb];
     if (cut_grad != &own) {
       if (!own.defined() || own.shape() != sent.shape()) own = Tensor::empty(sent.shape());
       own.copy_from(*cut_grad);
     }
-    const auto [begin, count] = microbatch_range(batch(), step_microbatches_, static_cast<int>(mb));
+    const auto [begin, count] = microbatch_range(s.batch(), s.microbatches, static_cast<int>(mb));
     const int64_t row = sent.numel() / count;
     const float* penalty = nopeek_grad_.data() + begin * row;
     float* g = own.data();
     for (int64_t i = 0, n = count * row; i < n; ++i) g[i] += penalty[i];
     cut_grad = &own;
   }
-  front_.backward(*cut_grad, static_cast<int>(mb), false);
-  if (!tail_) loss_sum_ += b->loss();  // U-shaped: the tail's own (on_middle_output)
-  state_[mb] = 2;
-  if (++backed_ == step_microbatches_) {
+  // Forwarded before the last update (asynchronous): backed up on the weights it saw.
+  if ((s.weights != step_) != stash_in_) swap_stash();
+  front_.backward(*cut_grad, static_cast<int>(slot), false);
+  if (!tail_) s.loss_sum += b->loss();  // U-shaped: the tail's own (on_middle_output)
+  s.state[mb] = 2;
+  if (++s.backed == s.microbatches) {
+    if (stash_in_) swap_stash();
+    if (ahead_.active && ahead_.weights == step_) {
+      // The step begun ahead ran its forwards on the weights this update replaces: keep them.
+      const std::vector<Param*> params = edge_params();
+      std::size_t k = 0;
+      for (Param* p : params) {
+        if (!p->trainable()) continue;
+        if (stash_.size() <= k) stash_.push_back(Tensor::empty(p->value().shape()));
+        stash_[k++].copy_from(p->value());
+      }
+    }
     if (proximal_mu_ > 0.0f && !anchor_.empty()) {
       const std::vector<Param*> params = edge_params();
       for (std::size_t k = 0; k < anchor_.size(); ++k) {
@@ -283,12 +354,19 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
         for (int64_t i = 0, n = p.grad().numel(); i < n; ++i) g[i] += proximal_mu_ * (w[i] - a[i]);
       }
     }
+    optimizer_.set_lr_scale(s.lr_scale);
     if (per_round())
       ++pending_front_steps_;
     else
       optimizer_.step();
     ++step_;
     step_done = true;
+    done_loss_sum_ = s.loss_sum;
+    s.active = false;
+    if (ahead_.active) {  // its Backwards come next, into gradients of their own
+      std::swap(cur_, ahead_);
+      front_.zero_grad();
+    }
   }
   return true;
 }
@@ -313,7 +391,7 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
   if (!m) return false;
   const auto* o = m->payload_as_MiddleOutput();
   const uint32_t mb = o->microbatch();
-  if (o->step() != step_ || mb >= static_cast<uint32_t>(step_microbatches_) || state_[mb] != 1) {
+  if (!cur_.active || o->step() != step_ || mb >= static_cast<uint32_t>(cur_.microbatches) || cur_.state[mb] != 1) {
     error = {wire::ErrorCode::OutOfWindow,
              cat("MiddleOutput for step ", o->step(), " micro-batch ", mb, " was not expected (step ", step_, ")")};
     return false;
@@ -323,19 +401,19 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
                                                o->weight_version(), ", expected ", step_)};
     return false;
   }
-  const auto [begin, count] = microbatch_range(batch(), step_microbatches_, static_cast<int>(mb));
-  const Shape shape = tail_->graph().inputs()[0].shape.batched(count);
+  const auto [begin, count] = microbatch_range(cur_.batch(), cur_.microbatches, static_cast<int>(mb));
+  const Shape shape = tail_input_shape(mb, count);
   Tensor middle = read_tensor(frame, o->activations(), shape, "activations", dtype_, decoded_[mb], error);
   if (!middle.defined()) return false;
   tail_->set_training(true);
-  Tensor mask;  // the micro-batch's, when the tail reads one
-  if (tail_mask_ >= 0) mask = inputs_[static_cast<std::size_t>(tail_mask_)].slice_batch(begin, count);
+  Tensor mask;  // the micro-batch's as the front ran it, when the tail reads one
+  if (tail_mask_ >= 0) mask = cut_slot(mb).inputs[static_cast<std::size_t>(tail_mask_)];
   const Tensor& logits = tail_->forward(tail_inputs(middle, tail_mask_ >= 0 ? &mask : nullptr), static_cast<int>(mb));
   Tensor& dlogits = dlogits_[mb];
   if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
-  const double loss = compute_loss(tail_->graph().loss(), logits, labels_ + begin,
-                                   1.0f / static_cast<float>(batch()), &dlogits, tail_->graph().output_groups());
-  const float samples = static_cast<float>(batch());
+  const double loss = compute_loss(tail_->graph().loss(), logits, cur_.labels + begin,
+                                   1.0f / static_cast<float>(cur_.batch()), &dlogits, tail_->graph().output_groups());
+  const float samples = static_cast<float>(cur_.batch());
   Tensor grad;
   if (label_noise_) {
     // Noise on each sample's own loss gradient at the logits (the rows times the step's
@@ -365,8 +443,8 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
   if (const int64_t bad = first_non_finite(grad); bad >= 0)
     fail("edge session", cat("the tail's gradient for micro-batch ", mb, " of step ", step_, " is not finite (element ",
                              bad, "): the weights diverged"));
-  loss_sum_ += loss;
-  state_[mb] = 3;
+  cur_.loss_sum += loss;
+  cur_.state[mb] = 3;
   const Tensor* up = &grad;
   if (grad_noise_) {  // on each sample's gradient of its own loss (the rows times the step's samples)
     noise_per_sample(*grad_noise_, grad, samples, noised_grad_);
@@ -393,13 +471,17 @@ std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, std::span<
                                                    const int32_t* labels, int64_t count) {
   // Evaluation uses the slot after the training ones, so it never disturbs a step in flight.
   front_.set_training(false);
-  const Tensor& activations = front_.forward(inputs, static_cast<int>(microbatches_));
+  const std::size_t slot = eval_slot();
+  LengthCut& cut = cut_slot(slot);
+  fit_to_bucket(front_.graph(), inputs, cut);
+  inputs = cut.inputs;
+  const Tensor& activations = front_.forward(inputs, static_cast<int>(slot));
   if (tail_mask_ >= 0) eval_mask_ = inputs[static_cast<std::size_t>(tail_mask_)];
   if (const int64_t bad = first_non_finite(activations); bad >= 0) diverged(cat("evaluation batch ", batch_id), bad);
   eval_labels_ = labels;
   eval_count_ = count;
   eval_batch_ = batch_id;
-  return writer_.eval_forward(batch_id, noise_evaluation_ ? leaving(activations, microbatches_) : activations,
+  return writer_.eval_forward(batch_id, noise_evaluation_ ? leaving(activations, slot) : activations,
                               tail_ ? std::span<const int32_t>()  // U-shaped: scored here (on_eval_result)
                                     : std::span<const int32_t>(labels, static_cast<std::size_t>(count)),
                               dtype_, mask_input_ >= 0 ? &inputs[static_cast<std::size_t>(mask_input_)] : nullptr);
@@ -408,9 +490,9 @@ std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, std::span<
 const Tensor& EdgeSession::leaving(const Tensor& activations, std::size_t slot) {
   if (!noise_) return activations;
   if (noised_.size() <= slot) {
-    noised_.resize(microbatches_ + 1);
-    cut_grads_.resize(microbatches_ + 1);
-    clip_scales_.resize(microbatches_ + 1);
+    noised_.resize(eval_slot() + 1);
+    cut_grads_.resize(eval_slot() + 1);
+    clip_scales_.resize(eval_slot() + 1);
   }
   noise_->forward(activations, noised_[slot], clip_scales_[slot]);
   return noised_[slot];
@@ -425,12 +507,12 @@ bool EdgeSession::on_eval_result(const Frame& frame, WireError& error, EvalResul
       error = {wire::ErrorCode::OutOfWindow, cat("EvalMiddleOutput for batch ", o->batch_id(), " was not expected")};
       return false;
     }
-    const Shape shape = tail_->graph().inputs()[0].shape.batched(eval_count_);
+    const Shape shape = tail_input_shape(eval_slot(), eval_count_);
     Tensor middle = read_tensor(frame, o->activations(), shape, "activations", dtype_, eval_decoded_, error);
     if (!middle.defined()) return false;
     tail_->set_training(false);
     const Tensor& logits =
-        tail_->forward(tail_inputs(middle, tail_mask_ >= 0 ? &eval_mask_ : nullptr), static_cast<int>(microbatches_));
+        tail_->forward(tail_inputs(middle, tail_mask_ >= 0 ? &eval_mask_ : nullptr), static_cast<int>(eval_slot()));
     result = {count_correct(logits, eval_labels_, tail_->graph().output_groups()), eval_count_, o->cloud_busy_s()};
     eval_labels_ = nullptr;
     return true;

@@ -1,7 +1,9 @@
 // The edge's side of a split-training session: the front shard and its optimizer. A step's
 // K micro-batches are forwarded as fast as they are computed (each a Forward message to send
 // at once); each Backward, whenever it arrives, is checked and backed up through the front,
-// and the optimizer steps after the K-th. Transport-free, so it is tested in-process.
+// and the optimizer steps after the K-th. Asynchronous (set_async): the next step may be
+// forwarded before this one's gradients are in, its backward then runs on the weights its
+// forward used (stashed). Transport-free, so it is tested in-process.
 #pragma once
 
 #include <array>
@@ -10,6 +12,7 @@
 #include <string>
 #include <vector>
 
+#include "core/length_buckets.h"
 #include "core/network.h"
 #include "core/optimizer.h"
 #include "core/privacy/cut_noise.h"
@@ -33,6 +36,19 @@ class EdgeSession {
   // micro-batches, at least this edge's K) and the step to start from.
   bool on_welcome(const Frame& frame, WireError& error);
 
+  // The asynchronous schedule (PipeDream's weight stashing, staleness bounded at one step):
+  // begin_step may start step t+1 while step t's Backwards are still to come, so the edge
+  // computes instead of waiting for the first of them. Step t+1's forwards then run on the
+  // weights before step t's update; when that update is applied the weights they used are
+  // stashed, and their backward runs on the stash: each micro-batch's gradient is exact for
+  // the weights its forward saw, and it is applied one update later than in the synchronous
+  // schedule. For plain split training only: not with a tail (U-shaped), noise on the cut,
+  // NoPeek, or a federation (begin_step refuses). Set before the first step.
+  void set_async(bool on);
+  bool async() const { return async_; }
+  // Steps begun and not yet done: 0, 1, or (asynchronous) 2.
+  int steps_in_flight() const { return (cur_.active ? 1 : 0) + (ahead_.active ? 1 : 0); }
+
   // Starts a step on the front's inputs (each [B, ...], in its graph's order: images, or ids,
   // mask, boxes...) and labels [B] (kept by reference until the step ends); returns its
   // number of micro-batches, min(K, B).
@@ -47,9 +63,11 @@ class EdgeSession {
   // The front's input (index into its graph's inputs) that the cloud's shard reads too: a
   // key padding mask (Graph::split), sent with every Forward and EvalForward. -1: none.
   void set_mask_input(int index);
-  // Runs micro-batch mb through the front shard; returns the Forward message to send.
+  // Runs micro-batch mb of the step begun last through the front shard; returns the
+  // Forward message to send.
   std::span<const uint8_t> forward(int mb);
-  // A Backward for this step; `step_done` turns true after the last one (optimizer applied).
+  // A Backward for the oldest step in flight; `step_done` turns true after its last one
+  // (optimizer applied; step_loss_sum() is then that step's).
   bool on_backward(const Frame& frame, WireError& error, bool& step_done);
   // U-shaped (set_tail): the middle's output for a micro-batch of this step. The tail and the
   // loss run on it, and `reply` gets the MiddleGradient to send (valid until the next message
@@ -76,7 +94,7 @@ class EdgeSession {
   void set_label_noise(CutNoise* noise) { label_noise_ = noise; }
   bool u_shaped() const { return tail_ != nullptr; }
 
-  uint64_t step() const { return step_; }
+  uint64_t step() const { return step_; }  // steps done (updates applied)
 
   // Split-federated (the cloud's Welcome says so): every aggregate_every() steps the front
   // shard goes up (front_weights) and the round's average comes down (on_aggregated).
@@ -120,7 +138,10 @@ class EdgeSession {
   uint32_t pending_front_steps() const { return pending_front_steps_; }
   uint32_t rounds_joined() const { return rounds_joined_; }
   wire::DType dtype() const { return dtype_; }  // the wire dtype the cloud chose
-  double step_loss_sum() const { return loss_sum_; }
+  double step_loss_sum() const { return done_loss_sum_; }  // of the step done last
+  // Tokens the front has run in training micro-batches so far (samples times their length
+  // bucket); 0 when the model has no length buckets.
+  int64_t tokens_run() const { return tokens_run_; }
   std::span<const uint8_t> eval_forward(uint64_t batch_id, std::span<const Tensor> inputs, const int32_t* labels,
                                         int64_t count);
   std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& images, const int32_t* labels, int64_t count) {
@@ -145,7 +166,7 @@ class EdgeSession {
   wire::DType dtype_ = wire::DType::F32;
   MessageWriter writer_;
   uint64_t step_ = 0, resume_step_ = 0;
-  bool welcomed_ = false, checkpoint_ = false;
+  bool welcomed_ = false;
   uint32_t aggregate_every_ = 0, round_ = 0, rounds_joined_ = 0;
   bool awaiting_aggregate_ = false;
   uint64_t exchanged_step_ = 0;  // the step whose round's average arrived
@@ -175,22 +196,56 @@ class EdgeSession {
   // micro-batch, or microbatches_ for evaluation).
   const Tensor& leaving(const Tensor& activations, std::size_t slot);
   uint32_t batch_limit_ = 0;  // the cloud's batch size (Welcome)
-  std::vector<Tensor> inputs_;     // the step's, each [B, ...]
-  std::vector<Tensor> mb_inputs_;  // a micro-batch's slices of them
+  // A step in flight: what it trains on and how far it is.
+  struct StepState {
+    bool active = false;
+    uint64_t number = 0;
+    std::vector<Tensor> inputs;       // each [B, ...]
+    const int32_t* labels = nullptr;  // kept by reference until the step ends
+    float lr_scale = 1.0f;
+    bool checkpoint = false;
+    int microbatches = 0, backed = 0;
+    // Per micro-batch: 0 not sent, 1 forwarded, 3 (U-shaped) its middle gradient sent, 2 backed up.
+    std::vector<uint8_t> state;
+    double loss_sum = 0.0;
+    uint64_t weights = 0;  // the updates applied when its forwards ran
+    // With NoPeek the step's micro-batches share one length (its penalty reads them as one
+    // matrix): the bucket of the whole batch, else -1 (each micro-batch its own).
+    int64_t length = -1;
+    int64_t batch() const { return inputs[0].shape()[0]; }
+  };
+  StepState cur_;    // the oldest step in flight (or the last one done)
+  StepState ahead_;  // asynchronous: the step begun while cur_'s gradients are still coming
+  StepState& newest() { return ahead_.active ? ahead_ : cur_; }
+  bool async_ = false;
+  // The micro-batch's slot in the front (activations, cuts, decoded gradients): asynchronous,
+  // the two steps in flight use K slots each; evaluation the one after them.
+  std::size_t slot_of(const StepState& s, uint32_t mb) const {
+    return (async_ ? static_cast<std::size_t>(s.number % 2) * microbatches_ : 0) + mb;
+  }
+  std::size_t eval_slot() const { return microbatches_ * (async_ ? 2u : 1u); }
+  std::vector<Tensor> stash_;  // the weights a step's forwards ran on, once updated since
+  bool stash_in_ = false;      // the params hold the stash (their own values are in stash_)
+  void swap_stash();
+  double done_loss_sum_ = 0.0;
+  std::vector<Tensor> mb_inputs_;  // a micro-batch's slices of the step's inputs
+  // Per slot (the micro-batches, then evaluation): its inputs as the front runs them, cut to
+  // their length bucket (core/length_buckets.h); kept until the slot's next forward.
+  std::vector<LengthCut> cut_;
+  int64_t tokens_run_ = 0;
+  LengthCut& cut_slot(std::size_t slot);
   int mask_input_ = -1;            // set_mask_input
   int tail_mask_ = -1;             // U-shaped: the front input the tail reads as its mask, or -1
   Tensor eval_mask_;               // U-shaped: the evaluation batch's mask, for the tail
-  int64_t batch() const { return inputs_[0].shape()[0]; }
-  // The micro-batch [begin, begin + count) of every input, in mb_inputs_.
-  std::span<const Tensor> slice_inputs(int64_t begin, int64_t count);
+  // The tail's input 0 for slot's micro-batch of `count` samples (its length: the slot's).
+  Shape tail_input_shape(std::size_t slot, int64_t count) const;
+  // The micro-batch [begin, begin + count) of every input of step s, cut to its bucket, in
+  // cut_[slot].
+  std::span<const Tensor> slice_inputs(const StepState& s, int64_t begin, int64_t count, std::size_t slot);
   // The tail's inputs: the middle's output, and its mask when it reads one.
   std::span<const Tensor> tail_inputs(const Tensor& middle, const Tensor* mask);
   std::vector<Tensor> tail_in_;
-  const int32_t* labels_ = nullptr;
-  int step_microbatches_ = 0, backed_ = 0;
-  // Per micro-batch: 0 not sent, 1 forwarded, 3 (U-shaped) its middle gradient sent, 2 backed up.
-  std::vector<uint8_t> state_;
-  std::vector<Tensor> decoded_;  // per micro-batch: its gradient decoded (non-F32 sessions)
+  std::vector<Tensor> decoded_;  // per slot: its gradient decoded (non-F32 sessions)
   CutNoise* noise_ = nullptr;
   bool noise_evaluation_ = true;
   std::vector<Tensor> noised_, cut_grads_;  // per micro-batch (and one for evaluation)
@@ -201,8 +256,6 @@ class EdgeSession {
   double step_dcor_ = 0.0;
   std::vector<float> nopeek_z_, nopeek_grad_;  // the step's activations and the penalty's gradient
   std::vector<double> dcor_work_;              // distance_correlation's scratch
-  double loss_sum_ = 0.0;
-  float lr_scale_ = 1.0f;
 };
 
 }  // namespace tandem

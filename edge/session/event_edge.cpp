@@ -4,10 +4,12 @@
 #include <cmath>
 #include <cstdio>
 #include <limits>
+#include <numeric>
 
 #include "backends/registry.h"
 #include "core/error.h"
 #include "core/graph.h"
+#include "core/length_buckets.h"
 #include "core/privacy/rdp_accountant.h"
 #include "data/epoch_order.h"
 
@@ -61,6 +63,7 @@ std::string EdgeEvent::json() const {
       return cat("{\"event\":\"epoch\",\"epoch\":", epoch, ",\"samples\":", samples, ",\"seconds\":", num(seconds),
                  ",\"train_loss\":", num(loss), first_grad_ms < 0 ? "" : cat(",\"first_grad_ms\":", num(first_grad_ms)),
                  dcor < 0 ? "" : cat(",\"dcor\":", num(dcor)),
+                 tokens_per_sample < 0 ? "" : cat(",\"tokens_per_sample\":", num(tokens_per_sample)),
                  dp_json(epsilon), "}");
     case K::Evaluated:
       return cat("{\"event\":\"evaluated\",\"accuracy\":", num(accuracy), ",\"samples\":", samples,
@@ -101,6 +104,11 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
     fail("edge", "batch, micro-batches and the evaluation chunk must be at least 1");
   if (config_.steps < 0 || config_.epochs < 0) fail("edge", "steps and epochs must be at least 0");
   inputs_ = graph.inputs();
+  if (!graph.length_buckets().empty())
+    for (std::size_t i = 0; i < inputs_.size(); ++i)
+      if (inputs_[i].mask) mask_input_ = static_cast<int>(i);
+  if (config_.group_by_length && mask_input_ < 0)
+    fail("edge", "grouping batches by length needs length buckets: add length_buckets to the spec's mask input");
   classes_ = static_cast<int32_t>(graph.classes());
   backend_ = make_backend(config_.backend, BackendOptions{config_.threads});
   const Graph front_graph = graph.split(config_.cut).first;
@@ -169,6 +177,14 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   }
   session_->set_front_updates(config_.front_updates_per_round ? EdgeSession::FrontUpdates::PerRound
                                                               : EdgeSession::FrontUpdates::PerStep);
+  if (config_.async) {
+    const char* with = tail_ ? "a U-shaped cut"
+                       : config_.privacy.dp_clip > 0.0f ? "--dp-clip (noise on the cut)"
+                       : config_.privacy.nopeek > 0.0f ? "--nopeek"
+                       : config_.front_updates_per_round ? "--front-updates round" : nullptr;
+    if (with) fail("edge", cat("--pipeline async is for plain split training, not with ", with));
+    session_->set_async(true);
+  }
   if (config_.checkpoints)
     if (const auto resumed = config_.checkpoints->resume(position_.model_hash, model_, *optimizer_)) {
       position_ = *resumed;
@@ -199,6 +215,15 @@ void EventEdge::set_data(bool test, Tensor images, std::vector<int32_t> labels) 
   set_data(test, std::move(inputs), std::move(labels));
 }
 
+// Each sample's length: its mask's last kept token (0: none kept).
+std::vector<int32_t> EventEdge::sequence_lengths(const Tensor& mask) {
+  const int64_t n = mask.shape()[0], tokens = mask.shape()[1];
+  std::vector<int32_t> lengths(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i)
+    lengths[static_cast<std::size_t>(i)] = static_cast<int32_t>(kept_length(mask.data() + i * tokens, tokens));
+  return lengths;
+}
+
 void EventEdge::set_data(bool test, std::vector<Tensor> inputs, std::vector<int32_t> labels) {
   if (inputs.size() != inputs_.size())
     fail("edge", cat("the model takes ", inputs_.size(), " inputs, given ", inputs.size()));
@@ -219,6 +244,8 @@ void EventEdge::set_data(bool test, std::vector<Tensor> inputs, std::vector<int3
   for (int64_t i = 0; i < n; ++i)
     if (labels[static_cast<std::size_t>(i)] < 0 || labels[static_cast<std::size_t>(i)] >= classes_)
       fail("edge", cat("label ", labels[static_cast<std::size_t>(i)], " of sample ", i, " is outside [0, ", classes_, ")"));
+  if (mask_input_ >= 0 && (test || config_.group_by_length))
+    (test ? test_lengths_ : train_lengths_) = sequence_lengths(inputs[static_cast<std::size_t>(mask_input_)]);
   (test ? test_ : train_) = Data{std::move(inputs), std::move(labels)};
 }
 
@@ -274,15 +301,16 @@ bool EventEdge::on_message(const Frame& frame) {
         bool done = false;
         const auto t0 = std::chrono::steady_clock::now();
         std::span<const uint8_t> reply;
+        Batch& oldest = batch_of(session_->step());  // the step this message is for
         if (!session_->on_step_message(frame, err, done, reply)) return fail_with(err.text);
-        if (awaiting_first_grad_ && reply.empty()) {  // the step's first Backward (not a MiddleOutput)
-          first_grad_s_.push_back(std::chrono::duration<double>(t0 - step_sent_).count());
-          awaiting_first_grad_ = false;
+        if (oldest.awaiting_first_grad && reply.empty()) {  // the step's first Backward (not a MiddleOutput)
+          first_grad_s_.push_back(std::chrono::duration<double>(t0 - oldest.sent).count());
+          oldest.awaiting_first_grad = false;
         }
         if (!reply.empty()) send_(reply);  // U-shaped: the middle output's gradient goes back up
         busy_s_ += since(t0);
         if (!done) return true;
-        const int64_t count = batch_inputs_[0].shape()[0], n = train_.count();
+        const int64_t count = oldest.inputs[0].shape()[0], n = train_.count();
         const double loss = session_->step_loss_sum() / static_cast<double>(count);
         if (first_loss_ < 0) first_loss_ = loss;
         last_loss_ = loss;
@@ -305,9 +333,15 @@ bool EventEdge::on_message(const Frame& frame) {
           position_.epoch += 1;
           position_.cursor = 0;
         }
-        if (step_saves_) config_.checkpoints->save(position_, model_, *optimizer_);
+        if (oldest.saves) config_.checkpoints->save(position_, model_, *optimizer_);
         emit(e);
         samples_since_round_ += static_cast<uint64_t>(count);
+        if (session_->steps_in_flight() > 0) {  // asynchronous: the step begun ahead goes on
+          const auto t1 = std::chrono::steady_clock::now();
+          start_ahead();
+          busy_s_ += since(t1);
+          return !finished();
+        }
         if (session_->aggregate_due()) {
           send_front(/*final=*/false, epoch_end ? AfterAverage::EndEpoch : AfterAverage::Continue);
           return true;
@@ -393,7 +427,11 @@ void EventEdge::start_step() {
   const auto t0 = std::chrono::steady_clock::now();
   if (!epoch_open_) {  // each epoch a fresh permutation, drawn from (seed, epoch) alone
     order_ = epoch_order(n, config_.seed, position_.epoch);
+    if (!train_lengths_.empty())
+      group_by_length(order_, train_lengths_, config_.batch,
+                      config_.seed ^ (static_cast<uint64_t>(position_.epoch) * 0x9e3779b97f4a7c15ULL));
     epoch_first_ = position_.cursor;
+    epoch_tokens_first_ = session_->tokens_run();
     epoch_loss_sum_ = 0.0;
     epoch_started_ = t0;
     epoch_open_ = true;
@@ -403,11 +441,15 @@ void EventEdge::start_step() {
     e.samples = n;
     emit(e);
   }
-  const int64_t begin = position_.cursor, count = std::min<int64_t>(config_.batch, n - begin);
-  batch_inputs_.resize(inputs_.size());
-  batch_labels_.resize(static_cast<std::size_t>(count));
+  // Asynchronous, a step ahead: its batch follows the one in flight.
+  const int64_t begin = position_.cursor + (session_->steps_in_flight() > 0 ? batch_of(session_->step()).inputs[0].shape()[0] : 0);
+  const int64_t count = std::min<int64_t>(config_.batch, n - begin);
+  const uint64_t number = session_->step() + static_cast<uint64_t>(session_->steps_in_flight());
+  Batch& b = batch_of(number);
+  b.inputs.resize(inputs_.size());
+  b.labels.resize(static_cast<std::size_t>(count));
   for (std::size_t k = 0; k < inputs_.size(); ++k) {
-    Tensor& batch = batch_inputs_[k];
+    Tensor& batch = b.inputs[k];
     if (!batch.defined() || batch.shape()[0] != count) batch = Tensor::empty(inputs_[k].shape.batched(count));
     const int64_t item = inputs_[k].shape.numel();
     for (int64_t i = 0; i < count; ++i)
@@ -415,19 +457,28 @@ void EventEdge::start_step() {
                   batch.data() + i * item);
   }
   for (int64_t i = 0; i < count; ++i)
-    batch_labels_[static_cast<std::size_t>(i)] = train_.labels[static_cast<std::size_t>(order_[static_cast<std::size_t>(begin + i)])];
-  step_saves_ = config_.checkpoints && config_.checkpoints->due(session_->step() + 1, begin + count == n);
-  const int k = session_->begin_step(batch_inputs_, batch_labels_.data(),
-                                     lr_factor(schedule_, static_cast<int64_t>(session_->step())), step_saves_);
+    b.labels[static_cast<std::size_t>(i)] = train_.labels[static_cast<std::size_t>(order_[static_cast<std::size_t>(begin + i)])];
+  b.saves = config_.checkpoints && config_.checkpoints->due(number + 1, begin + count == n);
+  const int k = session_->begin_step(b.inputs, b.labels.data(), lr_factor(schedule_, static_cast<int64_t>(number)), b.saves);
   // Every activation leaves as soon as it is computed; gradients are applied as they come.
   for (int mb = 0; mb < k; ++mb) {
     send_(session_->forward(mb));
     if (mb == 0) {
-      step_sent_ = std::chrono::steady_clock::now();
-      awaiting_first_grad_ = true;
+      b.sent = std::chrono::steady_clock::now();
+      b.awaiting_first_grad = true;
     }
   }
   busy_s_ += since(t0);
+  if (config_.async && session_->steps_in_flight() == 1) start_ahead();
+}
+
+void EventEdge::start_ahead() {
+  const Batch& in_flight = batch_of(session_->step());
+  const int64_t end = position_.cursor + in_flight.inputs[0].shape()[0];
+  // These end with the step in flight: the epoch (evaluation, a new order), a checkpoint
+  // (a step boundary to resume from), the run.
+  if (end == train_.count() || in_flight.saves || (config_.steps > 0 && steps_done_ + 1 >= config_.steps)) return;
+  start_step();
 }
 
 void EventEdge::end_epoch() {
@@ -441,6 +492,9 @@ void EventEdge::end_epoch() {
   e.loss = epoch_loss_sum_ / static_cast<double>(std::max<int64_t>(trained, 1));
   e.seconds = since(epoch_started_);
   if (config_.privacy.nopeek > 0.0f) e.dcor = epoch_dcor_sum_ / static_cast<double>(std::max<int64_t>(trained, 1));
+  if (mask_input_ >= 0)
+    e.tokens_per_sample = static_cast<double>(session_->tokens_run() - epoch_tokens_first_) /
+                          static_cast<double>(std::max<int64_t>(trained, 1));
   if (!first_grad_s_.empty()) {
     auto mid = first_grad_s_.begin() + static_cast<std::ptrdiff_t>(first_grad_s_.size() / 2);
     std::nth_element(first_grad_s_.begin(), mid, first_grad_s_.end());
@@ -479,6 +533,16 @@ void EventEdge::start_eval(bool final) {
   const int64_t n = test_.count();
   eval_end_ = config_.eval_samples > 0 ? std::min(config_.eval_samples, n) : n;
   eval_next_ = eval_correct_ = eval_seen_ = 0;
+  // With length buckets the evaluated samples go longest first, so each chunk runs at the
+  // bucket of its own longest; how many are right does not depend on the order.
+  eval_order_.clear();
+  if (!test_lengths_.empty()) {
+    eval_order_.resize(static_cast<std::size_t>(eval_end_));
+    std::iota(eval_order_.begin(), eval_order_.end(), 0);
+    std::stable_sort(eval_order_.begin(), eval_order_.end(), [&](int64_t a, int64_t b) {
+      return test_lengths_[static_cast<std::size_t>(a)] > test_lengths_[static_cast<std::size_t>(b)];
+    });
+  }
   send_eval_batch();
 }
 
@@ -495,9 +559,27 @@ void EventEdge::send_eval_batch() {
   const int64_t count = std::min(eval_chunk_, eval_end_ - eval_next_);
   const auto t0 = std::chrono::steady_clock::now();
   eval_inputs_.resize(inputs_.size());
-  for (std::size_t k = 0; k < inputs_.size(); ++k) eval_inputs_[k] = test_.inputs[k].slice_batch(eval_next_, count);
-  send_(session_->eval_forward(static_cast<uint64_t>(eval_next_), eval_inputs_, test_.labels.data() + eval_next_,
-                               count));
+  const int32_t* labels = test_.labels.data() + eval_next_;
+  if (eval_order_.empty()) {
+    for (std::size_t k = 0; k < inputs_.size(); ++k) eval_inputs_[k] = test_.inputs[k].slice_batch(eval_next_, count);
+  } else {  // the chunk's samples gathered in eval_order_
+    eval_gathered_.resize(inputs_.size());
+    eval_labels_.resize(static_cast<std::size_t>(count));
+    for (int64_t i = 0; i < count; ++i)
+      eval_labels_[static_cast<std::size_t>(i)] =
+          test_.labels[static_cast<std::size_t>(eval_order_[static_cast<std::size_t>(eval_next_ + i)])];
+    labels = eval_labels_.data();
+    for (std::size_t k = 0; k < inputs_.size(); ++k) {
+      const int64_t item = inputs_[k].shape.numel();
+      Tensor& chunk = eval_gathered_[k];
+      if (!chunk.defined() || chunk.shape()[0] != count) chunk = Tensor::empty(inputs_[k].shape.batched(count));
+      for (int64_t i = 0; i < count; ++i)
+        std::copy_n(test_.inputs[k].data() + eval_order_[static_cast<std::size_t>(eval_next_ + i)] * item, item,
+                    chunk.data() + i * item);
+      eval_inputs_[k] = chunk;
+    }
+  }
+  send_(session_->eval_forward(static_cast<uint64_t>(eval_next_), eval_inputs_, labels, count));
   busy_s_ += since(t0);
   eval_next_ += count;
 }

@@ -102,6 +102,15 @@ struct EventEdgeConfig {
   int threads = 1;  // the backend's compute threads
   std::vector<wire::DType> dtypes = {wire::DType::F32};
   bool eval_each_epoch = false;  // else only at the end of the run
+  // With the spec's length buckets: each epoch's batches grouped by length (group_by_length
+  // in data/epoch_order.h), so more micro-batches run at a short bucket. Off by default: it
+  // changes the batches, which costs accuracy when length goes with the class.
+  bool group_by_length = false;
+  // The asynchronous pipeline (EdgeSession::set_async): the next step's forwards start
+  // before this one's gradients are in, on weights one update old, with weight stashing. A
+  // step that ends an epoch, saves a checkpoint or ends the run waits for the one before it
+  // (so evaluation, checkpoints and resume see a step boundary). Plain split training only.
+  bool async = false;
   int64_t eval_samples = 0;      // test samples evaluated (0: all given)
   int64_t eval_chunk = 500;      // test samples per EvalForward (fewer: kEvalMessageBytes, kEvalActivationBytes)
   // In a federation: the front updated once a round on the summed gradients (EdgeSession::
@@ -140,6 +149,9 @@ struct EdgeEvent {
   // Step: its inputs' distance correlation with their cut activations; EpochTrained: the
   // epoch's mean (NoPeek on; < 0: off).
   double dcor = -1.0;
+  // EpochTrained: the tokens a training sample ran at on average (its micro-batch's length
+  // bucket; < 0: the model has no length buckets).
+  double tokens_per_sample = -1.0;
   std::string json() const;
 };
 
@@ -228,18 +240,39 @@ class EventEdge {
   AfterAverage after_average_ = AfterAverage::Continue;
   CheckpointMeta position_;
   ScheduleOptions schedule_;  // with the run's length
-  bool resumed_ = false, epoch_open_ = false, step_saves_ = false, final_eval_ = false;
+  bool resumed_ = false, epoch_open_ = false, final_eval_ = false;
   int64_t steps_done_ = 0, epoch_first_ = 0, just_ended_epoch_ = 0;
   uint64_t samples_since_round_ = 0;
   double epoch_loss_sum_ = 0.0;
   std::chrono::steady_clock::time_point epoch_started_;
-  std::chrono::steady_clock::time_point step_sent_;  // the step's first Forward went out
-  bool awaiting_first_grad_ = false;
+  // Per step in flight (by its number's parity: the asynchronous schedule has two): its batch,
+  // whether it saves a checkpoint, when its first Forward went out, and whether its first
+  // gradient is still to come.
+  struct Batch {
+    std::vector<Tensor> inputs;
+    std::vector<int32_t> labels;
+    bool saves = false;
+    std::chrono::steady_clock::time_point sent;
+    bool awaiting_first_grad = false;
+  };
+  Batch batches_[2];
+  Batch& batch_of(uint64_t step) { return batches_[step % 2]; }
+  // Asynchronous: starts the step after the one in flight, unless that one must end first.
+  void start_ahead();
   std::vector<double> first_grad_s_;  // this epoch's steps
   double epoch_dcor_sum_ = 0.0;       // NoPeek: each step's correlation times its samples
   std::vector<int64_t> order_;
-  std::vector<Tensor> batch_inputs_, eval_inputs_;
-  std::vector<int32_t> batch_labels_;
+  // With length buckets: the mask input (or -1), and with group_by_length each training
+  // sample's length (its last kept token), by which each epoch's batches are grouped.
+  int mask_input_ = -1;
+  std::vector<int32_t> train_lengths_;
+  std::vector<int32_t> test_lengths_;   // with length buckets: each test sample's
+  std::vector<int64_t> eval_order_;     // with length buckets: the evaluated samples, longest first
+  std::vector<Tensor> eval_gathered_;   // per input: a chunk gathered in eval_order_
+  std::vector<int32_t> eval_labels_;    // and its labels
+  static std::vector<int32_t> sequence_lengths(const Tensor& mask);
+  int64_t epoch_tokens_first_ = 0;  // session_->tokens_run() when the epoch started
+  std::vector<Tensor> eval_inputs_;
   int64_t eval_chunk_ = 1;  // config_.eval_chunk within kEvalMessageBytes and kEvalActivationBytes
   int64_t eval_next_ = 0, eval_end_ = 0, eval_correct_ = 0, eval_seen_ = 0, samples_done_ = 0;
   double first_loss_ = -1.0, last_loss_ = 0.0, busy_s_ = 0.0, cloud_busy_s_ = 0.0, accuracy_ = -1.0;

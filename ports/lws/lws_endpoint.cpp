@@ -12,7 +12,6 @@
 #include "core/error.h"
 #include "core/wire/messages.h"
 #include "ports/lws/client_frame_audit.h"
-#include "ports/lws/ws_frame.h"
 
 namespace tandem {
 namespace {
@@ -90,21 +89,12 @@ std::unique_ptr<LwsEndpoint> LwsEndpoint::listen(const std::string& host, int po
                                                  const EndpointOptions& options) {
   std::unique_ptr<LwsEndpoint> e(new LwsEndpoint);
   e->options_ = options;
-  e->start(true, host, port, tls);
+  e->start(host, port, tls);
   return e;
 }
 
-std::unique_ptr<LwsEndpoint> LwsEndpoint::connect(const std::string& host, int port, const TlsIdentity& tls,
-                                                  const EndpointOptions& options) {
-  std::unique_ptr<LwsEndpoint> e(new LwsEndpoint);
-  e->options_ = options;
-  e->start(false, host, port, tls);
-  return e;
-}
-
-void LwsEndpoint::start(bool server, const std::string& host, int port, const TlsIdentity& tls) {
-  server_ = server;
-  write_buffer_.resize(LWS_PRE + kMaxClientFrameHeader + kFragment);
+void LwsEndpoint::start(const std::string& host, int port, const TlsIdentity& tls) {
+  write_buffer_.resize(LWS_PRE + kFragment);
   static std::once_flag quiet;
   std::call_once(quiet, [] { lws_set_log_level(std::getenv("TANDEM_LWS_DEBUG") ? LLL_ERR | LLL_WARN | LLL_NOTICE | LLL_INFO : LLL_ERR, nullptr); });
 
@@ -121,59 +111,32 @@ void LwsEndpoint::start(bool server, const std::string& host, int port, const Tl
   info.timeout_secs = static_cast<unsigned int>(std::max(1, options_.handshake_timeout_s));
   info.timeout_secs_ah_idle = static_cast<unsigned int>(std::max(1, options_.handshake_timeout_s));  // a silent socket
   info.options = LWS_SERVER_OPTION_DO_SSL_GLOBAL_INIT;
-  if (server) {
-    info.port = port;
-    info.iface = host.c_str();
-    info.options |= LWS_SERVER_OPTION_REQUIRE_VALID_OPENSSL_CLIENT_CERT | LWS_SERVER_OPTION_DISABLE_IPV6;
-    if (options_.client_certificate_optional) info.options |= LWS_SERVER_OPTION_PEER_CERT_NOT_REQUIRED;
-    // HTTP/1.1 only: browsers would otherwise carry the WebSocket inside HTTP/2 (RFC 8441),
-    // which drops large messages in this libwebsockets.
-    info.alpn = "http/1.1";
-    if (!options_.web_root.empty()) {
-      mount_ = std::make_unique<lws_http_mount>();
-      std::memset(mount_.get(), 0, sizeof(lws_http_mount));
-      mount_->mountpoint = "/";
-      mount_->mountpoint_len = 1;
-      mount_->origin = options_.web_root.c_str();
-      mount_->def = "index.html";
-      mount_->origin_protocol = LWSMPRO_FILE;
-      mount_->extra_mimetypes = &kExtraMimeTypes;
-      info.mounts = mount_.get();
-    }
-    info.ssl_cert_filepath = tls.cert.c_str();
-    info.ssl_private_key_filepath = tls.key.c_str();
-    info.ssl_ca_filepath = tls.ca.c_str();
-  } else {
-    info.port = CONTEXT_PORT_NO_LISTEN;
-    if (!tls.cert.empty()) {
-      info.client_ssl_cert_filepath = tls.cert.c_str();
-      info.client_ssl_private_key_filepath = tls.key.c_str();
-    }
-    info.client_ssl_ca_filepath = tls.ca.c_str();
+  info.port = port;
+  info.iface = host.c_str();
+  info.options |= LWS_SERVER_OPTION_REQUIRE_VALID_OPENSSL_CLIENT_CERT | LWS_SERVER_OPTION_DISABLE_IPV6;
+  if (options_.client_certificate_optional) info.options |= LWS_SERVER_OPTION_PEER_CERT_NOT_REQUIRED;
+  // HTTP/1.1 only: browsers would otherwise carry the WebSocket inside HTTP/2 (RFC 8441),
+  // which drops large messages in this libwebsockets.
+  info.alpn = "http/1.1";
+  if (!options_.web_root.empty()) {
+    mount_ = std::make_unique<lws_http_mount>();
+    std::memset(mount_.get(), 0, sizeof(lws_http_mount));
+    mount_->mountpoint = "/";
+    mount_->mountpoint_len = 1;
+    mount_->origin = options_.web_root.c_str();
+    mount_->def = "index.html";
+    mount_->origin_protocol = LWSMPRO_FILE;
+    mount_->extra_mimetypes = &kExtraMimeTypes;
+    info.mounts = mount_.get();
   }
+  info.ssl_cert_filepath = tls.cert.c_str();
+  info.ssl_private_key_filepath = tls.key.c_str();
+  info.ssl_ca_filepath = tls.ca.c_str();
   context_ = lws_create_context(&info);
   if (!context_)
-    fail("transport", server ? cat("cannot listen on ", host, ":", port, " with certificate ", tls.cert,
-                                   " (port in use, or unreadable certificate, key or CA)")
-                             : cat("cannot create a TLS client context with CA ", tls.ca));
-  if (server) {
-    port_ = lws_get_vhost_listen_port(lws_get_vhost_by_name(context_, "default"));
-  } else {
-    port_ = port;
-    lws_client_connect_info ci;
-    std::memset(&ci, 0, sizeof ci);
-    ci.context = context_;
-    ci.address = host.c_str();
-    ci.port = port;
-    ci.path = "/";
-    ci.host = host.c_str();
-    ci.origin = host.c_str();
-    ci.protocol = kProtocol;
-    ci.ssl_connection = LCCSCF_USE_SSL;
-    ci.retry_and_idle_policy = retry_.get();
-    if (!lws_client_connect_via_info(&ci))
-      push_event({EndpointEvent::Kind::Closed, 0, {}, cat("cannot connect to wss://", host, ":", port), {}});
-  }
+    fail("transport", cat("cannot listen on ", host, ":", port, " with certificate ", tls.cert,
+                          " (port in use, or unreadable certificate, key or CA)"));
+  port_ = lws_get_vhost_listen_port(lws_get_vhost_by_name(context_, "default"));
   thread_ = std::thread([this] { service_loop(); });
 }
 
@@ -241,7 +204,7 @@ int LwsEndpoint::write_some(lws* wsi, Connection& c) {
   if (c.overflowed) return -1;
   if (c.out.empty()) {
     if (!c.close_when_done) return 0;
-    if (!server_ || c.lingering) return -1;
+    if (c.lingering) return -1;
     // The last word (an Error) is out. Closing now, while the peer may still be sending,
     // makes the kernel reset the connection, which can destroy that Error before the peer
     // reads it: the peer closes once it has read it; until then, for at most kLingerS,
@@ -254,17 +217,9 @@ int LwsEndpoint::write_some(lws* wsi, Connection& c) {
   const std::size_t chunk = std::min(kFragment, m.bytes.size() - c.sent);
   const bool first = c.sent == 0, last = c.sent + chunk == m.bytes.size();
   unsigned char* at = write_buffer_.data() + LWS_PRE;
-  if (server_) {
-    if (chunk) std::memcpy(at, m.bytes.data() + c.sent, chunk);
-    const int flags = lws_write_ws_flags(LWS_WRITE_BINARY, first, last);
-    if (lws_write(wsi, at, chunk, static_cast<lws_write_protocol>(flags)) < static_cast<int>(chunk)) return -1;
-  } else {
-    // Client frames must be masked; lws 4.1 does that a byte at a time, which cost more than
-    // TLS. The frame is built here (masked 8 bytes at a time, a fresh key from the OS's
-    // random source each) and goes out raw, still through TLS.
-    const std::size_t frame = write_client_frame(at, m.bytes.data() + c.sent, chunk, first, last, entropy_());
-    if (lws_write(wsi, at, frame, LWS_WRITE_RAW) < static_cast<int>(frame)) return -1;
-  }
+  if (chunk) std::memcpy(at, m.bytes.data() + c.sent, chunk);
+  const int flags = lws_write_ws_flags(LWS_WRITE_BINARY, first, last);
+  if (lws_write(wsi, at, chunk, static_cast<lws_write_protocol>(flags)) < static_cast<int>(chunk)) return -1;
   c.sent += chunk;
   c.queued -= chunk;
   if (last) {
@@ -298,16 +253,14 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
       // against our CA (REQUIRE_VALID_OPENSSL_CLIENT_CERT alone lets self-signed ones in).
       return len == 0 ? 1 : 0;
 
-    case LWS_CALLBACK_ESTABLISHED:
-    case LWS_CALLBACK_CLIENT_ESTABLISHED: {
+    case LWS_CALLBACK_ESTABLISHED: {
       const uint64_t id = next_id_++;
-      if (reason == LWS_CALLBACK_CLIENT_ESTABLISHED) client_reported_ = false;
       auto c = std::make_unique<Connection>();
       c->wsi = wsi;
       Connection& conn = *c;
       connections_[id] = std::move(c);
       ids_[wsi] = id;
-      if (server_ && options_.max_connections && connections_.size() > options_.max_connections) {
+      if (options_.max_connections && connections_.size() > options_.max_connections) {
         // Over the bound: the peer learns why, and the application never sees it.
         ++refused_connections_;
         MessageWriter writer;
@@ -317,25 +270,20 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
         queue(conn, {id, std::vector<uint8_t>(bytes.begin(), bytes.end()), true});
         return 0;
       }
-      EndpointEvent connected{EndpointEvent::Kind::Connected, id, {}, peer_common_name(wsi), {}};
-      if (server_) connected.serial = peer_serial(wsi);
-      push_event(std::move(connected));
+      push_event({EndpointEvent::Kind::Connected, id, {}, peer_common_name(wsi), peer_serial(wsi)});
       return 0;
     }
 
-    case LWS_CALLBACK_RECEIVE:
-    case LWS_CALLBACK_CLIENT_RECEIVE: {
+    case LWS_CALLBACK_RECEIVE: {
       Connection* c = connection_of(wsi);
       if (!c) return -1;
-      if (server_) {
-        // What lws does not check (client_frame_audit.h): closed with 1002, nothing delivered.
-        if (const std::string why = client_frame_violation(lws_get_ssl(wsi)); !why.empty()) {
-          std::fprintf(stderr, "connection %llu: closed: %s\n", static_cast<unsigned long long>(ids_[wsi]), why.c_str());
-          static const char kReason[] = "unmasked frame";
-          lws_close_reason(wsi, LWS_CLOSE_STATUS_PROTOCOL_ERR,
-                           reinterpret_cast<unsigned char*>(const_cast<char*>(kReason)), sizeof kReason - 1);
-          return -1;
-        }
+      // What lws does not check (client_frame_audit.h): closed with 1002, nothing delivered.
+      if (const std::string why = client_frame_violation(lws_get_ssl(wsi)); !why.empty()) {
+        std::fprintf(stderr, "connection %llu: closed: %s\n", static_cast<unsigned long long>(ids_[wsi]), why.c_str());
+        static const char kReason[] = "unmasked frame";
+        lws_close_reason(wsi, LWS_CLOSE_STATUS_PROTOCOL_ERR,
+                         reinterpret_cast<unsigned char*>(const_cast<char*>(kReason)), sizeof kReason - 1);
+        return -1;
       }
       const bool final = lws_is_final_fragment(wsi) && !lws_remaining_packet_payload(wsi);
       if (c->discarding) {
@@ -378,15 +326,12 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
       return 0;
     }
 
-    case LWS_CALLBACK_SERVER_WRITEABLE:
-    case LWS_CALLBACK_CLIENT_WRITEABLE: {
+    case LWS_CALLBACK_SERVER_WRITEABLE: {
       Connection* c = connection_of(wsi);
       return c ? write_some(wsi, *c) : 0;
     }
 
-    case LWS_CALLBACK_CLOSED:
-    case LWS_CALLBACK_CLIENT_CLOSED: {
-      if (reason == LWS_CALLBACK_CLIENT_CLOSED) client_reported_ = true;
+    case LWS_CALLBACK_CLOSED: {
       auto it = ids_.find(wsi);
       if (it == ids_.end()) return 0;
       const uint64_t id = it->second;
@@ -399,21 +344,6 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
       push_event({EndpointEvent::Kind::Closed, id, {}, "connection closed", {}});
       return 0;
     }
-
-    case LWS_CALLBACK_WSI_DESTROY:
-      // A client connection that ends during the TLS or WebSocket handshake (the server
-      // refused our certificate, say) may get no CONNECTION_ERROR: report it here, once.
-      if (!server_ && !client_reported_) {
-        client_reported_ = true;
-        push_event({EndpointEvent::Kind::Closed, 0, {}, "connection closed during the handshake", {}});
-      }
-      return kUseDefault;
-
-    case LWS_CALLBACK_CLIENT_CONNECTION_ERROR:
-      client_reported_ = true;
-      push_event({EndpointEvent::Kind::Closed, 0, {},
-                  cat("connection failed: ", in ? std::string(static_cast<const char*>(in), len ? len : std::strlen(static_cast<const char*>(in))) : std::string("no reason given")), {}});
-      return 0;
 
     case LWS_CALLBACK_EVENT_WAIT_CANCELLED: {
       std::deque<Outgoing> moved;
@@ -429,9 +359,7 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
       for (lws* w : resume)
         if (ids_.count(w)) lws_rx_flow_control(w, 1);
       for (Outgoing& m : moved) {
-        uint64_t id = m.connection;
-        if (!server_ && id == 0 && !connections_.empty()) id = connections_.begin()->first;
-        auto it = connections_.find(id);
+        auto it = connections_.find(m.connection);
         // Closed meanwhile, or closing (the last word was queued).
         if (it == connections_.end() || it->second->closing) continue;
         queue(*it->second, std::move(m));

@@ -11,7 +11,8 @@ import { readFileSync, writeFileSync } from "node:fs";
 import { crc32, deflateSync } from "node:zlib";
 import { chromium } from "playwright-core";
 
-const [pageUrl, token, otherToken, filesToken, screenshot, stepsText, webDir, fedUrl, fedToken, egressPath, vitUrl, vitToken] =
+const [pageUrl, token, otherToken, filesToken, screenshot, stepsText, webDir, fedUrl, fedToken, egressPath, vitUrl, vitToken,
+       asyncToken] =
   process.argv.slice(2);
 const steps = Number(stepsText || 50);
 // An 8-bit grey PNG of w x h pixels.
@@ -52,15 +53,16 @@ try {
   page.on("pageerror", (e) => console.error(`page error: ${e.message}`));
   page.on("response", (r) => { if (r.status() >= 400) console.error(`page: HTTP ${r.status()} for ${r.url()}`); });
 
-  // Runs one training from the page with `tokenText`; returns the page's record of it.
-  const run = async (tokenText, client) => {
-    const url = `${pageUrl}?token=${encodeURIComponent(tokenText)}&client=${client}&steps=${steps}`;
+  // Trains from the page at `url` (its query sets the run); returns the page's record of it.
+  const trainAt = async (url, timeout = 120000) => {
     await page.goto(url);
     await page.click("#train");
-    await page.waitForFunction(() => ["done", "failed"].includes(window.tandemDemo.state), null,
-                               { timeout: 300000, polling: 250 });
+    await page.waitForFunction(() => ["done", "failed"].includes(window.tandemDemo.state), null, { timeout, polling: 250 });
     return page.evaluate(() => ({ ...window.tandemDemo, status: document.getElementById("status").textContent }));
   };
+  // Runs one training from the page with `tokenText`; returns the page's record of it.
+  const run = (tokenText, client) =>
+    trainAt(`${pageUrl}?token=${encodeURIComponent(tokenText)}&client=${client}&steps=${steps}`, 300000);
 
   const t0 = Date.now();
   const trained = await run(token, "page-1");
@@ -127,13 +129,22 @@ try {
   else if (private_.length !== 10) fail(`${private_.length} of 10 steps reported epsilon and the distance correlation`);
   else console.log(`local files, with DP and NoPeek: ${local.status}; last step ${JSON.stringify(local.events.filter((e) => e.event === "step").pop())}`);
 
+  // The asynchronous pipeline (pipeline=async): 20 steps, each step's Forwards before the
+  // step before is backed up; the loss falls.
+  if (asyncToken) {
+    const ahead = await trainAt(`${pageUrl}?token=${encodeURIComponent(asyncToken)}&client=page-4&steps=20&pipeline=async`);
+    const asyncLosses = ahead.events.filter((e) => e.event === "step").map((e) => e.loss);
+    const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
+    if (ahead.state !== "done" || asyncLosses.length !== 20) fail(`the asynchronous page: ${ahead.status} (${asyncLosses.length} steps)`);
+    else if (!(mean(asyncLosses.slice(-5)) < mean(asyncLosses.slice(0, 5))))
+      fail(`the asynchronous page's loss did not fall: ${mean(asyncLosses.slice(0, 5))} -> ${mean(asyncLosses.slice(-5))}`);
+    else console.log(`asynchronous pipeline in the page: loss ${mean(asyncLosses.slice(0, 5)).toFixed(4)} -> ${mean(asyncLosses.slice(-5)).toFixed(4)}; ${ahead.status}`);
+  }
+
   // A federation averaging every 5 steps: 12 steps with the front updated once a round take
   // rounds 1 and 2 at steps 5 and 10 and a last one after step 12, then evaluate.
   if (fedUrl) {
-    await page.goto(`${fedUrl}?token=${encodeURIComponent(fedToken)}&client=page-fed&steps=12&frontUpdates=round`);
-    await page.click("#train");
-    await page.waitForFunction(() => ["done", "failed"].includes(window.tandemDemo.state), null, { timeout: 120000 });
-    const fed = await page.evaluate(() => ({ ...window.tandemDemo, status: document.getElementById("status").textContent }));
+    const fed = await trainAt(`${fedUrl}?token=${encodeURIComponent(fedToken)}&client=page-fed&steps=12&frontUpdates=round`);
     const rounds = fed.events.filter((e) => e.event === "round").map((e) => `${e.round}@${e.step}`).join(" ");
     if (fed.state !== "done" || rounds !== "1@5 2@10 3@12")
       fail(`federated page: ${fed.status}; rounds ${rounds || "none"} (want 1@5 2@10 3@12)`);
@@ -143,10 +154,8 @@ try {
   // The vision transformer's front in the page: 30 steps; the mean loss of the last five below
   // that of the first five.
   if (vitUrl) {
-    await page.goto(`${vitUrl}?token=${encodeURIComponent(vitToken)}&client=page-vit&steps=30&model=fashion-vit&lr=0.02`);
-    await page.click("#train");
-    await page.waitForFunction(() => ["done", "failed"].includes(window.tandemDemo.state), null, { timeout: 300000 });
-    const vit = await page.evaluate(() => ({ ...window.tandemDemo, status: document.getElementById("status").textContent }));
+    const vit = await trainAt(`${vitUrl}?token=${encodeURIComponent(vitToken)}&client=page-vit&steps=30&model=fashion-vit&lr=0.02`,
+                              300000);
     const vitLosses = vit.events.filter((e) => e.event === "step").map((e) => e.loss);
     const mean = (xs) => xs.reduce((a, b) => a + b, 0) / xs.length;
     if (vit.state !== "done" || vitLosses.length !== 30) fail(`the ViT page: ${vit.status} (${vitLosses.length} steps)`);

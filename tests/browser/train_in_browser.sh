@@ -37,6 +37,7 @@ port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | cut -d: -f3)
 token=$("$cloud_bin" pki token --state-dir "$work/state" --client page-1 --ttl 10m)
 other=$("$cloud_bin" pki token --state-dir "$work/state" --client page-2 --ttl 10m)
 files=$("$cloud_bin" pki token --state-dir "$work/state" --client page-3 --ttl 10m)
+async_token=$("$cloud_bin" pki token --state-dir "$work/state" --client page-4 --ttl 10m)
 "$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/fed-state" \
   --model "$src/samples/fashion-mnist/model.json" --batch 32 --microbatches 4 --web "$wasm/web" --aggregate-every 5 \
   > "$work/fed.log" 2>&1 &
@@ -54,7 +55,7 @@ vit_port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/vit.log" | cut -d: -f3)
 vit_token=$("$cloud_bin" pki token --state-dir "$work/vit-state" --client page-vit --ttl 10m)
 shot=$build/browser-train.png
 node "$src/tests/browser/train_in_browser.mjs" "https://127.0.0.1:$port/" "$token" "$other" "$files" "$shot" 50 \
-  "$wasm/web" "https://127.0.0.1:$fed_port/" "$fed_token" "$work/egress.jsonl" "https://127.0.0.1:$vit_port/" "$vit_token" ||
+  "$wasm/web" "https://127.0.0.1:$fed_port/" "$fed_token" "$work/egress.jsonl" "https://127.0.0.1:$vit_port/" "$vit_token" "$async_token" ||
   fail "the browser run failed"
 "$build/tools/tandem" audit verify "$work/egress.jsonl" > "$work/audit.out" || fail "the page's egress log: $(cat "$work/audit.out")"
 grep -q "verifies: .* 1 run (client page-1)" "$work/audit.out" || fail "the page's egress log: $(cat "$work/audit.out")"
@@ -66,6 +67,8 @@ grep -q "session 1 (token for page-1), cut 'pool2': 50 steps, 1600 samples" "$wo
   fail "the cloud did not train 50 steps of the page's session"
 grep -q "session 4 (token for page-3), cut 'pool2': 10 steps, 160 samples" "$work/cloud.log" ||
   fail "the cloud did not train 10 steps on the page's local files"
+grep -q "session 5 (token for page-4), cut 'pool2': 20 steps, 640 samples" "$work/cloud.log" ||
+  fail "the cloud did not train 20 steps of the page's asynchronous session: $(cat "$work/cloud.log")"
 grep -q "session 1 (token for page-vit), cut 'vit.encoder.layer.0.output.residual': 30 steps, 960 samples" "$work/vit.log" ||
   fail "the ViT cloud did not train 30 steps of the page's session: $(cat "$work/vit.log")"
-echo "PASS: the page trained 50 steps in Chromium, the loss fell; replayed and forged tokens refused; local files trained; three federation rounds; the ViT's front trained (screenshot $shot)"
+echo "PASS: the page trained 50 steps in Chromium, the loss fell; replayed and forged tokens refused; local files trained; the asynchronous pipeline trained; three federation rounds; the ViT's front trained (screenshot $shot)"

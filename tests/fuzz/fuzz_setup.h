@@ -44,7 +44,7 @@ namespace tandem::fuzz {
 // Two attention layers on 6 tokens (ids below 8, a padding mask), cut after the first: the
 // cloud's layer and its masked mean pooling read the mask.
 inline constexpr const char* kSequenceSpec = R"({ name: "sequence-test", inputs: [
-  { name: "ids", shape: [6], dtype: "int32" }, { name: "mask", shape: [6], mask: true } ], nodes: [
+  { name: "ids", shape: [6], dtype: "int32" }, { name: "mask", shape: [6], mask: true, length_buckets: [4, 5] } ], nodes: [
   { name: "emb", op: "embedding", inputs: ["ids"], embedding: { count: 8, features: 8 } },
   { name: "pos", op: "position_embedding", inputs: ["emb"], embedding: { count: 6 } },
   { name: "q0", op: "linear", inputs: ["pos"], linear: { out_features: 8 } },
@@ -336,6 +336,9 @@ inline EventEdgeConfig edge_config(uint8_t flags, EdgeMemoryCheckpoints* checkpo
   c.dtypes = offered_dtypes(flags);
   c.eval_chunk = 4;
   c.front_updates_per_round = flags & kPerRound;
+#ifdef TANDEM_FUZZ_SEQUENCE
+  c.group_by_length = true;  // micro-batches at 4, 5 and 6 tokens: the cloud's length checks in the seeds
+#endif
   c.proximal_mu = (flags & kPerRound) ? 0.0f : 0.01f;
   if (flags & (kCheckpoints | kResume)) {
     checkpoints->resume_at_1 = flags & kResume;

@@ -21,7 +21,9 @@ fail() { echo "FAIL: $*"; echo "--- cloud log"; tail -30 "$work/cloud.log"; exit
 
 "$cloud_bin" pki init --state-dir "$work/state" > /dev/null
 source "$src/tests/e2e/lib.sh"
-start_cloud_as cloud --metrics-listen 127.0.0.1:0 --max-connections $((edges + 16))
+# All the edges and the probe connect at once: the limits on connections and on those that
+# have not said Hello yet (64 by default, a guard against idle handshakes) must hold them all.
+start_cloud_as cloud --metrics-listen 127.0.0.1:0 --max-connections $((edges + 16)) --max-pending-hello $((edges + 16))
 pids+=("$cloud_pid")
 for i in $(seq 0 "$edges"); do
   "$cloud_bin" pki issue --state-dir "$work/state" --client "edge-$i" --out "$work/id/$i" > /dev/null

@@ -15,6 +15,7 @@ $("token").value = params.get("token") || "";
 $("client").value = params.get("client") || "browser";
 if (params.get("steps")) $("steps").value = params.get("steps");
 if (params.get("frontUpdates")) $("frontUpdates").value = params.get("frontUpdates");
+if (params.get("pipeline")) $("pipeline").value = params.get("pipeline");
 if (params.get("model")) $("model").value = params.get("model");
 for (const id of ["lr", "batch"]) if (params.get(id)) $(id).value = params.get(id);
 for (const id of ["dpClip", "dpNoise", "nopeek"]) if (params.get(id)) $(id).value = params.get(id);
@@ -98,7 +99,7 @@ $("train").addEventListener("click", async () => {
     const edge = await TandemEdge.create({
       spec, clientId: $("client").value, token: $("token").value.trim(), steps: Number($("steps").value),
       batch: Number($("batch").value), microbatches: Number($("microbatches").value), lr: Number($("lr").value),
-      wireDtype: $("dtype").value, frontUpdates: $("frontUpdates").value, onEvent,
+      wireDtype: $("dtype").value, frontUpdates: $("frontUpdates").value, pipeline: $("pipeline").value, onEvent,
       privacy: { dpClip: Number($("dpClip").value), dpNoise: Number($("dpNoise").value), nopeek: Number($("nopeek").value) },
     });
     if (document.querySelector("input[name=source]:checked").value === "files") {

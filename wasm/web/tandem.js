@@ -8,6 +8,8 @@ class TandemEdge {
   // spec's own), clientId, token, batch, microbatches, steps, lr, momentum, seed, wireDtype
   // ("f32", "f16", "bf16", "i8"), evalSamples (0: all test images), frontUpdates ("step" or
   // "round": in a split-federated cloud, the front updated every step or once a round),
+  // pipeline ("sync", or "async": the next step's forwards before this one's gradients are in,
+  // as tandem-edge's --pipeline async),
   // privacy ({ dpClip, dpNoise, dpDelta, dpEpsilonBudget, dpEval: "noised" or "clean",
   // nopeek, and with a U-shaped cut ("A,B": the labels stay in the page) gradClip, gradNoise,
   // labelNoise }, as tandem-edge's --dp-*, --nopeek, --grad-* and --label-noise; absent:
@@ -30,10 +32,11 @@ class TandemEdge {
     const spec = edge.copyIn(options.spec, 1);
     const rc = m.ccall("tandem_create", "number",
       ["number", "number", "string", "string", "string", "number", "number", "number", "number", "number", "number", "string", "number",
-       "string"],
+       "string", "string"],
       [spec, options.spec.length, options.cut || "", options.clientId || "browser", options.token || "",
        options.batch || 32, options.microbatches || 4, options.steps || 50, options.lr ?? 0.05, options.momentum ?? 0.9,
-       options.seed || 1, options.wireDtype || "f32", options.evalSamples || 0, options.frontUpdates || "step"]);
+       options.seed || 1, options.wireDtype || "f32", options.evalSamples || 0, options.frontUpdates || "step",
+       options.pipeline || "sync"]);
     m._free(spec);
     edge.check(rc);
     return edge;
