@@ -20,7 +20,7 @@ constexpr const char* kUsage = R"(usage:
                     [--data fashion-mnist|DIR] [--epochs N] [--limit SAMPLES] [--test-limit SAMPLES]
                     [--batch B] [--microbatches K] [--pipeline sync|async] [--group-by-length] [OPTIMIZER] [SCHEDULE]
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
-                    [--metrics-json FILE] [--client-id NAME] [--token TOKEN] [--audit-log FILE]
+                    [--metrics-json FILE] [--client-id NAME] [--token TOKEN] [--audit-log FILE] [--connect-retries N]
                     [--dp-clip C --dp-noise SIGMA [--dp-delta D] [--dp-epsilon-budget E] [--dp-eval noised|clean]]
                     [--nopeek ALPHA] [--label-noise SIGMA] [--grad-clip C --grad-noise SIGMA]
                     [--checkpoint-dir DIR [--checkpoint-every STEPS]] [--init-from FILE]
@@ -52,6 +52,8 @@ constexpr const char* kUsage = R"(usage:
       step's factor to the cloud, which scales its own learning rate by it. --cut auto runs
       the planner (`tandem plan`) here first and trains with its cut and K (K up to
       --microbatches); the cloud must serve that cut (tandem-cloud serve --cut any).
+      A cloud at its bound on connections answers Busy: the edge says Hello again after 1,
+      2, 4 ... up to 30 s (jittered), at most --connect-retries times (default 8; 0: none).
       --audit-log FILE (default IDDIR/egress.jsonl): every message this edge sends is
       appended there before it leaves, as a hash-chained JSON line (type, step, tensor
       names, shapes, dtypes, bytes, SHA-256 of each payload), with a summary at the run's
@@ -105,7 +107,7 @@ int train_command(int argc, char** argv) {
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-eval", "nopeek", "grad-clip", "grad-noise", "label-noise", "group-by-length", "pipeline"},
+                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-eval", "nopeek", "grad-clip", "grad-noise", "label-noise", "group-by-length", "pipeline", "connect-retries"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -158,6 +160,7 @@ int train_command(int argc, char** argv) {
   o.client_id = args.str("client-id", base.empty() || base[0] == '.' ? "edge" : base);
   o.checkpoint_dir = args.str("checkpoint-dir", "");
   o.checkpoint_every = args.integer("checkpoint-every", 100, 0);
+  o.connect_retries = static_cast<int>(args.integer("connect-retries", 8, 0));
   o.init_from = args.str("init-from", "");
   if (args.has("shard")) {
     const std::string shard = args.str("shard", "");

@@ -58,6 +58,7 @@ struct Harness {
   Sgd back_opt{back.params(), {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false}};
   BackShardTrainer shard{back, back_opt};
   MemoryCheckpoints cloud_checkpoints;
+  CloudSessionConfig cc;
   std::unique_ptr<CloudSession> cloud;
   std::deque<std::vector<uint8_t>> to_edge;
   std::vector<std::vector<uint8_t>> sent;  // every message the edge sent, as it left
@@ -72,7 +73,6 @@ struct Harness {
       p->value().copy_from(whole.param(p->name()).value());
       p->bump_version();
     }
-    CloudSessionConfig cc;
     cc.model_hash = model_hash(spec, cut);
     cc.cut = cut;
     cc.batch_size = 32;
@@ -92,6 +92,13 @@ struct Harness {
           cloud_closed = cloud_closed || r.close;
         },
         [this](const EdgeEvent& e) { events.push_back(e.json()); });
+  }
+
+  // A new connection: a fresh cloud session, nothing in flight.
+  void reconnect() {
+    cloud = std::make_unique<CloudSession>(shard, cc);
+    to_edge.clear();
+    cloud_closed = false;
   }
 
   void run() {
@@ -502,6 +509,53 @@ TEST(EventEdge, RefusedTokenEndsTheRunWithTheCloudsReason) {
   EXPECT_EQ(seen_token, "tdt1.forged");
   EXPECT_EQ(seen_client, "page-1");
   EXPECT_EQ(h.events.back(), R"j({"event":"error","text":"the cloud refused: the enrolment token is malformed"})j");
+}
+
+// A cloud at its bound on connections answers the Hello with Busy: the run has not started,
+// so the owner may say Hello again on a new link (tandem-edge does, after a backoff), and the
+// egress log stays one run; if it gives up, the run fails with the cloud's reason.
+TEST(EventEdge, BusyCloudLeavesTheRunReadyToSayHelloAgain) {
+  std::vector<std::string> lines;
+  EgressAudit audit([&](const std::string& line) { lines.push_back(line); });
+  EventEdgeConfig c = config(4);
+  c.audit = &audit;
+  Harness h(c);
+  const Pixels train = pixels(128, 1), test = pixels(64, 2);
+  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 128, 8, 8);
+  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
+  const std::string why = "the cloud serves at most 1 connections at once and has no room now: try again later";
+  auto hello_answered_busy = [&](Harness& harness) {
+    harness.edge->on_open();
+    harness.to_edge.clear();  // the cloud's Welcome, replaced by its Busy
+    MessageWriter writer;
+    const auto error = writer.error(wire::ErrorCode::Busy, why);
+    return harness.edge->on_message(Frame::copy_of(error.data(), error.size()));
+  };
+  EXPECT_FALSE(hello_answered_busy(h)) << "the link must close";
+  EXPECT_FALSE(h.edge->finished());
+  EXPECT_EQ(h.edge->busy(), "the cloud refused: " + why);
+  EXPECT_EQ(h.count("error"), 0);
+  h.reconnect();
+  h.run();
+  ASSERT_TRUE(h.edge->finished() && !h.edge->failed()) << h.events.back();
+  EXPECT_EQ(h.edge->busy(), "");
+  EXPECT_EQ(h.edge->steps_done(), 4);
+  audit.finish("done");
+  std::string text;
+  for (const auto& l : lines) text += l + "\n";
+  std::istringstream in(text);
+  const EgressReport report = verify_egress_log(in);
+  ASSERT_EQ(report.error, "");
+  EXPECT_EQ(report.runs, 1u);
+  EXPECT_EQ(report.kinds.at("Hello").messages, 2u);
+
+  // Given up: the run fails with the cloud's reason, not the link's.
+  Harness gave_up(config(4));
+  gave_up.edge->set_data(false, train.bytes.data(), train.labels.data(), 128, 8, 8);
+  EXPECT_FALSE(hello_answered_busy(gave_up));
+  gave_up.edge->on_closed("the connection closed (code 1000)");
+  EXPECT_TRUE(gave_up.edge->failed());
+  EXPECT_EQ(gave_up.events.back(), R"j({"event":"error","text":"the cloud refused: )j" + why + R"j("})j");
 }
 
 TEST(EventEdge, LostLinkEndsTheRunWithTheReason) {

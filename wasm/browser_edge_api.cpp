@@ -144,7 +144,7 @@ EMSCRIPTEN_KEEPALIVE int tandem_start(const char* url) {
     BrowserSocket::Handlers h;
     h.opened = [] { page().edge->on_open(); };
     h.message = [](Frame frame) {
-      if (!page().edge->on_message(frame)) page().socket->close(page().edge->failed() ? "edge failed" : "done");
+      if (!page().edge->on_message(frame)) page().socket->close(page().edge->failed() || !page().edge->busy().empty() ? "edge failed" : "done");
     };
     h.closed = [](const std::string& why) { page().edge->on_closed(why); };
     p.socket = std::make_unique<BrowserSocket>(url, std::move(h), kDefaultMaxMessageBytes);

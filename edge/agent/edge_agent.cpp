@@ -1,8 +1,13 @@
 #include "edge/agent/edge_agent.h"
 #include "edge/agent/egress_log_file.h"
 
+#include <algorithm>
+#include <chrono>
+#include <cmath>
 #include <cstdio>
 #include <optional>
+#include <random>
+#include <thread>
 
 #include "backends/registry.h"
 #include "core/error.h"
@@ -82,6 +87,15 @@ LabelledImages training_data(const EdgeTrainOptions& o) {
   return share;
 }
 
+// Seconds to wait before retry `attempt` (from 1) after a Busy refusal: doubling from 1 s
+// up to 30 s, times a random factor in [0.5, 1.5) so that edges refused together do not all
+// come back together.
+double busy_backoff_s(int attempt) {
+  static std::mt19937_64 jitter{std::random_device{}()};
+  const double base = std::min(30.0, std::ldexp(1.0, std::min(attempt - 1, 5)));
+  return base * std::uniform_real_distribution<double>(0.5, 1.5)(jitter);
+}
+
 }  // namespace
 
 int train_over_wss(const EdgeTrainOptions& o) {
@@ -149,10 +163,24 @@ int train_over_wss(const EdgeTrainOptions& o) {
   if (o.epochs > 0 && edge.position().epoch > o.epochs)
     std::fprintf(stderr, "the checkpoint is past the last epoch: nothing left to train\n");
 
-  link.emplace(o.host, o.port, o.identity_dir, !o.token.empty());
-  report.attach(edge, *link, microbatches);
-  edge.on_open();  // Hello; then each message the cloud sends drives the run to its end
-  while (!edge.finished()) edge.on_message(link->await(edge.awaiting()));
+  // Hello; then each message the cloud sends drives the run to its end. A cloud at its bound
+  // on connections answers Busy ("try again later"): this edge does, after a backoff.
+  for (int attempt = 1;; ++attempt) {
+    link.emplace(o.host, o.port, o.identity_dir, !o.token.empty());
+    report.attach(edge, *link, microbatches);
+    edge.on_open();
+    while (!edge.finished() && edge.busy().empty()) edge.on_message(link->await(edge.awaiting()));
+    if (edge.finished()) break;
+    link.reset();
+    if (attempt > o.connect_retries) {
+      edge.on_closed(edge.busy());
+      break;
+    }
+    const double wait_s = busy_backoff_s(attempt);
+    std::fprintf(stderr, "tandem-edge: %s; trying again in %.1f s (retry %d of %d)\n", edge.busy().c_str(), wait_s,
+                 attempt, o.connect_retries);
+    std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
+  }
   const std::string anchor = egress.finish(edge.failed() ? "failed" : "done");
   std::fprintf(stderr, "egress log: %s, %llu messages, %llu bytes sent; last hash %s (`tandem audit verify` checks it)\n",
                egress.path().c_str(), static_cast<unsigned long long>(egress.audit().messages()),

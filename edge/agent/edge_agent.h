@@ -52,6 +52,9 @@ struct EdgeTrainOptions {
   bool group_by_length = false;          // EventEdgeConfig::group_by_length
   bool async = false;                    // EventEdgeConfig::async (--pipeline async)
   int64_t checkpoint_every = 100;
+  // How often to say Hello again when the cloud answers Busy (at its bound on connections),
+  // after 1, 2, 4 ... up to 30 s (jittered); 0: give up at the first Busy.
+  int connect_retries = 8;
   std::string client_id = "edge";
 };
 

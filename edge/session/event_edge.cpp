@@ -276,7 +276,11 @@ void EventEdge::on_open() {
   emit(event(EdgeEvent::Kind::Connected));
   started_ = std::chrono::steady_clock::now();
   state_ = State::AwaitWelcome;
-  if (config_.audit) config_.audit->begin_run(config_.client_id, model_name_, config_.cut, position_.model_hash);
+  busy_.clear();
+  // One run record however many Hellos it takes: a retry's Hello joins the same chain.
+  if (config_.audit && !audit_begun_)
+    config_.audit->begin_run(config_.client_id, model_name_, config_.cut, position_.model_hash);
+  audit_begun_ = true;
   send_(session_->hello());
 }
 
@@ -285,7 +289,12 @@ bool EventEdge::on_message(const Frame& frame) {
   try {
     switch (state_) {
       case State::AwaitWelcome: {
-        if (!session_->on_welcome(frame, err)) return fail_with(err.text);
+        if (!session_->on_welcome(frame, err)) {
+          if (err.code != wire::ErrorCode::Busy) return fail_with(err.text);
+          busy_ = err.text;  // nothing has started: the owner may say Hello again later
+          state_ = State::Idle;
+          return false;
+        }
         EdgeEvent e = event(EdgeEvent::Kind::Welcome);
         e.dtype = dtype_name(session_->dtype());
         emit(e);
@@ -378,7 +387,7 @@ bool EventEdge::on_message(const Frame& frame) {
 }
 
 void EventEdge::on_closed(const std::string& why) {
-  if (!finished()) fail_with(why);
+  if (!finished()) fail_with(busy_.empty() ? why : busy_);
 }
 
 const char* EventEdge::awaiting() const {

@@ -175,11 +175,16 @@ class EventEdge {
   // 0 or 1 (checked here: an Error names the input and the element).
   void set_data(bool test, std::vector<Tensor> inputs, std::vector<int32_t> labels);
 
+  // Hello (again after a Busy refusal, on a new link).
   void on_open();
-  // false once the run has ended (done or failed): the link should close.
+  // false once the run has ended (done or failed) or the cloud was busy: the link should close.
   bool on_message(const Frame& frame);
   void on_closed(const std::string& why);
   bool finished() const { return state_ == State::Done || state_ == State::Failed; }
+  // The cloud's reason when it answered the Hello with a Busy Error (its bounds on
+  // connections: "try again later"): the run has not started and on_open may be called again
+  // on a new link; on_closed then fails the run with this reason. Empty otherwise.
+  const std::string& busy() const { return busy_; }
   bool failed() const { return state_ == State::Failed; }
   // The message the run waits for (a blocking pump names it when none comes).
   const char* awaiting() const;
@@ -224,6 +229,7 @@ class EventEdge {
   Send send_;
   Emit emit_;
   std::string model_name_;
+  std::string busy_;  // busy()
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Network> front_;
   std::unique_ptr<Network> tail_;      // U-shaped runs: from the second cut to the loss
@@ -240,7 +246,7 @@ class EventEdge {
   AfterAverage after_average_ = AfterAverage::Continue;
   CheckpointMeta position_;
   ScheduleOptions schedule_;  // with the run's length
-  bool resumed_ = false, epoch_open_ = false, final_eval_ = false;
+  bool resumed_ = false, epoch_open_ = false, final_eval_ = false, audit_begun_ = false;
   int64_t steps_done_ = 0, epoch_first_ = 0, just_ended_epoch_ = 0;
   uint64_t samples_since_round_ = 0;
   double epoch_loss_sum_ = 0.0;

@@ -124,4 +124,17 @@ out=$(probe hold:1 busy)
 echo "$out"
 grep -q "^busy: closed after .*the cloud serves at most 1 connections at once" <<< "$out" || fail "connection bound: $out"
 [[ $(metric 'tandem_connections_refused_total{reason="max_connections"}') == 1 ]] || fail "max_connections refusal not counted"
+# A real edge refused Busy says Hello again after a backoff, and trains once there is room.
+for _ in $(seq 1 50); do [[ $(metric tandem_sessions_open) == 0 ]] && break; sleep 0.1; done
+probe hold:1 sleep:2.5 > "$work/held.out" &
+held_pid=$!
+for _ in $(seq 1 50); do grep -q holding "$work/held.out" && break; sleep 0.1; done
+train patient "$work/hospital-b" --limit 320 --test-limit 100 --connect-retries 6 ||
+  fail "an edge refused Busy did not train once there was room: $(tail -3 "$work/patient.out")"
+wait "$held_pid"
+grep -q "the cloud serves at most 1 connections at once.*; trying again in [0-9.]* s (retry 1 of 6)" "$work/patient.out" ||
+  fail "the edge did not retry after Busy: $(head -5 "$work/patient.out")"
+"$build/tools/tandem" audit verify "$work/hospital-b/egress.jsonl" > "$work/audit.out" ||
+  fail "the retried run's egress log: $(cat "$work/audit.out")"
+echo "busy: the edge retried $(grep -c 'trying again' "$work/patient.out") times and trained"
 echo "PASS: revocation (live session closed in $took s), metrics checked against a run, RFC 6455 probes, deadlines and bounds"

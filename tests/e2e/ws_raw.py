@@ -2,7 +2,7 @@
 """Raw TLS WebSocket probes of a tandem cloud: frames a conforming client never sends, and
 connections that never speak. Each probe prints one line: what it did and how the cloud answered.
 Usage: ws_raw.py PORT IDDIR PROBE...   (probes: unmasked, opcode, fragmented-ping, long-ping,
-silent, tls-silent, hold:N, busy)"""
+silent, tls-silent, hold:N, sleep:S, busy)"""
 import base64, os, socket, ssl, struct, sys, time
 
 port, iddir = int(sys.argv[1]), sys.argv[2]
@@ -108,7 +108,10 @@ for probe in sys.argv[3:]:
     elif probe.startswith("hold:"):  # upgraded connections kept open (silent) for the next probes
         for _ in range(int(probe[5:])):
             held.append(upgraded()[0])
-        print(f"{probe}: holding {len(held)} connections")
+        print(f"{probe}: holding {len(held)} connections", flush=True)
+    elif probe.startswith("sleep:"):  # keeps what is held for S seconds more
+        time.sleep(float(probe[6:]))
+        print(f"{probe}: held {len(held)} connections")
     elif probe == "busy":  # one more connection beyond a bound: an Error, then the close
         s, rest = upgraded(); report(probe, s, 8, rest)
     else:
