@@ -13,6 +13,15 @@
 #endif
 
 namespace tandem {
+
+#ifdef TANDEM_CUDA_BUILT
+// backends/cuda, defined only in the binaries that link it (tandem-cloud, tandem, the op, grad
+// and train tests): weak references, null elsewhere, so tandem-edge needs no CUDA library.
+[[gnu::weak]] std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
+[[gnu::weak]] std::string cuda_device_problem();
+[[gnu::weak]] std::string cuda_device_summary();
+#endif
+
 namespace {
 
 using Factory = std::unique_ptr<Backend> (*)(const BackendOptions&);
@@ -22,8 +31,9 @@ struct Entry {
   Factory make;
 };
 
-// A fixed table: which backends exist is decided when the build is configured.
-constexpr Entry kBackends[] = {
+// A fixed table: which backends exist is decided when the build is configured (and, for
+// cuda, when the binary is linked: a null factory is not there).
+const Entry kBackends[] = {
     {"reference", make_reference_backend},
     {"portable", make_portable_backend},
 #ifdef TANDEM_HAVE_XNNPACK
@@ -32,19 +42,27 @@ constexpr Entry kBackends[] = {
 #ifdef TANDEM_HAVE_ONEDNN
     {"onednn", make_onednn_backend},
 #endif
+#ifdef TANDEM_CUDA_BUILT
+    {"cuda", make_cuda_backend},
+#endif
 };
+
+#ifdef TANDEM_CUDA_BUILT
+bool has_cuda() { return make_cuda_backend != nullptr; }
+#endif
 
 }  // namespace
 
 std::vector<std::string> backend_names() {
   std::vector<std::string> names;
-  for (const Entry& e : kBackends) names.emplace_back(e.name);
+  for (const Entry& e : kBackends)
+    if (e.make) names.emplace_back(e.name);
   return names;
 }
 
 std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options) {
   for (const Entry& e : kBackends)
-    if (e.name == name) return e.make(options);
+    if (e.name == name && e.make) return e.make(options);
   std::string known;
   for (const auto& n : backend_names()) known += (known.empty() ? "" : ", ") + n;
   fail("backend", cat("unknown backend '", name, "'; this build has: ", known));
@@ -53,6 +71,20 @@ std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOption
 std::string preferred_backend(const std::string& preferred) {
   const auto names = backend_names();
   return std::find(names.begin(), names.end(), preferred) != names.end() ? preferred : "reference";
+}
+
+std::string default_cloud_backend() {
+#ifdef TANDEM_CUDA_BUILT
+  if (has_cuda() && cuda_device_problem().empty()) return "cuda";
+#endif
+  return preferred_backend("onednn");
+}
+
+std::string gpu_summary() {
+#ifdef TANDEM_CUDA_BUILT
+  if (has_cuda()) return cuda_device_summary();
+#endif
+  return "";
 }
 
 }  // namespace tandem

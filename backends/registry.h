@@ -1,5 +1,6 @@
 // The backend registry: every backend this build has (reference and portable always; xnnpack,
-// onednn when their libraries were found), picked by name by the edge, the cloud and the tools.
+// onednn when their libraries were found; cuda in the binaries that link backends/cuda),
+// picked by name by the edge, the cloud and the tools.
 #pragma once
 
 #include <memory>
@@ -17,5 +18,10 @@ std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOption
 std::vector<std::string> backend_names();
 // `preferred` when this build has it, else "reference".
 std::string preferred_backend(const std::string& preferred);
+// The cloud's default: cuda when this binary has it and a CUDA device can be used, else onednn
+// (else reference).
+std::string default_cloud_backend();
+// This binary's GPU: its name and memory, or why there is none ("" in a binary without cuda).
+std::string gpu_summary();
 
 }  // namespace tandem

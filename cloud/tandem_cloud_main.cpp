@@ -28,7 +28,8 @@ constexpr const char* kUsage = R"(usage:
                      [--handshake-timeout-s S] [--hello-timeout-s S] [--max-queued-mb N]
                      [--weight-grads deferred|inline]
       Serves split training over wss:// with mutual TLS: one session per edge, the back
-      shard and loss on the backend (default onednn), its kernels on T threads a session
+      shard and loss on the backend (default cuda where a GPU can be used and this build has
+      the cuda backend, else onednn), its kernels on T threads a session
       (default 1, for many edges at once; a big host's cores can go to a few sessions, as
       batched heads spread across them). Runs `pki init` on first start.
       --cut any serves every legal cut: each edge's Hello names its own (tandem-edge --cut auto).
@@ -187,7 +188,7 @@ int serve_command(int argc, char** argv) {
   o.microbatches = static_cast<uint32_t>(args.integer("microbatches", 4, 1));
   o.optimizer = args.optimizer_options();
   o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
-  o.backend = args.str("backend", "onednn");
+  o.backend = args.str("backend", default_cloud_backend());
   o.threads = static_cast<int>(args.integer("threads", 1, 1));
   o.max_message_bytes = static_cast<std::size_t>(args.integer("max-message-mb", 64, 1)) << 20;
   o.init_from = args.str("init-from", "");

@@ -126,7 +126,9 @@ TEST(AsyncPipeline, EachMicroBatchBacksUpOnTheWeightsItsForwardUsed) {
   // backward with the cloud's gradients on the same weights, applied to weights[t].
   Network replay(s.shards.first, *s.edge_backend, 0);
   for (int t = 0; t < kSteps; ++t) {
-    if (t >= 1) EXPECT_GT(max_abs_diff(forward_weights[t][0], weights[t][0]), 1e-6f) << "step " << t << " is not stale";
+    if (t >= 1) {
+      EXPECT_GT(max_abs_diff(forward_weights[t][0], weights[t][0]), 1e-6f) << "step " << t << " is not stale";
+    }
     for (std::size_t i = 0; i < replay.params().size(); ++i) {
       replay.params()[i]->value().copy_from(forward_weights[static_cast<std::size_t>(t)][i]);
       replay.params()[i]->bump_version();

@@ -348,6 +348,10 @@ int serve(const ServeOptions& o) {
     if (d != cuts.end()) std::rotate(cuts.begin(), d, d + 1);
   }
 
+  // The sessions' backend, made once now so that one this machine cannot run (cuda without a
+  // GPU) is refused at start with the reason, not at the first edge's Hello.
+  make_backend(o.backend, BackendOptions{o.threads});
+
   // Back shards start from the same weights the whole model would (one seeded draw in graph
   // order), so a run does not depend on where the cut is.
   std::vector<BackShard> shards;
@@ -455,6 +459,7 @@ int serve(const ServeOptions& o) {
               o.host.c_str(), endpoint->port(), spec.name.c_str(),
               cut == "any" ? cat("any of ", cuts.size()).c_str() : cut.c_str(), o.backend.c_str(), o.threads,
               o.threads == 1 ? "" : "s", ids.ca_cert.c_str());
+  if (o.backend == "cuda") std::printf("tandem-cloud: the GPU: %s\n", gpu_summary().c_str());
   if (shared)
     std::printf("split-federated: one back shard for every edge, front shards averaged every %u steps (a round "
                 "waits at most %.1f s once one edge has sent, for at least %u edges)\n",

@@ -1,25 +1,15 @@
 // gelu_tanh: GELU's tanh approximation, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))),
 // PyTorch's nn.GELU(approximate="tanh") and BERT's original "gelu_new"; gelu is the erf form.
 // Backends run it as an Activation (oneDNN: eltwise_gelu_tanh).
-#include <cmath>
-
 #include "core/activation.h"
+#include "core/activation_math.h"
 #include "core/layers/layers.h"
 #include "core/ops/elementwise.h"
 
 namespace tandem {
 namespace {
 
-constexpr float kSqrt2OverPi = 0.79788456080286536f, kCubic = 0.044715f;
-
-constexpr Activation kGeluTanh{
-    "gelu_tanh",
-    [](float x) { return 0.5f * x * (1.0f + std::tanh(kSqrt2OverPi * (x + kCubic * x * x * x))); },
-    [](float x, float, float dy) {
-      const float t = std::tanh(kSqrt2OverPi * (x + kCubic * x * x * x));
-      const float inner = kSqrt2OverPi * (1.0f + 3.0f * kCubic * x * x);
-      return dy * (0.5f * (1.0f + t) + 0.5f * x * (1.0f - t * t) * inner);
-    }};
+constexpr Activation kGeluTanh{"gelu_tanh", act::gelu_tanh, act::gelu_tanh_grad};
 
 }  // namespace
 

@@ -1,19 +1,14 @@
 // silu (swish): x * sigmoid(x), PyTorch's nn.SiLU; the gradient is s * (1 + x * (1 - s)).
 // The transformer feed-forward blocks use it. Backends run it as an Activation.
-#include <cmath>
-
 #include "core/activation.h"
+#include "core/activation_math.h"
 #include "core/layers/layers.h"
 #include "core/ops/elementwise.h"
 
 namespace tandem {
 namespace {
 
-constexpr Activation kSilu{"silu", [](float x) { return x / (1.0f + std::exp(-x)); },
-                           [](float x, float, float dy) {
-                             const float s = 1.0f / (1.0f + std::exp(-x));
-                             return dy * s * (1.0f + x * (1.0f - s));
-                           }};
+constexpr Activation kSilu{"silu", act::silu, act::silu_grad};
 
 }  // namespace
 

@@ -1,0 +1,22 @@
+// The CUDA backend (cloud GPUs): cuBLAS GEMMs, cuDNN convolutions and tandem's own device
+// kernels (cuda_kernels.h); the registry names it "cuda" in the binaries that link it.
+#pragma once
+
+#include <memory>
+#include <string>
+
+#include "core/backend.h"
+
+namespace tandem {
+
+// Throws Error when this machine has no usable CUDA device (cuda_device_problem() says why).
+std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
+
+// "" when a CUDA device can be used, else why not in words a user can act on ("no CUDA
+// device: CUDA driver version is insufficient for CUDA runtime version", ...).
+std::string cuda_device_problem();
+
+// The device the backend runs on: its name and memory (for the cloud's start-up line).
+std::string cuda_device_summary();
+
+}  // namespace tandem

@@ -1,0 +1,118 @@
+#include "backends/cuda/cuda_context.h"
+
+#include <climits>
+#include <cstdlib>
+
+#include "backends/cuda/cuda_kernels.h"
+#include "core/error.h"
+
+namespace tandem::cuda {
+
+void check(cudaError_t status, const char* what) {
+  if (status != cudaSuccess) fail("cuda", cat(what, ": ", cudaGetErrorString(status)));
+}
+void check(cublasStatus_t status, const char* what) {
+  if (status != CUBLAS_STATUS_SUCCESS) fail("cuda", cat(what, ": ", cublasGetStatusString(status)));
+}
+void check(cudnnStatus_t status, const char* what) {
+  if (status != CUDNN_STATUS_SUCCESS) fail("cuda", cat(what, ": ", cudnnGetErrorString(status)));
+}
+
+void DeviceBuffer::Free::operator()(void* p) const { cudaFree(p); }
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+  void* p = nullptr;
+  if (bytes > 0) check(cudaMalloc(&p, bytes), cat("cudaMalloc of ", bytes, " bytes").c_str());
+  ptr_.reset(p);
+}
+
+int chosen_device() {
+  const char* chosen = std::getenv("TANDEM_CUDA_DEVICE");
+  return chosen && *chosen ? std::atoi(chosen) : 0;
+}
+
+Context::Context() : device_(chosen_device()) {
+  try {
+    use();
+    check(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    check(cublasCreate(&blas_), "cublasCreate");
+    check(cublasSetStream(blas_, stream_), "cublasSetStream");
+    // Full f32 products (no TF32 tensor cores): results within the reference backend's
+    // tolerances, as PyTorch's default for matmul.
+    check(cublasSetMathMode(blas_, CUBLAS_DEFAULT_MATH), "cublasSetMathMode");
+    check(cudnnCreate(&dnn_), "cudnnCreate");
+    check(cudnnSetStream(dnn_, stream_), "cudnnSetStream");
+  } catch (...) {
+    destroy();
+    throw;
+  }
+}
+
+Context::~Context() { destroy(); }
+
+void Context::destroy() {
+  if (dnn_) cudnnDestroy(dnn_);
+  if (blas_) cublasDestroy(blas_);
+  if (stream_) cudaStreamDestroy(stream_);
+  dnn_ = nullptr;
+  blas_ = nullptr;
+  stream_ = nullptr;
+}
+
+void Context::use() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
+
+std::shared_ptr<Context> bound(std::shared_ptr<Context> ctx) {
+  ctx->use();
+  return ctx;
+}
+
+void Context::put(void* device, const void* host, std::size_t bytes) const {
+  if (bytes > 0) check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_), "copy to the device");
+}
+void Context::get(void* host, const void* device, std::size_t bytes) const {
+  if (bytes > 0) check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_), "copy from the device");
+}
+void Context::finish() const { check(cudaStreamSynchronize(stream_), "the stream's work"); }
+
+void Context::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
+                   int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
+                   int64_t stride_c, int64_t count) const {
+  for (int64_t v : {m, n, k, lda, ldb, ldc, count})
+    if (v > INT_MAX) fail("cuda", cat("a GEMM dimension of ", v, " is past cuBLAS' int range"));
+  const float alpha = 1.0f;
+  check(cublasSgemmStridedBatched(blas_, trans_b ? CUBLAS_OP_T : CUBLAS_OP_N, trans_a ? CUBLAS_OP_T : CUBLAS_OP_N,
+                                  static_cast<int>(n), static_cast<int>(m), static_cast<int>(k), &alpha, b,
+                                  static_cast<int>(ldb), stride_b, a, static_cast<int>(lda), stride_a, &beta, c,
+                                  static_cast<int>(ldc), stride_c, static_cast<int>(count)),
+        "cublasSgemmStridedBatched");
+}
+
+void Context::column_sums(const float* x, const float* ones, float* out, int64_t rows, int64_t cols) const {
+  if (rows > INT_MAX || cols > INT_MAX) fail("cuda", cat("column sums of ", rows, " x ", cols, " are past cuBLAS' int range"));
+  const float one = 1.0f, zero = 0.0f;
+  // x row-major [rows, cols] is column-major [cols, rows] with leading dimension cols.
+  check(cublasSgemv(blas_, CUBLAS_OP_N, static_cast<int>(cols), static_cast<int>(rows), &one, x, static_cast<int>(cols),
+                    ones, 1, &zero, out, 1),
+        "cublasSgemv (column sums)");
+}
+
+DeviceBuffer device_ones(const Context& ctx, int64_t count) {
+  DeviceBuffer ones(static_cast<std::size_t>(count) * sizeof(float));
+  check(fill(ones.f(), 1.0f, count, ctx.stream()), "filling ones");
+  return ones;
+}
+
+DeviceWeights::DeviceWeights(std::size_t weight_count, std::size_t bias_count)
+    : weight_(weight_count * sizeof(float)), bias_(bias_count * sizeof(float)), weight_count_(weight_count),
+      bias_count_(bias_count) {}
+
+void DeviceWeights::update(const Context& ctx, const WeightsView& w) {
+  has_bias_ = w.bias != nullptr && bias_count_ > 0;
+  if (w.weight == seen_weight_ && w.version == seen_version_) return;
+  ctx.put(weight_.get(), w.weight, weight_count_ * sizeof(float));
+  if (has_bias_) ctx.put(bias_.get(), w.bias, bias_count_ * sizeof(float));
+  seen_weight_ = w.weight;
+  seen_version_ = w.version;
+}
+
+}  // namespace tandem::cuda
