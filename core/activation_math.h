@@ -4,11 +4,7 @@
 
 #include <math.h>
 
-#ifdef __CUDACC__
-#define TANDEM_HOST_DEVICE __host__ __device__
-#else
-#define TANDEM_HOST_DEVICE
-#endif
+#include "core/host_device.h"
 
 namespace tandem::act {
 

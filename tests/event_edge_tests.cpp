@@ -101,6 +101,13 @@ struct Harness {
     cloud_closed = false;
   }
 
+  // The 8x8 images' training and test sets given, the run to its end.
+  void train_on(const Pixels& train, const Pixels& test) {
+    edge->set_data(false, train.bytes.data(), train.labels.data(), static_cast<int64_t>(train.labels.size()), 8, 8);
+    edge->set_data(true, test.bytes.data(), test.labels.data(), static_cast<int64_t>(test.labels.size()), 8, 8);
+    run();
+  }
+
   void run() {
     edge->on_open();
     while (!to_edge.empty() && !edge->finished()) {
@@ -135,9 +142,7 @@ EventEdgeConfig config(int64_t steps) {
 TEST(EventEdge, TrainsEvaluatesAndSaysGoodbye) {
   Harness h(config(40));
   const Pixels train = pixels(512, 1), test = pixels(256, 2);
-  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 512, 8, 8);
-  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 256, 8, 8);
-  h.run();
+  h.train_on(train, test);
   ASSERT_TRUE(h.edge->finished());
   ASSERT_FALSE(h.edge->failed()) << h.events.back();
   EXPECT_EQ(h.count("connected"), 1);
@@ -166,9 +171,7 @@ TEST(EgressAudit, RunLogVerifiesAndEditsAreCaught) {
   c.audit = &audit;
   Harness h(c);
   const Pixels train = pixels(256, 1), test = pixels(64, 2);
-  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
-  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
-  h.run();
+  h.train_on(train, test);
   ASSERT_TRUE(h.edge->finished() && !h.edge->failed()) << h.events.back();
   const std::string anchor = audit.finish("done");
   ASSERT_EQ(lines.size(), h.sent.size() + 2) << "a run record, one line a message, a summary";
@@ -245,9 +248,7 @@ TEST(EgressAudit, RunLogVerifiesAndEditsAreCaught) {
 TEST(EgressAudit, NoInputImageLeavesTheEdge) {
   Harness h(config(8));
   const Pixels train = pixels(256, 1), test = pixels(64, 2);
-  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
-  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
-  h.run();
+  h.train_on(train, test);
   ASSERT_TRUE(h.edge->finished() && !h.edge->failed()) << h.events.back();
   int rows_checked = 0;
   for (const Pixels* set : {&train, &test})
@@ -303,9 +304,7 @@ TEST(EventEdgeDp, EpsilonIsReportedAndTheBudgetStopsTheRun) {
   c.privacy.dp_seed = 9;
   c.privacy.dp_epsilon_budget = (dp_epsilon(q, 1.0, 5, 1e-5).epsilon + dp_epsilon(q, 1.0, 6, 1e-5).epsilon) / 2;
   Harness h(c);
-  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
-  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
-  h.run();
+  h.train_on(train, test);
   ASSERT_TRUE(h.edge->finished() && !h.edge->failed()) << h.events.back();
   EXPECT_EQ(h.edge->steps_done(), 5) << "the sixth step would pass the budget";
   int k = 0;
@@ -335,9 +334,7 @@ TEST(EventEdgeDp, CleanEvaluationSendsTheActivationsAsTheyAre) {
       c.privacy.dp_noise_evaluation = noised_eval;
     }
     Harness h(c);
-    h.edge->set_data(false, train.bytes.data(), train.labels.data(), 64, 8, 8);
-    h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
-    h.run();
+    h.train_on(train, test);
     EXPECT_TRUE(h.edge->finished() && !h.edge->failed()) << h.events.back();
     for (const auto& bytes : h.sent) {
       const Frame f = Frame::copy_of(bytes.data(), bytes.size());
@@ -367,9 +364,7 @@ TEST(EventEdgeNoPeek, ThePenaltyLowersTheCorrelationOfWhatLeaves) {
     EventEdgeConfig c = config(40);
     c.privacy.nopeek = alpha;
     Harness h(c);
-    h.edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
-    h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
-    h.run();
+    h.train_on(train, test);
     EXPECT_TRUE(h.edge->finished() && !h.edge->failed()) << h.events.back();
     EXPECT_EQ(h.cloud->step(), 40u);
     std::vector<double> dcor;
@@ -411,9 +406,7 @@ void expect_whole_epochs_evaluating_each(bool async) {
   c.checkpoints = &checkpoints;
   Harness h(c);
   const Pixels train = pixels(80, 1), test = pixels(64, 2);  // 80 = 32 + 32 + 16
-  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 80, 8, 8);
-  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
-  h.run();
+  h.train_on(train, test);
   ASSERT_FALSE(h.edge->failed()) << h.events.back();
   EXPECT_EQ(h.count("step"), 6);
   EXPECT_EQ(h.cloud->step(), 6u);
@@ -450,9 +443,7 @@ TEST(EventEdge, AsyncForwardsTheNextStepAheadAndTrains) {
   c.async = true;
   Harness h(c);
   const Pixels train = pixels(512, 1), test = pixels(256, 2);
-  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 512, 8, 8);
-  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 256, 8, 8);
-  h.run();
+  h.train_on(train, test);
   ASSERT_TRUE(h.edge->finished());
   ASSERT_FALSE(h.edge->failed()) << h.events.back();
   EXPECT_EQ(h.count("step"), 40);
@@ -485,9 +476,7 @@ TEST(EventEdge, TrainsWithInt8OnTheWire) {
   c.dtypes = {wire::DType::I8, wire::DType::F32};
   Harness h(c);
   const Pixels train = pixels(512, 1), test = pixels(256, 2);
-  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 512, 8, 8);
-  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 256, 8, 8);
-  h.run();
+  h.train_on(train, test);
   ASSERT_FALSE(h.edge->failed()) << h.events.back();
   EXPECT_NE(h.events[1].find(R"("dtype":"i8")"), std::string::npos) << h.events[1];
   EXPECT_GT(h.field(h.events.back(), "test_accuracy"), 0.9) << h.events.back();
@@ -777,9 +766,7 @@ TEST(EventEdgeUShaped, TrainsAndNoLabelLeaves) {
   c.checkpoints = &keeper;
   Harness h(c);
   const Pixels train = pixels(256, 1), test = pixels(128, 2);
-  h.edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
-  h.edge->set_data(true, test.bytes.data(), test.labels.data(), 128, 8, 8);
-  h.run();
+  h.train_on(train, test);
   ASSERT_TRUE(h.edge->finished());
   ASSERT_FALSE(h.edge->failed()) << h.events.back();
   EXPECT_EQ(h.count("step"), 24);

@@ -19,6 +19,8 @@ using cuda::Context;
 using cuda::DeviceBuffer;
 using cuda::DeviceWeights;
 using cuda::check;
+using cuda::down;
+using cuda::up;
 using Shared = std::shared_ptr<Context>;
 
 std::size_t floats(int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); }
@@ -80,24 +82,19 @@ class CudaGroupedLinear final : public LinearKernel, public GroupedLinearKernel 
   DeviceBuffer x_, y_, dw_, db_, ones_;  // x_ also holds dx, y_ also dy
 };
 
-// Elementwise kernels on n values: inputs and outputs staged through a few device buffers.
+// Elementwise, row and pooling kernels: each call one staged call (Context::staged) through
+// device buffers made with the kernel.
 class CudaRelu final : public ReluKernel {
  public:
   CudaRelu(Shared ctx, int64_t n) : ctx_(cuda::bound(std::move(ctx))), n_(n), a_(floats(n)), b_(floats(n)), c_(floats(n)) {}
   void forward(const float* x, float* y) override {
-    ctx_->use();
-    ctx_->put(a_.get(), x, a_.bytes());
-    check(cuda::relu_forward(a_.f(), b_.f(), n_, ctx_->stream()), "relu");
-    ctx_->get(y, b_.get(), b_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(a_, x)}, [&] { check(cuda::relu_forward(a_.f(), b_.f(), n_, ctx_->stream()), "relu"); },
+                 {down(y, b_)});
   }
   void backward(const float* y, const float* dy, float* dx) override {
-    ctx_->use();
-    ctx_->put(a_.get(), y, a_.bytes());
-    ctx_->put(b_.get(), dy, b_.bytes());
-    check(cuda::relu_backward(a_.f(), b_.f(), c_.f(), n_, ctx_->stream()), "relu backward");
-    ctx_->get(dx, c_.get(), c_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(a_, y), up(b_, dy)},
+                 [&] { check(cuda::relu_backward(a_.f(), b_.f(), c_.f(), n_, ctx_->stream()), "relu backward"); },
+                 {down(dx, c_)});
   }
 
  private:
@@ -109,22 +106,17 @@ class CudaRelu final : public ReluKernel {
 class CudaActivation final : public ActivationKernel {
  public:
   CudaActivation(Shared ctx, cuda::ActivationKind kind, int64_t n)
-      : ctx_(cuda::bound(std::move(ctx))), kind_(kind), n_(n), x_(floats(n)), y_(floats(n)), dy_(floats(n)), dx_(floats(n)) {}
+      : ctx_(cuda::bound(std::move(ctx))), kind_(kind), n_(n), x_(floats(n)), y_(floats(n)), dy_(floats(n)),
+        dx_(floats(n)) {}
   void forward(const float* x, float* y) override {
-    ctx_->use();
-    ctx_->put(x_.get(), x, x_.bytes());
-    check(cuda::activation_forward(kind_, x_.f(), y_.f(), n_, ctx_->stream()), "activation");
-    ctx_->get(y, y_.get(), y_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(x_, x)},
+                 [&] { check(cuda::activation_forward(kind_, x_.f(), y_.f(), n_, ctx_->stream()), "activation"); },
+                 {down(y, y_)});
   }
   void backward(const float* x, const float* y, const float* dy, float* dx) override {
-    ctx_->use();
-    ctx_->put(x_.get(), x, x_.bytes());
-    ctx_->put(y_.get(), y, y_.bytes());
-    ctx_->put(dy_.get(), dy, dy_.bytes());
-    check(cuda::activation_backward(kind_, x_.f(), y_.f(), dy_.f(), dx_.f(), n_, ctx_->stream()), "activation backward");
-    ctx_->get(dx, dx_.get(), dx_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(x_, x), up(y_, y), up(dy_, dy)}, [&] {
+      check(cuda::activation_backward(kind_, x_.f(), y_.f(), dy_.f(), dx_.f(), n_, ctx_->stream()), "activation backward");
+    }, {down(dx, dx_)});
   }
 
  private:
@@ -138,12 +130,8 @@ class CudaAdd final : public AddKernel {
  public:
   CudaAdd(Shared ctx, int64_t n) : ctx_(cuda::bound(std::move(ctx))), n_(n), a_(floats(n)), b_(floats(n)) {}
   void forward(const float* a, const float* b, float* y) override {
-    ctx_->use();
-    ctx_->put(a_.get(), a, a_.bytes());
-    ctx_->put(b_.get(), b, b_.bytes());
-    check(cuda::add(a_.f(), b_.f(), a_.f(), n_, ctx_->stream()), "add");
-    ctx_->get(y, a_.get(), a_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(a_, a), up(b_, b)},
+                 [&] { check(cuda::add(a_.f(), b_.f(), a_.f(), n_, ctx_->stream()), "add"); }, {down(y, a_)});
   }
 
  private:
@@ -155,22 +143,17 @@ class CudaAdd final : public AddKernel {
 class CudaSoftmax final : public SoftmaxKernel {
  public:
   CudaSoftmax(Shared ctx, int64_t rows, int64_t channels)
-      : ctx_(cuda::bound(std::move(ctx))), rows_(rows), c_(channels), a_(floats(rows * channels)), b_(floats(rows * channels)),
-        d_(floats(rows * channels)) {}
+      : ctx_(cuda::bound(std::move(ctx))), rows_(rows), c_(channels), a_(floats(rows * channels)),
+        b_(floats(rows * channels)), d_(floats(rows * channels)) {}
   void forward(const float* x, float* y) override {
-    ctx_->use();
-    ctx_->put(a_.get(), x, a_.bytes());
-    check(cuda::softmax_forward(a_.f(), b_.f(), rows_, c_, ctx_->stream()), "softmax");
-    ctx_->get(y, b_.get(), b_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(a_, x)},
+                 [&] { check(cuda::softmax_forward(a_.f(), b_.f(), rows_, c_, ctx_->stream()), "softmax"); },
+                 {down(y, b_)});
   }
   void backward(const float* y, const float* dy, float* dx) override {
-    ctx_->use();
-    ctx_->put(a_.get(), y, a_.bytes());
-    ctx_->put(b_.get(), dy, b_.bytes());
-    check(cuda::softmax_backward(a_.f(), b_.f(), d_.f(), rows_, c_, ctx_->stream()), "softmax backward");
-    ctx_->get(dx, d_.get(), d_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(a_, y), up(b_, dy)}, [&] {
+      check(cuda::softmax_backward(a_.f(), b_.f(), d_.f(), rows_, c_, ctx_->stream()), "softmax backward");
+    }, {down(dx, d_)});
   }
 
  private:
@@ -182,22 +165,19 @@ class CudaSoftmax final : public SoftmaxKernel {
 class CudaGlobalAvgPool final : public GlobalAvgPoolKernel {
  public:
   CudaGlobalAvgPool(Shared ctx, const GlobalPoolGeometry& g)
-      : ctx_(cuda::bound(std::move(ctx))), g_(g), x_(floats(g.batch * g.in_h * g.in_w * g.channels)), y_(floats(g.batch * g.channels)) {}
+      : ctx_(cuda::bound(std::move(ctx))), g_(g), x_(floats(g.batch * g.in_h * g.in_w * g.channels)),
+        y_(floats(g.batch * g.channels)) {}
   void forward(const float* x, float* y) override {
-    ctx_->use();
-    ctx_->put(x_.get(), x, x_.bytes());
-    check(cuda::global_avg_pool_forward(x_.f(), y_.f(), g_.batch, g_.in_h * g_.in_w, g_.channels, ctx_->stream()),
-          "global average pool");
-    ctx_->get(y, y_.get(), y_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(x_, x)}, [&] {
+      check(cuda::global_avg_pool_forward(x_.f(), y_.f(), g_.batch, g_.in_h * g_.in_w, g_.channels, ctx_->stream()),
+            "global average pool");
+    }, {down(y, y_)});
   }
   void backward(const float* dy, float* dx) override {
-    ctx_->use();
-    ctx_->put(y_.get(), dy, y_.bytes());
-    check(cuda::global_avg_pool_backward(y_.f(), x_.f(), g_.batch, g_.in_h * g_.in_w, g_.channels, ctx_->stream()),
-          "global average pool backward");
-    ctx_->get(dx, x_.get(), x_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(y_, dy)}, [&] {
+      check(cuda::global_avg_pool_backward(y_.f(), x_.f(), g_.batch, g_.in_h * g_.in_w, g_.channels, ctx_->stream()),
+            "global average pool backward");
+    }, {down(dx, x_)});
   }
 
  private:
@@ -215,20 +195,14 @@ class CudaMaxPool2d final : public MaxPool2dKernel {
         arg_(static_cast<std::size_t>(outputs_) * sizeof(int32_t)) {}
   std::size_t stash_bytes() const override { return arg_.bytes(); }
   void forward(const float* x, float* y, void* stash) override {
-    ctx_->use();
-    ctx_->put(x_.get(), x, x_.bytes());
-    check(cuda::max_pool_forward(g_, x_.f(), y_.f(), arg_.i(), ctx_->stream()), "max pool");
-    ctx_->get(y, y_.get(), y_.bytes());
-    ctx_->get(stash, arg_.get(), arg_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(x_, x)},
+                 [&] { check(cuda::max_pool_forward(g_, x_.f(), y_.f(), arg_.i(), ctx_->stream()), "max pool"); },
+                 {down(y, y_), down(stash, arg_)});
   }
   void backward(const float* dy, const void* stash, float* dx) override {
-    ctx_->use();
-    ctx_->put(y_.get(), dy, y_.bytes());
-    ctx_->put(arg_.get(), stash, arg_.bytes());
-    check(cuda::max_pool_backward(g_, y_.f(), arg_.i(), x_.f(), ctx_->stream()), "max pool backward");
-    ctx_->get(dx, x_.get(), x_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(y_, dy), up(arg_, stash)}, [&] {
+      check(cuda::max_pool_backward(g_, y_.f(), arg_.i(), x_.f(), ctx_->stream()), "max pool backward");
+    }, {down(dx, x_)});
   }
 
  private:
@@ -244,18 +218,14 @@ class CudaAvgPool2d final : public AvgPool2dKernel {
       : ctx_(cuda::bound(std::move(ctx))), g_(g), x_(floats(g.batch * g.in_h * g.in_w * g.channels)),
         y_(floats(g.batch * g.out_h() * g.out_w() * g.channels)) {}
   void forward(const float* x, float* y) override {
-    ctx_->use();
-    ctx_->put(x_.get(), x, x_.bytes());
-    check(cuda::avg_pool_forward(g_, x_.f(), y_.f(), ctx_->stream()), "average pool");
-    ctx_->get(y, y_.get(), y_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(x_, x)},
+                 [&] { check(cuda::avg_pool_forward(g_, x_.f(), y_.f(), ctx_->stream()), "average pool"); },
+                 {down(y, y_)});
   }
   void backward(const float* dy, float* dx) override {
-    ctx_->use();
-    ctx_->put(y_.get(), dy, y_.bytes());
-    check(cuda::avg_pool_backward(g_, y_.f(), x_.f(), ctx_->stream()), "average pool backward");
-    ctx_->get(dx, x_.get(), x_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(y_, dy)},
+                 [&] { check(cuda::avg_pool_backward(g_, y_.f(), x_.f(), ctx_->stream()), "average pool backward"); },
+                 {down(dx, x_)});
   }
 
  private:
@@ -271,17 +241,11 @@ class CudaLayerNorm final : public LayerNormKernel {
         dx_(floats(g.rows * g.features)), gamma_(floats(g.features)), beta_(floats(g.features)),
         mean_(floats(g.rows)), var_(floats(g.rows)), ones_(cuda::device_ones(*ctx_, g.rows)) {}
   void forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* var) override {
-    ctx_->use();
-    ctx_->put(x_.get(), x, x_.bytes());
-    ctx_->put(gamma_.get(), gamma, gamma_.bytes());
-    ctx_->put(beta_.get(), beta, beta_.bytes());
-    check(cuda::layer_norm_forward(x_.f(), gamma_.f(), beta_.f(), y_.f(), mean_.f(), var_.f(), g_.rows, g_.features,
-                                   g_.eps, ctx_->stream()),
-          "layer norm");
-    ctx_->get(y, y_.get(), y_.bytes());
-    ctx_->get(mean, mean_.get(), mean_.bytes());
-    ctx_->get(var, var_.get(), var_.bytes());
-    ctx_->finish();
+    ctx_->staged({up(x_, x), up(gamma_, gamma), up(beta_, beta)}, [&] {
+      check(cuda::layer_norm_forward(x_.f(), gamma_.f(), beta_.f(), y_.f(), mean_.f(), var_.f(), g_.rows, g_.features,
+                                     g_.eps, ctx_->stream()),
+            "layer norm");
+    }, {down(y, y_), down(mean, mean_), down(var, var_)});
   }
   void backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* var, float* dx,
                 float* dgamma, float* dbeta) override {

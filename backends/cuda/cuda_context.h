@@ -4,6 +4,7 @@
 
 #include <cstddef>
 #include <cstdint>
+#include <initializer_list>
 #include <memory>
 
 #include <cublas_v2.h>
@@ -37,6 +38,16 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
+// One host-to-device or device-to-host copy of a staged call (Context::staged).
+struct Copy {
+  void* to;
+  const void* from;
+  std::size_t bytes;
+};
+// `host` copied into all of `device`; all of `device` copied out to `host`.
+inline Copy up(const DeviceBuffer& device, const void* host) { return {device.get(), host, device.bytes()}; }
+inline Copy down(void* host, const DeviceBuffer& device) { return {host, device.get(), device.bytes()}; }
+
 class Context {
  public:
   Context();
@@ -57,7 +68,17 @@ class Context {
   void put(void* device, const void* host, std::size_t bytes) const;
   void get(void* host, const void* device, std::size_t bytes) const;
   void finish() const;
-  void destroy();
+
+  // One kernel call on host tensors: this device made the thread's, `in` copied up, `work`
+  // queued on the stream, `out` copied down, and the stream waited for.
+  template <typename Work>
+  void staged(std::initializer_list<Copy> in, Work&& work, std::initializer_list<Copy> out) const {
+    use();
+    for (const Copy& c : in) put(c.to, c.from, c.bytes);
+    work();
+    for (const Copy& c : out) get(c.to, c.from, c.bytes);
+    finish();
+  }
 
   // out[c] = sum over r of x[r, c] for x [rows, cols] (a bias gradient): cuBLAS' GEMV with
   // `ones` (at least `rows` ones on the device), deterministic, unlike atomics.
@@ -70,6 +91,8 @@ class Context {
             int64_t stride_c, int64_t count = 1) const;
 
  private:
+  void destroy();
+
   int device_ = 0;
   cudaStream_t stream_ = nullptr;
   cublasHandle_t blas_ = nullptr;

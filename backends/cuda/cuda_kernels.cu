@@ -8,6 +8,7 @@
 #include <cfloat>
 
 #include "core/activation_math.h"
+#include "core/pool_window.h"
 
 namespace tandem::cuda {
 namespace {
@@ -22,42 +23,38 @@ unsigned blocks_for(int64_t n) {
 __device__ inline int64_t first_index() { return blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; }
 __device__ inline int64_t grid_stride() { return static_cast<int64_t>(blockDim.x) * gridDim.x; }
 
-__device__ inline float warp_sum(float v) {
-  for (int o = 16; o > 0; o >>= 1) v += __shfl_xor_sync(0xffffffffu, v, o);
-  return v;
-}
-__device__ inline float warp_max(float v) {
-  for (int o = 16; o > 0; o >>= 1) v = fmaxf(v, __shfl_xor_sync(0xffffffffu, v, o));
+struct Sum {
+  static constexpr float kIdentity = 0.0f;
+  __device__ static float apply(float a, float b) { return a + b; }
+};
+struct Max {
+  static constexpr float kIdentity = -INFINITY;
+  __device__ static float apply(float a, float b) { return fmaxf(a, b); }
+};
+
+template <typename Op>
+__device__ inline float warp_reduce(float v) {
+  for (int o = 16; o > 0; o >>= 1) v = Op::apply(v, __shfl_xor_sync(0xffffffffu, v, o));
   return v;
 }
 
 // The block's sum (or max) of v, in every thread. `shared` holds 32 floats.
-__device__ float block_sum(float v, float* shared) {
+template <typename Op>
+__device__ float block_reduce(float v, float* shared) {
   const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = warp_sum(v);
+  v = warp_reduce<Op>(v);
   if (lane == 0) shared[warp] = v;
   __syncthreads();
-  v = threadIdx.x < warps ? shared[threadIdx.x] : 0.0f;
-  if (warp == 0) v = warp_sum(v);
+  v = threadIdx.x < warps ? shared[threadIdx.x] : Op::kIdentity;
+  if (warp == 0) v = warp_reduce<Op>(v);
   if (threadIdx.x == 0) shared[0] = v;
   __syncthreads();
   const float r = shared[0];
   __syncthreads();  // `shared` may be reused at once
   return r;
 }
-__device__ float block_max(float v, float* shared) {
-  const int lane = threadIdx.x & 31, warp = threadIdx.x >> 5, warps = (blockDim.x + 31) >> 5;
-  v = warp_max(v);
-  if (lane == 0) shared[warp] = v;
-  __syncthreads();
-  v = threadIdx.x < warps ? shared[threadIdx.x] : -INFINITY;
-  if (warp == 0) v = warp_max(v);
-  if (threadIdx.x == 0) shared[0] = v;
-  __syncthreads();
-  const float r = shared[0];
-  __syncthreads();
-  return r;
-}
+__device__ inline float block_sum(float v, float* shared) { return block_reduce<Sum>(v, shared); }
+__device__ inline float block_max(float v, float* shared) { return block_reduce<Max>(v, shared); }
 
 template <ActivationKind K>
 __device__ inline float act_forward(float x) {
@@ -185,23 +182,9 @@ __global__ void max_pool_forward_kernel(Pool2dGeometry g, int64_t oh, int64_t ow
   for (int64_t o = first_index(); o < total; o += grid_stride()) {
     const int64_t c = o % g.channels, ox = o / g.channels % ow, oy = o / (g.channels * ow) % oh,
                   n = o / (g.channels * ow * oh);
-    float best = -INFINITY;
-    int32_t best_at = -1;
-    for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
-      const int64_t iy = oy * g.stride_h - g.pad_h + ky;
-      if (iy < 0 || iy >= g.in_h) continue;
-      for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
-        const int64_t ix = ox * g.stride_w - g.pad_w + kx;
-        if (ix < 0 || ix >= g.in_w) continue;
-        const float v = x[((n * g.in_h + iy) * g.in_w + ix) * g.channels + c];
-        if (best_at < 0 || v > best) {
-          best = v;
-          best_at = static_cast<int32_t>(iy * g.in_w + ix);
-        }
-      }
-    }
-    y[o] = best;
-    arg[o] = best_at;
+    const WindowMax best = max_in_window(g, x, n, oy, ox, c);
+    y[o] = best.value;
+    arg[o] = best.at;
   }
 }
 __global__ void max_pool_backward_kernel(Pool2dGeometry g, int64_t oh, int64_t ow, const float* dy,

@@ -1,6 +1,7 @@
 #include "backends/reference/reference_backend.h"
 
 #include "core/avg_pool2d.h"
+#include "core/pool_window.h"
 
 #include <algorithm>
 #include <cmath>
@@ -260,24 +261,10 @@ class ReferenceMaxPool2d final : public MaxPool2dKernel {
       for (int64_t oy = 0; oy < oh_; ++oy)
         for (int64_t ox = 0; ox < ow_; ++ox)
           for (int64_t c = 0; c < g.channels; ++c) {
-            float best = -std::numeric_limits<float>::infinity();
-            int32_t best_at = -1;
-            for (int64_t ky = 0; ky < g.kernel_h; ++ky) {
-              const int64_t iy = oy * g.stride_h - g.pad_h + ky;
-              if (iy < 0 || iy >= g.in_h) continue;
-              for (int64_t kx = 0; kx < g.kernel_w; ++kx) {
-                const int64_t ix = ox * g.stride_w - g.pad_w + kx;
-                if (ix < 0 || ix >= g.in_w) continue;
-                const float v = x[((n * g.in_h + iy) * g.in_w + ix) * g.channels + c];
-                if (best_at < 0 || v > best) {
-                  best = v;
-                  best_at = static_cast<int32_t>(iy * g.in_w + ix);
-                }
-              }
-            }
+            const WindowMax best = max_in_window(g, x, n, oy, ox, c);
             const int64_t o = ((n * oh_ + oy) * ow_ + ox) * g.channels + c;
-            y[o] = best;
-            arg[o] = best_at;
+            y[o] = best.value;
+            arg[o] = best.at;
           }
   }
 
