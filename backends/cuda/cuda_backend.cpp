@@ -290,21 +290,17 @@ class CudaAttention final : public AttentionKernel {
         dp_(floats(scores_)) {}
 
   void forward(const float* q, const float* k, const float* v, const float* mask, float* out, float* probs) override {
+    const int64_t T = g_.tokens, dh = g_.head_dim;
     ctx_->use();
-    const int64_t T = g_.tokens, D = g_.features(), dh = g_.head_dim, H = g_.heads;
     ctx_->put(q_.get(), q, q_.bytes());
     ctx_->put(k_.get(), k, k_.bytes());
     ctx_->put(v_.get(), v, v_.bytes());
     if (mask) ctx_->put(mask_.get(), mask, mask_.bytes());
-    for (int64_t b = 0; b < g_.batch; ++b)
-      ctx_->gemm(false, true, T, T, dh, q_.f() + b * T * D, D, dh, k_.f() + b * T * D, D, dh, 0.0f,
-                 p_.f() + b * H * T * T, T, T * T, H);
-    check(cuda::attention_softmax(p_.f(), mask ? mask_.f() : nullptr, g_.batch, H, T, scale(), g_.causal,
+    per_sample(T, T, dh, {q_.f(), Tokens, false}, {k_.f(), Tokens, true}, p_.f(), Scores);  // q k^T
+    check(cuda::attention_softmax(p_.f(), mask ? mask_.f() : nullptr, g_.batch, g_.heads, T, scale(), g_.causal,
                                   ctx_->stream()),
           "attention softmax");
-    for (int64_t b = 0; b < g_.batch; ++b)
-      ctx_->gemm(false, false, T, dh, T, p_.f() + b * H * T * T, T, T * T, v_.f() + b * T * D, D, dh, 0.0f,
-                 out_.f() + b * T * D, D, dh, H);
+    per_sample(T, dh, T, {p_.f(), Scores, false}, {v_.f(), Tokens, false}, out_.f(), Tokens);  // P v
     ctx_->get(out, out_.get(), out_.bytes());
     ctx_->get(probs, p_.get(), p_.bytes());
     ctx_->finish();
@@ -312,52 +308,51 @@ class CudaAttention final : public AttentionKernel {
 
   void backward(const float* q, const float* k, const float* v, const float* probs, const float* dout, float* dq,
                 float* dk, float* dv) override {
+    const int64_t T = g_.tokens, dh = g_.head_dim;
     ctx_->use();
-    const int64_t T = g_.tokens, D = g_.features(), dh = g_.head_dim, H = g_.heads;
     ctx_->put(q_.get(), q, q_.bytes());
     ctx_->put(k_.get(), k, k_.bytes());
     ctx_->put(v_.get(), v, v_.bytes());
     ctx_->put(p_.get(), probs, p_.bytes());
     ctx_->put(out_.get(), dout, out_.bytes());
-    for (int64_t b = 0; b < g_.batch; ++b) {
-      const int64_t at = b * T * D, pat = b * H * T * T;
-      ctx_->gemm(false, true, T, T, dh, out_.f() + at, D, dh, v_.f() + at, D, dh, 0.0f, dp_.f() + pat, T, T * T, H);
-    }
-    if (dv) {
-      DeviceBuffer& dv_dev = spare();
-      for (int64_t b = 0; b < g_.batch; ++b) {
-        const int64_t at = b * T * D, pat = b * H * T * T;
-        ctx_->gemm(true, false, T, dh, T, p_.f() + pat, T, T * T, out_.f() + at, D, dh, 0.0f, dv_dev.f() + at, D, dh,
-                   H);
-      }
-      ctx_->get(dv, dv_dev.get(), dv_dev.bytes());
+    // Each gradient asked for: computed into the spare buffer, copied out, waited for.
+    auto gradient = [&](float* host, Operand a, Operand b) {
+      if (!host) return;
+      per_sample(T, dh, T, a, b, spare().f(), Tokens);
+      ctx_->get(host, spare().get(), spare().bytes());
       ctx_->finish();
-    }
-    check(cuda::attention_softmax_backward(p_.f(), dp_.f(), g_.batch * H * T, T, scale(), ctx_->stream()),
-          "attention softmax backward");
-    if (dq) {
-      DeviceBuffer& dq_dev = spare();
-      for (int64_t b = 0; b < g_.batch; ++b) {
-        const int64_t at = b * T * D, pat = b * H * T * T;
-        ctx_->gemm(false, false, T, dh, T, dp_.f() + pat, T, T * T, k_.f() + at, D, dh, 0.0f, dq_dev.f() + at, D, dh,
-                   H);
-      }
-      ctx_->get(dq, dq_dev.get(), dq_dev.bytes());
-      ctx_->finish();
-    }
-    if (dk) {
-      DeviceBuffer& dk_dev = spare();
-      for (int64_t b = 0; b < g_.batch; ++b) {
-        const int64_t at = b * T * D, pat = b * H * T * T;
-        ctx_->gemm(true, false, T, dh, T, dp_.f() + pat, T, T * T, q_.f() + at, D, dh, 0.0f, dk_dev.f() + at, D, dh,
-                   H);
-      }
-      ctx_->get(dk, dk_dev.get(), dk_dev.bytes());
-    }
-    ctx_->finish();  // also reports an error of the work queued above when no dk was asked
+    };
+    per_sample(T, T, dh, {out_.f(), Tokens, false}, {v_.f(), Tokens, true}, dp_.f(), Scores);  // dP = dout v^T
+    gradient(dv, {p_.f(), Scores, true}, {out_.f(), Tokens, false});                          // P^T dout
+    check(cuda::attention_softmax_backward(p_.f(), dp_.f(), g_.batch * g_.heads * T, T, scale(), ctx_->stream()),
+          "attention softmax backward");                                                       // dP -> dS
+    gradient(dq, {dp_.f(), Scores, false}, {k_.f(), Tokens, false});                          // dS k
+    gradient(dk, {dp_.f(), Scores, true}, {q_.f(), Tokens, false});                           // dS^T q
+    ctx_->finish();  // reports an error of the work above when no gradient was asked
   }
 
  private:
+  // A GEMM operand of one sample's heads: a [tokens, heads * head_dim] matrix (Tokens: a head
+  // head_dim floats after the one before, a sample tokens * features after) or the scores
+  // [heads, tokens, tokens] (Scores), maybe transposed.
+  enum Layout { Tokens, Scores };
+  struct Operand {
+    const float* p;
+    Layout layout;
+    bool trans;
+  };
+  int64_t ld(Layout l) const { return l == Tokens ? g_.features() : g_.tokens; }
+  int64_t head_stride(Layout l) const { return l == Tokens ? g_.head_dim : g_.tokens * g_.tokens; }
+  int64_t sample_stride(Layout l) const {
+    return l == Tokens ? g_.tokens * g_.features() : g_.heads * g_.tokens * g_.tokens;
+  }
+  // C = op(A) op(B) for every head of every sample: one strided batched GEMM a sample.
+  void per_sample(int64_t m, int64_t n, int64_t k, Operand a, Operand b, float* c, Layout c_layout) const {
+    for (int64_t s = 0; s < g_.batch; ++s)
+      ctx_->gemm(a.trans, b.trans, m, n, k, a.p + s * sample_stride(a.layout), ld(a.layout), head_stride(a.layout),
+                 b.p + s * sample_stride(b.layout), ld(b.layout), head_stride(b.layout), 0.0f,
+                 c + s * sample_stride(c_layout), ld(c_layout), head_stride(c_layout), g_.heads);
+  }
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(g_.head_dim)); }
   // One device buffer of q's size for a gradient on its way out (each is copied back and
   // waited for before the next reuses it); made on first use.
