@@ -87,6 +87,7 @@ class SpecModel(torch.nn.Module):
                 raise SystemExit(f"torch_check.py: op '{op}' has no torch counterpart here")
             shapes[name] = out
             self.order.append(node)
+        self.shapes = shapes  # per node, (C, H, W) or (features,)
         self.output = spec.get("output") or spec["nodes"][-1]["name"]
 
     def forward(self, image):

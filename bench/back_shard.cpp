@@ -1,0 +1,87 @@
+// bench/back_shard: the cloud's training work alone, a back shard's steps on one backend: the
+// spec's shard after a cut, random activations of the cut's shape and random labels, K
+// micro-batches a step (a mask crossing the cut keeps every token), SGD with momentum (the
+// cloud's default optimizer). Prints one JSON
+// line: samples/s over the timed steps and their median step time. bench/gpu/back_shard.sh
+// runs it beside PyTorch eager training the same layers (bench/pytorch_back_shard.py).
+// usage: bench_back_shard SPEC [--cut NODE] [--backend NAME] [--batch N] [--microbatches K]
+//                        [--steps S] [--warmup W] [--threads T]
+#include <algorithm>
+#include <chrono>
+#include <cstdio>
+#include <cstdlib>
+#include <string>
+#include <vector>
+
+#include "backends/registry.h"
+#include "bench/bench_util.h"
+#include "core/error.h"
+#include "core/graph.h"
+#include "core/model_spec.h"
+#include "core/network.h"
+#include "core/optimizer.h"
+#include "core/trainer.h"
+
+namespace {
+
+std::string option(int argc, char** argv, const std::string& name, const std::string& fallback) {
+  for (int i = 2; i + 1 < argc; ++i)
+    if (argv[i] == "--" + name) return argv[i + 1];
+  return fallback;
+}
+
+}  // namespace
+
+int main(int argc, char** argv) try {
+  using namespace tandem;
+  if (argc < 2) {
+    std::fprintf(stderr, "usage: bench_back_shard SPEC [--cut NODE] [--backend NAME] [--batch N] [--microbatches K] "
+                         "[--steps S] [--warmup W] [--threads T]\n");
+    return 2;
+  }
+  const ModelSpec spec = load_model_spec(argv[1]);
+  const Graph whole = Graph::build(spec);
+  const std::string cut = option(argc, argv, "cut", whole.default_cut());
+  const std::string backend_name = option(argc, argv, "backend", preferred_backend("onednn"));
+  const int64_t batch = std::atoll(option(argc, argv, "batch", "64").c_str());
+  const int microbatches = std::atoi(option(argc, argv, "microbatches", "4").c_str());
+  const int steps = std::max(1, std::atoi(option(argc, argv, "steps", "50").c_str()));
+  const int warmup = std::max(1, std::atoi(option(argc, argv, "warmup", "5").c_str()));
+  const int threads = std::max(1, std::atoi(option(argc, argv, "threads", "1").c_str()));
+
+  const Graph back = whole.split(cut).second;
+  auto backend = make_backend(backend_name, BackendOptions{threads});
+  Network net(back, *backend, 1);
+  Sgd sgd(net.params(), {.lr = 0.01f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false});
+  ChainTrainer trainer({&net}, {&sgd});
+
+  Rng rng(7);
+  // The cut's activations at random, and a mask that crosses with them (a cut inside an
+  // encoder) keeping every token.
+  std::vector<Tensor> inputs;
+  for (const GraphInput& in : back.inputs()) {
+    inputs.push_back(bench::random(in.shape.batched(batch), rng));
+    if (in.mask || in.integer) inputs.back().fill(in.mask ? 1.0f : 0.0f);
+  }
+  std::vector<int32_t> labels(static_cast<std::size_t>(batch));
+  for (auto& l : labels) l = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(back.classes()));
+
+  for (int i = 0; i < warmup; ++i) trainer.train_step(inputs, labels.data(), microbatches);
+  std::vector<double> step_s;
+  const auto t0 = std::chrono::steady_clock::now();
+  for (int i = 0; i < steps; ++i) {
+    const auto s0 = std::chrono::steady_clock::now();
+    trainer.train_step(inputs, labels.data(), microbatches);
+    step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count());
+  }
+  const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  std::nth_element(step_s.begin(), step_s.begin() + steps / 2, step_s.end());
+  std::printf("{\"bench\":\"back_shard\",\"peer\":\"tandem\",\"model\":\"%s\",\"cut\":\"%s\",\"backend\":\"%s\","
+              "\"batch\":%lld,\"microbatches\":%d,\"steps\":%d,\"samples_per_s\":%.1f,\"step_ms_median\":%.3f}\n",
+              spec.name.c_str(), cut.c_str(), backend_name.c_str(), static_cast<long long>(batch), microbatches, steps,
+              static_cast<double>(batch) * steps / total, step_s[static_cast<std::size_t>(steps / 2)] * 1e3);
+  return 0;
+} catch (const tandem::Error& e) {
+  std::fprintf(stderr, "bench_back_shard: %s\n", e.what());
+  return 1;
+}
