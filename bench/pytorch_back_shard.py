@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """PyTorch eager's side of bench/gpu/back_shard.sh: a spec's back shard after a cut, built as
-tests/interop/torch_check.py builds a spec's layers (the CNN ops), trained on random
-activations of the cut's shape with random labels, K micro-batches a step (the gradient of
-the batch mean), SGD with momentum 0.9, on DEVICE (cpu: one thread, or cuda). Prints one JSON
-line, as bench_back_shard does.
+tests/interop/torch_check.py builds a spec's layers (the CNN ops), or for spam-bert its split
+peer's Back (bench/pytorch_spam_bert.py: layers 2 and 3, the pooler, the classifier; a mask
+of all tokens), trained on random activations of the cut's shape with random labels, K
+micro-batches a step (the gradient of the batch mean), SGD with momentum 0.9, on DEVICE (cpu:
+one thread, or cuda). Prints one JSON line, as bench_back_shard does.
 
 usage: pytorch_back_shard.py SPEC CUT DEVICE BATCH MICROBATCHES STEPS WARMUP
 """
@@ -15,7 +16,8 @@ import time
 import torch
 import torch.nn.functional as F
 
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "tests", "interop"))
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path[:0] = [os.path.join(HERE, "..", "tests", "interop"), HERE]
 from torch_check import SpecModel, load_spec  # noqa: E402
 
 
@@ -41,21 +43,30 @@ def main():
     if device == "cpu":
         torch.set_num_threads(1)
     spec = load_spec(path)
-    cut_shape = SpecModel(load_spec(path)).shapes[cut]
-    if len(cut_shape) != 3:
-        raise SystemExit(f"pytorch_back_shard.py: the cut '{cut}' is not an image tensor (C, H, W)")
-    model = SpecModel(back_spec(spec, cut, cut_shape)).to(device).train()
-    classes = model.shapes[model.output][0]
-    x = torch.rand((batch,) + tuple(cut_shape), device=device) * 2 - 1
+    if spec["name"] == "spam-bert":
+        import pytorch_spam_bert as bert
+        back = bert.Back().to(device).train()
+        x = torch.rand((batch, bert.TOKENS, bert.HIDDEN), device=device) * 2 - 1
+        mask = torch.ones((batch, bert.TOKENS), device=device)
+        model, classes = (lambda xs, rows: back(xs, mask[rows])), bert.CLASSES
+        params = back.parameters()
+    else:
+        cut_shape = SpecModel(load_spec(path)).shapes[cut]
+        if len(cut_shape) != 3:
+            raise SystemExit(f"pytorch_back_shard.py: the cut '{cut}' is not an image tensor (C, H, W)")
+        layers = SpecModel(back_spec(spec, cut, cut_shape)).to(device).train()
+        x = torch.rand((batch,) + tuple(cut_shape), device=device) * 2 - 1
+        model, classes = (lambda xs, rows: layers(xs)), layers.shapes[layers.output][0]
+        params = layers.parameters()
     labels = torch.randint(0, classes, (batch,), device=device)
-    opt = torch.optim.SGD(model.parameters(), lr=0.01, momentum=0.9)
+    opt = torch.optim.SGD(params, lr=0.01, momentum=0.9)
     micro = -(-batch // k)
 
     def step():
         opt.zero_grad(set_to_none=False)
         for begin in range(0, batch, micro):
-            xs, ys = x[begin:begin + micro], labels[begin:begin + micro]
-            (F.cross_entropy(model(xs), ys, reduction="sum") / batch).backward()
+            rows = slice(begin, begin + micro)
+            (F.cross_entropy(model(x[rows], rows), labels[rows], reduction="sum") / batch).backward()
         opt.step()
 
     def sync():

@@ -3,7 +3,7 @@
 # after its cut, random activations, K=4 micro-batches a step, SGD with momentum) against
 # PyTorch eager training the same layers on the same device (bench/pytorch_back_shard.py),
 # the two alternating, ROUNDS runs each; prints the medians and their ratio. Issue 17's bars
-# on a GPU: at least 1.5x for the Fashion-MNIST back, 1.0x for ResNet18's.
+# on a GPU: at least 1.5x for the Fashion-MNIST back, 1.0x for ResNet18's and spam-bert's.
 # DEVICE=cuda (the default; tandem on --backend cuda) needs a GPU and PyTorch that sees it;
 # DEVICE=cpu compares onednn with PyTorch on one CPU thread.
 # usage: [DEVICE=cuda|cpu] [ROUNDS=3] [BATCH=64] bash bench/gpu/back_shard.sh
@@ -44,4 +44,5 @@ while read -r name spec cut gpu_steps cpu_steps; do
 done << 'MODELS'
 fashion-mnist samples/fashion-mnist/model.json pool2 2000 200
 resnet18 samples/models/resnet18-32.json relu17 200 4
+spam-bert samples/spam-bert/model.json bert.encoder.layer.1.output.LayerNorm 200 3
 MODELS

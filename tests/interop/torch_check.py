@@ -24,7 +24,8 @@ except ImportError as e:  # pragma: no cover
 
 def load_spec(path):
     text = open(path).read()
-    text = re.sub(r'([{,]\s*)([A-Za-z_][A-Za-z0-9_]*)\s*:', r'\1"\2":', text)  # FlatBuffers JSON: bare keys
+    text = re.sub(r'^\s*//.*$', '', text, flags=re.M)  # FlatBuffers JSON: comment lines,
+    text = re.sub(r'([{,]\s*)([A-Za-z_][A-Za-z0-9_]*)\s*:', r'\1"\2":', text)  # bare keys
     text = re.sub(r',(\s*[}\]])', r'\1', text)  # and trailing commas
     return json.loads(text)
 
