@@ -20,6 +20,7 @@ namespace tandem {
 [[gnu::weak]] std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
 [[gnu::weak]] std::string cuda_device_problem();
 [[gnu::weak]] std::string cuda_device_summary();
+[[gnu::weak]] void set_cuda_memory_budget(std::size_t bytes);
 #endif
 
 namespace {
@@ -78,6 +79,12 @@ std::string default_cloud_backend() {
   if (has_cuda() && cuda_device_problem().empty()) return "cuda";
 #endif
   return preferred_backend("onednn");
+}
+
+void set_gpu_memory_budget([[maybe_unused]] std::size_t bytes) {
+#ifdef TANDEM_CUDA_BUILT
+  if (has_cuda()) set_cuda_memory_budget(bytes);
+#endif
 }
 
 std::string gpu_summary() {

@@ -21,7 +21,11 @@ std::string preferred_backend(const std::string& preferred);
 // The cloud's default: cuda when this binary has it and a CUDA device can be used, else onednn
 // (else reference).
 std::string default_cloud_backend();
-// This binary's GPU: its name and memory, or why there is none ("" in a binary without cuda).
+// This binary's GPU: its name, memory and the sessions' budget, or why there is none ("" in a
+// binary without cuda).
 std::string gpu_summary();
+// The device memory the cuda backend's sessions may take together (0: 90% of the GPU's);
+// nothing in a binary without cuda.
+void set_gpu_memory_budget(std::size_t bytes);
 
 }  // namespace tandem

@@ -26,10 +26,13 @@ constexpr const char* kUsage = R"(usage:
                      [--aggregate-every S [--min-edges M] [--round-deadline-s D] [--back-accumulate N]]
                      [--metrics-listen HOST:PORT] [--max-connections N] [--max-pending-hello N]
                      [--handshake-timeout-s S] [--hello-timeout-s S] [--max-queued-mb N]
-                     [--weight-grads deferred|inline]
+                     [--weight-grads deferred|inline] [--gpu-memory-mb N]
       Serves split training over wss:// with mutual TLS: one session per edge, the back
       shard and loss on the backend (default cuda where a GPU can be used and this build has
-      the cuda backend, else onednn), its kernels on T threads a session
+      the cuda backend, else onednn; on cuda every session has its own stream, and all
+      sessions' device memory stays within --gpu-memory-mb, default 90% of the GPU's: a
+      session that would pass it is closed with an Error that says so, the others go on),
+      its kernels on T threads a session
       (default 1, for many edges at once; a big host's cores can go to a few sessions, as
       batched heads spread across them). Runs `pki init` on first start.
       --cut any serves every legal cut: each edge's Hello names its own (tandem-edge --cut auto).
@@ -174,7 +177,7 @@ int serve_command(int argc, char** argv) {
                                                        "init-from", "aggregate-every", "min-edges", "round-deadline-s",
                                                        "back-accumulate", "metrics-json", "accept-tokens", "web",
                                                        "metrics-listen", "max-connections", "max-pending-hello",
-                                                       "handshake-timeout-s", "hello-timeout-s", "max-queued-mb",
+                                                       "handshake-timeout-s", "hello-timeout-s", "max-queued-mb", "gpu-memory-mb",
                                                        "weight-grads"},
                                                       /*schedule=*/false));
   ServeOptions o;
@@ -189,6 +192,7 @@ int serve_command(int argc, char** argv) {
   o.optimizer = args.optimizer_options();
   o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
   o.backend = args.str("backend", default_cloud_backend());
+  o.gpu_memory_bytes = static_cast<std::size_t>(args.integer("gpu-memory-mb", 0, 0)) << 20;
   o.threads = static_cast<int>(args.integer("threads", 1, 1));
   o.max_message_bytes = static_cast<std::size_t>(args.integer("max-message-mb", 64, 1)) << 20;
   o.init_from = args.str("init-from", "");

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "backends/cuda/cuda_budget.h"
 #include "backends/cuda/cuda_context.h"
 #include "backends/cuda/cuda_conv2d.h"
 #include "backends/cuda/cuda_kernels.h"
@@ -433,8 +434,19 @@ std::string cuda_device_summary() {
   const int device = cuda::chosen_device();
   cudaDeviceProp p{};
   check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
-  return cat(p.name, " (device ", device, ", sm_", p.major, p.minor, ", ",
-             static_cast<long long>(p.totalGlobalMem >> 20), " MiB)");
+  const std::size_t budget = cuda::device_budget().limit();
+  return cat(p.name, " (device ", device, ", sm_", p.major, p.minor, ", ", static_cast<long long>(p.totalGlobalMem >> 20),
+             " MiB), sessions' memory budget ", budget ? cat(budget >> 20, " MiB") : std::string("none"));
+}
+
+void set_cuda_memory_budget(std::size_t bytes) {
+  if (bytes == 0) {
+    if (const std::string why = cuda_device_problem(); !why.empty()) fail("cuda", why);
+    cudaDeviceProp p{};
+    check(cudaGetDeviceProperties(&p, cuda::chosen_device()), "cudaGetDeviceProperties");
+    bytes = p.totalGlobalMem / 10 * 9;
+  }
+  cuda::device_budget().set_limit(bytes);
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {

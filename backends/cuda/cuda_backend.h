@@ -16,7 +16,12 @@ std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
 // device: CUDA driver version is insufficient for CUDA runtime version", ...).
 std::string cuda_device_problem();
 
-// The device the backend runs on: its name and memory (for the cloud's start-up line).
+// The device the backend runs on: its name, its memory and the sessions' budget (for the
+// cloud's start-up line).
 std::string cuda_device_summary();
+
+// The device memory all sessions' kernels may take together (cuda_budget.h); 0: 90% of the
+// device's. Throws Error without a device.
+void set_cuda_memory_budget(std::size_t bytes);
 
 }  // namespace tandem

@@ -3,6 +3,7 @@
 #include <climits>
 #include <cstdlib>
 
+#include "backends/cuda/cuda_budget.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "core/error.h"
 
@@ -18,11 +19,19 @@ void check(cudnnStatus_t status, const char* what) {
   if (status != CUDNN_STATUS_SUCCESS) fail("cuda", cat(what, ": ", cudnnGetErrorString(status)));
 }
 
-void DeviceBuffer::Free::operator()(void* p) const { cudaFree(p); }
+void DeviceFree::operator()(void* p) const {
+  cudaFree(p);
+  device_budget().release(bytes);
+}
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes) : bytes_(bytes) {
+DeviceBuffer::DeviceBuffer(std::size_t bytes) : ptr_(nullptr, DeviceFree{bytes}), bytes_(bytes) {
+  if (bytes == 0) return;
+  device_budget().reserve(bytes, "a kernel's buffers");
   void* p = nullptr;
-  if (bytes > 0) check(cudaMalloc(&p, bytes), cat("cudaMalloc of ", bytes, " bytes").c_str());
+  if (const cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {
+    device_budget().release(bytes);
+    check(e, cat("cudaMalloc of ", bytes, " bytes").c_str());
+  }
   ptr_.reset(p);
 }
 

@@ -20,7 +20,14 @@ void check(cudaError_t status, const char* what);
 void check(cublasStatus_t status, const char* what);
 void check(cudnnStatus_t status, const char* what);
 
-// Device memory of a fixed size, freed with the object.
+// Frees device memory and gives its bytes back to device_budget() (cuda_budget.h).
+struct DeviceFree {
+  std::size_t bytes = 0;
+  void operator()(void* p) const;
+};
+
+// Device memory of a fixed size, taken from device_budget() and freed, and given back, with
+// the object.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;
@@ -31,10 +38,7 @@ class DeviceBuffer {
   std::size_t bytes() const { return bytes_; }
 
  private:
-  struct Free {
-    void operator()(void* p) const;
-  };
-  std::unique_ptr<void, Free> ptr_;
+  std::unique_ptr<void, DeviceFree> ptr_;
   std::size_t bytes_ = 0;
 };
 

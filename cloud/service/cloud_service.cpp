@@ -351,6 +351,7 @@ int serve(const ServeOptions& o) {
   // The sessions' backend, made once now so that one this machine cannot run (cuda without a
   // GPU) is refused at start with the reason, not at the first edge's Hello.
   make_backend(o.backend, BackendOptions{o.threads});
+  if (o.backend == "cuda") set_gpu_memory_budget(o.gpu_memory_bytes);
 
   // Back shards start from the same weights the whole model would (one seeded draw in graph
   // order), so a run does not depend on where the cut is.

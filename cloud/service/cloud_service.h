@@ -45,6 +45,8 @@ struct ServeOptions {
   std::size_t max_connections = 256, max_pending_hello = 64;
   int handshake_timeout_s = 10, hello_timeout_s = 10;
   std::size_t max_queued_bytes = std::size_t{512} << 20;
+  // On cuda: the device memory all sessions' kernels may take together (0: 90% of the GPU's).
+  std::size_t gpu_memory_bytes = 0;
   // The cut's gradient before the back shard's weight gradients (CloudSessionConfig).
   bool defer_weights = true;
 };
