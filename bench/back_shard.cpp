@@ -56,15 +56,8 @@ int main(int argc, char** argv) try {
   ChainTrainer trainer({&net}, {&sgd});
 
   Rng rng(7);
-  // The cut's activations at random, and a mask that crosses with them (a cut inside an
-  // encoder) keeping every token.
-  std::vector<Tensor> inputs;
-  for (const GraphInput& in : back.inputs()) {
-    inputs.push_back(bench::random(in.shape.batched(batch), rng));
-    if (in.mask || in.integer) inputs.back().fill(in.mask ? 1.0f : 0.0f);
-  }
-  std::vector<int32_t> labels(static_cast<std::size_t>(batch));
-  for (auto& l : labels) l = static_cast<int32_t>(rng.next() % static_cast<uint64_t>(back.classes()));
+  const std::vector<Tensor> inputs = bench::back_shard_inputs(back, batch, rng);
+  const std::vector<int32_t> labels = bench::random_labels(batch, back.classes(), rng);
 
   for (int i = 0; i < warmup; ++i) trainer.train_step(inputs, labels.data(), microbatches);
   std::vector<double> step_s;

@@ -8,6 +8,7 @@
 // usage: bench_capacity HOST PORT IDS_DIR SPEC EDGES [STEPS] [BATCH] [MICROBATCHES]
 //   IDS_DIR/I holds edge I's identity (tandem-cloud pki issue --client edge-I --out IDS_DIR/I).
 #include <algorithm>
+#include <array>
 #include <atomic>
 #include <chrono>
 #include <cstdio>
@@ -132,11 +133,8 @@ int main(int argc, char** argv) try {
   const int64_t rows = r.batch / r.microbatches;
   if (rows * r.microbatches != r.batch) fail("bench", "BATCH must be a multiple of MICROBATCHES");
   Rng rng(11);
-  for (const GraphInput& in : back.inputs()) {
-    r.inputs.push_back(bench::random(in.shape.batched(rows), rng));
-    if (in.mask) r.inputs.back().fill(1.0f);
-  }
-  for (int64_t i = 0; i < rows; ++i) r.labels.push_back(static_cast<int32_t>(rng.next() % back.classes()));
+  r.inputs = bench::back_shard_inputs(back, rows, rng);
+  r.labels = bench::random_labels(rows, back.classes(), rng);
 
   std::vector<std::vector<double>> trips(static_cast<std::size_t>(edges));
   std::vector<std::string> errors(static_cast<std::size_t>(edges));

@@ -191,7 +191,7 @@ int serve_command(int argc, char** argv) {
   o.microbatches = static_cast<uint32_t>(args.integer("microbatches", 4, 1));
   o.optimizer = args.optimizer_options();
   o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
-  o.backend = args.str("backend", default_cloud_backend());
+  o.backend = args.has("backend") ? args.str("backend", "") : default_cloud_backend();
   o.gpu_memory_bytes = static_cast<std::size_t>(args.integer("gpu-memory-mb", 0, 0)) << 20;
   o.threads = static_cast<int>(args.integer("threads", 1, 1));
   o.max_message_bytes = static_cast<std::size_t>(args.integer("max-message-mb", 64, 1)) << 20;

@@ -384,6 +384,64 @@ void expect_refusal(Split& s, std::span<const uint8_t> bytes, wire::ErrorCode co
   EXPECT_TRUE(s.cloud.closed());
 }
 
+// The reference backend's kernels but for linear, which it cannot make: as a cuda backend
+// past the GPU's memory budget, or a library's failure.
+class NoLinearBackend final : public Backend {
+ public:
+  std::string_view name() const override { return "no-linear"; }
+  std::unique_ptr<Conv2dKernel> conv2d(const Conv2dGeometry& g) override { return inner_->conv2d(g); }
+  std::unique_ptr<LinearKernel> linear(const LinearGeometry&) override {
+    fail("cuda", "the GPU memory budget has 0 MiB left and a kernel's buffers needs 1 MiB more");
+  }
+  std::unique_ptr<ReluKernel> relu(int64_t n) override { return inner_->relu(n); }
+  std::unique_ptr<ActivationKernel> activation(const Activation& a, int64_t n) override {
+    return inner_->activation(a, n);
+  }
+  std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return inner_->max_pool2d(g); }
+  std::unique_ptr<AvgPool2dKernel> avg_pool2d(const Pool2dGeometry& g) override { return inner_->avg_pool2d(g); }
+  std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) override {
+    return inner_->global_avg_pool(g);
+  }
+  std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t c) override { return inner_->softmax(rows, c); }
+  std::unique_ptr<AddKernel> add(int64_t n) override { return inner_->add(n); }
+  std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override { return inner_->layer_norm(g); }
+  std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) override { return inner_->attention(g); }
+
+ private:
+  std::unique_ptr<Backend> inner_ = make_backend("reference");
+};
+
+// What the cloud itself fails at ends that session with the reason (Internal) and closes it;
+// it is never an exception out of the session, which would take the service down.
+TEST(SplitSessionBadInput, AKernelTheCloudCannotMakeEndsOnlyThatSession) {
+  const ModelSpec spec = parse_model_json(kSpec);
+  const Graph graph = Graph::build(spec);
+  const auto shards = graph.split("pool1");
+  auto edge_backend = make_backend("reference");
+  NoLinearBackend cloud_backend;
+  Network front{shards.first, *edge_backend, 0}, back{shards.second, cloud_backend, 0};
+  Sgd front_opt{front.params(), sgd()}, back_opt{back.params(), sgd()};
+  BackShardTrainer trainer(back, back_opt);
+  CloudSession cloud(trainer, {model_hash(spec, "pool1"), 32, 4, 4, 1, kDefaultMaxMessageBytes,
+                               CloudSessionConfig{}.dtypes, "pool1"});
+  EdgeSession edge(front, front_opt, 4, model_hash(spec, "pool1"), "edge-test");
+  const auto hello = edge.hello();
+  CloudReply r = cloud.handle(Frame::copy_of(hello.data(), hello.size()));
+  WireError err;
+  ASSERT_TRUE(edge.on_welcome(Frame::copy_of(r.bytes.data(), r.bytes.size()), err)) << err.text;
+  const Data d = make_data(32, 1);
+  edge.begin_step(d.images, d.labels.data(), 1.0f, false);
+  const auto forward = edge.forward(0);
+  r = cloud.handle(Frame::copy_of(forward.data(), forward.size()));
+  EXPECT_TRUE(r.close);
+  EXPECT_TRUE(cloud.closed());
+  bool done = false;
+  EXPECT_FALSE(edge.on_backward(Frame::copy_of(r.bytes.data(), r.bytes.size()), err, done));
+  EXPECT_EQ(err.code, wire::ErrorCode::Internal);
+  EXPECT_EQ(err.text, "the cloud refused: the cloud failed on this session: [cuda] the GPU memory budget has 0 MiB "
+                      "left and a kernel's buffers needs 1 MiB more");
+}
+
 TEST(SplitSessionBadInput, WrongModelHash) {
   Split s(2);
   MessageWriter w;

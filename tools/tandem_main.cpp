@@ -82,6 +82,8 @@ constexpr const char* kUsage = R"(usage:
       Writes SPEC's canonical binary form (FlatBuffers, identifier TDMS): what model hashes
       are computed over, and what the browser edge loads (it has no JSON parser).
   tandem backends      lists the backends this build has
+  tandem gpu           the GPU the cuda backend would use (name, memory); exit 1 where none
+                       can be used, with the reason
 )";
 
 std::string fixed(double v, int digits) {
@@ -239,6 +241,16 @@ int list_backends(int, char**) {
   return 0;
 }
 
+int show_gpu(int, char**) {
+  const std::string gpu = gpu_summary();
+  if (gpu.empty()) {
+    std::printf("this build has no cuda backend (no nvcc when it was configured)\n");
+    return 1;
+  }
+  std::printf("%s\n", gpu.c_str());
+  return default_cloud_backend() == "cuda" ? 0 : 1;
+}
+
 }  // namespace
 }  // namespace tandem
 
@@ -251,6 +263,7 @@ int main(int argc, char** argv) {
                           {"evaluate", [](int c, char** v) { return tandem::evaluate_command(tandem::CliArgs(c, v, 2, {})); }},
                           {"pack-spec", [](int c, char** v) { return tandem::pack_spec(tandem::CliArgs(c, v, 2, {})); }},
                           {"backends", tandem::list_backends},
+                          {"gpu", tandem::show_gpu},
                           {"audit", tandem::audit_command},
                           {"text", tandem::text_command}});
 }

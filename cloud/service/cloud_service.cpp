@@ -96,8 +96,7 @@ class Worker {
          const ServeOptions& o, LwsEndpoint& endpoint, SessionCheckpoints& checkpoints, SharedBack* shared,
          pki::TokenVerifier* tokens, ServiceMetrics& metrics)
       : id_(id), peer_(std::move(peer)), serial_(std::move(serial)), endpoint_(endpoint), shards_(shards), options_(o),
-        checkpoints_(checkpoints), shared_(shared), tokens_(tokens), metrics_(metrics),
-        backend_(make_backend(o.backend, BackendOptions{o.threads})) {
+        checkpoints_(checkpoints), shared_(shared), tokens_(tokens), metrics_(metrics) {
     thread_ = std::thread([this] { run(); });
   }
   ~Worker() {
@@ -217,6 +216,9 @@ class Worker {
       config.rounds = shared_->rounds.get();
       session = std::make_unique<CloudSession>(*shared_->trainer, config);
     } else {
+      // Made here, on the session's thread at its first message, not per connection: a cuda
+      // backend's stream and library handles are not spent on connections that never speak.
+      backend_ = make_backend(o.backend, BackendOptions{o.threads});
       back = std::make_unique<Network>(shard.graph, *backend_, o.seed);
       for (std::size_t i = 0; i < shard.initial.size(); ++i) {
         back->all_params()[i]->value().copy_from(shard.initial[i]);
@@ -237,6 +239,16 @@ class Worker {
   }
 
   void run() {
+    try {
+      serve_messages();
+    } catch (const std::exception& e) {  // the cloud's own failure (a backend that cannot start): this session ends
+      close_with(wire::ErrorCode::Internal, cat("the cloud failed on this session: ", e.what()));
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stop_; });
+    }
+  }
+
+  void serve_messages() {
     for (;;) {
       Frame frame;
       bool idle = false;

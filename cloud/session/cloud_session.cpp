@@ -99,6 +99,16 @@ void CloudSession::save_round() {
 }
 
 CloudReply CloudSession::handle(const Frame& frame) {
+  // What the cloud itself fails at (a kernel the backend cannot make: the GPU's memory budget,
+  // a library's error) ends this session with the reason, never the service.
+  try {
+    return dispatch(frame);
+  } catch (const Error& e) {
+    return refuse({wire::ErrorCode::Internal, cat("the cloud failed on this session: ", e.what())});
+  }
+}
+
+CloudReply CloudSession::dispatch(const Frame& frame) {
   finish_step();  // a step completed by the last message is applied before anything reads the weights
   if (state_ == State::Closed) return refuse({wire::ErrorCode::UnexpectedMessage, "the session is closed"});
   if (shard_.was_evicted(config_.session_id)) return refuse(evicted());

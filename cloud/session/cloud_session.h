@@ -88,6 +88,8 @@ class CloudSession {
   // From another thread: stop waiting for a turn on a shared back shard (the connection closed).
   void cancel() { cancelled_ = true; }
 
+  // The reply to one message from the edge. What the cloud itself fails at (an Error from a
+  // kernel: the GPU's memory budget, a library) refuses with Internal and closes the session.
   CloudReply handle(const Frame& frame);
   // Applies the optimizer step that the last handled message completed, if any. The service
   // calls it after queueing the reply, so the last gradient of a step leaves before the
@@ -109,6 +111,7 @@ class CloudSession {
 
  private:
   enum class State { AwaitHello, Training, Closed };
+  CloudReply dispatch(const Frame& frame);  // handle's work
   CloudReply refuse(const WireError& error);
   CloudReply on_hello(const wire::Hello& hello);
   CloudReply on_forward(const Frame& frame, const wire::Forward& fwd);

@@ -124,14 +124,21 @@ out=$(probe hold:1 busy)
 echo "$out"
 grep -q "^busy: closed after .*the cloud serves at most 1 connections at once" <<< "$out" || fail "connection bound: $out"
 [[ $(metric 'tandem_connections_refused_total{reason="max_connections"}') == 1 ]] || fail "max_connections refusal not counted"
-# A real edge refused Busy says Hello again after a backoff, and trains once there is room.
+# A real edge refused Busy says Hello again after a backoff, and trains once there is room:
+# the one connection is held until the edge has been refused and said it will try again.
 for _ in $(seq 1 50); do [[ $(metric tandem_sessions_open) == 0 ]] && break; sleep 0.1; done
-probe hold:1 sleep:2.5 > "$work/held.out" &
+probe hold:1 "until:$work/released" > "$work/held.out" &
 held_pid=$!
-for _ in $(seq 1 50); do grep -q holding "$work/held.out" && break; sleep 0.1; done
-train patient "$work/hospital-b" --limit 320 --test-limit 100 --connect-retries 6 ||
-  fail "an edge refused Busy did not train once there was room: $(tail -3 "$work/patient.out")"
-wait "$held_pid"
+pids+=("$held_pid")
+for _ in $(seq 1 100); do grep -q holding "$work/held.out" && break; sleep 0.1; done
+grep -q holding "$work/held.out" || fail "the probe holds no connection: $(cat "$work/held.out")"
+train patient "$work/hospital-b" --limit 320 --test-limit 100 --connect-retries 6 &
+patient_pid=$!
+pids+=("$patient_pid")
+for _ in $(seq 1 600); do grep -q "trying again" "$work/patient.out" 2> /dev/null && break; sleep 0.1; done
+touch "$work/released"
+wait "$patient_pid" || fail "an edge refused Busy did not train once there was room: $(tail -3 "$work/patient.out")"
+wait "$held_pid" || fail "the probe: $(cat "$work/held.out")"
 grep -q "the cloud serves at most 1 connections at once.*; trying again in [0-9.]* s (retry 1 of 6)" "$work/patient.out" ||
   fail "the edge did not retry after Busy: $(head -5 "$work/patient.out")"
 "$build/tools/tandem" audit verify "$work/hospital-b/egress.jsonl" > "$work/audit.out" ||

@@ -2,7 +2,7 @@
 """Raw TLS WebSocket probes of a tandem cloud: frames a conforming client never sends, and
 connections that never speak. Each probe prints one line: what it did and how the cloud answered.
 Usage: ws_raw.py PORT IDDIR PROBE...   (probes: unmasked, opcode, fragmented-ping, long-ping,
-silent, tls-silent, hold:N, sleep:S, busy)"""
+silent, tls-silent, hold:N, until:PATH, busy)"""
 import base64, os, socket, ssl, struct, sys, time
 
 port, iddir = int(sys.argv[1]), sys.argv[2]
@@ -109,8 +109,10 @@ for probe in sys.argv[3:]:
         for _ in range(int(probe[5:])):
             held.append(upgraded()[0])
         print(f"{probe}: holding {len(held)} connections", flush=True)
-    elif probe.startswith("sleep:"):  # keeps what is held for S seconds more
-        time.sleep(float(probe[6:]))
+    elif probe.startswith("until:"):  # keeps what is held until the file PATH exists (at most 60 s)
+        deadline = time.time() + 60
+        while not os.path.exists(probe[6:]) and time.time() < deadline:
+            time.sleep(0.05)
         print(f"{probe}: held {len(held)} connections")
     elif probe == "busy":  # one more connection beyond a bound: an Error, then the close
         s, rest = upgraded(); report(probe, s, 8, rest)
