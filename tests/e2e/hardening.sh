@@ -38,22 +38,27 @@ start_cloud cloud
 
 # Metrics: scraped during one edge's run and after it, against what the edge did.
 [[ $(scrape /healthz) == ok ]] || fail "/healthz did not answer ok"
-train counted "$work/hospital-c" --epochs 1 --limit 1280 --test-limit 200 & pc=$!
+# The edge is stopped (SIGSTOP) once it has stepped, so "during the run" is not a race with a
+# fast machine finishing the run first; its 100 steps leave time to stop it.
+train counted "$work/hospital-c" --epochs 1 --limit 6400 --test-limit 200 & pc=$!
 for _ in $(seq 1 100); do [[ $(metric tandem_steps_total) -ge 1 ]] && break; sleep 0.1; done
-[[ $(metric tandem_sessions_open) == 1 ]] || fail "during the run: tandem_sessions_open $(metric tandem_sessions_open), not 1"
+kill -STOP $pc
+open_during=$(metric tandem_sessions_open)
+kill -CONT $pc
+[[ $open_during == 1 ]] || fail "during the run: tandem_sessions_open $open_during, not 1"
 wait $pc || fail "edge c: $(tail -3 "$work/counted.out")"
 for _ in $(seq 1 50); do [[ $(metric tandem_sessions_closed_total) == 1 ]] && break; sleep 0.1; done
 steps=$(tail -1 "$work/counted.jsonl" | grep -o '"steps":[0-9]*' | cut -d: -f2)
 up=$(tail -1 "$work/counted.jsonl" | grep -o '"bytes_up":[0-9]*' | cut -d: -f2)
 [[ $(metric tandem_steps_total) == "$steps" ]] || fail "tandem_steps_total $(metric tandem_steps_total), the edge made $steps steps"
-[[ $(metric tandem_samples_total) == 1280 ]] || fail "tandem_samples_total $(metric tandem_samples_total), not 1280"
+[[ $(metric tandem_samples_total) == 6400 ]] || fail "tandem_samples_total $(metric tandem_samples_total), not 6400"
 [[ $(metric tandem_sessions_opened_total) == 1 && $(metric tandem_sessions_closed_total) == 1 ]] ||
   fail "sessions opened $(metric tandem_sessions_opened_total), closed $(metric tandem_sessions_closed_total), not 1 and 1"
 received=$(metric tandem_received_bytes_total)
 awk -v r="$received" -v u="$up" 'BEGIN { exit !(r >= u && u > 0) }' || fail "received $received bytes, the edge sent $up"
 awk -v b="$(metric tandem_compute_busy_seconds_total)" 'BEGIN { exit !(b > 0) }' || fail "no compute busy time"
 scrape /metrics | grep -q '^# TYPE tandem_steps_total counter$' || fail "no TYPE line for tandem_steps_total"
-echo "metrics: $steps steps, 1280 samples, $received bytes received (the edge sent $up), sessions 1 opened and closed"
+echo "metrics: $steps steps, 6400 samples, $received bytes received (the edge sent $up), sessions 1 opened and closed"
 
 # Revocation of a live session: hospital-a trains long, hospital-b beside it; a is revoked.
 train long "$work/hospital-a" --epochs 20 --limit 3200 --test-limit 100 & pa=$!
