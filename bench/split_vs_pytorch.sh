@@ -19,6 +19,9 @@ bin=build/release
   echo "needs Debian's python3-torch: apt-get install python3-torch libopenblas0-pthread"; exit 1; }
 work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null; rm -rf "$work"' EXIT
+cloud_bin=$bin/cloud/tandem-cloud model=samples/fashion-mnist/model.json
+fail() { echo "FAIL: $*" >&2; exit 1; }
+source tests/e2e/lib.sh  # start_cloud_as
 
 "$bin/cloud/tandem-cloud" pki init --state-dir "$work/state" > /dev/null
 "$bin/cloud/tandem-cloud" pki issue --state-dir "$work/state" --client bench --out "$work/id" > /dev/null
@@ -29,12 +32,8 @@ trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null; rm -rf "$work"' EXI
 tandem_round() {
   local edge_args=$1
   shift
-  "$bin/cloud/tandem-cloud" serve --listen 127.0.0.1:0 --state-dir "$work/state" \
-    --model samples/fashion-mnist/model.json "$@" > "$work/cloud.log" 2>&1 &
-  local cloud=$!
-  for _ in $(seq 1 100); do grep -q 'listening on' "$work/cloud.log" && break; sleep 0.1; done
-  local port
-  port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/cloud.log" | cut -d: -f3)
+  start_cloud_as cloud "$@"
+  local cloud=$cloud_pid
   rm -f "$work/tandem.jsonl"
   "$bin/edge/tandem-edge" train --cloud "wss://localhost:$port" --identity "$work/id" \
     --model samples/fashion-mnist/model.json --limit "$samples" --test-limit 100 --batch 64 --microbatches 4 \
