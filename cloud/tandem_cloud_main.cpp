@@ -23,7 +23,8 @@ constexpr const char* kUsage = R"(usage:
                      [--batch B] [--microbatches K] [OPTIMIZER]
                      [--seed S] [--backend NAME] [--threads T] [--max-message-mb N] [--wire-dtypes LIST]
                      [--init-from FILE] [--metrics-json FILE] [--accept-tokens] [--web DIR]
-                     [--aggregate-every S [--min-edges M] [--round-deadline-s D] [--back-accumulate N]]
+                     [--aggregate-every S [--min-edges M] [--round-deadline-s D] [--back-accumulate N
+                                           [--batch-edges [--batch-gather-ms W]]]]
                      [--metrics-listen HOST:PORT] [--max-connections N] [--max-pending-hello N]
                      [--handshake-timeout-s S] [--hello-timeout-s S] [--max-queued-mb N]
                      [--weight-grads deferred|inline] [--gpu-memory-mb N]
@@ -53,7 +54,14 @@ constexpr const char* kUsage = R"(usage:
       30) after the first with at least M or all there are, their average weighted by
       samples goes back to each of them. An edge that
       joins late or comes back starts from the newest average. --back-accumulate N sums N
-      edge steps' gradients into one update of the back shard. After each round the
+      edge steps' gradients into one update of the back shard. --batch-edges runs those N
+      steps together instead of in turns: micro-batches the edges hand in within W ms
+      (default 5) of each other are one batch on the back shard (one forward and backward,
+      each edge's rows of the cut's gradient back to it), so the cloud's throughput grows
+      with the edges. The update equals the N steps run in turns (each step sees the
+      window's weights, and weight gradients sum over rows either way); batch norm's batch
+      statistics and dropout's masks then cover the joined batch. Give N the number of
+      edges; the loss must be the cloud's (not a U-shaped cut). After each round the
       shared back shard and the round's average are checkpointed in DIR/federation/; a
       restarted cloud continues from the newest round that loads. --metrics-json: a JSON line
       per round and per closed session (client, steps, samples, loss, rounds, bytes, busy).
@@ -171,14 +179,14 @@ int pki_command(int argc, char** argv) {
 }
 
 int serve_command(int argc, char** argv) {
-  const CliArgs args(argc, argv, 2, {"nesterov", "accept-tokens"});
+  const CliArgs args(argc, argv, 2, {"nesterov", "accept-tokens", "batch-edges"});
   args.reject_unknown(CliArgs::with_optimizer_options({"listen", "state-dir", "model", "cut", "batch", "microbatches",
                                                        "seed", "backend", "threads", "max-message-mb", "wire-dtypes",
                                                        "init-from", "aggregate-every", "min-edges", "round-deadline-s",
                                                        "back-accumulate", "metrics-json", "accept-tokens", "web",
                                                        "metrics-listen", "max-connections", "max-pending-hello",
                                                        "handshake-timeout-s", "hello-timeout-s", "max-queued-mb", "gpu-memory-mb",
-                                                       "weight-grads"},
+                                                       "weight-grads", "batch-edges", "batch-gather-ms"},
                                                       /*schedule=*/false));
   ServeOptions o;
   const HostPort listen = args.host_port("listen", "");
@@ -200,6 +208,13 @@ int serve_command(int argc, char** argv) {
   o.federation.min_edges = static_cast<uint32_t>(args.integer("min-edges", 1, 1));
   o.federation.deadline_s = args.number("round-deadline-s", 30.0);
   o.federation.back_accumulate = static_cast<uint32_t>(args.integer("back-accumulate", 1, 1));
+  o.federation.batch_edges = args.has("batch-edges");
+  o.federation.batch_gather_s = args.number("batch-gather-ms", 5.0) / 1000.0;
+  if (o.federation.batch_edges && (o.federation.aggregate_every == 0 || o.federation.back_accumulate < 2))
+    fail("cli", "--batch-edges joins the edge steps one update of the shared back shard sums: give --aggregate-every S "
+                "and --back-accumulate N with N at least 2 (the number of edges)");
+  if (!(o.federation.batch_gather_s >= 0.0 && o.federation.batch_gather_s <= 10.0))
+    fail("cli", "--batch-gather-ms must be in [0, 10000]");
   o.metrics_json = args.str("metrics-json", "");
   o.web_root = args.str("web", "");
   o.accept_tokens = args.has("accept-tokens") || !o.web_root.empty();

@@ -26,6 +26,10 @@ struct FederationOptions {
   uint32_t min_edges = 1;        // a round past its deadline closes with at least this many
   double deadline_s = 30.0;      // seconds after a round's first FrontWeights
   uint32_t back_accumulate = 1;  // edge steps summed into one update of the shared back shard
+  // Those steps together, their micro-batches handed in within batch_gather_s of each other
+  // joined into one batch on the shard (BackShardBatches), instead of in turns.
+  bool batch_edges = false;
+  double batch_gather_s = 0.005;
 };
 
 // One connected edge's part in the federation, for metrics.

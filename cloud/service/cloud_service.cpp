@@ -434,8 +434,12 @@ int serve(const ServeOptions& o) {
     shared->optimizer = make_optimizer(shared->net->params(), o.optimizer);
     // Steps whose gradients the shared shard sums before one update (the edges' steps
     // interleave, so with N edges an update sees every edge's data, as IID training would).
-    shared->trainer = std::make_unique<BackShardTrainer>(*shared->net, *shared->optimizer, o.federation.deadline_s,
-                                                         o.federation.back_accumulate);
+    shared->trainer = o.federation.batch_edges
+                          ? std::make_unique<BackShardTrainer>(*shared->net, *shared->optimizer, o.federation.deadline_s,
+                                                               o.federation.back_accumulate,
+                                                               BackShardTrainer::Batched{o.federation.batch_gather_s})
+                          : std::make_unique<BackShardTrainer>(*shared->net, *shared->optimizer, o.federation.deadline_s,
+                                                               o.federation.back_accumulate);
     // The front every edge starts from: the whole model's initial weights (or --init-from's).
     shared->front_backend = make_backend("reference");
     shared->front = std::make_unique<Network>(graph.split(s.cut).first, *shared->front_backend, o.seed);
@@ -477,6 +481,12 @@ int serve(const ServeOptions& o) {
     std::printf("split-federated: one back shard for every edge, front shards averaged every %u steps (a round "
                 "waits at most %.1f s once one edge has sent, for at least %u edges)\n",
                 o.federation.aggregate_every, o.federation.deadline_s, o.federation.min_edges);
+  if (shared && o.federation.back_accumulate > 1)
+    std::printf("split-federated: %u edge steps summed into one update of the back shard, %s\n",
+                o.federation.back_accumulate,
+                o.federation.batch_edges ? cat("run together: micro-batches handed in within ",
+                                               o.federation.batch_gather_s * 1000.0, " ms of each other are one batch").c_str()
+                                         : "in turns");
   if (tokens)
     std::printf("edges without a client certificate are taken with an enrolment token (tandem-cloud pki token)%s\n",
                 o.web_root.empty() ? "" : cat("; web page: https://", o.host, ":", endpoint->port(), "/").c_str());
@@ -507,6 +517,11 @@ int serve(const ServeOptions& o) {
                 }
                 g.transport_queue = endpoint->queued_events();
                 g.federation_round = shared ? shared->federation->round() : 0;
+                if (shared) {
+                  const auto batches = shared->trainer->batch_stats();
+                  g.shard_batches = batches.batches;
+                  g.shard_batched_microbatches = batches.microbatches;
+                }
                 g.refused_max_connections = endpoint->refused_connections();
                 g.closed_queue_overflow = endpoint->overflowed_connections();
                 return g;

@@ -59,6 +59,11 @@ std::string ServiceMetrics::prometheus_text(const std::function<Gauges()>& gauge
           static_cast<double>(busy_us.load()) / 1e6);
   counter("tandem_federation_rounds_total", "Federation rounds completed (0 without a federation).",
           static_cast<double>(g.federation_round));
+  counter("tandem_back_shard_batches_total",
+          "Batches the shared back shard ran with --batch-edges (0 otherwise).", static_cast<double>(g.shard_batches));
+  counter("tandem_back_shard_batched_microbatches_total",
+          "Edges' micro-batches in those batches (divided by the batches: edges a batch).",
+          static_cast<double>(g.shard_batched_microbatches));
   gauge("tandem_transport_queue_messages", "Messages arrived that the service has not taken yet.",
         static_cast<double>(g.transport_queue));
   gauge("tandem_session_inbox_messages", "Messages taken and waiting for their session's thread.",

@@ -29,6 +29,7 @@ class ServiceMetrics {
     uint64_t transport_queue = 0;                  // arrived messages the service has not taken
     uint64_t inbox_messages = 0, inbox_bytes = 0;  // taken, waiting for their session's thread
     uint64_t federation_round = 0;
+    uint64_t shard_batches = 0, shard_batched_microbatches = 0;  // --batch-edges: BackShardBatches::Stats
     uint64_t refused_max_connections = 0, closed_queue_overflow = 0;  // the transport's own counts
   };
   // The text of one scrape; `gauges` is called once for it.

@@ -8,7 +8,14 @@ BackShardTrainer::BackShardTrainer(Network& net, Optimizer& optimizer, double ti
     : net_(net), optimizer_(optimizer), turns_(std::make_unique<BackShardTurns>(timeout_s)),
       accumulate_(std::max<uint32_t>(1, accumulate)) {}
 
-bool BackShardTrainer::begin_step(uint64_t owner, const std::atomic<bool>& cancelled) {
+BackShardTrainer::BackShardTrainer(Network& net, Optimizer& optimizer, double timeout_s, uint32_t accumulate,
+                                   Batched batched)
+    : net_(net), optimizer_(optimizer),
+      batches_(std::make_unique<BackShardBatches>(net, optimizer, accumulate, batched.gather_s, timeout_s)),
+      accumulate_(std::max<uint32_t>(1, accumulate)) {}
+
+bool BackShardTrainer::begin_step(uint64_t owner, const std::atomic<bool>& cancelled, uint32_t microbatches) {
+  if (batches_) return batches_->begin_step(owner, microbatches, cancelled);
   if (turns_ && !turns_->acquire(owner, cancelled)) return false;
   std::lock_guard<std::mutex> lock(mutex_);
   // A step abandoned mid-way (its session closed or was evicted) may have left weight
@@ -21,9 +28,16 @@ bool BackShardTrainer::begin_step(uint64_t owner, const std::atomic<bool>& cance
 }
 
 bool BackShardTrainer::begin_eval(uint64_t owner, const std::atomic<bool>& cancelled) {
+  if (batches_) return batches_->begin_eval(owner, cancelled);
   return !turns_ || turns_->acquire(owner, cancelled);
 }
 
+void BackShardTrainer::end_eval(uint64_t owner) {
+  if (batches_) return batches_->end_eval(owner);
+  release(owner);
+}
+
+// (Batched: a session computes on the shard only in an evaluation, which holds it already.)
 bool BackShardTrainer::begin_compute(uint64_t owner) { return !turns_ || turns_->begin_compute(owner); }
 
 void BackShardTrainer::end_compute() {
@@ -31,6 +45,7 @@ void BackShardTrainer::end_compute() {
 }
 
 bool BackShardTrainer::finish_step(uint64_t owner, float lr_scale, const std::function<void()>& between_updates) {
+  if (batches_) return batches_->finish_step(owner, lr_scale, between_updates);
   std::lock_guard<std::mutex> lock(mutex_);
   if (open_owner_ != owner) {  // no open step of this owner's: nothing to apply, ever twice
     if (lost_owner_ != owner) return true;
@@ -55,11 +70,13 @@ bool BackShardTrainer::finish_step(uint64_t owner, float lr_scale, const std::fu
 }
 
 bool BackShardTrainer::step_open(uint64_t owner) const {
+  if (batches_) return batches_->step_open(owner);
   std::lock_guard<std::mutex> lock(mutex_);
   return open_owner_ == owner;
 }
 
 void BackShardTrainer::release(uint64_t owner) {
+  if (batches_) return batches_->release(owner);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     if (open_owner_ == owner) open_owner_ = 0;
@@ -68,6 +85,7 @@ void BackShardTrainer::release(uint64_t owner) {
 }
 
 uint64_t BackShardTrainer::updates() const {
+  if (batches_) return batches_->updates();
   std::lock_guard<std::mutex> lock(mutex_);
   return updates_;
 }

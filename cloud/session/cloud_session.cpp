@@ -33,6 +33,15 @@ bool valid_client_id(const flatbuffers::String* id) {
   return true;
 }
 
+// Finite activations can still overflow the back shard (values near the float range's end):
+// such a micro-batch must neither reach the weights nor go back as a non-finite gradient
+// (which the edge refuses, or I8 cannot encode).
+WireError overflow(uint64_t step, uint32_t mb, bool loss) {
+  return {wire::ErrorCode::BadTensor, cat("step ", step, " micro-batch ", mb, ": the activations overflow the back shard "
+                                          "(non-finite ", loss ? "loss" : "gradient", "); they are far outside any "
+                                          "trained range")};
+}
+
 }  // namespace
 
 CloudSession::CloudSession(BackShardTrainer& shard, const CloudSessionConfig& config)
@@ -46,6 +55,9 @@ CloudSession::CloudSession(BackShardTrainer& shard, const CloudSessionConfig& co
   if (inputs.empty() || inputs.size() > 2 || (inputs.size() == 2 && !inputs[1].mask))
     fail("cloud session", "the back shard's inputs must be the cut and at most a mask (Graph::split)");
   mask_tokens_ = inputs.size() == 2 ? inputs[1].shape[0] : 0;
+  if (shard.batched() && u_shaped_)
+    fail("cloud session", "a U-shaped cut keeps the loss at the edge, so edges' micro-batches cannot run as one batch "
+                          "on the cloud: serve it without --batch-edges");
   inputs_.assign(config_.microbatches + 1, std::vector<Tensor>(inputs.size()));
   masks_.resize(config_.microbatches + 1);
   if (config_.microbatches < 1 || config_.microbatches > config_.batch_size)
@@ -260,7 +272,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
     if (fwd.checkpoint() && config_.checkpoints == nullptr)
       return refuse({wire::ErrorCode::NoCheckpoint, "this cloud keeps no checkpoints (serve it with a state folder)"});
     // A shared back shard: this session's step runs alone on it, from here to the update.
-    if (!shard_.begin_step(config_.session_id, cancelled_))
+    if (!shard_.begin_step(config_.session_id, cancelled_, k))
       return refuse({wire::ErrorCode::Internal, "the session closed while waiting for its turn on the back shard"});
     step_samples_ = samples;
     step_microbatches_ = k;
@@ -278,6 +290,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   const int64_t count = microbatch_range(step_samples_, step_microbatches_, mb).count;
   if (!checked_batch(frame, fwd.activations(), fwd.labels(), fwd.mask(), count, mb, error)) return refuse(error);
   const std::vector<Tensor>& activations = inputs_[mb];  // and the mask, when the shard reads one
+  if (shard_.batched()) return on_batched_forward(*fwd.labels(), mb, count);
 
   if (!shard_.begin_compute(config_.session_id)) return refuse(evicted());
   const auto t0 = std::chrono::steady_clock::now();
@@ -303,14 +316,9 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   const double loss = compute_loss(back_.graph().loss(), logits, fwd.labels()->data(), 1.0f / static_cast<float>(step_samples_),
                                             &dlogits, back_.graph().output_groups());
   const Tensor grad = back_.backward(dlogits, static_cast<int>(mb), true, config_.defer_weights);
-  // Finite activations can still overflow the back shard (values near the float range's
-  // end): such a micro-batch must neither reach the weights nor go back as a non-finite
-  // gradient (which the edge refuses, or I8 cannot encode).
   if (!std::isfinite(loss) || !all_finite(grad)) {
     shard_.end_compute();
-    return refuse({wire::ErrorCode::BadTensor,
-                   cat("step ", step_, " micro-batch ", mb, ": the activations overflow the back shard (non-finite ",
-                       std::isfinite(loss) ? "gradient" : "loss", "); they are far outside any trained range")});
+    return refuse(overflow(step_, mb, !std::isfinite(loss)));
   }
   seen_[mb] = true;
   ++seen_count_;
@@ -329,8 +337,38 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   return reply;
 }
 
+CloudReply CloudSession::on_batched_forward(const flatbuffers::Vector<int32_t>& labels, uint32_t mb, int64_t count) {
+  BatchedMicrobatch batched;
+  batched.inputs = inputs_[mb];
+  batched.labels = labels.data();
+  batched.loss_scale = 1.0f / static_cast<float>(step_samples_);
+  batched.grad = &batched_grad_;
+  const auto t0 = std::chrono::steady_clock::now();
+  const bool trained = shard_.run_batched(config_.session_id, batched, cancelled_);
+  busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (!trained) {
+    switch (batched.outcome) {
+      case BatchedMicrobatch::Outcome::NonFiniteLoss: return refuse(overflow(step_, mb, true));
+      case BatchedMicrobatch::Outcome::NonFiniteGradient: return refuse(overflow(step_, mb, false));
+      case BatchedMicrobatch::Outcome::Evicted: return refuse(evicted());
+      case BatchedMicrobatch::Outcome::Closed:
+        return refuse({wire::ErrorCode::Internal, "the session closed while its micro-batch waited for its batch"});
+      default: return refuse({wire::ErrorCode::Internal, cat("the cloud failed on this session: ", batched.failure)});
+    }
+  }
+  seen_[mb] = true;
+  ++seen_count_;
+  trained_samples_ += static_cast<uint64_t>(count);
+  train_loss_sum_ += batched.loss;
+  const uint64_t step = step_;
+  microbatch_done(mb);
+  return {writer_.backward(step, mb, batched_grad_, static_cast<float>(batched.loss), dtype_,
+                           static_cast<uint64_t>(optimizer_.steps())),
+          false};
+}
+
 void CloudSession::microbatch_done(uint32_t mb) {
-  if (config_.defer_weights) deferred_.push_back(mb);
+  if (config_.defer_weights && !shard_.batched()) deferred_.push_back(mb);  // (a batched shard defers its own)
   const uint32_t done = u_shaped_ ? ++middle_backed_count_ : seen_count_;
   if (done < step_microbatches_) return;
   step_pending_ = true;  // applied once the reply is on its way (finish_step)
@@ -424,7 +462,8 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
     return refuse(error);
   const std::vector<Tensor>& activations = inputs_[config_.microbatches];
   // On a shared back shard, between steps: a turn of its own for this batch.
-  const bool own_turn = shard_.shared() && seen_count_ == 0 && !step_pending_;
+  // (Batched: every evaluation, since the shard is busy with others' batches mid-step too.)
+  const bool own_turn = shard_.batched() || (shard_.shared() && seen_count_ == 0 && !step_pending_);
   if (own_turn && !shard_.begin_eval(config_.session_id, cancelled_))
     return refuse({wire::ErrorCode::Internal, "the session closed while waiting for its turn on the back shard"});
   if (!shard_.begin_compute(config_.session_id)) return refuse(evicted());

@@ -117,6 +117,8 @@ class CloudSession {
   CloudReply on_forward(const Frame& frame, const wire::Forward& fwd);
   // U-shaped: the gradient of a micro-batch's middle output, answered with its Backward.
   CloudReply on_middle_gradient(const Frame& frame, const wire::MiddleGradient& grad);
+  // A batched shared shard: the micro-batch trains within a batch of several edges'.
+  CloudReply on_batched_forward(const flatbuffers::Vector<int32_t>& labels, uint32_t mb, int64_t count);
   // The micro-batch's backward is done: counts it, and marks the step complete after the last.
   void microbatch_done(uint32_t mb);
   CloudReply on_eval(const Frame& frame, const wire::EvalForward& eval);
@@ -157,6 +159,7 @@ class CloudSession {
   uint32_t middle_backed_count_ = 0;
   std::vector<Tensor> decoded_grads_;  // U-shaped: per micro-batch, its MiddleGradient decoded
   std::vector<Tensor> dlogits_;
+  Tensor batched_grad_;  // batched: the cut's gradient of the last micro-batch, this session's rows
   std::vector<uint32_t> deferred_;  // micro-batches whose weight gradients wait, in arrival order
   wire::DType dtype_ = wire::DType::F32;  // negotiated in Hello
   std::vector<Tensor> decoded_;           // per micro-batch slot, then one for evaluation

@@ -9,6 +9,10 @@
 #     cloud is killed mid-run and its newest round's back shard bit-flipped; restarted, it
 #     refuses that round, continues from the one before, and the edges, run again with the
 #     same command, resume from their checkpoints and all finish on one average.
+#  4. Many edges, one batch (--back-accumulate 4 --batch-edges): four IID edges' steps run
+#     together, their micro-batches joined on the back shard; one edge is killed and one
+#     hangs mid-run: the others finish above chance, and the joined batches held more than
+#     one edge's micro-batch on average (Prometheus' counters).
 # Usage: federation.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -104,4 +108,29 @@ echo "after the cloud's crash, the edges' final test accuracy: $accs"
 awk -v a="$accs" 'BEGIN { exit !(a >= 0.25) }' || fail "accuracy $accs is not above chance"
 first=$(grep -o '^round [0-9]*' "$work/cloud.log" | head -1 | cut -d' ' -f2)
 ((first == restored + 1)) || fail "the restarted cloud's first round was $first, not $((restored + 1))"
+
+# 4. Batched, IID, 2000 samples each (63 steps): h1 killed for good, h2 hangs (SIGSTOP) with
+# its step's slot held until the deadline takes it.
+kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+rm -rf "$work"/*.jsonl "$work"/*.out "$work/state/federation" "$work"/ck*
+start_cloud --min-edges 2 --round-deadline-s $deadline --back-accumulate 4 --batch-edges --metrics-listen 127.0.0.1:0
+grep -q "4 edge steps summed into one update of the back shard, run together" "$work/cloud.log" ||
+  fail "the cloud does not say it batches the edges' steps"
+for i in 0 1 2 3; do edge $i iid 8000; done
+for _ in $(seq 1 300); do grep -q '^round 2:' "$work/cloud.log" && break; sleep 0.1; done
+scraped=$(scrape /metrics)  # once: both counters of one moment
+batches=$(awk '$1 == "tandem_back_shard_batches_total" { print $2 }' <<< "$scraped")
+joined=$(awk '$1 == "tandem_back_shard_batched_microbatches_total" { print $2 }' <<< "$scraped")
+kill -9 "${pids[1]}"; wait "${pids[1]}" 2>/dev/null || true
+sleep 0.3
+kill -STOP "${pids[2]}"
+for i in 0 3; do wait "${pids[$i]}" || fail "batched edge $i did not finish: $(tail -3 "$work/h$i.out")"; done
+kill -9 "${pids[2]}" 2>/dev/null || true
+echo "batched: $joined micro-batches in $batches batches while all four edges ran"
+awk -v b="${batches:-0}" -v j="${joined:-0}" 'BEGIN { exit !(b > 0 && j / b >= 1.5 && j / b <= 4) }' ||
+  fail "the edges' micro-batches were not joined ($joined in $batches batches)"
+for i in 0 3; do
+  acc=$(grep -o '"test_accuracy":[0-9.]*' "$work/h$i.jsonl" | tail -1 | cut -d: -f2)
+  awk -v a="${acc:-0}" 'BEGIN { exit !(a >= 0.25) }' || fail "batched edge $i's accuracy ${acc:-none} is not above chance"
+done
 echo "PASS"

@@ -1,0 +1,342 @@
+#include "cloud/session/back_shard_batches.h"
+
+#include <algorithm>
+#include <cmath>
+#include <cstdio>
+#include <cstring>
+
+#include "core/error.h"
+#include "core/loss.h"
+
+namespace tandem {
+namespace {
+
+constexpr int kSlot = 0;  // every batch runs in one slot: its weight gradients finish before the next
+
+bool finite(const Tensor& t) {
+  const float* p = t.data();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i)
+    if (!std::isfinite(p[i])) return false;
+  return true;
+}
+
+// `buffer` seen as `shape`, grown when too small (steady state: no allocation).
+Tensor sized(Tensor& buffer, const Shape& shape) {
+  if (!buffer.defined() || buffer.numel() < shape.numel()) buffer = Tensor::empty(shape);
+  return buffer.prefix(shape);
+}
+
+Shape item_shape(const Tensor& t) {
+  Shape s = t.shape();
+  s[0] = 1;
+  return s;
+}
+
+// Micro-batches join one batch when every input has the same per-sample shape (with length
+// buckets, the same length).
+bool same_kind(const BatchedMicrobatch& a, const BatchedMicrobatch& b) {
+  if (a.inputs.size() != b.inputs.size()) return false;
+  for (std::size_t i = 0; i < a.inputs.size(); ++i)
+    if (item_shape(a.inputs[i]) != item_shape(b.inputs[i])) return false;
+  return true;
+}
+
+}  // namespace
+
+BackShardBatches::BackShardBatches(Network& net, Optimizer& optimizer, uint32_t window, double gather_s,
+                                   double timeout_s)
+    : net_(net), optimizer_(optimizer), window_(std::max<uint32_t>(1, window)),
+      gather_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gather_s))),
+      timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))) {}
+
+bool BackShardBatches::begin_step(uint64_t owner, uint32_t microbatches, const std::atomic<bool>& cancelled) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  Member& me = members_[owner];
+  me.last = Clock::now();
+  if (me.open) return true;
+  changed_.notify_all();  // a new member: batches forming now may wait for it
+  while (taken_ >= window_ || (taken_ == 0 && busy_)) {
+    if (cancelled) return false;
+    evict_quiet(Clock::now());
+    changed_.wait_for(lock, std::chrono::milliseconds(50));
+  }
+  if (taken_ == 0) {  // a new window sums from zero; an abandoned step's deferred weights are dropped
+    net_.drop_deferred_weights();
+    weights_pending_ = false;
+    net_.zero_grad();
+  }
+  ++taken_;
+  Member& m = members_[owner];  // (the map may have changed while waiting)
+  m.open = true;
+  m.remaining = microbatches;
+  m.last = Clock::now();
+  changed_.notify_all();
+  return true;
+}
+
+std::size_t BackShardBatches::expected() const {
+  std::size_t coming = 0, idle = 0;
+  for (const auto& [owner, m] : members_) {
+    if (m.open && m.remaining > 0) ++coming;
+    if (!m.open) ++idle;
+  }
+  return coming + std::min<std::size_t>(window_ - taken_, idle);
+}
+
+bool BackShardBatches::ready(Clock::time_point now) const {
+  return !pending_.empty() && (pending_.size() >= expected() || now - pending_.front()->at >= gather_);
+}
+
+bool BackShardBatches::run(uint64_t owner, BatchedMicrobatch& mb, const std::atomic<bool>& cancelled) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto it = members_.find(owner);
+  if (evicted_.count(owner) || it == members_.end() || !it->second.open) {
+    mb.outcome = BatchedMicrobatch::Outcome::Evicted;
+    return false;
+  }
+  it->second.last = Clock::now();
+  Pending me{owner, &mb, Clock::now()};
+  pending_.push_back(&me);
+  changed_.notify_all();
+  for (;;) {
+    if (me.done) break;
+    if (!me.taken && cancelled) {
+      std::erase(pending_, &me);
+      changed_.notify_all();
+      mb.outcome = BatchedMicrobatch::Outcome::Closed;
+      return false;
+    }
+    const auto now = Clock::now();
+    if (!busy_ && ready(now)) {
+      lead(lock);
+      continue;
+    }
+    auto until = now + std::chrono::milliseconds(50);
+    if (!pending_.empty()) until = std::min(until, pending_.front()->at + gather_);
+    changed_.wait_until(lock, until);
+  }
+  if (const auto m = members_.find(owner); m != members_.end()) m->second.last = Clock::now();
+  return mb.outcome == BatchedMicrobatch::Outcome::Trained;
+}
+
+void BackShardBatches::lead(std::unique_lock<std::mutex>& lock) {
+  std::vector<Pending*> batch;
+  const BatchedMicrobatch& first = *pending_.front()->mb;
+  for (auto p = pending_.begin(); p != pending_.end();) {
+    if (same_kind(first, *(*p)->mb)) {
+      (*p)->taken = true;
+      if (const auto m = members_.find((*p)->owner); m != members_.end() && m->second.remaining > 0)
+        --m->second.remaining;  // (counted until taken: the others' batch waits for it, not past it)
+      batch.push_back(*p);
+      p = pending_.erase(p);
+    } else {
+      ++p;
+    }
+  }
+  busy_ = true;
+  lock.unlock();
+  try {
+    compute(batch);
+  } catch (const std::exception& e) {  // the cloud's own failure (a kernel, memory): each session is told
+    for (Pending* p : batch) {
+      p->mb->outcome = BatchedMicrobatch::Outcome::Failed;
+      p->mb->failure = e.what();
+    }
+    net_.drop_deferred_weights();
+  }
+  lock.lock();
+  busy_ = false;
+  for (Pending* p : batch) p->done = true;
+  ++stats_.batches;
+  stats_.microbatches += batch.size();
+  stats_.largest = std::max(stats_.largest, static_cast<uint32_t>(batch.size()));
+  changed_.notify_all();
+}
+
+void BackShardBatches::apply_deferred_weights() {
+  if (weights_pending_) net_.backward_weights(kSlot);
+  weights_pending_ = false;
+}
+
+void BackShardBatches::compute(const std::vector<Pending*>& batch) {
+  apply_deferred_weights();  // the last batch's, before this one reuses the slot
+  net_.set_training(true);
+  std::vector<Pending*> live = batch;
+  for (;;) {
+    // One micro-batch runs as it came; several are joined row after row.
+    std::span<const Tensor> inputs = live.front()->mb->inputs;
+    if (live.size() > 1) {
+      int64_t rows = 0;
+      for (const Pending* p : live) rows += p->mb->inputs[0].shape()[0];
+      joined_buffers_.resize(inputs.size());
+      joined_.resize(inputs.size());
+      for (std::size_t i = 0; i < inputs.size(); ++i) {
+        Shape shape = inputs[i].shape();
+        shape[0] = rows;
+        Tensor joined = sized(joined_buffers_[i], shape);
+        std::size_t at = 0;
+        for (const Pending* p : live) {
+          const Tensor& part = p->mb->inputs[i];
+          std::memcpy(joined.data() + at, part.data(), part.bytes());
+          at += static_cast<std::size_t>(part.numel());
+        }
+        joined_[i] = joined;
+      }
+      inputs = joined_;
+    }
+    const Tensor& out = net_.forward(inputs, kSlot);
+    const Tensor dlogits = sized(dlogits_, out.shape());
+    // Rows whose loss is not finite (activations at the float range's end) must reach no
+    // weight: the batch runs again without them before any gradient is computed.
+    bool dropped = false;
+    int64_t r = 0;
+    for (Pending* p : live) {
+      BatchedMicrobatch& mb = *p->mb;
+      const int64_t n = mb.inputs[0].shape()[0];
+      Tensor d = dlogits.slice_batch(r, n);
+      mb.loss = compute_loss(net_.graph().loss(), out.slice_batch(r, n), mb.labels, mb.loss_scale, &d,
+                             net_.graph().output_groups());
+      if (!std::isfinite(mb.loss)) {
+        mb.outcome = BatchedMicrobatch::Outcome::NonFiniteLoss;
+        dropped = true;
+      }
+      r += n;
+    }
+    if (dropped) {
+      std::erase_if(live, [](const Pending* p) { return p->mb->outcome != BatchedMicrobatch::Outcome::Trained; });
+      if (live.empty()) return;
+      continue;
+    }
+    const Tensor grad = net_.backward(dlogits, kSlot, true, /*defer_weights=*/true);
+    // A finite loss whose input gradient is not (the shard's own values overflow): those rows
+    // are refused; what they left in the gradients is caught before the update (finish_step).
+    r = 0;
+    for (Pending* p : live) {
+      BatchedMicrobatch& mb = *p->mb;
+      const int64_t n = mb.inputs[0].shape()[0];
+      const Tensor rows_grad = grad.slice_batch(r, n);
+      r += n;
+      if (!finite(rows_grad)) {
+        mb.outcome = BatchedMicrobatch::Outcome::NonFiniteGradient;
+        continue;
+      }
+      if (!mb.grad->defined() || mb.grad->shape() != rows_grad.shape()) *mb.grad = Tensor::empty(rows_grad.shape());
+      mb.grad->copy_from(rows_grad);
+    }
+    weights_pending_ = net_.weights_pending(kSlot);
+    return;
+  }
+}
+
+bool BackShardBatches::gradients_finite() {
+  for (Param* p : net_.params())
+    if (!finite(p->grad())) return false;
+  return true;
+}
+
+bool BackShardBatches::finish_step(uint64_t owner, float lr_scale, const std::function<void()>& between_updates) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  const auto it = members_.find(owner);
+  if (it == members_.end() || !it->second.open) return !evicted_.count(owner);
+  it->second.open = false;
+  it->second.remaining = 0;
+  it->second.last = Clock::now();
+  changed_.notify_all();
+  if (++finished_ < window_) return true;
+  // The window's last step: the update, the mean of its steps' gradients (each its batch's mean).
+  changed_.wait(lock, [this] { return !busy_; });
+  busy_ = true;
+  lock.unlock();
+  try {
+    apply_deferred_weights();
+    if (gradients_finite()) {
+      optimizer_.set_lr_scale(lr_scale / static_cast<float>(window_));
+      optimizer_.step();
+      if (between_updates) between_updates();
+    } else {  // a refused micro-batch overflowed the shard's gradients: the shard must not take them
+      std::fprintf(stderr, "tandem-cloud: the shared back shard's summed gradients are not finite (a refused edge's "
+                           "micro-batch overflowed them); this update is skipped\n");
+    }
+  } catch (...) {
+    lock.lock();
+    busy_ = false;
+    taken_ = finished_ = 0;
+    changed_.notify_all();
+    throw;
+  }
+  lock.lock();
+  busy_ = false;
+  ++updates_;
+  taken_ = finished_ = 0;
+  changed_.notify_all();
+  return true;
+}
+
+bool BackShardBatches::step_open(uint64_t owner) const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = members_.find(owner);
+  return it != members_.end() && it->second.open;
+}
+
+bool BackShardBatches::begin_eval(uint64_t owner, const std::atomic<bool>& cancelled) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (busy_) {
+    if (cancelled) return false;
+    changed_.wait_for(lock, std::chrono::milliseconds(50));
+  }
+  busy_ = true;
+  eval_owner_ = owner;
+  return true;
+}
+
+void BackShardBatches::end_eval(uint64_t owner) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (eval_owner_ != owner) return;
+  eval_owner_ = 0;
+  busy_ = false;
+  changed_.notify_all();
+}
+
+void BackShardBatches::release(uint64_t owner) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (eval_owner_ == owner) {
+    eval_owner_ = 0;
+    busy_ = false;
+  }
+  const auto it = members_.find(owner);
+  if (it != members_.end()) {
+    if (it->second.open) --taken_;  // the slot is free for another step
+    members_.erase(it);
+  }
+  changed_.notify_all();
+}
+
+void BackShardBatches::evict_quiet(Clock::time_point now) {
+  for (auto it = members_.begin(); it != members_.end();) {
+    const bool handing_in = std::any_of(pending_.begin(), pending_.end(), [&](const Pending* p) { return p->owner == it->first; });
+    if (it->second.open && !handing_in && now - it->second.last > timeout_) {
+      evicted_.insert(it->first);  // its step is lost; its session is told at its next message
+      --taken_;
+      it = members_.erase(it);
+    } else {
+      ++it;
+    }
+  }
+}
+
+bool BackShardBatches::was_evicted(uint64_t owner) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return evicted_.erase(owner) > 0;
+}
+
+uint64_t BackShardBatches::updates() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return updates_;
+}
+
+BackShardBatches::Stats BackShardBatches::stats() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return stats_;
+}
+
+}  // namespace tandem

@@ -1,0 +1,117 @@
+// Many edges, one batch: on a federation's shared back shard, the edge steps one update sums
+// (a window of `window` steps) run together, and the micro-batches their sessions hand in
+// together are one forward and backward on the shard, the cut's gradient split back by rows.
+// The update equals those steps run one after another in turns (BackShardTurns) summing
+// `window` steps: every step of a window sees the same weights, and weight gradients are sums
+// over rows either way. Batch norm's batch statistics and dropout's masks then cover the
+// combined batch, as they would a bigger batch. Thread-safe: each session's thread calls it.
+#pragma once
+
+#include <atomic>
+#include <chrono>
+#include <condition_variable>
+#include <cstdint>
+#include <deque>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <set>
+#include <span>
+#include <vector>
+
+#include "core/network.h"
+#include "core/optimizer.h"
+#include "core/wire/frame.h"
+
+namespace tandem {
+
+// One session's micro-batch, handed to BackShardBatches::run.
+struct BatchedMicrobatch {
+  enum class Outcome { Trained, NonFiniteLoss, NonFiniteGradient, Evicted, Closed, Failed };
+  std::span<const Tensor> inputs;   // the cut's activations [n, ...], and the mask when the shard reads one
+  const int32_t* labels = nullptr;  // n of them
+  float loss_scale = 1.0f;          // the step's 1 / samples
+  Tensor* grad = nullptr;           // out: the cut's gradient for these n rows, shaped like inputs[0]
+  double loss = 0.0;                // out: the loss of these rows (times loss_scale)
+  Outcome outcome = Outcome::Trained;
+  std::string failure;  // Outcome::Failed: what the cloud failed at
+};
+
+class BackShardBatches {
+ public:
+  using Clock = std::chrono::steady_clock;
+  // `gather_s`: how long a micro-batch waits for those of the window's other steps before its
+  // batch runs without them; `timeout_s`: a step quiet that long while others wait loses its slot.
+  BackShardBatches(Network& net, Optimizer& optimizer, uint32_t window, double gather_s, double timeout_s);
+
+  // `owner`'s step of `microbatches` micro-batches takes a slot of the open window, waiting
+  // while the window is full (its update not yet applied). Zeroes the gradients when it opens
+  // the window. false: `cancelled` turned true while waiting.
+  bool begin_step(uint64_t owner, uint32_t microbatches, const std::atomic<bool>& cancelled);
+  // Trains one micro-batch of `owner`'s open step within a batch; blocks until that batch
+  // ran. false with mb.outcome set when these rows were not trained (the others in the batch
+  // were; rows with a non-finite loss or gradient reach no weight).
+  bool run(uint64_t owner, BatchedMicrobatch& mb, const std::atomic<bool>& cancelled);
+  // `owner`'s step is complete. The window's last step applies the update (the mean of the
+  // window's steps, times this step's lr_scale), runs `between_updates`, and opens a new
+  // window. false when `owner` lost its slot (evicted).
+  bool finish_step(uint64_t owner, float lr_scale, const std::function<void()>& between_updates);
+  bool step_open(uint64_t owner) const;
+  // An evaluation batch: the shard to itself until end_eval (or release).
+  bool begin_eval(uint64_t owner, const std::atomic<bool>& cancelled);
+  void end_eval(uint64_t owner);
+  // The session closed: an open step gives its slot up (its micro-batches that already ran
+  // stay in the window's sum, as a step abandoned in turns leaves its own).
+  void release(uint64_t owner);
+  bool was_evicted(uint64_t owner);
+  uint64_t updates() const;
+
+  struct Stats {
+    uint64_t batches = 0, microbatches = 0;  // shard batches run, and the micro-batches in them
+    uint32_t largest = 0;                    // the most micro-batches one batch held
+  };
+  Stats stats() const;
+
+ private:
+  struct Member {  // a session that has stepped on the shard, until it is released
+    bool open = false;       // its step holds a slot of the window
+    uint32_t remaining = 0;  // micro-batches its open step has yet to hand in
+    Clock::time_point last;  // its last sign of life
+  };
+  struct Pending {
+    uint64_t owner;
+    BatchedMicrobatch* mb;
+    Clock::time_point at;
+    bool taken = false, done = false;
+  };
+  // With mutex_ held: micro-batches the batch should wait for (open steps with micro-batches
+  // to come, and idle sessions that may still take the window's free slots).
+  std::size_t expected() const;
+  bool ready(Clock::time_point now) const;
+  // With `lock` held on entry and exit: runs a batch of pending micro-batches of one shape.
+  void lead(std::unique_lock<std::mutex>& lock);
+  void compute(const std::vector<Pending*>& batch);  // the shard's work, without the lock
+  void evict_quiet(Clock::time_point now);
+  void apply_deferred_weights();
+  bool gradients_finite();
+
+  Network& net_;
+  Optimizer& optimizer_;
+  const uint32_t window_;
+  const Clock::duration gather_, timeout_;
+  mutable std::mutex mutex_;
+  std::condition_variable changed_;
+  std::map<uint64_t, Member> members_;
+  std::set<uint64_t> evicted_;
+  std::deque<Pending*> pending_;
+  uint32_t taken_ = 0, finished_ = 0;  // the window's slots taken, and steps finished
+  bool busy_ = false;                  // a batch, an update or an evaluation uses the network
+  uint64_t eval_owner_ = 0;
+  bool weights_pending_ = false;  // the last batch's weight gradients (input gradients first)
+  uint64_t updates_ = 0;
+  Stats stats_;
+  std::vector<Tensor> joined_buffers_, joined_;  // the batch's joined inputs: storage kept, and views of it
+  Tensor dlogits_;
+};
+
+}  // namespace tandem

@@ -1,0 +1,233 @@
+// Many edges, one batch (cloud/session/back_shard_batches.h), in-process: three edges' steps
+// on one shared back shard, their micro-batches joined into batches on their sessions'
+// threads, equal the same steps run one after another in turns summing three steps an
+// update; an edge whose micro-batch overflows the shard is refused alone, and a quiet step
+// loses its slot so the others' update goes on.
+#include <gtest/gtest.h>
+
+#include <barrier>
+#include <cmath>
+#include <thread>
+
+#include "backends/registry.h"
+#include "cloud/session/cloud_session.h"
+#include "core/error.h"
+#include "core/graph.h"
+#include "core/model_spec.h"
+#include "core/sha256.h"
+#include "edge/session/edge_session.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+OptimizerOptions sgd() { return {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .nesterov = false}; }
+
+constexpr uint32_t kEdges = 3, kBatch = 24, kMicrobatches = 3;
+
+// One back shard and its optimizer, shared in turns or in batches by every edge's session.
+struct Cloud {
+  ModelSpec spec = parse_model_json(kSmallSplitSpec);
+  Graph graph = Graph::build(spec);
+  std::pair<Graph, Graph> shards = graph.split("pool1");
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
+  Network back{shards.second, *backend, 5};
+  Sgd optimizer{back.params(), sgd()};
+  std::unique_ptr<BackShardTrainer> shard;
+  BackShardTrainer& trainer;
+  // A federation whose rounds never come in these tests: the edges know the shard is shared.
+  std::unique_ptr<Federation> federation;
+  Cloud(bool batched, double timeout_s = 30.0, double gather_s = 1.0)
+      : shard(batched ? std::make_unique<BackShardTrainer>(back, optimizer, timeout_s, kEdges, BackShardTrainer::Batched{gather_s})
+                      : std::make_unique<BackShardTrainer>(back, optimizer, timeout_s, kEdges)),
+        trainer(*shard) {
+    Network front(shards.first, *backend, 9);
+    NamedTensors start;
+    for (Param* p : front.params()) start.emplace_back(p->name(), p->value().clone());
+    federation = std::make_unique<Federation>(start, FederationOptions{.aggregate_every = 1000},
+                                              [](uint64_t, std::span<const uint8_t>) {});
+  }
+};
+
+// One edge: its front shard, its data and its session on the shared shard.
+struct Edge {
+  std::unique_ptr<Backend> backend = make_backend("reference");
+  Network front;
+  Sgd optimizer{front.params(), sgd()};
+  EdgeSession session;
+  CloudSession cloud;
+  QuadrantData data;
+  Edge(Cloud& c, uint32_t i)
+      : front(c.shards.first, *backend, 9),
+        session(front, optimizer, kMicrobatches, model_hash(c.spec, "pool1"), cat("edge-", i), {wire::DType::F32}),
+        cloud(c.trainer, {model_hash(c.spec, "pool1"), kBatch, kMicrobatches, 4, 10 + i, kDefaultMaxMessageBytes,
+                          CloudSessionConfig{}.dtypes, "pool1", nullptr, c.federation.get()}),
+        data(quadrant_data(kBatch, 100 + i)) {}
+
+  CloudReply send(std::span<const uint8_t> bytes) {
+    CloudReply r = cloud.handle(Frame::copy_of(bytes.data(), bytes.size()));
+    cloud.finish_step();
+    return r;
+  }
+  void handshake() {
+    CloudReply r = send(session.hello());
+    ASSERT_FALSE(r.close);
+    WireError err;
+    ASSERT_TRUE(session.on_welcome(Frame::copy_of(r.bytes.data(), r.bytes.size()), err)) << err.text;
+  }
+  void step() {
+    const int k = session.begin_step(data.images, data.labels.data(), 1.0f, false);
+    std::vector<Frame> replies;
+    for (int mb = 0; mb < k; ++mb) {
+      CloudReply r = send(session.forward(mb));
+      ASSERT_FALSE(r.close) << "the cloud closed the session of edge " << session_name() << ": " << reply_text(r);
+      replies.push_back(Frame::copy_of(r.bytes.data(), r.bytes.size()));
+    }
+    for (const Frame& f : replies) {
+      WireError err;
+      bool done = false;
+      ASSERT_TRUE(session.on_backward(f, err, done)) << err.text;
+    }
+  }
+  std::string session_name() const { return cloud.client_id(); }
+  static std::string reply_text(const CloudReply& r) {
+    const Frame f = Frame::copy_of(r.bytes.data(), r.bytes.size());
+    WireError err;
+    const wire::Message* m = verify_frame(f, kDefaultMaxMessageBytes, err);
+    return m && m->payload_as_Error() ? m->payload_as_Error()->text()->str() : err.text;
+  }
+};
+
+TEST(BatchedEdges, EdgesStepsInOneBatchEqualTheirStepsInTurns) {
+  constexpr int kSteps = 6;
+  Cloud in_turns(false), batched(true);
+  std::vector<std::unique_ptr<Edge>> a, b;
+  for (uint32_t i = 0; i < kEdges; ++i) {
+    a.push_back(std::make_unique<Edge>(in_turns, i));
+    b.push_back(std::make_unique<Edge>(batched, i));
+    a.back()->handshake();
+    b.back()->handshake();
+  }
+  // In turns: edge 0's step, then 1's, then 2's, one update every three.
+  for (int s = 0; s < kSteps; ++s)
+    for (auto& e : a) e->step();
+  // Batched: each edge on its own thread, as the service runs sessions; the barrier keeps
+  // every edge's step s in window s, as the turns above did.
+  std::barrier each_step(kEdges);
+  std::vector<std::thread> threads;
+  for (auto& e : b)
+    threads.emplace_back([&, edge = e.get()] {
+      for (int s = 0; s < kSteps; ++s) {
+        each_step.arrive_and_wait();
+        edge->step();
+      }
+    });
+  for (auto& t : threads) t.join();
+
+  EXPECT_EQ(in_turns.trainer.updates(), static_cast<uint64_t>(kSteps));
+  EXPECT_EQ(batched.trainer.updates(), static_cast<uint64_t>(kSteps));
+  EXPECT_LE(max_diff(batched.back, in_turns.back), 2e-5f);
+  for (uint32_t i = 0; i < kEdges; ++i) {
+    EXPECT_LE(max_diff(b[i]->front, a[i]->front), 2e-5f) << "edge " << i;
+    EXPECT_EQ(b[i]->cloud.trained_samples(), a[i]->cloud.trained_samples());
+    EXPECT_NEAR(b[i]->cloud.train_loss_sum(), a[i]->cloud.train_loss_sum(), 1e-4);
+  }
+  // The micro-batches really ran together: every edge's in one batch, once all were known.
+  const auto stats = batched.trainer.batch_stats();
+  EXPECT_EQ(stats.microbatches, uint64_t{kSteps} * kEdges * kMicrobatches);
+  EXPECT_EQ(stats.largest, kEdges);
+  // (The first step may run each micro-batch alone: the edges are not known yet.)
+  EXPECT_LE(stats.batches, uint64_t{kSteps - 1} * kMicrobatches + kEdges * kMicrobatches)
+      << "once every edge is known, each of a step's micro-batches should join all edges";
+  EXPECT_EQ(in_turns.trainer.batch_stats().batches, 0u);
+}
+
+// Activations near the float range's end overflow the back shard: that edge is refused with
+// the reason, its rows reach no weight, and the edge beside it in the batch trains on.
+TEST(BatchedEdges, AnOverflowingMicroBatchEndsOnlyItsEdgesSession) {
+  Cloud c(true, 30.0, /*gather_s=*/0.05);  // (the third edge's batches wait that long for the good edge's next step)
+  Edge good(c, 0), bad(c, 1), third(c, 2);
+  for (Edge* e : {&good, &bad, &third}) e->handshake();
+  std::string refusal;
+  std::thread attacker([&] {
+    const Tensor& row = c.back.param("fc1.weight").value();  // [24, 96]: overflow fc1's first unit
+    Tensor a = Tensor::empty({8, 4, 4, 6});
+    for (int64_t i = 0; i < a.numel(); ++i) a[i] = std::copysign(3e38f, row[i % 96]);
+    const int32_t labels[8] = {0, 1, 2, 3, 0, 1, 2, 3};
+    MessageWriter w;
+    CloudReply r = bad.send(w.forward(0, 0, 0, a, labels, kBatch, kMicrobatches));
+    ASSERT_TRUE(r.close);
+    WireError err;
+    const Frame f = Frame::copy_of(r.bytes.data(), r.bytes.size());
+    const wire::Message* m = verify_frame(f, kDefaultMaxMessageBytes, err);
+    ASSERT_NE(m, nullptr);
+    ASSERT_EQ(m->payload_type(), wire::Payload::Error);
+    refusal = m->payload_as_Error()->text()->str();
+  });
+  std::thread other([&] { third.step(); });
+  good.step();
+  attacker.join();
+  other.join();
+  EXPECT_EQ(refusal, "step 0 micro-batch 0: the activations overflow the back shard (non-finite loss); they are far "
+                     "outside any trained range");
+  EXPECT_TRUE(bad.cloud.closed());
+  // The refused edge's slot is free: the good edge's next step fills the window, and the
+  // update is applied with finite weights.
+  EXPECT_EQ(c.trainer.updates(), 0u);
+  good.step();
+  EXPECT_EQ(c.trainer.updates(), 1u);
+  for (const Param* p : c.back.params())
+    for (int64_t i = 0; i < p->value().numel(); ++i) ASSERT_TRUE(std::isfinite(p->value()[i])) << p->name();
+}
+
+// A step that goes quiet mid-window (its edge hung) loses its slot once another step has
+// waited past the timeout; the window completes without it and its session is told.
+TEST(BatchedEdges, AQuietStepLosesItsSlotAndTheOthersGoOn) {
+  Cloud c(true, /*timeout_s=*/0.1);
+  std::atomic<bool> no{false};
+  ASSERT_TRUE(c.trainer.begin_step(1, no, 2));
+  ASSERT_TRUE(c.trainer.begin_step(2, no, 2));
+  ASSERT_TRUE(c.trainer.begin_step(3, no, 2));
+  EXPECT_TRUE(c.trainer.finish_step(2, 1.0f));
+  EXPECT_TRUE(c.trainer.finish_step(3, 1.0f));
+  EXPECT_EQ(c.trainer.updates(), 0u) << "updated while a step of the window was open";
+  ASSERT_TRUE(c.trainer.begin_step(2, no, 2));  // the window is full: waits, then 1 loses its slot
+  EXPECT_TRUE(c.trainer.was_evicted(1));
+  EXPECT_FALSE(c.trainer.step_open(1));
+  EXPECT_TRUE(c.trainer.finish_step(2, 1.0f));
+  EXPECT_EQ(c.trainer.updates(), 1u);
+  std::atomic<bool> cancelled{true};
+  EXPECT_TRUE(c.trainer.begin_step(3, cancelled, 2)) << "a free slot is taken even when closing";
+  c.trainer.release(3);
+  EXPECT_FALSE(c.trainer.step_open(3));
+}
+
+// The update is the mean of the window's steps' gradients, applied once, when the last
+// step of the window finishes; a new window sums from zero.
+TEST(BatchedEdges, TheWindowsLastStepAppliesTheMeanOfItsSteps) {
+  Cloud c(true);
+  std::atomic<bool> no{false};
+  auto add_grad = [&](float g) {
+    for (Param* p : c.back.params())
+      for (int64_t i = 0; i < p->grad().numel(); ++i) p->grad()[i] += g;
+  };
+  Sgd plain{c.back.params(), {.lr = 0.5f, .momentum = 0.0f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false}};
+  BackShardTrainer trainer(c.back, plain, 10.0, 3, BackShardTrainer::Batched{0.0});
+  const float before = c.back.params()[0]->value()[0];
+  add_grad(100.0f);  // stale: the window's first step clears it
+  int between = 0;
+  for (uint64_t owner = 1; owner <= 3; ++owner) ASSERT_TRUE(trainer.begin_step(owner, no, 1));
+  add_grad(6.0f);  // as the three steps' batches would leave it summed
+  EXPECT_TRUE(trainer.finish_step(1, 1.0f, [&] { ++between; }));
+  EXPECT_TRUE(trainer.finish_step(3, 1.0f, [&] { ++between; }));
+  EXPECT_EQ(c.back.params()[0]->value()[0], before) << "updated before the window's steps were complete";
+  EXPECT_TRUE(trainer.finish_step(2, 0.5f, [&] { ++between; }));
+  EXPECT_NEAR(c.back.params()[0]->value()[0], before - 0.5f * 0.5f * 6.0f / 3.0f, 1e-6f);
+  EXPECT_EQ(trainer.updates(), 1u);
+  EXPECT_EQ(between, 1);
+  EXPECT_TRUE(trainer.finish_step(2, 0.5f)) << "a second finish of the same step does nothing";
+  EXPECT_EQ(trainer.updates(), 1u);
+}
+
+}  // namespace
+}  // namespace tandem::test
