@@ -106,6 +106,21 @@ bool BackShardBatches::run(uint64_t owner, BatchedMicrobatch& mb, const std::ato
       mb.outcome = BatchedMicrobatch::Outcome::Closed;
       return false;
     }
+    // The last batch's weight gradients run while this batch gathers (its micro-batches are
+    // still on their way), off the path of the cut's gradients.
+    if (!busy_ && weights_pending_ && !weights_failed_ && pending_.size() < expected()) {
+      busy_ = true;
+      lock.unlock();
+      try {
+        apply_deferred_weights();
+      } catch (...) {  // the next batch's leader meets the same failure and tells its sessions
+        weights_failed_ = true;
+      }
+      lock.lock();
+      busy_ = false;
+      changed_.notify_all();
+      continue;
+    }
     const auto now = Clock::now();
     if (!busy_ && ready(now)) {
       lead(lock);
@@ -143,6 +158,7 @@ void BackShardBatches::lead(std::unique_lock<std::mutex>& lock) {
       p->mb->failure = e.what();
     }
     net_.drop_deferred_weights();
+    weights_pending_ = weights_failed_ = false;
   }
   lock.lock();
   busy_ = false;

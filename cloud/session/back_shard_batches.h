@@ -108,6 +108,7 @@ class BackShardBatches {
   bool busy_ = false;                  // a batch, an update or an evaluation uses the network
   uint64_t eval_owner_ = 0;
   bool weights_pending_ = false;  // the last batch's weight gradients (input gradients first)
+  bool weights_failed_ = false;   // ... failed while a batch gathered: its leader reports it
   uint64_t updates_ = 0;
   Stats stats_;
   std::vector<Tensor> joined_buffers_, joined_;  // the batch's joined inputs: storage kept, and views of it
