@@ -40,6 +40,7 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
     for (Param* p : layers_.back()->params()) {
       all_params_.push_back(p);
       if (p->trainable()) params_.push_back(p);
+      if (p->trainable() && !layers_.back()->splits_backward()) unsplit_params_.push_back(p);
     }
     input_ids_.push_back(std::move(ids));
   }

@@ -23,6 +23,9 @@ class Network {
   const std::vector<Param*>& params() const { return params_; }
   // Every parameter, frozen ones too (what weights are loaded into and exported from).
   const std::vector<Param*>& all_params() const { return all_params_; }
+  // The trainable parameters whose layers add their gradients during backward even when it
+  // defers weights (Layer::splits_backward false: batch norm, layer norm, embeddings).
+  const std::vector<Param*>& unsplit_params() const { return unsplit_params_; }
   Param& param(const std::string& name);
   int64_t param_count();
   // Every layer's non-trained state (layer.h), in graph order, for checkpoints and export.
@@ -99,6 +102,7 @@ class Network {
   std::vector<std::unique_ptr<Layer>> layers_;
   std::vector<Param*> params_;      // the layers' trainable parameters, in graph order
   std::vector<Param*> all_params_;  // and the frozen ones
+  std::vector<Param*> unsplit_params_;
   std::vector<std::vector<int>> input_ids_;  // per node: tensor ids of its inputs
   std::vector<bool> needs_grad_;            // per node: on a path to the output
   // Per tensor id: the last node whose forward reads it (views extend their source's), or

@@ -7,6 +7,7 @@
 
 #include <barrier>
 #include <cmath>
+#include <functional>
 #include <thread>
 
 #include "backends/registry.h"
@@ -26,8 +27,18 @@ OptimizerOptions sgd() { return {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0
 constexpr uint32_t kEdges = 3, kBatch = 24, kMicrobatches = 3;
 
 // One back shard and its optimizer, shared in turns or in batches by every edge's session.
+// The small split model with batch norm in its back shard (after fc1): batch statistics
+// cover a joined batch.
+std::string with_batch_norm() {
+  std::string spec = kSmallSplitSpec;
+  const std::string relu2 = R"({ name: "relu2", op: "relu", inputs: ["fc1"] })";
+  spec.replace(spec.find(relu2), relu2.size(),
+               R"({ name: "bn", op: "batch_norm", inputs: ["fc1"] }, { name: "relu2", op: "relu", inputs: ["bn"] })");
+  return spec;
+}
+
 struct Cloud {
-  ModelSpec spec = parse_model_json(kSmallSplitSpec);
+  ModelSpec spec;
   Graph graph = Graph::build(spec);
   std::pair<Graph, Graph> shards = graph.split("pool1");
   std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
@@ -37,8 +48,9 @@ struct Cloud {
   BackShardTrainer& trainer;
   // A federation whose rounds never come in these tests: the edges know the shard is shared.
   std::unique_ptr<Federation> federation;
-  Cloud(bool batched, double timeout_s = 30.0, double gather_s = 1.0)
-      : shard(batched ? std::make_unique<BackShardTrainer>(back, optimizer, timeout_s, kEdges, BackShardTrainer::Batched{gather_s})
+  Cloud(bool batched, double timeout_s = 30.0, double gather_s = 1.0, const std::string& model = kSmallSplitSpec)
+      : spec(parse_model_json(model)),
+        shard(batched ? std::make_unique<BackShardTrainer>(back, optimizer, timeout_s, kEdges, BackShardTrainer::Batched{gather_s})
                       : std::make_unique<BackShardTrainer>(back, optimizer, timeout_s, kEdges)),
         trainer(*shard) {
     Network front(shards.first, *backend, 9);
@@ -57,9 +69,9 @@ struct Edge {
   EdgeSession session;
   CloudSession cloud;
   QuadrantData data;
-  Edge(Cloud& c, uint32_t i)
+  Edge(Cloud& c, uint32_t i, wire::DType dtype = wire::DType::F32)
       : front(c.shards.first, *backend, 9),
-        session(front, optimizer, kMicrobatches, model_hash(c.spec, "pool1"), cat("edge-", i), {wire::DType::F32}),
+        session(front, optimizer, kMicrobatches, model_hash(c.spec, "pool1"), cat("edge-", i), {dtype}),
         cloud(c.trainer, {model_hash(c.spec, "pool1"), kBatch, kMicrobatches, 4, 10 + i, kDefaultMaxMessageBytes,
                           CloudSessionConfig{}.dtypes, "pool1", nullptr, c.federation.get()}),
         data(quadrant_data(kBatch, 100 + i)) {}
@@ -98,13 +110,17 @@ struct Edge {
   }
 };
 
-TEST(BatchedEdges, EdgesStepsInOneBatchEqualTheirStepsInTurns) {
+// F32 activations are read where they arrive; BF16's are decoded into the session's buffer,
+// which its next Forward reuses while the batch's weight gradients may still read them.
+class BatchedEdgesWire : public ::testing::TestWithParam<wire::DType> {};
+
+TEST_P(BatchedEdgesWire, EdgesStepsInOneBatchEqualTheirStepsInTurns) {
   constexpr int kSteps = 6;
   Cloud in_turns(false), batched(true);
   std::vector<std::unique_ptr<Edge>> a, b;
   for (uint32_t i = 0; i < kEdges; ++i) {
-    a.push_back(std::make_unique<Edge>(in_turns, i));
-    b.push_back(std::make_unique<Edge>(batched, i));
+    a.push_back(std::make_unique<Edge>(in_turns, i, GetParam()));
+    b.push_back(std::make_unique<Edge>(batched, i, GetParam()));
     a.back()->handshake();
     b.back()->handshake();
   }
@@ -142,42 +158,65 @@ TEST(BatchedEdges, EdgesStepsInOneBatchEqualTheirStepsInTurns) {
   EXPECT_EQ(in_turns.trainer.batch_stats().batches, 0u);
 }
 
+INSTANTIATE_TEST_SUITE_P(BatchedEdges, BatchedEdgesWire, ::testing::Values(wire::DType::F32, wire::DType::BF16),
+                         [](const auto& info) { return std::string(dtype_name(info.param)); });
+
 // Activations near the float range's end overflow the back shard: that edge is refused with
-// the reason, its rows reach no weight, and the edge beside it in the batch trains on.
-TEST(BatchedEdges, AnOverflowingMicroBatchEndsOnlyItsEdgesSession) {
-  Cloud c(true, 30.0, /*gather_s=*/0.05);  // (the third edge's batches wait that long for the good edge's next step)
+// the reason, its rows reach no weight, and the edges beside it in the batch train on. With
+// batch norm in the back shard its overflow spreads to every row of the joined batch, so the
+// batch is tried a micro-batch at a time: still only that edge is refused.
+std::string overflow_text(const char* what) {
+  return cat("step 1 micro-batch 0: the activations overflow the back shard (non-finite ", what,
+             "); they are far outside any trained range");
+}
+
+void overflow_in_a_joined_batch(const std::string& model) {
+  Cloud c(true, 30.0, /*gather_s=*/1.0, model);
   Edge good(c, 0), bad(c, 1), third(c, 2);
   for (Edge* e : {&good, &bad, &third}) e->handshake();
+  auto together = [&](const std::function<void()>& for_bad) {
+    std::thread b(for_bad), t([&] { third.step(); });
+    good.step();
+    b.join();
+    t.join();
+  };
+  together([&] { bad.step(); });  // a first window: every edge is known, so batches wait for all three
+  ASSERT_EQ(c.trainer.updates(), 1u);
+  const auto before = c.trainer.batch_stats();
   std::string refusal;
-  std::thread attacker([&] {
+  together([&] {
     const Tensor& row = c.back.param("fc1.weight").value();  // [24, 96]: overflow fc1's first unit
     Tensor a = Tensor::empty({8, 4, 4, 6});
     for (int64_t i = 0; i < a.numel(); ++i) a[i] = std::copysign(3e38f, row[i % 96]);
     const int32_t labels[8] = {0, 1, 2, 3, 0, 1, 2, 3};
     MessageWriter w;
-    CloudReply r = bad.send(w.forward(0, 0, 0, a, labels, kBatch, kMicrobatches));
+    CloudReply r = bad.send(w.forward(1, 0, 0, a, labels, kBatch, kMicrobatches));
     ASSERT_TRUE(r.close);
-    WireError err;
-    const Frame f = Frame::copy_of(r.bytes.data(), r.bytes.size());
-    const wire::Message* m = verify_frame(f, kDefaultMaxMessageBytes, err);
-    ASSERT_NE(m, nullptr);
-    ASSERT_EQ(m->payload_type(), wire::Payload::Error);
-    refusal = m->payload_as_Error()->text()->str();
+    refusal = Edge::reply_text(r);
   });
-  std::thread other([&] { third.step(); });
-  good.step();
-  attacker.join();
-  other.join();
-  EXPECT_EQ(refusal, "step 0 micro-batch 0: the activations overflow the back shard (non-finite loss); they are far "
-                     "outside any trained range");
+  // The bad micro-batch came in a batch of all three (then two edges' micro-batches a batch).
+  const auto after = c.trainer.batch_stats();
+  EXPECT_EQ(after.largest, kEdges);
+  EXPECT_EQ(after.batches - before.batches, uint64_t{kMicrobatches});
+  EXPECT_EQ(after.microbatches - before.microbatches, uint64_t{kEdges + 2 * (kMicrobatches - 1)});
+  // (Through batch norm the loss may stay finite and the gradient overflow instead.)
+  EXPECT_TRUE(refusal == overflow_text("loss") || refusal == overflow_text("gradient")) << refusal;
   EXPECT_TRUE(bad.cloud.closed());
+  EXPECT_FALSE(good.cloud.closed());
+  EXPECT_FALSE(third.cloud.closed());
   // The refused edge's slot is free: the good edge's next step fills the window, and the
   // update is applied with finite weights.
-  EXPECT_EQ(c.trainer.updates(), 0u);
-  good.step();
   EXPECT_EQ(c.trainer.updates(), 1u);
+  good.step();
+  EXPECT_EQ(c.trainer.updates(), 2u);
   for (const Param* p : c.back.params())
     for (int64_t i = 0; i < p->value().numel(); ++i) ASSERT_TRUE(std::isfinite(p->value()[i])) << p->name();
+}
+
+TEST(BatchedEdges, AnOverflowingMicroBatchEndsOnlyItsEdgesSession) { overflow_in_a_joined_batch(kSmallSplitSpec); }
+
+TEST(BatchedEdges, WithBatchNormAnOverflowingMicroBatchStillEndsOnlyItsEdgesSession) {
+  overflow_in_a_joined_batch(with_batch_norm());
 }
 
 // A step that goes quiet mid-window (its edge hung) loses its slot once another step has

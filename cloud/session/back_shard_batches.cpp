@@ -62,7 +62,7 @@ bool BackShardBatches::begin_step(uint64_t owner, uint32_t microbatches, const s
   }
   if (taken_ == 0) {  // a new window sums from zero; an abandoned step's deferred weights are dropped
     net_.drop_deferred_weights();
-    weights_pending_ = false;
+    weights_pending_ = weights_failed_ = false;
     net_.zero_grad();
   }
   ++taken_;
@@ -126,8 +126,9 @@ bool BackShardBatches::run(uint64_t owner, BatchedMicrobatch& mb, const std::ato
       lead(lock);
       continue;
     }
+    // (While the shard is busy only its release can make a batch ready, and it notifies.)
     auto until = now + std::chrono::milliseconds(50);
-    if (!pending_.empty()) until = std::min(until, pending_.front()->at + gather_);
+    if (!busy_ && !pending_.empty()) until = std::min(until, pending_.front()->at + gather_);
     changed_.wait_until(lock, until);
   }
   if (const auto m = members_.find(owner); m != members_.end()) m->second.last = Clock::now();
@@ -136,12 +137,15 @@ bool BackShardBatches::run(uint64_t owner, BatchedMicrobatch& mb, const std::ato
 
 void BackShardBatches::lead(std::unique_lock<std::mutex>& lock) {
   std::vector<Pending*> batch;
+  batch.reserve(pending_.size());
   const BatchedMicrobatch& first = *pending_.front()->mb;
   for (auto p = pending_.begin(); p != pending_.end();) {
     if (same_kind(first, *(*p)->mb)) {
       (*p)->taken = true;
-      if (const auto m = members_.find((*p)->owner); m != members_.end() && m->second.remaining > 0)
-        --m->second.remaining;  // (counted until taken: the others' batch waits for it, not past it)
+      if (const auto m = members_.find((*p)->owner); m != members_.end()) {
+        if (m->second.remaining > 0) --m->second.remaining;  // (counted until taken: the batch waits for it)
+        m->second.last = Clock::now();  // computing is not going quiet
+      }
       batch.push_back(*p);
       p = pending_.erase(p);
     } else {
@@ -150,16 +154,28 @@ void BackShardBatches::lead(std::unique_lock<std::mutex>& lock) {
   }
   busy_ = true;
   lock.unlock();
+  double seconds = 0.0;
   try {
-    compute(batch);
-  } catch (const std::exception& e) {  // the cloud's own failure (a kernel, memory): each session is told
+    compute(batch, seconds);
+  } catch (...) {  // the cloud's own failure (a kernel, memory): each session is told
+    std::string why = "an unknown error";
+    try {
+      throw;
+    } catch (const std::exception& e) {
+      why = e.what();
+    } catch (...) {
+    }
     for (Pending* p : batch) {
       p->mb->outcome = BatchedMicrobatch::Outcome::Failed;
-      p->mb->failure = e.what();
+      p->mb->failure = why;
     }
     net_.drop_deferred_weights();
     weights_pending_ = weights_failed_ = false;
   }
+  int64_t rows = 0;
+  for (const Pending* p : batch) rows += p->mb->inputs[0].shape()[0];
+  for (Pending* p : batch)
+    p->mb->compute_s = seconds * static_cast<double>(p->mb->inputs[0].shape()[0]) / static_cast<double>(rows);
   lock.lock();
   busy_ = false;
   for (Pending* p : batch) p->done = true;
@@ -174,74 +190,114 @@ void BackShardBatches::apply_deferred_weights() {
   weights_pending_ = false;
 }
 
-void BackShardBatches::compute(const std::vector<Pending*>& batch) {
+std::span<const Tensor> BackShardBatches::joined(const std::vector<Pending*>& members) {
+  // Always copies, one micro-batch too: the sessions' decode buffers are theirs to reuse
+  // (their next Forward), and the deferred weight gradients read these inputs later.
+  const std::span<const Tensor> first = members.front()->mb->inputs;
+  int64_t rows = 0;
+  for (const Pending* p : members) rows += p->mb->inputs[0].shape()[0];
+  joined_buffers_.resize(first.size());
+  joined_.resize(first.size());
+  for (std::size_t i = 0; i < first.size(); ++i) {
+    Shape shape = first[i].shape();
+    shape[0] = rows;
+    Tensor joined = sized(joined_buffers_[i], shape);
+    std::size_t at = 0;
+    for (const Pending* p : members) {
+      const Tensor& part = p->mb->inputs[i];
+      std::memcpy(joined.data() + at, part.data(), part.bytes());
+      at += static_cast<std::size_t>(part.numel());
+    }
+    joined_[i] = joined;
+  }
+  return joined_;
+}
+
+bool BackShardBatches::passes(const std::vector<Pending*>& members, bool backward, Tensor* grad) {
+  const Tensor& out = net_.forward(joined(members), kSlot);
+  const Tensor dlogits = sized(dlogits_, out.shape());
+  bool all = true;
+  int64_t r = 0;
+  for (Pending* p : members) {
+    BatchedMicrobatch& mb = *p->mb;
+    const int64_t n = mb.inputs[0].shape()[0];
+    Tensor d = dlogits.slice_batch(r, n);
+    mb.loss = compute_loss(net_.graph().loss(), out.slice_batch(r, n), mb.labels, mb.loss_scale, &d,
+                           net_.graph().output_groups());
+    if (!std::isfinite(mb.loss)) {
+      mb.outcome = BatchedMicrobatch::Outcome::NonFiniteLoss;
+      all = false;
+    }
+    r += n;
+  }
+  if (!all || !backward) return all;
+  // The layers that cannot defer their weight gradients (batch and layer norm) add them now:
+  // kept, so that a pass whose rows overflow can be undone exactly.
+  const std::vector<Param*>& unsplit = net_.unsplit_params();
+  unsplit_saved_.resize(unsplit.size());
+  for (std::size_t i = 0; i < unsplit.size(); ++i) sized(unsplit_saved_[i], unsplit[i]->grad().shape()).copy_from(unsplit[i]->grad());
+  *grad = net_.backward(dlogits, kSlot, true, /*defer_weights=*/true);
+  r = 0;
+  for (Pending* p : members) {
+    const int64_t n = p->mb->inputs[0].shape()[0];
+    if (!finite(grad->slice_batch(r, n))) {
+      p->mb->outcome = BatchedMicrobatch::Outcome::NonFiniteGradient;
+      all = false;
+    }
+    r += n;
+  }
+  if (all) return true;
+  net_.drop_deferred_weights();  // nothing of this pass may reach the weights
+  for (std::size_t i = 0; i < unsplit.size(); ++i)
+    unsplit[i]->grad().copy_from(unsplit_saved_[i].prefix(unsplit[i]->grad().shape()));
+  return false;
+}
+
+void BackShardBatches::compute(const std::vector<Pending*>& batch, double& seconds) {
+  const auto t0 = Clock::now();
   apply_deferred_weights();  // the last batch's, before this one reuses the slot
   net_.set_training(true);
+  // Rows whose loss or cut gradient is not finite (activations at the float range's end) reach
+  // no weight: the pass is undone and runs again without them. Batch statistics (batch norm)
+  // spread one micro-batch's overflow to every row, so a failing joined batch first tries each
+  // micro-batch alone, and only those that fail alone are refused.
   std::vector<Pending*> live = batch;
+  bool alone_tried = batch.size() == 1;
+  Tensor grad;
   for (;;) {
-    // One micro-batch runs as it came; several are joined row after row.
-    std::span<const Tensor> inputs = live.front()->mb->inputs;
-    if (live.size() > 1) {
-      int64_t rows = 0;
-      for (const Pending* p : live) rows += p->mb->inputs[0].shape()[0];
-      joined_buffers_.resize(inputs.size());
-      joined_.resize(inputs.size());
-      for (std::size_t i = 0; i < inputs.size(); ++i) {
-        Shape shape = inputs[i].shape();
-        shape[0] = rows;
-        Tensor joined = sized(joined_buffers_[i], shape);
-        std::size_t at = 0;
-        for (const Pending* p : live) {
-          const Tensor& part = p->mb->inputs[i];
-          std::memcpy(joined.data() + at, part.data(), part.bytes());
-          at += static_cast<std::size_t>(part.numel());
-        }
-        joined_[i] = joined;
+    if (live.empty()) break;
+    if (passes(live, true, &grad)) {
+      int64_t r = 0;
+      for (Pending* p : live) {
+        BatchedMicrobatch& mb = *p->mb;
+        const Tensor rows_grad = grad.slice_batch(r, mb.inputs[0].shape()[0]);
+        r += rows_grad.shape()[0];
+        if (!mb.grad->defined() || mb.grad->shape() != rows_grad.shape()) *mb.grad = Tensor::empty(rows_grad.shape());
+        mb.grad->copy_from(rows_grad);
+        mb.weight_version = static_cast<uint64_t>(optimizer_.steps());
       }
-      inputs = joined_;
+      weights_pending_ = net_.weights_pending(kSlot);
+      break;
     }
-    const Tensor& out = net_.forward(inputs, kSlot);
-    const Tensor dlogits = sized(dlogits_, out.shape());
-    // Rows whose loss is not finite (activations at the float range's end) must reach no
-    // weight: the batch runs again without them before any gradient is computed.
-    bool dropped = false;
-    int64_t r = 0;
-    for (Pending* p : live) {
-      BatchedMicrobatch& mb = *p->mb;
-      const int64_t n = mb.inputs[0].shape()[0];
-      Tensor d = dlogits.slice_batch(r, n);
-      mb.loss = compute_loss(net_.graph().loss(), out.slice_batch(r, n), mb.labels, mb.loss_scale, &d,
-                             net_.graph().output_groups());
-      if (!std::isfinite(mb.loss)) {
-        mb.outcome = BatchedMicrobatch::Outcome::NonFiniteLoss;
-        dropped = true;
+    if (!alone_tried) {
+      alone_tried = true;
+      for (Pending* p : live) {
+        p->mb->outcome = BatchedMicrobatch::Outcome::Trained;
+        passes({p}, true, &grad);
+        net_.drop_deferred_weights();  // (a trial: the survivors run again together)
+        if (p->mb->outcome == BatchedMicrobatch::Outcome::Trained) restore_unsplit();
       }
-      r += n;
     }
-    if (dropped) {
-      std::erase_if(live, [](const Pending* p) { return p->mb->outcome != BatchedMicrobatch::Outcome::Trained; });
-      if (live.empty()) return;
-      continue;
-    }
-    const Tensor grad = net_.backward(dlogits, kSlot, true, /*defer_weights=*/true);
-    // A finite loss whose input gradient is not (the shard's own values overflow): those rows
-    // are refused; what they left in the gradients is caught before the update (finish_step).
-    r = 0;
-    for (Pending* p : live) {
-      BatchedMicrobatch& mb = *p->mb;
-      const int64_t n = mb.inputs[0].shape()[0];
-      const Tensor rows_grad = grad.slice_batch(r, n);
-      r += n;
-      if (!finite(rows_grad)) {
-        mb.outcome = BatchedMicrobatch::Outcome::NonFiniteGradient;
-        continue;
-      }
-      if (!mb.grad->defined() || mb.grad->shape() != rows_grad.shape()) *mb.grad = Tensor::empty(rows_grad.shape());
-      mb.grad->copy_from(rows_grad);
-    }
-    weights_pending_ = net_.weights_pending(kSlot);
-    return;
+    std::erase_if(live, [](const Pending* p) { return p->mb->outcome != BatchedMicrobatch::Outcome::Trained; });
   }
+  // The batch's compute, shared among its micro-batches by rows (the sessions' busy time).
+  seconds = std::chrono::duration<double>(Clock::now() - t0).count();
+}
+
+void BackShardBatches::restore_unsplit() {
+  const std::vector<Param*>& unsplit = net_.unsplit_params();
+  for (std::size_t i = 0; i < unsplit.size(); ++i)
+    unsplit[i]->grad().copy_from(unsplit_saved_[i].prefix(unsplit[i]->grad().shape()));
 }
 
 bool BackShardBatches::gradients_finite() {
@@ -263,26 +319,29 @@ bool BackShardBatches::finish_step(uint64_t owner, float lr_scale, const std::fu
   changed_.wait(lock, [this] { return !busy_; });
   busy_ = true;
   lock.unlock();
+  bool applied = false;
   try {
     apply_deferred_weights();
-    if (gradients_finite()) {
+    applied = gradients_finite();
+    if (applied) {
       optimizer_.set_lr_scale(lr_scale / static_cast<float>(window_));
       optimizer_.step();
       if (between_updates) between_updates();
     } else {  // a refused micro-batch overflowed the shard's gradients: the shard must not take them
-      std::fprintf(stderr, "tandem-cloud: the shared back shard's summed gradients are not finite (a refused edge's "
-                           "micro-batch overflowed them); this update is skipped\n");
+      std::fprintf(stderr, "tandem-cloud: the shared back shard's summed gradients are not finite (the weights' "
+                           "own gradients overflowed); this update is skipped\n");
     }
   } catch (...) {
     lock.lock();
     busy_ = false;
+    weights_pending_ = weights_failed_ = false;
     taken_ = finished_ = 0;
     changed_.notify_all();
     throw;
   }
   lock.lock();
   busy_ = false;
-  ++updates_;
+  if (applied) ++updates_;
   taken_ = finished_ = 0;
   changed_.notify_all();
   return true;
@@ -324,6 +383,7 @@ void BackShardBatches::release(uint64_t owner) {
     if (it->second.open) --taken_;  // the slot is free for another step
     members_.erase(it);
   }
+  evicted_.erase(owner);
   changed_.notify_all();
 }
 
@@ -334,6 +394,7 @@ void BackShardBatches::evict_quiet(Clock::time_point now) {
       evicted_.insert(it->first);  // its step is lost; its session is told at its next message
       --taken_;
       it = members_.erase(it);
+      changed_.notify_all();
     } else {
       ++it;
     }

@@ -4,7 +4,9 @@
 // The update equals those steps run one after another in turns (BackShardTurns) summing
 // `window` steps: every step of a window sees the same weights, and weight gradients are sums
 // over rows either way. Batch norm's batch statistics and dropout's masks then cover the
-// combined batch, as they would a bigger batch. Thread-safe: each session's thread calls it.
+// combined batch, as they would a bigger batch. The weight gradients always wait until the
+// cut's gradients are handed back (zero-bubble's split of backward), running while the next
+// batch gathers. Thread-safe: each session's thread calls it.
 #pragma once
 
 #include <atomic>
@@ -33,6 +35,8 @@ struct BatchedMicrobatch {
   float loss_scale = 1.0f;          // the step's 1 / samples
   Tensor* grad = nullptr;           // out: the cut's gradient for these n rows, shaped like inputs[0]
   double loss = 0.0;                // out: the loss of these rows (times loss_scale)
+  uint64_t weight_version = 0;      // out: the optimizer steps behind the weights it ran with
+  double compute_s = 0.0;           // out: its share (by rows) of its batch's compute time
   Outcome outcome = Outcome::Trained;
   std::string failure;  // Outcome::Failed: what the cloud failed at
 };
@@ -90,7 +94,15 @@ class BackShardBatches {
   bool ready(Clock::time_point now) const;
   // With `lock` held on entry and exit: runs a batch of pending micro-batches of one shape.
   void lead(std::unique_lock<std::mutex>& lock);
-  void compute(const std::vector<Pending*>& batch);  // the shard's work, without the lock
+  // The shard's work, without the lock; `seconds`: its compute time.
+  void compute(const std::vector<Pending*>& batch, double& seconds);
+  // The members' inputs joined row after row (in joined_).
+  std::span<const Tensor> joined(const std::vector<Pending*>& members);
+  // Forward, each member's loss and (with `backward`) the cut's gradient into `grad`: true
+  // when every row is finite. Else the failing members' outcomes are set and nothing of the
+  // pass is left in the gradients.
+  bool passes(const std::vector<Pending*>& members, bool backward, Tensor* grad);
+  void restore_unsplit();  // the unsplit layers' gradients as before the last backward
   void evict_quiet(Clock::time_point now);
   void apply_deferred_weights();
   bool gradients_finite();
@@ -113,6 +125,7 @@ class BackShardBatches {
   Stats stats_;
   std::vector<Tensor> joined_buffers_, joined_;  // the batch's joined inputs: storage kept, and views of it
   Tensor dlogits_;
+  std::vector<Tensor> unsplit_saved_;  // Network::unsplit_params' gradients before a backward
 };
 
 }  // namespace tandem

@@ -343,9 +343,8 @@ CloudReply CloudSession::on_batched_forward(const flatbuffers::Vector<int32_t>& 
   batched.labels = labels.data();
   batched.loss_scale = 1.0f / static_cast<float>(step_samples_);
   batched.grad = &batched_grad_;
-  const auto t0 = std::chrono::steady_clock::now();
   const bool trained = shard_.run_batched(config_.session_id, batched, cancelled_);
-  busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  busy_s_ += batched.compute_s;  // (its share of the batch, not the time it waited for it)
   if (!trained) {
     switch (batched.outcome) {
       case BatchedMicrobatch::Outcome::NonFiniteLoss: return refuse(overflow(step_, mb, true));
@@ -362,9 +361,12 @@ CloudReply CloudSession::on_batched_forward(const flatbuffers::Vector<int32_t>& 
   train_loss_sum_ += batched.loss;
   const uint64_t step = step_;
   microbatch_done(mb);
-  return {writer_.backward(step, mb, batched_grad_, static_cast<float>(batched.loss), dtype_,
-                           static_cast<uint64_t>(optimizer_.steps())),
-          false};
+  const CloudReply reply{writer_.backward(step, mb, batched_grad_, static_cast<float>(batched.loss), dtype_,
+                                          batched.weight_version),
+                         false};
+  WireError error;
+  if (step_pending_ && step_checkpoint_ && !config_.federation && !checkpoint_now(error)) return refuse(error);
+  return reply;
 }
 
 void CloudSession::microbatch_done(uint32_t mb) {
