@@ -241,6 +241,36 @@ TEST(BatchedEdges, AQuietStepLosesItsSlotAndTheOthersGoOn) {
   EXPECT_FALSE(c.trainer.step_open(3));
 }
 
+// Like turns' queue: a session with a step in the window already leaves the free slot to a
+// known session without one for up to the gather time, and takes it when none comes.
+TEST(BatchedEdges, ASessionWithAStepInTheWindowLeavesTheFreeSlotToOneWithout) {
+  Cloud c(true);
+  std::atomic<bool> no{false};
+  BackShardTrainer trainer(c.back, c.optimizer, 30.0, 2, BackShardTrainer::Batched{0.3});
+  for (uint64_t owner : {1, 2}) ASSERT_TRUE(trainer.begin_step(owner, no, 1));  // both known
+  for (uint64_t owner : {1, 2}) ASSERT_TRUE(trainer.finish_step(owner, 1.0f));
+  ASSERT_EQ(trainer.updates(), 1u);
+  ASSERT_TRUE(trainer.begin_step(1, no, 1));
+  ASSERT_TRUE(trainer.finish_step(1, 1.0f));
+  std::atomic<bool> again{false};
+  std::thread eager([&] { again = trainer.begin_step(1, no, 1); });  // yields to 2
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  EXPECT_FALSE(trainer.step_open(1)) << "took the slot a session without a step in the window could have";
+  ASSERT_TRUE(trainer.begin_step(2, no, 1));
+  ASSERT_TRUE(trainer.finish_step(2, 1.0f));  // the window is complete: its update, a new window
+  eager.join();
+  EXPECT_TRUE(again);
+  EXPECT_EQ(trainer.updates(), 2u);
+  EXPECT_TRUE(trainer.step_open(1));
+  ASSERT_TRUE(trainer.finish_step(1, 1.0f));
+  // Now 2 does not come: after the gather time 1 takes the second slot itself.
+  const auto t0 = std::chrono::steady_clock::now();
+  ASSERT_TRUE(trainer.begin_step(1, no, 1));
+  EXPECT_GE(std::chrono::steady_clock::now() - t0, std::chrono::milliseconds(250));
+  ASSERT_TRUE(trainer.finish_step(1, 1.0f));
+  EXPECT_EQ(trainer.updates(), 3u);
+}
+
 // The update is the mean of the window's steps' gradients, applied once, when the last
 // step of the window finishes; a new window sums from zero.
 TEST(BatchedEdges, TheWindowsLastStepAppliesTheMeanOfItsSteps) {

@@ -55,10 +55,20 @@ bool BackShardBatches::begin_step(uint64_t owner, uint32_t microbatches, const s
   me.last = Clock::now();
   if (me.open) return true;
   changed_.notify_all();  // a new member: batches forming now may wait for it
-  while (taken_ >= window_ || (taken_ == 0 && busy_)) {
+  const auto arrived = Clock::now();
+  // As turns' queue would: a session that already has a step in this window leaves the free
+  // slots to known sessions without one, for up to the gather time (they may be on their way).
+  auto yields = [&] {
+    if (members_[owner].window != window_id_ || Clock::now() - arrived >= gather_) return false;
+    std::size_t without = 0;
+    for (const auto& [other, m] : members_)
+      if (other != owner && !m.open && m.window != window_id_) ++without;
+    return without >= window_ - taken_;
+  };
+  while (taken_ >= window_ || (taken_ == 0 && busy_) || yields()) {
     if (cancelled) return false;
     evict_quiet(Clock::now());
-    changed_.wait_for(lock, std::chrono::milliseconds(50));
+    changed_.wait_until(lock, std::min(Clock::now() + std::chrono::milliseconds(50), arrived + gather_));
   }
   if (taken_ == 0) {  // a new window sums from zero; an abandoned step's deferred weights are dropped
     net_.drop_deferred_weights();
@@ -68,6 +78,7 @@ bool BackShardBatches::begin_step(uint64_t owner, uint32_t microbatches, const s
   ++taken_;
   Member& m = members_[owner];  // (the map may have changed while waiting)
   m.open = true;
+  m.window = window_id_;
   m.remaining = microbatches;
   m.last = Clock::now();
   changed_.notify_all();
@@ -336,6 +347,7 @@ bool BackShardBatches::finish_step(uint64_t owner, float lr_scale, const std::fu
     busy_ = false;
     weights_pending_ = weights_failed_ = false;
     taken_ = finished_ = 0;
+    ++window_id_;
     changed_.notify_all();
     throw;
   }
@@ -343,6 +355,7 @@ bool BackShardBatches::finish_step(uint64_t owner, float lr_scale, const std::fu
   busy_ = false;
   if (applied) ++updates_;
   taken_ = finished_ = 0;
+  ++window_id_;
   changed_.notify_all();
   return true;
 }

@@ -80,6 +80,7 @@ class BackShardBatches {
   struct Member {  // a session that has stepped on the shard, until it is released
     bool open = false;       // its step holds a slot of the window
     uint32_t remaining = 0;  // micro-batches its open step has yet to hand in
+    uint64_t window = UINT64_MAX;  // the last window it took a slot of
     Clock::time_point last;  // its last sign of life
   };
   struct Pending {
@@ -117,6 +118,7 @@ class BackShardBatches {
   std::set<uint64_t> evicted_;
   std::deque<Pending*> pending_;
   uint32_t taken_ = 0, finished_ = 0;  // the window's slots taken, and steps finished
+  uint64_t window_id_ = 0;             // windows opened before this one
   bool busy_ = false;                  // a batch, an update or an evaluation uses the network
   uint64_t eval_owner_ = 0;
   bool weights_pending_ = false;  // the last batch's weight gradients (input gradients first)
