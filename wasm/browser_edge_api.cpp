@@ -29,6 +29,11 @@ struct Page {
   std::string egress_log;
   std::unique_ptr<EgressAudit> audit;
   EdgePrivacy privacy;  // for the next tandem_create (tandem_set_privacy); none by default
+  // A cloud at its bound answers Busy before any Hello is read: the page connects again
+  // after busy_backoff_s, at most `connect_retries` times, as tandem-edge does.
+  std::string url;
+  int connect_retries = 8, retries_done = 0;
+  bool stopped = false;
 };
 
 Page& page() {
@@ -136,18 +141,55 @@ EMSCRIPTEN_KEEPALIVE int tandem_set_data(int test, const uint8_t* pixels, const 
   });
 }
 
-// url: wss://HOST:PORT/ of tandem-cloud serve --accept-tokens (or --web).
-EMSCRIPTEN_KEEPALIVE int tandem_start(const char* url) {
+// (Re)connects the page's run to its cloud.
+void connect_to_cloud();
+
+// The page's link closed: a Busy refusal with retries left connects again later (a "retry"
+// event says when); anything else ends the run.
+void on_link_closed(const std::string& why) {
+  Page& p = page();
+  const std::string busy = p.edge->busy();
+  if (busy.empty() || p.edge->finished() || p.stopped || p.retries_done >= p.connect_retries) {
+    p.edge->on_closed(why);
+    return;
+  }
+  EdgeEvent retry;
+  retry.kind = EdgeEvent::Kind::Retry;
+  retry.attempt = ++p.retries_done;
+  retry.attempts = p.connect_retries;
+  retry.seconds = busy_backoff_s(retry.attempt);
+  retry.text = busy;
+  emit_to_page(retry.json().c_str());
+  // Later, from the page's event loop: never from inside the closing socket's own callback.
+  emscripten_async_call([](void*) {
+    if (page().stopped) return page().edge->on_closed("stopped by the page");
+    connect_to_cloud();
+  }, nullptr, static_cast<int>(retry.seconds * 1000.0));
+}
+
+void connect_to_cloud() {
+  BrowserSocket::Handlers h;
+  h.opened = [] { page().edge->on_open(); };
+  h.message = [](Frame frame) {
+    if (!page().edge->on_message(frame))
+      page().socket->close(page().edge->failed() ? "edge failed" : !page().edge->busy().empty() ? "busy" : "done");
+  };
+  h.closed = on_link_closed;
+  page().socket = std::make_unique<BrowserSocket>(page().url, std::move(h), kDefaultMaxMessageBytes);
+}
+
+// url: wss://HOST:PORT/ of tandem-cloud serve --accept-tokens (or --web); connect_retries:
+// how often to connect again after a Busy refusal (0: never).
+EMSCRIPTEN_KEEPALIVE int tandem_start(const char* url, int connect_retries) {
   return guarded([&] {
     Page& p = page();
     if (!p.edge) fail("edge", "tandem_create first");
-    BrowserSocket::Handlers h;
-    h.opened = [] { page().edge->on_open(); };
-    h.message = [](Frame frame) {
-      if (!page().edge->on_message(frame)) page().socket->close(page().edge->failed() || !page().edge->busy().empty() ? "edge failed" : "done");
-    };
-    h.closed = [](const std::string& why) { page().edge->on_closed(why); };
-    p.socket = std::make_unique<BrowserSocket>(url, std::move(h), kDefaultMaxMessageBytes);
+    if (connect_retries < 0) fail("edge", "connectRetries must be 0 or more");
+    p.url = url;
+    p.connect_retries = connect_retries;
+    p.retries_done = 0;
+    p.stopped = false;
+    connect_to_cloud();
   });
 }
 
@@ -155,6 +197,7 @@ EMSCRIPTEN_KEEPALIVE int tandem_start(const char* url) {
 EMSCRIPTEN_KEEPALIVE const char* tandem_egress_log() { return page().egress_log.c_str(); }
 
 EMSCRIPTEN_KEEPALIVE void tandem_stop() {
+  page().stopped = true;  // (a retry waiting to connect ends the run instead)
   if (page().socket) page().socket->close("stopped by the page");
 }
 

@@ -87,15 +87,6 @@ LabelledImages training_data(const EdgeTrainOptions& o) {
   return share;
 }
 
-// Seconds to wait before retry `attempt` (from 1) after a Busy refusal: doubling from 1 s
-// up to 30 s, times a random factor in [0.5, 1.5) so that edges refused together do not all
-// come back together.
-double busy_backoff_s(int attempt) {
-  static std::mt19937_64 jitter{std::random_device{}()};
-  const double base = std::min(30.0, std::ldexp(1.0, std::min(attempt - 1, 5)));
-  return base * std::uniform_real_distribution<double>(0.5, 1.5)(jitter);
-}
-
 }  // namespace
 
 int train_over_wss(const EdgeTrainOptions& o) {

@@ -5,6 +5,7 @@
 #include <cstdio>
 #include <limits>
 #include <numeric>
+#include <random>
 
 #include "backends/registry.h"
 #include "core/error.h"
@@ -43,6 +44,12 @@ std::string dp_json(double epsilon) {
 
 }  // namespace
 
+double busy_backoff_s(int attempt) {
+  static std::mt19937_64 jitter{std::random_device{}()};
+  const double base = std::min(30.0, std::ldexp(1.0, std::min(attempt - 1, 5)));
+  return base * std::uniform_real_distribution<double>(0.5, 1.5)(jitter);
+}
+
 std::string EdgeEvent::json() const {
   using K = Kind;
   switch (kind) {
@@ -74,6 +81,9 @@ std::string EdgeEvent::json() const {
                  dp_json(epsilon), text.empty() ? "" : cat(",\"stopped\":", quoted(text)), "}");
     case K::Error:
       return cat("{\"event\":\"error\",\"text\":", quoted(text), "}");
+    case K::Retry:
+      return cat("{\"event\":\"retry\",\"attempt\":", attempt, ",\"of\":", attempts, ",\"wait_s\":", num(seconds),
+                 ",\"text\":", quoted(text), "}");
   }
   return "{}";
 }

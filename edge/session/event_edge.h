@@ -129,7 +129,7 @@ struct EventEdgeConfig {
 
 // What happened, for a page (json()) or a terminal (the fields).
 struct EdgeEvent {
-  enum class Kind { Connected, Welcome, EpochStarted, Step, Round, EpochTrained, Evaluated, Done, Error };
+  enum class Kind { Connected, Welcome, EpochStarted, Step, Round, EpochTrained, Evaluated, Done, Error, Retry };
   Kind kind = Kind::Connected;
   int64_t epoch = 0;       // EpochStarted, Step, EpochTrained; Evaluated: the epoch just trained (0: none)
   uint64_t step = 0;       // the session's step (Welcome: where it starts)
@@ -141,7 +141,8 @@ struct EdgeEvent {
          cloud_busy_s = 0.0;  // accuracy < 0: not evaluated
   uint32_t round = 0, aggregate_every = 0;
   std::string dtype;  // Welcome: the wire dtype the cloud chose
-  std::string text;   // Error; Done: why the run stopped early (a privacy budget), if it did
+  std::string text;   // Error; Done: why the run stopped early (a privacy budget), if it did; Retry: the refusal
+  int attempt = 0, attempts = 0;  // Retry: which retry comes next, of how many (`seconds`: the wait)
   double epsilon = -1.0;  // Step, EpochTrained, Done: DP epsilon spent on the cut (< 0: no DP)
   // EpochTrained: the median over its steps of the time from a step's first Forward handed
   // to the transport to its first gradient back (the pipeline's fill; < 0: no step).
@@ -154,6 +155,11 @@ struct EdgeEvent {
   double tokens_per_sample = -1.0;
   std::string json() const;
 };
+
+// Seconds to wait before retry `attempt` (from 1) after a Busy refusal: doubling from 1 s up
+// to 30 s, times a random factor in [0.5, 1.5) so that edges refused together do not all come
+// back together (tandem-edge --connect-retries, the browser edge's connectRetries).
+double busy_backoff_s(int attempt);
 
 class EventEdge {
  public:

@@ -6,13 +6,14 @@
 // Usage: node train_in_browser.mjs PAGE_URL TOKEN OTHER_TOKEN FILES_TOKEN SCREENSHOT STEPS WEB_DIR
 //          [FEDERATED_PAGE_URL FEDERATED_TOKEN EGRESS_LOG [VIT_PAGE_URL VIT_TOKEN]]
 // Given a cloud serving samples/fashion-vit, the page also trains the vision transformer's
-// front (patches, [CLS], layer 0) and its loss must fall.
+// front (patches, [CLS], layer 0) and its loss must fall. Given a busy cloud's page, a token
+// for it and a file to create once the page has been refused, the page retries and trains.
 import { readFileSync, writeFileSync } from "node:fs";
 import { crc32, deflateSync } from "node:zlib";
 import { chromium } from "playwright-core";
 
 const [pageUrl, token, otherToken, filesToken, screenshot, stepsText, webDir, fedUrl, fedToken, egressPath, vitUrl, vitToken,
-       asyncToken] =
+       asyncToken, busyUrl, busyToken, releasePath] =
   process.argv.slice(2);
 const steps = Number(stepsText || 50);
 // An 8-bit grey PNG of w x h pixels.
@@ -162,6 +163,22 @@ try {
     else if (!(mean(vitLosses.slice(-5)) < mean(vitLosses.slice(0, 5))))
       fail(`the ViT's loss did not fall: ${mean(vitLosses.slice(0, 5))} -> ${mean(vitLosses.slice(-5))}`);
     else console.log(`ViT front in the page: loss ${mean(vitLosses.slice(0, 5)).toFixed(4)} -> ${mean(vitLosses.slice(-5)).toFixed(4)}; ${vit.status}`);
+  }
+  // A cloud at its bound: Busy, a "retry" event, then (the held connection released) 5 steps.
+  if (busyUrl) {
+    await page.goto(`${busyUrl}?token=${encodeURIComponent(busyToken)}&client=page-busy&steps=5`);
+    await page.click("#train");
+    await page.waitForFunction(() => window.tandemDemo.events.some((e) => e.event === "retry") ||
+                                      ["done", "failed"].includes(window.tandemDemo.state), null, { timeout: 60000, polling: 100 });
+    writeFileSync(releasePath, "");
+    await page.waitForFunction(() => ["done", "failed"].includes(window.tandemDemo.state), null, { timeout: 120000, polling: 250 });
+    const busy = await page.evaluate(() => ({ ...window.tandemDemo, status: document.getElementById("status").textContent }));
+    const retries = busy.events.filter((e) => e.event === "retry");
+    if (busy.state !== "done" || retries.length < 1)
+      fail(`the page against a busy cloud: ${busy.status} (${retries.length} retries)`);
+    else if (!/at most 1 connections at once/.test(retries[0].text) || retries[0].attempt !== 1 || retries[0].of !== 8)
+      fail(`the page's retry event: ${JSON.stringify(retries[0])}`);
+    else console.log(`busy cloud: the page was refused (${retries[0].text}), retried ${retries.length} time(s), then ${busy.status}`);
   }
 } finally {
   await browser.close();

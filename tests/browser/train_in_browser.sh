@@ -4,7 +4,8 @@
 # wss, and the loss falls; a replayed and a forged token are refused; the cloud keeps serving;
 # the page trains on local image files too; on a split-federated cloud it takes part in the
 # rounds with its front updated once a round; and the page trains the vision transformer's
-# front (samples/fashion-vit) against a cloud serving it.
+# front (samples/fashion-vit) against a cloud serving it; and a cloud at its bound answers the page
+# Busy, the page tries again and trains.
 # Usage: train_in_browser.sh NATIVE_BUILD_DIR SOURCE_DIR WASM_BUILD_DIR
 set -euo pipefail
 build=$1 src=$2 wasm=$3
@@ -21,7 +22,7 @@ done
 cloud_bin=$build/cloud/tandem-cloud
 work=$(mktemp -d)
 cleanup() {
-  for pid in ${cloud_pid:-} ${fed_pid:-} ${vit_pid:-}; do kill "$pid" 2>/dev/null; done
+  for pid in ${cloud_pid:-} ${fed_pid:-} ${vit_pid:-} ${busy_pid:-} ${held_pid:-}; do kill "$pid" 2>/dev/null || true; done
   wait 2>/dev/null
   rm -rf "$work"
 }
@@ -53,9 +54,25 @@ for _ in $(seq 1 100); do grep -q 'listening on' "$work/vit.log" && break; sleep
 vit_port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/vit.log" | cut -d: -f3)
 [[ -n $vit_port ]] || fail "the ViT cloud did not start: $(cat "$work/vit.log")"
 vit_token=$("$cloud_bin" pki token --state-dir "$work/vit-state" --client page-vit --ttl 10m)
+# A cloud at its bound (one WebSocket, held by a probe until the page has been refused; its page
+# is served all the same, and from it so that the browser trusts the wss certificate):
+# the page is answered Busy, says it will try again, and trains once there is room.
+"$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/busy-state" --model "$src/samples/fashion-mnist/model.json" \
+  --batch 32 --microbatches 4 --web "$wasm/web" --max-connections 1 > "$work/busy.log" 2>&1 &
+busy_pid=$!
+for _ in $(seq 1 100); do grep -q 'listening on' "$work/busy.log" && break; sleep 0.1; done
+busy_port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/busy.log" | cut -d: -f3)
+[[ -n $busy_port ]] || fail "the busy cloud did not start: $(cat "$work/busy.log")"
+busy_token=$("$cloud_bin" pki token --state-dir "$work/busy-state" --client page-busy --ttl 10m)
+"$cloud_bin" pki issue --state-dir "$work/busy-state" --client holder --out "$work/holder" > /dev/null
+python3 "$src/tests/e2e/ws_raw.py" "$busy_port" "$work/holder" hold:1 "until:$work/released" > "$work/held.out" 2>&1 &
+held_pid=$!
+for _ in $(seq 1 100); do grep -q holding "$work/held.out" && break; sleep 0.1; done
+grep -q holding "$work/held.out" || fail "the probe holds no connection: $(cat "$work/held.out")"
 shot=$build/browser-train.png
 node "$src/tests/browser/train_in_browser.mjs" "https://127.0.0.1:$port/" "$token" "$other" "$files" "$shot" 50 \
-  "$wasm/web" "https://127.0.0.1:$fed_port/" "$fed_token" "$work/egress.jsonl" "https://127.0.0.1:$vit_port/" "$vit_token" "$async_token" ||
+  "$wasm/web" "https://127.0.0.1:$fed_port/" "$fed_token" "$work/egress.jsonl" "https://127.0.0.1:$vit_port/" "$vit_token" "$async_token" \
+  "https://127.0.0.1:$busy_port/" "$busy_token" "$work/released" ||
   fail "the browser run failed"
 "$build/tools/tandem" audit verify "$work/egress.jsonl" > "$work/audit.out" || fail "the page's egress log: $(cat "$work/audit.out")"
 grep -q "verifies: .* 1 run (client page-1)" "$work/audit.out" || fail "the page's egress log: $(cat "$work/audit.out")"
@@ -71,4 +88,6 @@ grep -q "session 5 (token for page-4), cut 'pool2': 20 steps, 640 samples" "$wor
   fail "the cloud did not train 20 steps of the page's asynchronous session: $(cat "$work/cloud.log")"
 grep -q "session 1 (token for page-vit), cut 'vit.encoder.layer.0.output.residual': 30 steps, 960 samples" "$work/vit.log" ||
   fail "the ViT cloud did not train 30 steps of the page's session: $(cat "$work/vit.log")"
-echo "PASS: the page trained 50 steps in Chromium, the loss fell; replayed and forged tokens refused; local files trained; the asynchronous pipeline trained; three federation rounds; the ViT's front trained (screenshot $shot)"
+grep -q "session [0-9]* (token for page-busy), cut 'pool2': 5 steps, 160 samples" "$work/busy.log" ||
+  fail "the busy cloud did not train the page's 5 steps: $(cat "$work/busy.log")"
+echo "PASS: the page trained 50 steps in Chromium, the loss fell; replayed and forged tokens refused; local files trained; the asynchronous pipeline trained; three federation rounds; the ViT's front trained; a busy cloud's page retried and trained (screenshot $shot)"

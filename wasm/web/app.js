@@ -80,6 +80,8 @@ function onEvent(event) {
   } else if (event.event === "done") {
     const acc = event.test_accuracy !== undefined ? `, test accuracy ${(100 * event.test_accuracy).toFixed(1)}%` : "";
     status(`done: ${event.steps} steps, loss ${event.first_loss.toFixed(4)} -> ${event.last_loss.toFixed(4)}${acc}`);
+  } else if (event.event === "retry") {
+    status(`${event.text}; trying again in ${event.wait_s.toFixed(1)} s (retry ${event.attempt} of ${event.of})`);
   } else if (event.event === "error") {
     status(`stopped: ${event.text}`, true);
   }

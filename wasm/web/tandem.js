@@ -13,10 +13,13 @@ class TandemEdge {
   // privacy ({ dpClip, dpNoise, dpDelta, dpEpsilonBudget, dpEval: "noised" or "clean",
   // nopeek, and with a U-shaped cut ("A,B": the labels stay in the page) gradClip, gradNoise,
   // labelNoise }, as tandem-edge's --dp-*, --nopeek, --grad-* and --label-noise; absent:
-  // none), onEvent(event). Events:
-  // connected, welcome, step (with dp_epsilon and dcor when on), round, evaluated, done, error.
+  // none), connectRetries (default 8: how often to connect again, after 1, 2, 4 ... up to 30 s,
+  // when the cloud is at its bound and answers Busy; 0: never), onEvent(event). Events:
+  // connected, welcome, step (with dp_epsilon and dcor when on), round, evaluated, done, error,
+  // retry (attempt, of, wait_s, text: the cloud's refusal).
   static async create(options) {
     const edge = new TandemEdge(options.onEvent || (() => {}));
+    edge.connectRetries = options.connectRetries ?? 8;
     edge.module = await createTandemModule({
       onEvent: (event) => edge.dispatch(event),
       print: (text) => console.log(text),
@@ -55,7 +58,7 @@ class TandemEdge {
   // with the cloud's or the link's reason.
   train(url) {
     const done = new Promise((resolve, reject) => { this.finished = { resolve, reject }; });
-    this.check(this.module.ccall("tandem_start", "number", ["string"], [url]));
+    this.check(this.module.ccall("tandem_start", "number", ["string", "number"], [url, this.connectRetries]));
     return done;
   }
 
