@@ -211,6 +211,9 @@ void overflow_in_a_joined_batch(const std::string& model) {
   EXPECT_EQ(c.trainer.updates(), 2u);
   for (const Param* p : c.back.params())
     for (int64_t i = 0; i < p->value().numel(); ++i) ASSERT_TRUE(std::isfinite(p->value()[i])) << p->name();
+  // Nor did the refused rows reach batch norm's running statistics (its evaluation).
+  for (const auto& [name, buffer] : c.back.buffers())
+    for (int64_t i = 0; i < buffer->numel(); ++i) ASSERT_TRUE(std::isfinite((*buffer)[i])) << name;
 }
 
 TEST(BatchedEdges, AnOverflowingMicroBatchEndsOnlyItsEdgesSession) { overflow_in_a_joined_batch(kSmallSplitSpec); }

@@ -2,6 +2,7 @@
 // an EventEdge fed by the browser's WebSocket; events go to Module.onEvent as objects.
 #include <emscripten/emscripten.h>
 
+#include <cstdint>
 #include <memory>
 #include <string>
 
@@ -34,6 +35,8 @@ struct Page {
   std::string url;
   int connect_retries = 8, retries_done = 0;
   bool stopped = false;
+  bool retry_pending = false;  // a retry's timer is set (the link is closed until it fires)
+  uintptr_t run = 0;           // bumped by create, start and stop: a timer of an older run does nothing
 };
 
 Page& page() {
@@ -92,6 +95,8 @@ EMSCRIPTEN_KEEPALIVE int tandem_create(const uint8_t* spec, int spec_len, const 
                                        const char* front_updates, const char* pipeline) {
   return guarded([&] {
     Page& p = page();
+    ++p.run;  // a retry's timer of the run before does nothing
+    p.retry_pending = false;
     p.socket.reset();
     p.edge.reset();
     EventEdgeConfig c;
@@ -149,7 +154,8 @@ void connect_to_cloud();
 void on_link_closed(const std::string& why) {
   Page& p = page();
   const std::string busy = p.edge->busy();
-  if (busy.empty() || p.edge->finished() || p.stopped || p.retries_done >= p.connect_retries) {
+  if (p.stopped) return p.edge->stop("stopped by the page");
+  if (busy.empty() || p.edge->finished() || p.retries_done >= p.connect_retries) {
     p.edge->on_closed(why);
     return;
   }
@@ -161,10 +167,17 @@ void on_link_closed(const std::string& why) {
   retry.text = busy;
   emit_to_page(retry.json().c_str());
   // Later, from the page's event loop: never from inside the closing socket's own callback.
-  emscripten_async_call([](void*) {
-    if (page().stopped) return page().edge->on_closed("stopped by the page");
-    connect_to_cloud();
-  }, nullptr, static_cast<int>(retry.seconds * 1000.0));
+  p.retry_pending = true;
+  emscripten_async_call([](void* run) {
+    Page& p = page();
+    if (reinterpret_cast<uintptr_t>(run) != p.run || !p.retry_pending) return;  // stopped, or another run since
+    p.retry_pending = false;
+    try {
+      connect_to_cloud();
+    } catch (const std::exception& e) {
+      p.edge->stop(e.what());
+    }
+  }, reinterpret_cast<void*>(p.run), static_cast<int>(retry.seconds * 1000.0));
 }
 
 void connect_to_cloud() {
@@ -185,6 +198,9 @@ EMSCRIPTEN_KEEPALIVE int tandem_start(const char* url, int connect_retries) {
     Page& p = page();
     if (!p.edge) fail("edge", "tandem_create first");
     if (connect_retries < 0) fail("edge", "connectRetries must be 0 or more");
+    if (p.retry_pending || (p.socket && !p.socket->closed()))
+      fail("edge", "a run is going on: stop it first (or wait for its done or error event)");
+    ++p.run;
     p.url = url;
     p.connect_retries = connect_retries;
     p.retries_done = 0;
@@ -197,8 +213,15 @@ EMSCRIPTEN_KEEPALIVE int tandem_start(const char* url, int connect_retries) {
 EMSCRIPTEN_KEEPALIVE const char* tandem_egress_log() { return page().egress_log.c_str(); }
 
 EMSCRIPTEN_KEEPALIVE void tandem_stop() {
-  page().stopped = true;  // (a retry waiting to connect ends the run instead)
-  if (page().socket) page().socket->close("stopped by the page");
+  Page& p = page();
+  p.stopped = true;
+  ++p.run;  // a retry's timer does nothing now
+  if (p.retry_pending) {  // no link to close: the run ends here
+    p.retry_pending = false;
+    if (p.edge) p.edge->stop("stopped by the page");
+    return;
+  }
+  if (p.socket) p.socket->close("stopped by the page");
 }
 
 }  // extern "C"

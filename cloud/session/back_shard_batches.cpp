@@ -57,18 +57,21 @@ bool BackShardBatches::begin_step(uint64_t owner, uint32_t microbatches, const s
   changed_.notify_all();  // a new member: batches forming now may wait for it
   const auto arrived = Clock::now();
   // As turns' queue would: a session that already has a step in this window leaves the free
-  // slots to known sessions without one, for up to the gather time (they may be on their way).
+  // slots, for up to the gather time, to the sessions that took part in the last window and
+  // have no step in this one yet (they are likely on their way).
   auto yields = [&] {
     if (members_[owner].window != window_id_ || Clock::now() - arrived >= gather_) return false;
     std::size_t without = 0;
     for (const auto& [other, m] : members_)
-      if (other != owner && !m.open && m.window != window_id_) ++without;
+      if (other != owner && !m.open && m.window + 1 == window_id_) ++without;
     return without >= window_ - taken_;
   };
   while (taken_ >= window_ || (taken_ == 0 && busy_) || yields()) {
     if (cancelled) return false;
     evict_quiet(Clock::now());
-    changed_.wait_until(lock, std::min(Clock::now() + std::chrono::milliseconds(50), arrived + gather_));
+    auto until = Clock::now() + std::chrono::milliseconds(50);
+    if (Clock::now() - arrived < gather_) until = std::min(until, arrived + gather_);  // (never a past time: no spin)
+    changed_.wait_until(lock, until);
   }
   if (taken_ == 0) {  // a new window sums from zero; an abandoned step's deferred weights are dropped
     net_.drop_deferred_weights();
@@ -156,6 +159,7 @@ void BackShardBatches::lead(std::unique_lock<std::mutex>& lock) {
       if (const auto m = members_.find((*p)->owner); m != members_.end()) {
         if (m->second.remaining > 0) --m->second.remaining;  // (counted until taken: the batch waits for it)
         m->second.last = Clock::now();  // computing is not going quiet
+        m->second.in_batch = true;
       }
       batch.push_back(*p);
       p = pending_.erase(p);
@@ -180,8 +184,12 @@ void BackShardBatches::lead(std::unique_lock<std::mutex>& lock) {
       p->mb->outcome = BatchedMicrobatch::Outcome::Failed;
       p->mb->failure = why;
     }
+    // Nothing of the failed batch stays: its deferred weight gradients, what the unsplit
+    // layers added, and the running statistics its forwards moved.
     net_.drop_deferred_weights();
     weights_pending_ = weights_failed_ = false;
+    if (unsplit_dirty_) restore_unsplit();
+    if (buffers_saved_) restore_buffers();
   }
   int64_t rows = 0;
   for (const Pending* p : batch) rows += p->mb->inputs[0].shape()[0];
@@ -189,7 +197,10 @@ void BackShardBatches::lead(std::unique_lock<std::mutex>& lock) {
     p->mb->compute_s = seconds * static_cast<double>(p->mb->inputs[0].shape()[0]) / static_cast<double>(rows);
   lock.lock();
   busy_ = false;
-  for (Pending* p : batch) p->done = true;
+  for (Pending* p : batch) {
+    p->done = true;
+    if (const auto m = members_.find(p->owner); m != members_.end()) m->second.in_batch = false;
+  }
   ++stats_.batches;
   stats_.microbatches += batch.size();
   stats_.largest = std::max(stats_.largest, static_cast<uint32_t>(batch.size()));
@@ -247,6 +258,7 @@ bool BackShardBatches::passes(const std::vector<Pending*>& members, bool backwar
   const std::vector<Param*>& unsplit = net_.unsplit_params();
   unsplit_saved_.resize(unsplit.size());
   for (std::size_t i = 0; i < unsplit.size(); ++i) sized(unsplit_saved_[i], unsplit[i]->grad().shape()).copy_from(unsplit[i]->grad());
+  unsplit_dirty_ = true;  // (until the pass is kept or undone: an exception undoes it, lead())
   *grad = net_.backward(dlogits, kSlot, true, /*defer_weights=*/true);
   r = 0;
   for (Pending* p : members) {
@@ -257,10 +269,9 @@ bool BackShardBatches::passes(const std::vector<Pending*>& members, bool backwar
     }
     r += n;
   }
-  if (all) return true;
+  if (all) return true;  // (still dirty until compute() has handed the rows back)
   net_.drop_deferred_weights();  // nothing of this pass may reach the weights
-  for (std::size_t i = 0; i < unsplit.size(); ++i)
-    unsplit[i]->grad().copy_from(unsplit_saved_[i].prefix(unsplit[i]->grad().shape()));
+  restore_unsplit();
   return false;
 }
 
@@ -272,12 +283,23 @@ void BackShardBatches::compute(const std::vector<Pending*>& batch, double& secon
   // no weight: the pass is undone and runs again without them. Batch statistics (batch norm)
   // spread one micro-batch's overflow to every row, so a failing joined batch first tries each
   // micro-batch alone, and only those that fail alone are refused.
+  // Training forwards move batch norm's running statistics: a pass that is undone, and each
+  // trial, must leave them as they were, so the batch moves them once (save_buffers).
   std::vector<Pending*> live = batch;
-  bool alone_tried = batch.size() == 1;
+  bool alone_tried = batch.size() == 1, first = true;
   Tensor grad;
+  auto pass = [&](const std::vector<Pending*>& members) {
+    if (!first) restore_buffers();
+    first = false;
+    return passes(members, true, &grad);
+  };
+  save_buffers();
   for (;;) {
-    if (live.empty()) break;
-    if (passes(live, true, &grad)) {
+    if (live.empty()) {
+      restore_buffers();  // no row of the batch was trained
+      break;
+    }
+    if (pass(live)) {
       int64_t r = 0;
       for (Pending* p : live) {
         BatchedMicrobatch& mb = *p->mb;
@@ -288,19 +310,20 @@ void BackShardBatches::compute(const std::vector<Pending*>& batch, double& secon
         mb.weight_version = static_cast<uint64_t>(optimizer_.steps());
       }
       weights_pending_ = net_.weights_pending(kSlot);
+      unsplit_dirty_ = false;  // the pass is kept
       break;
     }
     if (!alone_tried) {
       alone_tried = true;
       for (Pending* p : live) {
         p->mb->outcome = BatchedMicrobatch::Outcome::Trained;
-        passes({p}, true, &grad);
-        net_.drop_deferred_weights();  // (a trial: the survivors run again together)
-        if (p->mb->outcome == BatchedMicrobatch::Outcome::Trained) restore_unsplit();
+        if (pass({p})) restore_unsplit();  // (a trial: the survivors run again together)
+        net_.drop_deferred_weights();
       }
     }
     std::erase_if(live, [](const Pending* p) { return p->mb->outcome != BatchedMicrobatch::Outcome::Trained; });
   }
+  buffers_saved_ = false;
   // The batch's compute, shared among its micro-batches by rows (the sessions' busy time).
   seconds = std::chrono::duration<double>(Clock::now() - t0).count();
 }
@@ -309,6 +332,26 @@ void BackShardBatches::restore_unsplit() {
   const std::vector<Param*>& unsplit = net_.unsplit_params();
   for (std::size_t i = 0; i < unsplit.size(); ++i)
     unsplit[i]->grad().copy_from(unsplit_saved_[i].prefix(unsplit[i]->grad().shape()));
+  unsplit_dirty_ = false;
+}
+
+void BackShardBatches::save_buffers() {
+  const auto buffers = net_.buffers();
+  buffers_saved_values_.resize(buffers.size());
+  for (std::size_t i = 0; i < buffers.size(); ++i)
+    sized(buffers_saved_values_[i], buffers[i].second->shape()).copy_from(*buffers[i].second);
+  const auto counters = net_.counters();
+  counters_saved_.resize(counters.size());
+  for (std::size_t i = 0; i < counters.size(); ++i) counters_saved_[i] = *counters[i].second;
+  buffers_saved_ = true;
+}
+
+void BackShardBatches::restore_buffers() {
+  const auto buffers = net_.buffers();
+  for (std::size_t i = 0; i < buffers.size(); ++i)
+    buffers[i].second->copy_from(buffers_saved_values_[i].prefix(buffers[i].second->shape()));
+  const auto counters = net_.counters();
+  for (std::size_t i = 0; i < counters.size(); ++i) *counters[i].second = counters_saved_[i];
 }
 
 bool BackShardBatches::gradients_finite() {
@@ -403,7 +446,7 @@ void BackShardBatches::release(uint64_t owner) {
 void BackShardBatches::evict_quiet(Clock::time_point now) {
   for (auto it = members_.begin(); it != members_.end();) {
     const bool handing_in = std::any_of(pending_.begin(), pending_.end(), [&](const Pending* p) { return p->owner == it->first; });
-    if (it->second.open && !handing_in && now - it->second.last > timeout_) {
+    if (it->second.open && !handing_in && !it->second.in_batch && now - it->second.last > timeout_) {
       evicted_.insert(it->first);  // its step is lost; its session is told at its next message
       --taken_;
       it = members_.erase(it);

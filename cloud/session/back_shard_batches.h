@@ -81,6 +81,7 @@ class BackShardBatches {
     bool open = false;       // its step holds a slot of the window
     uint32_t remaining = 0;  // micro-batches its open step has yet to hand in
     uint64_t window = UINT64_MAX;  // the last window it took a slot of
+    bool in_batch = false;         // its micro-batch is in the batch computing now
     Clock::time_point last;  // its last sign of life
   };
   struct Pending {
@@ -104,6 +105,9 @@ class BackShardBatches {
   // pass is left in the gradients.
   bool passes(const std::vector<Pending*>& members, bool backward, Tensor* grad);
   void restore_unsplit();  // the unsplit layers' gradients as before the last backward
+  // The layers' non-trained state (batch norm's running statistics) as the batch found it.
+  void save_buffers();
+  void restore_buffers();
   void evict_quiet(Clock::time_point now);
   void apply_deferred_weights();
   bool gradients_finite();
@@ -128,6 +132,10 @@ class BackShardBatches {
   std::vector<Tensor> joined_buffers_, joined_;  // the batch's joined inputs: storage kept, and views of it
   Tensor dlogits_;
   std::vector<Tensor> unsplit_saved_;  // Network::unsplit_params' gradients before a backward
+  bool unsplit_dirty_ = false;         // a backward has added to them since
+  std::vector<Tensor> buffers_saved_values_;  // Network::buffers and counters before the batch
+  std::vector<uint64_t> counters_saved_;
+  bool buffers_saved_ = false;  // ... saved by the batch computing now
 };
 
 }  // namespace tandem

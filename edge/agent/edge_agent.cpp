@@ -6,7 +6,6 @@
 #include <cmath>
 #include <cstdio>
 #include <optional>
-#include <random>
 #include <thread>
 
 #include "backends/registry.h"

@@ -400,6 +400,11 @@ void EventEdge::on_closed(const std::string& why) {
   if (!finished()) fail_with(busy_.empty() ? why : busy_);
 }
 
+void EventEdge::stop(const std::string& why) {
+  busy_.clear();
+  if (!finished()) fail_with(why);
+}
+
 const char* EventEdge::awaiting() const {
   switch (state_) {
     case State::AwaitWelcome: return "Welcome";

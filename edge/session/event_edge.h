@@ -186,6 +186,8 @@ class EventEdge {
   // false once the run has ended (done or failed) or the cloud was busy: the link should close.
   bool on_message(const Frame& frame);
   void on_closed(const std::string& why);
+  // Its owner ends the run (the page's stop): fails it with `why`, whatever the link said.
+  void stop(const std::string& why);
   bool finished() const { return state_ == State::Done || state_ == State::Failed; }
   // The cloud's reason when it answered the Hello with a Busy Error (its bounds on
   // connections: "try again later"): the run has not started and on_open may be called again

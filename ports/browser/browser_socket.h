@@ -26,6 +26,7 @@ class BrowserSocket {
 
   bool send(std::span<const uint8_t> bytes);
   void close(const std::string& reason);
+  bool closed() const { return closed_; }
   uint64_t bytes_up() const { return up_; }
   uint64_t bytes_down() const { return down_; }
 

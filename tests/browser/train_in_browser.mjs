@@ -65,6 +65,38 @@ try {
   const run = (tokenText, client) =>
     trainAt(`${pageUrl}?token=${encodeURIComponent(tokenText)}&client=${client}&steps=${steps}`, 300000);
 
+  // First (the probe holds the busy cloud's one connection from just before this program):
+  // a cloud at its bound answers Busy, the page emits a "retry" event, and once the held
+  // connection is released it trains 5 steps there.
+  if (busyUrl) {
+    await page.goto(`${busyUrl}?token=${encodeURIComponent(busyToken)}&client=page-busy&steps=5`);
+    await page.click("#train");
+    await page.waitForFunction(() => window.tandemDemo.events.some((e) => e.event === "retry") ||
+                                      ["done", "failed"].includes(window.tandemDemo.state), null, { timeout: 60000, polling: 100 });
+    writeFileSync(releasePath, "");
+    await page.waitForFunction(() => ["done", "failed"].includes(window.tandemDemo.state), null, { timeout: 120000, polling: 250 });
+    const busy = await page.evaluate(() => ({ ...window.tandemDemo, status: document.getElementById("status").textContent }));
+    const retries = busy.events.filter((e) => e.event === "retry");
+    if (busy.state !== "done" || retries.length < 1)
+      fail(`the page against a busy cloud: ${busy.status} (${retries.length} retries)`);
+    else if (!/at most 1 connections at once/.test(retries[0].text) || retries[0].attempt !== 1 || retries[0].of !== 8)
+      fail(`the page's retry event: ${JSON.stringify(retries[0])}`);
+    else console.log(`busy cloud: the page was refused (${retries[0].text}), retried ${retries.length} time(s), then ${busy.status}`);
+  }
+  // An Error inside the module (here a bad option) is caught there and reaches JavaScript as
+  // a readable one (the module is built with WebAssembly exceptions).
+  await page.goto(pageUrl);
+  const thrown = await page.evaluate(async () => {
+    const spec = new Uint8Array(await (await fetch("model.tdms")).arrayBuffer());
+    try {
+      await TandemEdge.create({ spec, wireDtype: "f99" });
+      return "created";
+    } catch (e) {
+      return e instanceof Error ? e.message : `not an Error: ${e}`;
+    }
+  });
+  if (thrown !== "[edge] unknown wire dtype 'f99' (known: f32, f16, bf16, i8)") fail(`a bad option in the page: ${thrown}`);
+
   const t0 = Date.now();
   const trained = await run(token, "page-1");
   const seconds = (Date.now() - t0) / 1000;
@@ -163,22 +195,6 @@ try {
     else if (!(mean(vitLosses.slice(-5)) < mean(vitLosses.slice(0, 5))))
       fail(`the ViT's loss did not fall: ${mean(vitLosses.slice(0, 5))} -> ${mean(vitLosses.slice(-5))}`);
     else console.log(`ViT front in the page: loss ${mean(vitLosses.slice(0, 5)).toFixed(4)} -> ${mean(vitLosses.slice(-5)).toFixed(4)}; ${vit.status}`);
-  }
-  // A cloud at its bound: Busy, a "retry" event, then (the held connection released) 5 steps.
-  if (busyUrl) {
-    await page.goto(`${busyUrl}?token=${encodeURIComponent(busyToken)}&client=page-busy&steps=5`);
-    await page.click("#train");
-    await page.waitForFunction(() => window.tandemDemo.events.some((e) => e.event === "retry") ||
-                                      ["done", "failed"].includes(window.tandemDemo.state), null, { timeout: 60000, polling: 100 });
-    writeFileSync(releasePath, "");
-    await page.waitForFunction(() => ["done", "failed"].includes(window.tandemDemo.state), null, { timeout: 120000, polling: 250 });
-    const busy = await page.evaluate(() => ({ ...window.tandemDemo, status: document.getElementById("status").textContent }));
-    const retries = busy.events.filter((e) => e.event === "retry");
-    if (busy.state !== "done" || retries.length < 1)
-      fail(`the page against a busy cloud: ${busy.status} (${retries.length} retries)`);
-    else if (!/at most 1 connections at once/.test(retries[0].text) || retries[0].attempt !== 1 || retries[0].of !== 8)
-      fail(`the page's retry event: ${JSON.stringify(retries[0])}`);
-    else console.log(`busy cloud: the page was refused (${retries[0].text}), retried ${retries.length} time(s), then ${busy.status}`);
   }
 } finally {
   await browser.close();

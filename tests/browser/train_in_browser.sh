@@ -27,7 +27,11 @@ cleanup() {
   rm -rf "$work"
 }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; echo "--- cloud log"; cat "$work/cloud.log"; exit 1; }
+fail() {
+  echo "FAIL: $*"
+  for log in cloud busy held; do [[ -f $work/$log.log ]] && { echo "--- $log log"; cat "$work/$log.log"; }; done
+  exit 1
+}
 
 "$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$src/samples/fashion-mnist/model.json" \
   --batch 32 --microbatches 4 --web "$wasm/web" > "$work/cloud.log" 2>&1 &
@@ -58,17 +62,17 @@ vit_token=$("$cloud_bin" pki token --state-dir "$work/vit-state" --client page-v
 # is served all the same, and from it so that the browser trusts the wss certificate):
 # the page is answered Busy, says it will try again, and trains once there is room.
 "$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/busy-state" --model "$src/samples/fashion-mnist/model.json" \
-  --batch 32 --microbatches 4 --web "$wasm/web" --max-connections 1 > "$work/busy.log" 2>&1 &
+  --batch 32 --microbatches 4 --web "$wasm/web" --max-connections 1 --hello-timeout-s 300 > "$work/busy.log" 2>&1 &
 busy_pid=$!
 for _ in $(seq 1 100); do grep -q 'listening on' "$work/busy.log" && break; sleep 0.1; done
 busy_port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/busy.log" | cut -d: -f3)
 [[ -n $busy_port ]] || fail "the busy cloud did not start: $(cat "$work/busy.log")"
 busy_token=$("$cloud_bin" pki token --state-dir "$work/busy-state" --client page-busy --ttl 10m)
 "$cloud_bin" pki issue --state-dir "$work/busy-state" --client holder --out "$work/holder" > /dev/null
-python3 "$src/tests/e2e/ws_raw.py" "$busy_port" "$work/holder" hold:1 "until:$work/released" > "$work/held.out" 2>&1 &
+python3 "$src/tests/e2e/ws_raw.py" "$busy_port" "$work/holder" hold:1 "until:$work/released" > "$work/held.log" 2>&1 &
 held_pid=$!
-for _ in $(seq 1 100); do grep -q holding "$work/held.out" && break; sleep 0.1; done
-grep -q holding "$work/held.out" || fail "the probe holds no connection: $(cat "$work/held.out")"
+for _ in $(seq 1 100); do grep -q holding "$work/held.log" && break; sleep 0.1; done
+grep -q holding "$work/held.log" || fail "the probe holds no connection"
 shot=$build/browser-train.png
 node "$src/tests/browser/train_in_browser.mjs" "https://127.0.0.1:$port/" "$token" "$other" "$files" "$shot" 50 \
   "$wasm/web" "https://127.0.0.1:$fed_port/" "$fed_token" "$work/egress.jsonl" "https://127.0.0.1:$vit_port/" "$vit_token" "$async_token" \
