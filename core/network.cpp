@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "core/error.h"
 #include "core/layers/layers.h"
@@ -45,6 +46,8 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
     input_ids_.push_back(std::move(ids));
   }
   fuse_relu_into_pools();
+  for (auto& [name, buffer] : buffers()) state_buffers_.push_back(buffer);
+  for (auto& [name, counter] : counters()) state_counters_.push_back(counter);
   // Only the output and its ancestors take part in backward.
   needs_grad_.assign(nodes.size(), false);
   needs_grad_[static_cast<std::size_t>(graph_.output())] = true;
@@ -114,6 +117,33 @@ std::vector<std::pair<std::string, uint64_t*>> Network::counters() {
   for (auto& layer : layers_)
     for (auto& c : layer->counters()) out.push_back(c);
   return out;
+}
+
+bool Network::gradients_finite() const {
+  for (const Param* p : params_) {
+    const float* g = p->grad().data();
+    for (int64_t i = 0, n = p->grad().numel(); i < n; ++i)
+      if (!std::isfinite(g[i])) return false;
+  }
+  return true;
+}
+
+void Network::save_state(StateSnapshot& into) const {
+  into.buffers.resize(state_buffers_.size());
+  for (std::size_t i = 0; i < state_buffers_.size(); ++i) {
+    const Tensor& b = *state_buffers_[i];
+    if (!into.buffers[i].defined() || into.buffers[i].shape() != b.shape()) into.buffers[i] = Tensor::empty(b.shape());
+    into.buffers[i].copy_from(b);
+  }
+  into.counters.resize(state_counters_.size());
+  for (std::size_t i = 0; i < state_counters_.size(); ++i) into.counters[i] = *state_counters_[i];
+}
+
+void Network::restore_state(const StateSnapshot& from) {
+  for (std::size_t i = 0; i < state_buffers_.size() && i < from.buffers.size(); ++i)
+    state_buffers_[i]->copy_from(from.buffers[i]);
+  for (std::size_t i = 0; i < state_counters_.size() && i < from.counters.size(); ++i)
+    *state_counters_[i] = from.counters[i];
 }
 
 int64_t Network::param_count() {

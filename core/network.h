@@ -31,6 +31,15 @@ class Network {
   // Every layer's non-trained state (layer.h), in graph order, for checkpoints and export.
   std::vector<std::pair<std::string, Tensor*>> buffers();
   std::vector<std::pair<std::string, uint64_t*>> counters();
+  // That state copied out and put back (steady state: no allocation). A forward moves batch
+  // norm's running statistics: a micro-batch refused after its forward must not leave them moved.
+  struct StateSnapshot {
+    std::vector<Tensor> buffers;
+    std::vector<uint64_t> counters;
+  };
+  bool has_state() const { return !state_buffers_.empty() || !state_counters_.empty(); }
+  void save_state(StateSnapshot& into) const;
+  void restore_state(const StateSnapshot& from);
 
   // Forward of one micro-batch into `slot`; the returned output stays valid until the next
   // forward into the same slot. Inputs are [batch, per-sample shape...] and are kept
@@ -58,6 +67,8 @@ class Network {
   void drop_deferred_weights();
 
   void zero_grad();
+  // Whether every trainable parameter's gradient is finite (an update must not take others).
+  bool gradients_finite() const;
   // Training (default) or evaluation mode for every layer (batch norm uses batch statistics
   // and updates its running ones only in training). An evaluation forward keeps no more than
   // it needs: each node output goes back to the slot's pool once its last reader ran, so it
@@ -103,6 +114,8 @@ class Network {
   std::vector<Param*> params_;      // the layers' trainable parameters, in graph order
   std::vector<Param*> all_params_;  // and the frozen ones
   std::vector<Param*> unsplit_params_;
+  std::vector<Tensor*> state_buffers_;     // buffers(), kept once
+  std::vector<uint64_t*> state_counters_;  // counters(), kept once
   std::vector<std::vector<int>> input_ids_;  // per node: tensor ids of its inputs
   std::vector<bool> needs_grad_;            // per node: on a path to the output
   // Per tensor id: the last node whose forward reads it (views extend their source's), or

@@ -222,6 +222,45 @@ TEST(BatchedEdges, WithBatchNormAnOverflowingMicroBatchStillEndsOnlyItsEdgesSess
   overflow_in_a_joined_batch(with_batch_norm());
 }
 
+// The same in turns (no --batch-edges): the refused micro-batch's forward leaves batch norm's
+// running statistics as they were, its loss reaches no gradient, and the summed update goes on.
+TEST(BatchedEdges, InTurnsAnOverflowingMicroBatchLeavesTheSharedShardAlone) {
+  Cloud c(false, 30.0, 1.0, with_batch_norm());
+  Edge good(c, 0), bad(c, 1), third(c, 2);
+  for (Edge* e : {&good, &bad, &third}) e->handshake();
+  good.step();
+  std::vector<float> before;
+  for (const auto& [name, buffer] : c.back.buffers()) before.insert(before.end(), buffer->data(), buffer->data() + buffer->numel());
+  const Tensor& row = c.back.param("fc1.weight").value();
+  Tensor a = Tensor::empty({8, 4, 4, 6});
+  for (int64_t i = 0; i < a.numel(); ++i) a[i] = std::copysign(3e38f, row[i % 96]);
+  const int32_t labels[8] = {0, 1, 2, 3, 0, 1, 2, 3};
+  MessageWriter w;
+  CloudReply r = bad.send(w.forward(0, 0, 0, a, labels, kBatch, kMicrobatches));
+  ASSERT_TRUE(r.close);
+  EXPECT_TRUE(Edge::reply_text(r) == "step 0 micro-batch 0: the activations overflow the back shard (non-finite loss); "
+                                     "they are far outside any trained range" ||
+              Edge::reply_text(r) == "step 0 micro-batch 0: the activations overflow the back shard (non-finite "
+                                     "gradient); they are far outside any trained range")
+      << Edge::reply_text(r);
+  std::vector<float> after;
+  for (const auto& [name, buffer] : c.back.buffers()) after.insert(after.end(), buffer->data(), buffer->data() + buffer->numel());
+  EXPECT_EQ(after, before) << "the refused micro-batch moved the running statistics";
+  // Through batch norm the gradient may overflow with a finite loss: what batch norm added
+  // then stays in the open sum, and that window's update is skipped (in turns nothing can
+  // undo it; --batch-edges does). The next window's update is applied, with finite weights.
+  third.step();
+  good.step();  // the third step of the sum
+  third.step();
+  good.step();
+  third.step();  // the next three
+  EXPECT_GE(c.trainer.updates(), 1u);
+  for (const Param* p : c.back.params())
+    for (int64_t i = 0; i < p->value().numel(); ++i) ASSERT_TRUE(std::isfinite(p->value()[i])) << p->name();
+  for (const auto& [name, buffer] : c.back.buffers())
+    for (int64_t i = 0; i < buffer->numel(); ++i) ASSERT_TRUE(std::isfinite((*buffer)[i])) << name;
+}
+
 // A step that goes quiet mid-window (its edge hung) loses its slot once another step has
 // waited past the timeout; the window completes without it and its session is told.
 TEST(BatchedEdges, AQuietStepLosesItsSlotAndTheOthersGoOn) {

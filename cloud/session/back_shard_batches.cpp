@@ -336,29 +336,12 @@ void BackShardBatches::restore_unsplit() {
 }
 
 void BackShardBatches::save_buffers() {
-  const auto buffers = net_.buffers();
-  buffers_saved_values_.resize(buffers.size());
-  for (std::size_t i = 0; i < buffers.size(); ++i)
-    sized(buffers_saved_values_[i], buffers[i].second->shape()).copy_from(*buffers[i].second);
-  const auto counters = net_.counters();
-  counters_saved_.resize(counters.size());
-  for (std::size_t i = 0; i < counters.size(); ++i) counters_saved_[i] = *counters[i].second;
+  net_.save_state(state_saved_);
   buffers_saved_ = true;
 }
 
-void BackShardBatches::restore_buffers() {
-  const auto buffers = net_.buffers();
-  for (std::size_t i = 0; i < buffers.size(); ++i)
-    buffers[i].second->copy_from(buffers_saved_values_[i].prefix(buffers[i].second->shape()));
-  const auto counters = net_.counters();
-  for (std::size_t i = 0; i < counters.size(); ++i) *counters[i].second = counters_saved_[i];
-}
+void BackShardBatches::restore_buffers() { net_.restore_state(state_saved_); }
 
-bool BackShardBatches::gradients_finite() {
-  for (Param* p : net_.params())
-    if (!finite(p->grad())) return false;
-  return true;
-}
 
 bool BackShardBatches::finish_step(uint64_t owner, float lr_scale, const std::function<void()>& between_updates) {
   std::unique_lock<std::mutex> lock(mutex_);
@@ -376,7 +359,7 @@ bool BackShardBatches::finish_step(uint64_t owner, float lr_scale, const std::fu
   bool applied = false;
   try {
     apply_deferred_weights();
-    applied = gradients_finite();
+    applied = net_.gradients_finite();
     if (applied) {
       optimizer_.set_lr_scale(lr_scale / static_cast<float>(window_));
       optimizer_.step();

@@ -110,7 +110,6 @@ class BackShardBatches {
   void restore_buffers();
   void evict_quiet(Clock::time_point now);
   void apply_deferred_weights();
-  bool gradients_finite();
 
   Network& net_;
   Optimizer& optimizer_;
@@ -133,8 +132,7 @@ class BackShardBatches {
   Tensor dlogits_;
   std::vector<Tensor> unsplit_saved_;  // Network::unsplit_params' gradients before a backward
   bool unsplit_dirty_ = false;         // a backward has added to them since
-  std::vector<Tensor> buffers_saved_values_;  // Network::buffers and counters before the batch
-  std::vector<uint64_t> counters_saved_;
+  Network::StateSnapshot state_saved_;  // Network::buffers and counters before the batch
   bool buffers_saved_ = false;  // ... saved by the batch computing now
 };
 

@@ -1,6 +1,7 @@
 #include "cloud/session/back_shard_trainer.h"
 
 #include <algorithm>
+#include <cstdio>
 
 namespace tandem {
 
@@ -22,7 +23,10 @@ bool BackShardTrainer::begin_step(uint64_t owner, const std::atomic<bool>& cance
   // gradients deferred; they are never applied.
   net_.drop_deferred_weights();
   if (accumulated_ == 0) net_.zero_grad();  // else this step's gradients add to the summed steps'
-  if (open_owner_ != 0 && open_owner_ != owner) lost_owner_ = open_owner_;  // its holder was evicted mid-step
+  if (open_owner_ != 0 && open_owner_ != owner) {  // its holder was evicted mid-step
+    lost_owner_ = open_owner_;
+    abandoned_ = abandoned_ || accumulated_ > 0;
+  }
   open_owner_ = owner;
   return true;
 }
@@ -55,12 +59,21 @@ bool BackShardTrainer::finish_step(uint64_t owner, float lr_scale, const std::fu
   open_owner_ = 0;
   if (turns_ && !turns_->begin_compute(owner)) return false;  // it went quiet and lost the turn: the step is lost
   if (++accumulated_ >= accumulate_) {
-    // The update averages the summed steps' gradients (each is its batch's mean).
-    optimizer_.set_lr_scale(lr_scale / static_cast<float>(accumulate_));
-    optimizer_.step();
+    // A step abandoned mid-way among the summed ones (its micro-batch refused) may have left
+    // non-finite gradients in the layers that add theirs during backward: the shard must not
+    // take them (checked only then; the sum is dropped).
+    if (abandoned_ && !net_.gradients_finite()) {
+      std::fprintf(stderr, "tandem-cloud: the shared back shard's summed gradients are not finite (an abandoned "
+                           "step's); this update is skipped\n");
+    } else {
+      // The update averages the summed steps' gradients (each is its batch's mean).
+      optimizer_.set_lr_scale(lr_scale / static_cast<float>(accumulate_));
+      optimizer_.step();
+      ++updates_;
+      if (between_updates) between_updates();
+    }
     accumulated_ = 0;
-    ++updates_;
-    if (between_updates) between_updates();
+    abandoned_ = false;
   }
   if (turns_) {
     turns_->end_compute();
@@ -79,7 +92,10 @@ void BackShardTrainer::release(uint64_t owner) {
   if (batches_) return batches_->release(owner);
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    if (open_owner_ == owner) open_owner_ = 0;
+    if (open_owner_ == owner) {
+      open_owner_ = 0;
+      abandoned_ = accumulated_ > 0 || abandoned_;  // (summing steps: what it left stays in the sum)
+    }
   }
   if (turns_) turns_->release(owner);
 }

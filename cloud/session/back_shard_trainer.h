@@ -79,6 +79,7 @@ class BackShardTrainer {
   mutable std::mutex mutex_;  // the update, the summing count and the open steps
   uint64_t open_owner_ = 0;   // the owner whose step is open (0: none)
   uint64_t lost_owner_ = 0;   // the last owner whose open step was taken over
+  bool abandoned_ = false;    // a step abandoned mid-way left gradients in the open sum
   uint64_t updates_ = 0;
 };
 

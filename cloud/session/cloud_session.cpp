@@ -295,13 +295,21 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   if (!shard_.begin_compute(config_.session_id)) return refuse(evicted());
   const auto t0 = std::chrono::steady_clock::now();
   back_.set_training(true);
+  // A micro-batch refused after its forward leaves the shard's running statistics (batch
+  // norm) as they were: on a shared shard they are every edge's.
+  const bool keep_state = back_.has_state();
+  if (keep_state) back_.save_state(state_before_);
+  auto refuse_after_forward = [&](const WireError& why) {
+    if (keep_state) back_.restore_state(state_before_);
+    shard_.end_compute();
+    return refuse(why);
+  };
   if (u_shaped_) {  // the middle's output goes down; its gradient comes back (on_middle_gradient)
     const Tensor& out = back_.forward(activations, static_cast<int>(mb));
-    if (!all_finite(out)) {
-      shard_.end_compute();
-      return refuse({wire::ErrorCode::BadTensor, cat("step ", step_, " micro-batch ", mb, ": the activations overflow "
-                                                     "the middle shard (a non-finite output)")});
-    }
+    if (!all_finite(out))
+      return refuse_after_forward({wire::ErrorCode::BadTensor, cat("step ", step_, " micro-batch ", mb,
+                                                                   ": the activations overflow the middle shard (a "
+                                                                   "non-finite output)")});
     seen_[mb] = true;
     ++seen_count_;
     trained_samples_ += static_cast<uint64_t>(count);
@@ -315,11 +323,9 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
   if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
   const double loss = compute_loss(back_.graph().loss(), logits, fwd.labels()->data(), 1.0f / static_cast<float>(step_samples_),
                                             &dlogits, back_.graph().output_groups());
+  if (!std::isfinite(loss)) return refuse_after_forward(overflow(step_, mb, true));  // before any gradient
   const Tensor grad = back_.backward(dlogits, static_cast<int>(mb), true, config_.defer_weights);
-  if (!std::isfinite(loss) || !all_finite(grad)) {
-    shard_.end_compute();
-    return refuse(overflow(step_, mb, !std::isfinite(loss)));
-  }
+  if (!all_finite(grad)) return refuse_after_forward(overflow(step_, mb, false));
   seen_[mb] = true;
   ++seen_count_;
   trained_samples_ += static_cast<uint64_t>(count);

@@ -160,6 +160,7 @@ class CloudSession {
   std::vector<Tensor> decoded_grads_;  // U-shaped: per micro-batch, its MiddleGradient decoded
   std::vector<Tensor> dlogits_;
   Tensor batched_grad_;  // batched: the cut's gradient of the last micro-batch, this session's rows
+  Network::StateSnapshot state_before_;  // the shard's running statistics before a forward
   std::vector<uint32_t> deferred_;  // micro-batches whose weight gradients wait, in arrival order
   wire::DType dtype_ = wire::DType::F32;  // negotiated in Hello
   std::vector<Tensor> decoded_;           // per micro-batch slot, then one for evaluation
