@@ -57,13 +57,13 @@ bool BackShardBatches::begin_step(uint64_t owner, uint32_t microbatches, const s
   changed_.notify_all();  // a new member: batches forming now may wait for it
   const auto arrived = Clock::now();
   // As turns' queue would: a session that already has a step in this window leaves the free
-  // slots, for up to the gather time, to the sessions that took part in the last window and
-  // have no step in this one yet (they are likely on their way).
+  // slots, for up to the gather time, to the sessions without one that are on their way:
+  // those that took part in the last window, and new ones (waiting here for their first).
   auto yields = [&] {
     if (members_[owner].window != window_id_ || Clock::now() - arrived >= gather_) return false;
     std::size_t without = 0;
     for (const auto& [other, m] : members_)
-      if (other != owner && !m.open && m.window + 1 == window_id_) ++without;
+      if (other != owner && !m.open && (m.window == Member::kNever || m.window + 1 == window_id_)) ++without;
     return without >= window_ - taken_;
   };
   while (taken_ >= window_ || (taken_ == 0 && busy_) || yields()) {

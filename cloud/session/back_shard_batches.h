@@ -80,7 +80,8 @@ class BackShardBatches {
   struct Member {  // a session that has stepped on the shard, until it is released
     bool open = false;       // its step holds a slot of the window
     uint32_t remaining = 0;  // micro-batches its open step has yet to hand in
-    uint64_t window = UINT64_MAX;  // the last window it took a slot of
+    static constexpr uint64_t kNever = UINT64_MAX;
+    uint64_t window = kNever;      // the last window it took a slot of
     bool in_batch = false;         // its micro-batch is in the batch computing now
     Clock::time_point last;  // its last sign of life
   };
