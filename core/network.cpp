@@ -2,7 +2,6 @@
 
 #include <algorithm>
 #include <chrono>
-#include <cmath>
 
 #include "core/error.h"
 #include "core/layers/layers.h"
@@ -120,12 +119,7 @@ std::vector<std::pair<std::string, uint64_t*>> Network::counters() {
 }
 
 bool Network::gradients_finite() const {
-  for (const Param* p : params_) {
-    const float* g = p->grad().data();
-    for (int64_t i = 0, n = p->grad().numel(); i < n; ++i)
-      if (!std::isfinite(g[i])) return false;
-  }
-  return true;
+  return std::all_of(params_.begin(), params_.end(), [](const Param* p) { return all_finite(p->grad()); });
 }
 
 void Network::save_state(StateSnapshot& into) const {

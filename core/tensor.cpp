@@ -1,6 +1,7 @@
 #include "core/tensor.h"
 
 #include <algorithm>
+#include <cmath>
 #include <cstring>
 #include <new>
 
@@ -146,6 +147,13 @@ void Tensor::copy_from(const Tensor& src) {
   if (src.numel() != numel())
     fail("tensor", cat("copy of ", src.shape().str(), " into ", shape_.str()));
   if (numel() > 0) std::memmove(data(), src.data(), bytes());
+}
+
+bool all_finite(const Tensor& t) {
+  const float* p = t.data();
+  for (int64_t i = 0, n = t.numel(); i < n; ++i)
+    if (!std::isfinite(p[i])) return false;
+  return true;
 }
 
 }  // namespace tandem

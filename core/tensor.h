@@ -86,4 +86,7 @@ class Tensor {
   Shape shape_;
 };
 
+// Whether every value is finite (no NaN, no infinity).
+bool all_finite(const Tensor& t);
+
 }  // namespace tandem

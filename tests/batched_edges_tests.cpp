@@ -165,9 +165,33 @@ INSTANTIATE_TEST_SUITE_P(BatchedEdges, BatchedEdgesWire, ::testing::Values(wire:
 // the reason, its rows reach no weight, and the edges beside it in the batch train on. With
 // batch norm in the back shard its overflow spreads to every row of the joined batch, so the
 // batch is tried a micro-batch at a time: still only that edge is refused.
-std::string overflow_text(const char* what) {
-  return cat("step 1 micro-batch 0: the activations overflow the back shard (non-finite ", what,
+std::string overflow_text(uint64_t step, const char* what) {
+  return cat("step ", step, " micro-batch 0: the activations overflow the back shard (non-finite ", what,
              "); they are far outside any trained range");
+}
+
+// `bad` sends micro-batch 0 of `step` as activations near the float range's end, signed as
+// fc1's first row of weights so that its first unit overflows; returns the cloud's reply.
+CloudReply send_overflowing(Cloud& c, Edge& bad, uint64_t step) {
+  const Tensor& row = c.back.param("fc1.weight").value();  // [24, 96]
+  Tensor a = Tensor::empty({8, 4, 4, 6});
+  for (int64_t i = 0; i < a.numel(); ++i) a[i] = std::copysign(3e38f, row[i % 96]);
+  const int32_t labels[8] = {0, 1, 2, 3, 0, 1, 2, 3};
+  MessageWriter w;
+  return bad.send(w.forward(step, 0, 0, a, labels, kBatch, kMicrobatches));
+}
+
+// The back shard's weights and running statistics (batch norm) as one list of values.
+std::vector<float> shard_state(Cloud& c, bool weights) {
+  std::vector<float> values;
+  if (weights)
+    for (const Param* p : c.back.params()) values.insert(values.end(), p->value().data(), p->value().data() + p->value().numel());
+  for (const auto& [name, buffer] : c.back.buffers()) values.insert(values.end(), buffer->data(), buffer->data() + buffer->numel());
+  return values;
+}
+
+void expect_all_finite(const std::vector<float>& values) {
+  for (std::size_t i = 0; i < values.size(); ++i) ASSERT_TRUE(std::isfinite(values[i])) << "value " << i;
 }
 
 void overflow_in_a_joined_batch(const std::string& model) {
@@ -185,12 +209,7 @@ void overflow_in_a_joined_batch(const std::string& model) {
   const auto before = c.trainer.batch_stats();
   std::string refusal;
   together([&] {
-    const Tensor& row = c.back.param("fc1.weight").value();  // [24, 96]: overflow fc1's first unit
-    Tensor a = Tensor::empty({8, 4, 4, 6});
-    for (int64_t i = 0; i < a.numel(); ++i) a[i] = std::copysign(3e38f, row[i % 96]);
-    const int32_t labels[8] = {0, 1, 2, 3, 0, 1, 2, 3};
-    MessageWriter w;
-    CloudReply r = bad.send(w.forward(1, 0, 0, a, labels, kBatch, kMicrobatches));
+    CloudReply r = send_overflowing(c, bad, 1);
     ASSERT_TRUE(r.close);
     refusal = Edge::reply_text(r);
   });
@@ -200,7 +219,7 @@ void overflow_in_a_joined_batch(const std::string& model) {
   EXPECT_EQ(after.batches - before.batches, uint64_t{kMicrobatches});
   EXPECT_EQ(after.microbatches - before.microbatches, uint64_t{kEdges + 2 * (kMicrobatches - 1)});
   // (Through batch norm the loss may stay finite and the gradient overflow instead.)
-  EXPECT_TRUE(refusal == overflow_text("loss") || refusal == overflow_text("gradient")) << refusal;
+  EXPECT_TRUE(refusal == overflow_text(1, "loss") || refusal == overflow_text(1, "gradient")) << refusal;
   EXPECT_TRUE(bad.cloud.closed());
   EXPECT_FALSE(good.cloud.closed());
   EXPECT_FALSE(third.cloud.closed());
@@ -209,11 +228,8 @@ void overflow_in_a_joined_batch(const std::string& model) {
   EXPECT_EQ(c.trainer.updates(), 1u);
   good.step();
   EXPECT_EQ(c.trainer.updates(), 2u);
-  for (const Param* p : c.back.params())
-    for (int64_t i = 0; i < p->value().numel(); ++i) ASSERT_TRUE(std::isfinite(p->value()[i])) << p->name();
   // Nor did the refused rows reach batch norm's running statistics (its evaluation).
-  for (const auto& [name, buffer] : c.back.buffers())
-    for (int64_t i = 0; i < buffer->numel(); ++i) ASSERT_TRUE(std::isfinite((*buffer)[i])) << name;
+  expect_all_finite(shard_state(c, true));
 }
 
 TEST(BatchedEdges, AnOverflowingMicroBatchEndsOnlyItsEdgesSession) { overflow_in_a_joined_batch(kSmallSplitSpec); }
@@ -229,23 +245,12 @@ TEST(BatchedEdges, InTurnsAnOverflowingMicroBatchLeavesTheSharedShardAlone) {
   Edge good(c, 0), bad(c, 1), third(c, 2);
   for (Edge* e : {&good, &bad, &third}) e->handshake();
   good.step();
-  std::vector<float> before;
-  for (const auto& [name, buffer] : c.back.buffers()) before.insert(before.end(), buffer->data(), buffer->data() + buffer->numel());
-  const Tensor& row = c.back.param("fc1.weight").value();
-  Tensor a = Tensor::empty({8, 4, 4, 6});
-  for (int64_t i = 0; i < a.numel(); ++i) a[i] = std::copysign(3e38f, row[i % 96]);
-  const int32_t labels[8] = {0, 1, 2, 3, 0, 1, 2, 3};
-  MessageWriter w;
-  CloudReply r = bad.send(w.forward(0, 0, 0, a, labels, kBatch, kMicrobatches));
+  const std::vector<float> before = shard_state(c, false);
+  CloudReply r = send_overflowing(c, bad, 0);
   ASSERT_TRUE(r.close);
-  EXPECT_TRUE(Edge::reply_text(r) == "step 0 micro-batch 0: the activations overflow the back shard (non-finite loss); "
-                                     "they are far outside any trained range" ||
-              Edge::reply_text(r) == "step 0 micro-batch 0: the activations overflow the back shard (non-finite "
-                                     "gradient); they are far outside any trained range")
-      << Edge::reply_text(r);
-  std::vector<float> after;
-  for (const auto& [name, buffer] : c.back.buffers()) after.insert(after.end(), buffer->data(), buffer->data() + buffer->numel());
-  EXPECT_EQ(after, before) << "the refused micro-batch moved the running statistics";
+  const std::string refusal = Edge::reply_text(r);
+  EXPECT_TRUE(refusal == overflow_text(0, "loss") || refusal == overflow_text(0, "gradient")) << refusal;
+  EXPECT_EQ(shard_state(c, false), before) << "the refused micro-batch moved the running statistics";
   // Through batch norm the gradient may overflow with a finite loss: what batch norm added
   // then stays in the open sum, and that window's update is skipped (in turns nothing can
   // undo it; --batch-edges does). The next window's update is applied, with finite weights.
@@ -255,10 +260,7 @@ TEST(BatchedEdges, InTurnsAnOverflowingMicroBatchLeavesTheSharedShardAlone) {
   good.step();
   third.step();  // the next three
   EXPECT_GE(c.trainer.updates(), 1u);
-  for (const Param* p : c.back.params())
-    for (int64_t i = 0; i < p->value().numel(); ++i) ASSERT_TRUE(std::isfinite(p->value()[i])) << p->name();
-  for (const auto& [name, buffer] : c.back.buffers())
-    for (int64_t i = 0; i < buffer->numel(); ++i) ASSERT_TRUE(std::isfinite((*buffer)[i])) << name;
+  expect_all_finite(shard_state(c, true));
 }
 
 // A step that goes quiet mid-window (its edge hung) loses its slot once another step has

@@ -13,13 +13,6 @@ namespace {
 
 constexpr int kSlot = 0;  // every batch runs in one slot: its weight gradients finish before the next
 
-bool finite(const Tensor& t) {
-  const float* p = t.data();
-  for (int64_t i = 0, n = t.numel(); i < n; ++i)
-    if (!std::isfinite(p[i])) return false;
-  return true;
-}
-
 // `buffer` seen as `shape`, grown when too small (steady state: no allocation).
 Tensor sized(Tensor& buffer, const Shape& shape) {
   if (!buffer.defined() || buffer.numel() < shape.numel()) buffer = Tensor::empty(shape);
@@ -263,7 +256,7 @@ bool BackShardBatches::passes(const std::vector<Pending*>& members, bool backwar
   r = 0;
   for (Pending* p : members) {
     const int64_t n = p->mb->inputs[0].shape()[0];
-    if (!finite(grad->slice_batch(r, n))) {
+    if (!all_finite(grad->slice_batch(r, n))) {
       p->mb->outcome = BatchedMicrobatch::Outcome::NonFiniteGradient;
       all = false;
     }

@@ -17,13 +17,6 @@ namespace {
 
 constexpr uint32_t kMaxEvalBatch = 4096;
 
-bool all_finite(const Tensor& t) {
-  const float* p = t.data();
-  for (int64_t i = 0, n = t.numel(); i < n; ++i)
-    if (!std::isfinite(p[i])) return false;
-  return true;
-}
-
 // Client ids name the cloud's checkpoint folders: short, and only letters, digits, '.', '_'
 // and '-' (not starting with '.').
 bool valid_client_id(const flatbuffers::String* id) {
