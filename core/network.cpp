@@ -326,6 +326,7 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
   grads_[out_id] = grad_output;
   contributions_[out_id] = 1;
 
+  BackwardBuffers& buffers = defer_weights ? s.deferred : backward_buffers_;
   for (std::size_t n = nodes.size(); n-- > 0;) {
     if (!needs_grad_[n]) continue;
     const std::size_t id = first_node + n;
@@ -348,18 +349,18 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
       if (layers_[n]->is_view()) {
         node_grads_.push_back(grad_out.reshape(shape));
       } else if (repeated) {  // the same tensor read twice (concat(x, x)): a buffer of its own
-        node_grads_.push_back(buffer(s.repeat_scratch, position, shape));
+        node_grads_.push_back(buffer(buffers.repeats, position, shape));
       } else if (contributions_[i] == 0) {
-        node_grads_.push_back(buffer(s.grad_buffers, in_id, shape));
+        node_grads_.push_back(buffer(buffers.grads, in_id, shape));
       } else {
-        node_grads_.push_back(buffer(s.grad_scratch, in_id, shape));
+        node_grads_.push_back(buffer(buffers.scratch, in_id, shape));
       }
     }
     if (!layers_[n]->is_view()) {
       const double t0 = times_ ? now_s() : 0.0;
       if (defer_weights && layers_[n]->splits_backward()) {
         // grad_out is final here (every consumer of this node ran) and lives in the slot's
-        // buffers for this node's output, which nothing writes before the slot's next backward.
+        // own buffers (s.deferred), which nothing writes before the slot's next backward.
         layers_[n]->backward_data(node_inputs_, s.values[id], grad_out, node_grads_, s.stashes[n]);
         if (s.deferred_grad_out.size() != nodes.size()) s.deferred_grad_out.resize(nodes.size());
         s.deferred_grad_out[n] = grad_out;
@@ -377,7 +378,7 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
         grads_[i] = node_grads_[k];
         continue;
       }
-      Tensor& own = buffer(s.grad_buffers, static_cast<int>(i), grads_[i].shape());
+      Tensor& own = buffer(buffers.grads, static_cast<int>(i), grads_[i].shape());
       if (own.data() != grads_[i].data()) own.copy_from(grads_[i]);
       float* acc = own.data();
       const float* add = node_grads_[k].data();

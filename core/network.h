@@ -89,14 +89,19 @@ class Network {
   struct Buffers {
     std::vector<Tensor> view, backing;
   };
+  // A backward's working buffers: gradients per tensor id, and per input position a tensor
+  // a node reads more than once. Each is a view of the largest allocation made for it, so
+  // micro-batches of unequal size (K not dividing B) or length reuse it.
+  struct BackwardBuffers {
+    Buffers grads, scratch, repeats;
+  };
   struct Slot {
     std::vector<Tensor> values;  // per tensor id: graph inputs, then node outputs
     std::vector<Tensor> backing;  // per node: the storage its output is a view of
     std::vector<Stash> stashes;  // per node
-    // Backward working buffers per tensor id. Kept per slot so that micro-batches of unequal
-    // size (K not dividing B) or length reuse their own buffers instead of re-allocating.
-    Buffers grad_buffers, grad_scratch;
-    Buffers repeat_scratch;  // per input position: a tensor a node reads more than once
+    // A deferred backward's own buffers: the output gradients it leaves for backward_weights
+    // live there until then, while other slots back up (a middle party's zero-bubble split).
+    BackwardBuffers deferred;
     // Per node: the output gradient a deferred backward left for backward_weights.
     std::vector<Tensor> deferred_grad_out;
     bool weights_pending = false;
@@ -127,6 +132,10 @@ class Network {
   std::vector<Slot> slots_;
   // Gradients of the backward in progress (one runs at a time), per tensor id.
   std::vector<Tensor> grads_;
+  // Every undeferred backward's buffers, whatever its slot: one runs at a time and its input
+  // gradient is read before the next, so K slots in flight hold one set, not K (spam-bert's
+  // front: 44 MiB a set at 8 mails).
+  BackwardBuffers backward_buffers_;
   std::vector<int> contributions_;
   std::vector<Tensor> node_inputs_, node_grads_;
   NodeTimes* times_ = nullptr;

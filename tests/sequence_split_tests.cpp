@@ -6,6 +6,7 @@
 
 #include <unistd.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdio>
 
@@ -216,6 +217,38 @@ TEST(SequenceSplit, EvaluationCarriesTheMask) {
   ASSERT_TRUE(s.edge.on_eval_result(frame_of(r.bytes), err, result)) << err.text;
   s.whole.set_training(false);
   EXPECT_EQ(result.correct, count_correct(s.whole.forward(d.inputs(), 0), d.labels.data()));
+  EXPECT_EQ(result.count, 8);
+}
+
+// An evaluation chunk forwarded a training micro-batch at a time (set_eval_microbatch: no
+// kernel or buffer is made at the chunk's size) sends what one forward of the whole chunk
+// sends, mask included, and the cloud scores it alike.
+TEST(SequenceSplit, EvaluationInPiecesSendsWhatOneForwardDoes) {
+  const Sequences d = sequences(8, 4);
+  EncoderSplit at_once(2), in_pieces(2);
+  in_pieces.edge.set_eval_microbatch(3);  // 3 + 3 + 2
+  auto sent = [&](EncoderSplit& s) {
+    const std::span<const uint8_t> ev = s.edge.eval_forward(1, d.inputs(), d.labels.data(), 8);
+    return std::vector<uint8_t>(ev.begin(), ev.end());
+  };
+  const std::vector<uint8_t> one = sent(at_once), pieces = sent(in_pieces);
+  const wire::EvalForward* a = wire::GetMessage(one.data())->payload_as_EvalForward();
+  const wire::EvalForward* b = wire::GetMessage(pieces.data())->payload_as_EvalForward();
+  ASSERT_EQ(b->activations()->data()->size(), a->activations()->data()->size());
+  ASSERT_EQ(b->activations()->data()->size() % sizeof(float), 0u);
+  const auto* x = reinterpret_cast<const float*>(a->activations()->data()->data());
+  const auto* y = reinterpret_cast<const float*>(b->activations()->data()->data());
+  for (std::size_t i = 0, n = a->activations()->data()->size() / sizeof(float); i < n; ++i)
+    ASSERT_NEAR(y[i], x[i], 1e-5f * std::max(1.0f, std::fabs(x[i]))) << "value " << i;
+  ASSERT_NE(b->mask(), nullptr);
+  EXPECT_TRUE(std::equal(a->mask()->begin(), a->mask()->end(), b->mask()->begin(), b->mask()->end()));
+  CloudReply r = deliver(in_pieces.cloud, pieces);
+  ASSERT_FALSE(r.close);
+  WireError err;
+  EdgeSession::EvalResult result;
+  ASSERT_TRUE(in_pieces.edge.on_eval_result(frame_of(r.bytes), err, result)) << err.text;
+  in_pieces.whole.set_training(false);
+  EXPECT_EQ(result.correct, count_correct(in_pieces.whole.forward(d.inputs(), 0), d.labels.data()));
   EXPECT_EQ(result.count, 8);
 }
 

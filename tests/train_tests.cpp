@@ -275,12 +275,22 @@ TEST(Train, DeferredWeightGradientsEqualImmediateOnes) {
         ASSERT_EQ(std::memcmp(a.data(), b.data(), a.numel() * sizeof(float)), 0);
         if (grads_out.size() <= static_cast<std::size_t>(mb)) grads_out.push_back(random_tensor(a.shape(), rng));
       }
+      std::vector<const float*> at_now, at_later;  // where each input gradient was left
       for (int mb = 0; mb < 3; ++mb) {
-        const Tensor dx_now = now.backward(grads_out[mb], mb, true).clone();
-        const Tensor dx_later = later.backward(grads_out[mb], mb, true, true).clone();
+        const Tensor in_now = now.backward(grads_out[mb], mb, true);
+        const Tensor in_later = later.backward(grads_out[mb], mb, true, true);
+        at_now.push_back(in_now.data());
+        at_later.push_back(in_later.data());
+        const Tensor dx_now = in_now.clone(), dx_later = in_later.clone();
         EXPECT_TRUE(later.weights_pending(mb));
         ASSERT_EQ(std::memcmp(dx_now.data(), dx_later.data(), dx_now.numel() * sizeof(float)), 0) << "mb " << mb;
       }
+      // Undeferred backwards share one set of buffers whatever their slot (what one returns
+      // lives until the next); deferred ones keep their slot's until backward_weights.
+      EXPECT_EQ(at_now[0], at_now[1]);
+      EXPECT_EQ(at_now[1], at_now[2]);
+      EXPECT_NE(at_later[0], at_later[1]);
+      EXPECT_NE(at_later[1], at_later[2]);
       EXPECT_THROW(later.forward(inputs[0], 0), Error);
       EXPECT_THROW(later.zero_grad(), Error);
       for (int mb = 0; mb < 3; ++mb) later.backward_weights(mb);

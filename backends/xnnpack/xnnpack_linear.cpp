@@ -13,7 +13,6 @@ class XnnLinear final : public LinearKernel {
   XnnLinear(std::shared_ptr<const Context> ctx, const LinearGeometry& g)
       : ctx_(std::move(ctx)), g_(g), where_(g.str()), packing_(ctx_->linear_packing(g.weights_id)) {
     if (g.batch < 1 || g.in_features < 1 || g.out_features < 1) fail("xnnpack", cat("invalid geometry: ", where_));
-    dyt_ = input_scratch(g.out_features * g.batch);
   }
 
   // y[N, O] = x[N, I] W[O, I]^T + b: weights in XNNPACK's own [out, in] layout.
@@ -48,6 +47,7 @@ class XnnLinear final : public LinearKernel {
   // dW[O, I] = dy^T[O, N] x[N, I]: dy transposed by hand, x packed as weights [in = N, out = I]
   // (so the operator is made per call: x changes every call). db = column sums of dy.
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
+    if (!dyt_) dyt_ = input_scratch(g_.out_features * g_.batch);  // frozen layers never get here
     transpose(dy, g_.batch, g_.out_features, dyt_.get());
     xnn_operator_t created = nullptr;
     check(xnn_create_fully_connected_nc_f32(batch(), in(), batch(), in(), x, nullptr, -kInf, kInf,
@@ -80,7 +80,7 @@ class XnnLinear final : public LinearKernel {
   std::shared_ptr<const Context> ctx_;
   LinearGeometry g_;
   std::string where_;
-  std::unique_ptr<float, AlignedFree> dyt_;  // dy^T [O, N]
+  std::unique_ptr<float, AlignedFree> dyt_;  // dy^T [O, N], made by the first backward_weights
   // The layer's packed weights, shared with its kernels at other row counts (each run sets
   // the operator up for its own rows).
   std::shared_ptr<Context::LinearPacking> packing_;

@@ -142,8 +142,15 @@ class EdgeSession {
   // Tokens the front has run in training micro-batches so far (samples times their length
   // bucket); 0 when the model has no length buckets.
   int64_t tokens_run() const { return tokens_run_; }
+  // Runs an evaluation chunk through the front (in pieces of set_eval_microbatch's samples)
+  // and returns its EvalForward.
   std::span<const uint8_t> eval_forward(uint64_t batch_id, std::span<const Tensor> inputs, const int32_t* labels,
                                         int64_t count);
+  // The most samples one evaluation forward runs (0: a whole chunk at once). Set to a
+  // training micro-batch's, evaluation runs on the kernels and memory training made: a
+  // chunk's forward at its own size would build kernels with scratch for it (spam-bert's
+  // front at 52 mails took 180 MiB more than its training did).
+  void set_eval_microbatch(int64_t samples) { eval_rows_ = samples; }
   std::span<const uint8_t> eval_forward(uint64_t batch_id, const Tensor& images, const int32_t* labels, int64_t count) {
     return eval_forward(batch_id, std::span<const Tensor>(&images, 1), labels, count);
   }
@@ -237,6 +244,11 @@ class EdgeSession {
   int mask_input_ = -1;            // set_mask_input
   int tail_mask_ = -1;             // U-shaped: the front input the tail reads as its mask, or -1
   Tensor eval_mask_;               // U-shaped: the evaluation batch's mask, for the tail
+  int64_t eval_rows_ = 0;          // set_eval_microbatch
+  std::vector<Tensor> eval_piece_;  // a piece's slices of the chunk's inputs
+  Tensor eval_out_, eval_out_backing_;  // a chunk's activations put together from its pieces
+  // The front's output for an evaluation chunk, forwarded eval_rows_ samples at a time.
+  const Tensor& eval_front(std::span<const Tensor> inputs, int64_t count);
   // The tail's input 0 for slot's micro-batch of `count` samples (its length: the slot's).
   Shape tail_input_shape(std::size_t slot, int64_t count) const;
   // The micro-batch [begin, begin + count) of every input of step s, cut to its bucket, in

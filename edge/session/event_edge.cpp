@@ -125,9 +125,10 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   front_ = std::make_unique<Network>(front_graph, *backend_, config_.seed);
   // An EvalForward carries a chunk's activations in one message: at most kEvalMessageBytes
   // of f32 (a cloud takes 64 MiB by default), however wide the cut (a sequence model's cut
-  // is tokens x features a sample: 128 KiB for spam-bert's). And the front keeps every
-  // node's output for the chunk: at most kEvalActivationBytes of them, or a training step's
-  // (spam-bert's front holds 4.9 MiB a mail: 128 mails took the edge to 1.2 GiB).
+  // is tokens x features a sample: 128 KiB for spam-bert's). The cloud runs a chunk at once:
+  // at most kEvalActivationBytes of the front's node outputs' worth, or a training step's
+  // (spam-bert's front holds 4.9 MiB a mail). This edge runs it a training micro-batch at a
+  // time (EdgeSession::set_eval_microbatch), so a chunk is a whole number of them.
   const int64_t cut_bytes = front_graph.nodes()[static_cast<std::size_t>(front_graph.output())].shape.numel() * 4;
   int64_t front_bytes = 0;
   for (const GraphNode& n : front_graph.nodes()) front_bytes += n.shape.numel() * 4;
@@ -154,6 +155,11 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   position_.model_hash = model_hash(spec, config_.cut);
   session_ = std::make_unique<EdgeSession>(*front_, *optimizer_, config_.microbatches, position_.model_hash,
                                            config_.client_id, config_.dtypes);
+  const int64_t batch = std::max<int64_t>(config_.batch, 1);
+  const int64_t k = std::clamp<int64_t>(config_.microbatches, 1, batch);
+  const int64_t microbatch = (batch + k - 1) / k;  // the largest of a step's (microbatch_range)
+  session_->set_eval_microbatch(microbatch);
+  if (eval_chunk_ > microbatch) eval_chunk_ = eval_chunk_ / microbatch * microbatch;
   if (!config_.token.empty()) session_->set_token(config_.token);
   if (tail_) session_->set_tail(tail_.get());
   // The cloud's shard reads the mask (its attention does): it goes up with the activations.
