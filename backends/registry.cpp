@@ -21,6 +21,7 @@ namespace tandem {
 [[gnu::weak]] std::string cuda_device_problem();
 [[gnu::weak]] std::string cuda_device_summary();
 [[gnu::weak]] void set_cuda_memory_budget(std::size_t bytes);
+[[gnu::weak]] GpuMemoryUse cuda_memory_use();
 #endif
 
 namespace {
@@ -85,6 +86,13 @@ void set_gpu_memory_budget([[maybe_unused]] std::size_t bytes) {
 #ifdef TANDEM_CUDA_BUILT
   if (has_cuda()) set_cuda_memory_budget(bytes);
 #endif
+}
+
+GpuMemoryUse gpu_memory_use() {
+#ifdef TANDEM_CUDA_BUILT
+  if (has_cuda()) return cuda_memory_use();
+#endif
+  return {};
 }
 
 std::string gpu_summary() {

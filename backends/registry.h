@@ -3,6 +3,7 @@
 // picked by name by the edge, the cloud and the tools.
 #pragma once
 
+#include <cstdint>
 #include <memory>
 #include <string>
 #include <string_view>
@@ -27,5 +28,13 @@ std::string gpu_summary();
 // The device memory the cuda backend's sessions may take together (0: 90% of the GPU's);
 // nothing in a binary without cuda.
 void set_gpu_memory_budget(std::size_t bytes);
+// The cuda backend's device memory now (its pool, backends/cuda/cuda_pool.h): bytes its
+// kernels hold and bytes cached for the next, the raw allocations made and the takes a cached
+// block served. All 0 in a binary without cuda or before a kernel was made.
+struct GpuMemoryUse {
+  std::size_t live = 0, cached = 0;
+  uint64_t allocations = 0, reuses = 0;
+};
+GpuMemoryUse gpu_memory_use();
 
 }  // namespace tandem

@@ -5,10 +5,14 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cstdlib>
+#include <set>
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_budget.h"
+#include "backends/cuda/cuda_pool.h"
 #include "backends/registry.h"
+#include "core/error.h"
 #include "test_support.h"
 
 namespace tandem::test {
@@ -51,6 +55,90 @@ TEST(CudaBackend, TheMemoryBudgetRefusesWhatWouldNotFit) {
   EXPECT_EQ(budget.reserved(), std::size_t{50} << 20);
   budget.set_limit(0);  // no limit
   budget.reserve(std::size_t{1} << 40, "anything");
+}
+
+// The pool is bookkeeping over a raw allocator (cudaMalloc and cudaFree in the backend; host
+// memory here): a buffer given back serves the next of its size class without a new
+// allocation, cached bytes count against the budget and are given back when a reservation or
+// the device would otherwise fail, and a refusal takes nothing.
+TEST(CudaBackend, ThePoolReusesWhatKernelsGiveBackWithinTheBudget) {
+  constexpr std::size_t MiB = std::size_t{1} << 20;
+  struct Device {
+    std::set<void*> held;
+    int allocations = 0, frees = 0;
+    bool full = false;  // the next allocation fails as cudaMalloc would
+  } device;
+  cuda::DeviceBudget budget;
+  budget.set_limit(10 * MiB);
+  {
+    cuda::DevicePool pool({[&](std::size_t bytes) -> void* {
+                             if (device.full) fail("cuda", "cudaMalloc: out of memory");
+                             ++device.allocations;
+                             void* p = std::malloc(bytes);
+                             device.held.insert(p);
+                             return p;
+                           },
+                           [&](void* p) {
+                             ++device.frees;
+                             device.held.erase(p);
+                             std::free(p);
+                           }},
+                          budget);
+    EXPECT_EQ(cuda::DevicePool::size_class(1), 512u);
+    EXPECT_EQ(cuda::DevicePool::size_class(513), 1024u);
+    EXPECT_EQ(cuda::DevicePool::size_class(MiB), MiB);
+    EXPECT_EQ(cuda::DevicePool::size_class(MiB + 1), 2 * MiB);
+    EXPECT_EQ(pool.take(0, "nothing"), nullptr);
+
+    void* a = pool.take(3 * MiB, "session 1's kernels");
+    EXPECT_EQ(budget.reserved(), 3 * MiB);
+    pool.give(a);
+    EXPECT_EQ(pool.use().live, 0u);
+    EXPECT_EQ(pool.use().cached, 3 * MiB);
+    EXPECT_EQ(budget.reserved(), 3 * MiB) << "cached bytes stay counted";
+    void* b = pool.take(3 * MiB - 100, "session 2's kernels");  // the same class: the same block
+    EXPECT_EQ(b, a);
+    EXPECT_EQ(device.allocations, 1);
+    EXPECT_EQ(pool.use().reuses, 1u);
+    void* big = pool.take(4 * MiB, "session 2's kernels");
+    EXPECT_NE(big, b);
+    EXPECT_EQ(pool.use().live, 7 * MiB);
+    void* c = pool.take(3 * MiB, "session 3's kernels");  // b is taken: a new block
+    EXPECT_NE(c, b);
+    EXPECT_EQ(budget.reserved(), 10 * MiB);
+
+    // A block much larger than asked is not handed out: 1 MiB wants its own.
+    pool.give(big);
+    void* e = pool.take(MiB, "session 4's kernels");  // the budget is full: the cache gives way
+    EXPECT_NE(e, nullptr);
+    EXPECT_EQ(device.frees, 1) << "the 4 MiB block was freed for the new one";
+    EXPECT_EQ(budget.reserved(), 7 * MiB);
+    EXPECT_EQ(pool.use().cached, 0u);
+
+    // Past the budget with nothing cached: the budget's refusal, and nothing taken.
+    EXPECT_EQ(error_of([&] { pool.take(4 * MiB, "session 5's kernels"); }),
+              "[cuda] the GPU memory budget (10 MiB for all sessions, tandem-cloud serve --gpu-memory-mb) has 3 MiB "
+              "left and session 5's kernels needs 4 MiB more: this session does not fit now; try again later, or with "
+              "a smaller batch");
+    EXPECT_EQ(budget.reserved(), 7 * MiB);
+
+    // The device out of memory: the cache is given back and the allocation tried again; with
+    // nothing to give back, the device's error, and the budget as it was.
+    pool.give(c);
+    device.full = true;
+    EXPECT_EQ(error_of([&] { pool.take(2 * MiB, "session 6's kernels"); }), "[cuda] cudaMalloc: out of memory");
+    EXPECT_EQ(pool.use().cached, 0u) << "the cache was given back before the second try";
+    EXPECT_EQ(budget.reserved(), 4 * MiB);
+    device.full = false;
+    void* d = pool.take(2 * MiB, "session 6's kernels");
+    EXPECT_EQ(budget.reserved(), 6 * MiB);
+    pool.give(b);
+    pool.give(d);
+    EXPECT_THROW(pool.give(&device), Error) << "a block the pool did not make";
+  }
+  EXPECT_EQ(budget.reserved(), 1 * MiB) << "the pool frees what it caches when it goes; session 4's block is still taken";
+  EXPECT_EQ(device.held.size(), 1u);
+  for (void* p : device.held) std::free(p);
 }
 
 }  // namespace

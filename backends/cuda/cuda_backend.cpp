@@ -11,6 +11,7 @@
 #include "backends/cuda/cuda_context.h"
 #include "backends/cuda/cuda_conv2d.h"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_pool.h"
 #include "core/error.h"
 
 namespace tandem {
@@ -447,6 +448,11 @@ void set_cuda_memory_budget(std::size_t bytes) {
     bytes = p.totalGlobalMem / 10 * 9;
   }
   cuda::device_budget().set_limit(bytes);
+}
+
+GpuMemoryUse cuda_memory_use() {
+  const cuda::DevicePool::Use u = cuda::device_pool().use();
+  return {u.live, u.cached, u.allocations, u.reuses};
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {

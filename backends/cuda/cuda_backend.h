@@ -5,6 +5,7 @@
 #include <memory>
 #include <string>
 
+#include "backends/registry.h"
 #include "core/backend.h"
 
 namespace tandem {
@@ -23,5 +24,8 @@ std::string cuda_device_summary();
 // The device memory all sessions' kernels may take together (cuda_budget.h); 0: 90% of the
 // device's. Throws Error without a device.
 void set_cuda_memory_budget(std::size_t bytes);
+
+// The pool's bytes live and cached and its counts (cuda_pool.h), for the cloud's metrics.
+GpuMemoryUse cuda_memory_use();
 
 }  // namespace tandem

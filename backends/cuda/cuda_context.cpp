@@ -5,6 +5,7 @@
 
 #include "backends/cuda/cuda_budget.h"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_pool.h"
 #include "core/error.h"
 
 namespace tandem::cuda {
@@ -19,21 +20,22 @@ void check(cudnnStatus_t status, const char* what) {
   if (status != CUDNN_STATUS_SUCCESS) fail("cuda", cat(what, ": ", cudnnGetErrorString(status)));
 }
 
-void DeviceFree::operator()(void* p) const {
-  cudaFree(p);
-  device_budget().release(bytes);
+DevicePool& device_pool() {
+  static DevicePool* pool = new DevicePool(
+      {[](std::size_t bytes) {
+         void* p = nullptr;
+         check(cudaMalloc(&p, bytes), cat("cudaMalloc of ", bytes, " bytes").c_str());
+         return p;
+       },
+       [](void* p) { cudaFree(p); }},
+      device_budget());
+  return *pool;
 }
 
-DeviceBuffer::DeviceBuffer(std::size_t bytes) : ptr_(nullptr, DeviceFree{bytes}), bytes_(bytes) {
-  if (bytes == 0) return;
-  device_budget().reserve(bytes, "a kernel's buffers");
-  void* p = nullptr;
-  if (const cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {
-    device_budget().release(bytes);
-    check(e, cat("cudaMalloc of ", bytes, " bytes").c_str());
-  }
-  ptr_.reset(p);
-}
+void DeviceFree::operator()(void* p) const { device_pool().give(p); }
+
+DeviceBuffer::DeviceBuffer(std::size_t bytes)
+    : ptr_(device_pool().take(bytes, "a kernel's buffers"), DeviceFree{}), bytes_(bytes) {}
 
 int chosen_device() {
   const char* chosen = std::getenv("TANDEM_CUDA_DEVICE");

@@ -20,14 +20,13 @@ void check(cudaError_t status, const char* what);
 void check(cublasStatus_t status, const char* what);
 void check(cudnnStatus_t status, const char* what);
 
-// Frees device memory and gives its bytes back to device_budget() (cuda_budget.h).
+// Gives device memory back to device_pool() (cuda_pool.h), which caches it.
 struct DeviceFree {
-  std::size_t bytes = 0;
   void operator()(void* p) const;
 };
 
-// Device memory of a fixed size, taken from device_budget() and freed, and given back, with
-// the object.
+// Device memory of a fixed size, taken from device_pool() (within device_budget()) and given
+// back with the object: sessions that come and go reuse it without cudaMalloc or cudaFree.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;

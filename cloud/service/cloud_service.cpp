@@ -524,6 +524,7 @@ int serve(const ServeOptions& o) {
                 }
                 g.refused_max_connections = endpoint->refused_connections();
                 g.closed_queue_overflow = endpoint->overflowed_connections();
+                if (o.backend == "cuda") g.gpu = gpu_memory_use();
                 return g;
               })};
     });

@@ -64,6 +64,16 @@ std::string ServiceMetrics::prometheus_text(const std::function<Gauges()>& gauge
   counter("tandem_back_shard_batched_microbatches_total",
           "Edges' micro-batches in those batches (divided by the batches: edges a batch).",
           static_cast<double>(g.shard_batched_microbatches));
+  family(out, "tandem_gpu_memory_bytes", "gauge",
+         "The cuda backend's device memory: held by the sessions' kernels (live) and cached by its pool for the next "
+         "(cached); both count against --gpu-memory-mb (0 on other backends).");
+  sample(out, "tandem_gpu_memory_bytes{state=\"live\"}", static_cast<double>(g.gpu.live));
+  sample(out, "tandem_gpu_memory_bytes{state=\"cached\"}", static_cast<double>(g.gpu.cached));
+  counter("tandem_gpu_allocations_total",
+          "cudaMalloc calls the pool made (flat while sessions come and go: they reuse what others gave back).",
+          static_cast<double>(g.gpu.allocations));
+  counter("tandem_gpu_pool_reuses_total", "Device buffers the pool served from its cache.",
+          static_cast<double>(g.gpu.reuses));
   gauge("tandem_transport_queue_messages", "Messages arrived that the service has not taken yet.",
         static_cast<double>(g.transport_queue));
   gauge("tandem_session_inbox_messages", "Messages taken and waiting for their session's thread.",

@@ -9,6 +9,8 @@
 #include <mutex>
 #include <string>
 
+#include "backends/registry.h"
+
 namespace tandem {
 
 class ServiceMetrics {
@@ -31,6 +33,7 @@ class ServiceMetrics {
     uint64_t federation_round = 0;
     uint64_t shard_batches = 0, shard_batched_microbatches = 0;  // --batch-edges: BackShardBatches::Stats
     uint64_t refused_max_connections = 0, closed_queue_overflow = 0;  // the transport's own counts
+    GpuMemoryUse gpu;  // the cuda backend's pool (all 0 on the others)
   };
   // The text of one scrape; `gauges` is called once for it.
   std::string prometheus_text(const std::function<Gauges()>& gauges) const;
