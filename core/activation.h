@@ -10,8 +10,11 @@ namespace tandem {
 struct Activation {
   std::string_view name;
   float (*forward)(float x);
-  // dx = dy * f'(x); y = f(x) is given too (sigmoid and tanh use it).
+  // dx = dy * f'(x); y = f(x) is given too, and holds f(x) only when backward_reads_output
+  // (sigmoid and tanh): otherwise its storage may have served another tensor since
+  // (Layer::backward_reads), so a backend reads it only for those.
   float (*backward)(float x, float y, float dy);
+  bool backward_reads_output = false;
 };
 
 // The activation op of that name (relu6, hardswish, gelu, sigmoid, tanh, silu, ...), or null.

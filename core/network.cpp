@@ -64,11 +64,24 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
     for (int id : input_ids_[n]) last_read_[static_cast<std::size_t>(id)] = std::max(last_read_[static_cast<std::size_t>(id)], static_cast<int>(n));
   for (std::size_t i = 0; i < graph_.inputs().size(); ++i) last_read_[i] = never;
   last_read_[graph_.inputs().size() + static_cast<std::size_t>(graph_.output())] = never;
-  // A view's output shares its source's storage: the source lives as long as the view.
+  // Graph inputs are the caller's and the output is read by the caller: both kept.
+  retained_.assign(tensors, false);
+  for (std::size_t i = 0; i < graph_.inputs().size(); ++i) retained_[i] = true;
+  retained_[graph_.inputs().size() + static_cast<std::size_t>(graph_.output())] = true;
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
+    if (layers_[n]->is_view()) continue;
+    const Layer::Reads reads = layers_[n]->backward_reads();
+    if (reads.output) retained_[graph_.inputs().size() + n] = true;
+    for (std::size_t k = 0; k < input_ids_[n].size(); ++k)
+      if (k >= 32 || (reads.inputs >> k & 1u)) retained_[static_cast<std::size_t>(input_ids_[n][k])] = true;
+  }
+  // A view's output shares its source's storage: the source lives as long as the view, and
+  // is kept when the view is.
   for (std::size_t n = nodes.size(); n-- > 0;) {
     if (!layers_[n]->is_view()) continue;
     const auto out = graph_.inputs().size() + n, src = static_cast<std::size_t>(input_ids_[n][0]);
     last_read_[src] = std::max(last_read_[src], last_read_[out]);
+    if (retained_[out]) retained_[src] = true;
   }
 }
 
@@ -146,6 +159,18 @@ int64_t Network::param_count() {
   return n;
 }
 
+Network::ActivationFloats Network::activation_floats() const {
+  ActivationFloats f;
+  const std::size_t first = graph_.inputs().size();
+  for (std::size_t id = 0; id < retained_.size(); ++id) {
+    if (id >= first && layers_[id - first]->is_view()) continue;  // its source's storage
+    const int64_t n = id < first ? graph_.inputs()[id].shape.numel() : graph_.nodes()[id - first].shape.numel();
+    f.all += n;
+    if (retained_[id]) f.kept += n;
+  }
+  return f;
+}
+
 void Network::set_timing(NodeTimes* times) {
   times_ = times;
   if (times_ == nullptr) return;
@@ -159,13 +184,14 @@ void Network::set_training(bool training) {
   for (auto& l : layers_) l->set_training(training);
 }
 
-Tensor Network::from_pool(Slot& s, const Shape& shape) {
-  std::size_t best = s.pool.size();
-  for (std::size_t i = 0; i < s.pool.size(); ++i)
-    if (s.pool[i].numel() >= shape.numel() && (best == s.pool.size() || s.pool[i].numel() < s.pool[best].numel()))
+Tensor Network::from_pool(std::vector<Tensor>& pool, const Shape& shape, Tensor* taken) {
+  std::size_t best = pool.size();
+  for (std::size_t i = 0; i < pool.size(); ++i)
+    if (pool[i].numel() >= shape.numel() && (best == pool.size() || pool[i].numel() < pool[best].numel()))
       best = i;
-  Tensor backing = best < s.pool.size() ? std::move(s.pool[best]) : Tensor::empty(Shape{shape.numel()});
-  if (best < s.pool.size()) s.pool.erase(s.pool.begin() + static_cast<std::ptrdiff_t>(best));
+  Tensor backing = best < pool.size() ? std::move(pool[best]) : Tensor::empty(Shape{shape.numel()});
+  if (best < pool.size()) pool.erase(pool.begin() + static_cast<std::ptrdiff_t>(best));
+  if (taken) *taken = backing;
   return backing.prefix(shape);
 }
 
@@ -277,15 +303,35 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
       out = node_inputs_[0].reshape(out_shape);
       continue;
     }
+    const std::size_t out_id = first_node + n;
     if (evaluation) {
-      out = from_pool(s, out_shape);
+      out = from_pool(s.pool, out_shape);
+    } else if (!retained_[out_id]) {
+      if (s.transient.size() != s.values.size()) s.transient.resize(s.values.size());
+      out = from_pool(transients_, out_shape, &s.transient[out_id]);
     } else if (!out.defined() || out.shape() != out_shape) {
       out = view_of_backing(s.backing[n], out_shape);
     }
     const double t0 = times_ ? now_s() : 0.0;
     layers_[n]->forward(node_inputs_, out, s.stashes[n]);
     if (times_) times_->forward_s[n] += now_s() - t0;
-    if (!evaluation) continue;
+    if (!evaluation) {
+      // Transient tensors read for the last time (or never) give their storage back; their
+      // values stay in the slot for their shapes only.
+      auto give_back = [&](std::size_t id) {
+        if (retained_[id] || s.transient.size() <= id || !s.transient[id].defined()) return;
+        transients_.push_back(std::move(s.transient[id]));
+        s.transient[id] = Tensor();
+      };
+      for (int in : input_ids_[n])
+        for (auto id = static_cast<std::size_t>(in);;) {  // through views to their sources
+          if (last_read_[id] == static_cast<int>(n)) give_back(id);
+          if (id < first_node || !layers_[id - first_node]->is_view()) break;
+          id = static_cast<std::size_t>(input_ids_[id - first_node][0]);
+        }
+      if (last_read_[out_id] < 0) give_back(out_id);
+      continue;
+    }
     for (int id : input_ids_[n]) {  // inputs read for the last time go back to the pool
       Tensor& v = s.values[static_cast<std::size_t>(id)];
       if (last_read_[static_cast<std::size_t>(id)] != static_cast<int>(n) || !v.defined()) continue;

@@ -28,6 +28,13 @@ class Network {
   const std::vector<Param*>& unsplit_params() const { return unsplit_params_; }
   Param& param(const std::string& name);
   int64_t param_count();
+  // Floats of one sample's tensors at the spec's shapes: what a training slot keeps for
+  // backward (the inputs, the output, what Layer::backward_reads names) and every tensor
+  // (a forward passes through at most all of them; a backward's buffers hold as many).
+  struct ActivationFloats {
+    int64_t kept = 0, all = 0;
+  };
+  ActivationFloats activation_floats() const;
   // Every layer's non-trained state (layer.h), in graph order, for checkpoints and export.
   std::vector<std::pair<std::string, Tensor*>> buffers();
   std::vector<std::pair<std::string, uint64_t*>> counters();
@@ -107,6 +114,9 @@ class Network {
     bool weights_pending = false;
     bool evaluated = false;  // the last forward was an evaluation's (its values are gone)
     std::vector<Tensor> pool;  // evaluation: storage free for the next node output
+    // Training: per tensor id, the whole storage a transient output (see retained_) was
+    // given from transients_, which it goes back to after its last reader.
+    std::vector<Tensor> transient;
   };
   int tensor_id(int source) const;
   void fuse_relu_into_pools();  // GraphNode::sources entry -> tensor id
@@ -126,9 +136,18 @@ class Network {
   // Per tensor id: the last node whose forward reads it (views extend their source's), or
   // the node count for the output and graph inputs, which an evaluation forward keeps.
   std::vector<int> last_read_;
+  // Per tensor id: whether a backward reads its values (Layer::backward_reads of its node and
+  // of its readers; views pass it to their source), so a training forward keeps it in the
+  // slot until then. The others are transient: their storage comes from transients_ and goes
+  // back there after their last reader, so the micro-batches in flight keep only what
+  // backward needs (a LoRA encoder's frozen linears' inputs, its adds' operands) and one
+  // forward's worth of the rest between them.
+  std::vector<bool> retained_;
+  std::vector<Tensor> transients_;
   bool training_ = true;
-  // Evaluation: the smallest pooled storage holding `shape` (or new), as a view.
-  Tensor from_pool(Slot& s, const Shape& shape);
+  // The smallest storage in `pool` holding `shape` (or new), taken out; `taken` is set to all
+  // of it and the view returned.
+  static Tensor from_pool(std::vector<Tensor>& pool, const Shape& shape, Tensor* taken = nullptr);
   std::vector<Slot> slots_;
   // Gradients of the backward in progress (one runs at a time), per tensor id.
   std::vector<Tensor> grads_;

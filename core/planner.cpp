@@ -176,21 +176,21 @@ std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backen
                                            : measure(back, cloud, m, o.iterations, true);
       return at.emplace(m, std::pair{e, c}).first->second;
     };
-    // Edge memory: parameters with their gradients and momentum, every front tensor of the
-    // whole batch (K slots of B / K samples) and as much again in gradient buffers.
-    int64_t param_floats = 0, act_floats = 0;
+    // Edge memory: parameters with their gradients and momentum; what the K slots keep for
+    // backward (the whole batch, B / K samples a slot); one micro-batch's forward passing
+    // through every tensor, and the backward's buffers, one set whatever the slot.
     Network probe(front, edge, 1);
-    param_floats = probe.param_count();  // trainable: value, gradient, momentum; frozen: value only
+    const int64_t param_floats = probe.param_count();  // trainable: value, gradient, momentum; frozen: value only
     int64_t frozen_floats = 0;
     for (Param* p : probe.all_params())
       if (!p->trainable()) frozen_floats += p->value().numel();
-    for (const GraphNode& n : front.nodes()) act_floats += n.shape.numel();
-    for (const auto& in : front.inputs()) act_floats += in.shape.numel();
-    const double peak_mb = (3.0 * static_cast<double>(param_floats) + static_cast<double>(frozen_floats) +
-                            2.0 * static_cast<double>(act_floats * o.batch)) *
-                           4.0 / (1 << 20);
+    const Network::ActivationFloats acts = probe.activation_floats();
     for (int k : o.microbatches) {
       if (k > o.batch) continue;
+      const int64_t largest = microbatch_range(o.batch, k, 0).count;
+      const double peak_mb = (3.0 * static_cast<double>(param_floats) + static_cast<double>(frozen_floats) +
+                              static_cast<double>(acts.kept * o.batch) + 2.0 * static_cast<double>(acts.all * largest)) *
+                             4.0 / (1 << 20);
       std::vector<MicrobatchCost> mbs;
       PlanRow row;
       row.cut = cut;

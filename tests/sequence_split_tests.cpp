@@ -9,6 +9,7 @@
 #include <algorithm>
 #include <cmath>
 #include <cstdio>
+#include <cstring>
 
 #include "backends/registry.h"
 #include "cloud/session/cloud_session.h"
@@ -218,6 +219,79 @@ TEST(SequenceSplit, EvaluationCarriesTheMask) {
   s.whole.set_training(false);
   EXPECT_EQ(result.correct, count_correct(s.whole.forward(d.inputs(), 0), d.labels.data()));
   EXPECT_EQ(result.count, 8);
+}
+
+// The encoder with LoRA adapters (dropout 0.1) on its queries and values and every other
+// weight frozen but the classifier's.
+std::string lora_encoder_spec() {
+  std::string json = kEncoderSpec;
+  for (const char* q : {"q0", "v0", "q1", "v1"}) {
+    const std::string from = cat("{ name: \"", q, "\", op: \"linear\", inputs: [\"");
+    const std::size_t at = json.find(from);
+    const std::size_t end = json.find("} }", at) + 1;
+    json.insert(end, ", lora: { rank: 2, alpha: 4, dropout: 0.1 }");
+  }
+  for (const char* f : {"tok", "pos", "ln0", "k0", "o0", "ln1", "k1", "o1", "ln2", "ff1", "ff2", "ln3"}) {
+    const std::size_t at = json.find(cat("{ name: \"", f, "\""));
+    const std::size_t end = json.find(" },", at);
+    json.insert(end, ", freeze: true");
+  }
+  return json;
+}
+
+// A training forward keeps only what a backward reads (Layer::backward_reads); the rest of
+// each micro-batch's tensors give their storage to the next forward's. So three micro-batches
+// forwarded before any is backed up must train exactly as the same three backed up one at a
+// time, bit for bit: a layer that read a tensor it said it would not would read another
+// micro-batch's values here. With every weight training, and with LoRA (frozen linears keep
+// no input, gelu's output goes, the adds keep nothing).
+TEST(SequenceSplit, MicroBatchesInFlightBackUpAsOneAtATime) {
+  for (const bool lora : {false, true}) {
+    SCOPED_TRACE(lora ? "LoRA on the queries and values, the rest frozen" : "every weight trains");
+    const Graph graph = Graph::build(parse_model_json(lora ? lora_encoder_spec() : std::string(kEncoderSpec)));
+    auto backend = make_backend(backend_under_test());
+    Network one_at_a_time(graph, *backend, 5), in_flight(graph, *backend, 5);
+    if (lora) {
+      EXPECT_EQ(in_flight.params().size(), 4u * 2u + 2u) << "the adapters and the classifier train";
+    }
+    // What a sample's forward does not keep for backward: the token embeddings (the position
+    // embedding reads nothing), o0, o1 and ff2 (the adds read nothing) and ln3 (the token
+    // pool reads the mask only), 48 floats each; with LoRA also att0 and att1 (o0 and o1 are
+    // frozen), ln2 (ff1 is) and gelu's 96 (ff2 is).
+    const Network::ActivationFloats floats = in_flight.activation_floats();
+    EXPECT_EQ(floats.all - floats.kept, lora ? 5 * 48 + 3 * 48 + 96 : 5 * 48);
+    const Sequences d = sequences(9, 3);
+    std::vector<std::vector<Tensor>> mbs;
+    for (int64_t mb = 0; mb < 3; ++mb) mbs.push_back({d.ids.slice_batch(3 * mb, 3), d.mask.slice_batch(3 * mb, 3)});
+    Rng rng(7);
+    std::vector<Tensor> grads;
+    for (int step = 0; step < 3; ++step) {
+      one_at_a_time.zero_grad();
+      in_flight.zero_grad();
+      for (int mb = 0; mb < 3; ++mb) {
+        const Tensor& y = one_at_a_time.forward(mbs[static_cast<std::size_t>(mb)], mb);
+        if (grads.size() <= static_cast<std::size_t>(mb)) grads.push_back(random_tensor(y.shape(), rng));
+        one_at_a_time.backward(grads[static_cast<std::size_t>(mb)], mb, false);
+      }
+      for (int mb = 0; mb < 3; ++mb) {
+        const Tensor& y = in_flight.forward(mbs[static_cast<std::size_t>(mb)], mb);
+        const Tensor& want = one_at_a_time.output(mb);
+        ASSERT_EQ(std::memcmp(y.data(), want.data(), y.bytes()), 0) << "step " << step << ", micro-batch " << mb;
+      }
+      for (int mb = 0; mb < 3; ++mb) in_flight.backward(grads[static_cast<std::size_t>(mb)], mb, false);
+      for (Param* p : one_at_a_time.params()) {
+        const Tensor& got = in_flight.param(p->name()).grad();
+        ASSERT_EQ(std::memcmp(got.data(), p->grad().data(), got.bytes()), 0) << "step " << step << ": " << p->name();
+      }
+      for (Network* net : {&one_at_a_time, &in_flight})  // a step, so the next one runs on new weights
+        for (Param* p : net->params()) {
+          float* w = p->value().data();
+          const float* g = p->grad().data();
+          for (int64_t i = 0; i < p->value().numel(); ++i) w[i] -= 0.1f * g[i];
+          p->bump_version();
+        }
+    }
+  }
 }
 
 // An evaluation chunk forwarded a training micro-batch at a time (set_eval_microbatch: no

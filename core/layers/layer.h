@@ -3,6 +3,7 @@
 #pragma once
 
 #include <cstddef>
+#include <cstdint>
 #include <memory>
 #include <span>
 #include <string>
@@ -43,6 +44,17 @@ class Layer {
   // True when the output is the first input seen with another shape (flatten): the network
   // aliases the tensors instead of calling forward and backward.
   virtual bool is_view() const { return false; }
+
+  // The forward's tensors whose values backward and backward_weights read, besides the
+  // stash: inputs (bit i: input i) and the output. A training forward keeps the others only
+  // until the later nodes that read them ran (Network), and their storage then serves other
+  // outputs: their shapes stay, their values do not (a frozen linear needs no input, an add
+  // nothing). By default every input and the output.
+  struct Reads {
+    uint32_t inputs = ~0u;
+    bool output = true;
+  };
+  virtual Reads backward_reads() const { return {}; }
 
   // Training (the default) or evaluation: layers that behave differently (batch norm) follow.
   virtual void set_training(bool) {}

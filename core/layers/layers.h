@@ -37,6 +37,8 @@ class Conv2dLayer final : public Layer {
 
 class LinearLayer final : public Layer {
  public:
+  // x for the weight's gradient or the adapter's; a frozen linear reads nothing.
+  Reads backward_reads() const override { return {weight_.trainable() || lora_a_ ? 1u : 0u, false}; }
   LinearLayer(const GraphNode& node, const Shape& in, Backend& backend, Rng& rng);
   std::vector<Param*> params() override;
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
@@ -108,6 +110,7 @@ class HeadsLayer final : public Layer {
 
 class ReluLayer final : public Layer {
  public:
+  Reads backward_reads() const override { return {0u, true}; }  // relu's gradient reads y
   ReluLayer(std::string name, Backend& backend) : Layer(std::move(name)), backend_(backend) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
@@ -122,6 +125,8 @@ class ReluLayer final : public Layer {
 // An activation op (relu6, gelu, silu, ...): the backend's activation kernel on the whole tensor.
 class ActivationLayer final : public Layer {
  public:
+  // x (oneDNN reads it for every kind), and y for sigmoid and tanh.
+  Reads backward_reads() const override { return {1u, kind_.backward_reads_output}; }
   ActivationLayer(std::string name, const Activation& kind, Backend& backend)
       : Layer(std::move(name)), kind_(kind), backend_(backend) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
@@ -140,6 +145,7 @@ class ActivationLayer final : public Layer {
 // mask (one byte an element) stays in the micro-batch's stash for backward.
 class DropoutLayer final : public Layer {
  public:
+  Reads backward_reads() const override { return {0u, false}; }  // the mask is stashed
   DropoutLayer(std::string name, float p, uint64_t seed) : Layer(std::move(name)), p_(p), seed_(seed) {}
   void set_training(bool training) override { training_ = training; }
   std::vector<std::pair<std::string, uint64_t*>> counters() override {
@@ -185,6 +191,7 @@ class BatchNormLayer final : public Layer {
 // primitive, the reference loops elsewhere).
 class LayerNormLayer final : public Layer {
  public:
+  Reads backward_reads() const override { return {1u, false}; }
   LayerNormLayer(const GraphNode& node, const Shape& in, Backend& backend);
   std::vector<Param*> params() override { return {&weight_, &bias_}; }
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
@@ -204,6 +211,7 @@ class LayerNormLayer final : public Layer {
 // Token ids (integers in f32, any shape) -> rows of a [count, features] table.
 class EmbeddingLayer final : public Layer {
  public:
+  Reads backward_reads() const override { return {1u, false}; }  // the ids
   EmbeddingLayer(const GraphNode& node, Rng& rng);
   std::vector<Param*> params() override { return {&weight_}; }
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
@@ -218,6 +226,7 @@ class EmbeddingLayer final : public Layer {
 // A sequence [tokens, features] plus row t of a learned table at token t.
 class PositionEmbeddingLayer final : public Layer {
  public:
+  Reads backward_reads() const override { return {0u, false}; }
   PositionEmbeddingLayer(const GraphNode& node, const Shape& in, Rng& rng);
   std::vector<Param*> params() override { return {&weight_}; }
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
@@ -264,6 +273,7 @@ class ClassTokenLayer final : public Layer {
 // kernels from the backend, the softmax probabilities stashed per micro-batch.
 class AttentionLayer final : public Layer {
  public:
+  Reads backward_reads() const override { return {0b111u, false}; }  // q, k, v (the probabilities are stashed)
   AttentionLayer(const GraphNode& node, const Shape& in, Backend& backend);
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
@@ -280,6 +290,7 @@ class AttentionLayer final : public Layer {
 // optional mask keeps.
 class TokenPoolLayer final : public Layer {
  public:
+  Reads backward_reads() const override { return {0b10u, false}; }  // the mask
   TokenPoolLayer(const GraphNode& node, const Shape& in)
       : Layer(node.spec.name), mean_(node.spec.token_pool.mean), features_(in[1]) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
@@ -297,6 +308,7 @@ class TokenPoolLayer final : public Layer {
 // backend; the gradient is sliced back.
 class ConcatLayer final : public Layer {
  public:
+  Reads backward_reads() const override { return {0u, false}; }
   explicit ConcatLayer(std::string name) : Layer(std::move(name)) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
@@ -306,6 +318,7 @@ class ConcatLayer final : public Layer {
 // a + b (residual connections); the gradient goes to both inputs unchanged.
 class AddLayer final : public Layer {
  public:
+  Reads backward_reads() const override { return {0u, false}; }
   AddLayer(std::string name, Backend& backend) : Layer(std::move(name)), backend_(backend) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
@@ -319,6 +332,7 @@ class AddLayer final : public Layer {
 // Softmax over the last dimension (probabilities as a layer; training losses take logits).
 class SoftmaxLayer final : public Layer {
  public:
+  Reads backward_reads() const override { return {0u, true}; }
   SoftmaxLayer(std::string name, const Shape& in, Backend& backend)
       : Layer(std::move(name)), channels_(in[in.rank() - 1]), backend_(backend) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;

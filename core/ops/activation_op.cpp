@@ -12,8 +12,8 @@ namespace {
 constexpr Activation kRelu6{"relu6", act::relu6, act::relu6_grad};
 constexpr Activation kHardswish{"hardswish", act::hardswish, act::hardswish_grad};
 constexpr Activation kGelu{"gelu", act::gelu, act::gelu_grad};
-constexpr Activation kSigmoid{"sigmoid", act::sigmoid, act::sigmoid_grad};
-constexpr Activation kTanh{"tanh", act::tanh_, act::tanh_grad};
+constexpr Activation kSigmoid{"sigmoid", act::sigmoid, act::sigmoid_grad, true};
+constexpr Activation kTanh{"tanh", act::tanh_, act::tanh_grad, true};
 
 }  // namespace
 
