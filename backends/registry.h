@@ -34,6 +34,7 @@ void set_gpu_memory_budget(std::size_t bytes);
 struct GpuMemoryUse {
   std::size_t live = 0, cached = 0;
   uint64_t allocations = 0, reuses = 0;
+  std::size_t budget = 0;  // what the sessions may take together (--gpu-memory-mb); 0: none
 };
 GpuMemoryUse gpu_memory_use();
 

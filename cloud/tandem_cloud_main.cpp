@@ -27,7 +27,7 @@ constexpr const char* kUsage = R"(usage:
                                            [--batch-edges [--batch-gather-ms W]]]]
                      [--metrics-listen HOST:PORT] [--max-connections N] [--max-pending-hello N]
                      [--handshake-timeout-s S] [--hello-timeout-s S] [--max-queued-mb N]
-                     [--weight-grads deferred|inline] [--gpu-memory-mb N]
+                     [--weight-grads deferred|inline] [--gpu-memory-mb N] [--session-memory-mb N]
       Serves split training over wss:// with mutual TLS: one session per edge, the back
       shard and loss on the backend (default cuda where a GPU can be used and this build has
       the cuda backend, else onednn; on cuda every session has its own stream, and all
@@ -77,6 +77,11 @@ constexpr const char* kUsage = R"(usage:
       S seconds (default 10) and the Hello come S seconds after it (default 10); a session
       with more than N MiB waiting in either direction (default 512) is closed. Revoked
       identities (`pki revoke`) are refused, and their live sessions closed within a second.
+      --session-memory-mb N: the sessions' back shards together stay within N MiB, by an
+      estimate made at each Hello at the cloud's B and K (weights, gradients and optimizer
+      state, what K micro-batches keep for backward, one forward and backward; printed at
+      start): beyond, an edge is answered Busy and says Hello again later; one that could
+      never fit is refused with NoRoom. Default: no bound, on cuda --gpu-memory-mb's.
       --weight-grads deferred (default): each gradient of the cut goes back before the back
       shard's own weight gradients, which run while the session waits for the edge (the
       zero-bubble split of backward; the same sums bit for bit); inline computes them first.
@@ -186,6 +191,7 @@ int serve_command(int argc, char** argv) {
                                                        "back-accumulate", "metrics-json", "accept-tokens", "web",
                                                        "metrics-listen", "max-connections", "max-pending-hello",
                                                        "handshake-timeout-s", "hello-timeout-s", "max-queued-mb", "gpu-memory-mb",
+                                                       "session-memory-mb",
                                                        "weight-grads", "batch-edges", "batch-gather-ms"},
                                                       /*schedule=*/false));
   ServeOptions o;
@@ -201,6 +207,7 @@ int serve_command(int argc, char** argv) {
   o.seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
   o.backend = args.has("backend") ? args.str("backend", "") : default_cloud_backend();
   o.gpu_memory_bytes = static_cast<std::size_t>(args.integer("gpu-memory-mb", 0, 0)) << 20;
+  o.session_memory_bytes = static_cast<std::size_t>(args.integer("session-memory-mb", 0, 0)) << 20;
   o.threads = static_cast<int>(args.integer("threads", 1, 1));
   o.max_message_bytes = static_cast<std::size_t>(args.integer("max-message-mb", 64, 1)) << 20;
   o.init_from = args.str("init-from", "");

@@ -6,6 +6,11 @@
 
 namespace tandem {
 
+int optimizer_state_floats(const OptimizerOptions& options) {
+  if (options.kind == "adam" || options.kind == "adamw") return 2;
+  return options.momentum != 0.0f ? 1 : 0;
+}
+
 Optimizer::Optimizer(std::vector<Param*> params, const OptimizerOptions& options)
     : params_(std::move(params)), options_(options) {
   const char* who = options_.kind.c_str();

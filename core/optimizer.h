@@ -24,6 +24,10 @@ struct OptimizerOptions {
   float clip_norm = 0.0f;  // > 0: scale the gradients so their global L2 norm is at most this
 };
 
+// Floats of state a trainable parameter's value carries under these options: SGD's momentum
+// buffer (when momentum is on), Adam's and AdamW's two moments.
+int optimizer_state_floats(const OptimizerOptions& options);
+
 class Optimizer {
  public:
   Optimizer(std::vector<Param*> params, const OptimizerOptions& options);

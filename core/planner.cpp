@@ -155,6 +155,16 @@ std::vector<std::string> legal_cuts(const Graph& graph) {
   return cuts;
 }
 
+double training_memory_bytes(Network& shard, int64_t batch, int microbatches, int state_per_param) {
+  const auto floats = [](int64_t n) { return static_cast<double>(n); };
+  double params = 0;
+  for (Param* p : shard.all_params())
+    params += floats(p->value().numel()) * (p->trainable() ? 2.0 + state_per_param : 1.0);
+  const Network::ActivationFloats acts = shard.activation_floats();
+  const int64_t largest = microbatch_range(batch, std::clamp<int64_t>(microbatches, 1, std::max<int64_t>(batch, 1)), 0).count;
+  return (params + floats(acts.kept * batch) + 2.0 * floats(acts.all * largest)) * sizeof(float);
+}
+
 std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backend& edge, Backend& cloud) {
   if (!(o.uplink_mbps > 0.0) || !(o.downlink_mbps > 0.0)) fail("planner", "the link's rates must be > 0 Mbit/s");
   const std::vector<std::string> cuts = o.cuts.empty() ? legal_cuts(graph) : o.cuts;
@@ -177,20 +187,11 @@ std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backen
       return at.emplace(m, std::pair{e, c}).first->second;
     };
     // Edge memory: parameters with their gradients and momentum; what the K slots keep for
-    // backward (the whole batch, B / K samples a slot); one micro-batch's forward passing
-    // through every tensor, and the backward's buffers, one set whatever the slot.
+    // backward; one micro-batch's forward and backward.
     Network probe(front, edge, 1);
-    const int64_t param_floats = probe.param_count();  // trainable: value, gradient, momentum; frozen: value only
-    int64_t frozen_floats = 0;
-    for (Param* p : probe.all_params())
-      if (!p->trainable()) frozen_floats += p->value().numel();
-    const Network::ActivationFloats acts = probe.activation_floats();
     for (int k : o.microbatches) {
       if (k > o.batch) continue;
-      const int64_t largest = microbatch_range(o.batch, k, 0).count;
-      const double peak_mb = (3.0 * static_cast<double>(param_floats) + static_cast<double>(frozen_floats) +
-                              static_cast<double>(acts.kept * o.batch) + 2.0 * static_cast<double>(acts.all * largest)) *
-                             4.0 / (1 << 20);
+      const double peak_mb = training_memory_bytes(probe, o.batch, k, 1) / (1 << 20);
       std::vector<MicrobatchCost> mbs;
       PlanRow row;
       row.cut = cut;

@@ -13,6 +13,7 @@
 
 #include "core/backend.h"
 #include "core/graph.h"
+#include "core/network.h"
 #include "core/wire/tensor_codec.h"
 
 namespace tandem {
@@ -57,6 +58,13 @@ struct PlanRow {
   double edge_peak_mb = 0;
   bool fits = true;  // within the edge's memory
 };
+
+// What training `shard` takes in memory, in bytes (tensors; not the process, stashes or
+// kernels' scratch): every parameter's value, a gradient and `state_per_param` floats of
+// optimizer state for each trainable one (SGD with momentum 1, Adam 2), what K slots of
+// `batch` samples keep for backward, and one micro-batch's forward and backward buffers.
+// The planner's edge memory and the cloud's admission at Hello (--session-memory-mb).
+double training_memory_bytes(Network& shard, int64_t batch, int microbatches, int state_per_param);
 
 // The row with the most samples/s among those that fit (throws if none does).
 const PlanRow& recommend(const std::vector<PlanRow>& rows);

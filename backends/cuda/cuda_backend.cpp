@@ -452,7 +452,7 @@ void set_cuda_memory_budget(std::size_t bytes) {
 
 GpuMemoryUse cuda_memory_use() {
   const cuda::DevicePool::Use u = cuda::device_pool().use();
-  return {u.live, u.cached, u.allocations, u.reuses};
+  return {u.live, u.cached, u.allocations, u.reuses, cuda::device_budget().limit()};
 }
 
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {

@@ -50,7 +50,39 @@ struct BackShard {
   Graph graph;
   std::vector<Tensor> initial;  // in the order of Network::params()
   std::vector<Tensor> initial_buffers;  // in the order of Network::buffers(); empty: fresh
+  std::size_t session_bytes = 0;  // a session's estimate (training_memory_bytes at the cloud's limits)
 };
+
+// What the sessions' back shards take together, by their estimates at Hello
+// (ServeOptions::session_memory_bytes): a session holds its share while it lives.
+class SessionMemory {
+ public:
+  explicit SessionMemory(std::size_t limit) : limit_(limit) {}
+  std::size_t limit() const { return limit_; }
+  std::size_t used() const {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return used_;
+  }
+  // Takes `bytes` if they fit beside what the others hold; else nothing, and what is left.
+  bool take(std::size_t bytes, std::size_t& left) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    left = limit_ - std::min(used_, limit_);
+    if (limit_ != 0 && bytes > left) return false;
+    used_ += bytes;
+    return true;
+  }
+  void give(std::size_t bytes) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    used_ -= std::min(bytes, used_);
+  }
+
+ private:
+  mutable std::mutex mutex_;
+  const std::size_t limit_;
+  std::size_t used_ = 0;
+};
+
+long long mib_up(std::size_t bytes) { return static_cast<long long>((bytes + (std::size_t{1} << 20) - 1) >> 20); }
 
 // Back-shard checkpoints in STATE_DIR/checkpoints/CLIENT_ID/ (the session has checked the
 // id's characters), the newest three kept. One lock: sessions of one client may overlap
@@ -94,9 +126,9 @@ class Worker {
   // Hello's token.
   Worker(uint64_t id, std::string peer, std::string serial, const std::vector<BackShard>& shards,
          const ServeOptions& o, LwsEndpoint& endpoint, SessionCheckpoints& checkpoints, SharedBack* shared,
-         pki::TokenVerifier* tokens, ServiceMetrics& metrics)
+         pki::TokenVerifier* tokens, ServiceMetrics& metrics, SessionMemory& memory)
       : id_(id), peer_(std::move(peer)), serial_(std::move(serial)), endpoint_(endpoint), shards_(shards), options_(o),
-        checkpoints_(checkpoints), shared_(shared), tokens_(tokens), metrics_(metrics) {
+        checkpoints_(checkpoints), shared_(shared), tokens_(tokens), metrics_(metrics), memory_(memory) {
     thread_ = std::thread([this] { run(); });
   }
   ~Worker() {
@@ -107,6 +139,7 @@ class Worker {
     }
     wake_.notify_one();
     thread_.join();
+    memory_.give(reserved_);
   }
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -193,6 +226,34 @@ class Worker {
     return shards_.front();
   }
 
+  // Whether the session's back shard fits beside the others' (its estimate reserved until
+  // the session ends); if not, the connection is closed with Busy (try again later) or, when
+  // it could never fit, NoRoom. A federation's one shard is made at start: nothing to admit.
+  bool admit(const BackShard& shard) {
+    if (shared_ || memory_.limit() == 0) return true;
+    const ServeOptions& o = options_;
+    std::size_t left = 0;
+    const std::string needs = cat("this session's back shard (cut '", shard.cut, "', batch ", o.batch_size, " in ",
+                                  o.microbatches, " micro-batches, the cloud's limits) needs about ",
+                                  mib_up(shard.session_bytes), " MiB");
+    if (shard.session_bytes > memory_.limit()) {
+      metrics_.count_refusal("session_memory");
+      close_with(wire::ErrorCode::NoRoom,
+                 cat(needs, ", more than the ", mib_up(memory_.limit()),
+                     " MiB this cloud gives all sessions together (tandem-cloud serve --session-memory-mb): it cannot "
+                     "train here; the operator can raise the bound or lower --batch"));
+      return false;
+    }
+    if (!memory_.take(shard.session_bytes, left)) {
+      metrics_.count_refusal("session_memory");
+      close_with(wire::ErrorCode::Busy, cat(needs, " and the sessions' memory (", mib_up(memory_.limit()),
+                                            " MiB, --session-memory-mb) has ", left >> 20, " MiB left: try again later"));
+      return false;
+    }
+    reserved_ = shard.session_bytes;
+    return true;
+  }
+
   void start_session(const BackShard& shard) {
     const ServeOptions& o = options_;
     // Labels range over the model's classes (its output's size per head).
@@ -272,7 +333,11 @@ class Worker {
         continue;
       }
       if (closing_) continue;
-      if (!session_) start_session(shard_for(frame));
+      if (!session_) {
+        const BackShard& shard = shard_for(frame);
+        if (!admit(shard)) continue;
+        start_session(shard);
+      }
       CloudSession& session = *session_;
       if (session.closed()) continue;  // the connection is closing: drop the rest
       bytes_in_ += frame.size();
@@ -326,6 +391,8 @@ class Worker {
   SharedBack* shared_;
   pki::TokenVerifier* tokens_;
   ServiceMetrics& metrics_;
+  SessionMemory& memory_;
+  std::size_t reserved_ = 0;  // taken from memory_ at admit, given back with the worker
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Network> back_;  // these four: made on the first message (start_session)
   std::unique_ptr<Optimizer> optimizer_;
@@ -383,6 +450,8 @@ int serve(const ServeOptions& o) {
       } else {
         for (Param* p : back.all_params()) s.initial.push_back(whole.param(p->name()).value().clone());
       }
+      s.session_bytes = static_cast<std::size_t>(
+          training_memory_bytes(back, o.batch_size, static_cast<int>(o.microbatches), optimizer_state_floats(o.optimizer)));
       shards.push_back(std::move(s));
     }
     if (!o.init_from.empty()) std::printf("back shards initialised from %s\n", o.init_from.c_str());
@@ -494,6 +563,21 @@ int serve(const ServeOptions& o) {
               "queued a session\n",
               o.max_connections, o.max_pending_hello, o.handshake_timeout_s, o.hello_timeout_s, o.max_queued_bytes >> 20);
 
+  // The sessions' memory, by their estimates at Hello: --session-memory-mb, or on cuda the
+  // GPU's budget (whose buffers hold the shards' tensors).
+  SessionMemory memory(o.session_memory_bytes != 0 ? o.session_memory_bytes
+                       : o.backend == "cuda"       ? gpu_memory_use().budget
+                                                   : 0);
+  if (!shared) {
+    std::size_t largest = 0;
+    for (const BackShard& sh : shards) largest = std::max(largest, sh.session_bytes);
+    std::printf("sessions' memory: about %lld MiB a session's back shard (batch %u in %u micro-batches%s); %s\n",
+                mib_up(largest), o.batch_size, o.microbatches, shards.size() > 1 ? ", the largest cut's" : "",
+                memory.limit() ? cat("at most ", mib_up(memory.limit()),
+                                     " MiB for all together, estimated at Hello: beyond, Busy").c_str()
+                               : "no bound (--session-memory-mb)");
+  }
+
   FolderCheckpoints checkpoints(o.state_dir + "/checkpoints");
   ServiceMetrics metrics;
   std::map<uint64_t, std::unique_ptr<Worker>> workers;
@@ -525,6 +609,8 @@ int serve(const ServeOptions& o) {
                 g.refused_max_connections = endpoint->refused_connections();
                 g.closed_queue_overflow = endpoint->overflowed_connections();
                 if (o.backend == "cuda") g.gpu = gpu_memory_use();
+                g.session_memory_used = memory.used();
+                g.session_memory_limit = memory.limit();
                 return g;
               })};
     });
@@ -587,7 +673,7 @@ int serve(const ServeOptions& o) {
                     ev.text.c_str());
         ++metrics.sessions_opened;
         workers[ev.connection] = std::make_unique<Worker>(ev.connection, ev.text, ev.serial, shards, o, *endpoint,
-                                                          checkpoints, shared.get(), tokens.get(), metrics);
+                                                          checkpoints, shared.get(), tokens.get(), metrics, memory);
         break;
       }
       case EndpointEvent::Kind::Message: {

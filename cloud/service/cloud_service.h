@@ -22,6 +22,10 @@ struct ServeOptions {
   std::string backend = "onednn";
   int threads = 1;  // each session's kernel threads (BackendOptions.threads)
   uint32_t batch_size = 64, microbatches = 4;
+  // What the sessions' back shards may take together, estimated at Hello (training_memory_bytes
+  // at batch_size and microbatches); 0: no bound (on cuda: the GPU's budget, gpu_memory_bytes).
+  // A session that does not fit now is answered Busy, one that never could NoRoom.
+  std::size_t session_memory_bytes = 0;
   OptimizerOptions optimizer;
   uint64_t seed = 1;
   std::size_t max_message_bytes = kDefaultMaxMessageBytes;

@@ -64,6 +64,11 @@ std::string ServiceMetrics::prometheus_text(const std::function<Gauges()>& gauge
   counter("tandem_back_shard_batched_microbatches_total",
           "Edges' micro-batches in those batches (divided by the batches: edges a batch).",
           static_cast<double>(g.shard_batched_microbatches));
+  gauge("tandem_session_memory_bytes",
+        "The open sessions' back shards by their estimates at Hello (tandem-cloud serve --session-memory-mb).",
+        static_cast<double>(g.session_memory_used));
+  gauge("tandem_session_memory_limit_bytes", "What they may take together (0: no bound).",
+        static_cast<double>(g.session_memory_limit));
   family(out, "tandem_gpu_memory_bytes", "gauge",
          "The cuda backend's device memory: held by the sessions' kernels (live) and cached by its pool for the next "
          "(cached); both count against --gpu-memory-mb (0 on other backends).");

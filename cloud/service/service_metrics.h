@@ -34,6 +34,7 @@ class ServiceMetrics {
     uint64_t shard_batches = 0, shard_batched_microbatches = 0;  // --batch-edges: BackShardBatches::Stats
     uint64_t refused_max_connections = 0, closed_queue_overflow = 0;  // the transport's own counts
     GpuMemoryUse gpu;  // the cuda backend's pool (all 0 on the others)
+    std::size_t session_memory_used = 0, session_memory_limit = 0;  // estimates held at Hello; 0: no bound
   };
   // The text of one scrape; `gauges` is called once for it.
   std::string prometheus_text(const std::function<Gauges()>& gauges) const;

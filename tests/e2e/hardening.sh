@@ -6,7 +6,8 @@
 # works. /metrics is scraped during a run and its counters checked against the run. Raw
 # WebSocket probes: unmasked frames, bad opcodes and fragmented or long control frames get a close, connections
 # that never speak (TLS or Hello) are closed at their deadlines, and the bounds on connections
-# without Hello and on all connections answer with a Busy Error.
+# without Hello and on all connections answer with a Busy Error; the sessions' memory, estimated
+# at Hello, refuses a session that cannot fit (NoRoom) and answers one that cannot fit now Busy.
 # Usage: hardening.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -149,4 +150,45 @@ grep -q "the cloud serves at most 1 connections at once.*; trying again in [0-9.
 "$build/tools/tandem" audit verify "$work/hospital-b/egress.jsonl" > "$work/audit.out" ||
   fail "the retried run's egress log: $(cat "$work/audit.out")"
 echo "busy: the edge retried $(grep -c 'trying again' "$work/patient.out") times and trained"
-echo "PASS: revocation (live session closed in $took s), metrics checked against a run, RFC 6455 probes, deadlines and bounds"
+kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+
+# The sessions' memory, estimated at each Hello (--session-memory-mb): below one session's
+# estimate the edge is refused with NoRoom and told why; with room for one session, a second
+# is answered Busy while the first trains, says Hello again, and trains once it is done.
+start_cloud unbounded
+each=$(grep -o "about [0-9]* MiB a session's back shard" "$work/unbounded.log" | awk '{ print $2 }')
+[[ -n $each && $each -ge 2 ]] || fail "no session estimate at start: $(cat "$work/unbounded.log")"
+kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+start_cloud tight --session-memory-mb $((each - 1))
+train toobig "$work/hospital-b" --limit 320 --test-limit 100 && fail "an edge that cannot fit trained"
+grep -q "needs about $each MiB, more than the $((each - 1)) MiB this cloud gives all sessions together" "$work/toobig.out" ||
+  fail "no NoRoom refusal: $(tail -3 "$work/toobig.out")"
+grep -q "trying again" "$work/toobig.out" && fail "the edge retried a session that can never fit"
+[[ $(metric 'tandem_errors_sent_total{code="NoRoom"}') == 1 ]] || fail "the NoRoom refusal was not counted"
+kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+start_cloud roomy --session-memory-mb $((each * 3 / 2))
+for c in hospital-d hospital-e; do
+  "$cloud_bin" pki issue --state-dir "$work/state" --client $c --out "$work/$c" > /dev/null
+done
+# The first edge is stopped (SIGSTOP) once its session holds its memory, so the second's
+# Hello meets it whatever the machine's speed; it goes on once the second was answered Busy.
+train first "$work/hospital-d" --limit 6400 --test-limit 100 &
+first_pid=$!
+pids+=("$first_pid")
+for _ in $(seq 1 100); do [[ $(metric tandem_session_memory_bytes) -gt 0 ]] && break; sleep 0.05; done
+kill -STOP "$first_pid"
+[[ $(metric tandem_session_memory_bytes) -gt 0 ]] || { kill -CONT "$first_pid"; fail "the first session holds no memory"; }
+train second "$work/hospital-e" --limit 320 --test-limit 100 --connect-retries 8 &
+second_pid=$!
+pids+=("$second_pid")
+for _ in $(seq 1 100); do grep -q "trying again" "$work/second.out" 2> /dev/null && break; sleep 0.1; done
+kill -CONT "$first_pid"
+wait "$second_pid" || fail "the second edge: $(tail -3 "$work/second.out")"
+wait "$first_pid" || fail "the first edge: $(tail -3 "$work/first.out")"
+grep -q "the sessions' memory ($((each * 3 / 2)) MiB, --session-memory-mb) has [0-9]* MiB left: try again later; trying again" \
+  "$work/second.out" || fail "the second edge was not answered Busy: $(head -5 "$work/second.out")"
+[[ $(metric 'tandem_connections_refused_total{reason="session_memory"}') -ge 1 ]] || fail "session_memory refusals not counted"
+for _ in $(seq 1 50); do [[ $(metric tandem_session_memory_bytes) == 0 ]] && break; sleep 0.1; done
+[[ $(metric tandem_session_memory_bytes) == 0 ]] || fail "closed sessions still hold $(metric tandem_session_memory_bytes) bytes"
+echo "session memory: $each MiB a session; NoRoom below it, Busy for a second one, which trained after"
+echo "PASS: revocation (live session closed in $took s), metrics checked against a run, RFC 6455 probes, deadlines and bounds, the sessions' memory"
