@@ -132,6 +132,19 @@ struct EncoderSplit {
   }
 };
 
+// The cloud's answer to `ev`, an EvalForward of d's `count` sequences: it scores them as the
+// whole model `whole` does.
+void expect_scored_like(EncoderSplit& s, std::span<const uint8_t> ev, Network& whole, const Sequences& d, int64_t count) {
+  CloudReply r = deliver(s.cloud, ev);
+  ASSERT_FALSE(r.close);
+  WireError err;
+  EdgeSession::EvalResult result;
+  ASSERT_TRUE(s.edge.on_eval_result(frame_of(r.bytes), err, result)) << err.text;
+  whole.set_training(false);
+  EXPECT_EQ(result.correct, count_correct(whole.forward(d.inputs(), 0), d.labels.data()));
+  EXPECT_EQ(result.count, count);
+}
+
 // Hands the cloud's Backward replies to the edge, the last first; they end its step.
 void deliver_backwards(EdgeSession& edge, const std::vector<Frame>& replies) {
   bool done = false;
@@ -211,14 +224,7 @@ TEST(SequenceSplit, EvaluationCarriesTheMask) {
   const wire::EvalForward* e = wire::GetMessage(ev.data())->payload_as_EvalForward();
   ASSERT_NE(e->mask(), nullptr);
   EXPECT_EQ(e->mask()->size(), 48u);
-  CloudReply r = deliver(s.cloud, ev);
-  ASSERT_FALSE(r.close);
-  WireError err;
-  EdgeSession::EvalResult result;
-  ASSERT_TRUE(s.edge.on_eval_result(frame_of(r.bytes), err, result)) << err.text;
-  s.whole.set_training(false);
-  EXPECT_EQ(result.correct, count_correct(s.whole.forward(d.inputs(), 0), d.labels.data()));
-  EXPECT_EQ(result.count, 8);
+  expect_scored_like(s, ev, s.whole, d, 8);
 }
 
 // The encoder with LoRA adapters (dropout 0.1) on its queries and values and every other
@@ -316,14 +322,7 @@ TEST(SequenceSplit, EvaluationInPiecesSendsWhatOneForwardDoes) {
     ASSERT_NEAR(y[i], x[i], 1e-5f * std::max(1.0f, std::fabs(x[i]))) << "value " << i;
   ASSERT_NE(b->mask(), nullptr);
   EXPECT_TRUE(std::equal(a->mask()->begin(), a->mask()->end(), b->mask()->begin(), b->mask()->end()));
-  CloudReply r = deliver(in_pieces.cloud, pieces);
-  ASSERT_FALSE(r.close);
-  WireError err;
-  EdgeSession::EvalResult result;
-  ASSERT_TRUE(in_pieces.edge.on_eval_result(frame_of(r.bytes), err, result)) << err.text;
-  in_pieces.whole.set_training(false);
-  EXPECT_EQ(result.correct, count_correct(in_pieces.whole.forward(d.inputs(), 0), d.labels.data()));
-  EXPECT_EQ(result.count, 8);
+  expect_scored_like(in_pieces, pieces, in_pieces.whole, d, 8);
 }
 
 // A Forward whose mask is missing, the wrong size or not 0/1 is refused with the reason; a
@@ -482,13 +481,7 @@ TEST(LengthBuckets, MicroBatchesRunAtTheirBucketAndTrainLikeTheFullLength) {
   const wire::EvalForward* m = wire::GetMessage(ev.data())->payload_as_EvalForward();
   EXPECT_EQ(m->activations()->shape()->Get(1), 4);
   EXPECT_EQ(m->mask()->size(), 20u);
-  CloudReply r = deliver(s.cloud, ev);
-  ASSERT_FALSE(r.close);
-  WireError err;
-  EdgeSession::EvalResult result;
-  ASSERT_TRUE(s.edge.on_eval_result(frame_of(r.bytes), err, result)) << err.text;
-  plain.whole.set_training(false);
-  EXPECT_EQ(result.correct, count_correct(plain.whole.forward(e.inputs(), 0), e.labels.data()));
+  expect_scored_like(s, ev, plain.whole, e, 5);
 }
 
 // Local training (tandem train) cuts micro-batches to their buckets too, with the same result.
