@@ -78,9 +78,9 @@ constexpr const char* kUsage = R"(usage:
       with more than N MiB waiting in either direction (default 512) is closed. Revoked
       identities (`pki revoke`) are refused, and their live sessions closed within a second.
       --session-memory-mb N: the sessions' back shards together stay within N MiB, by an
-      estimate made at each Hello at the cloud's B and K (weights, gradients and optimizer
-      state, what K micro-batches keep for backward, one forward and backward; printed at
-      start): beyond, an edge is answered Busy and says Hello again later; one that could
+      estimate made when a Hello is accepted, at the cloud's B (weights, gradients and
+      optimizer state, what a step keeps for backward, a forward and backward of B; printed
+      at start): beyond, an edge is answered Busy and says Hello again later; one that could
       never fit is refused with NoRoom. Default: no bound, on cuda --gpu-memory-mb's.
       --weight-grads deferred (default): each gradient of the cut goes back before the back
       shard's own weight gradients, which run while the session waits for the edge (the

@@ -299,11 +299,29 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
     for (int id : input_ids_[n]) node_inputs_.push_back(s.values[static_cast<std::size_t>(id)]);
     const Shape out_shape = Graph::at_length(nodes[n].shape, nodes[n].tokens, length).batched(batch);
     Tensor& out = s.values[first_node + n];
+    const std::size_t out_id = first_node + n;
+    // Transient tensors read for the last time (or never) give their storage back; their
+    // values stay in the slot for their shapes only.
+    auto give_back_transients = [&] {
+      if (s.transient.empty()) return;
+      auto give_back = [&](std::size_t id) {
+        if (retained_[id] || !s.transient[id].defined()) return;
+        transients_.push_back(std::move(s.transient[id]));
+        s.transient[id] = Tensor();
+      };
+      for (int in : input_ids_[n])
+        for (auto id = static_cast<std::size_t>(in);;) {  // through views to their sources
+          if (last_read_[id] == static_cast<int>(n)) give_back(id);
+          if (id < first_node || !layers_[id - first_node]->is_view()) break;
+          id = static_cast<std::size_t>(input_ids_[id - first_node][0]);
+        }
+      if (last_read_[out_id] < 0 && !layers_[n]->is_view()) give_back(out_id);
+    };
     if (layers_[n]->is_view()) {
       out = node_inputs_[0].reshape(out_shape);
+      if (!evaluation) give_back_transients();  // a view nothing reads ends its source's life here
       continue;
     }
-    const std::size_t out_id = first_node + n;
     if (evaluation) {
       out = from_pool(s.pool, out_shape);
     } else if (!retained_[out_id]) {
@@ -316,20 +334,7 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
     layers_[n]->forward(node_inputs_, out, s.stashes[n]);
     if (times_) times_->forward_s[n] += now_s() - t0;
     if (!evaluation) {
-      // Transient tensors read for the last time (or never) give their storage back; their
-      // values stay in the slot for their shapes only.
-      auto give_back = [&](std::size_t id) {
-        if (retained_[id] || s.transient.size() <= id || !s.transient[id].defined()) return;
-        transients_.push_back(std::move(s.transient[id]));
-        s.transient[id] = Tensor();
-      };
-      for (int in : input_ids_[n])
-        for (auto id = static_cast<std::size_t>(in);;) {  // through views to their sources
-          if (last_read_[id] == static_cast<int>(n)) give_back(id);
-          if (id < first_node || !layers_[id - first_node]->is_view()) break;
-          id = static_cast<std::size_t>(input_ids_[id - first_node][0]);
-        }
-      if (last_read_[out_id] < 0) give_back(out_id);
+      give_back_transients();
       continue;
     }
     for (int id : input_ids_[n]) {  // inputs read for the last time go back to the pool

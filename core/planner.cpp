@@ -155,14 +155,13 @@ std::vector<std::string> legal_cuts(const Graph& graph) {
   return cuts;
 }
 
-double training_memory_bytes(Network& shard, int64_t batch, int microbatches, int state_per_param) {
+double training_memory_bytes(Network& shard, int64_t batch, int64_t microbatch, int state_per_param) {
   const auto floats = [](int64_t n) { return static_cast<double>(n); };
   double params = 0;
   for (Param* p : shard.all_params())
     params += floats(p->value().numel()) * (p->trainable() ? 2.0 + state_per_param : 1.0);
   const Network::ActivationFloats acts = shard.activation_floats();
-  const int64_t largest = microbatch_range(batch, std::clamp<int64_t>(microbatches, 1, std::max<int64_t>(batch, 1)), 0).count;
-  return (params + floats(acts.kept * batch) + 2.0 * floats(acts.all * largest)) * sizeof(float);
+  return (params + floats(acts.kept * batch) + 2.0 * floats(acts.all * microbatch)) * sizeof(float);
 }
 
 std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backend& edge, Backend& cloud) {
@@ -191,7 +190,7 @@ std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backen
     Network probe(front, edge, 1);
     for (int k : o.microbatches) {
       if (k > o.batch) continue;
-      const double peak_mb = training_memory_bytes(probe, o.batch, k, 1) / (1 << 20);
+      const double peak_mb = training_memory_bytes(probe, o.batch, microbatch_range(o.batch, k, 0).count, 1) / (1 << 20);
       std::vector<MicrobatchCost> mbs;
       PlanRow row;
       row.cut = cut;

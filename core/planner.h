@@ -61,10 +61,12 @@ struct PlanRow {
 
 // What training `shard` takes in memory, in bytes (tensors; not the process, stashes or
 // kernels' scratch): every parameter's value, a gradient and `state_per_param` floats of
-// optimizer state for each trainable one (SGD with momentum 1, Adam 2), what K slots of
-// `batch` samples keep for backward, and one micro-batch's forward and backward buffers.
-// The planner's edge memory and the cloud's admission at Hello (--session-memory-mb).
-double training_memory_bytes(Network& shard, int64_t batch, int microbatches, int state_per_param);
+// optimizer state for each trainable one (SGD with momentum 1, Adam 2), what the slots of a
+// step of `batch` samples keep for backward, and a forward and backward buffers of
+// `microbatch` samples. The planner's edge memory (microbatch: its largest at K) and the
+// cloud's admission at Hello (--session-memory-mb; microbatch: the whole batch, which an edge
+// may send as one, and which a deferred backward's K slots hold in buffers).
+double training_memory_bytes(Network& shard, int64_t batch, int64_t microbatch, int state_per_param);
 
 // The row with the most samples/s among those that fit (throws if none does).
 const PlanRow& recommend(const std::vector<PlanRow>& rows);

@@ -238,20 +238,20 @@ TEST(Planner, TheMaskGoesUpWithTheActivations) {
 // A shard's training memory, as the planner and the cloud's admission at Hello count it: a
 // linear 4 -> 3 with bias trained by SGD with momentum keeps its 15 parameters three times
 // (value, gradient, momentum); each of the batch's 8 samples keeps its input and output (7
-// floats) for backward; and the largest micro-batch (4 of them at K = 2) passes through
-// every tensor and back through as many gradient buffers. A frozen one keeps its value only,
-// and Adam keeps two moments.
+// floats) for backward; and a micro-batch (4 of them at K = 2, or all 8) passes through every
+// tensor and back through as many gradient buffers. A frozen one keeps its value only, and
+// Adam keeps two moments.
 TEST(Planner, TrainingMemoryCountsWhatTheShardKeeps) {
   NodeSpec fc = named("linear");
   fc.linear.out_features = 3;
   auto reference = make_backend("reference");
   Network net(Graph::build(one_node_spec({4}, fc)), *reference, 1);
-  EXPECT_EQ(training_memory_bytes(net, 8, 2, 1), (15 * 3 + 7 * 8 + 2 * 7 * 4) * 4.0);
-  EXPECT_EQ(training_memory_bytes(net, 8, 2, 2), (15 * 4 + 7 * 8 + 2 * 7 * 4) * 4.0);
-  EXPECT_EQ(training_memory_bytes(net, 7, 2, 1), (15 * 3 + 7 * 7 + 2 * 7 * 4) * 4.0) << "7 in 2: 4 and 3";
+  EXPECT_EQ(training_memory_bytes(net, 8, 4, 1), (15 * 3 + 7 * 8 + 2 * 7 * 4) * 4.0);
+  EXPECT_EQ(training_memory_bytes(net, 8, 4, 2), (15 * 4 + 7 * 8 + 2 * 7 * 4) * 4.0);
+  EXPECT_EQ(training_memory_bytes(net, 8, 8, 1), (15 * 3 + 7 * 8 + 2 * 7 * 8) * 4.0) << "one micro-batch of 8";
   fc.freeze = true;
   Network frozen(Graph::build(one_node_spec({4}, fc)), *reference, 1);
-  EXPECT_EQ(training_memory_bytes(frozen, 8, 2, 1), (15 + 7 * 8 + 2 * 7 * 4) * 4.0);
+  EXPECT_EQ(training_memory_bytes(frozen, 8, 4, 1), (15 + 7 * 8 + 2 * 7 * 4) * 4.0);
   EXPECT_EQ(optimizer_state_floats({.momentum = 0.9f}), 1);
   EXPECT_EQ(optimizer_state_floats({}), 0);
   EXPECT_EQ(optimizer_state_floats({.kind = "adamw"}), 2);

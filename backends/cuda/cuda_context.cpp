@@ -1,6 +1,7 @@
 #include "backends/cuda/cuda_context.h"
 
 #include <climits>
+#include <cstdio>
 #include <cstdlib>
 
 #include "backends/cuda/cuda_budget.h"
@@ -24,7 +25,10 @@ DevicePool& device_pool() {
   static DevicePool* pool = new DevicePool(
       {[](std::size_t bytes) {
          void* p = nullptr;
-         check(cudaMalloc(&p, bytes), cat("cudaMalloc of ", bytes, " bytes").c_str());
+         if (const cudaError_t e = cudaMalloc(&p, bytes); e != cudaSuccess) {
+           cudaGetLastError();  // clear it: the next launch's check must not report this failure
+           check(e, cat("cudaMalloc of ", bytes, " bytes").c_str());
+         }
          return p;
        },
        [](void* p) { cudaFree(p); }},
@@ -32,10 +36,27 @@ DevicePool& device_pool() {
   return *pool;
 }
 
-void DeviceFree::operator()(void* p) const { device_pool().give(p); }
+namespace {
+
+// The stream of the context a thread bound last (Context::use): a kernel's buffers are made
+// right after its context is bound, and are given back on it.
+thread_local cudaStream_t t_stream = nullptr;
+
+}  // namespace
+
+void DeviceFree::operator()(void* p) const {
+  // What the stream still has queued may use the block (a call that threw before its
+  // finish()): wait for it before another stream can take the block from the cache. Without
+  // a stream, every stream (what cudaFree would do).
+  if (stream)
+    cudaStreamSynchronize(stream);
+  else
+    cudaDeviceSynchronize();
+  if (!device_pool().give(p)) std::fprintf(stderr, "tandem-cloud: [cuda] a device block the pool did not make; left alone\n");
+}
 
 DeviceBuffer::DeviceBuffer(std::size_t bytes)
-    : ptr_(device_pool().take(bytes, "a kernel's buffers"), DeviceFree{}), bytes_(bytes) {}
+    : ptr_(device_pool().take(bytes, "a kernel's buffers"), DeviceFree{t_stream}), bytes_(bytes) {}
 
 int chosen_device() {
   const char* chosen = std::getenv("TANDEM_CUDA_DEVICE");
@@ -70,7 +91,10 @@ void Context::destroy() {
   stream_ = nullptr;
 }
 
-void Context::use() const { check(cudaSetDevice(device_), "cudaSetDevice"); }
+void Context::use() const {
+  check(cudaSetDevice(device_), "cudaSetDevice");
+  t_stream = stream_;
+}
 
 std::shared_ptr<Context> bound(std::shared_ptr<Context> ctx) {
   ctx->use();

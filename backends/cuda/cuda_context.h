@@ -20,13 +20,17 @@ void check(cudaError_t status, const char* what);
 void check(cublasStatus_t status, const char* what);
 void check(cudnnStatus_t status, const char* what);
 
-// Gives device memory back to device_pool() (cuda_pool.h), which caches it.
+// Gives device memory back to device_pool() (cuda_pool.h), which caches it, once `stream` (the
+// one its kernel's work is queued on) has nothing left queued.
 struct DeviceFree {
+  cudaStream_t stream = nullptr;
   void operator()(void* p) const;
 };
 
 // Device memory of a fixed size, taken from device_pool() (within device_budget()) and given
-// back with the object: sessions that come and go reuse it without cudaMalloc or cudaFree.
+// back with the object: sessions that come and go reuse it without cudaMalloc or cudaFree. It
+// belongs to the stream of the context the thread bound last (bound(), Context::use), which
+// must outlive it: a kernel's context is its first member, its buffers come after.
 class DeviceBuffer {
  public:
   DeviceBuffer() = default;

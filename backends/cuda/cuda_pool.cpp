@@ -57,14 +57,15 @@ void* DevicePool::take(std::size_t bytes, const char* what) {
   return block;
 }
 
-void DevicePool::give(void* block) {
-  if (block == nullptr) return;
+bool DevicePool::give(void* block) {
+  if (block == nullptr) return true;
   std::lock_guard<std::mutex> lock(mutex_);
   const auto it = sizes_.find(block);
-  if (it == sizes_.end()) fail("cuda", "a device block given back to the pool that did not make it");
+  if (it == sizes_.end()) return false;
   use_.live -= it->second;
   use_.cached += it->second;
   cached_.emplace(it->second, block);
+  return true;
 }
 
 void DevicePool::trim() {

@@ -34,8 +34,9 @@ class DevicePool {
   // Back into the cache. Every kernel call here ends with its stream waited for
   // (Context::staged), so no queued work still reads the block when its buffer goes; calls
   // that stop waiting must record an event a block and reuse it only once the event passed
-  // (as PyTorch's caching allocator does).
-  void give(void* block);
+  // (as PyTorch's caching allocator does). False, and nothing done, for a block this pool did
+  // not make (it runs in a deleter: it must not throw).
+  bool give(void* block);
   // Frees every cached block and gives its bytes back to the budget.
   void trim();
 

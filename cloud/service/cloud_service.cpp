@@ -139,6 +139,13 @@ class Worker {
     }
     wake_.notify_one();
     thread_.join();
+    // The session's memory goes before its reservation does, so the next session admitted
+    // does not meet it still held.
+    session_.reset();
+    trainer_.reset();
+    optimizer_.reset();
+    back_.reset();
+    backend_.reset();
     memory_.give(reserved_);
   }
   Worker(const Worker&) = delete;
@@ -226,16 +233,15 @@ class Worker {
     return shards_.front();
   }
 
-  // Whether the session's back shard fits beside the others' (its estimate reserved until
-  // the session ends); if not, the connection is closed with Busy (try again later) or, when
-  // it could never fit, NoRoom. A federation's one shard is made at start: nothing to admit.
+  // Whether an accepted Hello's back shard fits beside the others' (its estimate reserved
+  // until the session ends); if not, the connection is closed with Busy (try again later) or,
+  // when it could never fit, NoRoom, instead of the Welcome. A federation's one shard is made
+  // at start: nothing to admit.
   bool admit(const BackShard& shard) {
     if (shared_ || memory_.limit() == 0) return true;
-    const ServeOptions& o = options_;
     std::size_t left = 0;
-    const std::string needs = cat("this session's back shard (cut '", shard.cut, "', batch ", o.batch_size, " in ",
-                                  o.microbatches, " micro-batches, the cloud's limits) needs about ",
-                                  mib_up(shard.session_bytes), " MiB");
+    const std::string needs = cat("this session's back shard (cut '", shard.cut, "', at the cloud's batch of ",
+                                  options_.batch_size, ") needs about ", mib_up(shard.session_bytes), " MiB");
     if (shard.session_bytes > memory_.limit()) {
       metrics_.count_refusal("session_memory");
       close_with(wire::ErrorCode::NoRoom,
@@ -297,6 +303,7 @@ class Worker {
     trainer_ = std::move(trainer);
     session_ = std::move(session);
     cut_ = shard.cut;
+    shard_ = &shard;
   }
 
   void run() {
@@ -333,11 +340,7 @@ class Worker {
         continue;
       }
       if (closing_) continue;
-      if (!session_) {
-        const BackShard& shard = shard_for(frame);
-        if (!admit(shard)) continue;
-        start_session(shard);
-      }
+      if (!session_) start_session(shard_for(frame));
       CloudSession& session = *session_;
       if (session.closed()) continue;  // the connection is closing: drop the rest
       bytes_in_ += frame.size();
@@ -346,6 +349,11 @@ class Worker {
       const uint64_t steps_before = session.step(), samples_before = session.trained_samples();
       const double busy_before = session.busy_seconds();
       CloudReply reply = session.handle(frame);
+      // Admitted once its Hello is accepted: a wrong model or a refused token gets its own Error.
+      if (!greeted_ && !session.client_id().empty() && !reply.close && !session.closed() && !admit(*shard_)) {
+        greeted_ = true;
+        continue;
+      }
       greeted_ = greeted_ || !session.client_id().empty() || session.closed();
       bytes_out_ += reply.bytes.size() + reply.then.size();
       metrics_.bytes_out += reply.bytes.size() + reply.then.size();
@@ -399,6 +407,7 @@ class Worker {
   std::unique_ptr<BackShardTrainer> trainer_;
   std::unique_ptr<CloudSession> session_;
   std::string cut_;
+  const BackShard* shard_ = nullptr;  // the session's (start_session)
   std::mutex mutex_;
   std::condition_variable wake_;
   std::deque<Frame> inbox_;
@@ -450,8 +459,10 @@ int serve(const ServeOptions& o) {
       } else {
         for (Param* p : back.all_params()) s.initial.push_back(whole.param(p->name()).value().clone());
       }
+      // At the cloud's limits, and with the whole batch as the working micro-batch: an edge may
+      // send one of B, and deferred weight gradients keep K slots of backward buffers.
       s.session_bytes = static_cast<std::size_t>(
-          training_memory_bytes(back, o.batch_size, static_cast<int>(o.microbatches), optimizer_state_floats(o.optimizer)));
+          training_memory_bytes(back, o.batch_size, o.batch_size, optimizer_state_floats(o.optimizer)));
       shards.push_back(std::move(s));
     }
     if (!o.init_from.empty()) std::printf("back shards initialised from %s\n", o.init_from.c_str());
@@ -571,8 +582,8 @@ int serve(const ServeOptions& o) {
   if (!shared) {
     std::size_t largest = 0;
     for (const BackShard& sh : shards) largest = std::max(largest, sh.session_bytes);
-    std::printf("sessions' memory: about %lld MiB a session's back shard (batch %u in %u micro-batches%s); %s\n",
-                mib_up(largest), o.batch_size, o.microbatches, shards.size() > 1 ? ", the largest cut's" : "",
+    std::printf("sessions' memory: about %lld MiB a session's back shard (at batch %u%s); %s\n", mib_up(largest),
+                o.batch_size, shards.size() > 1 ? ", the largest cut's" : "",
                 memory.limit() ? cat("at most ", mib_up(memory.limit()),
                                      " MiB for all together, estimated at Hello: beyond, Busy").c_str()
                                : "no bound (--session-memory-mb)");
