@@ -245,6 +245,25 @@ std::string lora_encoder_spec() {
   return json;
 }
 
+// The cloud evaluates a chunk larger than its micro-batch (ceil(32 / 3) = 11 at this cloud's
+// limits) in pieces: 12 sequences as 11 and 1, scored as the whole model scores them, loss
+// included.
+TEST(SequenceSplit, TheCloudEvaluatesAChunkInPieces) {
+  const Sequences d = sequences(12, 8);
+  EncoderSplit s(3);
+  const std::span<const uint8_t> ev = s.edge.eval_forward(1, d.inputs(), d.labels.data(), 12);
+  CloudReply r = deliver(s.cloud, ev);
+  ASSERT_FALSE(r.close);
+  const wire::EvalResult* got = wire::GetMessage(r.bytes.data())->payload_as_EvalResult();
+  ASSERT_NE(got, nullptr);
+  s.whole.set_training(false);
+  const Tensor& logits = s.whole.forward(d.inputs(), 0);
+  const double want = compute_loss(s.graph.loss(), logits, d.labels.data(), 1.0f, nullptr);
+  EXPECT_NEAR(got->loss_sum(), want, 1e-5 * std::max(1.0, std::fabs(want)));
+  EXPECT_EQ(got->correct(), static_cast<uint32_t>(count_correct(logits, d.labels.data())));
+  EXPECT_EQ(got->count(), 12u);
+}
+
 // A training forward keeps only what a backward reads (Layer::backward_reads); the rest of
 // each micro-batch's tensors give their storage to the next forward's. So three micro-batches
 // forwarded before any is backed up must train exactly as the same three backed up one at a
