@@ -348,6 +348,20 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
   return s.values[first_node + static_cast<std::size_t>(graph_.output())];
 }
 
+const Tensor& Network::forward_in_pieces(std::span<const Tensor> inputs, int slot, int64_t piece, Joined& joined) {
+  const int64_t count = inputs.empty() ? 0 : inputs[0].shape()[0];
+  if (piece <= 0 || count <= piece) return forward(inputs, slot);
+  joined.piece_inputs.resize(inputs.size());
+  for (int64_t begin = 0; begin < count; begin += piece) {
+    const int64_t n = std::min(piece, count - begin);
+    for (std::size_t k = 0; k < inputs.size(); ++k) joined.piece_inputs[k] = inputs[k].slice_batch(begin, n);
+    const Tensor& out = forward(joined.piece_inputs, slot);
+    if (begin == 0) joined.out = view_of_backing(joined.storage, out.shape().resize_batch(count));
+    std::copy_n(out.data(), out.numel(), joined.out.data() + begin * out.shape().item_numel());
+  }
+  return joined.out;
+}
+
 const Tensor& Network::output(int slot_index) const {
   if (slot_index < 0 || static_cast<std::size_t>(slot_index) >= slots_.size() ||
       slots_[static_cast<std::size_t>(slot_index)].values.empty())

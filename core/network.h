@@ -54,6 +54,16 @@ class Network {
   const Tensor& forward(std::span<const Tensor> inputs, int slot);
   const Tensor& forward(const Tensor& input, int slot) { return forward(std::span<const Tensor>(&input, 1), slot); }
 
+  // Forward of the inputs' samples (their first dimension) at most `piece` at a time into
+  // `slot`, the outputs put together in `joined` (its storage reused from call to call): an
+  // evaluation chunk then runs on a micro-batch's kernels and memory. With piece <= 0 or no
+  // more samples than it, one forward (its output returned as forward's is).
+  struct Joined {
+    std::vector<Tensor> piece_inputs;
+    Tensor out, storage;
+  };
+  const Tensor& forward_in_pieces(std::span<const Tensor> inputs, int slot, int64_t piece, Joined& joined);
+
   // The output of the last forward into `slot` (throws if there was none).
   const Tensor& output(int slot) const;
 

@@ -472,14 +472,14 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   // A slot of its own, so evaluation never disturbs a training step's stashes.
   back_.set_training(false);
   if (u_shaped_) {  // the edge's tail scores it
-    const Tensor& out = eval_forward(activations, count);
+    const Tensor& out = eval_forward(activations);
     busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     const CloudReply reply{writer_.eval_middle_output(eval.batch_id(), out, dtype_, busy_s_), false};
     shard_.end_compute();
     if (own_turn) shard_.end_eval(config_.session_id);
     return reply;
   }
-  const Tensor& logits = eval_forward(activations, count);
+  const Tensor& logits = eval_forward(activations);
   const int64_t heads = back_.graph().output_groups();
   const double loss = compute_loss(back_.graph().loss(), logits, eval.labels()->data(), 1.0f, nullptr, heads);
   const auto correct = static_cast<uint32_t>(count_correct(logits, eval.labels()->data(), heads));
@@ -490,24 +490,9 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
   return reply;
 }
 
-const Tensor& CloudSession::eval_forward(std::span<const Tensor> inputs, int64_t count) {
-  const int slot = static_cast<int>(config_.microbatches);
+const Tensor& CloudSession::eval_forward(std::span<const Tensor> inputs) {
   const int64_t piece = (static_cast<int64_t>(config_.batch_size) + config_.microbatches - 1) / config_.microbatches;
-  if (count <= piece) return back_.forward(inputs, slot);
-  for (int64_t begin = 0; begin < count; begin += piece) {
-    const int64_t n = std::min(piece, count - begin);
-    eval_piece_.resize(inputs.size());
-    for (std::size_t k = 0; k < inputs.size(); ++k) eval_piece_[k] = inputs[k].slice_batch(begin, n);
-    const Tensor& out = back_.forward(eval_piece_, slot);
-    if (begin == 0) {
-      const Shape shape = out.shape().resize_batch(count);
-      if (!eval_out_backing_.defined() || eval_out_backing_.numel() < shape.numel())
-        eval_out_backing_ = Tensor::empty(Shape{shape.numel()});
-      eval_out_ = eval_out_backing_.prefix(shape);
-    }
-    std::copy_n(out.data(), out.numel(), eval_out_.data() + begin * out.shape().item_numel());
-  }
-  return eval_out_;
+  return back_.forward_in_pieces(inputs, static_cast<int>(config_.microbatches), piece, eval_joined_);
 }
 
 WireError CloudSession::evicted() const {

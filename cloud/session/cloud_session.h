@@ -167,13 +167,11 @@ class CloudSession {
   int64_t mask_tokens_ = 0;               // the mask's tokens when the shard reads one, else 0
   std::vector<Tensor> masks_;             // per slot, as decoded_
   std::vector<std::vector<Tensor>> inputs_;  // per slot: the shard's inputs (activations, mask)
-  // The back shard's output for an evaluation chunk of `count` samples, forwarded at most a
-  // micro-batch of the cloud's limits (ceil(B / K)) at a time: on the kernels training made,
-  // and within what the session's admission counted (a chunk at once took spam-bert's cloud
-  // from 570 to 894 MiB).
-  const Tensor& eval_forward(std::span<const Tensor> inputs, int64_t count);
-  std::vector<Tensor> eval_piece_;
-  Tensor eval_out_, eval_out_backing_;
+  // The back shard's output for an evaluation chunk, forwarded at most a micro-batch of the
+  // cloud's limits (ceil(B / K)) at a time: on the kernels training made, and within what the
+  // session's admission counted (a chunk at once took spam-bert's cloud from 570 to 894 MiB).
+  const Tensor& eval_forward(std::span<const Tensor> inputs);
+  Network::Joined eval_joined_;
   double busy_s_ = 0.0;
   bool step_pending_ = false;  // the step is complete; its update waits for finish_step
   std::atomic<bool> cancelled_{false};

@@ -475,7 +475,7 @@ std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, std::span<
   LengthCut& cut = cut_slot(slot);
   fit_to_bucket(front_.graph(), inputs, cut);
   inputs = cut.inputs;
-  const Tensor& activations = eval_front(inputs, count);
+  const Tensor& activations = front_.forward_in_pieces(inputs, static_cast<int>(slot), eval_rows_, eval_joined_);
   if (tail_mask_ >= 0) eval_mask_ = inputs[static_cast<std::size_t>(tail_mask_)];
   if (const int64_t bad = first_non_finite(activations); bad >= 0) diverged(cat("evaluation batch ", batch_id), bad);
   eval_labels_ = labels;
@@ -485,25 +485,6 @@ std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, std::span<
                               tail_ ? std::span<const int32_t>()  // U-shaped: scored here (on_eval_result)
                                     : std::span<const int32_t>(labels, static_cast<std::size_t>(count)),
                               dtype_, mask_input_ >= 0 ? &inputs[static_cast<std::size_t>(mask_input_)] : nullptr);
-}
-
-const Tensor& EdgeSession::eval_front(std::span<const Tensor> inputs, int64_t count) {
-  const int slot = static_cast<int>(eval_slot());
-  if (eval_rows_ <= 0 || count <= eval_rows_) return front_.forward(inputs, slot);
-  for (int64_t begin = 0; begin < count; begin += eval_rows_) {
-    const int64_t n = std::min(eval_rows_, count - begin);
-    eval_piece_.resize(inputs.size());
-    for (std::size_t k = 0; k < inputs.size(); ++k) eval_piece_[k] = inputs[k].slice_batch(begin, n);
-    const Tensor& piece = front_.forward(eval_piece_, slot);
-    if (begin == 0) {
-      const Shape shape = piece.shape().resize_batch(count);
-      if (!eval_out_backing_.defined() || eval_out_backing_.numel() < shape.numel())
-        eval_out_backing_ = Tensor::empty(Shape{shape.numel()});
-      eval_out_ = eval_out_backing_.prefix(shape);
-    }
-    std::copy_n(piece.data(), piece.numel(), eval_out_.data() + begin * piece.shape().item_numel());
-  }
-  return eval_out_;
 }
 
 const Tensor& EdgeSession::leaving(const Tensor& activations, std::size_t slot) {

@@ -245,10 +245,7 @@ class EdgeSession {
   int tail_mask_ = -1;             // U-shaped: the front input the tail reads as its mask, or -1
   Tensor eval_mask_;               // U-shaped: the evaluation batch's mask, for the tail
   int64_t eval_rows_ = 0;          // set_eval_microbatch
-  std::vector<Tensor> eval_piece_;  // a piece's slices of the chunk's inputs
-  Tensor eval_out_, eval_out_backing_;  // a chunk's activations put together from its pieces
-  // The front's output for an evaluation chunk, forwarded eval_rows_ samples at a time.
-  const Tensor& eval_front(std::span<const Tensor> inputs, int64_t count);
+  Network::Joined eval_joined_;  // an evaluation chunk's activations, forwarded eval_rows_ samples at a time
   // The tail's input 0 for slot's micro-batch of `count` samples (its length: the slot's).
   Shape tail_input_shape(std::size_t slot, int64_t count) const;
   // The micro-batch [begin, begin + count) of every input of step s, cut to its bucket, in
