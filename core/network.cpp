@@ -16,6 +16,13 @@ Tensor view_of_backing(Tensor& backing, const Shape& shape) {
   return backing.prefix(shape);
 }
 
+// acc += add, elementwise.
+void add_into(Tensor& acc, const Tensor& add) {
+  float* a = acc.data();
+  const float* b = add.data();
+  for (int64_t e = 0, count = acc.numel(); e < count; ++e) a[e] += b[e];
+}
+
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
@@ -47,6 +54,36 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
   fuse_relu_into_pools();
   for (auto& [name, buffer] : buffers()) state_buffers_.push_back(buffer);
   for (auto& [name, counter] : counters()) state_counters_.push_back(counter);
+  const std::size_t tensors = graph_.inputs().size() + nodes.size();
+  grads_.resize(tensors);
+  contributions_.resize(tensors);
+  grad_holder_.assign(tensors, -1);
+  const int never = static_cast<int>(nodes.size());
+  last_read_.assign(tensors, -1);
+  for (std::size_t n = 0; n < nodes.size(); ++n)
+    for (int id : input_ids_[n]) last_read_[static_cast<std::size_t>(id)] = std::max(last_read_[static_cast<std::size_t>(id)], static_cast<int>(n));
+  for (std::size_t i = 0; i < graph_.inputs().size(); ++i) last_read_[i] = never;
+  last_read_[graph_.inputs().size() + static_cast<std::size_t>(graph_.output())] = never;
+  // A view's output shares its source's storage: the source lives as long as the view.
+  for (std::size_t n = nodes.size(); n-- > 0;) {
+    if (!layers_[n]->is_view()) continue;
+    const auto out = graph_.inputs().size() + n, src = static_cast<std::size_t>(input_ids_[n][0]);
+    last_read_[src] = std::max(last_read_[src], last_read_[out]);
+  }
+  plan_backward();
+}
+
+void Network::set_input_gradient(bool wanted) {
+  if (wanted == input_gradient_) return;
+  if (std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.values.empty(); }))
+    fail("network", cat(graph_.name(), ": set_input_gradient after a forward (it decides what a forward keeps)"));
+  input_gradient_ = wanted;
+  plan_backward();
+}
+
+void Network::plan_backward() {
+  const auto& nodes = graph_.nodes();
+  const std::size_t first_node = graph_.inputs().size();
   // Only the output and its ancestors take part in backward.
   needs_grad_.assign(nodes.size(), false);
   needs_grad_[static_cast<std::size_t>(graph_.output())] = true;
@@ -55,32 +92,35 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
     for (int s : nodes[static_cast<std::size_t>(i)].sources)
       if (s < 0) needs_grad_[static_cast<std::size_t>(-s - 1)] = true;
   }
-  const std::size_t tensors = graph_.inputs().size() + nodes.size();
-  grads_.resize(tensors);
-  contributions_.resize(tensors);
-  const int never = static_cast<int>(nodes.size());
-  last_read_.assign(tensors, -1);
-  for (std::size_t n = 0; n < nodes.size(); ++n)
-    for (int id : input_ids_[n]) last_read_[static_cast<std::size_t>(id)] = std::max(last_read_[static_cast<std::size_t>(id)], static_cast<int>(n));
-  for (std::size_t i = 0; i < graph_.inputs().size(); ++i) last_read_[i] = never;
-  last_read_[graph_.inputs().size() + static_cast<std::size_t>(graph_.output())] = never;
-  // Graph inputs are the caller's and the output is read by the caller: both kept.
-  retained_.assign(tensors, false);
-  for (std::size_t i = 0; i < graph_.inputs().size(); ++i) retained_[i] = true;
-  retained_[graph_.inputs().size() + static_cast<std::size_t>(graph_.output())] = true;
+  // Of those, the nodes with work: a trainable parameter, or an input whose gradient someone
+  // wants (in topological order, so each node's inputs are decided first).
+  grad_wanted_.assign(first_node + nodes.size(), false);
+  if (first_node > 0) grad_wanted_[0] = input_gradient_;
+  runs_backward_.assign(nodes.size(), false);
   for (std::size_t n = 0; n < nodes.size(); ++n) {
-    if (layers_[n]->is_view()) continue;
+    const auto params = layers_[n]->params();
+    const bool trains = std::any_of(params.begin(), params.end(), [](const Param* p) { return p->trainable(); });
+    const bool passes = std::any_of(input_ids_[n].begin(), input_ids_[n].end(),
+                                    [&](int id) { return grad_wanted_[static_cast<std::size_t>(id)]; });
+    runs_backward_[n] = needs_grad_[n] && (trains || passes);
+    grad_wanted_[first_node + n] = runs_backward_[n];
+  }
+  // Graph inputs are the caller's and the output is read by the caller: both kept. Otherwise
+  // what the backwards that run read (Layer::backward_reads).
+  retained_.assign(first_node + nodes.size(), false);
+  for (std::size_t i = 0; i < first_node; ++i) retained_[i] = true;
+  retained_[first_node + static_cast<std::size_t>(graph_.output())] = true;
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
+    if (layers_[n]->is_view() || !runs_backward_[n]) continue;
     const Layer::Reads reads = layers_[n]->backward_reads();
-    if (reads.output) retained_[graph_.inputs().size() + n] = true;
+    if (reads.output) retained_[first_node + n] = true;
     for (std::size_t k = 0; k < input_ids_[n].size(); ++k)
       if (k >= 32 || (reads.inputs >> k & 1u)) retained_[static_cast<std::size_t>(input_ids_[n][k])] = true;
   }
-  // A view's output shares its source's storage: the source lives as long as the view, and
-  // is kept when the view is.
+  // A view is kept when its output is (their storage is one).
   for (std::size_t n = nodes.size(); n-- > 0;) {
     if (!layers_[n]->is_view()) continue;
-    const auto out = graph_.inputs().size() + n, src = static_cast<std::size_t>(input_ids_[n][0]);
-    last_read_[src] = std::max(last_read_[src], last_read_[out]);
+    const auto out = first_node + n, src = static_cast<std::size_t>(input_ids_[n][0]);
     if (retained_[out]) retained_[src] = true;
   }
 }
@@ -386,39 +426,50 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
     fail("network", cat(graph_.name(), ": output gradient has shape ", grad_output.shape().str(), ", expected ",
                         s.values[out_id].shape().str()));
 
+  if (want_input_grad && !input_gradient_)
+    fail("network", cat(graph_.name(), ": backward asked for the input's gradient, but set_input_gradient(false)"));
   std::fill(contributions_.begin(), contributions_.end(), 0);
   for (auto& g : grads_) g = Tensor();
-  grads_[out_id] = grad_output;
+  // The last backward's gradients (its input gradient included) are free again.
+  std::fill(grad_pool_.users.begin(), grad_pool_.users.end(), 0);
+  std::fill(grad_holder_.begin(), grad_holder_.end(), -1);
+  grads_[out_id] = grad_output;  // the caller's: never written
   contributions_[out_id] = 1;
 
-  BackwardBuffers& buffers = defer_weights ? s.deferred : backward_buffers_;
+  // A deferred backward keeps its gradients in the slot's own buffers until backward_weights,
+  // a buffer a tensor; an undeferred one takes them from the pool and gives them back.
+  BackwardBuffers& deferred = s.deferred;
   for (std::size_t n = nodes.size(); n-- > 0;) {
-    if (!needs_grad_[n]) continue;
+    if (!runs_backward_[n]) continue;
     const std::size_t id = first_node + n;
     if (contributions_[id] == 0) continue;  // nothing downstream used this output
     const Tensor& grad_out = grads_[id];
     node_inputs_.clear();
     node_grads_.clear();
+    node_holders_.clear();
     for (int in_id : input_ids_[n]) node_inputs_.push_back(s.values[static_cast<std::size_t>(in_id)]);
     for (int in_id : input_ids_[n]) {
       const auto i = static_cast<std::size_t>(in_id);
-      const bool wanted = i >= first_node || (want_input_grad && i == 0);
-      if (!wanted) {
+      node_holders_.push_back(-1);
+      if (!grad_wanted_[i] || (i < first_node && !want_input_grad)) {
         node_grads_.emplace_back();
         continue;
       }
       const Shape& shape = s.values[i].shape();
       const auto position = static_cast<int>(node_grads_.size());
-      const bool repeated = std::find(input_ids_[n].begin(), input_ids_[n].begin() + position, in_id) !=
-                            input_ids_[n].begin() + position;
-      if (layers_[n]->is_view()) {
+      if (layers_[n]->is_view()) {  // shares the output gradient's storage
         node_grads_.push_back(grad_out.reshape(shape));
-      } else if (repeated) {  // the same tensor read twice (concat(x, x)): a buffer of its own
-        node_grads_.push_back(buffer(buffers.repeats, position, shape));
+        if ((node_holders_.back() = grad_holder_[id]) >= 0) ++grad_pool_.users[static_cast<std::size_t>(grad_holder_[id])];
+      } else if (!defer_weights) {
+        node_holders_.back() = take_grad(shape);
+        node_grads_.push_back(grad_pool_.storage[static_cast<std::size_t>(node_holders_.back())].prefix(shape));
+      } else if (std::find(input_ids_[n].begin(), input_ids_[n].begin() + position, in_id) !=
+                 input_ids_[n].begin() + position) {  // the same tensor read twice (concat(x, x)): a buffer of its own
+        node_grads_.push_back(buffer(deferred.repeats, position, shape));
       } else if (contributions_[i] == 0) {
-        node_grads_.push_back(buffer(buffers.grads, in_id, shape));
+        node_grads_.push_back(buffer(deferred.grads, in_id, shape));
       } else {
-        node_grads_.push_back(buffer(buffers.scratch, in_id, shape));
+        node_grads_.push_back(buffer(deferred.scratch, in_id, shape));
       }
     }
     if (!layers_[n]->is_view()) {
@@ -439,20 +490,53 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
     for (std::size_t k = 0; k < input_ids_[n].size(); ++k) {
       if (!node_grads_[k].defined()) continue;
       const auto i = static_cast<std::size_t>(input_ids_[n][k]);
+      const int held = node_holders_[k];
       if (contributions_[i]++ == 0) {
         grads_[i] = node_grads_[k];
-        continue;
+        if ((grad_holder_[i] = held) >= 0) ++grad_pool_.users[static_cast<std::size_t>(held)];
+      } else if (defer_weights) {
+        Tensor& own = buffer(deferred.grads, static_cast<int>(i), grads_[i].shape());
+        if (own.data() != grads_[i].data()) own.copy_from(grads_[i]);
+        add_into(own, node_grads_[k]);
+        grads_[i] = own;
+      } else {
+        // Added in place where the gradient's storage is its own, else into a copy.
+        const int mine = grad_holder_[i];
+        if (mine < 0 || grad_pool_.users[static_cast<std::size_t>(mine)] > 1) {
+          const int own = take_grad(grads_[i].shape());
+          Tensor copy = grad_pool_.storage[static_cast<std::size_t>(own)].prefix(grads_[i].shape());
+          copy.copy_from(grads_[i]);
+          if (mine >= 0) release_grad(mine);
+          grads_[i] = copy;
+          grad_holder_[i] = own;
+        }
+        add_into(grads_[i], node_grads_[k]);
       }
-      Tensor& own = buffer(buffers.grads, static_cast<int>(i), grads_[i].shape());
-      if (own.data() != grads_[i].data()) own.copy_from(grads_[i]);
-      float* acc = own.data();
-      const float* add = node_grads_[k].data();
-      for (int64_t e = 0, count = own.numel(); e < count; ++e) acc[e] += add[e];
-      grads_[i] = own;
+      if (held >= 0) release_grad(held);
     }
+    // This node's output gradient was read for the last time.
+    if (grad_holder_[id] >= 0 && !defer_weights) release_grad(grad_holder_[id]);
+    grad_holder_[id] = -1;
   }
   return want_input_grad ? grads_[0] : Tensor();
 }
+
+int Network::take_grad(const Shape& shape) {
+  GradPool& p = grad_pool_;
+  std::size_t best = p.storage.size();
+  for (std::size_t i = 0; i < p.storage.size(); ++i)
+    if (p.users[i] == 0 && p.storage[i].numel() >= shape.numel() &&
+        (best == p.storage.size() || p.storage[i].numel() < p.storage[best].numel()))
+      best = i;
+  if (best == p.storage.size()) {
+    p.storage.push_back(Tensor::empty(Shape{shape.numel()}));
+    p.users.push_back(0);
+  }
+  p.users[best] = 1;
+  return static_cast<int>(best);
+}
+
+void Network::release_grad(int index) { --grad_pool_.users[static_cast<std::size_t>(index)]; }
 
 void init_from_whole_model(const Graph& whole, uint64_t seed, Network& shard, Backend& whole_backend) {
   Network model(whole, whole_backend, seed);

@@ -26,6 +26,12 @@ class Network {
   // The trainable parameters whose layers add their gradients during backward even when it
   // defers weights (Layer::splits_backward false: batch norm, layer norm, embeddings).
   const std::vector<Param*>& unsplit_params() const { return unsplit_params_; }
+  // Whether a backward may be asked for the gradient of input 0 (the default: a back shard's
+  // cut). A front, whose input is data, says no before its first forward: its backward then
+  // runs only the nodes that lead to a trainable parameter, as PyTorch's requires_grad does
+  // (a LoRA encoder skips its frozen embeddings and every key projection's input gradient),
+  // and its forward keeps only what those nodes read.
+  void set_input_gradient(bool wanted);
   Param& param(const std::string& name);
   int64_t param_count();
   // Floats of one sample's tensors at the spec's shapes: what a training slot keeps for
@@ -143,6 +149,14 @@ class Network {
   std::vector<uint64_t*> state_counters_;  // counters(), kept once
   std::vector<std::vector<int>> input_ids_;  // per node: tensor ids of its inputs
   std::vector<bool> needs_grad_;            // per node: on a path to the output
+  bool input_gradient_ = true;              // set_input_gradient
+  // Per node: its backward has work (it is on a path to the output, and it has a trainable
+  // parameter or an input whose gradient is wanted). Per tensor id: its gradient is wanted
+  // (its node runs backward; of the graph inputs only input 0, with input_gradient_).
+  std::vector<bool> runs_backward_, grad_wanted_;
+  // needs_grad_, runs_backward_, grad_wanted_ and retained_ from the graph, the layers and
+  // input_gradient_.
+  void plan_backward();
   // Per tensor id: the last node whose forward reads it (views extend their source's), or
   // the node count for the output and graph inputs, which an evaluation forward keeps.
   std::vector<int> last_read_;
@@ -161,10 +175,23 @@ class Network {
   std::vector<Slot> slots_;
   // Gradients of the backward in progress (one runs at a time), per tensor id.
   std::vector<Tensor> grads_;
-  // Every undeferred backward's buffers, whatever its slot: one runs at a time and its input
-  // gradient is read before the next, so K slots in flight hold one set, not K (spam-bert's
-  // front: 44 MiB a set at 8 mails).
-  BackwardBuffers backward_buffers_;
+  // Every undeferred backward's gradients, whatever its slot (one runs at a time and its input
+  // gradient is read before the next), from one pool with lifetimes: a buffer goes back once
+  // no gradient in flight uses it (its node's backward ran, or it was added into another), so
+  // a backward holds the few gradients live at once, not one a tensor (spam-bert's front:
+  // 44 MiB a set at 8 mails). `users` counts the tensor ids (grad_holder_) and the node
+  // inputs being written that use each storage; a view's gradient shares its consumer's.
+  struct GradPool {
+    std::vector<Tensor> storage;
+    std::vector<int> users;
+  };
+  GradPool grad_pool_;
+  std::vector<int> grad_holder_;  // per tensor id: its gradient's storage in grad_pool_, or -1
+  std::vector<int> node_holders_;  // per input of the node backing up: its gradient's storage, or -1
+  // A pool buffer for `shape` (the smallest free one that holds it, or a new one), its user
+  // count 1; returns its index.
+  int take_grad(const Shape& shape);
+  void release_grad(int index);
   std::vector<int> contributions_;
   std::vector<Tensor> node_inputs_, node_grads_;
   NodeTimes* times_ = nullptr;

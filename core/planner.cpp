@@ -188,6 +188,7 @@ std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backen
     // Edge memory: parameters with their gradients and momentum; what the K slots keep for
     // backward; one micro-batch's forward and backward.
     Network probe(front, edge, 1);
+    probe.set_input_gradient(false);
     for (int k : o.microbatches) {
       if (k > o.batch) continue;
       const double peak_mb = training_memory_bytes(probe, o.batch, microbatch_range(o.batch, k, 0).count, 1) / (1 << 20);

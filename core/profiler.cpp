@@ -32,6 +32,7 @@ double LayerProfile::backward_gflops(int64_t batch) const { return gflops(cost.b
 std::vector<LayerProfile> profile_layers(Network& net, int64_t batch, int iterations, int warmup, bool input_grad) {
   if (batch < 1 || iterations < 1 || warmup < 0)
     fail("profiler", cat("batch and iterations must be >= 1, got ", batch, " and ", iterations));
+  if (!input_grad) net.set_input_gradient(false);  // a front: only what leads to a trained weight
   const Graph& graph = net.graph();
   Rng rng(0x9f0f11e5ULL);
   std::vector<Tensor> inputs;

@@ -14,6 +14,7 @@ ChainTrainer::ChainTrainer(std::vector<Network*> stages, std::vector<Optimizer*>
     fail("trainer", cat("need one optimizer per stage, got ", stages_.size(), " stages and ", optimizers_.size(),
                         " optimizers"));
   times_.busy_s.assign(stages_.size(), 0.0);
+  stages_.front()->set_input_gradient(false);  // the data: no gradient
   const auto& first = stages_.front()->graph().inputs();
   for (Network* s : stages_) {
     int mask = -1;

@@ -328,21 +328,25 @@ TEST(Train, SteadyStateStepDoesNotAllocate) {
   }
 }
 
-// An evaluation forward hands each node output back to its slot's pool after its last reader:
-// it allocates a fraction of what a training forward keeps, computes the same logits, allocates
-// nothing the second time, and its slot refuses a backward with the reason.
-TEST(Train, EvaluationKeepsOnlyWhatIsStillRead) {
-  // Six linear layers of 64 with ReLUs between: 12 node outputs of one size.
+// A chain of six linear layers of 64 with ReLUs between, read through a flatten of an 8x8
+// image: 12 node outputs of one size. `frozen` linears (from the first) are frozen.
+ModelSpec mlp_of_six(int frozen = 0) {
   ModelSpec spec;
   spec.name = "mlp";
   spec.inputs.push_back({"image", Shape{8, 8, 1}});
-  std::string last = "image";
+  NodeSpec flat;
+  flat.name = "flat";
+  flat.op = "flatten";
+  flat.inputs = {"image"};
+  spec.nodes.push_back(flat);
+  std::string last = "flat";
   for (int i = 0; i < 6; ++i) {
     NodeSpec fc;
     fc.name = cat("fc", i);
     fc.op = "linear";
     fc.inputs = {last};
     fc.linear.out_features = 64;
+    fc.freeze = i < frozen;
     spec.nodes.push_back(fc);
     NodeSpec relu;
     relu.name = cat("relu", i);
@@ -351,15 +355,16 @@ TEST(Train, EvaluationKeepsOnlyWhatIsStillRead) {
     spec.nodes.push_back(relu);
     last = relu.name;
   }
-  spec.nodes.front().inputs = {"flat"};
-  NodeSpec flat;
-  flat.name = "flat";
-  flat.op = "flatten";
-  flat.inputs = {"image"};
-  spec.nodes.insert(spec.nodes.begin(), flat);
   spec.output = last;
+  return spec;
+}
+
+// An evaluation forward hands each node output back to its slot's pool after its last reader:
+// it allocates a fraction of what a training forward keeps, computes the same logits, allocates
+// nothing the second time, and its slot refuses a backward with the reason.
+TEST(Train, EvaluationKeepsOnlyWhatIsStillRead) {
   std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
-  Network net(Graph::build(spec), *backend, 7);
+  Network net(Graph::build(mlp_of_six()), *backend, 7);
   Data d = make_data(16, 4);
   auto bytes_of = [&](auto&& run) {
     allocations = allocated_bytes = 0;
@@ -388,6 +393,94 @@ TEST(Train, EvaluationKeepsOnlyWhatIsStillRead) {
   net.set_training(true);
   net.forward(d.images, 2);
   EXPECT_NO_THROW(net.backward(Tensor::zeros(trained.shape()), 2, false));
+}
+
+// An undeferred backward takes its gradients from a pool and gives each back once read: down
+// a chain it holds two at a time, not one a tensor, allocates nothing the second time, and
+// computes what the deferred backward (a buffer a tensor) computes.
+TEST(Train, BackwardHoldsOnlyTheGradientsStillToBeRead) {
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
+  Network net(Graph::build(mlp_of_six()), *backend, 7);
+  Network deferred(Graph::build(mlp_of_six()), *backend, 7);
+  Data d = make_data(16, 4);
+  Rng rng(3);
+  const Tensor dy = random_tensor({16, 64}, rng);
+  auto bytes_of = [&](auto&& run) {
+    allocations = allocated_bytes = 0;
+    counting = true;
+    run();
+    counting = false;
+    return std::pair{allocated_bytes.load(), allocations.load()};
+  };
+  // Kernels warm first (xnnpack makes a scratch at its first weight gradient), through a
+  // deferred backward, which keeps buffers of its own.
+  net.forward(d.images, 0);
+  net.backward(dy, 0, true, /*defer_weights=*/true);
+  net.backward_weights(0);
+  auto undeferred = [&] {
+    net.zero_grad();
+    net.forward(d.images, 0);
+    return bytes_of([&] { net.backward(dy, 0, true); });
+  };
+  const auto first = undeferred(), again = undeferred();
+  const int64_t one = 16 * 64 * static_cast<int64_t>(sizeof(float));
+  // Two gradients down the chain (the input's, kept for the caller, is one of them), where a
+  // buffer a tensor took 13; the rest is bookkeeping (the pool's vectors, storage blocks).
+  // oneDNN allocates inside its primitives, the same each time: `again` is that.
+  EXPECT_LE(first.first - again.first, 3 * one) << "the first backward allocated " << first.first << " bytes";
+  if (backend_under_test() != "onednn") EXPECT_EQ(again.second, 0) << "a second backward allocated";
+  net.zero_grad();
+  net.forward(d.images, 0);
+  const Tensor dx = net.backward(dy, 0, true).clone();
+  deferred.forward(d.images, 0);
+  const Tensor dx_deferred = deferred.backward(dy, 0, true, /*defer_weights=*/true).clone();
+  deferred.backward_weights(0);
+  ASSERT_EQ(dx.shape(), dx_deferred.shape());
+  EXPECT_EQ(std::memcmp(dx.data(), dx_deferred.data(), dx.bytes()), 0);
+  for (Param* p : net.params()) {
+    const Tensor& want = deferred.param(p->name()).grad();
+    EXPECT_EQ(std::memcmp(want.data(), p->grad().data(), want.bytes()), 0) << p->name();
+  }
+}
+
+// A front (no gradient for its input) runs backward only through the nodes that lead to a
+// trained weight, as PyTorch's requires_grad: with the first three linears frozen, the nodes
+// before the fourth never back up, its input gradient is not computed, a forward keeps less,
+// and the trained weights get the gradients the unfrozen network gives them.
+TEST(Train, AFrontBacksUpOnlyToItsFirstTrainedWeight) {
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
+  Network frozen(Graph::build(mlp_of_six(3)), *backend, 7);
+  Network all(Graph::build(mlp_of_six(0)), *backend, 7);
+  Network frozen_any_input(Graph::build(mlp_of_six(3)), *backend, 7);
+  frozen.set_input_gradient(false);
+  all.set_input_gradient(false);
+  EXPECT_LT(frozen.activation_floats().kept, frozen_any_input.activation_floats().kept);
+  EXPECT_LT(frozen.activation_floats().kept, all.activation_floats().kept);
+  Data d = make_data(16, 4);
+  Rng rng(3);
+  const Tensor dy = random_tensor({16, 64}, rng);
+  Network::NodeTimes times;
+  frozen.set_timing(&times);
+  frozen.forward(d.images, 0);
+  frozen.backward(dy, 0, false);
+  frozen.set_timing(nullptr);
+  all.forward(d.images, 0);
+  all.backward(dy, 0, false);
+  const auto& nodes = frozen.graph().nodes();
+  for (std::size_t n = 0; n < nodes.size(); ++n) {
+    const bool before = n < 7;  // flat, fc0, relu0, fc1, relu1, fc2, relu2
+    if (before) EXPECT_EQ(times.backward_s[n], 0.0) << nodes[n].spec.name << " backed up";
+    else EXPECT_GT(times.backward_s[n], 0.0) << nodes[n].spec.name << " did not back up";
+  }
+  ASSERT_EQ(frozen.params().size(), 6u);  // fc3, fc4, fc5: weight and bias
+  for (Param* p : frozen.params()) {
+    const Tensor& want = all.param(p->name()).grad();
+    EXPECT_EQ(std::memcmp(want.data(), p->grad().data(), want.bytes()), 0) << p->name();
+  }
+  EXPECT_EQ(error_of([&] { frozen.backward(dy, 0, true); }),
+            "[network] mlp: backward asked for the input's gradient, but set_input_gradient(false)");
+  EXPECT_EQ(error_of([&] { frozen.set_input_gradient(true); }),
+            "[network] mlp: set_input_gradient after a forward (it decides what a forward keeps)");
 }
 
 }  // namespace

@@ -17,6 +17,7 @@ EdgeSession::EdgeSession(Network& front, Optimizer& optimizer, uint32_t microbat
       client_id_(std::move(client_id)), offered_(std::move(dtypes)), decoded_(microbatches) {
   if (microbatches_ < 1) fail("edge session", "micro-batches must be >= 1");
   if (offered_.empty()) fail("edge session", "no wire dtype to offer");
+  front_.set_input_gradient(false);  // its input is the data: backward stops at the last trained weight
 }
 
 std::span<const uint8_t> EdgeSession::hello() {
