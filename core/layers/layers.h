@@ -54,19 +54,17 @@ class LinearLayer final : public Layer {
  private:
   LinearKernel& kernel(int64_t batch);
   int64_t rows(const Tensor& x) const;  // batch x tokens for a sequence
-  // A LoRA adapter's kernels (x -> x A^T, then -> B) and buffers for one row count.
+  // A LoRA adapter's kernels (x -> x A^T, then -> B) for one row count. Its temporaries
+  // are the thread's (lora_scratch in linear_layer.cpp), shared by every adapter.
   struct Lora {
     std::unique_ptr<LinearKernel> down, up;
-    Tensor up_out, scaled_dy, dx;
-    Tensor dropped;  // the adapter's input after its dropout (LoraAttrs::dropout > 0)
   };
   Lora& lora(int64_t batch);
-  const Tensor& scaled(Lora& k, const Tensor& grad_out, int64_t n) const;
   // The adapter's dropout mask in a micro-batch's stash (after x A^T and its gradient), or
   // null when this micro-batch's forward dropped nothing (no dropout, or evaluation).
   const uint8_t* dropout_keep(const Stash& stash, int64_t n) const;
-  // x with the mask applied and scaled by 1 / (1 - p), into k.dropped.
-  const float* dropped_input(Lora& k, const float* x, const uint8_t* keep, int64_t n) const;
+  // x with the mask applied and scaled by 1 / (1 - p), into `to` (n x in floats).
+  const float* dropped_input(const float* x, const uint8_t* keep, int64_t n, float* to) const;
   Backend& backend_;
   LinearGeometry geometry_;
   Param weight_;

@@ -10,6 +10,27 @@
 #include <cstring>
 
 namespace tandem {
+namespace {
+
+// An adapter's temporaries (its dropped input, its output before it is added, its part of dx)
+// live only inside one call, so every adapter a thread runs shares them, grown to the largest
+// asked for, instead of each keeping its own per row count (spam-bert's four adapters held
+// 29 MiB so). One layer runs at a time on a thread; a network is run by one thread at a time.
+struct LoraScratch {
+  Tensor first, second;
+};
+float* lora_scratch(Tensor LoraScratch::*which, int64_t floats) {
+  thread_local LoraScratch scratch;
+  Tensor& t = scratch.*which;
+  if (!t.defined() || t.numel() < floats) t = Tensor::empty(Shape{floats});
+  return t.data();
+}
+
+void scale_in_place(float* v, int64_t n, float s) {
+  for (int64_t i = 0; i < n; ++i) v[i] *= s;
+}
+
+}  // namespace
 
 LinearLayer::LinearLayer(const GraphNode& node, const Shape& in, Backend& backend, Rng& rng)
     : Layer(node.spec.name), backend_(backend),
@@ -68,10 +89,6 @@ LinearLayer::Lora& LinearLayer::lora(int64_t batch) {
     const int64_t r = lora_a_->value().shape()[0];
     k->down = backend_.linear(LinearGeometry{n, geometry_.in_features, r, false, lora_ids_[0]});
     k->up = backend_.linear(LinearGeometry{n, r, geometry_.out_features, false, lora_ids_[1]});
-    k->up_out = Tensor::empty({n, geometry_.out_features});
-    k->scaled_dy = Tensor::empty({n, geometry_.out_features});
-    k->dx = Tensor::empty({n, geometry_.in_features});
-    if (lora_dropout_ > 0.0f) k->dropped = Tensor::empty({n, geometry_.in_features});
     return k;
   });
 }
@@ -94,13 +111,13 @@ void LinearLayer::forward(std::span<const Tensor> in, Tensor& out, Stash& stash)
     keep[values] = training_ ? 1 : 0;
     if (training_) {
       dropout_mask(lora_seed_, ++lora_calls_, lora_dropout_, values, keep);
-      x = dropped_input(k, x, keep, n);
+      x = dropped_input(x, keep, n, lora_scratch(&LoraScratch::first, values));
     }
   }
   k.down->forward(x, view_of(*lora_a_, nullptr), xa);
-  k.up->forward(xa, view_of(*lora_b_, nullptr), k.up_out.data());
+  float* u = lora_scratch(&LoraScratch::second, n * geometry_.out_features);
+  k.up->forward(xa, view_of(*lora_b_, nullptr), u);
   float* y = out.data();
-  const float* u = k.up_out.data();
   for (int64_t i = 0, e = n * geometry_.out_features; i < e; ++i) y[i] += lora_scale_ * u[i];
 }
 
@@ -117,19 +134,10 @@ const uint8_t* LinearLayer::dropout_keep(const Stash& stash, int64_t n) const {
   return keep[n * geometry_.in_features] ? keep : nullptr;
 }
 
-const float* LinearLayer::dropped_input(Lora& k, const float* x, const uint8_t* keep, int64_t n) const {
+const float* LinearLayer::dropped_input(const float* x, const uint8_t* keep, int64_t n, float* to) const {
   const float scale = 1.0f / (1.0f - lora_dropout_);
-  float* d = k.dropped.data();
-  for (int64_t i = 0, e = n * geometry_.in_features; i < e; ++i) d[i] = keep[i] ? x[i] * scale : 0.0f;
-  return d;
-}
-
-// s * dy, the gradient reaching the adapter's output.
-const Tensor& LinearLayer::scaled(Lora& k, const Tensor& grad_out, int64_t n) const {
-  const float* dy = grad_out.data();
-  float* s = k.scaled_dy.data();
-  for (int64_t i = 0, e = n * geometry_.out_features; i < e; ++i) s[i] = lora_scale_ * dy[i];
-  return k.scaled_dy;
+  for (int64_t i = 0, e = n * geometry_.in_features; i < e; ++i) to[i] = keep[i] ? x[i] * scale : 0.0f;
+  return to;
 }
 
 void LinearLayer::backward_data(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
@@ -139,12 +147,15 @@ void LinearLayer::backward_data(std::span<const Tensor> in, const Tensor&, const
     kernel(n).backward_data(grad_out.data(), view_of(weight_, bias_ ? &*bias_ : nullptr), grad_in[0].data());
   if (!lora_a_) return;
   Lora& k = lora(n);
-  float* dxa = reinterpret_cast<float*>(stash.bytes.data()) + n * lora_a_->value().shape()[0];
-  k.up->backward_data(scaled(k, grad_out, n).data(), view_of(*lora_b_, nullptr), dxa);  // d(xA^T) = s dy B
+  const int64_t r = lora_a_->value().shape()[0];
+  float* dxa = reinterpret_cast<float*>(stash.bytes.data()) + n * r;
+  // d(xA^T) = s dy B, the scale applied to the n x r product rather than to dy (n x out).
+  k.up->backward_data(grad_out.data(), view_of(*lora_b_, nullptr), dxa);
+  scale_in_place(dxa, n * r, lora_scale_);
   if (!grad_in[0].defined()) return;
-  k.down->backward_data(dxa, view_of(*lora_a_, nullptr), k.dx.data());  // its part of dx: d(xA^T) A
+  float* add = lora_scratch(&LoraScratch::first, n * geometry_.in_features);
+  k.down->backward_data(dxa, view_of(*lora_a_, nullptr), add);  // its part of dx: d(xA^T) A
   float* dx = grad_in[0].data();
-  const float* add = k.dx.data();
   if (const uint8_t* keep = dropout_keep(stash, n)) {  // through the dropout: the kept values' share
     const float scale = 1.0f / (1.0f - lora_dropout_);
     for (int64_t i = 0, e = n * geometry_.in_features; i < e; ++i) dx[i] += keep[i] ? add[i] * scale : 0.0f;
@@ -165,11 +176,14 @@ void LinearLayer::backward_weights(std::span<const Tensor> in, const Tensor&, co
   Lora& k = lora(n);
   const float* xa = reinterpret_cast<const float*>(stash.bytes.data());
   const float* dxa = xa + n * lora_a_->value().shape()[0];
-  k.up->backward_weights(xa, scaled(k, grad_out, n).data(), lora_b_->grad_target(), nullptr);  // dB = s dy^T xA^T
+  float* db = lora_b_->grad_target();
+  k.up->backward_weights(xa, grad_out.data(), db, nullptr);  // dB = s dy^T xA^T, scaled as O x r
+  scale_in_place(db, lora_b_->value().numel(), lora_scale_);
   // dA = d(xA^T)^T x, x as the adapter saw it: the dropped input is rebuilt from the stash's
-  // mask (k.dropped is shared by the micro-batches in flight).
+  // mask.
   const uint8_t* keep = dropout_keep(stash, n);
-  const float* x = keep ? dropped_input(k, in[0].data(), keep, n) : in[0].data();
+  const float* x = keep ? dropped_input(in[0].data(), keep, n, lora_scratch(&LoraScratch::first, n * geometry_.in_features))
+                        : in[0].data();
   k.down->backward_weights(x, dxa, lora_a_->grad_target(), nullptr);
   lora_b_->commit_grad();
   lora_a_->commit_grad();
