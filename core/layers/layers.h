@@ -60,8 +60,9 @@ class LinearLayer final : public Layer {
     std::unique_ptr<LinearKernel> down, up;
   };
   Lora& lora(int64_t batch);
-  // The adapter's dropout mask in a micro-batch's stash (after x A^T and its gradient), or
-  // null when this micro-batch's forward dropped nothing (no dropout, or evaluation).
+  // The adapter's dropout mask for a micro-batch, drawn again from the call its stash names
+  // (after x A^T and its gradient) into the thread's scratch, or null when its forward
+  // dropped nothing (no dropout, or evaluation).
   const uint8_t* dropout_keep(const Stash& stash, int64_t n) const;
   // x with the mask applied and scaled by 1 / (1 - p), into `to` (n x in floats).
   const float* dropped_input(const float* x, const uint8_t* keep, int64_t n, float* to) const;

@@ -18,12 +18,17 @@ namespace {
 // 29 MiB so). One layer runs at a time on a thread; a network is run by one thread at a time.
 struct LoraScratch {
   Tensor first, second;
+  std::vector<uint8_t> keep;  // a dropout mask, drawn again from its call (LinearLayer::dropout_keep)
 };
+thread_local LoraScratch scratch;
 float* lora_scratch(Tensor LoraScratch::*which, int64_t floats) {
-  thread_local LoraScratch scratch;
   Tensor& t = scratch.*which;
   if (!t.defined() || t.numel() < floats) t = Tensor::empty(Shape{floats});
   return t.data();
+}
+uint8_t* lora_keep_scratch(int64_t values) {
+  if (scratch.keep.size() < static_cast<std::size_t>(values)) scratch.keep.resize(static_cast<std::size_t>(values));
+  return scratch.keep.data();
 }
 
 void scale_in_place(float* v, int64_t n, float s) {
@@ -98,21 +103,23 @@ void LinearLayer::forward(std::span<const Tensor> in, Tensor& out, Stash& stash)
   kernel(n).forward(in[0].data(), view_of(weight_, bias_ ? &*bias_ : nullptr), out.data());
   if (!lora_a_) return;
   // The stash keeps x A^T for backward, then (backward_data) the gradient reaching it; with
-  // dropout, then the mask (a byte a value) and whether this forward dropped.
+  // dropout, then the call of the mask's stream this forward drew (0: it dropped nothing),
+  // from which backward draws the mask again rather than keeping a byte a value.
   const int64_t r = lora_a_->value().shape()[0], values = n * geometry_.in_features;
   const std::size_t products = 2 * static_cast<std::size_t>(n * r) * sizeof(float);
-  auto* bytes = static_cast<uint8_t*>(
-      stash.reserve(products + (lora_dropout_ > 0.0f ? static_cast<std::size_t>(values) + 1 : 0)));
+  auto* bytes = static_cast<uint8_t*>(stash.reserve(products + (lora_dropout_ > 0.0f ? sizeof(uint64_t) : 0)));
   auto* xa = reinterpret_cast<float*>(bytes);
   Lora& k = lora(n);
   const float* x = in[0].data();
   if (lora_dropout_ > 0.0f) {
-    uint8_t* keep = bytes + products;
-    keep[values] = training_ ? 1 : 0;
+    uint64_t call = 0;
     if (training_) {
-      dropout_mask(lora_seed_, ++lora_calls_, lora_dropout_, values, keep);
+      call = ++lora_calls_;
+      uint8_t* keep = lora_keep_scratch(values);
+      dropout_mask(lora_seed_, call, lora_dropout_, values, keep);
       x = dropped_input(x, keep, n, lora_scratch(&LoraScratch::first, values));
     }
+    std::memcpy(bytes + products, &call, sizeof call);
   }
   k.down->forward(x, view_of(*lora_a_, nullptr), xa);
   float* u = lora_scratch(&LoraScratch::second, n * geometry_.out_features);
@@ -130,8 +137,13 @@ void LinearLayer::backward(std::span<const Tensor> in, const Tensor& out, const 
 const uint8_t* LinearLayer::dropout_keep(const Stash& stash, int64_t n) const {
   if (lora_dropout_ == 0.0f) return nullptr;
   const std::size_t products = 2 * static_cast<std::size_t>(n * lora_a_->value().shape()[0]) * sizeof(float);
-  const auto* keep = reinterpret_cast<const uint8_t*>(stash.bytes.data()) + products;
-  return keep[n * geometry_.in_features] ? keep : nullptr;
+  uint64_t call = 0;
+  std::memcpy(&call, stash.bytes.data() + products, sizeof call);
+  if (call == 0) return nullptr;
+  const int64_t values = n * geometry_.in_features;
+  uint8_t* keep = lora_keep_scratch(values);
+  dropout_mask(lora_seed_, call, lora_dropout_, values, keep);
+  return keep;
 }
 
 const float* LinearLayer::dropped_input(const float* x, const uint8_t* keep, int64_t n, float* to) const {

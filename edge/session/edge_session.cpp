@@ -470,9 +470,8 @@ bool EdgeSession::on_step_message(const Frame& frame, WireError& error, bool& st
 
 std::span<const uint8_t> EdgeSession::eval_forward(uint64_t batch_id, std::span<const Tensor> inputs,
                                                    const int32_t* labels, int64_t count) {
-  // Evaluation uses the slot after the training ones, so it never disturbs a step in flight.
   front_.set_training(false);
-  const std::size_t slot = eval_slot();
+  const std::size_t slot = eval_in_ = steps_in_flight() > 0 ? eval_slot() : 0;
   LengthCut& cut = cut_slot(slot);
   fit_to_bucket(front_.graph(), inputs, cut);
   inputs = cut.inputs;
@@ -508,12 +507,12 @@ bool EdgeSession::on_eval_result(const Frame& frame, WireError& error, EvalResul
       error = {wire::ErrorCode::OutOfWindow, cat("EvalMiddleOutput for batch ", o->batch_id(), " was not expected")};
       return false;
     }
-    const Shape shape = tail_input_shape(eval_slot(), eval_count_);
+    const Shape shape = tail_input_shape(eval_in_, eval_count_);
     Tensor middle = read_tensor(frame, o->activations(), shape, "activations", dtype_, eval_decoded_, error);
     if (!middle.defined()) return false;
     tail_->set_training(false);
     const Tensor& logits =
-        tail_->forward(tail_inputs(middle, tail_mask_ >= 0 ? &eval_mask_ : nullptr), static_cast<int>(eval_slot()));
+        tail_->forward(tail_inputs(middle, tail_mask_ >= 0 ? &eval_mask_ : nullptr), static_cast<int>(eval_in_));
     result = {count_correct(logits, eval_labels_, tail_->graph().output_groups()), eval_count_, o->cloud_busy_s()};
     eval_labels_ = nullptr;
     return true;

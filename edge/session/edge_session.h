@@ -231,6 +231,10 @@ class EdgeSession {
     return (async_ ? static_cast<std::size_t>(s.number % 2) * microbatches_ : 0) + mb;
   }
   std::size_t eval_slot() const { return microbatches_ * (async_ ? 2u : 1u); }
+  // The slot the last evaluation ran in: slot 0 when no step was in flight (a training slot's
+  // storage and stashes then serve it, so evaluation holds no memory of its own), else
+  // eval_slot(), so it never disturbs a step in flight.
+  std::size_t eval_in_ = 0;
   std::vector<Tensor> stash_;  // the weights a step's forwards ran on, once updated since
   bool stash_in_ = false;      // the params hold the stash (their own values are in stash_)
   void swap_stash();

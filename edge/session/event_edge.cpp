@@ -123,18 +123,6 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   backend_ = make_backend(config_.backend, BackendOptions{config_.threads});
   const Graph front_graph = graph.split(config_.cut).first;
   front_ = std::make_unique<Network>(front_graph, *backend_, config_.seed);
-  // An EvalForward carries a chunk's activations in one message: at most kEvalMessageBytes
-  // of f32 (a cloud takes 64 MiB by default), however wide the cut (a sequence model's cut
-  // is tokens x features a sample: 128 KiB for spam-bert's). The cloud runs a chunk at once:
-  // at most kEvalActivationBytes of the front's node outputs' worth, or a training step's
-  // (spam-bert's front holds 4.9 MiB a mail). This edge runs it a training micro-batch at a
-  // time (EdgeSession::set_eval_microbatch), so a chunk is a whole number of them.
-  const int64_t cut_bytes = front_graph.nodes()[static_cast<std::size_t>(front_graph.output())].shape.numel() * 4;
-  int64_t front_bytes = 0;
-  for (const GraphNode& n : front_graph.nodes()) front_bytes += n.shape.numel() * 4;
-  const int64_t by_memory = std::max<int64_t>(kEvalActivationBytes / std::max<int64_t>(front_bytes, 1), config_.batch);
-  eval_chunk_ = std::clamp<int64_t>(std::min(kEvalMessageBytes / std::max<int64_t>(cut_bytes, 1), by_memory), 1,
-                                    config_.eval_chunk);
   model_ = {front_.get()};
   if (u_shaped_cut(config_.cut)) {  // the edge also runs the tail and the loss: the labels stay here
     tail_ = std::make_unique<Network>(graph.tail(config_.cut), *backend_, config_.seed);
@@ -159,6 +147,16 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   const int64_t k = std::clamp<int64_t>(config_.microbatches, 1, batch);
   const int64_t microbatch = (batch + k - 1) / k;  // the largest of a step's (microbatch_range)
   session_->set_eval_microbatch(microbatch);
+  // An EvalForward carries a chunk of test samples' activations. This edge runs a chunk a
+  // training micro-batch at a time, on training's kernels and memory, and holds the chunk's
+  // activations three times while it leaves (put together, in the message, in the egress
+  // audit's check), so a chunk is the most whole micro-batches within kEvalMessageBytes, at
+  // least one (no larger than a training Forward), at most config_.eval_chunk: evaluation
+  // then costs the edge no more than training (spam-bert's cut is 128 KiB a mail: 48-mail
+  // chunks held 20 MiB at the peak). The cloud scores a chunk in pieces of its own micro-batch.
+  const int64_t cut_bytes = front_graph.nodes()[static_cast<std::size_t>(front_graph.output())].shape.numel() * 4;
+  const int64_t fits = kEvalMessageBytes / std::max<int64_t>(cut_bytes, 1) / microbatch * microbatch;
+  eval_chunk_ = std::clamp<int64_t>(std::max(fits, microbatch), 1, config_.eval_chunk);
   if (eval_chunk_ > microbatch) eval_chunk_ = eval_chunk_ / microbatch * microbatch;
   if (!config_.token.empty()) session_->set_token(config_.token);
   if (tail_) session_->set_tail(tail_.get());

@@ -82,10 +82,9 @@ struct EdgePrivacy {
   std::string problem() const;
 };
 
-// The most f32 activation bytes one EvalForward carries, and the most the front holds for
-// one (the node outputs of its chunk; at least a training batch's): an evaluation chunk of
-// test samples is cut to fit both.
-inline constexpr int64_t kEvalMessageBytes = int64_t{16} << 20, kEvalActivationBytes = int64_t{256} << 20;
+// The most f32 activation bytes one EvalForward carries beyond a training micro-batch's: an
+// evaluation chunk of test samples is cut to fit (EventEdge's constructor says why).
+inline constexpr int64_t kEvalMessageBytes = int64_t{2} << 20;
 
 struct EventEdgeConfig {
   std::string cut;  // empty: the spec's default cut
@@ -112,7 +111,7 @@ struct EventEdgeConfig {
   // (so evaluation, checkpoints and resume see a step boundary). Plain split training only.
   bool async = false;
   int64_t eval_samples = 0;      // test samples evaluated (0: all given)
-  int64_t eval_chunk = 500;      // test samples per EvalForward (fewer: kEvalMessageBytes, kEvalActivationBytes)
+  int64_t eval_chunk = 500;      // test samples per EvalForward (fewer: kEvalMessageBytes)
   // In a federation: the front updated once a round on the summed gradients (EdgeSession::
   // FrontUpdates::PerRound), else every step; and FedProx's mu.
   bool front_updates_per_round = false;
@@ -287,7 +286,7 @@ class EventEdge {
   static std::vector<int32_t> sequence_lengths(const Tensor& mask);
   int64_t epoch_tokens_first_ = 0;  // session_->tokens_run() when the epoch started
   std::vector<Tensor> eval_inputs_;
-  int64_t eval_chunk_ = 1;  // config_.eval_chunk within kEvalMessageBytes and kEvalActivationBytes
+  int64_t eval_chunk_ = 1;  // config_.eval_chunk within kEvalMessageBytes
   int64_t eval_next_ = 0, eval_end_ = 0, eval_correct_ = 0, eval_seen_ = 0, samples_done_ = 0;
   double first_loss_ = -1.0, last_loss_ = 0.0, busy_s_ = 0.0, cloud_busy_s_ = 0.0, accuracy_ = -1.0;
   std::chrono::steady_clock::time_point started_;
