@@ -81,6 +81,13 @@ void Network::set_input_gradient(bool wanted) {
   plan_backward();
 }
 
+void Network::set_recompute(bool recompute) {
+  if (std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.values.empty(); }))
+    fail("network", cat(graph_.name(), ": set_recompute after a forward (it decides what a forward keeps)"));
+  for (auto& l : layers_) l->set_recompute(recompute);
+  plan_backward();
+}
+
 void Network::plan_backward() {
   const auto& nodes = graph_.nodes();
   const std::size_t first_node = graph_.inputs().size();

@@ -32,6 +32,10 @@ class Network {
   // (a LoRA encoder skips its frozen embeddings and every key projection's input gradient),
   // and its forward keeps only what those nodes read.
   void set_input_gradient(bool wanted);
+  // Whether layers compute again in backward what their forward would stash for it
+  // (Layer::set_recompute: attention's probabilities), for a party short of memory. Off by
+  // default; set before the first forward.
+  void set_recompute(bool recompute);
   Param& param(const std::string& name);
   int64_t param_count();
   // Floats of one sample's tensors at the spec's shapes: what a training slot keeps for

@@ -18,7 +18,7 @@ constexpr const char* kUsage = R"(usage:
   tandem-edge train --cloud wss://HOST:PORT --identity IDDIR --model SPEC [--cut NODE | --cut A,B | --cut auto
                     --uplink-mbps U [--downlink-mbps D] [--cloud-gflops G]]
                     [--data fashion-mnist|DIR] [--epochs N] [--limit SAMPLES] [--test-limit SAMPLES]
-                    [--batch B] [--microbatches K] [--pipeline sync|async] [--group-by-length] [OPTIMIZER] [SCHEDULE]
+                    [--batch B] [--microbatches K] [--pipeline sync|async] [--group-by-length] [--stash-attention] [OPTIMIZER] [SCHEDULE]
                     [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
                     [--metrics-json FILE] [--client-id NAME] [--token TOKEN] [--audit-log FILE] [--connect-retries N]
                     [--dp-clip C --dp-noise SIGMA [--dp-delta D] [--dp-epsilon-budget E] [--dp-eval noised|clean]]
@@ -37,7 +37,9 @@ constexpr const char* kUsage = R"(usage:
       holds its longest sequence; --group-by-length also orders each epoch so a batch holds
       sequences of like length (megabatches of 50 batches sorted by length, their batches
       shuffled): fewer tokens a step, at some cost in accuracy when length and class go
-      together (bench/length_buckets.sh).
+      together (bench/length_buckets.sh). Attention layers compute their probabilities again
+      in backward rather than keep them (a tokens x tokens table a head and micro-batch in
+      flight); --stash-attention keeps them: faster, more memory.
       --pipeline async starts each step's forwards before the gradients of the step before it
       are in (weight stashing: each micro-batch backs up on the weights its forward used, and
       its gradient is applied one update late), so the edge computes instead of waiting;
@@ -102,12 +104,12 @@ constexpr const char* kUsage = R"(usage:
 )";
 
 int train_command(int argc, char** argv) {
-  const CliArgs args(argc, argv, 2, {"nesterov", "group-by-length"});
+  const CliArgs args(argc, argv, 2, {"nesterov", "group-by-length", "stash-attention"});
   args.reject_unknown(CliArgs::with_optimizer_options({"cloud", "identity", "model", "cut", "data", "epochs", "limit",
                                                        "test-limit", "batch", "microbatches", "seed", "backend",
                                                        "threads", "wire-dtype", "metrics-json", "uplink-mbps",
                                                        "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-eval", "nopeek", "grad-clip", "grad-noise", "label-noise", "group-by-length", "pipeline", "connect-retries"},
+                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-eval", "nopeek", "grad-clip", "grad-noise", "label-noise", "group-by-length", "stash-attention", "pipeline", "connect-retries"},
                                                       /*schedule=*/true));
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
@@ -182,6 +184,7 @@ int train_command(int argc, char** argv) {
     fail("cli", cat("--front-updates: '", front_updates, "' is neither step nor round"));
   o.front_updates_per_round = front_updates == "round";
   o.group_by_length = args.has("group-by-length");
+  o.recompute = !args.has("stash-attention");
   const std::string pipeline = args.str("pipeline", "sync");
   if (pipeline != "sync" && pipeline != "async") fail("cli", cat("--pipeline: '", pipeline, "' is neither sync nor async"));
   o.async = pipeline == "async";

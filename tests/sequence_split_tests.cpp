@@ -270,12 +270,17 @@ TEST(SequenceSplit, TheCloudEvaluatesAChunkInPieces) {
 // time, bit for bit: a layer that read a tensor it said it would not would read another
 // micro-batch's values here. With every weight training, and with LoRA (frozen linears keep
 // no input, gelu's output goes, the adds keep nothing).
+// With recompute (an edge's default), the micro-batches in flight keep no attention
+// probabilities and compute them again in backward: the same gradients bit for bit.
 TEST(SequenceSplit, MicroBatchesInFlightBackUpAsOneAtATime) {
-  for (const bool lora : {false, true}) {
+  for (const bool lora : {false, true})
+  for (const bool recompute : {false, true}) {
     SCOPED_TRACE(lora ? "LoRA on the queries and values, the rest frozen" : "every weight trains");
+    SCOPED_TRACE(recompute ? "in flight: attention computed again in backward" : "in flight: probabilities stashed");
     const Graph graph = Graph::build(parse_model_json(lora ? lora_encoder_spec() : std::string(kEncoderSpec)));
     auto backend = make_backend(backend_under_test());
     Network one_at_a_time(graph, *backend, 5), in_flight(graph, *backend, 5);
+    in_flight.set_recompute(recompute);
     if (lora) {
       EXPECT_EQ(in_flight.params().size(), 4u * 2u + 2u) << "the adapters and the classifier train";
     }

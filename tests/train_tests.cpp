@@ -469,8 +469,11 @@ TEST(Train, AFrontBacksUpOnlyToItsFirstTrainedWeight) {
   const auto& nodes = frozen.graph().nodes();
   for (std::size_t n = 0; n < nodes.size(); ++n) {
     const bool before = n < 7;  // flat, fc0, relu0, fc1, relu1, fc2, relu2
-    if (before) EXPECT_EQ(times.backward_s[n], 0.0) << nodes[n].spec.name << " backed up";
-    else EXPECT_GT(times.backward_s[n], 0.0) << nodes[n].spec.name << " did not back up";
+    if (before) {
+      EXPECT_EQ(times.backward_s[n], 0.0) << nodes[n].spec.name << " backed up";
+    } else {
+      EXPECT_GT(times.backward_s[n], 0.0) << nodes[n].spec.name << " did not back up";
+    }
   }
   ASSERT_EQ(frozen.params().size(), 6u);  // fc3, fc4, fc5: weight and bias
   for (Param* p : frozen.params()) {

@@ -58,6 +58,11 @@ class Layer {
 
   // Training (the default) or evaluation: layers that behave differently (batch norm) follow.
   virtual void set_training(bool) {}
+  // For a party short of memory (the edge): a layer whose forward would stash much for its
+  // backward computes it again there instead, from what the network keeps (attention's
+  // probabilities, a tokens x tokens table a head, from q, k, v and the mask). Results are
+  // the same bit for bit; backward_reads() may name more. Off by default.
+  virtual void set_recompute(bool) {}
 
   // `out` is preallocated with this node's shape for the micro-batch.
   virtual void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) = 0;

@@ -272,8 +272,11 @@ class ClassTokenLayer final : public Layer {
 // kernels from the backend, the softmax probabilities stashed per micro-batch.
 class AttentionLayer final : public Layer {
  public:
-  Reads backward_reads() const override { return {0b111u, false}; }  // q, k, v (the probabilities are stashed)
+  // q, k, v (the probabilities are stashed), and the mask when they are computed again.
+  Reads backward_reads() const override { return {recompute_ ? 0b1111u : 0b111u, false}; }
   AttentionLayer(const GraphNode& node, const Shape& in, Backend& backend);
+  void set_training(bool training) override { training_ = training; }
+  void set_recompute(bool recompute) override { recompute_ = recompute; }
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                 Stash& stash) override;
@@ -283,6 +286,7 @@ class AttentionLayer final : public Layer {
   Backend& backend_;
   AttentionGeometry geometry_;  // batch and tokens set per kernel
   KernelCache<AttentionKernel> kernels_;
+  bool training_ = true, recompute_ = false;
 };
 
 // A sequence [tokens, features] -> [features]: its first token, or the mean of the tokens the

@@ -117,6 +117,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
   c.eval_chunk = 1000;
   c.front_updates_per_round = o.front_updates_per_round;
   c.group_by_length = o.group_by_length;
+  c.recompute = o.recompute;
   c.async = o.async;
   c.proximal_mu = o.proximal_mu;
   c.privacy = o.privacy;

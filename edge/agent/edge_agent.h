@@ -50,6 +50,7 @@ struct EdgeTrainOptions {
   float proximal_mu = 0.0f;  // FedProx (split-federated runs)
   bool front_updates_per_round = false;  // EdgeSession::FrontUpdates (split-federated runs)
   bool group_by_length = false;          // EventEdgeConfig::group_by_length
+  bool recompute = true;                 // EventEdgeConfig::recompute (--stash-attention: off)
   bool async = false;                    // EventEdgeConfig::async (--pipeline async)
   int64_t checkpoint_every = 100;
   // How often to say Hello again when the cloud answers Busy (at its bound on connections),

@@ -123,6 +123,7 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
   backend_ = make_backend(config_.backend, BackendOptions{config_.threads});
   const Graph front_graph = graph.split(config_.cut).first;
   front_ = std::make_unique<Network>(front_graph, *backend_, config_.seed);
+  front_->set_recompute(config_.recompute);
   model_ = {front_.get()};
   if (u_shaped_cut(config_.cut)) {  // the edge also runs the tail and the loss: the labels stay here
     tail_ = std::make_unique<Network>(graph.tail(config_.cut), *backend_, config_.seed);

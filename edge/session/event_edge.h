@@ -105,6 +105,11 @@ struct EventEdgeConfig {
   // in data/epoch_order.h), so more micro-batches run at a short bucket. Off by default: it
   // changes the batches, which costs accuracy when length goes with the class.
   bool group_by_length = false;
+  // The front computes attention's probabilities again in backward instead of keeping them
+  // from forward (Network::set_recompute): a tokens x tokens table a head and micro-batch in
+  // flight (spam-bert: 2 MiB a layer and micro-batch of 8 mails) for one more attention
+  // forward in each backward. On: an edge is short of memory rather than of time.
+  bool recompute = true;
   // The asynchronous pipeline (EdgeSession::set_async): the next step's forwards start
   // before this one's gradients are in, on weights one update old, with weight stashing. A
   // step that ends an epoch, saves a checkpoint or ends the run waits for the one before it
