@@ -116,9 +116,10 @@ class Network {
   struct Buffers {
     std::vector<Tensor> view, backing;
   };
-  // A backward's working buffers: gradients per tensor id, and per input position a tensor
-  // a node reads more than once. Each is a view of the largest allocation made for it, so
-  // micro-batches of unequal size (K not dividing B) or length reuse it.
+  // A deferred backward's working buffers, which live until its backward_weights: gradients
+  // per tensor id, and per input position a tensor a node reads more than once. Each is a
+  // view of the largest allocation made for it, so micro-batches of unequal size (K not
+  // dividing B) or length reuse it.
   struct BackwardBuffers {
     Buffers grads, scratch, repeats;
   };

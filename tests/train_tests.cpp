@@ -328,6 +328,16 @@ TEST(Train, SteadyStateStepDoesNotAllocate) {
   }
 }
 
+// The heap bytes and allocations `run` makes (this binary's operator new).
+template <typename Run>
+std::pair<int64_t, int64_t> bytes_of(Run&& run) {
+  allocations = allocated_bytes = 0;
+  counting = true;
+  run();
+  counting = false;
+  return {allocated_bytes.load(), allocations.load()};
+}
+
 // A chain of six linear layers of 64 with ReLUs between, read through a flatten of an 8x8
 // image: 12 node outputs of one size. `frozen` linears (from the first) are frozen.
 ModelSpec mlp_of_six(int frozen = 0) {
@@ -366,13 +376,6 @@ TEST(Train, EvaluationKeepsOnlyWhatIsStillRead) {
   std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
   Network net(Graph::build(mlp_of_six()), *backend, 7);
   Data d = make_data(16, 4);
-  auto bytes_of = [&](auto&& run) {
-    allocations = allocated_bytes = 0;
-    counting = true;
-    run();
-    counting = false;
-    return std::pair{allocated_bytes.load(), allocations.load()};
-  };
   Tensor trained;
   const auto training = bytes_of([&] { trained = net.forward(d.images, 1).clone(); });
   net.set_training(false);
@@ -405,13 +408,6 @@ TEST(Train, BackwardHoldsOnlyTheGradientsStillToBeRead) {
   Data d = make_data(16, 4);
   Rng rng(3);
   const Tensor dy = random_tensor({16, 64}, rng);
-  auto bytes_of = [&](auto&& run) {
-    allocations = allocated_bytes = 0;
-    counting = true;
-    run();
-    counting = false;
-    return std::pair{allocated_bytes.load(), allocations.load()};
-  };
   // Kernels warm first (xnnpack makes a scratch at its first weight gradient), through a
   // deferred backward, which keeps buffers of its own.
   net.forward(d.images, 0);
