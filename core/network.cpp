@@ -82,8 +82,10 @@ void Network::set_input_gradient(bool wanted) {
 }
 
 void Network::set_recompute(bool recompute) {
+  if (recompute == recompute_) return;
   if (std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.values.empty(); }))
     fail("network", cat(graph_.name(), ": set_recompute after a forward (it decides what a forward keeps)"));
+  recompute_ = recompute;
   for (auto& l : layers_) l->set_recompute(recompute);
   plan_backward();
 }
@@ -336,7 +338,6 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
       v = Tensor();
     }
   }
-  if (!evaluation && s.evaluated) s.pool.clear();  // training keeps a backing a node
   s.evaluated = evaluation;
 
   const auto& nodes = graph_.nodes();
@@ -375,7 +376,9 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
       if (s.transient.size() != s.values.size()) s.transient.resize(s.values.size());
       out = from_pool(transients_, out_shape, &s.transient[out_id]);
     } else if (!out.defined() || out.shape() != out_shape) {
-      out = view_of_backing(s.backing[n], out_shape);
+      // After an evaluation in this slot, its pool holds what the slot's training had.
+      out = !s.backing[n].defined() && !s.pool.empty() ? from_pool(s.pool, out_shape, &s.backing[n])
+                                                        : view_of_backing(s.backing[n], out_shape);
     }
     const double t0 = times_ ? now_s() : 0.0;
     layers_[n]->forward(node_inputs_, out, s.stashes[n]);
@@ -392,6 +395,7 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
       v = Tensor();
     }
   }
+  if (!evaluation) s.pool.clear();  // training keeps a backing a node; what it did not take goes
   return s.values[first_node + static_cast<std::size_t>(graph_.output())];
 }
 
@@ -535,9 +539,15 @@ int Network::take_grad(const Shape& shape) {
     if (p.users[i] == 0 && p.storage[i].numel() >= shape.numel() &&
         (best == p.storage.size() || p.storage[i].numel() < p.storage[best].numel()))
       best = i;
-  if (best == p.storage.size()) {
-    p.storage.push_back(Tensor::empty(Shape{shape.numel()}));
-    p.users.push_back(0);
+  if (best == p.storage.size()) {  // none holds it: a free one grows (at most the peak's count), else a new one
+    for (std::size_t i = 0; i < p.storage.size(); ++i)
+      if (p.users[i] == 0) best = i;
+    if (best == p.storage.size()) {
+      p.storage.emplace_back();
+      p.users.push_back(0);
+    }
+    p.storage[best] = Tensor();  // the old storage goes before the new one comes
+    p.storage[best] = Tensor::empty(Shape{shape.numel()});
   }
   p.users[best] = 1;
   return static_cast<int>(best);

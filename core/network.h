@@ -155,6 +155,7 @@ class Network {
   std::vector<std::vector<int>> input_ids_;  // per node: tensor ids of its inputs
   std::vector<bool> needs_grad_;            // per node: on a path to the output
   bool input_gradient_ = true;              // set_input_gradient
+  bool recompute_ = false;                  // set_recompute
   // Per node: its backward has work (it is on a path to the output, and it has a trainable
   // parameter or an input whose gradient is wanted). Per tensor id: its gradient is wanted
   // (its node runs backward; of the graph inputs only input 0, with input_gradient_).

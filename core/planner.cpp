@@ -44,6 +44,7 @@ ShardCost estimate(const Graph& g, int64_t m, double gflops, bool input_grad) {
 
 ShardCost measure(const Graph& g, Backend& backend, int64_t m, int iterations, bool input_grad) {
   Network net(g, backend, 1);
+  if (!input_grad) net.set_recompute(true);  // a front runs as the edge does by default (EventEdgeConfig::recompute)
   ShardCost c;
   for (const LayerProfile& l : profile_layers(net, m, iterations, 1, input_grad)) {
     c.forward_s += l.forward_s;

@@ -26,7 +26,8 @@ struct LayerProfile {
 // Runs `warmup` then `iterations` forward + backward passes of micro-batches of `batch`
 // random inputs through `net` (slot 0), with a fixed output gradient, and reports each
 // node's median times. Parameter gradients accumulate in `net` and are zeroed at the end.
-// input_grad: also compute the gradient of input 0 (a back shard sends it to the edge).
+// input_grad: also compute the gradient of input 0 (a back shard sends it to the edge);
+// without, `net` is told so (Network::set_input_gradient(false): a front) for good.
 std::vector<LayerProfile> profile_layers(Network& net, int64_t batch, int iterations, int warmup = 3,
                                          bool input_grad = false);
 

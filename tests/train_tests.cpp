@@ -482,5 +482,53 @@ TEST(Train, AFrontBacksUpOnlyToItsFirstTrainedWeight) {
             "[network] mlp: set_input_gradient after a forward (it decides what a forward keeps)");
 }
 
+// Attention computed again in backward (set_recompute, the edge's default) keeps no
+// probabilities for the micro-batches in flight: three slots' forwards allocate at least two
+// [batch, heads, tokens, tokens] tables less than with them stashed (the third is the thread's
+// scratch, once), and the gradients are the same bit for bit.
+TEST(Train, RecomputedAttentionKeepsNoProbabilities) {
+  ModelSpec spec;
+  spec.name = "attention";
+  spec.inputs.push_back({"x", Shape{16, 8}});
+  for (const char* name : {"q", "k", "v"}) {
+    NodeSpec n;
+    n.name = name;
+    n.op = "linear";
+    n.inputs = {"x"};
+    n.linear.out_features = 8;
+    spec.nodes.push_back(n);
+  }
+  NodeSpec att;
+  att.name = "att";
+  att.op = "attention";
+  att.inputs = {"q", "k", "v"};
+  att.attention.heads = 2;
+  spec.nodes.push_back(att);
+  spec.output = "att";
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
+  Network stashed(Graph::build(spec), *backend, 7), recomputed(Graph::build(spec), *backend, 7);
+  recomputed.set_recompute(true);
+  Rng rng(5);
+  std::vector<Tensor> xs, dys;
+  for (int mb = 0; mb < 3; ++mb) xs.push_back(random_tensor({4, 16, 8}, rng)), dys.push_back(random_tensor({4, 16, 8}, rng));
+  auto forwards = [&](Network& net) {
+    return bytes_of([&] {
+      for (int mb = 0; mb < 3; ++mb) net.forward(xs[static_cast<std::size_t>(mb)], mb);
+    });
+  };
+  const int64_t table = 4 * 2 * 16 * 16 * static_cast<int64_t>(sizeof(float));
+  const auto with = forwards(stashed), without = forwards(recomputed);
+  EXPECT_LE(without.first + 2 * table - 256, with.first)  // 256: the scratch's shared-storage block
+      << "stashed: " << with.first << " bytes, recomputed: " << without.first << " bytes";
+  for (int mb = 0; mb < 3; ++mb) {
+    stashed.backward(dys[static_cast<std::size_t>(mb)], mb, false);
+    recomputed.backward(dys[static_cast<std::size_t>(mb)], mb, false);
+  }
+  for (Param* p : stashed.params()) {
+    const Tensor& got = recomputed.param(p->name()).grad();
+    EXPECT_EQ(std::memcmp(got.data(), p->grad().data(), got.bytes()), 0) << p->name();
+  }
+}
+
 }  // namespace
 }  // namespace tandem::test

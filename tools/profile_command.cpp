@@ -63,10 +63,10 @@ int profile_command(const CliArgs& args) {
               "bwd ms", "out KiB/smp", "fwd GF/s", "bwd GF/s");
   const ShardTotals f = print_shard("front", edge_name, profile_layers(front, batch, iterations), batch, width);
   const ShardTotals b = print_shard(model.u_shaped ? "middle" : "back", cloud_name,
-                                    profile_layers(back, batch, iterations), batch, width);
+                                    profile_layers(back, batch, iterations, 3, /*input_grad=*/true), batch, width);
   if (model.u_shaped) {  // the edge's tail (its time is the edge's, not in the JSON line's totals)
     Network tail(model.tail, *backends.edge, 1);
-    print_shard("tail", edge_name, profile_layers(tail, batch, iterations), batch, width);
+    print_shard("tail", edge_name, profile_layers(tail, batch, iterations, 3, /*input_grad=*/true), batch, width);
   }
   const int64_t cut_bytes = front_graph.nodes()[static_cast<std::size_t>(front_graph.output())].shape.numel() * 4;
   std::printf("cut activation: %lld bytes/sample each way\n", static_cast<long long>(cut_bytes));
