@@ -539,9 +539,9 @@ int Network::take_grad(const Shape& shape) {
     if (p.users[i] == 0 && p.storage[i].numel() >= shape.numel() &&
         (best == p.storage.size() || p.storage[i].numel() < p.storage[best].numel()))
       best = i;
-  if (best == p.storage.size()) {  // none holds it: a free one grows (at most the peak's count), else a new one
+  if (best == p.storage.size()) {  // none holds it: the largest free one grows (at most the peak's count), else a new one
     for (std::size_t i = 0; i < p.storage.size(); ++i)
-      if (p.users[i] == 0) best = i;
+      if (p.users[i] == 0 && (best == p.storage.size() || p.storage[i].numel() > p.storage[best].numel())) best = i;
     if (best == p.storage.size()) {
       p.storage.emplace_back();
       p.users.push_back(0);
