@@ -73,18 +73,21 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
   plan_backward();
 }
 
+void Network::refuse_after_forward(const char* setting) const {
+  if (std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.values.empty(); }))
+    fail("network", cat(graph_.name(), ": ", setting, " after a forward (it decides what a forward keeps)"));
+}
+
 void Network::set_input_gradient(bool wanted) {
   if (wanted == input_gradient_) return;
-  if (std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.values.empty(); }))
-    fail("network", cat(graph_.name(), ": set_input_gradient after a forward (it decides what a forward keeps)"));
+  refuse_after_forward("set_input_gradient");
   input_gradient_ = wanted;
   plan_backward();
 }
 
 void Network::set_recompute(bool recompute) {
   if (recompute == recompute_) return;
-  if (std::any_of(slots_.begin(), slots_.end(), [](const Slot& s) { return !s.values.empty(); }))
-    fail("network", cat(graph_.name(), ": set_recompute after a forward (it decides what a forward keeps)"));
+  refuse_after_forward("set_recompute");
   recompute_ = recompute;
   for (auto& l : layers_) l->set_recompute(recompute);
   plan_backward();

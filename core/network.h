@@ -163,6 +163,8 @@ class Network {
   // needs_grad_, runs_backward_, grad_wanted_ and retained_ from the graph, the layers and
   // input_gradient_.
   void plan_backward();
+  // Throws when a forward has run: `setting` decides what a forward keeps.
+  void refuse_after_forward(const char* setting) const;
   // Per tensor id: the last node whose forward reads it (views extend their source's), or
   // the node count for the output and graph inputs, which an evaluation forward keeps.
   std::vector<int> last_read_;
