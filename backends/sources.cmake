@@ -7,6 +7,7 @@ set(TANDEM_PORTABLE_BACKEND_SOURCES
   simd/direct_conv2d.cpp
   simd/winograd_conv2d.cpp
   simd/max_pool_2x2.cpp
+  simd/column_sums.cpp
   simd/gemm.cpp
   simd/layer_norm.cpp
   simd/attention.cpp

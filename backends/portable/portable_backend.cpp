@@ -8,6 +8,7 @@
 #include "backends/simd/activation.h"
 #include "backends/simd/gemm.h"
 #include "backends/simd/attention.h"
+#include "backends/simd/column_sums.h"
 #include "backends/simd/layer_norm.h"
 
 namespace tandem {
@@ -38,12 +39,6 @@ void add_bias(float* y, const float* bias, int64_t rows, int64_t cols) {
     for (int64_t c = 0; c < cols; ++c) y[r * cols + c] += bias[c];
 }
 
-void column_sums(const float* dy, int64_t rows, int64_t cols, float* db) {
-  std::fill_n(db, cols, 0.0f);
-  for (int64_t r = 0; r < rows; ++r)
-    for (int64_t c = 0; c < cols; ++c) db[c] += dy[r * cols + c];
-}
-
 class PortableLinear final : public LinearKernel {
  public:
   explicit PortableLinear(const LinearGeometry& g) : g_(g) {}
@@ -62,7 +57,7 @@ class PortableLinear final : public LinearKernel {
     dyt_.resize(static_cast<std::size_t>(g_.batch * out));
     simd::transpose(g_.batch, out, dy, out, dyt_.data());
     simd::gemm(out, in, g_.batch, dyt_.data(), g_.batch, x, in, dw, in, false);
-    if (db) column_sums(dy, g_.batch, out, db);
+    if (db) simd::column_sums(dy, g_.batch, out, db);
   }
 
  private:
@@ -112,7 +107,7 @@ class PortableConv2d final : public Conv2dKernel {
       simd::gemm(g_.out_c, k_, rows, dyt_.data(), rows, patches(x, r0, rows), k_, dw, k_, r0 > 0);
     }
     if (m_ == 0) std::fill_n(dw, g_.out_c * k_, 0.0f);
-    if (db) column_sums(dy, m_, g_.out_c, db);
+    if (db) simd::column_sums(dy, m_, g_.out_c, db);
   }
 
  private:

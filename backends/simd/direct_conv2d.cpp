@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <cstring>
 
+#include "backends/simd/column_sums.h"
 #include "core/error.h"
 #include "core/vector.h"
 
@@ -216,11 +217,7 @@ void DirectConv2d::weight_grad(const float* x, const float* dy, float* dw, float
   });
   for (int64_t co = 0; co < g.out_c; ++co)
     for (int64_t k = 0; k < k_; ++k) dw[co * k_ + k] = acc[k * g.out_c + co];
-  if (db) {
-    std::fill_n(db, g.out_c, 0.0f);
-    for (int64_t m = 0; m < m_; ++m)
-      for (int64_t co = 0; co < g.out_c; ++co) db[co] += dy[m * g.out_c + co];
-  }
+  if (db) column_sums(dy, m_, g.out_c, db);
 }
 
 }  // namespace tandem::simd

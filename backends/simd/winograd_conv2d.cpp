@@ -2,6 +2,7 @@
 
 #include <algorithm>
 
+#include "backends/simd/column_sums.h"
 #include "core/error.h"
 #include "core/vector.h"
 
@@ -126,6 +127,102 @@ TANDEM_SIMD_KERNEL void transform_output(const float* m, const float* bias, int6
   }
 }
 
+// Z[xi][i][c] = (A dY A^T)[xi] for tiles t0 .. t0 + nt, dY the tile's 2x2 output gradients
+// (zero past the image's edge), A = [1 0; 1 1; 1 -1; 0 -1]: the adjoint of transform_output.
+TANDEM_SIMD_KERNEL void transform_grad_output(const float* dy, int64_t h, int64_t w, int64_t c, int64_t tiles_h,
+                                              int64_t tiles_w, int64_t t0, int64_t nt, float* z) {
+  const f32x16 zero = {};
+  for (int64_t i = 0; i < nt; ++i) {
+    const int64_t t = t0 + i, n = t / (tiles_h * tiles_w), ty = t / tiles_w % tiles_h, tx = t % tiles_w;
+    const float* img = dy + n * h * w * c;
+    const bool down = 2 * ty + 1 < h, right = 2 * tx + 1 < w;
+    for (int64_t c0 = 0; c0 < c; c0 += 16) {
+      const float* p = img + (2 * ty * w + 2 * tx) * c + c0;
+      const f32x16 y00 = load16(p), y01 = right ? load16(p + c) : zero;
+      const f32x16 y10 = down ? load16(p + w * c) : zero, y11 = down && right ? load16(p + (w + 1) * c) : zero;
+      // Rows: r[a][j] = (A dY)[a][j].
+      const f32x16 r[4][2] = {{y00, y01}, {y00 + y10, y01 + y11}, {y00 - y10, y01 - y11}, {-y10, -y11}};
+      const int64_t step = nt * c;  // from one xi to the next
+      for (int a = 0; a < 4; ++a) {
+        float* out = z + ((a * 4) * nt + i) * c + c0;
+        store16(out, r[a][0]);
+        store16(out + step, r[a][0] + r[a][1]);
+        store16(out + 2 * step, r[a][0] - r[a][1]);
+        store16(out + 3 * step, -r[a][1]);
+      }
+    }
+  }
+}
+
+// c[R][16 NV] += a[k][R]^T b[k][16 NV] (a's rows lda apart, b's ldb, c's ldc): R input
+// channels by NV vectors of output channels in registers over the chunk's tiles.
+template <int R, int NV>
+[[gnu::always_inline]] inline void block_at(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t k,
+                                            float* c, int64_t ldc) {
+  f32x16 acc[R][NV];
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) acc[r][j] = load16(c + r * ldc + 16 * j);
+  for (int64_t p = 0; p < k; ++p) {
+    f32x16 bv[NV];
+    for (int j = 0; j < NV; ++j) bv[j] = load16(b + p * ldb + 16 * j);
+    for (int r = 0; r < R; ++r) {
+      const float av = a[p * lda + r];
+      for (int j = 0; j < NV; ++j) acc[r][j] += bv[j] * av;
+    }
+  }
+  for (int r = 0; r < R; ++r)
+    for (int j = 0; j < NV; ++j) store16(c + r * ldc + 16 * j, acc[r][j]);
+}
+
+// block_at for a run-time row count 1..R.
+template <int NV, int R>
+[[gnu::always_inline]] inline void block_at_rows(int rows, const float* a, int64_t lda, const float* b, int64_t ldb,
+                                                 int64_t k, float* c, int64_t ldc) {
+  if constexpr (R >= 1) {
+    if (rows == R) return block_at<R, NV>(a, lda, b, ldb, k, c, ldc);
+    block_at_rows<NV, R - 1>(rows, a, lda, b, ldb, k, c, ldc);
+  }
+}
+
+// dU[xi] += V[xi]^T Z[xi] for the 16 xi: [nt][in_c]^T x [nt][out_c] each, into [in_c][out_c].
+// Blocks of 6 rows x 64 channels or 12 x 32 / 16 (24 accumulators, as the direct kernels).
+TANDEM_SIMD_KERNEL void multiply_accumulate_at(const float* v, const float* z, int64_t nt, int64_t in_c,
+                                               int64_t out_c, float* du) {
+  for (int xi = 0; xi < 16; ++xi) {
+    const float* a = v + xi * nt * in_c;
+    const float* b = z + xi * nt * out_c;
+    float* c = du + xi * in_c * out_c;
+    for (int64_t j = 0; j < out_c;) {
+      const int64_t left = out_c - j;
+      const int nv = left >= 64 ? 4 : left >= 32 ? 2 : 1;
+      const int64_t rows_per = nv == 4 ? 6 : 12;
+      for (int64_t i = 0; i < in_c; i += rows_per) {
+        const int rows = static_cast<int>(std::min(rows_per, in_c - i));
+        if (nv == 4) block_at_rows<4, 6>(rows, a + i, in_c, b + j, out_c, nt, c + i * out_c + j, out_c);
+        else if (nv == 2) block_at_rows<2, 12>(rows, a + i, in_c, b + j, out_c, nt, c + i * out_c + j, out_c);
+        else block_at_rows<1, 12>(rows, a + i, in_c, b + j, out_c, nt, c + i * out_c + j, out_c);
+      }
+      j += 16 * nv;
+    }
+  }
+}
+
+// g = G^T du G for one kernel's 16 products (row-major 4x4 in, 3x3 out): the adjoint of
+// transform_kernel.
+void untransform_kernel(const float du[16], float g[9]) {
+  float q[3][4];  // G^T du
+  for (int b = 0; b < 4; ++b) {
+    q[0][b] = du[b] + 0.5f * (du[4 + b] + du[8 + b]);
+    q[1][b] = 0.5f * (du[4 + b] - du[8 + b]);
+    q[2][b] = 0.5f * (du[4 + b] + du[8 + b]) + du[12 + b];
+  }
+  for (int a = 0; a < 3; ++a) {
+    g[a * 3 + 0] = q[a][0] + 0.5f * (q[a][1] + q[a][2]);
+    g[a * 3 + 1] = 0.5f * (q[a][1] - q[a][2]);
+    g[a * 3 + 2] = 0.5f * (q[a][1] + q[a][2]) + q[a][3];
+  }
+}
+
 }  // namespace
 
 bool WinogradConv2d::supports(const Conv2dGeometry& g) {
@@ -146,7 +243,7 @@ WinogradConv2d::WinogradConv2d(const Conv2dGeometry& g) : g_(g) {
 
 void WinogradConv2d::add_scratch() {
   const auto floats = static_cast<std::size_t>(16 * kChunkTiles * std::max(g_.in_c, g_.out_c));
-  scratch_.push_back({aligned_floats(floats), aligned_floats(floats)});
+  scratch_.push_back({aligned_floats(floats), aligned_floats(floats), nullptr});
 }
 
 void WinogradConv2d::set_parallel(int workers, ParallelFor parallel_for) {
@@ -194,6 +291,40 @@ void WinogradConv2d::forward(const float* x, const float* w, uint64_t version, c
 void WinogradConv2d::backward_data(const float* dy, const float* w, uint64_t version, float* dx) {
   transform(bwd_, w, version, /*adjoint=*/true);
   run(dy, g_.out_c, bwd_.u.get(), g_.in_c, nullptr, dx);
+}
+
+// Forward is y = A^T [sum over ci of U (.) V] A per tile, so dU = sum over tiles of
+// (A dY A^T) (.) V and dw = G^T dU G: 16 products a tile and channel pair where the direct
+// weight gradient takes 36. Ranges of chunks sum into their own dU, added up at the end.
+void WinogradConv2d::weight_grad(const float* x, const float* dy, float* dw, float* db) {
+  const int64_t ci = g_.in_c, co = g_.out_c, chunks = (tiles_ + kChunkTiles - 1) / kChunkTiles;
+  const int64_t ranges = std::min(static_cast<int64_t>(scratch_.size()), chunks);
+  const auto du_floats = static_cast<std::size_t>(16 * ci * co);
+  const auto range = [&](int64_t r) {
+    Scratch& s = scratch_[static_cast<std::size_t>(r)];
+    if (!s.du) s.du = aligned_floats(du_floats);
+    std::fill_n(s.du.get(), du_floats, 0.0f);
+    for (int64_t c = chunks * r / ranges; c < chunks * (r + 1) / ranges; ++c) {
+      const int64_t t0 = c * kChunkTiles, nt = std::min(kChunkTiles, tiles_ - t0);
+      transform_input(x, g_.in_h, g_.in_w, ci, tiles_h_, tiles_w_, t0, nt, s.v.get());
+      transform_grad_output(dy, g_.in_h, g_.in_w, co, tiles_h_, tiles_w_, t0, nt, s.m.get());
+      multiply_accumulate_at(s.v.get(), s.m.get(), nt, ci, co, s.du.get());
+    }
+  };
+  run_pieces(parallel_for_, ranges, range);
+  float* du = scratch_[0].du.get();
+  for (int64_t r = 1; r < ranges; ++r) {
+    const float* other = scratch_[static_cast<std::size_t>(r)].du.get();
+    for (std::size_t k = 0; k < du_floats; ++k) du[k] += other[k];
+  }
+  float u[16], g[9];
+  for (int64_t o = 0; o < co; ++o)
+    for (int64_t i = 0; i < ci; ++i) {
+      for (int xi = 0; xi < 16; ++xi) u[xi] = du[(xi * ci + i) * co + o];
+      untransform_kernel(u, g);
+      for (int tap = 0; tap < 9; ++tap) dw[(o * 9 + tap) * ci + i] = g[tap];
+    }
+  if (db) column_sums(dy, g_.batch * g_.in_h * g_.in_w, co, db);
 }
 
 }  // namespace tandem::simd

@@ -297,12 +297,12 @@ class XnnAvgPool2d final : public AvgPool2dKernel {
 };
 
 // Max pooling. Non-overlapping windows that tile the input go through XNNPACK's argmax
-// pooling, or core's vectorised 2x2 kernel for 2x2 windows (4x faster than argmax pooling plus
-// the tie pass). Stash: uint32 index of the maximum inside its window, kx * kh + ky, with
-// ties going to the reference's choice; backward scatters dy to those positions in a hand loop.
-// Other windows (overlapping, padded, and 1x1, which
-// XNNPACK refuses) use a portable loop with the reference's semantics (stash: int32 flat
-// input index iy * W + ix, -1 when a window sees no input). Same stash size either way.
+// pooling, or core's vectorised 2x2 kernels for 2x2 windows (4x faster than argmax pooling plus
+// the tie pass). Stash: the index of the maximum inside its window, kx * kh + ky, with ties
+// going to the reference's choice, a byte each for 2x2 windows (simd/max_pool_2x2.h) and a
+// uint32 otherwise; backward scatters dy to those positions. Other windows (overlapping,
+// padded, and 1x1, which XNNPACK refuses) use a portable loop with the reference's semantics
+// (stash: int32 flat input index iy * W + ix, -1 when a window sees no input).
 class XnnMaxPool2d final : public MaxPool2dKernel {
  public:
   XnnMaxPool2d(std::shared_ptr<const Context> ctx, const Pool2dGeometry& g)
@@ -330,13 +330,13 @@ class XnnMaxPool2d final : public MaxPool2dKernel {
   }
 
   size_t stash_bytes() const override {
-    return static_cast<size_t>(g_.batch * oh_ * ow_ * g_.channels) * sizeof(uint32_t);
+    return static_cast<size_t>(g_.batch * oh_ * ow_ * g_.channels) * (two_by_two() ? 1 : sizeof(uint32_t));
   }
 
   void forward(const float* x, float* y, void* stash) override {
     if (!use_xnnpack_) return portable_forward(x, y, static_cast<int32_t*>(stash));
-    if (g_.kernel_h == 2 && g_.kernel_w == 2)  // the common case: one vectorised pass, ties already row-first
-      return simd::max_pool_2x2(x, g_.batch, g_.in_h, g_.in_w, g_.channels, y, static_cast<uint32_t*>(stash));
+    if (two_by_two())  // the common case: one vectorised pass, ties already row-first, a byte a winner
+      return simd::max_pool_2x2(x, g_.batch, g_.in_h, g_.in_w, g_.channels, y, static_cast<uint8_t*>(stash));
     pthreadpool_t pool = ctx_->threadpool();
     check(xnn_setup_argmax_pooling2d_nhwc_f32(argmax_.get(), static_cast<size_t>(g_.batch),
                                               static_cast<size_t>(g_.in_h), static_cast<size_t>(g_.in_w), x, y,
@@ -352,6 +352,8 @@ class XnnMaxPool2d final : public MaxPool2dKernel {
   // indices and a re-allocated dx were ignored), and there are no FLOPs to win here.
   void backward(const float* dy, const void* stash, float* dx) override {
     if (!use_xnnpack_) return portable_backward(dy, static_cast<const int32_t*>(stash), dx);
+    if (two_by_two())
+      return simd::max_unpool_2x2(dy, static_cast<const uint8_t*>(stash), g_.batch, g_.in_h, g_.in_w, g_.channels, dx);
     const Pool2dGeometry& g = g_;
     const auto* idx = static_cast<const uint32_t*>(stash);
     const int64_t c = g.channels, kh = g.kernel_h, kw = g.kernel_w;
@@ -483,6 +485,7 @@ class XnnMaxPool2d final : public MaxPool2dKernel {
   int64_t oh_, ow_;
   std::string where_;
   bool use_xnnpack_ = false;
+  bool two_by_two() const { return use_xnnpack_ && g_.kernel_h == 2 && g_.kernel_w == 2; }
   Operator argmax_;
   std::vector<int32_t> row_of_, col_of_;      // XNNPACK window index -> (ky, kx)
   std::vector<int32_t> winner_y_, winner_x_;  // per channel: XNNPACK's winner in its window

@@ -157,6 +157,7 @@ class XnnConv2d final : public Conv2dKernel {
   // chunks of output rows (one operator each, partial products summed) so the im2col and the
   // packed dy stay in cache. dW^T is then transposed into OHWI. db = column sums of dy.
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
+    if (winograd_) return winograd_->weight_grad(x, dy, dw, db);
     if (direct_) return direct_->weight_grad(x, dy, dw, db);
     const Conv2dGeometry& g = g_;
     pthreadpool_t pool = ctx_->threadpool();
@@ -283,7 +284,7 @@ class XnnConv2d final : public Conv2dKernel {
   std::unique_ptr<float, AlignedFree> dyt_;    // one chunk of dy^T [Cout][rows * OW] (pack_cols_)
   PackedOperator fwd_, bwd_;
   std::unique_ptr<simd::DirectConv2d> direct_;  // backward_weights when Cout % 16 == 0
-  std::unique_ptr<simd::WinogradConv2d> winograd_;  // forward and backward_data of 3x3 same layers
+  std::unique_ptr<simd::WinogradConv2d> winograd_;  // every pass of 3x3 same layers
   bool direct_forward_ = false;                 // and forward, for few taps x input channels
 };
 

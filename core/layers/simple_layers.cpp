@@ -206,18 +206,9 @@ ReluKernel& MaxPool2dLayer::relu(int64_t elements) {
   return relus_.get(elements, [&](int64_t n) { return backend_.relu(n); });
 }
 
-namespace {
-
-// With a fused ReLU the stash also holds the ReLU'd output gradient, after the indices.
-std::size_t gradient_offset(std::size_t index_bytes) { return (index_bytes + 63) / 64 * 64; }
-
-}  // namespace
-
 void MaxPool2dLayer::forward(std::span<const Tensor> in, Tensor& out, Stash& stash) {
   MaxPool2dKernel& k = kernel(in[0].shape()[0]);
-  const std::size_t bytes = k.stash_bytes();
-  const std::size_t total = relu_ ? gradient_offset(bytes) + static_cast<std::size_t>(out.numel()) * sizeof(float) : bytes;
-  k.forward(in[0].data(), out.data(), stash.reserve(total));
+  k.forward(in[0].data(), out.data(), stash.reserve(k.stash_bytes()));
   if (relu_) relu(out.numel()).forward(out.data(), out.data());
 }
 
@@ -227,9 +218,9 @@ void MaxPool2dLayer::backward(std::span<const Tensor> in, const Tensor& out, con
   MaxPool2dKernel& k = kernel(in[0].shape()[0]);
   const float* dy = grad_out.data();
   if (relu_) {
-    auto* masked = reinterpret_cast<float*>(stash.bytes.data() + gradient_offset(k.stash_bytes()));
-    relu(out.numel()).backward(out.data(), dy, masked);
-    dy = masked;
+    if (!masked_.defined() || masked_.numel() < out.numel()) masked_ = Tensor::empty(Shape{out.numel()});
+    relu(out.numel()).backward(out.data(), dy, masked_.data());
+    dy = masked_.data();
   }
   k.backward(dy, stash.bytes.data(), grad_in[0].data());
 }
