@@ -65,16 +65,21 @@ TANDEM_SIMD_KERNEL void transform_input(const float* x, int64_t h, int64_t w, in
   }
 }
 
-// c[R][16 NV] = a[R][k] b[k][16 NV] (row strides lda, ldb, ldc).
-template <int R, int NV>
-[[gnu::always_inline]] inline void block(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t k, float* c,
-                                         int64_t ldc) {
+// c[R][16 NV] = a b, a's R x k element (r, p) at a[r * a_row + p * a_step] (a row-major
+// matrix, or a transposed one), b [k][16 NV] rows ldb apart, c's rows ldc apart. Accumulate:
+// c += a b, the accumulators starting from c.
+template <int R, int NV, bool Accumulate>
+[[gnu::always_inline]] inline void block(const float* a, int64_t a_row, int64_t a_step, const float* b, int64_t ldb,
+                                         int64_t k, float* c, int64_t ldc) {
   f32x16 acc[R][NV] = {};
+  if constexpr (Accumulate)
+    for (int r = 0; r < R; ++r)
+      for (int j = 0; j < NV; ++j) acc[r][j] = load16(c + r * ldc + 16 * j);
   for (int64_t p = 0; p < k; ++p) {
     f32x16 bv[NV];
     for (int j = 0; j < NV; ++j) bv[j] = load16(b + p * ldb + 16 * j);
     for (int r = 0; r < R; ++r) {
-      const float av = a[r * lda + p];
+      const float av = a[r * a_row + p * a_step];
       for (int j = 0; j < NV; ++j) acc[r][j] += bv[j] * av;
     }
   }
@@ -85,9 +90,9 @@ template <int R, int NV>
 template <int R>
 [[gnu::always_inline]] inline void rows(const float* a, const float* b, int64_t k, int64_t n, float* c) {
   int64_t j = 0;
-  for (; j + 64 <= n; j += 64) block<R, 4>(a, k, b + j, n, k, c + j, n);
-  for (; j + 32 <= n; j += 32) block<R, 2>(a, k, b + j, n, k, c + j, n);
-  for (; j < n; j += 16) block<R, 1>(a, k, b + j, n, k, c + j, n);
+  for (; j + 64 <= n; j += 64) block<R, 4, false>(a, k, 1, b + j, n, k, c + j, n);
+  for (; j + 32 <= n; j += 32) block<R, 2, false>(a, k, 1, b + j, n, k, c + j, n);
+  for (; j < n; j += 16) block<R, 1, false>(a, k, 1, b + j, n, k, c + j, n);
 }
 
 // M[xi] = V[xi] U[xi] for the 16 xi: [nt][in_c] x [in_c][out_c] each.
@@ -154,32 +159,13 @@ TANDEM_SIMD_KERNEL void transform_grad_output(const float* dy, int64_t h, int64_
   }
 }
 
-// c[R][16 NV] += a[k][R]^T b[k][16 NV] (a's rows lda apart, b's ldb, c's ldc): R input
-// channels by NV vectors of output channels in registers over the chunk's tiles.
-template <int R, int NV>
-[[gnu::always_inline]] inline void block_at(const float* a, int64_t lda, const float* b, int64_t ldb, int64_t k,
-                                            float* c, int64_t ldc) {
-  f32x16 acc[R][NV];
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NV; ++j) acc[r][j] = load16(c + r * ldc + 16 * j);
-  for (int64_t p = 0; p < k; ++p) {
-    f32x16 bv[NV];
-    for (int j = 0; j < NV; ++j) bv[j] = load16(b + p * ldb + 16 * j);
-    for (int r = 0; r < R; ++r) {
-      const float av = a[p * lda + r];
-      for (int j = 0; j < NV; ++j) acc[r][j] += bv[j] * av;
-    }
-  }
-  for (int r = 0; r < R; ++r)
-    for (int j = 0; j < NV; ++j) store16(c + r * ldc + 16 * j, acc[r][j]);
-}
-
-// block_at for a run-time row count 1..R.
+// c[rows][16 NV] += a[k][rows]^T b[k][16 NV] (a's rows lda apart) for a run-time row count
+// 1..R: input channels by output channels in registers over a chunk's tiles.
 template <int NV, int R>
 [[gnu::always_inline]] inline void block_at_rows(int rows, const float* a, int64_t lda, const float* b, int64_t ldb,
                                                  int64_t k, float* c, int64_t ldc) {
   if constexpr (R >= 1) {
-    if (rows == R) return block_at<R, NV>(a, lda, b, ldb, k, c, ldc);
+    if (rows == R) return block<R, NV, true>(a, 1, lda, b, ldb, k, c, ldc);
     block_at_rows<NV, R - 1>(rows, a, lda, b, ldb, k, c, ldc);
   }
 }
@@ -300,9 +286,11 @@ void WinogradConv2d::weight_grad(const float* x, const float* dy, float* dw, flo
   const int64_t ci = g_.in_c, co = g_.out_c, chunks = (tiles_ + kChunkTiles - 1) / kChunkTiles;
   const int64_t ranges = std::min(static_cast<int64_t>(scratch_.size()), chunks);
   const auto du_floats = static_cast<std::size_t>(16 * ci * co);
+  // Allocated here, not in the ranges: a failed allocation must not unwind through a pool.
+  for (int64_t r = 0; r < ranges; ++r)
+    if (Scratch& s = scratch_[static_cast<std::size_t>(r)]; !s.du) s.du = aligned_floats(du_floats);
   const auto range = [&](int64_t r) {
     Scratch& s = scratch_[static_cast<std::size_t>(r)];
-    if (!s.du) s.du = aligned_floats(du_floats);
     std::fill_n(s.du.get(), du_floats, 0.0f);
     for (int64_t c = chunks * r / ranges; c < chunks * (r + 1) / ranges; ++c) {
       const int64_t t0 = c * kChunkTiles, nt = std::min(kChunkTiles, tiles_ - t0);

@@ -32,7 +32,9 @@ class WinogradConv2d {
   void forward(const float* x, const float* w, uint64_t version, const float* bias, float* y);
   // dx [N][H][W][Cin] = the adjoint of forward applied to dy [N][H][W][Cout].
   void backward_data(const float* dy, const float* w, uint64_t version, float* dx);
-  // dw [Cout][3][3][Cin] and db [Cout] (db may be null) from x and dy, overwritten.
+  // dw [Cout][3][3][Cin] and db [Cout] (db may be null) from x and dy, overwritten. Each
+  // worker range sums its chunks into a dU of its own (16 Cin Cout floats, kept), added up at
+  // the end: dw's rounding depends on the worker count, not on timing.
   void weight_grad(const float* x, const float* dy, float* dw, float* db);
 
  private:

@@ -311,7 +311,7 @@ class XnnMaxPool2d final : public MaxPool2dKernel {
         g.stride_h < 1 || g.stride_w < 1 || g.pad_h < 0 || g.pad_w < 0 || oh_ < 1 || ow_ < 1)
       fail("xnnpack", cat("invalid geometry: ", where_));
     use_xnnpack_ = g.windows_tile() && g.kernel_h * g.kernel_w > 1;
-    if (!use_xnnpack_) return;
+    if (!use_xnnpack_ || two_by_two()) return;  // 2x2: core's kernels need no operator or index
     const auto kh = static_cast<uint32_t>(g.kernel_h), kw = static_cast<uint32_t>(g.kernel_w);
     const auto c = static_cast<size_t>(g.channels);
     xnn_operator_t op = nullptr;
@@ -397,16 +397,6 @@ class XnnMaxPool2d final : public MaxPool2dKernel {
           const int64_t o = ((n * oh_ + oy) * ow_ + ox) * c;
           float* __restrict yo = y + o;
           uint32_t* __restrict io = idx + o;
-          if (kh == 2 && kw == 2) {
-            // Only winner (1, 0) (index 1) can tie with (0, 1) (index 2), before it in rows.
-            const float* __restrict top_right = window + c;
-            for (int64_t k = 0; k < c; ++k) {
-              const uint32_t take = all_ones_if((io[k] == 1u) & (top_right[k] == yo[k]));
-              io[k] = select(take, 2u, io[k]);
-              yo[k] = select(take, top_right[k], yo[k]);
-            }
-            continue;
-          }
           for (int64_t k = 0; k < c; ++k) {
             wy[k] = row_of_[io[k]];
             wx[k] = col_of_[io[k]];

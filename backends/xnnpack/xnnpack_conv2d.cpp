@@ -1,5 +1,6 @@
 // Conv2d through XNNPACK: forward is a convolution, backward_data the matching
-// deconvolution (transposed convolution). When Cout is a multiple of 16, backward_weights is
+// deconvolution (transposed convolution). 3x3 same layers with channels in 16s run every pass
+// as core's Winograd F(2x2, 3x3). Otherwise, when Cout is a multiple of 16, backward_weights is
 // core's direct SIMD kernel (XNNPACK 2022 has no GEMM with two changing operands, and packing
 // one per call cost more than the math), and so is the forward of layers with few taps x
 // input channels (K <= 32: XNNPACK's tiles ran at a quarter of peak on a 3x3x1 first layer).
@@ -66,9 +67,10 @@ class XnnConv2d final : public Conv2dKernel {
     // (K x rows * OW floats) stays in L2, as does the slice of dy packed for it.
     // Winograd's chunks of tiles spread over the backend's thread pool, when it has one.
     const int workers = ctx_->threads();
-    if (simd::WinogradConv2d::supports(g)) {
+    if (simd::WinogradConv2d::supports(g)) {  // every pass: nothing else to set up
       winograd_ = std::make_unique<simd::WinogradConv2d>(g);
       if (workers > 1) winograd_->set_parallel(workers, ctx_->parallel_for());
+      return;
     }
     if (simd::DirectConv2d::supports(g)) {
       direct_ = std::make_unique<simd::DirectConv2d>(g);
@@ -283,7 +285,7 @@ class XnnConv2d final : public Conv2dKernel {
   std::unique_ptr<float, AlignedFree> part_;   // a later chunk's share of dW^T (or dW)
   std::unique_ptr<float, AlignedFree> dyt_;    // one chunk of dy^T [Cout][rows * OW] (pack_cols_)
   PackedOperator fwd_, bwd_;
-  std::unique_ptr<simd::DirectConv2d> direct_;  // backward_weights when Cout % 16 == 0
+  std::unique_ptr<simd::DirectConv2d> direct_;  // backward_weights when Cout % 16 == 0 (not Winograd)
   std::unique_ptr<simd::WinogradConv2d> winograd_;  // every pass of 3x3 same layers
   bool direct_forward_ = false;                 // and forward, for few taps x input channels
 };

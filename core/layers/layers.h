@@ -386,8 +386,9 @@ class MaxPool2dLayer final : public Layer {
   KernelCache<MaxPool2dKernel> kernels_;
   bool relu_ = false;
   KernelCache<ReluKernel> relus_;
-  // The fused ReLU's output gradient, only during a backward (one runs at a time): kept in
-  // the slot's stash it cost every micro-batch in flight a pooled tensor.
+  // The fused ReLU's output gradient, written and read within one backward (one runs at a
+  // time), kept at the largest size seen: in the slot's stash it cost every micro-batch in
+  // flight a pooled tensor.
   Tensor masked_;
 };
 
