@@ -6,10 +6,11 @@
 # on a GPU: at least 1.5x for the Fashion-MNIST back, 1.0x for ResNet18's and spam-bert's.
 # DEVICE=cuda (the default; tandem on --backend cuda) needs a GPU and PyTorch that sees it;
 # DEVICE=cpu compares onednn with PyTorch on one CPU thread.
-# usage: [DEVICE=cuda|cpu] [ROUNDS=3] [BATCH=64] bash bench/gpu/back_shard.sh
+# usage: [DEVICE=cuda|cpu] [ROUNDS=3] [BATCH=64] [PYTHON=python3 with torch] bash bench/gpu/back_shard.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 device=${DEVICE:-cuda} rounds=${ROUNDS:-3} batch=${BATCH:-64}
+python=${PYTHON:-/usr/bin/python3}  # with PyTorch: Debian's here, the image's own on the GPU machine
 bin=build/release/bench/bench_back_shard
 [[ -x $bin ]] || bash scripts/setup.sh release > /dev/null
 export OMP_NUM_THREADS=1 OPENBLAS_NUM_THREADS=1  # one thread a side on the CPU
@@ -18,7 +19,7 @@ if [[ $device == cuda ]]; then
   # Only a missing GPU skips; a failure of the cuda backend itself fails the bench.
   gpu=$(build/release/tools/tandem gpu) || { echo "SKIP: $gpu (DEVICE=cpu compares on the CPU)"; exit 77; }
   echo "GPU: $gpu"
-  /usr/bin/python3 -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' ||
+  "$python" -c 'import sys, torch; sys.exit(0 if torch.cuda.is_available() else 1)' ||
     { echo "SKIP: PyTorch sees no CUDA device here"; exit 77; }
 else
   backend=onednn
@@ -36,7 +37,7 @@ while read -r name spec cut gpu_steps cpu_steps; do
   for _ in $(seq 1 "$rounds"); do
     "$bin" "$spec" --cut "$cut" --backend "$backend" --batch "$batch" --steps "$steps" --warmup 3 |
       field samples_per_s >> "$work/tandem"
-    /usr/bin/python3 bench/pytorch_back_shard.py "$spec" "$cut" "$device" "$batch" 4 "$steps" 3 |
+    "$python" bench/pytorch_back_shard.py "$spec" "$cut" "$device" "$batch" 4 "$steps" 3 |
       field samples_per_s >> "$work/torch"
   done
   t=$(median < "$work/tandem") p=$(median < "$work/torch")

@@ -1,0 +1,87 @@
+#!/usr/bin/env bash
+# Issue 17's GPU checks in one run, on a GPU machine that cannot build tandem (the device
+# machine some sessions are lent: CUDA, cuDNN and PyTorch, none of Debian's libraries, no
+# network). Unpacks .devkit/kit.tar.xz (scripts/device_kit.sh, built here and carried) into
+# build/release, points its ctest files at this checkout and the loader at the kit's libraries
+# and at the CUDA and cuDNN libraries found there, then runs the stages asked for (default all),
+# each under a time limit, logs in $OUT (else .devkit/out):
+#   check: every binary's libraries resolve, and `tandem gpu` sees a GPU (always runs first)
+#   tests: ctest's cuda tests: op, grad, train, split and federation on cuda against the reference
+#   e2e:   e2e.cuda_cloud (one epoch with the cloud on cuda within 0.3 points of onednn; four
+#          edges' micro-batches joined on cuda)
+#   bench: bench/gpu/back_shard.sh (ROUNDS=2) and bench/gpu/capacity.sh (N = 1, 16, 64, 256 on
+#          cuda, own shards and batched; one CPU session on onednn for the 50x bar)
+# Usage: bash bench/gpu/device_check.sh [check] [tests] [e2e] [bench]   (`check` alone: no GPU work)
+set -uo pipefail
+cd "$(dirname "$0")/../.."
+src=$PWD
+out=${OUT:-$src/.devkit/out}
+mkdir -p "$out"
+stages=("$@")
+[[ ${#stages[@]} -gt 0 ]] || stages=(tests e2e bench)
+summary=$out/summary.txt
+say() { echo "$*" | tee -a "$summary"; }
+: > "$summary"
+
+[[ -f .devkit/kit.tar.xz ]] || { say "no .devkit/kit.tar.xz: run scripts/device_kit.sh where tandem builds, and carry .devkit"; exit 1; }
+build=$src/build/release
+if [[ -e $build/CMakeCache.txt ]]; then say "build/release is a real build here: device_check.sh unpacks only where none is"; exit 1; fi
+rm -rf "$build" && mkdir -p "$build" "$src/build/devkit"
+tar -C "$src/build/devkit" -xJf .devkit/kit.tar.xz
+cp -a "$src/build/devkit/build/." "$build/"
+origin=$(cat "$src/build/devkit/ORIGIN") source_then=$(cat "$src/build/devkit/SOURCE")
+# The ctest files name the kit's build and source paths: this checkout's instead (build first:
+# it lies inside the source).
+find "$build" -name CTestTestfile.cmake -exec sed -i "s|$origin|$build|g; s|$source_then|$src|g" {} +
+
+# CUDA's libraries from this machine: the toolkit's, and PyTorch's wheels (cuBLAS, cuDNN).
+cuda_dirs=$(find /usr/local /opt /usr/lib -xdev \( -name 'libcublas.so.13*' -o -name 'libcublasLt.so.13*' -o \
+  -name 'libcudnn.so.9*' -o -name 'libcudnn_graph.so.9*' \) -printf '%h\n' 2> /dev/null | sort -u | paste -sd:)
+export LD_LIBRARY_PATH=$src/build/devkit/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
+export TANDEM_FASHION_MNIST_DIR=$src/build/devkit/data
+export PYTHON=${PYTHON:-$(command -v python3)}
+say "libraries: the kit's and ${cuda_dirs:-no CUDA libraries found}"
+
+# check: no binary misses a library.
+missing=0
+for b in $(cd "$build" && find . -type f -perm -u+x ! -name '*.cmake'); do
+  if ldd "$build/$b" | grep -q "not found"; then
+    say "$b cannot load: $(ldd "$build/$b" | grep "not found" | paste -sd' ')"
+    missing=1
+  fi
+done
+[[ $missing == 0 ]] || exit 1
+say "every binary loads; ctest lists $(ctest --test-dir "$build" -N -R '\.cuda$' | grep -c 'Test *#') cuda tests"
+if ! gpu=$("$build/tools/tandem" gpu 2>&1); then
+  say "no usable GPU: $gpu"
+  [[ " ${stages[*]} " == " check " ]] && exit 0
+  exit 77
+fi
+say "GPU: $gpu"
+command -v nvidia-smi > /dev/null && nvidia-smi >> "$summary" 2>&1
+
+status=0
+# stage NAME SECONDS COMMAND...: runs it under a limit into $out/NAME.log; records PASS/FAIL.
+stage() {
+  local name=$1 limit=$2
+  shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >> "$out/$name.log" 2>&1
+  local rc=$?
+  say "$name: rc $rc after $((SECONDS - t0)) s ($(tail -1 "$out/$name.log"))"
+  [[ $rc == 0 ]] || status=1
+}
+for s in "${stages[@]}"; do
+  case $s in
+    check) ;;
+    tests) stage tests 300 ctest --test-dir "$build" -R '\.cuda$|cuda_registry' --output-on-failure -j 4 ;;
+    e2e) stage e2e 420 ctest --test-dir "$build" -R '^e2e\.cuda_cloud$' --output-on-failure ;;
+    bench)
+      stage back_shard 300 env ROUNDS=2 bash bench/gpu/back_shard.sh
+      stage capacity 240 bash bench/gpu/capacity.sh
+      stage capacity 150 env SHARD=batched bash bench/gpu/capacity.sh
+      stage capacity 90 env DEVICE=cpu EDGES=1 bash bench/gpu/capacity.sh ;;
+    *) say "unknown stage '$s' (check, tests, e2e, bench)"; exit 2 ;;
+  esac
+done
+exit $status
