@@ -12,6 +12,8 @@
 #   bench: bench/gpu/back_shard.sh (ROUNDS=2) and bench/gpu/capacity.sh (N = 1, 16, 64, 256 on
 #          cuda, own shards and batched; one CPU session on onednn for the 50x bar)
 # Usage: bash bench/gpu/device_check.sh [check] [tests] [e2e] [bench]   (`check` alone: no GPU work)
+# Each stage's limits keep one 600 s call whole: `check tests e2e` in one call (limits 570 s),
+# `bench` in the next (560 s); the correctness bars first, as device time is short.
 set -uo pipefail
 cd "$(dirname "$0")/../.."
 src=$PWD
@@ -35,8 +37,12 @@ origin=$(cat "$src/build/devkit/ORIGIN") source_then=$(cat "$src/build/devkit/SO
 find "$build" -name CTestTestfile.cmake -exec sed -i "s|$origin|$build|g; s|$source_then|$src|g" {} +
 
 # CUDA's libraries from this machine: the toolkit's, and PyTorch's wheels (cuBLAS, cuDNN).
+# The driver's libcuda where the loader does not already know it (a read-only mount there).
 cuda_dirs=$(find /usr/local /opt /usr/lib -xdev \( -name 'libcublas.so.13*' -o -name 'libcublasLt.so.13*' -o \
   -name 'libcudnn.so.9*' -o -name 'libcudnn_graph.so.9*' \) -printf '%h\n' 2> /dev/null | sort -u | paste -sd:)
+ldconfig -p | grep -q 'libcuda\.so\.1' || for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
+  [[ -e $d/libcuda.so.1 ]] && cuda_dirs=$d${cuda_dirs:+:$cuda_dirs}
+done
 export LD_LIBRARY_PATH=$src/build/devkit/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
 export TANDEM_FASHION_MNIST_DIR=$src/build/devkit/data
 export PYTHON=${PYTHON:-$(command -v python3)}
@@ -74,13 +80,13 @@ stage() {
 for s in "${stages[@]}"; do
   case $s in
     check) ;;
-    tests) stage tests 300 ctest --test-dir "$build" -R '\.cuda$|cuda_registry' --output-on-failure -j 4 ;;
-    e2e) stage e2e 420 ctest --test-dir "$build" -R '^e2e\.cuda_cloud$' --output-on-failure ;;
+    tests) stage tests 240 ctest --test-dir "$build" -R '\.cuda$|cuda_registry' --output-on-failure -j 4 ;;
+    e2e) stage e2e 330 ctest --test-dir "$build" -R '^e2e\.cuda_cloud$' --output-on-failure ;;
     bench)
-      stage back_shard 300 env ROUNDS=2 bash bench/gpu/back_shard.sh
-      stage capacity 240 bash bench/gpu/capacity.sh
-      stage capacity 150 env SHARD=batched bash bench/gpu/capacity.sh
-      stage capacity 90 env DEVICE=cpu EDGES=1 bash bench/gpu/capacity.sh ;;
+      stage back_shard 220 env ROUNDS=2 bash bench/gpu/back_shard.sh
+      stage capacity 170 bash bench/gpu/capacity.sh
+      stage capacity 110 env SHARD=batched bash bench/gpu/capacity.sh
+      stage capacity 60 env DEVICE=cpu EDGES=1 bash bench/gpu/capacity.sh ;;
     *) say "unknown stage '$s' (check, tests, e2e, bench)"; exit 2 ;;
   esac
 done
