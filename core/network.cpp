@@ -110,11 +110,7 @@ void Network::plan_backward() {
   if (first_node > 0) grad_wanted_[0] = input_gradient_;
   runs_backward_.assign(nodes.size(), false);
   for (std::size_t n = 0; n < nodes.size(); ++n) {
-    const auto params = layers_[n]->params();
-    const bool trains = std::any_of(params.begin(), params.end(), [](const Param* p) { return p->trainable(); });
-    const bool passes = std::any_of(input_ids_[n].begin(), input_ids_[n].end(),
-                                    [&](int id) { return grad_wanted_[static_cast<std::size_t>(id)]; });
-    runs_backward_[n] = needs_grad_[n] && (trains || passes);
+    runs_backward_[n] = needs_grad_[n] && (trains(n) || passes_gradient(n));
     grad_wanted_[first_node + n] = runs_backward_[n];
   }
   // Graph inputs are the caller's and the output is read by the caller: both kept. Otherwise
@@ -135,6 +131,26 @@ void Network::plan_backward() {
     const auto out = first_node + n, src = static_cast<std::size_t>(input_ids_[n][0]);
     if (retained_[out]) retained_[src] = true;
   }
+}
+
+bool Network::trains(std::size_t n) const {
+  const auto params = layers_[n]->params();
+  return std::any_of(params.begin(), params.end(), [](const Param* p) { return p->trainable(); });
+}
+
+bool Network::passes_gradient(std::size_t n) const {
+  return std::any_of(input_ids_[n].begin(), input_ids_[n].end(),
+                     [&](int id) { return grad_wanted_[static_cast<std::size_t>(id)]; });
+}
+
+bool Network::computes_weight_grads(int node) const {
+  const auto n = static_cast<std::size_t>(node);
+  return runs_backward_.at(n) && trains(n);
+}
+
+bool Network::computes_input_grads(int node) const {
+  const auto n = static_cast<std::size_t>(node);
+  return runs_backward_.at(n) && passes_gradient(n);
 }
 
 // A ReLU read by nothing but a max pool without padding runs after the pool instead, on the

@@ -89,6 +89,11 @@ class Network {
   // before the gradients are read (both refuse while any is pending). Nothing pending: no-op.
   void backward_weights(int slot);
   bool weights_pending(int slot) const;
+  // What a backward computes at node `node` (as set_input_gradient and the frozen parameters
+  // leave it): its parameters' gradients (it has a trainable one) and its inputs' (one of
+  // them is wanted). The planner's FLOP estimate counts these.
+  bool computes_weight_grads(int node) const;
+  bool computes_input_grads(int node) const;
   bool any_weights_pending() const;
   // Forgets every pending weight-gradient pass (an abandoned step's).
   void drop_deferred_weights();
@@ -163,6 +168,9 @@ class Network {
   // needs_grad_, runs_backward_, grad_wanted_ and retained_ from the graph, the layers and
   // input_gradient_.
   void plan_backward();
+  // Node n has a trainable parameter; one of its inputs' gradients is wanted (grad_wanted_).
+  bool trains(std::size_t n) const;
+  bool passes_gradient(std::size_t n) const;
   // Throws when a forward has run: `setting` decides what a forward keeps.
   void refuse_after_forward(const char* setting) const;
   // Per tensor id: the last node whose forward reads it (views extend their source's), or

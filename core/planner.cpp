@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include <map>
+#include <optional>
 
 #include "core/error.h"
 #include "core/microbatch.h"
@@ -25,19 +26,22 @@ struct ShardCost {
   double weights_s = 0;  // of backward_s: the weight gradients
 };
 
-// A shard's cost for `m` samples from its ops' FLOPs (core/ops) at `gflops`: layers reading
-// the graph input compute no input gradient unless `input_grad`.
-ShardCost estimate(const Graph& g, int64_t m, double gflops, bool input_grad) {
+// A shard's cost for `m` samples from its ops' FLOPs (core/ops) at `gflops`: of backward,
+// only what `net` computes (its input gradient as set, frozen parameters without theirs, so a
+// LoRA front backs up to its first adapter and no further).
+ShardCost estimate(const Network& net, int64_t m, double gflops) {
   ShardCost c;
   const double scale = static_cast<double>(m) / (gflops * 1e9);
-  for (const GraphNode& n : g.nodes()) {
+  const Graph& g = net.graph();
+  for (std::size_t i = 0; i < g.nodes().size(); ++i) {
+    const GraphNode& n = g.nodes()[i];
     const OpCost cost = op_cost(n.spec, g.input_shapes(n), n.shape);
-    const bool reads_input = n.sources.at(0) >= 0;
+    const double weights = net.computes_weight_grads(static_cast<int>(i)) ? cost.backward_weights_flops : 0.0;
     c.forward_s += cost.forward_flops * scale;
-    c.backward_s += (cost.backward_weights_flops + (reads_input && !input_grad ? 0.0 : cost.backward_data_flops)) * scale;
+    c.backward_s += (weights + (net.computes_input_grads(static_cast<int>(i)) ? cost.backward_data_flops : 0.0)) * scale;
     // (Batch norm computes its few weight-gradient FLOPs with its input gradient; counted
     // here as deferred all the same.)
-    c.weights_s += cost.backward_weights_flops * scale;
+    c.weights_s += weights * scale;
   }
   return c;
 }
@@ -176,20 +180,23 @@ std::vector<PlanRow> plan_split(const Graph& graph, const PlanOptions& o, Backen
     const Shape& act = front.nodes()[static_cast<std::size_t>(front.output())].shape;
     // A mask the back shard reads goes up too, a byte a token (Graph::split, read_mask).
     const int64_t mask_bytes = back.inputs().size() > 1 ? back.inputs()[1].shape.numel() : 0;
+    // The front as the edge trains it (no input gradient), for its FLOPs and its memory.
+    Network probe(front, edge, 1);
+    probe.set_input_gradient(false);
+    std::optional<Network> back_net;  // the back shard, for its FLOPs
+    if (o.cloud_gflops > 0) back_net.emplace(back, cloud, 1);
     std::map<int64_t, std::pair<ShardCost, ShardCost>> at;  // micro-batch size -> (edge, cloud)
     auto cost = [&](int64_t m) -> const std::pair<ShardCost, ShardCost>& {
       auto it = at.find(m);
       if (it != at.end()) return it->second;
-      const ShardCost e = o.edge_gflops > 0 ? estimate(front, m, o.edge_gflops, false)
+      const ShardCost e = o.edge_gflops > 0 ? estimate(probe, m, o.edge_gflops)
                                           : measure(front, edge, m, o.iterations, false);
-      const ShardCost c = o.cloud_gflops > 0 ? estimate(back, m, o.cloud_gflops, true)
+      const ShardCost c = o.cloud_gflops > 0 ? estimate(*back_net, m, o.cloud_gflops)
                                            : measure(back, cloud, m, o.iterations, true);
       return at.emplace(m, std::pair{e, c}).first->second;
     };
     // Edge memory: parameters with their gradients and momentum; what the K slots keep for
     // backward; one micro-batch's forward and backward.
-    Network probe(front, edge, 1);
-    probe.set_input_gradient(false);
     for (int k : o.microbatches) {
       if (k > o.batch) continue;
       const double peak_mb = training_memory_bytes(probe, o.batch, microbatch_range(o.batch, k, 0).count, 1) / (1 << 20);

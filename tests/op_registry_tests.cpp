@@ -5,6 +5,7 @@
 
 #include <map>
 
+#include "core/error.h"
 #include "core/graph.h"
 #include "core/layers/layer.h"
 #include "core/network.h"
@@ -216,6 +217,34 @@ TEST(OpRegistry, PlannerEstimatesDepthwiseFlops) {
   EXPECT_NEAR(rows[0].edge_s, dw + dw, 1e-6);  // forward, and weights only (it reads the input)
   const double fc = 2.0 * 512 * 4;
   EXPECT_NEAR(rows[0].cloud_s, fc + 2 * fc, 1e-6);
+}
+
+// The estimate counts only what the edge's backward computes: no gradient for a frozen
+// layer's weights, no input gradient where nothing below wants one. fc1 8 -> 8 and fc2
+// 8 -> 4 on the edge (each pass 2 I O FLOPs a sample), fc3 4 -> 2 on the cloud.
+TEST(Planner, EstimateCountsOnlyWhatABackwardComputes) {
+  const auto edge_flops = [](bool freeze_fc1, bool freeze_fc2) {
+    const std::string spec = cat(R"({ name: "f", inputs: [ { name: "x", shape: [8] } ], nodes: [
+      { name: "fc1", op: "linear", inputs: ["x"], linear: { out_features: 8, bias: false }, freeze: )",
+                                 freeze_fc1 ? "true" : "false", R"( },
+      { name: "fc2", op: "linear", inputs: ["fc1"], linear: { out_features: 4, bias: false }, freeze: )",
+                                 freeze_fc2 ? "true" : "false", R"( },
+      { name: "fc3", op: "linear", inputs: ["fc2"], linear: { out_features: 2, bias: false } } ], cut: "fc2" })");
+    PlanOptions o;
+    o.batch = 1;
+    o.microbatches = {1};
+    o.cuts = {"fc2"};
+    o.uplink_mbps = o.downlink_mbps = 1e9;
+    o.edge_gflops = o.cloud_gflops = 1e-9;  // a FLOP a second: times are FLOP counts
+    auto reference = make_backend("reference");
+    const std::vector<PlanRow> rows = plan_split(Graph::build(parse_model_json(spec)), o, *reference, *reference);
+    EXPECT_EQ(rows.size(), 1u);
+    return rows.at(0).edge_s;
+  };
+  const double fc1 = 2.0 * 8 * 8, fc2 = 2.0 * 8 * 4;
+  EXPECT_NEAR(edge_flops(false, false), (fc1 + fc2) + fc1 + (fc2 + fc2), 1e-6) << "fc1 no input gradient (the edge's input)";
+  EXPECT_NEAR(edge_flops(true, false), (fc1 + fc2) + fc2, 1e-6) << "fc2's weights only: nothing below it trains";
+  EXPECT_NEAR(edge_flops(false, true), (fc1 + fc2) + fc1 + fc2, 1e-6) << "fc2 passes the gradient down to fc1's weights";
 }
 
 // A cut inside an encoder sends the mask with the activations: a byte a token per sample on
