@@ -12,9 +12,11 @@ namespace {
 constexpr int64_t kChunkTiles = 64;  // V (16 x 64 x Cin) and M (16 x 64 x Cout) stay in L2
 constexpr int64_t kRows = 4;         // GEMM rows (tiles) per register block
 
-// U = G g G^T for one 3x3 kernel g (row-major), G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1].
-void transform_kernel(const float g[9], float u[16]) {
-  float r[4][3];  // G g
+// U = G g G^T for a 3x3 kernel g (row-major), G = [1 0 0; .5 .5 .5; .5 -.5 .5; 0 0 1]. T: a
+// float, or a vector of 16 kernels' values side by side.
+template <typename T>
+[[gnu::always_inline]] inline void transform_kernel(const T g[9], T u[16]) {
+  T r[4][3];  // G g
   for (int j = 0; j < 3; ++j) {
     r[0][j] = g[j];
     r[1][j] = 0.5f * (g[j] + g[3 + j] + g[6 + j]);
@@ -27,6 +29,25 @@ void transform_kernel(const float g[9], float u[16]) {
     u[a * 4 + 2] = 0.5f * (r[a][0] - r[a][1] + r[a][2]);
     u[a * 4 + 3] = r[a][2];
   }
+}
+
+// U of every kernel of w [co][3][3][ci]: forward, U[xi][ci][co]; adjoint, U[xi][co][ci] of the
+// kernel flipped (w[co][2-ky][2-kx][ci]). 16 input channels at a time: w's loads and the
+// adjoint's stores are contiguous, the forward's stores go 16 to a vector's lanes.
+TANDEM_SIMD_KERNEL void transform_kernels(const float* w, int64_t ci, int64_t co, bool adjoint, float* u) {
+  for (int64_t o = 0; o < co; ++o)
+    for (int64_t i = 0; i < ci; i += 16) {
+      f32x16 g[9], v[16];
+      for (int tap = 0; tap < 9; ++tap) g[tap] = load16(w + (o * 9 + (adjoint ? 8 - tap : tap)) * ci + i);
+      transform_kernel(g, v);
+      for (int xi = 0; xi < 16; ++xi) {
+        if (adjoint) {
+          store16(u + (xi * co + o) * ci + i, v[xi]);
+        } else {
+          for (int l = 0; l < 16; ++l) u[(xi * ci + i + l) * co + o] = v[xi][l];
+        }
+      }
+    }
 }
 
 // V[xi][i][c] = (B^T d B)[xi] for tiles t0 .. t0 + nt, d the 4x4 input patch of the tile's
@@ -193,10 +214,11 @@ TANDEM_SIMD_KERNEL void multiply_accumulate_at(const float* v, const float* z, i
   }
 }
 
-// g = G^T du G for one kernel's 16 products (row-major 4x4 in, 3x3 out): the adjoint of
-// transform_kernel.
-void untransform_kernel(const float du[16], float g[9]) {
-  float q[3][4];  // G^T du
+// g = G^T du G for a kernel's 16 products (row-major 4x4 in, 3x3 out): the adjoint of
+// transform_kernel. T: a float, or a vector of 16 kernels' values side by side.
+template <typename T>
+[[gnu::always_inline]] inline void untransform_kernel(const T du[16], T g[9]) {
+  T q[3][4];  // G^T du
   for (int b = 0; b < 4; ++b) {
     q[0][b] = du[b] + 0.5f * (du[4 + b] + du[8 + b]);
     q[1][b] = 0.5f * (du[4 + b] - du[8 + b]);
@@ -207,6 +229,19 @@ void untransform_kernel(const float du[16], float g[9]) {
     g[a * 3 + 1] = 0.5f * (q[a][1] - q[a][2]);
     g[a * 3 + 2] = 0.5f * (q[a][1] + q[a][2]) + q[a][3];
   }
+}
+
+// dw [co][3][3][ci] from dU [16][ci][co], 16 output channels at a time: dU's loads contiguous,
+// dw's stores 16 to a vector's lanes (the 144 lines a block writes stay in L1 over i).
+TANDEM_SIMD_KERNEL void untransform_kernels(const float* du, int64_t ci, int64_t co, float* dw) {
+  for (int64_t o = 0; o < co; o += 16)
+    for (int64_t i = 0; i < ci; ++i) {
+      f32x16 u[16], g[9];
+      for (int xi = 0; xi < 16; ++xi) u[xi] = load16(du + (xi * ci + i) * co + o);
+      untransform_kernel(u, g);
+      for (int tap = 0; tap < 9; ++tap)
+        for (int l = 0; l < 16; ++l) dw[((o + l) * 9 + tap) * ci + i] = g[tap][l];
+    }
 }
 
 }  // namespace
@@ -257,14 +292,7 @@ void WinogradConv2d::transform(Transformed& t, const float* w, uint64_t version,
   if (t.of == w && t.version == version) return;
   // Forward: U[xi][ci][co] of w[co][ky][kx][ci]. Adjoint: U[xi][co][ci] of the kernel
   // flipped, w[co][2-ky][2-kx][ci] (the same convolution from Cout channels back to Cin).
-  const int64_t ci = g_.in_c, co = g_.out_c;
-  float g[9], u[16];
-  for (int64_t o = 0; o < co; ++o)
-    for (int64_t i = 0; i < ci; ++i) {
-      for (int tap = 0; tap < 9; ++tap) g[tap] = w[(o * 9 + (adjoint ? 8 - tap : tap)) * ci + i];
-      transform_kernel(g, u);
-      for (int xi = 0; xi < 16; ++xi) t.u.get()[adjoint ? (xi * co + o) * ci + i : (xi * ci + i) * co + o] = u[xi];
-    }
+  transform_kernels(w, g_.in_c, g_.out_c, adjoint, t.u.get());
   t.of = w;
   t.version = version;
 }
@@ -305,13 +333,7 @@ void WinogradConv2d::weight_grad(const float* x, const float* dy, float* dw, flo
     const float* other = scratch_[static_cast<std::size_t>(r)].du.get();
     for (std::size_t k = 0; k < du_floats; ++k) du[k] += other[k];
   }
-  float u[16], g[9];
-  for (int64_t o = 0; o < co; ++o)
-    for (int64_t i = 0; i < ci; ++i) {
-      for (int xi = 0; xi < 16; ++xi) u[xi] = du[(xi * ci + i) * co + o];
-      untransform_kernel(u, g);
-      for (int tap = 0; tap < 9; ++tap) dw[(o * 9 + tap) * ci + i] = g[tap];
-    }
+  untransform_kernels(du, ci, co, dw);
   if (db) column_sums(dy, g_.batch * g_.in_h * g_.in_w, co, db);
 }
 
