@@ -195,6 +195,19 @@ TEST(OpRegistry, UnknownOpIsRefusedWithTheKnownOnes) {
   EXPECT_NE(e.find("silu"), std::string::npos) << e;
 }
 
+// The plan of one sample at K = 1, cut at `cut`, on links too fast to count, with compute at a
+// FLOP a second: each row's edge_s and cloud_s are the shards' FLOP counts.
+std::vector<PlanRow> flop_plan(const ModelSpec& spec, const std::string& cut) {
+  PlanOptions o;
+  o.batch = 1;
+  o.microbatches = {1};
+  o.cuts = {cut};
+  o.uplink_mbps = o.downlink_mbps = 1e9;
+  o.edge_gflops = o.cloud_gflops = 1e-9;
+  auto reference = make_backend("reference");
+  return plan_split(Graph::build(spec), o, *reference, *reference);
+}
+
 // The planner's estimate is the registry's FLOPs: a depthwise model costs what its
 // depthwise convolution does, not a dense one (the planner counted grouped convolutions as
 // dense before the registry).
@@ -203,15 +216,7 @@ TEST(OpRegistry, PlannerEstimatesDepthwiseFlops) {
     { name: "dw", op: "conv2d", inputs: ["x"], conv2d: { out_channels: 8, kernel: [3], padding: [1], groups: 8, bias: false } },
     { name: "flat", op: "flatten", inputs: ["dw"] },
     { name: "fc", op: "linear", inputs: ["flat"], linear: { out_features: 4, bias: false } } ], cut: "dw" })");
-  const Graph g = Graph::build(spec);
-  PlanOptions o;
-  o.batch = 1;
-  o.microbatches = {1};
-  o.cuts = {"dw"};
-  o.uplink_mbps = o.downlink_mbps = 1e9;
-  o.edge_gflops = o.cloud_gflops = 1e-9;  // a FLOP a second: times are FLOP counts
-  auto reference = make_backend("reference");
-  const std::vector<PlanRow> rows = plan_split(g, o, *reference, *reference);
+  const std::vector<PlanRow> rows = flop_plan(spec, "dw");
   ASSERT_EQ(rows.size(), 1u);
   const double dw = 2.0 * 8 * 8 * 8 * 9;  // 512 outputs of 9 multiply-adds
   EXPECT_NEAR(rows[0].edge_s, dw + dw, 1e-6);  // forward, and weights only (it reads the input)
@@ -230,14 +235,7 @@ TEST(Planner, EstimateCountsOnlyWhatABackwardComputes) {
       { name: "fc2", op: "linear", inputs: ["fc1"], linear: { out_features: 4, bias: false }, freeze: )",
                                  freeze_fc2 ? "true" : "false", R"( },
       { name: "fc3", op: "linear", inputs: ["fc2"], linear: { out_features: 2, bias: false } } ], cut: "fc2" })");
-    PlanOptions o;
-    o.batch = 1;
-    o.microbatches = {1};
-    o.cuts = {"fc2"};
-    o.uplink_mbps = o.downlink_mbps = 1e9;
-    o.edge_gflops = o.cloud_gflops = 1e-9;  // a FLOP a second: times are FLOP counts
-    auto reference = make_backend("reference");
-    const std::vector<PlanRow> rows = plan_split(Graph::build(parse_model_json(spec)), o, *reference, *reference);
+    const std::vector<PlanRow> rows = flop_plan(parse_model_json(spec), "fc2");
     EXPECT_EQ(rows.size(), 1u);
     return rows.at(0).edge_s;
   };
