@@ -2,7 +2,8 @@
 # Issue 17's end-to-end bar on a GPU machine: the cloud on cuda and the edge on xnnpack over
 # TLS reach the same test accuracy after one epoch of Fashion-MNIST as the same run with the
 # cloud on onednn (within 0.3 points), and a federation of four edges with --batch-edges on
-# cuda trains above chance. Without a usable GPU it skips (exit 77) with the reason.
+# cuda trains as well as the same edges' steps in turns. Without a usable GPU it skips (exit
+# 77) with the reason.
 # Usage: cuda_cloud.sh BUILD_DIR SOURCE_DIR [LIMIT (60000: one epoch)]
 set -euo pipefail
 build=$1 src=$2 limit=${3:-60000}
@@ -17,7 +18,7 @@ work=$(mktemp -d)
 pids=()
 cleanup() { kill ${cloud_pid:-} "${pids[@]}" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
-fail() { echo "FAIL: $*"; echo "--- cloud log"; tail -30 "$work"/cloud-*.log; exit 1; }
+fail() { echo "FAIL: $*"; echo "--- cloud log"; tail -n 30 "$work"/cloud-*.log; exit 1; }
 source "$src/tests/e2e/lib.sh"
 
 # run BACKEND: one cloud on BACKEND and one edge (xnnpack), one epoch; prints the accuracy.
@@ -28,7 +29,7 @@ run() {
   [[ -d $work/edge ]] || "$cloud_bin" pki issue --state-dir "$work/state" --client edge --out "$work/edge" > /dev/null
   "$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/edge" --model "$model" --backend xnnpack \
     --epochs 1 --limit "$limit" --seed 3 --metrics-json "$work/$backend.jsonl" > "$work/$backend.out" 2>&1 ||
-    fail "the edge against the $backend cloud: $(tail -3 "$work/$backend.out")"
+    fail "the edge against the $backend cloud: $(tail -n 3 "$work/$backend.out")"
   kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
   cloud_pid=
 }
@@ -42,23 +43,39 @@ echo "one epoch ($limit samples): test accuracy $a_cpu with the cloud on onednn,
 awk -v a="$a_cpu" -v b="$a_gpu" 'BEGIN { d = a - b; if (d < 0) d = -d; exit !(d <= 0.003) }' ||
   fail "the cuda cloud's accuracy $a_gpu is more than 0.3 points from onednn's $a_cpu"
 
-# Four edges, one shared back shard on cuda, their micro-batches joined.
-rm -rf "$work/state/federation"
-start_cloud_as cloud-batched --backend cuda --aggregate-every 10 --min-edges 4 --back-accumulate 4 --batch-edges \
-  --metrics-listen 127.0.0.1:0
-for i in 0 1 2 3; do
-  "$cloud_bin" pki issue --state-dir "$work/state" --client "h$i" --out "$work/h$i" > /dev/null
-  "$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/h$i" --model "$model" --shard "$i/4" \
-    --split iid --limit 8000 --test-limit 2000 --metrics-json "$work/h$i.jsonl" > "$work/h$i.out" 2>&1 &
-  pids[$i]=$!
-done
-for i in 0 1 2 3; do wait "${pids[$i]}" || fail "batched edge $i: $(tail -3 "$work/h$i.out")"; done
-scraped=$(scrape /metrics)
-batches=$(awk '$1 == "tandem_back_shard_batches_total" { print $2 }' <<< "$scraped")
-joined=$(awk '$1 == "tandem_back_shard_batched_microbatches_total" { print $2 }' <<< "$scraped")
-acc_b=$(grep -o '"test_accuracy":[0-9.]*' "$work/h0.jsonl" | tail -1 | cut -d: -f2)
-echo "batched on cuda: $joined micro-batches in $batches batches; edge 0's test accuracy $acc_b"
+# Four edges, one shared back shard on cuda, 8,000 samples each: their steps in turns, then
+# with their micro-batches joined (--batch-edges), which must train as well (the same
+# summed update; the order of micro-batches within a step differs run to run).
+# federation NAME [FLAGS]: edge 0's test accuracy in fed_acc; the cloud's metrics in $work/NAME.prom.
+federation() {
+  local name=$1
+  shift
+  rm -rf "$work/state/federation"
+  start_cloud_as "cloud-$name" --backend cuda --aggregate-every 10 --min-edges 4 --back-accumulate 4 "$@" \
+    --metrics-listen 127.0.0.1:0
+  for i in 0 1 2 3; do
+    [[ -d $work/h$i ]] || "$cloud_bin" pki issue --state-dir "$work/state" --client "h$i" --out "$work/h$i" > /dev/null
+    "$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/h$i" --model "$model" --shard "$i/4" \
+      --split iid --limit 32000 --test-limit 2000 --metrics-json "$work/$name-h$i.jsonl" > "$work/$name-h$i.out" 2>&1 &
+    pids[$i]=$!
+  done
+  for i in 0 1 2 3; do wait "${pids[$i]}" || fail "$name edge $i: $(tail -n 3 "$work/$name-h$i.out")"; done
+  scrape /metrics > "$work/$name.prom"
+  kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+  cloud_pid=
+  fed_acc=$(grep -o '"test_accuracy":[0-9.]*' "$work/$name-h0.jsonl" | tail -1 | cut -d: -f2)
+}
+federation turns
+acc_t=$fed_acc
+federation batched --batch-edges
+acc_b=$fed_acc
+batches=$(awk '$1 == "tandem_back_shard_batches_total" { print $2 }' "$work/batched.prom")
+joined=$(awk '$1 == "tandem_back_shard_batched_microbatches_total" { print $2 }' "$work/batched.prom")
+echo "four edges on cuda: test accuracy $acc_t in turns, $acc_b batched ($joined micro-batches in $batches batches)"
 awk -v b="${batches:-0}" -v j="${joined:-0}" 'BEGIN { exit !(b > 0 && j / b >= 1.5) }' ||
   fail "the edges' micro-batches were not joined ($joined in $batches batches)"
-awk -v a="${acc_b:-0}" 'BEGIN { exit !(a >= 0.5) }' || fail "the batched federation's accuracy ${acc_b:-none}"
+# On onednn here the two gave 0.801-0.823 (2 runs each, this machine): 0.7 is well above
+# chance (0.1) and well below what either reaches; 0.04 is twice the spread seen.
+awk -v a="${acc_b:-0}" -v t="${acc_t:-0}" 'BEGIN { d = a - t; if (d < 0) d = -d; exit !(a >= 0.7 && d <= 0.04) }' ||
+  fail "the batched federation's accuracy ${acc_b:-none} (in turns: ${acc_t:-none})"
 echo "PASS"
