@@ -3,6 +3,7 @@
 # and the registry.
 set(TANDEM_PORTABLE_BACKEND_SOURCES
   reference/reference_backend.cpp
+  reference/reference_batch_norm.cpp
   portable/portable_backend.cpp
   simd/direct_conv2d.cpp
   simd/winograd_conv2d.cpp

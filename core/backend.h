@@ -80,6 +80,21 @@ class SoftmaxKernel {
   virtual void backward(const float* y, const float* dy, float* dx) = 0;
 };
 
+// Batch normalisation (BatchNormGeometry), as torch.nn.BatchNorm2d/1d on x [rows, channels]:
+// y = (x - mean) * inv_std * gamma + beta per channel. Forward in training computes each
+// channel's mean and biased variance over the rows, and writes them and inv_std =
+// 1 / sqrt(var + eps); in evaluation it reads mean and inv_std (from the running statistics)
+// and leaves var alone. Backward writes dgamma and dbeta (overwriting, as Param::grad_target
+// wants) and dx when not null: in training dx carries the statistics' dependence on x, in
+// evaluation it is the affine map alone.
+class BatchNormKernel {
+ public:
+  virtual ~BatchNormKernel() = default;
+  virtual void forward(const float* x, const float* gamma, const float* beta, bool training, float* mean,
+                       float* inv_std, float* var, float* y) = 0;
+  virtual void backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* inv_std,
+                        bool training, float* dx, float* dgamma, float* dbeta) = 0;
+};
 // Layer normalisation (LayerNormGeometry): y = (x - mean) / sqrt(var + eps) * gamma + beta per
 // row. Forward writes each row's mean and variance (biased, as PyTorch) for backward;
 // backward writes dx (when not null) and this call's dgamma and dbeta (overwriting, as
@@ -174,6 +189,7 @@ class Backend {
   virtual std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) = 0;
   virtual std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t channels) = 0;
   virtual std::unique_ptr<AddKernel> add(int64_t elements) = 0;
+  virtual std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) = 0;
   virtual std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) = 0;
   virtual std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) = 0;
   // A backend without one says so in supports("heads"); asked anyway, it throws that answer.

@@ -25,6 +25,8 @@ std::string GroupedLinearGeometry::str() const {
   return cat("grouped linear N", batch, " ", groups, " x (", in_features, " -> ", out_features, ")");
 }
 
+std::string BatchNormGeometry::str() const { return cat("batch norm [", rows, ", ", channels, "] eps ", eps); }
+
 std::string LayerNormGeometry::str() const { return cat("layer norm [", rows, ", ", features, "] eps ", eps); }
 
 std::string AttentionGeometry::str() const {

@@ -53,6 +53,14 @@ struct GroupedLinearGeometry {
   std::string str() const;
 };
 
+// Batch normalisation of `rows` vectors (every pixel of every sample in NHWC, or every sample
+// after a linear) over each of `channels`, with a scale and a shift per channel.
+struct BatchNormGeometry {
+  int64_t rows = 1, channels = 1;
+  float eps = 1e-5f;
+  std::string str() const;
+};
+
 // Layer normalisation of `rows` vectors of `features` values each (every sample, and every
 // token of a sequence), with a scale and a shift per feature.
 struct LayerNormGeometry {

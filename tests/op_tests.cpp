@@ -458,6 +458,60 @@ TEST(Add, Forward) {
   }
 }
 
+// Batch normalisation against the reference: training's outputs and statistics, evaluation
+// with given statistics, every gradient in both modes and without the input gradient; rows
+// far from zero (an offset of 300, where a one-pass variance in float would cancel); NHWC
+// shapes of a ResNet stage and a BatchNorm1d of 10 features.
+TEST(BatchNorm, ForwardBackward) {
+  Backends b;
+  struct Case {
+    int64_t rows, channels;
+    float offset;
+  };
+  for (const Case c : {Case{1, 3, 0.0f}, Case{7, 10, 0.0f}, Case{4096, 128, 0.0f}, Case{200, 33, 300.0f},
+                       Case{70000, 5, 0.0f}}) {
+    SCOPED_TRACE(cat(c.rows, "x", c.channels, " offset ", c.offset));
+    Rng rng(41);
+    const BatchNormGeometry g{c.rows, c.channels, 1e-5f};
+    const int64_t n = c.rows * c.channels;
+    Tensor x = random_tensor({n}, rng, -3.0f, 3.0f), dy = random_tensor({n}, rng);
+    for (int64_t i = 0; i < n; ++i) x[i] += c.offset + static_cast<float>(i % c.channels);  // channels differ
+    Tensor gamma = random_tensor({c.channels}, rng, 0.5f, 1.5f), beta = random_tensor({c.channels}, rng);
+    auto r = b.reference->batch_norm(g);
+    auto t = b.tested->batch_norm(g);
+    for (const bool training : {true, false}) {
+      SCOPED_TRACE(training ? "training" : "evaluation");
+      // stats: mean, inv_std, var; evaluation's are given (the reference's training ones).
+      Tensor want_stats = nan_tensor({3 * c.channels}), got_stats = nan_tensor({3 * c.channels});
+      if (!training) {
+        Tensor ignored = nan_tensor({n});
+        r->forward(x.data(), gamma.data(), beta.data(), true, want_stats.data(), want_stats.data() + c.channels,
+                   want_stats.data() + 2 * c.channels, ignored.data());
+        std::memcpy(got_stats.data(), want_stats.data(), 3 * c.channels * sizeof(float));
+      }
+      Tensor want_y = nan_tensor({n}), got_y = nan_tensor({n});
+      r->forward(x.data(), gamma.data(), beta.data(), training, want_stats.data(), want_stats.data() + c.channels,
+                 want_stats.data() + 2 * c.channels, want_y.data());
+      t->forward(x.data(), gamma.data(), beta.data(), training, got_stats.data(), got_stats.data() + c.channels,
+                 got_stats.data() + 2 * c.channels, got_y.data());
+      expect_close(got_y.data(), want_y.data(), n, "forward", 1e-4f);
+      if (training) expect_close(got_stats.data(), want_stats.data(), 3 * c.channels, "statistics", 1e-4f);
+      for (const bool want_input : {true, false}) {
+        Tensor want_dx = nan_tensor({n}), got_dx = nan_tensor({n});
+        Tensor want_dg = nan_tensor({c.channels}), got_dg = nan_tensor({c.channels});
+        Tensor want_db = nan_tensor({c.channels}), got_db = nan_tensor({c.channels});
+        r->backward(x.data(), dy.data(), gamma.data(), want_stats.data(), want_stats.data() + c.channels, training,
+                    want_input ? want_dx.data() : nullptr, want_dg.data(), want_db.data());
+        t->backward(x.data(), dy.data(), gamma.data(), want_stats.data(), want_stats.data() + c.channels, training,
+                    want_input ? got_dx.data() : nullptr, got_dg.data(), got_db.data());
+        if (want_input) expect_close(got_dx.data(), want_dx.data(), n, "backward dx", 1e-3f);
+        expect_close(got_dg.data(), want_dg.data(), c.channels, "backward dgamma", 1e-3f);
+        expect_close(got_db.data(), want_db.data(), c.channels, "backward dbeta", 1e-4f);
+      }
+    }
+  }
+}
+
 // Layer normalisation against the reference: outputs, statistics, and every gradient, for a
 // row of one feature, BERT-sized rows, and rows far from zero (a large common offset, where a
 // one-pass variance would cancel); backward without the input gradient too.

@@ -404,6 +404,7 @@ class NoLinearBackend final : public Backend {
   }
   std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t c) override { return inner_->softmax(rows, c); }
   std::unique_ptr<AddKernel> add(int64_t n) override { return inner_->add(n); }
+  std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) override { return inner_->batch_norm(g); }
   std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override { return inner_->layer_norm(g); }
   std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) override { return inner_->attention(g); }
 

@@ -7,6 +7,7 @@
 #include <cmath>
 #include <string>
 
+#include "backends/cuda/cuda_batch_norm.h"
 #include "backends/cuda/cuda_budget.h"
 #include "backends/cuda/cuda_context.h"
 #include "backends/cuda/cuda_conv2d.h"
@@ -236,6 +237,67 @@ class CudaAvgPool2d final : public AvgPool2dKernel {
   DeviceBuffer x_, y_;
 };
 
+// Batch normalisation (cuda_batch_norm.cu): x and the per-channel vectors copied up, y (and in
+// training the statistics) copied down; backward likewise with dy, dx and the parameter gradients.
+class CudaBatchNorm final : public BatchNormKernel {
+ public:
+  CudaBatchNorm(Shared ctx, const BatchNormGeometry& g)
+      : ctx_(cuda::bound(std::move(ctx))), g_(g), x_(floats(g.rows * g.channels)), y_(floats(g.rows * g.channels)),
+        dx_(floats(g.rows * g.channels)), gamma_(floats(g.channels)), beta_(floats(g.channels)),
+        mean_(floats(g.channels)), inv_std_(floats(g.channels)), var_(floats(g.channels)),
+        partials_(cuda::batch_norm_partials(g.rows, g.channels) * sizeof(double)) {}
+
+  void forward(const float* x, const float* gamma, const float* beta, bool training, float* mean, float* inv_std,
+               float* var, float* y) override {
+    ctx_->use();
+    ctx_->put(x_.get(), x, x_.bytes());
+    ctx_->put(gamma_.get(), gamma, gamma_.bytes());
+    ctx_->put(beta_.get(), beta, beta_.bytes());
+    if (training) {
+      check(cuda::batch_norm_statistics(x_.f(), static_cast<double*>(partials_.get()), mean_.f(), var_.f(),
+                                        inv_std_.f(), g_.rows, g_.channels, g_.eps, ctx_->stream()),
+            "batch norm statistics");
+    } else {
+      ctx_->put(mean_.get(), mean, mean_.bytes());
+      ctx_->put(inv_std_.get(), inv_std, inv_std_.bytes());
+    }
+    check(cuda::batch_norm_normalize(x_.f(), mean_.f(), inv_std_.f(), gamma_.f(), beta_.f(), y_.f(), g_.rows,
+                                     g_.channels, ctx_->stream()),
+          "batch norm");
+    ctx_->get(y, y_.get(), y_.bytes());
+    if (training) {
+      ctx_->get(mean, mean_.get(), mean_.bytes());
+      ctx_->get(inv_std, inv_std_.get(), inv_std_.bytes());
+      ctx_->get(var, var_.get(), var_.bytes());
+    }
+    ctx_->finish();
+  }
+
+  void backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* inv_std,
+                bool training, float* dx, float* dgamma, float* dbeta) override {
+    ctx_->use();
+    ctx_->put(x_.get(), x, x_.bytes());
+    ctx_->put(y_.get(), dy, y_.bytes());
+    ctx_->put(gamma_.get(), gamma, gamma_.bytes());
+    ctx_->put(mean_.get(), mean, mean_.bytes());
+    ctx_->put(inv_std_.get(), inv_std, inv_std_.bytes());
+    // dgamma into var_, dbeta into beta_: neither is read again in this call.
+    check(cuda::batch_norm_backward(x_.f(), y_.f(), gamma_.f(), mean_.f(), inv_std_.f(), training,
+                                    static_cast<double*>(partials_.get()), dx ? dx_.f() : nullptr, var_.f(), beta_.f(),
+                                    g_.rows, g_.channels, ctx_->stream()),
+          "batch norm backward");
+    if (dx) ctx_->get(dx, dx_.get(), dx_.bytes());
+    ctx_->get(dgamma, var_.get(), var_.bytes());
+    ctx_->get(dbeta, beta_.get(), beta_.bytes());
+    ctx_->finish();
+  }
+
+ private:
+  Shared ctx_;
+  BatchNormGeometry g_;
+  DeviceBuffer x_, y_, dx_, gamma_, beta_, mean_, inv_std_, var_, partials_;
+};
+
 class CudaLayerNorm final : public LayerNormKernel {
  public:
   CudaLayerNorm(Shared ctx, const LayerNormGeometry& g)
@@ -409,6 +471,9 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaSoftmax>(ctx_, rows, channels);
   }
   std::unique_ptr<AddKernel> add(int64_t elements) override { return std::make_unique<CudaAdd>(ctx_, elements); }
+  std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) override {
+    return std::make_unique<CudaBatchNorm>(ctx_, g);
+  }
   std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override {
     return std::make_unique<CudaLayerNorm>(ctx_, g);
   }

@@ -410,6 +410,7 @@ class Backend final : public tandem::Backend {
     return std::make_unique<Softmax>(ctx_, rows, channels);
   }
   std::unique_ptr<AddKernel> add(int64_t elements) override { return std::make_unique<Add>(ctx_, elements); }
+  std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) override { return make_reference_batch_norm(g); }
   std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override {
     return std::make_unique<LayerNorm>(ctx_, g);
   }

@@ -505,6 +505,7 @@ class ReferenceBackend final : public Backend {
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
     return std::make_unique<ReferenceGroupedLinear>(g);
   }
+  std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) override { return make_reference_batch_norm(g); }
   std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override {
     return std::make_unique<ReferenceLayerNorm>(g);
   }

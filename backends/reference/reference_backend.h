@@ -11,6 +11,8 @@ namespace tandem {
 std::unique_ptr<Backend> make_reference_backend(const BackendOptions& options);
 // The portable convolution loops (any groups), for backends that lack a pass.
 std::unique_ptr<Conv2dKernel> make_reference_conv2d(const Conv2dGeometry& g);
+// Batch normalisation's loops (reference_batch_norm.cpp): every CPU backend's kernel.
+std::unique_ptr<BatchNormKernel> make_reference_batch_norm(const BatchNormGeometry& g);
 // The activation op's own loops (core/activation.h), for backends without a kernel for it.
 std::unique_ptr<ActivationKernel> make_reference_activation(const Activation& kind, int64_t elements);
 

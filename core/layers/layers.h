@@ -164,7 +164,7 @@ class DropoutLayer final : public Layer {
 // Batch normalisation per channel (the last dimension); see batch_norm_layer.cpp.
 class BatchNormLayer final : public Layer {
  public:
-  BatchNormLayer(const GraphNode& node, const Shape& in, Rng& rng);
+  BatchNormLayer(const GraphNode& node, const Shape& in, Backend& backend);
   std::vector<Param*> params() override;
   void set_training(bool training) override { training_ = training; }
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
@@ -177,10 +177,15 @@ class BatchNormLayer final : public Layer {
   const Tensor& running_var() const { return running_var_; }
 
  private:
+  BatchNormKernel& kernel(int64_t rows);
+
   BatchNormAttrs attrs_;
   int64_t channels_;
   Param weight_, bias_;
   Tensor running_mean_, running_var_;
+  Tensor batch_var_;  // the micro-batch's biased variance, for the running statistics
+  Backend& backend_;
+  KernelCache<BatchNormKernel> kernels_;
   bool training_ = true;
 };
 

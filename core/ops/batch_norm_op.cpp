@@ -25,8 +25,8 @@ void define_batch_norm_op(OpTable& t) {
   d.parse = parse;
   d.sequence = SequenceLength::Fixed;  // its statistics would count the padding
   d.torch_layout = [](std::string_view) { return TorchLayout::InputChannels; };
-  d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend&, Rng& rng) -> std::unique_ptr<Layer> {
-    return std::make_unique<BatchNormLayer>(node, in[0], rng);
+  d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng&) -> std::unique_ptr<Layer> {
+    return std::make_unique<BatchNormLayer>(node, in[0], backend);
   };
   t.add(std::move(d));
 }
