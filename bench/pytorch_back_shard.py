@@ -4,7 +4,9 @@ tests/interop/torch_check.py builds a spec's layers (the CNN ops), or for spam-b
 peer's Back (bench/pytorch_spam_bert.py: layers 2 and 3, the pooler, the classifier; a mask
 of all tokens), trained on random activations of the cut's shape with random labels, K
 micro-batches a step (the gradient of the batch mean), SGD with momentum 0.9, on DEVICE (cpu:
-one thread, or cuda). Prints one JSON line, as bench_back_shard does.
+one thread, or cuda). Prints one JSON line, as bench_back_shard does. On cuda, convolutions
+run in full f32 as tandem's do (cuDNN FMA math), unless TORCH_CUDNN_TF32=1 gives PyTorch its
+default (cudnn.allow_tf32: TF32 tensor cores for convolutions; matmuls are f32 either way).
 
 usage: pytorch_back_shard.py SPEC CUT DEVICE BATCH MICROBATCHES STEPS WARMUP
 """
@@ -38,6 +40,8 @@ def back_spec(spec, cut, cut_shape):
 
 def main():
     path, cut, device = sys.argv[1], sys.argv[2], sys.argv[3]
+    tf32 = os.environ.get("TORCH_CUDNN_TF32", "0") == "1"
+    torch.backends.cudnn.allow_tf32 = tf32
     batch, k, steps, warmup = (int(v) for v in sys.argv[4:8])
     torch.manual_seed(7)
     if device == "cpu":
@@ -86,7 +90,7 @@ def main():
     total = time.perf_counter() - t0
     times.sort()
     print(json.dumps({"bench": "back_shard", "peer": "pytorch", "model": spec["name"], "cut": cut, "device": device,
-                      "batch": batch, "microbatches": k, "steps": steps,
+                      "batch": batch, "microbatches": k, "steps": steps, "cudnn_tf32": tf32,
                       "samples_per_s": round(batch * steps / total, 1),
                       "step_ms_median": round(times[steps // 2] * 1e3, 3)}))
 

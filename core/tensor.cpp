@@ -1,6 +1,7 @@
 #include "core/tensor.h"
 
 #include <algorithm>
+#include <atomic>
 #include <cmath>
 #include <cstring>
 #include <new>
@@ -89,10 +90,26 @@ std::unique_ptr<float, AlignedFree> aligned_floats(std::size_t count) {
   return std::unique_ptr<float, AlignedFree>(p);
 }
 
+namespace {
+std::atomic<const TensorPinning*> g_pinning{nullptr};
+}  // namespace
+
+void set_tensor_pinning(const TensorPinning* pinning) { g_pinning.store(pinning); }
+
 Tensor Tensor::empty(const Shape& shape) {
   if (shape.numel() < 0) fail("tensor", cat("negative size in shape ", shape.str()));
   Tensor t;
-  t.storage_ = std::shared_ptr<float>(aligned_floats(static_cast<std::size_t>(shape.numel())));
+  auto storage = aligned_floats(static_cast<std::size_t>(shape.numel()));
+  const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * sizeof(float);
+  if (const TensorPinning* pinning = g_pinning.load(); pinning && bytes >= kPinnedTensorBytes &&
+                                                       pinning->pin(storage.get(), bytes)) {
+    t.storage_ = std::shared_ptr<float>(storage.release(), [pinning](float* p) {
+      pinning->unpin(p);  // before the pages can go back to the system
+      AlignedFree{}(p);
+    });
+  } else {
+    t.storage_ = std::shared_ptr<float>(std::move(storage));
+  }
   t.shape_ = shape;
   return t;
 }

@@ -49,6 +49,17 @@ struct AlignedFree {
 };
 std::unique_ptr<float, AlignedFree> aligned_floats(std::size_t count);
 
+// Page-locks the storage of large tensors made from now on (Tensor::empty and zeros, at least
+// kPinnedTensorBytes): a GPU backend installs it so that its copies to and from tensors run by
+// DMA, not through the driver's pageable staging. `pin` returns false to leave one pageable;
+// `unpin` runs before the storage is freed. Null uninstalls.
+struct TensorPinning {
+  bool (*pin)(void* p, std::size_t bytes);
+  void (*unpin)(void* p);
+};
+constexpr std::size_t kPinnedTensorBytes = std::size_t{256} << 10;
+void set_tensor_pinning(const TensorPinning* pinning);
+
 class Tensor {
  public:
   Tensor() = default;

@@ -5,6 +5,7 @@
 #include "backends/cuda/cuda_backend.h"
 
 #include <cmath>
+#include <cstdlib>
 #include <string>
 
 #include "backends/cuda/cuda_batch_norm.h"
@@ -520,9 +521,26 @@ GpuMemoryUse cuda_memory_use() {
   return {u.live, u.cached, u.allocations, u.reuses, cuda::device_budget().limit()};
 }
 
+namespace {
+
+// Large tensors page-locked (core/tensor.h), so that the staged copies of every kernel above
+// run by DMA. TANDEM_CUDA_PIN=0 leaves them pageable (to measure the difference).
+bool pin_host(void* p, std::size_t bytes) {
+  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
+  cudaGetLastError();  // not sticky, but clear it: the next launch's check must not see it
+  return false;
+}
+void unpin_host(void* p) {
+  if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
+}
+constexpr TensorPinning kPinning{pin_host, unpin_host};
+
+}  // namespace
+
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
   if (const std::string why = cuda_device_problem(); !why.empty())
     fail("cuda", cat(why, "; this machine can train on onednn (--backend onednn)"));
+  if (const char* pin = std::getenv("TANDEM_CUDA_PIN"); !pin || std::string_view(pin) != "0") set_tensor_pinning(&kPinning);
   return std::make_unique<CudaBackend>();
 }
 

@@ -5,8 +5,10 @@
 # the two alternating, ROUNDS runs each; prints the medians and their ratio. Issue 17's bars
 # on a GPU: at least 1.5x for the Fashion-MNIST back, 1.0x for ResNet18's and spam-bert's.
 # DEVICE=cuda (the default; tandem on --backend cuda) needs a GPU and PyTorch that sees it;
-# DEVICE=cpu compares onednn with PyTorch on one CPU thread.
-# usage: [DEVICE=cuda|cpu] [ROUNDS=3] [BATCH=64] [PYTHON=python3 with torch] bash bench/gpu/back_shard.sh
+# DEVICE=cpu compares onednn with PyTorch on one CPU thread. On cuda PyTorch runs twice: in full
+# f32 as tandem (the ratio), and with its default TF32 convolutions (for the record).
+# QUICK=1 runs a quarter of the steps (a device check's time).
+# usage: [DEVICE=cuda|cpu] [ROUNDS=3] [BATCH=64] [QUICK=1] [PYTHON=python3 with torch] bash bench/gpu/back_shard.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
 device=${DEVICE:-cuda} rounds=${ROUNDS:-3} batch=${BATCH:-64}
@@ -33,16 +35,21 @@ field() { grep -o "\"$1\": *[0-9.]*" | grep -o '[0-9.]*$'; }
 # model spec, its cut, steps a run on the GPU and on the CPU
 while read -r name spec cut gpu_steps cpu_steps; do
   steps=$([[ $device == cuda ]] && echo "$gpu_steps" || echo "$cpu_steps")
-  : > "$work/tandem" && : > "$work/torch"
+  [[ ${QUICK:-0} == 1 ]] && steps=$(((steps + 3) / 4))
+  : > "$work/tandem" && : > "$work/torch" && : > "$work/torch_tf32"
   for _ in $(seq 1 "$rounds"); do
     "$bin" "$spec" --cut "$cut" --backend "$backend" --batch "$batch" --steps "$steps" --warmup 3 |
       field samples_per_s >> "$work/tandem"
     "$python" bench/pytorch_back_shard.py "$spec" "$cut" "$device" "$batch" 4 "$steps" 3 |
       field samples_per_s >> "$work/torch"
+    [[ $device == cuda ]] && TORCH_CUDNN_TF32=1 "$python" bench/pytorch_back_shard.py "$spec" "$cut" "$device" "$batch" \
+      4 "$steps" 3 | field samples_per_s >> "$work/torch_tf32"
   done
-  t=$(median < "$work/tandem") p=$(median < "$work/torch")
-  awk -v n="$name" -v b="$backend" -v d="$device" -v t="$t" -v p="$p" -v r="$rounds" 'BEGIN {
-    printf "%-14s tandem (%s) %10.1f samples/s, PyTorch (%s) %10.1f: %.2fx (medians of %d)\n", n, b, t, d, p, t / p, r }'
+  t=$(median < "$work/tandem") p=$(median < "$work/torch") p32=$(median < "$work/torch_tf32")
+  awk -v n="$name" -v b="$backend" -v d="$device" -v t="$t" -v p="$p" -v r="$rounds" -v p32="${p32:-0}" 'BEGIN {
+    printf "%-14s tandem (%s) %10.1f samples/s, PyTorch (%s) %10.1f: %.2fx (medians of %d)", n, b, t, d, p, t / p, r
+    if (p32 > 0) printf "; PyTorch with TF32 convolutions %.1f: %.2fx", p32, t / p32
+    printf "\n" }'
 done << 'MODELS'
 fashion-mnist samples/fashion-mnist/model.json pool2 2000 200
 resnet18 samples/models/resnet18-32.json relu17 200 4

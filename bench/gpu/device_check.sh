@@ -12,8 +12,9 @@
 #   bench: bench/gpu/back_shard.sh (ROUNDS=2) and bench/gpu/capacity.sh (N = 1, 16, 64, 256 on
 #          cuda, own shards and batched; one CPU session on onednn for the 50x bar)
 #   one:   everything in one call (a session's device time fits one start and one call): tests
-#          and e2e side by side, then bench with one round, then compute-sanitizer's memcheck over
-#          the cuda op and gradient tests in what is left of 540 s
+#          and e2e side by side, then bench with one round of a quarter of the steps, pageable
+#          against page-locked tensors, then compute-sanitizer's memcheck over the cuda op and
+#          gradient tests in what is left of ONE_DEADLINE (400) s
 # Usage: bash bench/gpu/device_check.sh [check] [tests] [e2e] [bench] [one]   (`check` alone: no GPU work)
 # Each stage's limits keep one 600 s call whole: `check tests e2e` in one call (limits 570 s),
 # `bench` in the next (560 s), or `one`; the correctness bars first, as device time is short.
@@ -94,12 +95,18 @@ for s in "${stages[@]}"; do
       stage tests 200 ctest --test-dir "$build" -R '\.cuda$|cuda_registry' --output-on-failure --timeout 90 -j 6 &
       stage e2e 200 ctest --test-dir "$build" -R '^e2e\.cuda_cloud$' --output-on-failure &
       wait
-      stage back_shard 150 env ROUNDS=1 bash bench/gpu/back_shard.sh
-      stage capacity 80 env STEPS=10 bash bench/gpu/capacity.sh
-      stage capacity 50 env STEPS=10 SHARD=batched EDGES="1 16 64" bash bench/gpu/capacity.sh
+      stage back_shard 170 env ROUNDS=1 QUICK=1 bash bench/gpu/back_shard.sh
+      # The page-locked tensors' share (TANDEM_CUDA_PIN=0: pageable), ResNet18's back alone.
+      for pin in 1 0 1 0; do
+        stage pinning 30 env TANDEM_CUDA_PIN=$pin "$build/bench/bench_back_shard" samples/models/resnet18-32.json \
+          --cut relu17 --backend cuda --batch 64 --steps 30 --warmup 3
+        say "  (TANDEM_CUDA_PIN=$pin)"
+      done
+      stage capacity 60 env STEPS=10 bash bench/gpu/capacity.sh
+      stage capacity 30 env STEPS=10 SHARD=batched EDGES="1 16 64" bash bench/gpu/capacity.sh
       stage capacity 25 env STEPS=10 DEVICE=cpu EDGES=1 bash bench/gpu/capacity.sh
       for t in op grad; do
-        left=$((540 - SECONDS))
+        left=$((${ONE_DEADLINE:-400} - SECONDS))
         command -v compute-sanitizer > /dev/null && ((left > 20)) || break
         stage sanitize "$left" env TANDEM_BACKEND=cuda OMP_NUM_THREADS=1 compute-sanitizer --tool memcheck \
           --print-limit 30 --error-exitcode 3 "$build/tests/tandem_${t}_tests"
