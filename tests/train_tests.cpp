@@ -3,14 +3,17 @@
 // model, and the steady-state step makes no heap allocation.
 #include <gtest/gtest.h>
 
+#include <algorithm>
 #include <atomic>
 #include <cmath>
 #include <span>
+#include <cstdlib>
 #include <cstring>
 #include <new>
 #include <string_view>
 
 #include <dlfcn.h>
+#include <execinfo.h>
 
 #include "core/graph.h"
 #include "core/error.h"
@@ -35,6 +38,20 @@ static bool from_vendor_library(const void* caller) {
   return false;
 }
 
+// TANDEM_ALLOC_TRACE=1: the call stacks of tandem's first allocations while counting, as
+// module+offset (addr2line -f -C -i -e MODULE OFFSET names them), for a backend whose count
+// is not 0 on a machine without a debugger.
+struct Traced {
+  void* frames[8];
+  int depth;
+};
+static Traced traced[16];
+static std::atomic<int> traced_count{0};
+static const bool tracing = [] {
+  const char* v = std::getenv("TANDEM_ALLOC_TRACE");
+  return v && *v == '1';
+}();
+
 static void note_allocation(std::size_t n, const void* caller) {
   if (!counting.load(std::memory_order_relaxed)) return;
   if (from_vendor_library(caller)) {
@@ -43,6 +60,22 @@ static void note_allocation(std::size_t n, const void* caller) {
   }
   allocations.fetch_add(1, std::memory_order_relaxed);
   allocated_bytes.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
+  if (tracing)
+    if (const int i = traced_count.fetch_add(1); i < 16) traced[i].depth = backtrace(traced[i].frames, 8);
+}
+
+static void print_traced() {
+  for (int i = 0; i < std::min(traced_count.load(), 16); ++i) {
+    std::printf("allocation %d:", i);
+    for (int f = 0; f < traced[i].depth; ++f) {
+      Dl_info info{};
+      if (dladdr(traced[i].frames[f], &info) && info.dli_fname)
+        std::printf(" %s+0x%lx", info.dli_fname,
+                    static_cast<unsigned long>(static_cast<const char*>(traced[i].frames[f]) -
+                                               static_cast<const char*>(info.dli_fbase)));
+    }
+    std::printf("\n");
+  }
 }
 
 static void* allocate(std::size_t n, const void* caller) {
@@ -338,7 +371,12 @@ TEST(Train, SteadyStateStepDoesNotAllocate) {
     return std::pair{allocations.load(), vendor_allocations.load()};
   };
   for (int step = 0; step < 3; ++step) w.trainer.train_step(d.images, d.labels.data(), 5);
+  if (tracing) {  // backtrace's first call loads libgcc_s: not inside operator new
+    void* warm[2];
+    backtrace(warm, 2);
+  }
   const auto first = count_step(), second = count_step(), third = count_step();
+  if (tracing) print_traced();
   EXPECT_EQ(first.first + second.first + third.first, 0)
       << "tandem's heap allocations in 3 steady-state steps on " << backend_under_test();
   // oneDNN 2.6 builds a small argument map inside every primitive execution, and cuDNN 9's
