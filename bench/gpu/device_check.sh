@@ -11,6 +11,7 @@
 #          edges' micro-batches joined on cuda)
 #   bench: bench/gpu/back_shard.sh (ROUNDS=2) and bench/gpu/capacity.sh (N = 1, 16, 64, 256 on
 #          cuda, own shards and batched; one CPU session on onednn for the 50x bar)
+#   alloc: train.no_allocation on cuda with the stacks of tandem's own allocations (addr2line)
 #   one:   everything in one call (a session's device time fits one start and one call): tests
 #          and e2e side by side, then bench with one round of a quarter of the steps, pageable
 #          against page-locked tensors, then compute-sanitizer's memcheck over the cuda op and
@@ -85,6 +86,8 @@ for s in "${stages[@]}"; do
   case $s in
     check) ;;
     tests) stage tests 240 ctest --test-dir "$build" -R '\.cuda$|cuda_registry' --output-on-failure -j 4 ;;
+    alloc) stage alloc 60 env TANDEM_ALLOC_TRACE=1 TANDEM_BACKEND=cuda "$build/tests/tandem_train_tests" \
+      --gtest_filter=Train.SteadyStateStepDoesNotAllocate ;;
     e2e) stage e2e 330 ctest --test-dir "$build" -R '^e2e\.cuda_cloud$' --output-on-failure ;;
     bench)
       stage back_shard 220 env ROUNDS=2 bash bench/gpu/back_shard.sh
@@ -111,7 +114,7 @@ for s in "${stages[@]}"; do
         stage sanitize "$left" env TANDEM_BACKEND=cuda OMP_NUM_THREADS=1 compute-sanitizer --tool memcheck \
           --print-limit 30 --error-exitcode 3 "$build/tests/tandem_${t}_tests"
       done ;;
-    *) say "unknown stage '$s' (check, tests, e2e, bench, one)"; exit 2 ;;
+    *) say "unknown stage '$s' (check, tests, alloc, e2e, bench, one)"; exit 2 ;;
   esac
 done
 # (a stage run in the background records its failure only in the summary)
