@@ -23,15 +23,16 @@
 
 // Counts C++ heap allocations (plain and aligned operator new) while `counting` is set, in
 // this test binary only. C libraries' malloc calls (XNNPACK's operator re-creation) are not seen.
-// Each is told apart by its caller: one from inside a vendor's library (oneDNN, cuDNN, cuBLAS:
-// their own bookkeeping, out of tandem's reach) counts in vendor_allocations, any other (tandem's
-// code, the standard library on its behalf) in allocations.
+// Each is told apart by its call stack: one with a vendor's library (oneDNN, cuDNN, cuBLAS)
+// among its callers (their own bookkeeping, also through libstdc++, out of tandem's reach)
+// counts in vendor_allocations, any other (tandem's code, the standard library on its behalf)
+// in allocations.
 static std::atomic<bool> counting{false};
 static std::atomic<int64_t> allocations{0}, allocated_bytes{0}, vendor_allocations{0};
 
-static bool from_vendor_library(const void* caller) {
+static bool in_vendor_library(const void* address) {
   Dl_info info{};
-  if (dladdr(caller, &info) == 0 || !info.dli_fname) return false;
+  if (dladdr(address, &info) == 0 || !info.dli_fname) return false;
   const std::string_view file = info.dli_fname;
   for (const char* lib : {"libdnnl", "libcudnn", "libcublas", "libcuda", "libnvrtc", "libnvJitLink"})
     if (file.find(lib) != std::string_view::npos) return true;
@@ -52,16 +53,25 @@ static const bool tracing = [] {
   return v && *v == '1';
 }();
 
-static void note_allocation(std::size_t n, const void* caller) {
+// backtrace's first call loads libgcc_s: here, before any counted operator new.
+static const bool backtrace_loaded = [] {
+  void* frames[2];
+  return backtrace(frames, 2) > 0;
+}();
+
+static void note_allocation(std::size_t n) {
   if (!counting.load(std::memory_order_relaxed)) return;
-  if (from_vendor_library(caller)) {
-    vendor_allocations.fetch_add(1, std::memory_order_relaxed);
-    return;
-  }
+  Traced stack{};
+  stack.depth = backtrace(stack.frames, 8);  // this binary's own frames first: never a vendor's
+  for (int f = 0; f < stack.depth; ++f)
+    if (in_vendor_library(stack.frames[f])) {
+      vendor_allocations.fetch_add(1, std::memory_order_relaxed);
+      return;
+    }
   allocations.fetch_add(1, std::memory_order_relaxed);
   allocated_bytes.fetch_add(static_cast<int64_t>(n), std::memory_order_relaxed);
   if (tracing)
-    if (const int i = traced_count.fetch_add(1); i < 16) traced[i].depth = backtrace(traced[i].frames, 8);
+    if (const int i = traced_count.fetch_add(1); i < 16) traced[i] = stack;
 }
 
 static void print_traced() {
@@ -78,23 +88,23 @@ static void print_traced() {
   }
 }
 
-static void* allocate(std::size_t n, const void* caller) {
-  note_allocation(n, caller);
+[[gnu::noinline]] static void* allocate(std::size_t n) {
+  note_allocation(n);
   if (void* p = std::malloc(n ? n : 1)) return p;
   throw std::bad_alloc();
 }
-static void* allocate_aligned(std::size_t n, std::align_val_t a, const void* caller) {
-  note_allocation(n, caller);
+[[gnu::noinline]] static void* allocate_aligned(std::size_t n, std::align_val_t a) {
+  note_allocation(n);
   const auto align = static_cast<std::size_t>(a);
   if (void* p = std::aligned_alloc(align, (n + align - 1) / align * align)) return p;
   throw std::bad_alloc();
 }
 
 #pragma GCC diagnostic ignored "-Wmismatched-new-delete"
-void* operator new(std::size_t n) { return allocate(n, __builtin_return_address(0)); }
-void* operator new[](std::size_t n) { return allocate(n, __builtin_return_address(0)); }
-void* operator new(std::size_t n, std::align_val_t a) { return allocate_aligned(n, a, __builtin_return_address(0)); }
-void* operator new[](std::size_t n, std::align_val_t a) { return allocate_aligned(n, a, __builtin_return_address(0)); }
+void* operator new(std::size_t n) { return allocate(n); }
+void* operator new[](std::size_t n) { return allocate(n); }
+void* operator new(std::size_t n, std::align_val_t a) { return allocate_aligned(n, a); }
+void* operator new[](std::size_t n, std::align_val_t a) { return allocate_aligned(n, a); }
 void operator delete(void* p) noexcept { std::free(p); }
 void operator delete[](void* p) noexcept { std::free(p); }
 void operator delete(void* p, std::size_t) noexcept { std::free(p); }
@@ -371,10 +381,7 @@ TEST(Train, SteadyStateStepDoesNotAllocate) {
     return std::pair{allocations.load(), vendor_allocations.load()};
   };
   for (int step = 0; step < 3; ++step) w.trainer.train_step(d.images, d.labels.data(), 5);
-  if (tracing) {  // backtrace's first call loads libgcc_s: not inside operator new
-    void* warm[2];
-    backtrace(warm, 2);
-  }
+  ASSERT_TRUE(backtrace_loaded);
   const auto first = count_step(), second = count_step(), third = count_step();
   if (tracing) print_traced();
   EXPECT_EQ(first.first + second.first + third.first, 0)
