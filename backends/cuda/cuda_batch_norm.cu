@@ -60,15 +60,21 @@ __global__ void partial_sums_kernel(const float* x, const float* dy, const float
   }
 }
 
+// Channel k's two sums over every chunk, in chunk order.
+__device__ void combine(const double* partials, int64_t chunks, int64_t c, int64_t k, double& a, double& b) {
+  a = b = 0.0;
+  for (int64_t i = 0; i < chunks; ++i) {
+    a += partials[(i * 2) * c + k];
+    b += partials[(i * 2 + 1) * c + k];
+  }
+}
+
 __global__ void statistics_kernel(const double* partials, int64_t chunks, float* mean, float* var, float* inv_std,
                                   int64_t rows, int64_t c, float eps) {
   const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (k >= c) return;
-  double s = 0.0, ss = 0.0;
-  for (int64_t i = 0; i < chunks; ++i) {
-    s += partials[(i * 2) * c + k];
-    ss += partials[(i * 2 + 1) * c + k];
-  }
+  double s, ss;
+  combine(partials, chunks, c, k, s, ss);
   const double n = static_cast<double>(rows), m = s / n, v = fmax(ss / n - m * m, 0.0);
   mean[k] = static_cast<float>(m);
   var[k] = static_cast<float>(v);
@@ -80,11 +86,8 @@ __global__ void gradient_sums_kernel(const double* partials, int64_t chunks, dou
                                      int64_t c) {
   const int64_t k = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x;
   if (k >= c) return;
-  double sdy = 0.0, sdyx = 0.0;
-  for (int64_t i = 0; i < chunks; ++i) {
-    sdy += partials[(i * 2) * c + k];
-    sdyx += partials[(i * 2 + 1) * c + k];
-  }
+  double sdy, sdyx;
+  combine(partials, chunks, c, k, sdy, sdyx);
   sums[k] = sdy;
   sums[c + k] = sdyx;
   dgamma[k] = static_cast<float>(sdyx);
