@@ -50,9 +50,11 @@ struct AlignedFree {
 std::unique_ptr<float, AlignedFree> aligned_floats(std::size_t count);
 
 // Page-locks the storage of large tensors made from now on (Tensor::empty and zeros, at least
-// kPinnedTensorBytes): a GPU backend installs it so that its copies to and from tensors run by
-// DMA, not through the driver's pageable staging. `pin` returns false to leave one pageable;
-// `unpin` runs before the storage is freed. Null uninstalls.
+// kPinnedTensorBytes): the cuda backend installs it when first made, for the rest of the
+// process, so that its copies to and from tensors run by DMA, not through the driver's
+// pageable staging. `pin` returns false to leave one pageable; `unpin` runs before the
+// storage is freed. The object must outlive every tensor (static storage: a tensor's deleter
+// keeps its address). Null uninstalls for tensors made later.
 struct TensorPinning {
   bool (*pin)(void* p, std::size_t bytes);
   void (*unpin)(void* p);

@@ -43,7 +43,7 @@ static bool in_vendor_library(const void* address) {
 // module+offset (addr2line -f -C -i -e MODULE OFFSET names them), for a backend whose count
 // is not 0 on a machine without a debugger.
 struct Traced {
-  void* frames[8];
+  void* frames[32];
   int depth;
 };
 static Traced traced[16];
@@ -62,7 +62,7 @@ static const bool backtrace_loaded = [] {
 static void note_allocation(std::size_t n) {
   if (!counting.load(std::memory_order_relaxed)) return;
   Traced stack{};
-  stack.depth = backtrace(stack.frames, 8);  // this binary's own frames first: never a vendor's
+  stack.depth = backtrace(stack.frames, 32);  // this binary's own frames first: never a vendor's
   for (int f = 0; f < stack.depth; ++f)
     if (in_vendor_library(stack.frames[f])) {
       vendor_allocations.fetch_add(1, std::memory_order_relaxed);

@@ -4,6 +4,8 @@
 
 #include <cmath>
 #include <cstdint>
+#include <vector>
+#include <utility>
 
 #include "core/error.h"
 #include "core/graph.h"
@@ -29,6 +31,50 @@ TEST(Tensor, AlignedStorageAndSharedViews) {
   Tensor copy = t.clone();
   copy[6] = 1.0f;
   EXPECT_EQ(t[6], 5.0f);
+}
+
+// The page-locking hook a GPU backend installs (set_tensor_pinning): only storage of at least
+// kPinnedTensorBytes is offered, unlocked once its last view goes and before it is freed; a
+// refusal leaves the tensor pageable and never unlocked; uninstalled, nothing is offered.
+struct FakePinning {
+  static inline std::vector<std::pair<void*, std::size_t>> pinned;
+  static inline std::vector<void*> unpinned;
+  static inline bool accept = true;
+  static bool pin(void* p, std::size_t bytes) {
+    if (accept) pinned.emplace_back(p, bytes);
+    return accept;
+  }
+  static void unpin(void* p) { unpinned.push_back(p); }
+};
+constexpr TensorPinning kFakePinning{FakePinning::pin, FakePinning::unpin};
+
+TEST(Tensor, PinningHookLocksLargeStorageAndUnlocksBeforeFree) {
+  set_tensor_pinning(&kFakePinning);
+  const int64_t large = static_cast<int64_t>(kPinnedTensorBytes / sizeof(float));
+  {
+    Tensor small = Tensor::zeros({large - 1});
+    EXPECT_TRUE(FakePinning::pinned.empty()) << "a tensor under the threshold was offered";
+    Tensor big = Tensor::zeros({large});
+    ASSERT_EQ(FakePinning::pinned.size(), 1u);
+    EXPECT_EQ(FakePinning::pinned[0].first, big.data());
+    EXPECT_EQ(FakePinning::pinned[0].second, kPinnedTensorBytes);
+    Tensor view = big.reshape({2, large / 2});
+    big = Tensor();
+    EXPECT_TRUE(FakePinning::unpinned.empty()) << "unlocked while a view still held the storage";
+    view[0] = 1.0f;
+    view = Tensor();
+    ASSERT_EQ(FakePinning::unpinned.size(), 1u);
+    EXPECT_EQ(FakePinning::unpinned[0], FakePinning::pinned[0].first);
+    FakePinning::accept = false;
+    Tensor refused = Tensor::empty({large});
+    refused[large - 1] = 2.0f;
+  }
+  EXPECT_EQ(FakePinning::pinned.size(), 1u);
+  EXPECT_EQ(FakePinning::unpinned.size(), 1u) << "a refused tensor was unlocked";
+  set_tensor_pinning(nullptr);
+  FakePinning::accept = true;
+  Tensor later = Tensor::empty({large});
+  EXPECT_EQ(FakePinning::pinned.size(), 1u) << "offered after the hook was uninstalled";
 }
 
 TEST(Tensor, BadViewsAreRefused) {

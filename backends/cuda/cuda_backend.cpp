@@ -524,9 +524,13 @@ GpuMemoryUse cuda_memory_use() {
 namespace {
 
 // Large tensors page-locked (core/tensor.h), so that the staged copies of every kernel above
-// run by DMA. TANDEM_CUDA_PIN=0 leaves them pageable (to measure the difference).
+// run by DMA. TANDEM_CUDA_PIN=0 leaves them pageable (to measure the difference). The thread
+// that makes a tensor may never have used the GPU: it registers on the chosen device, not on
+// device 0 by default, and portably (for every context).
 bool pin_host(void* p, std::size_t bytes) {
-  if (cudaHostRegister(p, bytes, cudaHostRegisterDefault) == cudaSuccess) return true;
+  if (cudaSetDevice(cuda::chosen_device()) == cudaSuccess &&
+      cudaHostRegister(p, bytes, cudaHostRegisterPortable) == cudaSuccess)
+    return true;
   cudaGetLastError();  // not sticky, but clear it: the next launch's check must not see it
   return false;
 }
@@ -540,8 +544,10 @@ constexpr TensorPinning kPinning{pin_host, unpin_host};
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
   if (const std::string why = cuda_device_problem(); !why.empty())
     fail("cuda", cat(why, "; this machine can train on onednn (--backend onednn)"));
+  auto backend = std::make_unique<CudaBackend>();
+  // From the first cuda backend on, for the rest of the process (a cloud serves on one backend).
   if (const char* pin = std::getenv("TANDEM_CUDA_PIN"); !pin || std::string_view(pin) != "0") set_tensor_pinning(&kPinning);
-  return std::make_unique<CudaBackend>();
+  return backend;
 }
 
 }  // namespace tandem

@@ -3,6 +3,7 @@
 #include <climits>
 #include <cstdio>
 #include <cstdlib>
+#include <string>
 
 #include "backends/cuda/cuda_budget.h"
 #include "backends/cuda/cuda_kernels.h"
@@ -11,14 +12,26 @@
 
 namespace tandem::cuda {
 
+namespace {
+
+// A kernel call that fails may have queued copies into page-locked host tensors (they run
+// asynchronously) before its finish(): wait for the device before the error unwinds, so no
+// copy writes into a tensor the caller then frees. An error path only.
+[[noreturn]] void fail_after_device_wait(std::string message) {
+  cudaDeviceSynchronize();
+  fail("cuda", message);
+}
+
+}  // namespace
+
 void check(cudaError_t status, const char* what) {
-  if (status != cudaSuccess) fail("cuda", cat(what, ": ", cudaGetErrorString(status)));
+  if (status != cudaSuccess) fail_after_device_wait(cat(what, ": ", cudaGetErrorString(status)));
 }
 void check(cublasStatus_t status, const char* what) {
-  if (status != CUBLAS_STATUS_SUCCESS) fail("cuda", cat(what, ": ", cublasGetStatusString(status)));
+  if (status != CUBLAS_STATUS_SUCCESS) fail_after_device_wait(cat(what, ": ", cublasGetStatusString(status)));
 }
 void check(cudnnStatus_t status, const char* what) {
-  if (status != CUDNN_STATUS_SUCCESS) fail("cuda", cat(what, ": ", cudnnGetErrorString(status)));
+  if (status != CUDNN_STATUS_SUCCESS) fail_after_device_wait(cat(what, ": ", cudnnGetErrorString(status)));
 }
 
 DevicePool& device_pool() {

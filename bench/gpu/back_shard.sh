@@ -40,7 +40,7 @@ while read -r name spec cut gpu_steps cpu_steps; do
   for _ in $(seq 1 "$rounds"); do
     "$bin" "$spec" --cut "$cut" --backend "$backend" --batch "$batch" --steps "$steps" --warmup 3 |
       field samples_per_s >> "$work/tandem"
-    "$python" bench/pytorch_back_shard.py "$spec" "$cut" "$device" "$batch" 4 "$steps" 3 |
+    TORCH_CUDNN_TF32=0 "$python" bench/pytorch_back_shard.py "$spec" "$cut" "$device" "$batch" 4 "$steps" 3 |
       field samples_per_s >> "$work/torch"
     [[ $device == cuda ]] && TORCH_CUDNN_TF32=1 "$python" bench/pytorch_back_shard.py "$spec" "$cut" "$device" "$batch" \
       4 "$steps" 3 | field samples_per_s >> "$work/torch_tf32"

@@ -98,7 +98,7 @@ for s in "${stages[@]}"; do
       stage tests 200 ctest --test-dir "$build" -R '\.cuda$|cuda_registry' --output-on-failure --timeout 90 -j 6 &
       stage e2e 200 ctest --test-dir "$build" -R '^e2e\.cuda_cloud$' --output-on-failure &
       wait
-      stage back_shard 170 env ROUNDS=1 QUICK=1 bash bench/gpu/back_shard.sh
+      stage back_shard 150 env ROUNDS=1 QUICK=1 bash bench/gpu/back_shard.sh
       # The page-locked tensors' share (TANDEM_CUDA_PIN=0: pageable), ResNet18's back alone.
       for pin in 1 0 1 0; do
         stage pinning 30 env TANDEM_CUDA_PIN=$pin "$build/bench/bench_back_shard" samples/models/resnet18-32.json \

@@ -61,10 +61,13 @@ federation() {
     pids[$i]=$!
   done
   for i in 0 1 2 3; do wait "${pids[$i]}" || fail "$name edge $i: $(tail -n 3 "$work/$name-h$i.out")"; done
-  scrape /metrics > "$work/$name.prom"
-  kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+  pids=()  # reaped: their ids may be another process's by the time cleanup runs
+  scrape /metrics > "$work/$name.prom" || fail "the $name cloud's metrics could not be read"
+  kill "$cloud_pid" || fail "the $name cloud ended before its edges"
+  wait "$cloud_pid" 2>/dev/null || true
   cloud_pid=
-  fed_acc=$(grep -o '"test_accuracy":[0-9.]*' "$work/$name-h0.jsonl" | tail -1 | cut -d: -f2)
+  fed_acc=$(grep -o '"test_accuracy":[0-9.]*' "$work/$name-h0.jsonl" | tail -1 | cut -d: -f2 || true)
+  [[ -n $fed_acc ]] || fail "$name edge 0 reported no test accuracy"
 }
 federation turns
 acc_t=$fed_acc
