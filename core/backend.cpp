@@ -1,6 +1,7 @@
 #include "core/backend.h"
 
 #include "core/error.h"
+#include "core/host_vectors.h"
 
 namespace tandem {
 
@@ -10,5 +11,7 @@ std::unique_ptr<GroupedLinearKernel> Backend::grouped_linear(const GroupedLinear
   const Support s = supports("heads", {});
   fail(std::string(name()), cat(s.ok ? "has no grouped linear kernel" : s.why, " (asked for ", g.str(), ")"));
 }
+
+VectorKernel& Backend::vectors() { return host_vectors(); }
 
 }  // namespace tandem

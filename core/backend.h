@@ -14,6 +14,7 @@
 #include "core/activation.h"
 #include "core/geometry.h"
 #include "core/tensor.h"
+#include "core/vector_kernel.h"
 
 namespace tandem {
 
@@ -194,6 +195,9 @@ class Backend {
   virtual std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) = 0;
   // A backend without one says so in supports("heads"); asked anyway, it throws that answer.
   virtual std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g);
+  // The passes over parameters and gradients (Param, Optimizer, Network's gradient sums);
+  // the host loops unless the backend keeps tensors elsewhere.
+  virtual VectorKernel& vectors();
 };
 
 }  // namespace tandem

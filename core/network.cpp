@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <chrono>
+#include <cmath>
 
 #include "core/error.h"
 #include "core/layers/layers.h"
@@ -16,12 +17,10 @@ Tensor view_of_backing(Tensor& backing, const Shape& shape) {
   return backing.prefix(shape);
 }
 
-// acc += add, elementwise.
-void add_into(Tensor& acc, const Tensor& add) {
-  float* a = acc.data();
-  const float* b = add.data();
-  for (int64_t e = 0, count = acc.numel(); e < count; ++e) a[e] += b[e];
-}
+// acc += add, elementwise, where the backend keeps them.
+void add_into(VectorKernel& v, Tensor& acc, const Tensor& add) { v.accumulate(acc.data(), add.data(), acc.numel()); }
+// to = from (equal element counts), likewise.
+void copy_into(VectorKernel& v, Tensor& to, const Tensor& from) { v.copy(to.data(), from.data(), to.numel()); }
 
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
@@ -45,6 +44,7 @@ Network::Network(Graph graph, Backend& backend, uint64_t seed) : graph_(std::mov
                           " backend: ", s.why));
     layers_.push_back(make_layer(node, shapes, backend_, rng));
     for (Param* p : layers_.back()->params()) {
+      p->bind(backend_.vectors());
       all_params_.push_back(p);
       if (p->trainable()) params_.push_back(p);
       if (p->trainable() && !layers_.back()->splits_backward()) unsplit_params_.push_back(p);
@@ -200,7 +200,11 @@ std::vector<std::pair<std::string, uint64_t*>> Network::counters() {
 }
 
 bool Network::gradients_finite() const {
-  return std::all_of(params_.begin(), params_.end(), [](const Param* p) { return all_finite(p->grad()); });
+  // A sum of squares is finite exactly when every value is (f32's largest squared is far
+  // inside double's range): one pass where the gradients are, no host read of them.
+  return std::all_of(params_.begin(), params_.end(), [](const Param* p) {
+    return std::isfinite(p->vectors().squared_norm(p->grad().data(), p->grad().numel()));
+  });
 }
 
 void Network::save_state(StateSnapshot& into) const {
@@ -427,7 +431,7 @@ const Tensor& Network::forward_in_pieces(std::span<const Tensor> inputs, int slo
     for (std::size_t k = 0; k < inputs.size(); ++k) joined.piece_inputs[k] = inputs[k].slice_batch(begin, n);
     const Tensor& out = forward(joined.piece_inputs, slot);
     if (begin == 0) joined.out = view_of_backing(joined.storage, out.shape().resize_batch(count));
-    std::copy_n(out.data(), out.numel(), joined.out.data() + begin * out.shape().item_numel());
+    backend_.vectors().copy(joined.out.data() + begin * out.shape().item_numel(), out.data(), out.numel());
   }
   return joined.out;
 }
@@ -526,8 +530,8 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
         if ((grad_holder_[i] = held) >= 0) ++grad_pool_.users[static_cast<std::size_t>(held)];
       } else if (defer_weights) {
         Tensor& own = buffer(deferred.grads, static_cast<int>(i), grads_[i].shape());
-        if (own.data() != grads_[i].data()) own.copy_from(grads_[i]);
-        add_into(own, node_grads_[k]);
+        if (own.data() != grads_[i].data()) copy_into(backend_.vectors(), own, grads_[i]);
+        add_into(backend_.vectors(), own, node_grads_[k]);
         grads_[i] = own;
       } else {
         // Added in place where the gradient's storage is its own, else into a copy.
@@ -535,12 +539,12 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
         if (mine < 0 || grad_pool_.users[static_cast<std::size_t>(mine)] > 1) {
           const int own = take_grad(grads_[i].shape());
           Tensor copy = grad_pool_.storage[static_cast<std::size_t>(own)].prefix(grads_[i].shape());
-          copy.copy_from(grads_[i]);
+          copy_into(backend_.vectors(), copy, grads_[i]);
           if (mine >= 0) release_grad(mine);
           grads_[i] = copy;
           grad_holder_[i] = own;
         }
-        add_into(grads_[i], node_grads_[k]);
+        add_into(backend_.vectors(), grads_[i], node_grads_[k]);
       }
       if (held >= 0) release_grad(held);
     }

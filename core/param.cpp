@@ -1,22 +1,20 @@
 #include "core/param.h"
 
+#include "core/host_vectors.h"
+
 namespace tandem {
 
 Param::Param(std::string name, const Shape& shape)
     : name_(std::move(name)), value_(Tensor::zeros(shape)), grad_(Tensor::zeros(shape)),
-      scratch_(Tensor::empty(shape)) {}
+      scratch_(Tensor::empty(shape)), vectors_(&host_vectors()) {}
 
 void Param::commit_grad() {
-  if (accumulating_) {
-    float* g = grad_.data();
-    const float* s = scratch_.data();
-    for (int64_t i = 0, n = grad_.numel(); i < n; ++i) g[i] += s[i];
-  }
+  if (accumulating_) vectors_->accumulate(grad_.data(), scratch_.data(), grad_.numel());
   accumulating_ = true;
 }
 
 void Param::zero_grad() {
-  if (trainable_) grad_.fill(0.0f);
+  if (trainable_) vectors_->fill(grad_.data(), 0.0f, grad_.numel());
   accumulating_ = false;
 }
 

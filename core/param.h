@@ -1,5 +1,6 @@
 // A trainable parameter: values, accumulated gradient and a version the optimizer bumps, so
-// kernels that pack weights know when to repack. Gradients accumulate over micro-batches.
+// kernels that pack weights know when to repack. Gradients accumulate over micro-batches, by
+// the backend's VectorKernel (bound by the network; the host loops until then).
 #pragma once
 
 #include <string>
@@ -33,12 +34,18 @@ class Param {
   void commit_grad();
   void zero_grad();
 
+  // The passes over its values and gradients (the backend of the network it belongs to, whose
+  // memory its tensors are in); the optimizers use it too.
+  void bind(VectorKernel& vectors) { vectors_ = &vectors; }
+  VectorKernel& vectors() const { return *vectors_; }
+
  private:
   std::string name_;
   Tensor value_, grad_, scratch_;
   uint64_t version_ = 1;
   bool accumulating_ = false;  // grad() already holds a contribution
   bool trainable_ = true;
+  VectorKernel* vectors_;
 };
 
 // What a kernel sees of a layer's weight and optional bias. Versions only grow, so their sum

@@ -6,6 +6,7 @@ set(TANDEM_CORE_SOURCES
   avg_pool2d.cpp
   geometry.cpp
   backend.cpp
+  host_vectors.cpp
   param.cpp
   model_spec.cpp
   graph.cpp

@@ -82,34 +82,29 @@ void AlignedFree::operator()(float* p) const {
   ::operator delete[](p, std::align_val_t{kTensorAlignment});
 }
 
+std::size_t padded_tensor_bytes(std::size_t count) { return ((count + 15) / 16 * 16 + 16) * sizeof(float); }
+
 std::unique_ptr<float, AlignedFree> aligned_floats(std::size_t count) {
-  // Round up to a whole cache line plus one spare line: XNNPACK's kernels may read up to
-  // 16 bytes past the end of their inputs.
-  const std::size_t padded = (count + 15) / 16 * 16 + 16;
-  auto* p = static_cast<float*>(::operator new[](padded * sizeof(float), std::align_val_t{kTensorAlignment}));
+  auto* p = static_cast<float*>(::operator new[](padded_tensor_bytes(count), std::align_val_t{kTensorAlignment}));
   return std::unique_ptr<float, AlignedFree>(p);
 }
 
 namespace {
-std::atomic<const TensorPinning*> g_pinning{nullptr};
+std::atomic<const TensorMemory*> g_memory{nullptr};
 }  // namespace
 
-void set_tensor_pinning(const TensorPinning* pinning) { g_pinning.store(pinning); }
+void set_tensor_memory(const TensorMemory* memory) { g_memory.store(memory); }
 
 Tensor Tensor::empty(const Shape& shape) {
   if (shape.numel() < 0) fail("tensor", cat("negative size in shape ", shape.str()));
   Tensor t;
-  auto storage = aligned_floats(static_cast<std::size_t>(shape.numel()));
-  const std::size_t bytes = static_cast<std::size_t>(shape.numel()) * sizeof(float);
-  if (const TensorPinning* pinning = g_pinning.load(); pinning && bytes >= kPinnedTensorBytes &&
-                                                       pinning->pin(storage.get(), bytes)) {
-    t.storage_ = std::shared_ptr<float>(storage.release(), [pinning](float* p) {
-      pinning->unpin(p);  // before the pages can go back to the system
-      AlignedFree{}(p);
-    });
-  } else {
-    t.storage_ = std::shared_ptr<float>(std::move(storage));
-  }
+  const auto count = static_cast<std::size_t>(shape.numel());
+  const TensorMemory* memory = g_memory.load();
+  void* p = memory && count * sizeof(float) >= memory->min_bytes ? memory->allocate(padded_tensor_bytes(count)) : nullptr;
+  if (p)
+    t.storage_ = std::shared_ptr<float>(static_cast<float*>(p), [memory](float* q) { memory->release(q); });
+  else
+    t.storage_ = std::shared_ptr<float>(aligned_floats(count));
   t.shape_ = shape;
   return t;
 }

@@ -49,18 +49,23 @@ struct AlignedFree {
 };
 std::unique_ptr<float, AlignedFree> aligned_floats(std::size_t count);
 
-// Page-locks the storage of large tensors made from now on (Tensor::empty and zeros, at least
-// kPinnedTensorBytes): the cuda backend installs it when first made, for the rest of the
-// process, so that its copies to and from tensors run by DMA, not through the driver's
-// pageable staging. `pin` returns false to leave one pageable; `unpin` runs before the
-// storage is freed. The object must outlive every tensor (static storage: a tensor's deleter
-// keeps its address). Null uninstalls for tensors made later.
-struct TensorPinning {
-  bool (*pin)(void* p, std::size_t bytes);
-  void (*unpin)(void* p);
+// Where the storage of large tensors comes from once a GPU backend serves (core's own: 64-byte
+// aligned host memory, aligned_floats). The cuda backend installs one when first made, for the
+// rest of the process: page-locked host memory (its copies run by DMA) or CUDA managed memory
+// (its kernels use tensors in place). Tensor::empty and zeros of at least min_bytes call
+// `allocate` with the padded byte count aligned_floats takes; it returns 64-byte aligned storage,
+// or null to leave this tensor to core's own. `release` gives back what it made, once the last
+// view is gone. The object must outlive every tensor (static storage: a tensor's deleter keeps
+// its address). Null uninstalls for tensors made later.
+struct TensorMemory {
+  std::size_t min_bytes;
+  void* (*allocate)(std::size_t bytes);
+  void (*release)(void* p);
 };
-constexpr std::size_t kPinnedTensorBytes = std::size_t{256} << 10;
-void set_tensor_pinning(const TensorPinning* pinning);
+void set_tensor_memory(const TensorMemory* memory);
+// The bytes aligned_floats(count) allocates: whole cache lines plus one spare (XNNPACK's
+// kernels may read up to 16 bytes past the end of their inputs).
+std::size_t padded_tensor_bytes(std::size_t count);
 
 class Tensor {
  public:

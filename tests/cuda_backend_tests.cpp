@@ -10,7 +10,9 @@
 
 #include "backends/cuda/cuda_backend.h"
 #include "backends/cuda/cuda_budget.h"
+#include "backends/cuda/cuda_memory.h"
 #include "backends/cuda/cuda_pool.h"
+#include "backends/cuda/resident_ranges.h"
 #include "backends/registry.h"
 #include "core/error.h"
 #include "test_support.h"
@@ -37,6 +39,61 @@ TEST(CudaBackend, WithoutADeviceItIsRefusedWithTheReason) {
   EXPECT_EQ(error_of([] { make_backend("cuda"); }),
             "[cuda] " + problem + "; this machine can train on onednn (--backend onednn)");
   EXPECT_EQ(gpu_summary(), problem);
+}
+
+// What kernels take for resident (used in place, not staged): a span inside one recorded
+// tensor, never one that runs past its end, starts before it or straddles two tensors, never
+// null, and nothing once the tensor is forgotten.
+TEST(CudaBackend, ResidentRangesAnswerOnlyForSpansInsideOneTensor) {
+  cuda::ResidentRanges r;
+  alignas(64) static char memory[4096];
+  char* a = memory + 64;    // [64, 1088)
+  char* b = memory + 1088;  // [1088, 2112): right after a
+  r.add(a, 1024);
+  r.add(b, 1024);
+  EXPECT_EQ(r.size(), 2u);
+  EXPECT_TRUE(r.contains(a, 1024));
+  EXPECT_TRUE(r.contains(a + 100, 924)) << "a view to the end";
+  EXPECT_TRUE(r.contains(a + 1023, 1));
+  EXPECT_FALSE(r.contains(a + 100, 925)) << "past a's end, into b";
+  EXPECT_FALSE(r.contains(a - 1, 2)) << "starts before a";
+  EXPECT_FALSE(r.contains(memory, 8)) << "before any range";
+  EXPECT_FALSE(r.contains(b + 1024, 1)) << "after every range";
+  EXPECT_FALSE(r.contains(nullptr, 0));
+  EXPECT_TRUE(r.contains(b, 0));
+  r.remove(a);
+  EXPECT_FALSE(r.contains(a, 8)) << "forgotten";
+  EXPECT_TRUE(r.contains(b, 1024));
+  r.remove(a);  // nothing starts there any more: no change
+  EXPECT_EQ(r.size(), 1u);
+}
+
+// TANDEM_CUDA_MEMORY picks where tensors live (no CUDA call): pinned by default,
+// TANDEM_CUDA_PIN=0 still pageable, and anything else refused with the choices.
+TEST(CudaBackend, TheTensorPlacementIsChosenByTheEnvironment) {
+  struct Restore {
+    ~Restore() {
+      unsetenv("TANDEM_CUDA_MEMORY");
+      unsetenv("TANDEM_CUDA_PIN");
+    }
+  } restore;
+  unsetenv("TANDEM_CUDA_MEMORY");
+  unsetenv("TANDEM_CUDA_PIN");
+  EXPECT_EQ(cuda::chosen_placement(), cuda::TensorPlacement::pinned);
+  setenv("TANDEM_CUDA_PIN", "0", 1);
+  EXPECT_EQ(cuda::chosen_placement(), cuda::TensorPlacement::pageable);
+  setenv("TANDEM_CUDA_MEMORY", "managed", 1);
+  EXPECT_EQ(cuda::chosen_placement(), cuda::TensorPlacement::managed) << "TANDEM_CUDA_MEMORY wins";
+  setenv("TANDEM_CUDA_MEMORY", "pinned", 1);
+  EXPECT_EQ(cuda::chosen_placement(), cuda::TensorPlacement::pinned);
+  setenv("TANDEM_CUDA_MEMORY", "device", 1);
+  EXPECT_EQ(error_of([] { cuda::chosen_placement(); }),
+            "[cuda] TANDEM_CUDA_MEMORY='device' is not a tensor placement (pinned, managed or pageable)");
+  unsetenv("TANDEM_CUDA_MEMORY");
+  unsetenv("TANDEM_CUDA_PIN");
+  if (!cuda_device_problem().empty())  // with a GPU, an earlier test may have installed one
+    EXPECT_NE(cuda::placement_summary().find("TANDEM_CUDA_MEMORY=pinned"), std::string::npos)
+      << "unset, the summary names the default: " << cuda::placement_summary();
 }
 
 // The sessions' device memory budget is bookkeeping without a CUDA call: a reservation past

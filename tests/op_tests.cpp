@@ -20,17 +20,18 @@ namespace {
 // fails. And they sit between guard zones holding a canary that must survive: Tensor::empty
 // pads every allocation by 16 to 31 floats, so a SIMD tail store past the end (or before the
 // start) would be invisible to ASan and to the NaN prefill. The guards are checked when the
-// tensor is released, inside the test that made it.
+// tensor is released, inside the test that made it. The storage is a Tensor's, so a large
+// output lies where the backend keeps tensors (cuda's managed memory: written in place).
 constexpr int64_t kGuardFloats = 32;         // 128 bytes each side; keeps the 64-byte alignment
 constexpr uint32_t kCanaryBits = 0xdeadbeefu;  // a float no kernel computes by chance
 
-Tensor nan_tensor(const Shape& s) {
-  const int64_t n = s.numel(), total = n + 2 * kGuardFloats;
-  float* base = static_cast<float*>(::operator new[](static_cast<std::size_t>(total) * sizeof(float),
-                                                     std::align_val_t{kTensorAlignment}));
-  for (int64_t i = 0; i < total; ++i) std::memcpy(base + i, &kCanaryBits, sizeof kCanaryBits);
-  const std::string shape = s.str();
-  std::shared_ptr<float> owner(base, [n, shape](float* p) {
+struct Guarded {
+  Tensor backing;
+  int64_t n = 0;
+  std::string shape;
+  ~Guarded() {
+    if (!backing.defined()) return;
+    const float* p = backing.data();
     for (int64_t i = 0; i < kGuardFloats; ++i) {
       uint32_t before = 0, after = 0;
       std::memcpy(&before, p + i, sizeof before);
@@ -39,8 +40,16 @@ Tensor nan_tensor(const Shape& s) {
       if (after != kCanaryBits) ADD_FAILURE() << "a kernel wrote " << (i + 1) << " floats past the end of its output " << shape;
       if (before != kCanaryBits || after != kCanaryBits) break;
     }
-    ::operator delete[](p, std::align_val_t{kTensorAlignment});
-  });
+  }
+};
+
+Tensor nan_tensor(const Shape& s) {
+  const int64_t n = s.numel(), total = n + 2 * kGuardFloats;
+  auto owner = std::make_shared<Guarded>();  // made in place: a moved-from copy would check too
+  owner->n = n;
+  owner->shape = s.str();
+  float* base = (owner->backing = Tensor::empty({total})).data();
+  for (int64_t i = 0; i < total; ++i) std::memcpy(base + i, &kCanaryBits, sizeof kCanaryBits);
   Tensor t = Tensor::borrow(owner, base + kGuardFloats, s);
   t.fill(std::numeric_limits<float>::quiet_NaN());
   return t;
@@ -455,6 +464,71 @@ TEST(Add, Forward) {
     b.reference->add(n)->forward(a.data(), c.data(), want.data());
     b.tested->add(n)->forward(a.data(), c.data(), got.data());
     expect_close(got.data(), want.data(), n, "add", 0.0f);
+  }
+}
+
+// The passes over parameters and gradients (VectorKernel) against the reference's host loops:
+// fills, copies, sums, scaling, the squared norm (relative 1e-6: a device sums in another
+// order) and one update of each optimizer rule (SGD plain, with momentum's first and later
+// steps, dampening and Nesterov; Adam and AdamW), at lengths from 1 to past cuda's managed
+// threshold, where the tested backend runs them in place.
+TEST(Vectors, MatchTheReference) {
+  Backends b;
+  VectorKernel& want = b.reference->vectors();
+  VectorKernel& got = b.tested->vectors();
+  for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{70001}}) {
+    SCOPED_TRACE(cat(n, " floats"));
+    Rng rng(43);
+    const Tensor w0 = random_tensor({n}, rng), g = random_tensor({n}, rng), m0 = random_tensor({n}, rng),
+                 v0 = random_tensor({n}, rng, 0.0f, 0.01f);
+    auto pair = [&](const Tensor& from) {
+      Tensor a = nan_tensor({n}), c = nan_tensor({n});
+      a.copy_from(from);
+      c.copy_from(from);
+      return std::make_pair(a, c);
+    };
+    {
+      auto [r, t] = pair(w0);
+      want.fill(r.data(), 0.25f, n);
+      got.fill(t.data(), 0.25f, n);
+      expect_close(t.data(), r.data(), n, "fill", 0.0f);
+      want.copy(r.data(), g.data(), n);
+      got.copy(t.data(), g.data(), n);
+      expect_close(t.data(), r.data(), n, "copy", 0.0f);
+      want.accumulate(r.data(), w0.data(), n);
+      got.accumulate(t.data(), w0.data(), n);
+      expect_close(t.data(), r.data(), n, "accumulate", 0.0f);
+      want.scale(r.data(), 0.3, n);
+      got.scale(t.data(), 0.3, n);
+      expect_close(t.data(), r.data(), n, "scale", 1e-6f);
+      const double norm = want.squared_norm(r.data(), n);
+      EXPECT_NEAR(got.squared_norm(t.data(), n), norm, 1e-6 * norm) << "squared norm";
+    }
+    for (const SgdUpdate u : {SgdUpdate{0.1f, 0.0f, 0.0f, 0.01f, false, true}, SgdUpdate{0.1f, 0.9f, 0.0f, 0.0f, false, true},
+                              SgdUpdate{0.1f, 0.9f, 0.2f, 0.01f, false, false},
+                              SgdUpdate{0.05f, 0.9f, 0.0f, 0.001f, true, false}}) {
+      SCOPED_TRACE(cat("sgd momentum ", u.momentum, " dampening ", u.dampening, u.nesterov ? " nesterov" : "",
+                       u.first ? " first" : ""));
+      auto [rw, tw] = pair(w0);
+      auto [rm, tm] = pair(m0);
+      const bool momentum = u.momentum != 0.0f;
+      want.sgd(u, rw.data(), g.data(), momentum ? rm.data() : nullptr, n);
+      got.sgd(u, tw.data(), g.data(), momentum ? tm.data() : nullptr, n);
+      expect_close(tw.data(), rw.data(), n, "weights", 1e-5f);
+      if (momentum) expect_close(tm.data(), rm.data(), n, "momentum", 1e-5f);
+    }
+    for (const bool decoupled : {false, true}) {
+      SCOPED_TRACE(decoupled ? "adamw" : "adam");
+      const AdamUpdate u{0.01f / 0.1f, 0.0447f, 0.9f, 0.999f, 1e-8f, 0.01f, 1.0f - 0.01f * 0.01f, decoupled};
+      auto [rw, tw] = pair(w0);
+      auto [rm, tm] = pair(m0);
+      auto [rv, tv] = pair(v0);
+      want.adam(u, rw.data(), g.data(), rm.data(), rv.data(), n);
+      got.adam(u, tw.data(), g.data(), tm.data(), tv.data(), n);
+      expect_close(tw.data(), rw.data(), n, "weights", 1e-5f);
+      expect_close(tm.data(), rm.data(), n, "first moment", 1e-5f);
+      expect_close(tv.data(), rv.data(), n, "second moment", 1e-5f);
+    }
   }
 }
 

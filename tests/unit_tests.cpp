@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <new>
 #include <vector>
 #include <utility>
 
@@ -33,48 +34,57 @@ TEST(Tensor, AlignedStorageAndSharedViews) {
   EXPECT_EQ(t[6], 5.0f);
 }
 
-// The page-locking hook a GPU backend installs (set_tensor_pinning): only storage of at least
-// kPinnedTensorBytes is offered, unlocked once its last view goes and before it is freed; a
-// refusal leaves the tensor pageable and never unlocked; uninstalled, nothing is offered.
-struct FakePinning {
-  static inline std::vector<std::pair<void*, std::size_t>> pinned;
-  static inline std::vector<void*> unpinned;
+// The storage hook a GPU backend installs (set_tensor_memory): only tensors of at least
+// min_bytes are offered, with aligned_floats' padded size; the storage is the tensor's and is
+// released once its last view goes; a refusal (null) leaves the tensor to core's own memory and
+// is never released; uninstalled, nothing is offered.
+struct FakeMemory {
+  static inline std::vector<std::pair<void*, std::size_t>> made;
+  static inline std::vector<void*> released;
   static inline bool accept = true;
-  static bool pin(void* p, std::size_t bytes) {
-    if (accept) pinned.emplace_back(p, bytes);
-    return accept;
+  static void* allocate(std::size_t bytes) {
+    if (!accept) return nullptr;
+    void* p = ::operator new[](bytes, std::align_val_t{kTensorAlignment});
+    made.emplace_back(p, bytes);
+    return p;
   }
-  static void unpin(void* p) { unpinned.push_back(p); }
+  static void release(void* p) {
+    released.push_back(p);
+    ::operator delete[](p, std::align_val_t{kTensorAlignment});
+  }
 };
-constexpr TensorPinning kFakePinning{FakePinning::pin, FakePinning::unpin};
+constexpr std::size_t kFakeMinBytes = 4096;
+constexpr TensorMemory kFakeMemory{kFakeMinBytes, FakeMemory::allocate, FakeMemory::release};
 
-TEST(Tensor, PinningHookLocksLargeStorageAndUnlocksBeforeFree) {
-  set_tensor_pinning(&kFakePinning);
-  const int64_t large = static_cast<int64_t>(kPinnedTensorBytes / sizeof(float));
+TEST(Tensor, MemoryHookMakesLargeStorageAndReleasesItAfterTheLastView) {
+  set_tensor_memory(&kFakeMemory);
+  const int64_t large = static_cast<int64_t>(kFakeMinBytes / sizeof(float));
   {
     Tensor small = Tensor::zeros({large - 1});
-    EXPECT_TRUE(FakePinning::pinned.empty()) << "a tensor under the threshold was offered";
+    EXPECT_TRUE(FakeMemory::made.empty()) << "a tensor under the threshold was offered";
     Tensor big = Tensor::zeros({large});
-    ASSERT_EQ(FakePinning::pinned.size(), 1u);
-    EXPECT_EQ(FakePinning::pinned[0].first, big.data());
-    EXPECT_EQ(FakePinning::pinned[0].second, kPinnedTensorBytes);
+    ASSERT_EQ(FakeMemory::made.size(), 1u);
+    EXPECT_EQ(FakeMemory::made[0].first, big.data());
+    EXPECT_EQ(FakeMemory::made[0].second, padded_tensor_bytes(static_cast<std::size_t>(large)));
+    EXPECT_GE(FakeMemory::made[0].second, kFakeMinBytes + 16 * sizeof(float)) << "no spare line past the end";
+    EXPECT_EQ(big[large - 1], 0.0f);
     Tensor view = big.reshape({2, large / 2});
     big = Tensor();
-    EXPECT_TRUE(FakePinning::unpinned.empty()) << "unlocked while a view still held the storage";
+    EXPECT_TRUE(FakeMemory::released.empty()) << "released while a view still held the storage";
     view[0] = 1.0f;
     view = Tensor();
-    ASSERT_EQ(FakePinning::unpinned.size(), 1u);
-    EXPECT_EQ(FakePinning::unpinned[0], FakePinning::pinned[0].first);
-    FakePinning::accept = false;
+    ASSERT_EQ(FakeMemory::released.size(), 1u);
+    EXPECT_EQ(FakeMemory::released[0], FakeMemory::made[0].first);
+    FakeMemory::accept = false;
     Tensor refused = Tensor::empty({large});
     refused[large - 1] = 2.0f;
   }
-  EXPECT_EQ(FakePinning::pinned.size(), 1u);
-  EXPECT_EQ(FakePinning::unpinned.size(), 1u) << "a refused tensor was unlocked";
-  set_tensor_pinning(nullptr);
-  FakePinning::accept = true;
+  EXPECT_EQ(FakeMemory::made.size(), 1u);
+  EXPECT_EQ(FakeMemory::released.size(), 1u) << "a refused tensor was released by the hook";
+  set_tensor_memory(nullptr);
+  FakeMemory::accept = true;
   Tensor later = Tensor::empty({large});
-  EXPECT_EQ(FakePinning::pinned.size(), 1u) << "offered after the hook was uninstalled";
+  EXPECT_EQ(FakeMemory::made.size(), 1u) << "offered after the hook was uninstalled";
 }
 
 TEST(Tensor, BadViewsAreRefused) {

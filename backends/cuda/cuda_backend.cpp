@@ -1,7 +1,8 @@
-// The cuda backend's kernels. Today tandem's tensors live in host memory (core/tensor.h), so
-// each call copies its inputs to device buffers made with the kernel, runs there and copies
-// its outputs back; weights are copied only when their version changes. What keeps weights,
-// gradients and optimizer state on the device is the next step (issue 17's note).
+// The cuda backend's kernels. A kernel gets pointers to tensors: those in managed memory
+// (TANDEM_CUDA_MEMORY=managed, cuda_memory.h) it uses in place; any other operand it copies
+// to a device buffer made with the kernel and its outputs back (cuda::Call); weights are
+// copied only when their version changes. Gradient sums and the optimizers' updates run on the
+// device for managed tensors (cuda_vector_kernel.h).
 #include "backends/cuda/cuda_backend.h"
 
 #include <cmath>
@@ -13,18 +14,19 @@
 #include "backends/cuda/cuda_context.h"
 #include "backends/cuda/cuda_conv2d.h"
 #include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_memory.h"
 #include "backends/cuda/cuda_pool.h"
+#include "backends/cuda/cuda_vector_kernel.h"
 #include "core/error.h"
 
 namespace tandem {
 namespace {
 
+using cuda::Call;
 using cuda::Context;
 using cuda::DeviceBuffer;
 using cuda::DeviceWeights;
 using cuda::check;
-using cuda::down;
-using cuda::up;
 using Shared = std::shared_ptr<Context>;
 
 std::size_t floats(int64_t n) { return static_cast<std::size_t>(n) * sizeof(float); }
@@ -41,64 +43,64 @@ class CudaGroupedLinear final : public LinearKernel, public GroupedLinearKernel 
         ones_(g.bias ? cuda::device_ones(*ctx_, g.batch) : DeviceBuffer()) {}
 
   void forward(const float* x, const WeightsView& w, float* y) override {
-    ctx_->use();
+    Call call(*ctx_);
     const int64_t G = g_.groups, I = g_.in_features, O = g_.out_features;
     weights_.update(*ctx_, w);
-    ctx_->put(x_.get(), x, x_.bytes());
-    if (weights_.bias()) check(cuda::bias_rows(weights_.bias(), y_.f(), g_.batch, G * O, ctx_->stream()), "bias");
+    const float* dx = call.in(x, x_);
+    float* dy = call.out(y, y_);
+    if (weights_.bias()) check(cuda::bias_rows(weights_.bias(), dy, g_.batch, G * O, ctx_->stream()), "bias");
     // y_g[batch, O] = x_g[batch, I] w_g[O, I]^T
-    ctx_->gemm(false, true, g_.batch, O, I, x_.f(), G * I, I, weights_.weight(), I, O * I,
-               weights_.bias() ? 1.0f : 0.0f, y_.f(), G * O, O, G);
-    ctx_->get(y, y_.get(), y_.bytes());
-    ctx_->finish();
+    ctx_->gemm(false, true, g_.batch, O, I, dx, G * I, I, weights_.weight(), I, O * I, weights_.bias() ? 1.0f : 0.0f, dy,
+               G * O, O, G);
+    call.end();
   }
 
   void backward_data(const float* dy, const WeightsView& w, float* dx) override {
-    ctx_->use();
+    Call call(*ctx_);
     const int64_t G = g_.groups, I = g_.in_features, O = g_.out_features;
     weights_.update(*ctx_, w);
-    ctx_->put(y_.get(), dy, y_.bytes());
+    const float* d_dy = call.in(dy, y_);
+    float* d_dx = call.out(dx, x_);
     // dx_g[batch, I] = dy_g[batch, O] w_g[O, I]
-    ctx_->gemm(false, false, g_.batch, I, O, y_.f(), G * O, O, weights_.weight(), I, O * I, 0.0f, x_.f(), G * I, I, G);
-    ctx_->get(dx, x_.get(), x_.bytes());
-    ctx_->finish();
+    ctx_->gemm(false, false, g_.batch, I, O, d_dy, G * O, O, weights_.weight(), I, O * I, 0.0f, d_dx, G * I, I, G);
+    call.end();
   }
 
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
-    ctx_->use();
+    Call call(*ctx_);
     const int64_t G = g_.groups, I = g_.in_features, O = g_.out_features;
-    ctx_->put(x_.get(), x, x_.bytes());
-    ctx_->put(y_.get(), dy, y_.bytes());
+    const float* d_x = call.in(x, x_);
+    const float* d_dy = call.in(dy, y_);
     // dw_g[O, I] = dy_g[batch, O]^T x_g[batch, I]
-    ctx_->gemm(true, false, O, I, g_.batch, y_.f(), G * O, O, x_.f(), G * I, I, 0.0f, dw_.f(), I, O * I, G);
-    ctx_->get(dw, dw_.get(), dw_.bytes());
-    if (db) {
-      ctx_->column_sums(y_.f(), ones_.f(), db_.f(), g_.batch, G * O);
-      ctx_->get(db, db_.get(), db_.bytes());
-    }
-    ctx_->finish();
+    ctx_->gemm(true, false, O, I, g_.batch, d_dy, G * O, O, d_x, G * I, I, 0.0f, call.out(dw, dw_), I, O * I, G);
+    if (db) ctx_->column_sums(d_dy, ones_.f(), call.out(db, db_), g_.batch, G * O);
+    call.end();
   }
 
  private:
   Shared ctx_;
   GroupedLinearGeometry g_;
   DeviceWeights weights_;
-  DeviceBuffer x_, y_, dw_, db_, ones_;  // x_ also holds dx, y_ also dy
+  DeviceBuffer x_, y_, dw_, db_, ones_;  // x_ also stages dx, y_ also dy
 };
 
-// Elementwise, row and pooling kernels: each call one staged call (Context::staged) through
-// device buffers made with the kernel.
+// Elementwise, row and pooling kernels: each call's operands in place or staged (cuda::Call)
+// through device buffers made with the kernel.
 class CudaRelu final : public ReluKernel {
  public:
   CudaRelu(Shared ctx, int64_t n) : ctx_(cuda::bound(std::move(ctx))), n_(n), a_(floats(n)), b_(floats(n)), c_(floats(n)) {}
   void forward(const float* x, float* y) override {
-    ctx_->staged({up(a_, x)}, [&] { check(cuda::relu_forward(a_.f(), b_.f(), n_, ctx_->stream()), "relu"); },
-                 {down(y, b_)});
+    Call call(*ctx_);
+    const float* dx = call.in(x, a_);
+    check(cuda::relu_forward(dx, call.out(y, b_), n_, ctx_->stream()), "relu");
+    call.end();
   }
   void backward(const float* y, const float* dy, float* dx) override {
-    ctx_->staged({up(a_, y), up(b_, dy)},
-                 [&] { check(cuda::relu_backward(a_.f(), b_.f(), c_.f(), n_, ctx_->stream()), "relu backward"); },
-                 {down(dx, c_)});
+    Call call(*ctx_);
+    const float* d_y = call.in(y, a_);
+    const float* d_dy = call.in(dy, b_);
+    check(cuda::relu_backward(d_y, d_dy, call.out(dx, c_), n_, ctx_->stream()), "relu backward");
+    call.end();
   }
 
  private:
@@ -113,14 +115,18 @@ class CudaActivation final : public ActivationKernel {
       : ctx_(cuda::bound(std::move(ctx))), kind_(kind), n_(n), x_(floats(n)), y_(floats(n)), dy_(floats(n)),
         dx_(floats(n)) {}
   void forward(const float* x, float* y) override {
-    ctx_->staged({up(x_, x)},
-                 [&] { check(cuda::activation_forward(kind_, x_.f(), y_.f(), n_, ctx_->stream()), "activation"); },
-                 {down(y, y_)});
+    Call call(*ctx_);
+    const float* d_x = call.in(x, x_);
+    check(cuda::activation_forward(kind_, d_x, call.out(y, y_), n_, ctx_->stream()), "activation");
+    call.end();
   }
   void backward(const float* x, const float* y, const float* dy, float* dx) override {
-    ctx_->staged({up(x_, x), up(y_, y), up(dy_, dy)}, [&] {
-      check(cuda::activation_backward(kind_, x_.f(), y_.f(), dy_.f(), dx_.f(), n_, ctx_->stream()), "activation backward");
-    }, {down(dx, dx_)});
+    Call call(*ctx_);
+    const float* d_x = call.in(x, x_);
+    const float* d_y = call.in(y, y_);
+    const float* d_dy = call.in(dy, dy_);
+    check(cuda::activation_backward(kind_, d_x, d_y, d_dy, call.out(dx, dx_), n_, ctx_->stream()), "activation backward");
+    call.end();
   }
 
  private:
@@ -134,8 +140,12 @@ class CudaAdd final : public AddKernel {
  public:
   CudaAdd(Shared ctx, int64_t n) : ctx_(cuda::bound(std::move(ctx))), n_(n), a_(floats(n)), b_(floats(n)) {}
   void forward(const float* a, const float* b, float* y) override {
-    ctx_->staged({up(a_, a), up(b_, b)},
-                 [&] { check(cuda::add(a_.f(), b_.f(), a_.f(), n_, ctx_->stream()), "add"); }, {down(y, a_)});
+    Call call(*ctx_);
+    const float* d_a = call.in(a, a_);
+    const float* d_b = call.in(b, b_);
+    // A staged y is written over a_ (elementwise: each element read before it is written).
+    check(cuda::add(d_a, d_b, call.out(y, a_), n_, ctx_->stream()), "add");
+    call.end();
   }
 
  private:
@@ -150,14 +160,17 @@ class CudaSoftmax final : public SoftmaxKernel {
       : ctx_(cuda::bound(std::move(ctx))), rows_(rows), c_(channels), a_(floats(rows * channels)),
         b_(floats(rows * channels)), d_(floats(rows * channels)) {}
   void forward(const float* x, float* y) override {
-    ctx_->staged({up(a_, x)},
-                 [&] { check(cuda::softmax_forward(a_.f(), b_.f(), rows_, c_, ctx_->stream()), "softmax"); },
-                 {down(y, b_)});
+    Call call(*ctx_);
+    const float* d_x = call.in(x, a_);
+    check(cuda::softmax_forward(d_x, call.out(y, b_), rows_, c_, ctx_->stream()), "softmax");
+    call.end();
   }
   void backward(const float* y, const float* dy, float* dx) override {
-    ctx_->staged({up(a_, y), up(b_, dy)}, [&] {
-      check(cuda::softmax_backward(a_.f(), b_.f(), d_.f(), rows_, c_, ctx_->stream()), "softmax backward");
-    }, {down(dx, d_)});
+    Call call(*ctx_);
+    const float* d_y = call.in(y, a_);
+    const float* d_dy = call.in(dy, b_);
+    check(cuda::softmax_backward(d_y, d_dy, call.out(dx, d_), rows_, c_, ctx_->stream()), "softmax backward");
+    call.end();
   }
 
  private:
@@ -172,16 +185,19 @@ class CudaGlobalAvgPool final : public GlobalAvgPoolKernel {
       : ctx_(cuda::bound(std::move(ctx))), g_(g), x_(floats(g.batch * g.in_h * g.in_w * g.channels)),
         y_(floats(g.batch * g.channels)) {}
   void forward(const float* x, float* y) override {
-    ctx_->staged({up(x_, x)}, [&] {
-      check(cuda::global_avg_pool_forward(x_.f(), y_.f(), g_.batch, g_.in_h * g_.in_w, g_.channels, ctx_->stream()),
-            "global average pool");
-    }, {down(y, y_)});
+    Call call(*ctx_);
+    const float* d_x = call.in(x, x_);
+    check(cuda::global_avg_pool_forward(d_x, call.out(y, y_), g_.batch, g_.in_h * g_.in_w, g_.channels, ctx_->stream()),
+          "global average pool");
+    call.end();
   }
   void backward(const float* dy, float* dx) override {
-    ctx_->staged({up(y_, dy)}, [&] {
-      check(cuda::global_avg_pool_backward(y_.f(), x_.f(), g_.batch, g_.in_h * g_.in_w, g_.channels, ctx_->stream()),
-            "global average pool backward");
-    }, {down(dx, x_)});
+    Call call(*ctx_);
+    const float* d_dy = call.in(dy, y_);
+    check(cuda::global_avg_pool_backward(d_dy, call.out(dx, x_), g_.batch, g_.in_h * g_.in_w, g_.channels,
+                                         ctx_->stream()),
+          "global average pool backward");
+    call.end();
   }
 
  private:
@@ -199,14 +215,19 @@ class CudaMaxPool2d final : public MaxPool2dKernel {
         arg_(static_cast<std::size_t>(outputs_) * sizeof(int32_t)) {}
   std::size_t stash_bytes() const override { return arg_.bytes(); }
   void forward(const float* x, float* y, void* stash) override {
-    ctx_->staged({up(x_, x)},
-                 [&] { check(cuda::max_pool_forward(g_, x_.f(), y_.f(), arg_.i(), ctx_->stream()), "max pool"); },
-                 {down(y, y_), down(stash, arg_)});
+    Call call(*ctx_);
+    const float* d_x = call.in(x, x_);
+    float* d_y = call.out(y, y_);
+    check(cuda::max_pool_forward(g_, d_x, d_y, call.out(static_cast<int32_t*>(stash), arg_), ctx_->stream()),
+          "max pool");
+    call.end();
   }
   void backward(const float* dy, const void* stash, float* dx) override {
-    ctx_->staged({up(y_, dy), up(arg_, stash)}, [&] {
-      check(cuda::max_pool_backward(g_, y_.f(), arg_.i(), x_.f(), ctx_->stream()), "max pool backward");
-    }, {down(dx, x_)});
+    Call call(*ctx_);
+    const float* d_dy = call.in(dy, y_);
+    const int32_t* arg = call.in(static_cast<const int32_t*>(stash), arg_);
+    check(cuda::max_pool_backward(g_, d_dy, arg, call.out(dx, x_), ctx_->stream()), "max pool backward");
+    call.end();
   }
 
  private:
@@ -222,14 +243,16 @@ class CudaAvgPool2d final : public AvgPool2dKernel {
       : ctx_(cuda::bound(std::move(ctx))), g_(g), x_(floats(g.batch * g.in_h * g.in_w * g.channels)),
         y_(floats(g.batch * g.out_h() * g.out_w() * g.channels)) {}
   void forward(const float* x, float* y) override {
-    ctx_->staged({up(x_, x)},
-                 [&] { check(cuda::avg_pool_forward(g_, x_.f(), y_.f(), ctx_->stream()), "average pool"); },
-                 {down(y, y_)});
+    Call call(*ctx_);
+    const float* d_x = call.in(x, x_);
+    check(cuda::avg_pool_forward(g_, d_x, call.out(y, y_), ctx_->stream()), "average pool");
+    call.end();
   }
   void backward(const float* dy, float* dx) override {
-    ctx_->staged({up(y_, dy)},
-                 [&] { check(cuda::avg_pool_backward(g_, y_.f(), x_.f(), ctx_->stream()), "average pool backward"); },
-                 {down(dx, x_)});
+    Call call(*ctx_);
+    const float* d_dy = call.in(dy, y_);
+    check(cuda::avg_pool_backward(g_, d_dy, call.out(dx, x_), ctx_->stream()), "average pool backward");
+    call.end();
   }
 
  private:
@@ -238,110 +261,108 @@ class CudaAvgPool2d final : public AvgPool2dKernel {
   DeviceBuffer x_, y_;
 };
 
-// Batch normalisation (cuda_batch_norm.cu): x and the per-channel vectors copied up, y (and in
-// training the statistics) copied down; backward likewise with dy, dx and the parameter gradients.
+// Batch normalisation (cuda_batch_norm.cu). The statistics are inputs in evaluation and outputs
+// in training; backward's parameter gradients are staged through dgamma_ and dbeta_.
 class CudaBatchNorm final : public BatchNormKernel {
  public:
   CudaBatchNorm(Shared ctx, const BatchNormGeometry& g)
       : ctx_(cuda::bound(std::move(ctx))), g_(g), x_(floats(g.rows * g.channels)), y_(floats(g.rows * g.channels)),
         dx_(floats(g.rows * g.channels)), gamma_(floats(g.channels)), beta_(floats(g.channels)),
         mean_(floats(g.channels)), inv_std_(floats(g.channels)), var_(floats(g.channels)),
+        dgamma_(floats(g.channels)), dbeta_(floats(g.channels)),
         partials_(cuda::batch_norm_partials(g.rows, g.channels) * sizeof(double)) {}
 
   void forward(const float* x, const float* gamma, const float* beta, bool training, float* mean, float* inv_std,
                float* var, float* y) override {
-    ctx_->use();
-    ctx_->put(x_.get(), x, x_.bytes());
-    ctx_->put(gamma_.get(), gamma, gamma_.bytes());
-    ctx_->put(beta_.get(), beta, beta_.bytes());
+    Call call(*ctx_);
+    const float* d_x = call.in(x, x_);
+    const float* d_gamma = call.in(gamma, gamma_);
+    const float* d_beta = call.in(beta, beta_);
+    const float* d_mean;
+    const float* d_inv_std;
     if (training) {
-      check(cuda::batch_norm_statistics(x_.f(), static_cast<double*>(partials_.get()), mean_.f(), var_.f(),
-                                        inv_std_.f(), g_.rows, g_.channels, g_.eps, ctx_->stream()),
+      float* m = call.out(mean, mean_);
+      float* s = call.out(inv_std, inv_std_);
+      check(cuda::batch_norm_statistics(d_x, static_cast<double*>(partials_.get()), m, call.out(var, var_), s, g_.rows,
+                                        g_.channels, g_.eps, ctx_->stream()),
             "batch norm statistics");
+      d_mean = m;
+      d_inv_std = s;
     } else {
-      ctx_->put(mean_.get(), mean, mean_.bytes());
-      ctx_->put(inv_std_.get(), inv_std, inv_std_.bytes());
+      d_mean = call.in(mean, mean_);
+      d_inv_std = call.in(inv_std, inv_std_);
     }
-    check(cuda::batch_norm_normalize(x_.f(), mean_.f(), inv_std_.f(), gamma_.f(), beta_.f(), y_.f(), g_.rows,
-                                     g_.channels, ctx_->stream()),
+    check(cuda::batch_norm_normalize(d_x, d_mean, d_inv_std, d_gamma, d_beta, call.out(y, y_), g_.rows, g_.channels,
+                                     ctx_->stream()),
           "batch norm");
-    ctx_->get(y, y_.get(), y_.bytes());
-    if (training) {
-      ctx_->get(mean, mean_.get(), mean_.bytes());
-      ctx_->get(inv_std, inv_std_.get(), inv_std_.bytes());
-      ctx_->get(var, var_.get(), var_.bytes());
-    }
-    ctx_->finish();
+    call.end();
   }
 
   void backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* inv_std,
                 bool training, float* dx, float* dgamma, float* dbeta) override {
-    ctx_->use();
-    ctx_->put(x_.get(), x, x_.bytes());
-    ctx_->put(y_.get(), dy, y_.bytes());
-    ctx_->put(gamma_.get(), gamma, gamma_.bytes());
-    ctx_->put(mean_.get(), mean, mean_.bytes());
-    ctx_->put(inv_std_.get(), inv_std, inv_std_.bytes());
-    // dgamma into var_, dbeta into beta_: neither is read again in this call.
-    check(cuda::batch_norm_backward(x_.f(), y_.f(), gamma_.f(), mean_.f(), inv_std_.f(), training,
-                                    static_cast<double*>(partials_.get()), dx ? dx_.f() : nullptr, var_.f(), beta_.f(),
-                                    g_.rows, g_.channels, ctx_->stream()),
+    Call call(*ctx_);
+    const float* d_x = call.in(x, x_);
+    const float* d_dy = call.in(dy, y_);
+    const float* d_gamma = call.in(gamma, gamma_);
+    const float* d_mean = call.in(mean, mean_);
+    const float* d_inv_std = call.in(inv_std, inv_std_);
+    check(cuda::batch_norm_backward(d_x, d_dy, d_gamma, d_mean, d_inv_std, training,
+                                    static_cast<double*>(partials_.get()), call.out(dx, dx_),
+                                    call.out(dgamma, dgamma_), call.out(dbeta, dbeta_), g_.rows, g_.channels,
+                                    ctx_->stream()),
           "batch norm backward");
-    if (dx) ctx_->get(dx, dx_.get(), dx_.bytes());
-    ctx_->get(dgamma, var_.get(), var_.bytes());
-    ctx_->get(dbeta, beta_.get(), beta_.bytes());
-    ctx_->finish();
+    call.end();
   }
 
  private:
   Shared ctx_;
   BatchNormGeometry g_;
-  DeviceBuffer x_, y_, dx_, gamma_, beta_, mean_, inv_std_, var_, partials_;
+  DeviceBuffer x_, y_, dx_, gamma_, beta_, mean_, inv_std_, var_, dgamma_, dbeta_, partials_;
 };
 
 class CudaLayerNorm final : public LayerNormKernel {
  public:
   CudaLayerNorm(Shared ctx, const LayerNormGeometry& g)
       : ctx_(cuda::bound(std::move(ctx))), g_(g), x_(floats(g.rows * g.features)), y_(floats(g.rows * g.features)),
-        dx_(floats(g.rows * g.features)), gamma_(floats(g.features)), beta_(floats(g.features)),
-        mean_(floats(g.rows)), var_(floats(g.rows)), ones_(cuda::device_ones(*ctx_, g.rows)) {}
+        dx_(floats(g.rows * g.features)), dy_xhat_(floats(g.rows * g.features)), gamma_(floats(g.features)),
+        beta_(floats(g.features)), dgamma_(floats(g.features)), dbeta_(floats(g.features)), mean_(floats(g.rows)),
+        var_(floats(g.rows)), ones_(cuda::device_ones(*ctx_, g.rows)) {}
   void forward(const float* x, const float* gamma, const float* beta, float* y, float* mean, float* var) override {
-    ctx_->staged({up(x_, x), up(gamma_, gamma), up(beta_, beta)}, [&] {
-      check(cuda::layer_norm_forward(x_.f(), gamma_.f(), beta_.f(), y_.f(), mean_.f(), var_.f(), g_.rows, g_.features,
-                                     g_.eps, ctx_->stream()),
-            "layer norm");
-    }, {down(y, y_), down(mean, mean_), down(var, var_)});
+    Call call(*ctx_);
+    const float* d_x = call.in(x, x_);
+    const float* d_gamma = call.in(gamma, gamma_);
+    const float* d_beta = call.in(beta, beta_);
+    check(cuda::layer_norm_forward(d_x, d_gamma, d_beta, call.out(y, y_), call.out(mean, mean_), call.out(var, var_),
+                                   g_.rows, g_.features, g_.eps, ctx_->stream()),
+          "layer norm");
+    call.end();
   }
   void backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* var, float* dx,
                 float* dgamma, float* dbeta) override {
-    ctx_->use();
-    ctx_->put(x_.get(), x, x_.bytes());
-    ctx_->put(y_.get(), dy, y_.bytes());
-    ctx_->put(gamma_.get(), gamma, gamma_.bytes());
-    ctx_->put(mean_.get(), mean, mean_.bytes());
-    ctx_->put(var_.get(), var, var_.bytes());
-    if (dx) {
-      check(cuda::layer_norm_backward_data(x_.f(), y_.f(), gamma_.f(), mean_.f(), var_.f(), dx_.f(), g_.rows,
-                                           g_.features, g_.eps, ctx_->stream()),
+    Call call(*ctx_);
+    const float* d_x = call.in(x, x_);
+    const float* d_dy = call.in(dy, y_);
+    const float* d_gamma = call.in(gamma, gamma_);
+    const float* d_mean = call.in(mean, mean_);
+    const float* d_var = call.in(var, var_);
+    if (dx)
+      check(cuda::layer_norm_backward_data(d_x, d_dy, d_gamma, d_mean, d_var, call.out(dx, dx_), g_.rows, g_.features,
+                                           g_.eps, ctx_->stream()),
             "layer norm backward");
-      ctx_->get(dx, dx_.get(), dx_.bytes());
-    }
-    // dgamma: column sums of dy * xhat (made in x_, read no more), into gamma_ (likewise);
-    // dbeta: dy's, into beta_. Stream order runs dx's kernel, which reads x_, first.
-    check(cuda::layer_norm_dy_xhat(x_.f(), y_.f(), mean_.f(), var_.f(), x_.f(), g_.rows, g_.features, g_.eps,
+    // dgamma: column sums of dy * xhat (the kernel's own scratch: x may be the caller's
+    // tensor, used in place); dbeta: dy's.
+    check(cuda::layer_norm_dy_xhat(d_x, d_dy, d_mean, d_var, dy_xhat_.f(), g_.rows, g_.features, g_.eps,
                                    ctx_->stream()),
           "layer norm parameter gradients");
-    ctx_->column_sums(x_.f(), ones_.f(), gamma_.f(), g_.rows, g_.features);
-    ctx_->column_sums(y_.f(), ones_.f(), beta_.f(), g_.rows, g_.features);
-    ctx_->get(dgamma, gamma_.get(), gamma_.bytes());
-    ctx_->get(dbeta, beta_.get(), beta_.bytes());
-    ctx_->finish();
+    ctx_->column_sums(dy_xhat_.f(), ones_.f(), call.out(dgamma, dgamma_), g_.rows, g_.features);
+    ctx_->column_sums(d_dy, ones_.f(), call.out(dbeta, dbeta_), g_.rows, g_.features);
+    call.end();
   }
 
  private:
   Shared ctx_;
   LayerNormGeometry g_;
-  DeviceBuffer x_, y_, dx_, gamma_, beta_, mean_, var_, ones_;
+  DeviceBuffer x_, y_, dx_, dy_xhat_, gamma_, beta_, dgamma_, dbeta_, mean_, var_, ones_;
 };
 
 // Per sample, the heads in one strided batched GEMM each way: scores = q k^T, then the masked
@@ -356,44 +377,43 @@ class CudaAttention final : public AttentionKernel {
 
   void forward(const float* q, const float* k, const float* v, const float* mask, float* out, float* probs) override {
     const int64_t T = g_.tokens, dh = g_.head_dim;
-    ctx_->use();
-    ctx_->put(q_.get(), q, q_.bytes());
-    ctx_->put(k_.get(), k, k_.bytes());
-    ctx_->put(v_.get(), v, v_.bytes());
-    if (mask) ctx_->put(mask_.get(), mask, mask_.bytes());
-    per_sample(T, T, dh, {q_.f(), Tokens, false}, {k_.f(), Tokens, true}, p_.f(), Scores);  // q k^T
-    check(cuda::attention_softmax(p_.f(), mask ? mask_.f() : nullptr, g_.batch, g_.heads, T, scale(), g_.causal,
-                                  ctx_->stream()),
+    Call call(*ctx_);
+    const float* d_q = call.in(q, q_);
+    const float* d_k = call.in(k, k_);
+    const float* d_v = call.in(v, v_);
+    const float* d_mask = call.in(mask, mask_);
+    float* p = call.out(probs, p_);  // the scores, then P in place
+    per_sample(T, T, dh, {d_q, Tokens, false}, {d_k, Tokens, true}, p, Scores);  // q k^T
+    check(cuda::attention_softmax(p, d_mask, g_.batch, g_.heads, T, scale(), g_.causal, ctx_->stream()),
           "attention softmax");
-    per_sample(T, dh, T, {p_.f(), Scores, false}, {v_.f(), Tokens, false}, out_.f(), Tokens);  // P v
-    ctx_->get(out, out_.get(), out_.bytes());
-    ctx_->get(probs, p_.get(), p_.bytes());
-    ctx_->finish();
+    per_sample(T, dh, T, {p, Scores, false}, {d_v, Tokens, false}, call.out(out, out_), Tokens);  // P v
+    call.end();
   }
 
   void backward(const float* q, const float* k, const float* v, const float* probs, const float* dout, float* dq,
                 float* dk, float* dv) override {
     const int64_t T = g_.tokens, dh = g_.head_dim;
-    ctx_->use();
-    ctx_->put(q_.get(), q, q_.bytes());
-    ctx_->put(k_.get(), k, k_.bytes());
-    ctx_->put(v_.get(), v, v_.bytes());
-    ctx_->put(p_.get(), probs, p_.bytes());
-    ctx_->put(out_.get(), dout, out_.bytes());
-    // Each gradient asked for: computed into the spare buffer, copied out, waited for.
+    Call call(*ctx_);
+    const float* d_q = call.in(q, q_);
+    const float* d_k = call.in(k, k_);
+    const float* d_v = call.in(v, v_);
+    const float* d_p = call.in(probs, p_);
+    const float* d_dout = call.in(dout, out_);
+    // A gradient staged through the spare buffer is copied out and waited for before the next
+    // reuses it; one in place is written where it belongs.
     auto gradient = [&](float* host, Operand a, Operand b) {
       if (!host) return;
-      per_sample(T, dh, T, a, b, spare().f(), Tokens);
-      ctx_->get(host, spare().get(), spare().bytes());
-      ctx_->finish();
+      Call one(*ctx_);
+      per_sample(T, dh, T, a, b, one.out(host, spare()), Tokens);
+      one.end();
     };
-    per_sample(T, T, dh, {out_.f(), Tokens, false}, {v_.f(), Tokens, true}, dp_.f(), Scores);  // dP = dout v^T
-    gradient(dv, {p_.f(), Scores, true}, {out_.f(), Tokens, false});                          // P^T dout
-    check(cuda::attention_softmax_backward(p_.f(), dp_.f(), g_.batch * g_.heads * T, T, scale(), ctx_->stream()),
-          "attention softmax backward");                                                       // dP -> dS
-    gradient(dq, {dp_.f(), Scores, false}, {k_.f(), Tokens, false});                          // dS k
-    gradient(dk, {dp_.f(), Scores, true}, {q_.f(), Tokens, false});                           // dS^T q
-    ctx_->finish();  // reports an error of the work above when no gradient was asked
+    per_sample(T, T, dh, {d_dout, Tokens, false}, {d_v, Tokens, true}, dp_.f(), Scores);  // dP = dout v^T
+    gradient(dv, {d_p, Scores, true}, {d_dout, Tokens, false});                           // P^T dout
+    check(cuda::attention_softmax_backward(d_p, dp_.f(), g_.batch * g_.heads * T, T, scale(), ctx_->stream()),
+          "attention softmax backward");                                                  // dP -> dS
+    gradient(dq, {dp_.f(), Scores, false}, {d_k, Tokens, false});                         // dS k
+    gradient(dk, {dp_.f(), Scores, true}, {d_q, Tokens, false});                          // dS^T q
+    call.end();  // reports an error of the work above when no gradient was asked
   }
 
  private:
@@ -419,8 +439,7 @@ class CudaAttention final : public AttentionKernel {
                  c + s * sample_stride(c_layout), ld(c_layout), head_stride(c_layout), g_.heads);
   }
   float scale() const { return 1.0f / std::sqrt(static_cast<float>(g_.head_dim)); }
-  // One device buffer of q's size for a gradient on its way out (each is copied back and
-  // waited for before the next reuses it); made on first use.
+  // One device buffer of q's size for a gradient on its way out; made on first use.
   DeviceBuffer& spare() {
     if (!spare_.get()) spare_ = DeviceBuffer(floats(values_));
     return spare_;
@@ -434,7 +453,7 @@ class CudaAttention final : public AttentionKernel {
 
 class CudaBackend final : public Backend {
  public:
-  CudaBackend() : ctx_(std::make_shared<Context>()) {}
+  CudaBackend() : ctx_(std::make_shared<Context>()), vectors_(cuda::make_vectors(ctx_)) {}
   std::string_view name() const override { return "cuda"; }
 
   Support supports(std::string_view op, std::span<const Shape> inputs) const override {
@@ -481,9 +500,11 @@ class CudaBackend final : public Backend {
   std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) override {
     return std::make_unique<CudaAttention>(ctx_, g);
   }
+  VectorKernel& vectors() override { return *vectors_; }
 
  private:
   Shared ctx_;
+  std::unique_ptr<VectorKernel> vectors_;
 };
 
 }  // namespace
@@ -503,7 +524,8 @@ std::string cuda_device_summary() {
   check(cudaGetDeviceProperties(&p, device), "cudaGetDeviceProperties");
   const std::size_t budget = cuda::device_budget().limit();
   return cat(p.name, " (device ", device, ", sm_", p.major, p.minor, ", ", static_cast<long long>(p.totalGlobalMem >> 20),
-             " MiB), sessions' memory budget ", budget ? cat(budget >> 20, " MiB") : std::string("none"));
+             " MiB), sessions' memory budget ", budget ? cat(budget >> 20, " MiB") : std::string("none"), "; ",
+             cuda::placement_summary());
 }
 
 void set_cuda_memory_budget(std::size_t bytes) {
@@ -521,32 +543,14 @@ GpuMemoryUse cuda_memory_use() {
   return {u.live, u.cached, u.allocations, u.reuses, cuda::device_budget().limit()};
 }
 
-namespace {
-
-// Large tensors page-locked (core/tensor.h), so that the staged copies of every kernel above
-// run by DMA. TANDEM_CUDA_PIN=0 leaves them pageable (to measure the difference). The thread
-// that makes a tensor may never have used the GPU: it registers on the chosen device, not on
-// device 0 by default, and portably (for every context).
-bool pin_host(void* p, std::size_t bytes) {
-  if (cudaSetDevice(cuda::chosen_device()) == cudaSuccess &&
-      cudaHostRegister(p, bytes, cudaHostRegisterPortable) == cudaSuccess)
-    return true;
-  cudaGetLastError();  // not sticky, but clear it: the next launch's check must not see it
-  return false;
-}
-void unpin_host(void* p) {
-  if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();
-}
-constexpr TensorPinning kPinning{pin_host, unpin_host};
-
-}  // namespace
-
 std::unique_ptr<Backend> make_cuda_backend(const BackendOptions&) {
   if (const std::string why = cuda_device_problem(); !why.empty())
     fail("cuda", cat(why, "; this machine can train on onednn (--backend onednn)"));
+  cuda::chosen_placement();  // an unknown TANDEM_CUDA_MEMORY fails before anything is made
   auto backend = std::make_unique<CudaBackend>();
-  // From the first cuda backend on, for the rest of the process (a cloud serves on one backend).
-  if (const char* pin = std::getenv("TANDEM_CUDA_PIN"); !pin || std::string_view(pin) != "0") set_tensor_pinning(&kPinning);
+  // From the first cuda backend on, for the rest of the process (a cloud serves on one backend):
+  // tensors made from now on are page-locked or managed (cuda_memory.h).
+  cuda::install_tensor_memory();
   return backend;
 }
 

@@ -8,6 +8,7 @@
 #include "backends/cuda/cuda_budget.h"
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_pool.h"
+#include "backends/cuda/resident_ranges.h"
 #include "core/error.h"
 
 namespace tandem::cuda {
@@ -150,17 +151,41 @@ DeviceBuffer device_ones(const Context& ctx, int64_t count) {
   return ones;
 }
 
+const void* Call::stage_in(const void* host, const DeviceBuffer& staging) {
+  if (!host || resident_ranges().contains(host, staging.bytes())) return host;
+  ctx_.put(staging.get(), host, staging.bytes());
+  return staging.get();
+}
+
+void* Call::stage_out(void* host, const DeviceBuffer& staging) {
+  if (!host || resident_ranges().contains(host, staging.bytes())) return host;
+  if (down_count_ == downs_.size()) fail("cuda", "a kernel call staged more outputs than Call holds");
+  downs_[down_count_++] = {host, staging.get(), staging.bytes()};
+  return staging.get();
+}
+
+void Call::end() {
+  for (std::size_t i = 0; i < down_count_; ++i) ctx_.get(downs_[i].host, downs_[i].device, downs_[i].bytes);
+  down_count_ = 0;
+  ctx_.finish();
+}
+
 DeviceWeights::DeviceWeights(std::size_t weight_count, std::size_t bias_count)
     : weight_(weight_count * sizeof(float)), bias_(bias_count * sizeof(float)), weight_count_(weight_count),
       bias_count_(bias_count) {}
 
 void DeviceWeights::update(const Context& ctx, const WeightsView& w) {
-  has_bias_ = w.bias != nullptr && bias_count_ > 0;
-  if (w.weight == seen_weight_ && w.version == seen_version_) return;
-  ctx.put(weight_.get(), w.weight, weight_count_ * sizeof(float));
-  if (has_bias_) ctx.put(bias_.get(), w.bias, bias_count_ * sizeof(float));
-  seen_weight_ = w.weight;
-  seen_version_ = w.version;
+  const bool has_bias = w.bias != nullptr && bias_count_ > 0;
+  const bool weight_resident = resident_ranges().contains(w.weight, weight_.bytes());
+  const bool bias_resident = has_bias && resident_ranges().contains(w.bias, bias_.bytes());
+  if (w.weight != seen_weight_ || w.version != seen_version_) {
+    if (!weight_resident) ctx.put(weight_.get(), w.weight, weight_.bytes());
+    if (has_bias && !bias_resident) ctx.put(bias_.get(), w.bias, bias_.bytes());
+    seen_weight_ = w.weight;
+    seen_version_ = w.version;
+  }
+  weight_ptr_ = weight_resident ? w.weight : weight_.f();
+  bias_ptr_ = !has_bias ? nullptr : bias_resident ? w.bias : bias_.f();
 }
 
 }  // namespace tandem::cuda

@@ -3,8 +3,8 @@
 #pragma once
 
 #include <cstddef>
+#include <array>
 #include <cstdint>
-#include <initializer_list>
 #include <memory>
 
 #include <cublas_v2.h>
@@ -45,16 +45,6 @@ class DeviceBuffer {
   std::size_t bytes_ = 0;
 };
 
-// One host-to-device or device-to-host copy of a staged call (Context::staged).
-struct Copy {
-  void* to;
-  const void* from;
-  std::size_t bytes;
-};
-// `host` copied into all of `device`; all of `device` copied out to `host`.
-inline Copy up(const DeviceBuffer& device, const void* host) { return {device.get(), host, device.bytes()}; }
-inline Copy down(void* host, const DeviceBuffer& device) { return {host, device.get(), device.bytes()}; }
-
 class Context {
  public:
   Context();
@@ -76,17 +66,6 @@ class Context {
   void get(void* host, const void* device, std::size_t bytes) const;
   void finish() const;
 
-  // One kernel call on host tensors: this device made the thread's, `in` copied up, `work`
-  // queued on the stream, `out` copied down, and the stream waited for.
-  template <typename Work>
-  void staged(std::initializer_list<Copy> in, Work&& work, std::initializer_list<Copy> out) const {
-    use();
-    for (const Copy& c : in) put(c.to, c.from, c.bytes);
-    work();
-    for (const Copy& c : out) get(c.to, c.from, c.bytes);
-    finish();
-  }
-
   // out[c] = sum over r of x[r, c] for x [rows, cols] (a bias gradient): cuBLAS' GEMV with
   // `ones` (at least `rows` ones on the device), deterministic, unlike atomics.
   void column_sums(const float* x, const float* ones, float* out, int64_t rows, int64_t cols) const;
@@ -106,6 +85,37 @@ class Context {
   cudnnHandle_t dnn_ = nullptr;
 };
 
+// One kernel call's operands. A pointer into a tensor in managed memory (resident_ranges(),
+// TANDEM_CUDA_MEMORY=managed) is used in place; any other (host memory: a received frame, a
+// small tensor, a stash) is staged through one of the kernel's buffers: copied up before the
+// work (in) or down after it (out, queued by end()), as many bytes as the buffer holds. Null
+// stays null. end() waits for the stream, so the host may read what the call wrote.
+class Call {
+ public:
+  explicit Call(const Context& ctx) : ctx_(ctx) { ctx.use(); }
+  template <typename T>
+  const T* in(const T* host, const DeviceBuffer& staging) {
+    return static_cast<const T*>(stage_in(host, staging));
+  }
+  template <typename T>
+  T* out(T* host, const DeviceBuffer& staging) {
+    return static_cast<T*>(stage_out(host, staging));
+  }
+  void end();
+
+ private:
+  const void* stage_in(const void* host, const DeviceBuffer& staging);
+  void* stage_out(void* host, const DeviceBuffer& staging);
+  struct Down {
+    void* host;
+    const void* device;
+    std::size_t bytes;
+  };
+  const Context& ctx_;
+  std::array<Down, 8> downs_{};  // no kernel writes more outputs; fixed, so a call allocates nothing
+  std::size_t down_count_ = 0;
+};
+
 // `ctx` with its device made this thread's: what a kernel's constructor takes first, so that
 // the device buffers it allocates next land on that device.
 std::shared_ptr<Context> bound(std::shared_ptr<Context> ctx);
@@ -116,22 +126,24 @@ int chosen_device();
 // `count` ones on the device (the right-hand side of column sums).
 DeviceBuffer device_ones(const Context& ctx, int64_t count);
 
-// A layer's weight and bias on the device, copied again only when their version changes
-// (once per optimizer step: WeightsView::version, as XNNPACK repacks).
+// A layer's weight and bias on the device: used in place when they are managed tensors, else
+// copied again only when their version changes (once per optimizer step: WeightsView::version,
+// as XNNPACK repacks).
 class DeviceWeights {
  public:
   DeviceWeights(std::size_t weight_count, std::size_t bias_count);
   // Device pointers to `w`'s values (bias null when `w` has none).
   void update(const Context& ctx, const WeightsView& w);
-  const float* weight() const { return weight_.f(); }
-  const float* bias() const { return has_bias_ ? bias_.f() : nullptr; }
+  const float* weight() const { return weight_ptr_; }
+  const float* bias() const { return bias_ptr_; }
 
  private:
   DeviceBuffer weight_, bias_;
   std::size_t weight_count_, bias_count_;
   const float* seen_weight_ = nullptr;
   uint64_t seen_version_ = 0;
-  bool has_bias_ = false;
+  const float* weight_ptr_ = nullptr;
+  const float* bias_ptr_ = nullptr;
 };
 
 }  // namespace tandem::cuda

@@ -102,44 +102,39 @@ class CudnnConv2d final : public Conv2dKernel {
   }
 
   void forward(const float* x, const WeightsView& w, float* y) override {
-    ctx_->use();
+    Call call(*ctx_);
     weights_.update(*ctx_, w);
-    ctx_->put(x_.get(), x, x_.bytes());
-    if (weights_.bias()) check(bias_rows(weights_.bias(), y_.f(), rows_, g_.out_c, ctx_->stream()), "conv2d bias");
+    const float* d_x = call.in(x, x_);
+    float* d_y = call.out(y, y_);
+    if (weights_.bias()) check(bias_rows(weights_.bias(), d_y, rows_, g_.out_c, ctx_->stream()), "conv2d bias");
     const float one = 1.0f, beta = weights_.bias() ? 1.0f : 0.0f;
-    check(cudnnConvolutionForward(ctx_->dnn(), &one, x_desc_, x_.get(), w_desc_, weights_.weight(), conv_,
-                                  forward_algo_, workspace_.get(), workspace_.bytes(), &beta, y_desc_, y_.get()),
+    check(cudnnConvolutionForward(ctx_->dnn(), &one, x_desc_, d_x, w_desc_, weights_.weight(), conv_, forward_algo_,
+                                  workspace_.get(), workspace_.bytes(), &beta, y_desc_, d_y),
           "cudnnConvolutionForward");
-    ctx_->get(y, y_.get(), y_.bytes());
-    ctx_->finish();
+    call.end();
   }
 
   void backward_data(const float* dy, const WeightsView& w, float* dx) override {
-    ctx_->use();
+    Call call(*ctx_);
     weights_.update(*ctx_, w);
-    ctx_->put(y_.get(), dy, y_.bytes());
+    const float* d_dy = call.in(dy, y_);
     const float one = 1.0f, zero = 0.0f;
-    check(cudnnConvolutionBackwardData(ctx_->dnn(), &one, w_desc_, weights_.weight(), y_desc_, y_.get(), conv_,
-                                       data_algo_, workspace_.get(), workspace_.bytes(), &zero, x_desc_, x_.get()),
+    check(cudnnConvolutionBackwardData(ctx_->dnn(), &one, w_desc_, weights_.weight(), y_desc_, d_dy, conv_, data_algo_,
+                                       workspace_.get(), workspace_.bytes(), &zero, x_desc_, call.out(dx, x_)),
           "cudnnConvolutionBackwardData");
-    ctx_->get(dx, x_.get(), x_.bytes());
-    ctx_->finish();
+    call.end();
   }
 
   void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
-    ctx_->use();
-    ctx_->put(x_.get(), x, x_.bytes());
-    ctx_->put(y_.get(), dy, y_.bytes());
+    Call call(*ctx_);
+    const float* d_x = call.in(x, x_);
+    const float* d_dy = call.in(dy, y_);
     const float one = 1.0f, zero = 0.0f;
-    check(cudnnConvolutionBackwardFilter(ctx_->dnn(), &one, x_desc_, x_.get(), y_desc_, y_.get(), conv_, filter_algo_,
-                                         workspace_.get(), workspace_.bytes(), &zero, w_desc_, dw_.get()),
+    check(cudnnConvolutionBackwardFilter(ctx_->dnn(), &one, x_desc_, d_x, y_desc_, d_dy, conv_, filter_algo_,
+                                         workspace_.get(), workspace_.bytes(), &zero, w_desc_, call.out(dw, dw_)),
           "cudnnConvolutionBackwardFilter");
-    ctx_->get(dw, dw_.get(), dw_.bytes());
-    if (db) {
-      ctx_->column_sums(y_.f(), ones_.f(), db_.f(), rows_, g_.out_c);
-      ctx_->get(db, db_.get(), db_.bytes());
-    }
-    ctx_->finish();
+    if (db) ctx_->column_sums(d_dy, ones_.f(), call.out(db, db_), rows_, g_.out_c);
+    call.end();
   }
 
  private:

@@ -1,0 +1,91 @@
+// The cuda backend's VectorKernel: on the device when every operand is a managed tensor
+// (resident_ranges()), so that gradient sums and optimizer updates never pull them to the host;
+// the host loops (host_vectors()) for anything else, which the host can always reach.
+#include "backends/cuda/cuda_vector_kernel.h"
+
+#include "backends/cuda/cuda_kernels.h"
+#include "backends/cuda/cuda_vectors.h"
+#include "backends/cuda/resident_ranges.h"
+#include "core/host_vectors.h"
+
+namespace tandem::cuda {
+namespace {
+
+bool resident(const float* p, int64_t n) {
+  return resident_ranges().contains(p, static_cast<std::size_t>(n) * sizeof(float));
+}
+
+class CudaVectors final : public VectorKernel {
+ public:
+  explicit CudaVectors(std::shared_ptr<Context> ctx)
+      : ctx_(bound(std::move(ctx))), scratch_(squared_norm_scratch() * sizeof(double)) {}
+
+  void fill(float* x, float value, int64_t n) override {
+    if (!resident(x, n)) return host_vectors().fill(x, value, n);
+    ctx_->use();
+    check(cuda::fill(x, value, n, ctx_->stream()), "fill");
+    ctx_->finish();
+  }
+
+  void copy(float* to, const float* from, int64_t n) override {
+    if (to == from || n == 0) return;
+    if (!resident(to, n) && !resident(from, n)) return host_vectors().copy(to, from, n);
+    ctx_->use();
+    check(cudaMemcpyAsync(to, from, static_cast<std::size_t>(n) * sizeof(float), cudaMemcpyDefault, ctx_->stream()),
+          "copy");
+    ctx_->finish();
+  }
+
+  void accumulate(float* acc, const float* add, int64_t n) override {
+    if (!resident(acc, n) || !resident(add, n)) return host_vectors().accumulate(acc, add, n);
+    ctx_->use();
+    check(cuda::accumulate(acc, add, n, ctx_->stream()), "accumulate");
+    ctx_->finish();
+  }
+
+  void scale(float* x, double factor, int64_t n) override {
+    if (!resident(x, n)) return host_vectors().scale(x, factor, n);
+    ctx_->use();
+    check(cuda::scale(x, factor, n, ctx_->stream()), "scale");
+    ctx_->finish();
+  }
+
+  double squared_norm(const float* x, int64_t n) override {
+    if (n == 0) return 0.0;
+    if (!resident(x, n)) return host_vectors().squared_norm(x, n);
+    ctx_->use();
+    check(cuda::squared_norm(x, n, static_cast<double*>(scratch_.get()), ctx_->stream()), "squared norm");
+    double total = 0.0;
+    ctx_->get(&total, static_cast<const double*>(scratch_.get()) + squared_norm_scratch() - 1, sizeof total);
+    ctx_->finish();
+    return total;
+  }
+
+  void sgd(const SgdUpdate& u, float* w, const float* g, float* momentum, int64_t n) override {
+    if (!resident(w, n) || !resident(g, n) || (momentum && !resident(momentum, n)))
+      return host_vectors().sgd(u, w, g, momentum, n);
+    ctx_->use();
+    check(cuda::sgd(u, w, g, momentum, n, ctx_->stream()), "sgd");
+    ctx_->finish();
+  }
+
+  void adam(const AdamUpdate& u, float* w, const float* g, float* m, float* v, int64_t n) override {
+    if (!resident(w, n) || !resident(g, n) || !resident(m, n) || !resident(v, n))
+      return host_vectors().adam(u, w, g, m, v, n);
+    ctx_->use();
+    check(cuda::adam(u, w, g, m, v, n, ctx_->stream()), "adam");
+    ctx_->finish();
+  }
+
+ private:
+  std::shared_ptr<Context> ctx_;
+  DeviceBuffer scratch_;  // the norm's partial sums and total
+};
+
+}  // namespace
+
+std::unique_ptr<VectorKernel> make_vectors(std::shared_ptr<Context> ctx) {
+  return std::make_unique<CudaVectors>(std::move(ctx));
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,111 @@
+// Device kernels of the cuda backend's VectorKernel (cuda_vectors.h). The updates follow the
+// host loops' formulas (core/host_vectors.cpp) element for element; nvcc may fuse a multiply
+// and an add, so results can differ from the host's in the last bit.
+#include "backends/cuda/cuda_vectors.h"
+
+#include <algorithm>
+
+namespace tandem::cuda {
+namespace {
+
+constexpr int kThreads = 256;    // per block; a power of two (the norm's tree sum)
+constexpr int kNormBlocks = 256;  // the norm's partial sums at most
+
+unsigned blocks_for(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, 1 << 20)); }
+
+#define TANDEM_EACH(i, n)                                                                                   \
+  for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
+       i += static_cast<int64_t>(blockDim.x) * gridDim.x)
+
+__global__ void accumulate_kernel(float* acc, const float* add, int64_t n) {
+  TANDEM_EACH(i, n) acc[i] += add[i];
+}
+
+__global__ void scale_kernel(float* x, double factor, int64_t n) {
+  TANDEM_EACH(i, n) x[i] = static_cast<float>(x[i] * factor);
+}
+
+// Each block's sum of squares, by a tree over its threads (a fixed order), into partials.
+__global__ void squared_partials_kernel(const float* x, int64_t n, double* partials) {
+  __shared__ double lane[kThreads];
+  double sum = 0.0;
+  TANDEM_EACH(i, n) sum += static_cast<double>(x[i]) * x[i];
+  lane[threadIdx.x] = sum;
+  __syncthreads();
+  for (int half = kThreads / 2; half > 0; half /= 2) {
+    if (threadIdx.x < half) lane[threadIdx.x] += lane[threadIdx.x + half];
+    __syncthreads();
+  }
+  if (threadIdx.x == 0) partials[blockIdx.x] = lane[0];
+}
+
+__global__ void sum_partials_kernel(const double* partials, int count, double* total) {
+  double sum = 0.0;
+  for (int b = 0; b < count; ++b) sum += partials[b];
+  *total = sum;
+}
+
+__global__ void sgd_kernel(SgdUpdate u, float* w, const float* g, float* buf, int64_t n) {
+  TANDEM_EACH(i, n) {
+    const float d = g[i] + u.weight_decay * w[i];
+    if (!buf) {
+      w[i] -= u.lr * d;
+      continue;
+    }
+    const float b = u.first ? d : u.momentum * buf[i] + (1.0f - u.dampening) * d;
+    buf[i] = b;
+    w[i] -= u.lr * (u.nesterov ? d + u.momentum * b : b);
+  }
+}
+
+__global__ void adam_kernel(AdamUpdate u, float* w, const float* g, float* m, float* v, int64_t n) {
+  TANDEM_EACH(i, n) {
+    float wi = w[i];
+    if (u.decoupled) wi *= u.shrink;
+    const float d = u.decoupled ? g[i] : g[i] + u.weight_decay * wi;
+    const float mi = u.beta1 * m[i] + (1.0f - u.beta1) * d;
+    const float vi = u.beta2 * v[i] + (1.0f - u.beta2) * d * d;
+    m[i] = mi;
+    v[i] = vi;
+    w[i] = wi - u.step_size * mi / (sqrtf(vi) / u.root_c2 + u.eps);
+  }
+}
+
+#undef TANDEM_EACH
+
+}  // namespace
+
+cudaError_t accumulate(float* acc, const float* add, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  accumulate_kernel<<<blocks_for(n), kThreads, 0, s>>>(acc, add, n);
+  return cudaGetLastError();
+}
+
+cudaError_t scale(float* x, double factor, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  scale_kernel<<<blocks_for(n), kThreads, 0, s>>>(x, factor, n);
+  return cudaGetLastError();
+}
+
+std::size_t squared_norm_scratch() { return kNormBlocks + 1; }
+
+cudaError_t squared_norm(const float* x, int64_t n, double* scratch, cudaStream_t s) {
+  const int blocks = static_cast<int>(std::clamp<int64_t>((n + kThreads - 1) / kThreads, 1, kNormBlocks));
+  squared_partials_kernel<<<blocks, kThreads, 0, s>>>(x, n, scratch);
+  sum_partials_kernel<<<1, 1, 0, s>>>(scratch, blocks, scratch + kNormBlocks);
+  return cudaGetLastError();
+}
+
+cudaError_t sgd(const SgdUpdate& u, float* w, const float* g, float* momentum, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  sgd_kernel<<<blocks_for(n), kThreads, 0, s>>>(u, w, g, momentum, n);
+  return cudaGetLastError();
+}
+
+cudaError_t adam(const AdamUpdate& u, float* w, const float* g, float* m, float* v, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  adam_kernel<<<blocks_for(n), kThreads, 0, s>>>(u, w, g, m, v, n);
+  return cudaGetLastError();
+}
+
+}  // namespace tandem::cuda

@@ -1,0 +1,24 @@
+// The cuda backend's passes over parameters and gradients (VectorKernel, core/backend.h) as
+// device kernels: elementwise updates, and a squared norm summed in double in a fixed order.
+#pragma once
+
+#include <cstddef>
+#include <cstdint>
+
+#include <cuda_runtime_api.h>
+
+#include "core/vector_kernel.h"
+
+namespace tandem::cuda {
+
+cudaError_t accumulate(float* acc, const float* add, int64_t n, cudaStream_t s);
+cudaError_t scale(float* x, double factor, int64_t n, cudaStream_t s);
+// How many doubles of device scratch squared_norm takes (its blocks' partial sums and the total).
+std::size_t squared_norm_scratch();
+// The sum of x[i]^2 in double into scratch[squared_norm_scratch() - 1]; the same order every
+// run for a given n.
+cudaError_t squared_norm(const float* x, int64_t n, double* scratch, cudaStream_t s);
+cudaError_t sgd(const SgdUpdate& u, float* w, const float* g, float* momentum, int64_t n, cudaStream_t s);
+cudaError_t adam(const AdamUpdate& u, float* w, const float* g, float* m, float* v, int64_t n, cudaStream_t s);
+
+}  // namespace tandem::cuda

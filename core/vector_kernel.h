@@ -1,0 +1,42 @@
+// The passes over parameters and gradients a backend runs where it keeps tensors (VectorKernel)
+// and the optimizer steps' constants they take. Plain C++17: nvcc compiles the cuda kernels with it.
+#pragma once
+
+#include <cstdint>
+
+namespace tandem {
+
+// One optimizer step's constants for VectorKernel::sgd and ::adam (core/optimizer.cpp sets
+// them as torch.optim does).
+struct SgdUpdate {
+  float lr, momentum, dampening, weight_decay;
+  bool nesterov;
+  bool first;  // the momentum buffer takes the gradient as it is (torch's first step)
+};
+struct AdamUpdate {
+  float step_size;  // lr / (1 - beta1^t)
+  float root_c2;    // sqrt(1 - beta2^t)
+  float beta1, beta2, eps, weight_decay;
+  float shrink;     // AdamW: weights scale by 1 - lr * weight_decay first
+  bool decoupled;   // AdamW (else Adam, decay added to the gradient)
+};
+
+// Passes over a parameter's or a gradient's floats: gradient sums, fills and copies, the
+// global norm, the optimizers' updates. They run where the backend keeps tensors (on the
+// device for cuda's managed tensors), so that core never touches values there on the host
+// in a step. CPU backends share the host loops (host_vectors(), core/host_vectors.h).
+class VectorKernel {
+ public:
+  virtual ~VectorKernel() = default;
+  virtual void fill(float* x, float value, int64_t n) = 0;
+  virtual void copy(float* to, const float* from, int64_t n) = 0;
+  virtual void accumulate(float* acc, const float* add, int64_t n) = 0;  // acc += add
+  virtual void scale(float* x, double factor, int64_t n) = 0;           // x = float(x * factor)
+  virtual double squared_norm(const float* x, int64_t n) = 0;           // in double
+  // torch.optim.SGD on w with gradient g (momentum null when momentum is 0).
+  virtual void sgd(const SgdUpdate& u, float* w, const float* g, float* momentum, int64_t n) = 0;
+  // torch.optim.Adam / AdamW on w with gradient g and moments m, v.
+  virtual void adam(const AdamUpdate& u, float* w, const float* g, float* m, float* v, int64_t n) = 0;
+};
+
+}  // namespace tandem
