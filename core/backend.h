@@ -96,6 +96,17 @@ class BatchNormKernel {
   virtual void backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* inv_std,
                         bool training, float* dx, float* dgamma, float* dbeta) = 0;
 };
+// Token pooling (TokenPoolGeometry; the token_pool op: BERT's pooler's first token, or a masked
+// mean): y[b, f] = sum over t of w[b, t] x[b, t, f] for x [batch, tokens, features], with the
+// weights w [batch, tokens] the layer computes (0 for a token it leaves out, whose x is not
+// read); backward dx[b, t, f] = w[b, t] dy[b, f], overwritten.
+class TokenPoolKernel {
+ public:
+  virtual ~TokenPoolKernel() = default;
+  virtual void forward(const float* x, const float* w, float* y) = 0;
+  virtual void backward(const float* dy, const float* w, float* dx) = 0;
+};
+
 // Layer normalisation (LayerNormGeometry): y = (x - mean) / sqrt(var + eps) * gamma + beta per
 // row. Forward writes each row's mean and variance (biased, as PyTorch) for backward;
 // backward writes dx (when not null) and this call's dgamma and dbeta (overwriting, as
@@ -192,6 +203,7 @@ class Backend {
   virtual std::unique_ptr<AddKernel> add(int64_t elements) = 0;
   virtual std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) = 0;
   virtual std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) = 0;
+  virtual std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) = 0;
   virtual std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) = 0;
   // A backend without one says so in supports("heads"); asked anyway, it throws that answer.
   virtual std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g);

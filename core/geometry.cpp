@@ -27,6 +27,8 @@ std::string GroupedLinearGeometry::str() const {
 
 std::string BatchNormGeometry::str() const { return cat("batch norm [", rows, ", ", channels, "] eps ", eps); }
 
+std::string TokenPoolGeometry::str() const { return cat("token pool [", batch, ", ", tokens, ", ", features, "]"); }
+
 std::string LayerNormGeometry::str() const { return cat("layer norm [", rows, ", ", features, "] eps ", eps); }
 
 std::string AttentionGeometry::str() const {

@@ -61,6 +61,12 @@ struct BatchNormGeometry {
   std::string str() const;
 };
 
+// Token pooling: `batch` sequences of `tokens` vectors of `features` values, one vector each.
+struct TokenPoolGeometry {
+  int64_t batch = 1, tokens = 1, features = 1;
+  std::string str() const;
+};
+
 // Layer normalisation of `rows` vectors of `features` values each (every sample, and every
 // token of a sequence), with a scale and a shift per feature.
 struct LayerNormGeometry {

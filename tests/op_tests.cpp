@@ -532,6 +532,37 @@ TEST(Vectors, MatchTheReference) {
   }
 }
 
+// Token pooling against the reference: BERT's first token, a masked mean with a sample whose
+// mask keeps nothing (all weights 0) and one that keeps everything, at a toy size and at
+// spam-bert's pooler ([16, 128, 256]: past cuda's managed threshold, used in place there).
+TEST(TokenPool, ForwardBackward) {
+  Backends b;
+  for (const TokenPoolGeometry g : {TokenPoolGeometry{3, 5, 7}, TokenPoolGeometry{16, 128, 256}}) {
+    for (const bool mean : {false, true}) {
+      SCOPED_TRACE(cat(g.str(), mean ? " mean" : " first"));
+      Rng rng(47);
+      const int64_t n = g.batch * g.tokens * g.features;
+      Tensor x = random_tensor({n}, rng), dy = random_tensor({g.batch * g.features}, rng);
+      Tensor w = Tensor::zeros({g.batch * g.tokens});
+      for (int64_t s = 0; s < g.batch; ++s) {
+        const int64_t kept = s == 0 ? 0 : s == 1 ? g.tokens : 1 + s % g.tokens;
+        for (int64_t t = 0; t < g.tokens; ++t)
+          w[s * g.tokens + t] = !mean ? (t == 0 ? 1.0f : 0.0f) : t < kept ? 1.0f / static_cast<float>(kept) : 0.0f;
+      }
+      auto r = b.reference->token_pool(g);
+      auto t = b.tested->token_pool(g);
+      Tensor want_y = nan_tensor({g.batch * g.features}), got_y = nan_tensor({g.batch * g.features});
+      r->forward(x.data(), w.data(), want_y.data());
+      t->forward(x.data(), w.data(), got_y.data());
+      expect_close(got_y.data(), want_y.data(), want_y.numel(), "forward", 1e-5f);
+      Tensor want_dx = nan_tensor({n}), got_dx = nan_tensor({n});
+      r->backward(dy.data(), w.data(), want_dx.data());
+      t->backward(dy.data(), w.data(), got_dx.data());
+      expect_close(got_dx.data(), want_dx.data(), n, "backward", 1e-6f);
+    }
+  }
+}
+
 // Batch normalisation against the reference: training's outputs and statistics, evaluation
 // with given statistics, every gradient in both modes and without the input gradient; rows
 // far from zero (an offset of 300, where a one-pass variance in float would cancel); NHWC

@@ -365,6 +365,34 @@ class CudaLayerNorm final : public LayerNormKernel {
   DeviceBuffer x_, y_, dx_, dy_xhat_, gamma_, beta_, dgamma_, dbeta_, mean_, var_, ones_;
 };
 
+class CudaTokenPool final : public TokenPoolKernel {
+ public:
+  CudaTokenPool(Shared ctx, const TokenPoolGeometry& g)
+      : ctx_(cuda::bound(std::move(ctx))), g_(g), x_(floats(g.batch * g.tokens * g.features)),
+        w_(floats(g.batch * g.tokens)), y_(floats(g.batch * g.features)) {}
+  void forward(const float* x, const float* w, float* y) override {
+    Call call(*ctx_);
+    const float* d_x = call.in(x, x_);
+    const float* d_w = call.in(w, w_);
+    check(cuda::token_pool_forward(d_x, d_w, call.out(y, y_), g_.batch, g_.tokens, g_.features, ctx_->stream()),
+          "token pool");
+    call.end();
+  }
+  void backward(const float* dy, const float* w, float* dx) override {
+    Call call(*ctx_);
+    const float* d_dy = call.in(dy, y_);
+    const float* d_w = call.in(w, w_);
+    check(cuda::token_pool_backward(d_dy, d_w, call.out(dx, x_), g_.batch, g_.tokens, g_.features, ctx_->stream()),
+          "token pool backward");
+    call.end();
+  }
+
+ private:
+  Shared ctx_;
+  TokenPoolGeometry g_;
+  DeviceBuffer x_, w_, y_;  // x_ also stages dx, y_ also dy
+};
+
 // Per sample, the heads in one strided batched GEMM each way: scores = q k^T, then the masked
 // softmax in place, out = P v; backward dP = dout v^T, dv = P^T dout, dS, dq = dS k, dk = dS^T q.
 class CudaAttention final : public AttentionKernel {
@@ -499,6 +527,9 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) override {
     return std::make_unique<CudaAttention>(ctx_, g);
+  }
+  std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) override {
+    return std::make_unique<CudaTokenPool>(ctx_, g);
   }
   VectorKernel& vectors() override { return *vectors_; }
 

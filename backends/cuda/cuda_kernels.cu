@@ -317,6 +317,28 @@ unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows); }
 // Success for no rows (nothing to launch), an error for more rows than a grid holds.
 cudaError_t no_rows_or_too_many(int64_t rows) { return rows == 0 ? cudaSuccess : cudaErrorInvalidConfiguration; }
 
+// One thread an output feature of a sample: its tokens in order, as the reference.
+__global__ void token_pool_forward_kernel(const float* x, const float* w, float* y, int64_t batch, int64_t tokens,
+                                          int64_t features) {
+  for (int64_t i = first_index(); i < batch * features; i += grid_stride()) {
+    const int64_t b = i / features, f = i % features;
+    float sum = 0.0f;
+    for (int64_t t = 0; t < tokens; ++t) {
+      const float wt = w[b * tokens + t];
+      if (wt != 0.0f) sum += wt * x[(b * tokens + t) * features + f];
+    }
+    y[i] = sum;
+  }
+}
+
+__global__ void token_pool_backward_kernel(const float* dy, const float* w, float* dx, int64_t batch, int64_t tokens,
+                                           int64_t features) {
+  for (int64_t i = first_index(); i < batch * tokens * features; i += grid_stride()) {
+    const int64_t f = i % features, bt = i / features;
+    dx[i] = w[bt] * dy[(bt / tokens) * features + f];
+  }
+}
+
 }  // namespace
 
 bool activation_kind(std::string_view name, ActivationKind& kind) {
@@ -422,6 +444,19 @@ cudaError_t layer_norm_dy_xhat(const float* x, const float* dy, const float* mea
                                int64_t rows, int64_t features, float eps, cudaStream_t s) {
   layer_norm_dy_xhat_kernel<<<blocks_for(rows * features), kThreads, 0, s>>>(x, dy, mean, var, out, rows, features,
                                                                              eps);
+  return cudaGetLastError();
+}
+cudaError_t token_pool_forward(const float* x, const float* w, float* y, int64_t batch, int64_t tokens,
+                               int64_t features, cudaStream_t s) {
+  if (batch * features == 0) return cudaSuccess;
+  token_pool_forward_kernel<<<blocks_for(batch * features), kThreads, 0, s>>>(x, w, y, batch, tokens, features);
+  return cudaGetLastError();
+}
+cudaError_t token_pool_backward(const float* dy, const float* w, float* dx, int64_t batch, int64_t tokens,
+                                int64_t features, cudaStream_t s) {
+  if (batch * tokens * features == 0) return cudaSuccess;
+  token_pool_backward_kernel<<<blocks_for(batch * tokens * features), kThreads, 0, s>>>(dy, w, dx, batch, tokens,
+                                                                                        features);
   return cudaGetLastError();
 }
 cudaError_t attention_softmax(float* scores, const float* mask, int64_t batch, int64_t heads, int64_t tokens,

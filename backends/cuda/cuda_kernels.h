@@ -60,6 +60,13 @@ cudaError_t layer_norm_backward_data(const float* x, const float* dy, const floa
 cudaError_t layer_norm_dy_xhat(const float* x, const float* dy, const float* mean, const float* var, float* out,
                                int64_t rows, int64_t features, float eps, cudaStream_t s);
 
+// Token pooling (TokenPoolKernel): y[b, f] = sum over t of w[b, t] x[b, t, f] in token order,
+// tokens of weight 0 skipped; backward dx[b, t, f] = w[b, t] dy[b, f].
+cudaError_t token_pool_forward(const float* x, const float* w, float* y, int64_t batch, int64_t tokens,
+                               int64_t features, cudaStream_t s);
+cudaError_t token_pool_backward(const float* dy, const float* w, float* dx, int64_t batch, int64_t tokens,
+                                int64_t features, cudaStream_t s);
+
 // Attention's scores [batch, heads, tokens, tokens] (raw q.k) become probabilities in place:
 // scaled, keys the mask drops (mask [batch, tokens], 0: drop; may be null) and, causal, keys
 // after the query left out; a query that keeps no key gets all zeros, never NaN.

@@ -12,11 +12,15 @@
 #   bench: bench/gpu/back_shard.sh (ROUNDS=2) and bench/gpu/capacity.sh (N = 1, 16, 64, 256 on
 #          cuda, own shards and batched; one CPU session on onednn for the 50x bar)
 #   alloc: train.no_allocation on cuda with the stacks of tandem's own allocations (addr2line)
-#   one:   everything in one call (a session's device time fits one start and one call): tests
-#          and e2e side by side, then bench with one round of a quarter of the steps, pageable
-#          against page-locked tensors, then compute-sanitizer's memcheck over the cuda op and
-#          gradient tests in what is left of ONE_DEADLINE (400) s
-# Usage: bash bench/gpu/device_check.sh [check] [tests] [e2e] [bench] [one]   (`check` alone: no GPU work)
+#   managed: the cuda tests and e2e.cuda_cloud with tensors in managed memory (used in place by
+#          kernels, TANDEM_CUDA_MEMORY=managed), then ResNet18's and spam-bert's backs alone,
+#          page-locked against managed, alternating, two rounds
+#   one:   everything in one call (a session's device time fits one start and one call): the
+#          cuda tests page-locked and managed and e2e side by side, then bench with one round of
+#          a quarter of the steps, page-locked against managed tensors (one round), then
+#          compute-sanitizer's memcheck over the cuda op and gradient tests in what is left of
+#          ONE_DEADLINE (400) s
+# Usage: bash bench/gpu/device_check.sh [check] [tests] [e2e] [bench] [managed] [one]   (`check` alone: no GPU work)
 # Each stage's limits keep one 600 s call whole: `check tests e2e` in one call (limits 570 s),
 # `bench` in the next (560 s), or `one`; the correctness bars first, as device time is short.
 set -uo pipefail
@@ -82,10 +86,33 @@ stage() {
   say "$name: rc $rc after $((SECONDS - t0)) s ($(tail -1 "$out/$name.log"))"
   [[ $rc == 0 ]] || status=1
 }
+# placements ROUNDS: ResNet18's and spam-bert's backs alone (bench_back_shard's JSON line), with
+# tensors page-locked and in managed memory, alternating.
+placements() {
+  for _ in $(seq 1 "$1"); do
+    for mem in pinned managed; do
+      while read -r name spec cut; do
+        stage placement 45 env TANDEM_CUDA_MEMORY=$mem "$build/bench/bench_back_shard" "$spec" --cut "$cut" \
+          --backend cuda --batch 64 --steps 30 --warmup 3
+        say "  ($name, TANDEM_CUDA_MEMORY=$mem)"
+      done << 'MODELS'
+resnet18 samples/models/resnet18-32.json relu17
+spam-bert samples/spam-bert/model.json bert.encoder.layer.1.output.LayerNorm
+MODELS
+    done
+  done
+}
+cuda_tests='\.cuda$|cuda_registry'
 for s in "${stages[@]}"; do
   case $s in
     check) ;;
-    tests) stage tests 240 ctest --test-dir "$build" -R '\.cuda$|cuda_registry' --output-on-failure -j 4 ;;
+    tests) stage tests 240 ctest --test-dir "$build" -R "$cuda_tests" --output-on-failure -j 4 ;;
+    managed)
+      stage tests_managed 240 env TANDEM_CUDA_MEMORY=managed ctest --test-dir "$build" -R "$cuda_tests" \
+        --output-on-failure -j 4
+      stage e2e_managed 330 env TANDEM_CUDA_MEMORY=managed ctest --test-dir "$build" -R '^e2e\.cuda_cloud$' \
+        --output-on-failure
+      placements 2 ;;
     alloc) stage alloc 60 env TANDEM_ALLOC_TRACE=1 TANDEM_BACKEND=cuda "$build/tests/tandem_train_tests" \
       --gtest_filter=Train.SteadyStateStepDoesNotAllocate ;;
     e2e) stage e2e 330 ctest --test-dir "$build" -R '^e2e\.cuda_cloud$' --output-on-failure ;;
@@ -95,16 +122,13 @@ for s in "${stages[@]}"; do
       stage capacity 110 env SHARD=batched bash bench/gpu/capacity.sh
       stage capacity 60 env DEVICE=cpu EDGES=1 bash bench/gpu/capacity.sh ;;
     one)
-      stage tests 200 ctest --test-dir "$build" -R '\.cuda$|cuda_registry' --output-on-failure --timeout 90 -j 6 &
+      stage tests 200 ctest --test-dir "$build" -R "$cuda_tests" --output-on-failure --timeout 90 -j 4 &
+      stage tests_managed 200 env TANDEM_CUDA_MEMORY=managed ctest --test-dir "$build" -R "$cuda_tests" \
+        --output-on-failure --timeout 90 -j 4 &
       stage e2e 200 ctest --test-dir "$build" -R '^e2e\.cuda_cloud$' --output-on-failure &
       wait
       stage back_shard 150 env ROUNDS=1 QUICK=1 bash bench/gpu/back_shard.sh
-      # The page-locked tensors' share (TANDEM_CUDA_PIN=0: pageable), ResNet18's back alone.
-      for pin in 1 0 1 0; do
-        stage pinning 30 env TANDEM_CUDA_PIN=$pin "$build/bench/bench_back_shard" samples/models/resnet18-32.json \
-          --cut relu17 --backend cuda --batch 64 --steps 30 --warmup 3
-        say "  (TANDEM_CUDA_PIN=$pin)"
-      done
+      placements 1
       stage capacity 60 env STEPS=10 bash bench/gpu/capacity.sh
       stage capacity 30 env STEPS=10 SHARD=batched EDGES="1 16 64" bash bench/gpu/capacity.sh
       stage capacity 25 env STEPS=10 DEVICE=cpu EDGES=1 bash bench/gpu/capacity.sh
@@ -114,7 +138,7 @@ for s in "${stages[@]}"; do
         stage sanitize "$left" env TANDEM_BACKEND=cuda OMP_NUM_THREADS=1 compute-sanitizer --tool memcheck \
           --print-limit 30 --error-exitcode 3 "$build/tests/tandem_${t}_tests"
       done ;;
-    *) say "unknown stage '$s' (check, tests, alloc, e2e, bench, one)"; exit 2 ;;
+    *) say "unknown stage '$s' (check, tests, alloc, e2e, bench, managed, one)"; exit 2 ;;
   esac
 done
 # (a stage run in the background records its failure only in the summary)

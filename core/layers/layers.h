@@ -299,17 +299,22 @@ class AttentionLayer final : public Layer {
 class TokenPoolLayer final : public Layer {
  public:
   Reads backward_reads() const override { return {0b10u, false}; }  // the mask
-  TokenPoolLayer(const GraphNode& node, const Shape& in)
-      : Layer(node.spec.name), mean_(node.spec.token_pool.mean), features_(in[1]) {}
+  TokenPoolLayer(const GraphNode& node, const Shape& in, Backend& backend)
+      : Layer(node.spec.name), mean_(node.spec.token_pool.mean), features_(in[1]), backend_(backend) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                 Stash& stash) override;
 
  private:
-  // Sample b's weight of token t: 1 / kept tokens where kept, else 0 (first: 1 for token 0).
-  float weight(std::span<const Tensor> in, int64_t b, int64_t t) const;
+  // Each sample's token weights [batch, tokens] for the kernel: 1 / kept tokens where the mask
+  // keeps one, else 0 (first: 1 for token 0). Made again each pass (from the mask) into weights_.
+  const float* weights(std::span<const Tensor> in);
+  TokenPoolKernel& kernel(const Tensor& x);
   bool mean_;
   int64_t features_;  // the tokens: the input's shape[1] (length buckets)
+  Backend& backend_;
+  KernelCache<TokenPoolKernel> kernels_;
+  Tensor weights_;
 };
 
 // Inputs side by side along the last dimension (channels). A copy, the same on every

@@ -237,42 +237,43 @@ std::unique_ptr<Layer> make_layer(const GraphNode& node, const std::vector<Shape
   return op_def(node.spec.op).make_layer(node, in, backend, rng);
 }
 
-float TokenPoolLayer::weight(std::span<const Tensor> in, int64_t b, int64_t t) const {
-  if (!mean_) return t == 0 ? 1.0f : 0.0f;
-  const int64_t tokens = in[0].shape()[1];
-  if (in.size() < 2) return 1.0f / static_cast<float>(tokens);
-  const float* m = in[1].data() + b * tokens;
-  if (m[t] == 0.0f) return 0.0f;
-  int64_t kept = 0;
-  for (int64_t j = 0; j < tokens; ++j) kept += m[j] != 0.0f;
-  return 1.0f / static_cast<float>(kept);
+const float* TokenPoolLayer::weights(std::span<const Tensor> in) {
+  const int64_t batch = in[0].shape()[0], tokens = in[0].shape()[1];
+  if (!weights_.defined() || weights_.numel() < batch * tokens) weights_ = Tensor::empty({batch * tokens});
+  float* w = weights_.data();
+  for (int64_t b = 0; b < batch; ++b) {
+    float* row = w + b * tokens;
+    if (!mean_) {
+      for (int64_t t = 0; t < tokens; ++t) row[t] = t == 0 ? 1.0f : 0.0f;
+      continue;
+    }
+    if (in.size() < 2) {
+      for (int64_t t = 0; t < tokens; ++t) row[t] = 1.0f / static_cast<float>(tokens);
+      continue;
+    }
+    const float* m = in[1].data() + b * tokens;
+    int64_t kept = 0;
+    for (int64_t t = 0; t < tokens; ++t) kept += m[t] != 0.0f;
+    for (int64_t t = 0; t < tokens; ++t) row[t] = m[t] == 0.0f ? 0.0f : 1.0f / static_cast<float>(kept);
+  }
+  return w;
+}
+
+TokenPoolKernel& TokenPoolLayer::kernel(const Tensor& x) {
+  return kernels_.get(x.shape()[0], x.shape()[1], [&](int64_t batch, int64_t tokens) {
+    return backend_.token_pool({batch, tokens, features_});
+  });
 }
 
 void TokenPoolLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
-  out.fill(0.0f);
-  const int64_t tokens = in[0].shape()[1];
-  for (int64_t b = 0, n = in[0].shape()[0]; b < n; ++b)
-    for (int64_t t = 0; t < tokens; ++t) {
-      const float w = weight(in, b, t);
-      if (w == 0.0f) continue;
-      const float* x = in[0].data() + (b * tokens + t) * features_;
-      float* y = out.data() + b * features_;
-      for (int64_t f = 0; f < features_; ++f) y[f] += w * x[f];
-    }
+  kernel(in[0]).forward(in[0].data(), weights(in), out.data());
 }
 
 void TokenPoolLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
                               std::span<Tensor> grad_in, Stash&) {
-  if (grad_in.size() > 1 && grad_in[1].defined()) grad_in[1].fill(0.0f);  // the mask is not differentiable
-  if (!grad_in[0].defined()) return;
-  const int64_t tokens = in[0].shape()[1];
-  for (int64_t b = 0, n = in[0].shape()[0]; b < n; ++b)
-    for (int64_t t = 0; t < tokens; ++t) {
-      const float w = weight(in, b, t);
-      const float* dy = grad_out.data() + b * features_;
-      float* dx = grad_in[0].data() + (b * tokens + t) * features_;
-      for (int64_t f = 0; f < features_; ++f) dx[f] = w * dy[f];
-    }
+  if (grad_in.size() > 1 && grad_in[1].defined())  // the mask is not differentiable
+    backend_.vectors().fill(grad_in[1].data(), 0.0f, grad_in[1].numel());
+  if (grad_in[0].defined()) kernel(in[0]).backward(grad_out.data(), weights(in), grad_in[0].data());
 }
 
 }  // namespace tandem

@@ -1,7 +1,8 @@
 // token_pool: one vector from a sequence [tokens, features] for a classifier head: "first"
 // (the [CLS] token, as BERT's pooler reads it; the default) or "mean" over the tokens an
-// optional mask [tokens] keeps (all of them without one; 0 when it keeps none). A copy or a
-// sum, the same on every backend. Layer: TokenPoolLayer (simple_layers.cpp).
+// optional mask [tokens] keeps (all of them without one; 0 when it keeps none). A weighted sum
+// of the tokens (TokenPoolKernel), the weights from the mask. Layer: TokenPoolLayer
+// (simple_layers.cpp).
 #include "core/layers/layers.h"
 #include "core/ops/op.h"
 #include "core/ops/op_support.h"
@@ -44,8 +45,8 @@ void define_token_pool_op(OpTable& t) {
     }
     return c;
   };
-  d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend&, Rng&) -> std::unique_ptr<Layer> {
-    return std::make_unique<TokenPoolLayer>(node, in[0]);
+  d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng&) -> std::unique_ptr<Layer> {
+    return std::make_unique<TokenPoolLayer>(node, in[0], backend);
   };
   t.add(std::move(d));
 }
