@@ -4,6 +4,7 @@
 
 #include <cmath>
 #include <cstdint>
+#include <cstring>
 #include <new>
 #include <vector>
 #include <utility>
@@ -15,6 +16,7 @@
 #include "core/schedule.h"
 #include "backends/simd/gemm.h"
 #include "core/vector.h"
+#include "core/wire/frame.h"
 #include "test_support.h"
 
 namespace tandem::test {
@@ -85,6 +87,37 @@ TEST(Tensor, MemoryHookMakesLargeStorageAndReleasesItAfterTheLastView) {
   FakeMemory::accept = true;
   Tensor later = Tensor::empty({large});
   EXPECT_EQ(FakeMemory::made.size(), 1u) << "offered after the hook was uninstalled";
+}
+
+// Large received frames (activations) take tensors' storage, through the memory hook, from a
+// pool that reuses a released one for the next frame of its size class; small frames do not.
+TEST(Frame, LargeFramesReuseTensorStorageFromTheMemoryHook) {
+  set_tensor_memory(&kFakeMemory);
+  const std::size_t before = FakeMemory::made.size();
+  std::vector<uint8_t> bytes(100 << 10);
+  for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7);
+  const uint8_t* first = nullptr;
+  {
+    Frame f = Frame::copy_of(bytes.data(), bytes.size());
+    ASSERT_EQ(FakeMemory::made.size(), before + 1) << "a large frame's storage did not come from the hook";
+    first = f.data();
+    EXPECT_EQ(static_cast<const void*>(first), FakeMemory::made.back().first);
+    EXPECT_EQ(std::memcmp(f.data(), bytes.data(), bytes.size()), 0);
+    EXPECT_EQ(f.size(), bytes.size());
+  }
+  {
+    Frame g = Frame::copy_of(bytes.data() + 1, 70 << 10);  // the same 128 KiB class
+    EXPECT_EQ(g.data(), first) << "the released buffer was not reused";
+    EXPECT_EQ(FakeMemory::made.size(), before + 1);
+    EXPECT_EQ(std::memcmp(g.data(), bytes.data() + 1, 70 << 10), 0);
+    Frame h = Frame::copy_of(bytes.data(), 90 << 10);  // g still holds the cached one
+    EXPECT_NE(h.data(), first);
+    EXPECT_EQ(FakeMemory::made.size(), before + 2);
+    Frame small = Frame::copy_of(bytes.data(), 1000);
+    EXPECT_EQ(FakeMemory::made.size(), before + 2) << "a small frame went to the pool";
+    EXPECT_EQ(reinterpret_cast<std::uintptr_t>(small.data()) % kTensorAlignment, 0u);
+  }
+  set_tensor_memory(nullptr);
 }
 
 TEST(Tensor, BadViewsAreRefused) {

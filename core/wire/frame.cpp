@@ -1,20 +1,76 @@
 #include "core/wire/frame.h"
 
 #include <cstring>
+#include <mutex>
 #include <new>
+#include <vector>
 
 #include "core/error.h"
 #include "core/tensor.h"
 
 namespace tandem {
+namespace {
+
+// Frames of kPooledFrameBytes and more (activations and gradients) live in tensors a pool
+// recycles: a steady stream of micro-batches reuses the same few buffers instead of allocating
+// megabytes each, and they are made through the tensor memory hook (core/tensor.h), so that a
+// cuda backend copies activations borrowed from them by DMA (page-locked) or uses them in
+// place (managed). Sizes round up to whole 64 KiB; at most kPoolCacheBytes wait for reuse.
+constexpr std::size_t kPooledFrameBytes = std::size_t{64} << 10;
+constexpr std::size_t kPoolCacheBytes = std::size_t{256} << 20;
+
+class FramePool {
+ public:
+  std::shared_ptr<const uint8_t> take(std::size_t size) {
+    const std::size_t bytes = (size + kPooledFrameBytes - 1) / kPooledFrameBytes * kPooledFrameBytes;
+    Tensor t;
+    {
+      std::lock_guard lock(mu_);
+      for (std::size_t i = 0; i < free_.size(); ++i)
+        if (free_[i].bytes() == bytes) {
+          t = std::move(free_[i]);
+          free_[i] = std::move(free_.back());
+          free_.pop_back();
+          cached_ -= bytes;
+          break;
+        }
+    }
+    if (!t.defined()) t = Tensor::empty({static_cast<int64_t>(bytes / sizeof(float))});
+    const auto* p = reinterpret_cast<const uint8_t*>(t.data());
+    return std::shared_ptr<const uint8_t>(p, [this, t = std::move(t)](const uint8_t*) mutable { give(std::move(t)); });
+  }
+
+ private:
+  void give(Tensor t) {
+    std::lock_guard lock(mu_);
+    if (cached_ + t.bytes() > kPoolCacheBytes) return;  // freed with the tensor
+    cached_ += t.bytes();
+    free_.push_back(std::move(t));
+  }
+
+  std::mutex mu_;
+  std::vector<Tensor> free_;
+  std::size_t cached_ = 0;
+};
+
+FramePool& frame_pool() {
+  static FramePool* pool = new FramePool;  // never destroyed: frames may outlive statics
+  return *pool;
+}
+
+}  // namespace
 
 Frame Frame::copy_of(const uint8_t* data, std::size_t size) {
   Frame f;
-  auto* p = static_cast<uint8_t*>(::operator new[](size == 0 ? 1 : size, std::align_val_t{kTensorAlignment}));
-  if (size) std::memcpy(p, data, size);
-  f.bytes_ = std::shared_ptr<const uint8_t>(p, [](const uint8_t* q) {
-    ::operator delete[](const_cast<uint8_t*>(q), std::align_val_t{kTensorAlignment});
-  });
+  if (size >= kPooledFrameBytes) {
+    f.bytes_ = frame_pool().take(size);
+  } else {
+    auto* p = static_cast<uint8_t*>(::operator new[](size == 0 ? 1 : size, std::align_val_t{kTensorAlignment}));
+    f.bytes_ = std::shared_ptr<const uint8_t>(p, [](const uint8_t* q) {
+      ::operator delete[](const_cast<uint8_t*>(q), std::align_val_t{kTensorAlignment});
+    });
+  }
+  if (size) std::memcpy(const_cast<uint8_t*>(f.bytes_.get()), data, size);
   f.size_ = size;
   return f;
 }

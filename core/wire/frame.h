@@ -21,7 +21,8 @@ struct WireError {
   bool ok() const { return text.empty(); }
 };
 
-// One received message in aligned memory that tensors can borrow from (Tensor::borrow).
+// One received message in aligned memory that tensors can borrow from (Tensor::borrow). Large
+// ones (activations, gradients) reuse buffers a pool keeps, made as tensors' storage.
 class Frame {
  public:
   // Copies `size` bytes; the caller has already enforced the size cap while collecting them.
