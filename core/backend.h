@@ -96,6 +96,17 @@ class BatchNormKernel {
   virtual void backward(const float* x, const float* dy, const float* gamma, const float* mean, const float* inv_std,
                         bool training, float* dx, float* dgamma, float* dbeta) = 0;
 };
+// Inverted dropout over `elements` values (the dropout op). Forward draws keep[i] as
+// dropout_mask(seed, call, p) does (core/dropout_bits.h: the same bits on every backend),
+// writes them to `keep` (the caller's stash, `elements` bytes) and y = keep ? x / (1 - p) : 0.
+// Backward dx = keep ? dy * scale : 0 (scale 1 / (1 - p), or 1 after an evaluation pass).
+class DropoutKernel {
+ public:
+  virtual ~DropoutKernel() = default;
+  virtual void forward(uint64_t seed, uint64_t call, float p, const float* x, float* y, uint8_t* keep) = 0;
+  virtual void backward(const uint8_t* keep, float scale, const float* dy, float* dx) = 0;
+};
+
 // Token pooling (TokenPoolGeometry; the token_pool op: BERT's pooler's first token, or a masked
 // mean): y[b, f] = sum over t of w[b, t] x[b, t, f] for x [batch, tokens, features], with the
 // weights w [batch, tokens] the layer computes (0 for a token it leaves out, whose x is not
@@ -204,6 +215,7 @@ class Backend {
   virtual std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) = 0;
   virtual std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) = 0;
   virtual std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) = 0;
+  virtual std::unique_ptr<DropoutKernel> dropout(int64_t elements) = 0;
   virtual std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) = 0;
   // A backend without one says so in supports("heads"); asked anyway, it throws that answer.
   virtual std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g);

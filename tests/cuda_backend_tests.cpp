@@ -6,6 +6,9 @@
 
 #include <algorithm>
 #include <cstdlib>
+#include <optional>
+#include <string>
+#include <utility>
 #include <set>
 
 #include "backends/cuda/cuda_backend.h"
@@ -71,10 +74,19 @@ TEST(CudaBackend, ResidentRangesAnswerOnlyForSpansInsideOneTensor) {
 // TANDEM_CUDA_MEMORY picks where tensors live (no CUDA call): pinned by default,
 // TANDEM_CUDA_PIN=0 still pageable, and anything else refused with the choices.
 TEST(CudaBackend, TheTensorPlacementIsChosenByTheEnvironment) {
+  // Puts back what the environment had (a run with TANDEM_CUDA_MEMORY=managed keeps it).
   struct Restore {
+    std::pair<const char*, std::optional<std::string>> saved[2] = {{"TANDEM_CUDA_MEMORY", {}}, {"TANDEM_CUDA_PIN", {}}};
+    Restore() {
+      for (auto& [name, value] : saved)
+        if (const char* v = std::getenv(name)) value = v;
+    }
     ~Restore() {
-      unsetenv("TANDEM_CUDA_MEMORY");
-      unsetenv("TANDEM_CUDA_PIN");
+      for (auto& [name, value] : saved)
+        if (value)
+          setenv(name, value->c_str(), 1);
+        else
+          unsetenv(name);
     }
   } restore;
   unsetenv("TANDEM_CUDA_MEMORY");

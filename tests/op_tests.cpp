@@ -20,18 +20,20 @@ namespace {
 // fails. And they sit between guard zones holding a canary that must survive: Tensor::empty
 // pads every allocation by 16 to 31 floats, so a SIMD tail store past the end (or before the
 // start) would be invisible to ASan and to the NaN prefill. The guards are checked when the
-// tensor is released, inside the test that made it. The storage is a Tensor's, so a large
-// output lies where the backend keeps tensors (cuda's managed memory: written in place).
+// tensor is released, inside the test that made it. Under cuda the storage is a Tensor's, so a
+// large output lies where that backend keeps tensors (managed memory: written in place);
+// elsewhere it is exactly the floats asked for, so ASan sees a store past the guards too.
 constexpr int64_t kGuardFloats = 32;         // 128 bytes each side; keeps the 64-byte alignment
 constexpr uint32_t kCanaryBits = 0xdeadbeefu;  // a float no kernel computes by chance
 
 struct Guarded {
-  Tensor backing;
+  Tensor backing;          // under cuda
+  float* exact = nullptr;  // elsewhere
   int64_t n = 0;
   std::string shape;
   ~Guarded() {
-    if (!backing.defined()) return;
-    const float* p = backing.data();
+    const float* p = exact ? exact : backing.defined() ? backing.data() : nullptr;
+    if (!p) return;
     for (int64_t i = 0; i < kGuardFloats; ++i) {
       uint32_t before = 0, after = 0;
       std::memcpy(&before, p + i, sizeof before);
@@ -40,6 +42,7 @@ struct Guarded {
       if (after != kCanaryBits) ADD_FAILURE() << "a kernel wrote " << (i + 1) << " floats past the end of its output " << shape;
       if (before != kCanaryBits || after != kCanaryBits) break;
     }
+    if (exact) ::operator delete[](exact, std::align_val_t{kTensorAlignment});
   }
 };
 
@@ -48,7 +51,13 @@ Tensor nan_tensor(const Shape& s) {
   auto owner = std::make_shared<Guarded>();  // made in place: a moved-from copy would check too
   owner->n = n;
   owner->shape = s.str();
-  float* base = (owner->backing = Tensor::empty({total})).data();
+  float* base;
+  if (backend_under_test() == "cuda") {
+    base = (owner->backing = Tensor::empty({total})).data();
+  } else {
+    base = owner->exact = static_cast<float*>(
+        ::operator new[](static_cast<std::size_t>(total) * sizeof(float), std::align_val_t{kTensorAlignment}));
+  }
   for (int64_t i = 0; i < total; ++i) std::memcpy(base + i, &kCanaryBits, sizeof kCanaryBits);
   Tensor t = Tensor::borrow(owner, base + kGuardFloats, s);
   t.fill(std::numeric_limits<float>::quiet_NaN());
@@ -471,7 +480,8 @@ TEST(Add, Forward) {
 // fills, copies, sums, scaling, the squared norm (relative 1e-6: a device sums in another
 // order) and one update of each optimizer rule (SGD plain, with momentum's first and later
 // steps, dampening and Nesterov; Adam and AdamW), at lengths from 1 to past cuda's managed
-// threshold, where the tested backend runs them in place.
+// threshold (64 KiB): with TANDEM_CUDA_MEMORY=managed (device_check.sh's managed stage) cuda
+// runs those on the device in place, else the host loops it falls back to.
 TEST(Vectors, MatchTheReference) {
   Backends b;
   VectorKernel& want = b.reference->vectors();
@@ -532,9 +542,42 @@ TEST(Vectors, MatchTheReference) {
   }
 }
 
+// Dropout against the reference: the same mask bit for bit (every backend draws core/
+// dropout_bits.h's stream), outputs and the gradient after a training pass (scale 1 / (1 - p))
+// and after an evaluation pass (scale 1), for p of 0.1 and 0.5, at a toy length and at a BERT
+// layer's activations (past cuda's managed threshold).
+TEST(Dropout, ForwardBackward) {
+  Backends b;
+  for (const int64_t n : {int64_t{37}, int64_t{16 * 128 * 256}}) {
+    for (const float p : {0.1f, 0.5f}) {
+      SCOPED_TRACE(cat(n, " values, p ", p));
+      Rng rng(53);
+      Tensor x = random_tensor({n}, rng), dy = random_tensor({n}, rng);
+      auto r = b.reference->dropout(n);
+      auto t = b.tested->dropout(n);
+      std::vector<uint8_t> want_keep(static_cast<std::size_t>(n), 7), got_keep(static_cast<std::size_t>(n), 7);
+      Tensor want_y = nan_tensor({n}), got_y = nan_tensor({n});
+      r->forward(1234, 5, p, x.data(), want_y.data(), want_keep.data());
+      t->forward(1234, 5, p, x.data(), got_y.data(), got_keep.data());
+      EXPECT_EQ(got_keep, want_keep) << "the masks differ";
+      int64_t kept = 0;
+      for (uint8_t k : want_keep) kept += k;
+      EXPECT_NEAR(static_cast<double>(kept) / static_cast<double>(n), 1.0 - p, n > 1000 ? 0.01 : 0.35);
+      expect_close(got_y.data(), want_y.data(), n, "forward", 1e-6f);
+      for (const float scale : {1.0f / (1.0f - p), 1.0f}) {
+        Tensor want_dx = nan_tensor({n}), got_dx = nan_tensor({n});
+        r->backward(want_keep.data(), scale, dy.data(), want_dx.data());
+        t->backward(want_keep.data(), scale, dy.data(), got_dx.data());
+        expect_close(got_dx.data(), want_dx.data(), n, cat("backward, scale ", scale), 1e-6f);
+      }
+    }
+  }
+}
+
 // Token pooling against the reference: BERT's first token, a masked mean with a sample whose
 // mask keeps nothing (all weights 0) and one that keeps everything, at a toy size and at
-// spam-bert's pooler ([16, 128, 256]: past cuda's managed threshold, used in place there).
+// spam-bert's pooler ([16, 128, 256]: past cuda's managed threshold, used in place under
+// TANDEM_CUDA_MEMORY=managed).
 TEST(TokenPool, ForwardBackward) {
   Backends b;
   for (const TokenPoolGeometry g : {TokenPoolGeometry{3, 5, 7}, TokenPoolGeometry{16, 128, 256}}) {

@@ -6,6 +6,7 @@
 #include <cstdint>
 #include <cstring>
 #include <new>
+#include <optional>
 #include <vector>
 #include <utility>
 
@@ -58,8 +59,14 @@ struct FakeMemory {
 constexpr std::size_t kFakeMinBytes = 4096;
 constexpr TensorMemory kFakeMemory{kFakeMinBytes, FakeMemory::allocate, FakeMemory::release};
 
+// Uninstalls the hook however the test ends (an ASSERT returns early).
+struct FakeMemoryInstalled {
+  FakeMemoryInstalled() { set_tensor_memory(&kFakeMemory); }
+  ~FakeMemoryInstalled() { set_tensor_memory(nullptr); }
+};
+
 TEST(Tensor, MemoryHookMakesLargeStorageAndReleasesItAfterTheLastView) {
-  set_tensor_memory(&kFakeMemory);
+  std::optional<FakeMemoryInstalled> hook(std::in_place);
   const int64_t large = static_cast<int64_t>(kFakeMinBytes / sizeof(float));
   {
     Tensor small = Tensor::zeros({large - 1});
@@ -83,7 +90,7 @@ TEST(Tensor, MemoryHookMakesLargeStorageAndReleasesItAfterTheLastView) {
   }
   EXPECT_EQ(FakeMemory::made.size(), 1u);
   EXPECT_EQ(FakeMemory::released.size(), 1u) << "a refused tensor was released by the hook";
-  set_tensor_memory(nullptr);
+  hook.reset();
   FakeMemory::accept = true;
   Tensor later = Tensor::empty({large});
   EXPECT_EQ(FakeMemory::made.size(), 1u) << "offered after the hook was uninstalled";
@@ -92,7 +99,7 @@ TEST(Tensor, MemoryHookMakesLargeStorageAndReleasesItAfterTheLastView) {
 // Large received frames (activations) take tensors' storage, through the memory hook, from a
 // pool that reuses a released one for the next frame of its size class; small frames do not.
 TEST(Frame, LargeFramesReuseTensorStorageFromTheMemoryHook) {
-  set_tensor_memory(&kFakeMemory);
+  FakeMemoryInstalled hook;
   const std::size_t before = FakeMemory::made.size();
   std::vector<uint8_t> bytes(100 << 10);
   for (std::size_t i = 0; i < bytes.size(); ++i) bytes[i] = static_cast<uint8_t>(i * 7);
@@ -117,7 +124,6 @@ TEST(Frame, LargeFramesReuseTensorStorageFromTheMemoryHook) {
     EXPECT_EQ(FakeMemory::made.size(), before + 2) << "a small frame went to the pool";
     EXPECT_EQ(reinterpret_cast<std::uintptr_t>(small.data()) % kTensorAlignment, 0u);
   }
-  set_tensor_memory(nullptr);
 }
 
 TEST(Tensor, BadViewsAreRefused) {

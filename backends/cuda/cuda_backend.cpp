@@ -17,6 +17,7 @@
 #include "backends/cuda/cuda_memory.h"
 #include "backends/cuda/cuda_pool.h"
 #include "backends/cuda/cuda_vector_kernel.h"
+#include "core/dropout_bits.h"
 #include "core/error.h"
 
 namespace tandem {
@@ -365,6 +366,36 @@ class CudaLayerNorm final : public LayerNormKernel {
   DeviceBuffer x_, y_, dx_, dy_xhat_, gamma_, beta_, dgamma_, dbeta_, mean_, var_, ones_;
 };
 
+// The mask is made on the device from core/dropout_bits.h's stream (the reference's bits) and
+// copied down to the caller's stash; backward copies it up again.
+class CudaDropout final : public DropoutKernel {
+ public:
+  CudaDropout(Shared ctx, int64_t n)
+      : ctx_(cuda::bound(std::move(ctx))), n_(n), x_(floats(n)), y_(floats(n)),
+        keep_(static_cast<std::size_t>(n)) {}
+  void forward(uint64_t seed, uint64_t call, float p, const float* x, float* y, uint8_t* keep) override {
+    Call call_(*ctx_);
+    const float* d_x = call_.in(x, x_);
+    float* d_y = call_.out(y, y_);
+    check(cuda::dropout_forward(dropout_base(seed, call), dropout_threshold(p), 1.0f / (1.0f - p), d_x, d_y,
+                                call_.out(keep, keep_), n_, ctx_->stream()),
+          "dropout");
+    call_.end();
+  }
+  void backward(const uint8_t* keep, float scale, const float* dy, float* dx) override {
+    Call call(*ctx_);
+    const uint8_t* d_keep = call.in(keep, keep_);
+    const float* d_dy = call.in(dy, y_);
+    check(cuda::dropout_backward(d_keep, scale, d_dy, call.out(dx, x_), n_, ctx_->stream()), "dropout backward");
+    call.end();
+  }
+
+ private:
+  Shared ctx_;
+  int64_t n_;
+  DeviceBuffer x_, y_, keep_;  // x_ also stages dx, y_ also dy
+};
+
 class CudaTokenPool final : public TokenPoolKernel {
  public:
   CudaTokenPool(Shared ctx, const TokenPoolGeometry& g)
@@ -530,6 +561,9 @@ class CudaBackend final : public Backend {
   }
   std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) override {
     return std::make_unique<CudaTokenPool>(ctx_, g);
+  }
+  std::unique_ptr<DropoutKernel> dropout(int64_t elements) override {
+    return std::make_unique<CudaDropout>(ctx_, elements);
   }
   VectorKernel& vectors() override { return *vectors_; }
 

@@ -116,10 +116,11 @@ std::shared_ptr<Context> bound(std::shared_ptr<Context> ctx) {
 }
 
 void Context::put(void* device, const void* host, std::size_t bytes) const {
-  if (bytes > 0) check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyHostToDevice, stream_), "copy to the device");
+  // cudaMemcpyDefault: the driver tells host from device (and managed) memory by address.
+  if (bytes > 0) check(cudaMemcpyAsync(device, host, bytes, cudaMemcpyDefault, stream_), "copy to the device");
 }
 void Context::get(void* host, const void* device, std::size_t bytes) const {
-  if (bytes > 0) check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDeviceToHost, stream_), "copy from the device");
+  if (bytes > 0) check(cudaMemcpyAsync(host, device, bytes, cudaMemcpyDefault, stream_), "copy from the device");
 }
 void Context::finish() const { check(cudaStreamSynchronize(stream_), "the stream's work"); }
 

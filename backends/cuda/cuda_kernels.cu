@@ -8,6 +8,7 @@
 #include <cfloat>
 
 #include "core/activation_math.h"
+#include "core/dropout_bits.h"
 #include "core/pool_window.h"
 
 namespace tandem::cuda {
@@ -317,6 +318,19 @@ unsigned row_blocks(int64_t rows) { return static_cast<unsigned>(rows); }
 // Success for no rows (nothing to launch), an error for more rows than a grid holds.
 cudaError_t no_rows_or_too_many(int64_t rows) { return rows == 0 ? cudaSuccess : cudaErrorInvalidConfiguration; }
 
+__global__ void dropout_forward_kernel(uint64_t base, uint64_t threshold, float scale, const float* x, float* y,
+                                       uint8_t* keep, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) {
+    const bool k = dropout_keeps(base, threshold, i);
+    keep[i] = k;
+    y[i] = k ? x[i] * scale : 0.0f;
+  }
+}
+
+__global__ void dropout_backward_kernel(const uint8_t* keep, float scale, const float* dy, float* dx, int64_t n) {
+  for (int64_t i = first_index(); i < n; i += grid_stride()) dx[i] = keep[i] ? dy[i] * scale : 0.0f;
+}
+
 // One thread an output feature of a sample: its tokens in order, as the reference.
 __global__ void token_pool_forward_kernel(const float* x, const float* w, float* y, int64_t batch, int64_t tokens,
                                           int64_t features) {
@@ -444,6 +458,17 @@ cudaError_t layer_norm_dy_xhat(const float* x, const float* dy, const float* mea
                                int64_t rows, int64_t features, float eps, cudaStream_t s) {
   layer_norm_dy_xhat_kernel<<<blocks_for(rows * features), kThreads, 0, s>>>(x, dy, mean, var, out, rows, features,
                                                                              eps);
+  return cudaGetLastError();
+}
+cudaError_t dropout_forward(uint64_t base, uint64_t threshold, float scale, const float* x, float* y, uint8_t* keep,
+                            int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  dropout_forward_kernel<<<blocks_for(n), kThreads, 0, s>>>(base, threshold, scale, x, y, keep, n);
+  return cudaGetLastError();
+}
+cudaError_t dropout_backward(const uint8_t* keep, float scale, const float* dy, float* dx, int64_t n, cudaStream_t s) {
+  if (n == 0) return cudaSuccess;
+  dropout_backward_kernel<<<blocks_for(n), kThreads, 0, s>>>(keep, scale, dy, dx, n);
   return cudaGetLastError();
 }
 cudaError_t token_pool_forward(const float* x, const float* w, float* y, int64_t batch, int64_t tokens,

@@ -60,6 +60,12 @@ cudaError_t layer_norm_backward_data(const float* x, const float* dy, const floa
 cudaError_t layer_norm_dy_xhat(const float* x, const float* dy, const float* mean, const float* var, float* out,
                                int64_t rows, int64_t features, float eps, cudaStream_t s);
 
+// Dropout (DropoutKernel): keep[i] from core/dropout_bits.h's stream (base, threshold), y = keep ?
+// x * scale : 0; backward dx = keep ? dy * scale : 0.
+cudaError_t dropout_forward(uint64_t base, uint64_t threshold, float scale, const float* x, float* y, uint8_t* keep,
+                            int64_t n, cudaStream_t s);
+cudaError_t dropout_backward(const uint8_t* keep, float scale, const float* dy, float* dx, int64_t n, cudaStream_t s);
+
 // Token pooling (TokenPoolKernel): y[b, f] = sum over t of w[b, t] x[b, t, f] in token order,
 // tokens of weight 0 skipped; backward dx[b, t, f] = w[b, t] dy[b, f].
 cudaError_t token_pool_forward(const float* x, const float* w, float* y, int64_t batch, int64_t tokens,

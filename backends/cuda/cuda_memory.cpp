@@ -31,8 +31,11 @@ void* pinned_allocate(std::size_t bytes) {
   ::operator delete[](p, std::align_val_t{kTensorAlignment});
   return nullptr;  // core's own, pageable
 }
+// The thread that drops a tensor's last view may never have used the GPU either: the chosen
+// device first, so no context is made on device 0.
 void pinned_release(void* p) {
-  if (cudaHostUnregister(p) != cudaSuccess) cudaGetLastError();  // before the pages go back
+  if (cudaSetDevice(chosen_device()) != cudaSuccess || cudaHostUnregister(p) != cudaSuccess)
+    cudaGetLastError();  // before the pages go back
   ::operator delete[](p, std::align_val_t{kTensorAlignment});
 }
 
@@ -47,9 +50,11 @@ void* managed_allocate(std::size_t bytes) {
   resident_ranges().add(p, bytes);
   return p;
 }
+// cudaFree of managed memory waits for the whole device: tensors are made once a shape and
+// received frames are pooled, so this runs when a session ends, not in a step.
 void managed_release(void* p) {
   resident_ranges().remove(p);  // first: no kernel call may take it for resident once freed
-  if (cudaFree(p) != cudaSuccess) cudaGetLastError();
+  if (cudaSetDevice(chosen_device()) != cudaSuccess || cudaFree(p) != cudaSuccess) cudaGetLastError();
 }
 
 constexpr TensorMemory kPinned{kPinnedMinBytes, pinned_allocate, pinned_release};

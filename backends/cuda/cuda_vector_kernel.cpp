@@ -3,6 +3,8 @@
 // the host loops (host_vectors()) for anything else, which the host can always reach.
 #include "backends/cuda/cuda_vector_kernel.h"
 
+#include <mutex>
+
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_vectors.h"
 #include "backends/cuda/resident_ranges.h"
@@ -53,6 +55,7 @@ class CudaVectors final : public VectorKernel {
   double squared_norm(const float* x, int64_t n) override {
     if (n == 0) return 0.0;
     if (!resident(x, n)) return host_vectors().squared_norm(x, n);
+    std::lock_guard lock(scratch_mu_);  // one scratch for the backend; its threads take turns
     ctx_->use();
     check(cuda::squared_norm(x, n, static_cast<double*>(scratch_.get()), ctx_->stream()), "squared norm");
     double total = 0.0;
@@ -79,6 +82,7 @@ class CudaVectors final : public VectorKernel {
 
  private:
   std::shared_ptr<Context> ctx_;
+  std::mutex scratch_mu_;
   DeviceBuffer scratch_;  // the norm's partial sums and total
 };
 

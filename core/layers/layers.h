@@ -145,7 +145,8 @@ class ActivationLayer final : public Layer {
 class DropoutLayer final : public Layer {
  public:
   Reads backward_reads() const override { return {0u, false}; }  // the mask is stashed
-  DropoutLayer(std::string name, float p, uint64_t seed) : Layer(std::move(name)), p_(p), seed_(seed) {}
+  DropoutLayer(std::string name, float p, uint64_t seed, Backend& backend)
+      : Layer(std::move(name)), p_(p), seed_(seed), backend_(backend) {}
   void set_training(bool training) override { training_ = training; }
   std::vector<std::pair<std::string, uint64_t*>> counters() override {
     return {{name() + ".seed", &seed_}, {name() + ".calls", &calls_}};
@@ -155,10 +156,13 @@ class DropoutLayer final : public Layer {
                 Stash& stash) override;
 
  private:
+  DropoutKernel& kernel(int64_t elements);
   float p_;
   uint64_t seed_;
   uint64_t calls_ = 0;
   bool training_ = true;
+  Backend& backend_;
+  KernelCache<DropoutKernel> kernels_;
 };
 
 // Batch normalisation per channel (the last dimension); see batch_norm_layer.cpp.

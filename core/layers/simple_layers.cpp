@@ -3,6 +3,7 @@
 #include <algorithm>
 
 #include "core/error.h"
+#include "core/dropout_bits.h"
 #include "core/layers/dropout_mask.h"
 #include "core/layers/layers.h"
 #include "core/ops/op.h"
@@ -41,37 +42,25 @@ int64_t last_dim(const Tensor& t) { return t.shape()[t.shape().rank() - 1]; }
 
 }  // namespace
 
-namespace {
-
-// SplitMix64's finaliser: a counter-based stream of well-mixed 64-bit values.
-uint64_t mix(uint64_t z) {
-  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ULL;
-  z = (z ^ (z >> 27)) * 0x94d049bb133111ebULL;
-  return z ^ (z >> 31);
+void dropout_mask(uint64_t seed, uint64_t call, float p, int64_t n, uint8_t* keep) {
+  const uint64_t base = dropout_base(seed, call), threshold = dropout_threshold(p);
+  for (int64_t i = 0; i < n; ++i) keep[i] = dropout_keeps(base, threshold, i);
 }
 
-}  // namespace
-
-void dropout_mask(uint64_t seed, uint64_t call, float p, int64_t n, uint8_t* keep) {
-  const uint64_t base = mix(seed ^ mix(call));
-  const auto threshold = static_cast<uint64_t>(static_cast<double>(p) * 18446744073709551616.0);
-  for (int64_t i = 0; i < n; ++i) keep[i] = mix(base + static_cast<uint64_t>(i)) >= threshold;
+DropoutKernel& DropoutLayer::kernel(int64_t elements) {
+  return kernels_.get(elements, [&](int64_t n) { return backend_.dropout(n); });
 }
 
 void DropoutLayer::forward(std::span<const Tensor> in, Tensor& out, Stash& stash) {
   const int64_t n = in[0].numel();
   auto* keep = static_cast<uint8_t*>(stash.reserve(static_cast<std::size_t>(n) + 1));
   keep[n] = training_ ? 1 : 0;  // the mode, for this micro-batch's backward
-  const float* x = in[0].data();
-  float* y = out.data();
   if (!training_ || p_ == 0.0f) {
-    std::copy_n(x, n, y);
+    backend_.vectors().copy(out.data(), in[0].data(), n);
     std::fill_n(keep, n, uint8_t{1});
     return;
   }
-  dropout_mask(seed_, ++calls_, p_, n, keep);
-  const float scale = 1.0f / (1.0f - p_);
-  for (int64_t i = 0; i < n; ++i) y[i] = keep[i] ? x[i] * scale : 0.0f;
+  kernel(n).forward(seed_, ++calls_, p_, in[0].data(), out.data(), keep);
 }
 
 void DropoutLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out,
@@ -80,9 +69,7 @@ void DropoutLayer::backward(std::span<const Tensor> in, const Tensor&, const Ten
   const int64_t n = in[0].numel();
   const auto* keep = reinterpret_cast<const uint8_t*>(stash.bytes.data());
   const float scale = keep[n] && p_ > 0.0f ? 1.0f / (1.0f - p_) : 1.0f;
-  const float* dy = grad_out.data();
-  float* dx = grad_in[0].data();
-  for (int64_t i = 0; i < n; ++i) dx[i] = keep[i] ? dy[i] * scale : 0.0f;
+  kernel(n).backward(keep, scale, grad_out.data(), grad_in[0].data());
 }
 
 void ConcatLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {

@@ -1,5 +1,6 @@
 // dropout: inverted dropout with probability p and a seeded, counter-based mask (the same
-// on every backend). Layer: DropoutLayer (simple_layers.cpp).
+// on every backend: core/dropout_bits.h). Kernel: DropoutKernel; layer: DropoutLayer
+// (simple_layers.cpp).
 #include "core/layers/layers.h"
 #include "core/ops/elementwise.h"
 #include "schema/model_generated.h"
@@ -15,8 +16,8 @@ void define_dropout_op(OpTable& t) {
       ops::fail_attr(label, "dropout", cat("field 'dropout.p' must be in [0, 1), got ", a->p()));
     out.dropout.p = a->p();
   };
-  d.make_layer = [](const GraphNode& node, std::span<const Shape>, Backend&, Rng& rng) -> std::unique_ptr<Layer> {
-    return std::make_unique<DropoutLayer>(node.spec.name, node.spec.dropout.p, rng.next());
+  d.make_layer = [](const GraphNode& node, std::span<const Shape>, Backend& backend, Rng& rng) -> std::unique_ptr<Layer> {
+    return std::make_unique<DropoutLayer>(node.spec.name, node.spec.dropout.p, rng.next(), backend);
   };
   t.add(std::move(d));
 }
