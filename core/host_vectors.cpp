@@ -12,6 +12,10 @@ class HostVectors final : public VectorKernel {
   void copy(float* to, const float* from, int64_t n) override {
     if (to != from) std::copy_n(from, n, to);
   }
+  void copy_rows(float* to, int64_t to_stride, const float* from, int64_t from_stride, int64_t width,
+                 int64_t rows) override {
+    for (int64_t r = 0; r < rows; ++r) std::copy_n(from + r * from_stride, width, to + r * to_stride);
+  }
   void accumulate(float* acc, const float* add, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) acc[i] += add[i];
   }

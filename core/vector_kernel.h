@@ -30,6 +30,10 @@ class VectorKernel {
   virtual ~VectorKernel() = default;
   virtual void fill(float* x, float value, int64_t n) = 0;
   virtual void copy(float* to, const float* from, int64_t n) = 0;
+  // `rows` runs of `width` floats, a row `from_stride` floats after the one before in `from`
+  // and `to_stride` in `to` (concat's columns).
+  virtual void copy_rows(float* to, int64_t to_stride, const float* from, int64_t from_stride, int64_t width,
+                         int64_t rows) = 0;
   virtual void accumulate(float* acc, const float* add, int64_t n) = 0;  // acc += add
   virtual void scale(float* x, double factor, int64_t n) = 0;           // x = float(x * factor)
   virtual double squared_norm(const float* x, int64_t n) = 0;           // in double

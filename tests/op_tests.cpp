@@ -477,7 +477,7 @@ TEST(Add, Forward) {
 }
 
 // The passes over parameters and gradients (VectorKernel) against the reference's host loops:
-// fills, copies, sums, scaling, the squared norm (relative 1e-6: a device sums in another
+// fills, copies (strided too), sums, scaling, the squared norm (relative 1e-6: a device sums in another
 // order) and one update of each optimizer rule (SGD plain, with momentum's first and later
 // steps, dampening and Nesterov; Adam and AdamW), at lengths from 1 to past cuda's managed
 // threshold (64 KiB): with TANDEM_CUDA_MEMORY=managed (device_check.sh's managed stage) cuda
@@ -505,6 +505,15 @@ TEST(Vectors, MatchTheReference) {
       want.copy(r.data(), g.data(), n);
       got.copy(t.data(), g.data(), n);
       expect_close(t.data(), r.data(), n, "copy", 0.0f);
+      // Columns [2, 5) of rows 7 wide: into a row of 11 at column 4, and back out.
+      if (const int64_t rows = n / 11; rows > 0) {
+        want.copy_rows(r.data() + 4, 11, w0.data() + 2, 7, 3, rows);
+        got.copy_rows(t.data() + 4, 11, w0.data() + 2, 7, 3, rows);
+        expect_close(t.data(), r.data(), n, "copy_rows", 0.0f);
+        want.copy_rows(r.data(), 7, g.data() + 1, 11, 5, rows);
+        got.copy_rows(t.data(), 7, g.data() + 1, 11, 5, rows);
+        expect_close(t.data(), r.data(), n, "copy_rows back", 0.0f);
+      }
       want.accumulate(r.data(), w0.data(), n);
       got.accumulate(t.data(), w0.data(), n);
       expect_close(t.data(), r.data(), n, "accumulate", 0.0f);

@@ -38,6 +38,22 @@ class CudaVectors final : public VectorKernel {
     ctx_->finish();
   }
 
+  // One strided copy (cudaMemcpy2DAsync) where either side is a managed tensor.
+  void copy_rows(float* to, int64_t to_stride, const float* from, int64_t from_stride, int64_t width,
+                 int64_t rows) override {
+    if (rows == 0 || width == 0) return;
+    const int64_t to_span = (rows - 1) * to_stride + width, from_span = (rows - 1) * from_stride + width;
+    if (!resident(to, to_span) && !resident(from, from_span))
+      return host_vectors().copy_rows(to, to_stride, from, from_stride, width, rows);
+    ctx_->use();
+    constexpr auto f = sizeof(float);
+    check(cudaMemcpy2DAsync(to, static_cast<std::size_t>(to_stride) * f, from, static_cast<std::size_t>(from_stride) * f,
+                            static_cast<std::size_t>(width) * f, static_cast<std::size_t>(rows), cudaMemcpyDefault,
+                            ctx_->stream()),
+          "strided copy");
+    ctx_->finish();
+  }
+
   void accumulate(float* acc, const float* add, int64_t n) override {
     if (!resident(acc, n) || !resident(add, n)) return host_vectors().accumulate(acc, add, n);
     ctx_->use();

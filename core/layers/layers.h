@@ -321,15 +321,18 @@ class TokenPoolLayer final : public Layer {
   Tensor weights_;
 };
 
-// Inputs side by side along the last dimension (channels). A copy, the same on every
-// backend; the gradient is sliced back.
+// Inputs side by side along the last dimension (channels): strided copies where the backend
+// keeps the tensors; the gradient is sliced back.
 class ConcatLayer final : public Layer {
  public:
   Reads backward_reads() const override { return {0u, false}; }
-  explicit ConcatLayer(std::string name) : Layer(std::move(name)) {}
+  ConcatLayer(std::string name, Backend& backend) : Layer(std::move(name)), backend_(backend) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                 Stash& stash) override;
+
+ private:
+  Backend& backend_;  // its strided copies (VectorKernel::copy_rows), where the tensors are
 };
 
 // a + b (residual connections); the gradient goes to both inputs unchanged.

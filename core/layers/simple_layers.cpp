@@ -77,7 +77,7 @@ void ConcatLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
   int64_t offset = 0;
   for (const Tensor& t : in) {
     const int64_t w = last_dim(t);
-    for (int64_t r = 0; r < rows; ++r) std::copy_n(t.data() + r * w, w, out.data() + r * total + offset);
+    backend_.vectors().copy_rows(out.data() + offset, total, t.data(), w, w, rows);
     offset += w;
   }
 }
@@ -88,8 +88,7 @@ void ConcatLayer::backward(std::span<const Tensor> in, const Tensor&, const Tens
   int64_t offset = 0;
   for (std::size_t k = 0; k < in.size(); ++k) {
     const int64_t w = last_dim(in[k]);
-    if (grad_in[k].defined())
-      for (int64_t r = 0; r < rows; ++r) std::copy_n(grad_out.data() + r * total + offset, w, grad_in[k].data() + r * w);
+    if (grad_in[k].defined()) backend_.vectors().copy_rows(grad_in[k].data(), w, grad_out.data() + offset, total, w, rows);
     offset += w;
   }
 }

@@ -33,8 +33,8 @@ void define_concat_op(OpTable& t) {
   d.sequence = SequenceLength::Follows;  // along the last dimension: the tokens stay first
   d.infer_shape = infer;
   d.cost = [](const NodeSpec&, std::span<const Shape>, const Shape&) { return OpCost{}; };  // copies only
-  d.make_layer = [](const GraphNode& node, std::span<const Shape>, Backend&, Rng&) -> std::unique_ptr<Layer> {
-           return std::make_unique<ConcatLayer>(node.spec.name);
+  d.make_layer = [](const GraphNode& node, std::span<const Shape>, Backend& backend, Rng&) -> std::unique_ptr<Layer> {
+           return std::make_unique<ConcatLayer>(node.spec.name, backend);
          };
   t.add(std::move(d));
 }
