@@ -4,8 +4,10 @@
 // cloud's default optimizer). Prints one JSON
 // line: samples/s over the timed steps and their median step time. bench/gpu/back_shard.sh
 // runs it beside PyTorch eager training the same layers (bench/pytorch_back_shard.py).
+// --breakdown 1 first prints where a timed step's time went (JSON): the layers' forward and
+// backward passes, the rest (loss, gradient zeroing, the optimizer), and the slowest nodes.
 // usage: bench_back_shard SPEC [--cut NODE] [--backend NAME] [--batch N] [--microbatches K]
-//                        [--steps S] [--warmup W] [--threads T]
+//                        [--steps S] [--warmup W] [--threads T] [--breakdown 1]
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -48,6 +50,7 @@ int main(int argc, char** argv) try {
   const int steps = std::max(1, std::atoi(option(argc, argv, "steps", "50").c_str()));
   const int warmup = std::max(1, std::atoi(option(argc, argv, "warmup", "5").c_str()));
   const int threads = std::max(1, std::atoi(option(argc, argv, "threads", "1").c_str()));
+  const bool breakdown = option(argc, argv, "breakdown", "0") == "1";
 
   const Graph back = whole.split(cut).second;
   auto backend = make_backend(backend_name, BackendOptions{threads});
@@ -61,6 +64,8 @@ int main(int argc, char** argv) try {
 
   for (int i = 0; i < warmup; ++i) trainer.train_step(inputs, labels.data(), microbatches);
   std::vector<double> step_s;
+  Network::NodeTimes times;
+  if (breakdown) net.set_timing(&times);
   const auto t0 = std::chrono::steady_clock::now();
   for (int i = 0; i < steps; ++i) {
     const auto s0 = std::chrono::steady_clock::now();
@@ -68,6 +73,28 @@ int main(int argc, char** argv) try {
     step_s.push_back(std::chrono::duration<double>(std::chrono::steady_clock::now() - s0).count());
   }
   const double total = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  if (breakdown) {
+    const auto& nodes = back.nodes();
+    std::vector<std::size_t> order(nodes.size());
+    double forward = 0.0, backward = 0.0;
+    for (std::size_t n = 0; n < nodes.size(); ++n) {
+      order[n] = n;
+      forward += times.forward_s[n];
+      backward += times.backward_s[n] + times.weights_s[n];
+    }
+    auto node_s = [&](std::size_t n) { return times.forward_s[n] + times.backward_s[n] + times.weights_s[n]; };
+    std::sort(order.begin(), order.end(), [&](std::size_t a, std::size_t b) { return node_s(a) > node_s(b); });
+    const double per_step = 1e3 / steps;
+    std::string slowest;
+    for (std::size_t i = 0; i < order.size() && i < 6; ++i)
+      slowest += cat(i ? "," : "", "{\"node\":\"", nodes[order[i]].spec.name, "\",\"op\":\"", nodes[order[i]].spec.op,
+                     "\",\"forward_ms\":", times.forward_s[order[i]] * per_step, ",\"backward_ms\":",
+                     (times.backward_s[order[i]] + times.weights_s[order[i]]) * per_step, "}");
+    std::printf("{\"bench\":\"back_shard_breakdown\",\"model\":\"%s\",\"backend\":\"%s\",\"step_ms\":%.3f,"
+                "\"forward_ms\":%.3f,\"backward_ms\":%.3f,\"rest_ms\":%.3f,\"slowest\":[%s]}\n",
+                spec.name.c_str(), backend_name.c_str(), total * per_step, forward * per_step, backward * per_step,
+                (total - forward - backward) * per_step, slowest.c_str());
+  }
   std::nth_element(step_s.begin(), step_s.begin() + steps / 2, step_s.end());
   std::printf("{\"bench\":\"back_shard\",\"peer\":\"tandem\",\"model\":\"%s\",\"cut\":\"%s\",\"backend\":\"%s\","
               "\"batch\":%lld,\"microbatches\":%d,\"steps\":%d,\"samples_per_s\":%.1f,\"step_ms_median\":%.3f}\n",

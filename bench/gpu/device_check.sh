@@ -86,14 +86,15 @@ stage() {
   say "$name: rc $rc after $((SECONDS - t0)) s ($(tail -1 "$out/$name.log"))"
   [[ $rc == 0 ]] || status=1
 }
-# placements ROUNDS: ResNet18's and spam-bert's backs alone (bench_back_shard's JSON line), with
-# tensors page-locked and in managed memory, alternating.
+# placements ROUNDS: ResNet18's and spam-bert's backs alone (bench_back_shard's JSON line, and
+# before it in placement.log where a step's time went), with tensors page-locked and in
+# managed memory, alternating.
 placements() {
   for _ in $(seq 1 "$1"); do
     for mem in pinned managed; do
       while read -r name spec cut; do
         stage placement 45 env TANDEM_CUDA_MEMORY=$mem "$build/bench/bench_back_shard" "$spec" --cut "$cut" \
-          --backend cuda --batch 64 --steps 30 --warmup 3
+          --backend cuda --batch 64 --steps 30 --warmup 3 --breakdown 1
         say "  ($name, TANDEM_CUDA_MEMORY=$mem)"
       done << 'MODELS'
 resnet18 samples/models/resnet18-32.json relu17
