@@ -222,6 +222,11 @@ class Backend {
   // The passes over parameters and gradients (Param, Optimizer, Network's gradient sums);
   // the host loops unless the backend keeps tensors elsewhere.
   virtual VectorKernel& vectors();
+  // Until every kernel call and vector pass made so far has finished and its outputs may be read
+  // on the host. A kernel call returns finished unless the backend lets calls run ahead (cuda
+  // with managed tensors and TANDEM_CUDA_ASYNC=1); the network waits before it returns a pass
+  // and before a layer that touches values on the host (Layer::touches_host). CPU: nothing.
+  virtual void wait() {}
 };
 
 }  // namespace tandem

@@ -300,11 +300,13 @@ void Network::backward_weights(int slot_index) {
     node_inputs_.clear();
     for (int in_id : input_ids_[n]) node_inputs_.push_back(s.values[static_cast<std::size_t>(in_id)]);
     const double t0 = times_ ? now_s() : 0.0;
+    if (layers_[n]->touches_host()) backend_.wait();
     layers_[n]->backward_weights(node_inputs_, s.values[first_node + n], grad_out, s.stashes[n]);
     if (times_) times_->weights_s[n] += now_s() - t0;
     grad_out = Tensor();
   }
   s.weights_pending = false;
+  backend_.wait();  // the gradients are whole for whoever reads them next (an optimizer, a save)
 }
 
 Network::Slot& Network::slot(int index) {
@@ -404,6 +406,7 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
                                                         : view_of_backing(s.backing[n], out_shape);
     }
     const double t0 = times_ ? now_s() : 0.0;
+    if (layers_[n]->touches_host()) backend_.wait();
     layers_[n]->forward(node_inputs_, out, s.stashes[n]);
     if (times_) times_->forward_s[n] += now_s() - t0;
     if (!evaluation) {
@@ -419,6 +422,7 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
     }
   }
   if (!evaluation) s.pool.clear();  // training keeps a backing a node; what it did not take goes
+  backend_.wait();  // the output is whole for the host (the loss, the wire)
   return s.values[first_node + static_cast<std::size_t>(graph_.output())];
 }
 
@@ -511,11 +515,13 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
       if (defer_weights && layers_[n]->splits_backward()) {
         // grad_out is final here (every consumer of this node ran) and lives in the slot's
         // own buffers (s.deferred), which nothing writes before the slot's next backward.
+        if (layers_[n]->touches_host()) backend_.wait();
         layers_[n]->backward_data(node_inputs_, s.values[id], grad_out, node_grads_, s.stashes[n]);
         if (s.deferred_grad_out.size() != nodes.size()) s.deferred_grad_out.resize(nodes.size());
         s.deferred_grad_out[n] = grad_out;
         s.weights_pending = true;
       } else {
+        if (layers_[n]->touches_host()) backend_.wait();
         layers_[n]->backward(node_inputs_, s.values[id], grad_out, node_grads_, s.stashes[n]);
       }
       if (times_) times_->backward_s[n] += now_s() - t0;
@@ -552,6 +558,7 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
     if (grad_holder_[id] >= 0 && !defer_weights) release_grad(grad_holder_[id]);
     grad_holder_[id] = -1;
   }
+  backend_.wait();  // the input gradient is whole for the host (the wire, the stage before)
   return want_input_grad ? grads_[0] : Tensor();
 }
 

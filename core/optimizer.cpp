@@ -31,7 +31,11 @@ void Optimizer::step() {
   }
   update(lr());
   ++steps_;
-  for (Param* p : params_) p->bump_version();
+  VectorKernel* waited = nullptr;  // the new weights are whole for the host (a save, a round)
+  for (Param* p : params_) {
+    p->bump_version();
+    if (&p->vectors() != waited) (waited = &p->vectors())->wait();
+  }
 }
 
 Sgd::Sgd(std::vector<Param*> params, const OptimizerOptions& options) : Optimizer(std::move(params), options) {

@@ -41,6 +41,9 @@ class VectorKernel {
   virtual void sgd(const SgdUpdate& u, float* w, const float* g, float* momentum, int64_t n) = 0;
   // torch.optim.Adam / AdamW on w with gradient g and moments m, v.
   virtual void adam(const AdamUpdate& u, float* w, const float* g, float* m, float* v, int64_t n) = 0;
+  // Until the passes above have finished, where a backend lets them run ahead of the host
+  // (cuda with TANDEM_CUDA_ASYNC=1); squared_norm always returns finished. Host loops: nothing.
+  virtual void wait() {}
 };
 
 }  // namespace tandem

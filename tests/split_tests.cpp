@@ -386,32 +386,13 @@ void expect_refusal(Split& s, std::span<const uint8_t> bytes, wire::ErrorCode co
 
 // The reference backend's kernels but for linear, which it cannot make: as a cuda backend
 // past the GPU's memory budget, or a library's failure.
-class NoLinearBackend final : public Backend {
+class NoLinearBackend final : public ForwardingBackend {
  public:
+  NoLinearBackend() : ForwardingBackend(make_backend("reference")) {}
   std::string_view name() const override { return "no-linear"; }
-  std::unique_ptr<Conv2dKernel> conv2d(const Conv2dGeometry& g) override { return inner_->conv2d(g); }
   std::unique_ptr<LinearKernel> linear(const LinearGeometry&) override {
     fail("cuda", "the GPU memory budget has 0 MiB left and a kernel's buffers needs 1 MiB more");
   }
-  std::unique_ptr<ReluKernel> relu(int64_t n) override { return inner_->relu(n); }
-  std::unique_ptr<ActivationKernel> activation(const Activation& a, int64_t n) override {
-    return inner_->activation(a, n);
-  }
-  std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return inner_->max_pool2d(g); }
-  std::unique_ptr<AvgPool2dKernel> avg_pool2d(const Pool2dGeometry& g) override { return inner_->avg_pool2d(g); }
-  std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) override {
-    return inner_->global_avg_pool(g);
-  }
-  std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t c) override { return inner_->softmax(rows, c); }
-  std::unique_ptr<AddKernel> add(int64_t n) override { return inner_->add(n); }
-  std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) override { return inner_->batch_norm(g); }
-  std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override { return inner_->layer_norm(g); }
-  std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) override { return inner_->token_pool(g); }
-  std::unique_ptr<DropoutKernel> dropout(int64_t elements) override { return inner_->dropout(elements); }
-  std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) override { return inner_->attention(g); }
-
- private:
-  std::unique_ptr<Backend> inner_ = make_backend("reference");
 };
 
 // What the cloud itself fails at ends that session with the reason (Internal) and closes it;

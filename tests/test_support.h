@@ -69,6 +69,43 @@ inline std::unique_ptr<Backend> make_test_backend(const std::string& name) {
   return make_backend(name, BackendOptions{threads && *threads ? std::atoi(threads) : 1});
 }
 
+// A backend that hands every kernel, pass and wait to another: tests derive from it to refuse a
+// kernel or to count what a network asks of its backend.
+class ForwardingBackend : public Backend {
+ public:
+  explicit ForwardingBackend(std::unique_ptr<Backend> inner) : inner_(std::move(inner)) {}
+  std::string_view name() const override { return inner_->name(); }
+  Support supports(std::string_view op, std::span<const Shape> inputs) const override {
+    return inner_->supports(op, inputs);
+  }
+  std::unique_ptr<Conv2dKernel> conv2d(const Conv2dGeometry& g) override { return inner_->conv2d(g); }
+  std::unique_ptr<LinearKernel> linear(const LinearGeometry& g) override { return inner_->linear(g); }
+  std::unique_ptr<ReluKernel> relu(int64_t n) override { return inner_->relu(n); }
+  std::unique_ptr<ActivationKernel> activation(const Activation& a, int64_t n) override {
+    return inner_->activation(a, n);
+  }
+  std::unique_ptr<MaxPool2dKernel> max_pool2d(const Pool2dGeometry& g) override { return inner_->max_pool2d(g); }
+  std::unique_ptr<AvgPool2dKernel> avg_pool2d(const Pool2dGeometry& g) override { return inner_->avg_pool2d(g); }
+  std::unique_ptr<GlobalAvgPoolKernel> global_avg_pool(const GlobalPoolGeometry& g) override {
+    return inner_->global_avg_pool(g);
+  }
+  std::unique_ptr<SoftmaxKernel> softmax(int64_t rows, int64_t c) override { return inner_->softmax(rows, c); }
+  std::unique_ptr<AddKernel> add(int64_t n) override { return inner_->add(n); }
+  std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) override { return inner_->batch_norm(g); }
+  std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override { return inner_->layer_norm(g); }
+  std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) override { return inner_->token_pool(g); }
+  std::unique_ptr<DropoutKernel> dropout(int64_t elements) override { return inner_->dropout(elements); }
+  std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) override { return inner_->attention(g); }
+  std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
+    return inner_->grouped_linear(g);
+  }
+  VectorKernel& vectors() override { return inner_->vectors(); }
+  void wait() override { inner_->wait(); }
+
+ protected:
+  std::unique_ptr<Backend> inner_;
+};
+
 inline void fill_uniform(float* p, int64_t n, Rng& rng, float lo = -1.0f, float hi = 1.0f) {
   for (int64_t i = 0; i < n; ++i) p[i] = rng.uniform(lo, hi);
 }

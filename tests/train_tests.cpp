@@ -177,6 +177,53 @@ float max_abs_diff(const std::vector<float>& a, const std::vector<float>& b) {
   return worst;
 }
 
+// Counts the waits a network asks of its backend (Backend::wait), the backend under test's
+// otherwise: where a GPU backend lets kernel calls run ahead (cuda, TANDEM_CUDA_ASYNC=1), these
+// are the host's only reads of what its kernels wrote.
+class WaitCounting final : public ForwardingBackend {
+ public:
+  WaitCounting() : ForwardingBackend(make_test_backend(backend_under_test())) {}
+  void wait() override {
+    ++waits;
+    inner_->wait();
+  }
+  int waits = 0;
+};
+
+// A pass waits once at its end (the output or the input gradient is the host's then), and
+// before each layer that touches values on the host (batch norm: its running statistics);
+// kernel-only layers (convolution, ReLU, pooling, linear) never.
+TEST(Train, TheNetworkWaitsForItsBackendOnlyWhereTheHostReads) {
+  const Data d = make_data(4, 3);
+  for (const bool with_batch_norm : {false, true}) {
+    SCOPED_TRACE(with_batch_norm ? "with batch norm" : "kernels only");
+    ModelSpec spec = small_cnn();
+    if (with_batch_norm) {
+      NodeSpec bn;
+      bn.name = "bn1";
+      bn.op = "batch_norm";
+      bn.inputs = {"conv1"};
+      spec.nodes.insert(spec.nodes.begin() + 1, bn);
+      spec.nodes[2].inputs = {"bn1"};  // relu1
+    }
+    WaitCounting backend;
+    Network net(Graph::build(spec), backend, 5);
+    net.set_training(true);
+    const int host_layers = with_batch_norm ? 1 : 0;
+    const Tensor& out = net.forward({&d.images, 1}, 0);
+    EXPECT_EQ(backend.waits, 1 + host_layers) << "forward";
+    Tensor grad = Tensor::zeros(out.shape());
+    grad[0] = 1.0f;
+    net.backward(grad, 0, true);
+    EXPECT_EQ(backend.waits, 2 + 2 * host_layers) << "backward";
+    net.forward({&d.images, 1}, 1);
+    net.backward(grad, 1, true, /*defer_weights=*/true);
+    EXPECT_EQ(backend.waits, 4 + 4 * host_layers) << "forward and backward with the weights deferred";
+    net.backward_weights(1);
+    EXPECT_EQ(backend.waits, 5 + 4 * host_layers) << "the deferred weight gradients: kernels only, one wait";
+  }
+}
+
 TEST(Train, LossFallsOver50Steps) {
   Whole w;
   Data d = make_data(64, 5);

@@ -46,7 +46,7 @@ class CudaGroupedLinear final : public LinearKernel, public GroupedLinearKernel 
   void forward(const float* x, const WeightsView& w, float* y) override {
     Call call(*ctx_);
     const int64_t G = g_.groups, I = g_.in_features, O = g_.out_features;
-    weights_.update(*ctx_, w);
+    weights_.update(call, w);
     const float* dx = call.in(x, x_);
     float* dy = call.out(y, y_);
     if (weights_.bias()) check(cuda::bias_rows(weights_.bias(), dy, g_.batch, G * O, ctx_->stream()), "bias");
@@ -59,7 +59,7 @@ class CudaGroupedLinear final : public LinearKernel, public GroupedLinearKernel 
   void backward_data(const float* dy, const WeightsView& w, float* dx) override {
     Call call(*ctx_);
     const int64_t G = g_.groups, I = g_.in_features, O = g_.out_features;
-    weights_.update(*ctx_, w);
+    weights_.update(call, w);
     const float* d_dy = call.in(dy, y_);
     float* d_dx = call.out(dx, x_);
     // dx_g[batch, I] = dy_g[batch, O] w_g[O, I]
@@ -566,6 +566,10 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaDropout>(ctx_, elements);
   }
   VectorKernel& vectors() override { return *vectors_; }
+  void wait() override {
+    ctx_->use();
+    ctx_->finish();
+  }
 
  private:
   Shared ctx_;

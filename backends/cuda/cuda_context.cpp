@@ -152,9 +152,14 @@ DeviceBuffer device_ones(const Context& ctx, int64_t count) {
   return ones;
 }
 
+void Call::put(void* device, const void* host, std::size_t bytes) {
+  ctx_.put(device, host, bytes);
+  staged_ = true;
+}
+
 const void* Call::stage_in(const void* host, const DeviceBuffer& staging) {
   if (!host || resident_ranges().contains(host, staging.bytes())) return host;
-  ctx_.put(staging.get(), host, staging.bytes());
+  put(staging.get(), host, staging.bytes());
   return staging.get();
 }
 
@@ -162,26 +167,30 @@ void* Call::stage_out(void* host, const DeviceBuffer& staging) {
   if (!host || resident_ranges().contains(host, staging.bytes())) return host;
   if (down_count_ == downs_.size()) fail("cuda", "a kernel call staged more outputs than Call holds");
   downs_[down_count_++] = {host, staging.get(), staging.bytes()};
+  staged_ = true;
   return staging.get();
 }
 
 void Call::end() {
   for (std::size_t i = 0; i < down_count_; ++i) ctx_.get(downs_[i].host, downs_[i].device, downs_[i].bytes);
   down_count_ = 0;
-  ctx_.finish();
+  // A copy from host memory may still be queued (page-locked memory is copied asynchronously),
+  // and one to it surely is: only a call on managed tensors alone may run ahead.
+  if (staged_ || !calls_run_ahead()) ctx_.finish();
+  staged_ = false;
 }
 
 DeviceWeights::DeviceWeights(std::size_t weight_count, std::size_t bias_count)
     : weight_(weight_count * sizeof(float)), bias_(bias_count * sizeof(float)), weight_count_(weight_count),
       bias_count_(bias_count) {}
 
-void DeviceWeights::update(const Context& ctx, const WeightsView& w) {
+void DeviceWeights::update(Call& call, const WeightsView& w) {
   const bool has_bias = w.bias != nullptr && bias_count_ > 0;
   const bool weight_resident = resident_ranges().contains(w.weight, weight_.bytes());
   const bool bias_resident = has_bias && resident_ranges().contains(w.bias, bias_.bytes());
   if (w.weight != seen_weight_ || w.version != seen_version_) {
-    if (!weight_resident) ctx.put(weight_.get(), w.weight, weight_.bytes());
-    if (has_bias && !bias_resident) ctx.put(bias_.get(), w.bias, bias_.bytes());
+    if (!weight_resident) call.put(weight_.get(), w.weight, weight_.bytes());
+    if (has_bias && !bias_resident) call.put(bias_.get(), w.bias, bias_.bytes());
     seen_weight_ = w.weight;
     seen_version_ = w.version;
   }

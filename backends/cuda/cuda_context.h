@@ -89,10 +89,15 @@ class Context {
 // TANDEM_CUDA_MEMORY=managed) is used in place; any other (host memory: a received frame, a
 // small tensor, a stash) is staged through one of the kernel's buffers: copied up before the
 // work (in) or down after it (out, queued by end()), as many bytes as the buffer holds. Null
-// stays null. end() waits for the stream, so the host may read what the call wrote.
+// stays null. end() waits for the stream, so the host may read what the call wrote; with
+// TANDEM_CUDA_ASYNC=1 (calls_run_ahead()) a call that staged nothing returns without waiting,
+// and the network waits where the host reads (Backend::wait).
 class Call {
  public:
   explicit Call(const Context& ctx) : ctx_(ctx) { ctx.use(); }
+  const Context& context() const { return ctx_; }
+  // `bytes` of host memory to the device, in stream order; the call then ends waiting.
+  void put(void* device, const void* host, std::size_t bytes);
   template <typename T>
   const T* in(const T* host, const DeviceBuffer& staging) {
     return static_cast<const T*>(stage_in(host, staging));
@@ -114,7 +119,12 @@ class Call {
   const Context& ctx_;
   std::array<Down, 8> downs_{};  // no kernel writes more outputs; fixed, so a call allocates nothing
   std::size_t down_count_ = 0;
+  bool staged_ = false;  // host memory was read or is to be written: end() must wait
 };
+
+// Whether kernel calls and vector passes on managed tensors may return before their work has
+// run (TANDEM_CUDA_ASYNC=1 with TANDEM_CUDA_MEMORY=managed installed; cuda_memory.cpp).
+bool calls_run_ahead();
 
 // `ctx` with its device made this thread's: what a kernel's constructor takes first, so that
 // the device buffers it allocates next land on that device.
@@ -132,8 +142,8 @@ DeviceBuffer device_ones(const Context& ctx, int64_t count);
 class DeviceWeights {
  public:
   DeviceWeights(std::size_t weight_count, std::size_t bias_count);
-  // Device pointers to `w`'s values (bias null when `w` has none).
-  void update(const Context& ctx, const WeightsView& w);
+  // Device pointers to `w`'s values (bias null when `w` has none); copies go through `call`.
+  void update(Call& call, const WeightsView& w);
   const float* weight() const { return weight_ptr_; }
   const float* bias() const { return bias_ptr_; }
 

@@ -103,7 +103,7 @@ class CudnnConv2d final : public Conv2dKernel {
 
   void forward(const float* x, const WeightsView& w, float* y) override {
     Call call(*ctx_);
-    weights_.update(*ctx_, w);
+    weights_.update(call, w);
     const float* d_x = call.in(x, x_);
     float* d_y = call.out(y, y_);
     if (weights_.bias()) check(bias_rows(weights_.bias(), d_y, rows_, g_.out_c, ctx_->stream()), "conv2d bias");
@@ -116,7 +116,7 @@ class CudnnConv2d final : public Conv2dKernel {
 
   void backward_data(const float* dy, const WeightsView& w, float* dx) override {
     Call call(*ctx_);
-    weights_.update(*ctx_, w);
+    weights_.update(call, w);
     const float* d_dy = call.in(dy, y_);
     const float one = 1.0f, zero = 0.0f;
     check(cudnnConvolutionBackwardData(ctx_->dnn(), &one, w_desc_, weights_.weight(), y_desc_, d_dy, conv_, data_algo_,

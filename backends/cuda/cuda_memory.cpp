@@ -2,6 +2,7 @@
 
 #include <cuda_runtime_api.h>
 
+#include <atomic>
 #include <cstdio>
 #include <cstdlib>
 #include <mutex>
@@ -92,6 +93,7 @@ std::string words(TensorPlacement placement) {
 
 std::mutex g_mu;
 std::string g_installed;  // the words of what install_tensor_memory installed
+std::atomic<bool> g_run_ahead{false};
 
 }  // namespace
 
@@ -112,7 +114,18 @@ void install_tensor_memory() {
   if (placement == TensorPlacement::pinned) set_tensor_memory(&kPinned);
   if (placement == TensorPlacement::managed) set_tensor_memory(&kManaged);
   g_installed = words(placement);
+  const char* run_ahead = std::getenv("TANDEM_CUDA_ASYNC");
+  if (run_ahead && std::string_view(run_ahead) == "1") {
+    if (placement == TensorPlacement::managed) {
+      g_run_ahead = true;
+      g_installed += "; calls on managed tensors run ahead of the host (TANDEM_CUDA_ASYNC=1)";
+    } else {
+      std::fprintf(stderr, "tandem: [cuda] TANDEM_CUDA_ASYNC=1 needs TANDEM_CUDA_MEMORY=managed: every call waits\n");
+    }
+  }
 }
+
+bool calls_run_ahead() { return g_run_ahead.load(std::memory_order_relaxed); }
 
 std::string placement_summary() {
   {

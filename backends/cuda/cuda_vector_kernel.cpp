@@ -1,6 +1,7 @@
 // The cuda backend's VectorKernel: on the device when every operand is a managed tensor
 // (resident_ranges()), so that gradient sums and optimizer updates never pull them to the host;
-// the host loops (host_vectors()) for anything else, which the host can always reach.
+// the host loops (host_vectors()) for anything else, which the host can always reach. On the
+// kernels' stream, so in order with them; each waits for it unless calls_run_ahead().
 #include "backends/cuda/cuda_vector_kernel.h"
 
 #include <mutex>
@@ -26,7 +27,7 @@ class CudaVectors final : public VectorKernel {
     if (!resident(x, n)) return host_vectors().fill(x, value, n);
     ctx_->use();
     check(cuda::fill(x, value, n, ctx_->stream()), "fill");
-    ctx_->finish();
+    done();
   }
 
   void copy(float* to, const float* from, int64_t n) override {
@@ -35,7 +36,7 @@ class CudaVectors final : public VectorKernel {
     ctx_->use();
     check(cudaMemcpyAsync(to, from, static_cast<std::size_t>(n) * sizeof(float), cudaMemcpyDefault, ctx_->stream()),
           "copy");
-    ctx_->finish();
+    resident(to, n) && resident(from, n) ? done() : ctx_->finish();
   }
 
   // One strided copy (cudaMemcpy2DAsync) where either side is a managed tensor.
@@ -51,21 +52,21 @@ class CudaVectors final : public VectorKernel {
                             static_cast<std::size_t>(width) * f, static_cast<std::size_t>(rows), cudaMemcpyDefault,
                             ctx_->stream()),
           "strided copy");
-    ctx_->finish();
+    resident(to, to_span) && resident(from, from_span) ? done() : ctx_->finish();
   }
 
   void accumulate(float* acc, const float* add, int64_t n) override {
     if (!resident(acc, n) || !resident(add, n)) return host_vectors().accumulate(acc, add, n);
     ctx_->use();
     check(cuda::accumulate(acc, add, n, ctx_->stream()), "accumulate");
-    ctx_->finish();
+    done();
   }
 
   void scale(float* x, double factor, int64_t n) override {
     if (!resident(x, n)) return host_vectors().scale(x, factor, n);
     ctx_->use();
     check(cuda::scale(x, factor, n, ctx_->stream()), "scale");
-    ctx_->finish();
+    done();
   }
 
   double squared_norm(const float* x, int64_t n) override {
@@ -85,7 +86,7 @@ class CudaVectors final : public VectorKernel {
       return host_vectors().sgd(u, w, g, momentum, n);
     ctx_->use();
     check(cuda::sgd(u, w, g, momentum, n, ctx_->stream()), "sgd");
-    ctx_->finish();
+    done();
   }
 
   void adam(const AdamUpdate& u, float* w, const float* g, float* m, float* v, int64_t n) override {
@@ -93,10 +94,20 @@ class CudaVectors final : public VectorKernel {
       return host_vectors().adam(u, w, g, m, v, n);
     ctx_->use();
     check(cuda::adam(u, w, g, m, v, n, ctx_->stream()), "adam");
+    done();
+  }
+
+  void wait() override {
+    ctx_->use();
     ctx_->finish();
   }
 
  private:
+  // The end of a pass on managed tensors alone: it may run ahead (calls_run_ahead()).
+  void done() const {
+    if (!calls_run_ahead()) ctx_->finish();
+  }
+
   std::shared_ptr<Context> ctx_;
   std::mutex scratch_mu_;
   DeviceBuffer scratch_;  // the norm's partial sums and total

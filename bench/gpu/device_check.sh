@@ -13,11 +13,12 @@
 #          cuda, own shards and batched; one CPU session on onednn for the 50x bar)
 #   alloc: train.no_allocation on cuda with the stacks of tandem's own allocations (addr2line)
 #   managed: the cuda tests and e2e.cuda_cloud with tensors in managed memory (used in place by
-#          kernels, TANDEM_CUDA_MEMORY=managed), then ResNet18's and spam-bert's backs alone,
-#          page-locked against managed, alternating, two rounds
+#          kernels, TANDEM_CUDA_MEMORY=managed), the grad, train, split and federation tests with
+#          calls running ahead (TANDEM_CUDA_ASYNC=1), then ResNet18's and spam-bert's backs
+#          alone, page-locked against managed against managed and ahead, two rounds
 #   one:   everything in one call (a session's device time fits one start and one call): the
-#          cuda tests page-locked and managed and e2e side by side, then bench with one round of
-#          a quarter of the steps, page-locked against managed tensors (one round), then
+#          cuda tests page-locked, managed and running ahead and e2e side by side, then bench
+#          with one round of a quarter of the steps, the placements (one round), then
 #          compute-sanitizer's memcheck over the cuda op and gradient tests in what is left of
 #          ONE_DEADLINE (400) s
 # Usage: bash bench/gpu/device_check.sh [check] [tests] [e2e] [bench] [managed] [one]   (`check` alone: no GPU work)
@@ -87,15 +88,16 @@ stage() {
   [[ $rc == 0 ]] || status=1
 }
 # placements ROUNDS: ResNet18's and spam-bert's backs alone (bench_back_shard's JSON line, and
-# before it in placement.log where a step's time went), with tensors page-locked and in
-# managed memory, alternating.
+# before it in placement.log where a step's time went), with tensors page-locked, in managed
+# memory, and managed with calls running ahead (TANDEM_CUDA_ASYNC=1), alternating.
 placements() {
   for _ in $(seq 1 "$1"); do
-    for mem in pinned managed; do
+    for mode in "TANDEM_CUDA_MEMORY=pinned" "TANDEM_CUDA_MEMORY=managed" "TANDEM_CUDA_MEMORY=managed TANDEM_CUDA_ASYNC=1"; do
       while read -r name spec cut; do
-        stage placement 45 env TANDEM_CUDA_MEMORY=$mem "$build/bench/bench_back_shard" "$spec" --cut "$cut" \
+        # shellcheck disable=SC2086  # the mode is two assignments at most
+        stage placement 45 env $mode "$build/bench/bench_back_shard" "$spec" --cut "$cut" \
           --backend cuda --batch 64 --steps 30 --warmup 3 --breakdown 1
-        say "  ($name, TANDEM_CUDA_MEMORY=$mem)"
+        say "  ($name, $mode)"
       done << 'MODELS'
 resnet18 samples/models/resnet18-32.json relu17
 spam-bert samples/spam-bert/model.json bert.encoder.layer.1.output.LayerNorm
@@ -104,6 +106,9 @@ MODELS
   done
 }
 cuda_tests='\.cuda$|cuda_registry'
+# With calls running ahead only a network's passes wait (Backend::wait): the op tests, which
+# read a kernel's outputs right after the call, are not for that mode.
+async_tests='^(grad|train|split|federation)\..*\.cuda$'
 for s in "${stages[@]}"; do
   case $s in
     check) ;;
@@ -113,6 +118,8 @@ for s in "${stages[@]}"; do
         --output-on-failure -j 4
       stage e2e_managed 330 env TANDEM_CUDA_MEMORY=managed ctest --test-dir "$build" -R '^e2e\.cuda_cloud$' \
         --output-on-failure
+      stage tests_async 240 env TANDEM_CUDA_MEMORY=managed TANDEM_CUDA_ASYNC=1 ctest --test-dir "$build" \
+        -R "$async_tests" --output-on-failure -j 4
       placements 2 ;;
     alloc) stage alloc 60 env TANDEM_ALLOC_TRACE=1 TANDEM_BACKEND=cuda "$build/tests/tandem_train_tests" \
       --gtest_filter=Train.SteadyStateStepDoesNotAllocate ;;
@@ -126,6 +133,8 @@ for s in "${stages[@]}"; do
       stage tests 200 ctest --test-dir "$build" -R "$cuda_tests" --output-on-failure --timeout 90 -j 4 &
       stage tests_managed 200 env TANDEM_CUDA_MEMORY=managed ctest --test-dir "$build" -R "$cuda_tests" \
         --output-on-failure --timeout 90 -j 4 &
+      stage tests_async 200 env TANDEM_CUDA_MEMORY=managed TANDEM_CUDA_ASYNC=1 ctest --test-dir "$build" \
+        -R "$async_tests" --output-on-failure --timeout 90 -j 2 &
       stage e2e 200 ctest --test-dir "$build" -R '^e2e\.cuda_cloud$' --output-on-failure &
       wait
       stage back_shard 150 env ROUNDS=1 QUICK=1 bash bench/gpu/back_shard.sh

@@ -63,7 +63,8 @@ void AttentionLayer::backward(std::span<const Tensor> in, const Tensor&, const T
     probs = p;
   }
   k.backward(in[0].data(), in[1].data(), in[2].data(), probs, grad_out.data(), data(0), data(1), data(2));
-  if (grad_in.size() > 3 && grad_in[3].defined()) grad_in[3].fill(0.0f);  // the mask is not differentiable
+  if (grad_in.size() > 3 && grad_in[3].defined())  // the mask is not differentiable
+    backend_.vectors().fill(grad_in[3].data(), 0.0f, grad_in[3].numel());
 }
 
 }  // namespace tandem

@@ -44,6 +44,9 @@ class Layer {
   // True when the output is the first input seen with another shape (flatten): the network
   // aliases the tensors instead of calling forward and backward.
   virtual bool is_view() const { return false; }
+  // Whether its own code reads or writes tensor values on the host, not only through kernels
+  // and the backend's vector passes: the network waits for the backend before running it.
+  virtual bool touches_host() const { return true; }
 
   // The forward's tensors whose values backward and backward_weights read, besides the
   // stash: inputs (bit i: input i) and the output. A training forward keeps the others only

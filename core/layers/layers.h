@@ -16,6 +16,7 @@ void init_normal(Param& p, float stddev, Rng& rng);
 
 class Conv2dLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   Conv2dLayer(const GraphNode& node, const Shape& in, Backend& backend, Rng& rng);
   std::vector<Param*> params() override;
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
@@ -37,6 +38,7 @@ class Conv2dLayer final : public Layer {
 
 class LinearLayer final : public Layer {
  public:
+  bool touches_host() const override { return lora_a_.has_value(); }  // LoRA's terms are host loops
   // x for the weight's gradient or the adapter's; a frozen linear reads nothing.
   Reads backward_reads() const override { return {weight_.trainable() || lora_a_ ? 1u : 0u, false}; }
   LinearLayer(const GraphNode& node, const Shape& in, Backend& backend, Rng& rng);
@@ -82,6 +84,7 @@ class LinearLayer final : public Layer {
 
 class HeadsLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   HeadsLayer(const GraphNode& node, const Shape& in, Backend& backend, Rng& rng);
   std::vector<Param*> params() override;
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
@@ -109,6 +112,7 @@ class HeadsLayer final : public Layer {
 
 class ReluLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   Reads backward_reads() const override { return {0u, true}; }  // relu's gradient reads y
   ReluLayer(std::string name, Backend& backend) : Layer(std::move(name)), backend_(backend) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
@@ -124,6 +128,7 @@ class ReluLayer final : public Layer {
 // An activation op (relu6, gelu, silu, ...): the backend's activation kernel on the whole tensor.
 class ActivationLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   // x (oneDNN reads it for every kind), and y for sigmoid and tanh.
   Reads backward_reads() const override { return {1u, kind_.backward_reads_output}; }
   ActivationLayer(std::string name, const Activation& kind, Backend& backend)
@@ -144,6 +149,7 @@ class ActivationLayer final : public Layer {
 // mask (one byte an element) stays in the micro-batch's stash for backward.
 class DropoutLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   Reads backward_reads() const override { return {0u, false}; }  // the mask is stashed
   DropoutLayer(std::string name, float p, uint64_t seed, Backend& backend)
       : Layer(std::move(name)), p_(p), seed_(seed), backend_(backend) {}
@@ -199,6 +205,7 @@ class BatchNormLayer final : public Layer {
 // primitive, the reference loops elsewhere).
 class LayerNormLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   Reads backward_reads() const override { return {1u, false}; }
   LayerNormLayer(const GraphNode& node, const Shape& in, Backend& backend);
   std::vector<Param*> params() override { return {&weight_, &bias_}; }
@@ -281,6 +288,7 @@ class ClassTokenLayer final : public Layer {
 // kernels from the backend, the softmax probabilities stashed per micro-batch.
 class AttentionLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   // q, k, v (the probabilities are stashed), and the mask when they are computed again.
   Reads backward_reads() const override { return {recompute_ ? 0b1111u : 0b111u, false}; }
   AttentionLayer(const GraphNode& node, const Shape& in, Backend& backend);
@@ -325,6 +333,7 @@ class TokenPoolLayer final : public Layer {
 // keeps the tensors; the gradient is sliced back.
 class ConcatLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   Reads backward_reads() const override { return {0u, false}; }
   ConcatLayer(std::string name, Backend& backend) : Layer(std::move(name)), backend_(backend) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
@@ -338,6 +347,7 @@ class ConcatLayer final : public Layer {
 // a + b (residual connections); the gradient goes to both inputs unchanged.
 class AddLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   Reads backward_reads() const override { return {0u, false}; }
   AddLayer(std::string name, Backend& backend) : Layer(std::move(name)), backend_(backend) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
@@ -352,6 +362,7 @@ class AddLayer final : public Layer {
 // Softmax over the last dimension (probabilities as a layer; training losses take logits).
 class SoftmaxLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   Reads backward_reads() const override { return {0u, true}; }
   SoftmaxLayer(std::string name, const Shape& in, Backend& backend)
       : Layer(std::move(name)), channels_(in[in.rank() - 1]), backend_(backend) {}
@@ -369,6 +380,7 @@ class SoftmaxLayer final : public Layer {
 // [N, H, W, C] -> [N, C], the mean of each channel.
 class GlobalAvgPoolLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   GlobalAvgPoolLayer(std::string name, const Shape& in, Backend& backend)
       : Layer(std::move(name)), in_(in), backend_(backend) {}
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
@@ -384,6 +396,7 @@ class GlobalAvgPoolLayer final : public Layer {
 
 class MaxPool2dLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   MaxPool2dLayer(const GraphNode& node, const Shape& in, Backend& backend);
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
@@ -411,6 +424,7 @@ class MaxPool2dLayer final : public Layer {
 
 class AvgPool2dLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   AvgPool2dLayer(const GraphNode& node, const Shape& in, Backend& backend);
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
@@ -427,6 +441,7 @@ class AvgPool2dLayer final : public Layer {
 // the max pool that reads it: the network aliases the tensors.
 class ViewLayer final : public Layer {
  public:
+  bool touches_host() const override { return false; }  // kernels only
   explicit ViewLayer(std::string name) : Layer(std::move(name)) {}
   bool is_view() const override { return true; }
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
