@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <exception>
 
 #include "core/error.h"
 #include "core/layers/layers.h"
@@ -25,6 +26,26 @@ void copy_into(VectorKernel& v, Tensor& to, const Tensor& from) { v.copy(to.data
 double now_s() {
   return std::chrono::duration<double>(std::chrono::steady_clock::now().time_since_epoch()).count();
 }
+
+// A pass that throws part-way may leave kernel calls queued (a backend whose calls run ahead):
+// they finish before the error unwinds into code that frees or rewrites their tensors. A
+// failure of the wait itself is the device's, and the first error is the one to report.
+class WaitOnUnwind {
+ public:
+  explicit WaitOnUnwind(Backend& backend) : backend_(backend), exceptions_(std::uncaught_exceptions()) {}
+  ~WaitOnUnwind() {
+    if (std::uncaught_exceptions() > exceptions_) try {
+        backend_.wait();
+      } catch (...) {
+      }
+  }
+  WaitOnUnwind(const WaitOnUnwind&) = delete;
+  WaitOnUnwind& operator=(const WaitOnUnwind&) = delete;
+
+ private:
+  Backend& backend_;
+  int exceptions_;
+};
 
 }  // namespace
 
@@ -292,6 +313,7 @@ void Network::drop_deferred_weights() {
 
 void Network::backward_weights(int slot_index) {
   if (!weights_pending(slot_index)) return;
+  const WaitOnUnwind unwinding(backend_);
   Slot& s = slots_[static_cast<std::size_t>(slot_index)];
   const std::size_t first_node = graph_.inputs().size();
   for (std::size_t n = graph_.nodes().size(); n-- > 0;) {
@@ -302,7 +324,7 @@ void Network::backward_weights(int slot_index) {
     const double t0 = times_ ? now_s() : 0.0;
     if (layers_[n]->touches_host()) backend_.wait();
     layers_[n]->backward_weights(node_inputs_, s.values[first_node + n], grad_out, s.stashes[n]);
-    if (times_) times_->weights_s[n] += now_s() - t0;
+    if (times_) times_->weights_s[n] += (backend_.wait(), now_s()) - t0;  // the work, not its launch
     grad_out = Tensor();
   }
   s.weights_pending = false;
@@ -332,6 +354,7 @@ Tensor& Network::buffer(Buffers& pool, int id, const Shape& shape) {
 }
 
 const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
+  const WaitOnUnwind unwinding(backend_);
   const auto& graph_inputs = graph_.inputs();
   if (inputs.size() != graph_inputs.size())
     fail("network", cat(graph_.name(), ": expected ", graph_inputs.size(), " inputs, got ", inputs.size()));
@@ -408,7 +431,7 @@ const Tensor& Network::forward(std::span<const Tensor> inputs, int slot_index) {
     const double t0 = times_ ? now_s() : 0.0;
     if (layers_[n]->touches_host()) backend_.wait();
     layers_[n]->forward(node_inputs_, out, s.stashes[n]);
-    if (times_) times_->forward_s[n] += now_s() - t0;
+    if (times_) times_->forward_s[n] += (backend_.wait(), now_s()) - t0;
     if (!evaluation) {
       give_back_transients();
       continue;
@@ -437,6 +460,7 @@ const Tensor& Network::forward_in_pieces(std::span<const Tensor> inputs, int slo
     if (begin == 0) joined.out = view_of_backing(joined.storage, out.shape().resize_batch(count));
     backend_.vectors().copy(joined.out.data() + begin * out.shape().item_numel(), out.data(), out.numel());
   }
+  backend_.wait();  // the joined output is whole for the host
   return joined.out;
 }
 
@@ -451,6 +475,7 @@ const Tensor& Network::output(int slot_index) const {
 Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_input_grad, bool defer_weights) {
   if (slot_index < 0 || static_cast<std::size_t>(slot_index) >= slots_.size() || slots_[static_cast<std::size_t>(slot_index)].values.empty())
     fail("network", cat(graph_.name(), ": backward of slot ", slot_index, " before its forward"));
+  const WaitOnUnwind unwinding(backend_);
   Slot& s = slots_[static_cast<std::size_t>(slot_index)];
   if (s.weights_pending)
     fail("network", cat(graph_.name(), ": backward of slot ", slot_index, " before its deferred weight gradients"));
@@ -524,7 +549,7 @@ Tensor Network::backward(const Tensor& grad_output, int slot_index, bool want_in
         if (layers_[n]->touches_host()) backend_.wait();
         layers_[n]->backward(node_inputs_, s.values[id], grad_out, node_grads_, s.stashes[n]);
       }
-      if (times_) times_->backward_s[n] += now_s() - t0;
+      if (times_) times_->backward_s[n] += (backend_.wait(), now_s()) - t0;
     }
     // Fold each input's gradient into what earlier consumers left there.
     for (std::size_t k = 0; k < input_ids_[n].size(); ++k) {

@@ -111,7 +111,7 @@ struct EncoderSplit {
   std::string json;
   ModelSpec spec = parse_model_json(json);
   Graph graph = Graph::build(spec);
-  std::unique_ptr<Backend> backend = make_backend(backend_under_test());
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
   Network whole{graph, *backend, 5};
   Network front{graph.split("ln1").first, *backend, 0}, back{graph.split("ln1").second, *backend, 0};
   Sgd front_opt{front.params(), sgd()}, back_opt{back.params(), sgd()};
@@ -278,7 +278,7 @@ TEST(SequenceSplit, MicroBatchesInFlightBackUpAsOneAtATime) {
     SCOPED_TRACE(lora ? "LoRA on the queries and values, the rest frozen" : "every weight trains");
     SCOPED_TRACE(recompute ? "in flight: attention computed again in backward" : "in flight: probabilities stashed");
     const Graph graph = Graph::build(parse_model_json(lora ? lora_encoder_spec() : std::string(kEncoderSpec)));
-    auto backend = make_backend(backend_under_test());
+    auto backend = make_test_backend(backend_under_test());
     Network one_at_a_time(graph, *backend, 5), in_flight(graph, *backend, 5);
     in_flight.set_recompute(recompute);
     if (lora) {

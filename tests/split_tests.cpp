@@ -287,7 +287,7 @@ TEST_P(Zoo, SplitTrainsLikeTheWholeModel) {
   const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/models/" + GetParam() + ".json");
   const Graph graph = Graph::build(spec);
   const auto [front_graph, back_graph] = graph.split(graph.default_cut());
-  auto edge_backend = make_backend(backend_under_test()), cloud_backend = make_backend(backend_under_test());
+  auto edge_backend = make_test_backend(backend_under_test()), cloud_backend = make_test_backend(backend_under_test());
   auto reference = make_backend("reference");
   const bool exact = backend_under_test() == "reference";
   const double loss_tol = exact ? 2e-3 : 5e-2;

@@ -18,6 +18,7 @@
 #include "core/random.h"
 #include "core/tensor.h"
 #include "backends/registry.h"
+#include "deferring_backend.h"
 #include "small_split_spec.h"
 
 namespace tandem::test {
@@ -65,6 +66,7 @@ inline std::string backend_under_test() {
 
 // TANDEM_THREADS (default 1): the backend's threads, for the thread-pool variants of tests.
 inline std::unique_ptr<Backend> make_test_backend(const std::string& name) {
+  if (name == "deferred") return std::make_unique<DeferringBackend>();  // deferring_backend.h
   const char* threads = std::getenv("TANDEM_THREADS");
   return make_backend(name, BackendOptions{threads && *threads ? std::atoi(threads) : 1});
 }

@@ -54,7 +54,7 @@ constexpr const char* kSquareMiddleSpec = R"({ name: "square-middle", inputs: [ 
 struct UShaped {
   ModelSpec spec;
   Graph graph = Graph::build(spec);
-  std::unique_ptr<Backend> backend = make_backend(backend_under_test());
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
   Network whole{graph, *backend, 77};
   std::string cut = kCut;
   Network front{graph.split(cut).first, *backend, 0}, middle{graph.split(cut).second, *backend, 0},

@@ -566,10 +566,7 @@ class CudaBackend final : public Backend {
     return std::make_unique<CudaDropout>(ctx_, elements);
   }
   VectorKernel& vectors() override { return *vectors_; }
-  void wait() override {
-    ctx_->use();
-    ctx_->finish();
-  }
+  void wait() override { ctx_->wait(); }
 
  private:
   Shared ctx_;

@@ -124,6 +124,14 @@ void Context::get(void* host, const void* device, std::size_t bytes) const {
 }
 void Context::finish() const { check(cudaStreamSynchronize(stream_), "the stream's work"); }
 
+void Context::wait() const {
+  use();
+  check(cudaStreamSynchronize(stream_),
+        calls_run_ahead() ? "the kernels queued since the last wait (TANDEM_CUDA_ASYNC=1: any of them may have failed; "
+                            "run without it to see which)"
+                          : "the stream's work");
+}
+
 void Context::gemm(bool trans_a, bool trans_b, int64_t m, int64_t n, int64_t k, const float* a, int64_t lda,
                    int64_t stride_a, const float* b, int64_t ldb, int64_t stride_b, float beta, float* c, int64_t ldc,
                    int64_t stride_c, int64_t count) const {

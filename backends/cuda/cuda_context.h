@@ -65,6 +65,9 @@ class Context {
   void put(void* device, const void* host, std::size_t bytes) const;
   void get(void* host, const void* device, std::size_t bytes) const;
   void finish() const;
+  // finish() for a host read after calls that may have run ahead (Backend::wait): its error
+  // says that the failing kernel may be any queued since the last wait.
+  void wait() const;
 
   // out[c] = sum over r of x[r, c] for x [rows, cols] (a bias gradient): cuBLAS' GEMV with
   // `ones` (at least `rows` ones on the device), deterministic, unlike atomics.
@@ -95,7 +98,6 @@ class Context {
 class Call {
  public:
   explicit Call(const Context& ctx) : ctx_(ctx) { ctx.use(); }
-  const Context& context() const { return ctx_; }
   // `bytes` of host memory to the device, in stream order; the call then ends waiting.
   void put(void* device, const void* host, std::size_t bytes);
   template <typename T>

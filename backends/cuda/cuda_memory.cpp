@@ -59,7 +59,9 @@ void managed_release(void* p) {
 }
 
 constexpr TensorMemory kPinned{kPinnedMinBytes, pinned_allocate, pinned_release};
-constexpr TensorMemory kManaged{kManagedMinBytes, managed_allocate, managed_release};
+// TANDEM_CUDA_MANAGED_MIN_BYTES lowers the threshold, for tests whose tensors are all small
+// (device_check.sh runs the network tests with calls running ahead on every tensor).
+TensorMemory g_managed{kManagedMinBytes, managed_allocate, managed_release};
 
 }  // namespace
 
@@ -85,7 +87,7 @@ std::string words(TensorPlacement placement) {
     case TensorPlacement::pinned:
       return cat("tensors of ", kPinnedMinBytes >> 10, " KiB and more page-locked (TANDEM_CUDA_MEMORY=pinned)");
     case TensorPlacement::managed:
-      return cat("tensors of ", kManagedMinBytes >> 10, " KiB and more in managed memory, used in place by kernels ",
+      return cat("tensors of ", g_managed.min_bytes, " bytes and more in managed memory, used in place by kernels ",
                  "(TANDEM_CUDA_MEMORY=managed)");
   }
   return "";
@@ -112,7 +114,11 @@ void install_tensor_memory() {
     }
   }
   if (placement == TensorPlacement::pinned) set_tensor_memory(&kPinned);
-  if (placement == TensorPlacement::managed) set_tensor_memory(&kManaged);
+  if (placement == TensorPlacement::managed) {
+    if (const char* min = std::getenv("TANDEM_CUDA_MANAGED_MIN_BYTES"); min && *min)
+      g_managed.min_bytes = static_cast<std::size_t>(std::strtoull(min, nullptr, 10));
+    set_tensor_memory(&g_managed);
+  }
   g_installed = words(placement);
   const char* run_ahead = std::getenv("TANDEM_CUDA_ASYNC");
   if (run_ahead && std::string_view(run_ahead) == "1") {
@@ -120,7 +126,10 @@ void install_tensor_memory() {
       g_run_ahead = true;
       g_installed += "; calls on managed tensors run ahead of the host (TANDEM_CUDA_ASYNC=1)";
     } else {
-      std::fprintf(stderr, "tandem: [cuda] TANDEM_CUDA_ASYNC=1 needs TANDEM_CUDA_MEMORY=managed: every call waits\n");
+      std::fprintf(stderr, "tandem: [cuda] TANDEM_CUDA_ASYNC=1 runs calls ahead only on managed tensors (%s): every "
+                           "call waits\n",
+                   chosen_placement() == TensorPlacement::managed ? "which this device cannot use"
+                                                                  : "TANDEM_CUDA_MEMORY=managed");
     }
   }
 }

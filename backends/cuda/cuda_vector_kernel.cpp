@@ -24,7 +24,7 @@ class CudaVectors final : public VectorKernel {
       : ctx_(bound(std::move(ctx))), scratch_(squared_norm_scratch() * sizeof(double)) {}
 
   void fill(float* x, float value, int64_t n) override {
-    if (!resident(x, n)) return host_vectors().fill(x, value, n);
+    if (!resident(x, n)) return host().fill(x, value, n);
     ctx_->use();
     check(cuda::fill(x, value, n, ctx_->stream()), "fill");
     done();
@@ -32,7 +32,7 @@ class CudaVectors final : public VectorKernel {
 
   void copy(float* to, const float* from, int64_t n) override {
     if (to == from || n == 0) return;
-    if (!resident(to, n) && !resident(from, n)) return host_vectors().copy(to, from, n);
+    if (!resident(to, n) && !resident(from, n)) return host().copy(to, from, n);
     ctx_->use();
     check(cudaMemcpyAsync(to, from, static_cast<std::size_t>(n) * sizeof(float), cudaMemcpyDefault, ctx_->stream()),
           "copy");
@@ -45,7 +45,7 @@ class CudaVectors final : public VectorKernel {
     if (rows == 0 || width == 0) return;
     const int64_t to_span = (rows - 1) * to_stride + width, from_span = (rows - 1) * from_stride + width;
     if (!resident(to, to_span) && !resident(from, from_span))
-      return host_vectors().copy_rows(to, to_stride, from, from_stride, width, rows);
+      return host().copy_rows(to, to_stride, from, from_stride, width, rows);
     ctx_->use();
     constexpr auto f = sizeof(float);
     check(cudaMemcpy2DAsync(to, static_cast<std::size_t>(to_stride) * f, from, static_cast<std::size_t>(from_stride) * f,
@@ -56,14 +56,14 @@ class CudaVectors final : public VectorKernel {
   }
 
   void accumulate(float* acc, const float* add, int64_t n) override {
-    if (!resident(acc, n) || !resident(add, n)) return host_vectors().accumulate(acc, add, n);
+    if (!resident(acc, n) || !resident(add, n)) return host().accumulate(acc, add, n);
     ctx_->use();
     check(cuda::accumulate(acc, add, n, ctx_->stream()), "accumulate");
     done();
   }
 
   void scale(float* x, double factor, int64_t n) override {
-    if (!resident(x, n)) return host_vectors().scale(x, factor, n);
+    if (!resident(x, n)) return host().scale(x, factor, n);
     ctx_->use();
     check(cuda::scale(x, factor, n, ctx_->stream()), "scale");
     done();
@@ -71,7 +71,7 @@ class CudaVectors final : public VectorKernel {
 
   double squared_norm(const float* x, int64_t n) override {
     if (n == 0) return 0.0;
-    if (!resident(x, n)) return host_vectors().squared_norm(x, n);
+    if (!resident(x, n)) return host().squared_norm(x, n);
     std::lock_guard lock(scratch_mu_);  // one scratch for the backend; its threads take turns
     ctx_->use();
     check(cuda::squared_norm(x, n, static_cast<double*>(scratch_.get()), ctx_->stream()), "squared norm");
@@ -83,7 +83,7 @@ class CudaVectors final : public VectorKernel {
 
   void sgd(const SgdUpdate& u, float* w, const float* g, float* momentum, int64_t n) override {
     if (!resident(w, n) || !resident(g, n) || (momentum && !resident(momentum, n)))
-      return host_vectors().sgd(u, w, g, momentum, n);
+      return host().sgd(u, w, g, momentum, n);
     ctx_->use();
     check(cuda::sgd(u, w, g, momentum, n, ctx_->stream()), "sgd");
     done();
@@ -91,18 +91,21 @@ class CudaVectors final : public VectorKernel {
 
   void adam(const AdamUpdate& u, float* w, const float* g, float* m, float* v, int64_t n) override {
     if (!resident(w, n) || !resident(g, n) || !resident(m, n) || !resident(v, n))
-      return host_vectors().adam(u, w, g, m, v, n);
+      return host().adam(u, w, g, m, v, n);
     ctx_->use();
     check(cuda::adam(u, w, g, m, v, n, ctx_->stream()), "adam");
     done();
   }
 
-  void wait() override {
-    ctx_->use();
-    ctx_->finish();
-  }
+  void wait() override { ctx_->wait(); }
 
  private:
+  // The host loops, for operands not all managed. A managed one among them may still be
+  // written or read by calls queued ahead (calls_run_ahead()): those finish first.
+  VectorKernel& host() const {
+    if (calls_run_ahead()) ctx_->finish();
+    return host_vectors();
+  }
   // The end of a pass on managed tensors alone: it may run ahead (calls_run_ahead()).
   void done() const {
     if (!calls_run_ahead()) ctx_->finish();

@@ -107,7 +107,8 @@ MODELS
 }
 cuda_tests='\.cuda$|cuda_registry'
 # With calls running ahead only a network's passes wait (Backend::wait): the op tests, which
-# read a kernel's outputs right after the call, are not for that mode.
+# read a kernel's outputs right after the call, are not for that mode. Every tensor managed
+# (TANDEM_CUDA_MANAGED_MIN_BYTES=0), so that the tests' small ones run ahead too.
 async_tests='^(grad|train|split|federation)\..*\.cuda$'
 for s in "${stages[@]}"; do
   case $s in
@@ -118,7 +119,7 @@ for s in "${stages[@]}"; do
         --output-on-failure -j 4
       stage e2e_managed 330 env TANDEM_CUDA_MEMORY=managed ctest --test-dir "$build" -R '^e2e\.cuda_cloud$' \
         --output-on-failure
-      stage tests_async 240 env TANDEM_CUDA_MEMORY=managed TANDEM_CUDA_ASYNC=1 ctest --test-dir "$build" \
+      stage tests_async 240 env TANDEM_CUDA_MEMORY=managed TANDEM_CUDA_ASYNC=1 TANDEM_CUDA_MANAGED_MIN_BYTES=0 ctest --test-dir "$build" \
         -R "$async_tests" --output-on-failure -j 4
       placements 2 ;;
     alloc) stage alloc 60 env TANDEM_ALLOC_TRACE=1 TANDEM_BACKEND=cuda "$build/tests/tandem_train_tests" \
@@ -133,7 +134,7 @@ for s in "${stages[@]}"; do
       stage tests 200 ctest --test-dir "$build" -R "$cuda_tests" --output-on-failure --timeout 90 -j 4 &
       stage tests_managed 200 env TANDEM_CUDA_MEMORY=managed ctest --test-dir "$build" -R "$cuda_tests" \
         --output-on-failure --timeout 90 -j 4 &
-      stage tests_async 200 env TANDEM_CUDA_MEMORY=managed TANDEM_CUDA_ASYNC=1 ctest --test-dir "$build" \
+      stage tests_async 200 env TANDEM_CUDA_MEMORY=managed TANDEM_CUDA_ASYNC=1 TANDEM_CUDA_MANAGED_MIN_BYTES=0 ctest --test-dir "$build" \
         -R "$async_tests" --output-on-failure --timeout 90 -j 2 &
       stage e2e 200 ctest --test-dir "$build" -R '^e2e\.cuda_cloud$' --output-on-failure &
       wait

@@ -46,6 +46,8 @@ class Layer {
   virtual bool is_view() const { return false; }
   // Whether its own code reads or writes tensor values on the host, not only through kernels
   // and the backend's vector passes: the network waits for the backend before running it.
+  // Such a layer that reads its own kernels' outputs on the host (batch norm's statistics,
+  // LoRA's terms) relies on those outputs being host memory the call copies down and waits for.
   virtual bool touches_host() const { return true; }
 
   // The forward's tensors whose values backward and backward_weights read, besides the

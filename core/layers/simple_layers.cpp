@@ -100,7 +100,7 @@ void AddLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
 void AddLayer::backward(std::span<const Tensor>, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
                         Stash&) {
   for (Tensor& g : grad_in)
-    if (g.defined()) g.copy_from(grad_out);
+    if (g.defined()) backend_.vectors().copy(g.data(), grad_out.data(), g.numel());
 }
 
 SoftmaxKernel& SoftmaxLayer::kernel(int64_t rows) {
