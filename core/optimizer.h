@@ -66,6 +66,11 @@ class Optimizer {
  private:
   float scale_ = 1.0f;
   double last_norm_ = 0.0;
+  // The gradients' pointers, lengths and squared norms for VectorKernel::squared_norms, made
+  // once: a step allocates nothing.
+  std::vector<const float*> norm_x_;
+  std::vector<int64_t> norm_n_;
+  std::vector<double> norm_out_;
 };
 
 class Sgd final : public Optimizer {

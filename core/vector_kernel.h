@@ -37,6 +37,11 @@ class VectorKernel {
   virtual void accumulate(float* acc, const float* add, int64_t n) = 0;  // acc += add
   virtual void scale(float* x, double factor, int64_t n) = 0;           // x = float(x * factor)
   virtual double squared_norm(const float* x, int64_t n) = 0;           // in double
+  // squared_norm of each of `count` arrays (x[i] of n[i] floats) into out[i]: the optimizer's
+  // global norm, one wait for all where the backend runs them on a device.
+  virtual void squared_norms(const float* const* x, const int64_t* n, int count, double* out) {
+    for (int i = 0; i < count; ++i) out[i] = squared_norm(x[i], n[i]);
+  }
   // torch.optim.SGD on w with gradient g (momentum null when momentum is 0).
   virtual void sgd(const SgdUpdate& u, float* w, const float* g, float* momentum, int64_t n) = 0;
   // torch.optim.Adam / AdamW on w with gradient g and moments m, v.

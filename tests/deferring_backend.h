@@ -98,27 +98,12 @@ void run(bool queued, F&& call) {
 }
 
 // Each kernel kind: the inner kernel shared with the queued calls (a layer may drop it first).
-class Conv2d final : public Conv2dKernel {
- public:
-  explicit Conv2d(std::unique_ptr<Conv2dKernel> k) : k_(std::move(k)) {}
-  void forward(const float* x, const WeightsView& w, float* y) override {
-    run(tensors(x, w.weight, w.bias, y), [k = k_, x, w, y] { k->forward(x, w, y); });
-  }
-  void backward_data(const float* dy, const WeightsView& w, float* dx) override {
-    run(tensors(dy, w.weight, w.bias, dx), [k = k_, dy, w, dx] { k->backward_data(dy, w, dx); });
-  }
-  void backward_weights(const float* x, const float* dy, float* dw, float* db) override {
-    run(tensors(x, dy, dw, db), [k = k_, x, dy, dw, db] { k->backward_weights(x, dy, dw, db); });
-  }
-
- private:
-  std::shared_ptr<Conv2dKernel> k_;
-};
-
+// Convolutions, linears and grouped linears share one contract: forward, backward_data,
+// backward_weights.
 template <typename Kernel>
-class LinearLike final : public Kernel {
+class Weighted final : public Kernel {
  public:
-  explicit LinearLike(std::unique_ptr<Kernel> k) : k_(std::move(k)) {}
+  explicit Weighted(std::unique_ptr<Kernel> k) : k_(std::move(k)) {}
   void forward(const float* x, const WeightsView& w, float* y) override {
     run(tensors(x, w.weight, w.bias, y), [k = k_, x, w, y] { k->forward(x, w, y); });
   }
@@ -334,13 +319,13 @@ class DeferringBackend final : public Backend {
     return inner_->supports(op, inputs);
   }
   std::unique_ptr<Conv2dKernel> conv2d(const Conv2dGeometry& g) override {
-    return std::make_unique<deferred::Conv2d>(inner_->conv2d(g));
+    return std::make_unique<deferred::Weighted<Conv2dKernel>>(inner_->conv2d(g));
   }
   std::unique_ptr<LinearKernel> linear(const LinearGeometry& g) override {
-    return std::make_unique<deferred::LinearLike<LinearKernel>>(inner_->linear(g));
+    return std::make_unique<deferred::Weighted<LinearKernel>>(inner_->linear(g));
   }
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {
-    return std::make_unique<deferred::LinearLike<GroupedLinearKernel>>(inner_->grouped_linear(g));
+    return std::make_unique<deferred::Weighted<GroupedLinearKernel>>(inner_->grouped_linear(g));
   }
   std::unique_ptr<ReluKernel> relu(int64_t n) override { return std::make_unique<deferred::Relu>(inner_->relu(n)); }
   std::unique_ptr<ActivationKernel> activation(const Activation& a, int64_t n) override {

@@ -522,6 +522,15 @@ TEST(Vectors, MatchTheReference) {
       expect_close(t.data(), r.data(), n, "scale", 1e-6f);
       const double norm = want.squared_norm(r.data(), n);
       EXPECT_NEAR(got.squared_norm(t.data(), n), norm, 1e-6 * norm) << "squared norm";
+      // Three at once, one of them empty: each as alone.
+      const float* arrays[3] = {r.data(), g.data(), w0.data()};
+      const int64_t lengths[3] = {n, 0, n / 2};
+      double want_norms[3], got_norms[3] = {-1.0, -1.0, -1.0};
+      want.squared_norms(arrays, lengths, 3, want_norms);
+      got.squared_norms(arrays, lengths, 3, got_norms);
+      for (int i = 0; i < 3; ++i)
+        EXPECT_NEAR(got_norms[i], want_norms[i], 1e-6 * want_norms[i]) << "squared norms, array " << i;
+      EXPECT_EQ(want_norms[1], 0.0);
     }
     for (const SgdUpdate u : {SgdUpdate{0.1f, 0.0f, 0.0f, 0.01f, false, true}, SgdUpdate{0.1f, 0.9f, 0.0f, 0.0f, false, true},
                               SgdUpdate{0.1f, 0.9f, 0.2f, 0.01f, false, false},

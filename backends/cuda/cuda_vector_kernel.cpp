@@ -5,6 +5,7 @@
 #include "backends/cuda/cuda_vector_kernel.h"
 
 #include <mutex>
+#include <vector>
 
 #include "backends/cuda/cuda_kernels.h"
 #include "backends/cuda/cuda_vectors.h"
@@ -81,6 +82,28 @@ class CudaVectors final : public VectorKernel {
     return total;
   }
 
+  // Each managed array summed on the device into its own slot of norms_, the totals copied down
+  // in one strided copy after one wait; the rest by the host loops.
+  void squared_norms(const float* const* x, const int64_t* n, int count, double* out) override {
+    if (count <= 0) return;
+    std::lock_guard lock(scratch_mu_);
+    ctx_->use();
+    const std::size_t per = squared_norm_scratch(), slots = static_cast<std::size_t>(count);
+    if (norms_.bytes() < slots * per * sizeof(double)) norms_ = DeviceBuffer(slots * per * sizeof(double));
+    if (totals_.size() < slots) totals_.resize(slots);  // the first step's, then reused
+    if (on_device_.size() < slots) on_device_.resize(slots);
+    auto* base = static_cast<double*>(norms_.get());
+    for (std::size_t i = 0; i < slots; ++i) {
+      on_device_[i] = n[i] > 0 && resident(x[i], n[i]);
+      if (on_device_[i]) check(cuda::squared_norm(x[i], n[i], base + i * per, ctx_->stream()), "squared norm");
+    }
+    check(cudaMemcpy2DAsync(totals_.data(), sizeof(double), base + per - 1, per * sizeof(double), sizeof(double), slots,
+                            cudaMemcpyDeviceToHost, ctx_->stream()),
+          "copying the squared norms");
+    ctx_->finish();
+    for (std::size_t i = 0; i < slots; ++i) out[i] = on_device_[i] ? totals_[i] : host_vectors().squared_norm(x[i], n[i]);
+  }
+
   void sgd(const SgdUpdate& u, float* w, const float* g, float* momentum, int64_t n) override {
     if (!resident(w, n) || !resident(g, n) || (momentum && !resident(momentum, n)))
       return host().sgd(u, w, g, momentum, n);
@@ -114,6 +137,9 @@ class CudaVectors final : public VectorKernel {
   std::shared_ptr<Context> ctx_;
   std::mutex scratch_mu_;
   DeviceBuffer scratch_;  // the norm's partial sums and total
+  DeviceBuffer norms_;    // squared_norms' slots, grown to the most arrays asked at once
+  std::vector<double> totals_;
+  std::vector<char> on_device_;
 };
 
 }  // namespace
