@@ -189,11 +189,10 @@ void Call::end() {
 }
 
 DeviceWeights::DeviceWeights(std::size_t weight_count, std::size_t bias_count)
-    : weight_(weight_count * sizeof(float)), bias_(bias_count * sizeof(float)), weight_count_(weight_count),
-      bias_count_(bias_count) {}
+    : weight_(weight_count * sizeof(float)), bias_(bias_count * sizeof(float)) {}
 
 void DeviceWeights::update(Call& call, const WeightsView& w) {
-  const bool has_bias = w.bias != nullptr && bias_count_ > 0;
+  const bool has_bias = w.bias != nullptr && bias_.bytes() > 0;
   const bool weight_resident = resident_ranges().contains(w.weight, weight_.bytes());
   const bool bias_resident = has_bias && resident_ranges().contains(w.bias, bias_.bytes());
   if (w.weight != seen_weight_ || w.version != seen_version_) {

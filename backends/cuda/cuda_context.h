@@ -150,8 +150,7 @@ class DeviceWeights {
   const float* bias() const { return bias_ptr_; }
 
  private:
-  DeviceBuffer weight_, bias_;
-  std::size_t weight_count_, bias_count_;
+  DeviceBuffer weight_, bias_;  // bias_ empty for a layer without one
   const float* seen_weight_ = nullptr;
   uint64_t seen_version_ = 0;
   const float* weight_ptr_ = nullptr;
