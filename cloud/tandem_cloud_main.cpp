@@ -13,21 +13,12 @@
 #include "backends/registry.h"
 #include "core/error.h"
 #include "core/wire/tensor_codec.h"
-#include "cli/cli_args.h"
+#include "cli/command_line.h"
 
 namespace tandem {
 namespace {
 
-constexpr const char* kUsage = R"(usage:
-  tandem-cloud serve --listen HOST:PORT --state-dir DIR --model SPEC [--cut NODE | --cut A,B]
-                     [--batch B] [--microbatches K] [OPTIMIZER]
-                     [--seed S] [--backend NAME] [--threads T] [--max-message-mb N] [--wire-dtypes LIST]
-                     [--init-from FILE] [--metrics-json FILE] [--accept-tokens] [--web DIR]
-                     [--aggregate-every S [--min-edges M] [--round-deadline-s D] [--back-accumulate N
-                                           [--batch-edges [--batch-gather-ms W]]]]
-                     [--metrics-listen HOST:PORT] [--max-connections N] [--max-pending-hello N]
-                     [--handshake-timeout-s S] [--hello-timeout-s S] [--max-queued-mb N]
-                     [--weight-grads deferred|inline] [--gpu-memory-mb N] [--session-memory-mb N]
+constexpr const char* kServeDetails = R"(
       Serves split training over wss:// with mutual TLS: one session per edge, the back
       shard and loss on the backend (default cuda where a GPU can be used and this build has
       the cuda backend, else onednn; on cuda every session has its own stream, and all
@@ -86,24 +77,8 @@ constexpr const char* kUsage = R"(usage:
       shard's own weight gradients, which run while the session waits for the edge (the
       zero-bubble split of backward; the same sums bit for bit); inline computes them first.
       Stops on SIGINT or SIGTERM.
-  tandem-cloud pki init --state-dir DIR [--hosts NAME,NAME...]
-      Makes a CA and a server certificate (for the hosts, default localhost,127.0.0.1)
-      in DIR, unless DIR already has them.
-  tandem-cloud pki issue --state-dir DIR --client NAME --out IDDIR
-      Issues an edge identity signed by DIR's CA: IDDIR/client.key, client.crt, ca.crt.
-  tandem-cloud pki token --state-dir DIR --client NAME [--ttl 1h]
-      Prints a single-use enrolment token for NAME, signed by DIR's CA and valid for the
-      TTL (seconds, or with s, m, h, d), for an edge without a client certificate (a
-      browser): the service must run with --accept-tokens (or --web).
-  tandem-cloud pki revoke --state-dir DIR --client NAME
-      Revokes NAME: its certificates (by serial, from DIR/issued.tsv, and any certificate
-      with that name the register does not know) and its enrolment tokens issued until now
-      are refused at every connection; a running cloud closes NAME's live sessions within
-      seconds, with an Error that says so. An identity issued to NAME afterwards works.
-  tandem-cloud pki list --state-dir DIR
-      Lists the identities DIR's CA issued: client, serial, issue and expiry dates, and
-      whether each is valid, expired or revoked.
 )";
+
 
 std::vector<std::string> split_commas(const std::string& s) {
   std::vector<std::string> out;
@@ -118,82 +93,65 @@ std::vector<std::string> split_commas(const std::string& s) {
   return out;
 }
 
-int pki_command(int argc, char** argv) {
-  const std::string verb = argc > 2 ? argv[2] : "";
-  const CliArgs args(argc, argv, 3, {});
-  if (verb == "init") {
-    args.reject_unknown({"state-dir", "hosts"});
-    const auto r = pki::init(args.required("state-dir"), split_commas(args.str("hosts", "localhost,127.0.0.1")));
-    std::printf("%s %s (server certificate %s)\n", r.created ? "created CA" : "CA already present:", r.ca_cert.c_str(),
-                r.server_cert.c_str());
-    return 0;
-  }
-  if (verb == "token") {
-    args.reject_unknown({"state-dir", "client", "ttl"});
-    std::printf("%s\n", pki::issue_token(args.required("state-dir"), args.required("client"),
-                                         pki::parse_ttl(args.str("ttl", "1h")))
-                            .c_str());
-    return 0;
-  }
-  if (verb == "revoke") {
-    args.reject_unknown({"state-dir", "client"});
-    const std::string dir = args.required("state-dir"), client = args.required("client");
-    pki::check_client_name(client);
-    pki::require_ca(dir);
-    const pki::Revocation r = pki::revoke(dir, client);
-    std::printf("revoked '%s' at %s: %zu certificate%s by serial%s, enrolment tokens issued until now, and any "
-                "certificate with this name the register does not know; a running cloud closes its sessions within "
-                "seconds\n",
-                client.c_str(), pki::utc_text(r.revoked_at).c_str(), r.serials.size(), r.serials.size() == 1 ? "" : "s",
-                r.serials.empty() ? " (none in the register)" : "");
-    return 0;
-  }
-  if (verb == "list") {
-    args.reject_unknown({"state-dir"});
-    const std::string dir = args.required("state-dir");
-    pki::require_ca(dir);
-    const auto issued = pki::issued_certificates(dir);
-    const auto revoked = pki::revocations(dir);
-    std::printf("%-24s %-34s %-24s %-24s %s\n", "client", "serial", "issued", "expires", "status");
-    const auto now = static_cast<int64_t>(std::time(nullptr));
-    for (const pki::IssuedCertificate& c : issued) {
-      std::string status = c.not_after <= now ? "expired" : "valid";
-      for (const pki::Revocation& r : revoked)
-        if (std::find(r.serials.begin(), r.serials.end(), c.serial) != r.serials.end())
-          status = "revoked " + pki::utc_text(r.revoked_at);
-      std::printf("%-24s %-34s %-24s %-24s %s\n", c.client.c_str(), c.serial.c_str(),
-                  pki::utc_text(c.issued_at).c_str(), pki::utc_text(c.not_after).c_str(), status.c_str());
-    }
-    for (const pki::Revocation& r : revoked)
-      std::printf("revoked client '%s' since %s: its tokens issued until then, and its certificates by serial or "
-                  "unknown to the register, are refused\n",
-                  r.client.c_str(), pki::utc_text(r.revoked_at).c_str());
-    if (issued.empty()) std::printf("(no identities issued by this CA are recorded in %s/issued.tsv)\n", dir.c_str());
-    return 0;
-  }
-  if (verb == "issue") {
-    args.reject_unknown({"state-dir", "client", "out"});
-    const std::string out = args.required("out");
-    pki::issue(args.required("state-dir"), args.required("client"), out);
-    std::printf("issued %s/client.crt for '%s' (with client.key and ca.crt)\n", out.c_str(),
-                args.required("client").c_str());
-    return 0;
-  }
-  std::fputs(kUsage, stderr);
-  return 2;
+int pki_init(const CliArgs& args) {
+  const auto r = pki::init(args.required("state-dir"), split_commas(args.str("hosts", "localhost,127.0.0.1")));
+  std::printf("%s %s (server certificate %s)\n", r.created ? "created CA" : "CA already present:", r.ca_cert.c_str(),
+              r.server_cert.c_str());
+  return 0;
 }
 
-int serve_command(int argc, char** argv) {
-  const CliArgs args(argc, argv, 2, {"nesterov", "accept-tokens", "batch-edges"});
-  args.reject_unknown(CliArgs::with_optimizer_options({"listen", "state-dir", "model", "cut", "batch", "microbatches",
-                                                       "seed", "backend", "threads", "max-message-mb", "wire-dtypes",
-                                                       "init-from", "aggregate-every", "min-edges", "round-deadline-s",
-                                                       "back-accumulate", "metrics-json", "accept-tokens", "web",
-                                                       "metrics-listen", "max-connections", "max-pending-hello",
-                                                       "handshake-timeout-s", "hello-timeout-s", "max-queued-mb", "gpu-memory-mb",
-                                                       "session-memory-mb",
-                                                       "weight-grads", "batch-edges", "batch-gather-ms"},
-                                                      /*schedule=*/false));
+int pki_token(const CliArgs& args) {
+  std::printf("%s\n", pki::issue_token(args.required("state-dir"), args.required("client"),
+                                       pki::parse_ttl(args.str("ttl", "1h")))
+                          .c_str());
+  return 0;
+}
+
+int pki_revoke(const CliArgs& args) {
+  const std::string dir = args.required("state-dir"), client = args.required("client");
+  pki::check_client_name(client);
+  pki::require_ca(dir);
+  const pki::Revocation r = pki::revoke(dir, client);
+  std::printf("revoked '%s' at %s: %zu certificate%s by serial%s, enrolment tokens issued until now, and any "
+              "certificate with this name the register does not know; a running cloud closes its sessions within "
+              "seconds\n",
+              client.c_str(), pki::utc_text(r.revoked_at).c_str(), r.serials.size(), r.serials.size() == 1 ? "" : "s",
+              r.serials.empty() ? " (none in the register)" : "");
+  return 0;
+}
+
+int pki_list(const CliArgs& args) {
+  const std::string dir = args.required("state-dir");
+  pki::require_ca(dir);
+  const auto issued = pki::issued_certificates(dir);
+  const auto revoked = pki::revocations(dir);
+  std::printf("%-24s %-34s %-24s %-24s %s\n", "client", "serial", "issued", "expires", "status");
+  const auto now = static_cast<int64_t>(std::time(nullptr));
+  for (const pki::IssuedCertificate& c : issued) {
+    std::string status = c.not_after <= now ? "expired" : "valid";
+    for (const pki::Revocation& r : revoked)
+      if (std::find(r.serials.begin(), r.serials.end(), c.serial) != r.serials.end())
+        status = "revoked " + pki::utc_text(r.revoked_at);
+    std::printf("%-24s %-34s %-24s %-24s %s\n", c.client.c_str(), c.serial.c_str(),
+                pki::utc_text(c.issued_at).c_str(), pki::utc_text(c.not_after).c_str(), status.c_str());
+  }
+  for (const pki::Revocation& r : revoked)
+    std::printf("revoked client '%s' since %s: its tokens issued until then, and its certificates by serial or "
+                "unknown to the register, are refused\n",
+                r.client.c_str(), pki::utc_text(r.revoked_at).c_str());
+  if (issued.empty()) std::printf("(no identities issued by this CA are recorded in %s/issued.tsv)\n", dir.c_str());
+  return 0;
+}
+
+int pki_issue(const CliArgs& args) {
+  const std::string out = args.required("out");
+  pki::issue(args.required("state-dir"), args.required("client"), out);
+  std::printf("issued %s/client.crt for '%s' (with client.key and ca.crt)\n", out.c_str(),
+              args.required("client").c_str());
+  return 0;
+}
+
+int serve_command(const CliArgs& args) {
   ServeOptions o;
   const HostPort listen = args.host_port("listen", "");
   o.host = listen.host;
@@ -248,10 +206,74 @@ int serve_command(int argc, char** argv) {
   return serve(o);
 }
 
+void declare_commands(Program& program) {
+  program.command("serve", "serve split training to edges over wss:// with mutual TLS")
+      .option("listen", "HOST:PORT", "the address to serve on (required; port 0: any free port)")
+      .option("state-dir", "DIR", "the CA, the server's certificate, checkpoints and federation state (required)")
+      .option("model", "SPEC", "the model spec, JSON (required)")
+      .option("cut", "NODE|A,B|any", "the cut served (default: the spec's); A,B: the middle of a U-shaped split; any: each edge's own")
+      .option("batch", "B", "the largest batch an edge may use (default 64)")
+      .option("microbatches", "K", "the most micro-batches a step an edge may use (default 4)")
+      .optimizer_options(false)
+      .option("seed", "S", "the seed of the back shard's initialisation (default 1)")
+      .option("backend", "NAME", "the back shard's kernels (default cuda where a GPU can be used, else onednn)")
+      .option("threads", "T", "kernel threads a session (default 1)")
+      .option("max-message-mb", "N", "the largest message taken from an edge, MiB (default 64)")
+      .option("wire-dtypes", "LIST", "the dtypes edges may use on the wire (default f32,f16,bf16,i8)")
+      .option("init-from", "FILE", "start the back shard from a safetensors file of the whole model (PyTorch names)")
+      .option("metrics-json", "FILE", "append a JSON line per round and per closed session to FILE")
+      .flag("accept-tokens", "let an edge in without a client certificate, with an enrolment token")
+      .option("web", "DIR", "also serve DIR's files over https (the browser edge's page); implies --accept-tokens")
+      .option("aggregate-every", "S", "split-federated: average the edges' fronts every S steps (default 0: off)")
+      .option("min-edges", "M", "federated: the fewest edges a round averages (default 1)")
+      .option("round-deadline-s", "D", "federated: average what is there D seconds after the first front (default 30)")
+      .option("back-accumulate", "N", "federated: sum N edge steps into one update of the back shard (default 1)")
+      .flag("batch-edges", "federated: run those N steps as one batch on the back shard")
+      .option("batch-gather-ms", "W", "with --batch-edges: join micro-batches handed in within W ms (default 5)")
+      .option("metrics-listen", "HOST:PORT", "serve Prometheus' /metrics and /healthz over plain HTTP here")
+      .option("max-connections", "N", "connections at once, beyond which edges are answered Busy (default 256)")
+      .option("max-pending-hello", "N", "connections that have not said Hello yet (default 64)")
+      .option("handshake-timeout-s", "S", "the TLS handshake's deadline (default 10)")
+      .option("hello-timeout-s", "S", "the Hello's deadline after the handshake (default 10)")
+      .option("max-queued-mb", "N", "close a session with more than N MiB waiting either way (default 512)")
+      .option("weight-grads", "deferred|inline", "the back shard's weight gradients after or before the cut's (default deferred)")
+      .option("gpu-memory-mb", "N", "cuda: all sessions' device memory together (default 90% of the GPU's)")
+      .option("session-memory-mb", "N", "all sessions' back shards together, by estimate (default: no bound)")
+      .details(kServeDetails)
+      .run(serve_command);
+  Command& pki = program.command("pki", "the edges' identities: a CA, certificates, enrolment tokens, revocations");
+  pki.command("init", "make a CA and a server certificate in DIR, unless DIR has them")
+      .option("state-dir", "DIR", "the cloud's state folder (required)")
+      .option("hosts", "NAME,NAME...", "the names and addresses edges reach the cloud by (default localhost,127.0.0.1)")
+      .run(pki_init);
+  pki.command("issue", "issue an edge identity signed by DIR's CA: IDDIR/client.key, client.crt, ca.crt")
+      .option("state-dir", "DIR", "the cloud's state folder (required)")
+      .option("client", "NAME", "the edge's name (required)")
+      .option("out", "IDDIR", "the identity folder to write; copy it to the edge (required)")
+      .run(pki_issue);
+  pki.command("token", "print a single-use enrolment token for an edge without a client certificate (a browser)")
+      .option("state-dir", "DIR", "the cloud's state folder (required)")
+      .option("client", "NAME", "the edge's name (required)")
+      .option("ttl", "TTL", "how long the token is valid: seconds, or with s, m, h, d (default 1h)")
+      .details("The service must run with --accept-tokens (or --web) to take tokens.")
+      .run(pki_token);
+  pki.command("revoke", "revoke an edge: its certificates and tokens are refused, its live sessions closed")
+      .option("state-dir", "DIR", "the cloud's state folder (required)")
+      .option("client", "NAME", "the edge's name (required)")
+      .details("Its certificates (by serial, from DIR/issued.tsv, and any certificate with that name the register\n"
+               "does not know) and its enrolment tokens issued until now are refused at every connection; a running\n"
+               "cloud closes its live sessions within seconds. An identity issued to NAME afterwards works.")
+      .run(pki_revoke);
+  pki.command("list", "list the identities DIR's CA issued, valid, expired or revoked")
+      .option("state-dir", "DIR", "the cloud's state folder (required)")
+      .run(pki_list);
+}
+
 }  // namespace
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  return tandem::run_cli(argc, argv, "tandem-cloud", tandem::kUsage,
-                         {{"pki", tandem::pki_command}, {"serve", tandem::serve_command}});
+  tandem::Program program("tandem-cloud", "tandem's cloud: serves the later stages of a model to edges, and their identities.");
+  tandem::declare_commands(program);
+  return program.main(argc, argv);
 }

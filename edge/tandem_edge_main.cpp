@@ -8,109 +8,15 @@
 #include "edge/agent/edge_agent.h"
 #include "core/wire/tensor_codec.h"
 #include "backends/registry.h"
-#include "cli/cli_args.h"
+#include "cli/command_line.h"
 #include "ports/crypto/certificate_name.h"
 
 namespace tandem {
 namespace {
 
-constexpr const char* kUsage = R"(usage:
-  tandem-edge train --cloud wss://HOST:PORT --identity IDDIR --model SPEC [--cut NODE | --cut A,B | --cut auto
-                    --uplink-mbps U [--downlink-mbps D] [--cloud-gflops G]]
-                    [--data fashion-mnist|DIR] [--epochs N] [--limit SAMPLES] [--test-limit SAMPLES]
-                    [--batch B] [--microbatches K] [--pipeline sync|async] [--group-by-length] [--stash-attention] [OPTIMIZER] [SCHEDULE]
-                    [--seed S] [--backend NAME] [--threads T] [--wire-dtype f32|f16|bf16|i8]
-                    [--metrics-json FILE] [--client-id NAME] [--token TOKEN] [--audit-log FILE] [--connect-retries N]
-                    [--dp-clip C --dp-noise SIGMA [--dp-delta D] [--dp-epsilon-budget E] [--dp-eval noised|clean]]
-                    [--nopeek ALPHA] [--label-noise SIGMA] [--grad-clip C --grad-noise SIGMA]
-                    [--checkpoint-dir DIR [--checkpoint-every STEPS]] [--init-from FILE]
-                    [--shard I/N [--split iid|class] [--front-updates step|round] [--proximal-mu MU]]
-      Trains the front shard on local Fashion-MNIST (or DIR/train.safetensors and
-      DIR/test.safetensors: a tensor per model input, named as in the spec, and "labels";
-      models with token ids, masks or boxes) against the cloud (mutual TLS with
-      IDDIR/client.crt, client.key, ca.crt from `tandem-cloud pki issue`); raw data never
-      leaves this machine, only cut-layer activations. Evaluates through the cloud after
-      each epoch; prints progress and metrics (also JSON lines in FILE). --wire-dtype asks
-      for activations and gradients in f16 (scaled per tensor), bf16 or int8 (scale per
-      tensor) on the wire, falling back to f32 if the cloud does not take it.
-      With the spec's length_buckets, each micro-batch runs at the smallest bucket that
-      holds its longest sequence; --group-by-length also orders each epoch so a batch holds
-      sequences of like length (megabatches of 50 batches sorted by length, their batches
-      shuffled): fewer tokens a step, at some cost in accuracy when length and class go
-      together (bench/length_buckets.sh). Attention layers compute their probabilities again
-      in backward rather than keep them (a tokens x tokens table a head and micro-batch in
-      flight); --stash-attention keeps them: faster, more memory.
-      --pipeline async starts each step's forwards before the gradients of the step before it
-      are in (weight stashing: each micro-batch backs up on the weights its forward used, and
-      its gradient is applied one update late), so the edge computes instead of waiting;
-      a step that ends an epoch, saves a checkpoint or ends the run waits for the one
-      before it. Plain split training only (not with a U-shaped cut, --dp-clip, --nopeek or
-      --front-updates round; the cloud refuses nothing: it sees steps in order). sync (the
-      default) applies each step's update before the next step's forwards.
-      OPTIMIZER: --optimizer sgd|adam|adamw --lr X --momentum X --nesterov --weight-decay X
-      --beta1 X --beta2 X --eps X --clip-norm X (the cloud has its own; --clip-norm clips
-      this shard's gradients). SCHEDULE: --schedule constant|step|cosine --warmup-steps N
-      --step-size N --gamma X --min-lr-factor X [--total-steps N]; the edge sends each
-      step's factor to the cloud, which scales its own learning rate by it. --cut auto runs
-      the planner (`tandem plan`) here first and trains with its cut and K (K up to
-      --microbatches); the cloud must serve that cut (tandem-cloud serve --cut any).
-      A cloud at its bound on connections answers Busy: the edge says Hello again after 1,
-      2, 4 ... up to 30 s (jittered), at most --connect-retries times (default 8; 0: none).
-      --audit-log FILE (default IDDIR/egress.jsonl): every message this edge sends is
-      appended there before it leaves, as a hash-chained JSON line (type, step, tensor
-      names, shapes, dtypes, bytes, SHA-256 of each payload), with a summary at the run's
-      end; `tandem audit verify FILE` checks the chain and says what left.
-      --dp-clip C --dp-noise SIGMA: differential privacy on the cut: each sample's
-      activations are clipped to L2 norm C and get Gaussian noise of SIGMA * C before they
-      leave (training and evaluation); epsilon at D (default 1e-5) for the training set is
-      accounted (RDP, sampling rate batch / samples) and printed with each epoch
-      (dp_epsilon); --dp-epsilon-budget E stops the run before a step would pass E.
-      --dp-eval clean sends the evaluation set's activations without noise (default
-      noised): epsilon covers the training set only, and the cloud sees the others as they are.
-      --nopeek ALPHA: NoPeek, ALPHA times the distance correlation between each
-      micro-batch's images and its cut activations joins the front's loss (the cloud never
-      sees it), so the activations say less about the images; each epoch reports the
-      correlation (dcor). Try 0.1 to 1; it costs accuracy as it rises.
-      --cut A,B trains U-shaped (the cloud serves the same cut): this edge runs the front up
-      to A and the tail from B with the loss, the cloud the middle; no label leaves. The
-      gradient this edge then sends up is computed from the labels: --grad-clip C
-      --grad-noise SIGMA clips each sample's gradient (of its own loss) to L2 norm C and adds
-      Gaussian noise of SIGMA * C before it leaves (bench/privacy/label_leakage.sh).
-      --label-noise SIGMA (U-shaped): Gaussian noise of SIGMA on each sample's loss gradient
-      at the logits, for the gradient sent up only (the tail trains on the exact one): where
-      the labels enter, so it hides them at less cost than --grad-noise. Try 0.25 to 0.5
-      (bench/privacy/label_leakage.sh). Neither claims an epsilon.
-      --checkpoint-dir keeps checkpoints of the front shard there, encrypted with
-      IDDIR/checkpoint.key (made on first use), every STEPS steps (default 100; 0: only at
-      each epoch's end); the cloud checkpoints its back shard at the same steps. Run the
-      same command again after a crash of either side and training resumes from the last
-      checkpoint, exactly. --client-id names this edge to the cloud (default: the name
-      IDDIR/client.crt was issued to, the only one the cloud accepts from that certificate;
-      with --token, the name of IDDIR); the cloud keeps its checkpoints under that name.
-      --init-from starts the front
-      shard from a safetensors file of the whole model (PyTorch names and layouts, e.g. from
-      `tandem export`); only the front's tensors are read. --shard I/N trains on this edge's
-      share of the data only (edge I of N, from 0): dealt evenly (iid, the default) or by
-      class (sorted by class, edge I takes the I-th of N equal slices: 2 or 3 classes each
-      with N = 4); for split-federated runs against
-      tandem-cloud serve --aggregate-every S, which this edge then follows. --front-updates
-      round keeps the round's average through each round and takes one optimizer step on
-      the sum of the round's gradients before sending the front (every edge's front stays
-      the same within a round: the choice for non-IID data, with a per-step-sized --lr such
-      as 0.005 and --momentum 0); step (the default) updates after every step (FedAvg's
-      local SGD). --proximal-mu adds FedProx's MU * (w - w_round) to the front's gradients. --token: connect without
-      a client certificate, with an enrolment token from `tandem-cloud pki token` (single
-      use, for the client id; IDDIR needs only ca.crt); the cloud must run --accept-tokens.
-)";
 
-int train_command(int argc, char** argv) {
-  const CliArgs args(argc, argv, 2, {"nesterov", "group-by-length", "stash-attention"});
-  args.reject_unknown(CliArgs::with_optimizer_options({"cloud", "identity", "model", "cut", "data", "epochs", "limit",
-                                                       "test-limit", "batch", "microbatches", "seed", "backend",
-                                                       "threads", "wire-dtype", "metrics-json", "uplink-mbps",
-                                                       "downlink-mbps", "cloud-gflops", "client-id", "checkpoint-dir",
-                                                       "checkpoint-every", "init-from", "shard", "split", "proximal-mu", "front-updates", "token", "audit-log", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-eval", "nopeek", "grad-clip", "grad-noise", "label-noise", "group-by-length", "stash-attention", "pipeline", "connect-retries"},
-                                                      /*schedule=*/true));
+
+int train_command(const CliArgs& args) {
   EdgeTrainOptions o;
   const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
   o.host = cloud.host;
@@ -191,9 +97,137 @@ int train_command(int argc, char** argv) {
   return train_over_wss(o);
 }
 
+constexpr const char* kTrainDetails = R"(
+      Trains the front shard on local Fashion-MNIST (or DIR/train.safetensors and
+      DIR/test.safetensors: a tensor per model input, named as in the spec, and "labels";
+      models with token ids, masks or boxes) against the cloud (mutual TLS with
+      IDDIR/client.crt, client.key, ca.crt from `tandem-cloud pki issue`); raw data never
+      leaves this machine, only cut-layer activations. Evaluates through the cloud after
+      each epoch; prints progress and metrics (also JSON lines in FILE). --wire-dtype asks
+      for activations and gradients in f16 (scaled per tensor), bf16 or int8 (scale per
+      tensor) on the wire, falling back to f32 if the cloud does not take it.
+      With the spec's length_buckets, each micro-batch runs at the smallest bucket that
+      holds its longest sequence; --group-by-length also orders each epoch so a batch holds
+      sequences of like length (megabatches of 50 batches sorted by length, their batches
+      shuffled): fewer tokens a step, at some cost in accuracy when length and class go
+      together (bench/length_buckets.sh). Attention layers compute their probabilities again
+      in backward rather than keep them (a tokens x tokens table a head and micro-batch in
+      flight); --stash-attention keeps them: faster, more memory.
+      --pipeline async starts each step's forwards before the gradients of the step before it
+      are in (weight stashing: each micro-batch backs up on the weights its forward used, and
+      its gradient is applied one update late), so the edge computes instead of waiting;
+      a step that ends an epoch, saves a checkpoint or ends the run waits for the one
+      before it. Plain split training only (not with a U-shaped cut, --dp-clip, --nopeek or
+      --front-updates round; the cloud refuses nothing: it sees steps in order). sync (the
+      default) applies each step's update before the next step's forwards.
+      OPTIMIZER: --optimizer sgd|adam|adamw --lr X --momentum X --nesterov --weight-decay X
+      --beta1 X --beta2 X --eps X --clip-norm X (the cloud has its own; --clip-norm clips
+      this shard's gradients). SCHEDULE: --schedule constant|step|cosine --warmup-steps N
+      --step-size N --gamma X --min-lr-factor X [--total-steps N]; the edge sends each
+      step's factor to the cloud, which scales its own learning rate by it. --cut auto runs
+      the planner (`tandem plan`) here first and trains with its cut and K (K up to
+      --microbatches); the cloud must serve that cut (tandem-cloud serve --cut any).
+      A cloud at its bound on connections answers Busy: the edge says Hello again after 1,
+      2, 4 ... up to 30 s (jittered), at most --connect-retries times (default 8; 0: none).
+      --audit-log FILE (default IDDIR/egress.jsonl): every message this edge sends is
+      appended there before it leaves, as a hash-chained JSON line (type, step, tensor
+      names, shapes, dtypes, bytes, SHA-256 of each payload), with a summary at the run's
+      end; `tandem audit verify FILE` checks the chain and says what left.
+      --dp-clip C --dp-noise SIGMA: differential privacy on the cut: each sample's
+      activations are clipped to L2 norm C and get Gaussian noise of SIGMA * C before they
+      leave (training and evaluation); epsilon at D (default 1e-5) for the training set is
+      accounted (RDP, sampling rate batch / samples) and printed with each epoch
+      (dp_epsilon); --dp-epsilon-budget E stops the run before a step would pass E.
+      --dp-eval clean sends the evaluation set's activations without noise (default
+      noised): epsilon covers the training set only, and the cloud sees the others as they are.
+      --nopeek ALPHA: NoPeek, ALPHA times the distance correlation between each
+      micro-batch's images and its cut activations joins the front's loss (the cloud never
+      sees it), so the activations say less about the images; each epoch reports the
+      correlation (dcor). Try 0.1 to 1; it costs accuracy as it rises.
+      --cut A,B trains U-shaped (the cloud serves the same cut): this edge runs the front up
+      to A and the tail from B with the loss, the cloud the middle; no label leaves. The
+      gradient this edge then sends up is computed from the labels: --grad-clip C
+      --grad-noise SIGMA clips each sample's gradient (of its own loss) to L2 norm C and adds
+      Gaussian noise of SIGMA * C before it leaves (bench/privacy/label_leakage.sh).
+      --label-noise SIGMA (U-shaped): Gaussian noise of SIGMA on each sample's loss gradient
+      at the logits, for the gradient sent up only (the tail trains on the exact one): where
+      the labels enter, so it hides them at less cost than --grad-noise. Try 0.25 to 0.5
+      (bench/privacy/label_leakage.sh). Neither claims an epsilon.
+      --checkpoint-dir keeps checkpoints of the front shard there, encrypted with
+      IDDIR/checkpoint.key (made on first use), every STEPS steps (default 100; 0: only at
+      each epoch's end); the cloud checkpoints its back shard at the same steps. Run the
+      same command again after a crash of either side and training resumes from the last
+      checkpoint, exactly. --client-id names this edge to the cloud (default: the name
+      IDDIR/client.crt was issued to, the only one the cloud accepts from that certificate;
+      with --token, the name of IDDIR); the cloud keeps its checkpoints under that name.
+      --init-from starts the front
+      shard from a safetensors file of the whole model (PyTorch names and layouts, e.g. from
+      `tandem export`); only the front's tensors are read. --shard I/N trains on this edge's
+      share of the data only (edge I of N, from 0): dealt evenly (iid, the default) or by
+      class (sorted by class, edge I takes the I-th of N equal slices: 2 or 3 classes each
+      with N = 4); for split-federated runs against
+      tandem-cloud serve --aggregate-every S, which this edge then follows. --front-updates
+      round keeps the round's average through each round and takes one optimizer step on
+      the sum of the round's gradients before sending the front (every edge's front stays
+      the same within a round: the choice for non-IID data, with a per-step-sized --lr such
+      as 0.005 and --momentum 0); step (the default) updates after every step (FedAvg's
+      local SGD). --proximal-mu adds FedProx's MU * (w - w_round) to the front's gradients. --token: connect without
+      a client certificate, with an enrolment token from `tandem-cloud pki token` (single
+      use, for the client id; IDDIR needs only ca.crt); the cloud must run --accept-tokens.
+)";
+
+void declare_train(Command& c) {
+  c.option("cloud", "wss://HOST:PORT", "the cloud service (required; TLS is always on)")
+   .option("identity", "IDDIR", "this edge's identity folder from `tandem-cloud pki issue`: client.crt, client.key, ca.crt (required)")
+   .option("model", "SPEC", "the model spec, JSON (required)")
+   .option("cut", "NODE|A,B|auto", "where the model splits (default: the spec's cut); A,B: U-shaped; auto: planned here")
+   .option("data", "fashion-mnist|DIR", "the training data: Debian's Fashion-MNIST, or DIR/train.safetensors and DIR/test.safetensors (default fashion-mnist)")
+   .option("epochs", "N", "epochs to train (default 1; 0: only evaluate)")
+   .option("limit", "SAMPLES", "train on the first SAMPLES samples (default 0: all)")
+   .option("test-limit", "SAMPLES", "evaluate on the first SAMPLES test samples (default 0: all)")
+   .option("batch", "B", "samples a step (default 64)")
+   .option("microbatches", "K", "micro-batches a step, in flight together (default 4)")
+   .option("pipeline", "sync|async", "async starts a step's forwards before the last step's gradients are in (default sync)")
+   .flag("group-by-length", "order each epoch so a batch holds sequences of like length")
+   .flag("stash-attention", "keep attention's probabilities for backward (faster, more memory)")
+   .optimizer_options(true)
+   .option("seed", "S", "the seed of initialisation and shuffling (default 1)")
+   .option("backend", "NAME", "the front shard's kernels (default xnnpack; `tandem backends` lists them)")
+   .option("threads", "T", "kernel threads (default 1)")
+   .option("wire-dtype", "f32|f16|bf16|i8", "the dtype of activations and gradients on the wire (default f32)")
+   .option("metrics-json", "FILE", "append each epoch's metrics to FILE as JSON lines")
+   .option("client-id", "NAME", "this edge's name to the cloud (default: the name its certificate was issued to)")
+   .option("token", "TOKEN", "connect with an enrolment token (`tandem-cloud pki token`) instead of a client certificate")
+   .option("audit-log", "FILE", "the egress log: every message sent, hash-chained (default IDDIR/egress.jsonl)")
+   .option("connect-retries", "N", "Hello again this many times while the cloud is busy or unreachable (default 8; 0: none)")
+   .option("uplink-mbps", "U", "with --cut auto: the uplink's Mbit/s")
+   .option("downlink-mbps", "D", "with --cut auto: the downlink's Mbit/s (default: the uplink's)")
+   .option("cloud-gflops", "G", "with --cut auto: the cloud's GFLOP/s (default: measured here)")
+   .option("dp-clip", "C", "differential privacy: clip each sample's activations to L2 norm C")
+   .option("dp-noise", "SIGMA", "differential privacy: Gaussian noise of SIGMA * C on the clipped activations")
+   .option("dp-delta", "D", "the delta epsilon is accounted at (default 1e-5)")
+   .option("dp-epsilon-budget", "E", "stop before a step would spend more than epsilon E")
+   .option("dp-eval", "noised|clean", "noise on the evaluation set's activations too (default noised)")
+   .option("nopeek", "ALPHA", "NoPeek: ALPHA times the distance correlation of inputs and activations joins the loss")
+   .option("grad-clip", "C", "U-shaped: clip each sample's gradient sent up to L2 norm C")
+   .option("grad-noise", "SIGMA", "U-shaped: Gaussian noise of SIGMA * C on the gradient sent up")
+   .option("label-noise", "SIGMA", "U-shaped: Gaussian noise of SIGMA on the loss gradient sent up")
+   .option("checkpoint-dir", "DIR", "keep encrypted checkpoints of the front shard here; a rerun resumes from them")
+   .option("checkpoint-every", "STEPS", "checkpoint every STEPS steps (default 100; 0: at each epoch's end)")
+   .option("init-from", "FILE", "start the front from a safetensors file of the whole model (PyTorch names)")
+   .option("shard", "I/N", "train on this edge's share of the data: edge I of N, from 0")
+   .option("split", "iid|class", "how --shard deals the data (default iid)")
+   .option("front-updates", "step|round", "federated: update the front every step, or once a round (default step)")
+   .option("proximal-mu", "MU", "federated: FedProx's MU * (w - w_round) on the front's gradients")
+   .details(kTrainDetails)
+   .run(train_command);
+}
+
 }  // namespace
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  return tandem::run_cli(argc, argv, "tandem-edge", tandem::kUsage, {{"train", tandem::train_command}});
+  tandem::Program program("tandem-edge", "tandem's edge: trains the front of a model on data that never leaves this machine.");
+  tandem::declare_train(program.command("train", "train the front shard against a tandem cloud"));
+  return program.main(argc, argv);
 }

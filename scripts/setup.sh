@@ -18,6 +18,7 @@ packages=(
   iproute2  # ip netns and tc: the shaped-link test and benchmarks
   python3-torch python3-numpy libopenblas0-pthread  # the PyTorch peer: interop test, benchmarks
   nlohmann-json3-dev  # JSON for `tandem audit verify` and `tandem text`
+  libcli11-dev  # the command lines: commands, --help, --config TOML files (header-only)
   sentencepiece libsentencepiece-dev  # the text samples' vocabularies (`tandem text`)
   clang-14 libclang-rt-14-dev  # the fuzz preset: clang 14 and libFuzzer (tests/fuzz/)
 )

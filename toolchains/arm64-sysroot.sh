@@ -20,8 +20,12 @@ packages=(
   libflatbuffers-dev libflatbuffers2
   libgtest-dev
 )
+# Architecture-independent headers the edge's own code includes (downloaded as they are).
+packages_all=(
+  libcli11-dev
+)
 
-stamp_text="$(printf '%s\n' "${packages[@]}")
+stamp_text="$(printf '%s\n' "${packages[@]}" "${packages_all[@]}")
 script $(sha256sum "$0" | cut -d' ' -f1)"
 if [[ -f $out/.sysroot-stamp && "$(cat "$out/.sysroot-stamp")" == "$stamp_text" ]]; then
   echo "arm64 sysroot: $out is up to date"
@@ -51,7 +55,7 @@ touch "$out/.tandem-sysroot"
 # As root, apt would hand the download to its _apt user, which cannot write here.
 sandbox=()
 [[ $(id -u) -ne 0 ]] || sandbox=(-o APT::Sandbox::User=root)
-(cd "$debs" && apt-get download -q=2 "${sandbox[@]}" "${packages[@]/%/:arm64}") || {
+(cd "$debs" && apt-get download -q=2 "${sandbox[@]}" "${packages[@]/%/:arm64}" "${packages_all[@]}") || {
   echo "arm64 sysroot: apt-get download of the arm64 packages failed: check the network to Debian's archive," \
        "then run apt-get update" >&2
   exit 1

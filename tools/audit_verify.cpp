@@ -128,15 +128,10 @@ std::string egress_report_text(const std::string& path, const EgressReport& r) {
   return out;
 }
 
-int audit_command(int argc, char** argv) {
-  const std::string verb = argc > 2 ? argv[2] : "";
-  if (verb != "verify" || argc < 4) {
-    std::fputs("usage: tandem audit verify LOG [--expect-last HASH]\n", stderr);
-    return 2;
-  }
-  const std::string path = argv[3];
-  const CliArgs args(argc, argv, 4, {});
-  args.reject_unknown({"expect-last"});
+namespace {
+
+int verify_command(const CliArgs& args) {
+  const std::string path = args.required("LOG");
   std::ifstream in(path);
   if (!in) fail("audit", cat("cannot read ", path));
   const EgressReport r = verify_egress_log(in);
@@ -150,6 +145,18 @@ int audit_command(int argc, char** argv) {
     return 1;
   }
   return 0;
+}
+
+}  // namespace
+
+void declare_audit(Command& audit) {
+  audit.command("verify", "check an edge's egress log and say what left the edge")
+      .positional("LOG", "the log (tandem-edge --audit-log; default IDDIR/egress.jsonl)")
+      .option("expect-last", "HASH", "the last hash the edge printed at the end of its run")
+      .details("Checks every line's hash, the chain from line to line and each run's summary; prints what left the\n"
+               "edge, by kind (messages, bytes, tensors with dtypes and shapes, labels). Exits 1 on any edited,\n"
+               "removed, inserted or reordered line.")
+      .run(verify_command);
 }
 
 }  // namespace tandem

@@ -9,7 +9,7 @@
 #include <string>
 #include <vector>
 
-#include "cli/cli_args.h"
+#include "cli/command_line.h"
 
 namespace tandem {
 
@@ -31,6 +31,7 @@ struct EgressReport {
 EgressReport verify_egress_log(std::istream& in);
 std::string egress_report_text(const std::string& path, const EgressReport& report);
 
-int audit_command(int argc, char** argv);
+// `tandem audit`: its command verify.
+void declare_audit(Command& audit);
 
 }  // namespace tandem

@@ -77,7 +77,6 @@ bool is_adapter(const std::string& name) {
 }  // namespace
 
 int export_command(const CliArgs& args) {
-  args.reject_unknown({"model", "edge-ckpt", "cloud-ckpt", "identity", "key", "out", "base", "merge-lora"});
   const ModelSpec spec = load_model_spec(args.required("model"));
   const Graph graph = Graph::build(spec);
   const std::string key = args.has("key") ? args.str("key", "")
@@ -119,7 +118,6 @@ int export_command(const CliArgs& args) {
 }
 
 int evaluate_command(const CliArgs& args) {
-  args.reject_unknown({"model", "weights", "backend", "test-limit", "predictions", "logits", "data"});
   const ModelSpec spec = load_model_spec(args.required("model"));
   const Graph graph = Graph::build(spec);
   auto backend = make_backend(args.str("backend", "reference"));
@@ -162,6 +160,31 @@ int evaluate_command(const CliArgs& args) {
   std::printf("{\"test_accuracy\":%.5f,\"test_loss\":%.5f,\"samples\":%lld}\n", static_cast<double>(correct) / n,
               loss / static_cast<double>(n), static_cast<long long>(n));
   return 0;
+}
+
+void declare_export(Command& export_) {
+  export_.option("model", "SPEC", "the model spec, JSON (required)")
+      .option("edge-ckpt", "FILE", "the edge's checkpoint, from tandem-edge --checkpoint-dir (required)")
+      .option("cloud-ckpt", "FILE", "the cloud's checkpoint of the same step, STATE_DIR/checkpoints/CLIENT/ (required)")
+      .option("identity", "IDDIR", "the edge's identity folder, whose checkpoint.key decrypts the edge's checkpoint")
+      .option("key", "FILE", "the edge's checkpoint key itself, instead of --identity")
+      .option("base", "FILE", "the safetensors file frozen parameters and LoRA bases came from")
+      .flag("merge-lora", "merge LoRA adapters into the base weights (W += alpha/r B A)")
+      .option("out", "FILE", "the safetensors file to write (required)")
+      .details("Writes PyTorch's names and layouts (OIHW convolutions, NCHW flatten order), loadable with torch's\n"
+               "load_state_dict into the equivalent torch model.")
+      .run(export_command);
+}
+
+void declare_evaluate(Command& evaluate) {
+  evaluate.option("model", "SPEC", "the model spec, JSON (required)")
+      .option("weights", "FILE", "the whole model's weights, safetensors with PyTorch's (or Hugging Face's) names (required)")
+      .option("backend", "NAME", "the kernels (default reference)")
+      .option("data", "fashion-mnist|DIR", "Debian's Fashion-MNIST or DIR/test.safetensors (default fashion-mnist)")
+      .option("test-limit", "N", "the first N test samples (default 0: all)")
+      .option("predictions", "FILE", "write each sample's predicted class")
+      .option("logits", "FILE", "write each sample's raw f32 logits")
+      .run(evaluate_command);
 }
 
 }  // namespace tandem

@@ -3,11 +3,11 @@
 // test-set accuracy (and predictions) from such a file, the way PyTorch would compute them.
 #pragma once
 
-#include "cli/cli_args.h"
+#include "cli/command_line.h"
 
 namespace tandem {
 
-int export_command(const CliArgs& args);
-int evaluate_command(const CliArgs& args);
+void declare_export(Command& export_);
+void declare_evaluate(Command& evaluate);
 
 }  // namespace tandem

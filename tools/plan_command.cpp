@@ -25,12 +25,7 @@ std::vector<int> parse_list(const std::string& text) {
   return out;
 }
 
-}  // namespace
-
 int plan_command(const CliArgs& args) {
-  args.reject_unknown({"model", "batch", "uplink-mbps", "downlink-mbps", "edge-gflops", "cloud-gflops", "profile-edge",
-                       "edge-memory-mb", "wire-dtype", "edge-backend", "cloud-backend", "microbatches", "iterations",
-                       "cut", "pipeline"});
   const ModelSpec spec = load_model_spec(args.required("model"));
   const Graph graph = Graph::build(spec);
   const int64_t batch = args.integer("batch", 64, 1);
@@ -84,6 +79,31 @@ int plan_command(const CliArgs& args) {
   std::printf("recommended: cut=%s microbatches=%d predicted_samples_per_s=%.1f\n", best.cut.c_str(), best.microbatches,
               best.samples_per_s);
   return 0;
+}
+
+}  // namespace
+
+void declare_plan(Command& plan) {
+  plan.option("model", "SPEC", "the model spec, JSON (required)")
+      .option("uplink-mbps", "U", "the edge's uplink, Mbit/s (required)")
+      .option("downlink-mbps", "D", "the downlink, Mbit/s (default: the uplink's)")
+      .option("edge-gflops", "G", "the edge's speed, GFLOP/s (default: measured here on the edge backend)")
+      .flag("profile-edge", "measure the edge's speed layer by layer here")
+      .option("cloud-gflops", "G", "the cloud's speed, GFLOP/s (default: measured here on the cloud backend)")
+      .option("edge-memory-mb", "M", "leave out plans whose edge peak memory passes M MiB")
+      .option("batch", "B", "samples a step (default 64)")
+      .option("microbatches", "LIST", "the micro-batch counts to weigh (default 1,2,4,8,16)")
+      .option("wire-dtype", "f32|f16|bf16|i8", "the dtype on the wire (default f32)")
+      .option("cut", "NODE", "weigh this cut only")
+      .option("iterations", "N", "timing runs a layer when measuring (default 5)")
+      .option("pipeline", "sync|async", "the edge's pipeline to predict (default sync)")
+      .option("edge-backend", "NAME", "the edge's backend to measure (default xnnpack)")
+      .option("cloud-backend", "NAME", "the cloud's backend to measure (default onednn)")
+      .details("For every legal cut and micro-batch count K: the predicted step time of the pipeline (edge compute,\n"
+               "uplink, cloud compute, downlink overlapping over K micro-batches; with --pipeline async the next\n"
+               "step's forwards overlap this one's backwards) and the edge's peak memory; then\n"
+               "`recommended: cut=NODE microbatches=K predicted_samples_per_s=X`.")
+      .run(plan_command);
 }
 
 }  // namespace tandem

@@ -3,10 +3,10 @@
 // recommended cut and K.
 #pragma once
 
-#include "cli/cli_args.h"
+#include "cli/command_line.h"
 
 namespace tandem {
 
-int plan_command(const CliArgs& args);
+void declare_plan(Command& plan);
 
 }  // namespace tandem

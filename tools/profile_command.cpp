@@ -42,10 +42,7 @@ ShardTotals print_shard(const char* side, const std::string& backend, const std:
   return t;
 }
 
-}  // namespace
-
 int profile_command(const CliArgs& args) {
-  args.reject_unknown({"model", "cut", "edge-backend", "cloud-backend", "batch", "iterations", "threads"});
   const SplitModel model = load_split_model(args);
   const ModelSpec& spec = model.spec;
   const std::string& cut = model.cut;
@@ -78,6 +75,20 @@ int profile_command(const CliArgs& args) {
               spec.name.c_str(), cut.c_str(), static_cast<long long>(batch), f.forward_s, f.backward_s, b.forward_s,
               b.backward_s, static_cast<long long>(cut_bytes));
   return 0;
+}
+
+}  // namespace
+
+void declare_profile(Command& profile) {
+  profile.option("model", "SPEC", "the model spec, JSON (required)")
+      .option("cut", "NODE", "where the model splits (default: the spec's cut)")
+      .option("edge-backend", "NAME", "the front shard's backend (default xnnpack)")
+      .option("cloud-backend", "NAME", "the back shard's backend (default onednn)")
+      .option("batch", "B", "micro-batch size, random samples (default 16)")
+      .option("iterations", "N", "timing runs; the median is printed (default 20)")
+      .option("threads", "T", "kernel threads (default 1)")
+      .details("Prints a table of every layer's forward and backward time and a JSON line.")
+      .run(profile_command);
 }
 
 }  // namespace tandem

@@ -2,10 +2,10 @@
 // backends, at one micro-batch size, with the activation bytes crossing each node.
 #pragma once
 
-#include "cli/cli_args.h"
+#include "cli/command_line.h"
 
 namespace tandem {
 
-int profile_command(const CliArgs& args);
+void declare_profile(Command& profile);
 
 }  // namespace tandem

@@ -13,7 +13,7 @@
 #include "data/idx_dataset.h"
 #include "ports/files/tensor_dataset.h"
 #include "backends/registry.h"
-#include "cli/cli_args.h"
+#include "cli/command_line.h"
 #include "tools/audit_verify.h"
 #include "tools/cli_setup.h"
 #include "tools/export_command.h"
@@ -25,65 +25,12 @@
 namespace tandem {
 namespace {
 
-constexpr const char* kUsage = R"(usage:
-  tandem train --model SPEC [--cut NODE] [--edge-backend NAME] [--cloud-backend NAME] [--data fashion-mnist|DIR]
-               [--epochs N] [--batch B] [--microbatches K] [OPTIMIZER] [SCHEDULE]
-               [--limit SAMPLES] [--test-limit SAMPLES] [--seed S] [--threads T]
-               [--metrics-json FILE]
+constexpr const char* kTrainDetails = R"(
       Trains SPEC on Fashion-MNIST (Debian's dataset-fashion-mnist; or DIR/train.safetensors and
       DIR/test.safetensors, a tensor per model input and "labels"), split at the cut (the
       spec's default cut unless --cut): front shard on the edge backend (default xnnpack),
       back shard and loss on the cloud backend (default onednn), K micro-batches a step.
       Prints progress, per-epoch metrics (also as JSON lines in FILE) and the test accuracy.
-      OPTIMIZER: --optimizer sgd|adam|adamw (sgd) --lr X (0.05; Adam 0.001) --momentum X
-      (0.9) --nesterov --weight-decay X --beta1 X --beta2 X --eps X --clip-norm X (per shard).
-      SCHEDULE: --schedule constant|step|cosine --warmup-steps N --step-size N --gamma X
-      --min-lr-factor X [--total-steps N] (cosine: the whole run by default).
-  tandem profile --model SPEC [--cut NODE] [--edge-backend NAME] [--cloud-backend NAME]
-                 [--batch B] [--iterations N] [--threads T]
-      Times every layer's forward and backward on its shard's backend for micro-batches of
-      B (default 16) random samples, median of N (default 20); prints a table and a JSON line.
-  tandem plan --model SPEC --uplink-mbps U [--downlink-mbps D] [--edge-gflops G | --profile-edge]
-              [--cloud-gflops G] [--edge-memory-mb M] [--batch B] [--microbatches 1,2,4,8,16]
-              [--wire-dtype f32|f16|bf16|i8] [--cut NODE] [--iterations N] [--pipeline sync|async]
-      For every legal cut and micro-batch count K: the predicted step time of the pipeline
-      (edge compute, uplink, cloud compute, downlink overlapping over K micro-batches; with
-      --pipeline async the next step's forwards overlap this one's backwards, as
-      tandem-edge --pipeline async runs) and the edge's peak memory; then
-      `recommended: cut=NODE microbatches=K predicted_samples_per_s=X`.
-      Compute is measured here on the edge and cloud backends unless given in GFLOP/s.
-  tandem export --model SPEC --edge-ckpt FILE --cloud-ckpt FILE [--identity IDDIR | --key FILE]
-                [--base FILE [--merge-lora]] --out model.safetensors
-      Merges the edge's checkpoint (from tandem-edge --checkpoint-dir; encrypted, so give
-      the identity folder holding checkpoint.key) and the cloud's of the same step
-      (STATE_DIR/checkpoints/CLIENT/) into one safetensors file with PyTorch's names and
-      layouts (OIHW convolutions, NCHW flatten order), loadable with torch's
-      load_state_dict into the equivalent torch model. A model with frozen parameters (frozen
-      nodes, LoRA bases; checkpoints hold only what trains) takes them from --base FILE, the
-      file they were loaded from: LoRA adapters are written beside them (PEFT's lora_A,
-      lora_B names), or merged into the base weights with --merge-lora (W += alpha/r B A).
-  tandem evaluate --model SPEC --weights model.safetensors [--backend NAME] [--test-limit N]
-                  [--data fashion-mnist|DIR] [--predictions FILE] [--logits FILE]
-      The whole model's test accuracy from a safetensors file (PyTorch names and layouts;
-      Hugging Face's for a spec whose nodes carry its module names) on Fashion-MNIST or
-      DIR/test.safetensors; writes each sample's predicted class (and raw f32 logits) when asked.
-  tandem audit verify LOG [--expect-last HASH]
-      Checks an edge's egress log (tandem-edge --audit-log, default IDDIR/egress.jsonl):
-      every line's hash, the chain from line to line and each run's summary; prints what
-      left the edge, by kind (messages, bytes, tensors with dtypes and shapes, labels).
-      Exits 1 on any edited, removed, inserted or reordered line; --expect-last compares the
-      last hash with the one the edge printed at the end of its run.
-  tandem text vocab --texts train.jsonl --out spm.model [--vocab-size N]
-  tandem text encode --spm spm.model --texts FILE.jsonl --tokens T --out FILE.safetensors
-      A SentencePiece vocabulary trained on a data set's texts (JSON lines with "text"), and
-      texts with integer "label"s encoded into a data set for --data DIR ([CLS], T-1 pieces,
-      padding; ids, mask and labels). `tandem text` alone says more.
-  tandem pack-spec --model SPEC --out FILE
-      Writes SPEC's canonical binary form (FlatBuffers, identifier TDMS): what model hashes
-      are computed over, and what the browser edge loads (it has no JSON parser).
-  tandem backends      lists the backends this build has
-  tandem gpu           the GPU the cuda backend would use (name, memory); exit 1 where none
-                       can be used, with the reason
 )";
 
 std::string fixed(double v, int digits) {
@@ -93,10 +40,6 @@ std::string fixed(double v, int digits) {
 }
 
 int train(const CliArgs& args) {
-  args.reject_unknown(CliArgs::with_optimizer_options({"model", "cut", "edge-backend", "cloud-backend", "epochs", "batch",
-                                                       "microbatches", "limit", "test-limit", "seed", "threads",
-                                                       "metrics-json", "data"},
-                                                      /*schedule=*/true));
   const SplitModel model = load_split_model(args);
   const ModelSpec& spec = model.spec;
   const Graph& graph = model.graph;
@@ -226,7 +169,6 @@ int train(const CliArgs& args) {
 }
 
 int pack_spec(const CliArgs& args) {
-  args.reject_unknown({"model", "out"});
   const ModelSpec spec = load_model_spec(args.required("model"));
   const std::string out = args.required("out");
   std::ofstream f(out, std::ios::binary);
@@ -236,12 +178,12 @@ int pack_spec(const CliArgs& args) {
   return 0;
 }
 
-int list_backends(int, char**) {
+int list_backends(const CliArgs&) {
   for (const auto& name : backend_names()) std::printf("%s\n", name.c_str());
   return 0;
 }
 
-int show_gpu(int, char**) {
+int show_gpu(const CliArgs&) {
   const std::string gpu = gpu_summary();
   if (gpu.empty()) {
     std::printf("this build has no cuda backend (no nvcc when it was configured)\n");
@@ -255,15 +197,37 @@ int show_gpu(int, char**) {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  return tandem::run_cli(argc, argv, "tandem", tandem::kUsage,
-                         {{"train", [](int c, char** v) { return tandem::train(tandem::CliArgs(c, v, 2, {"nesterov"})); }},
-                          {"profile", [](int c, char** v) { return tandem::profile_command(tandem::CliArgs(c, v, 2, {})); }},
-                          {"plan", [](int c, char** v) { return tandem::plan_command(tandem::CliArgs(c, v, 2, {"profile-edge"})); }},
-                          {"export", [](int c, char** v) { return tandem::export_command(tandem::CliArgs(c, v, 2, {"merge-lora"})); }},
-                          {"evaluate", [](int c, char** v) { return tandem::evaluate_command(tandem::CliArgs(c, v, 2, {})); }},
-                          {"pack-spec", [](int c, char** v) { return tandem::pack_spec(tandem::CliArgs(c, v, 2, {})); }},
-                          {"backends", tandem::list_backends},
-                          {"gpu", tandem::show_gpu},
-                          {"audit", tandem::audit_command},
-                          {"text", tandem::text_command}});
+  using tandem::Command;
+  tandem::Program program("tandem", "tandem's engine on one machine: train, profile, plan, export, evaluate, audit, text.");
+  program.command("train", "train a model split at its cut in one process (edge and cloud backends side by side)")
+      .option("model", "SPEC", "the model spec, JSON (required)")
+      .option("cut", "NODE", "where the model splits (default: the spec's cut)")
+      .option("edge-backend", "NAME", "the front shard's backend (default xnnpack)")
+      .option("cloud-backend", "NAME", "the back shard's backend (default onednn)")
+      .option("data", "fashion-mnist|DIR", "Debian's Fashion-MNIST, or DIR/train.safetensors and DIR/test.safetensors")
+      .option("epochs", "N", "epochs (default 1)")
+      .option("batch", "B", "samples a step (default 64)")
+      .option("microbatches", "K", "micro-batches a step (default 4)")
+      .optimizer_options(true)
+      .option("limit", "SAMPLES", "train on the first SAMPLES samples (default 0: all)")
+      .option("test-limit", "SAMPLES", "evaluate on the first SAMPLES test samples (default 0: all)")
+      .option("seed", "S", "the seed of initialisation and shuffling (default 1)")
+      .option("threads", "T", "kernel threads (default 1)")
+      .option("metrics-json", "FILE", "append each epoch's metrics to FILE as JSON lines")
+      .details(tandem::kTrainDetails)
+      .run(tandem::train);
+  tandem::declare_profile(program.command("profile", "time every layer's forward and backward on its shard's backend"));
+  tandem::declare_plan(program.command("plan", "predict the speed of every cut and micro-batch count on a link"));
+  tandem::declare_export(program.command("export", "merge the edge's and the cloud's checkpoints into one safetensors file"));
+  tandem::declare_evaluate(program.command("evaluate", "a whole model's test accuracy from a safetensors file"));
+  tandem::declare_audit(program.command("audit", "check what left an edge: its egress log"));
+  tandem::declare_text(program.command("text", "vocabularies and data sets for text models (SentencePiece)"));
+  program.command("pack-spec", "write a spec's canonical binary form (what the browser edge loads)")
+      .option("model", "SPEC", "the model spec, JSON (required)")
+      .option("out", "FILE", "the binary spec to write (required)")
+      .run(tandem::pack_spec);
+  program.command("backends", "list the backends this build has").run(tandem::list_backends);
+  program.command("gpu", "the GPU the cuda backend would use; exit 1 where none can be used, with the reason")
+      .run(tandem::show_gpu);
+  return program.main(argc, argv);
 }

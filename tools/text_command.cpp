@@ -8,7 +8,6 @@
 #include <string>
 #include <vector>
 
-#include "cli/cli_args.h"
 #include "core/error.h"
 #include "core/interop/safetensors.h"
 #include "ports/files/atomic_file.h"
@@ -17,18 +16,7 @@
 namespace tandem {
 namespace {
 
-constexpr const char* kTextUsage = R"(usage:
-  tandem text vocab --texts train.jsonl --out spm.model [--vocab-size N]
-      Trains a SentencePiece (unigram) vocabulary of N pieces (default 8000) on the texts, one
-      JSON object a line with a "text" field. Ids 0..3 are reserved: padding, unknown, [CLS],
-      end. Edge and cloud share the file (the model's embedding table is as large as it).
-  tandem text encode --spm spm.model --texts FILE.jsonl --tokens T --out FILE.safetensors
-                     [--ids NAME] [--mask NAME]
-      Encodes each line's "text" as [CLS] and its first T-1 pieces, padded to T, and its
-      integer "label": a data set with the ids (I32 [N, T], named input_ids unless --ids),
-      the mask (U8 [N, T], 1 for a token, 0 for padding; attention_mask unless --mask) and
-      the labels (I32 [N]). Prints how many texts were cut at T.
-)";
+
 
 struct TextRow {
   std::string text;
@@ -64,7 +52,6 @@ std::vector<TextRow> read_jsonl(const std::string& path, bool need_labels) {
 }
 
 int vocab(const CliArgs& args) {
-  args.reject_unknown({"texts", "out", "vocab-size"});
   const auto rows = read_jsonl(args.required("texts"), false);
   std::vector<std::string> texts;
   texts.reserve(rows.size());
@@ -78,7 +65,6 @@ int vocab(const CliArgs& args) {
 }
 
 int encode(const CliArgs& args) {
-  args.reject_unknown({"spm", "texts", "tokens", "out", "ids", "mask"});
   const TextEncoder encoder(args.required("spm"));
   const auto rows = read_jsonl(args.required("texts"), true);
   const int64_t tokens = args.integer("tokens", 128, 1);
@@ -105,14 +91,24 @@ int encode(const CliArgs& args) {
 
 }  // namespace
 
-int text_command(int argc, char** argv) {
-  const std::string verb = argc > 2 ? argv[2] : "";
-  if (verb != "vocab" && verb != "encode") {
-    std::fputs(kTextUsage, stderr);
-    return 2;
-  }
-  const CliArgs args(argc, argv, 3, {});
-  return verb == "vocab" ? vocab(args) : encode(args);
+void declare_text(Command& text) {
+  text.command("vocab", "train a SentencePiece vocabulary on a data set's texts")
+      .option("texts", "FILE.jsonl", "the texts, one JSON object a line with a \"text\" field (required)")
+      .option("out", "spm.model", "the vocabulary to write (required)")
+      .option("vocab-size", "N", "pieces (default 8000)")
+      .details("A unigram vocabulary; ids 0..3 are reserved: padding, unknown, [CLS], end. Edge and cloud share the\n"
+               "file (the model's embedding table is as large as it).")
+      .run(vocab);
+  text.command("encode", "encode texts with labels into a data set for --data DIR")
+      .option("spm", "spm.model", "the vocabulary (required)")
+      .option("texts", "FILE.jsonl", "the texts, with a \"text\" and an integer \"label\" a line (required)")
+      .option("tokens", "T", "tokens a text: [CLS] and its first T-1 pieces, padded (default 128)")
+      .option("out", "FILE.safetensors", "the data set to write (required)")
+      .option("ids", "NAME", "the ids' tensor name (default input_ids)")
+      .option("mask", "NAME", "the mask's tensor name (default attention_mask)")
+      .details("Writes the ids (I32 [N, T]), the mask (U8 [N, T], 1 for a token) and the labels (I32 [N]); prints how\n"
+               "many texts were cut at T.")
+      .run(encode);
 }
 
 }  // namespace tandem

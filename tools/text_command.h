@@ -2,8 +2,11 @@
 // texts, and texts (JSON lines) encoded into a tensor data set an edge trains on (--data DIR).
 #pragma once
 
+#include "cli/command_line.h"
+
 namespace tandem {
 
-int text_command(int argc, char** argv);
+// `tandem text`: its commands vocab and encode.
+void declare_text(Command& text);
 
 }  // namespace tandem

@@ -13,7 +13,7 @@
 #include <vector>
 
 #include "backends/registry.h"
-#include "cli/cli_args.h"
+#include "cli/command_line.h"
 #include "cloud/session/back_shard_trainer.h"
 #include "cloud/session/cloud_session.h"
 #include "core/error.h"
@@ -27,9 +27,7 @@
 namespace tandem {
 namespace {
 
-constexpr const char* kUsage = R"(usage: bench_label_leakage --model SPEC [--epochs E] [--limit N] [--test-limit N]
-         [--cut A] [--u-cut A,B] [--grad-clip C] [--sigmas S1,...] [--label-sigmas S1,...]
-         [--classes P,Q] [--seed S]
+constexpr const char* kDetails = R"(
   Trains the model once with the ordinary cut A (the cloud reads the labels from each
   Forward), once U-shaped at A,B without noise, once for each of --sigmas with --grad-clip C
   and --grad-noise sigma on the gradients the edge sends up, and once for each of
@@ -271,15 +269,7 @@ Outcome run(const ModelSpec& spec, const Setting& s, const CliArgs& args, const 
   return out;
 }
 
-int main_impl(int argc, char** argv) {
-  CliArgs args(argc, argv, 1, {});
-  if (!args.has("model")) {
-    std::fputs(kUsage, stderr);
-    return 2;
-  }
-  args.reject_unknown(CliArgs::with_optimizer_options(
-      {"model", "epochs", "limit", "test-limit", "cut", "u-cut", "grad-clip", "sigmas", "label-sigmas", "classes", "seed"},
-      false));
+int main_impl(const CliArgs& args) {
   const ModelSpec spec = load_model_spec(args.required("model"));
   const LabelledImages train = load_fashion_mnist(true, args.integer("limit", 0, 0));
   const LabelledImages test = load_fashion_mnist(false, args.integer("test-limit", 0, 0));
@@ -328,10 +318,22 @@ int main_impl(int argc, char** argv) {
 }  // namespace tandem
 
 int main(int argc, char** argv) {
-  try {
-    return tandem::main_impl(argc, argv);
-  } catch (const tandem::Error& e) {
-    std::fprintf(stderr, "bench_label_leakage: %s\n", e.what());
-    return 1;
-  }
+  tandem::Program program("bench_label_leakage",
+                          "What a curious cloud learns of the labels from the gradients a U-shaped edge sends up.");
+  program.root()
+      .option("model", "SPEC", "the model spec, JSON (required)")
+      .option("epochs", "E", "epochs a setting (default 2)")
+      .option("limit", "N", "training samples (default 0: all)")
+      .option("test-limit", "N", "test samples (default 0: all)")
+      .option("cut", "A", "the ordinary cut (default pool2)")
+      .option("u-cut", "A,B", "the U-shaped cut (default pool2,relu3)")
+      .option("grad-clip", "C", "the clip of --grad-noise's settings (default 1)")
+      .option("sigmas", "S1,...", "--grad-noise sigmas to try (default 0.5,1)")
+      .option("label-sigmas", "S1,...", "--label-noise sigmas to try (default 2,4)")
+      .option("classes", "P,Q", "the two classes the AUC attacks tell apart (default 0,1)")
+      .option("seed", "S", "the seed (default 1)")
+      .optimizer_options(false)
+      .details(tandem::kDetails)
+      .run(tandem::main_impl);
+  return program.main(argc, argv);
 }
