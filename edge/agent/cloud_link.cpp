@@ -2,6 +2,7 @@
 
 #include <chrono>
 #include <filesystem>
+#include <vector>
 
 #include "core/error.h"
 
@@ -10,18 +11,43 @@ namespace {
 constexpr auto kReplyTimeout = std::chrono::seconds(120);
 }
 
+void check_identity_folder(const std::string& identity_dir, bool without_certificate) {
+  const std::string issue = cat("on the cloud, `tandem-cloud pki issue --state-dir STATE --client NAME --out ", identity_dir,
+                                "` makes one; copy that folder here");
+  namespace fs = std::filesystem;
+  if (!fs::exists(identity_dir))
+    fail("edge", cat("--identity ", identity_dir, ": no such folder. An edge's identity folder holds client.crt, "
+                     "client.key and ca.crt: ", issue));
+  if (!fs::is_directory(identity_dir))
+    fail("edge", cat("--identity ", identity_dir, " is a file: give the folder that holds client.crt, client.key and "
+                     "ca.crt (", issue, ")"));
+  std::vector<std::string> missing;
+  for (const char* name : {"client.crt", "client.key", "ca.crt"})
+    if ((!without_certificate || std::string(name) == "ca.crt") && !fs::exists(cat(identity_dir, "/", name)))
+      missing.push_back(name);
+  if (missing.empty()) return;
+  std::string names;
+  for (const std::string& m : missing) names += cat(names.empty() ? "" : ", ", identity_dir, "/", m);
+  fail("edge", cat(names, missing.size() == 1 ? " is" : " are", " missing: issue an identity with `tandem-cloud pki issue "
+                   "--state-dir STATE --client NAME --out ", identity_dir, "` on the cloud and copy the folder here",
+                   without_certificate ? " (with --token, only ca.crt is needed)"
+                                       : ", or connect with --token from `tandem-cloud pki token`"));
+}
+
 CloudLink::CloudLink(const std::string& host, int port, const std::string& identity_dir, bool without_certificate) {
+  check_identity_folder(identity_dir, without_certificate);
   TlsIdentity id{identity_dir + "/client.crt", identity_dir + "/client.key", identity_dir + "/ca.crt"};
   if (without_certificate) id.cert = id.key = "";
-  for (const std::string& file : {id.ca, id.cert, id.key})
-    if (!file.empty() && !std::filesystem::exists(file))
-      fail("edge", cat(file, " is missing: issue an identity with `tandem-cloud pki issue --client NAME --out ",
-                       identity_dir, "`", without_certificate ? "" : ", or connect with --token from `tandem-cloud pki token`"));
   link_ = WssClient::connect(host, port, id);
   EndpointEvent ev;
-  if (!link_->next(ev, std::chrono::seconds(30)) || ev.kind != EndpointEvent::Kind::Connected)
+  if (!link_->next(ev, std::chrono::seconds(30)) || ev.kind != EndpointEvent::Kind::Connected) {
+    if (ev.text.find("Connection refused") != std::string::npos)
+      fail("edge", cat("cannot connect to wss://", host, ":", port, ": nothing listens there (connection refused): start "
+                       "the cloud (`tandem-cloud serve`, which prints the address it listens on) or check --cloud's "
+                       "host and port"));
     fail("edge", cat("cannot connect to wss://", host, ":", port, ": ", ev.text.empty() ? "no answer within 30 s" : ev.text,
-                     " (is tandem-cloud serve running, and was this identity issued by its CA?)"));
+                     " (is tandem-cloud serve running there, and was this identity issued by its CA?)"));
+  }
 }
 
 void CloudLink::send(std::span<const uint8_t> bytes) {

@@ -13,6 +13,10 @@
 
 namespace tandem {
 
+// Throws an Error that says what to do when IDDIR is not a complete identity folder
+// (client.crt, client.key and ca.crt; ca.crt alone for an edge with an enrolment token).
+void check_identity_folder(const std::string& identity_dir, bool without_certificate);
+
 class CloudLink {
  public:
   // Connects to wss://host:port with IDDIR/client.crt, client.key and ca.crt; throws Error

@@ -89,6 +89,7 @@ LabelledImages training_data(const EdgeTrainOptions& o) {
 }  // namespace
 
 int train_over_wss(const EdgeTrainOptions& o) {
+  check_identity_folder(o.identity_dir, !o.token.empty());  // the first thing a newcomer can get wrong
   const ModelSpec spec = load_model_spec(o.model_path);
   const Graph graph = Graph::build(spec);
   std::optional<EdgeCheckpoints> checkpoints;

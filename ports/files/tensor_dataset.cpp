@@ -2,6 +2,7 @@
 
 #include <cmath>
 #include <cstring>
+#include <filesystem>
 
 #include "core/error.h"
 #include "ports/files/safetensors_file.h"
@@ -32,10 +33,23 @@ double value_at(const SafeTensor& t, int64_t i) {
   fail("data set", cat("'", t.name, "' is ", t.dtype, ": a data set's tensors are F32, I32, I64 or U8"));
 }
 
-const SafeTensor& named(const std::vector<SafeTensor>& all, const std::string& name, const std::string& path) {
+// "a, b and c"
+std::string listing(const std::vector<std::string>& names) {
+  std::string out;
+  for (std::size_t i = 0; i < names.size(); ++i)
+    out += cat(i == 0 ? "" : i + 1 == names.size() ? " and " : ", ", "'", names[i], "'");
+  return out.empty() ? "nothing" : out;
+}
+
+const SafeTensor& named(const std::vector<SafeTensor>& all, const std::string& name, const std::string& path,
+                        const std::vector<std::string>& wanted) {
   for (const SafeTensor& t : all)
     if (t.name == name) return t;
-  fail("data set", cat(path, " has no tensor '", name, "' (a data set holds one tensor per model input, and 'labels')"));
+  std::vector<std::string> present;
+  for (const SafeTensor& t : all) present.push_back(t.name);
+  fail("data set", cat(path, " has no tensor '", name, "': the model reads ", listing(wanted),
+                       " (a tensor per model input, named as in the spec, and the labels); the file has ",
+                       listing(present)));
 }
 
 }  // namespace
@@ -43,15 +57,19 @@ const SafeTensor& named(const std::vector<SafeTensor>& all, const std::string& n
 LabelledInputs read_tensor_dataset(const std::string& path, const std::vector<GraphInput>& inputs, int64_t limit) {
   std::vector<std::string> names{"labels"};
   for (const GraphInput& in : inputs) names.push_back(in.name);
+  if (!std::filesystem::is_regular_file(path))
+    fail("data set", cat(path, " does not exist: a data folder holds train.safetensors and test.safetensors, each with ",
+                         listing(names), " (a tensor per model input, named as in the spec, and the labels); "
+                         "`tandem text encode` makes them from texts"));
   const std::vector<SafeTensor> all = read_safetensors_file(path, names);
-  const SafeTensor& labels = named(all, "labels", path);
+  const SafeTensor& labels = named(all, "labels", path, names);
   if (labels.shape.size() != 1 || (labels.dtype != "I32" && labels.dtype != "I64"))
     fail("data set", cat(path, ": 'labels' must be I32 or I64 [N], got ", labels.dtype, " of rank ", labels.shape.size()));
   const int64_t total = labels.shape[0], n = limit > 0 ? std::min(limit, total) : total;
   LabelledInputs out;
   for (int64_t i = 0; i < n; ++i) out.labels.push_back(static_cast<int32_t>(value_at(labels, i)));
   for (const GraphInput& in : inputs) {
-    const SafeTensor& t = named(all, in.name, path);
+    const SafeTensor& t = named(all, in.name, path, names);
     const Shape want = in.shape.batched(total);
     bool fits = static_cast<int>(t.shape.size()) == want.rank();
     for (int d = 0; fits && d < want.rank(); ++d) fits = t.shape[static_cast<std::size_t>(d)] == want[d];
