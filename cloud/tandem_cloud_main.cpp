@@ -59,7 +59,7 @@ constexpr const char* kServeDetails = R"(
       --accept-tokens: an edge may connect without a client certificate if its Hello
       carries an enrolment token (`pki token`) for its client name; each token works once.
       --web DIR also serves DIR's files over https on the same port (the browser edge's
-      page, wasm/README.md) and implies --accept-tokens.
+      page, docs/10-browser-edge.md) and implies --accept-tokens.
       --metrics-listen HOST:PORT serves Prometheus' text format at /metrics (sessions,
       steps, samples, bytes, errors by code, refusals by reason, rounds, busy time, queue
       depths) and "ok" at /healthz, over plain HTTP (keep it on a private interface).

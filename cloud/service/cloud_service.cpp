@@ -476,7 +476,7 @@ int serve(const ServeOptions& o) {
   eo.handshake_timeout_s = o.handshake_timeout_s;
   eo.max_queued_bytes = o.max_queued_bytes;
   if (!o.web_root.empty() && !std::filesystem::is_regular_file(o.web_root + "/index.html"))
-    fail("serve", cat("--web ", o.web_root, " has no index.html (build the browser edge: wasm/README.md)"));
+    fail("serve", cat("--web ", o.web_root, " has no index.html (build the browser edge: bash wasm/build.sh, then --web build/wasm/web; docs/10-browser-edge.md)"));
   // Revoked identities (`pki revoke`): refused at every connection and token, and their live
   // sessions closed when the list changes.
   pki::RevocationList revoked(o.state_dir);
