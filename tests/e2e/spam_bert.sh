@@ -44,10 +44,12 @@ grep -q "cannot load the SentencePiece model" "$work/bad.out" || fail "a broken 
 
 # Split training over TLS on MAILS training mails, one epoch; TEST_MAILS test mails (69% ham).
 "$cloud_bin" pki init --state-dir "$work/state" > /dev/null
-start_cloud_as cloud --optimizer adamw --lr 0.0005
+start_cloud_as cloud --config "$src/samples/spam-bert/cloud.toml"  # the sample's config; the flags above win
 "$cloud_bin" pki issue --state-dir "$work/state" --client clinic-mail --out "$work/c" > /dev/null
-"$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/c" --model "$model" --data "$work/data" \
-  --limit "$mails" --test-limit "$test_mails" --epochs 1 --batch 32 --microbatches 4 --group-by-length --optimizer adamw --lr 0.0005 \
+# The sample's edge config (batch 32, K 4, grouped by length, AdamW 0.0005), with this run's
+# identity, data, sizes and metrics file given as flags, which win over the file.
+"$edge_bin" train --config "$src/samples/spam-bert/edge.toml" --cloud "wss://localhost:$port" --identity "$work/c" \
+  --model "$model" --data "$work/data" --limit "$mails" --test-limit "$test_mails" \
   --metrics-json "$work/edge.jsonl" > "$work/edge.out" 2>&1 || fail "the edge: $(tail -5 "$work/edge.out")"
 kill "$cloud_pid" && wait "$cloud_pid" 2> /dev/null || true
 cloud_pid=
