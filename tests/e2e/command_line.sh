@@ -34,8 +34,9 @@ for expected in "tandem-edge train" "tandem-cloud serve" "tandem-cloud pki init"
   printf '%s\n' "${walked[@]}" | grep -qx "$expected" || fail "--help never reached '$expected'"
 done
 # A command's help lists its options and --config.
-"${bin[tandem-edge]}" train --help | grep -q -- "--checkpoint-dir DIR" || fail "tandem-edge train --help lacks --checkpoint-dir"
-"${bin[tandem-edge]}" train --help | grep -q -- "--config FILE" || fail "tandem-edge train --help lacks --config"
+help=$("${bin[tandem-edge]}" train --help)
+grep -q -- "--checkpoint-dir DIR" <<< "$help" || fail "tandem-edge train --help lacks --checkpoint-dir"
+grep -q -- "--config FILE" <<< "$help" || fail "tandem-edge train --help lacks --config"
 echo "--help: ${#walked[@]} commands and programs"
 
 # --version: the commit of the source this build came from.

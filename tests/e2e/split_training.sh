@@ -90,7 +90,7 @@ train token "$work/t" --token "$token" --client-id ward-3 --limit 320 --test-lim
 if train replay "$work/t" --token "$token" --client-id ward-3 --limit 64 --test-limit 10; then fail "a token worked twice"; fi
 grep -q "the cloud refused: the enrolment token was already used" "$work/replay.out" || fail "replay: $(cat "$work/replay.out")"
 if train notoken "$work/t" --token "" --client-id ward-3 --limit 64 --test-limit 10; then fail "an edge without certificate or token trained"; fi
-grep -q "client.crt is missing: issue an identity with .tandem-cloud pki issue" "$work/notoken.out" ||
+grep -q "t/client.crt, .*t/client.key are missing: issue an identity with .tandem-cloud pki issue --state-dir STATE --client NAME --out .*t. on the cloud and copy the folder here, or connect with --token" "$work/notoken.out" ||
   fail "no certificate, no token: $(cat "$work/notoken.out")"
 echo "edge with an enrolment token: trained; the replayed token refused"
 
