@@ -164,7 +164,12 @@ int Program::main(int argc, char** argv) {
   } catch (const CLI::CallForVersion& e) {
     return app_->exit(e);
   } catch (const CLI::ParseError& e) {
-    std::fprintf(stderr, "%s: %s ('%s --help' says more)\n", name_.c_str(), e.what(), name_.c_str());
+    std::string path = name_;  // the command the parse had reached
+    for (CLI::App* app = app_.get(); !app->get_subcommands().empty();) {
+      app = app->get_subcommands().front();
+      path += " " + app->get_name();
+    }
+    std::fprintf(stderr, "%s: %s ('%s --help' says more)\n", path.c_str(), e.what(), path.c_str());
     return 2;
   }
   // The command that was chosen: the deepest parsed.

@@ -170,6 +170,15 @@ TEST(CommandLine, HelpOnEveryCommandAndVersion) {
   EXPECT_NE(tandem_version().find("(commit "), std::string::npos);
 }
 
+TEST(CommandLine, AnOptionWithoutItsValueNamesTheCommand) {
+  const CliRun r = run_demo({"pki", "issue", "--client"});
+  EXPECT_EQ(r.status, 2);
+  EXPECT_FALSE(r.ran);
+  EXPECT_NE(r.err.find("demo pki issue: "), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("--client"), std::string::npos) << r.err;
+  EXPECT_NE(r.err.find("('demo pki issue --help' says more)"), std::string::npos) << r.err;
+}
+
 TEST(CommandLine, ACommandOfCommandsAloneSaysWhatItHas) {
   const CliRun r = run_demo({"pki"});
   EXPECT_EQ(r.status, 2);
