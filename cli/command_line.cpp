@@ -6,6 +6,7 @@
 #include <cstdio>
 #include <filesystem>
 #include <map>
+#include <set>
 
 #include "core/error.h"
 
@@ -37,6 +38,11 @@ std::string did_you_mean(const std::string& typed, const std::vector<std::string
   return out + "?";
 }
 
+// Adds to `values` what FILE (TOML) gives for the options of `command` that are not in `given`
+// (the command line's, which win). Keys are the options' names, at the top of the file.
+void read_config(const std::string& file, const Command& command, const std::set<std::string>& given,
+                 std::map<std::string, std::string>& values);
+
 // A flag's value from the command line (CLI11 gives "true", "false" or a count) or a config file.
 bool flag_value(const std::string& name, std::string text, const std::string& where) {
   std::transform(text.begin(), text.end(), text.begin(), [](unsigned char c) { return static_cast<char>(std::tolower(c)); });
@@ -44,6 +50,40 @@ bool flag_value(const std::string& name, std::string text, const std::string& wh
   if (text == "false" || text == "0" || text == "no" || text == "off" || text == "-1") return false;
   if (!text.empty() && std::all_of(text.begin(), text.end(), [](char c) { return c >= '0' && c <= '9'; })) return true;
   fail("cli", cat(where, name, " is a flag: give true or false, got '", text, "'"));
+}
+
+void read_config(const std::string& file, const Command& command, const std::set<std::string>& given,
+                 std::map<std::string, std::string>& values) {
+  if (!std::filesystem::is_regular_file(file))
+    fail("cli", cat("--config ", file, ": no such file (paths are relative to the working directory, ",
+                    std::filesystem::current_path().string(), ")"));
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigTOML().from_file(file);
+  } catch (const CLI::Error& e) {
+    fail("cli", cat("--config ", file, ": ", e.what()));
+  }
+  const std::string& path = command.path();
+  const std::vector<std::string>& known = command.names();
+  for (const CLI::ConfigItem& item : items) {
+    if (item.name == "++" || item.name == "--") continue;  // the opening and closing of a [section]
+    const std::string key = item.fullname();
+    if (!item.parents.empty())
+      fail("cli", cat("--config ", file, ": key '", key, "' is inside a [section]: ", path,
+                      " reads its keys at the top of the file, named as its flags"));
+    if (std::find(known.begin(), known.end(), key) == known.end())
+      fail("cli", cat("--config ", file, ": unknown key '", key, "'", did_you_mean(key, known, ""), " ('", path,
+                      " --help' lists the options; each is a key of the same name)"));
+    if (given.count(key)) continue;  // the command line wins over the file
+    if (command.is_flag(key)) {
+      if (flag_value(key, item.inputs.empty() ? "true" : item.inputs.front(), cat("--config ", file, ": key ")))
+        values[key] = "1";
+      continue;
+    }
+    std::string joined;  // a TOML array is a comma-separated list, as the flag takes it
+    for (std::size_t i = 0; i < item.inputs.size(); ++i) joined += (i ? "," : "") + item.inputs[i];
+    values[key] = joined;
+  }
 }
 
 }  // namespace
@@ -82,7 +122,6 @@ Command& Command::flag(const std::string& name, const std::string& help) {
 
 Command& Command::positional(const std::string& name, const std::string& help) {
   app_->add_option(name, help)->required();
-  positionals_.push_back(name);
   return *this;
 }
 
@@ -207,54 +246,22 @@ int Program::main(int argc, char** argv) {
       std::fprintf(stderr, "%s: give a command\n", path.c_str());
       return 2;
     }
-    std::map<std::string, std::string> values;
+    std::map<std::string, std::string> values;  // a flag has "1" when set
+    std::set<std::string> given;                 // on the command line, true or false
     for (const std::string& name : command->names()) {
       const CLI::Option* o = app->get_option("--" + name);
       if (o->count() == 0) continue;
+      given.insert(name);
       const std::string value = o->results().back();
       if (!command->is_flag(name))
         values[name] = value;
       else if (flag_value(name, value, "--"))
         values[name] = "1";
-      else
-        values[name] = "";  // given as false: set, so the file does not override it; has() says no
     }
     for (const CLI::Option* o : app->get_options([](const CLI::Option* o) { return o->get_positional(); }))
       if (o->count()) values[o->get_name()] = o->results().back();
     const CLI::Option* config = app->get_option_no_throw("--config");
-    if (config && config->count()) {
-      const std::string file = config->results().back();
-      if (!std::filesystem::is_regular_file(file))
-        fail("cli", cat("--config ", file, ": no such file (paths are relative to the working directory, ",
-                        std::filesystem::current_path().string(), ")"));
-      std::vector<CLI::ConfigItem> items;
-      try {
-        items = CLI::ConfigTOML().from_file(file);
-      } catch (const CLI::Error& e) {
-        fail("cli", cat("--config ", file, ": ", e.what()));
-      }
-      for (const CLI::ConfigItem& item : items) {
-        if (item.name == "++" || item.name == "--") continue;  // the opening and closing of a [section]
-        const std::string key = item.fullname();
-        if (!item.parents.empty())
-          fail("cli", cat("--config ", file, ": key '", key, "' is inside a [section]: ", path,
-                          " reads its keys at the top of the file, named as its flags"));
-        const std::vector<std::string>& known = command->names();
-        if (std::find(known.begin(), known.end(), key) == known.end() || key == "config")
-          fail("cli", cat("--config ", file, ": unknown key '", key, "'", did_you_mean(key, known, ""), " ('", path,
-                          " --help' lists the options; each is a key of the same name)"));
-        if (values.count(key)) continue;  // a flag on the command line wins over the file
-        if (command->is_flag(key)) {
-          if (flag_value(key, item.inputs.empty() ? "true" : item.inputs.front(), cat("--config ", file, ": key ")))
-            values[key] = "1";
-          continue;
-        }
-        std::string joined;  // a TOML array is a comma-separated list, as the flag takes it
-        for (std::size_t i = 0; i < item.inputs.size(); ++i) joined += (i ? "," : "") + item.inputs[i];
-        values[key] = joined;
-      }
-    }
-    for (auto it = values.begin(); it != values.end();) it = it->second.empty() && command->is_flag(it->first) ? values.erase(it) : std::next(it);
+    if (config && config->count()) read_config(config->results().back(), *command, given, values);
     return command->handler()(CliArgs(std::move(values)));
   } catch (const Error& e) {
     std::fprintf(stderr, "%s: %s\n", name_.c_str(), e.what());

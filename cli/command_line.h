@@ -45,7 +45,6 @@ class Command {
   const Handler& handler() const { return handler_; }
   bool is_flag(const std::string& name) const { return flags_.count(name) > 0; }
   const std::vector<std::string>& names() const { return names_; }
-  bool has_config() const { return !names_.empty(); }
 
  private:
   void add_config_option();
@@ -54,7 +53,6 @@ class Command {
   Handler handler_;
   std::vector<std::string> names_;  // options, in the order declared
   std::set<std::string> flags_;
-  std::vector<std::string> positionals_;
   bool config_added_ = false;
   std::vector<std::unique_ptr<Command>> children_;
 };

@@ -35,7 +35,6 @@ void check_identity_folder(const std::string& identity_dir, bool without_certifi
 }
 
 CloudLink::CloudLink(const std::string& host, int port, const std::string& identity_dir, bool without_certificate) {
-  check_identity_folder(identity_dir, without_certificate);
   TlsIdentity id{identity_dir + "/client.crt", identity_dir + "/client.key", identity_dir + "/ca.crt"};
   if (without_certificate) id.cert = id.key = "";
   link_ = WssClient::connect(host, port, id);

@@ -15,6 +15,7 @@ namespace tandem {
 
 // Throws an Error that says what to do when IDDIR is not a complete identity folder
 // (client.crt, client.key and ca.crt; ca.crt alone for an edge with an enrolment token).
+// train_over_wss calls it before anything else; CloudLink expects a checked folder.
 void check_identity_folder(const std::string& identity_dir, bool without_certificate);
 
 class CloudLink {
