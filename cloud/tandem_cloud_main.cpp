@@ -242,30 +242,29 @@ void declare_commands(Program& program) {
       .details(kServeDetails)
       .run(serve_command);
   Command& pki = program.command("pki", "the edges' identities: a CA, certificates, enrolment tokens, revocations");
-  pki.command("init", "make a CA and a server certificate in DIR, unless DIR has them")
-      .option("state-dir", "DIR", "the cloud's state folder (required)")
+  // Every pki command works on the cloud's state folder.
+  const auto pki_command = [&pki](const char* name, const char* description) -> Command& {
+    return pki.command(name, description).option("state-dir", "DIR", "the cloud's state folder (required)");
+  };
+  pki_command("init", "make a CA and a server certificate in DIR, unless DIR has them")
       .option("hosts", "NAME,NAME...", "the names and addresses edges reach the cloud by (default localhost,127.0.0.1)")
       .run(pki_init);
-  pki.command("issue", "issue an edge identity signed by DIR's CA: IDDIR/client.key, client.crt, ca.crt")
-      .option("state-dir", "DIR", "the cloud's state folder (required)")
+  pki_command("issue", "issue an edge identity signed by DIR's CA: IDDIR/client.key, client.crt, ca.crt")
       .option("client", "NAME", "the edge's name (required)")
       .option("out", "IDDIR", "the identity folder to write; copy it to the edge (required)")
       .run(pki_issue);
-  pki.command("token", "print a single-use enrolment token for an edge without a client certificate (a browser)")
-      .option("state-dir", "DIR", "the cloud's state folder (required)")
+  pki_command("token", "print a single-use enrolment token for an edge without a client certificate (a browser)")
       .option("client", "NAME", "the edge's name (required)")
       .option("ttl", "TTL", "how long the token is valid: seconds, or with s, m, h, d (default 1h)")
       .details("The service must run with --accept-tokens (or --web) to take tokens.")
       .run(pki_token);
-  pki.command("revoke", "revoke an edge: its certificates and tokens are refused, its live sessions closed")
-      .option("state-dir", "DIR", "the cloud's state folder (required)")
+  pki_command("revoke", "revoke an edge: its certificates and tokens are refused, its live sessions closed")
       .option("client", "NAME", "the edge's name (required)")
       .details("Its certificates (by serial, from DIR/issued.tsv, and any certificate with that name the register\n"
                "does not know) and its enrolment tokens issued until now are refused at every connection; a running\n"
                "cloud closes its live sessions within seconds. An identity issued to NAME afterwards works.")
       .run(pki_revoke);
-  pki.command("list", "list the identities DIR's CA issued, valid, expired or revoked")
-      .option("state-dir", "DIR", "the cloud's state folder (required)")
+  pki_command("list", "list the identities DIR's CA issued, valid, expired or revoked")
       .run(pki_list);
 }
 
