@@ -22,7 +22,7 @@
 #include "core/model_spec.h"
 #include "core/network.h"
 #include "core/optimizer.h"
-#include "core/trainer.h"
+#include "pipeline/local_pipeline.h"
 
 namespace {
 
@@ -56,7 +56,7 @@ int main(int argc, char** argv) try {
   auto backend = make_backend(backend_name, BackendOptions{threads});
   Network net(back, *backend, 1);
   Sgd sgd(net.params(), {.lr = 0.01f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 0.0f, .nesterov = false});
-  ChainTrainer trainer({&net}, {&sgd});
+  LocalPipeline trainer({&net}, {&sgd});
 
   Rng rng(7);
   const std::vector<Tensor> inputs = bench::back_shard_inputs(back, batch, rng);

@@ -165,13 +165,41 @@ std::pair<std::string, std::string> u_shaped_cuts(const std::string& cut) {
   return cuts;
 }
 
+std::vector<std::string> cut_list(const std::string& cuts) {
+  std::vector<std::string> out;
+  std::size_t at = 0;
+  while (true) {
+    const std::size_t comma = cuts.find(',', at);
+    std::string name = cuts.substr(at, comma == std::string::npos ? std::string::npos : comma - at);
+    const std::size_t first = name.find_first_not_of(' '), last = name.find_last_not_of(' ');
+    name = first == std::string::npos ? std::string() : name.substr(first, last - first + 1);
+    if (name.empty()) fail("split", cat("cut list '", cuts, "' has an empty name: give node names separated by commas"));
+    out.push_back(std::move(name));
+    if (comma == std::string::npos) return out;
+    at = comma + 1;
+  }
+}
+
+std::vector<Graph> Graph::partition(const std::vector<std::string>& cuts) const {
+  std::vector<Graph> stages;
+  Graph rest = *this;
+  for (std::size_t i = 0; i < cuts.size(); ++i) {
+    if (rest.find(cuts[i]) < 0 && find(cuts[i]) >= 0)
+      fail("split", cat("cut '", cuts[i], "' must come after '", cuts[i - 1],
+                        "': cuts are listed in the order the data flows through them"));
+    auto [front, back] = rest.split(cuts[i]);
+    front.name_ = cat(name_, ".stage", i);
+    stages.push_back(std::move(front));
+    rest = std::move(back);
+  }
+  rest.name_ = cat(name_, ".stage", cuts.size());
+  stages.push_back(std::move(rest));
+  return stages;
+}
+
 Graph Graph::tail(const std::string& cut) const {
   const auto [a, b] = u_shaped_cuts(cut);
-  Graph middle = split(a).second;
-  if (middle.find(b) < 0)
-    fail("split", cat("U-shaped cut '", cut, "': '", b, "' must come after '", a, "' (the cloud's middle runs from '", a,
-                      "' to '", b, "')"));
-  Graph t = middle.split(b).second;
+  Graph t = std::move(partition({a, b})[2]);
   t.name_ = name_ + ".tail";
   return t;
 }
@@ -179,13 +207,10 @@ Graph Graph::tail(const std::string& cut) const {
 std::pair<Graph, Graph> Graph::split(const std::string& cut) const {
   if (u_shaped_cut(cut)) {
     const auto [a, b] = u_shaped_cuts(cut);
-    auto [front, back] = split(a);
-    if (back.find(b) < 0)
-      fail("split", cat("U-shaped cut '", cut, "': '", b, "' must come after '", a, "' (the cloud's middle runs from '",
-                        a, "' to '", b, "')"));
-    Graph middle = back.split(b).first;
-    middle.name_ = name_ + ".middle";
-    return {std::move(front), std::move(middle)};
+    std::vector<Graph> stages = partition({a, b});
+    stages[0].name_ = name_ + ".front";
+    stages[1].name_ = name_ + ".middle";
+    return {std::move(stages[0]), std::move(stages[1])};
   }
   const int c = find(cut);
   if (c < 0) fail("split", cat("cut node '", cut, "' is not in the graph"));

@@ -77,6 +77,12 @@ class Graph {
   std::pair<Graph, Graph> split(const std::string& cut) const;
   // A U-shaped cut's tail: from B's output to the model's output and the loss (the edge's).
   Graph tail(const std::string& cut) const;
+  // The model cut at every node of `cuts` (in graph order, each after the one before): N =
+  // cuts.size() + 1 stage graphs named "<model>.stage<i>". Stage 0 takes the graph's inputs;
+  // stage i > 0 reads cut i-1's output as its first input and, when the mask input crosses
+  // (split's rule, at every cut), the mask as its second; the last stage ends at the output
+  // and keeps the loss. Errors name the cut and say which order the cuts must come in.
+  std::vector<Graph> partition(const std::vector<std::string>& cuts) const;
 
  private:
   // `buckets`: the length buckets (empty: none); with them every node reading a per-token
@@ -92,6 +98,9 @@ class Graph {
   std::vector<int64_t> length_buckets_;
   std::string loss_ = "softmax_cross_entropy";
 };
+
+// "A,B,C" -> {"A", "B", "C"} (spaces around names dropped); an Error for an empty name.
+std::vector<std::string> cut_list(const std::string& cuts);
 
 // A U-shaped split names two cuts, "A,B": the edge runs the front (the inputs to A) and the
 // tail (B to the loss), so the labels never leave it; the cloud runs the middle (A to B).

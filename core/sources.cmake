@@ -21,7 +21,6 @@ set(TANDEM_CORE_SOURCES
   interop/safetensors.cpp
   interop/torch_layout.cpp
   schedule.cpp
-  trainer.cpp
   sha256.cpp
   wire/frame.cpp
   wire/messages.cpp

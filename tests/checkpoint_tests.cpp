@@ -10,7 +10,7 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/error.h"
 #include "core/graph.h"
-#include "core/trainer.h"
+#include "pipeline/local_pipeline.h"
 #include "ports/crypto/aes_gcm.h"
 #include "ports/files/atomic_file.h"
 #include "ports/files/checkpoint_store.h"
@@ -58,7 +58,7 @@ struct Shard {
   std::unique_ptr<Backend> backend;
   Network net;
   std::unique_ptr<Optimizer> optimizer;
-  ChainTrainer trainer;
+  LocalPipeline trainer;
 };
 
 CheckpointMeta meta_at(uint64_t step) {

@@ -17,7 +17,7 @@
 #include "core/graph.h"
 #include "core/loss.h"
 #include "core/microbatch.h"
-#include "core/trainer.h"
+#include "pipeline/local_pipeline.h"
 #include "data/epoch_order.h"
 #include "edge/session/edge_session.h"
 #include "edge/session/event_edge.h"
@@ -157,7 +157,7 @@ void deliver_backwards(EdgeSession& edge, const std::vector<Frame>& replies) {
 
 // The split chain (K=3) and the whole model (K=`whole_k`) trained `steps` steps on `d`: the
 // same losses, and then the same weights (s's front and back against `whole_net`).
-void expect_trains_alike(ChainTrainer& chain, ChainTrainer& whole, EncoderSplit& s, Network& whole_net,
+void expect_trains_alike(LocalPipeline& chain, LocalPipeline& whole, EncoderSplit& s, Network& whole_net,
                          const Sequences& d, int steps, int whole_k) {
   for (int step = 0; step < steps; ++step) {
     const double got = chain.train_step(d.inputs(), d.labels.data(), 3).loss_sum;
@@ -205,13 +205,13 @@ TEST(SequenceSplit, TheMaskTravelsAndTheSplitTrainsLikeTheWholeModel) {
   EXPECT_GT(max_diff(s.back, start), 1e-3f);
 }
 
-// Local training (tandem train's ChainTrainer) feeds the back stage the mask's rows too: the
+// Local training (tandem train's LocalPipeline) feeds the back stage the mask's rows too: the
 // split chain trains exactly as the whole model does.
 TEST(SequenceSplit, TheLocalChainFeedsTheMaskToTheBackStage) {
   const Sequences d = sequences(12, 6);
   EncoderSplit s(3);
   Sgd whole_opt(s.whole.params(), sgd());
-  ChainTrainer chain({&s.front, &s.back}, {&s.front_opt, &s.back_opt}), whole({&s.whole}, {&whole_opt});
+  LocalPipeline chain({&s.front, &s.back}, {&s.front_opt, &s.back_opt}), whole({&s.whole}, {&whole_opt});
   expect_trains_alike(chain, whole, s, s.whole, d, 5, 1);
   EXPECT_EQ(chain.evaluate(d.inputs(), d.labels.data(), 5).correct, whole.evaluate(d.inputs(), d.labels.data(), 12).correct);
 }
@@ -476,7 +476,7 @@ TEST(LengthBuckets, MicroBatchesRunAtTheirBucketAndTrainLikeTheFullLength) {
   EncoderSplit plain(3);  // the same weights (seed 5), no buckets
   EXPECT_EQ(s.graph.length_buckets(), (std::vector<int64_t>{2, 4, 6}));
   Sgd whole_opt(plain.whole.params(), sgd());
-  ChainTrainer whole({&plain.whole}, {&whole_opt});
+  LocalPipeline whole({&plain.whole}, {&whole_opt});
   const int64_t want_length[3] = {2, 4, 6};
   for (int step = 0; step < 6; ++step) {
     const int k = s.edge.begin_step(d.inputs(), d.labels.data());
@@ -513,7 +513,7 @@ TEST(LengthBuckets, TheLocalChainRunsAtBucketsLikeTheFullLength) {
   const Sequences d = sequences_of_lengths({2, 1, 2, 2, 3, 4, 1, 2, 6, 5, 1, 3}, 9);
   EncoderSplit s(3, bucketed_spec()), plain(3);
   Sgd whole_opt(plain.whole.params(), sgd());
-  ChainTrainer chain({&s.front, &s.back}, {&s.front_opt, &s.back_opt}), whole({&plain.whole}, {&whole_opt});
+  LocalPipeline chain({&s.front, &s.back}, {&s.front_opt, &s.back_opt}), whole({&plain.whole}, {&whole_opt});
   expect_trains_alike(chain, whole, s, plain.whole, d, 4, 3);
 }
 

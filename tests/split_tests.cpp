@@ -14,7 +14,7 @@
 #include "core/graph.h"
 #include "core/loss.h"
 #include "core/sha256.h"
-#include "core/trainer.h"
+#include "pipeline/local_pipeline.h"
 #include "edge/session/edge_session.h"
 #include "test_support.h"
 
@@ -111,7 +111,7 @@ TEST(SplitSession, PipelinedEqualsUnpipelined) {
   EXPECT_LE(max_diff(pipelined.back, plain.back), 1e-5f);
   // And both equal local training of the same shards without messages.
   Split local(1);
-  ChainTrainer trainer({&local.front, &local.back}, {&local.front_opt, &local.back_opt});
+  LocalPipeline trainer({&local.front, &local.back}, {&local.front_opt, &local.back_opt});
   for (int s = 0; s < 20; ++s) trainer.train_step(d.images, d.labels.data(), 1);
   EXPECT_LE(max_diff(pipelined.front, local.front), 1e-5f);
   EXPECT_LE(max_diff(pipelined.back, local.back), 1e-5f);

@@ -18,7 +18,7 @@
 #include "core/graph.h"
 #include "core/error.h"
 #include "core/network.h"
-#include "core/trainer.h"
+#include "pipeline/local_pipeline.h"
 #include "test_support.h"
 
 // Counts C++ heap allocations (plain and aligned operator new) while `counting` is set, in
@@ -161,7 +161,7 @@ struct Whole {
   std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
   Network net{Graph::build(with_loss(small_cnn(), loss_name)), *backend, 1234};
   Sgd opt{net.params(), sgd()};
-  ChainTrainer trainer{{&net}, {&opt}};
+  LocalPipeline trainer{{&net}, {&opt}};
 };
 
 std::vector<float> weights_of(Network& net) {
@@ -292,7 +292,7 @@ TEST(Train, ReluFoldedIntoPoolTrainsLikePoolThenRelu) {
     auto backend = make_test_backend(backend_under_test());
     Network net(Graph::build(spec), *backend, 1234);
     Sgd opt(net.params(), sgd());
-    ChainTrainer trainer({&net}, {&opt});
+    LocalPipeline trainer({&net}, {&opt});
     Network::NodeTimes times;
     net.set_timing(&times);
     for (int step = 0; step < 10; ++step) trainer.train_step(d.images, d.labels.data(), 2);
@@ -319,7 +319,7 @@ TEST(Train, SplitEqualsWholeModel) {
       p->bump_version();
     }
   Sgd front_opt(front.params(), sgd()), back_opt(back.params(), sgd());
-  ChainTrainer split({&front, &back}, {&front_opt, &back_opt});
+  LocalPipeline split({&front, &back}, {&front_opt, &back_opt});
   for (int step = 0; step < 10; ++step) {
     w.trainer.train_step(d.images, d.labels.data(), 1);
     split.train_step(d.images, d.labels.data(), 4);

@@ -11,7 +11,7 @@
 #include "core/graph.h"
 #include "core/loss.h"
 #include "core/privacy/cut_noise.h"
-#include "core/trainer.h"
+#include "pipeline/local_pipeline.h"
 #include "edge/session/edge_session.h"
 #include "test_support.h"
 
@@ -121,7 +121,7 @@ TEST(UShapedSession, TrainsLikeTheWholeModel) {
   u.handshake();
   Network& whole = u.whole;
   Sgd whole_opt(whole.params(), sgd());
-  ChainTrainer local({&whole}, {&whole_opt});
+  LocalPipeline local({&whole}, {&whole_opt});
   for (int s = 0; s < 20; ++s) {
     u.step(d.images, d.labels.data());
     const double want = local.train_step(d.images, d.labels.data(), 1).loss_sum;
@@ -146,7 +146,7 @@ TEST(UShapedSession, ADecodedGradientLeavesTheMiddlesInputsAlone) {
   u.handshake();
   ASSERT_EQ(u.edge.dtype(), wire::DType::F16);
   Sgd whole_opt(u.whole.params(), sgd());
-  ChainTrainer local({&u.whole}, {&whole_opt});
+  LocalPipeline local({&u.whole}, {&whole_opt});
   for (int s = 0; s < 5; ++s) {
     u.step(d.images, d.labels.data());
     local.train_step(d.images, d.labels.data(), 1);
@@ -355,8 +355,8 @@ TEST(UShapedGraph, CutsAreCheckedAndNamed) {
   EXPECT_EQ(front.param_names().size() + middle.param_names().size() + tail.param_names().size(),
             graph.param_names().size());
   auto message = [&](const char* cut) { return error_of([&] { (void)graph.split(cut); }); };
-  EXPECT_EQ(message("fc1,pool1"), "[split] U-shaped cut 'fc1,pool1': 'pool1' must come after 'fc1' (the cloud's "
-                                  "middle runs from 'fc1' to 'pool1')");
+  EXPECT_EQ(message("fc1,pool1"), "[split] cut 'pool1' must come after 'fc1': cuts are listed in the order the data "
+                                  "flows through them");
   EXPECT_EQ(message("pool1,"), "[split] a U-shaped cut names two nodes, \"FRONT_CUT,TAIL_CUT\", not 'pool1,'");
   EXPECT_EQ(message("pool1,fc2"), "[split] cut node 'fc2' is the output: nothing would be left for the back shard");
   // A spec's own cut may be U-shaped; both nodes must exist.

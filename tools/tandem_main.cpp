@@ -9,7 +9,7 @@
 #include "core/error.h"
 #include "core/graph.h"
 #include "core/network.h"
-#include "core/trainer.h"
+#include "pipeline/local_pipeline.h"
 #include "data/idx_dataset.h"
 #include "ports/files/tensor_dataset.h"
 #include "backends/registry.h"
@@ -74,7 +74,7 @@ int train(const CliArgs& args) {
     optimizers.push_back(make_optimizer(shard->params(), sgd));
     stage_optimizers.push_back(optimizers.back().get());
   }
-  ChainTrainer trainer(stages, stage_optimizers);
+  LocalPipeline trainer(stages, stage_optimizers);
 
   // Fashion-MNIST, or a data set folder (DIR/train.safetensors, DIR/test.safetensors: a
   // tensor per model input and "labels", ports/files/tensor_dataset.h).

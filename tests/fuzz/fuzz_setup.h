@@ -34,7 +34,7 @@
 #include "core/model_spec.h"
 #include "core/network.h"
 #include "core/optimizer.h"
-#include "core/trainer.h"
+#include "pipeline/local_pipeline.h"
 #include "core/wire/messages.h"
 #include "edge/session/event_edge.h"
 #include "../small_split_spec.h"
@@ -215,7 +215,7 @@ struct Model {
       optimizers.push_back(tail_opt.get());
     }
     const std::vector<Tensor> inputs = model_inputs(kBatch);
-    ChainTrainer(stages, optimizers).train_step(inputs, pixels(kBatch).labels.data(), kMicrobatches);
+    LocalPipeline(stages, optimizers).train_step(inputs, pixels(kBatch).labels.data(), kMicrobatches);
     CheckpointMeta meta;
     meta.role = "cloud";
     meta.client_id = kClient;

@@ -20,7 +20,7 @@
 #include "cloud/pki/token.h"
 #include "core/interop/safetensors.h"
 #include "core/interop/torch_layout.h"
-#include "core/trainer.h"
+#include "pipeline/local_pipeline.h"
 #include "tests/fuzz/fuzz_setup.h"
 
 using namespace tandem;
@@ -99,7 +99,7 @@ void checkpoint_and_safetensors_seeds() {
   {  // the split model, whole, two Sgd steps with momentum
     Network net(m.graph, *m.backend, kSeed);
     Sgd opt(net.params(), Model::sgd());
-    ChainTrainer trainer({&net}, {&opt});
+    LocalPipeline trainer({&net}, {&opt});
     for (int s = 0; s < 2; ++s) trainer.train_step(x, p.labels.data(), 2);
     CheckpointMeta meta;
     meta.role = "whole";
@@ -122,7 +122,7 @@ void checkpoint_and_safetensors_seeds() {
     adam.kind = "adam";
     adam.lr = 0.001f;
     auto opt = make_optimizer(net.params(), adam);
-    ChainTrainer trainer({&net}, {opt.get()});
+    LocalPipeline trainer({&net}, {opt.get()});
     trainer.train_step(x, p.labels.data(), 1);
     CheckpointMeta meta;
     meta.role = "whole";

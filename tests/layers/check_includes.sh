@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fails when an #include runs against the layering (ARCHITECTURE.md): core over nothing of
-# ours, backends over core, ports/data/cli over core, the apps (edge, cloud) over those and
+# ours, backends, ports, data, cli and pipeline over core, the apps (edge, cloud) over those and
 # never each other, tools/wasm/tests/bench over anything. Prints every offending line.
 # Usage: check_includes.sh SOURCE_DIR
 set -euo pipefail
@@ -12,9 +12,10 @@ declare -A allowed=(
   [backends]="core schema"
   [ports]="core schema"
   [data]="core schema"
+  [pipeline]="core schema"
   [cli]="core schema"
-  [edge]="core schema backends ports data cli"
-  [cloud]="core schema backends ports data cli"
+  [edge]="core schema pipeline backends ports data cli"
+  [cloud]="core schema pipeline backends ports data cli"
 )
 bad=0
 checked=0
@@ -40,4 +41,4 @@ if ((bad)); then
   echo "FAILED: $bad include(s) against the layering of ARCHITECTURE.md"
   exit 1
 fi
-echo "layering holds: $checked project includes checked in core, backends, ports, data, cli, edge, cloud"
+echo "layering holds: $checked project includes checked in core, pipeline, backends, ports, data, cli, edge, cloud"

@@ -1,0 +1,72 @@
+// Pipeline schedules as objects, for any number of stages: the order in which each stage
+// runs its micro-batches' forwards and backwards within one step. GPipe (every forward, then
+// every backward), 1F1B (torch.distributed.pipelining's memory-lean order: a stage keeps at
+// most stages - index micro-batches in flight) and input-gradients-first (zero bubble,
+// ZB-H1: a backward split into the input gradient, which the stage upstream waits for, and
+// the weight gradients, run later where the stage would otherwise idle). Every schedule
+// gives the same gradients: only the order and the memory in flight differ.
+#pragma once
+
+#include <memory>
+#include <string>
+#include <vector>
+
+namespace tandem {
+
+struct PipelineAction {
+  enum class Kind {
+    Forward,         // forward (and, on the last stage, the loss and its gradient)
+    Backward,        // the whole backward: input and weight gradients
+    BackwardInput,   // the input gradient only; the weight gradients wait for BackwardWeight
+    BackwardWeight,  // the weight gradients a BackwardInput left
+  };
+  Kind kind;
+  int microbatch;
+  bool operator==(const PipelineAction&) const = default;
+};
+
+// "F3", "B0", "I2", "W2": for errors and tests.
+std::string action_text(const PipelineAction& a);
+
+class PipelineSchedule {
+ public:
+  virtual ~PipelineSchedule() = default;
+  virtual const char* name() const = 0;
+  // Stage `stage` (0-based) of `stages`: its actions for one step of `microbatches`, in order.
+  virtual std::vector<PipelineAction> actions(int stage, int stages, int microbatches) const = 0;
+};
+
+class GPipeSchedule final : public PipelineSchedule {
+ public:
+  const char* name() const override { return "gpipe"; }
+  std::vector<PipelineAction> actions(int stage, int stages, int microbatches) const override;
+};
+
+class OneFOneBSchedule final : public PipelineSchedule {
+ public:
+  const char* name() const override { return "1f1b"; }
+  std::vector<PipelineAction> actions(int stage, int stages, int microbatches) const override;
+};
+
+class ZeroBubbleSchedule final : public PipelineSchedule {
+ public:
+  const char* name() const override { return "zero-bubble"; }
+  std::vector<PipelineAction> actions(int stage, int stages, int microbatches) const override;
+};
+
+// "gpipe", "1f1b" or "zero-bubble"; an Error listing them for another name.
+std::unique_ptr<PipelineSchedule> make_pipeline_schedule(const std::string& name);
+const char* pipeline_schedule_names();
+
+// The schedule run with every action taking one unit of time (a backward two, split halves
+// one each) and messages arriving at once: the step's length in units and the bubble
+// fraction (the share of stage-time spent idle). An Error names the first stage that would
+// wait forever, or an action a schedule lists twice or leaves out.
+struct ScheduleSimulation {
+  int length = 0;
+  double bubble = 0;
+  std::vector<int> peak_in_flight;  // per stage: the most micro-batches forwarded and not yet backed up
+};
+ScheduleSimulation simulate(const PipelineSchedule& schedule, int stages, int microbatches);
+
+}  // namespace tandem

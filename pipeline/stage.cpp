@@ -1,0 +1,82 @@
+#include "pipeline/stage.h"
+
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/loss.h"
+
+namespace tandem {
+
+namespace {
+class Busy {
+ public:
+  explicit Busy(double& into) : into_(into), t0_(std::chrono::steady_clock::now()) {}
+  ~Busy() { into_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0_).count(); }
+  Busy(const Busy&) = delete;
+  Busy& operator=(const Busy&) = delete;
+
+ private:
+  double& into_;
+  std::chrono::steady_clock::time_point t0_;
+};
+}  // namespace
+
+Stage::Stage(Network& network, Optimizer* optimizer) : net_(network), optimizer_(optimizer) {}
+
+const Tensor& Stage::forward(std::span<const Tensor> inputs, int slot) {
+  Busy busy(busy_s_);
+  net_.set_training(true);
+  return net_.forward(inputs, slot);
+}
+
+Tensor Stage::backward(const Tensor& grad_output, int slot, bool want_input_grad, bool defer_weights) {
+  Busy busy(busy_s_);
+  return net_.backward(grad_output, slot, want_input_grad, defer_weights);
+}
+
+void Stage::backward_weights(int slot) {
+  Busy busy(busy_s_);
+  net_.backward_weights(slot);
+}
+
+void Stage::step() {
+  if (!optimizer_) fail("stage", cat(graph().name(), " has no optimizer: it cannot take a step"));
+  Busy busy(busy_s_);
+  optimizer_->step();
+}
+
+double Stage::loss(const Tensor& outputs, const int32_t* labels, float grad_scale, Tensor* grad) const {
+  return compute_loss(graph().loss(), outputs, labels, grad_scale, grad, graph().output_groups());
+}
+
+int64_t Stage::correct(const Tensor& outputs, const int32_t* labels) const {
+  return count_correct(outputs, labels, graph().output_groups());
+}
+
+Tensor& Stage::output_grad(int slot) {
+  if (slot < 0) fail("stage", cat("slot ", slot, " is negative"));
+  if (output_grads_.size() <= static_cast<std::size_t>(slot)) output_grads_.resize(static_cast<std::size_t>(slot) + 1);
+  return output_grads_[static_cast<std::size_t>(slot)];
+}
+
+Stage::LossPass Stage::forward_loss(std::span<const Tensor> inputs, int slot, const int32_t* labels, float grad_scale) {
+  const Tensor& out = forward(inputs, slot);
+  Busy busy(busy_s_);
+  Tensor& grad = output_grad(slot);
+  if (!grad.defined() || grad.shape() != out.shape()) grad = Tensor::empty(out.shape());
+  LossPass pass;
+  pass.loss = loss(out, labels, grad_scale, &grad);
+  pass.correct = correct(out, labels);
+  pass.finite = std::isfinite(pass.loss);
+  return pass;
+}
+
+Stage::LossPass Stage::train_loss(std::span<const Tensor> inputs, int slot, const int32_t* labels, float grad_scale,
+                                  bool want_input_grad, bool defer_weights) {
+  LossPass pass = forward_loss(inputs, slot, labels, grad_scale);
+  if (pass.finite) pass.input_grad = backward(output_grad(slot), slot, want_input_grad, defer_weights);
+  return pass;
+}
+
+}  // namespace tandem

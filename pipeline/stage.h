@@ -1,0 +1,67 @@
+// A stage of a pipeline: one shard's Network and its Optimizer, with forward, backward and
+// step over micro-batch slots, and, for the stage that holds the loss, forward -> loss ->
+// backward. This is the one place that sequence is written: the in-process pipeline, the
+// cloud's sessions, its joined batches and the edge's U-shaped tail all run it from here.
+#pragma once
+
+#include <cstdint>
+#include <span>
+#include <vector>
+
+#include "core/network.h"
+#include "core/optimizer.h"
+
+namespace tandem {
+
+class Stage {
+ public:
+  // `optimizer` may be null for a stage that is only evaluated. Neither is owned.
+  Stage(Network& network, Optimizer* optimizer);
+
+  Network& network() { return net_; }
+  const Graph& graph() const { return net_.graph(); }
+  Optimizer* optimizer() { return optimizer_; }
+
+  // A training forward of one micro-batch into `slot` (Network::forward).
+  const Tensor& forward(std::span<const Tensor> inputs, int slot);
+  // Its backward from the output's gradient (Network::backward); `defer_weights` leaves the
+  // weight gradients for backward_weights(slot) (input gradients first).
+  Tensor backward(const Tensor& grad_output, int slot, bool want_input_grad, bool defer_weights = false);
+  void backward_weights(int slot);
+  // The optimizer's update (zero_grad() follows it where the caller starts a new step).
+  void step();
+  void zero_grad() { net_.zero_grad(); }
+
+  // The loss of `outputs` (this stage's output, or some of its rows) against `labels`, its
+  // gradient scaled by `grad_scale` written to `grad` (shaped like `outputs`) when not null.
+  double loss(const Tensor& outputs, const int32_t* labels, float grad_scale, Tensor* grad) const;
+  int64_t correct(const Tensor& outputs, const int32_t* labels) const;
+
+  // Forward -> loss -> backward of one micro-batch, for the stage that holds the loss. The
+  // loss's gradient is scaled by `grad_scale` (1 / the step's samples: the batch mean). When
+  // the loss is not finite no backward runs (a party refuses such a micro-batch before any
+  // gradient moves) and input_grad stays empty.
+  struct LossPass {
+    double loss = 0;
+    int64_t correct = 0;
+    bool finite = true;
+    Tensor input_grad;  // when asked for; valid until the stage's next backward
+  };
+  LossPass train_loss(std::span<const Tensor> inputs, int slot, const int32_t* labels, float grad_scale,
+                      bool want_input_grad, bool defer_weights = false);
+  // The forward and the loss of train_loss, the gradient at the output left in
+  // output_grad(slot): for a party that backs up from it its own way (label noise).
+  LossPass forward_loss(std::span<const Tensor> inputs, int slot, const int32_t* labels, float grad_scale);
+  Tensor& output_grad(int slot);
+
+  // Seconds spent in forward, backward and step since construction.
+  double busy_s() const { return busy_s_; }
+
+ private:
+  Network& net_;
+  Optimizer* optimizer_;
+  std::vector<Tensor> output_grads_;  // per slot: the loss's gradient at the output
+  double busy_s_ = 0;
+};
+
+}  // namespace tandem
