@@ -2,8 +2,8 @@
 // runs its micro-batches' forwards and backwards within one step. GPipe (every forward, then
 // every backward), 1F1B (torch.distributed.pipelining's memory-lean order: a stage keeps at
 // most stages - index micro-batches in flight) and input-gradients-first (zero bubble,
-// ZB-H1: a backward split into the input gradient, which the stage upstream waits for, and
-// the weight gradients, run later where the stage would otherwise idle). Every schedule
+// after ZB-H1: a backward split into the input gradient, which the stage upstream waits for,
+// and the weight gradients, run later where the stage would otherwise idle). Every schedule
 // gives the same gradients: only the order and the memory in flight differ.
 #pragma once
 

@@ -1,0 +1,265 @@
+// The pipeline layer (pipeline/): Graph::partition into N stages, the schedules' orders
+// (each checked by simulation), and the in-process pipeline: N stages under every schedule,
+// on one thread or a thread a stage, train exactly like the whole model.
+#include <gtest/gtest.h>
+
+#include <algorithm>
+#include <map>
+
+#include "core/error.h"
+#include "core/graph.h"
+#include "core/optimizer.h"
+#include "pipeline/local_pipeline.h"
+#include "pipeline/schedule.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+using Kind = PipelineAction::Kind;
+
+std::string orders(const PipelineSchedule& s, int stages, int k) {
+  std::string out;
+  for (int i = 0; i < stages; ++i) {
+    for (const PipelineAction& a : s.actions(i, stages, k)) out += action_text(a) + " ";
+    out += "| ";
+  }
+  return out;
+}
+
+TEST(PipelineSchedules, OrdersAreTheKnownOnes) {
+  EXPECT_EQ(orders(GPipeSchedule(), 2, 3), "F0 F1 F2 B0 B1 B2 | F0 F1 F2 B0 B1 B2 | ");
+  // torch.distributed.pipelining's Schedule1F1B: stages - index - 1 forwards of warm-up.
+  EXPECT_EQ(orders(OneFOneBSchedule(), 3, 4),
+            "F0 F1 F2 B0 F3 B1 B2 B3 | F0 F1 B0 F2 B1 F3 B2 B3 | F0 B0 F1 B1 F2 B2 F3 B3 | ");
+  // Input gradients at the backward's place; stage i holds back i weight halves.
+  EXPECT_EQ(orders(ZeroBubbleSchedule(), 2, 3), "F0 F1 I0 W0 F2 I1 W1 I2 W2 | F0 I0 F1 I1 W0 F2 I2 W1 W2 | ");
+}
+
+TEST(PipelineSchedules, EveryScheduleRunsEveryShape) {
+  for (const char* name : {"gpipe", "1f1b", "zero-bubble"}) {
+    const auto schedule = make_pipeline_schedule(name);
+    for (int n = 1; n <= 6; ++n)
+      for (int k = 1; k <= 9; ++k) {
+        SCOPED_TRACE(cat(name, " stages ", n, " micro-batches ", k));
+        const ScheduleSimulation sim = simulate(*schedule, n, k);
+        for (int s = 0; s < n; ++s) {
+          const int peak = sim.peak_in_flight[static_cast<std::size_t>(s)];
+          if (std::string(name) == "gpipe") {
+            EXPECT_EQ(peak, k);
+          } else if (std::string(name) == "1f1b") {
+            EXPECT_EQ(peak, std::min(n - s, k));  // its memory bound
+          }
+        }
+        EXPECT_GE(sim.bubble, 0.0);
+        EXPECT_LT(sim.bubble, 1.0);
+        if (n == 1) {
+          EXPECT_EQ(sim.bubble, 0.0);
+        }
+      }
+  }
+}
+
+TEST(PipelineSchedules, ZeroBubbleFillsTheBubble) {
+  // Unit forwards, backwards of two units (or two halves of one): GPipe and 1F1B idle alike,
+  // (n - 1) / (k + n - 1) of the time; input gradients first idle less.
+  for (int n = 2; n <= 5; ++n)
+    for (int k = n; k <= 2 * n; ++k) {
+      const double gpipe = simulate(GPipeSchedule(), n, k).bubble, one = simulate(OneFOneBSchedule(), n, k).bubble,
+                   zb = simulate(ZeroBubbleSchedule(), n, k).bubble;
+      EXPECT_NEAR(gpipe, static_cast<double>(n - 1) / (k + n - 1), 1e-12) << n << " " << k;
+      EXPECT_NEAR(one, gpipe, 1e-12) << n << " " << k;
+      EXPECT_LT(zb, 0.6 * one) << n << " " << k;
+    }
+}
+
+// A schedule whose stages disagree (the last backs up before it forwards), and one that
+// forgets a micro-batch: both refused by name.
+class BrokenSchedule final : public PipelineSchedule {
+ public:
+  explicit BrokenSchedule(bool forget) : forget_(forget) {}
+  const char* name() const override { return "broken"; }
+  std::vector<PipelineAction> actions(int stage, int stages, int k) const override {
+    std::vector<PipelineAction> out = GPipeSchedule().actions(stage, stages, k);
+    if (forget_) out.pop_back();
+    if (!forget_ && stage == stages - 1) std::swap(out.front(), out.back());
+    return out;
+  }
+
+ private:
+  bool forget_;
+};
+
+TEST(PipelineSchedules, BrokenOrdersAreRefused) {
+  EXPECT_EQ(error_of([] { simulate(BrokenSchedule(false), 3, 2); }),
+            "[schedule] broken: stage 0 waits forever at B0 (its input never comes: the stages' orders disagree)");
+  EXPECT_EQ(error_of([] { simulate(BrokenSchedule(true), 3, 2); }),
+            "[schedule] broken: stage 0 does not forward and back up micro-batch 1 exactly once (1 forwards, 0 "
+            "backwards, 0 input and 0 weight halves)");
+  EXPECT_EQ(error_of([] { make_pipeline_schedule("interleaved"); }),
+            "[schedule] unknown pipeline schedule 'interleaved': use one of gpipe, 1f1b, zero-bubble");
+}
+
+constexpr const char* kCnnCuts = "pool1, pool2,fc1";
+
+ModelSpec fashion_cnn() { return load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json"); }
+
+TEST(PipelinePartition, FourStagesHoldTheModelOnce) {
+  const Graph graph = Graph::build(fashion_cnn());
+  const std::vector<Graph> stages = graph.partition(cut_list(kCnnCuts));
+  ASSERT_EQ(stages.size(), 4u);
+  std::vector<std::string> names;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    EXPECT_EQ(stages[i].name(), cat("fashion-mnist-cnn.stage", i));
+    EXPECT_EQ(stages[i].loss(), graph.loss());
+    for (const std::string& p : stages[i].param_names()) names.push_back(p);
+  }
+  EXPECT_EQ(names, graph.param_names());
+  EXPECT_EQ(stages[1].inputs()[0].name, "pool1");
+  EXPECT_EQ(stages[3].inputs()[0].name, "fc1");
+  EXPECT_EQ(stages[3].nodes().back().spec.name, "fc2");
+  // The U-shaped split is the three-stage case.
+  EXPECT_EQ(graph.tail("pool2,fc1").param_names(), stages[3].param_names());
+  auto message = [&](const char* cuts) { return error_of([&] { (void)graph.partition(cut_list(cuts)); }); };
+  EXPECT_EQ(message("pool2,pool1"),
+            "[split] cut 'pool1' must come after 'pool2': cuts are listed in the order the data flows through them");
+  EXPECT_EQ(message("pool1,,fc1"), "[split] cut list 'pool1,,fc1' has an empty name: give node names separated by commas");
+  EXPECT_EQ(message("pool1,conv9"), "[split] cut node 'conv9' is not in the graph");
+  EXPECT_EQ(message("pool1,fc2"), "[split] cut node 'fc2' is the output: nothing would be left for the back shard");
+}
+
+// N stages on the backend under test, from the whole model's weights, with SGD and momentum.
+struct Chain {
+  std::vector<std::unique_ptr<Backend>> backends;
+  std::vector<std::unique_ptr<Network>> nets;
+  std::vector<std::unique_ptr<Optimizer>> opts;
+  std::unique_ptr<LocalPipeline> pipeline;
+  Chain(const std::vector<Graph>& graphs, Network& whole, const LocalPipeline::Options& options) {
+    std::vector<Network*> n;
+    std::vector<Optimizer*> o;
+    for (const Graph& g : graphs) {
+      backends.push_back(make_test_backend(backend_under_test()));  // a backend a stage: threads never share one
+      nets.push_back(std::make_unique<Network>(g, *backends.back(), 0));
+      copy_params(*nets.back(), whole);
+      opts.push_back(make_optimizer(nets.back()->params(),
+                                    {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f}));
+      n.push_back(nets.back().get());
+      o.push_back(opts.back().get());
+    }
+    pipeline = std::make_unique<LocalPipeline>(n, o, options);
+  }
+  float max_diff_from(Network& whole) {
+    float worst = 0;
+    for (auto& net : nets) worst = std::max(worst, test::max_diff(*net, whole));
+    return worst;
+  }
+};
+
+// Trains the model whole (one stage) and as a pipeline cut at `cuts`, under every schedule,
+// on one thread and on a thread a stage, `steps` steps of `batch` in K micro-batches each.
+void expect_pipelines_train_like_the_whole_model(const ModelSpec& spec, const std::string& cuts, int steps,
+                                                 int64_t batch, int k, const std::vector<Tensor>& inputs,
+                                                 const std::vector<int32_t>& labels, float tolerance) {
+  const Graph graph = Graph::build(spec);
+  const std::vector<Graph> parts = graph.partition(cut_list(cuts));
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
+  Network init(graph, *backend, 11);
+  Chain whole({graph}, init, {});
+  std::vector<double> whole_loss;
+  auto rows = [&](int step) {
+    std::vector<Tensor> out;
+    const int64_t n = inputs[0].shape()[0];
+    for (const Tensor& t : inputs) out.push_back(t.slice_batch((step * batch) % n, batch));
+    return out;
+  };
+  auto row_labels = [&](int step) { return labels.data() + (step * batch) % static_cast<int64_t>(labels.size()); };
+  for (int step = 0; step < steps; ++step)
+    whole_loss.push_back(whole.pipeline->train_step(rows(step), row_labels(step), k).loss_sum);
+  for (const char* schedule : {"gpipe", "1f1b", "zero-bubble"})
+    for (bool threads : {false, true}) {
+      SCOPED_TRACE(cat(schedule, threads ? ", a thread a stage" : ", one thread"));
+      Chain chain(parts, init, {.schedule = schedule, .threads = threads});
+      for (int step = 0; step < steps; ++step) {
+        const StepStats s = chain.pipeline->train_step(rows(step), row_labels(step), k);
+        EXPECT_NEAR(s.loss_sum, whole_loss[static_cast<std::size_t>(step)], 1e-3 * std::max(1.0, whole_loss[0]))
+            << "step " << step;
+        EXPECT_EQ(s.samples, batch);
+      }
+      EXPECT_LE(chain.max_diff_from(*whole.nets[0]), tolerance);
+      const StageTimes& t = chain.pipeline->times();
+      ASSERT_EQ(t.busy_s.size(), parts.size());
+      for (double b : t.busy_s) EXPECT_GT(b, 0.0);
+      EXPECT_GE(t.bubble(), threads ? -1e-3 : -1e9);  // idle time is measured with threads
+      EXPECT_LT(t.bubble(), 1.0);
+    }
+}
+
+TEST(LocalPipeline, FourStageCnnTrainsLikeTheWholeModelUnderEverySchedule) {
+  const ModelSpec spec = fashion_cnn();
+  Rng rng(5);
+  const int64_t n = 32;
+  std::vector<Tensor> inputs{random_tensor(Shape{n, 28, 28, 1}, rng, 0.0f, 1.0f)};
+  std::vector<int32_t> labels;
+  for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.below(10)));
+  expect_pipelines_train_like_the_whole_model(spec, kCnnCuts, 20, 8, 4, inputs, labels, 1e-5f);
+}
+
+// A transformer cut inside its encoder at three places: the mask crosses every cut.
+constexpr const char* kEncoder = R"({ name: "tiny-encoder",
+  inputs: [ { name: "ids", shape: [6], dtype: "int32" }, { name: "mask", shape: [6], mask: true } ],
+  nodes: [
+    { name: "tok", op: "embedding", inputs: ["ids"], embedding: { count: 20, features: 8 } },
+    { name: "pos", op: "position_embedding", inputs: ["tok"], embedding: { count: 6 } },
+    { name: "ln0", op: "layer_norm", inputs: ["pos"] },
+    { name: "q0", op: "linear", inputs: ["ln0"], linear: { out_features: 8 } },
+    { name: "k0", op: "linear", inputs: ["ln0"], linear: { out_features: 8 } },
+    { name: "v0", op: "linear", inputs: ["ln0"], linear: { out_features: 8 } },
+    { name: "att0", op: "attention", inputs: ["q0", "k0", "v0", "mask"], attention: { heads: 2 } },
+    { name: "o0", op: "linear", inputs: ["att0"], linear: { out_features: 8 } },
+    { name: "res0", op: "add", inputs: ["ln0", "o0"] },
+    { name: "ln1", op: "layer_norm", inputs: ["res0"] },
+    { name: "ff1", op: "linear", inputs: ["ln1"], linear: { out_features: 16 } },
+    { name: "act", op: "gelu", inputs: ["ff1"] },
+    { name: "ff2", op: "linear", inputs: ["act"], linear: { out_features: 8 } },
+    { name: "res1", op: "add", inputs: ["ln1", "ff2"] },
+    { name: "ln2", op: "layer_norm", inputs: ["res1"] },
+    { name: "cls", op: "token_pool", inputs: ["ln2", "mask"], token_pool: { mode: "mean" } },
+    { name: "fc", op: "linear", inputs: ["cls"], linear: { out_features: 3 } } ], output: "fc" })";
+
+TEST(LocalPipeline, FourStageEncoderTrainsLikeTheWholeModelWithTheMaskAtEveryCut) {
+  const ModelSpec spec = parse_model_json(kEncoder);
+  const std::vector<Graph> parts = Graph::build(spec).partition(cut_list("ln0,ln1,ln2"));
+  for (std::size_t i = 1; i < parts.size(); ++i) {
+    ASSERT_EQ(parts[i].inputs().size(), 2u) << i;
+    EXPECT_EQ(parts[i].inputs()[1].name, "mask");
+  }
+  Rng rng(9);
+  const int64_t n = 16;
+  Tensor ids = Tensor::empty(Shape{n, 6}), mask = Tensor::empty(Shape{n, 6});
+  std::vector<int32_t> labels;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = 2 + static_cast<int64_t>(rng.below(5));  // padded sequences of 2 to 6 tokens
+    for (int64_t t = 0; t < 6; ++t) {
+      ids.data()[i * 6 + t] = static_cast<float>(t < len ? 1 + rng.below(19) : 0);
+      mask.data()[i * 6 + t] = t < len ? 1.0f : 0.0f;
+    }
+    labels.push_back(static_cast<int32_t>(rng.below(3)));
+  }
+  expect_pipelines_train_like_the_whole_model(spec, "ln0,ln1,ln2", 20, 8, 4, {ids, mask}, labels, 1e-5f);
+}
+
+// ResNet18 (batch norm: statistics per micro-batch, as in every pipeline) in four stages.
+TEST(LocalPipeline, FourStageResNetTrainsLikeTheWholeModel) {
+  const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/models/resnet18-32.json");
+  const Graph graph = Graph::build(spec);
+  Rng rng(3);
+  const int64_t n = 8;
+  std::vector<Tensor> inputs{random_tensor(graph.inputs()[0].shape.batched(n), rng, 0.0f, 1.0f)};
+  std::vector<int32_t> labels;
+  for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(graph.classes()))));
+  expect_pipelines_train_like_the_whole_model(spec, "relu10,relu26,relu42",
+                                              2, 4, 2, inputs, labels, 1e-5f);
+}
+
+}  // namespace
+}  // namespace tandem::test
