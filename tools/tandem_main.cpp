@@ -1,5 +1,5 @@
 // tandem: the engine's command line. `tandem train` trains a model spec on Fashion-MNIST in
-// one process, split at the cut: the front shard on the edge backend, the back on the cloud's.
+// one process, as an in-process pipeline of the stages its cuts make (pipeline/).
 #include <algorithm>
 #include <chrono>
 #include <cstdio>
@@ -27,10 +27,12 @@ namespace {
 
 constexpr const char* kTrainDetails = R"(
       Trains SPEC on Fashion-MNIST (Debian's dataset-fashion-mnist; or DIR/train.safetensors and
-      DIR/test.safetensors, a tensor per model input and "labels"), split at the cut (the
-      spec's default cut unless --cut): front shard on the edge backend (default xnnpack),
-      back shard and loss on the cloud backend (default onednn), K micro-batches a step.
-      Prints progress, per-epoch metrics (also as JSON lines in FILE) and the test accuracy.
+      DIR/test.safetensors, a tensor per model input and "labels") as a pipeline of stages cut
+      at --cut (the spec's default cut unless given; N cuts make N + 1 stages): the first
+      stage on the edge backend (default xnnpack), the others and the loss on the cloud
+      backend (default onednn), K micro-batches a step in the --pipeline-schedule's order.
+      Prints progress, per-epoch metrics (also as JSON lines in FILE: each stage's busy
+      seconds, and with --stage-threads the bubble) and the test accuracy.
 )";
 
 std::string fixed(double v, int digits) {
@@ -39,12 +41,32 @@ std::string fixed(double v, int digits) {
   return buf;
 }
 
+// Which side's backend each of `stages` runs on: --parties (a comma list of edge and cloud),
+// else the edge's first stage and the cloud's others, and, for two cuts, the edge's tail too
+// (the U-shape: the labels stay at the edge).
+std::vector<std::string> stage_parties(const CliArgs& args, std::size_t stages) {
+  std::vector<std::string> parties;
+  if (args.has("parties")) {
+    parties = cut_list(args.str("parties", ""));
+    if (parties.size() != stages)
+      fail("cli", cat("--parties names ", parties.size(), " parties for ", stages, " stages: give one a stage"));
+    for (const std::string& p : parties)
+      if (p != "edge" && p != "cloud") fail("cli", cat("--parties: '", p, "' is neither edge nor cloud"));
+    return parties;
+  }
+  parties.assign(stages, "cloud");
+  parties.front() = "edge";
+  if (stages == 3) parties.back() = "edge";
+  return parties;
+}
+
 int train(const CliArgs& args) {
-  const SplitModel model = load_split_model(args);
-  const ModelSpec& spec = model.spec;
-  const Graph& graph = model.graph;
-  const std::string& cut = model.cut;
-  const Graph &front_graph = model.front, &back_graph = model.back;
+  const ModelSpec spec = load_model_spec(args.required("model"));
+  const Graph graph = Graph::build(spec);
+  const std::string cut = args.str("cut", graph.default_cut());
+  if (cut.empty()) fail("cli", "the spec names no default cut; pass --cut NODE (or a list, NODE,NODE,...)");
+  const std::vector<Graph> stage_graphs = graph.partition(cut_list(cut));
+  const std::vector<std::string> parties = stage_parties(args, stage_graphs.size());
 
   const int64_t epochs = args.integer("epochs", 1, 1);
   const int64_t batch = args.integer("batch", 64, 1);
@@ -52,16 +74,22 @@ int train(const CliArgs& args) {
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
   const ShardBackends backends = shard_backends(args);
   const std::string &edge_name = backends.edge_name, &cloud_name = backends.cloud_name;
+  // A backend a stage: stages on their own threads never share one.
+  BackendOptions backend_options;
+  backend_options.threads = static_cast<int>(args.integer("threads", 1, 1));
+  std::vector<std::unique_ptr<Backend>> stage_backends;
+  for (const std::string& party : parties)
+    stage_backends.push_back(make_backend(party == "edge" ? edge_name : cloud_name, backend_options));
 
-  // Both shards draw from one generator in graph order, so the initial weights do not depend
-  // on where the cut is.
+  // Every stage draws from one generator in graph order, so the initial weights do not
+  // depend on where the cuts are.
   Network whole(graph, *backends.edge, seed);
-  Network front(front_graph, *backends.edge, seed), back(back_graph, *backends.cloud, seed);
-  // A U-shaped cut: the edge's tail is the chain's third stage.
-  std::unique_ptr<Network> tail;
-  if (model.u_shaped) tail = std::make_unique<Network>(model.tail, *backends.edge, seed);
-  std::vector<Network*> stages = {&front, &back};
-  if (tail) stages.push_back(tail.get());
+  std::vector<std::unique_ptr<Network>> nets;
+  std::vector<Network*> stages;
+  for (std::size_t i = 0; i < stage_graphs.size(); ++i) {
+    nets.push_back(std::make_unique<Network>(stage_graphs[i], *stage_backends[i], seed));
+    stages.push_back(nets.back().get());
+  }
   for (Network* shard : stages)
     for (Param* p : shard->all_params()) {
       p->value().copy_from(whole.param(p->name()).value());
@@ -74,7 +102,10 @@ int train(const CliArgs& args) {
     optimizers.push_back(make_optimizer(shard->params(), sgd));
     stage_optimizers.push_back(optimizers.back().get());
   }
-  LocalPipeline trainer(stages, stage_optimizers);
+  LocalPipeline::Options pipeline_options;
+  pipeline_options.schedule = args.str("pipeline-schedule", "gpipe");
+  pipeline_options.threads = args.has("stage-threads");
+  LocalPipeline trainer(stages, stage_optimizers, pipeline_options);
 
   // Fashion-MNIST, or a data set folder (DIR/train.safetensors, DIR/test.safetensors: a
   // tensor per model input and "labels", ports/files/tensor_dataset.h).
@@ -96,11 +127,16 @@ int train(const CliArgs& args) {
     train_set = read_tensor_dataset(data + "/train.safetensors", graph.inputs(), args.integer("limit", 0, 0));
     test_set = read_tensor_dataset(data + "/test.safetensors", graph.inputs(), args.integer("test-limit", 0, 0));
   }
-  std::fprintf(stderr, "model %s: %lld parameters, cut at '%s' (front %zu nodes on %s, back %zu nodes on %s)\n",
-               spec.name.c_str(),
-               static_cast<long long>(front.param_count() + back.param_count() + (tail ? tail->param_count() : 0)),
-               cut.c_str(),
-               front_graph.nodes().size(), edge_name.c_str(), back_graph.nodes().size(), cloud_name.c_str());
+  std::string layout;
+  int64_t params = 0;
+  for (std::size_t i = 0; i < stages.size(); ++i) {
+    layout += cat(i ? ", " : "", stages[i]->graph().nodes().size(), " nodes on ", parties[i], " (",
+                  stage_backends[i]->name(), ")");
+    params += stages[i]->param_count();
+  }
+  std::fprintf(stderr, "model %s: %lld parameters, cut at '%s': %zu stages (%s), %s schedule%s\n", spec.name.c_str(),
+               static_cast<long long>(params), cut.c_str(), stages.size(), layout.c_str(), trainer.schedule().name(),
+               pipeline_options.threads ? ", a thread a stage" : "");
 
   std::ofstream metrics;
   if (args.has("metrics-json")) {
@@ -124,7 +160,7 @@ int train(const CliArgs& args) {
       std::swap(order[static_cast<std::size_t>(i)], order[shuffle_rng.below(static_cast<uint64_t>(i + 1))]);
     ProgressBar bar(cat("epoch ", epoch, "/", epochs), n);
     StepStats total;
-    const auto busy0 = trainer.times().busy_s;
+    const StageTimes before = trainer.times();
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t begin = 0; begin < n; begin += batch) {
       const int64_t count = std::min(batch, n - begin);
@@ -148,6 +184,22 @@ int train(const CliArgs& args) {
     }
     const double seconds = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
     bar.finish(cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
+    // Each stage's busy time this epoch, each party's, and the share of stage-time idle.
+    const StageTimes& after = trainer.times();
+    std::string stage_busy;
+    double busy_sum = 0;
+    auto party_busy = [&](const std::string& party) {
+      double sum = 0;
+      for (std::size_t i = 0; i < stages.size(); ++i)
+        if (parties[i] == party) sum += after.busy_s[i] - before.busy_s[i];
+      return sum;
+    };
+    for (std::size_t i = 0; i < stages.size(); ++i) {
+      stage_busy += cat(i ? "," : "", fixed(after.busy_s[i] - before.busy_s[i], 3));
+      busy_sum += after.busy_s[i] - before.busy_s[i];
+    }
+    const double wall = after.wall_s - before.wall_s;
+    const double epoch_bubble = wall > 0 ? 1.0 - busy_sum / (static_cast<double>(stages.size()) * wall) : 0.0;
     StepStats test = trainer.evaluate(test_set.inputs, test_set.labels.data(), 1000);
     accuracy = static_cast<double>(test.correct) / static_cast<double>(test.samples);
     const std::string json = cat(
@@ -157,8 +209,9 @@ int train(const CliArgs& args) {
         ",\"train_accuracy\":", fixed(static_cast<double>(total.correct) / static_cast<double>(total.samples), 5),
         ",\"test_loss\":", fixed(test.loss_sum / static_cast<double>(test.samples), 5),
         ",\"test_accuracy\":", fixed(accuracy, 5),
-        ",\"edge_busy_s\":", fixed(trainer.times().busy_s[0] - busy0[0], 3),
-        ",\"cloud_busy_s\":", fixed(trainer.times().busy_s[1] - busy0[1], 3), "}");
+        ",\"edge_busy_s\":", fixed(party_busy("edge"), 3), ",\"cloud_busy_s\":", fixed(party_busy("cloud"), 3),
+        ",\"stage_busy_s\":[", stage_busy, "]",
+        pipeline_options.threads ? cat(",\"bubble\":", fixed(epoch_bubble, 4)) : std::string(), "}");
     std::printf("%s\n", json.c_str());
     std::fflush(stdout);
     if (metrics) metrics << json << "\n" << std::flush;
@@ -201,9 +254,12 @@ int main(int argc, char** argv) {
   tandem::Program program("tandem", "tandem's engine on one machine: train, profile, plan, export, evaluate, audit, text.");
   program.command("train", "train a model split at its cut in one process (edge and cloud backends side by side)")
       .option("model", "SPEC", "the model spec, JSON (required)")
-      .option("cut", "NODE", "where the model splits (default: the spec's cut)")
-      .option("edge-backend", "NAME", "the front shard's backend (default xnnpack)")
-      .option("cloud-backend", "NAME", "the back shard's backend (default onednn)")
+      .option("cut", "NODE[,NODE...]", "where the model splits: one cut, two stages; N cuts, N + 1 stages (default: the spec's cut)")
+      .option("parties", "edge|cloud,...", "each stage's side, whose backend it runs on (default: the first stage the edge's, the others the cloud's; with two cuts the last the edge's too)")
+      .option("pipeline-schedule", "gpipe|1f1b|zero-bubble", "the order stages run micro-batches in (default gpipe); the weights come out the same")
+      .flag("stage-threads", "run each stage on its own thread, as a pipeline across machines runs (prints the bubble)")
+      .option("edge-backend", "NAME", "the edge's stages' backend (default xnnpack)")
+      .option("cloud-backend", "NAME", "the cloud's stages' backend (default onednn)")
       .option("data", "fashion-mnist|DIR", "Debian's Fashion-MNIST, or DIR/train.safetensors and DIR/test.safetensors")
       .option("epochs", "N", "epochs (default 1)")
       .option("batch", "B", "samples a step (default 64)")

@@ -38,7 +38,7 @@ bool same_kind(const BatchedMicrobatch& a, const BatchedMicrobatch& b) {
 
 BackShardBatches::BackShardBatches(Network& net, Optimizer& optimizer, uint32_t window, double gather_s,
                                    double timeout_s)
-    : net_(net), optimizer_(optimizer), window_(std::max<uint32_t>(1, window)),
+    : net_(net), optimizer_(optimizer), stage_(net, &optimizer), window_(std::max<uint32_t>(1, window)),
       gather_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gather_s))),
       timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))) {}
 
@@ -201,7 +201,7 @@ void BackShardBatches::lead(std::unique_lock<std::mutex>& lock) {
 }
 
 void BackShardBatches::apply_deferred_weights() {
-  if (weights_pending_) net_.backward_weights(kSlot);
+  if (weights_pending_) stage_.backward_weights(kSlot);
   weights_pending_ = false;
 }
 
@@ -229,7 +229,7 @@ std::span<const Tensor> BackShardBatches::joined(const std::vector<Pending*>& me
 }
 
 bool BackShardBatches::passes(const std::vector<Pending*>& members, bool backward, Tensor* grad) {
-  const Tensor& out = net_.forward(joined(members), kSlot);
+  const Tensor& out = stage_.forward(joined(members), kSlot);
   const Tensor dlogits = sized(dlogits_, out.shape());
   bool all = true;
   int64_t r = 0;
@@ -237,8 +237,7 @@ bool BackShardBatches::passes(const std::vector<Pending*>& members, bool backwar
     BatchedMicrobatch& mb = *p->mb;
     const int64_t n = mb.inputs[0].shape()[0];
     Tensor d = dlogits.slice_batch(r, n);
-    mb.loss = compute_loss(net_.graph().loss(), out.slice_batch(r, n), mb.labels, mb.loss_scale, &d,
-                           net_.graph().output_groups());
+    mb.loss = stage_.loss(out.slice_batch(r, n), mb.labels, mb.loss_scale, &d);
     if (!std::isfinite(mb.loss)) {
       mb.outcome = BatchedMicrobatch::Outcome::NonFiniteLoss;
       all = false;
@@ -252,7 +251,7 @@ bool BackShardBatches::passes(const std::vector<Pending*>& members, bool backwar
   unsplit_saved_.resize(unsplit.size());
   for (std::size_t i = 0; i < unsplit.size(); ++i) sized(unsplit_saved_[i], unsplit[i]->grad().shape()).copy_from(unsplit[i]->grad());
   unsplit_dirty_ = true;  // (until the pass is kept or undone: an exception undoes it, lead())
-  *grad = net_.backward(dlogits, kSlot, true, /*defer_weights=*/true);
+  *grad = stage_.backward(dlogits, kSlot, true, /*defer_weights=*/true);
   r = 0;
   for (Pending* p : members) {
     const int64_t n = p->mb->inputs[0].shape()[0];

@@ -24,6 +24,7 @@
 #include "core/network.h"
 #include "core/optimizer.h"
 #include "core/wire/frame.h"
+#include "pipeline/stage.h"
 
 namespace tandem {
 
@@ -114,6 +115,7 @@ class BackShardBatches {
 
   Network& net_;
   Optimizer& optimizer_;
+  Stage stage_;  // the shard's forward, loss and backward (pipeline/stage.h)
   const uint32_t window_;
   const Clock::duration gather_, timeout_;
   mutable std::mutex mutex_;

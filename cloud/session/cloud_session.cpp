@@ -38,8 +38,12 @@ WireError overflow(uint64_t step, uint32_t mb, bool loss) {
 }  // namespace
 
 CloudSession::CloudSession(BackShardTrainer& shard, const CloudSessionConfig& config)
-    : shard_(shard), back_(shard.net()), optimizer_(shard.optimizer()), config_(config), seen_(config.microbatches, false),
-      dlogits_(config.microbatches) {
+    : shard_(shard),
+      back_(shard.net()),
+      optimizer_(shard.optimizer()),
+      stage_(back_, &optimizer_),
+      config_(config),
+      seen_(config.microbatches, false) {
   u_shaped_ = u_shaped_cut(config_.cut);
   middle_backed_.assign(config_.microbatches, false);
   decoded_grads_.resize(config_.microbatches);
@@ -75,7 +79,7 @@ void CloudSession::run_deferred() {
     return;
   }
   const auto t0 = std::chrono::steady_clock::now();
-  back_.backward_weights(static_cast<int>(deferred_.front()));
+  stage_.backward_weights(static_cast<int>(deferred_.front()));
   deferred_.erase(deferred_.begin());
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   shard_.end_compute();
@@ -298,7 +302,7 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
     return refuse(why);
   };
   if (u_shaped_) {  // the middle's output goes down; its gradient comes back (on_middle_gradient)
-    const Tensor& out = back_.forward(activations, static_cast<int>(mb));
+    const Tensor& out = stage_.forward(activations, static_cast<int>(mb));
     if (!all_finite(out))
       return refuse_after_forward({wire::ErrorCode::BadTensor, cat("step ", step_, " micro-batch ", mb,
                                                                    ": the activations overflow the middle shard (a "
@@ -311,13 +315,11 @@ CloudReply CloudSession::on_forward(const Frame& frame, const wire::Forward& fwd
     shard_.end_compute();
     return reply;
   }
-  const Tensor& logits = back_.forward(activations, static_cast<int>(mb));
-  Tensor& dlogits = dlogits_[mb];
-  if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
-  const double loss = compute_loss(back_.graph().loss(), logits, fwd.labels()->data(), 1.0f / static_cast<float>(step_samples_),
-                                            &dlogits, back_.graph().output_groups());
-  if (!std::isfinite(loss)) return refuse_after_forward(overflow(step_, mb, true));  // before any gradient
-  const Tensor grad = back_.backward(dlogits, static_cast<int>(mb), true, config_.defer_weights);
+  const Stage::LossPass pass = stage_.train_loss(activations, static_cast<int>(mb), fwd.labels()->data(),
+                                                 1.0f / static_cast<float>(step_samples_), true, config_.defer_weights);
+  if (!pass.finite) return refuse_after_forward(overflow(step_, mb, true));  // no gradient ran
+  const Tensor& grad = pass.input_grad;
+  const double loss = pass.loss;
   if (!all_finite(grad)) return refuse_after_forward(overflow(step_, mb, false));
   seen_[mb] = true;
   ++seen_count_;
@@ -394,7 +396,7 @@ CloudReply CloudSession::on_middle_gradient(const Frame& frame, const wire::Midd
   if (!grad_out.defined()) return refuse(error);
   if (!shard_.begin_compute(config_.session_id)) return refuse(evicted());
   const auto t0 = std::chrono::steady_clock::now();
-  const Tensor grad = back_.backward(grad_out, static_cast<int>(mb), true, config_.defer_weights);
+  const Tensor grad = stage_.backward(grad_out, static_cast<int>(mb), true, config_.defer_weights);
   if (!all_finite(grad)) {
     shard_.end_compute();
     return refuse({wire::ErrorCode::BadTensor, cat("step ", step_, " micro-batch ", mb, ": the gradient overflows the "
@@ -480,9 +482,8 @@ CloudReply CloudSession::on_eval(const Frame& frame, const wire::EvalForward& ev
     return reply;
   }
   const Tensor& logits = eval_forward(activations);
-  const int64_t heads = back_.graph().output_groups();
-  const double loss = compute_loss(back_.graph().loss(), logits, eval.labels()->data(), 1.0f, nullptr, heads);
-  const auto correct = static_cast<uint32_t>(count_correct(logits, eval.labels()->data(), heads));
+  const double loss = stage_.loss(logits, eval.labels()->data(), 1.0f, nullptr);
+  const auto correct = static_cast<uint32_t>(stage_.correct(logits, eval.labels()->data()));
   busy_s_ += std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
   const CloudReply reply{writer_.eval_result(eval.batch_id(), correct, count, loss, busy_s_), false};
   shard_.end_compute();

@@ -18,6 +18,7 @@
 
 #include "cloud/federation/federation.h"
 #include "cloud/session/back_shard_trainer.h"
+#include "pipeline/stage.h"
 
 namespace tandem {
 
@@ -143,6 +144,7 @@ class CloudSession {
   BackShardTrainer& shard_;
   Network& back_;
   Optimizer& optimizer_;
+  Stage stage_;  // this session's view of the shard: forward -> loss -> backward (pipeline/stage.h)
   CloudSessionConfig config_;
   MessageWriter writer_;
   State state_ = State::AwaitHello;
@@ -158,7 +160,6 @@ class CloudSession {
   std::vector<bool> middle_backed_;  // U-shaped: micro-batches whose MiddleGradient was handled
   uint32_t middle_backed_count_ = 0;
   std::vector<Tensor> decoded_grads_;  // U-shaped: per micro-batch, its MiddleGradient decoded
-  std::vector<Tensor> dlogits_;
   Tensor batched_grad_;  // batched: the cut's gradient of the last micro-batch, this session's rows
   Network::StateSnapshot state_before_;  // the shard's running statistics before a forward
   std::vector<uint32_t> deferred_;  // micro-batches whose weight gradients wait, in arrival order

@@ -88,7 +88,10 @@ bool EdgeSession::on_welcome(const Frame& frame, WireError& error) {
 void EdgeSession::set_tail(Network* tail) {
   if (steps_in_flight() > 0) fail("edge session", "set_tail during a step");
   tail_ = tail;
-  dlogits_.assign(microbatches_, Tensor());
+  if (tail)
+    tail_stage_.emplace(*tail, nullptr);  // the session's optimizer steps the tail's parameters with the front's
+  else
+    tail_stage_.reset();
   tail_mask_ = -1;
   if (!tail || tail->graph().inputs().size() < 2) return;  // the tail reads the middle's output only
   const std::string& mask = tail->graph().inputs()[1].name;
@@ -406,14 +409,13 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
   const Shape shape = tail_input_shape(mb, count);
   Tensor middle = read_tensor(frame, o->activations(), shape, "activations", dtype_, decoded_[mb], error);
   if (!middle.defined()) return false;
-  tail_->set_training(true);
   Tensor mask;  // the micro-batch's as the front ran it, when the tail reads one
   if (tail_mask_ >= 0) mask = cut_slot(mb).inputs[static_cast<std::size_t>(tail_mask_)];
-  const Tensor& logits = tail_->forward(tail_inputs(middle, tail_mask_ >= 0 ? &mask : nullptr), static_cast<int>(mb));
-  Tensor& dlogits = dlogits_[mb];
-  if (!dlogits.defined() || dlogits.shape() != logits.shape()) dlogits = Tensor::empty(logits.shape());
-  const double loss = compute_loss(tail_->graph().loss(), logits, cur_.labels + begin,
-                                   1.0f / static_cast<float>(cur_.batch()), &dlogits, tail_->graph().output_groups());
+  Stage& tail = *tail_stage_;
+  const double loss = tail.forward_loss(tail_inputs(middle, tail_mask_ >= 0 ? &mask : nullptr), static_cast<int>(mb),
+                                        cur_.labels + begin, 1.0f / static_cast<float>(cur_.batch()))
+                          .loss;
+  const Tensor& dlogits = tail.output_grad(static_cast<int>(mb));
   const float samples = static_cast<float>(cur_.batch());
   Tensor grad;
   if (label_noise_) {
@@ -430,14 +432,14 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
       tail_grads_[k].copy_from(g);
     }
     noise_per_sample(*label_noise_, dlogits, samples, noised_dlogits_);
-    grad = tail_->backward(noised_dlogits_, static_cast<int>(mb), true);
+    grad = tail.backward(noised_dlogits_, static_cast<int>(mb), true);
     if (!noised_grad_in_.defined() || noised_grad_in_.shape() != grad.shape()) noised_grad_in_ = Tensor::empty(grad.shape());
     noised_grad_in_.copy_from(grad);  // the backward's own buffer is reused by the next one
     grad = noised_grad_in_;
     for (std::size_t k = 0; k < tail_grads_.size(); ++k) tail_->params()[k]->grad().copy_from(tail_grads_[k]);
-    tail_->backward(dlogits, static_cast<int>(mb), false);
+    tail.backward(dlogits, static_cast<int>(mb), false);
   } else {
-    grad = tail_->backward(dlogits, static_cast<int>(mb), true);
+    grad = tail.backward(dlogits, static_cast<int>(mb), true);
   }
   if (!std::isfinite(loss)) fail("edge session", cat("the tail's loss for micro-batch ", mb, " of step ", step_,
                                                      " is not finite: the weights diverged"));
@@ -513,7 +515,7 @@ bool EdgeSession::on_eval_result(const Frame& frame, WireError& error, EvalResul
     tail_->set_training(false);
     const Tensor& logits =
         tail_->forward(tail_inputs(middle, tail_mask_ >= 0 ? &eval_mask_ : nullptr), static_cast<int>(eval_in_));
-    result = {count_correct(logits, eval_labels_, tail_->graph().output_groups()), eval_count_, o->cloud_busy_s()};
+    result = {tail_stage_->correct(logits, eval_labels_), eval_count_, o->cloud_busy_s()};
     eval_labels_ = nullptr;
     return true;
   }

@@ -8,6 +8,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <span>
 #include <string>
 #include <vector>
@@ -17,6 +18,7 @@
 #include "core/optimizer.h"
 #include "core/privacy/cut_noise.h"
 #include "core/wire/messages.h"
+#include "pipeline/stage.h"
 
 namespace tandem {
 
@@ -194,7 +196,7 @@ class EdgeSession {
   // loss: through `noise` (clip and noise a sample at a time), then back to the mean's scale.
   void noise_per_sample(CutNoise& noise, const Tensor& grad, float samples, Tensor& out);
   std::vector<float> grad_scales_;
-  std::vector<Tensor> dlogits_;  // U-shaped: per micro-batch slot, the loss's gradient
+  std::optional<Stage> tail_stage_;  // U-shaped: the tail's forward -> loss -> backward
   const int32_t* eval_labels_ = nullptr;  // U-shaped: the evaluation batch in flight
   int64_t eval_count_ = 0;
   uint64_t eval_batch_ = 0;
