@@ -81,6 +81,11 @@ std::unique_ptr<PipelineSchedule> make_pipeline_schedule(const std::string& name
 const char* pipeline_schedule_names() { return "gpipe, 1f1b, zero-bubble"; }
 
 ScheduleSimulation simulate(const PipelineSchedule& schedule, int stages, int microbatches) {
+  return simulate(schedule, std::vector<StageCost>(static_cast<std::size_t>(std::max(stages, 0))), microbatches);
+}
+
+ScheduleSimulation simulate(const PipelineSchedule& schedule, const std::vector<StageCost>& costs, int microbatches) {
+  const int stages = static_cast<int>(costs.size());
   std::vector<std::vector<PipelineAction>> lists;
   for (int s = 0; s < stages; ++s) {
     lists.push_back(schedule.actions(s, stages, microbatches));
@@ -100,57 +105,71 @@ ScheduleSimulation simulate(const PipelineSchedule& schedule, int stages, int mi
                              " weight halves)"));
     }
   }
-  // Time at which each stage's forward output / input gradient of a micro-batch is ready.
-  const int none = -1;
-  std::vector<std::vector<int>> fwd_done(static_cast<std::size_t>(stages), std::vector<int>(static_cast<std::size_t>(microbatches), none));
-  auto bwd_done = fwd_done, self_done = fwd_done;  // input gradient ready; this stage's own backward (or I) done
-  std::vector<std::size_t> next(static_cast<std::size_t>(stages), 0);
-  std::vector<int> clock(static_cast<std::size_t>(stages), 0), busy(clock), in_flight(clock);
+  // When each stage's output (at the next stage) and input gradient (at the stage before) of
+  // a micro-batch arrive, and when the stage's own forward and input half are done.
+  const double none = -1;
+  const auto n = static_cast<std::size_t>(stages), k = static_cast<std::size_t>(microbatches);
+  std::vector<std::vector<double>> fwd_arrives(n, std::vector<double>(k, none));
+  auto grad_arrives = fwd_arrives, fwd_done = fwd_arrives, input_done = fwd_arrives;
+  std::vector<std::size_t> next(n, 0);
+  std::vector<double> clock(n, 0), busy(n, 0), down(n, 0), up(n, 0);  // down/up: each hop's link free at
+  std::vector<int> in_flight(n, 0);
   ScheduleSimulation sim;
-  sim.peak_in_flight.assign(static_cast<std::size_t>(stages), 0);
+  sim.peak_in_flight.assign(n, 0);
   for (bool progress = true; progress;) {
     progress = false;
-    for (int s = 0; s < stages; ++s) {
-      const auto si = static_cast<std::size_t>(s);
-      while (next[si] < lists[si].size()) {
-        const PipelineAction& a = lists[si][next[si]];
+    for (std::size_t s = 0; s < n; ++s) {
+      const StageCost& c = costs[s];
+      while (next[s] < lists[s].size()) {
+        const PipelineAction& a = lists[s][next[s]];
         const auto m = static_cast<std::size_t>(a.microbatch);
-        int ready = 0;
+        double ready = 0;
         if (a.kind == Kind::Forward) {
-          ready = s == 0 ? 0 : fwd_done[si - 1][m];
+          ready = s == 0 ? 0 : fwd_arrives[s][m];
         } else if (a.kind == Kind::BackwardWeight) {
-          ready = self_done[si][m];
+          ready = input_done[s][m];
         } else {
-          ready = s == stages - 1 ? fwd_done[si][m] : bwd_done[si + 1][m];
+          ready = s + 1 == n ? fwd_done[s][m] : grad_arrives[s][m];
         }
         if (ready == none) break;
-        const int cost = a.kind == Kind::Backward ? 2 : 1;
-        const int start = std::max(clock[si], ready);
-        clock[si] = start + cost;
-        busy[si] += cost;
+        const double cost = a.kind == Kind::Forward          ? c.forward
+                            : a.kind == Kind::Backward       ? c.backward_input + c.backward_weight
+                            : a.kind == Kind::BackwardInput  ? c.backward_input
+                                                             : c.backward_weight;
+        clock[s] = std::max(clock[s], ready) + cost;
+        busy[s] += cost;
         // A micro-batch is in flight (its stash held) from its forward to the end of its
         // backward: a split backward holds it until the weight half.
         if (a.kind == Kind::Forward) {
-          fwd_done[si][m] = clock[si];
-          sim.peak_in_flight[si] = std::max(sim.peak_in_flight[si], ++in_flight[si]);
+          fwd_done[s][m] = clock[s];
+          if (s + 1 < n) {
+            down[s] = std::max(down[s], clock[s]) + c.link;
+            fwd_arrives[s + 1][m] = down[s];
+          }
+          sim.peak_in_flight[s] = std::max(sim.peak_in_flight[s], ++in_flight[s]);
         } else {
-          if (a.kind != Kind::BackwardWeight) bwd_done[si][m] = self_done[si][m] = clock[si];
-          if (a.kind != Kind::BackwardInput) --in_flight[si];
+          if (a.kind != Kind::BackwardWeight) {
+            input_done[s][m] = clock[s];
+            if (s > 0) {
+              up[s - 1] = std::max(up[s - 1], clock[s]) + costs[s - 1].link;
+              grad_arrives[s - 1][m] = up[s - 1];
+            }
+          }
+          if (a.kind != Kind::BackwardInput) --in_flight[s];
         }
-        ++next[si];
+        ++next[s];
         progress = true;
       }
     }
   }
-  for (int s = 0; s < stages; ++s)
-    if (next[static_cast<std::size_t>(s)] < lists[static_cast<std::size_t>(s)].size())
-      fail("schedule", cat(schedule.name(), ": stage ", s, " waits forever at ",
-                           action_text(lists[static_cast<std::size_t>(s)][next[static_cast<std::size_t>(s)]]),
+  for (std::size_t s = 0; s < n; ++s)
+    if (next[s] < lists[s].size())
+      fail("schedule", cat(schedule.name(), ": stage ", s, " waits forever at ", action_text(lists[s][next[s]]),
                            " (its input never comes: the stages' orders disagree)"));
-  sim.length = *std::max_element(clock.begin(), clock.end());
-  long idle = 0, total = static_cast<long>(sim.length) * stages;
-  for (int s = 0; s < stages; ++s) idle += sim.length - busy[static_cast<std::size_t>(s)];
-  sim.bubble = total > 0 ? static_cast<double>(idle) / static_cast<double>(total) : 0.0;
+  sim.length = n ? *std::max_element(clock.begin(), clock.end()) : 0.0;
+  double idle = 0;
+  for (std::size_t s = 0; s < n; ++s) idle += sim.length - busy[s];
+  sim.bubble = sim.length > 0 ? idle / (sim.length * static_cast<double>(n)) : 0.0;
   return sim;
 }
 

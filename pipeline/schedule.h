@@ -58,15 +58,26 @@ class ZeroBubbleSchedule final : public PipelineSchedule {
 std::unique_ptr<PipelineSchedule> make_pipeline_schedule(const std::string& name);
 const char* pipeline_schedule_names();
 
-// The schedule run with every action taking one unit of time (a backward two, split halves
-// one each) and messages arriving at once: the step's length in units and the bubble
-// fraction (the share of stage-time spent idle). An Error names the first stage that would
-// wait forever, or an action a schedule lists twice or leaves out.
+// What one micro-batch costs a stage, in seconds (or any unit): its forward (with the loss
+// on the last), its backward's input half and weight half (a whole backward costs both), and
+// the hop to the next stage, each way (activations down, their gradient back: each hop a
+// first-come-first-served resource).
+struct StageCost {
+  double forward = 1, backward_input = 1, backward_weight = 1;
+  double link = 0;
+};
+
+// The schedule run with the stages' costs and messages taking the links' time: the step's
+// length, the bubble fraction (the share of stage-time spent idle) and each stage's peak
+// micro-batches in flight. An Error names the first stage that would wait forever, or an
+// action a schedule lists twice or leaves out. Without costs, every action takes one unit
+// (a backward two) and messages arrive at once.
 struct ScheduleSimulation {
-  int length = 0;
+  double length = 0;
   double bubble = 0;
   std::vector<int> peak_in_flight;  // per stage: the most micro-batches forwarded and not yet backed up
 };
+ScheduleSimulation simulate(const PipelineSchedule& schedule, const std::vector<StageCost>& stages, int microbatches);
 ScheduleSimulation simulate(const PipelineSchedule& schedule, int stages, int microbatches);
 
 }  // namespace tandem

@@ -1,6 +1,10 @@
 #include "tools/plan_command.h"
 
+#include <CLI/CLI.hpp>
+
 #include <cstdio>
+#include <fstream>
+#include <map>
 #include <sstream>
 
 #include "core/error.h"
@@ -8,6 +12,8 @@
 #include "core/model_spec.h"
 #include "core/planner.h"
 #include "core/wire/tensor_codec.h"
+#include "backends/registry.h"
+#include "pipeline/partitioner.h"
 #include "tools/cli_setup.h"
 
 namespace tandem {
@@ -25,7 +31,95 @@ std::vector<int> parse_list(const std::string& text) {
   return out;
 }
 
+// A nodes file: one TOML section a machine, in the order the data flows through them,
+// with gflops, memory_mb and link_mbps (to the next machine). Errors name the file, the
+// section and the key.
+std::vector<PipelineNode> read_nodes(const std::string& path) {
+  std::ifstream in(path);
+  if (!in) fail("cli", cat("cannot read the nodes file ", path, " (--nodes)"));
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigTOML().from_config(in);
+  } catch (const CLI::Error& e) {
+    fail("cli", cat(path, ": ", e.what()));
+  }
+  std::vector<PipelineNode> nodes;
+  std::map<std::string, std::size_t> at;
+  for (const CLI::ConfigItem& item : items) {
+    if (item.name == "++" || item.name == "--") continue;  // CLI11's marks of a section's start and end
+    if (item.parents.size() != 1)
+      fail("cli", cat(path, ": '", item.fullname(), "' is not inside a machine's [section]: write [NAME] first"));
+    const std::string& machine = item.parents[0];
+    if (!at.count(machine)) {
+      at[machine] = nodes.size();
+      nodes.push_back({machine});
+    }
+    PipelineNode& node = nodes[at[machine]];
+    if (item.inputs.size() != 1) fail("cli", cat(path, ": [", machine, "] ", item.name, " takes one number"));
+    char* end = nullptr;
+    const double v = std::strtod(item.inputs[0].c_str(), &end);
+    if (item.inputs[0].empty() || *end != '\0')
+      fail("cli", cat(path, ": [", machine, "] ", item.name, " = '", item.inputs[0], "' is not a number"));
+    if (item.name == "gflops")
+      node.gflops = v;
+    else if (item.name == "memory_mb")
+      node.memory_mb = v;
+    else if (item.name == "link_mbps")
+      node.link_mbps = v;
+    else
+      fail("cli", cat(path, ": [", machine, "] has an unknown key '", item.name, "' (known: gflops, memory_mb, link_mbps)"));
+  }
+  if (nodes.empty()) fail("cli", cat(path, ": no machines; write a [NAME] section a machine with gflops = ..."));
+  return nodes;
+}
+
+// tandem plan --nodes FILE: the cuts and K for a pipeline over the file's machines.
+int plan_nodes(const CliArgs& args) {
+  const ModelSpec spec = load_model_spec(args.required("model"));
+  const Graph graph = Graph::build(spec);
+  const std::string nodes_path = args.str("nodes", "");
+  const std::vector<PipelineNode> nodes = read_nodes(nodes_path);
+  PartitionOptions po;
+  po.batch = args.integer("batch", 64, 1);
+  po.microbatches = parse_list(args.str("microbatches", "1,2,4,8,16"));
+  po.schedule = args.str("pipeline-schedule", "1f1b");
+  auto backend = make_backend("reference");  // only for the network's shape: costs come from FLOPs
+  Network whole(graph, *backend, 1);
+  whole.set_input_gradient(false);
+  const std::vector<PipelinePlan> plans = args.has("cut") ? std::vector<PipelinePlan>{predict_pipeline(
+                                                                whole, nodes, cut_list(args.str("cut", "")),
+                                                                static_cast<int>(po.microbatches.front()), po)}
+                                                          : plan_pipeline(whole, nodes, po);
+  const PipelinePlan& best = plans.front();
+  std::printf("%zu machines from %s, batch %lld, %s schedule; %zu plans weighed; the best %d:\n", nodes.size(),
+              nodes_path.c_str(), static_cast<long long>(po.batch), po.schedule.c_str(), plans.size(),
+              static_cast<int>(std::min<std::size_t>(plans.size(), 5)));
+  for (std::size_t i = 0; i < plans.size() && i < 5; ++i) {
+    std::string cuts;
+    for (const std::string& c : plans[i].cuts) cuts += (cuts.empty() ? "" : ",") + c;
+    std::printf("  cut=%s microbatches=%d predicted_step_ms=%.2f samples/s=%.1f bubble=%.1f%%%s\n",
+                cuts.empty() ? "(none)" : cuts.c_str(), plans[i].microbatches, plans[i].step_s * 1e3,
+                plans[i].samples_per_s, 100 * plans[i].bubble, plans[i].fits ? "" : "  (does not fit)");
+  }
+  std::printf("%-14s %-12s %-12s %10s %10s %10s %10s\n", "machine", "first", "last", "fwd ms", "bwd ms", "link ms",
+              "MiB");
+  for (const StagePlan& s : best.stages)
+    std::printf("%-14s %-12s %-12s %10.2f %10.2f %10.2f %10.1f%s\n", s.node.c_str(), s.first.c_str(), s.last.c_str(),
+                s.forward_s * 1e3, s.backward_s * 1e3, s.link_s * 1e3, s.memory_mb, s.fits ? "" : "  (over its memory)");
+  std::string cuts;
+  for (const std::string& c : best.cuts) cuts += (cuts.empty() ? "" : ",") + c;
+  if (!best.fits) fail("plan", "no plan fits every machine's memory: add a machine, raise memory_mb or lower --batch");
+  std::printf("{\"plan\":\"%s\",\"machines\":%zu,\"cut\":\"%s\",\"microbatches\":%d,\"predicted_step_s\":%.6f,"
+              "\"predicted_samples_per_s\":%.1f,\"predicted_bubble\":%.4f}\n",
+              spec.name.c_str(), nodes.size(), cuts.c_str(), best.microbatches, best.step_s, best.samples_per_s,
+              best.bubble);
+  std::printf("recommended: cut=%s microbatches=%d predicted_samples_per_s=%.1f\n", cuts.c_str(), best.microbatches,
+              best.samples_per_s);
+  return 0;
+}
+
 int plan_command(const CliArgs& args) {
+  if (args.has("nodes")) return plan_nodes(args);
   const ModelSpec spec = load_model_spec(args.required("model"));
   const Graph graph = Graph::build(spec);
   const int64_t batch = args.integer("batch", 64, 1);
@@ -97,12 +191,18 @@ void declare_plan(Command& plan) {
       .option("cut", "NODE", "weigh this cut only")
       .option("iterations", "N", "timing runs a layer when measuring (default 5)")
       .option("pipeline", "sync|async", "the edge's pipeline to predict (default sync)")
+      .option("nodes", "FILE", "plan a pipeline over the machines in FILE instead (TOML: a [NAME] a machine, in data order, with gflops, memory_mb, link_mbps)")
+      .option("pipeline-schedule", "gpipe|1f1b|zero-bubble", "with --nodes: the schedule to predict (default 1f1b)")
       .option("edge-backend", "NAME", "the edge's backend to measure (default xnnpack)")
       .option("cloud-backend", "NAME", "the cloud's backend to measure (default onednn)")
       .details("For every legal cut and micro-batch count K: the predicted step time of the pipeline (edge compute,\n"
                "uplink, cloud compute, downlink overlapping over K micro-batches; with --pipeline async the next\n"
                "step's forwards overlap this one's backwards) and the edge's peak memory; then\n"
-               "`recommended: cut=NODE microbatches=K predicted_samples_per_s=X`.")
+               "`recommended: cut=NODE microbatches=K predicted_samples_per_s=X`.\n"
+               "With --nodes FILE, for a chain of machines: every choice of cuts (a stage a machine) and K,\n"
+               "predicted from FLOPs at each machine's gflops and each link's rate through the schedule, within each\n"
+               "machine's memory; `recommended: cut=A,B,... microbatches=K ...` (--cut A,B,...: predict those cuts\n"
+               "at the first --microbatches).")
       .run(plan_command);
 }
 
