@@ -10,6 +10,7 @@
 #include "core/graph.h"
 #include "core/optimizer.h"
 #include "pipeline/local_pipeline.h"
+#include "pipeline/partitioner.h"
 #include "pipeline/schedule.h"
 #include "test_support.h"
 
@@ -259,6 +260,104 @@ TEST(LocalPipeline, FourStageResNetTrainsLikeTheWholeModel) {
   for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(graph.classes()))));
   expect_pipelines_train_like_the_whole_model(spec, "relu10,relu26,relu42",
                                               2, 4, 2, inputs, labels, 1e-5f);
+}
+
+}  // namespace
+}  // namespace tandem::test
+
+namespace tandem::test {
+namespace {
+
+TEST(PipelineSchedules, CostsAndLinksSetTheLength) {
+  // Two stages, one micro-batch: F on the first, the hop, F and a whole backward on the
+  // second, the hop back, the first's backward.
+  std::vector<StageCost> costs{{1, 1, 1, 0.5}, {1, 1, 1, 0}};
+  EXPECT_DOUBLE_EQ(simulate(GPipeSchedule(), costs, 1).length, 1 + 0.5 + 3 + 0.5 + 2);
+  // A link slower than the stages bounds the step: each hop carries one message at a time.
+  // Activations arrive at 11, 21, 31; the second stage is done with them at 32 and backs up
+  // until 38, its gradients leaving at 34, 36, 38 and arriving at 44, 54, 64; the first
+  // stage's last backward ends at 66.
+  costs[0].link = 10;
+  EXPECT_DOUBLE_EQ(simulate(GPipeSchedule(), costs, 3).length, 66);
+}
+
+// Eight equal linear layers of 64 and a small head: a chain of cuts anywhere.
+std::string layer_stack() {
+  std::string nodes;
+  std::string prev = "x";
+  for (int i = 1; i <= 8; ++i) {
+    nodes += cat(R"({ name: "fc)", i, R"(", op: "linear", inputs: [")", prev, R"("], linear: { out_features: 64 } },)");
+    nodes += cat(R"({ name: "relu)", i, R"(", op: "relu", inputs: ["fc)", i, R"("] },)");
+    prev = cat("relu", i);
+  }
+  nodes += cat(R"({ name: "head", op: "linear", inputs: [")", prev, R"("], linear: { out_features: 4 } })");
+  return cat(R"({ name: "stack", inputs: [ { name: "x", shape: [64] } ], nodes: [ )", nodes, " ] }");
+}
+
+struct Partitioning {
+  ModelSpec spec = parse_model_json(layer_stack());
+  Graph graph = Graph::build(spec);
+  std::unique_ptr<Backend> backend = make_test_backend("reference");
+  Network whole{graph, *backend, 1};
+  Partitioning() { whole.set_input_gradient(false); }
+  // The linears a stage holds.
+  static int linears(const PipelinePlan& p, std::size_t s) {
+    const auto number = [](const std::string& n) { return n == "head" ? 9 : std::stoi(n.substr(n.find_first_of("0123456789"))); };
+    return number(p.stages[s].last) - (s == 0 ? 0 : number(p.stages[s - 1].last));
+  }
+};
+
+std::vector<PipelineNode> machines(std::vector<double> gflops, double memory_mb = 0) {
+  std::vector<PipelineNode> out;
+  for (std::size_t i = 0; i < gflops.size(); ++i) out.push_back({cat("m", i), gflops[i], memory_mb, 10000});
+  return out;
+}
+
+TEST(PipelinePartitioner, EqualMachinesGetEqualShares) {
+  Partitioning p;
+  const std::vector<PipelinePlan> plans = plan_pipeline(p.whole, machines({10, 10, 10, 10}), {.batch = 64});
+  const PipelinePlan& best = plans.front();
+  ASSERT_EQ(best.cuts.size(), 3u);
+  for (std::size_t s = 0; s < 4; ++s) EXPECT_NEAR(Partitioning::linears(best, s), 2.25, 0.8) << s;
+  EXPECT_EQ(best.microbatches, 16);  // the most micro-batches: the least bubble when links are fast
+  for (std::size_t i = 1; i < plans.size(); ++i) EXPECT_LE(plans[i].samples_per_s, best.samples_per_s);
+  // C(16 legal cuts, 3) choices x 5 values of K.
+  EXPECT_EQ(plans.size(), 560u * 5u);
+}
+
+TEST(PipelinePartitioner, ASlowMachineGetsLessAndMemoryBoundsAShare) {
+  Partitioning p;
+  const PipelinePlan slow = plan_pipeline(p.whole, machines({10, 2.5, 10}), {.batch = 64}).front();
+  EXPECT_LT(Partitioning::linears(slow, 1), Partitioning::linears(slow, 0));
+  EXPECT_LT(Partitioning::linears(slow, 1), Partitioning::linears(slow, 2));
+  // The first machine's memory: only plans whose first stage fits come first.
+  const PipelinePlan free = plan_pipeline(p.whole, machines({10, 10}), {.batch = 64}).front();
+  std::vector<PipelineNode> tight = machines({10, 10});
+  tight[0].memory_mb = 0.9 * free.stages[0].memory_mb;
+  const PipelinePlan bounded = plan_pipeline(p.whole, tight, {.batch = 64}).front();
+  EXPECT_TRUE(bounded.fits);
+  EXPECT_LE(bounded.stages[0].memory_mb, tight[0].memory_mb);
+  EXPECT_LT(Partitioning::linears(bounded, 0), Partitioning::linears(free, 0));
+  tight[0].memory_mb = 1e-3;
+  EXPECT_FALSE(plan_pipeline(p.whole, tight, {.batch = 64}).front().fits);
+}
+
+TEST(PipelinePartitioner, BadChainsAreRefused) {
+  Partitioning p;
+  EXPECT_EQ(error_of([&] { plan_pipeline(p.whole, machines({10, 0}), {}); }),
+            "[partitioner] node 'm1': gflops must be > 0 (what it sustains in training; `tandem profile` measures it)");
+  std::vector<PipelineNode> no_link = machines({10, 10});
+  no_link[0].link_mbps = 0;
+  EXPECT_EQ(error_of([&] { plan_pipeline(p.whole, no_link, {}); }),
+            "[partitioner] node 'm0': link_mbps (to 'm1') must be > 0");
+  EXPECT_EQ(error_of([&] { plan_pipeline(p.whole, machines(std::vector<double>(18, 1.0)), {}); }),
+            "[partitioner] 18 machines need 17 cuts, and stack has 16 legal ones: use fewer machines");
+  EXPECT_EQ(error_of([&] { predict_pipeline(p.whole, machines({1, 1, 1}), {"fc3", "fc2"}, 4, {}); }),
+            "[partitioner] cut 'fc2' must come after 'fc3'");
+  EXPECT_EQ(error_of([&] { predict_pipeline(p.whole, machines({1, 1, 1}), {"fc3"}, 4, {}); }),
+            "[partitioner] 1 cuts make 2 stages for 3 machines");
+  EXPECT_EQ(error_of([&] { predict_pipeline(p.whole, machines({1, 1}), {"nope"}, 4, {}); }),
+            "[partitioner] 'nope' is not a legal cut of stack");
 }
 
 }  // namespace
