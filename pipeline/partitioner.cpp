@@ -32,16 +32,23 @@ struct Prefix {
 
 class Model {
  public:
-  Model(const Network& whole, int state_per_param) : graph_(whole.graph()) {
+  Model(const Network& whole, const PartitionOptions& o) : graph_(whole.graph()) {
     const auto& nodes = graph_.nodes();
+    const bool measured = !o.measured_forward_s.empty();
+    if (measured && (o.measured_forward_s.size() != nodes.size() || o.measured_backward_s.size() != nodes.size() ||
+                     !(o.measured_gflops > 0)))
+      fail("partitioner", cat("measured costs for ", o.measured_forward_s.size(), " nodes of ", nodes.size(),
+                              " (and a machine speed > 0) are needed: profile the whole model"));
     for (std::size_t i = 0; i < nodes.size(); ++i) {
       const GraphNode& n = nodes[i];
       const OpCost cost = op_cost(n.spec, graph_.input_shapes(n), n.shape);
       NodeWork w;
-      w.forward_flops = cost.forward_flops;
       const int idx = static_cast<int>(i);
-      w.backward_flops = (whole.computes_weight_grads(idx) ? cost.backward_weights_flops : 0.0) +
-                         (whole.computes_input_grads(idx) ? cost.backward_data_flops : 0.0);
+      // Measured: the FLOPs that take the measured time at the measuring machine's speed.
+      w.forward_flops = measured ? o.measured_forward_s[i] * o.measured_gflops * 1e9 : cost.forward_flops;
+      w.backward_flops = measured ? o.measured_backward_s[i] * o.measured_gflops * 1e9
+                                  : (whole.computes_weight_grads(idx) ? cost.backward_weights_flops : 0.0) +
+                                        (whole.computes_input_grads(idx) ? cost.backward_data_flops : 0.0);
       w.kept_floats = static_cast<double>(n.shape.numel());
       work_.push_back(w);
     }
@@ -50,7 +57,7 @@ class Model {
       const int idx = graph_.find(node);
       if (idx >= 0)
         work_[static_cast<std::size_t>(idx)].param_floats +=
-            static_cast<double>(p->value().numel()) * (p->trainable() ? 2.0 + state_per_param : 1.0);
+            static_cast<double>(p->value().numel()) * (p->trainable() ? 2.0 + o.state_per_param : 1.0);
     }
     cuts_ = legal_cuts(graph_);
     for (const std::string& c : cuts_) prefix_.push_back(prefix_of(graph_.find(c)));
@@ -159,7 +166,7 @@ PipelinePlan plan_for(const Model& model, const std::vector<PipelineNode>& nodes
 PipelinePlan predict_pipeline(const Network& whole, const std::vector<PipelineNode>& nodes,
                               const std::vector<std::string>& cuts, int microbatches, const PartitionOptions& options) {
   check_nodes(nodes);
-  const Model model(whole, options.state_per_param);
+  const Model model(whole, options);
   if (cuts.size() + 1 != nodes.size())
     fail("partitioner", cat(cuts.size(), " cuts make ", cuts.size() + 1, " stages for ", nodes.size(), " machines"));
   std::vector<std::size_t> at;
@@ -174,7 +181,7 @@ PipelinePlan predict_pipeline(const Network& whole, const std::vector<PipelineNo
 std::vector<PipelinePlan> plan_pipeline(const Network& whole, const std::vector<PipelineNode>& nodes,
                                         const PartitionOptions& options) {
   check_nodes(nodes);
-  const Model model(whole, options.state_per_param);
+  const Model model(whole, options);
   const std::size_t need = nodes.size() - 1, legal = model.cuts().size();
   if (need > legal)
     fail("partitioner", cat(nodes.size(), " machines need ", need, " cuts, and ", model.graph().name(), " has ", legal,

@@ -43,6 +43,11 @@ struct PartitionOptions {
   std::vector<int> microbatches = {1, 2, 4, 8, 16};
   std::string schedule = "1f1b";
   int state_per_param = 1;  // optimizer state floats a trainable parameter: SGD with momentum 1, Adam 2
+  // Per graph node (graph order), seconds a sample's forward and backward took on a machine
+  // that sustains `measured_gflops` (`tandem plan --profile`, core/profiler.h): the stages'
+  // costs then come from these, scaled by each machine's speed, not from FLOPs alone.
+  std::vector<double> measured_forward_s, measured_backward_s;
+  double measured_gflops = 0;
 };
 
 // Every choice of cuts x K, best first (those that fit first, then by samples/s). `whole` is

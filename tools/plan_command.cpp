@@ -5,12 +5,14 @@
 #include <cstdio>
 #include <fstream>
 #include <map>
+#include <optional>
 #include <sstream>
 
 #include "core/error.h"
 #include "core/graph.h"
 #include "core/model_spec.h"
 #include "core/planner.h"
+#include "core/profiler.h"
 #include "core/wire/tensor_codec.h"
 #include "backends/registry.h"
 #include "pipeline/partitioner.h"
@@ -32,9 +34,9 @@ std::vector<int> parse_list(const std::string& text) {
 }
 
 // A nodes file: one TOML section a machine, in the order the data flows through them,
-// with gflops, memory_mb and link_mbps (to the next machine). Errors name the file, the
-// section and the key.
-std::vector<PipelineNode> read_nodes(const std::string& path) {
+// with gflops (or speed: times this machine's, measured with --profile), memory_mb and
+// link_mbps (to the next machine). Errors name the file, the section and the key.
+std::vector<PipelineNode> read_nodes(const std::string& path, std::optional<double> here_gflops) {
   std::ifstream in(path);
   if (!in) fail("cli", cat("cannot read the nodes file ", path, " (--nodes)"));
   std::vector<CLI::ConfigItem> items;
@@ -45,6 +47,7 @@ std::vector<PipelineNode> read_nodes(const std::string& path) {
   }
   std::vector<PipelineNode> nodes;
   std::map<std::string, std::size_t> at;
+  std::map<std::size_t, double> speeds;
   for (const CLI::ConfigItem& item : items) {
     if (item.name == "++" || item.name == "--") continue;  // CLI11's marks of a section's start and end
     if (item.parents.size() != 1)
@@ -62,14 +65,24 @@ std::vector<PipelineNode> read_nodes(const std::string& path) {
       fail("cli", cat(path, ": [", machine, "] ", item.name, " = '", item.inputs[0], "' is not a number"));
     if (item.name == "gflops")
       node.gflops = v;
+    else if (item.name == "speed")
+      speeds[at[machine]] = v;
     else if (item.name == "memory_mb")
       node.memory_mb = v;
     else if (item.name == "link_mbps")
       node.link_mbps = v;
     else
-      fail("cli", cat(path, ": [", machine, "] has an unknown key '", item.name, "' (known: gflops, memory_mb, link_mbps)"));
+      fail("cli", cat(path, ": [", machine, "] has an unknown key '", item.name,
+                      "' (known: gflops, speed, memory_mb, link_mbps)"));
   }
   if (nodes.empty()) fail("cli", cat(path, ": no machines; write a [NAME] section a machine with gflops = ..."));
+  for (const auto& [i, speed] : speeds) {
+    if (!here_gflops)
+      fail("cli", cat(path, ": [", nodes[i].name, "] speed = ", speed, " is relative to this machine: add --profile to "
+                      "measure it, or give gflops"));
+    if (nodes[i].gflops > 0) fail("cli", cat(path, ": [", nodes[i].name, "] gives both gflops and speed: one of them"));
+    nodes[i].gflops = speed * *here_gflops;
+  }
   return nodes;
 }
 
@@ -78,14 +91,33 @@ int plan_nodes(const CliArgs& args) {
   const ModelSpec spec = load_model_spec(args.required("model"));
   const Graph graph = Graph::build(spec);
   const std::string nodes_path = args.str("nodes", "");
-  const std::vector<PipelineNode> nodes = read_nodes(nodes_path);
   PartitionOptions po;
   po.batch = args.integer("batch", 64, 1);
   po.microbatches = parse_list(args.str("microbatches", "1,2,4,8,16"));
   po.schedule = args.str("pipeline-schedule", "1f1b");
-  auto backend = make_backend("reference");  // only for the network's shape: costs come from FLOPs
+  // With --profile the whole model is measured here, node by node, on the backend (one
+  // thread, a micro-batch of batch / 4); else only its shape is needed.
+  const bool profile = args.has("profile");
+  const std::string backend_name = profile ? args.str("backend", preferred_backend("onednn")) : "reference";
+  auto backend = make_backend(backend_name, BackendOptions{1});
   Network whole(graph, *backend, 1);
   whole.set_input_gradient(false);
+  std::optional<double> here;
+  if (profile) {
+    const int64_t m = std::max<int64_t>(1, po.batch / 4);
+    double flops = 0, seconds = 0;
+    for (const LayerProfile& l : profile_layers(whole, m, static_cast<int>(args.integer("iterations", 5, 1)))) {
+      po.measured_forward_s.push_back(l.forward_s / static_cast<double>(m));
+      po.measured_backward_s.push_back(l.backward_s / static_cast<double>(m));
+      flops += (l.cost.forward_flops + l.cost.backward_flops()) * static_cast<double>(m);
+      seconds += l.forward_s + l.backward_s;
+    }
+    here = flops / seconds / 1e9;
+    po.measured_gflops = *here;
+    std::fprintf(stderr, "measured here on %s (one thread, micro-batches of %lld): %.2f GFLOP/s over the model\n",
+                 backend_name.c_str(), static_cast<long long>(m), *here);
+  }
+  const std::vector<PipelineNode> nodes = read_nodes(nodes_path, here);
   const std::vector<PipelinePlan> plans = args.has("cut") ? std::vector<PipelinePlan>{predict_pipeline(
                                                                 whole, nodes, cut_list(args.str("cut", "")),
                                                                 static_cast<int>(po.microbatches.front()), po)}
@@ -106,8 +138,16 @@ int plan_nodes(const CliArgs& args) {
   for (const StagePlan& s : best.stages)
     std::printf("%-14s %-12s %-12s %10.2f %10.2f %10.2f %10.1f%s\n", s.node.c_str(), s.first.c_str(), s.last.c_str(),
                 s.forward_s * 1e3, s.backward_s * 1e3, s.link_s * 1e3, s.memory_mb, s.fits ? "" : "  (over its memory)");
-  std::string cuts;
-  for (const std::string& c : best.cuts) cuts += (cuts.empty() ? "" : ",") + c;
+  auto joined = [](const std::vector<std::string>& list) {
+    std::string out;
+    for (const std::string& c : list) out += (out.empty() ? "" : ",") + c;
+    return out;
+  };
+  if (args.has("all"))
+    for (const PipelinePlan& p : plans)
+      std::printf("{\"candidate\":\"%s\",\"microbatches\":%d,\"predicted_step_s\":%.6f,\"fits\":%s}\n",
+                  joined(p.cuts).c_str(), p.microbatches, p.step_s, p.fits ? "true" : "false");
+  const std::string cuts = joined(best.cuts);
   if (!best.fits) fail("plan", "no plan fits every machine's memory: add a machine, raise memory_mb or lower --batch");
   std::printf("{\"plan\":\"%s\",\"machines\":%zu,\"cut\":\"%s\",\"microbatches\":%d,\"predicted_step_s\":%.6f,"
               "\"predicted_samples_per_s\":%.1f,\"predicted_bubble\":%.4f}\n",
@@ -193,6 +233,9 @@ void declare_plan(Command& plan) {
       .option("pipeline", "sync|async", "the edge's pipeline to predict (default sync)")
       .option("nodes", "FILE", "plan a pipeline over the machines in FILE instead (TOML: a [NAME] a machine, in data order, with gflops, memory_mb, link_mbps)")
       .option("pipeline-schedule", "gpipe|1f1b|zero-bubble", "with --nodes: the schedule to predict (default 1f1b)")
+      .flag("profile", "with --nodes: measure the model here, node by node, on --backend (a machine's speed = N is N times this one)")
+      .option("backend", "NAME", "with --profile: the backend to measure on (default onednn)")
+      .flag("all", "with --nodes: print every plan weighed, a JSON line each")
       .option("edge-backend", "NAME", "the edge's backend to measure (default xnnpack)")
       .option("cloud-backend", "NAME", "the cloud's backend to measure (default onednn)")
       .details("For every legal cut and micro-batch count K: the predicted step time of the pipeline (edge compute,\n"
