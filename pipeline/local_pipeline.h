@@ -2,9 +2,10 @@
 // `tandem train` and benchmarks. Each step cuts the batch into K micro-batches, runs every
 // stage's actions in the schedule's order (the loss on the last stage), and applies each
 // stage's optimizer once: the result equals one step of whole-model training on the batch,
-// under every schedule. With threads, each stage runs on its own thread and waits only for
-// its links, as the stages of a pipeline across machines do; without, one thread runs the
-// actions in an order the links allow.
+// under every synchronous schedule. With threads, each stage runs on its own thread and waits
+// only for its links, as the stages of a pipeline across machines do; without, one thread
+// runs the actions in an order the links allow. Under the asynchronous schedule a step's
+// backwards and update run during the next train_step (flush() runs the last one's).
 #pragma once
 
 #include <cstdint>
@@ -38,7 +39,7 @@ struct StageTimes {
 class LocalPipeline {
  public:
   struct Options {
-    std::string schedule = "gpipe";  // make_pipeline_schedule's names
+    std::string schedule = "gpipe";  // make_pipeline_schedule's names (and "async")
     bool threads = false;            // a thread a stage (their backends must not be shared)
   };
   // Stages run in order; stage i's output is stage i+1's input. One optimizer per stage.
@@ -54,7 +55,9 @@ class LocalPipeline {
   StepStats train_step(const Tensor& images, const int32_t* labels, int microbatches) {
     return train_step(std::span<const Tensor>(&images, 1), labels, microbatches);
   }
-  // Forward only, in chunks of at most `chunk` samples; no gradients.
+  // Asynchronous: the last step's backwards and update, now (a no-op when none is pending).
+  void flush();
+  // Forward only, in chunks of at most `chunk` samples; no gradients. Flushes first.
   StepStats evaluate(std::span<const Tensor> inputs, const int32_t* labels, int64_t chunk);
   StepStats evaluate(const Tensor& images, const int32_t* labels, int64_t chunk) {
     return evaluate(std::span<const Tensor>(&images, 1), labels, chunk);
@@ -66,13 +69,24 @@ class LocalPipeline {
 
  private:
   struct Step;
+  // The network slot of an action's micro-batch: asynchronous steps alternate between two
+  // sets of K, so a step's stashes live while the next one forwards.
+  int slot_of(const Step& step, const PipelineAction& a) const;
   bool ready(const Step& step, std::size_t s, const PipelineAction& a) const;
   void run(Step& step, std::size_t s, const PipelineAction& a);
   void run_sequential(Step& step);
   void run_threads(Step& step);
-  // Stage i's inputs for micro-batch `mb`: all of the step's rows [begin, begin + count) for
-  // the first, cut to their length bucket, else the previous stage's output and the mask.
-  std::span<const Tensor> stage_inputs(Step& step, std::size_t i, int mb);
+  // After a stage's actions: its update (when it backed a step up) and, asynchronous, its
+  // stash of the weights this step's forwards used.
+  void finish_stage(Step& step, std::size_t s);
+  // Asynchronous: stage s's parameters hold the stashed weights (true) or the current ones.
+  void use_stash(std::size_t s, bool stashed);
+  void begin_step(Step& step, std::span<const Tensor> inputs, const int32_t* labels, int microbatches);
+  void run_step(Step& step);
+  // Stage i's inputs for micro-batch `mb` in `slot`: all of the step's rows [begin, begin +
+  // count) for the first, cut to their length bucket (copied when asynchronous: the caller
+  // refills its batch before the backward), else the previous stage's output and the mask.
+  std::span<const Tensor> stage_inputs(Step& step, std::size_t i, int mb, int slot);
 
   std::vector<Stage> stages_;
   std::unique_ptr<PipelineSchedule> schedule_;
@@ -83,6 +97,12 @@ class LocalPipeline {
   std::vector<std::vector<Tensor>> grads_;  // per stage > 0, per slot: the input gradient sent up
   StageTimes times_;
   std::unique_ptr<Step> step_;
+  bool async_ = false;
+  int64_t steps_ = 0;           // train_step calls so far (an asynchronous slot set's parity)
+  int pending_ = 0;             // asynchronous: the K of the step whose backwards are pending (0: none)
+  std::vector<std::vector<Tensor>> stash_;  // asynchronous, per stage: the other weights (trainable parameters)
+  std::vector<char> stashed_;                // per stage: whether its parameters hold them now
+  std::vector<std::vector<Tensor>> owned_inputs_;  // asynchronous, per slot: the first stage's inputs, copied
 };
 
 }  // namespace tandem

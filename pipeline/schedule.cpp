@@ -10,7 +10,7 @@ using Kind = PipelineAction::Kind;
 
 std::string action_text(const PipelineAction& a) {
   const char* letter = a.kind == Kind::Forward ? "F" : a.kind == Kind::Backward ? "B" : a.kind == Kind::BackwardInput ? "I" : "W";
-  return cat(letter, a.microbatch);
+  return cat(letter, a.microbatch, a.step < 0 ? "'" : "");
 }
 
 namespace {
@@ -71,14 +71,33 @@ std::vector<PipelineAction> ZeroBubbleSchedule::actions(int stage, int stages, i
   return out;
 }
 
+// Stage i forwards stages - i - 1 micro-batches first (the time the step before's first
+// gradient takes to come up from the last stage), then a backward of the step before and a
+// forward in turn, then the backwards left: the last stage starts with a backward, whose
+// loss gradient it has from the step before.
+std::vector<PipelineAction> AsyncStashSchedule::actions(int stage, int stages, int microbatches) const {
+  check(stage, stages, microbatches);
+  std::vector<PipelineAction> out;
+  const int lead = std::min(stages - stage - 1, microbatches);
+  int f = 0, b = 0;
+  while (f < lead) out.push_back({Kind::Forward, f++, 0});
+  while (f < microbatches) {
+    out.push_back({Kind::Backward, b++, -1});
+    out.push_back({Kind::Forward, f++, 0});
+  }
+  while (b < microbatches) out.push_back({Kind::Backward, b++, -1});
+  return out;
+}
+
 std::unique_ptr<PipelineSchedule> make_pipeline_schedule(const std::string& name) {
   if (name == "gpipe") return std::make_unique<GPipeSchedule>();
   if (name == "1f1b") return std::make_unique<OneFOneBSchedule>();
   if (name == "zero-bubble") return std::make_unique<ZeroBubbleSchedule>();
+  if (name == "async") return std::make_unique<AsyncStashSchedule>();
   fail("schedule", cat("unknown pipeline schedule '", name, "': use one of ", pipeline_schedule_names()));
 }
 
-const char* pipeline_schedule_names() { return "gpipe, 1f1b, zero-bubble"; }
+const char* pipeline_schedule_names() { return "gpipe, 1f1b, zero-bubble, async"; }
 
 ScheduleSimulation simulate(const PipelineSchedule& schedule, int stages, int microbatches) {
   return simulate(schedule, std::vector<StageCost>(static_cast<std::size_t>(std::max(stages, 0))), microbatches);
@@ -111,9 +130,12 @@ ScheduleSimulation simulate(const PipelineSchedule& schedule, const std::vector<
   const auto n = static_cast<std::size_t>(stages), k = static_cast<std::size_t>(microbatches);
   std::vector<std::vector<double>> fwd_arrives(n, std::vector<double>(k, none));
   auto grad_arrives = fwd_arrives, fwd_done = fwd_arrives, input_done = fwd_arrives;
+  // The step before's (asynchronous): its last stage's losses are in before this step begins.
+  auto prev_grad_arrives = fwd_arrives, prev_input_done = fwd_arrives;
   std::vector<std::size_t> next(n, 0);
   std::vector<double> clock(n, 0), busy(n, 0), down(n, 0), up(n, 0);  // down/up: each hop's link free at
-  std::vector<int> in_flight(n, 0);
+  // An asynchronous step begins with the step before's micro-batches in flight.
+  std::vector<int> in_flight(n, schedule.asynchronous() ? microbatches : 0);
   ScheduleSimulation sim;
   sim.peak_in_flight.assign(n, 0);
   for (bool progress = true; progress;) {
@@ -124,12 +146,15 @@ ScheduleSimulation simulate(const PipelineSchedule& schedule, const std::vector<
         const PipelineAction& a = lists[s][next[s]];
         const auto m = static_cast<std::size_t>(a.microbatch);
         double ready = 0;
+        const bool prev = a.step < 0;
         if (a.kind == Kind::Forward) {
           ready = s == 0 ? 0 : fwd_arrives[s][m];
         } else if (a.kind == Kind::BackwardWeight) {
-          ready = input_done[s][m];
+          ready = (prev ? prev_input_done : input_done)[s][m];
+        } else if (s + 1 == n) {
+          ready = prev ? 0 : fwd_done[s][m];
         } else {
-          ready = s + 1 == n ? fwd_done[s][m] : grad_arrives[s][m];
+          ready = (prev ? prev_grad_arrives : grad_arrives)[s][m];
         }
         if (ready == none) break;
         const double cost = a.kind == Kind::Forward          ? c.forward
@@ -149,10 +174,10 @@ ScheduleSimulation simulate(const PipelineSchedule& schedule, const std::vector<
           sim.peak_in_flight[s] = std::max(sim.peak_in_flight[s], ++in_flight[s]);
         } else {
           if (a.kind != Kind::BackwardWeight) {
-            input_done[s][m] = clock[s];
+            (prev ? prev_input_done : input_done)[s][m] = clock[s];
             if (s > 0) {
               up[s - 1] = std::max(up[s - 1], clock[s]) + costs[s - 1].link;
-              grad_arrives[s - 1][m] = up[s - 1];
+              (prev ? prev_grad_arrives : grad_arrives)[s - 1][m] = up[s - 1];
             }
           }
           if (a.kind != Kind::BackwardInput) --in_flight[s];

@@ -22,10 +22,11 @@ struct PipelineAction {
   };
   Kind kind;
   int microbatch;
+  int step = 0;  // 0: this step's; -1: the step before's (an asynchronous schedule's backwards)
   bool operator==(const PipelineAction&) const = default;
 };
 
-// "F3", "B0", "I2", "W2": for errors and tests.
+// "F3", "B0", "I2", "W2" (and "B0'" for the step before's): for errors and tests.
 std::string action_text(const PipelineAction& a);
 
 class PipelineSchedule {
@@ -34,6 +35,10 @@ class PipelineSchedule {
   virtual const char* name() const = 0;
   // Stage `stage` (0-based) of `stages`: its actions for one step of `microbatches`, in order.
   virtual std::vector<PipelineAction> actions(int stage, int stages, int microbatches) const = 0;
+  // Whether a step's backwards run during the next step (PipelineAction::step -1), each on the
+  // weights its forward used (weight stashing), its update after them: every stage's
+  // gradients are one update stale, as in PipeDream-2BW (W[t+1] = W[t] - lr g(W[t-1])).
+  virtual bool asynchronous() const { return false; }
 };
 
 class GPipeSchedule final : public PipelineSchedule {
@@ -54,7 +59,18 @@ class ZeroBubbleSchedule final : public PipelineSchedule {
   std::vector<PipelineAction> actions(int stage, int stages, int microbatches) const override;
 };
 
-// "gpipe", "1f1b" or "zero-bubble"; an Error listing them for another name.
+// Asynchronous with weight stashing: each stage forwards this step's micro-batches and backs
+// up the step before's in turn (1F1B's order across two steps: F0 B0' F1 B1' ... upstream,
+// B0' F0 B1' F1 ... on the last stage), so the step before's backwards fill the time a
+// synchronous schedule spends draining; its update follows its last backward.
+class AsyncStashSchedule final : public PipelineSchedule {
+ public:
+  const char* name() const override { return "async"; }
+  std::vector<PipelineAction> actions(int stage, int stages, int microbatches) const override;
+  bool asynchronous() const override { return true; }
+};
+
+// "gpipe", "1f1b", "zero-bubble" or "async"; an Error listing them for another name.
 std::unique_ptr<PipelineSchedule> make_pipeline_schedule(const std::string& name);
 const char* pipeline_schedule_names();
 
@@ -71,7 +87,8 @@ struct StageCost {
 // length, the bubble fraction (the share of stage-time spent idle) and each stage's peak
 // micro-batches in flight. An Error names the first stage that would wait forever, or an
 // action a schedule lists twice or leaves out. Without costs, every action takes one unit
-// (a backward two) and messages arrive at once.
+// (a backward two) and messages arrive at once. An asynchronous schedule's step is simulated
+// in steady state: the step before's backwards start from the last stage at once.
 struct ScheduleSimulation {
   double length = 0;
   double bubble = 0;

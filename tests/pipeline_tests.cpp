@@ -8,6 +8,7 @@
 
 #include "core/error.h"
 #include "core/graph.h"
+#include "core/microbatch.h"
 #include "core/optimizer.h"
 #include "pipeline/local_pipeline.h"
 #include "pipeline/partitioner.h"
@@ -35,10 +36,12 @@ TEST(PipelineSchedules, OrdersAreTheKnownOnes) {
             "F0 F1 F2 B0 F3 B1 B2 B3 | F0 F1 B0 F2 B1 F3 B2 B3 | F0 B0 F1 B1 F2 B2 F3 B3 | ");
   // Input gradients at the backward's place; stage i holds back i weight halves.
   EXPECT_EQ(orders(ZeroBubbleSchedule(), 2, 3), "F0 F1 I0 W0 F2 I1 W1 I2 W2 | F0 I0 F1 I1 W0 F2 I2 W1 W2 | ");
+  // This step's forwards and the step before's backwards in turn, the last stage's first.
+  EXPECT_EQ(orders(AsyncStashSchedule(), 2, 2), "F0 B0' F1 B1' | B0' F0 B1' F1 | ");
 }
 
 TEST(PipelineSchedules, EveryScheduleRunsEveryShape) {
-  for (const char* name : {"gpipe", "1f1b", "zero-bubble"}) {
+  for (const char* name : {"gpipe", "1f1b", "zero-bubble", "async"}) {
     const auto schedule = make_pipeline_schedule(name);
     for (int n = 1; n <= 6; ++n)
       for (int k = 1; k <= 9; ++k) {
@@ -71,6 +74,8 @@ TEST(PipelineSchedules, ZeroBubbleFillsTheBubble) {
       EXPECT_NEAR(gpipe, static_cast<double>(n - 1) / (k + n - 1), 1e-12) << n << " " << k;
       EXPECT_NEAR(one, gpipe, 1e-12) << n << " " << k;
       EXPECT_LT(zb, 0.6 * one) << n << " " << k;
+      // Asynchronous: the step before's backwards fill the drain (4 stages, K = 4: 33% idle).
+      EXPECT_LT(simulate(AsyncStashSchedule(), n, k).bubble, one) << n << " " << k;
     }
 }
 
@@ -98,7 +103,7 @@ TEST(PipelineSchedules, BrokenOrdersAreRefused) {
             "[schedule] broken: stage 0 does not forward and back up micro-batch 1 exactly once (1 forwards, 0 "
             "backwards, 0 input and 0 weight halves)");
   EXPECT_EQ(error_of([] { make_pipeline_schedule("interleaved"); }),
-            "[schedule] unknown pipeline schedule 'interleaved': use one of gpipe, 1f1b, zero-bubble");
+            "[schedule] unknown pipeline schedule 'interleaved': use one of gpipe, 1f1b, zero-bubble, async");
 }
 
 constexpr const char* kCnnCuts = "pool1, pool2,fc1";
@@ -195,6 +200,73 @@ void expect_pipelines_train_like_the_whole_model(const ModelSpec& spec, const st
     }
 }
 
+// The asynchronous schedule against a replay of its rule on the whole model. Step t's
+// forwards see C[t] and its backwards run on them (the stash); its update applies after the
+// next step's forwards: C[0] = C[1] = the initial weights, C[t+2] = C[t+1] - lr g_t(C[t]).
+void expect_async_pipeline_follows_its_rule(const ModelSpec& spec, const std::string& cuts, int steps, int64_t batch,
+                                            int k, const std::vector<Tensor>& inputs,
+                                            const std::vector<int32_t>& labels, float tolerance) {
+  const Graph graph = Graph::build(spec);
+  const std::vector<Graph> parts = graph.partition(cut_list(cuts));
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
+  Network init(graph, *backend, 11);
+  auto rows = [&](int step) {
+    std::vector<Tensor> out;
+    const int64_t n = inputs[0].shape()[0];
+    for (const Tensor& t : inputs) out.push_back(t.slice_batch((step * batch) % n, batch));
+    return out;
+  };
+  auto row_labels = [&](int step) { return labels.data() + (step * batch) % static_cast<int64_t>(labels.size()); };
+  Chain replay({graph}, init, {});
+  Network& net = *replay.nets[0];
+  Stage stage(net, replay.opts[0].get());
+  std::vector<Tensor> seen, current;  // C[t] (the forwards'), C[t+1] (the parameters')
+  for (Param* p : net.params()) {
+    seen.push_back(p->value().clone());
+    current.push_back(p->value().clone());
+  }
+  auto load = [&](const std::vector<Tensor>& from) {
+    for (std::size_t i = 0; i < from.size(); ++i) {
+      net.params()[i]->value().copy_from(from[i]);
+      net.params()[i]->bump_version();
+    }
+  };
+  std::vector<double> replay_loss;
+  for (int step = 0; step < steps; ++step) {
+    for (std::size_t i = 0; i < current.size(); ++i) current[i].copy_from(net.params()[i]->value());
+    load(seen);
+    net.zero_grad();
+    double loss = 0;
+    const std::vector<Tensor> x = rows(step);
+    for (int mb = 0; mb < k; ++mb) {
+      const auto [begin, count] = microbatch_range(batch, k, mb);
+      std::vector<Tensor> in;
+      for (const Tensor& t : x) in.push_back(t.slice_batch(begin, count));
+      loss += stage.train_loss(in, mb, row_labels(step) + begin, 1.0f / static_cast<float>(batch), false).loss;
+    }
+    replay_loss.push_back(loss);
+    load(current);
+    for (std::size_t i = 0; i < current.size(); ++i) seen[i].copy_from(current[i]);
+    stage.step();
+  }
+  for (bool threads : {false, true}) {
+    SCOPED_TRACE(threads ? "a thread a stage" : "one thread");
+    Chain chain(parts, init, {.schedule = "async", .threads = threads});
+    std::vector<Tensor> buffer;  // refilled every step, as a training loop does: the stash must not read it
+    for (const Tensor& t : inputs) buffer.push_back(t.slice_batch(0, batch).clone());
+    for (int step = 0; step < steps; ++step) {
+      const std::vector<Tensor> x = rows(step);
+      for (std::size_t i = 0; i < x.size(); ++i) buffer[i].copy_from(x[i]);
+      const StepStats s = chain.pipeline->train_step(buffer, row_labels(step), k);
+      EXPECT_NEAR(s.loss_sum, replay_loss[static_cast<std::size_t>(step)], 1e-4 * std::max(1.0, replay_loss[0]))
+          << "step " << step;
+    }
+    chain.pipeline->flush();
+    EXPECT_LE(chain.max_diff_from(net), tolerance);
+    EXPECT_GT(chain.max_diff_from(init), 100 * tolerance) << "the weights moved";
+  }
+}
+
 TEST(LocalPipeline, FourStageCnnTrainsLikeTheWholeModelUnderEverySchedule) {
   const ModelSpec spec = fashion_cnn();
   Rng rng(5);
@@ -203,6 +275,7 @@ TEST(LocalPipeline, FourStageCnnTrainsLikeTheWholeModelUnderEverySchedule) {
   std::vector<int32_t> labels;
   for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.below(10)));
   expect_pipelines_train_like_the_whole_model(spec, kCnnCuts, 20, 8, 4, inputs, labels, 1e-5f);
+  expect_async_pipeline_follows_its_rule(spec, kCnnCuts, 20, 8, 4, inputs, labels, 1e-5f);
 }
 
 // A transformer cut inside its encoder at three places: the mask crosses every cut.
@@ -247,6 +320,7 @@ TEST(LocalPipeline, FourStageEncoderTrainsLikeTheWholeModelWithTheMaskAtEveryCut
     labels.push_back(static_cast<int32_t>(rng.below(3)));
   }
   expect_pipelines_train_like_the_whole_model(spec, "ln0,ln1,ln2", 20, 8, 4, {ids, mask}, labels, 1e-5f);
+  expect_async_pipeline_follows_its_rule(spec, "ln0,ln1,ln2", 20, 8, 4, {ids, mask}, labels, 1e-5f);
 }
 
 // ResNet18 (batch norm: statistics per micro-batch, as in every pipeline) in four stages.
@@ -260,6 +334,7 @@ TEST(LocalPipeline, FourStageResNetTrainsLikeTheWholeModel) {
   for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.below(static_cast<uint64_t>(graph.classes()))));
   expect_pipelines_train_like_the_whole_model(spec, "relu10,relu26,relu42",
                                               2, 4, 2, inputs, labels, 1e-5f);
+  expect_async_pipeline_follows_its_rule(spec, "relu10,relu26,relu42", 3, 4, 2, inputs, labels, 1e-5f);
 }
 
 }  // namespace

@@ -256,7 +256,7 @@ int main(int argc, char** argv) {
       .option("model", "SPEC", "the model spec, JSON (required)")
       .option("cut", "NODE[,NODE...]", "where the model splits: one cut, two stages; N cuts, N + 1 stages (default: the spec's cut)")
       .option("parties", "edge|cloud,...", "each stage's side, whose backend it runs on (default: the first stage the edge's, the others the cloud's; with two cuts the last the edge's too)")
-      .option("pipeline-schedule", "gpipe|1f1b|zero-bubble", "the order stages run micro-batches in (default gpipe); the weights come out the same")
+      .option("pipeline-schedule", "gpipe|1f1b|zero-bubble|async", "the order stages run micro-batches in (default gpipe; the synchronous ones give the same weights; async backs a step up during the next, on stashed weights)")
       .flag("stage-threads", "run each stage on its own thread, as a pipeline across machines runs (prints the bubble)")
       .option("edge-backend", "NAME", "the edge's stages' backend (default xnnpack)")
       .option("cloud-backend", "NAME", "the cloud's stages' backend (default onednn)")
