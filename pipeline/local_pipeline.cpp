@@ -163,8 +163,8 @@ void LocalPipeline::run(Step& step, std::size_t s, const PipelineAction& a) {
 
 void LocalPipeline::finish_stage(Step& step, std::size_t s) {
   Stage& stage = stages_[s];
-  if (!async_) {
-    stage.step();
+  if (!async_ || s + 1 == stages_.size()) {  // synchronous (an asynchronous loss stage too)
+    if (!step.flushing) stage.step();
     return;
   }
   use_stash(s, false);
@@ -261,8 +261,8 @@ void LocalPipeline::begin_step(Step& step, std::span<const Tensor> inputs, const
       if (this_step && !step.flushing) {
         step.sent[s][slot] = nullptr;
         step.sent_grad[s][slot] = 0;
-      } else if (!this_step) {
-        step.sent_grad[s][slot] = 0;  // the step before's gradients go up now
+      } else if (!this_step && s + 1 < stages_.size()) {
+        step.sent_grad[s][slot] = 0;  // the step before's gradients go up now (the last stage's came with it)
       }
     }
     if (grads_[s].size() < slots) grads_[s].resize(slots);

@@ -71,14 +71,22 @@ std::vector<PipelineAction> ZeroBubbleSchedule::actions(int stage, int stages, i
   return out;
 }
 
-// Stage i forwards stages - i - 1 micro-batches first (the time the step before's first
-// gradient takes to come up from the last stage), then a backward of the step before and a
-// forward in turn, then the backwards left: the last stage starts with a backward, whose
-// loss gradient it has from the step before.
+// Stage i < last forwards stages - i - 1 micro-batches first (the time the step before's
+// first gradient takes to come up), then a backward of the step before and a forward in
+// turn, then the backwards left. The last stage, which holds the loss, backs each forward up
+// at once on the current weights (1F1B's last stage): its gradient goes up for the stage
+// before to take in the next step, and its own update is never stale (as tandem's cloud).
 std::vector<PipelineAction> AsyncStashSchedule::actions(int stage, int stages, int microbatches) const {
   check(stage, stages, microbatches);
   std::vector<PipelineAction> out;
-  const int lead = std::min(stages - stage - 1, microbatches);
+  if (stage == stages - 1) {
+    for (int mb = 0; mb < microbatches; ++mb) {
+      out.push_back({Kind::Forward, mb, 0});
+      out.push_back({Kind::Backward, mb, 0});
+    }
+    return out;
+  }
+  const int lead = std::min(stages - stage - 2, microbatches);
   int f = 0, b = 0;
   while (f < lead) out.push_back({Kind::Forward, f++, 0});
   while (f < microbatches) {
@@ -134,8 +142,16 @@ ScheduleSimulation simulate(const PipelineSchedule& schedule, const std::vector<
   auto prev_grad_arrives = fwd_arrives, prev_input_done = fwd_arrives;
   std::vector<std::size_t> next(n, 0);
   std::vector<double> clock(n, 0), busy(n, 0), down(n, 0), up(n, 0);  // down/up: each hop's link free at
-  // An asynchronous step begins with the step before's micro-batches in flight.
-  std::vector<int> in_flight(n, schedule.asynchronous() ? microbatches : 0);
+  // A stage that backs up the step before's micro-batches begins with them in flight; the
+  // gradients of a stage that backs up its own step's came in the step before.
+  std::vector<int> in_flight(n, 0);
+  std::vector<bool> backs_up_before(n, false);
+  for (std::size_t s = 0; s < n; ++s)
+    for (const PipelineAction& a : lists[s])
+      if (a.step < 0 && a.kind != Kind::BackwardWeight) {
+        ++in_flight[s];
+        backs_up_before[s] = true;
+      }
   ScheduleSimulation sim;
   sim.peak_in_flight.assign(n, 0);
   for (bool progress = true; progress;) {
@@ -153,6 +169,8 @@ ScheduleSimulation simulate(const PipelineSchedule& schedule, const std::vector<
           ready = (prev ? prev_input_done : input_done)[s][m];
         } else if (s + 1 == n) {
           ready = prev ? 0 : fwd_done[s][m];
+        } else if (prev && !backs_up_before[s + 1]) {
+          ready = 0;
         } else {
           ready = (prev ? prev_grad_arrives : grad_arrives)[s][m];
         }
