@@ -24,18 +24,9 @@
 #include "core/optimizer.h"
 #include "pipeline/local_pipeline.h"
 
-namespace {
-
-std::string option(int argc, char** argv, const std::string& name, const std::string& fallback) {
-  for (int i = 2; i + 1 < argc; ++i)
-    if (argv[i] == "--" + name) return argv[i + 1];
-  return fallback;
-}
-
-}  // namespace
-
 int main(int argc, char** argv) try {
   using namespace tandem;
+  using bench::option;
   if (argc < 2) {
     std::fprintf(stderr, "usage: bench_back_shard SPEC [--cut NODE] [--backend NAME] [--batch N] [--microbatches K] "
                          "[--steps S] [--warmup W] [--threads T]\n");

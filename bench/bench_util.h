@@ -5,6 +5,7 @@
 #include <algorithm>
 #include <chrono>
 #include <functional>
+#include <string>
 #include <vector>
 
 #include "core/graph.h"
@@ -12,6 +13,13 @@
 #include "core/tensor.h"
 
 namespace tandem::bench {
+
+// The value after `--name` among argv[2..] (argv[1] is the spec), else `fallback`.
+inline std::string option(int argc, char** argv, const std::string& name, const std::string& fallback) {
+  for (int i = 2; i + 1 < argc; ++i)
+    if (argv[i] == "--" + name) return argv[i + 1];
+  return fallback;
+}
 
 // Median seconds of `reps` calls after one warm-up call.
 inline double median_seconds(const std::function<void()>& f, int reps) {

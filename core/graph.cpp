@@ -165,6 +165,17 @@ std::pair<std::string, std::string> u_shaped_cuts(const std::string& cut) {
   return cuts;
 }
 
+std::vector<bool> Graph::ancestors(int node) const {
+  std::vector<bool> in(nodes_.size(), false);
+  in[static_cast<std::size_t>(node)] = true;
+  for (int i = node; i >= 0; --i) {
+    if (!in[static_cast<std::size_t>(i)]) continue;
+    for (int s : nodes_[static_cast<std::size_t>(i)].sources)
+      if (s < 0) in[static_cast<std::size_t>(-s - 1)] = true;
+  }
+  return in;
+}
+
 std::vector<std::string> cut_list(const std::string& cuts) {
   std::vector<std::string> out;
   std::size_t at = 0;
@@ -216,14 +227,7 @@ std::pair<Graph, Graph> Graph::split(const std::string& cut) const {
   if (c < 0) fail("split", cat("cut node '", cut, "' is not in the graph"));
   if (c == output_) fail("split", cat("cut node '", cut, "' is the output: nothing would be left for the back shard"));
 
-  // Front = the cut node and its ancestors.
-  std::vector<bool> front(nodes_.size(), false);
-  front[static_cast<std::size_t>(c)] = true;
-  for (int i = c; i >= 0; --i) {
-    if (!front[static_cast<std::size_t>(i)]) continue;
-    for (int s : nodes_[static_cast<std::size_t>(i)].sources)
-      if (s < 0) front[static_cast<std::size_t>(-s - 1)] = true;
-  }
+  const std::vector<bool> front = ancestors(c);
   if (front[static_cast<std::size_t>(output_)])
     fail("split", cat("cut node '", cut, "' comes after the output '", nodes_[static_cast<std::size_t>(output_)].spec.name, "'"));
 

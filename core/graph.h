@@ -65,6 +65,9 @@ class Graph {
   int64_t classes() const;
   // Parameter names in initialisation order: "<node>.weight", "<node>.bias" (core/ops).
   std::vector<std::string> param_names() const;
+  // Per node index: whether it is `node` or a node `node` reads, directly or not (a front's
+  // nodes when cut there).
+  std::vector<bool> ancestors(int node) const;
   // The per-sample shapes of a node's inputs.
   std::vector<Shape> input_shapes(const GraphNode& node) const;
 

@@ -76,13 +76,7 @@ class Model {
  private:
   Prefix prefix_of(int node) const {
     const auto& nodes = graph_.nodes();
-    std::vector<bool> in(nodes.size(), false);
-    in[static_cast<std::size_t>(node)] = true;
-    for (int i = node; i >= 0; --i) {
-      if (!in[static_cast<std::size_t>(i)]) continue;
-      for (int s : nodes[static_cast<std::size_t>(i)].sources)
-        if (s < 0) in[static_cast<std::size_t>(-s - 1)] = true;
-    }
+    const std::vector<bool> in = graph_.ancestors(node);
     Prefix p;
     for (std::size_t i = 0; i < nodes.size(); ++i) {
       if (!in[i]) {

@@ -167,6 +167,22 @@ struct Chain {
   }
 };
 
+// Step t's rows of a small data set, taken round robin.
+struct StepRows {
+  const std::vector<Tensor>& inputs;
+  const std::vector<int32_t>& labels;
+  int64_t batch;
+  std::vector<Tensor> inputs_of(int step) const {
+    std::vector<Tensor> out;
+    const int64_t n = inputs[0].shape()[0];
+    for (const Tensor& t : inputs) out.push_back(t.slice_batch((step * batch) % n, batch));
+    return out;
+  }
+  const int32_t* labels_of(int step) const {
+    return labels.data() + (step * batch) % static_cast<int64_t>(labels.size());
+  }
+};
+
 // Trains the model whole (one stage) and as a pipeline cut at `cuts`, under every schedule,
 // on one thread and on a thread a stage, `steps` steps of `batch` in K micro-batches each.
 void expect_pipelines_train_like_the_whole_model(const ModelSpec& spec, const std::string& cuts, int steps,
@@ -178,21 +194,15 @@ void expect_pipelines_train_like_the_whole_model(const ModelSpec& spec, const st
   Network init(graph, *backend, 11);
   Chain whole({graph}, init, {});
   std::vector<double> whole_loss;
-  auto rows = [&](int step) {
-    std::vector<Tensor> out;
-    const int64_t n = inputs[0].shape()[0];
-    for (const Tensor& t : inputs) out.push_back(t.slice_batch((step * batch) % n, batch));
-    return out;
-  };
-  auto row_labels = [&](int step) { return labels.data() + (step * batch) % static_cast<int64_t>(labels.size()); };
+  const StepRows rows{inputs, labels, batch};
   for (int step = 0; step < steps; ++step)
-    whole_loss.push_back(whole.pipeline->train_step(rows(step), row_labels(step), k).loss_sum);
+    whole_loss.push_back(whole.pipeline->train_step(rows.inputs_of(step), rows.labels_of(step), k).loss_sum);
   for (const char* schedule : {"gpipe", "1f1b", "zero-bubble"})
     for (bool threads : {false, true}) {
       SCOPED_TRACE(cat(schedule, threads ? ", a thread a stage" : ", one thread"));
       Chain chain(parts, init, {.schedule = schedule, .threads = threads});
       for (int step = 0; step < steps; ++step) {
-        const StepStats s = chain.pipeline->train_step(rows(step), row_labels(step), k);
+        const StepStats s = chain.pipeline->train_step(rows.inputs_of(step), rows.labels_of(step), k);
         EXPECT_NEAR(s.loss_sum, whole_loss[static_cast<std::size_t>(step)], 1e-3 * std::max(1.0, whole_loss[0]))
             << "step " << step;
         EXPECT_EQ(s.samples, batch);
@@ -217,13 +227,7 @@ void expect_async_pipeline_follows_its_rule(const ModelSpec& spec, const std::st
   const std::vector<Graph> parts = graph.partition(cut_list(cuts));
   std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
   Network init(graph, *backend, 11);
-  auto rows = [&](int step) {
-    std::vector<Tensor> out;
-    const int64_t n = inputs[0].shape()[0];
-    for (const Tensor& t : inputs) out.push_back(t.slice_batch((step * batch) % n, batch));
-    return out;
-  };
-  auto row_labels = [&](int step) { return labels.data() + (step * batch) % static_cast<int64_t>(labels.size()); };
+  const StepRows rows{inputs, labels, batch};
   Chain replay({graph}, init, {});
   Network& net = *replay.nets[0];
   Stage stage(net, replay.opts[0].get());
@@ -250,12 +254,12 @@ void expect_async_pipeline_follows_its_rule(const ModelSpec& spec, const std::st
     load(seen);
     net.zero_grad();
     double loss = 0;
-    const std::vector<Tensor> x = rows(step);
+    const std::vector<Tensor> x = rows.inputs_of(step);
     for (int mb = 0; mb < k; ++mb) {
       const auto [begin, count] = microbatch_range(batch, k, mb);
       std::vector<Tensor> in;
       for (const Tensor& t : x) in.push_back(t.slice_batch(begin, count));
-      loss += stage.train_loss(in, mb, row_labels(step) + begin, 1.0f / static_cast<float>(batch), false).loss;
+      loss += stage.train_loss(in, mb, rows.labels_of(step) + begin, 1.0f / static_cast<float>(batch), false).loss;
     }
     replay_loss.push_back(loss);
     load(current);
@@ -268,9 +272,9 @@ void expect_async_pipeline_follows_its_rule(const ModelSpec& spec, const std::st
     std::vector<Tensor> buffer;  // refilled every step, as a training loop does: the stash must not read it
     for (const Tensor& t : inputs) buffer.push_back(t.slice_batch(0, batch).clone());
     for (int step = 0; step < steps; ++step) {
-      const std::vector<Tensor> x = rows(step);
+      const std::vector<Tensor> x = rows.inputs_of(step);
       for (std::size_t i = 0; i < x.size(); ++i) buffer[i].copy_from(x[i]);
-      const StepStats s = chain.pipeline->train_step(buffer, row_labels(step), k);
+      const StepStats s = chain.pipeline->train_step(buffer, rows.labels_of(step), k);
       EXPECT_NEAR(s.loss_sum, replay_loss[static_cast<std::size_t>(step)], 1e-4 * std::max(1.0, replay_loss[0]))
           << "step " << step;
     }
