@@ -11,6 +11,10 @@
 #include "core/network.h"
 #include "pipeline/local_pipeline.h"
 #include "data/idx_dataset.h"
+#include "core/interop/hugging_face.h"
+#include "core/interop/safetensors.h"
+#include "core/interop/torch_layout.h"
+#include "ports/files/atomic_file.h"
 #include "ports/files/tensor_dataset.h"
 #include "backends/registry.h"
 #include "cli/command_line.h"
@@ -218,6 +222,20 @@ int train(const CliArgs& args) {
   }
   std::printf("final test accuracy: %.2f%% (%lld test samples)\n", accuracy * 100.0,
               static_cast<long long>(test_set.labels.size()));
+  if (args.has("export")) {  // every stage's weights in one state dict, under PyTorch's names and layouts
+    trainer.flush();
+    std::vector<SafeTensor> tensors;
+    for (Network* stage : stages)
+      for (SafeTensor& t : shard_to_torch(graph, *stage, global_step)) tensors.push_back(std::move(t));
+    for (SafeTensor& t : hugging_face_export_extras(graph)) tensors.push_back(std::move(t));
+    const std::string out = args.str("export", "");
+    const std::vector<uint8_t> file = write_safetensors(
+        tensors, {{"format", "pt"}, {"tandem_model", spec.name}, {"tandem_cut", cut},
+                  {"tandem_step", cat(global_step)}, {"tandem_layout", "pytorch (OIHW, NCHW flatten order)"}});
+    write_file_atomic(out, file);
+    std::printf("wrote %s: %zu tensors from %zu stages, %zu bytes\n", out.c_str(), tensors.size(), stages.size(),
+                file.size());
+  }
   return 0;
 }
 
@@ -258,6 +276,7 @@ int main(int argc, char** argv) {
       .option("parties", "edge|cloud,...", "each stage's side, whose backend it runs on (default: the first stage the edge's, the others the cloud's; with two cuts the last the edge's too)")
       .option("pipeline-schedule", "gpipe|1f1b|zero-bubble|async", "the order stages run micro-batches in (default gpipe; the synchronous ones give the same weights; async backs a step up during the next, on stashed weights)")
       .flag("stage-threads", "run each stage on its own thread, as a pipeline across machines runs (prints the bubble)")
+      .option("export", "FILE", "at the end, every stage's weights in one safetensors file with PyTorch's names (`tandem evaluate` reads it)")
       .option("edge-backend", "NAME", "the edge's stages' backend (default xnnpack)")
       .option("cloud-backend", "NAME", "the cloud's stages' backend (default onednn)")
       .option("data", "fashion-mnist|DIR", "Debian's Fashion-MNIST, or DIR/train.safetensors and DIR/test.safetensors")
