@@ -230,17 +230,22 @@ void LocalPipeline::run_threads(Step& step) {
 void LocalPipeline::begin_step(Step& step, std::span<const Tensor> inputs, const int32_t* labels, int microbatches) {
   const auto n = stages_.size(), k = static_cast<std::size_t>(microbatches);
   const std::size_t slots = async_ ? 2 * k : k;
-  step.inputs = inputs;
-  step.labels = labels;
-  step.batch = inputs.empty() ? 0 : inputs[0].shape()[0];
+  if (!step.flushing) {  // a flush backs up the step before, whose rows and loss scale are kept
+    step.inputs = inputs;
+    step.labels = labels;
+    step.batch = inputs[0].shape()[0];
+    step.scale = 1.0f / static_cast<float>(step.batch);
+  }
   step.microbatches = microbatches;
-  step.scale = step.batch > 0 ? 1.0f / static_cast<float>(step.batch) : 1.0f;
   step.number = steps_;
   step.error = nullptr;
   // The steady step allocates nothing: the orders are made again only when K changes.
   if (step.actions.size() != n || step.loss.size() != k) {
     step.actions.resize(n);
     step.flush_actions.resize(n);
+    // An order whose stages disagree would leave threads waiting forever: refused here, by
+    // name (simulate), before any runs.
+    (void)simulate(*schedule_, static_cast<int>(n), microbatches);
     for (std::size_t s = 0; s < n; ++s) {
       step.actions[s] = schedule_->actions(static_cast<int>(s), static_cast<int>(n), microbatches);
       step.flush_actions[s].clear();
@@ -293,13 +298,18 @@ StepStats LocalPipeline::train_step(std::span<const Tensor> inputs, const int32_
   if (!step_) step_ = std::make_unique<Step>();
   Step& step = *step_;
   step.flushing = false;
-  begin_step(step, inputs, labels, microbatches);
-  if (async_ && pending_ == 0)  // nothing to back up yet: this step's forwards alone
-    for (std::size_t s = 0; s < stages_.size(); ++s)
-      step.actions[s].erase(std::remove_if(step.actions[s].begin(), step.actions[s].end(),
-                                           [](const PipelineAction& a) { return a.step < 0; }),
-                            step.actions[s].end());
-  run_step(step);
+  try {
+    begin_step(step, inputs, labels, microbatches);
+    if (async_ && pending_ == 0)  // nothing to back up yet: this step's forwards alone
+      for (std::size_t s = 0; s < stages_.size(); ++s)
+        step.actions[s].erase(std::remove_if(step.actions[s].begin(), step.actions[s].end(),
+                                             [](const PipelineAction& a) { return a.step < 0; }),
+                              step.actions[s].end());
+    run_step(step);
+  } catch (...) {
+    abandon();
+    throw;
+  }
   if (async_ && pending_ == 0)  // the full orders again for the next step
     for (std::size_t s = 0; s < stages_.size(); ++s)
       step.actions[s] = schedule_->actions(static_cast<int>(s), static_cast<int>(stages_.size()), microbatches);
@@ -314,14 +324,29 @@ StepStats LocalPipeline::train_step(std::span<const Tensor> inputs, const int32_
   return stats;
 }
 
+void LocalPipeline::abandon() {
+  for (std::size_t s = 0; s < stages_.size(); ++s) {
+    if (async_ && !stash_[s].empty()) use_stash(s, false);
+    stages_[s].network().drop_deferred_weights();
+    stages_[s].zero_grad();
+  }
+  pending_ = 0;
+  if (step_) step_->actions.clear();  // made again, whole, by the next step
+}
+
 void LocalPipeline::flush() {
   if (!async_ || pending_ == 0) return;
   Step& step = *step_;
   // The step before's backwards, as the next step would run them, without its forwards.
   step.flushing = true;
-  const std::span<const Tensor> inputs = step.inputs;
-  begin_step(step, inputs, step.labels, pending_);
-  run_step(step);
+  try {
+    begin_step(step, {}, nullptr, pending_);
+    run_step(step);
+  } catch (...) {
+    step.flushing = false;
+    abandon();
+    throw;
+  }
   step.flushing = false;
   ++steps_;  // the next step's slots are the other set, as after a step
   pending_ = 0;

@@ -82,6 +82,11 @@ class LocalPipeline {
   // Asynchronous: stage s's parameters hold the stashed weights (true) or the current ones.
   void use_stash(std::size_t s, bool stashed);
   void begin_step(Step& step, std::span<const Tensor> inputs, const int32_t* labels, int microbatches);
+  // After a step that threw (a stage's Error): the current weights back in every stage, no
+  // weight pass or asynchronous backward pending, gradients zeroed; the step is lost (and,
+  // asynchronous, the step before's pending backwards), and the next one starts clean. (A
+  // stage that had already applied its update keeps it.)
+  void abandon();
   void run_step(Step& step);
   // Stage i's inputs for micro-batch `mb` in `slot`: all of the step's rows [begin, begin +
   // count) for the first, cut to their length bucket (copied when asynchronous: the caller

@@ -161,6 +161,8 @@ PipelinePlan predict_pipeline(const Network& whole, const std::vector<PipelineNo
                               const std::vector<std::string>& cuts, int microbatches, const PartitionOptions& options) {
   check_nodes(nodes);
   const Model model(whole, options);
+  if (microbatches < 1 || microbatches > options.batch)
+    fail("partitioner", cat("micro-batches must be in [1, batch ", options.batch, "], got ", microbatches));
   if (cuts.size() + 1 != nodes.size())
     fail("partitioner", cat(cuts.size(), " cuts make ", cuts.size() + 1, " stages for ", nodes.size(), " machines"));
   std::vector<std::size_t> at;

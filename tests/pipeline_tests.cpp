@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <algorithm>
+#include <cmath>
 #include <map>
 
 #include "core/error.h"
@@ -293,6 +294,51 @@ TEST(LocalPipeline, FourStageCnnTrainsLikeTheWholeModelUnderEverySchedule) {
   for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.below(10)));
   expect_pipelines_train_like_the_whole_model(spec, kCnnCuts, 20, 8, 4, inputs, labels, 1e-5f);
   expect_async_pipeline_follows_its_rule(spec, kCnnCuts, 20, 8, 4, inputs, labels, 1e-5f);
+}
+
+// A step that throws (a label out of range, at the loss stage) is lost and leaves nothing
+// behind: the pipeline then trains as one that never saw it. Asynchronous, the step before's
+// pending backwards are dropped with it (its synchronous loss stage had updated already): the
+// stages before the last keep their weights, and the next steps train.
+TEST(LocalPipeline, AStepThatFailsLeavesTheNextOneClean) {
+  const ModelSpec spec = fashion_cnn();
+  const Graph graph = Graph::build(spec);
+  const std::vector<Graph> parts = graph.partition(cut_list(kCnnCuts));
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
+  Network init(graph, *backend, 11);
+  Rng rng(4);
+  const Tensor images = random_tensor(Shape{8, 28, 28, 1}, rng, 0.0f, 1.0f);
+  std::vector<int32_t> good(8), bad(8);
+  for (int i = 0; i < 8; ++i) good[static_cast<std::size_t>(i)] = static_cast<int32_t>(rng.below(10));
+  bad = good;
+  bad[5] = 12;
+  for (const char* schedule : {"1f1b", "zero-bubble", "async"})
+    for (bool threads : {false, true}) {
+      SCOPED_TRACE(cat(schedule, threads ? ", a thread a stage" : ", one thread"));
+      const bool async = std::string(schedule) == "async";
+      Chain failing(parts, init, {.schedule = schedule, .threads = threads});
+      Chain clean(parts, init, {.schedule = schedule, .threads = threads});
+      failing.pipeline->train_step(images, good.data(), 4);
+      EXPECT_EQ(error_of([&] { failing.pipeline->train_step(images, bad.data(), 4); }),
+                "[loss] label 12 at row 1 is outside [0, 10)");
+      if (async) {
+        failing.pipeline->flush();  // nothing pending: a no-op
+        for (std::size_t i = 0; i + 1 < parts.size(); ++i) EXPECT_EQ(max_diff(*failing.nets[i], init), 0.0f) << i;
+        for (int step = 0; step < 3; ++step) failing.pipeline->train_step(images, good.data(), 4);
+        failing.pipeline->flush();
+        EXPECT_GT(failing.max_diff_from(init), 1e-4f);
+        EXPECT_TRUE(std::isfinite(failing.max_diff_from(init)));
+        continue;
+      }
+      clean.pipeline->train_step(images, good.data(), 4);
+      for (auto* c : {&failing, &clean}) {
+        c->pipeline->train_step(images, good.data(), 4);
+        c->pipeline->flush();
+      }
+      float worst = 0;
+      for (std::size_t i = 0; i < parts.size(); ++i) worst = std::max(worst, max_diff(*failing.nets[i], *clean.nets[i]));
+      EXPECT_EQ(worst, 0.0f);
+    }
 }
 
 // A transformer cut inside its encoder at three places: the mask crosses every cut.

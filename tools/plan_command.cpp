@@ -122,6 +122,7 @@ int plan_nodes(const CliArgs& args) {
                                                                 whole, nodes, cut_list(args.str("cut", "")),
                                                                 static_cast<int>(po.microbatches.front()), po)}
                                                           : plan_pipeline(whole, nodes, po);
+  if (plans.empty()) fail("cli", cat("no --microbatches value is within 1 and --batch ", po.batch, ": nothing to weigh"));
   const PipelinePlan& best = plans.front();
   std::printf("%zu machines from %s, batch %lld, %s schedule; %zu plans weighed; the best %d:\n", nodes.size(),
               nodes_path.c_str(), static_cast<long long>(po.batch), po.schedule.c_str(), plans.size(),
