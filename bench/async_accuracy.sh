@@ -28,8 +28,9 @@ run() {
   rm -f "$work/m.jsonl"
   "$bin/edge/tandem-edge" train --cloud "wss://localhost:$port" --identity "$work/id" \
     --model samples/fashion-mnist/model.json --epochs "$epochs" --batch 64 --microbatches 4 --schedule cosine \
-    --metrics-json "$work/m.jsonl" "$@" > "$work/edge.log" 2>&1 || { tail -3 "$work/edge.log" >&2; }
-  kill "$cloud"; wait "$cloud" 2> /dev/null || true
+    --metrics-json "$work/m.jsonl" "$@" > "$work/edge.log" 2>&1 ||
+    { echo "the edge ($*) failed: $(tail -3 "$work/edge.log")" >&2; stop_cloud "$cloud"; return 1; }
+  stop_cloud "$cloud"
   echo "$(grep -o '"test_accuracy":[0-9.]*' "$work/m.jsonl" | tail -1 | cut -d: -f2)" \
     "$(grep -o '"samples_per_s":[0-9.]*' "$work/m.jsonl" | tail -1 | cut -d: -f2)"
 }
@@ -38,6 +39,7 @@ run() {
 for seed in "${seeds[@]}"; do
   read -r s s_rate <<< "$(run --seed "$seed")"
   read -r a a_rate <<< "$(run --seed "$seed" --pipeline async)"
+  need_figures "seed $seed" "$s" "$s_rate" "$a" "$a_rate"
   echo "seed $seed: synchronous $s ($s_rate samples/s), asynchronous $a ($a_rate samples/s)"
   awk -v s="$s" -v a="$a" 'BEGIN { printf "%.6f\n", (a - s) * 100 }' >> "$work/diffs"
 done

@@ -37,8 +37,9 @@ tandem_round() {
   rm -f "$work/tandem.jsonl"
   "$bin/edge/tandem-edge" train --cloud "wss://localhost:$port" --identity "$work/id" \
     --model samples/fashion-mnist/model.json --limit "$samples" --test-limit 100 --batch 64 --microbatches 4 \
-    --metrics-json "$work/tandem.jsonl" $edge_args > /dev/null 2>&1
-  kill "$cloud"; wait "$cloud" 2> /dev/null || true
+    --metrics-json "$work/tandem.jsonl" $edge_args > "$work/edge.log" 2>&1 ||
+    { echo "tandem edge ($edge_args $*) failed: $(tail -3 "$work/edge.log")" >&2; stop_cloud "$cloud"; return 1; }
+  stop_cloud "$cloud"
   local field
   for field in samples_per_s edge_idle_fraction first_grad_ms; do
     grep -o "\"$field\":[0-9.]*" "$work/tandem.jsonl" | tail -1 | cut -d: -f2
@@ -51,9 +52,10 @@ pytorch_round() {
   OMP_NUM_THREADS=1 /usr/bin/python3 bench/pytorch_split/baseline.py cloud "$bport" &
   local cloud=$!
   sleep 3
-  OMP_NUM_THREADS=1 /usr/bin/python3 bench/pytorch_split/baseline.py edge "$bport" "$samples" 64 |
-    grep -o '"samples_per_s": [0-9.]*' | cut -d' ' -f2
-  wait "$cloud" 2> /dev/null || true
+  OMP_NUM_THREADS=1 /usr/bin/python3 bench/pytorch_split/baseline.py edge "$bport" "$samples" 64 > "$work/torch.log" 2>&1 ||
+    { echo "the PyTorch edge failed: $(tail -3 "$work/torch.log")" >&2; kill "$cloud"; return 1; }
+  wait "$cloud" || { echo "the PyTorch cloud failed" >&2; return 1; }
+  grep -o '"samples_per_s": [0-9.]*' "$work/torch.log" | cut -d' ' -f2
 }
 
 median() { sort -g | awk '{ v[NR] = $1 } END { print (NR % 2) ? v[(NR + 1) / 2] : (v[NR / 2] + v[NR / 2 + 1]) / 2 }'; }
@@ -69,6 +71,7 @@ for r in $(seq 1 "$rounds"); do
     esac
   done
   p=$(pytorch_round)
+  need_figures "round $r" "$t" "$t_idle" "$i" "$a" "$a_idle" "$p"
   echo "$t" >> "$work/t"; echo "$i" >> "$work/i"; echo "$a" >> "$work/a"; echo "$p" >> "$work/p"
   echo "$t_idle" >> "$work/ti"; echo "$a_idle" >> "$work/ai"
   echo "round $r: tandem (TLS, K=4) $t samples/s (edge idle $t_idle, first gradient $t_first ms);" \

@@ -5,6 +5,7 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <typeinfo>
 #include <limits>
 
 #include "backends/reference/reference_backend.h"
@@ -84,6 +85,35 @@ struct Backends {
   std::unique_ptr<Backend> tested = make_test_backend(backend_under_test());
   std::unique_ptr<Backend> reference = make_reference_backend({});
 };
+
+// The ops the CPU backends hand to the reference's own code (make_reference_batch_norm and
+// its kin, core/host_vectors.cpp): `backend` has a kernel of its own for `op` when it returns
+// another kernel than the reference's. Their op tests run only where one has (a test of the
+// reference's code against itself would check nothing): tests/CMakeLists.txt's
+// own_kernel_backends, held to this by OwnKernels.EachHasItsOpTest.
+constexpr const char* kSharedKernelOps[] = {"batch_norm", "token_pool", "dropout", "vectors"};
+bool has_own_kernel(Backend& backend, Backend& reference, std::string_view op) {
+  if (op == "vectors") return &backend.vectors() != &reference.vectors();
+  if (op == "batch_norm") {
+    const BatchNormGeometry g{2, 3, 1e-5f};
+    auto a = backend.batch_norm(g), b = reference.batch_norm(g);
+    return typeid(*a) != typeid(*b);
+  }
+  if (op == "token_pool") {
+    const TokenPoolGeometry g{1, 2, 3};
+    auto a = backend.token_pool(g), b = reference.token_pool(g);
+    return typeid(*a) != typeid(*b);
+  }
+  auto a = backend.dropout(4), b = reference.dropout(4);
+  return typeid(*a) != typeid(*b);
+}
+
+// Fails an op test of `op` registered for a backend that runs the reference's own kernel.
+#define EXPECT_OWN_KERNEL(b, op)                                                                             \
+  ASSERT_TRUE(has_own_kernel(*(b).tested, *(b).reference, op))                                             \
+      << backend_under_test() << " runs the reference's own " << (op)                                      \
+      << " kernel: this test would compare the reference with itself. Register it only for "               \
+         "own_kernel_backends (tests/CMakeLists.txt)"
 
 class Conv2dTester {
  public:
@@ -484,6 +514,7 @@ TEST(Add, Forward) {
 // runs those on the device in place, else the host loops it falls back to.
 TEST(Vectors, MatchTheReference) {
   Backends b;
+  EXPECT_OWN_KERNEL(b, "vectors");
   VectorKernel& want = b.reference->vectors();
   VectorKernel& got = b.tested->vectors();
   for (const int64_t n : {int64_t{1}, int64_t{7}, int64_t{1000}, int64_t{70001}}) {
@@ -566,6 +597,7 @@ TEST(Vectors, MatchTheReference) {
 // layer's activations (past cuda's managed threshold).
 TEST(Dropout, ForwardBackward) {
   Backends b;
+  EXPECT_OWN_KERNEL(b, "dropout");
   for (const int64_t n : {int64_t{37}, int64_t{16 * 128 * 256}}) {
     for (const float p : {0.1f, 0.5f}) {
       SCOPED_TRACE(cat(n, " values, p ", p));
@@ -598,6 +630,7 @@ TEST(Dropout, ForwardBackward) {
 // TANDEM_CUDA_MEMORY=managed).
 TEST(TokenPool, ForwardBackward) {
   Backends b;
+  EXPECT_OWN_KERNEL(b, "token_pool");
   for (const TokenPoolGeometry g : {TokenPoolGeometry{3, 5, 7}, TokenPoolGeometry{16, 128, 256}}) {
     for (const bool mean : {false, true}) {
       SCOPED_TRACE(cat(g.str(), mean ? " mean" : " first"));
@@ -630,6 +663,7 @@ TEST(TokenPool, ForwardBackward) {
 // shapes of a ResNet stage and a BatchNorm1d of 10 features.
 TEST(BatchNorm, ForwardBackward) {
   Backends b;
+  EXPECT_OWN_KERNEL(b, "batch_norm");
   struct Case {
     int64_t rows, channels;
     float offset;
@@ -850,6 +884,34 @@ TEST(MaxPool2d, Overlapping3x3Stride2Pad1) { MaxPool2dTester().batch(2).input(9,
 TEST(MaxPool2d, Ties2x2) { MaxPool2dTester().batch(2).input(6, 8, 20).kernel(2, 2).stride(2, 2).ties(true).test(); }
 TEST(MaxPool2d, Ties3x3Tiled) { MaxPool2dTester().batch(2).input(9, 6, 5).kernel(3, 3).stride(3, 3).ties(true).test(); }
 TEST(MaxPool2d, RaggedEdge) { MaxPool2dTester().batch(1).input(7, 7, 4).kernel(2, 2).stride(2, 2).test(); }
+
+// Every backend of this build with its own kernel for an op the CPU backends share with the
+// reference has that op's test registered (own_kernel_backends, passed in by CMake), and no
+// other backend has: a backend that gains a kernel of its own fails here until its op test is
+// registered. A backend that cannot be made here (cuda without a GPU) is named and left out.
+TEST(OwnKernels, EachHasItsOpTest) {
+  const std::string listed = "," TANDEM_OWN_KERNEL_BACKENDS ",";
+  std::unique_ptr<Backend> reference = make_reference_backend({});
+  int checked = 0;
+  for (const std::string& name : backend_names()) {
+    if (name == "reference") continue;
+    std::unique_ptr<Backend> backend;
+    try {
+      backend = make_backend(name);
+    } catch (const Error& e) {
+      std::printf("%s left out: %s\n", name.c_str(), e.what());
+      continue;
+    }
+    const bool registered = listed.find("," + name + ",") != std::string::npos;
+    for (const char* op : kSharedKernelOps)
+      EXPECT_EQ(has_own_kernel(*backend, *reference, op), registered)
+          << name << "'s " << op << (registered ? " is the reference's own, yet its op test is registered"
+                                                : " is its own kernel, yet its op test is not registered")
+          << " (own_kernel_backends in tests/CMakeLists.txt)";
+    ++checked;
+  }
+  EXPECT_GT(checked, 0);
+}
 
 }  // namespace
 }  // namespace tandem::test

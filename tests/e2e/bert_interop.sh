@@ -15,7 +15,8 @@ work=$(mktemp -d)
 cleanup() { [[ -n ${cloud_pid:-} ]] && kill "$cloud_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; [[ -f $work/cloud.log ]] && { echo "--- cloud log"; cat "$work/cloud.log"; }; exit 1; }
-/usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "SKIP: /usr/bin/python3 has no torch (install python3-torch; scripts/setup.sh does)"; exit 77; }
+source "$src/tests/lib/skip.sh"
+/usr/bin/python3 -c 'import torch' 2>/dev/null || skip_or_fail "/usr/bin/python3 has no torch (install python3-torch; scripts/setup.sh does)"
 model=$work/tiny-bert.json
 
 # The forms pages' ids and masks (their boxes unread): 16 tokens, ids below 32.

@@ -15,7 +15,8 @@ work=$(mktemp -d)
 cleanup() { [[ -n ${cloud_pid:-} ]] && kill "$cloud_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; [[ -f $work/cloud.log ]] && { echo "--- cloud log"; cat "$work/cloud.log"; }; exit 1; }
-/usr/bin/python3 -c 'import torch' 2>/dev/null || { echo "SKIP: /usr/bin/python3 has no torch (install python3-torch; scripts/setup.sh does)"; exit 77; }
+source "$src/tests/lib/skip.sh"
+/usr/bin/python3 -c 'import torch' 2>/dev/null || skip_or_fail "/usr/bin/python3 has no torch (install python3-torch; scripts/setup.sh does)"
 
 python3 "$src/samples/forms-layoutlm/make_data.py" "$work/forms" 200 300 > /dev/null
 /usr/bin/python3 "$src/tests/interop/layoutlm_check.py" write "$work/hf.safetensors" "$work/forms" "$work/torch.f32" ||

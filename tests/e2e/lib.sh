@@ -22,3 +22,23 @@ scrape() {
   python3 -c "import urllib.request,sys; sys.stdout.write(urllib.request.urlopen('http://127.0.0.1:$metrics_port$1', timeout=5).read().decode())"
 }
 metric() { scrape /metrics | awk -v m="$1" '$1 == m { print $2 }'; }
+
+# stop_cloud [PID]: SIGTERM to the cloud (cloud_pid by default), then its exit status must be
+# 0: a crash or, under ASan, a leak at its shutdown fails the test. A cloud killed with -9 on
+# purpose is waited for with `|| true` instead.
+stop_cloud() {
+  local pid=${1:-$cloud_pid} rc=0
+  kill "$pid" 2> /dev/null || true
+  wait "$pid" || rc=$?
+  [[ $rc == 0 ]] || fail "the cloud (pid $pid) exited with status $rc when stopped (want 0: it crashed or leaked at shutdown)"
+}
+
+# need_figures WHAT VALUE...: fails unless every VALUE is a number. A benchmark whose run or peer
+# run failed stops there, instead of counting the missing figure as 0 in a median.
+need_figures() {
+  local what=$1 v
+  shift
+  for v in "$@"; do
+    [[ $v =~ ^[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?$ ]] || fail "$what gave no figure ('$v'): a failed run fails the benchmark"
+  done
+}

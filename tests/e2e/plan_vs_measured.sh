@@ -3,7 +3,7 @@
 # and K=4 on a 50 Mbit/s uplink (200 Mbit/s downlink), then real tandem-cloud and tandem-edge
 # processes over TLS through a link shaped that way (scripts/lib/shaped_link.sh). The measured
 # samples/s must be within 25% of the predicted. Skips (exit 77, with the reason) where this
-# machine cannot make network namespaces or shape with tc.
+# machine cannot make network namespaces or shape with tc (with CI=true it fails instead).
 # Usage: plan_vs_measured.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -13,7 +13,8 @@ source "$src/scripts/lib/shaped_link.sh"
 work=$(mktemp -d)
 cleanup() { [[ -n ${cloud_pid:-} ]] && kill "$cloud_pid" 2> /dev/null; wait 2> /dev/null; shaped_link_down; rm -rf "$work"; }
 trap cleanup EXIT
-if ! shaped_link_up 2> "$work/why"; then echo "SKIP: $(cat "$work/why")"; exit 77; fi
+source "$src/tests/lib/skip.sh"
+shaped_link_up 2> "$work/why" || skip_or_fail "$(cat "$work/why")"
 shaped_link_rates 50 200
 
 "$cloud_bin" pki init --state-dir "$work/state" --hosts "$shaped_cloud_ip" > /dev/null
@@ -30,9 +31,8 @@ reachable() { timeout 3 bash -c "exec 3<> /dev/tcp/$shaped_cloud_ip/$port" 2> /d
 in_cloud_ns bash -c "$(declare -f reachable); shaped_cloud_ip=$shaped_cloud_ip port=$port; reachable" ||
   { echo "FAIL: the cloud does not answer on $shaped_cloud_ip:$port inside its namespace"; cat "$work/cloud.log"; exit 1; }
 if ! reachable; then
-  echo "SKIP: this machine does not pass TCP from $shaped_edge_ip to $shaped_cloud_ip over a veth pair" \
-    "(route: $(ip -4 route get "$shaped_cloud_ip" 2> /dev/null | head -1))"
-  exit 77
+  skip_or_fail "this machine does not pass TCP from $shaped_edge_ip to $shaped_cloud_ip over a veth pair \
+(route: $(ip -4 route get "$shaped_cloud_ip" 2> /dev/null | head -1))"
 fi
 
 status=0

@@ -12,7 +12,9 @@ work=$(mktemp -d)
 cleanup() { [[ -n ${cloud_pid:-} ]] && kill "$cloud_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- cloud log"; cat "$work/cloud.log"; exit 1; }
-/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null || { echo "SKIP: /usr/bin/python3 has no torch (install python3-torch python3-numpy; scripts/setup.sh does)"; exit 77; }
+source "$src/tests/lib/skip.sh"
+/usr/bin/python3 -c 'import torch, numpy' 2>/dev/null ||
+  skip_or_fail "/usr/bin/python3 has no torch (install python3-torch python3-numpy; scripts/setup.sh does)"
 
 start_cloud() {  # start_cloud EXTRA...
   "$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/state" --model "$model" "$@" > "$work/cloud.log" 2>&1 &

@@ -2,13 +2,11 @@
 # Compiles core and the portable backends (core/, backends/{reference,portable,simd}; not the native-only JSON
 # spec reader) with another compiler, to keep core portable to arm64 and WebAssembly.
 # Usage: compile_core.sh COMPILER SOURCE_DIR GENERATED_INCLUDE_DIR OUT_DIR
-# Exits 77 (ctest: skipped) when the compiler is not installed, saying so.
+# Exits 77 (ctest: skipped) when the compiler is not installed, saying so; with CI=true it fails.
 set -euo pipefail
 cxx=$1 src=$2 gen=$3 out=$4
-if ! command -v "$cxx" >/dev/null 2>&1; then
-  echo "SKIPPED: $cxx is not installed (bash scripts/setup.sh installs it)"
-  exit 77
-fi
+source "$src/tests/lib/skip.sh"
+command -v "$cxx" >/dev/null 2>&1 || skip_or_fail "$cxx is not installed (bash scripts/setup.sh installs it)"
 export NODE_PATH=/usr/share/nodejs  # Debian's emscripten needs it for acorn
 mkdir -p "$out/include"
 # FlatBuffers' headers through a folder of their own: -I/usr/include would break em++.
