@@ -42,13 +42,13 @@ echo "accuracy of the Hugging Face checkpoint: tandem evaluate $want, split run 
 awk -v a="$want" -v b="$got" 'BEGIN { d = a - b; exit !(d < 0.004 && d > -0.004) }' || fail "--init-from run measured $got, evaluate $want"
 
 # Two steps from the checkpoint, exported: Hugging Face's BERT loads the file as it is.
-kill "$cloud_pid" && wait "$cloud_pid" 2> /dev/null || true
+stop_cloud
 start_cloud_as cloud-trained --init-from "$work/hf.safetensors"
 "$cloud_bin" pki issue --state-dir "$work/state" --client clinic-trained --out "$work/t" > /dev/null
 "$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/t" --model "$model" --data "$work/forms" \
   --init-from "$work/hf.safetensors" --limit 64 --batch 32 --epochs 1 --test-limit 1 --checkpoint-dir "$work/ckpt" \
   --checkpoint-every 2 > "$work/trained.out" 2>&1 || fail "edge, 2 steps: $(tail -3 "$work/trained.out")"
-kill "$cloud_pid" && wait "$cloud_pid" 2> /dev/null || true
+stop_cloud
 cloud_pid=
 "$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt/edge-000000000002.tdmc" \
   --cloud-ckpt "$work/state/checkpoints/clinic-trained/cloud-000000000002.tdmc" --identity "$work/t" \

@@ -31,7 +31,7 @@ run() {
   "$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/edge" --model "$model" --backend xnnpack \
     --epochs 1 --limit "$limit" --seed 3 --metrics-json "$work/$backend.jsonl" > "$work/$backend.out" 2>&1 ||
     fail "the edge against the $backend cloud: $(tail -n 3 "$work/$backend.out")"
-  kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+  stop_cloud
   cloud_pid=
 }
 run onednn
@@ -63,8 +63,8 @@ federation() {
   for i in 0 1 2 3; do wait "${pids[$i]}" || fail "$name edge $i: $(tail -n 3 "$work/$name-h$i.out")"; done
   pids=()  # reaped: their ids may be another process's by the time cleanup runs
   scrape /metrics > "$work/$name.prom" || fail "the $name cloud's metrics could not be read"
-  kill "$cloud_pid" || fail "the $name cloud ended before its edges"
-  wait "$cloud_pid" 2>/dev/null || true
+  kill -0 "$cloud_pid" || fail "the $name cloud ended before its edges"
+  stop_cloud
   cloud_pid=
   fed_acc=$(grep -o '"test_accuracy":[0-9.]*' "$work/$name-h0.jsonl" | tail -1 | cut -d: -f2 || true)
   [[ -n $fed_acc ]] || fail "$name edge 0 reported no test accuracy"

@@ -53,7 +53,7 @@ grep -q '"rounds_joined":7' "$work/h0.jsonl" || fail "edge 0 did not join 7 roun
 grep -q '"client":"h3".*"rounds_joined":7' "$work/cloud.jsonl" || fail "the cloud's per-edge metrics lack h3's rounds"
 
 # 2. Failures, IID, 2000 samples each (63 steps).
-kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+stop_cloud
 rm -rf "$work"/*.jsonl "$work"/*.out "$work/state/federation"  # a new federation, not part 1's
 start_cloud --min-edges 2 --round-deadline-s $deadline
 for i in 0 1 2 3; do edge $i iid 8000; done
@@ -72,7 +72,7 @@ awk -v w="$waited" -v d=$deadline 'BEGIN { exit !(w <= d + 1.0) }' || fail "a ro
 grep -q '"closed_by":"deadline"' "$work/cloud.jsonl" || fail "no round closed at its deadline"
 
 # 3. A cloud crash mid-run, non-IID, 1000 samples each (32 steps, rounds every 5).
-kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+stop_cloud
 rm -rf "$work"/*.jsonl "$work"/*.out "$work/state/federation"
 start_cloud --min-edges 4 --round-deadline-s 60
 crash_edges() {
@@ -111,7 +111,7 @@ first=$(grep -o '^round [0-9]*' "$work/cloud.log" | head -1 | cut -d' ' -f2)
 
 # 4. Batched, IID, 2000 samples each (63 steps): h1 killed for good, h2 hangs (SIGSTOP) with
 # its step's slot held until the deadline takes it.
-kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+stop_cloud
 rm -rf "$work"/*.jsonl "$work"/*.out "$work/state/federation" "$work"/ck*
 start_cloud --min-edges 2 --round-deadline-s $deadline --back-accumulate 4 --batch-edges --metrics-listen 127.0.0.1:0
 grep -q "4 edge steps summed into one update of the back shard, run together" "$work/cloud.log" ||

@@ -15,7 +15,7 @@ cloud_bin=$build/cloud/tandem-cloud edge_bin=$build/edge/tandem-edge
 model=$src/samples/fashion-mnist/model.json
 work=$(mktemp -d)
 pids=()
-cleanup() { for p in "${pids[@]}"; do kill "$p" 2>/dev/null || true; done; wait 2>/dev/null; rm -rf "$work"; }
+cleanup() { stop_started; rm -rf "$work"; }  # every cloud and edge, on every exit path (lib.sh)
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -20 "$f"; done; exit 1; }
 
@@ -94,7 +94,7 @@ grep -q "the cloud refused: the enrolment token was issued to 'ward-1' at .*, be
   fail "revoked token: $(cat "$work/oldtoken.out")"
 
 # A restarted cloud still refuses; a new identity for hospital-a trains.
-kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+stop_cloud
 start_cloud restarted
 if train after_restart "$work/hospital-a" --limit 64 --test-limit 10; then fail "the restarted cloud took a revoked certificate"; fi
 grep -q "was revoked" "$work/after_restart.out" || fail "after restart: $(cat "$work/after_restart.out")"
@@ -105,7 +105,7 @@ train reissued "$work/hospital-a2" --limit 320 --test-limit 100 || fail "a new i
 echo "revocation: refused at connection and after a restart; a token from before refused; a new identity trains"
 
 # Raw WebSocket probes against a cloud with short deadlines and small bounds.
-kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+stop_cloud
 start_cloud probes --hello-timeout-s 2 --handshake-timeout-s 2 --max-pending-hello 2 --max-connections 3
 probe() { python3 "$src/tests/e2e/ws_raw.py" "$port" "$work/hospital-b" "$@"; }
 out=$(probe unmasked opcode fragmented-ping long-ping silent tls-silent)
@@ -124,7 +124,7 @@ kill -0 "$cloud_pid" || fail "the cloud died under the probes"
 train wellbehaved "$work/hospital-b" --limit 320 --test-limit 100 || fail "after the probes: $(tail -3 "$work/wellbehaved.out")"
 [[ $(metric 'tandem_connections_refused_total{reason="hello_timeout"}') -ge 1 ]] || fail "hello timeouts not counted"
 [[ $(metric 'tandem_connections_refused_total{reason="pending_hello"}') -ge 1 ]] || fail "pending-Hello refusals not counted"
-kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+stop_cloud
 start_cloud bounded --max-connections 1
 out=$(probe hold:1 busy)
 echo "$out"
@@ -150,7 +150,7 @@ grep -q "the cloud serves at most 1 connections at once.*; trying again in [0-9.
 "$build/tools/tandem" audit verify "$work/hospital-b/egress.jsonl" > "$work/audit.out" ||
   fail "the retried run's egress log: $(cat "$work/audit.out")"
 echo "busy: the edge retried $(grep -c 'trying again' "$work/patient.out") times and trained"
-kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+stop_cloud
 
 # The sessions' memory, estimated at each Hello (--session-memory-mb): below one session's
 # estimate the edge is refused with NoRoom and told why; with room for one session, a second
@@ -158,14 +158,14 @@ kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
 start_cloud unbounded
 each=$(grep -o "about [0-9]* MiB a session's back shard" "$work/unbounded.log" | awk '{ print $2 }')
 [[ -n $each && $each -ge 2 ]] || fail "no session estimate at start: $(cat "$work/unbounded.log")"
-kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+stop_cloud
 start_cloud tight --session-memory-mb $((each - 1))
 train toobig "$work/hospital-b" --limit 320 --test-limit 100 && fail "an edge that cannot fit trained"
 grep -q "needs about $each MiB, more than the $((each - 1)) MiB this cloud gives all sessions together" "$work/toobig.out" ||
   fail "no NoRoom refusal: $(tail -3 "$work/toobig.out")"
 grep -q "trying again" "$work/toobig.out" && fail "the edge retried a session that can never fit"
 [[ $(metric 'tandem_errors_sent_total{code="NoRoom"}') == 1 ]] || fail "the NoRoom refusal was not counted"
-kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+stop_cloud
 start_cloud roomy --session-memory-mb $((each * 3 / 2))
 for c in hospital-d hospital-e; do
   "$cloud_bin" pki issue --state-dir "$work/state" --client $c --out "$work/$c" > /dev/null

@@ -41,14 +41,14 @@ awk -v a="$want" -v b="$got" 'BEGIN { d = a - b; exit !(d < 0.004 && d > -0.004)
 
 # Equality after training: 3 steps of SGD (lr 0.1, no momentum), each on all of the first 32
 # training pages (one step an epoch: the order within a step does not change its mean loss).
-kill "$cloud_pid" && wait "$cloud_pid" 2> /dev/null || true
+stop_cloud
 start_cloud_as cloud-trained --init-from "$work/hf.safetensors" --optimizer sgd --lr 0.1 --momentum 0
 "$cloud_bin" pki issue --state-dir "$work/state" --client clinic-trained --out "$work/t" > /dev/null
 "$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/t" --model "$model" --data "$work/forms" \
   --init-from "$work/hf.safetensors" --limit 32 --batch 32 --microbatches 4 --epochs 3 --test-limit 1 \
   --optimizer sgd --lr 0.1 --momentum 0 --checkpoint-dir "$work/ckpt" --checkpoint-every 3 \
   > "$work/trained.out" 2>&1 || fail "edge, 3 steps from --init-from: $(tail -3 "$work/trained.out")"
-kill "$cloud_pid" && wait "$cloud_pid" 2> /dev/null || true
+stop_cloud
 cloud_pid=
 "$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt/edge-000000000003.tdmc" \
   --cloud-ckpt "$work/state/checkpoints/clinic-trained/cloud-000000000003.tdmc" --identity "$work/t" \

@@ -42,3 +42,15 @@ need_figures() {
     [[ $v =~ ^[0-9]+(\.[0-9]*)?([eE][-+]?[0-9]+)?$ ]] || fail "$what gave no figure ('$v'): a failed run fails the benchmark"
   done
 }
+
+# stop_started: stops every process this script started in the background and their children
+# (a function run with & is a subshell whose child is the edge), then waits for them: a
+# cleanup for every exit path, so a failure leaves nothing running.
+stop_started() {
+  local p
+  for p in $(jobs -p); do
+    pkill -TERM -P "$p" 2> /dev/null || true
+    kill "$p" 2> /dev/null || true
+  done
+  wait 2> /dev/null || true
+}

@@ -46,7 +46,7 @@ run() {
   "$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/$name" --model "$spec" --data "$data" \
     --epochs 3 --batch 32 --microbatches 4 --optimizer adam --lr "$lr" --metrics-json "$work/$name.jsonl" "$@" \
     > "$work/$name.out" 2>&1 || { cp "$work/cloud-$name.log" "$work/cloud.log"; fail "the edge ($name): $(tail -5 "$work/$name.out")"; }
-  kill "$cloud_pid" && wait "$cloud_pid" 2> /dev/null || true
+  stop_cloud
   cloud_pid=
   cp "$work/cloud-$name.log" "$work/cloud.log"
   acc=$(tail -1 "$work/$name.jsonl" | grep -o '"test_accuracy":[0-9.]*' | cut -d: -f2)

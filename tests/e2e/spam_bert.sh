@@ -51,7 +51,7 @@ start_cloud_as cloud --config "$src/samples/spam-bert/cloud.toml"  # the sample'
 "$edge_bin" train --config "$src/samples/spam-bert/edge.toml" --cloud "wss://localhost:$port" --identity "$work/c" \
   --model "$model" --data "$work/data" --limit "$mails" --test-limit "$test_mails" \
   --metrics-json "$work/edge.jsonl" > "$work/edge.out" 2>&1 || fail "the edge: $(tail -5 "$work/edge.out")"
-kill "$cloud_pid" && wait "$cloud_pid" 2> /dev/null || true
+stop_cloud
 cloud_pid=
 acc=$(tail -1 "$work/edge.jsonl" | grep -o '"test_accuracy":[0-9.]*' | cut -d: -f2)
 echo "spam-bert, split after layer 1, $mails mails: test accuracy $acc"

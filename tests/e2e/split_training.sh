@@ -10,7 +10,7 @@ build=$1 src=$2
 cloud_bin=$build/cloud/tandem-cloud edge_bin=$build/edge/tandem-edge
 model=$src/samples/fashion-mnist/model.json
 work=$(mktemp -d)
-cleanup() { [[ -n ${cloud_pid:-} ]] && kill "$cloud_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+cleanup() { stop_started; rm -rf "$work"; }  # every cloud and edge, on every exit path (lib.sh)
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- cloud log"; cat "$work/cloud.log"; exit 1; }
 
@@ -115,7 +115,7 @@ any_port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/any.log" | cut -d: -f3)
   --uplink-mbps 20 --microbatches 8 --limit 640 --test-limit 100 > "$work/auto.out" 2>&1 ||
   fail "--cut auto: $(tail -3 "$work/auto.out")"
 planned=$(grep -o 'planned: cut=[a-z0-9]* microbatches=[0-9]*' "$work/auto.out") || fail "no plan: $(cat "$work/auto.out")"
-kill "$any_pid"; wait "$any_pid" 2> /dev/null || true
+stop_cloud "$any_pid"
 grep -q "cut '$(echo "$planned" | sed 's/.*cut=\([^ ]*\).*/\1/')': 10 steps" "$work/any.log" ||
   fail "the cloud did not train the planned cut: $(cat "$work/any.log")"
 echo "edge with --cut auto: $planned, trained by a --cut any cloud"

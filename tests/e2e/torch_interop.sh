@@ -13,6 +13,7 @@ cleanup() { [[ -n ${cloud_pid:-} ]] && kill "$cloud_pid" 2>/dev/null; wait 2>/de
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- cloud log"; cat "$work/cloud.log"; exit 1; }
 source "$src/tests/lib/skip.sh"
+source "$src/tests/e2e/lib.sh"  # stop_cloud
 /usr/bin/python3 -c 'import torch, numpy' 2>/dev/null ||
   skip_or_fail "/usr/bin/python3 has no torch (install python3-torch python3-numpy; scripts/setup.sh does)"
 
@@ -56,7 +57,7 @@ grep -q "the edge's checkpoint is of step 16, the cloud's of step 20" "$work/ste
 
 # Both sides start from the exported weights: evaluated through the cloud before any
 # training (--epochs 0), the accuracy equals tandem evaluate's on the same images.
-kill "$cloud_pid"; wait "$cloud_pid" 2>/dev/null || true
+stop_cloud
 start_cloud --init-from "$work/model.safetensors"
 "$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/site-a" --model "$model" --epochs 0 \
   --test-limit 1000 --init-from "$work/model.safetensors" --metrics-json "$work/init.jsonl" \

@@ -25,7 +25,7 @@ train() {
   "$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/c" --model "$model" --data "$work/forms" \
     --epochs 4 --batch 32 --microbatches 4 --optimizer adam --lr 0.003 --metrics-json "$work/$1.jsonl" \
     > "$work/$1.out" 2>&1 || fail "the edge ($1): $(tail -5 "$work/$1.out")"
-  kill "$cloud_pid" && wait "$cloud_pid" 2> /dev/null || true
+  stop_cloud
   cloud_pid=
   acc=$(tail -1 "$work/$1.jsonl" | grep -o '"test_accuracy":[0-9.]*' | cut -d: -f2)
 }
