@@ -69,6 +69,7 @@ int train_command(const CliArgs& args) {
   o.checkpoint_dir = args.str("checkpoint-dir", "");
   o.checkpoint_every = args.integer("checkpoint-every", 100, 0);
   o.connect_retries = static_cast<int>(args.integer("connect-retries", 8, 0));
+  o.reconnects = static_cast<int>(args.integer("reconnects", 10, 0));
   o.init_from = args.str("init-from", "");
   if (args.has("shard")) {
     const std::string shard = args.str("shard", "");
@@ -129,6 +130,11 @@ constexpr const char* kTrainDetails = R"(
       --microbatches); the cloud must serve that cut (tandem-cloud serve --cut any).
       A cloud at its bound on connections answers Busy: the edge says Hello again after 1,
       2, 4 ... up to 30 s (jittered), at most --connect-retries times (default 8; 0: none).
+      A connection that drops mid-run (a restarted cloud, a link down, a cloud silent for
+      120 s) is made again after the same backoff, and the run resumes from the newest
+      checkpoint both sides hold (so give --checkpoint-dir), up to --reconnects times in a
+      row without progress (default 10; 0: the run ends at the first drop); the metrics
+      count reconnects and steps_redone.
       --audit-log FILE (default IDDIR/egress.jsonl): every message this edge sends is
       appended there before it leaves, as a hash-chained JSON line (type, step, tensor
       names, shapes, dtypes, bytes, SHA-256 of each payload), with a summary at the run's
@@ -199,7 +205,8 @@ void declare_train(Command& c) {
    .option("client-id", "NAME", "this edge's name to the cloud (default: the name its certificate was issued to)")
    .option("token", "TOKEN", "connect with an enrolment token (`tandem-cloud pki token`) instead of a client certificate")
    .option("audit-log", "FILE", "the egress log: every message sent, hash-chained (default IDDIR/egress.jsonl)")
-   .option("connect-retries", "N", "Hello again this many times while the cloud is busy or unreachable (default 8; 0: none)")
+   .option("connect-retries", "N", "Hello again this many times while the cloud is busy (default 8; 0: none)")
+   .option("reconnects", "N", "after a dropped connection, reconnect and resume up to N times in a row (default 10)")
    .option("uplink-mbps", "U", "with --cut auto: the uplink's Mbit/s")
    .option("downlink-mbps", "D", "with --cut auto: the downlink's Mbit/s (default: the uplink's)")
    .option("cloud-gflops", "G", "with --cut auto: the cloud's GFLOP/s (default: measured here)")

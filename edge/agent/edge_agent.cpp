@@ -129,55 +129,107 @@ int train_over_wss(const EdgeTrainOptions& o) {
 
   std::optional<CloudLink> link;
   RunReport report(o);
-  EventEdge edge(spec, c, [&](std::span<const uint8_t> bytes) { link->send(bytes); },
-                 [&](const EdgeEvent& e) { report.on_event(e); });
-  if (edge.resumed())
-    std::fprintf(stderr, "resuming from the checkpoint of step %llu (epoch %lld, %lld samples in)\n",
-                 static_cast<unsigned long long>(edge.position().step), static_cast<long long>(edge.position().epoch),
-                 static_cast<long long>(edge.position().cursor));
-
+  std::optional<EventEdge> edge;
   int64_t test_images = 0;
-  if (o.data == "fashion-mnist") {
-    std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
-    LabelledImages train = training_data(o), test = load_fashion_mnist(false, o.test_limit);
-    test_images = test.images.shape()[0];
-    edge.set_data(false, std::move(train.images), std::move(train.labels));
-    edge.set_data(true, std::move(test.images), std::move(test.labels));
-  } else {
-    if (o.shard_count > 1) fail("edge", "--shard partitions Fashion-MNIST only; give each edge its own --data folder");
-    std::fprintf(stderr, "loading the data set in %s\n", o.data.c_str());
-    LabelledInputs train = read_tensor_dataset(o.data + "/train.safetensors", graph.inputs(), o.limit);
-    LabelledInputs test = read_tensor_dataset(o.data + "/test.safetensors", graph.inputs(), o.test_limit);
-    test_images = static_cast<int64_t>(test.labels.size());
-    edge.set_data(false, std::move(train.inputs), std::move(train.labels));
-    edge.set_data(true, std::move(test.inputs), std::move(test.labels));
-  }
-  if (o.epochs > 0 && edge.position().epoch > o.epochs)
+  // The run's driver, made afresh after a dropped connection: it resumes from the newest
+  // checkpoint (the cloud holds its own of that step) and reads the data again from disk
+  // (no second copy held meanwhile).
+  const auto make_edge = [&] {
+    edge.reset();
+    edge.emplace(spec, c, [&](std::span<const uint8_t> bytes) { link->send(bytes); },
+                 [&](const EdgeEvent& e) { report.on_event(e); });
+    if (edge->resumed())
+      std::fprintf(stderr, "resuming from the checkpoint of step %llu (epoch %lld, %lld samples in)\n",
+                   static_cast<unsigned long long>(edge->position().step), static_cast<long long>(edge->position().epoch),
+                   static_cast<long long>(edge->position().cursor));
+    if (o.data == "fashion-mnist") {
+      std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
+      LabelledImages train = training_data(o), test = load_fashion_mnist(false, o.test_limit);
+      test_images = test.images.shape()[0];
+      edge->set_data(false, std::move(train.images), std::move(train.labels));
+      edge->set_data(true, std::move(test.images), std::move(test.labels));
+    } else {
+      if (o.shard_count > 1) fail("edge", "--shard partitions Fashion-MNIST only; give each edge its own --data folder");
+      std::fprintf(stderr, "loading the data set in %s\n", o.data.c_str());
+      LabelledInputs train = read_tensor_dataset(o.data + "/train.safetensors", graph.inputs(), o.limit);
+      LabelledInputs test = read_tensor_dataset(o.data + "/test.safetensors", graph.inputs(), o.test_limit);
+      test_images = static_cast<int64_t>(test.labels.size());
+      edge->set_data(false, std::move(train.inputs), std::move(train.labels));
+      edge->set_data(true, std::move(test.inputs), std::move(test.labels));
+    }
+  };
+  make_edge();
+  if (o.epochs > 0 && edge->position().epoch > o.epochs)
     std::fprintf(stderr, "the checkpoint is past the last epoch: nothing left to train\n");
 
   // Hello; then each message the cloud sends drives the run to its end. A cloud at its bound
-  // on connections answers Busy ("try again later"): this edge does, after a backoff.
-  for (int attempt = 1;; ++attempt) {
-    link.emplace(o.host, o.port, o.identity_dir, !o.token.empty());
-    report.attach(edge, *link, microbatches);
-    edge.on_open();
-    while (!edge.finished() && edge.busy().empty()) edge.on_message(link->await(edge.awaiting()));
-    if (edge.finished()) break;
-    link.reset();
-    if (attempt > o.connect_retries) {
-      edge.on_closed(edge.busy());
-      break;
+  // on connections answers Busy ("try again later"): this edge does, after a backoff. A
+  // connection that cannot be made or drops (a restarted cloud, a link down, a silent cloud)
+  // is made again after a backoff, up to --reconnects times in a row, and the run resumes
+  // from the newest checkpoint both sides hold; the cloud's Errors end the run as before.
+  int busy_retries = 0, drops_in_a_row = 0;
+  bool connected = false;  // once: a cloud that cannot be reached at the start ends the run at once
+  uint64_t step_at_reconnect = edge->position().step;
+  for (;;) {
+    std::string dropped;  // why the link failed (CloudLink's Errors only; the run's own propagate)
+    const auto over_link = [&dropped](auto&& step) {
+      try {
+        step();
+        return true;
+      } catch (const Error& e) {
+        dropped = e.what();
+        return false;
+      }
+    };
+    if (over_link([&] { link.emplace(o.host, o.port, o.identity_dir, !o.token.empty()); })) {
+      connected = true;
+      report.attach(*edge, *link, microbatches);
+      edge->on_open();
+      std::optional<Frame> frame;
+      while (!edge->finished() && edge->busy().empty() && over_link([&] { frame = link->await(edge->awaiting()); }))
+        edge->on_message(*frame);
     }
-    const double wait_s = busy_backoff_s(attempt);
-    std::fprintf(stderr, "tandem-edge: %s; trying again in %.1f s (retry %d of %d)\n", edge.busy().c_str(), wait_s,
-                 attempt, o.connect_retries);
+    if (edge->finished()) break;
+    report.detach();
+    link.reset();
+    if (dropped.empty()) {  // Busy
+      if (++busy_retries > o.connect_retries) {
+        edge->on_closed(edge->busy());
+        break;
+      }
+      const double wait_s = busy_backoff_s(busy_retries);
+      std::fprintf(stderr, "tandem-edge: %s; trying again in %.1f s (retry %d of %d)\n", edge->busy().c_str(), wait_s,
+                   busy_retries, o.connect_retries);
+      std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
+      continue;
+    }
+    // A dropped link. Progress since the last reconnection starts the count again.
+    if (!connected) fail("edge", dropped);
+    const uint64_t reached = edge->position().step;
+    if (reached > step_at_reconnect) drops_in_a_row = 0;
+    if (!checkpoints && edge->steps_done() > 0)
+      fail("edge", cat(dropped, ". Without --checkpoint-dir this edge cannot resume after step ", reached,
+                       ": rerun with --checkpoint-dir DIR (and --checkpoint-every STEPS) to have it reconnect and resume "
+                       "by itself"));
+    if (++drops_in_a_row > o.reconnects)
+      fail("edge", cat(dropped, o.reconnects == 0 ? " (--reconnects 0: no reconnection)"
+                                                  : cat(" (gave up after ", o.reconnects, " reconnections in a row "
+                                                        "without progress: --reconnects)")));
+    const double wait_s = busy_backoff_s(drops_in_a_row);
+    std::fprintf(stderr, "\ntandem-edge: %s; reconnecting in %.1f s (attempt %d of %d), then resuming from the newest "
+                 "checkpoint both sides hold\n", dropped.c_str(), wait_s, drops_in_a_row, o.reconnects);
     std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
+    if (edge->said_hello()) {  // a driver that never got to say Hello (no connection) is fresh as it is
+      make_edge();
+      step_at_reconnect = edge->position().step;
+      report.reconnected(reached - std::min(reached, step_at_reconnect));
+    }
   }
-  const std::string anchor = egress.finish(edge.failed() ? "failed" : "done");
+  const std::string anchor = egress.finish(edge->failed() ? "failed" : "done");
   std::fprintf(stderr, "egress log: %s, %llu messages, %llu bytes sent; last hash %s (`tandem audit verify` checks it)\n",
                egress.path().c_str(), static_cast<unsigned long long>(egress.audit().messages()),
                static_cast<unsigned long long>(egress.audit().bytes()), anchor.c_str());
-  if (edge.failed()) return 1;
+  if (edge->failed()) return 1;
   std::printf("final test accuracy: %.2f%% (%lld test images)\n", report.accuracy() * 100.0,
               static_cast<long long>(test_images));
   return 0;

@@ -56,6 +56,10 @@ struct EdgeTrainOptions {
   // How often to say Hello again when the cloud answers Busy (at its bound on connections),
   // after 1, 2, 4 ... up to 30 s (jittered); 0: give up at the first Busy.
   int connect_retries = 8;
+  // After a dropped connection (or one that cannot be made), connect again after 1, 2, 4 ...
+  // up to 30 s (jittered) and resume from the newest checkpoint both sides hold, up to this
+  // many times in a row without progress; 0: the run ends at the first drop.
+  int reconnects = 10;
   std::string client_id = "edge";
 };
 

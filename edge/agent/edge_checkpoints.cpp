@@ -15,6 +15,10 @@ EdgeCheckpoints::EdgeCheckpoints(const std::string& dir, const std::string& iden
 
 std::optional<CheckpointMeta> EdgeCheckpoints::resume(const std::array<uint8_t, 32>& model_hash,
                                                       std::span<Network* const> model, Optimizer& optimizer) {
+  // The folder as it is now: a driver made again after a dropped connection (edge_agent.cpp)
+  // resumes from what was saved since this object was made.
+  if (!read_since_made_) latest_ = store_.load_latest();
+  read_since_made_ = false;
   if (!latest_) return std::nullopt;
   const CheckpointData& d = *latest_;
   if (d.meta.role != "edge" || d.meta.model_hash != model_hash)

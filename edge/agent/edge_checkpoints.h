@@ -20,8 +20,9 @@ class EdgeCheckpoints final : public EdgeCheckpointer {
 
   // The newest checkpoint that decodes, if any (for the cut it was trained with).
   const std::optional<CheckpointData>& latest() const { return latest_; }
-  // Restores latest() into the edge's networks after checking it is for this model and cut;
-  // returns its position, or none when the folder holds no checkpoint.
+  // Restores the newest checkpoint (latest(), read again when a resume came before) into the
+  // edge's networks after checking it is for this model and cut; returns its position, or
+  // none when the folder holds no checkpoint.
   std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>& model_hash, std::span<Network* const> model,
                                        Optimizer& optimizer) override;
   // Whether the step that ends at `step_after` (an epoch's last when `epoch_end`) is saved.
@@ -34,6 +35,7 @@ class EdgeCheckpoints final : public EdgeCheckpointer {
   CheckpointStore store_;
   int64_t every_;
   std::optional<CheckpointData> latest_;
+  bool read_since_made_ = true;  // latest_ is the constructor's reading, not yet used
 };
 
 }  // namespace tandem

@@ -28,6 +28,29 @@ void RunReport::attach(const EventEdge& edge, const CloudLink& link, uint32_t mi
   microbatches_ = microbatches;
 }
 
+void RunReport::detach() {
+  if (link_) {
+    carried_up_ += link_->bytes_up();
+    carried_down_ += link_->bytes_down();
+    carried_idle_ += link_->idle_seconds();
+  }
+  link_ = nullptr;
+  edge_ = nullptr;
+  bar_.reset();
+}
+
+void RunReport::reconnected(uint64_t redone) {
+  ++reconnects_;
+  steps_redone_ += redone;
+  std::fprintf(stderr, "reconnection %d: %llu step%s to train again (%llu over the run)\n", reconnects_,
+               static_cast<unsigned long long>(redone), redone == 1 ? "" : "s",
+               static_cast<unsigned long long>(steps_redone_));
+}
+
+uint64_t RunReport::up() const { return carried_up_ + (link_ ? link_->bytes_up() : 0); }
+uint64_t RunReport::down() const { return carried_down_ + (link_ ? link_->bytes_down() : 0); }
+double RunReport::idle() const { return carried_idle_ + (link_ ? link_->idle_seconds() : 0.0); }
+
 void RunReport::line(const std::string& json) {
   std::printf("%s\n", json.c_str());
   std::fflush(stdout);
@@ -70,9 +93,9 @@ void RunReport::on_event(const EdgeEvent& e) {
       first_ = e.cursor;
       loss_sum_ = 0.0;
       t0_ = Clock::now();
-      up0_ = link_->bytes_up();
-      down0_ = link_->bytes_down();
-      idle0_ = link_->idle_seconds();
+      up0_ = up();
+      down0_ = down();
+      idle0_ = idle();
       return;
     case K::Step:
       loss_sum_ += e.loss * static_cast<double>(e.samples);
@@ -86,9 +109,9 @@ void RunReport::on_event(const EdgeEvent& e) {
       dcor_ = e.dcor;
       tokens_per_sample_ = e.tokens_per_sample;
       seconds_ = std::chrono::duration<double>(Clock::now() - t0_).count();
-      train_up_ = link_->bytes_up() - up0_;
-      train_down_ = link_->bytes_down() - down0_;
-      train_idle_ = link_->idle_seconds() - idle0_;  // training's alone, as seconds_ is
+      train_up_ = up() - up0_;
+      train_down_ = down() - down0_;
+      train_idle_ = idle() - idle0_;  // training's alone, as seconds_ is
       if (bar_) bar_->finish(cat("loss ", fixed(mean_loss_, 4)));
       bar_.reset();
       return;
@@ -108,8 +131,8 @@ void RunReport::on_event(const EdgeEvent& e) {
                ",\"train_loss\":", fixed(mean_loss_, 5), ",\"test_accuracy\":", fixed(e.accuracy, 5),
                ",\"lr\":", fixed(edge_->optimizer().lr(), 6), ",\"wire_dtype\":\"", dtype_name(session.dtype()),
                "\",\"pipeline\":\"", o_.async ? "async" : "sync", "\",\"steps\":", steps, ",\"step\":", e.step, ",\"round\":", e.round,
-               ",\"rounds_joined\":", session.rounds_joined(), ",\"bytes_up\":", link_->bytes_up() - up0_,
-               ",\"bytes_down\":", link_->bytes_down() - down0_, ",\"train_bytes_up\":", train_up_,
+               ",\"rounds_joined\":", session.rounds_joined(), ",\"bytes_up\":", up() - up0_,
+               ",\"bytes_down\":", down() - down0_, ",\"train_bytes_up\":", train_up_,
                ",\"train_bytes_down\":", train_down_, ",\"edge_busy_s\":", fixed(seconds_ - idle, 3),
                ",\"edge_idle_s\":", fixed(idle, 3), ",\"edge_idle_fraction\":", fixed(idle / std::max(seconds_, 1e-9), 4),
                first_grad_ms_ < 0 ? "" : cat(",\"first_grad_ms\":", fixed(first_grad_ms_, 3)),
@@ -118,6 +141,7 @@ void RunReport::on_event(const EdgeEvent& e) {
                // Per step, what the planner predicts (tandem plan): each side's idle time.
                ",\"edge_idle_ms_per_step\":", fixed(idle / static_cast<double>(steps) * 1e3, 3),
                ",\"cloud_idle_ms_per_step\":", fixed(std::max(0.0, seconds_ - epoch_cloud) / static_cast<double>(steps) * 1e3, 3),
+               ",\"reconnects\":", reconnects_, ",\"steps_redone\":", steps_redone_,
                dcor_ < 0 ? "" : cat(",\"nopeek_dcor\":", fixed(dcor_, 4)),
                tokens_per_sample_ < 0 ? "" : cat(",\"tokens_per_sample\":", fixed(tokens_per_sample_, 1)),
                epsilon_ < 0 ? "" : std::isinf(epsilon_) ? ",\"dp_epsilon\":null" : cat(",\"dp_epsilon\":", fixed(epsilon_, 4)),

@@ -22,6 +22,11 @@ class RunReport {
   explicit RunReport(const EdgeTrainOptions& options);
   // The run and its link, once they exist (events before then are not reported).
   void attach(const EventEdge& edge, const CloudLink& link, uint32_t microbatches);
+  // Before the link (or the run's driver) goes: its counters carry over to the next link.
+  void detach();
+  // The agent connected again after a drop and resumed `redone` steps before where it was:
+  // said on stderr and counted in the metrics (reconnects, steps_redone).
+  void reconnected(uint64_t redone);
   void on_event(const EdgeEvent& e);
 
   double accuracy() const { return accuracy_; }
@@ -29,6 +34,10 @@ class RunReport {
  private:
   using Clock = std::chrono::steady_clock;
   void line(const std::string& json);
+  // The run's bytes each way and time waiting on the cloud, over every link it has had.
+  uint64_t up() const;
+  uint64_t down() const;
+  double idle() const;
 
   const EdgeTrainOptions& o_;
   const EventEdge* edge_ = nullptr;
@@ -45,6 +54,10 @@ class RunReport {
   double first_grad_ms_ = -1.0;  // the epoch's median time to a step's first gradient (< 0: none)
   double accuracy_ = 0.0;
   uint64_t up0_ = 0, down0_ = 0, train_up_ = 0, train_down_ = 0;
+  uint64_t carried_up_ = 0, carried_down_ = 0;  // earlier links'
+  double carried_idle_ = 0.0;
+  int reconnects_ = 0;
+  uint64_t steps_redone_ = 0;
   Clock::time_point t0_;
 };
 

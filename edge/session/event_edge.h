@@ -198,6 +198,8 @@ class EventEdge {
   // on a new link; on_closed then fails the run with this reason. Empty otherwise.
   const std::string& busy() const { return busy_; }
   bool failed() const { return state_ == State::Failed; }
+  // Whether on_open has sent this run's Hello (false again after a Busy refusal).
+  bool said_hello() const { return state_ != State::Idle; }
   // The message the run waits for (a blocking pump names it when none comes).
   const char* awaiting() const;
   int64_t steps_done() const { return steps_done_; }
