@@ -70,6 +70,8 @@ int train_command(const CliArgs& args) {
   o.checkpoint_every = args.integer("checkpoint-every", 100, 0);
   o.connect_retries = static_cast<int>(args.integer("connect-retries", 8, 0));
   o.reconnects = static_cast<int>(args.integer("reconnects", 10, 0));
+  o.record_sent = args.str("record-sent", "");
+  o.record_sent_limit = args.integer("record-sent-limit", 1000, 1);
   o.init_from = args.str("init-from", "");
   if (args.has("shard")) {
     const std::string shard = args.str("shard", "");
@@ -207,6 +209,8 @@ void declare_train(Command& c) {
    .option("audit-log", "FILE", "the egress log: every message sent, hash-chained (default IDDIR/egress.jsonl)")
    .option("connect-retries", "N", "Hello again this many times while the cloud is busy (default 8; 0: none)")
    .option("reconnects", "N", "after a dropped connection, reconnect and resume up to N times in a row (default 10)")
+   .option("record-sent", "FILE", "for studies of what leaves: the last epoch's activations as sent, in a safetensors file")
+   .option("record-sent-limit", "N", "with --record-sent: at most N samples, the first sent (default 1000)")
    .option("uplink-mbps", "U", "with --cut auto: the uplink's Mbit/s")
    .option("downlink-mbps", "D", "with --cut auto: the downlink's Mbit/s (default: the uplink's)")
    .option("cloud-gflops", "G", "with --cut auto: the cloud's GFLOP/s (default: measured here)")

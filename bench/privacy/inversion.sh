@@ -3,7 +3,8 @@
 # the Fashion-MNIST sample is split-trained through a local cloud over TLS (K=4, batch 64,
 # EPOCHS epochs, same seed) with the edge's checkpoints on, exported (`tandem export`), and
 # bench/privacy/inversion_attack.py (the curious cloud: front weights, the test split as
-# auxiliary data, a decoder) reconstructs 1000 training images from what the edge sent.
+# auxiliary data, a decoder) reconstructs 1000 training images from what the edge sent (the
+# last epoch's activations as they left the edge, noise and codec applied: --record-sent).
 # Prints each setting's test accuracy, epsilon, SSIM and MSE, beside the mean-image floor.
 # Usage: bash bench/privacy/inversion.sh [EPOCHS] [SETTING...]
 #   SETTING: CUT (no protection), CUT:dp:C:SIGMA[:clean] (clean: --dp-eval clean, the test
@@ -43,6 +44,7 @@ for setting in "${settings[@]}"; do
   esac
   "$bin/edge/tandem-edge" train --cloud "wss://localhost:$port" --identity "$id" --model "$model" --cut "$cut" \
     --epochs "$epochs" --checkpoint-dir "$work/ckpt$n" --checkpoint-every 0 --metrics-json "$work/$n.jsonl" \
+    --record-sent "$work/$n.sent.safetensors" --record-sent-limit 1000 \
     "${protect[@]}" > "$work/$n.out" 2>&1 || fail "training $setting: $(tail -3 "$work/$n.out")"
   edge_ckpt=$(ls "$work/ckpt$n"/edge-*.tdmc | tail -1)
   cloud_ckpt=$(ls "$work/state/checkpoints/bench$n"/cloud-*.tdmc | tail -1)
@@ -50,7 +52,7 @@ for setting in "${settings[@]}"; do
     --out "$work/$n.safetensors" > /dev/null
   accuracy=$(tail -1 "$work/$n.jsonl" | grep -o '"test_accuracy":[0-9.]*' | cut -d: -f2)
   epsilon=$(tail -1 "$work/$n.jsonl" | grep -o '"dp_epsilon":[0-9.]*' | cut -d: -f2 || true)
-  /usr/bin/python3 bench/privacy/inversion_attack.py "$model" "$work/$n.safetensors" "$cut" "${attack[@]}" \
+  /usr/bin/python3 bench/privacy/inversion_attack.py "$model" "$work/$n.safetensors" "$cut" "$work/$n.sent.safetensors" "${attack[@]}" \
     --label "$setting" | sed "s/}\$/,\"test_accuracy\":$accuracy,\"epsilon\":${epsilon:-null},\"epochs\":$epochs}/" |
     tee -a "$work/results.jsonl"
 done

@@ -7,10 +7,12 @@ cloud receives them every round; elsewhere this is the strongest attacker) and a
 of the same kind (the Fashion-MNIST test split). It trains a decoder on (front(aux), aux),
 with the same clipping and noise the edge applies when the run used DP (the mechanism and its
 parameters are public), and applies it to what the edge sent for training images it never
-saw. Reports the reconstructions' SSIM and MSE against the true images, beside a floor: the
-aux set's mean image offered as every reconstruction.
+saw: the rows of SENT (tandem-edge --record-sent: the last epoch's activations as they left,
+with the edge's own noise and wire codec, and each row's training-set index). Reports the
+reconstructions' SSIM and MSE against the true images, beside a floor: the aux set's mean
+image offered as every reconstruction.
 
-usage: inversion_attack.py SPEC WEIGHTS CUT [--dp-clip C --dp-noise SIGMA] [--aux N]
+usage: inversion_attack.py SPEC WEIGHTS CUT SENT [--dp-clip C --dp-noise SIGMA] [--aux N]
                            [--targets N] [--epochs E] [--label NAME]
 Prints a JSON line; exit 77 (skip) without torch.
 """
@@ -64,7 +66,7 @@ def released(z, clip, sigma, gen):
 
 def main():
     p = argparse.ArgumentParser()
-    p.add_argument("spec"), p.add_argument("weights"), p.add_argument("cut")
+    p.add_argument("spec"), p.add_argument("weights"), p.add_argument("cut"), p.add_argument("sent")
     p.add_argument("--dp-clip", type=float, default=0.0)
     p.add_argument("--dp-noise", type=float, default=0.0)
     p.add_argument("--aux", type=int, default=10000)
@@ -80,11 +82,18 @@ def main():
     front.load_state_dict(load_safetensors(a.weights), strict=True)
     front.output = a.cut  # run the graph up to the cut: what the edge computes
     front.eval()
-    aux, target = images("t10k-images-idx3-ubyte.gz", a.aux), images("train-images-idx3-ubyte.gz", a.targets)
+    sent = load_safetensors(a.sent)
+    samples = sent["samples"].long()[:a.targets]
+    z_target = sent["activations"].float()[:a.targets]
+    if len(samples) < a.targets:
+        sys.exit(f"FAIL: {a.sent} holds {len(samples)} sent samples, fewer than --targets {a.targets}")
+    aux = images("t10k-images-idx3-ubyte.gz", a.aux)
+    target = images("train-images-idx3-ubyte.gz", int(samples.max()) + 1)[samples]
     with torch.no_grad():
         z_aux = front(aux).reshape(a.aux, -1)
-        z_target = released(front(target), a.dp_clip, a.dp_noise, gen).reshape(a.targets, -1)
     width = z_aux.shape[1]
+    if z_target.shape[1] != width:
+        sys.exit(f"FAIL: the sent rows hold {z_target.shape[1]} values, the front's cut {width}")
     decoder = torch.nn.Sequential(torch.nn.Linear(width, 512), torch.nn.ReLU(), torch.nn.Linear(512, 512),
                                   torch.nn.ReLU(), torch.nn.Linear(512, 784), torch.nn.Sigmoid())
     opt = torch.optim.Adam(decoder.parameters(), lr=1e-3)

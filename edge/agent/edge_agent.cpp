@@ -18,6 +18,7 @@
 #include "edge/agent/cloud_link.h"
 #include "edge/agent/edge_checkpoints.h"
 #include "edge/agent/run_report.h"
+#include "edge/agent/sent_record.h"
 #include "edge/session/event_edge.h"
 #include "ports/files/safetensors_file.h"
 #include "ports/files/tensor_dataset.h"
@@ -124,6 +125,14 @@ int train_over_wss(const EdgeTrainOptions& o) {
   c.privacy = o.privacy;
   c.init_front = [&o](const Graph& whole, Network& front) { init_front(o, whole, front); };
   if (checkpoints) c.checkpoints = &*checkpoints;
+  std::optional<SentRecord> sent;
+  if (!o.record_sent.empty()) {
+    if (o.epochs < 1) fail("edge", "--record-sent records the last epoch's activations: give --epochs 1 or more");
+    sent.emplace(o.record_sent, o.epochs, o.record_sent_limit);
+    c.on_training_forward = [&sent](int64_t epoch, std::span<const int64_t> samples, std::span<const uint8_t> message) {
+      sent->on_forward(epoch, samples, message);
+    };
+  }
   EgressLogFile egress(o.audit_log.empty() ? o.identity_dir + "/egress.jsonl" : o.audit_log);
   c.audit = &egress.audit();
 
@@ -230,6 +239,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
                egress.path().c_str(), static_cast<unsigned long long>(egress.audit().messages()),
                static_cast<unsigned long long>(egress.audit().bytes()), anchor.c_str());
   if (edge->failed()) return 1;
+  if (sent) sent->write();
   std::printf("final test accuracy: %.2f%% (%lld test images)\n", report.accuracy() * 100.0,
               static_cast<long long>(test_images));
   return 0;

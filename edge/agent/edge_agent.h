@@ -60,6 +60,10 @@ struct EdgeTrainOptions {
   // up to 30 s (jittered) and resume from the newest checkpoint both sides hold, up to this
   // many times in a row without progress; 0: the run ends at the first drop.
   int reconnects = 10;
+  // The last epoch's training activations as sent, with their samples' indices, written here
+  // at the run's end (edge/agent/sent_record.h), at most record_sent_limit samples. Empty: none.
+  std::string record_sent;
+  int64_t record_sent_limit = 1000;
   std::string client_id = "edge";
 };
 

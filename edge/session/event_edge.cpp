@@ -12,6 +12,7 @@
 #include "core/graph.h"
 #include "core/length_buckets.h"
 #include "core/privacy/rdp_accountant.h"
+#include "core/microbatch.h"
 #include "data/epoch_order.h"
 
 namespace tandem {
@@ -491,7 +492,14 @@ void EventEdge::start_step() {
   const int k = session_->begin_step(b.inputs, b.labels.data(), lr_factor(schedule_, static_cast<int64_t>(number)), b.saves);
   // Every activation leaves as soon as it is computed; gradients are applied as they come.
   for (int mb = 0; mb < k; ++mb) {
-    send_(session_->forward(mb));
+    const std::span<const uint8_t> forward = session_->forward(mb);
+    if (config_.on_training_forward) {
+      const MicrobatchRange r = microbatch_range(count, k, mb);
+      config_.on_training_forward(position_.epoch, std::span(order_).subspan(static_cast<std::size_t>(begin + r.begin),
+                                                                              static_cast<std::size_t>(r.count)),
+                                  forward);
+    }
+    send_(forward);
     if (mb == 0) {
       b.sent = std::chrono::steady_clock::now();
       b.awaiting_first_grad = true;

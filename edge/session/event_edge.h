@@ -129,6 +129,10 @@ struct EventEdgeConfig {
   // summary is the owner's EgressAudit::finish).
   EgressAudit* audit = nullptr;
   EdgePrivacy privacy;  // noise on the cut and NoPeek: none by default
+  // Each training Forward as it leaves (noise and wire codec applied): its epoch, the
+  // training-set indices of its samples in order, and the message's bytes. For tests and
+  // benchmarks that study what a cloud receives (tandem-edge --record-sent).
+  std::function<void(int64_t epoch, std::span<const int64_t> samples, std::span<const uint8_t> message)> on_training_forward;
 };
 
 // What happened, for a page (json()) or a terminal (the fields).

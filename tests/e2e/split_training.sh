@@ -53,6 +53,29 @@ grep -q "does NOT verify: line 5: its text does not give its hash: the line was 
   fail "edited log: $(cat "$work/edited.out")"
 echo "egress log: verifies, $(grep -c . "$work/a/egress.jsonl") lines; an edited line is caught"
 
+# --record-sent: the last epoch's activations as they left (bf16 on the wire here), each row
+# with its sample's index: 100 rows of the cut's 3136 values, distinct samples of the 320
+# trained, every value one a bf16 holds (the codec applied, as the cloud received it).
+train recorded "$work/a" --limit 320 --test-limit 10 --wire-dtype bf16 --record-sent "$work/sent.safetensors" \
+  --record-sent-limit 100 || fail "--record-sent: $(tail -3 "$work/recorded.out")"
+/usr/bin/python3 - "$work/sent.safetensors" <<'PY' || fail "--record-sent's file"
+import json, struct, sys
+import numpy as np
+raw = open(sys.argv[1], "rb").read()
+(n,) = struct.unpack("<Q", raw[:8])
+header = json.loads(raw[8:8 + n])
+def tensor(name, dtype):
+    b, e = header[name]["data_offsets"]
+    return np.frombuffer(raw[8 + n + b:8 + n + e], dtype=dtype).reshape(header[name]["shape"])
+rows, samples = tensor("activations", np.float32), tensor("samples", np.int64)
+assert rows.shape == (100, 3136), rows.shape
+assert len(set(samples.tolist())) == 100 and samples.min() >= 0 and samples.max() < 320, samples
+assert not (rows.view(np.uint32) & 0xFFFF).any(), "values a bf16 cannot hold"
+assert np.abs(rows).sum() > 0 and np.isfinite(rows).all()
+assert header["__metadata__"]["epoch"] == "1"
+print("--record-sent: 100 rows of 3136 bf16 values, distinct samples")
+PY
+
 # Another cut: another model hash; refused in the cloud's words.
 if train wrongcut "$work/a" --cut pool1 --limit 64 --test-limit 10; then fail "an edge with another cut trained"; fi
 grep -q "the cloud refused: the edge's model spec or cut differs from the cloud's" "$work/wrongcut.out" ||

@@ -1,0 +1,51 @@
+#include "edge/agent/sent_record.h"
+
+#include <cstdio>
+
+#include "core/error.h"
+#include "core/interop/safetensors.h"
+#include "core/wire/frame.h"
+#include "core/wire/tensor_codec.h"
+#include "ports/files/atomic_file.h"
+
+namespace tandem {
+
+SentRecord::SentRecord(std::string path, int64_t epoch, int64_t limit)
+    : path_(std::move(path)), epoch_(epoch), limit_(limit) {}
+
+void SentRecord::on_forward(int64_t epoch, std::span<const int64_t> samples, std::span<const uint8_t> message) {
+  if (epoch != epoch_ || static_cast<int64_t>(samples_.size()) >= limit_) return;
+  WireError error;
+  const Frame frame = Frame::copy_of(message.data(), message.size());
+  const wire::Message* m = verify_frame(frame, kDefaultMaxMessageBytes, error);
+  if (!m || m->payload_type() != wire::Payload::Forward || !m->payload_as_Forward()->activations())
+    fail("edge", cat("--record-sent: a training message that is not a Forward with activations (", error.text, ")"));
+  const wire::TensorMsg& t = *m->payload_as_Forward()->activations();
+  const auto n = static_cast<int64_t>(samples.size());
+  int64_t count = 1;
+  if (t.shape())
+    for (const int64_t d : *t.shape()) count *= d;
+  if (n == 0 || count % n != 0) fail("edge", cat("--record-sent: ", count, " values for ", n, " samples"));
+  if (width_ < 0) width_ = count / n;
+  if (count / n != width_) fail("edge", cat("--record-sent: ", count / n, " values a sample after ", width_));
+  std::vector<float> values(static_cast<std::size_t>(count));
+  std::string why;
+  if (!t.data() || !decode_tensor(t.dtype(), t.data()->data(), count, t.scale(), values.data(), why))
+    fail("edge", cat("--record-sent: ", why));
+  const int64_t keep = std::min(n, limit_ - static_cast<int64_t>(samples_.size()));
+  rows_.insert(rows_.end(), values.begin(), values.begin() + keep * width_);
+  samples_.insert(samples_.end(), samples.begin(), samples.begin() + keep);
+}
+
+void SentRecord::write() const {
+  const auto n = static_cast<int64_t>(samples_.size());
+  const std::vector<uint8_t> file = write_safetensors(
+      {f32_tensor("activations", {n, std::max<int64_t>(width_, 0)}, rows_.data()),
+       i64_tensor("samples", {n}, samples_.data())},
+      {{"epoch", std::to_string(epoch_)}});
+  write_file_atomic(path_, file);
+  std::fprintf(stderr, "--record-sent: %lld samples of epoch %lld as sent (%lld values each) in %s\n",
+               static_cast<long long>(n), static_cast<long long>(epoch_), static_cast<long long>(width_), path_.c_str());
+}
+
+}  // namespace tandem
