@@ -8,9 +8,10 @@
 # that never speak (TLS or Hello) are closed at their deadlines, and the bounds on connections
 # without Hello and on all connections answer with a Busy Error; the sessions' memory, estimated
 # at Hello, refuses a session that cannot fit (NoRoom) and answers one that cannot fit now Busy.
-# Usage: hardening.sh BUILD_DIR SOURCE_DIR
+# Usage: hardening.sh BUILD_DIR SOURCE_DIR [SAMPLES] (the longer runs' samples, default 6400;
+# the sanitizer build gives fewer: the checks need the runs under way, not long)
 set -euo pipefail
-build=$1 src=$2
+build=$1 src=$2 samples=${3:-6400}
 cloud_bin=$build/cloud/tandem-cloud edge_bin=$build/edge/tandem-edge
 model=$src/samples/fashion-mnist/model.json
 work=$(mktemp -d)
@@ -40,8 +41,8 @@ start_cloud cloud
 # Metrics: scraped during one edge's run and after it, against what the edge did.
 [[ $(scrape /healthz) == ok ]] || fail "/healthz did not answer ok"
 # The edge is stopped (SIGSTOP) once it has stepped, so "during the run" is not a race with a
-# fast machine finishing the run first; its 100 steps leave time to stop it.
-train counted "$work/hospital-c" --epochs 1 --limit 6400 --test-limit 200 & pc=$!
+# fast machine finishing the run first; its SAMPLES / 64 steps leave time to stop it.
+train counted "$work/hospital-c" --epochs 1 --limit "$samples" --test-limit 200 & pc=$!
 for _ in $(seq 1 100); do [[ $(metric tandem_steps_total) -ge 1 ]] && break; sleep 0.1; done
 kill -STOP $pc
 open_during=$(metric tandem_sessions_open)
@@ -52,18 +53,18 @@ for _ in $(seq 1 50); do [[ $(metric tandem_sessions_closed_total) == 1 ]] && br
 steps=$(tail -1 "$work/counted.jsonl" | grep -o '"steps":[0-9]*' | cut -d: -f2)
 up=$(tail -1 "$work/counted.jsonl" | grep -o '"bytes_up":[0-9]*' | cut -d: -f2)
 [[ $(metric tandem_steps_total) == "$steps" ]] || fail "tandem_steps_total $(metric tandem_steps_total), the edge made $steps steps"
-[[ $(metric tandem_samples_total) == 6400 ]] || fail "tandem_samples_total $(metric tandem_samples_total), not 6400"
+[[ $(metric tandem_samples_total) == "$samples" ]] || fail "tandem_samples_total $(metric tandem_samples_total), not $samples"
 [[ $(metric tandem_sessions_opened_total) == 1 && $(metric tandem_sessions_closed_total) == 1 ]] ||
   fail "sessions opened $(metric tandem_sessions_opened_total), closed $(metric tandem_sessions_closed_total), not 1 and 1"
 received=$(metric tandem_received_bytes_total)
 awk -v r="$received" -v u="$up" 'BEGIN { exit !(r >= u && u > 0) }' || fail "received $received bytes, the edge sent $up"
 awk -v b="$(metric tandem_compute_busy_seconds_total)" 'BEGIN { exit !(b > 0) }' || fail "no compute busy time"
 scrape /metrics | grep -q '^# TYPE tandem_steps_total counter$' || fail "no TYPE line for tandem_steps_total"
-echo "metrics: $steps steps, 6400 samples, $received bytes received (the edge sent $up), sessions 1 opened and closed"
+echo "metrics: $steps steps, $samples samples, $received bytes received (the edge sent $up), sessions 1 opened and closed"
 
 # Revocation of a live session: hospital-a trains long, hospital-b beside it; a is revoked.
 train long "$work/hospital-a" --epochs 20 --limit 3200 --test-limit 100 & pa=$!
-train beside "$work/hospital-b" --epochs 1 --limit 3200 --test-limit 200 & pb=$!
+train beside "$work/hospital-b" --epochs 1 --limit $((samples / 2)) --test-limit 200 & pb=$!
 for _ in $(seq 1 200); do grep -q "session .*(hospital-a)\|edge 'hospital-a' connected" "$work/cloud.log" && \
   [[ $(metric tandem_steps_total) -ge $((steps + 5)) ]] && break; sleep 0.1; done
 revoked_at=$(date +%s.%N)
@@ -172,7 +173,7 @@ for c in hospital-d hospital-e; do
 done
 # The first edge is stopped (SIGSTOP) once its session holds its memory, so the second's
 # Hello meets it whatever the machine's speed; it goes on once the second was answered Busy.
-train first "$work/hospital-d" --limit 6400 --test-limit 100 &
+train first "$work/hospital-d" --limit "$samples" --test-limit 100 &
 first_pid=$!
 pids+=("$first_pid")
 for _ in $(seq 1 100); do [[ $(metric tandem_session_memory_bytes) -gt 0 ]] && break; sleep 0.05; done

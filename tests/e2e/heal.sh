@@ -70,12 +70,7 @@ redone=$(tail -1 "$work/healed.jsonl" | grep -o '"steps_redone":[0-9]*' | cut -d
   fail "the edge did not say it was reconnecting: $(grep -c reconnecting "$work/edge.out") times"
 grep -E "^reconnection [0-9]+:|^resuming from" "$work/edge.out" || true
 echo "the edge finished by itself: $reconnects reconnects, $redone steps trained again"
-for run in straight healed; do
-  "$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt-$run/edge-$final.tdmc" --identity "$work/id-$run" \
-    --cloud-ckpt "$work/state/checkpoints/$run/cloud-$final.tdmc" --out "$work/$run.safetensors" > /dev/null ||
-    fail "export of the $run run"
-done
-cmp "$work/straight.safetensors" "$work/healed.safetensors" || fail "the healed run's weights differ from the uninterrupted run's"
+same_final_weights straight healed "$final"
 echo "final weights equal the uninterrupted run's, byte for byte"
 
 # --reconnects 0: the first drop ends the run, in the link's words and the option's.

@@ -54,3 +54,16 @@ stop_started() {
   done
   wait 2> /dev/null || true
 }
+
+# same_final_weights RUN_A RUN_B STEP: exports each run's edge and cloud checkpoints of STEP
+# (edge: $work/ckpt-RUN, identity $work/id-RUN; cloud: $work/state/checkpoints/RUN) with
+# tandem export, and fails unless the two files are byte-identical.
+same_final_weights() {
+  local run
+  for run in "$1" "$2"; do
+    "$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt-$run/edge-$3.tdmc" --identity "$work/id-$run" \
+      --cloud-ckpt "$work/state/checkpoints/$run/cloud-$3.tdmc" --out "$work/$run.safetensors" > /dev/null ||
+      fail "export of the $run run"
+  done
+  cmp "$work/$1.safetensors" "$work/$2.safetensors" || fail "the $2 run's weights differ from the $1 run's"
+}

@@ -18,6 +18,7 @@ work=$(mktemp -d)
 cleanup() { kill -9 ${cloud_pid:-} ${edge_pid:-} 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
 trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- cloud log"; tail -20 "$work/cloud.log"; echo "--- edge log"; tail -5 "$work/edge.out"; exit 1; }
+source "$src/tests/e2e/lib.sh"  # same_final_weights
 RANDOM=${TANDEM_TEST_SEED:-$$}
 
 port=0
@@ -89,12 +90,7 @@ echo "$edge_kills edge kills, $cloud_kills cloud kills, $restarts edge starts"
 ((edge_kills == kills_each && cloud_kills == kills_each)) || fail "the run ended before $kills_each kills of each"
 grep -c "resuming from the checkpoint of step" "$work/edge.out" | xargs echo "resumed starts:"
 
-for run in straight resumed; do
-  "$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt-$run/edge-$final.tdmc" --identity "$work/id-$run" \
-    --cloud-ckpt "$work/state/checkpoints/$run/cloud-$final.tdmc" --out "$work/$run.safetensors" > /dev/null ||
-    fail "export of the $run run"
-done
-cmp "$work/straight.safetensors" "$work/resumed.safetensors" || fail "the resumed run's weights differ"
+same_final_weights straight resumed "$final"
 echo "final weights of the interrupted run equal the uninterrupted run's, byte for byte"
 
 # A bit flipped in the edge's newest checkpoint: refused with the reason, the one before is

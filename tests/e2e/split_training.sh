@@ -4,9 +4,10 @@
 # edge with an enrolment token instead of a certificate trains once; an edge with another cut
 # is refused with the cloud's words, one with another CA's identity cannot connect, and the
 # service keeps serving throughout.
-# Usage: split_training.sh BUILD_DIR SOURCE_DIR
+# Usage: split_training.sh BUILD_DIR SOURCE_DIR [EPOCHS SAMPLES MIN_ACCURACY]
+# (default 2 epochs of 3200 samples for each edge, 0.70; the sanitizer build trains less, no bar)
 set -euo pipefail
-build=$1 src=$2
+build=$1 src=$2 epochs=${3:-2} samples=${4:-3200} min_acc=${5:-0.70}
 cloud_bin=$build/cloud/tandem-cloud edge_bin=$build/edge/tandem-edge
 model=$src/samples/fashion-mnist/model.json
 work=$(mktemp -d)
@@ -25,14 +26,14 @@ train() {  # train NAME IDDIR EXTRA... : runs an edge, output in $work/NAME.out
     --metrics-json "$work/$name.jsonl" "$@" > "$work/$name.out" 2>&1
 }
 
-# Two edges at the same time, 2 epochs on 3200 samples each.
-train a "$work/a" --epochs 2 --limit 3200 --test-limit 2000 & pa=$!
-train b "$work/b" --epochs 2 --limit 3200 --test-limit 2000 --seed 2 & pb=$!
+# Two edges at the same time, EPOCHS epochs on SAMPLES samples each.
+train a "$work/a" --epochs "$epochs" --limit "$samples" --test-limit 2000 & pa=$!
+train b "$work/b" --epochs "$epochs" --limit "$samples" --test-limit 2000 --seed 2 & pb=$!
 wait $pa || fail "edge a: $(tail -3 "$work/a.out")"
 wait $pb || fail "edge b: $(tail -3 "$work/b.out")"
 for e in a b; do
   acc=$(tail -1 "$work/$e.jsonl" | grep -o '"test_accuracy":[0-9.]*' | cut -d: -f2)
-  awk -v a="$acc" 'BEGIN { exit !(a >= 0.70) }' || fail "edge $e reached test accuracy $acc (< 0.70)"
+  awk -v a="$acc" -v m="$min_acc" 'BEGIN { exit !(a >= m) }' || fail "edge $e reached test accuracy $acc (< $min_acc)"
   for key in epoch samples_per_s train_loss test_accuracy steps bytes_up bytes_down train_bytes_up train_bytes_down edge_busy_s edge_idle_s cloud_busy_s cloud_idle_s; do
     grep -q "\"$key\":" "$work/$e.jsonl" || fail "metrics of edge $e lack $key"
   done
@@ -142,4 +143,4 @@ stop_cloud "$any_pid"
 grep -q "cut '$(echo "$planned" | sed 's/.*cut=\([^ ]*\).*/\1/')': 10 steps" "$work/any.log" ||
   fail "the cloud did not train the planned cut: $(cat "$work/any.log")"
 echo "edge with --cut auto: $planned, trained by a --cut any cloud"
-echo "PASS: two concurrent edges above 70%, a token edge, refusals clear, the service kept serving, --cut auto on a cloud with --threads 2"
+echo "PASS: two concurrent edges at or above accuracy $min_acc, a token edge, refusals clear, the service kept serving, --cut auto on a cloud with --threads 2"
