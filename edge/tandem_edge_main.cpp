@@ -210,7 +210,7 @@ void declare_train(Command& c) {
    .option("connect-retries", "N", "Hello again this many times while the cloud is busy (default 8; 0: none)")
    .option("reconnects", "N", "after a dropped connection, reconnect and resume up to N times in a row (default 10)")
    .option("record-sent", "FILE", "for studies of what leaves: the last epoch's activations as sent, in a safetensors file")
-   .option("record-sent-limit", "N", "with --record-sent: at most N samples, the first sent (default 1000)")
+   .option("record-sent-limit", "N", "with --record-sent: the last N samples sent (default 1000)")
    .option("uplink-mbps", "U", "with --cut auto: the uplink's Mbit/s")
    .option("downlink-mbps", "D", "with --cut auto: the downlink's Mbit/s (default: the uplink's)")
    .option("cloud-gflops", "G", "with --cut auto: the cloud's GFLOP/s (default: measured here)")

@@ -4,6 +4,7 @@
 #include <gtest/gtest.h>
 
 #include <cmath>
+#include <cstring>
 #include <deque>
 #include <map>
 #include <sstream>
@@ -81,6 +82,12 @@ struct Harness {
     cc.authorize = std::move(authorize);
     cc.checkpoints = &cloud_checkpoints;
     cloud = std::make_unique<CloudSession>(shard, cc);
+    make_edge(config);
+  }
+
+  // The run's driver (again: the browser's after a lost link, from its checkpoint in memory).
+  void make_edge(const EventEdgeConfig& config) {
+    edge.reset();
     edge = std::make_unique<EventEdge>(
         spec, config,
         [this](std::span<const uint8_t> b) {
@@ -545,6 +552,76 @@ TEST(EventEdge, BusyCloudLeavesTheRunReadyToSayHelloAgain) {
   gave_up.edge->on_closed("the connection closed (code 1000)");
   EXPECT_TRUE(gave_up.edge->failed());
   EXPECT_EQ(gave_up.events.back(), R"j({"event":"error","text":"the cloud refused: )j" + why + R"j("})j");
+}
+
+// The newest front checkpoint kept in memory, every `every` steps.
+struct NewestCheckpoint final : EdgeCheckpointer {
+  explicit NewestCheckpoint(uint64_t every) : every(every) {}
+  uint64_t every, step = 0;
+  std::vector<uint8_t> bytes;
+  std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>&, std::span<Network* const> model,
+                                       Optimizer& optimizer) override {
+    if (bytes.empty()) return std::nullopt;
+    const CheckpointData d = decode_checkpoint(bytes);
+    restore_checkpoint(d, model, &optimizer);
+    return d.meta;
+  }
+  bool due(uint64_t step_after, bool epoch_end) const override { return epoch_end || step_after % every == 0; }
+  void save(const CheckpointMeta& position, std::span<Network* const> model, Optimizer& optimizer) override {
+    bytes = encode_checkpoint(position, model, &optimizer);
+    step = position.step;
+  }
+};
+
+// A link lost in the middle of a step (what tandem-edge's agent does then, edge_agent.cpp):
+// the driver made again resumes from the newest checkpoint, the cloud's new session from its
+// own of that step, and the run ends on the weights of a run never interrupted, bit for bit.
+TEST(EventEdge, MadeAgainAfterALostLinkItEndsOnTheUninterruptedWeights) {
+  const Pixels train = pixels(256, 1), test = pixels(64, 2);
+  NewestCheckpoint straight_checkpoints(5), healed_checkpoints(5);
+  EventEdgeConfig c = config(24);
+  c.checkpoints = &straight_checkpoints;
+  Harness straight(c);
+  straight.train_on(train, test);
+  ASSERT_FALSE(straight.edge->failed()) << straight.events.back();
+
+  c.checkpoints = &healed_checkpoints;
+  Harness healed(c);
+  healed.edge->set_data(false, train.bytes.data(), train.labels.data(), 256, 8, 8);
+  healed.edge->set_data(true, test.bytes.data(), test.labels.data(), 64, 8, 8);
+  healed.edge->on_open();
+  // Steps to 12, and two of step 13's gradients: then the link is gone.
+  int gradients_of_13 = 0;
+  while (!healed.to_edge.empty() && gradients_of_13 < 2) {
+    const std::vector<uint8_t> m = std::move(healed.to_edge.front());
+    healed.to_edge.pop_front();
+    healed.edge->on_message(Frame::copy_of(m.data(), m.size()));
+    gradients_of_13 += healed.edge->steps_done() == 12 &&
+                       wire::GetMessage(m.data())->payload_type() == wire::Payload::Backward;
+  }
+  ASSERT_EQ(healed.edge->steps_done(), 12);
+  ASSERT_FALSE(healed_checkpoints.bytes.empty());
+  healed.reconnect();
+  EventEdgeConfig again = c;
+  again.steps = 24 - static_cast<int64_t>(healed_checkpoints.step);  // config.steps counts a driver's own
+  healed.make_edge(again);
+  ASSERT_TRUE(healed.edge->resumed());
+  EXPECT_EQ(healed.edge->position().step, 10u);  // the newest checkpoint (every 5 steps)
+  healed.train_on(train, test);
+  ASSERT_FALSE(healed.edge->failed()) << healed.events.back();
+  EXPECT_EQ(healed.cloud->step(), 24u);
+  const auto& want_front = straight.edge->front().all_params();
+  const auto& got_front = healed.edge->front().all_params();
+  ASSERT_EQ(got_front.size(), want_front.size());
+  for (std::size_t i = 0; i < want_front.size(); ++i) {
+    const Tensor &want = want_front[i]->value(), &got = got_front[i]->value();
+    ASSERT_EQ(got.bytes(), want.bytes());
+    EXPECT_EQ(std::memcmp(got.data(), want.data(), got.bytes()), 0) << "edge " << want_front[i]->name();
+  }
+  for (Param* p : straight.back.params()) {
+    const Tensor& got = healed.back.param(p->name()).value();
+    EXPECT_EQ(std::memcmp(got.data(), p->value().data(), got.bytes()), 0) << "cloud " << p->name();
+  }
 }
 
 TEST(EventEdge, LostLinkEndsTheRunWithTheReason) {

@@ -61,7 +61,7 @@ struct EdgeTrainOptions {
   // many times in a row without progress; 0: the run ends at the first drop.
   int reconnects = 10;
   // The last epoch's training activations as sent, with their samples' indices, written here
-  // at the run's end (edge/agent/sent_record.h), at most record_sent_limit samples. Empty: none.
+  // at the run's end (edge/agent/sent_record.h): its last record_sent_limit samples. Empty: none.
   std::string record_sent;
   int64_t record_sent_limit = 1000;
   std::string client_id = "edge";

@@ -1,5 +1,6 @@
 #include "edge/agent/sent_record.h"
 
+#include <algorithm>
 #include <cstdio>
 
 #include "core/error.h"
@@ -14,7 +15,7 @@ SentRecord::SentRecord(std::string path, int64_t epoch, int64_t limit)
     : path_(std::move(path)), epoch_(epoch), limit_(limit) {}
 
 void SentRecord::on_forward(int64_t epoch, std::span<const int64_t> samples, std::span<const uint8_t> message) {
-  if (epoch != epoch_ || static_cast<int64_t>(samples_.size()) >= limit_) return;
+  if (epoch != epoch_) return;
   WireError error;
   const Frame frame = Frame::copy_of(message.data(), message.size());
   const wire::Message* m = verify_frame(frame, kDefaultMaxMessageBytes, error);
@@ -32,16 +33,30 @@ void SentRecord::on_forward(int64_t epoch, std::span<const int64_t> samples, std
   std::string why;
   if (!t.data() || !decode_tensor(t.dtype(), t.data()->data(), count, t.scale(), values.data(), why))
     fail("edge", cat("--record-sent: ", why));
-  const int64_t keep = std::min(n, limit_ - static_cast<int64_t>(samples_.size()));
-  rows_.insert(rows_.end(), values.begin(), values.begin() + keep * width_);
-  samples_.insert(samples_.end(), samples.begin(), samples.begin() + keep);
+  if (rows_.empty()) {
+    rows_.resize(static_cast<std::size_t>(limit_ * width_));
+    samples_.resize(static_cast<std::size_t>(limit_));
+  }
+  for (int64_t i = 0; i < n; ++i, ++seen_) {
+    const int64_t at = seen_ % limit_;
+    std::copy_n(values.data() + i * width_, width_, rows_.data() + at * width_);
+    samples_[static_cast<std::size_t>(at)] = samples[static_cast<std::size_t>(i)];
+  }
 }
 
 void SentRecord::write() const {
-  const auto n = static_cast<int64_t>(samples_.size());
+  // The ring in the order sent: from the oldest kept.
+  const int64_t n = std::min(seen_, limit_), first = seen_ > limit_ ? seen_ % limit_ : 0;
+  const int64_t width = std::max<int64_t>(width_, 0);
+  std::vector<float> rows(static_cast<std::size_t>(n * width));
+  std::vector<int64_t> samples(static_cast<std::size_t>(n));
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t at = (first + i) % limit_;
+    std::copy_n(rows_.data() + at * width, width, rows.data() + i * width);
+    samples[static_cast<std::size_t>(i)] = samples_[static_cast<std::size_t>(at)];
+  }
   const std::vector<uint8_t> file = write_safetensors(
-      {f32_tensor("activations", {n, std::max<int64_t>(width_, 0)}, rows_.data()),
-       i64_tensor("samples", {n}, samples_.data())},
+      {f32_tensor("activations", {n, width}, rows.data()), i64_tensor("samples", {n}, samples.data())},
       {{"epoch", std::to_string(epoch_)}});
   write_file_atomic(path_, file);
   std::fprintf(stderr, "--record-sent: %lld samples of epoch %lld as sent (%lld values each) in %s\n",

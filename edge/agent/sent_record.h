@@ -1,6 +1,7 @@
-// tandem-edge --record-sent FILE: the training activations this edge sent in its run's last
-// epoch, as the cloud received them (cut noise and the wire codec applied), decoded to f32,
-// with the training-set index of each sample: a safetensors file with "activations"
+// tandem-edge --record-sent FILE: the training activations this edge sent at the end of its
+// run's last epoch (the last N samples: those the final weights computed, the strongest case
+// for an attacker holding them), as the cloud received them (cut noise and the wire codec
+// applied), decoded to f32, with the training-set index of each sample: a safetensors file with "activations"
 // [n, values] (F32) and "samples" [n] (I64). For tests and benchmarks that study what leaves
 // the edge (bench/privacy/inversion.sh attacks these rows, not activations it recomputes).
 #pragma once
@@ -14,7 +15,7 @@ namespace tandem {
 
 class SentRecord {
  public:
-  // Keeps at most `limit` samples (the first sent) of epoch `epoch`.
+  // Keeps the last `limit` samples sent in epoch `epoch`.
   SentRecord(std::string path, int64_t epoch, int64_t limit);
   // EventEdgeConfig::on_training_forward. Throws Error on a message it cannot read (its own).
   void on_forward(int64_t epoch, std::span<const int64_t> samples, std::span<const uint8_t> message);
@@ -25,8 +26,10 @@ class SentRecord {
   std::string path_;
   int64_t epoch_, limit_;
   int64_t width_ = -1;  // values a sample
+  // A ring of `limit` rows: `seen_` samples so far, the oldest kept at seen_ % limit once full.
   std::vector<float> rows_;
   std::vector<int64_t> samples_;
+  int64_t seen_ = 0;
 };
 
 }  // namespace tandem
