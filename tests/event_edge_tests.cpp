@@ -17,6 +17,7 @@
 #include "core/graph.h"
 #include "core/privacy/rdp_accountant.h"
 #include "edge/session/event_edge.h"
+#include "edge/session/in_memory_checkpoints.h"
 #include "tools/audit_verify.h"
 #include "test_support.h"
 
@@ -554,31 +555,13 @@ TEST(EventEdge, BusyCloudLeavesTheRunReadyToSayHelloAgain) {
   EXPECT_EQ(gave_up.events.back(), R"j({"event":"error","text":"the cloud refused: )j" + why + R"j("})j");
 }
 
-// The newest front checkpoint kept in memory, every `every` steps.
-struct NewestCheckpoint final : EdgeCheckpointer {
-  explicit NewestCheckpoint(uint64_t every) : every(every) {}
-  uint64_t every, step = 0;
-  std::vector<uint8_t> bytes;
-  std::optional<CheckpointMeta> resume(const std::array<uint8_t, 32>&, std::span<Network* const> model,
-                                       Optimizer& optimizer) override {
-    if (bytes.empty()) return std::nullopt;
-    const CheckpointData d = decode_checkpoint(bytes);
-    restore_checkpoint(d, model, &optimizer);
-    return d.meta;
-  }
-  bool due(uint64_t step_after, bool epoch_end) const override { return epoch_end || step_after % every == 0; }
-  void save(const CheckpointMeta& position, std::span<Network* const> model, Optimizer& optimizer) override {
-    bytes = encode_checkpoint(position, model, &optimizer);
-    step = position.step;
-  }
-};
-
-// A link lost in the middle of a step (what tandem-edge's agent does then, edge_agent.cpp):
-// the driver made again resumes from the newest checkpoint, the cloud's new session from its
-// own of that step, and the run ends on the weights of a run never interrupted, bit for bit.
+// A link lost in the middle of a step (what tandem-edge's agent and the browser edge do then):
+// the driver made again resumes from the newest checkpoint (here the browser's, in memory),
+// the cloud's new session from its own of that step, and the run ends on the weights of a run
+// never interrupted, bit for bit.
 TEST(EventEdge, MadeAgainAfterALostLinkItEndsOnTheUninterruptedWeights) {
   const Pixels train = pixels(256, 1), test = pixels(64, 2);
-  NewestCheckpoint straight_checkpoints(5), healed_checkpoints(5);
+  InMemoryEdgeCheckpoints straight_checkpoints(5), healed_checkpoints(5);
   EventEdgeConfig c = config(24);
   c.checkpoints = &straight_checkpoints;
   Harness straight(c);
@@ -600,10 +583,10 @@ TEST(EventEdge, MadeAgainAfterALostLinkItEndsOnTheUninterruptedWeights) {
                        wire::GetMessage(m.data())->payload_type() == wire::Payload::Backward;
   }
   ASSERT_EQ(healed.edge->steps_done(), 12);
-  ASSERT_FALSE(healed_checkpoints.bytes.empty());
+  ASSERT_FALSE(healed_checkpoints.empty());
   healed.reconnect();
   EventEdgeConfig again = c;
-  again.steps = 24 - static_cast<int64_t>(healed_checkpoints.step);  // config.steps counts a driver's own
+  again.steps = 24 - static_cast<int64_t>(healed_checkpoints.step());  // config.steps counts a driver's own
   healed.make_edge(again);
   ASSERT_TRUE(healed.edge->resumed());
   EXPECT_EQ(healed.edge->position().step, 10u);  // the newest checkpoint (every 5 steps)

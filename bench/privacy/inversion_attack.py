@@ -20,6 +20,7 @@ import argparse
 import gzip
 import json
 import os
+import struct
 import sys
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "../../tests/interop"))
@@ -39,6 +40,12 @@ def images(name, count):
     with gzip.open(ROOT + name) as f:
         x = np.frombuffer(f.read(), np.uint8, offset=16).reshape(-1, 1, 28, 28)[:count]
     return torch.from_numpy(x.astype(np.float32) / 255.0)
+
+
+def safetensors_metadata(path):
+    with open(path, "rb") as f:
+        (n,) = struct.unpack("<Q", f.read(8))
+        return json.loads(f.read(n)).get("__metadata__", {})
 
 
 def ssim(a, b):
@@ -85,12 +92,19 @@ def main():
     sent = load_safetensors(a.sent)
     samples = sent["samples"].long()[:a.targets]
     z_target = sent["activations"].float()[:a.targets]
+    sample_shape = json.loads(safetensors_metadata(a.sent)["sample_shape"])
     if len(samples) < a.targets:
         sys.exit(f"FAIL: {a.sent} holds {len(samples)} sent samples, fewer than --targets {a.targets}")
     aux = images("t10k-images-idx3-ubyte.gz", a.aux)
     target = images("train-images-idx3-ubyte.gz", int(samples.max()) + 1)[samples]
     with torch.no_grad():
-        z_aux = front(aux).reshape(a.aux, -1)
+        z_aux = front(aux)
+    if len(sample_shape) == 3:  # tandem's channels-last rows in PyTorch's [C, H, W] order, as the decoder learns them
+        h, w, c = sample_shape
+        if list(z_aux.shape[1:]) != [c, h, w]:
+            sys.exit(f"FAIL: the sent rows are {sample_shape} (channels last), the front's cut {list(z_aux.shape[1:])}")
+        z_target = z_target.reshape(-1, h, w, c).permute(0, 3, 1, 2)
+    z_aux, z_target = z_aux.reshape(a.aux, -1), z_target.reshape(len(samples), -1)
     width = z_aux.shape[1]
     if z_target.shape[1] != width:
         sys.exit(f"FAIL: the sent rows hold {z_target.shape[1]} values, the front's cut {width}")

@@ -273,6 +273,10 @@ class Worker {
       config.authorize = [tokens](const std::string& token, const std::string& client) {
         return tokens ? tokens->accept(token, client) : std::string("this cloud takes only client certificates");
       };
+      // Its token is spent now: a fresh one (an hour's) for its Hello after a lost link.
+      config.next_token = [state_dir = o.state_dir](const std::string& client) {
+        return pki::issue_token(state_dir, client, 3600);
+      };
     }
     std::unique_ptr<Network> back;
     std::unique_ptr<Optimizer> optimizer;

@@ -206,13 +206,15 @@ CloudReply CloudSession::on_hello(const wire::Hello& hello) {
   if (hello.resume_step() > 0 && !config_.federation && !resume(hello.resume_step(), error)) return refuse(error);
   state_ = State::Training;
   decoded_.resize(config_.microbatches + 1);
+  const std::string next_token = config_.authorize && config_.next_token ? config_.next_token(client_id_) : "";
   if (!config_.federation)
-    return {writer_.welcome(config_.session_id, config_.batch_size, config_.microbatches, step_, dtype_), false};
+    return {writer_.welcome(config_.session_id, config_.batch_size, config_.microbatches, step_, dtype_, 0, 0, next_token),
+            false};
   CloudReply reply{{}, false, config_.federation->join(config_.session_id, client_id_)};
   joined_ = true;
   const uint32_t round = reply.then.empty() ? 0 : config_.federation->round();
   reply.bytes = writer_.welcome(config_.session_id, config_.batch_size, config_.microbatches, step_, dtype_,
-                                config_.federation->options().aggregate_every, round);
+                                config_.federation->options().aggregate_every, round, next_token);
   return reply;
 }
 

@@ -65,6 +65,9 @@ struct CloudSessionConfig {
   // Set when the edge has no client certificate: given the Hello's token and client id,
   // returns "" to let it in, else why it is refused (Unauthorized).
   std::function<std::string(const std::string& token, const std::string& client_id)> authorize = nullptr;
+  // With `authorize`: a fresh single-use token for the client it let in, sent in the Welcome
+  // (the edge's Hello after a lost link; its own token is spent). None: no token is sent.
+  std::function<std::string(const std::string& client_id)> next_token = nullptr;
   // Input gradients first: each Forward's reply leaves before the back shard's weight
   // gradients, which run while the session is idle (false: all of backward before the reply,
   // for comparison).

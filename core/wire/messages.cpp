@@ -58,10 +58,11 @@ std::span<const uint8_t> MessageWriter::hello(const std::string& client_id, cons
 
 std::span<const uint8_t> MessageWriter::welcome(uint64_t session_id, uint32_t batch_size, uint32_t microbatches,
                                                 uint64_t start_step, wire::DType dtype, uint32_t aggregate_every,
-                                                uint32_t round) {
+                                                uint32_t round, const std::string& next_token) {
   fbb_.Clear();
+  const auto token = next_token.empty() ? flatbuffers::Offset<flatbuffers::String>() : fbb_.CreateString(next_token);
   return finish(wire::Payload::Welcome, wire::CreateWelcome(fbb_, session_id, batch_size, microbatches, start_step,
-                                                            dtype, aggregate_every, round)
+                                                            dtype, aggregate_every, round, token)
                                             .Union());
 }
 

@@ -33,7 +33,7 @@ class MessageWriter {
                                  std::span<const wire::DType> dtypes = kF32Only, uint64_t resume_step = 0);
   std::span<const uint8_t> welcome(uint64_t session_id, uint32_t batch_size, uint32_t microbatches,
                                    uint64_t start_step, wire::DType dtype = wire::DType::F32,
-                                   uint32_t aggregate_every = 0, uint32_t round = 0);
+                                   uint32_t aggregate_every = 0, uint32_t round = 0, const std::string& next_token = "");
   std::span<const uint8_t> front_weights(uint32_t round, uint64_t samples, const NamedTensors& tensors,
                                          bool final = false);
   std::span<const uint8_t> aggregated(uint32_t round, uint32_t edges, uint64_t samples, const NamedTensors& tensors);

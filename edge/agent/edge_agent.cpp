@@ -229,6 +229,8 @@ int train_over_wss(const EdgeTrainOptions& o) {
                  "checkpoint both sides hold\n", dropped.c_str(), wait_s, drops_in_a_row, o.reconnects);
     std::this_thread::sleep_for(std::chrono::duration<double>(wait_s));
     if (edge->said_hello()) {  // a driver that never got to say Hello (no connection) is fresh as it is
+      // An edge that came with an enrolment token spent it: the cloud's Welcome gave a new one.
+      if (!edge->session().next_token().empty()) c.token = edge->session().next_token();
       make_edge();
       step_at_reconnect = edge->position().step;
       report.reconnected(reached - std::min(reached, step_at_reconnect));

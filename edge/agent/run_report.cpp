@@ -152,7 +152,8 @@ void RunReport::on_event(const EdgeEvent& e) {
       if (bar_) std::fprintf(stderr, "\n");
       std::fprintf(stderr, "tandem-edge: %s\n", e.text.c_str());
       return;
-    case K::Retry:  // (tandem-edge's own loop prints its retries: edge_agent.cpp)
+    case K::Retry:  // (tandem-edge's own loop prints its retries and reconnections: edge_agent.cpp)
+    case K::Reconnect:
       return;
   }
 }

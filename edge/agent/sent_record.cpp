@@ -27,7 +27,15 @@ void SentRecord::on_forward(int64_t epoch, std::span<const int64_t> samples, std
   if (t.shape())
     for (const int64_t d : *t.shape()) count *= d;
   if (n == 0 || count % n != 0) fail("edge", cat("--record-sent: ", count, " values for ", n, " samples"));
-  if (width_ < 0) width_ = count / n;
+  if (width_ < 0) {
+    width_ = count / n;
+    // A sample's shape in tandem's layout (channels last: [H, W, C] for an image's).
+    sample_shape_ = "[";
+    if (t.shape())
+      for (flatbuffers::uoffset_t i = 1; i < t.shape()->size(); ++i)
+        sample_shape_ += cat(i > 1 ? "," : "", t.shape()->Get(i));
+    sample_shape_ += "]";
+  }
   if (count / n != width_) fail("edge", cat("--record-sent: ", count / n, " values a sample after ", width_));
   std::vector<float> values(static_cast<std::size_t>(count));
   std::string why;
@@ -57,7 +65,7 @@ void SentRecord::write() const {
   }
   const std::vector<uint8_t> file = write_safetensors(
       {f32_tensor("activations", {n, width}, rows.data()), i64_tensor("samples", {n}, samples.data())},
-      {{"epoch", std::to_string(epoch_)}});
+      {{"epoch", std::to_string(epoch_)}, {"sample_shape", sample_shape_}});
   write_file_atomic(path_, file);
   std::fprintf(stderr, "--record-sent: %lld samples of epoch %lld as sent (%lld values each) in %s\n",
                static_cast<long long>(n), static_cast<long long>(epoch_), static_cast<long long>(width_), path_.c_str());

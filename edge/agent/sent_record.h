@@ -4,6 +4,8 @@
 // applied), decoded to f32, with the training-set index of each sample: a safetensors file with "activations"
 // [n, values] (F32) and "samples" [n] (I64). For tests and benchmarks that study what leaves
 // the edge (bench/privacy/inversion.sh attacks these rows, not activations it recomputes).
+// Metadata: "epoch", and "sample_shape", a row's shape in tandem's layout (channels last, as
+// on the wire: "[7,7,64]" where PyTorch's is [64, 7, 7]).
 #pragma once
 
 #include <cstdint>
@@ -26,6 +28,7 @@ class SentRecord {
   std::string path_;
   int64_t epoch_, limit_;
   int64_t width_ = -1;  // values a sample
+  std::string sample_shape_;
   // A ring of `limit` rows: `seen_` samples so far, the oldest kept at seen_ % limit once full.
   std::vector<float> rows_;
   std::vector<int64_t> samples_;

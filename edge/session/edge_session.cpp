@@ -78,6 +78,7 @@ bool EdgeSession::on_welcome(const Frame& frame, WireError& error) {
   }
   aggregate_every_ = w->aggregate_every();
   awaiting_aggregate_ = w->round() > 0;
+  if (w->next_token()) next_token_ = w->next_token()->str();
   dtype_ = w->dtype();
   batch_limit_ = w->batch_size();
   step_ = w->start_step();

@@ -101,6 +101,9 @@ class EdgeSession {
   // Split-federated (the cloud's Welcome says so): every aggregate_every() steps the front
   // shard goes up (front_weights) and the round's average comes down (on_aggregated).
   uint32_t aggregate_every() const { return aggregate_every_; }
+  // The Welcome's fresh enrolment token (an edge that came with one, whose token is spent):
+  // what a Hello after a lost link carries. Empty otherwise.
+  const std::string& next_token() const { return next_token_; }
   bool aggregate_due() const { return aggregate_every_ > 0 && step_ > 0 && step_ % aggregate_every_ == 0; }
   // Welcome announced the newest average: on_aggregated must take it before the first step.
   bool awaiting_aggregate() const { return awaiting_aggregate_; }
@@ -177,6 +180,7 @@ class EdgeSession {
   uint64_t step_ = 0, resume_step_ = 0;
   bool welcomed_ = false;
   uint32_t aggregate_every_ = 0, round_ = 0, rounds_joined_ = 0;
+  std::string next_token_;
   bool awaiting_aggregate_ = false;
   uint64_t exchanged_step_ = 0;  // the step whose round's average arrived
   float proximal_mu_ = 0.0f;

@@ -85,6 +85,9 @@ std::string EdgeEvent::json() const {
     case K::Retry:
       return cat("{\"event\":\"retry\",\"attempt\":", attempt, ",\"of\":", attempts, ",\"wait_s\":", num(seconds),
                  ",\"text\":", quoted(text), "}");
+    case K::Reconnect:
+      return cat("{\"event\":\"reconnect\",\"attempt\":", attempt, ",\"of\":", attempts, ",\"wait_s\":", num(seconds),
+                 ",\"step\":", step, ",\"steps_redone\":", steps_done, ",\"text\":", quoted(text), "}");
   }
   return "{}";
 }

@@ -137,7 +137,7 @@ struct EventEdgeConfig {
 
 // What happened, for a page (json()) or a terminal (the fields).
 struct EdgeEvent {
-  enum class Kind { Connected, Welcome, EpochStarted, Step, Round, EpochTrained, Evaluated, Done, Error, Retry };
+  enum class Kind { Connected, Welcome, EpochStarted, Step, Round, EpochTrained, Evaluated, Done, Error, Retry, Reconnect };
   Kind kind = Kind::Connected;
   int64_t epoch = 0;       // EpochStarted, Step, EpochTrained; Evaluated: the epoch just trained (0: none)
   uint64_t step = 0;       // the session's step (Welcome: where it starts)
@@ -151,6 +151,9 @@ struct EdgeEvent {
   std::string dtype;  // Welcome: the wire dtype the cloud chose
   std::string text;   // Error; Done: why the run stopped early (a privacy budget), if it did; Retry: the refusal
   int attempt = 0, attempts = 0;  // Retry: which retry comes next, of how many (`seconds`: the wait)
+  // Reconnect (a lost link; the page's loop says it): attempt, attempts and seconds as Retry's,
+  // `text` the link's words, `step` the checkpoint the run goes on from and `steps_done` the
+  // steps it trains again.
   double epsilon = -1.0;  // Step, EpochTrained, Done: DP epsilon spent on the cut (< 0: no DP)
   // EpochTrained: the median over its steps of the time from a step's first Forward handed
   // to the transport to its first gradient back (the pipeline's fill; < 0: no step).

@@ -8,12 +8,15 @@
 // Given a cloud serving samples/fashion-vit, the page also trains the vision transformer's
 // front (patches, [CLS], layer 0) and its loss must fall. Given a busy cloud's page, a token
 // for it and a file to create once the page has been refused, the page retries and trains.
+// Given a cloud's page and token (HEAL_URL HEAL_TOKEN) that the shell script kills once it has
+// a checkpoint of the page's run and starts again on the same port, the page reconnects with
+// the token that cloud's Welcome gave it, goes on from its checkpoint in memory and finishes.
 import { readFileSync, writeFileSync } from "node:fs";
 import { crc32, deflateSync } from "node:zlib";
 import { chromium } from "playwright-core";
 
 const [pageUrl, token, otherToken, filesToken, screenshot, stepsText, webDir, fedUrl, fedToken, egressPath, vitUrl, vitToken,
-       asyncToken, busyUrl, busyToken, releasePath] =
+       asyncToken, busyUrl, busyToken, releasePath, healUrl, healToken] =
   process.argv.slice(2);
 const steps = Number(stepsText || 50);
 // An 8-bit grey PNG of w x h pixels.
@@ -82,6 +85,21 @@ try {
     else if (!/at most 1 connections at once/.test(retries[0].text) || retries[0].attempt !== 1 || retries[0].of !== 8)
       fail(`the page's retry event: ${JSON.stringify(retries[0])}`);
     else console.log(`busy cloud: the page was refused (${retries[0].text}), retried ${retries.length} time(s), then ${busy.status}`);
+  }
+  // A cloud killed mid-run and started again: the page reconnects and finishes its 40 steps.
+  if (healUrl) {
+    const healed = await trainAt(`${healUrl}?token=${encodeURIComponent(healToken)}&client=page-heal&steps=40`, 180000);
+    const reconnects = healed.events.filter((e) => e.event === "reconnect");
+    // A step event counts its driver's steps: the last one made again started at the checkpoint.
+    const lastStep = healed.events.filter((e) => e.event === "step").pop();
+    const from = reconnects.length ? reconnects[reconnects.length - 1].step : 0;
+    if (healed.state !== "done" || reconnects.length < 1 || !lastStep || from + lastStep.step !== 40)
+      fail(`the page whose cloud restarted: ${healed.status} (${reconnects.length} reconnects, last step ${lastStep?.step} ` +
+           `after step ${from})`);
+    else if (reconnects[0].step % 10 !== 0 || reconnects[0].step < 10)
+      fail(`the page's reconnect event: ${JSON.stringify(reconnects[0])}`);
+    else console.log(`restarted cloud: the page reconnected ${reconnects.length} time(s) (${reconnects[0].text}; from step ` +
+                     `${reconnects[0].step}), then ${healed.status}`);
   }
   // An Error inside the module (here a bad option) is caught there and reaches JavaScript as
   // a readable one (the module is built with WebAssembly exceptions).

@@ -5,7 +5,8 @@
 # the page trains on local image files too; on a split-federated cloud it takes part in the
 # rounds with its front updated once a round; and the page trains the vision transformer's
 # front (samples/fashion-vit) against a cloud serving it; and a cloud at its bound answers the page
-# Busy, the page tries again and trains.
+# Busy, the page tries again and trains; and a cloud killed mid-run and started again on its
+# port: the page reconnects (with the token the cloud's Welcome gave it) and finishes its run.
 # Usage: train_in_browser.sh NATIVE_BUILD_DIR SOURCE_DIR WASM_BUILD_DIR
 set -euo pipefail
 build=$1 src=$2 wasm=$3
@@ -22,14 +23,15 @@ done
 cloud_bin=$build/cloud/tandem-cloud
 work=$(mktemp -d)
 cleanup() {
-  for pid in ${cloud_pid:-} ${fed_pid:-} ${vit_pid:-} ${busy_pid:-} ${held_pid:-}; do kill "$pid" 2>/dev/null || true; done
+  for pid in ${cloud_pid:-} ${fed_pid:-} ${vit_pid:-} ${busy_pid:-} ${held_pid:-} ${watch_pid:-}; do kill "$pid" 2>/dev/null || true; done
+  [[ -f $work/heal.pid ]] && kill "$(cat "$work/heal.pid")" 2> /dev/null
   wait 2>/dev/null
   rm -rf "$work"
 }
 trap cleanup EXIT
 fail() {
   echo "FAIL: $*"
-  for log in cloud busy held; do [[ -f $work/$log.log ]] && { echo "--- $log log"; cat "$work/$log.log"; }; done
+  for log in cloud busy held heal; do [[ -f $work/$log.log ]] && { echo "--- $log log"; cat "$work/$log.log"; }; done
   exit 1
 }
 
@@ -73,10 +75,36 @@ python3 "$src/tests/e2e/ws_raw.py" "$busy_port" "$work/holder" hold:1 "until:$wo
 held_pid=$!
 for _ in $(seq 1 100); do grep -q holding "$work/held.log" && break; sleep 0.1; done
 grep -q holding "$work/held.log" || fail "the probe holds no connection"
+# A cloud the page's run outlives: killed (SIGKILL) once it holds a checkpoint of the page's
+# run, started again on the same port 2 s later (heal_watch, in the background).
+start_heal_cloud() {  # start_heal_cloud PORT
+  "$cloud_bin" serve --listen "127.0.0.1:$1" --state-dir "$work/heal-state" --model "$src/samples/fashion-mnist/model.json" \
+    --batch 32 --microbatches 4 --web "$wasm/web" >> "$work/heal.log" 2>&1 &
+  heal_pid=$!
+  echo "$heal_pid" > "$work/heal.pid"
+}
+start_heal_cloud 0
+for _ in $(seq 1 100); do grep -q 'listening on' "$work/heal.log" && break; sleep 0.1; done
+heal_port=$(grep -o 'wss://127.0.0.1:[0-9]*' "$work/heal.log" | cut -d: -f3)
+[[ -n $heal_port ]] || fail "the cloud to restart did not start: $(cat "$work/heal.log")"
+heal_token=$("$cloud_bin" pki token --state-dir "$work/heal-state" --client page-heal --ttl 10m)
+heal_watch() {
+  for _ in $(seq 1 3000); do
+    compgen -G "$work/heal-state/checkpoints/page-heal/cloud-*.tdmc" > /dev/null && break
+    sleep 0.1
+  done
+  kill -9 "$(cat "$work/heal.pid")"
+  echo "killed the page's cloud at $(ls "$work/heal-state/checkpoints/page-heal" | tail -1)" >> "$work/heal.log"
+  sleep 2
+  start_heal_cloud "$heal_port"
+  wait "$heal_pid"  # until cleanup stops it
+}
+heal_watch &
+watch_pid=$!
 shot=$build/browser-train.png
 node "$src/tests/browser/train_in_browser.mjs" "https://127.0.0.1:$port/" "$token" "$other" "$files" "$shot" 50 \
   "$wasm/web" "https://127.0.0.1:$fed_port/" "$fed_token" "$work/egress.jsonl" "https://127.0.0.1:$vit_port/" "$vit_token" "$async_token" \
-  "https://127.0.0.1:$busy_port/" "$busy_token" "$work/released" ||
+  "https://127.0.0.1:$busy_port/" "$busy_token" "$work/released" "https://127.0.0.1:$heal_port/" "$heal_token" ||
   fail "the browser run failed"
 "$build/tools/tandem" audit verify "$work/egress.jsonl" > "$work/audit.out" || fail "the page's egress log: $(cat "$work/audit.out")"
 grep -q "verifies: .* 1 run (client page-1)" "$work/audit.out" || fail "the page's egress log: $(cat "$work/audit.out")"

@@ -21,9 +21,11 @@ fail() { echo "FAIL: $*"; echo "--- cloud log"; tail -20 "$work/cloud.log"; echo
 RANDOM=${TANDEM_TEST_SEED:-$$}
 
 starts=0
-start_cloud() {  # start_cloud [PORT]: on 127.0.0.1 (port 0 the first time), output appended to cloud.log
+start_cloud() {  # start_cloud [PORT [ARGS...]]: on 127.0.0.1 (port 0 the first time), output appended to cloud.log
   starts=$((starts + 1))
-  "$cloud_bin" serve --listen "127.0.0.1:${1:-0}" --state-dir "$work/state" --model "$model" >> "$work/cloud.log" 2>&1 &
+  local at=${1:-0}
+  shift || true
+  "$cloud_bin" serve --listen "127.0.0.1:$at" --state-dir "$work/state" --model "$model" "$@" >> "$work/cloud.log" 2>&1 &
   cloud_pid=$!
   for _ in $(seq 1 100); do
     [[ $(grep -c 'listening on' "$work/cloud.log") -ge $starts ]] && break
@@ -85,6 +87,24 @@ if wait "$edge_pid"; then fail "--reconnects 0: the run went on without its clou
 grep -q "the cloud closed the connection while this edge waited for .* (--reconnects 0: no reconnection)" "$work/once.out" ||
   fail "--reconnects 0: $(tail -3 "$work/once.out")"
 echo "--reconnects 0: the first drop ends the run, saying so"
+
+# An edge with an enrolment token (spent at its Hello) reconnects with the fresh one the
+# cloud's Welcome gave it: the cloud restarted once mid-run, the run finishes.
+start_cloud "$port" --accept-tokens
+mkdir -p "$work/id-token" && cp "$work/id-once/ca.crt" "$work/id-token/"
+token=$("$cloud_bin" pki token --state-dir "$work/state" --client ward-1 --ttl 10m)
+"$edge_bin" "${edge_args[@]}" --cloud "wss://localhost:$port" --identity "$work/id-token" --token "$token" \
+  --client-id ward-1 --checkpoint-dir "$work/ckpt-token" > "$work/token.out" 2>&1 &
+edge_pid=$!
+while kill -0 "$edge_pid" 2> /dev/null && [[ -z $(ls "$work/ckpt-token" 2> /dev/null) ]]; do sleep 0.02; done
+kill -9 "$cloud_pid"
+wait "$cloud_pid" 2> /dev/null || true  # killed on purpose
+sleep 1
+start_cloud "$port" --accept-tokens
+wait "$edge_pid" || fail "the token edge did not finish after a restart: $(tail -5 "$work/token.out")"
+grep -q "reconnection 1:" "$work/token.out" || fail "the token edge did not reconnect: $(tail -5 "$work/token.out")"
+stop_cloud
+echo "a token edge reconnected with the token its Welcome gave"
 
 # The link down for LINK_DOWN_S seconds: a cloud in its own namespace behind a veth pair.
 if ((link_down_s > 0)); then

@@ -74,6 +74,7 @@ assert len(set(samples.tolist())) == 100 and samples.min() >= 0 and samples.max(
 assert not (rows.view(np.uint32) & 0xFFFF).any(), "values a bf16 cannot hold"
 assert np.abs(rows).sum() > 0 and np.isfinite(rows).all()
 assert header["__metadata__"]["epoch"] == "1"
+assert header["__metadata__"]["sample_shape"] == "[7,7,64]", header["__metadata__"]
 print("--record-sent: 100 rows of 3136 bf16 values, distinct samples")
 PY
 

@@ -82,6 +82,9 @@ function onEvent(event) {
     status(`done: ${event.steps} steps, loss ${event.first_loss.toFixed(4)} -> ${event.last_loss.toFixed(4)}${acc}`);
   } else if (event.event === "retry") {
     status(`${event.text}; trying again in ${event.wait_s.toFixed(1)} s (retry ${event.attempt} of ${event.of})`);
+  } else if (event.event === "reconnect") {
+    status(`${event.text}; reconnecting in ${event.wait_s.toFixed(1)} s (attempt ${event.attempt} of ${event.of}),` +
+           ` going on from step ${event.step} (${event.steps_redone} steps to train again)`);
   } else if (event.event === "error") {
     status(`stopped: ${event.text}`, true);
   }

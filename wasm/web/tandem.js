@@ -14,12 +14,18 @@ class TandemEdge {
   // nopeek, and with a U-shaped cut ("A,B": the labels stay in the page) gradClip, gradNoise,
   // labelNoise }, as tandem-edge's --dp-*, --nopeek, --grad-* and --label-noise; absent:
   // none), connectRetries (default 8: how often to connect again, after 1, 2, 4 ... up to 30 s,
-  // when the cloud is at its bound and answers Busy; 0: never), onEvent(event). Events:
-  // connected, welcome, step (with dp_epsilon and dcor when on), round, evaluated, done, error,
-  // retry (attempt, of, wait_s, text: the cloud's refusal).
+  // when the cloud is at its bound and answers Busy; 0: never), checkpointEvery (default 10:
+  // the front's checkpoint, kept in memory, every this many steps; the cloud keeps its own of
+  // the same steps), reconnects (default 10: after a lost link, how often in a row without
+  // progress to connect again, after the same backoff, going on from the newest checkpoint;
+  // 0: never), onEvent(event). Events: connected, welcome, step (with dp_epsilon and dcor when
+  // on), round, evaluated, done, error, retry (attempt, of, wait_s, text: the cloud's
+  // refusal), reconnect (attempt, of, wait_s, step: the checkpoint's, steps_redone, text: the
+  // link's words).
   static async create(options) {
     const edge = new TandemEdge(options.onEvent || (() => {}));
     edge.connectRetries = options.connectRetries ?? 8;
+    edge.reconnects = options.reconnects ?? 10;
     edge.module = await createTandemModule({
       onEvent: (event) => edge.dispatch(event),
       print: (text) => console.log(text),
@@ -35,11 +41,11 @@ class TandemEdge {
     const spec = edge.copyIn(options.spec, 1);
     const rc = m.ccall("tandem_create", "number",
       ["number", "number", "string", "string", "string", "number", "number", "number", "number", "number", "number", "string", "number",
-       "string", "string"],
+       "string", "string", "number"],
       [spec, options.spec.length, options.cut || "", options.clientId || "browser", options.token || "",
        options.batch || 32, options.microbatches || 4, options.steps || 50, options.lr ?? 0.05, options.momentum ?? 0.9,
        options.seed || 1, options.wireDtype || "f32", options.evalSamples || 0, options.frontUpdates || "step",
-       options.pipeline || "sync"]);
+       options.pipeline || "sync", options.checkpointEvery ?? 10]);
     m._free(spec);
     edge.check(rc);
     return edge;
@@ -58,7 +64,8 @@ class TandemEdge {
   // with the cloud's or the link's reason.
   train(url) {
     const done = new Promise((resolve, reject) => { this.finished = { resolve, reject }; });
-    this.check(this.module.ccall("tandem_start", "number", ["string", "number"], [url, this.connectRetries]));
+    this.check(this.module.ccall("tandem_start", "number", ["string", "number", "number"],
+      [url, this.connectRetries, this.reconnects]));
     return done;
   }
 
