@@ -508,6 +508,33 @@ TEST(EventEdge, RefusedTokenEndsTheRunWithTheCloudsReason) {
   EXPECT_EQ(h.events.back(), R"j({"event":"error","text":"the cloud refused: the enrolment token is malformed"})j");
 }
 
+// An edge that came with an enrolment token (spent at its Hello) is given a fresh one in the
+// Welcome, for its Hello after a lost link; an edge with a client certificate is given none.
+TEST(EventEdge, ATokenEdgeIsGivenAFreshTokenForItsNextHello) {
+  const Pixels train = pixels(96, 1), test = pixels(32, 2);
+  const auto next = [](const std::string& client) { return "tdt1.next-for-" + client; };
+  EventEdgeConfig c = config(3);
+  c.token = "tdt1.first";
+  std::vector<std::string> presented;
+  Harness token_edge(c, [&](const std::string& token, const std::string&) {
+    presented.push_back(token);
+    return std::string();
+  });
+  token_edge.cc.next_token = next;
+  token_edge.reconnect();
+  token_edge.train_on(train, test);
+  ASSERT_FALSE(token_edge.edge->failed()) << token_edge.events.back();
+  EXPECT_EQ(presented, std::vector<std::string>{"tdt1.first"});
+  EXPECT_EQ(token_edge.edge->session().next_token(), "tdt1.next-for-page-1");
+
+  Harness certified(config(3));  // no authorize: the connection's certificate vouched
+  certified.cc.next_token = next;
+  certified.reconnect();
+  certified.train_on(train, test);
+  ASSERT_FALSE(certified.edge->failed()) << certified.events.back();
+  EXPECT_EQ(certified.edge->session().next_token(), "");
+}
+
 // A cloud at its bound on connections answers the Hello with Busy: the run has not started,
 // so the owner may say Hello again on a new link (tandem-edge does, after a backoff), and the
 // egress log stays one run; if it gives up, the run fails with the cloud's reason.
