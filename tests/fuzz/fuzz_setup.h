@@ -291,10 +291,13 @@ struct Cloud {
       checkpoints.kept[{kClient, 1}] = m.cloud_step1;
       cc.checkpoints = &checkpoints;
     }
-    if (flags & kAuthorize)
+    if (flags & kAuthorize) {
       cc.authorize = [](const std::string& token, const std::string&) {
         return token == kToken ? std::string() : std::string("not the fuzz token");
       };
+      // The Welcome's fresh token (the edge's next Hello after a lost link) is in the seeds.
+      cc.next_token = [](const std::string& client) { return std::string(kToken) + "-next-for-" + client; };
+    }
     if (flags & kPeerIdentity) cc.peer_identity = kClient;
     session = std::make_unique<CloudSession>(*shard, cc);
   }
