@@ -41,7 +41,7 @@ run() {
   OMP_NUM_THREADS=1 "$bin/edge/tandem-edge" train --cloud "wss://localhost:$port" --identity "$work/id" --model "$model" \
     --data "$work/data" --limit "$2" --epochs "$3" --batch $batch --microbatches 4 --optimizer adamw --lr $lr --threads 1 $4 \
     --metrics-json "$work/$1.jsonl" > "$work/edge.log" 2>&1 || fail "the edge ($1): $(tail -3 "$work/edge.log")"
-  kill "$cloud_pid"; wait "$cloud_pid" 2> /dev/null || true
+  stop_cloud
   tail -1 "$work/$1.jsonl"
 }
 field() { grep -o "\"$1\": *[0-9.]*" <<< "$2" | tail -1 | sed 's/.*: *//'; }

@@ -14,6 +14,8 @@ source scripts/lib/shaped_link.sh
 work=$(mktemp -d)
 cleanup() { kill $(jobs -p) 2> /dev/null || true; wait 2> /dev/null || true; shaped_link_down; rm -rf "$work"; }
 trap cleanup EXIT
+fail() { echo "FAIL: $*" >&2; exit 1; }
+source tests/e2e/lib.sh  # stop_cloud, need_figures
 shaped_link_up || exit 1
 shaped_link_rates "$up" "$down"
 
@@ -37,13 +39,14 @@ for cut in $cuts; do
     rm -f "$work/m.jsonl"
     "$bin/edge/tandem-edge" train --cloud "wss://$shaped_cloud_ip:$port" --identity "$work/id" --model "$model" \
       --cut "$cut" --limit "$samples" --test-limit 100 --batch 64 --microbatches "$k" --metrics-json "$work/m.jsonl" \
-      > /dev/null 2>&1
+      > "$work/edge.log" 2>&1 || fail "the edge at cut $cut, K=$k: $(tail -3 "$work/edge.log")"
     m=$(grep -o '"samples_per_s":[0-9.]*' "$work/m.jsonl" | cut -d: -f2)
+    need_figures "cut $cut, K=$k" "$m"
     p=$(grep "\"cut\":\"$cut\",\"microbatches\":$k," "$work/plan.txt" | grep -o '"predicted_samples_per_s":[0-9.]*' | cut -d: -f2)
     printf "%-10s %3d %12.1f %12.1f\n" "$cut" "$k" "$m" "$p"
     echo "$cut $k $m" >> "$work/measured"
   done
-  kill "$cloud"; wait "$cloud" 2> /dev/null || true
+  stop_cloud "$cloud"
 done
 best=$(sort -k3 -g -r "$work/measured" | head -1)
 rec=$(awk -v c="$rec_cut" -v k="$rec_k" '$1 == c && $2 == k' "$work/measured")

@@ -30,7 +30,7 @@ tandem_run() {
   OMP_NUM_THREADS=1 "$bin/edge/tandem-edge" train --cloud "wss://localhost:$port" --identity "$work/id" --model "$model" \
     --data "$data" --limit "$1" --epochs "$2" --batch $batch --microbatches 4 --optimizer adamw --lr $lr --threads 1 \
     --metrics-json "$work/t.jsonl" > "$work/edge.log" 2>&1 || fail "the edge: $(tail -3 "$work/edge.log")"
-  kill "$cloud_pid"; wait "$cloud_pid" 2> /dev/null || true
+  stop_cloud
   tail -1 "$work/t.jsonl"
 }
 field() { grep -o "\"$1\": *[0-9.]*" <<< "$2" | tail -1 | sed 's/.*: *//'; }

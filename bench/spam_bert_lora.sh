@@ -53,7 +53,7 @@ run() {
     --model "$spec" --data "$data" --limit "$limit" --epochs 1 --batch 32 --microbatches 4 --optimizer adamw --lr "$lr" \
     --metrics-json "$work/$name.jsonl" "${edge_args[@]}" > "$work/$name.out" 2>&1 ||
     fail "the edge ($name): $(tail -5 "$work/$name.out")"
-  kill "$cloud_pid" && wait "$cloud_pid" 2> /dev/null || true
+  stop_cloud
 }
 steps_of() { echo $(( ($1 + 31) / 32 )); }
 

@@ -47,7 +47,7 @@ serve() {  # serve N: a cloud for N edges (a shared shard's update sums their N 
 one=
 for n in $counts; do
   if [[ $shard != own ]]; then
-    [[ -n ${cloud_pid:-} ]] && { kill "$cloud_pid"; wait "$cloud_pid" 2> /dev/null || true; }
+    [[ -n ${cloud_pid:-} ]] && stop_cloud
     rm -rf "$work/state/federation"
     serve "$n"
   fi
