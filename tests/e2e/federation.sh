@@ -75,9 +75,10 @@ grep -q '"closed_by":"deadline"' "$work/cloud.jsonl" || fail "no round closed at
 stop_cloud
 rm -rf "$work"/*.jsonl "$work"/*.out "$work/state/federation"
 start_cloud --min-edges 4 --round-deadline-s 60
-crash_edges() {
+crash_edges() {  # --reconnects 0: they end with their cloud and are started again by hand
   for i in 0 1 2 3; do
-    edge $i class 4000 --front-updates round --lr 0.005 --momentum 0 --checkpoint-dir "$work/ck$i" --checkpoint-every 2
+    edge $i class 4000 --front-updates round --lr 0.005 --momentum 0 --checkpoint-dir "$work/ck$i" --checkpoint-every 2 \
+      --reconnects 0
   done
 }
 crash_edges

@@ -40,9 +40,10 @@ for client in straight resumed; do
   "$cloud_bin" pki issue --state-dir "$work/state" --client "$client" --out "$work/id-$client" > /dev/null
 done
 
-# 2 epochs of SAMPLES samples, batch 32, a checkpoint every step.
+# 2 epochs of SAMPLES samples, batch 32, a checkpoint every step. --reconnects 0: this is the
+# restart by hand (the edge ends when its cloud dies; resume.heal has an edge reconnect itself).
 edge_args=(train --model "$model" --epochs 2 --limit "$samples" --test-limit 200 --batch 32
-           --microbatches 4 --checkpoint-every 1 --seed 3 "${cut_args[@]}")
+           --microbatches 4 --checkpoint-every 1 --seed 3 --reconnects 0 "${cut_args[@]}")
 run_edge() {  # run_edge CLIENT: in the background, output appended to $work/edge.out
   "$edge_bin" "${edge_args[@]}" --cloud "wss://localhost:$port" --identity "$work/id-$1" --checkpoint-dir "$work/ckpt-$1" \
     >> "$work/edge.out" 2>&1 &
