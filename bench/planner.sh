@@ -46,7 +46,12 @@ for cut in $cuts; do
     printf "%-10s %3d %12.1f %12.1f\n" "$cut" "$k" "$m" "$p"
     echo "$cut $k $m" >> "$work/measured"
   done
-  stop_cloud "$cloud"
+  # `cloud` is the subshell running in_cloud_ns; the cloud is its child (ip netns exec execs
+  # it): SIGTERM to the cloud, and the subshell's status is the cloud's.
+  kill "$(pgrep -P "$cloud" | head -1)" 2> /dev/null || true
+  rc=0
+  wait "$cloud" || rc=$?
+  ((rc == 0)) || fail "the cloud at cut $cut exited with status $rc when stopped"
 done
 best=$(sort -k3 -g -r "$work/measured" | head -1)
 rec=$(awk -v c="$rec_cut" -v k="$rec_k" '$1 == c && $2 == k' "$work/measured")
