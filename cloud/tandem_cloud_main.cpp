@@ -145,7 +145,8 @@ int pki_list(const CliArgs& args) {
 
 int pki_issue(const CliArgs& args) {
   const std::string out = args.required("out");
-  pki::issue(args.required("state-dir"), args.required("client"), out);
+  pki::issue(args.required("state-dir"), args.required("client"), out,
+             args.has("hosts") ? split_commas(args.str("hosts", "")) : std::vector<std::string>{});
   std::printf("issued %s/client.crt for '%s' (with client.key and ca.crt)\n", out.c_str(),
               args.required("client").c_str());
   return 0;
@@ -252,6 +253,7 @@ void declare_commands(Program& program) {
   pki_command("issue", "issue an edge identity signed by DIR's CA: IDDIR/client.key, client.crt, ca.crt")
       .option("client", "NAME", "the edge's name (required)")
       .option("out", "IDDIR", "the identity folder to write; copy it to the edge (required)")
+      .option("hosts", "NAME,NAME...", "names and addresses the identity may also serve TLS under: a party of a pipeline that others connect to (tandem stage)")
       .run(pki_issue);
   pki_command("token", "print a single-use enrolment token for an edge without a client certificate (a browser)")
       .option("client", "NAME", "the edge's name (required)")

@@ -2,6 +2,8 @@
 
 #include <cstdio>
 #include <fstream>
+#include <algorithm>
+#include <map>
 #include <optional>
 
 #include "core/checkpoint/checkpoint.h"
@@ -18,6 +20,7 @@
 #include "ports/files/atomic_file.h"
 #include "ports/files/tensor_dataset.h"
 #include "backends/registry.h"
+#include "cli/command_line.h"
 #include "cli/progress.h"
 
 namespace tandem {
@@ -76,9 +79,56 @@ bool is_adapter(const std::string& name) {
 
 }  // namespace
 
+// tandem export --stages: the exports of every stage of a pipeline across parties (tandem
+// stage), one file a stage, merged into one: every tensor of the whole model exactly once,
+// all of one step.
+int merge_stage_exports(const CliArgs& args, const ModelSpec& spec, const Graph& graph) {
+  auto reference = make_backend("reference");
+  Network whole(graph, *reference, 0);
+  std::vector<std::string> order;
+  for (const SafeTensor& t : shard_to_torch(graph, whole, 0)) order.push_back(t.name);
+  for (const SafeTensor& t : hugging_face_export_extras(graph)) order.push_back(t.name);
+  std::map<std::string, std::pair<SafeTensor, std::string>> merged;  // name -> the tensor, its file
+  std::string step, cut;
+  for (const std::string& file : cut_list(args.str("stages", ""))) {
+    std::map<std::string, std::string> meta;
+    std::vector<SafeTensor> tensors = read_safetensors(read_file(file), &meta);
+    if (meta["tandem_model"] != spec.name)
+      fail("export", cat(file, " holds model '", meta["tandem_model"], "', not ", spec.name));
+    if (!step.empty() && (meta["tandem_step"] != step || meta["tandem_cut"] != cut))
+      fail("export", cat(file, " is of step ", meta["tandem_step"], " cut at '", meta["tandem_cut"], "'; the first of step ",
+                         step, " cut at '", cut, "': merge the exports of one run"));
+    step = meta["tandem_step"];
+    cut = meta["tandem_cut"];
+    for (SafeTensor& t : tensors) {
+      if (std::find(order.begin(), order.end(), t.name) == order.end())
+        fail("export", cat(file, " holds '", t.name, "', which ", spec.name, " has not"));
+      std::string name = t.name;
+      const auto [it, fresh] = merged.emplace(std::move(name), std::make_pair(std::move(t), file));
+      if (!fresh) fail("export", cat(file, " and ", it->second.second, " both hold '", it->first, "': give each stage's export once"));
+    }
+  }
+  std::vector<SafeTensor> tensors;
+  for (const std::string& name : order) {
+    auto it = merged.find(name);
+    if (it == merged.end())
+      fail("export", cat("no stage's export holds '", name, "': give every stage's export (--stages A,B,...)"));
+    tensors.push_back(std::move(it->second.first));
+  }
+  const std::string out = args.required("out");
+  const std::vector<uint8_t> bytes = write_safetensors(
+      tensors, {{"format", "pt"}, {"tandem_model", spec.name}, {"tandem_cut", cut}, {"tandem_step", step},
+                {"tandem_layout", "pytorch (OIHW, NCHW flatten order)"}});
+  write_file_atomic(out, bytes);
+  std::printf("wrote %s: %zu tensors, %zu bytes, model %s at step %s (stages cut at '%s')\n", out.c_str(),
+              tensors.size(), bytes.size(), spec.name.c_str(), step.c_str(), cut.c_str());
+  return 0;
+}
+
 int export_command(const CliArgs& args) {
   const ModelSpec spec = load_model_spec(args.required("model"));
   const Graph graph = Graph::build(spec);
+  if (args.has("stages")) return merge_stage_exports(args, spec, graph);
   const std::string key = args.has("key") ? args.str("key", "")
                           : args.has("identity") ? args.str("identity", "") + "/checkpoint.key"
                                                  : std::string();
@@ -170,6 +220,7 @@ void declare_export(Command& export_) {
       .option("key", "FILE", "the edge's checkpoint key itself, instead of --identity")
       .option("base", "FILE", "the safetensors file frozen parameters and LoRA bases came from")
       .flag("merge-lora", "merge LoRA adapters into the base weights (W += alpha/r B A)")
+      .option("stages", "FILE,FILE...", "instead of checkpoints: every stage's export of a pipeline across parties (tandem stage), merged")
       .option("out", "FILE", "the safetensors file to write (required)")
       .details("Writes PyTorch's names and layouts (OIHW convolutions, NCHW flatten order), loadable with torch's\n"
                "load_state_dict into the equivalent torch model.")

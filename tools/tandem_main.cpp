@@ -23,7 +23,9 @@
 #include "tools/export_command.h"
 #include "tools/plan_command.h"
 #include "tools/profile_command.h"
+#include "tools/stage_command.h"
 #include "tools/text_command.h"
+#include "tools/train_data.h"
 #include "cli/progress.h"
 
 namespace tandem {
@@ -85,20 +87,13 @@ int train(const CliArgs& args) {
   for (const std::string& party : parties)
     stage_backends.push_back(make_backend(party == "edge" ? edge_name : cloud_name, backend_options));
 
-  // Every stage draws from one generator in graph order, so the initial weights do not
-  // depend on where the cuts are.
-  Network whole(graph, *backends.edge, seed);
   std::vector<std::unique_ptr<Network>> nets;
   std::vector<Network*> stages;
   for (std::size_t i = 0; i < stage_graphs.size(); ++i) {
     nets.push_back(std::make_unique<Network>(stage_graphs[i], *stage_backends[i], seed));
     stages.push_back(nets.back().get());
   }
-  for (Network* shard : stages)
-    for (Param* p : shard->all_params()) {
-      p->value().copy_from(whole.param(p->name()).value());
-      p->bump_version();
-    }
+  initial_weights(graph, seed, *backends.edge, stages);
   const OptimizerOptions sgd = args.optimizer_options();
   std::vector<std::unique_ptr<Optimizer>> optimizers;
   std::vector<Optimizer*> stage_optimizers;
@@ -111,26 +106,8 @@ int train(const CliArgs& args) {
   pipeline_options.threads = args.has("stage-threads");
   LocalPipeline trainer(stages, stage_optimizers, pipeline_options);
 
-  // Fashion-MNIST, or a data set folder (DIR/train.safetensors, DIR/test.safetensors: a
-  // tensor per model input and "labels", ports/files/tensor_dataset.h).
-  const std::string data = args.str("data", "fashion-mnist");
-  LabelledInputs train_set, test_set;
-  if (data == "fashion-mnist") {
-    std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
-    LabelledImages train_images = load_fashion_mnist(true, args.integer("limit", 0, 0));
-    LabelledImages test_images = load_fashion_mnist(false, args.integer("test-limit", 0, 0));
-    const Shape& in_shape = graph.inputs().at(0).shape;
-    if (graph.inputs().size() != 1 || train_images.images.shape().item_numel() != in_shape.numel())
-      fail("cli", cat("the model's inputs are not one image of Fashion-MNIST's size (its first, '",
-                      graph.inputs()[0].name, "', is ", in_shape.str(), "): give its data with --data DIR"));
-    const int64_t n_train = train_images.images.shape()[0], n_test = test_images.images.shape()[0];
-    train_set = {{train_images.images.reshape(in_shape.batched(n_train))}, std::move(train_images.labels)};
-    test_set = {{test_images.images.reshape(in_shape.batched(n_test))}, std::move(test_images.labels)};
-  } else {
-    std::fprintf(stderr, "loading the data set in %s\n", data.c_str());
-    train_set = read_tensor_dataset(data + "/train.safetensors", graph.inputs(), args.integer("limit", 0, 0));
-    test_set = read_tensor_dataset(data + "/test.safetensors", graph.inputs(), args.integer("test-limit", 0, 0));
-  }
+  TrainingSets sets = load_training_sets(args, graph);
+  const LabelledInputs &train_set = sets.train, &test_set = sets.test;
   std::string layout;
   int64_t params = 0;
   for (std::size_t i = 0; i < stages.size(); ++i) {
@@ -148,39 +125,25 @@ int train(const CliArgs& args) {
     if (!metrics) fail("cli", cat("cannot write --metrics-json ", args.str("metrics-json", "")));
   }
 
-  const int64_t n = static_cast<int64_t>(train_set.labels.size());
-  std::vector<int64_t> order(static_cast<std::size_t>(n));
-  std::iota(order.begin(), order.end(), 0);
-  Rng shuffle_rng(seed ^ 0x5eedULL);
-  std::vector<Tensor> inputs;  // a step's rows of every input
-  for (const GraphInput& in : graph.inputs()) inputs.push_back(Tensor::empty(in.shape.batched(batch)));
-  std::vector<int32_t> labels(static_cast<std::size_t>(batch));
+  EpochBatches batches(graph, train_set, batch, seed);
+  const int64_t n = batches.samples();
   double accuracy = 0.0;
   ScheduleOptions schedule = args.schedule_options(epochs * ((n + batch - 1) / batch));
   validate(schedule);
   int64_t global_step = 0;
   for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
-    for (int64_t i = n - 1; i > 0; --i)
-      std::swap(order[static_cast<std::size_t>(i)], order[shuffle_rng.below(static_cast<uint64_t>(i + 1))]);
+    batches.shuffle();
     ProgressBar bar(cat("epoch ", epoch, "/", epochs), n);
     StepStats total;
     const StageTimes before = trainer.times();
     const auto t0 = std::chrono::steady_clock::now();
     for (int64_t begin = 0; begin < n; begin += batch) {
-      const int64_t count = std::min(batch, n - begin);
-      std::vector<Tensor> x;
-      for (std::size_t k = 0; k < inputs.size(); ++k) {
-        const int64_t item = graph.inputs()[k].shape.numel();
-        for (int64_t j = 0; j < count; ++j)
-          std::copy_n(train_set.inputs[k].data() + order[static_cast<std::size_t>(begin + j)] * item, item,
-                      inputs[k].data() + j * item);
-        x.push_back(count == batch ? inputs[k] : inputs[k].slice_batch(0, count));
-      }
-      for (int64_t j = 0; j < count; ++j)
-        labels[static_cast<std::size_t>(j)] = train_set.labels[static_cast<std::size_t>(order[static_cast<std::size_t>(begin + j)])];
+      const int32_t* labels = nullptr;
+      const std::vector<Tensor> x = batches.rows(begin, labels);
+      const int64_t count = x[0].shape()[0];
       const float factor = lr_factor(schedule, global_step++);
       for (Optimizer* o : stage_optimizers) o->set_lr_scale(factor);
-      StepStats s = trainer.train_step(x, labels.data(), static_cast<int>(std::min<int64_t>(microbatches, count)));
+      StepStats s = trainer.train_step(x, labels, static_cast<int>(std::min<int64_t>(microbatches, count)));
       total.loss_sum += s.loss_sum;
       total.correct += s.correct;
       total.samples += s.samples;
@@ -291,6 +254,7 @@ int main(int argc, char** argv) {
       .option("metrics-json", "FILE", "append each epoch's metrics to FILE as JSON lines")
       .details(tandem::kTrainDetails)
       .run(tandem::train);
+  tandem::declare_stage(program.command("stage", "run one party's stage of a pipeline across parties (a deployment file)"));
   tandem::declare_profile(program.command("profile", "time every layer's forward and backward on its shard's backend"));
   tandem::declare_plan(program.command("plan", "predict the speed of every cut and micro-batch count on a link"));
   tandem::declare_export(program.command("export", "merge the edge's and the cloud's checkpoints into one safetensors file"));

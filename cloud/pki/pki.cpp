@@ -170,7 +170,8 @@ void require_ca(const std::string& state_dir) {
     fail(kWhere, cat(state_dir, " has no CA; run `tandem-cloud pki init --state-dir ", state_dir, "` first"));
 }
 
-void issue(const std::string& state_dir, const std::string& client_name, const std::string& out_dir) {
+void issue(const std::string& state_dir, const std::string& client_name, const std::string& out_dir,
+           const std::vector<std::string>& hosts) {
   check_client_name(client_name);
   require_ca(state_dir);
   const std::string ca_cert = state_dir + "/ca.crt", ca_key_path = state_dir + "/ca.key";
@@ -180,7 +181,7 @@ void issue(const std::string& state_dir, const std::string& client_name, const s
   char issuer[256];
   if (mbedtls_x509_dn_gets(issuer, sizeof issuer, &ca->subject) < 0) fail(kWhere, "cannot read the CA's subject");
   Pk key = generate_key(rng);
-  const CertSpec spec{cat("CN=", client_name, ",O=tandem edge"), false, {}, 2};
+  const CertSpec spec{cat("CN=", client_name, ",O=tandem edge"), false, hosts, 2};
   std::string serial;
   const std::string pem = make_cert(spec, key.get(), ca_key.get(), issuer, rng, &serial);
   std::error_code ec;

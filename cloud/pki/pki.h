@@ -18,8 +18,11 @@ struct InitResult {
 InitResult init(const std::string& state_dir, const std::vector<std::string>& hosts = {"localhost", "127.0.0.1"});
 
 // Issues an edge identity: OUT/client.key, OUT/client.crt (CN = client name, signed by the
-// CA in DIR) and OUT/ca.crt. Throws Error if DIR has no CA ("run pki init first").
-void issue(const std::string& state_dir, const std::string& client_name, const std::string& out_dir);
+// CA in DIR) and OUT/ca.crt. Throws Error if DIR has no CA ("run pki init first"). With
+// `hosts` the certificate names them too (subjectAltName), so that the party can also serve
+// TLS under that identity: a stage of a pipeline, which its upstream party connects to.
+void issue(const std::string& state_dir, const std::string& client_name, const std::string& out_dir,
+           const std::vector<std::string>& hosts = {});
 
 // Throws Error saying to run `pki init` unless DIR holds a CA (ca.crt and ca.key).
 void require_ca(const std::string& state_dir);

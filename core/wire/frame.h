@@ -13,6 +13,9 @@
 namespace tandem {
 
 inline constexpr uint32_t kProtocolVersion = 1;
+// The wire format's version, in every Message (Message.format) and in StageHello: 2 since
+// messages carry it and pipelines of stages speak StageHello, Activations and Gradients.
+inline constexpr uint32_t kWireFormat = 2;
 inline constexpr std::size_t kDefaultMaxMessageBytes = 64u << 20;  // 64 MiB
 
 struct WireError {

@@ -34,7 +34,7 @@ flatbuffers::Offset<wire::TensorMsg> MessageWriter::tensor(const char* name, con
 }
 
 std::span<const uint8_t> MessageWriter::finish(wire::Payload type, flatbuffers::Offset<void> payload) {
-  fbb_.Finish(wire::CreateMessage(fbb_, type, payload), wire::MessageIdentifier());
+  fbb_.Finish(wire::CreateMessage(fbb_, type, payload, kWireFormat), wire::MessageIdentifier());
   return {fbb_.GetBufferPointer(), fbb_.GetSize()};
 }
 
@@ -293,6 +293,35 @@ bool check_window(uint64_t step, uint32_t microbatch, uint64_t expected_step, ui
   error = {wire::ErrorCode::OutOfWindow, cat("step ", step, " micro-batch ", microbatch, " is outside the window (step ",
                                              expected_step, ", micro-batches 0..", microbatches - 1, ")")};
   return false;
+}
+
+std::span<const uint8_t> MessageWriter::stage_hello(const std::array<uint8_t, 32>& plan_hash, uint32_t stage,
+                                                    uint32_t stages, uint64_t resume_step, uint32_t format) {
+  fbb_.Clear();
+  const auto h = fbb_.CreateVector(plan_hash.data(), plan_hash.size());
+  return finish(wire::Payload::StageHello, wire::CreateStageHello(fbb_, format, h, stage, stages, resume_step).Union());
+}
+
+std::span<const uint8_t> MessageWriter::activations(const StepHeader& header, uint32_t stage, uint32_t microbatch,
+                                                    uint64_t weight_version, const Tensor& activations,
+                                                    std::span<const int32_t> labels, const Tensor* mask) {
+  fbb_.Clear();
+  const auto t = tensor("activations", activations, wire::DType::F32);
+  const auto l = fbb_.CreateVector(labels.data(), labels.size());
+  const auto m = mask_bytes(mask);
+  return finish(wire::Payload::Activations,
+                wire::CreateActivations(fbb_, stage, header.step, microbatch, weight_version, header.samples,
+                                        header.microbatches, header.lr_scale, header.checkpoint, t, l, m)
+                    .Union());
+}
+
+std::span<const uint8_t> MessageWriter::gradients(uint32_t stage, uint64_t step, uint32_t microbatch,
+                                                  uint64_t weight_version, const Tensor& gradients, float loss,
+                                                  uint32_t correct) {
+  fbb_.Clear();
+  const auto t = tensor("gradients", gradients, wire::DType::F32);
+  return finish(wire::Payload::Gradients,
+                wire::CreateGradients(fbb_, stage, step, microbatch, weight_version, t, loss, correct).Union());
 }
 
 }  // namespace tandem

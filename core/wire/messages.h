@@ -23,6 +23,15 @@ std::array<uint8_t, 32> model_hash(const ModelSpec& spec, const std::string& cut
 // Named f32 tensors: a front shard's parameters in FrontWeights and Aggregated.
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// A step as the first stage of a pipeline announces it with each micro-batch's Activations.
+struct StepHeader {
+  uint64_t step = 0;
+  uint32_t samples = 0, microbatches = 0;
+  float lr_scale = 1.0f;
+  bool checkpoint = false;
+  bool operator==(const StepHeader&) const = default;
+};
+
 // Builds one message at a time; the returned bytes stay valid until the next call. The
 // builder's memory is reused, so steady-state encoding does not allocate once it has grown.
 class MessageWriter {
@@ -59,6 +68,15 @@ class MessageWriter {
                                               wire::DType dtype = wire::DType::F32, double cloud_busy_s = 0.0);
   std::span<const uint8_t> eval_result(uint64_t batch_id, uint32_t correct, uint32_t count, double loss_sum,
                                        double cloud_busy_s = 0.0);
+  // A pipeline of stages (pipeline/stage_peer.h): the hello that opens a link, and the
+  // activations down and gradients up, named by the sender's stage (f32 on the wire).
+  std::span<const uint8_t> stage_hello(const std::array<uint8_t, 32>& plan_hash, uint32_t stage, uint32_t stages,
+                                       uint64_t resume_step, uint32_t format = kWireFormat);
+  std::span<const uint8_t> activations(const StepHeader& header, uint32_t stage, uint32_t microbatch,
+                                       uint64_t weight_version, const Tensor& activations,
+                                       std::span<const int32_t> labels, const Tensor* mask);
+  std::span<const uint8_t> gradients(uint32_t stage, uint64_t step, uint32_t microbatch, uint64_t weight_version,
+                                     const Tensor& gradients, float loss, uint32_t correct);
   std::span<const uint8_t> error(wire::ErrorCode code, const std::string& text);
   std::span<const uint8_t> bye(const std::string& reason);
 

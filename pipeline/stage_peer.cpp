@@ -1,0 +1,379 @@
+#include "pipeline/stage_peer.h"
+
+#include <algorithm>
+#include <chrono>
+#include <cmath>
+
+#include "core/error.h"
+#include "core/flatbuffer_read.h"
+#include "core/microbatch.h"
+#include "core/sha256.h"
+
+namespace tandem {
+
+using Kind = PipelineAction::Kind;
+
+namespace {
+
+constexpr float kMaxLrScale = 100.0f;  // a schedule's factor; beyond this is a bug or an attack
+
+double since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+
+}  // namespace
+
+std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
+                                  const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches) {
+  Sha256 h;
+  h.update(spec_binary.data(), spec_binary.size());
+  const std::string rest = cat('\0', cuts, '\0', schedule, '\0', stages, '\0', batch, '\0', microbatches);
+  h.update(reinterpret_cast<const uint8_t*>(rest.data()), rest.size());
+  return h.finish();
+}
+
+// One micro-batch of the step in flight: what arrived for it, kept (with the frame its
+// tensors are views of) until the step ends.
+struct StagePeer::Slot {
+  bool activations = false, gradients = false;
+  Frame act_frame, grad_frame;
+  std::vector<Tensor> inputs;  // the stage's inputs: the activations, and the mask when it reads one
+  Tensor decoded;              // (f32 arrives as a view: unused)
+  Tensor mask;                 // the mask as it travels on, [count, length]
+  std::vector<int32_t> labels;
+  Tensor grad;                 // the gradient of this stage's output
+  float loss = 0;
+  uint32_t correct = 0;
+};
+
+StagePeer::StagePeer(Stage& stage, const PipelineSchedule& schedule, const StagePlan& plan, StageLink* upstream,
+                     StageLink* downstream)
+    : stage_(stage), schedule_(schedule), plan_(plan), up_(upstream), down_(downstream) {
+  check_schedule(schedule);
+  if (plan.stages < 2 || plan.index >= plan.stages)
+    fail("stage", cat("stage ", plan.index, " of ", plan.stages, ": a pipeline across parties has two stages or more"));
+  if ((up_ == nullptr) != first() || (down_ == nullptr) != last())
+    fail("stage", cat("stage ", plan.index, " of ", plan.stages, " needs ", first() ? "no" : "an", " upstream link and ",
+                      last() ? "no" : "a", " downstream link"));
+  if (plan.microbatches < 1 || plan.batch < plan.microbatches)
+    fail("stage", cat("a plan of ", plan.microbatches, " micro-batches in a batch of ", plan.batch));
+  slots_.resize(plan.microbatches);
+  cuts_.resize(plan.microbatches);
+  if (first()) stage.network().set_input_gradient(false);  // the data: no gradient
+}
+
+StagePeer::~StagePeer() = default;
+
+void StagePeer::check_schedule(const PipelineSchedule& schedule) {
+  if (schedule.asynchronous())
+    fail("stage", cat("the ", schedule.name(), " schedule runs in one process only (tandem train): a pipeline across "
+                      "parties runs gpipe, 1f1b or zero-bubble"));
+}
+
+void StagePeer::refuse(StageLink& link, const char* neighbour, WireError error) {
+  link.refuse(error);
+  fail("stage", cat("stage ", plan_.index, " refused the ", neighbour, " stage's message: ", error.text));
+}
+
+const wire::Message* StagePeer::verified(StageLink& link, const char* neighbour, const Frame& frame) {
+  WireError error;
+  const wire::Message* msg = verify_frame(frame, frame.size(), error);
+  if (msg == nullptr) refuse(link, neighbour, error);
+  if (msg->payload_type() == wire::Payload::Error) {
+    const wire::Error* e = msg->payload_as_Error();
+    fail("stage", cat("the ", neighbour, " stage ended the run: ", e->text() ? e->text()->str() : "(no reason given)"));
+  }
+  if (msg->format() != kWireFormat)
+    refuse(link, neighbour, {wire::ErrorCode::ProtocolVersion, cat("a message in wire format ", msg->format(),
+                                                                    "; this stage speaks ", kWireFormat,
+                                                                    ": run the same tandem version at every stage")});
+  return msg;
+}
+
+void StagePeer::open_downstream(uint64_t next_step) {
+  down_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, next_step));
+  const Frame frame = down_->receive("StageHello");
+  const wire::Message* msg = verified(*down_, "next", frame);
+  const wire::StageHello* h = msg->payload_as_StageHello();
+  if (h == nullptr)
+    refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage,
+                            cat("expected StageHello, got ", payload_name(msg->payload_type()))});
+  if (h->stage() != plan_.index + 1 || h->stages() != plan_.stages)
+    refuse(*down_, "next", {wire::ErrorCode::ModelMismatch, cat("the stage after stage ", plan_.index, " of ",
+                                                                plan_.stages, " answered as stage ", h->stage(), " of ",
+                                                                h->stages())});
+  if (h->resume_step() != next_step)
+    refuse(*down_, "next", {wire::ErrorCode::NoCheckpoint, cat("stage ", plan_.index, " trains step ", next_step,
+                                                               " next and stage ", h->stage(), " step ", h->resume_step(),
+                                                               ": start every stage from the same step")});
+  next_step_ = next_step;
+}
+
+void StagePeer::accept_upstream(uint64_t next_step) {
+  const Frame frame = up_->receive("StageHello");
+  const wire::Message* msg = verified(*up_, "previous", frame);
+  const wire::StageHello* h = msg->payload_as_StageHello();
+  if (h == nullptr)
+    refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage,
+                              cat("expected StageHello, got ", payload_name(msg->payload_type()))});
+  if (h->format() != kWireFormat)
+    refuse(*up_, "previous", {wire::ErrorCode::ProtocolVersion,
+                              cat("wire format ", h->format(), "; this stage speaks ", kWireFormat)});
+  if (!h->plan_hash() || h->plan_hash()->size() != plan_.hash.size() ||
+      !std::equal(plan_.hash.begin(), plan_.hash.end(), h->plan_hash()->begin()))
+    refuse(*up_, "previous", {wire::ErrorCode::ModelMismatch,
+                              cat("the stage before runs another plan (model spec, cuts, schedule, batch or K differ "
+                                  "from stage ", plan_.index, "'s): give every party the same deployment")});
+  if (h->stage() + 1 != plan_.index || h->stages() != plan_.stages)
+    refuse(*up_, "previous", {wire::ErrorCode::ModelMismatch, cat("stage ", h->stage(), " of ", h->stages(),
+                                                                  " connected to stage ", plan_.index, " of ",
+                                                                  plan_.stages)});
+  if (h->resume_step() != next_step)
+    refuse(*up_, "previous", {wire::ErrorCode::NoCheckpoint, cat("stage ", h->stage(), " trains step ",
+                                                                 h->resume_step(), " next and stage ", plan_.index,
+                                                                 " step ", next_step,
+                                                                 ": start every stage from the same step")});
+  next_step_ = next_step;
+  up_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, next_step));
+}
+
+bool StagePeer::check_header(const wire::Activations& a, WireError& error) {
+  const StepHeader h{a.step(), a.step_samples(), a.step_microbatches(), a.lr_scale(), a.checkpoint()};
+  if (in_step_) {
+    if (h == header_) return true;
+    error = {wire::ErrorCode::BadTensor, cat("step ", header_.step, " changed its size, learning-rate scale or "
+                                             "checkpoint flag between micro-batches")};
+    return false;
+  }
+  if (h.step != next_step_) {
+    error = {wire::ErrorCode::OutOfWindow, cat("activations of step ", h.step, " while stage ", plan_.index,
+                                               " trains step ", next_step_, " next")};
+    return false;
+  }
+  if (h.samples < 1 || h.samples > plan_.batch || h.microbatches < 1 || h.microbatches > plan_.microbatches ||
+      h.microbatches > h.samples) {
+    error = {wire::ErrorCode::BadTensor, cat("step ", h.step, " announces ", h.samples, " samples in ", h.microbatches,
+                                             " micro-batches (plan: batch ", plan_.batch, ", ", plan_.microbatches,
+                                             " micro-batches)")};
+    return false;
+  }
+  if (!(h.lr_scale >= 0.0f && h.lr_scale <= kMaxLrScale)) {
+    error = {wire::ErrorCode::BadTensor, cat("step ", h.step, " asks for a learning-rate scale of ", h.lr_scale,
+                                             ", outside [0, ", kMaxLrScale, "]")};
+    return false;
+  }
+  header_ = h;
+  in_step_ = true;
+  return true;
+}
+
+bool StagePeer::check_activations(const Frame& frame, const wire::Activations& a, Slot& slot, WireError& error) {
+  const int64_t count = microbatch_range(header_.samples, header_.microbatches, a.microbatch()).count;
+  if (!check_labels(a.labels(), count, plan_.classes, error)) return false;
+  // With length buckets a micro-batch runs at its own length: the activations' second
+  // dimension, which must be a bucket; the mask travels at that length too.
+  const Graph& graph = stage_.graph();
+  const GraphInput& cut = graph.inputs()[0];
+  const wire::TensorMsg* t = a.tensor();
+  int64_t length = -1;
+  if (cut.tokens && t && t->shape() && t->shape()->size() >= 2) {
+    length = int64_at(*t->shape(), 1);
+    const auto& buckets = graph.length_buckets();
+    if (std::find(buckets.begin(), buckets.end(), length) == buckets.end()) {
+      error = {wire::ErrorCode::BadTensor, cat("activations of ", length, " tokens: this model runs sequences at its "
+                                               "length buckets ", graph.buckets_text(), " only")};
+      return false;
+    }
+  }
+  const int64_t mask_tokens = plan_.mask_input >= 0 ? (length > 0 ? length : plan_.mask_tokens) : 0;
+  if (!read_mask(a.mask(), count, mask_tokens, slot.mask, error)) return false;
+  slot.inputs.clear();
+  slot.inputs.push_back(read_tensor(frame, t, Graph::at_length(cut.shape, cut.tokens, length).batched(count),
+                                    "activations", error));
+  if (!slot.inputs[0].defined()) return false;
+  if (graph.inputs().size() > 1) slot.inputs.push_back(slot.mask);
+  slot.labels.assign(a.labels()->begin(), a.labels()->end());
+  return true;
+}
+
+bool StagePeer::take_from_upstream(const char* awaiting) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Frame frame = up_->receive(awaiting);
+  idle_s_ += since(t0);
+  const wire::Message* msg = verified(*up_, "previous", frame);
+  if (msg->payload_type() == wire::Payload::Bye) {
+    if (in_step_)
+      refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage,
+                                cat("Bye within step ", header_.step, ": a run ends between steps")});
+    return false;
+  }
+  const wire::Activations* a = msg->payload_as_Activations();
+  if (a == nullptr)
+    refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage,
+                              cat("expected Activations, got ", payload_name(msg->payload_type()))});
+  WireError error;
+  if (a->stage() + 1 != plan_.index)
+    refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage,
+                              cat("activations named stage ", a->stage(), " reached stage ", plan_.index)});
+  if (!check_header(*a, error)) refuse(*up_, "previous", error);
+  if (!check_window(a->step(), a->microbatch(), header_.step, header_.microbatches, error))
+    refuse(*up_, "previous", error);
+  Slot& slot = slots_[a->microbatch()];
+  if (slot.activations)
+    refuse(*up_, "previous", {wire::ErrorCode::OutOfWindow, cat("micro-batch ", a->microbatch(), " of step ",
+                                                                header_.step, " arrived twice")});
+  if (!check_activations(frame, *a, slot, error)) refuse(*up_, "previous", error);
+  slot.act_frame = std::move(frame);
+  slot.activations = true;
+  return true;
+}
+
+void StagePeer::take_from_downstream(const char* awaiting) {
+  const auto t0 = std::chrono::steady_clock::now();
+  Frame frame = down_->receive(awaiting);
+  idle_s_ += since(t0);
+  const wire::Message* msg = verified(*down_, "next", frame);
+  const wire::Gradients* g = msg->payload_as_Gradients();
+  if (g == nullptr)
+    refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage,
+                            cat("expected Gradients, got ", payload_name(msg->payload_type()))});
+  WireError error;
+  if (g->stage() != plan_.index + 1)
+    refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage,
+                            cat("gradients named stage ", g->stage(), " reached stage ", plan_.index)});
+  if (!check_window(g->step(), g->microbatch(), header_.step, header_.microbatches, error)) refuse(*down_, "next", error);
+  Slot& slot = slots_[g->microbatch()];
+  if (!slot.activations || slot.gradients)  // a gradient of an output this stage has not sent, or twice
+    refuse(*down_, "next", {wire::ErrorCode::OutOfWindow, cat("a gradient of micro-batch ", g->microbatch(),
+                                                              " of step ", header_.step, " that was not awaited")});
+  const int64_t count = microbatch_range(header_.samples, header_.microbatches, g->microbatch()).count;
+  if (!std::isfinite(g->loss()) || g->correct() > count)
+    refuse(*down_, "next", {wire::ErrorCode::BadTensor, cat("micro-batch ", g->microbatch(), "'s loss ", g->loss(),
+                                                            " or correct count ", g->correct(), " is impossible")});
+  slot.grad = read_tensor(frame, g->tensor(), stage_.network().output(static_cast<int>(g->microbatch())).shape(),
+                          "gradients", error);
+  if (!slot.grad.defined()) refuse(*down_, "next", error);
+  slot.loss = g->loss();
+  slot.correct = g->correct();
+  slot.grad_frame = std::move(frame);
+  slot.gradients = true;
+}
+
+StagePeer::Slot& StagePeer::activations(uint32_t mb) {
+  while (!slots_[mb].activations)
+    if (!take_from_upstream("activations")) refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage, "Bye"});
+  return slots_[mb];
+}
+
+StagePeer::Slot& StagePeer::gradients(uint32_t mb) {
+  while (!slots_[mb].gradients) take_from_downstream("gradients");
+  return slots_[mb];
+}
+
+void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first_inputs, const int32_t* first_labels,
+                         StepStats& stats) {
+  const int k = static_cast<int>(header.microbatches);
+  if (k != actions_k_) {
+    actions_ = schedule_.actions(static_cast<int>(plan_.index), static_cast<int>(plan_.stages), k);
+    actions_k_ = k;
+  }
+  stage_.zero_grad();
+  const float scale = 1.0f / static_cast<float>(header.samples);
+  for (const PipelineAction& a : actions_) {
+    const auto mb = static_cast<uint32_t>(a.microbatch);
+    const int slot_index = a.microbatch;
+    const MicrobatchRange range = microbatch_range(header.samples, header.microbatches, a.microbatch);
+    if (a.kind == Kind::Forward) {
+      std::span<const Tensor> in;
+      const int32_t* labels = nullptr;
+      const Tensor* mask = nullptr;
+      if (first()) {
+        in_.clear();
+        for (const Tensor& t : first_inputs) in_.push_back(t.slice_batch(range.begin, range.count));
+        fit_to_bucket(stage_.graph(), in_, cuts_[mb]);
+        in = cuts_[mb].inputs;
+        labels = first_labels + range.begin;
+        if (plan_.mask_input >= 0) mask = &cuts_[mb].inputs[static_cast<std::size_t>(plan_.mask_input)];
+        slots_[mb].activations = true;
+      } else {
+        Slot& s = activations(mb);
+        in = s.inputs;
+        labels = s.labels.data();
+        if (plan_.mask_input >= 0) mask = &s.mask;
+      }
+      if (last()) {
+        const Stage::LossPass pass = stage_.forward_loss(in, slot_index, labels, scale);
+        if (!pass.finite)
+          fail("stage", cat("the loss of micro-batch ", mb, " of step ", header.step,
+                            " is not finite: lower the learning rate (--lr)"));
+        slots_[mb].loss = static_cast<float>(pass.loss);
+        slots_[mb].correct = static_cast<uint32_t>(pass.correct);
+        slots_[mb].gradients = true;
+      } else {
+        const Tensor& out = stage_.forward(in, slot_index);
+        down_->send(writer_.activations(header, plan_.index, mb, version_, out,
+                                        std::span<const int32_t>(labels, static_cast<std::size_t>(range.count)), mask));
+      }
+      continue;
+    }
+    if (a.kind == Kind::BackwardWeight) {
+      stage_.backward_weights(slot_index);
+      continue;
+    }
+    const Tensor& grad_out = last() ? stage_.output_grad(slot_index) : gradients(mb).grad;
+    const Tensor g = stage_.backward(grad_out, slot_index, !first(), a.kind == Kind::BackwardInput);
+    if (!first())
+      up_->send(writer_.gradients(plan_.index, header.step, mb, version_, g, slots_[mb].loss, slots_[mb].correct));
+  }
+  for (uint32_t mb = 0; mb < header.microbatches; ++mb) {
+    stats.loss_sum += slots_[mb].loss;
+    stats.correct += slots_[mb].correct;
+  }
+  stats.samples = header.samples;
+  if (stage_.optimizer() != nullptr) stage_.optimizer()->set_lr_scale(header.lr_scale);
+  stage_.step();
+  ++version_;
+  next_step_ = header.step + 1;
+  in_step_ = false;
+  for (Slot& s : slots_) {  // the frames go back to their pool
+    s.activations = s.gradients = false;
+    s.act_frame = s.grad_frame = Frame();
+    s.inputs.clear();
+    s.grad = Tensor();
+    s.loss = 0;
+    s.correct = 0;
+  }
+}
+
+StepStats StagePeer::train_step(const StepHeader& header, std::span<const Tensor> inputs, const int32_t* labels) {
+  if (!first()) fail("stage", "train_step is the first stage's; a later stage follows its steps (follow_step)");
+  if (header.step != next_step_)
+    fail("stage", cat("step ", header.step, " after step ", next_step_ - 1, ": steps are trained in order"));
+  if (inputs.empty() || header.samples != inputs[0].shape()[0] || header.microbatches < 1 ||
+      header.microbatches > plan_.microbatches || header.samples > plan_.batch || header.microbatches > header.samples)
+    fail("stage", cat("a step of ", header.samples, " samples in ", header.microbatches, " micro-batches (plan: batch ",
+                      plan_.batch, ", ", plan_.microbatches, " micro-batches)"));
+  header_ = header;
+  in_step_ = true;
+  StepStats stats;
+  run_step(header, inputs, labels, stats);
+  return stats;
+}
+
+bool StagePeer::follow_step(StepStats& stats) {
+  if (first()) fail("stage", "the first stage leads its steps (train_step)");
+  if (!take_from_upstream("the next step's activations")) {
+    if (down_ != nullptr) down_->send(writer_.bye("the first stage ended the run"));
+    return false;
+  }
+  stats = StepStats{};
+  run_step(header_, {}, nullptr, stats);
+  return true;
+}
+
+void StagePeer::finish(const std::string& reason) {
+  if (!first()) fail("stage", "the first stage ends the run");
+  down_->send(writer_.bye(reason));
+}
+
+}  // namespace tandem

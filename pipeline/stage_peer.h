@@ -1,0 +1,125 @@
+// One stage of a pipeline whose stages are parties on different machines: the protocol's
+// state machine for that stage, free of transport. It faces an upstream link (the stage
+// before, which sends Activations and takes Gradients) and a downstream link (the stage
+// after), runs its schedule's actions for each step in order, waiting on a link only for
+// what an action needs, and applies its optimizer once a step: the N stages together give
+// the weights of whole-model training, as the in-process pipeline does. The first stage
+// holds the data and announces each step with its Activations; the last holds the loss and
+// reads the labels that travel with them. Everything a neighbour sends is verified and
+// checked against the plan and the step before it is used; a message that fails is answered
+// with an Error on that link, which then closes, and the run ends with an Error naming it.
+#pragma once
+
+#include <array>
+#include <cstdint>
+#include <span>
+#include <string>
+#include <vector>
+
+#include "core/length_buckets.h"
+#include "core/wire/frame.h"
+#include "core/wire/messages.h"
+#include "pipeline/local_pipeline.h"
+#include "pipeline/schedule.h"
+#include "pipeline/stage.h"
+
+namespace tandem {
+
+// A link to a neighbouring stage, as a transport gives it (a TLS WebSocket in tandem stage,
+// memory in tests).
+class StageLink {
+ public:
+  virtual ~StageLink() = default;
+  virtual void send(std::span<const uint8_t> bytes) = 0;
+  // The neighbour's next message, verified (frame.h); throws an Error that names `awaiting`
+  // when the link closes or stays silent.
+  virtual Frame receive(const char* awaiting) = 0;
+  // Answers peer data that failed a check: sends Error{code, text} and closes the link.
+  virtual void refuse(const WireError& error) = 0;
+};
+
+// What every stage of a pipeline agrees on, and which of them this one is.
+struct StagePlan {
+  uint32_t index = 0, stages = 1;
+  std::array<uint8_t, 32> hash{};  // plan_hash(): the same at every stage
+  uint32_t batch = 0, microbatches = 0;  // the most samples and micro-batches a step may have
+  int32_t classes = 0;  // labels range over [0, classes)
+  // Whether the first stage's mask input travels down the chain (a later stage reads it):
+  // the first stage's input index, or -1; later stages get the width from mask_tokens.
+  int mask_input = -1;
+  int64_t mask_tokens = 0;
+};
+
+// SHA-256 over the binary model spec and, each after a zero byte, the cut list, the
+// schedule's name, the number of stages, the batch and K: what StageHello carries.
+std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
+                                  const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches);
+
+class StagePeer {
+ public:
+  // `upstream` is null on the first stage, `downstream` on the last; neither is owned. The
+  // schedule must be synchronous (an Error says so otherwise).
+  StagePeer(Stage& stage, const PipelineSchedule& schedule, const StagePlan& plan, StageLink* upstream,
+            StageLink* downstream);
+  ~StagePeer();
+  // An Error unless `schedule` can run across parties (a synchronous one).
+  static void check_schedule(const PipelineSchedule& schedule);
+  StagePeer(const StagePeer&) = delete;
+  StagePeer& operator=(const StagePeer&) = delete;
+
+  // The links' handshake. open_downstream sends StageHello down and checks the next stage's
+  // answer; accept_upstream waits for the stage before's StageHello, checks it and answers.
+  // `next_step` is the step this stage trains next; both ends must agree on it.
+  void open_downstream(uint64_t next_step);
+  void accept_upstream(uint64_t next_step);
+
+
+  // The first stage: one step of the step's rows (`inputs`, each [samples, ...], and their
+  // labels) in header.microbatches micro-batches. Returns the loss and correct predictions
+  // the loss stage reported.
+  StepStats train_step(const StepHeader& header, std::span<const Tensor> inputs, const int32_t* labels);
+  // A later stage: the next step, as the stage before announces it. False when the stage
+  // before ended the run (its Bye, passed on down the chain).
+  bool follow_step(StepStats& stats);
+  // The first stage: the run is over; Bye goes down the chain.
+  void finish(const std::string& reason);
+
+  uint64_t next_step() const { return next_step_; }
+  uint64_t weight_version() const { return version_; }
+  // Seconds waiting on a link for what an action needed, since construction.
+  double idle_s() const { return idle_s_; }
+
+ private:
+  struct Slot;  // one micro-batch's messages
+  bool first() const { return plan_.index == 0; }
+  bool last() const { return plan_.index + 1 == plan_.stages; }
+  void run_step(const StepHeader& header, std::span<const Tensor> first_inputs, const int32_t* first_labels,
+                StepStats& stats);
+  // Waits for micro-batch `mb`'s Activations (from upstream) or Gradients (from downstream).
+  Slot& activations(uint32_t mb);
+  Slot& gradients(uint32_t mb);
+  // Reads one message from `link` into its slot; false on the stage before's Bye.
+  bool take_from_upstream(const char* awaiting);
+  void take_from_downstream(const char* awaiting);
+  [[noreturn]] void refuse(StageLink& link, const char* neighbour, WireError error);
+  const wire::Message* verified(StageLink& link, const char* neighbour, const Frame& frame);
+  bool check_header(const wire::Activations& a, WireError& error);
+  bool check_activations(const Frame& frame, const wire::Activations& a, Slot& slot, WireError& error);
+
+  Stage& stage_;
+  const PipelineSchedule& schedule_;
+  StagePlan plan_;
+  StageLink *up_, *down_;
+  MessageWriter writer_;
+  uint64_t next_step_ = 0, version_ = 0;
+  StepHeader header_;       // the step in flight
+  bool in_step_ = false;    // header_ is fixed (its first Activations arrived)
+  std::vector<Slot> slots_;
+  std::vector<PipelineAction> actions_;
+  int actions_k_ = 0;
+  std::vector<LengthCut> cuts_;  // the first stage: per micro-batch, its inputs at their length bucket
+  std::vector<Tensor> in_;
+  double idle_s_ = 0;
+};
+
+}  // namespace tandem

@@ -1,0 +1,122 @@
+#!/usr/bin/env bash
+# A pipeline across parties: four `tandem stage` processes on loopback, one stage each (cuts
+# pool1,pool2,fc1), each link mutual TLS with the identity the deployment file names. Under
+# gpipe, 1f1b and zero-bubble the stages' merged exports equal the weights of the same
+# training in one process (`tandem train`, two stages) within 1e-5, and every process exits
+# 0. Then: a party with another party's certificate is refused by name at the next stage; a
+# party that runs another plan is refused (ModelMismatch); the async schedule is refused.
+# Usage: stage_pipeline.sh BUILD_DIR SOURCE_DIR
+set -euo pipefail
+build=$1 src=$2
+tandem=$build/tools/tandem cloud_bin=$build/cloud/tandem-cloud diff=$build/tests/tandem_weights_diff
+model=$src/samples/fashion-mnist/model.json
+work=$(mktemp -d)
+source "$src/tests/e2e/lib.sh"
+trap 'stop_started; [[ -n ${KEEP:-} ]] || rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+limit=${STAGE_LIMIT:-1024}
+parties=(scanner gpu-box cloud-a cloud-b)
+
+"$cloud_bin" pki init --state-dir "$work/ca" > /dev/null
+for p in "${parties[@]}"; do
+  "$cloud_bin" pki issue --state-dir "$work/ca" --client "$p" --hosts 127.0.0.1,localhost --out "$work/id/$p" > /dev/null
+done
+free_ports() { /usr/bin/python3 -c "
+import socket
+s = [socket.socket() for _ in range($1)]
+for x in s: x.bind(('127.0.0.1', 0))
+print(' '.join(str(x.getsockname()[1]) for x in s))"; }
+
+# deployment NAME SCHEDULE [EXTRA]: $work/NAME.toml, four parties on fresh ports.
+deployment() {
+  local ports i
+  read -r -a ports <<< "$(free_ports 4)"
+  {
+    echo "model = \"$model\""
+    echo "cut = \"pool1,pool2,fc1\""
+    echo "pipeline-schedule = \"$2\""
+    echo "batch = 64"
+    echo "microbatches = 4"
+    echo "limit = $limit"
+    echo "${3:-}"
+    for i in 0 1 2 3; do
+      echo "[${parties[$i]}]"
+      echo "address = \"127.0.0.1:${ports[$i]}\""
+      echo "identity = \"id/${parties[$i]}\""
+      echo "backend = \"onednn\""
+      echo "export = \"$1-$i.safetensors\""
+    done
+  } > "$work/$1.toml"
+}
+
+# run_pipeline NAME: every party's tandem stage, the later ones first; all must exit 0.
+run_pipeline() {
+  local name=$1 i pids=() rc
+  for i in 3 2 1 0; do
+    "$tandem" stage --deployment "$work/$name.toml" --party "${parties[$i]}" --wait-s 60 --silence-s 60 \
+      > "$work/$name-$i.out" 2>&1 &
+    pids[$i]=$!
+  done
+  for i in 0 1 2 3; do
+    rc=0
+    wait "${pids[$i]}" || rc=$?
+    ((rc == 0)) || { cat "$work/$name-$i.out"; fail "$name: party ${parties[$i]} exited with $rc"; }
+  done
+  "$tandem" export --model "$model" --stages "$work/$name-0.safetensors,$work/$name-1.safetensors,$work/$name-2.safetensors,$work/$name-3.safetensors" \
+    --out "$work/$name.safetensors" > "$work/$name-export.out" || { cat "$work/$name-export.out"; fail "$name: export --stages"; }
+}
+
+"$tandem" train --model "$model" --cut pool2 --limit "$limit" --test-limit 10 --batch 64 --microbatches 4 \
+  --edge-backend onednn --cloud-backend onednn --export "$work/one.safetensors" > "$work/one.out" 2>&1 ||
+  { cat "$work/one.out"; fail "tandem train"; }
+for schedule in gpipe 1f1b zero-bubble; do
+  deployment "$schedule" "$schedule"
+  run_pipeline "$schedule"
+  "$diff" "$work/one.safetensors" "$work/$schedule.safetensors" 1e-5 > "$work/diff.out" ||
+    { cat "$work/diff.out"; fail "$schedule: four parties' weights differ from one process's"; }
+  grep -q '"party":"cloud-b","stage":3,"steps":16' "$work/$schedule-3.out" ||
+    fail "$schedule: the last party's summary: $(cat "$work/$schedule-3.out")"
+  grep -q '"epoch":1,"samples":1024' "$work/$schedule-0.out" || fail "$schedule: the first party's metrics: $(cat "$work/$schedule-0.out")"
+done
+
+# expect_exit NAME PARTY RC MESSAGE: party PARTY's run NAME exited with RC (waited for) and said MESSAGE.
+expect_exit() {
+  local rc=0
+  wait "${pids[$2]}" || rc=$?
+  ((rc == $3)) || { cat "$work/$1-$2.out"; fail "$1: party ${parties[$2]} exited with $rc, not $3"; }
+  grep -qF "$4" "$work/$1-$2.out" || fail "$1: party ${parties[$2]} said '$(cat "$work/$1-$2.out")', not '$4'"
+}
+start() {  # start NAME PARTY [DEPLOYMENT]: party PARTY of NAME.toml (or DEPLOYMENT.toml) in the background
+  "$tandem" stage --deployment "$work/${3:-$1}.toml" --party "${parties[$2]}" --wait-s 20 --silence-s 8 \
+    > "$work/$1-$2.out" 2>&1 &
+  pids[$2]=$!
+}
+
+# An impostor: the party before cloud-a presents cloud-a's own certificate. cloud-a refuses it
+# by name; the impostor is told why; cloud-a, never joined, ends; cloud-b sees its link close.
+deployment impostor gpipe
+sed -i 's|identity = "id/gpu-box"|identity = "id/cloud-a"|' "$work/impostor.toml"
+pids=()
+start impostor 3; start impostor 2; start impostor 1
+expect_exit impostor 1 1 "the next stage ended the run: this stage takes its activations from 'gpu-box' only; 'cloud-a' is not it"
+expect_exit impostor 2 1 "nobody connected as 'gpu-box' (the party before) within 8 s"
+expect_exit impostor 3 1 "the party before (cloud-a) closed the link while this stage awaited the next step's activations"
+grep -qF "refused a connection from 'cloud-a'" "$work/impostor-2.out" || fail "cloud-a did not say whom it refused"
+
+# Another plan: the first party runs K = 2 where the others run 4.
+deployment plan gpipe
+sed 's/^microbatches = 4/microbatches = 2/' "$work/plan.toml" > "$work/plan2.toml"
+pids=()
+start plan 3; start plan 2; start plan 1; start plan 0 plan2
+expect_exit plan 0 1 "the next stage ended the run: the stage before runs another plan (model spec, cuts, schedule, batch or K differ from stage 1's): give every party the same deployment"
+expect_exit plan 1 1 "stage 1 refused the previous stage's message: the stage before runs another plan"
+expect_exit plan 2 1 "the party before (gpu-box) closed the link"
+expect_exit plan 3 1 "the party before (cloud-a) closed the link"
+
+# The asynchronous schedule runs in one process only: refused before any link is made.
+deployment async async
+pids=()
+start async 0
+expect_exit async 0 1 "tandem: [stage] the async schedule runs in one process only (tandem train): a pipeline across parties runs gpipe, 1f1b or zero-bubble"
+
+echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble; an impostor, another plan and async refused"

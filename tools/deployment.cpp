@@ -1,0 +1,116 @@
+#include "tools/deployment.h"
+
+#include <CLI/CLI.hpp>
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+
+#include "cli/command_line.h"
+#include "core/error.h"
+
+namespace tandem {
+namespace {
+
+// The run's keys: the options of `tandem train` that a pipeline across parties shares.
+const std::vector<std::string>& run_keys() {
+  static const std::vector<std::string> keys = {
+      "model", "cut", "pipeline-schedule", "batch", "microbatches", "epochs", "data", "limit", "seed",
+      "optimizer", "lr", "momentum", "nesterov", "weight-decay", "beta1", "beta2", "eps", "clip-norm",
+      "schedule", "warmup-steps", "step-size", "gamma", "min-lr-factor", "total-steps"};
+  return keys;
+}
+
+const std::vector<std::string>& party_keys() {
+  static const std::vector<std::string> keys = {"address", "identity", "backend", "threads", "export"};
+  return keys;
+}
+
+std::string suggestion(const std::string& key, const std::vector<std::string>& known) {
+  const std::vector<std::string> close = closest_names(key, known);
+  return close.empty() ? "" : cat(" (did you mean '", close.front(), "'?)");
+}
+
+}  // namespace
+
+std::size_t Deployment::index_of(const std::string& name) const {
+  std::string names;
+  for (std::size_t i = 0; i < parties.size(); ++i) {
+    if (parties[i].name == name) return i;
+    names += cat(i ? ", " : "", parties[i].name);
+  }
+  fail("cli", cat(path, " names no party '", name, "' (its parties: ", names, ")"));
+}
+
+Deployment read_deployment(const std::string& path) {
+  namespace fs = std::filesystem;
+  std::ifstream in(path);
+  if (!in) fail("cli", cat("cannot read the deployment file ", path, " (--deployment)"));
+  std::vector<CLI::ConfigItem> items;
+  try {
+    items = CLI::ConfigTOML().from_config(in);
+  } catch (const CLI::Error& e) {
+    fail("cli", cat(path, ": ", e.what()));
+  }
+  const fs::path folder = fs::path(path).parent_path();
+  const auto relative = [&](const std::string& p) { return fs::path(p).is_absolute() ? p : (folder / p).string(); };
+  Deployment d;
+  d.path = path;
+  std::map<std::string, std::size_t> at;
+  for (const CLI::ConfigItem& item : items) {
+    if (item.name == "++" || item.name == "--") continue;  // CLI11's marks of a section's start and end
+    std::string value;
+    for (std::size_t i = 0; i < item.inputs.size(); ++i) value += (i ? "," : "") + item.inputs[i];
+    if (item.parents.empty()) {
+      if (std::find(run_keys().begin(), run_keys().end(), item.name) == run_keys().end())
+        fail("cli", cat(path, ": unknown key '", item.name, "'", suggestion(item.name, run_keys()),
+                        "; the run's keys are tandem train's options, a party's go under its [NAME]"));
+      d.run[item.name] = (item.name == "model" || (item.name == "data" && value != "fashion-mnist")) ? relative(value)
+                                                                                                    : value;
+      continue;
+    }
+    if (item.parents.size() != 1)
+      fail("cli", cat(path, ": [", item.parents[0], ".", item.parents[1], "]: a party's section is one name"));
+    const std::string& name = item.parents[0];
+    if (!at.count(name)) {
+      at[name] = d.parties.size();
+      d.parties.emplace_back();
+      d.parties.back().name = name;
+    }
+    DeploymentParty& p = d.parties[at[name]];
+    if (item.name == "address") {
+      const auto colon = value.rfind(':');
+      char* end = nullptr;
+      const long port = colon == std::string::npos ? -1 : std::strtol(value.c_str() + colon + 1, &end, 10);
+      if (colon == std::string::npos || colon == 0 || colon + 1 == value.size() || *end != '\0' || port < 1 ||
+          port > 65535)
+        fail("cli", cat(path, ": [", name, "] address = '", value, "' is not HOST:PORT"));
+      p.host = value.substr(0, colon);
+      p.port = static_cast<int>(port);
+    } else if (item.name == "identity") {
+      p.identity = relative(value);
+    } else if (item.name == "backend") {
+      p.backend = value;
+    } else if (item.name == "threads") {
+      p.threads = std::atoi(value.c_str());
+      if (p.threads < 1) fail("cli", cat(path, ": [", name, "] threads = '", value, "' is not a count of 1 or more"));
+    } else if (item.name == "export") {
+      p.export_file = relative(value);
+    } else {
+      fail("cli", cat(path, ": [", name, "] has an unknown key '", item.name, "'", suggestion(item.name, party_keys()),
+                      " (a party's keys: address, identity, backend, threads, export)"));
+    }
+  }
+  if (d.parties.size() < 2)
+    fail("cli", cat(path, ": a pipeline needs two parties or more, a [NAME] section each in data order; it has ",
+                    d.parties.size()));
+  if (!d.run.count("model")) fail("cli", cat(path, ": no model = \"SPEC\" at the top"));
+  for (std::size_t i = 0; i < d.parties.size(); ++i) {
+    const DeploymentParty& p = d.parties[i];
+    if (p.identity.empty()) fail("cli", cat(path, ": [", p.name, "] has no identity = \"DIR\" (its certificate folder)"));
+    if (i > 0 && p.port == 0)
+      fail("cli", cat(path, ": [", p.name, "] has no address = \"HOST:PORT\": the party before it connects there"));
+  }
+  return d;
+}
+
+}  // namespace tandem

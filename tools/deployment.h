@@ -1,0 +1,39 @@
+// A deployment file: one pipeline across parties, read by every party's `tandem stage`. TOML:
+// the run's options at the top (model, cut, pipeline-schedule, batch, microbatches, epochs,
+// data, limit, seed and the optimizer's, each named as `tandem train`'s flag), then a
+// [NAME] section a party, in the order the data flows through them: the first holds the
+// data and the first stage, the last the loss. NAME is the party's identity: the common
+// name of its certificate (`tandem-cloud pki issue --client NAME --hosts HOST`), which the
+// parties before and after it must present. Paths are relative to the file's folder.
+#pragma once
+
+#include <map>
+#include <string>
+#include <vector>
+
+#include "cli/cli_args.h"
+
+namespace tandem {
+
+struct DeploymentParty {
+  std::string name;
+  std::string host;   // where it listens for the party before it (all but the first)
+  int port = 0;
+  std::string identity;  // its identity folder: client.crt, client.key (CN = name), ca.crt
+  std::string backend;   // its stage's kernels ("" : the default)
+  int threads = 1;
+  std::string export_file;  // at the end, its stage's weights with PyTorch's names ("" : none)
+};
+
+struct Deployment {
+  std::string path;
+  std::map<std::string, std::string> run;  // the top-level keys, as `tandem train` options
+  std::vector<DeploymentParty> parties;
+  CliArgs args() const { return CliArgs(run); }
+  // The party named `name`, by index; an Error listing the parties otherwise.
+  std::size_t index_of(const std::string& name) const;
+};
+
+Deployment read_deployment(const std::string& path);
+
+}  // namespace tandem

@@ -1,0 +1,324 @@
+#include "tools/stage_command.h"
+
+#include <chrono>
+#include <cstdio>
+#include <filesystem>
+#include <fstream>
+#include <thread>
+
+#include "backends/registry.h"
+#include "cli/progress.h"
+#include "core/error.h"
+#include "core/interop/hugging_face.h"
+#include "core/interop/safetensors.h"
+#include "core/interop/torch_layout.h"
+#include "core/wire/messages.h"
+#include "pipeline/stage_peer.h"
+#include "ports/files/atomic_file.h"
+#include "ports/lws/lws_endpoint.h"
+#include "ports/tls/wss_client.h"
+#include "tools/deployment.h"
+#include "tools/train_data.h"
+
+namespace tandem {
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+std::string fixed(double v, int digits) {
+  char buf[64];
+  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
+  return buf;
+}
+
+// The link to the party before: this stage's TLS WebSocket server, which takes one
+// connection, from the identity the deployment names there; any other is refused.
+class UpstreamLink final : public StageLink {
+ public:
+  UpstreamLink(const DeploymentParty& self, std::string expected, int silence_s)
+      : expected_(std::move(expected)), silence_(silence_s) {
+    EndpointOptions options;
+    options.idle_hangup_s = silence_s;
+    endpoint_ = LwsEndpoint::listen(self.host, self.port, tls_of(self), options);
+  }
+  static TlsIdentity tls_of(const DeploymentParty& p) {
+    return {p.identity + "/client.crt", p.identity + "/client.key", p.identity + "/ca.crt"};
+  }
+  int port() const { return endpoint_->port(); }
+
+  void send(std::span<const uint8_t> bytes) override { endpoint_->send(connection_, bytes); }
+
+  Frame receive(const char* awaiting) override {
+    const auto deadline = Clock::now() + std::chrono::seconds(silence_);
+    EndpointEvent ev;
+    while (Clock::now() < deadline) {
+      if (!endpoint_->next(ev, std::chrono::milliseconds(500))) continue;
+      if (ev.kind == EndpointEvent::Kind::Connected) {
+        admit(ev);
+        continue;
+      }
+      if (ev.connection != connection_) continue;  // one refused, going away
+      if (ev.kind == EndpointEvent::Kind::Closed)
+        fail("stage", cat("the party before (", expected_, ") closed the link while this stage awaited ", awaiting,
+                          ev.text.empty() ? "" : cat(" (", ev.text, ")")));
+      return std::move(ev.frame);
+    }
+    if (connection_ == 0)
+      fail("stage", cat("nobody connected as '", expected_, "' (the party before) within ", silence_,
+                        " s: is its tandem stage running, and does it reach this party's address?"));
+    fail("stage", cat("no ", awaiting, " from the party before (", expected_, ") within ", silence_, " s"));
+  }
+
+  void refuse(const WireError& error) override {
+    endpoint_->send(connection_, writer_.error(error.code, error.text), true);
+    drain(connection_);
+  }
+
+ private:
+  // A connection: the party the plan names, once; anyone else is answered with an Error.
+  void admit(const EndpointEvent& ev) {
+    std::string why;
+    if (ev.text != expected_)
+      why = cat("this stage takes its activations from '", expected_, "' only; '", ev.text, "' is not it");
+    else if (connection_ != 0)
+      why = cat("'", expected_, "' is connected already");
+    if (why.empty()) {
+      connection_ = ev.connection;
+      return;
+    }
+    std::fprintf(stderr, "refused a connection from '%s': %s\n", ev.text.c_str(), why.c_str());
+    endpoint_->send(ev.connection, writer_.error(wire::ErrorCode::Unauthorized, why), true);
+  }
+  void drain(uint64_t connection) {  // until the Error is out and the link closed (2 s at most)
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    EndpointEvent ev;
+    while (Clock::now() < deadline)
+      if (endpoint_->next(ev, std::chrono::milliseconds(100)) && ev.kind == EndpointEvent::Kind::Closed &&
+          ev.connection == connection)
+        return;
+  }
+
+  std::string expected_;
+  int silence_;
+  std::unique_ptr<LwsEndpoint> endpoint_;
+  uint64_t connection_ = 0;
+  MessageWriter writer_;
+};
+
+// The link to the party after: a TLS WebSocket client with this party's certificate, to
+// the address the deployment names, whose server must present the identity named there.
+class DownstreamLink final : public StageLink {
+ public:
+  DownstreamLink(const DeploymentParty& self, const DeploymentParty& next, int wait_s, int silence_s)
+      : next_(next.name), silence_(silence_s) {
+    const auto deadline = Clock::now() + std::chrono::seconds(wait_s);
+    std::string why;
+    for (;;) {  // the party after may start later: try again each second until --wait-s
+      client_ = WssClient::connect(next.host, next.port, UpstreamLink::tls_of(self));
+      EndpointEvent ev;
+      if (client_->next(ev, std::chrono::seconds(10)) && ev.kind == EndpointEvent::Kind::Connected) {
+        if (ev.text != next_)
+          fail("stage", cat(next.host, ":", next.port, " presented the identity '", ev.text, "', not '", next_,
+                            "' that the deployment names there"));
+        return;
+      }
+      why = ev.text.empty() ? "no answer" : ev.text;
+      if (Clock::now() >= deadline) break;
+      std::this_thread::sleep_for(std::chrono::seconds(1));
+    }
+    fail("stage", cat("cannot reach the party after, '", next_, "', at wss://", next.host, ":", next.port, " within ",
+                      wait_s, " s (", why, "): start its tandem stage, or check the address and its certificate"));
+  }
+
+  void send(std::span<const uint8_t> bytes) override { client_->send(0, bytes); }
+
+  Frame receive(const char* awaiting) override {
+    EndpointEvent ev;
+    for (;;) {
+      if (!client_->next(ev, std::chrono::seconds(silence_)))
+        fail("stage", cat("no ", awaiting, " from the party after (", next_, ") within ", silence_, " s"));
+      if (ev.kind == EndpointEvent::Kind::Message) return std::move(ev.frame);
+      if (ev.kind == EndpointEvent::Kind::Closed)
+        fail("stage", cat("the party after (", next_, ") closed the link while this stage awaited ", awaiting,
+                          ev.text.empty() ? "" : cat(" (", ev.text, ")")));
+    }
+  }
+
+  void refuse(const WireError& error) override {
+    client_->send(0, writer_.error(error.code, error.text), true);
+    EndpointEvent ev;
+    const auto deadline = Clock::now() + std::chrono::seconds(2);
+    while (Clock::now() < deadline)
+      if (client_->next(ev, std::chrono::milliseconds(100)) && ev.kind == EndpointEvent::Kind::Closed) return;
+  }
+
+ private:
+  std::string next_;
+  int silence_;
+  std::unique_ptr<WssClient> client_;
+  MessageWriter writer_;
+};
+
+constexpr const char* kStageDetails = R"(
+      Runs one party's stage of the pipeline FILE describes (tools/deployment.h, docs/09): the
+      model cut at the file's cut list, one stage a party in the order of its [sections].
+      Every party runs this command with the same file and its own --party. A party listens
+      at its address for the party before it (mutual TLS: the connection must present the
+      certificate of the name the file gives that party), and connects to the party after
+      it, trying again each second for --wait-s. The first party reads the data and leads
+      the steps; its metrics are the run's (JSON lines as tandem train's); the last holds the
+      loss. Each party prints, and appends to --metrics-json, a summary line of its stage:
+      steps, busy and idle seconds. With export = FILE in a party's section (or --export),
+      it writes its stage's weights with PyTorch's names; `tandem export --stages` merges them.
+)";
+
+int stage_command(const CliArgs& cli) {
+  const Deployment deployment = read_deployment(cli.required("deployment"));
+  const CliArgs args = deployment.args();
+  const std::string party_name = cli.required("party");
+  const std::size_t index = deployment.index_of(party_name);
+  const DeploymentParty& self = deployment.parties[index];
+  const std::size_t n = deployment.parties.size();
+  const int wait_s = static_cast<int>(cli.integer("wait-s", 120, 1));
+  const int silence_s = static_cast<int>(cli.integer("silence-s", 300, 5));
+
+  const ModelSpec spec = load_model_spec(args.required("model"));
+  const Graph graph = Graph::build(spec);
+  const std::string cut = args.str("cut", graph.default_cut());
+  if (cut.empty()) fail("cli", cat(deployment.path, ": the spec names no default cut; add cut = \"NODE,NODE,...\""));
+  const std::vector<Graph> stage_graphs = graph.partition(cut_list(cut));
+  if (stage_graphs.size() != n)
+    fail("cli", cat(deployment.path, ": the cut list '", cut, "' makes ", stage_graphs.size(), " stages for ", n,
+                    " parties: give one cut fewer than parties"));
+  const std::unique_ptr<PipelineSchedule> schedule = make_pipeline_schedule(args.str("pipeline-schedule", "gpipe"));
+  StagePeer::check_schedule(*schedule);  // before any link is made
+  const auto batch = static_cast<uint32_t>(args.integer("batch", 64, 1));
+  const auto microbatches = static_cast<uint32_t>(args.integer("microbatches", 4, 1));
+  const uint64_t seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
+  const int64_t epochs = args.integer("epochs", 1, 1);
+
+  BackendOptions backend_options;
+  backend_options.threads = self.threads;
+  const std::string backend_name =
+      !self.backend.empty() ? self.backend : preferred_backend(index == 0 ? "xnnpack" : "onednn");
+  std::unique_ptr<Backend> backend = make_backend(backend_name, backend_options);
+  Network net(stage_graphs[index], *backend, seed);
+  initial_weights(graph, seed, *backend, {&net});
+  std::unique_ptr<Optimizer> optimizer = make_optimizer(net.params(), args.optimizer_options());
+  Stage stage(net, optimizer.get());
+
+  StagePlan plan;
+  plan.index = static_cast<uint32_t>(index);
+  plan.stages = static_cast<uint32_t>(n);
+  plan.hash = plan_hash(spec.binary, cut, schedule->name(), plan.stages, batch, microbatches);
+  plan.batch = batch;
+  plan.microbatches = microbatches;
+  plan.classes = static_cast<int32_t>(graph.classes());
+  for (std::size_t s = 1; s < n; ++s)  // a later stage that reads the mask: it travels from the first
+    if (stage_graphs[s].inputs().size() > 1)
+      for (std::size_t k = 0; k < graph.inputs().size(); ++k)
+        if (graph.inputs()[k].name == stage_graphs[s].inputs()[1].name) {
+          plan.mask_input = static_cast<int>(k);
+          plan.mask_tokens = graph.inputs()[k].shape.numel();
+        }
+
+  std::fprintf(stderr, "party %s: stage %zu of stages 0..%zu (%zu nodes, %lld parameters, %s), %s schedule, K = %u\n",
+               party_name.c_str(), index, n - 1, net.graph().nodes().size(), static_cast<long long>(net.param_count()),
+               std::string(backend->name()).c_str(), schedule->name(), microbatches);
+  // Listen first, so the party before can connect while this one reaches the party after.
+  std::unique_ptr<UpstreamLink> up;
+  if (index > 0) {
+    up = std::make_unique<UpstreamLink>(self, deployment.parties[index - 1].name, silence_s);
+    std::fprintf(stderr, "listening on wss://%s:%d for '%s'\n", self.host.c_str(), up->port(),
+                 deployment.parties[index - 1].name.c_str());
+  }
+  std::unique_ptr<DownstreamLink> down;
+  if (index + 1 < n) down = std::make_unique<DownstreamLink>(self, deployment.parties[index + 1], wait_s, silence_s);
+  StagePeer peer(stage, *schedule, plan, up.get(), down.get());
+  if (down) peer.open_downstream(0);
+  if (up) peer.accept_upstream(0);
+  const std::string before = up ? cat(" from '", deployment.parties[index - 1].name, "'") : "";
+  const std::string after = down ? cat(" to '", deployment.parties[index + 1].name, "'") : "";
+  std::fprintf(stderr, "linked%s%s\n", before.c_str(), after.c_str());
+
+  std::ofstream metrics;
+  if (cli.has("metrics-json")) {
+    metrics.open(cli.str("metrics-json", ""), std::ios::app);
+    if (!metrics) fail("cli", cat("cannot write --metrics-json ", cli.str("metrics-json", "")));
+  }
+  const auto emit = [&](const std::string& json) {
+    std::printf("%s\n", json.c_str());
+    std::fflush(stdout);
+    if (metrics) metrics << json << "\n" << std::flush;
+  };
+  const auto t0 = Clock::now();
+  int64_t steps = 0;
+  if (index == 0) {  // the data, the steps' order and the learning-rate schedule are the first party's
+    TrainingSets sets = load_training_sets(args, graph);
+    EpochBatches batches(graph, sets.train, batch, seed);
+    ScheduleOptions lr = args.schedule_options(epochs * batches.steps());
+    validate(lr);
+    for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
+      batches.shuffle();
+      ProgressBar bar(cat("epoch ", epoch, "/", epochs), batches.samples());
+      StepStats total;
+      const double busy0 = stage.busy_s(), idle0 = peer.idle_s();
+      const auto e0 = Clock::now();
+      for (int64_t begin = 0; begin < batches.samples(); begin += batch) {
+        const int32_t* labels = nullptr;
+        const std::vector<Tensor> x = batches.rows(begin, labels);
+        const auto count = static_cast<uint32_t>(x[0].shape()[0]);
+        const StepHeader header{peer.next_step(), count, std::min(microbatches, count), lr_factor(lr, steps), false};
+        const StepStats s = peer.train_step(header, x, labels);
+        ++steps;
+        total.loss_sum += s.loss_sum;
+        total.correct += s.correct;
+        total.samples += s.samples;
+        bar.update(total.samples, cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
+      }
+      const double seconds = std::chrono::duration<double>(Clock::now() - e0).count();
+      bar.finish(cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
+      emit(cat("{\"epoch\":", epoch, ",\"samples\":", total.samples, ",\"seconds\":", fixed(seconds, 3),
+               ",\"samples_per_s\":", fixed(static_cast<double>(total.samples) / seconds, 1),
+               ",\"train_loss\":", fixed(total.loss_sum / static_cast<double>(total.samples), 5),
+               ",\"train_accuracy\":", fixed(static_cast<double>(total.correct) / static_cast<double>(total.samples), 5),
+               ",\"stage_busy_s\":", fixed(stage.busy_s() - busy0, 3), ",\"stage_idle_s\":",
+               fixed(peer.idle_s() - idle0, 3), "}"));
+    }
+    peer.finish("the first party's epochs are done");
+  } else {
+    StepStats s;
+    while (peer.follow_step(s)) ++steps;
+  }
+  const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  emit(cat("{\"party\":\"", party_name, "\",\"stage\":", index, ",\"steps\":", steps, ",\"busy_s\":",
+           fixed(stage.busy_s(), 3), ",\"idle_s\":", fixed(peer.idle_s(), 3), ",\"wall_s\":", fixed(wall, 3),
+           ",\"idle_share\":", fixed(wall > 0 ? 1.0 - stage.busy_s() / wall : 0.0, 4), "}"));
+  const std::string out = cli.str("export", self.export_file);
+  if (!out.empty()) {
+    std::vector<SafeTensor> tensors = shard_to_torch(graph, net, steps);
+    if (index == 0)
+      for (SafeTensor& t : hugging_face_export_extras(graph)) tensors.push_back(std::move(t));
+    write_file_atomic(out, write_safetensors(tensors, {{"format", "pt"}, {"tandem_model", spec.name},
+                                                       {"tandem_cut", cut}, {"tandem_stage", cat(index)},
+                                                       {"tandem_step", cat(steps)},
+                                                       {"tandem_layout", "pytorch (OIHW, NCHW flatten order)"}}));
+    std::fprintf(stderr, "wrote %s: stage %zu's %zu tensors\n", out.c_str(), index, tensors.size());
+  }
+  return 0;
+}
+
+}  // namespace
+
+void declare_stage(Command& command) {
+  command.option("deployment", "FILE", "the pipeline: the run's options and a [NAME] section a party (required)")
+      .option("party", "NAME", "which party of FILE this is (required)")
+      .option("export", "FILE", "at the end, this stage's weights with PyTorch's names (default: the party's export)")
+      .option("metrics-json", "FILE", "append the metrics (the first party's epochs; every party's summary) to FILE")
+      .option("wait-s", "S", "how long to keep trying to reach the party after (default 120)")
+      .option("silence-s", "S", "how long a neighbour may stay silent before the run ends (default 300)")
+      .details(kStageDetails)
+      .run(stage_command);
+}
+
+}  // namespace tandem

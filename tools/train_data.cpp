@@ -1,0 +1,72 @@
+#include "tools/train_data.h"
+
+#include <algorithm>
+#include <cstdio>
+#include <numeric>
+
+#include "core/error.h"
+#include "data/idx_dataset.h"
+
+namespace tandem {
+
+void initial_weights(const Graph& whole, uint64_t seed, Backend& backend, const std::vector<Network*>& stages) {
+  Network net(whole, backend, seed);
+  for (Network* shard : stages)
+    for (Param* p : shard->all_params()) {
+      p->value().copy_from(net.param(p->name()).value());
+      p->bump_version();
+    }
+}
+
+TrainingSets load_training_sets(const CliArgs& args, const Graph& graph) {
+  const std::string data = args.str("data", "fashion-mnist");
+  TrainingSets sets;
+  if (data == "fashion-mnist") {
+    std::fprintf(stderr, "loading Fashion-MNIST from %s\n", fashion_mnist_dir().c_str());
+    LabelledImages train_images = load_fashion_mnist(true, args.integer("limit", 0, 0));
+    LabelledImages test_images = load_fashion_mnist(false, args.integer("test-limit", 0, 0));
+    const Shape& in_shape = graph.inputs().at(0).shape;
+    if (graph.inputs().size() != 1 || train_images.images.shape().item_numel() != in_shape.numel())
+      fail("cli", cat("the model's inputs are not one image of Fashion-MNIST's size (its first, '",
+                      graph.inputs()[0].name, "', is ", in_shape.str(), "): give its data with --data DIR"));
+    const int64_t n_train = train_images.images.shape()[0], n_test = test_images.images.shape()[0];
+    sets.train = {{train_images.images.reshape(in_shape.batched(n_train))}, std::move(train_images.labels)};
+    sets.test = {{test_images.images.reshape(in_shape.batched(n_test))}, std::move(test_images.labels)};
+  } else {
+    std::fprintf(stderr, "loading the data set in %s\n", data.c_str());
+    sets.train = read_tensor_dataset(data + "/train.safetensors", graph.inputs(), args.integer("limit", 0, 0));
+    sets.test = read_tensor_dataset(data + "/test.safetensors", graph.inputs(), args.integer("test-limit", 0, 0));
+  }
+  return sets;
+}
+
+EpochBatches::EpochBatches(const Graph& graph, const LabelledInputs& set, int64_t batch, uint64_t seed)
+    : graph_(graph), set_(set), batch_(batch), rng_(seed ^ 0x5eedULL) {
+  order_.resize(set.labels.size());
+  std::iota(order_.begin(), order_.end(), 0);
+  for (const GraphInput& in : graph.inputs()) inputs_.push_back(Tensor::empty(in.shape.batched(batch)));
+  labels_.resize(static_cast<std::size_t>(batch));
+}
+
+void EpochBatches::shuffle() {
+  for (int64_t i = samples() - 1; i > 0; --i)
+    std::swap(order_[static_cast<std::size_t>(i)], order_[rng_.below(static_cast<uint64_t>(i + 1))]);
+}
+
+std::vector<Tensor> EpochBatches::rows(int64_t begin, const int32_t*& labels) {
+  const int64_t count = std::min(batch_, samples() - begin);
+  std::vector<Tensor> x;
+  for (std::size_t k = 0; k < inputs_.size(); ++k) {
+    const int64_t item = graph_.inputs()[k].shape.numel();
+    for (int64_t j = 0; j < count; ++j)
+      std::copy_n(set_.inputs[k].data() + order_[static_cast<std::size_t>(begin + j)] * item, item,
+                  inputs_[k].data() + j * item);
+    x.push_back(count == batch_ ? inputs_[k] : inputs_[k].slice_batch(0, count));
+  }
+  for (int64_t j = 0; j < count; ++j)
+    labels_[static_cast<std::size_t>(j)] = set_.labels[static_cast<std::size_t>(order_[static_cast<std::size_t>(begin + j)])];
+  labels = labels_.data();
+  return x;
+}
+
+}  // namespace tandem

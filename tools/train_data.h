@@ -1,0 +1,54 @@
+// The data a training command reads and the order it reads it in, shared by `tandem train`
+// and the first stage of `tandem stage`, so that a pipeline across parties trains on exactly
+// the batches one process would: Fashion-MNIST or a data set folder, shuffled each epoch by
+// a generator seeded from --seed.
+#pragma once
+
+#include <cstdint>
+#include <vector>
+
+#include "cli/cli_args.h"
+#include "core/backend.h"
+#include "core/graph.h"
+#include "core/network.h"
+#include "core/random.h"
+#include "ports/files/tensor_dataset.h"
+
+namespace tandem {
+
+// The whole model's initial weights from `seed` copied into its stages: every stage draws
+// from one generator in graph order, so the weights do not depend on where the cuts are.
+void initial_weights(const Graph& whole, uint64_t seed, Backend& backend, const std::vector<Network*>& stages);
+
+struct TrainingSets {
+  LabelledInputs train, test;
+};
+
+// --data fashion-mnist (Debian's dataset-fashion-mnist; the model must take one image of its
+// size) or --data DIR (DIR/train.safetensors and DIR/test.safetensors: a tensor per model
+// input and "labels"); --limit and --test-limit keep the first samples. Says what it loads.
+TrainingSets load_training_sets(const CliArgs& args, const Graph& graph);
+
+// An epoch's batches: the samples in a fresh shuffled order each epoch, copied into a step's
+// rows (the last batch may be short).
+class EpochBatches {
+ public:
+  EpochBatches(const Graph& graph, const LabelledInputs& set, int64_t batch, uint64_t seed);
+  void shuffle();  // at each epoch's start
+  int64_t samples() const { return static_cast<int64_t>(set_.labels.size()); }
+  int64_t steps() const { return (samples() + batch_ - 1) / batch_; }
+  // The rows of the batch starting at sample `begin` of the epoch's order, each input's
+  // [count, ...], and their labels (valid until the next call).
+  std::vector<Tensor> rows(int64_t begin, const int32_t*& labels);
+
+ private:
+  const Graph& graph_;
+  const LabelledInputs& set_;
+  int64_t batch_;
+  Rng rng_;
+  std::vector<int64_t> order_;
+  std::vector<Tensor> inputs_;
+  std::vector<int32_t> labels_;
+};
+
+}  // namespace tandem
