@@ -362,7 +362,7 @@ StepStats StagePeer::train_step(const StepHeader& header, std::span<const Tensor
 
 bool StagePeer::follow_step(StepStats& stats) {
   if (first()) fail("stage", "the first stage leads its steps (train_step)");
-  if (!take_from_upstream("the next step's activations")) {
+  if (!take_from_upstream("activations of the next step")) {
     if (down_ != nullptr) down_->send(writer_.bye("the first stage ended the run"));
     return false;
   }

@@ -86,8 +86,8 @@ expect_exit() {
   ((rc == $3)) || { cat "$work/$1-$2.out"; fail "$1: party ${parties[$2]} exited with $rc, not $3"; }
   grep -qF "$4" "$work/$1-$2.out" || fail "$1: party ${parties[$2]} said '$(cat "$work/$1-$2.out")', not '$4'"
 }
-start() {  # start NAME PARTY [DEPLOYMENT]: party PARTY of NAME.toml (or DEPLOYMENT.toml) in the background
-  "$tandem" stage --deployment "$work/${3:-$1}.toml" --party "${parties[$2]}" --wait-s 20 --silence-s 8 \
+start() {  # start NAME PARTY [DEPLOYMENT [SILENCE_S]]: party PARTY of NAME.toml (or DEPLOYMENT.toml) in the background
+  "$tandem" stage --deployment "$work/${3:-$1}.toml" --party "${parties[$2]}" --wait-s 20 --silence-s "${4:-8}" \
     > "$work/$1-$2.out" 2>&1 &
   pids[$2]=$!
 }
@@ -97,10 +97,10 @@ start() {  # start NAME PARTY [DEPLOYMENT]: party PARTY of NAME.toml (or DEPLOYM
 deployment impostor gpipe
 sed -i 's|identity = "id/gpu-box"|identity = "id/cloud-a"|' "$work/impostor.toml"
 pids=()
-start impostor 3; start impostor 2; start impostor 1
+start impostor 3 impostor 30; start impostor 2; start impostor 1  # cloud-b outwaits cloud-a
 expect_exit impostor 1 1 "the next stage ended the run: this stage takes its activations from 'gpu-box' only; 'cloud-a' is not it"
 expect_exit impostor 2 1 "nobody connected as 'gpu-box' (the party before) within 8 s"
-expect_exit impostor 3 1 "the party before (cloud-a) closed the link while this stage awaited the next step's activations"
+expect_exit impostor 3 1 "the party before (cloud-a) closed the link while this stage awaited activations of the next step"
 grep -qF "refused a connection from 'cloud-a'" "$work/impostor-2.out" || fail "cloud-a did not say whom it refused"
 
 # Another plan: the first party runs K = 2 where the others run 4.
