@@ -32,6 +32,26 @@ std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const st
   return h.finish();
 }
 
+StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& whole, const std::string& cuts,
+                          const std::vector<Graph>& stages, std::size_t index, const PipelineSchedule& schedule,
+                          uint32_t batch, uint32_t microbatches) {
+  StagePlan plan;
+  plan.index = static_cast<uint32_t>(index);
+  plan.stages = static_cast<uint32_t>(stages.size());
+  plan.hash = plan_hash(spec_binary, cuts, schedule.name(), plan.stages, batch, microbatches);
+  plan.batch = batch;
+  plan.microbatches = microbatches;
+  plan.classes = static_cast<int32_t>(whole.classes());
+  for (std::size_t s = 1; s < stages.size(); ++s)  // a later stage that reads the mask: it travels from the first
+    if (stages[s].inputs().size() > 1)
+      for (std::size_t k = 0; k < whole.inputs().size(); ++k)
+        if (whole.inputs()[k].name == stages[s].inputs()[1].name) {
+          plan.mask_input = static_cast<int>(k);
+          plan.mask_tokens = whole.inputs()[k].shape.numel();
+        }
+  return plan;
+}
+
 // One micro-batch of the step in flight: what arrived for it, kept (with the frame its
 // tensors are views of) until the step ends.
 struct StagePeer::Slot {
@@ -81,6 +101,9 @@ const wire::Message* StagePeer::verified(StageLink& link, const char* neighbour,
   if (msg == nullptr) refuse(link, neighbour, error);
   if (msg->payload_type() == wire::Payload::Error) {
     const wire::Error* e = msg->payload_as_Error();
+    if (e->code() == wire::ErrorCode::Restart)
+      throw LinkLost(cat("[stage] the ", neighbour, " stage starts again from the newest checkpoint: ",
+                         e->text() ? e->text()->str() : ""));
     fail("stage", cat("the ", neighbour, " stage ended the run: ", e->text() ? e->text()->str() : "(no reason given)"));
   }
   if (msg->format() != kWireFormat)
@@ -90,51 +113,73 @@ const wire::Message* StagePeer::verified(StageLink& link, const char* neighbour,
   return msg;
 }
 
-void StagePeer::open_downstream(uint64_t next_step) {
-  down_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, next_step));
-  const Frame frame = down_->receive("StageHello");
-  const wire::Message* msg = verified(*down_, "next", frame);
+const wire::StageHello& StagePeer::hello_from(StageLink& link, const char* neighbour, const Frame& frame) {
+  const wire::Message* msg = verified(link, neighbour, frame);
   const wire::StageHello* h = msg->payload_as_StageHello();
   if (h == nullptr)
-    refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage,
-                            cat("expected StageHello, got ", payload_name(msg->payload_type()))});
-  if (h->stage() != plan_.index + 1 || h->stages() != plan_.stages)
-    refuse(*down_, "next", {wire::ErrorCode::ModelMismatch, cat("the stage after stage ", plan_.index, " of ",
-                                                                plan_.stages, " answered as stage ", h->stage(), " of ",
-                                                                h->stages())});
-  if (h->resume_step() != next_step)
-    refuse(*down_, "next", {wire::ErrorCode::NoCheckpoint, cat("stage ", plan_.index, " trains step ", next_step,
-                                                               " next and stage ", h->stage(), " step ", h->resume_step(),
-                                                               ": start every stage from the same step")});
-  next_step_ = next_step;
-}
-
-void StagePeer::accept_upstream(uint64_t next_step) {
-  const Frame frame = up_->receive("StageHello");
-  const wire::Message* msg = verified(*up_, "previous", frame);
-  const wire::StageHello* h = msg->payload_as_StageHello();
-  if (h == nullptr)
-    refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage,
-                              cat("expected StageHello, got ", payload_name(msg->payload_type()))});
+    refuse(link, neighbour, {wire::ErrorCode::UnexpectedMessage,
+                             cat("expected StageHello, got ", payload_name(msg->payload_type()))});
   if (h->format() != kWireFormat)
-    refuse(*up_, "previous", {wire::ErrorCode::ProtocolVersion,
-                              cat("wire format ", h->format(), "; this stage speaks ", kWireFormat)});
+    refuse(link, neighbour, {wire::ErrorCode::ProtocolVersion,
+                             cat("wire format ", h->format(), "; this stage speaks ", kWireFormat)});
   if (!h->plan_hash() || h->plan_hash()->size() != plan_.hash.size() ||
       !std::equal(plan_.hash.begin(), plan_.hash.end(), h->plan_hash()->begin()))
-    refuse(*up_, "previous", {wire::ErrorCode::ModelMismatch,
-                              cat("the stage before runs another plan (model spec, cuts, schedule, batch or K differ "
-                                  "from stage ", plan_.index, "'s): give every party the same deployment")});
-  if (h->stage() + 1 != plan_.index || h->stages() != plan_.stages)
-    refuse(*up_, "previous", {wire::ErrorCode::ModelMismatch, cat("stage ", h->stage(), " of ", h->stages(),
-                                                                  " connected to stage ", plan_.index, " of ",
-                                                                  plan_.stages)});
-  if (h->resume_step() != next_step)
-    refuse(*up_, "previous", {wire::ErrorCode::NoCheckpoint, cat("stage ", h->stage(), " trains step ",
-                                                                 h->resume_step(), " next and stage ", plan_.index,
-                                                                 " step ", next_step,
-                                                                 ": start every stage from the same step")});
-  next_step_ = next_step;
-  up_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, next_step));
+    refuse(link, neighbour, {wire::ErrorCode::ModelMismatch,
+                             cat("the ", neighbour, " stage runs another plan (model spec, cuts, schedule, batch or K "
+                                 "differ from stage ", plan_.index, "'s): give every party the same deployment")});
+  const uint32_t want = &link == up_ ? plan_.index - 1 : plan_.index + 1;
+  if (h->stage() != want || h->stages() != plan_.stages)
+    refuse(link, neighbour, {wire::ErrorCode::ModelMismatch, cat("stage ", h->stage(), " of ", h->stages(),
+                                                                 " linked to stage ", plan_.index, " of ",
+                                                                 plan_.stages)});
+  return *h;
+}
+
+uint64_t StagePeer::connect(std::span<const uint64_t> checkpoints) {
+  // The newest step at or before `limit` that this stage can start from.
+  const auto newest_by = [&](uint64_t limit) {
+    uint64_t best = 0;
+    for (uint64_t s : checkpoints)
+      if (s <= limit) best = std::max(best, s);
+    return best;
+  };
+  const auto have = [&](uint64_t step) {
+    return step == 0 || std::find(checkpoints.begin(), checkpoints.end(), step) != checkpoints.end();
+  };
+  uint64_t proposal = UINT64_MAX;
+  if (!first()) {
+    const Frame frame = up_->receive("StageHello");
+    proposal = hello_from(*up_, "previous", frame).resume_step();
+  }
+  uint64_t start = newest_by(proposal);
+  if (!last()) {
+    down_->open();
+    down_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start));
+    const Frame frame = down_->receive("StageHello");
+    const uint64_t answer = hello_from(*down_, "next", frame).resume_step();
+    if (answer > start || !have(answer))
+      refuse(*down_, "next", {wire::ErrorCode::NoCheckpoint,
+                              cat("the stage after answered step ", answer, " to start from; stage ", plan_.index,
+                                  " proposed ", start, " and has no checkpoint of it")});
+    start = answer;
+  }
+  if (!first()) up_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start));
+  next_step_ = start;
+  return start;
+}
+
+void StagePeer::reset() {
+  stage_.network().drop_deferred_weights();
+  stage_.zero_grad();
+  in_step_ = false;
+  for (Slot& s : slots_) {
+    s.activations = s.gradients = false;
+    s.act_frame = s.grad_frame = Frame();
+    s.inputs.clear();
+    s.grad = Tensor();
+    s.loss = 0;
+    s.correct = 0;
+  }
 }
 
 bool StagePeer::check_header(const wire::Activations& a, WireError& error) {
@@ -334,15 +379,8 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
   stage_.step();
   ++version_;
   next_step_ = header.step + 1;
-  in_step_ = false;
-  for (Slot& s : slots_) {  // the frames go back to their pool
-    s.activations = s.gradients = false;
-    s.act_frame = s.grad_frame = Frame();
-    s.inputs.clear();
-    s.grad = Tensor();
-    s.loss = 0;
-    s.correct = 0;
-  }
+  reset();  // the frames go back to their pool
+  if (header.checkpoint && save_) save_(next_step_);
 }
 
 StepStats StagePeer::train_step(const StepHeader& header, std::span<const Tensor> inputs, const int32_t* labels) {

@@ -11,11 +11,13 @@
 #pragma once
 
 #include <array>
+#include <functional>
 #include <cstdint>
 #include <span>
 #include <string>
 #include <vector>
 
+#include "core/error.h"
 #include "core/length_buckets.h"
 #include "core/wire/frame.h"
 #include "core/wire/messages.h"
@@ -25,14 +27,25 @@
 
 namespace tandem {
 
+// A link to a neighbouring stage was lost (closed, silent, or the neighbour said the pipeline
+// starts again): the host tears its links down, connects again and resumes from the newest
+// checkpoint every stage has (StagePeer::connect). Other Errors end the run.
+class LinkLost : public Error {
+ public:
+  using Error::Error;
+};
+
 // A link to a neighbouring stage, as a transport gives it (a TLS WebSocket in tandem stage,
 // memory in tests).
 class StageLink {
  public:
   virtual ~StageLink() = default;
+  // Makes the connection, when this end makes it (the downstream link), before the first
+  // send: a stage links down only once the stage before has linked to it.
+  virtual void open() {}
   virtual void send(std::span<const uint8_t> bytes) = 0;
-  // The neighbour's next message, verified (frame.h); throws an Error that names `awaiting`
-  // when the link closes or stays silent.
+  // The neighbour's next message (raw: the peer verifies it); throws LinkLost naming
+  // `awaiting` when the link closes or stays silent.
   virtual Frame receive(const char* awaiting) = 0;
   // Answers peer data that failed a check: sends Error{code, text} and closes the link.
   virtual void refuse(const WireError& error) = 0;
@@ -55,6 +68,12 @@ struct StagePlan {
 std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
                                   const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches);
 
+// Stage `index`'s plan among `stages` (whole.partition(cut_list(cuts))), run under `schedule`
+// with at most `batch` samples a step in at most `microbatches`.
+StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& whole, const std::string& cuts,
+                          const std::vector<Graph>& stages, std::size_t index, const PipelineSchedule& schedule,
+                          uint32_t batch, uint32_t microbatches);
+
 class StagePeer {
  public:
   // `upstream` is null on the first stage, `downstream` on the last; neither is owned. The
@@ -67,11 +86,20 @@ class StagePeer {
   StagePeer(const StagePeer&) = delete;
   StagePeer& operator=(const StagePeer&) = delete;
 
-  // The links' handshake. open_downstream sends StageHello down and checks the next stage's
-  // answer; accept_upstream waits for the stage before's StageHello, checks it and answers.
-  // `next_step` is the step this stage trains next; both ends must agree on it.
-  void open_downstream(uint64_t next_step);
-  void accept_upstream(uint64_t next_step);
+  // The links' handshake, down the chain and back: the step to start from. `checkpoints`
+  // are the steps this stage has a checkpoint of (ascending; step 0, the initial weights,
+  // always counts). The first stage proposes its newest; each stage takes the stage before's
+  // proposal (StageHello: plan hash, index and format checked), proposes down the newest of
+  // its own at or before it, and answers up what the stage after answered (the last stage:
+  // its own). Every stage then holds a checkpoint of the returned step, which the host
+  // restores before training on; next_step() is it.
+  uint64_t connect(std::span<const uint64_t> checkpoints);
+  // After a LinkLost: the step in flight is dropped (its deferred weight halves and
+  // gradients), ready for connect() on new links.
+  void reset();
+  // Called after the update of a step whose header asks for a checkpoint, with the step
+  // count reached (next_step()): the host saves the stage's state there.
+  void on_checkpoint(std::function<void(uint64_t)> save) { save_ = std::move(save); }
 
 
   // The first stage: one step of the step's rows (`inputs`, each [samples, ...], and their
@@ -103,6 +131,7 @@ class StagePeer {
   void take_from_downstream(const char* awaiting);
   [[noreturn]] void refuse(StageLink& link, const char* neighbour, WireError error);
   const wire::Message* verified(StageLink& link, const char* neighbour, const Frame& frame);
+  const wire::StageHello& hello_from(StageLink& link, const char* neighbour, const Frame& frame);
   bool check_header(const wire::Activations& a, WireError& error);
   bool check_activations(const Frame& frame, const wire::Activations& a, Slot& slot, WireError& error);
 
@@ -120,6 +149,7 @@ class StagePeer {
   std::vector<LengthCut> cuts_;  // the first stage: per micro-batch, its inputs at their length bucket
   std::vector<Tensor> in_;
   double idle_s_ = 0;
+  std::function<void(uint64_t)> save_;
 };
 
 }  // namespace tandem

@@ -17,6 +17,31 @@
 #include "test_support.h"
 
 namespace tandem::test {
+// A tiny masked encoder (ids and a padding mask): the pipeline tests' and the stage peer's.
+extern const char* const kTinyEncoderSpec;
+const char* const kTinyEncoderSpec = R"({ name: "tiny-encoder",
+  inputs: [ { name: "ids", shape: [6], dtype: "int32" }, { name: "mask", shape: [6], mask: true } ],
+  nodes: [
+    { name: "tok", op: "embedding", inputs: ["ids"], embedding: { count: 20, features: 8 } },
+    { name: "pos", op: "position_embedding", inputs: ["tok"], embedding: { count: 6 } },
+    { name: "ln0", op: "layer_norm", inputs: ["pos"] },
+    { name: "q0", op: "linear", inputs: ["ln0"], linear: { out_features: 8 } },
+    { name: "k0", op: "linear", inputs: ["ln0"], linear: { out_features: 8 } },
+    { name: "v0", op: "linear", inputs: ["ln0"], linear: { out_features: 8 } },
+    { name: "att0", op: "attention", inputs: ["q0", "k0", "v0", "mask"], attention: { heads: 2 } },
+    { name: "o0", op: "linear", inputs: ["att0"], linear: { out_features: 8 } },
+    { name: "res0", op: "add", inputs: ["ln0", "o0"] },
+    { name: "ln1", op: "layer_norm", inputs: ["res0"] },
+    { name: "ff1", op: "linear", inputs: ["ln1"], linear: { out_features: 16 } },
+    { name: "act", op: "gelu", inputs: ["ff1"] },
+    { name: "ff2", op: "linear", inputs: ["act"], linear: { out_features: 8 } },
+    { name: "res1", op: "add", inputs: ["ln1", "ff2"] },
+    { name: "ln2", op: "layer_norm", inputs: ["res1"] },
+    { name: "cls", op: "token_pool", inputs: ["ln2", "mask"], token_pool: { mode: "mean" } },
+    { name: "fc", op: "linear", inputs: ["cls"], linear: { out_features: 3 } } ], output: "fc" })";
+}  // namespace tandem::test
+
+namespace tandem::test {
 namespace {
 
 using Kind = PipelineAction::Kind;
@@ -342,26 +367,7 @@ TEST(LocalPipeline, AStepThatFailsLeavesTheNextOneClean) {
 }
 
 // A transformer cut inside its encoder at three places: the mask crosses every cut.
-constexpr const char* kEncoder = R"({ name: "tiny-encoder",
-  inputs: [ { name: "ids", shape: [6], dtype: "int32" }, { name: "mask", shape: [6], mask: true } ],
-  nodes: [
-    { name: "tok", op: "embedding", inputs: ["ids"], embedding: { count: 20, features: 8 } },
-    { name: "pos", op: "position_embedding", inputs: ["tok"], embedding: { count: 6 } },
-    { name: "ln0", op: "layer_norm", inputs: ["pos"] },
-    { name: "q0", op: "linear", inputs: ["ln0"], linear: { out_features: 8 } },
-    { name: "k0", op: "linear", inputs: ["ln0"], linear: { out_features: 8 } },
-    { name: "v0", op: "linear", inputs: ["ln0"], linear: { out_features: 8 } },
-    { name: "att0", op: "attention", inputs: ["q0", "k0", "v0", "mask"], attention: { heads: 2 } },
-    { name: "o0", op: "linear", inputs: ["att0"], linear: { out_features: 8 } },
-    { name: "res0", op: "add", inputs: ["ln0", "o0"] },
-    { name: "ln1", op: "layer_norm", inputs: ["res0"] },
-    { name: "ff1", op: "linear", inputs: ["ln1"], linear: { out_features: 16 } },
-    { name: "act", op: "gelu", inputs: ["ff1"] },
-    { name: "ff2", op: "linear", inputs: ["act"], linear: { out_features: 8 } },
-    { name: "res1", op: "add", inputs: ["ln1", "ff2"] },
-    { name: "ln2", op: "layer_norm", inputs: ["res1"] },
-    { name: "cls", op: "token_pool", inputs: ["ln2", "mask"], token_pool: { mode: "mean" } },
-    { name: "fc", op: "linear", inputs: ["cls"], linear: { out_features: 3 } } ], output: "fc" })";
+const char* const kEncoder = kTinyEncoderSpec;
 
 TEST(LocalPipeline, FourStageEncoderTrainsLikeTheWholeModelWithTheMaskAtEveryCut) {
   const ModelSpec spec = parse_model_json(kEncoder);

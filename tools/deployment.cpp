@@ -14,14 +14,14 @@ namespace {
 // The run's keys: the options of `tandem train` that a pipeline across parties shares.
 const std::vector<std::string>& run_keys() {
   static const std::vector<std::string> keys = {
-      "model", "cut", "pipeline-schedule", "batch", "microbatches", "epochs", "data", "limit", "seed",
+      "model", "cut", "pipeline-schedule", "batch", "microbatches", "epochs", "data", "limit", "seed", "checkpoint-every",
       "optimizer", "lr", "momentum", "nesterov", "weight-decay", "beta1", "beta2", "eps", "clip-norm",
       "schedule", "warmup-steps", "step-size", "gamma", "min-lr-factor", "total-steps"};
   return keys;
 }
 
 const std::vector<std::string>& party_keys() {
-  static const std::vector<std::string> keys = {"address", "identity", "backend", "threads", "export"};
+  static const std::vector<std::string> keys = {"address", "identity", "backend", "threads", "export", "checkpoint-dir"};
   return keys;
 }
 
@@ -95,9 +95,11 @@ Deployment read_deployment(const std::string& path) {
       if (p.threads < 1) fail("cli", cat(path, ": [", name, "] threads = '", value, "' is not a count of 1 or more"));
     } else if (item.name == "export") {
       p.export_file = relative(value);
+    } else if (item.name == "checkpoint-dir") {
+      p.checkpoint_dir = relative(value);
     } else {
       fail("cli", cat(path, ": [", name, "] has an unknown key '", item.name, "'", suggestion(item.name, party_keys()),
-                      " (a party's keys: address, identity, backend, threads, export)"));
+                      " (a party's keys: address, identity, backend, threads, export, checkpoint-dir)"));
     }
   }
   if (d.parties.size() < 2)

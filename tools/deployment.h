@@ -23,6 +23,7 @@ struct DeploymentParty {
   std::string backend;   // its stage's kernels ("" : the default)
   int threads = 1;
   std::string export_file;  // at the end, its stage's weights with PyTorch's names ("" : none)
+  std::string checkpoint_dir;  // where it keeps its stage's checkpoints ("" : none)
 };
 
 struct Deployment {

@@ -13,7 +13,9 @@
 #include "core/interop/safetensors.h"
 #include "core/interop/torch_layout.h"
 #include "core/wire/messages.h"
+#include "core/checkpoint/checkpoint.h"
 #include "pipeline/stage_peer.h"
+#include "ports/files/checkpoint_store.h"
 #include "ports/files/atomic_file.h"
 #include "ports/lws/lws_endpoint.h"
 #include "ports/tls/wss_client.h"
@@ -58,34 +60,52 @@ class UpstreamLink final : public StageLink {
         continue;
       }
       if (ev.connection != connection_) continue;  // one refused, going away
-      if (ev.kind == EndpointEvent::Kind::Closed)
-        fail("stage", cat("the party before (", expected_, ") closed the link while this stage awaited ", awaiting,
-                          ev.text.empty() ? "" : cat(" (", ev.text, ")")));
+      if (ev.kind == EndpointEvent::Kind::Closed) {
+        connection_ = 0;
+        throw LinkLost(cat("[stage] the party before (", expected_, ") closed the link while this stage awaited ",
+                           awaiting, ev.text.empty() ? "" : cat(" (", ev.text, ")")));
+      }
       return std::move(ev.frame);
     }
     if (connection_ == 0)
       fail("stage", cat("nobody connected as '", expected_, "' (the party before) within ", silence_,
                         " s: is its tandem stage running, and does it reach this party's address?"));
-    fail("stage", cat("no ", awaiting, " from the party before (", expected_, ") within ", silence_, " s"));
+    throw LinkLost(cat("[stage] no ", awaiting, " from the party before (", expected_, ") within ", silence_, " s"));
+  }
+
+  // Tells the party before that the pipeline starts again, and closes its link: the next
+  // connection from it is taken.
+  void restart(const std::string& why) {
+    if (connection_ != 0) endpoint_->send(connection_, writer_.error(wire::ErrorCode::Restart, why), true);
+    connection_ = pending_;
+    pending_ = 0;
   }
 
   void refuse(const WireError& error) override {
     endpoint_->send(connection_, writer_.error(error.code, error.text), true);
+    drain(connection_);
+    connection_ = 0;
+  }
+  void end(const std::string& why) {
+    if (connection_ == 0) return;
+    endpoint_->send(connection_, writer_.error(wire::ErrorCode::Internal, why), true);
     drain(connection_);
   }
 
  private:
   // A connection: the party the plan names, once; anyone else is answered with an Error.
   void admit(const EndpointEvent& ev) {
-    std::string why;
-    if (ev.text != expected_)
-      why = cat("this stage takes its activations from '", expected_, "' only; '", ev.text, "' is not it");
-    else if (connection_ != 0)
-      why = cat("'", expected_, "' is connected already");
-    if (why.empty()) {
+    if (ev.text == expected_ && connection_ == 0) {
       connection_ = ev.connection;
       return;
     }
+    if (ev.text == expected_ && pending_ == 0) {  // it started again: the link this stage holds is stale
+      pending_ = ev.connection;
+      throw LinkLost(cat("[stage] the party before (", expected_, ") connected again"));
+    }
+    const std::string why =
+        ev.text != expected_ ? cat("this stage takes its activations from '", expected_, "' only; '", ev.text, "' is not it")
+                             : cat("'", expected_, "' is connected already");
     std::fprintf(stderr, "refused a connection from '%s': %s\n", ev.text.c_str(), why.c_str());
     endpoint_->send(ev.connection, writer_.error(wire::ErrorCode::Unauthorized, why), true);
   }
@@ -102,6 +122,7 @@ class UpstreamLink final : public StageLink {
   int silence_;
   std::unique_ptr<LwsEndpoint> endpoint_;
   uint64_t connection_ = 0;
+  uint64_t pending_ = 0;  // the expected party's new connection, taken at the next restart()
   MessageWriter writer_;
 };
 
@@ -110,11 +131,15 @@ class UpstreamLink final : public StageLink {
 class DownstreamLink final : public StageLink {
  public:
   DownstreamLink(const DeploymentParty& self, const DeploymentParty& next, int wait_s, int silence_s)
-      : next_(next.name), silence_(silence_s) {
-    const auto deadline = Clock::now() + std::chrono::seconds(wait_s);
+      : self_(self), next_party_(next), next_(next.name), wait_s_(wait_s), silence_(silence_s) {}
+
+  // Connects (again), trying each second for --wait-s: the party after may start later.
+  void open() override {
+    const DeploymentParty& next = next_party_;
+    const auto deadline = Clock::now() + std::chrono::seconds(wait_s_);
     std::string why;
-    for (;;) {  // the party after may start later: try again each second until --wait-s
-      client_ = WssClient::connect(next.host, next.port, UpstreamLink::tls_of(self));
+    for (;;) {
+      client_ = WssClient::connect(next.host, next.port, UpstreamLink::tls_of(self_));
       EndpointEvent ev;
       if (client_->next(ev, std::chrono::seconds(10)) && ev.kind == EndpointEvent::Kind::Connected) {
         if (ev.text != next_)
@@ -127,7 +152,7 @@ class DownstreamLink final : public StageLink {
       std::this_thread::sleep_for(std::chrono::seconds(1));
     }
     fail("stage", cat("cannot reach the party after, '", next_, "', at wss://", next.host, ":", next.port, " within ",
-                      wait_s, " s (", why, "): start its tandem stage, or check the address and its certificate"));
+                      wait_s_, " s (", why, "): start its tandem stage, or check the address and its certificate"));
   }
 
   void send(std::span<const uint8_t> bytes) override { client_->send(0, bytes); }
@@ -136,25 +161,38 @@ class DownstreamLink final : public StageLink {
     EndpointEvent ev;
     for (;;) {
       if (!client_->next(ev, std::chrono::seconds(silence_)))
-        fail("stage", cat("no ", awaiting, " from the party after (", next_, ") within ", silence_, " s"));
+        throw LinkLost(cat("[stage] no ", awaiting, " from the party after (", next_, ") within ", silence_, " s"));
       if (ev.kind == EndpointEvent::Kind::Message) return std::move(ev.frame);
       if (ev.kind == EndpointEvent::Kind::Closed)
-        fail("stage", cat("the party after (", next_, ") closed the link while this stage awaited ", awaiting,
-                          ev.text.empty() ? "" : cat(" (", ev.text, ")")));
+        throw LinkLost(cat("[stage] the party after (", next_, ") closed the link while this stage awaited ", awaiting,
+                           ev.text.empty() ? "" : cat(" (", ev.text, ")")));
     }
+  }
+
+  void restart(const std::string& why) { client_->send(0, writer_.error(wire::ErrorCode::Restart, why), true); }
+  void end(const std::string& why) {
+    if (!client_) return;
+    client_->send(0, writer_.error(wire::ErrorCode::Internal, why), true);
+    drain();
   }
 
   void refuse(const WireError& error) override {
     client_->send(0, writer_.error(error.code, error.text), true);
+    drain();
+    client_.reset();
+  }
+
+ private:
+  void drain() {  // until the Error is out and the link closed (2 s at most)
     EndpointEvent ev;
     const auto deadline = Clock::now() + std::chrono::seconds(2);
     while (Clock::now() < deadline)
       if (client_->next(ev, std::chrono::milliseconds(100)) && ev.kind == EndpointEvent::Kind::Closed) return;
   }
 
- private:
+  const DeploymentParty &self_, &next_party_;
   std::string next_;
-  int silence_;
+  int wait_s_, silence_;
   std::unique_ptr<WssClient> client_;
   MessageWriter writer_;
 };
@@ -207,25 +245,28 @@ int stage_command(const CliArgs& cli) {
   std::unique_ptr<Optimizer> optimizer = make_optimizer(net.params(), args.optimizer_options());
   Stage stage(net, optimizer.get());
 
-  StagePlan plan;
-  plan.index = static_cast<uint32_t>(index);
-  plan.stages = static_cast<uint32_t>(n);
-  plan.hash = plan_hash(spec.binary, cut, schedule->name(), plan.stages, batch, microbatches);
-  plan.batch = batch;
-  plan.microbatches = microbatches;
-  plan.classes = static_cast<int32_t>(graph.classes());
-  for (std::size_t s = 1; s < n; ++s)  // a later stage that reads the mask: it travels from the first
-    if (stage_graphs[s].inputs().size() > 1)
-      for (std::size_t k = 0; k < graph.inputs().size(); ++k)
-        if (graph.inputs()[k].name == stage_graphs[s].inputs()[1].name) {
-          plan.mask_input = static_cast<int>(k);
-          plan.mask_tokens = graph.inputs()[k].shape.numel();
-        }
+  const StagePlan plan = make_stage_plan(spec.binary, graph, cut, stage_graphs, index, *schedule, batch, microbatches);
 
   std::fprintf(stderr, "party %s: stage %zu of stages 0..%zu (%zu nodes, %lld parameters, %s), %s schedule, K = %u\n",
                party_name.c_str(), index, n - 1, net.graph().nodes().size(), static_cast<long long>(net.param_count()),
                std::string(backend->name()).c_str(), schedule->name(), microbatches);
-  // Listen first, so the party before can connect while this one reaches the party after.
+  // Checkpoints: the first party asks for one every checkpoint-every steps; each party keeps
+  // its newest few in its checkpoint-dir, and the state at step 0 in memory.
+  const int64_t checkpoint_every = args.integer("checkpoint-every", 0, 0);
+  std::unique_ptr<CheckpointStore> store;
+  if (!self.checkpoint_dir.empty()) store = std::make_unique<CheckpointStore>(self.checkpoint_dir, cat("stage", index));
+  if (checkpoint_every > 0 && !store)
+    fail("cli", cat(deployment.path, ": checkpoint-every = ", checkpoint_every, " but [", party_name,
+                    "] has no checkpoint-dir = \"DIR\""));
+  CheckpointMeta meta;
+  meta.role = "stage";
+  meta.client_id = party_name;
+  meta.cut = cut;
+  meta.model_hash = plan.hash;
+  const std::vector<uint8_t> initial = encode_checkpoint(meta, net, optimizer.get());
+
+  // Listen first: the party before may connect at once. This party links to the one after
+  // once the one before has linked to it (StagePeer::connect).
   std::unique_ptr<UpstreamLink> up;
   if (index > 0) {
     up = std::make_unique<UpstreamLink>(self, deployment.parties[index - 1].name, silence_s);
@@ -235,11 +276,10 @@ int stage_command(const CliArgs& cli) {
   std::unique_ptr<DownstreamLink> down;
   if (index + 1 < n) down = std::make_unique<DownstreamLink>(self, deployment.parties[index + 1], wait_s, silence_s);
   StagePeer peer(stage, *schedule, plan, up.get(), down.get());
-  if (down) peer.open_downstream(0);
-  if (up) peer.accept_upstream(0);
-  const std::string before = up ? cat(" from '", deployment.parties[index - 1].name, "'") : "";
-  const std::string after = down ? cat(" to '", deployment.parties[index + 1].name, "'") : "";
-  std::fprintf(stderr, "linked%s%s\n", before.c_str(), after.c_str());
+  peer.on_checkpoint([&](uint64_t step) {
+    meta.step = step;
+    store->save(step, encode_checkpoint(meta, net, optimizer.get()));
+  });
 
   std::ofstream metrics;
   if (cli.has("metrics-json")) {
@@ -252,46 +292,91 @@ int stage_command(const CliArgs& cli) {
     if (metrics) metrics << json << "\n" << std::flush;
   };
   const auto t0 = Clock::now();
-  int64_t steps = 0;
-  if (index == 0) {  // the data, the steps' order and the learning-rate schedule are the first party's
-    TrainingSets sets = load_training_sets(args, graph);
-    EpochBatches batches(graph, sets.train, batch, seed);
-    ScheduleOptions lr = args.schedule_options(epochs * batches.steps());
-    validate(lr);
-    for (int64_t epoch = 1; epoch <= epochs; ++epoch) {
-      batches.shuffle();
-      ProgressBar bar(cat("epoch ", epoch, "/", epochs), batches.samples());
-      StepStats total;
-      const double busy0 = stage.busy_s(), idle0 = peer.idle_s();
-      const auto e0 = Clock::now();
-      for (int64_t begin = 0; begin < batches.samples(); begin += batch) {
-        const int32_t* labels = nullptr;
-        const std::vector<Tensor> x = batches.rows(begin, labels);
-        const auto count = static_cast<uint32_t>(x[0].shape()[0]);
-        const StepHeader header{peer.next_step(), count, std::min(microbatches, count), lr_factor(lr, steps), false};
-        const StepStats s = peer.train_step(header, x, labels);
-        ++steps;
-        total.loss_sum += s.loss_sum;
-        total.correct += s.correct;
-        total.samples += s.samples;
-        bar.update(total.samples, cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
+  TrainingSets sets;
+  if (index == 0) sets = load_training_sets(args, graph);  // the data is the first party's
+  const int max_restarts = static_cast<int>(cli.integer("restarts", 10, 0));
+  int restarts = 0;
+  for (;;) {  // a round: the chain linked, from the newest checkpoint all stages have
+    try {
+      try {
+      const std::vector<uint64_t> have = store ? store->steps() : std::vector<uint64_t>{};
+      const uint64_t start = peer.connect(have);
+      restore_checkpoint(start == 0 ? decode_checkpoint(initial) : store->load_step(start), net, optimizer.get());
+      const std::string before = up ? cat(" from '", deployment.parties[index - 1].name, "'") : "";
+      const std::string after = down ? cat(" to '", deployment.parties[index + 1].name, "'") : "";
+      std::fprintf(stderr, "linked%s%s, starting at step %llu\n", before.c_str(), after.c_str(),
+                   static_cast<unsigned long long>(start));
+      if (index == 0) {  // the steps' order, batches and learning-rate schedule are the first party's
+        EpochBatches batches(graph, sets.train, batch, seed);
+        const auto per_epoch = static_cast<uint64_t>(batches.steps());
+        ScheduleOptions lr = args.schedule_options(epochs * batches.steps());
+        validate(lr);
+        const int64_t first_epoch = static_cast<int64_t>(start / per_epoch) + 1;
+        for (int64_t e = 1; e < first_epoch; ++e) batches.shuffle();  // the orders of the epochs done
+        for (int64_t epoch = first_epoch; epoch <= epochs; ++epoch) {
+          batches.shuffle();
+          ProgressBar bar(cat("epoch ", epoch, "/", epochs), batches.samples());
+          StepStats total;
+          const double busy0 = stage.busy_s(), idle0 = peer.idle_s();
+          const auto e0 = Clock::now();
+          const int64_t skip = epoch == first_epoch ? static_cast<int64_t>(start % per_epoch) * batch : 0;
+          for (int64_t begin = skip; begin < batches.samples(); begin += batch) {
+            const int32_t* labels = nullptr;
+            const std::vector<Tensor> x = batches.rows(begin, labels);
+            const auto count = static_cast<uint32_t>(x[0].shape()[0]);
+            const uint64_t step = peer.next_step();
+            const bool checkpoint = checkpoint_every > 0 && (step + 1) % static_cast<uint64_t>(checkpoint_every) == 0;
+            const StepHeader header{step, count, std::min(microbatches, count),
+                                    lr_factor(lr, static_cast<int64_t>(step)), checkpoint};
+            const StepStats st = peer.train_step(header, x, labels);
+            total.loss_sum += st.loss_sum;
+            total.correct += st.correct;
+            total.samples += st.samples;
+            bar.update(total.samples, cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
+          }
+          const double seconds = std::chrono::duration<double>(Clock::now() - e0).count();
+          bar.finish(cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
+          emit(cat("{\"epoch\":", epoch, ",\"samples\":", total.samples, ",\"seconds\":", fixed(seconds, 3),
+                   ",\"samples_per_s\":", fixed(static_cast<double>(total.samples) / seconds, 1),
+                   ",\"train_loss\":", fixed(total.loss_sum / static_cast<double>(total.samples), 5),
+                   ",\"train_accuracy\":",
+                   fixed(static_cast<double>(total.correct) / static_cast<double>(total.samples), 5),
+                   ",\"stage_busy_s\":", fixed(stage.busy_s() - busy0, 3), ",\"stage_idle_s\":",
+                   fixed(peer.idle_s() - idle0, 3), ",\"restarts\":", restarts, "}"));
+        }
+        peer.finish("the first party's epochs are done");
+      } else {
+        StepStats st;
+        while (peer.follow_step(st)) {
+        }
       }
-      const double seconds = std::chrono::duration<double>(Clock::now() - e0).count();
-      bar.finish(cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
-      emit(cat("{\"epoch\":", epoch, ",\"samples\":", total.samples, ",\"seconds\":", fixed(seconds, 3),
-               ",\"samples_per_s\":", fixed(static_cast<double>(total.samples) / seconds, 1),
-               ",\"train_loss\":", fixed(total.loss_sum / static_cast<double>(total.samples), 5),
-               ",\"train_accuracy\":", fixed(static_cast<double>(total.correct) / static_cast<double>(total.samples), 5),
-               ",\"stage_busy_s\":", fixed(stage.busy_s() - busy0, 3), ",\"stage_idle_s\":",
-               fixed(peer.idle_s() - idle0, 3), "}"));
+      } catch (const LinkLost&) {
+        throw;
+      } catch (const std::exception& e) {  // the run ends here: the neighbours are told why, and tell theirs
+        const std::string why = cat(party_name, ": ", e.what());
+        if (up) up->end(why);
+        if (down) down->end(why);
+        throw;
+      }
+      break;
+    } catch (const LinkLost& e) {
+      // Every party goes back to its newest checkpoint: the neighbours are told, and tell theirs.
+      const uint64_t at = peer.next_step();
+      peer.reset();
+      const std::string why = cat(party_name, " lost a link at step ", at, ": ", e.what());
+      if (up) up->restart(why);
+      if (down) down->restart(why);
+      if (++restarts > max_restarts)
+        fail("stage", cat(e.what(), " (", max_restarts, " restarts in this run; --restarts N allows more)"));
+      std::fprintf(stderr, "%s: linking again (restart %d of at most %d)\n", e.what(), restarts, max_restarts);
+      if (!store)
+        std::fprintf(stderr, "this party keeps no checkpoints (no checkpoint-dir): every stage starts again from step 0\n");
     }
-    peer.finish("the first party's epochs are done");
-  } else {
-    StepStats s;
-    while (peer.follow_step(s)) ++steps;
   }
+  const int64_t steps = static_cast<int64_t>(peer.next_step());
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
-  emit(cat("{\"party\":\"", party_name, "\",\"stage\":", index, ",\"steps\":", steps, ",\"busy_s\":",
+  emit(cat("{\"party\":\"", party_name, "\",\"stage\":", index, ",\"steps\":", steps, ",\"restarts\":", restarts,
+           ",\"busy_s\":",
            fixed(stage.busy_s(), 3), ",\"idle_s\":", fixed(peer.idle_s(), 3), ",\"wall_s\":", fixed(wall, 3),
            ",\"idle_share\":", fixed(wall > 0 ? 1.0 - stage.busy_s() / wall : 0.0, 4), "}"));
   const std::string out = cli.str("export", self.export_file);
@@ -316,6 +401,7 @@ void declare_stage(Command& command) {
       .option("export", "FILE", "at the end, this stage's weights with PyTorch's names (default: the party's export)")
       .option("metrics-json", "FILE", "append the metrics (the first party's epochs; every party's summary) to FILE")
       .option("wait-s", "S", "how long to keep trying to reach the party after (default 120)")
+      .option("restarts", "N", "how many times a lost link may start the pipeline again from its newest checkpoint (default 10)")
       .option("silence-s", "S", "how long a neighbour may stay silent before the run ends (default 300)")
       .details(kStageDetails)
       .run(stage_command);

@@ -45,6 +45,7 @@ deployment() {
       echo "identity = \"id/${parties[$i]}\""
       echo "backend = \"onednn\""
       echo "export = \"$1-$i.safetensors\""
+      echo "checkpoint-dir = \"$1-ckpt-$i\""
     done
   } > "$work/$1.toml"
 }
@@ -74,9 +75,9 @@ for schedule in gpipe 1f1b zero-bubble; do
   run_pipeline "$schedule"
   "$diff" "$work/one.safetensors" "$work/$schedule.safetensors" 1e-5 > "$work/diff.out" ||
     { cat "$work/diff.out"; fail "$schedule: four parties' weights differ from one process's"; }
-  grep -q '"party":"cloud-b","stage":3,"steps":16' "$work/$schedule-3.out" ||
+  grep -q "\"party\":\"cloud-b\",\"stage\":3,\"steps\":$((limit / 64))," "$work/$schedule-3.out" ||
     fail "$schedule: the last party's summary: $(cat "$work/$schedule-3.out")"
-  grep -q '"epoch":1,"samples":1024' "$work/$schedule-0.out" || fail "$schedule: the first party's metrics: $(cat "$work/$schedule-0.out")"
+  grep -q "\"epoch\":1,\"samples\":$limit," "$work/$schedule-0.out" || fail "$schedule: the first party's metrics: $(cat "$work/$schedule-0.out")"
 done
 
 # expect_exit NAME PARTY RC MESSAGE: party PARTY's run NAME exited with RC (waited for) and said MESSAGE.
@@ -92,26 +93,37 @@ start() {  # start NAME PARTY [DEPLOYMENT [SILENCE_S]]: party PARTY of NAME.toml
   pids[$2]=$!
 }
 
-# An impostor: the party before cloud-a presents cloud-a's own certificate. cloud-a refuses it
-# by name; the impostor is told why; cloud-a, never joined, ends; cloud-b sees its link close.
+# An impostor: the party between the scanner and cloud-a presents cloud-a's certificate. The
+# scanner refuses its server's identity and tells it so; cloud-a, never joined (it refuses the
+# impostor's client identity), ends, and cloud-b after it.
 deployment impostor gpipe
 sed -i 's|identity = "id/gpu-box"|identity = "id/cloud-a"|' "$work/impostor.toml"
 pids=()
-start impostor 3 impostor 30; start impostor 2; start impostor 1  # cloud-b outwaits cloud-a
-expect_exit impostor 1 1 "the next stage ended the run: this stage takes its activations from 'gpu-box' only; 'cloud-a' is not it"
+start impostor 3; start impostor 2; start impostor 1; start impostor 0
+expect_exit impostor 0 1 "presented the identity 'cloud-a', not 'gpu-box' that the deployment names there"
+expect_exit impostor 1 1 "the previous stage ended the run: scanner: [stage] 127.0.0.1:"
 expect_exit impostor 2 1 "nobody connected as 'gpu-box' (the party before) within 8 s"
-expect_exit impostor 3 1 "the party before (cloud-a) closed the link while this stage awaited activations of the next step"
-grep -qF "refused a connection from 'cloud-a'" "$work/impostor-2.out" || fail "cloud-a did not say whom it refused"
+expect_exit impostor 3 1 "nobody connected as 'cloud-a' (the party before) within 8 s"
+# And a client impostor: the scanner presents cloud-a's certificate to gpu-box, which refuses
+# it by name and says why.
+deployment client-impostor gpipe
+sed -i 's|identity = "id/scanner"|identity = "id/cloud-a"|' "$work/client-impostor.toml"
+pids=()
+start client-impostor 1; start client-impostor 0
+expect_exit client-impostor 0 1 "the next stage ended the run: this stage takes its activations from 'scanner' only; 'cloud-a' is not it"
+expect_exit client-impostor 1 1 "nobody connected as 'scanner' (the party before) within 8 s"
+grep -qF "refused a connection from 'cloud-a'" "$work/client-impostor-1.out" || fail "gpu-box did not say whom it refused"
 
-# Another plan: the first party runs K = 2 where the others run 4.
+# Another plan: the first party runs K = 2 where the others run 4. The second refuses it and
+# tells it why; the parties after it, never linked, end.
 deployment plan gpipe
 sed 's/^microbatches = 4/microbatches = 2/' "$work/plan.toml" > "$work/plan2.toml"
 pids=()
 start plan 3; start plan 2; start plan 1; start plan 0 plan2
-expect_exit plan 0 1 "the next stage ended the run: the stage before runs another plan (model spec, cuts, schedule, batch or K differ from stage 1's): give every party the same deployment"
-expect_exit plan 1 1 "stage 1 refused the previous stage's message: the stage before runs another plan"
-expect_exit plan 2 1 "the party before (gpu-box) closed the link"
-expect_exit plan 3 1 "the party before (cloud-a) closed the link"
+expect_exit plan 0 1 "the next stage ended the run: the previous stage runs another plan (model spec, cuts, schedule, batch or K differ from stage 1's): give every party the same deployment"
+expect_exit plan 1 1 "stage 1 refused the previous stage's message: the previous stage runs another plan"
+expect_exit plan 2 1 "nobody connected as 'gpu-box' (the party before) within 8 s"
+expect_exit plan 3 1 "nobody connected as 'cloud-a' (the party before) within 8 s"
 
 # The asynchronous schedule runs in one process only: refused before any link is made.
 deployment async async
@@ -119,4 +131,45 @@ pids=()
 start async 0
 expect_exit async 0 1 "tandem: [stage] the async schedule runs in one process only (tandem train): a pipeline across parties runs gpipe, 1f1b or zero-bubble"
 
-echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble; an impostor, another plan and async refused"
+# Faults: kill -9 of one party mid-run (the first, a middle one, the last), restarted with the
+# same command. Every party goes back to the newest checkpoint all have and the run finishes
+# with the weights of an uninterrupted run, byte for byte.
+heal_epochs=${HEAL_EPOCHS:-8}
+heal_steps=$((heal_epochs * limit / 64))
+heal_options="epochs = $heal_epochs"$'\ncheckpoint-every = 4'
+newest_checkpoint() {  # newest_checkpoint DIR: true once DIR holds a checkpoint of step 8 or later
+  local f n
+  for f in "$1"/*.tdmc; do
+    [[ -e $f ]] || continue
+    n=${f##*-}
+    n=${n%.tdmc}
+    ((10#$n >= 8)) && return 0
+  done
+  return 1
+}
+deployment heal-ref 1f1b "$heal_options"
+run_pipeline heal-ref
+for k in 0 1 3; do
+  name=heal-$k
+  deployment "$name" 1f1b "$heal_options"
+  pids=()
+  for i in 3 2 1 0; do start "$name" "$i" "$name" 60; done
+  for _ in $(seq 1 500); do newest_checkpoint "$work/$name-ckpt-$k" && break; sleep 0.02; done
+  newest_checkpoint "$work/$name-ckpt-$k" || fail "$name: party ${parties[$k]} wrote no checkpoint of step 8 or later"
+  kill -9 "${pids[$k]}"
+  rc=0
+  wait "${pids[$k]}" || rc=$?
+  ((rc == 137)) || { cat "$work/$name-$k.out"; fail "$name: party ${parties[$k]} ended with $rc before it was killed"; }
+  mv "$work/$name-$k.out" "$work/$name-$k.killed.out"
+  start "$name" "$k" "$name" 60
+  for i in 0 1 2 3; do expect_exit "$name" "$i" 0 "\"steps\":$heal_steps"; done
+  "$tandem" export --model "$model" --stages "$work/$name-0.safetensors,$work/$name-1.safetensors,$work/$name-2.safetensors,$work/$name-3.safetensors" \
+    --out "$work/$name.safetensors" > /dev/null || fail "$name: export --stages"
+  cmp "$work/heal-ref.safetensors" "$work/$name.safetensors" ||
+    fail "$name: killing party ${parties[$k]} changed the final weights"
+  for i in 0 1 2 3; do
+    ((i == k)) || grep -q '"restarts":1' "$work/$name-$i.out" || fail "$name: party ${parties[$i]} did not restart once: $(cat "$work/$name-$i.out")"
+  done
+done
+
+echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble; an impostor, another plan and async refused; a kill -9 of the first, a middle or the last party, restarted, leaves the weights byte-identical"

@@ -1,0 +1,382 @@
+// The stage peer (pipeline/stage_peer.h), the protocol of one stage of a pipeline across
+// parties, over in-memory links that carry the encoded messages: N peers on N threads train
+// like the whole model under every synchronous schedule, the mask travelling down the chain;
+// and a stage refuses what a neighbour sends wrong, with the exact Error on the link.
+#include <gtest/gtest.h>
+
+#include <condition_variable>
+#include <deque>
+#include <exception>
+#include <mutex>
+#include <thread>
+
+#include "core/error.h"
+#include "core/microbatch.h"
+#include "core/model_spec.h"
+#include "core/optimizer.h"
+#include "pipeline/stage_peer.h"
+#include "test_support.h"
+
+namespace tandem::test {
+extern const char* const kTinyEncoderSpec;  // pipeline_tests.cpp
+namespace {
+
+// One end of an in-memory link. What one end sends the other receives, copied into a frame;
+// refuse() records the Error and closes both ways.
+class MemoryLink final : public StageLink {
+ public:
+  struct Queue {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::vector<uint8_t>> messages;
+    bool closed = false;
+  };
+  MemoryLink(std::shared_ptr<Queue> in, std::shared_ptr<Queue> out) : in_(std::move(in)), out_(std::move(out)) {}
+  static std::pair<std::unique_ptr<MemoryLink>, std::unique_ptr<MemoryLink>> pair() {
+    auto a = std::make_shared<Queue>(), b = std::make_shared<Queue>();
+    return {std::make_unique<MemoryLink>(a, b), std::make_unique<MemoryLink>(b, a)};
+  }
+
+  void send(std::span<const uint8_t> bytes) override {
+    std::lock_guard lock(out_->mu);
+    if (out_->closed) return;
+    out_->messages.emplace_back(bytes.begin(), bytes.end());
+    out_->cv.notify_all();
+  }
+  Frame receive(const char* awaiting) override {
+    std::unique_lock lock(in_->mu);
+    if (!in_->cv.wait_for(lock, std::chrono::seconds(30), [&] { return !in_->messages.empty() || in_->closed; }))
+      fail("test", cat("no ", awaiting, " within 30 s"));
+    if (in_->messages.empty()) fail("test", cat("the link closed while awaiting ", awaiting));
+    const std::vector<uint8_t> bytes = std::move(in_->messages.front());
+    in_->messages.pop_front();
+    return Frame::copy_of(bytes.data(), bytes.size());
+  }
+  void refuse(const WireError& error) override {
+    refused = error;
+    close();
+  }
+  void close() {
+    for (Queue* q : {in_.get(), out_.get()}) {
+      std::lock_guard lock(q->mu);
+      q->closed = true;
+      q->cv.notify_all();
+    }
+  }
+  WireError refused;
+
+ private:
+  std::shared_ptr<Queue> in_, out_;
+};
+
+struct PeerStage {
+  std::unique_ptr<Backend> backend;
+  std::unique_ptr<Network> net;
+  std::unique_ptr<Optimizer> opt;
+  std::unique_ptr<Stage> stage;
+};
+
+OptimizerOptions sgd() { return {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f}; }
+
+PeerStage make_stage(const Graph& g, Network& whole) {
+  PeerStage s;
+  s.backend = make_test_backend(backend_under_test());
+  s.net = std::make_unique<Network>(g, *s.backend, 0);
+  copy_params(*s.net, whole);
+  s.opt = make_optimizer(s.net->params(), sgd());
+  s.stage = std::make_unique<Stage>(*s.net, s.opt.get());
+  return s;
+}
+
+// `steps` steps of the data (rows taken round robin) through a pipeline of peers cut at
+// `cuts`, a thread each, against the whole model trained in one piece.
+void expect_peers_train_like_the_whole_model(const ModelSpec& spec, const std::string& cuts, int steps, int64_t batch,
+                                             uint32_t k, const std::vector<Tensor>& inputs,
+                                             const std::vector<int32_t>& labels) {
+  const Graph graph = Graph::build(spec);
+  const std::vector<Graph> parts = graph.partition(cut_list(cuts));
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
+  Network init(graph, *backend, 11);
+  PeerStage whole = make_stage(graph, init);
+  const int64_t n = inputs[0].shape()[0];
+  auto rows_of = [&](int step) {
+    std::vector<Tensor> out;
+    for (const Tensor& t : inputs) out.push_back(t.slice_batch((step * batch) % n, batch));
+    return out;
+  };
+  auto labels_of = [&](int step) { return labels.data() + (step * batch) % n; };
+  std::vector<double> whole_loss;
+  for (int step = 0; step < steps; ++step) {
+    const std::vector<Tensor> x = rows_of(step);
+    whole.net->zero_grad();
+    double loss = 0;
+    for (uint32_t mb = 0; mb < k; ++mb) {
+      const auto [begin, count] = microbatch_range(batch, k, mb);
+      std::vector<Tensor> in;
+      for (const Tensor& t : x) in.push_back(t.slice_batch(begin, count));
+      loss += whole.stage->train_loss(in, 0, labels_of(step) + begin, 1.0f / static_cast<float>(batch), false).loss;
+    }
+    whole.stage->step();
+    whole_loss.push_back(loss);
+  }
+  for (const char* name : {"gpipe", "1f1b", "zero-bubble"}) {
+    SCOPED_TRACE(name);
+    const auto schedule = make_pipeline_schedule(name);
+    std::vector<PeerStage> stages;
+    for (const Graph& g : parts) stages.push_back(make_stage(g, init));
+    std::vector<std::unique_ptr<MemoryLink>> ups(parts.size()), downs(parts.size());
+    for (std::size_t i = 0; i + 1 < parts.size(); ++i) std::tie(downs[i], ups[i + 1]) = MemoryLink::pair();
+    std::vector<std::unique_ptr<StagePeer>> peers;
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      peers.push_back(std::make_unique<StagePeer>(
+          *stages[i].stage, *schedule,
+          make_stage_plan(spec.binary, graph, cuts, parts, i, *schedule, static_cast<uint32_t>(batch), k), ups[i].get(),
+          downs[i].get()));
+    std::vector<double> losses;
+    std::vector<std::exception_ptr> errors(parts.size());
+    std::vector<int> followed(parts.size(), 0);
+    std::vector<std::thread> threads;
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      threads.emplace_back([&, i] {
+        try {
+          StagePeer& peer = *peers[i];
+          EXPECT_EQ(peer.connect({}), 0u);
+          if (i == 0) {
+            for (int step = 0; step < steps; ++step)
+              losses.push_back(peer.train_step({static_cast<uint64_t>(step), static_cast<uint32_t>(batch), k, 1.0f, false},
+                                               rows_of(step), labels_of(step)).loss_sum);
+            peer.finish("done");
+          } else {
+            StepStats s;
+            while (peer.follow_step(s)) ++followed[i];
+          }
+        } catch (...) {
+          errors[i] = std::current_exception();
+          if (ups[i]) ups[i]->close();
+          if (downs[i]) downs[i]->close();
+        }
+      });
+    for (std::thread& t : threads) t.join();
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      if (errors[i]) ADD_FAILURE() << "stage " << i << ": " << error_of([&] { std::rethrow_exception(errors[i]); });
+    ASSERT_EQ(losses.size(), static_cast<std::size_t>(steps));
+    for (int step = 0; step < steps; ++step)
+      EXPECT_NEAR(losses[static_cast<std::size_t>(step)], whole_loss[static_cast<std::size_t>(step)],
+                  1e-4 * std::max(1.0, whole_loss[0]))
+          << "step " << step;
+    for (std::size_t i = 1; i < parts.size(); ++i) EXPECT_EQ(followed[i], steps) << "stage " << i;
+    float worst = 0;
+    for (PeerStage& s : stages) worst = std::max(worst, max_diff(*s.net, *whole.net));
+    EXPECT_LE(worst, 1e-5f);
+    EXPECT_GT(max_diff(*stages[0].net, init), 1e-3f) << "the weights moved";
+  }
+}
+
+TEST(StagePeer, FourPeersTrainTheCnnLikeTheWholeModel) {
+  const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  Rng rng(5);
+  const int64_t n = 32;
+  std::vector<Tensor> inputs{random_tensor(Shape{n, 28, 28, 1}, rng, 0.0f, 1.0f)};
+  std::vector<int32_t> labels;
+  for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.below(10)));
+  expect_peers_train_like_the_whole_model(spec, "pool1,pool2,fc1", 12, 8, 4, inputs, labels);
+}
+
+TEST(StagePeer, FourPeersTrainAnEncoderWithTheMaskTravellingDownTheChain) {
+  const ModelSpec spec = parse_model_json(kTinyEncoderSpec);
+  Rng rng(9);
+  const int64_t n = 16;
+  Tensor ids = Tensor::empty(Shape{n, 6}), mask = Tensor::empty(Shape{n, 6});
+  std::vector<int32_t> labels;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = 2 + static_cast<int64_t>(rng.below(5));
+    for (int64_t t = 0; t < 6; ++t) {
+      ids.data()[i * 6 + t] = static_cast<float>(t < len ? 1 + rng.below(19) : 0);
+      mask.data()[i * 6 + t] = t < len ? 1.0f : 0.0f;
+    }
+    labels.push_back(static_cast<int32_t>(rng.below(3)));
+  }
+  expect_peers_train_like_the_whole_model(spec, "ln0,ln1,ln2", 12, 8, 4, {ids, mask}, labels);
+}
+
+// The last of two stages of the CNN (cut at pool2), facing a scripted stage before it.
+struct LastStage {
+  ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  Graph graph = Graph::build(spec);
+  std::vector<Graph> parts = graph.partition({"pool2"});
+  std::unique_ptr<Backend> backend = make_test_backend("reference");
+  Network init{graph, *backend, 3};
+  PeerStage stage = make_stage(parts[1], init);
+  GPipeSchedule schedule;
+  StagePlan plan = make_stage_plan(spec.binary, graph, "pool2", parts, 1, schedule, 8, 2);
+  std::unique_ptr<MemoryLink> before, up;  // the scripted party's end, and the stage's
+  std::unique_ptr<StagePeer> peer;
+  MessageWriter writer;
+  LastStage() {
+    std::tie(before, up) = MemoryLink::pair();
+    peer = std::make_unique<StagePeer>(*stage.stage, schedule, plan, up.get(), nullptr);
+  }
+  void send(std::span<const uint8_t> bytes) { before->send(bytes); }
+  void hello() {
+    send(writer.stage_hello(plan.hash, 0, 2, 0));
+    EXPECT_EQ(peer->connect({}), 0u);
+    (void)before->receive("the answer");
+  }
+  // Micro-batch `mb` of a step of 8 samples in 2: activations [4, 7, 7, 64] of ones.
+  void activations(uint64_t step, uint32_t mb, Shape shape = Shape{4, 7, 7, 64}, int32_t label = 1) {
+    Tensor t = Tensor::empty(shape);
+    t.fill(1.0f);
+    const std::vector<int32_t> labels(4, label);
+    send(writer.activations({step, 8, 2, 1.0f, false}, 0, mb, 0, t, labels, nullptr));
+  }
+  // The Error the stage ends its run with, and what it answered on the link.
+  std::string follow() {
+    StepStats s;
+    return error_of([&] { peer->follow_step(s); });
+  }
+};
+
+TEST(StagePeerBadInput, AHelloOfAnotherPlanIsRefused) {
+  LastStage t;
+  std::array<uint8_t, 32> other = t.plan.hash;
+  other[0] ^= 1;
+  t.send(t.writer.stage_hello(other, 0, 2, 0));
+  EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
+            "[stage] stage 1 refused the previous stage's message: the previous stage runs another plan (model spec, "
+            "cuts, schedule, batch or K differ from stage 1's): give every party the same deployment");
+  EXPECT_EQ(t.up->refused.code, wire::ErrorCode::ModelMismatch);
+}
+
+TEST(StagePeerBadInput, AHelloFromTheWrongStageOrFormatIsRefused) {
+  {
+    LastStage t;
+    t.send(t.writer.stage_hello(t.plan.hash, 1, 2, 0));
+    EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
+              "[stage] stage 1 refused the previous stage's message: stage 1 of 2 linked to stage 1 of 2");
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::ModelMismatch);
+  }
+  {
+    LastStage t;
+    t.send(t.writer.stage_hello(t.plan.hash, 0, 2, 0, 1));
+    EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
+              "[stage] stage 1 refused the previous stage's message: wire format 1; this stage speaks 2");
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::ProtocolVersion);
+  }
+}
+
+// The step to start from: the newest checkpoint at or before the stage before's proposal.
+TEST(StagePeer, TheStepToStartFromIsTheNewestCheckpointAtOrBeforeTheProposal) {
+  for (const auto& [proposal, want] : std::vector<std::pair<uint64_t, uint64_t>>{{7, 4}, {8, 8}, {3, 0}, {20, 8}}) {
+    LastStage t;
+    t.send(t.writer.stage_hello(t.plan.hash, 0, 2, proposal));
+    const std::vector<uint64_t> have{4, 8};
+    EXPECT_EQ(t.peer->connect(have), want) << proposal;
+    EXPECT_EQ(t.peer->next_step(), want);
+    const Frame answer = t.before->receive("the answer");
+    WireError error;
+    const wire::Message* msg = verify_frame(answer, answer.size(), error);
+    ASSERT_NE(msg, nullptr);
+    ASSERT_NE(msg->payload_as_StageHello(), nullptr);
+    EXPECT_EQ(msg->payload_as_StageHello()->resume_step(), want);
+    EXPECT_EQ(msg->payload_as_StageHello()->stage(), 1u);
+    EXPECT_EQ(msg->format(), kWireFormat);
+  }
+}
+
+TEST(StagePeerBadInput, ActivationsOfTheWrongShapeAreRefused) {
+  LastStage t;
+  t.hello();
+  t.activations(0, 0, Shape{4, 7, 7, 32});
+  EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: activations: shape [4, 7, 7, 32] "
+                        "differs from the expected [4, 7, 7, 64]");
+  EXPECT_EQ(t.up->refused.code, wire::ErrorCode::BadTensor);
+}
+
+TEST(StagePeerBadInput, AStepOutOfOrderOrAMicroBatchTwiceIsRefused) {
+  {
+    LastStage t;
+    t.hello();
+    t.activations(3, 0);
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: activations of step 3 while stage 1 "
+                          "trains step 0 next");
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::OutOfWindow);
+  }
+  {
+    LastStage t;
+    t.hello();
+    t.activations(0, 0);
+    t.activations(0, 0);
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: micro-batch 0 of step 0 arrived twice");
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::OutOfWindow);
+  }
+}
+
+TEST(StagePeerBadInput, LabelsOutOfRangeAndOtherMessagesAreRefused) {
+  {
+    LastStage t;
+    t.hello();
+    t.activations(0, 0, Shape{4, 7, 7, 64}, 10);
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: labels: 10 at 0 is outside [0, 10)");
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::BadTensor);
+  }
+  {
+    LastStage t;
+    t.hello();
+    t.send(t.writer.hello("x", t.plan.hash));
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: expected Activations, got Hello");
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::UnexpectedMessage);
+  }
+  {
+    LastStage t;
+    t.hello();
+    const std::vector<uint8_t> junk(100, 0xab);
+    t.send(junk);
+    EXPECT_EQ(t.follow().rfind("[stage] stage 1 refused the previous stage's message: ", 0), 0u);
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::Malformed);
+  }
+}
+
+TEST(StagePeerBadInput, AByeWithinAStepIsRefusedAndBetweenStepsEndsTheRun) {
+  {
+    LastStage t;
+    t.hello();
+    t.activations(0, 0);
+    t.send(t.writer.bye("gone"));
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: Bye within step 0: a run ends between steps");
+  }
+  {
+    LastStage t;
+    t.hello();
+    t.send(t.writer.bye("done"));
+    StepStats s;
+    EXPECT_FALSE(t.peer->follow_step(s));
+  }
+}
+
+// A neighbour's Restart is a lost link (LinkLost, not the end of the run): after reset() the
+// stage links again and trains the step it had dropped.
+TEST(StagePeer, ARestartIsALostLinkAndTheStageLinksAgain) {
+  LastStage t;
+  t.hello();
+  t.activations(0, 0);
+  t.send(t.writer.error(wire::ErrorCode::Restart, "gpu-box lost a link"));
+  StepStats s;
+  bool lost = false;
+  try {
+    t.peer->follow_step(s);
+  } catch (const LinkLost& e) {
+    lost = true;
+    EXPECT_EQ(std::string(e.what()), "[stage] the previous stage starts again from the newest checkpoint: gpu-box lost a link");
+  }
+  EXPECT_TRUE(lost);
+  t.peer->reset();
+  t.hello();
+  t.activations(0, 0);
+  t.activations(0, 1);
+  EXPECT_TRUE(t.peer->follow_step(s));
+  EXPECT_EQ(s.samples, 8);
+  EXPECT_EQ(t.peer->next_step(), 1u);
+}
+
+}  // namespace
+}  // namespace tandem::test
