@@ -8,6 +8,7 @@
 #include "core/flatbuffer_read.h"
 #include "core/microbatch.h"
 #include "core/sha256.h"
+#include "core/wire/tensor_codec.h"
 
 namespace tandem {
 
@@ -24,21 +25,24 @@ double since(std::chrono::steady_clock::time_point t0) {
 }  // namespace
 
 std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
-                                  const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches) {
+                                  const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches,
+                                  wire::DType dtype) {
   Sha256 h;
   h.update(spec_binary.data(), spec_binary.size());
-  const std::string rest = cat('\0', cuts, '\0', schedule, '\0', stages, '\0', batch, '\0', microbatches);
+  std::string rest = cat('\0', cuts, '\0', schedule, '\0', stages, '\0', batch, '\0', microbatches);
+  if (dtype != wire::DType::F32) rest += cat('\0', dtype_name(dtype));
   h.update(reinterpret_cast<const uint8_t*>(rest.data()), rest.size());
   return h.finish();
 }
 
 StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& whole, const std::string& cuts,
                           const std::vector<Graph>& stages, std::size_t index, const PipelineSchedule& schedule,
-                          uint32_t batch, uint32_t microbatches) {
+                          uint32_t batch, uint32_t microbatches, wire::DType dtype) {
   StagePlan plan;
   plan.index = static_cast<uint32_t>(index);
   plan.stages = static_cast<uint32_t>(stages.size());
-  plan.hash = plan_hash(spec_binary, cuts, schedule.name(), plan.stages, batch, microbatches);
+  plan.hash = plan_hash(spec_binary, cuts, schedule.name(), plan.stages, batch, microbatches, dtype);
+  plan.dtype = dtype;
   plan.batch = batch;
   plan.microbatches = microbatches;
   plan.classes = static_cast<int32_t>(whole.classes());
@@ -58,7 +62,7 @@ struct StagePeer::Slot {
   bool activations = false, gradients = false;
   Frame act_frame, grad_frame;
   std::vector<Tensor> inputs;  // the stage's inputs: the activations, and the mask when it reads one
-  Tensor decoded;              // (f32 arrives as a view: unused)
+  Tensor decoded, grad_decoded;  // activations and gradients decoded from a dtype other than f32
   Tensor mask;                 // the mask as it travels on, [count, length]
   std::vector<int32_t> labels;
   Tensor grad;                 // the gradient of this stage's output
@@ -234,7 +238,7 @@ bool StagePeer::check_activations(const Frame& frame, const wire::Activations& a
   if (!read_mask(a.mask(), count, mask_tokens, slot.mask, error)) return false;
   slot.inputs.clear();
   slot.inputs.push_back(read_tensor(frame, t, Graph::at_length(cut.shape, cut.tokens, length).batched(count),
-                                    "activations", error));
+                                    "activations", plan_.dtype, slot.decoded, error));
   if (!slot.inputs[0].defined()) return false;
   if (graph.inputs().size() > 1) slot.inputs.push_back(slot.mask);
   slot.labels.assign(a.labels()->begin(), a.labels()->end());
@@ -296,7 +300,7 @@ void StagePeer::take_from_downstream(const char* awaiting) {
     refuse(*down_, "next", {wire::ErrorCode::BadTensor, cat("micro-batch ", g->microbatch(), "'s loss ", g->loss(),
                                                             " or correct count ", g->correct(), " is impossible")});
   slot.grad = read_tensor(frame, g->tensor(), stage_.network().output(static_cast<int>(g->microbatch())).shape(),
-                          "gradients", error);
+                          "gradients", plan_.dtype, slot.grad_decoded, error);
   if (!slot.grad.defined()) refuse(*down_, "next", error);
   slot.loss = g->loss();
   slot.correct = g->correct();
@@ -357,7 +361,8 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
       } else {
         const Tensor& out = stage_.forward(in, slot_index);
         down_->send(writer_.activations(header, plan_.index, mb, version_, out,
-                                        std::span<const int32_t>(labels, static_cast<std::size_t>(range.count)), mask));
+                                        std::span<const int32_t>(labels, static_cast<std::size_t>(range.count)), mask,
+                                        plan_.dtype));
       }
       continue;
     }
@@ -368,7 +373,8 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
     const Tensor& grad_out = last() ? stage_.output_grad(slot_index) : gradients(mb).grad;
     const Tensor g = stage_.backward(grad_out, slot_index, !first(), a.kind == Kind::BackwardInput);
     if (!first())
-      up_->send(writer_.gradients(plan_.index, header.step, mb, version_, g, slots_[mb].loss, slots_[mb].correct));
+      up_->send(writer_.gradients(plan_.index, header.step, mb, version_, g, slots_[mb].loss, slots_[mb].correct,
+                                  plan_.dtype));
   }
   for (uint32_t mb = 0; mb < header.microbatches; ++mb) {
     stats.loss_sum += slots_[mb].loss;

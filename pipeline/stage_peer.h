@@ -61,18 +61,23 @@ struct StagePlan {
   // the first stage's input index, or -1; later stages get the width from mask_tokens.
   int mask_input = -1;
   int64_t mask_tokens = 0;
+  // How activations and gradients travel on every link (core/wire/tensor_codec.h): f32, or
+  // f16, bf16 or i8 to halve or quarter the bytes.
+  wire::DType dtype = wire::DType::F32;
 };
 
 // SHA-256 over the binary model spec and, each after a zero byte, the cut list, the
-// schedule's name, the number of stages, the batch and K: what StageHello carries.
+// schedule's name, the number of stages, the batch, K and (when not f32) the links' dtype:
+// what StageHello carries.
 std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
-                                  const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches);
+                                  const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches,
+                                  wire::DType dtype = wire::DType::F32);
 
 // Stage `index`'s plan among `stages` (whole.partition(cut_list(cuts))), run under `schedule`
 // with at most `batch` samples a step in at most `microbatches`.
 StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& whole, const std::string& cuts,
                           const std::vector<Graph>& stages, std::size_t index, const PipelineSchedule& schedule,
-                          uint32_t batch, uint32_t microbatches);
+                          uint32_t batch, uint32_t microbatches, wire::DType dtype = wire::DType::F32);
 
 class StagePeer {
  public:

@@ -15,13 +15,15 @@ namespace {
 const std::vector<std::string>& run_keys() {
   static const std::vector<std::string> keys = {
       "model", "cut", "pipeline-schedule", "batch", "microbatches", "epochs", "data", "limit", "seed", "checkpoint-every",
+      "wire-dtype",
       "optimizer", "lr", "momentum", "nesterov", "weight-decay", "beta1", "beta2", "eps", "clip-norm",
       "schedule", "warmup-steps", "step-size", "gamma", "min-lr-factor", "total-steps"};
   return keys;
 }
 
 const std::vector<std::string>& party_keys() {
-  static const std::vector<std::string> keys = {"address", "identity", "backend", "threads", "export", "checkpoint-dir"};
+  static const std::vector<std::string> keys = {"address", "identity", "backend", "threads", "export", "checkpoint-dir",
+                                                          "metrics-listen"};
   return keys;
 }
 
@@ -97,9 +99,11 @@ Deployment read_deployment(const std::string& path) {
       p.export_file = relative(value);
     } else if (item.name == "checkpoint-dir") {
       p.checkpoint_dir = relative(value);
+    } else if (item.name == "metrics-listen") {
+      p.metrics_listen = value;
     } else {
       fail("cli", cat(path, ": [", name, "] has an unknown key '", item.name, "'", suggestion(item.name, party_keys()),
-                      " (a party's keys: address, identity, backend, threads, export, checkpoint-dir)"));
+                      " (a party's keys: address, identity, backend, threads, export, checkpoint-dir, metrics-listen)"));
     }
   }
   if (d.parties.size() < 2)

@@ -24,6 +24,7 @@ struct DeploymentParty {
   int threads = 1;
   std::string export_file;  // at the end, its stage's weights with PyTorch's names ("" : none)
   std::string checkpoint_dir;  // where it keeps its stage's checkpoints ("" : none)
+  std::string metrics_listen;  // HOST:PORT of its Prometheus /metrics ("" : none)
 };
 
 struct Deployment {

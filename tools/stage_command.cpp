@@ -1,6 +1,8 @@
 #include "tools/stage_command.h"
 
+#include <atomic>
 #include <chrono>
+#include <optional>
 #include <cstdio>
 #include <filesystem>
 #include <fstream>
@@ -17,6 +19,8 @@
 #include "pipeline/stage_peer.h"
 #include "ports/files/checkpoint_store.h"
 #include "ports/files/atomic_file.h"
+#include "core/wire/tensor_codec.h"
+#include "ports/lws/http_listener.h"
 #include "ports/lws/lws_endpoint.h"
 #include "ports/tls/wss_client.h"
 #include "tools/deployment.h"
@@ -37,6 +41,7 @@ std::string fixed(double v, int digits) {
 // connection, from the identity the deployment names there; any other is refused.
 class UpstreamLink final : public StageLink {
  public:
+  std::atomic<uint64_t> sent{0}, received{0};  // bytes, for the metrics
   UpstreamLink(const DeploymentParty& self, std::string expected, int silence_s)
       : expected_(std::move(expected)), silence_(silence_s) {
     EndpointOptions options;
@@ -48,7 +53,10 @@ class UpstreamLink final : public StageLink {
   }
   int port() const { return endpoint_->port(); }
 
-  void send(std::span<const uint8_t> bytes) override { endpoint_->send(connection_, bytes); }
+  void send(std::span<const uint8_t> bytes) override {
+    sent += bytes.size();
+    endpoint_->send(connection_, bytes);
+  }
 
   Frame receive(const char* awaiting) override {
     const auto deadline = Clock::now() + std::chrono::seconds(silence_);
@@ -65,6 +73,7 @@ class UpstreamLink final : public StageLink {
         throw LinkLost(cat("[stage] the party before (", expected_, ") closed the link while this stage awaited ",
                            awaiting, ev.text.empty() ? "" : cat(" (", ev.text, ")")));
       }
+      received += ev.frame.size();
       return std::move(ev.frame);
     }
     if (connection_ == 0)
@@ -130,6 +139,7 @@ class UpstreamLink final : public StageLink {
 // the address the deployment names, whose server must present the identity named there.
 class DownstreamLink final : public StageLink {
  public:
+  std::atomic<uint64_t> sent{0}, received{0};
   DownstreamLink(const DeploymentParty& self, const DeploymentParty& next, int wait_s, int silence_s)
       : self_(self), next_party_(next), next_(next.name), wait_s_(wait_s), silence_(silence_s) {}
 
@@ -155,14 +165,20 @@ class DownstreamLink final : public StageLink {
                       wait_s_, " s (", why, "): start its tandem stage, or check the address and its certificate"));
   }
 
-  void send(std::span<const uint8_t> bytes) override { client_->send(0, bytes); }
+  void send(std::span<const uint8_t> bytes) override {
+    sent += bytes.size();
+    client_->send(0, bytes);
+  }
 
   Frame receive(const char* awaiting) override {
     EndpointEvent ev;
     for (;;) {
       if (!client_->next(ev, std::chrono::seconds(silence_)))
         throw LinkLost(cat("[stage] no ", awaiting, " from the party after (", next_, ") within ", silence_, " s"));
-      if (ev.kind == EndpointEvent::Kind::Message) return std::move(ev.frame);
+      if (ev.kind == EndpointEvent::Kind::Message) {
+        received += ev.frame.size();
+        return std::move(ev.frame);
+      }
       if (ev.kind == EndpointEvent::Kind::Closed)
         throw LinkLost(cat("[stage] the party after (", next_, ") closed the link while this stage awaited ", awaiting,
                            ev.text.empty() ? "" : cat(" (", ev.text, ")")));
@@ -195,6 +211,42 @@ class DownstreamLink final : public StageLink {
   int wait_s_, silence_;
   std::unique_ptr<WssClient> client_;
   MessageWriter writer_;
+};
+
+// What a party counts for Prometheus (/metrics): written by the training thread after each
+// step, read by the listener's.
+struct StageMetrics {
+  std::atomic<uint64_t> steps{0}, restarts{0}, busy_us{0}, idle_us{0};
+  std::string labels;  // party="...",stage="..."
+  std::string text(const UpstreamLink* up, const DownstreamLink* down, double wall_s) const {
+    std::string out;
+    const auto metric = [&](const char* name, const char* type, const char* help, const std::string& sample) {
+      out += cat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", sample);
+    };
+    const auto one = [&](const char* name, const std::string& value) { return cat(name, "{", labels, "} ", value, "\n"); };
+    metric("tandem_stage_steps_total", "counter", "Steps this party's stage has trained (again after a restart).",
+           one("tandem_stage_steps_total", cat(steps.load())));
+    metric("tandem_stage_restarts_total", "counter", "Times the pipeline started again from a checkpoint after a lost link.",
+           one("tandem_stage_restarts_total", cat(restarts.load())));
+    metric("tandem_stage_busy_seconds_total", "counter", "Seconds computing: forward, backward, update.",
+           one("tandem_stage_busy_seconds_total", cat(static_cast<double>(busy_us.load()) / 1e6)));
+    metric("tandem_stage_idle_seconds_total", "counter", "Seconds waiting on a link for what an action needed.",
+           one("tandem_stage_idle_seconds_total", cat(static_cast<double>(idle_us.load()) / 1e6)));
+    metric("tandem_stage_bubble", "gauge", "The share of this party's time since it started not spent computing.",
+           one("tandem_stage_bubble", cat(wall_s > 0 ? 1.0 - static_cast<double>(busy_us.load()) / 1e6 / wall_s : 0.0)));
+    std::string sent, received;
+    if (up) {
+      sent += cat("tandem_stage_sent_bytes_total{", labels, ",link=\"up\"} ", up->sent.load(), "\n");
+      received += cat("tandem_stage_received_bytes_total{", labels, ",link=\"up\"} ", up->received.load(), "\n");
+    }
+    if (down) {
+      sent += cat("tandem_stage_sent_bytes_total{", labels, ",link=\"down\"} ", down->sent.load(), "\n");
+      received += cat("tandem_stage_received_bytes_total{", labels, ",link=\"down\"} ", down->received.load(), "\n");
+    }
+    metric("tandem_stage_sent_bytes_total", "counter", "Bytes sent on each link (up: to the party before).", sent);
+    metric("tandem_stage_received_bytes_total", "counter", "Bytes received on each link.", received);
+    return out;
+  }
 };
 
 constexpr const char* kStageDetails = R"(
@@ -245,7 +297,11 @@ int stage_command(const CliArgs& cli) {
   std::unique_ptr<Optimizer> optimizer = make_optimizer(net.params(), args.optimizer_options());
   Stage stage(net, optimizer.get());
 
-  const StagePlan plan = make_stage_plan(spec.binary, graph, cut, stage_graphs, index, *schedule, batch, microbatches);
+  const std::string dtype_text = args.str("wire-dtype", "f32");
+  const std::optional<wire::DType> dtype = parse_dtype(dtype_text);
+  if (!dtype) fail("cli", cat(deployment.path, ": wire-dtype = '", dtype_text, "' is not one of f32, f16, bf16, i8"));
+  const StagePlan plan =
+      make_stage_plan(spec.binary, graph, cut, stage_graphs, index, *schedule, batch, microbatches, *dtype);
 
   std::fprintf(stderr, "party %s: stage %zu of stages 0..%zu (%zu nodes, %lld parameters, %s), %s schedule, K = %u\n",
                party_name.c_str(), index, n - 1, net.graph().nodes().size(), static_cast<long long>(net.param_count()),
@@ -276,6 +332,26 @@ int stage_command(const CliArgs& cli) {
   std::unique_ptr<DownstreamLink> down;
   if (index + 1 < n) down = std::make_unique<DownstreamLink>(self, deployment.parties[index + 1], wait_s, silence_s);
   StagePeer peer(stage, *schedule, plan, up.get(), down.get());
+  StageMetrics counters;
+  counters.labels = cat("party=\"", party_name, "\",stage=\"", index, "\"");
+  const auto started = Clock::now();
+  std::unique_ptr<HttpListener> http;
+  const std::string metrics_at = cli.str("metrics-listen", self.metrics_listen);
+  if (!metrics_at.empty()) {
+    const HostPort hp = CliArgs({{"metrics-listen", metrics_at}}).host_port("metrics-listen", "");
+    http = HttpListener::listen(hp.host, hp.port, [&](const std::string& path) -> HttpResponse {
+      if (path == "/healthz") return {200, "text/plain; charset=utf-8", "ok\n"};
+      if (path != "/metrics") return {404, "text/plain; charset=utf-8", "not found: try /metrics or /healthz\n"};
+      return {200, "text/plain; version=0.0.4; charset=utf-8",
+              counters.text(up.get(), down.get(), std::chrono::duration<double>(Clock::now() - started).count())};
+    });
+    std::fprintf(stderr, "metrics for Prometheus on http://%s:%d/metrics\n", hp.host.c_str(), http->port());
+  }
+  const auto count_step = [&] {
+    counters.steps += 1;
+    counters.busy_us = static_cast<uint64_t>(stage.busy_s() * 1e6);
+    counters.idle_us = static_cast<uint64_t>(peer.idle_s() * 1e6);
+  };
   peer.on_checkpoint([&](uint64_t step) {
     meta.step = step;
     store->save(step, encode_checkpoint(meta, net, optimizer.get()));
@@ -329,6 +405,7 @@ int stage_command(const CliArgs& cli) {
             const StepHeader header{step, count, std::min(microbatches, count),
                                     lr_factor(lr, static_cast<int64_t>(step)), checkpoint};
             const StepStats st = peer.train_step(header, x, labels);
+            count_step();
             total.loss_sum += st.loss_sum;
             total.correct += st.correct;
             total.samples += st.samples;
@@ -347,8 +424,7 @@ int stage_command(const CliArgs& cli) {
         peer.finish("the first party's epochs are done");
       } else {
         StepStats st;
-        while (peer.follow_step(st)) {
-        }
+        while (peer.follow_step(st)) count_step();
       }
       } catch (const LinkLost&) {
         throw;
@@ -366,6 +442,7 @@ int stage_command(const CliArgs& cli) {
       const std::string why = cat(party_name, " lost a link at step ", at, ": ", e.what());
       if (up) up->restart(why);
       if (down) down->restart(why);
+      counters.restarts += 1;
       if (++restarts > max_restarts)
         fail("stage", cat(e.what(), " (", max_restarts, " restarts in this run; --restarts N allows more)"));
       std::fprintf(stderr, "%s: linking again (restart %d of at most %d)\n", e.what(), restarts, max_restarts);
@@ -375,7 +452,10 @@ int stage_command(const CliArgs& cli) {
   }
   const int64_t steps = static_cast<int64_t>(peer.next_step());
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
+  const uint64_t sent = (up ? up->sent.load() : 0) + (down ? down->sent.load() : 0);
+  const uint64_t received = (up ? up->received.load() : 0) + (down ? down->received.load() : 0);
   emit(cat("{\"party\":\"", party_name, "\",\"stage\":", index, ",\"steps\":", steps, ",\"restarts\":", restarts,
+           ",\"sent_bytes\":", sent, ",\"received_bytes\":", received,
            ",\"busy_s\":",
            fixed(stage.busy_s(), 3), ",\"idle_s\":", fixed(peer.idle_s(), 3), ",\"wall_s\":", fixed(wall, 3),
            ",\"idle_share\":", fixed(wall > 0 ? 1.0 - stage.busy_s() / wall : 0.0, 4), "}"));
@@ -401,6 +481,7 @@ void declare_stage(Command& command) {
       .option("export", "FILE", "at the end, this stage's weights with PyTorch's names (default: the party's export)")
       .option("metrics-json", "FILE", "append the metrics (the first party's epochs; every party's summary) to FILE")
       .option("wait-s", "S", "how long to keep trying to reach the party after (default 120)")
+      .option("metrics-listen", "HOST:PORT", "serve this party's metrics for Prometheus at /metrics (default: the party's metrics-listen)")
       .option("restarts", "N", "how many times a lost link may start the pipeline again from its newest checkpoint (default 10)")
       .option("silence-s", "S", "how long a neighbour may stay silent before the run ends (default 300)")
       .details(kStageDetails)

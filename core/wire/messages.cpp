@@ -304,9 +304,10 @@ std::span<const uint8_t> MessageWriter::stage_hello(const std::array<uint8_t, 32
 
 std::span<const uint8_t> MessageWriter::activations(const StepHeader& header, uint32_t stage, uint32_t microbatch,
                                                     uint64_t weight_version, const Tensor& activations,
-                                                    std::span<const int32_t> labels, const Tensor* mask) {
+                                                    std::span<const int32_t> labels, const Tensor* mask,
+                                                    wire::DType dtype) {
   fbb_.Clear();
-  const auto t = tensor("activations", activations, wire::DType::F32);
+  const auto t = tensor("activations", activations, dtype);
   const auto l = fbb_.CreateVector(labels.data(), labels.size());
   const auto m = mask_bytes(mask);
   return finish(wire::Payload::Activations,
@@ -317,9 +318,9 @@ std::span<const uint8_t> MessageWriter::activations(const StepHeader& header, ui
 
 std::span<const uint8_t> MessageWriter::gradients(uint32_t stage, uint64_t step, uint32_t microbatch,
                                                   uint64_t weight_version, const Tensor& gradients, float loss,
-                                                  uint32_t correct) {
+                                                  uint32_t correct, wire::DType dtype) {
   fbb_.Clear();
-  const auto t = tensor("gradients", gradients, wire::DType::F32);
+  const auto t = tensor("gradients", gradients, dtype);
   return finish(wire::Payload::Gradients,
                 wire::CreateGradients(fbb_, stage, step, microbatch, weight_version, t, loss, correct).Union());
 }

@@ -69,14 +69,16 @@ class MessageWriter {
   std::span<const uint8_t> eval_result(uint64_t batch_id, uint32_t correct, uint32_t count, double loss_sum,
                                        double cloud_busy_s = 0.0);
   // A pipeline of stages (pipeline/stage_peer.h): the hello that opens a link, and the
-  // activations down and gradients up, named by the sender's stage (f32 on the wire).
+  // activations down and gradients up, named by the sender's stage, encoded in `dtype`.
   std::span<const uint8_t> stage_hello(const std::array<uint8_t, 32>& plan_hash, uint32_t stage, uint32_t stages,
                                        uint64_t resume_step, uint32_t format = kWireFormat);
   std::span<const uint8_t> activations(const StepHeader& header, uint32_t stage, uint32_t microbatch,
                                        uint64_t weight_version, const Tensor& activations,
-                                       std::span<const int32_t> labels, const Tensor* mask);
+                                       std::span<const int32_t> labels, const Tensor* mask,
+                                       wire::DType dtype = wire::DType::F32);
   std::span<const uint8_t> gradients(uint32_t stage, uint64_t step, uint32_t microbatch, uint64_t weight_version,
-                                     const Tensor& gradients, float loss, uint32_t correct);
+                                     const Tensor& gradients, float loss, uint32_t correct,
+                                     wire::DType dtype = wire::DType::F32);
   std::span<const uint8_t> error(wire::ErrorCode code, const std::string& text);
   std::span<const uint8_t> bye(const std::string& reason);
 

@@ -3,8 +3,11 @@
 # pool1,pool2,fc1), each link mutual TLS with the identity the deployment file names. Under
 # gpipe, 1f1b and zero-bubble the stages' merged exports equal the weights of the same
 # training in one process (`tandem train`, two stages) within 1e-5, and every process exits
-# 0. Then: a party with another party's certificate is refused by name at the next stage; a
-# party that runs another plan is refused (ModelMismatch); the async schedule is refused.
+# 0. f16 on the links halves the bytes. A party with another party's certificate is refused
+# by name; a party that runs another plan is refused (ModelMismatch); the async schedule is
+# refused. A kill -9 of the first, a middle or the last party, restarted with the same
+# command, ends on the uninterrupted run's weights byte for byte; a survivor's Prometheus
+# metrics count the restart, its steps, its links' bytes and its bubble.
 # Usage: stage_pipeline.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -30,7 +33,7 @@ print(' '.join(str(x.getsockname()[1]) for x in s))"; }
 # deployment NAME SCHEDULE [EXTRA]: $work/NAME.toml, four parties on fresh ports.
 deployment() {
   local ports i
-  read -r -a ports <<< "$(free_ports 4)"
+  read -r -a ports <<< "$(free_ports 8)"
   {
     echo "model = \"$model\""
     echo "cut = \"pool1,pool2,fc1\""
@@ -46,6 +49,7 @@ deployment() {
       echo "backend = \"onednn\""
       echo "export = \"$1-$i.safetensors\""
       echo "checkpoint-dir = \"$1-ckpt-$i\""
+      echo "metrics-listen = \"127.0.0.1:${ports[$((i + 4))]}\""
     done
   } > "$work/$1.toml"
 }
@@ -79,6 +83,17 @@ for schedule in gpipe 1f1b zero-bubble; do
     fail "$schedule: the last party's summary: $(cat "$work/$schedule-3.out")"
   grep -q "\"epoch\":1,\"samples\":$limit," "$work/$schedule-0.out" || fail "$schedule: the first party's metrics: $(cat "$work/$schedule-0.out")"
 done
+
+# Compression on the links: f16 halves the bytes every party sends and trains as f32 does.
+deployment f16 1f1b 'wire-dtype = "f16"'
+run_pipeline f16
+sent_of() { sed -n 's/.*"party":"scanner".*"sent_bytes":\([0-9]*\).*/\1/p' "$work/$1-0.out"; }
+loss_of() { sed -n 's/.*"train_loss":\([0-9.]*\).*/\1/p' "$work/$1-0.out"; }
+need_figures "the f16 and f32 runs' bytes and losses" "$(sent_of f16)" "$(sent_of 1f1b)" "$(loss_of f16)" "$(loss_of 1f1b)"
+awk -v a="$(sent_of f16)" -v b="$(sent_of 1f1b)" 'BEGIN { exit !(a < 0.55 * b && a > 0.45 * b) }' ||
+  fail "f16: the scanner sent $(sent_of f16) bytes against f32's $(sent_of 1f1b), not half"
+awk -v a="$(loss_of f16)" -v b="$(loss_of 1f1b)" 'BEGIN { exit !(a - b < 0.02 * b && b - a < 0.02 * b) }' ||
+  fail "f16: train loss $(loss_of f16) against f32's $(loss_of 1f1b)"
 
 # expect_exit NAME PARTY RC MESSAGE: party PARTY's run NAME exited with RC (waited for) and said MESSAGE.
 expect_exit() {
@@ -161,6 +176,22 @@ for k in 0 1 3; do
   wait "${pids[$k]}" || rc=$?
   ((rc == 137)) || { cat "$work/$name-$k.out"; fail "$name: party ${parties[$k]} ended with $rc before it was killed"; }
   mv "$work/$name-$k.out" "$work/$name-$k.killed.out"
+  if ((k == 1)); then  # while gpu-box is down, cloud-a's metrics say it restarted, and what it did before
+    metrics_port=$(sed -n 's|^metrics for Prometheus on http://127.0.0.1:\([0-9]*\)/metrics$|\1|p' "$work/$name-2.out")
+    [[ -n $metrics_port ]] || fail "$name: cloud-a serves no metrics: $(cat "$work/$name-2.out")"
+    for _ in $(seq 1 100); do [[ $(metric 'tandem_stage_restarts_total{party="cloud-a",stage="2"}') == 1 ]] && break; sleep 0.05; done
+    scrape /metrics > "$work/metrics.txt"
+    grep -q '^tandem_stage_restarts_total{party="cloud-a",stage="2"} 1$' "$work/metrics.txt" ||
+      fail "$name: cloud-a's metrics do not count the restart: $(cat "$work/metrics.txt")"
+    awk '$1 == "tandem_stage_steps_total{party=\"cloud-a\",stage=\"2\"}" && $2 >= 8 { ok = 1 } END { exit !ok }' "$work/metrics.txt" ||
+      fail "$name: cloud-a's metrics count fewer than 8 steps: $(cat "$work/metrics.txt")"
+    for link in up down; do
+      awk -v l="$link" '$1 ~ /^tandem_stage_(sent|received)_bytes_total/ && index($1, "link=\"" l "\"") && $2 > 100000 { n++ } END { exit n != 2 }' "$work/metrics.txt" ||
+        fail "$name: cloud-a's metrics lack the bytes of its $link link: $(cat "$work/metrics.txt")"
+    done
+    grep -q '^tandem_stage_bubble{party="cloud-a",stage="2"} 0\.[0-9]' "$work/metrics.txt" ||
+      fail "$name: cloud-a's bubble: $(cat "$work/metrics.txt")"
+  fi
   start "$name" "$k" "$name" 60
   for i in 0 1 2 3; do expect_exit "$name" "$i" 0 "\"steps\":$heal_steps"; done
   "$tandem" export --model "$model" --stages "$work/$name-0.safetensors,$work/$name-1.safetensors,$work/$name-2.safetensors,$work/$name-3.safetensors" \
