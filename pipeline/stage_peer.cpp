@@ -26,23 +26,25 @@ double since(std::chrono::steady_clock::time_point t0) {
 
 std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
                                   const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches,
-                                  wire::DType dtype) {
+                                  wire::DType dtype, bool labels_travel) {
   Sha256 h;
   h.update(spec_binary.data(), spec_binary.size());
   std::string rest = cat('\0', cuts, '\0', schedule, '\0', stages, '\0', batch, '\0', microbatches);
   if (dtype != wire::DType::F32) rest += cat('\0', dtype_name(dtype));
+  if (!labels_travel) rest += cat('\0', "labels stay at the first party");
   h.update(reinterpret_cast<const uint8_t*>(rest.data()), rest.size());
   return h.finish();
 }
 
 StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& whole, const std::string& cuts,
                           const std::vector<Graph>& stages, std::size_t index, const PipelineSchedule& schedule,
-                          uint32_t batch, uint32_t microbatches, wire::DType dtype) {
+                          uint32_t batch, uint32_t microbatches, wire::DType dtype, bool labels_travel) {
   StagePlan plan;
   plan.index = static_cast<uint32_t>(index);
   plan.stages = static_cast<uint32_t>(stages.size());
-  plan.hash = plan_hash(spec_binary, cuts, schedule.name(), plan.stages, batch, microbatches, dtype);
+  plan.hash = plan_hash(spec_binary, cuts, schedule.name(), plan.stages, batch, microbatches, dtype, labels_travel);
   plan.dtype = dtype;
+  plan.labels_travel = labels_travel;
   plan.batch = batch;
   plan.microbatches = microbatches;
   plan.classes = static_cast<int32_t>(whole.classes());
@@ -87,6 +89,13 @@ StagePeer::StagePeer(Stage& stage, const PipelineSchedule& schedule, const Stage
 }
 
 StagePeer::~StagePeer() = default;
+
+WireError StagePeer::label_range_error(const int32_t* labels, int64_t count) const {
+  for (int64_t i = 0; i < count; ++i)
+    if (labels[i] < 0 || labels[i] >= plan_.classes)
+      return {wire::ErrorCode::BadTensor, cat("label ", labels[i], " is outside [0, ", plan_.classes, ")")};
+  return {};
+}
 
 void StagePeer::check_schedule(const PipelineSchedule& schedule) {
   if (schedule.asynchronous())
@@ -218,7 +227,14 @@ bool StagePeer::check_header(const wire::Activations& a, WireError& error) {
 
 bool StagePeer::check_activations(const Frame& frame, const wire::Activations& a, Slot& slot, WireError& error) {
   const int64_t count = microbatch_range(header_.samples, header_.microbatches, a.microbatch()).count;
-  if (!check_labels(a.labels(), count, plan_.classes, error)) return false;
+  if (!plan_.labels_travel) {
+    if (a.labels() != nullptr && a.labels()->size() > 0) {
+      error = {wire::ErrorCode::BadTensor, "labels arrived, and in this plan they never leave the first party"};
+      return false;
+    }
+  } else if (!check_labels(a.labels(), count, plan_.classes, error)) {
+    return false;
+  }
   // With length buckets a micro-batch runs at its own length: the activations' second
   // dimension, which must be a bucket; the mask travels at that length too.
   const Graph& graph = stage_.graph();
@@ -241,7 +257,7 @@ bool StagePeer::check_activations(const Frame& frame, const wire::Activations& a
                                     "activations", plan_.dtype, slot.decoded, error));
   if (!slot.inputs[0].defined()) return false;
   if (graph.inputs().size() > 1) slot.inputs.push_back(slot.mask);
-  slot.labels.assign(a.labels()->begin(), a.labels()->end());
+  if (plan_.labels_travel) slot.labels.assign(a.labels()->begin(), a.labels()->end());
   return true;
 }
 
@@ -348,6 +364,16 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
         Slot& s = activations(mb);
         in = s.inputs;
         labels = s.labels.data();
+        if (last() && !plan_.labels_travel) {  // the first party's own labels, where its data is
+          if (!labels_) fail("stage", "the loss stage of a plan whose labels stay at the first party has no labels");
+          const std::span<const int32_t> step_labels = labels_(header.step);
+          if (step_labels.size() != header.samples)
+            fail("stage", cat("the data gives ", step_labels.size(), " labels for step ", header.step, "; the first "
+                              "party announced ", header.samples, " samples: give both the same data, limit and seed"));
+          labels = step_labels.data() + range.begin;
+          const WireError bad = label_range_error(labels, range.count);
+          if (!bad.ok()) fail("stage", bad.text);
+        }
         if (plan_.mask_input >= 0) mask = &s.mask;
       }
       if (last()) {
@@ -360,9 +386,10 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
         slots_[mb].gradients = true;
       } else {
         const Tensor& out = stage_.forward(in, slot_index);
-        down_->send(writer_.activations(header, plan_.index, mb, version_, out,
-                                        std::span<const int32_t>(labels, static_cast<std::size_t>(range.count)), mask,
-                                        plan_.dtype));
+        const std::span<const int32_t> sent_labels =
+            plan_.labels_travel ? std::span<const int32_t>(labels, static_cast<std::size_t>(range.count))
+                                : std::span<const int32_t>();
+        down_->send(writer_.activations(header, plan_.index, mb, version_, out, sent_labels, mask, plan_.dtype));
       }
       continue;
     }

@@ -64,6 +64,10 @@ struct StagePlan {
   // How activations and gradients travel on every link (core/wire/tensor_codec.h): f32, or
   // f16, bf16 or i8 to halve or quarter the bytes.
   wire::DType dtype = wire::DType::F32;
+  // Whether the labels travel down the chain with the activations. When not, the loss stage
+  // runs where the data is (the first party's machine) and reads them there (labels_from):
+  // no other party ever receives one.
+  bool labels_travel = true;
 };
 
 // SHA-256 over the binary model spec and, each after a zero byte, the cut list, the
@@ -71,13 +75,14 @@ struct StagePlan {
 // what StageHello carries.
 std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
                                   const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches,
-                                  wire::DType dtype = wire::DType::F32);
+                                  wire::DType dtype = wire::DType::F32, bool labels_travel = true);
 
 // Stage `index`'s plan among `stages` (whole.partition(cut_list(cuts))), run under `schedule`
 // with at most `batch` samples a step in at most `microbatches`.
 StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& whole, const std::string& cuts,
                           const std::vector<Graph>& stages, std::size_t index, const PipelineSchedule& schedule,
-                          uint32_t batch, uint32_t microbatches, wire::DType dtype = wire::DType::F32);
+                          uint32_t batch, uint32_t microbatches, wire::DType dtype = wire::DType::F32,
+                          bool labels_travel = true);
 
 class StagePeer {
  public:
@@ -105,6 +110,9 @@ class StagePeer {
   // Called after the update of a step whose header asks for a checkpoint, with the step
   // count reached (next_step()): the host saves the stage's state there.
   void on_checkpoint(std::function<void(uint64_t)> save) { save_ = std::move(save); }
+  // The loss stage of a plan whose labels do not travel: `labels(step)` gives the step's
+  // labels, all of its samples in order, from the first party's data.
+  void labels_from(std::function<std::span<const int32_t>(uint64_t step)> labels) { labels_ = std::move(labels); }
 
 
   // The first stage: one step of the step's rows (`inputs`, each [samples, ...], and their
@@ -138,6 +146,7 @@ class StagePeer {
   const wire::Message* verified(StageLink& link, const char* neighbour, const Frame& frame);
   const wire::StageHello& hello_from(StageLink& link, const char* neighbour, const Frame& frame);
   bool check_header(const wire::Activations& a, WireError& error);
+  WireError label_range_error(const int32_t* labels, int64_t count) const;
   bool check_activations(const Frame& frame, const wire::Activations& a, Slot& slot, WireError& error);
 
   Stage& stage_;
@@ -155,6 +164,7 @@ class StagePeer {
   std::vector<Tensor> in_;
   double idle_s_ = 0;
   std::function<void(uint64_t)> save_;
+  std::function<std::span<const int32_t>(uint64_t)> labels_;
 };
 
 }  // namespace tandem

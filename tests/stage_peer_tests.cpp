@@ -378,5 +378,38 @@ TEST(StagePeer, ARestartIsALostLinkAndTheStageLinksAgain) {
   EXPECT_EQ(t.peer->next_step(), 1u);
 }
 
+// A plan whose labels stay at the first party: the loss stage reads them from labels_from,
+// and refuses Activations that carry any.
+TEST(StagePeer, WhereTheLabelsStayTheLossStageReadsItsOwnAndRefusesAnyThatArrive) {
+  {
+    LastStage t;
+    t.plan = make_stage_plan(t.spec.binary, t.graph, "pool2", t.parts, 1, t.schedule, 8, 2, wire::DType::F32, false);
+    t.peer = std::make_unique<StagePeer>(*t.stage.stage, t.schedule, t.plan, t.up.get(), nullptr);
+    std::vector<int32_t> labels(8, 3);
+    uint64_t asked = 99;
+    t.peer->labels_from([&](uint64_t step) {
+      asked = step;
+      return std::span<const int32_t>(labels);
+    });
+    t.hello();
+    Tensor x = Tensor::empty(Shape{4, 7, 7, 64});
+    x.fill(1.0f);
+    for (uint32_t mb = 0; mb < 2; ++mb) t.send(t.writer.activations({0, 8, 2, 1.0f, false}, 0, mb, 0, x, {}, nullptr));
+    StepStats s;
+    EXPECT_TRUE(t.peer->follow_step(s));
+    EXPECT_EQ(asked, 0u);
+    t.activations(1, 0);  // with labels
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: labels arrived, and in this plan they "
+                          "never leave the first party");
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::BadTensor);
+  }
+  {  // and a plan that says otherwise is another plan
+    LastStage t;
+    const StagePlan other =
+        make_stage_plan(t.spec.binary, t.graph, "pool2", t.parts, 1, t.schedule, 8, 2, wire::DType::F32, false);
+    EXPECT_NE(other.hash, t.plan.hash);
+  }
+}
+
 }  // namespace
 }  // namespace tandem::test

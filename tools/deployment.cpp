@@ -15,7 +15,7 @@ namespace {
 const std::vector<std::string>& run_keys() {
   static const std::vector<std::string> keys = {
       "model", "cut", "pipeline-schedule", "batch", "microbatches", "epochs", "data", "limit", "seed", "checkpoint-every",
-      "wire-dtype",
+      "wire-dtype", "labels",
       "optimizer", "lr", "momentum", "nesterov", "weight-decay", "beta1", "beta2", "eps", "clip-norm",
       "schedule", "warmup-steps", "step-size", "gamma", "min-lr-factor", "total-steps"};
   return keys;

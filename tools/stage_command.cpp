@@ -300,8 +300,14 @@ int stage_command(const CliArgs& cli) {
   const std::string dtype_text = args.str("wire-dtype", "f32");
   const std::optional<wire::DType> dtype = parse_dtype(dtype_text);
   if (!dtype) fail("cli", cat(deployment.path, ": wire-dtype = '", dtype_text, "' is not one of f32, f16, bf16, i8"));
-  const StagePlan plan =
-      make_stage_plan(spec.binary, graph, cut, stage_graphs, index, *schedule, batch, microbatches, *dtype);
+  // labels = "first-party": the labels never leave the first party; the last party, on its
+  // machine, reads them from the same data.
+  const std::string labels_at = args.str("labels", "travel");
+  if (labels_at != "travel" && labels_at != "first-party")
+    fail("cli", cat(deployment.path, ": labels = '", labels_at, "': \"travel\" (with the activations, to the last "
+                    "party) or \"first-party\" (the last party runs on the first party's machine and reads them there)"));
+  const StagePlan plan = make_stage_plan(spec.binary, graph, cut, stage_graphs, index, *schedule, batch, microbatches,
+                                         *dtype, labels_at == "travel");
 
   std::fprintf(stderr, "party %s: stage %zu of stages 0..%zu (%zu nodes, %lld parameters, %s), %s schedule, K = %u\n",
                party_name.c_str(), index, n - 1, net.graph().nodes().size(), static_cast<long long>(net.param_count()),
@@ -369,7 +375,12 @@ int stage_command(const CliArgs& cli) {
   };
   const auto t0 = Clock::now();
   TrainingSets sets;
-  if (index == 0) sets = load_training_sets(args, graph);  // the data is the first party's
+  std::unique_ptr<StepLabels> step_labels;
+  if (index == 0 || (index + 1 == n && !plan.labels_travel)) sets = load_training_sets(args, graph);
+  if (index + 1 == n && !plan.labels_travel) {
+    step_labels = std::make_unique<StepLabels>(graph, sets.train, batch, seed);
+    peer.labels_from([&](uint64_t step) { return step_labels->of(step); });
+  }
   const int max_restarts = static_cast<int>(cli.integer("restarts", 10, 0));
   int restarts = 0;
   for (;;) {  // a round: the chain linked, from the newest checkpoint all stages have

@@ -53,6 +53,13 @@ void EpochBatches::shuffle() {
     std::swap(order_[static_cast<std::size_t>(i)], order_[rng_.below(static_cast<uint64_t>(i + 1))]);
 }
 
+const int32_t* EpochBatches::labels(int64_t begin) {
+  const int64_t count = std::min(batch_, samples() - begin);
+  for (int64_t j = 0; j < count; ++j)
+    labels_[static_cast<std::size_t>(j)] = set_.labels[static_cast<std::size_t>(order_[static_cast<std::size_t>(begin + j)])];
+  return labels_.data();
+}
+
 std::vector<Tensor> EpochBatches::rows(int64_t begin, const int32_t*& labels) {
   const int64_t count = std::min(batch_, samples() - begin);
   std::vector<Tensor> x;
@@ -63,10 +70,26 @@ std::vector<Tensor> EpochBatches::rows(int64_t begin, const int32_t*& labels) {
                   inputs_[k].data() + j * item);
     x.push_back(count == batch_ ? inputs_[k] : inputs_[k].slice_batch(0, count));
   }
-  for (int64_t j = 0; j < count; ++j)
-    labels_[static_cast<std::size_t>(j)] = set_.labels[static_cast<std::size_t>(order_[static_cast<std::size_t>(begin + j)])];
-  labels = labels_.data();
+  labels = this->labels(begin);
   return x;
+}
+
+StepLabels::StepLabels(const Graph& graph, const LabelledInputs& set, int64_t batch, uint64_t seed)
+    : graph_(graph), set_(set), batch_(batch), seed_(seed) {}
+
+std::span<const int32_t> StepLabels::of(uint64_t step) {
+  const auto per_epoch = static_cast<uint64_t>((static_cast<int64_t>(set_.labels.size()) + batch_ - 1) / batch_);
+  const auto epoch = static_cast<int64_t>(step / per_epoch);
+  if (!batches_ || epoch < epoch_) {  // from the start: the shuffles are a sequence
+    batches_ = std::make_unique<EpochBatches>(graph_, set_, batch_, seed_);
+    epoch_ = -1;
+  }
+  for (; epoch_ < epoch; ++epoch_) batches_->shuffle();
+  const int64_t begin = static_cast<int64_t>(step % per_epoch) * batch_;
+  const int64_t count = std::min(batch_, batches_->samples() - begin);
+  const int32_t* labels = batches_->labels(begin);
+  labels_.assign(labels, labels + count);
+  return labels_;
 }
 
 }  // namespace tandem

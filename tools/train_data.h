@@ -5,6 +5,8 @@
 #pragma once
 
 #include <cstdint>
+#include <memory>
+#include <span>
 #include <vector>
 
 #include "cli/cli_args.h"
@@ -40,6 +42,8 @@ class EpochBatches {
   // The rows of the batch starting at sample `begin` of the epoch's order, each input's
   // [count, ...], and their labels (valid until the next call).
   std::vector<Tensor> rows(int64_t begin, const int32_t*& labels);
+  // Only the labels of that batch.
+  const int32_t* labels(int64_t begin);
 
  private:
   const Graph& graph_;
@@ -48,6 +52,24 @@ class EpochBatches {
   Rng rng_;
   std::vector<int64_t> order_;
   std::vector<Tensor> inputs_;
+  std::vector<int32_t> labels_;
+};
+
+// The labels of any step of a run, from the data and the seed alone: what the loss stage of
+// a pipeline whose labels stay at the first party reads on that party's machine. Steps count
+// from 0 across epochs, `steps()` a epoch, as the first party leads them.
+class StepLabels {
+ public:
+  StepLabels(const Graph& graph, const LabelledInputs& set, int64_t batch, uint64_t seed);
+  std::span<const int32_t> of(uint64_t step);
+
+ private:
+  const Graph& graph_;
+  const LabelledInputs& set_;
+  int64_t batch_;
+  uint64_t seed_;
+  std::unique_ptr<EpochBatches> batches_;
+  int64_t epoch_ = -1;  // the epoch batches_ is shuffled for (0-based)
   std::vector<int32_t> labels_;
 };
 

@@ -308,7 +308,8 @@ std::span<const uint8_t> MessageWriter::activations(const StepHeader& header, ui
                                                     wire::DType dtype) {
   fbb_.Clear();
   const auto t = tensor("activations", activations, dtype);
-  const auto l = fbb_.CreateVector(labels.data(), labels.size());
+  const auto l = labels.empty() ? flatbuffers::Offset<flatbuffers::Vector<int32_t>>()
+                                : fbb_.CreateVector(labels.data(), labels.size());
   const auto m = mask_bytes(mask);
   return finish(wire::Payload::Activations,
                 wire::CreateActivations(fbb_, stage, header.step, microbatch, weight_version, header.samples,

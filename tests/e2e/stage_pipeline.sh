@@ -3,7 +3,8 @@
 # pool1,pool2,fc1), each link mutual TLS with the identity the deployment file names. Under
 # gpipe, 1f1b and zero-bubble the stages' merged exports equal the weights of the same
 # training in one process (`tandem train`, two stages) within 1e-5, and every process exits
-# 0. f16 on the links halves the bytes. A party with another party's certificate is refused
+# 0; so with the labels kept at the first party (its own process holds the loss). f16 on the
+# links halves the bytes. A party with another party's certificate is refused
 # by name; a party that runs another plan is refused (ModelMismatch); the async schedule is
 # refused. A kill -9 of the first, a middle or the last party, restarted with the same
 # command, ends on the uninterrupted run's weights byte for byte; a survivor's Prometheus
@@ -21,7 +22,7 @@ limit=${STAGE_LIMIT:-1024}
 parties=(scanner gpu-box cloud-a cloud-b)
 
 "$cloud_bin" pki init --state-dir "$work/ca" > /dev/null
-for p in "${parties[@]}"; do
+for p in "${parties[@]}" scanner-tail; do
   "$cloud_bin" pki issue --state-dir "$work/ca" --client "$p" --hosts 127.0.0.1,localhost --out "$work/id/$p" > /dev/null
 done
 free_ports() { /usr/bin/python3 -c "
@@ -83,6 +84,16 @@ for schedule in gpipe 1f1b zero-bubble; do
     fail "$schedule: the last party's summary: $(cat "$work/$schedule-3.out")"
   grep -q "\"epoch\":1,\"samples\":$limit," "$work/$schedule-0.out" || fail "$schedule: the first party's metrics: $(cat "$work/$schedule-0.out")"
 done
+
+# The labels stay at the first party: its second process, scanner-tail, holds the loss and
+# reads the labels from the same data; the Activations carry none (the parties between refuse
+# any, and the run ends on one process's weights all the same).
+parties=(scanner gpu-box cloud-a scanner-tail)
+deployment first-party gpipe 'labels = "first-party"'
+run_pipeline first-party
+"$diff" "$work/one.safetensors" "$work/first-party.safetensors" 1e-5 > "$work/diff.out" ||
+  { cat "$work/diff.out"; fail "labels at the first party: the weights differ from one process's"; }
+parties=(scanner gpu-box cloud-a cloud-b)
 
 # Compression on the links: f16 halves the bytes every party sends and trains as f32 does.
 deployment f16 1f1b 'wire-dtype = "f16"'
@@ -203,4 +214,4 @@ for k in 0 1 3; do
   done
 done
 
-echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble; an impostor, another plan and async refused; a kill -9 of the first, a middle or the last party, restarted, leaves the weights byte-identical"
+echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble, and with the labels kept at the first party; f16 halves the bytes; an impostor, another plan and async refused; a kill -9 of the first, a middle or the last party, restarted, leaves the weights byte-identical"
