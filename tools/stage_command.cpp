@@ -1,6 +1,14 @@
 #include "tools/stage_command.h"
 
+#include <fcntl.h>
+#include <signal.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
 #include <atomic>
+#include <cerrno>
+#include <cstring>
+#include <map>
 #include <chrono>
 #include <optional>
 #include <cstdio>
@@ -262,7 +270,7 @@ constexpr const char* kStageDetails = R"(
       it writes its stage's weights with PyTorch's names; `tandem export --stages` merges them.
 )";
 
-int stage_command(const CliArgs& cli) {
+int run_party(const CliArgs& cli) {
   const Deployment deployment = read_deployment(cli.required("deployment"));
   const CliArgs args = deployment.args();
   const std::string party_name = cli.required("party");
@@ -484,11 +492,76 @@ int stage_command(const CliArgs& cli) {
   return 0;
 }
 
+// --all: every party of the file as a child process here (`tandem stage --party NAME`), each
+// one's output in LOGDIR/NAME.log; the first that fails stops the others.
+int run_all(const CliArgs& cli) {
+  const std::string file = cli.required("deployment");
+  const Deployment deployment = read_deployment(file);
+  const std::string logs = cli.str("log-dir", ".");
+  std::filesystem::create_directories(logs);
+  std::vector<std::string> passed;  // the options each child gets as they were given
+  for (const char* name : {"wait-s", "silence-s", "restarts"})
+    if (cli.has(name)) passed.insert(passed.end(), {cat("--", name), cli.str(name, "")});
+  std::map<pid_t, std::string> running;
+  for (std::size_t i = deployment.parties.size(); i-- > 0;) {  // the last first: it listens soonest
+    const std::string& name = deployment.parties[i].name;
+    const std::string log = cat(logs, "/", name, ".log");
+    std::vector<std::string> argv{"/proc/self/exe", "stage", "--deployment", file, "--party", name};
+    argv.insert(argv.end(), passed.begin(), passed.end());
+    const pid_t pid = fork();
+    if (pid < 0) fail("stage", cat("cannot start party ", name, ": ", std::strerror(errno)));
+    if (pid == 0) {
+      const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
+      if (fd < 0) _exit(127);
+      ::dup2(fd, 1);
+      ::dup2(fd, 2);
+      std::vector<char*> args;
+      for (std::string& a : argv) args.push_back(a.data());
+      args.push_back(nullptr);
+      ::execv(args[0], args.data());
+      _exit(127);
+    }
+    running[pid] = name;
+    std::fprintf(stderr, "started party %s (pid %d), its output in %s\n", name.c_str(), static_cast<int>(pid), log.c_str());
+  }
+  std::string failed;
+  while (!running.empty()) {
+    int status = 0;
+    const pid_t pid = ::waitpid(-1, &status, 0);
+    if (pid < 0) break;
+    const auto it = running.find(pid);
+    if (it == running.end()) continue;
+    const std::string name = it->second;
+    running.erase(it);
+    const bool ok = WIFEXITED(status) && WEXITSTATUS(status) == 0;
+    std::fprintf(stderr, "party %s %s\n", name.c_str(),
+                 ok ? "finished" : WIFEXITED(status) ? cat("exited with ", WEXITSTATUS(status)).c_str()
+                                                     : cat("was killed by signal ", WTERMSIG(status)).c_str());
+    if (!ok && failed.empty()) {
+      failed = name;
+      for (const auto& [other, _] : running) ::kill(other, SIGTERM);  // the rest cannot finish without it
+    }
+  }
+  if (!failed.empty()) fail("stage", cat("party ", failed, " failed: see ", logs, "/", failed, ".log"));
+  std::printf("all %zu parties finished\n", deployment.parties.size());
+  return 0;
+}
+
+int stage_command(const CliArgs& cli) {
+  if (cli.has("all")) {
+    if (cli.has("party")) fail("cli", "--all starts every party: give it without --party");
+    return run_all(cli);
+  }
+  return run_party(cli);
+}
+
 }  // namespace
 
 void declare_stage(Command& command) {
   command.option("deployment", "FILE", "the pipeline: the run's options and a [NAME] section a party (required)")
-      .option("party", "NAME", "which party of FILE this is (required)")
+      .option("party", "NAME", "which party of FILE this is (required, unless --all)")
+      .flag("all", "start every party of FILE here, each as its own process (a whole pipeline on one machine, to try it)")
+      .option("log-dir", "DIR", "with --all: each party's output goes to DIR/NAME.log (default .)")
       .option("export", "FILE", "at the end, this stage's weights with PyTorch's names (default: the party's export)")
       .option("metrics-json", "FILE", "append the metrics (the first party's epochs; every party's summary) to FILE")
       .option("wait-s", "S", "how long to keep trying to reach the party after (default 120)")

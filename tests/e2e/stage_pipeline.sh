@@ -88,9 +88,15 @@ done
 # The labels stay at the first party: its second process, scanner-tail, holds the loss and
 # reads the labels from the same data; the Activations carry none (the parties between refuse
 # any, and the run ends on one process's weights all the same).
+# This one starts as a whole from the file: `tandem stage --all`, every party a child process.
 parties=(scanner gpu-box cloud-a scanner-tail)
 deployment first-party gpipe 'labels = "first-party"'
-run_pipeline first-party
+"$tandem" stage --deployment "$work/first-party.toml" --all --log-dir "$work/first-party-logs" --wait-s 60 \
+  > "$work/first-party.out" 2>&1 || { cat "$work/first-party.out" "$work"/first-party-logs/*; fail "stage --all"; }
+grep -q "all 4 parties finished" "$work/first-party.out" || fail "stage --all said $(cat "$work/first-party.out")"
+grep -q '"party":"scanner-tail","stage":3' "$work/first-party-logs/scanner-tail.log" || fail "no log of scanner-tail"
+"$tandem" export --model "$model" --stages "$work/first-party-0.safetensors,$work/first-party-1.safetensors,$work/first-party-2.safetensors,$work/first-party-3.safetensors" \
+  --out "$work/first-party.safetensors" > /dev/null || fail "first-party: export --stages"
 "$diff" "$work/one.safetensors" "$work/first-party.safetensors" 1e-5 > "$work/diff.out" ||
   { cat "$work/diff.out"; fail "labels at the first party: the weights differ from one process's"; }
 parties=(scanner gpu-box cloud-a cloud-b)
@@ -156,6 +162,11 @@ deployment async async
 pids=()
 start async 0
 expect_exit async 0 1 "tandem: [stage] the async schedule runs in one process only (tandem train): a pipeline across parties runs gpipe, 1f1b or zero-bubble"
+# Started as a whole, the first party that fails stops the others, and the launcher names it.
+rc=0
+"$tandem" stage --deployment "$work/async.toml" --all --log-dir "$work/async-logs" > "$work/async-all.out" 2>&1 || rc=$?
+((rc == 1)) || fail "stage --all of a failing pipeline exited with $rc: $(cat "$work/async-all.out")"
+grep -q "failed: see $work/async-logs/.*\.log" "$work/async-all.out" || fail "stage --all said $(cat "$work/async-all.out")"
 
 # Faults: kill -9 of one party mid-run (the first, a middle one, the last), restarted with the
 # same command. Every party goes back to the newest checkpoint all have and the run finishes
