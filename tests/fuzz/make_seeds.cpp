@@ -15,6 +15,7 @@
 #include <fstream>
 #include <iostream>
 #include <iterator>
+#include <thread>
 
 #include "cloud/pki/pki.h"
 #include "cloud/pki/token.h"
@@ -22,6 +23,7 @@
 #include "core/interop/torch_layout.h"
 #include "pipeline/local_pipeline.h"
 #include "tests/fuzz/fuzz_setup.h"
+#include "tests/fuzz/stage_setup.h"
 
 using namespace tandem;
 using namespace tandem::fuzz;
@@ -168,6 +170,76 @@ void token_seeds() {
   std::system(cat("rm -rf '", dir, "'").c_str());
 }
 
+// Three stage peers on three threads train two steps of the sequence model; the middle's
+// arriving frames, each after its side's byte (0: from the stage before, 1: from the one after).
+[[maybe_unused]] void stage_seeds(uint8_t flags, const std::string& name) {
+  StageUnderTest first(0, flags), middle(1, flags), last(2, flags);
+  using Queue = ThreadLink::Queue;
+  auto a = std::make_shared<Queue>(), b = std::make_shared<Queue>(), c = std::make_shared<Queue>(),
+       d = std::make_shared<Queue>();
+  ThreadLink first_down(b, a), middle_up(a, b), middle_down(d, c), last_up(c, d);
+  std::vector<std::vector<uint8_t>> frames;
+  middle_up.on_receive = [&](const std::vector<uint8_t>& m) {
+    frames.push_back({0});
+    frames.back().insert(frames.back().end(), m.begin(), m.end());
+  };
+  middle_down.on_receive = [&](const std::vector<uint8_t>& m) {
+    frames.push_back({1});
+    frames.back().insert(frames.back().end(), m.begin(), m.end());
+  };
+  StagePeer p0(*first.stage, first.schedule, first.plan, nullptr, &first_down);
+  StagePeer p1(*middle.stage, middle.schedule, middle.plan, &middle_up, &middle_down);
+  StagePeer p2(*last.stage, last.schedule, last.plan, &last_up, nullptr);
+  const int64_t n = kStageBatch;
+  Tensor ids = Tensor::empty(Shape{n, 6}), mask = Tensor::empty(Shape{n, 6});
+  std::vector<int32_t> labels;
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = 3 + i % 4;
+    for (int64_t t = 0; t < 6; ++t) {
+      ids.data()[i * 6 + t] = static_cast<float>(t < len ? 1 + (i + t) % 7 : 0);
+      mask.data()[i * 6 + t] = t < len ? 1.0f : 0.0f;
+    }
+    labels.push_back(static_cast<int32_t>(i % kClasses));
+  }
+  p2.labels_from([&](uint64_t) { return std::span<const int32_t>(labels); });
+  std::string error;
+  std::mutex error_mu;
+  auto guarded = [&](auto body) {
+    return [&, body] {
+      try {
+        body();
+      } catch (const std::exception& e) {
+        std::lock_guard lock(error_mu);
+        error += e.what();
+        first_down.close();
+        middle_down.close();
+      }
+    };
+  };
+  std::thread t2(guarded([&] {
+    p2.connect({});
+    StepStats s;
+    while (p2.follow_step(s)) {
+    }
+  }));
+  std::thread t1(guarded([&] {
+    p1.connect({});
+    StepStats s;
+    while (p1.follow_step(s)) {
+    }
+  }));
+  guarded([&] {
+    p0.connect({});
+    const std::vector<Tensor> x{ids, mask};
+    for (uint64_t step = 0; step < 2; ++step) p0.train_step({step, kStageBatch, kStageMicrobatches, 1.0f, false}, x, labels.data());
+    p0.finish("done");
+  })();
+  t1.join();
+  t2.join();
+  if (!error.empty()) fail("seeds", cat("the stage run for ", name, ": ", error));
+  write("stage_peer", name, join_input(flags, frames));
+}
+
 }  // namespace
 
 int main(int argc, char** argv) {
@@ -188,6 +260,9 @@ int main(int argc, char** argv) {
     (void)argv;
     return 0;
 #endif
+    stage_seeds(0, "f32");
+    stage_seeds(1, "f16");
+    stage_seeds(3 | kLabelsAtFirst, "i8-labels-at-first");
     spec_seeds(argv[1]);
     checkpoint_and_safetensors_seeds();
     token_seeds();

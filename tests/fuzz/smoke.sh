@@ -12,7 +12,7 @@ seconds=${2:-60}
 jobs=${TANDEM_FUZZ_JOBS:-2}
 src=$(cd "$(dirname "$0")" && pwd)
 harnesses=(cloud_session edge_session ushaped_cloud_session ushaped_edge_session sequence_cloud_session sequence_edge_session
-  model_spec checkpoint safetensors token)
+  stage_peer model_spec checkpoint safetensors token)
 work=$(mktemp -d /tmp/tandem-fuzz-smoke-XXXXXX)
 
 run_one() {

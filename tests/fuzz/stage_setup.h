@@ -1,0 +1,106 @@
+// What the stage peer's harness (stage_peer_fuzz.cpp) and its seeds (make_seeds.cpp) share:
+// the middle of three stages of the small sequence model (cuts pos,enc0: the mask and the
+// labels travel through it), and links in memory.
+//
+// A stage input is one flags byte, then frames as in fuzz_setup.h; each frame's first byte
+// says whose it is (even: from the stage before, odd: from the stage after), the rest is the
+// message. The harness runs the middle stage on them: connect, then steps until a link runs
+// dry, then reset and connect again, as a restart does.
+#pragma once
+
+#include <condition_variable>
+#include <deque>
+#include <mutex>
+
+#include "pipeline/stage_peer.h"
+#include "tests/fuzz/fuzz_setup.h"
+
+namespace tandem::fuzz {
+
+inline constexpr const char* kStageCuts = "pos,enc0";
+inline constexpr uint32_t kStageBatch = 8, kStageMicrobatches = 2;
+
+enum StageFlags : uint8_t {
+  kStageDtypeMask = 3,            // the links' dtype: 0 F32, 1 F16, 2 BF16, 3 I8
+  kLabelsAtFirst = 1 << 2,        // labels = "first-party": none travel
+  kStageHasCheckpoints = 1 << 3,  // the middle stage has checkpoints of steps 1 and 2
+};
+
+inline wire::DType stage_dtype(uint8_t flags) {
+  constexpr wire::DType kinds[] = {wire::DType::F32, wire::DType::F16, wire::DType::BF16, wire::DType::I8};
+  return kinds[flags & kStageDtypeMask];
+}
+
+struct StageModel {
+  ModelSpec spec = parse_model_json(kSequenceSpec);
+  Graph graph = Graph::build(spec);
+  std::vector<Graph> parts = graph.partition(cut_list(kStageCuts));
+  std::unique_ptr<Backend> backend = make_backend("reference");
+};
+
+inline StageModel& stage_model() {
+  static StageModel m;
+  return m;
+}
+
+// One stage of the three, its network from the whole model's seeded weights.
+struct StageUnderTest {
+  std::unique_ptr<Network> net;
+  std::unique_ptr<Optimizer> opt;
+  std::unique_ptr<Stage> stage;
+  GPipeSchedule schedule;
+  StagePlan plan;
+  StageUnderTest(std::size_t index, uint8_t flags) {
+    StageModel& m = stage_model();
+    Network whole(m.graph, *m.backend, kSeed);
+    net = std::make_unique<Network>(m.parts[index], *m.backend, kSeed);
+    for (Param* p : net->all_params()) {
+      p->value().copy_from(whole.param(p->name()).value());
+      p->bump_version();
+    }
+    opt = make_optimizer(net->params(), OptimizerOptions{});
+    stage = std::make_unique<Stage>(*net, opt.get());
+    plan = make_stage_plan(m.spec.binary, m.graph, kStageCuts, m.parts, index, schedule, kStageBatch,
+                           kStageMicrobatches, stage_dtype(flags), (flags & kLabelsAtFirst) == 0);
+  }
+};
+
+// One end of a link in memory between two threads (the seeds' run).
+class ThreadLink final : public StageLink {
+ public:
+  struct Queue {
+    std::mutex mu;
+    std::condition_variable cv;
+    std::deque<std::vector<uint8_t>> messages;
+    bool closed = false;
+  };
+  ThreadLink(std::shared_ptr<Queue> in, std::shared_ptr<Queue> out) : in_(std::move(in)), out_(std::move(out)) {}
+  void send(std::span<const uint8_t> bytes) override {
+    std::lock_guard lock(out_->mu);
+    out_->messages.emplace_back(bytes.begin(), bytes.end());
+    out_->cv.notify_all();
+  }
+  Frame receive(const char* awaiting) override {
+    std::unique_lock lock(in_->mu);
+    in_->cv.wait(lock, [&] { return !in_->messages.empty() || in_->closed; });
+    if (in_->messages.empty()) throw LinkLost(cat("closed while awaiting ", awaiting));
+    std::vector<uint8_t> bytes = std::move(in_->messages.front());
+    in_->messages.pop_front();
+    if (on_receive) on_receive(bytes);
+    return Frame::copy_of(bytes.data(), bytes.size());
+  }
+  void refuse(const WireError&) override { close(); }
+  void close() {
+    for (Queue* q : {in_.get(), out_.get()}) {
+      std::lock_guard lock(q->mu);
+      q->closed = true;
+      q->cv.notify_all();
+    }
+  }
+  std::function<void(const std::vector<uint8_t>&)> on_receive;  // the seeds record what arrives
+
+ private:
+  std::shared_ptr<Queue> in_, out_;
+};
+
+}  // namespace tandem::fuzz
