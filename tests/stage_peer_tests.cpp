@@ -15,59 +15,12 @@
 #include "core/model_spec.h"
 #include "core/optimizer.h"
 #include "pipeline/stage_peer.h"
+#include "memory_link.h"
 #include "test_support.h"
 
 namespace tandem::test {
 extern const char* const kTinyEncoderSpec;  // pipeline_tests.cpp
 namespace {
-
-// One end of an in-memory link. What one end sends the other receives, copied into a frame;
-// refuse() records the Error and closes both ways.
-class MemoryLink final : public StageLink {
- public:
-  struct Queue {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<std::vector<uint8_t>> messages;
-    bool closed = false;
-  };
-  MemoryLink(std::shared_ptr<Queue> in, std::shared_ptr<Queue> out) : in_(std::move(in)), out_(std::move(out)) {}
-  static std::pair<std::unique_ptr<MemoryLink>, std::unique_ptr<MemoryLink>> pair() {
-    auto a = std::make_shared<Queue>(), b = std::make_shared<Queue>();
-    return {std::make_unique<MemoryLink>(a, b), std::make_unique<MemoryLink>(b, a)};
-  }
-
-  void send(std::span<const uint8_t> bytes) override {
-    std::lock_guard lock(out_->mu);
-    if (out_->closed) return;
-    out_->messages.emplace_back(bytes.begin(), bytes.end());
-    out_->cv.notify_all();
-  }
-  Frame receive(const char* awaiting) override {
-    std::unique_lock lock(in_->mu);
-    if (!in_->cv.wait_for(lock, std::chrono::seconds(30), [&] { return !in_->messages.empty() || in_->closed; }))
-      fail("test", cat("no ", awaiting, " within 30 s"));
-    if (in_->messages.empty()) fail("test", cat("the link closed while awaiting ", awaiting));
-    const std::vector<uint8_t> bytes = std::move(in_->messages.front());
-    in_->messages.pop_front();
-    return Frame::copy_of(bytes.data(), bytes.size());
-  }
-  void refuse(const WireError& error) override {
-    refused = error;
-    close();
-  }
-  void close() {
-    for (Queue* q : {in_.get(), out_.get()}) {
-      std::lock_guard lock(q->mu);
-      q->closed = true;
-      q->cv.notify_all();
-    }
-  }
-  WireError refused;
-
- private:
-  std::shared_ptr<Queue> in_, out_;
-};
 
 struct PeerStage {
   std::unique_ptr<Backend> backend;

@@ -23,7 +23,7 @@ const std::vector<std::string>& run_keys() {
 
 const std::vector<std::string>& party_keys() {
   static const std::vector<std::string> keys = {"address", "identity", "backend", "threads", "export", "checkpoint-dir",
-                                                          "metrics-listen"};
+                                                          "metrics-listen", "egress-log"};
   return keys;
 }
 
@@ -101,9 +101,11 @@ Deployment read_deployment(const std::string& path) {
       p.checkpoint_dir = relative(value);
     } else if (item.name == "metrics-listen") {
       p.metrics_listen = value;
+    } else if (item.name == "egress-log") {
+      p.egress_log = relative(value);
     } else {
       fail("cli", cat(path, ": [", name, "] has an unknown key '", item.name, "'", suggestion(item.name, party_keys()),
-                      " (a party's keys: address, identity, backend, threads, export, checkpoint-dir, metrics-listen)"));
+                      " (a party's keys: address, identity, backend, threads, export, checkpoint-dir, metrics-listen, egress-log)"));
     }
   }
   if (d.parties.size() < 2)

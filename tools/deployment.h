@@ -25,6 +25,7 @@ struct DeploymentParty {
   std::string export_file;  // at the end, its stage's weights with PyTorch's names ("" : none)
   std::string checkpoint_dir;  // where it keeps its stage's checkpoints ("" : none)
   std::string metrics_listen;  // HOST:PORT of its Prometheus /metrics ("" : none)
+  std::string egress_log;      // its egress audit: every message it sends, hash-chained ("" : none)
 };
 
 struct Deployment {

@@ -24,6 +24,8 @@
 #include "core/interop/torch_layout.h"
 #include "core/wire/messages.h"
 #include "core/checkpoint/checkpoint.h"
+#include "core/wire/egress_audit.h"
+#include "edge/agent/egress_log_file.h"
 #include "pipeline/stage_peer.h"
 #include "ports/files/checkpoint_store.h"
 #include "ports/files/atomic_file.h"
@@ -61,10 +63,7 @@ class UpstreamLink final : public StageLink {
   }
   int port() const { return endpoint_->port(); }
 
-  void send(std::span<const uint8_t> bytes) override {
-    sent += bytes.size();
-    endpoint_->send(connection_, bytes);
-  }
+  void send(std::span<const uint8_t> bytes) override { out(bytes, false); }
 
   Frame receive(const char* awaiting) override {
     const auto deadline = Clock::now() + std::chrono::seconds(silence_);
@@ -93,23 +92,30 @@ class UpstreamLink final : public StageLink {
   // Tells the party before that the pipeline starts again, and closes its link: the next
   // connection from it is taken.
   void restart(const std::string& why) {
-    if (connection_ != 0) endpoint_->send(connection_, writer_.error(wire::ErrorCode::Restart, why), true);
+    if (connection_ != 0) out(writer_.error(wire::ErrorCode::Restart, why), true);
     connection_ = pending_;
     pending_ = 0;
   }
 
   void refuse(const WireError& error) override {
-    endpoint_->send(connection_, writer_.error(error.code, error.text), true);
+    out(writer_.error(error.code, error.text), true);
     drain(connection_);
     connection_ = 0;
   }
   void end(const std::string& why) {
     if (connection_ == 0) return;
-    endpoint_->send(connection_, writer_.error(wire::ErrorCode::Internal, why), true);
+    out(writer_.error(wire::ErrorCode::Internal, why), true);
     drain(connection_);
   }
 
+  EgressAudit* audit = nullptr;  // every message to the party before is recorded here first
+
  private:
+  void out(std::span<const uint8_t> bytes, bool close_after) {
+    if (audit) audit->record(bytes);
+    sent += bytes.size();
+    endpoint_->send(connection_, bytes, close_after);
+  }
   // A connection: the party the plan names, once; anyone else is answered with an Error.
   void admit(const EndpointEvent& ev) {
     if (ev.text == expected_ && connection_ == 0) {
@@ -173,10 +179,7 @@ class DownstreamLink final : public StageLink {
                       wait_s_, " s (", why, "): start its tandem stage, or check the address and its certificate"));
   }
 
-  void send(std::span<const uint8_t> bytes) override {
-    sent += bytes.size();
-    client_->send(0, bytes);
-  }
+  void send(std::span<const uint8_t> bytes) override { out(bytes, false); }
 
   Frame receive(const char* awaiting) override {
     EndpointEvent ev;
@@ -193,20 +196,28 @@ class DownstreamLink final : public StageLink {
     }
   }
 
-  void restart(const std::string& why) { client_->send(0, writer_.error(wire::ErrorCode::Restart, why), true); }
+  void restart(const std::string& why) {
+    if (client_) out(writer_.error(wire::ErrorCode::Restart, why), true);
+  }
   void end(const std::string& why) {
     if (!client_) return;
-    client_->send(0, writer_.error(wire::ErrorCode::Internal, why), true);
+    out(writer_.error(wire::ErrorCode::Internal, why), true);
     drain();
   }
 
   void refuse(const WireError& error) override {
-    client_->send(0, writer_.error(error.code, error.text), true);
+    out(writer_.error(error.code, error.text), true);
     drain();
     client_.reset();
   }
+  EgressAudit* audit = nullptr;  // every message to the party after is recorded here first
 
  private:
+  void out(std::span<const uint8_t> bytes, bool close_after) {
+    if (audit) audit->record(bytes);
+    sent += bytes.size();
+    client_->send(0, bytes, close_after);
+  }
   void drain() {  // until the Error is out and the link closed (2 s at most)
     EndpointEvent ev;
     const auto deadline = Clock::now() + std::chrono::seconds(2);
@@ -345,6 +356,14 @@ int run_party(const CliArgs& cli) {
   }
   std::unique_ptr<DownstreamLink> down;
   if (index + 1 < n) down = std::make_unique<DownstreamLink>(self, deployment.parties[index + 1], wait_s, silence_s);
+  // The egress audit: every message this party sends, recorded (hash-chained) before it leaves.
+  std::unique_ptr<EgressLogFile> egress;
+  if (!self.egress_log.empty()) {
+    egress = std::make_unique<EgressLogFile>(self.egress_log);
+    egress->audit().begin_run(party_name, spec.name, cut, plan.hash);
+    if (up) up->audit = &egress->audit();
+    if (down) down->audit = &egress->audit();
+  }
   StagePeer peer(stage, *schedule, plan, up.get(), down.get());
   StageMetrics counters;
   counters.labels = cat("party=\"", party_name, "\",stage=\"", index, "\"");
@@ -478,6 +497,7 @@ int run_party(const CliArgs& cli) {
            ",\"busy_s\":",
            fixed(stage.busy_s(), 3), ",\"idle_s\":", fixed(peer.idle_s(), 3), ",\"wall_s\":", fixed(wall, 3),
            ",\"idle_share\":", fixed(wall > 0 ? 1.0 - stage.busy_s() / wall : 0.0, 4), "}"));
+  if (egress) std::fprintf(stderr, "egress log %s: last hash %s\n", egress->path().c_str(), egress->finish("completed").c_str());
   const std::string out = cli.str("export", self.export_file);
   if (!out.empty()) {
     std::vector<SafeTensor> tensors = shard_to_torch(graph, net, steps);

@@ -132,6 +132,23 @@ void EgressAudit::record(std::span<const uint8_t> message) {
                     labels_of(f->labels()), mask_json(f->mask()));
         break;
       }
+      case wire::Payload::StageHello: {  // a pipeline's stage (pipeline/stage_peer.h)
+        const auto* h = m->payload_as_StageHello();
+        body += cat(",\"stage\":", h->stage(), ",\"stages\":", h->stages(), ",\"resume_step\":", h->resume_step());
+        break;
+      }
+      case wire::Payload::Activations: {
+        const auto* a = m->payload_as_Activations();
+        body += cat(",\"stage\":", a->stage(), ",\"step\":", a->step(), ",\"microbatch\":", a->microbatch(),
+                    ",\"tensors\":[", tensor_json(a->tensor()), "]", labels_of(a->labels()), mask_json(a->mask()));
+        break;
+      }
+      case wire::Payload::Gradients: {
+        const auto* g = m->payload_as_Gradients();
+        body += cat(",\"stage\":", g->stage(), ",\"step\":", g->step(), ",\"microbatch\":", g->microbatch(),
+                    ",\"tensors\":[", tensor_json(g->tensor()), "]");
+        break;
+      }
       case wire::Payload::MiddleGradient: {  // U-shaped: the gradient of the middle's output
         const auto* g = m->payload_as_MiddleGradient();
         body += cat(",\"step\":", g->step(), ",\"microbatch\":", g->microbatch(), ",\"tensors\":[",

@@ -3,8 +3,8 @@
 # pool1,pool2,fc1), each link mutual TLS with the identity the deployment file names. Under
 # gpipe, 1f1b and zero-bubble the stages' merged exports equal the weights of the same
 # training in one process (`tandem train`, two stages) within 1e-5, and every process exits
-# 0; so with the labels kept at the first party (its own process holds the loss). f16 on the
-# links halves the bytes. A party with another party's certificate is refused
+# 0; so with the labels kept at the first party (its own process holds the loss), whose
+# parties' egress logs verify and show no labels sent. f16 on the links halves the bytes. A party with another party's certificate is refused
 # by name; a party that runs another plan is refused (ModelMismatch); the async schedule is
 # refused. A kill -9 of the first, a middle or the last party, restarted with the same
 # command, ends on the uninterrupted run's weights byte for byte; a survivor's Prometheus
@@ -51,6 +51,7 @@ deployment() {
       echo "export = \"$1-$i.safetensors\""
       echo "checkpoint-dir = \"$1-ckpt-$i\""
       echo "metrics-listen = \"127.0.0.1:${ports[$((i + 4))]}\""
+      echo "egress-log = \"$1-egress-$i.jsonl\""
     done
   } > "$work/$1.toml"
 }
@@ -100,6 +101,17 @@ grep -q '"party":"scanner-tail","stage":3' "$work/first-party-logs/scanner-tail.
 "$diff" "$work/one.safetensors" "$work/first-party.safetensors" 1e-5 > "$work/diff.out" ||
   { cat "$work/diff.out"; fail "labels at the first party: the weights differ from one process's"; }
 parties=(scanner gpu-box cloud-a cloud-b)
+# Each party's egress log says what it sent; they verify, and no Activations carried labels
+# (where the labels travel, the scanner's did).
+for i in 0 1 2 3; do
+  "$tandem" audit verify "$work/first-party-egress-$i.jsonl" > "$work/audit.out" 2>&1 ||
+    { cat "$work/audit.out"; fail "first-party: party $i's egress log does not verify"; }
+  ! grep '"type":"Activations"' "$work/first-party-egress-$i.jsonl" | grep -q '"labels"' ||
+    fail "first-party: party $i sent labels: $(grep -m1 labels "$work/first-party-egress-$i.jsonl")"
+done
+grep '"type":"Activations"' "$work/1f1b-egress-0.jsonl" | grep -q '"labels":16,' ||
+  fail "1f1b: the scanner's egress log shows no labels sent: $(head -3 "$work/1f1b-egress-0.jsonl")"
+grep -q '"type":"Gradients","bytes"' "$work/1f1b-egress-1.jsonl" || fail "1f1b: gpu-box's egress log has no Gradients"
 
 # Compression on the links: f16 halves the bytes every party sends and trains as f32 does.
 deployment f16 1f1b 'wire-dtype = "f16"'

@@ -174,10 +174,10 @@ void token_seeds() {
 // arriving frames, each after its side's byte (0: from the stage before, 1: from the one after).
 [[maybe_unused]] void stage_seeds(uint8_t flags, const std::string& name) {
   StageUnderTest first(0, flags), middle(1, flags), last(2, flags);
-  using Queue = ThreadLink::Queue;
-  auto a = std::make_shared<Queue>(), b = std::make_shared<Queue>(), c = std::make_shared<Queue>(),
-       d = std::make_shared<Queue>();
-  ThreadLink first_down(b, a), middle_up(a, b), middle_down(d, c), last_up(c, d);
+  auto [first_down_link, middle_up_link] = test::MemoryLink::pair();
+  auto [middle_down_link, last_up_link] = test::MemoryLink::pair();
+  test::MemoryLink &first_down = *first_down_link, &middle_up = *middle_up_link, &middle_down = *middle_down_link,
+                   &last_up = *last_up_link;
   std::vector<std::vector<uint8_t>> frames;
   middle_up.on_receive = [&](const std::vector<uint8_t>& m) {
     frames.push_back({0});

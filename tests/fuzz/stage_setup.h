@@ -1,6 +1,6 @@
 // What the stage peer's harness (stage_peer_fuzz.cpp) and its seeds (make_seeds.cpp) share:
 // the middle of three stages of the small sequence model (cuts pos,enc0: the mask and the
-// labels travel through it), and links in memory.
+// labels travel through it).
 //
 // A stage input is one flags byte, then frames as in fuzz_setup.h; each frame's first byte
 // says whose it is (even: from the stage before, odd: from the stage after), the rest is the
@@ -8,12 +8,9 @@
 // dry, then reset and connect again, as a restart does.
 #pragma once
 
-#include <condition_variable>
-#include <deque>
-#include <mutex>
-
 #include "pipeline/stage_peer.h"
 #include "tests/fuzz/fuzz_setup.h"
+#include "tests/memory_link.h"
 
 namespace tandem::fuzz {
 
@@ -63,44 +60,6 @@ struct StageUnderTest {
     plan = make_stage_plan(m.spec.binary, m.graph, kStageCuts, m.parts, index, schedule, kStageBatch,
                            kStageMicrobatches, stage_dtype(flags), (flags & kLabelsAtFirst) == 0);
   }
-};
-
-// One end of a link in memory between two threads (the seeds' run).
-class ThreadLink final : public StageLink {
- public:
-  struct Queue {
-    std::mutex mu;
-    std::condition_variable cv;
-    std::deque<std::vector<uint8_t>> messages;
-    bool closed = false;
-  };
-  ThreadLink(std::shared_ptr<Queue> in, std::shared_ptr<Queue> out) : in_(std::move(in)), out_(std::move(out)) {}
-  void send(std::span<const uint8_t> bytes) override {
-    std::lock_guard lock(out_->mu);
-    out_->messages.emplace_back(bytes.begin(), bytes.end());
-    out_->cv.notify_all();
-  }
-  Frame receive(const char* awaiting) override {
-    std::unique_lock lock(in_->mu);
-    in_->cv.wait(lock, [&] { return !in_->messages.empty() || in_->closed; });
-    if (in_->messages.empty()) throw LinkLost(cat("closed while awaiting ", awaiting));
-    std::vector<uint8_t> bytes = std::move(in_->messages.front());
-    in_->messages.pop_front();
-    if (on_receive) on_receive(bytes);
-    return Frame::copy_of(bytes.data(), bytes.size());
-  }
-  void refuse(const WireError&) override { close(); }
-  void close() {
-    for (Queue* q : {in_.get(), out_.get()}) {
-      std::lock_guard lock(q->mu);
-      q->closed = true;
-      q->cv.notify_all();
-    }
-  }
-  std::function<void(const std::vector<uint8_t>&)> on_receive;  // the seeds record what arrives
-
- private:
-  std::shared_ptr<Queue> in_, out_;
 };
 
 }  // namespace tandem::fuzz
