@@ -26,23 +26,26 @@ double since(std::chrono::steady_clock::time_point t0) {
 
 std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
                                   const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches,
-                                  wire::DType dtype, bool labels_travel) {
+                                  wire::DType dtype, bool labels_travel, const std::string& run_terms) {
   Sha256 h;
   h.update(spec_binary.data(), spec_binary.size());
   std::string rest = cat('\0', cuts, '\0', schedule, '\0', stages, '\0', batch, '\0', microbatches);
   if (dtype != wire::DType::F32) rest += cat('\0', dtype_name(dtype));
   if (!labels_travel) rest += cat('\0', "labels stay at the first party");
+  if (!run_terms.empty()) rest += cat('\0', run_terms);
   h.update(reinterpret_cast<const uint8_t*>(rest.data()), rest.size());
   return h.finish();
 }
 
 StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& whole, const std::string& cuts,
                           const std::vector<Graph>& stages, std::size_t index, const PipelineSchedule& schedule,
-                          uint32_t batch, uint32_t microbatches, wire::DType dtype, bool labels_travel) {
+                          uint32_t batch, uint32_t microbatches, wire::DType dtype, bool labels_travel,
+                          const std::string& run_terms) {
   StagePlan plan;
   plan.index = static_cast<uint32_t>(index);
   plan.stages = static_cast<uint32_t>(stages.size());
-  plan.hash = plan_hash(spec_binary, cuts, schedule.name(), plan.stages, batch, microbatches, dtype, labels_travel);
+  plan.hash =
+      plan_hash(spec_binary, cuts, schedule.name(), plan.stages, batch, microbatches, dtype, labels_travel, run_terms);
   plan.dtype = dtype;
   plan.labels_travel = labels_travel;
   plan.batch = batch;
@@ -62,6 +65,7 @@ StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& who
 // tensors are views of) until the step ends.
 struct StagePeer::Slot {
   bool activations = false, gradients = false;
+  bool sent = false;  // this stage's output went down: its gradient may come back
   Frame act_frame, grad_frame;
   std::vector<Tensor> inputs;  // the stage's inputs: the activations, and the mask when it reads one
   Tensor decoded, grad_decoded;  // activations and gradients decoded from a dtype other than f32
@@ -138,8 +142,9 @@ const wire::StageHello& StagePeer::hello_from(StageLink& link, const char* neigh
   if (!h->plan_hash() || h->plan_hash()->size() != plan_.hash.size() ||
       !std::equal(plan_.hash.begin(), plan_.hash.end(), h->plan_hash()->begin()))
     refuse(link, neighbour, {wire::ErrorCode::ModelMismatch,
-                             cat("the ", neighbour, " stage runs another plan (model spec, cuts, schedule, batch or K "
-                                 "differ from stage ", plan_.index, "'s): give every party the same deployment")});
+                             cat("the ", neighbour, " stage runs another plan (model spec, cuts, schedule, batch, K, "
+                                 "optimizer or seed differ from stage ", plan_.index,
+                                 "'s): give every party the same deployment")});
   const uint32_t want = &link == up_ ? plan_.index - 1 : plan_.index + 1;
   if (h->stage() != want || h->stages() != plan_.stages)
     refuse(link, neighbour, {wire::ErrorCode::ModelMismatch, cat("stage ", h->stage(), " of ", h->stages(),
@@ -178,6 +183,7 @@ uint64_t StagePeer::connect(std::span<const uint64_t> checkpoints) {
   }
   if (!first()) up_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start));
   next_step_ = start;
+  version_ = start;  // the updates the restored weights have had
   return start;
 }
 
@@ -186,7 +192,7 @@ void StagePeer::reset() {
   stage_.zero_grad();
   in_step_ = false;
   for (Slot& s : slots_) {
-    s.activations = s.gradients = false;
+    s.activations = s.gradients = s.sent = false;
     s.act_frame = s.grad_frame = Frame();
     s.inputs.clear();
     s.grad = Tensor();
@@ -213,6 +219,11 @@ bool StagePeer::check_header(const wire::Activations& a, WireError& error) {
     error = {wire::ErrorCode::BadTensor, cat("step ", h.step, " announces ", h.samples, " samples in ", h.microbatches,
                                              " micro-batches (plan: batch ", plan_.batch, ", ", plan_.microbatches,
                                              " micro-batches)")};
+    return false;
+  }
+  if (h.checkpoint && !save_) {
+    error = {wire::ErrorCode::NoCheckpoint, cat("step ", h.step, " asks every stage for a checkpoint; stage ",
+                                                plan_.index, " keeps none (give its party a checkpoint-dir)")};
     return false;
   }
   if (!(h.lr_scale >= 0.0f && h.lr_scale <= kMaxLrScale)) {
@@ -308,7 +319,7 @@ void StagePeer::take_from_downstream(const char* awaiting) {
                             cat("gradients named stage ", g->stage(), " reached stage ", plan_.index)});
   if (!check_window(g->step(), g->microbatch(), header_.step, header_.microbatches, error)) refuse(*down_, "next", error);
   Slot& slot = slots_[g->microbatch()];
-  if (!slot.activations || slot.gradients)  // a gradient of an output this stage has not sent, or twice
+  if (!slot.sent || slot.gradients)  // a gradient of an output this stage has not sent, or twice
     refuse(*down_, "next", {wire::ErrorCode::OutOfWindow, cat("a gradient of micro-batch ", g->microbatch(),
                                                               " of step ", header_.step, " that was not awaited")});
   const int64_t count = microbatch_range(header_.samples, header_.microbatches, g->microbatch()).count;
@@ -390,6 +401,7 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
             plan_.labels_travel ? std::span<const int32_t>(labels, static_cast<std::size_t>(range.count))
                                 : std::span<const int32_t>();
         down_->send(writer_.activations(header, plan_.index, mb, version_, out, sent_labels, mask, plan_.dtype));
+        slots_[mb].sent = true;
       }
       continue;
     }
@@ -434,7 +446,7 @@ StepStats StagePeer::train_step(const StepHeader& header, std::span<const Tensor
 bool StagePeer::follow_step(StepStats& stats) {
   if (first()) fail("stage", "the first stage leads its steps (train_step)");
   if (!take_from_upstream("activations of the next step")) {
-    if (down_ != nullptr) down_->send(writer_.bye("the first stage ended the run"));
+    if (down_ != nullptr) down_->send_last(writer_.bye("the first stage ended the run"));
     return false;
   }
   stats = StepStats{};
@@ -444,7 +456,7 @@ bool StagePeer::follow_step(StepStats& stats) {
 
 void StagePeer::finish(const std::string& reason) {
   if (!first()) fail("stage", "the first stage ends the run");
-  down_->send(writer_.bye(reason));
+  down_->send_last(writer_.bye(reason));
 }
 
 }  // namespace tandem

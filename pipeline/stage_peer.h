@@ -44,6 +44,8 @@ class StageLink {
   // send: a stage links down only once the stage before has linked to it.
   virtual void open() {}
   virtual void send(std::span<const uint8_t> bytes) = 0;
+  // The link's last message (Bye): sent, then the link closes once it is out.
+  virtual void send_last(std::span<const uint8_t> bytes) { send(bytes); }
   // The neighbour's next message (raw: the peer verifies it); throws LinkLost naming
   // `awaiting` when the link closes or stays silent.
   virtual Frame receive(const char* awaiting) = 0;
@@ -71,18 +73,20 @@ struct StagePlan {
 };
 
 // SHA-256 over the binary model spec and, each after a zero byte, the cut list, the
-// schedule's name, the number of stages, the batch, K and (when not f32) the links' dtype:
-// what StageHello carries.
+// schedule's name, the number of stages, the batch, K, (when not f32) the links' dtype, where
+// the labels are, and `run_terms` (the host's other terms every stage must share: the
+// optimizer's options, the seed): what StageHello carries.
 std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
                                   const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches,
-                                  wire::DType dtype = wire::DType::F32, bool labels_travel = true);
+                                  wire::DType dtype = wire::DType::F32, bool labels_travel = true,
+                                  const std::string& run_terms = "");
 
 // Stage `index`'s plan among `stages` (whole.partition(cut_list(cuts))), run under `schedule`
 // with at most `batch` samples a step in at most `microbatches`.
 StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& whole, const std::string& cuts,
                           const std::vector<Graph>& stages, std::size_t index, const PipelineSchedule& schedule,
                           uint32_t batch, uint32_t microbatches, wire::DType dtype = wire::DType::F32,
-                          bool labels_travel = true);
+                          bool labels_travel = true, const std::string& run_terms = "");
 
 class StagePeer {
  public:

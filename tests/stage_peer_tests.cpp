@@ -196,7 +196,7 @@ TEST(StagePeerBadInput, AHelloOfAnotherPlanIsRefused) {
   t.send(t.writer.stage_hello(other, 0, 2, 0));
   EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
             "[stage] stage 1 refused the previous stage's message: the previous stage runs another plan (model spec, "
-            "cuts, schedule, batch or K differ from stage 1's): give every party the same deployment");
+            "cuts, schedule, batch, K, optimizer or seed differ from stage 1's): give every party the same deployment");
   EXPECT_EQ(t.up->refused.code, wire::ErrorCode::ModelMismatch);
 }
 
@@ -262,6 +262,19 @@ TEST(StagePeerBadInput, AStepOutOfOrderOrAMicroBatchTwiceIsRefused) {
     EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: micro-batch 0 of step 0 arrived twice");
     EXPECT_EQ(t.up->refused.code, wire::ErrorCode::OutOfWindow);
   }
+}
+
+// A step that asks for a checkpoint, at a stage that keeps none (no save hook), is refused.
+TEST(StagePeerBadInput, ACheckpointAStageCannotKeepIsRefused) {
+  LastStage t;
+  t.hello();
+  Tensor x = Tensor::empty(Shape{4, 7, 7, 64});
+  x.fill(1.0f);
+  const std::vector<int32_t> labels(4, 1);
+  t.send(t.writer.activations({0, 8, 2, 1.0f, true}, 0, 0, 0, x, labels, nullptr));
+  EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: step 0 asks every stage for a "
+                        "checkpoint; stage 1 keeps none (give its party a checkpoint-dir)");
+  EXPECT_EQ(t.up->refused.code, wire::ErrorCode::NoCheckpoint);
 }
 
 TEST(StagePeerBadInput, LabelsOutOfRangeAndOtherMessagesAreRefused) {
@@ -361,6 +374,11 @@ TEST(StagePeer, WhereTheLabelsStayTheLossStageReadsItsOwnAndRefusesAnyThatArrive
     const StagePlan other =
         make_stage_plan(t.spec.binary, t.graph, "pool2", t.parts, 1, t.schedule, 8, 2, wire::DType::F32, false);
     EXPECT_NE(other.hash, t.plan.hash);
+    // so is one whose optimizer or seed differ (the host's run terms)
+    EXPECT_NE(make_stage_plan(t.spec.binary, t.graph, "pool2", t.parts, 1, t.schedule, 8, 2, wire::DType::F32, true,
+                              "lr=0.1\n")
+                  .hash,
+              t.plan.hash);
   }
 }
 

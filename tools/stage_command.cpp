@@ -2,6 +2,7 @@
 
 #include <fcntl.h>
 #include <signal.h>
+#include <sys/prctl.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -197,7 +198,13 @@ class DownstreamLink final : public StageLink {
   }
 
   void restart(const std::string& why) {
-    if (client_) out(writer_.error(wire::ErrorCode::Restart, why), true);
+    if (!client_) return;
+    out(writer_.error(wire::ErrorCode::Restart, why), true);
+    drain();  // out before the connection is replaced
+  }
+  void send_last(std::span<const uint8_t> bytes) override {
+    out(bytes, true);
+    drain();  // out before the client goes
   }
   void end(const std::string& why) {
     if (!client_) return;
@@ -325,8 +332,16 @@ int run_party(const CliArgs& cli) {
   if (labels_at != "travel" && labels_at != "first-party")
     fail("cli", cat(deployment.path, ": labels = '", labels_at, "': \"travel\" (with the activations, to the last "
                     "party) or \"first-party\" (the last party runs on the first party's machine and reads them there)"));
+  // The run's other terms every party must share, as parsed (the optimizer's, the seed, the
+  // data's extent, the checkpoints'): another lr at one party would train something else.
+  const OptimizerOptions opt = args.optimizer_options();
+  const std::string run_terms =
+      cat("optimizer=", opt.kind, " lr=", opt.lr, " momentum=", opt.momentum, " dampening=", opt.dampening,
+          " weight_decay=", opt.weight_decay, " nesterov=", opt.nesterov, " betas=", opt.beta1, ",", opt.beta2,
+          " eps=", opt.eps, " clip_norm=", opt.clip_norm, " seed=", seed, " epochs=", epochs,
+          " limit=", args.integer("limit", 0, 0), " checkpoint_every=", args.integer("checkpoint-every", 0, 0));
   const StagePlan plan = make_stage_plan(spec.binary, graph, cut, stage_graphs, index, *schedule, batch, microbatches,
-                                         *dtype, labels_at == "travel");
+                                         *dtype, labels_at == "travel", run_terms);
 
   std::fprintf(stderr, "party %s: stage %zu of stages 0..%zu (%zu nodes, %lld parameters, %s), %s schedule, K = %u\n",
                party_name.c_str(), index, n - 1, net.graph().nodes().size(), static_cast<long long>(net.param_count()),
@@ -385,10 +400,11 @@ int run_party(const CliArgs& cli) {
     counters.busy_us = static_cast<uint64_t>(stage.busy_s() * 1e6);
     counters.idle_us = static_cast<uint64_t>(peer.idle_s() * 1e6);
   };
-  peer.on_checkpoint([&](uint64_t step) {
-    meta.step = step;
-    store->save(step, encode_checkpoint(meta, net, optimizer.get()));
-  });
+  if (store)
+    peer.on_checkpoint([&](uint64_t step) {
+      meta.step = step;
+      store->save(step, encode_checkpoint(meta, net, optimizer.get()));
+    });
 
   std::ofstream metrics;
   if (cli.has("metrics-json")) {
@@ -415,13 +431,18 @@ int run_party(const CliArgs& cli) {
       try {
       const std::vector<uint64_t> have = store ? store->steps() : std::vector<uint64_t>{};
       const uint64_t start = peer.connect(have);
-      restore_checkpoint(start == 0 ? decode_checkpoint(initial) : store->load_step(start), net, optimizer.get());
+      const CheckpointData state = start == 0 ? decode_checkpoint(initial) : store->load_step(start);
+      if (state.meta.model_hash != plan.hash || state.meta.step != start || state.meta.role != "stage")
+        fail("stage", cat(self.checkpoint_dir, " holds a checkpoint of step ", state.meta.step,
+                          " from another plan or party: move it away, or start this deployment in an empty checkpoint-dir"));
+      restore_checkpoint(state, net, optimizer.get());
       const std::string before = up ? cat(" from '", deployment.parties[index - 1].name, "'") : "";
       const std::string after = down ? cat(" to '", deployment.parties[index + 1].name, "'") : "";
       std::fprintf(stderr, "linked%s%s, starting at step %llu\n", before.c_str(), after.c_str(),
                    static_cast<unsigned long long>(start));
       if (index == 0) {  // the steps' order, batches and learning-rate schedule are the first party's
         EpochBatches batches(graph, sets.train, batch, seed);
+        if (batches.samples() == 0) fail("stage", "the training set is empty: check data and limit");
         const auto per_epoch = static_cast<uint64_t>(batches.steps());
         ScheduleOptions lr = args.schedule_options(epochs * batches.steps());
         validate(lr);
@@ -529,12 +550,19 @@ int run_all(const CliArgs& cli) {
     std::vector<std::string> argv{"/proc/self/exe", "stage", "--deployment", file, "--party", name};
     argv.insert(argv.end(), passed.begin(), passed.end());
     const pid_t pid = fork();
-    if (pid < 0) fail("stage", cat("cannot start party ", name, ": ", std::strerror(errno)));
+    if (pid < 0) {
+      const std::string why = std::strerror(errno);
+      for (const auto& [other, _] : running) ::kill(other, SIGTERM);
+      for (const auto& [other, _] : running) ::waitpid(other, nullptr, 0);
+      fail("stage", cat("cannot start party ", name, ": ", why));
+    }
     if (pid == 0) {
+      ::prctl(PR_SET_PDEATHSIG, SIGTERM);  // the launcher gone, its parties go too
       const int fd = ::open(log.c_str(), O_WRONLY | O_CREAT | O_TRUNC, 0644);
       if (fd < 0) _exit(127);
       ::dup2(fd, 1);
       ::dup2(fd, 2);
+      ::close(fd);
       std::vector<char*> args;
       for (std::string& a : argv) args.push_back(a.data());
       args.push_back(nullptr);

@@ -79,6 +79,7 @@ StepLabels::StepLabels(const Graph& graph, const LabelledInputs& set, int64_t ba
 
 std::span<const int32_t> StepLabels::of(uint64_t step) {
   const auto per_epoch = static_cast<uint64_t>((static_cast<int64_t>(set_.labels.size()) + batch_ - 1) / batch_);
+  if (per_epoch == 0) fail("stage", "the training set is empty: check data and limit");
   const auto epoch = static_cast<int64_t>(step / per_epoch);
   if (!batches_ || epoch < epoch_) {  // from the start: the shuffles are a sequence
     batches_ = std::make_unique<EpochBatches>(graph_, set_, batch_, seed_);

@@ -106,10 +106,10 @@ parties=(scanner gpu-box cloud-a cloud-b)
 for i in 0 1 2 3; do
   "$tandem" audit verify "$work/first-party-egress-$i.jsonl" > "$work/audit.out" 2>&1 ||
     { cat "$work/audit.out"; fail "first-party: party $i's egress log does not verify"; }
-  ! grep '"type":"Activations"' "$work/first-party-egress-$i.jsonl" | grep -q '"labels"' ||
+  ! grep -q '"type":"Activations".*"labels"' "$work/first-party-egress-$i.jsonl" ||
     fail "first-party: party $i sent labels: $(grep -m1 labels "$work/first-party-egress-$i.jsonl")"
 done
-grep '"type":"Activations"' "$work/1f1b-egress-0.jsonl" | grep -q '"labels":16,' ||
+grep -q '"type":"Activations".*"labels":16,' "$work/1f1b-egress-0.jsonl" ||
   fail "1f1b: the scanner's egress log shows no labels sent: $(head -3 "$work/1f1b-egress-0.jsonl")"
 grep -q '"type":"Gradients","bytes"' "$work/1f1b-egress-1.jsonl" || fail "1f1b: gpu-box's egress log has no Gradients"
 
@@ -164,7 +164,7 @@ deployment plan gpipe
 sed 's/^microbatches = 4/microbatches = 2/' "$work/plan.toml" > "$work/plan2.toml"
 pids=()
 start plan 3; start plan 2; start plan 1; start plan 0 plan2
-expect_exit plan 0 1 "the next stage ended the run: the previous stage runs another plan (model spec, cuts, schedule, batch or K differ from stage 1's): give every party the same deployment"
+expect_exit plan 0 1 "the next stage ended the run: the previous stage runs another plan (model spec, cuts, schedule, batch, K, optimizer or seed differ from stage 1's): give every party the same deployment"
 expect_exit plan 1 1 "stage 1 refused the previous stage's message: the previous stage runs another plan"
 expect_exit plan 2 1 "nobody connected as 'gpu-box' (the party before) within 8 s"
 expect_exit plan 3 1 "nobody connected as 'cloud-a' (the party before) within 8 s"
