@@ -30,6 +30,13 @@ done
 done
 realpath "$build" > "$stage/ORIGIN"
 realpath . > "$stage/SOURCE"
+# What the kit was built from: the commit, and a digest of every tracked file as it is here, which
+# device_check.sh recomputes over the carried checkout (that has no .git) and refuses a kit that
+# differs: binaries from one tree with the tests and scripts of another measure nothing.
+git rev-parse HEAD > "$stage/COMMIT"
+git diff --quiet HEAD || echo "(with uncommitted changes)" >> "$stage/COMMIT"
+git ls-files > "$stage/FILES"
+tr '\n' '\0' < "$stage/FILES" | xargs -0 sha256sum | sha256sum | cut -d' ' -f1 > "$stage/TREE"
 # The shared libraries, less those the GPU machine must provide itself.
 skip='^(linux-vdso|ld-linux|libc\.|libm\.|libpthread\.|libdl\.|librt\.|libstdc\+\+|libgcc_s|libcuda|libcudart|libcublas|libcudnn|libnccl|libnvrtc)'
 for b in "${binaries[@]}"; do ldd "$build/$b"; done | awk '$2 == "=>" && $3 ~ /^\// { print $1, $3 }' | sort -u |

@@ -42,6 +42,14 @@ rm -rf "$build" && mkdir -p "$build" "$src/build/devkit"
 tar -C "$src/build/devkit" -xJf .devkit/kit.tar.xz
 cp -a "$src/build/devkit/build/." "$build/"
 origin=$(cat "$src/build/devkit/ORIGIN") source_then=$(cat "$src/build/devkit/SOURCE")
+kit=$src/build/devkit
+tree=$(tr '\n' '\0' < "$kit/FILES" | xargs -0 sha256sum 2> /dev/null | sha256sum | cut -d' ' -f1)
+if [[ $tree != "$(cat "$kit/TREE")" ]]; then
+  say "stale kit: built from $(paste -sd' ' "$kit/COMMIT"), whose tracked files differ from this checkout's;"
+  say "run scripts/device_kit.sh again here after the last change, and carry the new .devkit"
+  exit 1
+fi
+say "kit built from $(paste -sd' ' "$kit/COMMIT"); this checkout's tracked files match it"
 # The ctest files name the kit's build and source paths: this checkout's instead (build first:
 # it lies inside the source).
 find "$build" -name CTestTestfile.cmake -exec sed -i "s|$origin|$build|g; s|$source_then|$src|g" {} +
