@@ -190,6 +190,12 @@ uint64_t StagePeer::connect(std::span<const uint64_t> checkpoints) {
 void StagePeer::reset() {
   stage_.network().drop_deferred_weights();
   stage_.zero_grad();
+  for (LinkFilter* f : down_filters_) f->reset();
+  for (LinkFilter* f : up_filters_) f->reset();
+  clear_slots();
+}
+
+void StagePeer::clear_slots() {
   in_step_ = false;
   for (Slot& s : slots_) {
     s.activations = s.gradients = s.sent = false;
@@ -346,13 +352,40 @@ StagePeer::Slot& StagePeer::gradients(uint32_t mb) {
   return slots_[mb];
 }
 
+void StagePeer::set_filters(std::vector<LinkFilter*> down, std::vector<LinkFilter*> up) {
+  if (!down.empty() && down_ == nullptr)
+    fail("stage", cat("stage ", plan_.index, " is the last: it sends nothing down for ", down[0]->name(), " to filter"));
+  if (!up.empty() && up_ == nullptr)
+    fail("stage", cat("stage ", plan_.index, " is the first: it sends nothing up for ", up[0]->name(), " to filter"));
+  down_filters_ = std::move(down);
+  up_filters_ = std::move(up);
+  hides_loss_ = std::any_of(up_filters_.begin(), up_filters_.end(), [](LinkFilter* f) { return f->hides_loss(); });
+  for (int k = 1; k <= static_cast<int>(plan_.microbatches); ++k) check_whole_step(k);
+}
+
+void StagePeer::check_whole_step(int k) const {
+  const auto whole = std::find_if(down_filters_.begin(), down_filters_.end(),
+                                  [](LinkFilter* f) { return f->needs_whole_step(); });
+  if (whole == down_filters_.end()) return;
+  int forwards = 0;
+  for (const PipelineAction& a : schedule_.actions(static_cast<int>(plan_.index), static_cast<int>(plan_.stages), k)) {
+    if (a.kind == Kind::Forward) ++forwards;
+    else if (forwards < k)
+      fail("stage", cat((*whole)->name(), " reads a whole step's activations before the first gradient comes back; the ",
+                        schedule_.name(), " schedule backs micro-batch ", a.microbatch, " up at stage ", plan_.index,
+                        " before its last is sent: use the gpipe schedule"));
+  }
+}
+
 void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first_inputs, const int32_t* first_labels,
                          StepStats& stats) {
   const int k = static_cast<int>(header.microbatches);
   if (k != actions_k_) {
     actions_ = schedule_.actions(static_cast<int>(plan_.index), static_cast<int>(plan_.stages), k);
     actions_k_ = k;
+    check_whole_step(k);
   }
+  for (LinkFilter* f : down_filters_) f->begin_step(first_inputs, header.samples, header.microbatches);
   stage_.zero_grad();
   const float scale = 1.0f / static_cast<float>(header.samples);
   for (const PipelineAction& a : actions_) {
@@ -400,7 +433,9 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
         const std::span<const int32_t> sent_labels =
             plan_.labels_travel ? std::span<const int32_t>(labels, static_cast<std::size_t>(range.count))
                                 : std::span<const int32_t>();
-        down_->send(writer_.activations(header, plan_.index, mb, version_, out, sent_labels, mask, plan_.dtype));
+        const Tensor* sent = &out;
+        for (LinkFilter* f : down_filters_) sent = &f->activations_out(*sent, mb, range.begin);
+        down_->send(writer_.activations(header, plan_.index, mb, version_, *sent, sent_labels, mask, plan_.dtype));
         slots_[mb].sent = true;
       }
       continue;
@@ -409,11 +444,16 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
       stage_.backward_weights(slot_index);
       continue;
     }
-    const Tensor& grad_out = last() ? stage_.output_grad(slot_index) : gradients(mb).grad;
-    const Tensor g = stage_.backward(grad_out, slot_index, !first(), a.kind == Kind::BackwardInput);
-    if (!first())
-      up_->send(writer_.gradients(plan_.index, header.step, mb, version_, g, slots_[mb].loss, slots_[mb].correct,
-                                  plan_.dtype));
+    const Tensor* grad_out = last() ? &stage_.output_grad(slot_index) : &gradients(mb).grad;
+    for (auto f = down_filters_.rbegin(); f != down_filters_.rend(); ++f)
+      grad_out = &(*f)->gradient_in(*grad_out, mb, range.begin);
+    const Tensor g = stage_.backward(*grad_out, slot_index, !first(), a.kind == Kind::BackwardInput);
+    if (!first()) {
+      const Tensor* up = &g;
+      for (LinkFilter* f : up_filters_) up = &f->gradient_out(*up, mb, header.samples);
+      up_->send(writer_.gradients(plan_.index, header.step, mb, version_, *up, hides_loss_ ? 0.0f : slots_[mb].loss,
+                                  hides_loss_ ? 0 : slots_[mb].correct, plan_.dtype));
+    }
   }
   for (uint32_t mb = 0; mb < header.microbatches; ++mb) {
     stats.loss_sum += slots_[mb].loss;
@@ -424,7 +464,7 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
   stage_.step();
   ++version_;
   next_step_ = header.step + 1;
-  reset();  // the frames go back to their pool
+  clear_slots();  // the frames go back to their pool
   if (header.checkpoint && save_) save_(next_step_);
 }
 

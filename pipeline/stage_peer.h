@@ -21,6 +21,7 @@
 #include "core/length_buckets.h"
 #include "core/wire/frame.h"
 #include "core/wire/messages.h"
+#include "pipeline/link_filter.h"
 #include "pipeline/local_pipeline.h"
 #include "pipeline/schedule.h"
 #include "pipeline/stage.h"
@@ -117,6 +118,11 @@ class StagePeer {
   // The loss stage of a plan whose labels do not travel: `labels(step)` gives the step's
   // labels, all of its samples in order, from the first party's data.
   void labels_from(std::function<std::span<const int32_t>(uint64_t step)> labels) { labels_ = std::move(labels); }
+  // Filters on the links (pipeline/link_filter.h), not owned: the activations sent down pass
+  // through `down` in order and their gradients back through it in reverse; the gradients
+  // sent up pass through `up` in order. An Error where a link is missing, or where a filter
+  // that reads a whole step meets a schedule that backs a micro-batch up before the last is sent.
+  void set_filters(std::vector<LinkFilter*> down, std::vector<LinkFilter*> up);
 
 
   // The first stage: one step of the step's rows (`inputs`, each [samples, ...], and their
@@ -169,6 +175,10 @@ class StagePeer {
   double idle_s_ = 0;
   std::function<void(uint64_t)> save_;
   std::function<std::span<const int32_t>(uint64_t)> labels_;
+  std::vector<LinkFilter*> down_filters_, up_filters_;
+  bool hides_loss_ = false;  // an up filter keeps the loss and correct count here
+  void check_whole_step(int k) const;
+  void clear_slots();  // the step's messages dropped, their frames back to the pool
 };
 
 }  // namespace tandem

@@ -7,6 +7,7 @@
 #include <condition_variable>
 #include <deque>
 #include <exception>
+#include <functional>
 #include <mutex>
 #include <thread>
 
@@ -380,6 +381,171 @@ TEST(StagePeer, WhereTheLabelsStayTheLossStageReadsItsOwnAndRefusesAnyThatArrive
                   .hash,
               t.plan.hash);
   }
+}
+
+// Filters on the links (pipeline/link_filter.h): two peers, the first with `down` filters on
+// what it sends, the last with `up` filters on the gradient it sends back, train exactly as
+// the two stages do when the same filters (fresh, with the same seeds) are applied by hand.
+// Returns the first stage's reported losses.
+using Filters = std::vector<std::unique_ptr<LinkFilter>>;
+std::vector<double> expect_filtered_peers_match_by_hand(const std::function<Filters()>& down,
+                                                        const std::function<Filters()>& up) {
+  const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  const Graph graph = Graph::build(spec);
+  const std::vector<Graph> parts = graph.partition({"fc1"});
+  std::unique_ptr<Backend> backend = make_test_backend("reference");
+  Network init(graph, *backend, 4);
+  Rng rng(6);
+  const int64_t batch = 8;
+  const uint32_t k = 2;
+  const int steps = 3;
+  const Tensor x = random_tensor(Shape{batch * steps, 28, 28, 1}, rng, 0.0f, 1.0f);
+  std::vector<int32_t> labels;
+  for (int64_t i = 0; i < batch * steps; ++i) labels.push_back(static_cast<int32_t>(rng.below(10)));
+  const auto ptrs = [](const Filters& f) {
+    std::vector<LinkFilter*> out;
+    for (const auto& p : f) out.push_back(p.get());
+    return out;
+  };
+  GPipeSchedule schedule;
+
+  // By hand.
+  PeerStage a = make_stage(parts[0], init), b = make_stage(parts[1], init);
+  const Filters hand_down = down(), hand_up = up();
+  for (int step = 0; step < steps; ++step) {
+    const std::vector<Tensor> rows{x.slice_batch(step * batch, batch)};
+    const int32_t* y = labels.data() + step * batch;
+    a.stage->zero_grad();
+    b.stage->zero_grad();
+    for (const auto& f : hand_down) f->begin_step(rows, batch, k);
+    std::vector<Tensor> sent(k), back(k);
+    for (uint32_t mb = 0; mb < k; ++mb) {
+      const auto [begin, count] = microbatch_range(batch, k, mb);
+      const std::vector<Tensor> in{rows[0].slice_batch(begin, count)};
+      const Tensor* t = &a.stage->forward(in, static_cast<int>(mb));
+      for (const auto& f : hand_down) t = &f->activations_out(*t, mb, begin);
+      sent[mb] = Tensor::empty(t->shape());
+      sent[mb].copy_from(*t);
+      b.stage->forward_loss({&sent[mb], 1}, static_cast<int>(mb), y + begin, 1.0f / batch);
+    }
+    for (const PipelineAction& act : schedule.actions(1, 2, static_cast<int>(k))) {
+      if (act.kind == PipelineAction::Kind::Forward) continue;
+      const auto mb = static_cast<uint32_t>(act.microbatch);
+      const Tensor g = b.stage->backward(b.stage->output_grad(act.microbatch), act.microbatch, true);
+      const Tensor* t = &g;
+      for (const auto& f : hand_up) t = &f->gradient_out(*t, mb, batch);
+      back[mb] = Tensor::empty(t->shape());
+      back[mb].copy_from(*t);
+    }
+    for (uint32_t mb = 0; mb < k; ++mb) {
+      const Tensor* g = &back[mb];
+      for (auto f = hand_down.rbegin(); f != hand_down.rend(); ++f)
+        g = &(*f)->gradient_in(*g, mb, microbatch_range(batch, k, mb).begin);
+      a.stage->backward(*g, static_cast<int>(mb), false);
+    }
+    a.stage->step();
+    b.stage->step();
+  }
+
+  // Over links.
+  PeerStage pa = make_stage(parts[0], init), pb = make_stage(parts[1], init);
+  auto [down_link, up_link] = MemoryLink::pair();
+  StagePeer first(*pa.stage, schedule, make_stage_plan(spec.binary, graph, "fc1", parts, 0, schedule, batch, k), nullptr,
+                  down_link.get());
+  StagePeer last(*pb.stage, schedule, make_stage_plan(spec.binary, graph, "fc1", parts, 1, schedule, batch, k),
+                 up_link.get(), nullptr);
+  const Filters peer_down = down(), peer_up = up();
+  first.set_filters(ptrs(peer_down), {});
+  last.set_filters({}, ptrs(peer_up));
+  std::vector<double> losses;
+  double last_loss = 0;
+  std::string errors[2];
+  std::thread t([&] {
+    errors[1] = error_of([&] {
+      last.connect({});
+      StepStats s;
+      while (last.follow_step(s)) last_loss += s.loss_sum;
+    });
+    up_link->close();
+  });
+  errors[0] = error_of([&] {
+    first.connect({});
+    for (int step = 0; step < steps; ++step)
+      losses.push_back(first.train_step({static_cast<uint64_t>(step), static_cast<uint32_t>(batch), k, 1.0f, false},
+                                        std::vector<Tensor>{x.slice_batch(step * batch, batch)},
+                                        labels.data() + step * batch)
+                           .loss_sum);
+    first.finish("done");
+  });
+  if (!errors[0].empty()) down_link->close();
+  t.join();
+  EXPECT_EQ(errors[0], "(no error)");
+  EXPECT_EQ(errors[1], "(no error)");
+  EXPECT_GT(last_loss, 0.0) << "the loss stage keeps its own loss";
+  EXPECT_LE(max_diff(*pa.net, *a.net), 1e-5f);
+  EXPECT_LE(max_diff(*pb.net, *b.net), 1e-5f);
+  EXPECT_GT(max_diff(*pa.net, init), 1e-3f) << "the weights moved";
+  return losses;
+}
+
+TEST(StagePeerFilters, NoiseOnTheActivationsSentDownAndTheirGradientBackThroughTheClip) {
+  const auto losses = expect_filtered_peers_match_by_hand(
+      [] {
+        Filters f;
+        f.push_back(std::make_unique<CutNoiseFilter>(0.5f, 0.3f, 7));
+        return f;
+      },
+      [] { return Filters{}; });
+  for (double loss : losses) EXPECT_GT(loss, 0.0) << "no up filter hides the loss";
+}
+
+TEST(StagePeerFilters, NoPeekThenNoiseOnTheActivationsAsTheEdgeAppliesThem) {
+  expect_filtered_peers_match_by_hand(
+      [] {
+        Filters f;
+        f.push_back(std::make_unique<NoPeekFilter>(0.5f));
+        f.push_back(std::make_unique<CutNoiseFilter>(1.0f, 0.1f, 3));
+        return f;
+      },
+      [] { return Filters{}; });
+}
+
+TEST(StagePeerFilters, NoiseOnTheGradientSentUpKeepsTheLossAtTheLossStage) {
+  const auto losses = expect_filtered_peers_match_by_hand([] { return Filters{}; },
+                                                          [] {
+                                                            Filters f;
+                                                            f.push_back(std::make_unique<GradNoiseFilter>(0.2f, 0.5f, 9));
+                                                            return f;
+                                                          });
+  for (double loss : losses) EXPECT_EQ(loss, 0.0) << "the loss would tell of the labels";
+}
+
+TEST(StagePeerFilters, AFilterWithoutItsLinkOrAWholeStepFilterUnderAnInterleavedScheduleIsRefused) {
+  const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  const Graph graph = Graph::build(spec);
+  const std::vector<Graph> parts = graph.partition({"pool2", "fc1"});
+  std::unique_ptr<Backend> backend = make_test_backend("reference");
+  Network init(graph, *backend, 4);
+  PeerStage a = make_stage(parts[0], init);
+  auto [down_link, up_link] = MemoryLink::pair();
+  const auto one_f_one_b = make_pipeline_schedule("1f1b");
+  NoPeekFilter nopeek(1.0f);
+  GradNoiseFilter grad(1.0f, 1.0f, 1);
+  {
+    StagePeer first(*a.stage, *one_f_one_b,
+                    make_stage_plan(spec.binary, graph, "pool2,fc1", parts, 0, *one_f_one_b, 8, 4), nullptr,
+                    down_link.get());
+    EXPECT_EQ(error_of([&] { first.set_filters({}, {&grad}); }),
+              "[stage] stage 0 is the first: it sends nothing up for noise on the gradient sent up (clip 1, sigma 1) "
+              "to filter");
+    EXPECT_EQ(error_of([&] { first.set_filters({&nopeek}, {}); }),
+              "[stage] NoPeek (alpha 1) reads a whole step's activations before the first gradient comes back; the "
+              "1f1b schedule backs micro-batch 0 up at stage 0 before its last is sent: use the gpipe schedule");
+  }
+  GPipeSchedule gpipe;
+  StagePeer first(*a.stage, gpipe, make_stage_plan(spec.binary, graph, "pool2,fc1", parts, 0, gpipe, 8, 4), nullptr,
+                  down_link.get());
+  EXPECT_EQ(error_of([&] { first.set_filters({&nopeek}, {}); }), "(no error)");
 }
 
 }  // namespace

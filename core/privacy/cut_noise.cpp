@@ -52,6 +52,17 @@ void CutNoise::forward(const Tensor& activations, Tensor& out, std::vector<float
   }
 }
 
+void CutNoise::forward_per_sample(const Tensor& grad, float samples, Tensor& per_sample, Tensor& out,
+                                  std::vector<float>& scales) {
+  if (!per_sample.defined() || per_sample.shape() != grad.shape()) per_sample = Tensor::empty(grad.shape());
+  const float* g = grad.data();
+  float* p = per_sample.data();
+  for (int64_t i = 0, n = grad.numel(); i < n; ++i) p[i] = g[i] * samples;
+  forward(per_sample, out, scales);
+  float* o = out.data();
+  for (int64_t i = 0, n = out.numel(); i < n; ++i) o[i] /= samples;
+}
+
 void CutNoise::backward(const Tensor& grad_out, const Tensor& activations, const std::vector<float>& scales,
                         Tensor& grad_in) const {
   const int64_t n = activations.shape()[0], d = activations.shape().item_numel();

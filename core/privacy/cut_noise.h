@@ -26,6 +26,12 @@ class CutNoise {
   void backward(const Tensor& grad_out, const Tensor& activations, const std::vector<float>& scales,
                 Tensor& grad_in) const;
 
+  // For a gradient of a mean over `samples` (each row a sample's, divided by samples): each
+  // sample's gradient of its own loss (its row times samples) through forward, scaled back, in
+  // `out`. `per_sample` and `scales` are scratch.
+  void forward_per_sample(const Tensor& grad, float samples, Tensor& per_sample, Tensor& out,
+                          std::vector<float>& scales);
+
   float clip() const { return clip_; }
   float sigma() const { return sigma_; }
 

@@ -376,15 +376,6 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
   return true;
 }
 
-void EdgeSession::noise_per_sample(CutNoise& noise, const Tensor& grad, float samples, Tensor& out) {
-  if (!per_sample_.defined() || per_sample_.shape() != grad.shape()) per_sample_ = Tensor::empty(grad.shape());
-  const float* g = grad.data();
-  float* per_sample = per_sample_.data();
-  for (int64_t i = 0, n = grad.numel(); i < n; ++i) per_sample[i] = g[i] * samples;
-  noise.forward(per_sample_, out, grad_scales_);
-  float* o = out.data();
-  for (int64_t i = 0, n = grad.numel(); i < n; ++i) o[i] /= samples;
-}
 
 bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::span<const uint8_t>& reply) {
   reply = {};
@@ -432,7 +423,7 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
       if (!tail_grads_[k].defined() || tail_grads_[k].shape() != g.shape()) tail_grads_[k] = Tensor::empty(g.shape());
       tail_grads_[k].copy_from(g);
     }
-    noise_per_sample(*label_noise_, dlogits, samples, noised_dlogits_);
+    label_noise_->forward_per_sample(dlogits, samples, per_sample_, noised_dlogits_, grad_scales_);
     grad = tail.backward(noised_dlogits_, static_cast<int>(mb), true);
     if (!noised_grad_in_.defined() || noised_grad_in_.shape() != grad.shape()) noised_grad_in_ = Tensor::empty(grad.shape());
     noised_grad_in_.copy_from(grad);  // the backward's own buffer is reused by the next one
@@ -451,7 +442,7 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
   cur_.state[mb] = 3;
   const Tensor* up = &grad;
   if (grad_noise_) {  // on each sample's gradient of its own loss (the rows times the step's samples)
-    noise_per_sample(*grad_noise_, grad, samples, noised_grad_);
+    grad_noise_->forward_per_sample(grad, samples, per_sample_, noised_grad_, grad_scales_);
     up = &noised_grad_;
   }
   // With the labels protected, the exact loss would tell the cloud about them: it gets 0.

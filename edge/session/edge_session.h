@@ -195,10 +195,7 @@ class EdgeSession {
   CutNoise* label_noise_ = nullptr;
   Tensor noised_dlogits_, noised_grad_in_;
   std::vector<Tensor> tail_grads_;  // label noise: the tail's gradients before the noisy pass
-  Tensor per_sample_, noised_grad_;
-  // `grad` (of the step's mean loss) times `samples` is each sample's gradient of its own
-  // loss: through `noise` (clip and noise a sample at a time), then back to the mean's scale.
-  void noise_per_sample(CutNoise& noise, const Tensor& grad, float samples, Tensor& out);
+  Tensor per_sample_, noised_grad_;  // CutNoise::forward_per_sample's scratch and result
   std::vector<float> grad_scales_;
   std::optional<Stage> tail_stage_;  // U-shaped: the tail's forward -> loss -> backward
   const int32_t* eval_labels_ = nullptr;  // U-shaped: the evaluation batch in flight
