@@ -35,8 +35,8 @@ void ProgressBar::update(int64_t done, const std::string& status) {
   std::fflush(stderr);
 }
 
-void ProgressBar::finish(const std::string& status) {
-  update(total_, status);
+void ProgressBar::finish(const std::string& status, int64_t done) {
+  update(done < 0 ? total_ : done, status);
   if (tty_) std::fprintf(stderr, "\n");
 }
 

@@ -13,7 +13,8 @@ class ProgressBar {
   ProgressBar(std::string label, int64_t total);
   // `done` items of `total`; `status` is shown after the bar (e.g. "loss 0.41").
   void update(int64_t done, const std::string& status);
-  void finish(const std::string& status);
+  // The end: all of `total`, or `done` of it where the work stopped short.
+  void finish(const std::string& status, int64_t done = -1);
 
  private:
   std::string label_;

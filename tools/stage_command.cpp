@@ -8,6 +8,8 @@
 
 #include <atomic>
 #include <cerrno>
+#include <cmath>
+#include <limits>
 #include <cstring>
 #include <map>
 #include <chrono>
@@ -26,7 +28,9 @@
 #include "core/wire/messages.h"
 #include "core/checkpoint/checkpoint.h"
 #include "core/wire/egress_audit.h"
+#include "core/privacy/rdp_accountant.h"
 #include "edge/agent/egress_log_file.h"
+#include "edge/session/event_edge.h"
 #include "pipeline/stage_peer.h"
 #include "ports/files/checkpoint_store.h"
 #include "ports/files/atomic_file.h"
@@ -380,6 +384,38 @@ int run_party(const CliArgs& cli) {
     if (down) down->audit = &egress->audit();
   }
   StagePeer peer(stage, *schedule, plan, up.get(), down.get());
+  // Privacy filters on the links (pipeline/link_filter.h, docs/04): the first party's on the
+  // activations it sends down; the loss stage's on the gradient it sends up, where the labels
+  // stay at the first party.
+  EdgePrivacy privacy;
+  privacy.dp_clip = static_cast<float>(args.number("dp-clip", 0.0));
+  privacy.dp_noise = static_cast<float>(args.number("dp-noise", 0.0));
+  privacy.dp_delta = args.number("dp-delta", 1e-5);
+  privacy.dp_epsilon_budget = args.number("dp-epsilon-budget", 0.0);
+  privacy.dp_seed = static_cast<uint64_t>(args.integer("dp-seed", 0, 0));
+  privacy.nopeek = static_cast<float>(args.number("nopeek", 0.0));
+  privacy.grad_clip = static_cast<float>(args.number("grad-clip", 0.0));
+  privacy.grad_noise = static_cast<float>(args.number("grad-noise", 0.0));
+  if (const std::string problem = privacy.problem(); !problem.empty())
+    fail("cli", cat(deployment.path, ": ", problem, " (keys without the dashes in the file)"));
+  if (privacy.grad_clip > 0.0f && plan.labels_travel)
+    fail("cli", cat(deployment.path, ": grad-clip hides the labels from the gradient the loss stage sends up; with "
+                    "labels = \"travel\" they reach the last party anyway: set labels = \"first-party\""));
+  std::unique_ptr<NoPeekFilter> nopeek;
+  std::unique_ptr<CutNoiseFilter> cut_noise;
+  std::unique_ptr<GradNoiseFilter> grad_noise;
+  std::vector<LinkFilter*> down_filters, up_filters;
+  if (index == 0 && privacy.nopeek > 0.0f) down_filters.push_back((nopeek = std::make_unique<NoPeekFilter>(privacy.nopeek)).get());
+  if (index == 0 && privacy.dp_clip > 0.0f)
+    down_filters.push_back(
+        (cut_noise = std::make_unique<CutNoiseFilter>(privacy.dp_clip, privacy.dp_noise, privacy.dp_seed)).get());
+  if (index + 1 == n && privacy.grad_clip > 0.0f)
+    up_filters.push_back(
+        (grad_noise = std::make_unique<GradNoiseFilter>(privacy.grad_clip, privacy.grad_noise, privacy.dp_seed)).get());
+  peer.set_filters(down_filters, up_filters);
+  for (const LinkFilter* f : down_filters) std::fprintf(stderr, "on the link down: %s\n", f->name().c_str());
+  for (const LinkFilter* f : up_filters) std::fprintf(stderr, "on the link up: %s\n", f->name().c_str());
+  const bool loss_here_only = privacy.grad_clip > 0.0f;  // the loss stage reports the loss, nobody else sees it
   StageMetrics counters;
   counters.labels = cat("party=\"", party_name, "\",stage=\"", index, "\"");
   const auto started = Clock::now();
@@ -446,6 +482,15 @@ int run_party(const CliArgs& cli) {
         const auto per_epoch = static_cast<uint64_t>(batches.steps());
         ScheduleOptions lr = args.schedule_options(epochs * batches.steps());
         validate(lr);
+        // Epsilon after `steps` releases of the training set's activations (as tandem-edge's):
+        // the sampled Gaussian mechanism at rate batch / training samples; -1 without noise.
+        const auto epsilon_after = [&](uint64_t steps) {
+          if (!cut_noise) return -1.0;
+          if (privacy.dp_noise <= 0.0f) return std::numeric_limits<double>::infinity();  // clipping alone proves nothing
+          const double q = std::min(1.0, static_cast<double>(batch) / static_cast<double>(batches.samples()));
+          return steps == 0 ? 0.0 : dp_epsilon(q, privacy.dp_noise, steps, privacy.dp_delta).epsilon;
+        };
+        bool budget_spent = false;
         const int64_t first_epoch = static_cast<int64_t>(start / per_epoch) + 1;
         for (int64_t e = 1; e < first_epoch; ++e) batches.shuffle();  // the orders of the epochs done
         for (int64_t epoch = first_epoch; epoch <= epochs; ++epoch) {
@@ -455,7 +500,13 @@ int run_party(const CliArgs& cli) {
           const double busy0 = stage.busy_s(), idle0 = peer.idle_s();
           const auto e0 = Clock::now();
           const int64_t skip = epoch == first_epoch ? static_cast<int64_t>(start % per_epoch) * batch : 0;
+          double dcor_sum = 0;
+          int64_t dcor_steps = 0;
           for (int64_t begin = skip; begin < batches.samples(); begin += batch) {
+            if (privacy.dp_epsilon_budget > 0.0 && epsilon_after(peer.next_step() + 1) > privacy.dp_epsilon_budget) {
+              budget_spent = true;
+              break;
+            }
             const int32_t* labels = nullptr;
             const std::vector<Tensor> x = batches.rows(begin, labels);
             const auto count = static_cast<uint32_t>(x[0].shape()[0]);
@@ -465,25 +516,58 @@ int run_party(const CliArgs& cli) {
                                     lr_factor(lr, static_cast<int64_t>(step)), checkpoint};
             const StepStats st = peer.train_step(header, x, labels);
             count_step();
+            if (nopeek) {
+              dcor_sum += nopeek->dcor();
+              ++dcor_steps;
+            }
             total.loss_sum += st.loss_sum;
             total.correct += st.correct;
             total.samples += st.samples;
-            bar.update(total.samples, cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
+            bar.update(total.samples, loss_here_only ? std::string()
+                                                     : cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
           }
           const double seconds = std::chrono::duration<double>(Clock::now() - e0).count();
-          bar.finish(cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
+          const auto samples = static_cast<double>(std::max<uint64_t>(total.samples, 1));
+          bar.finish(loss_here_only ? "the loss is the loss stage's" : cat("loss ", fixed(total.loss_sum / samples, 4)),
+                     budget_spent ? skip + static_cast<int64_t>(total.samples) : -1);
+          const double epsilon = epsilon_after(peer.next_step());
           emit(cat("{\"epoch\":", epoch, ",\"samples\":", total.samples, ",\"seconds\":", fixed(seconds, 3),
                    ",\"samples_per_s\":", fixed(static_cast<double>(total.samples) / seconds, 1),
-                   ",\"train_loss\":", fixed(total.loss_sum / static_cast<double>(total.samples), 5),
-                   ",\"train_accuracy\":",
-                   fixed(static_cast<double>(total.correct) / static_cast<double>(total.samples), 5),
+                   loss_here_only ? ",\"train_loss\":null,\"train_accuracy\":null"
+                                  : cat(",\"train_loss\":", fixed(total.loss_sum / samples, 5), ",\"train_accuracy\":",
+                                        fixed(static_cast<double>(total.correct) / samples, 5)),
+                   epsilon < 0 ? "" : std::isinf(epsilon) ? ",\"dp_epsilon\":null" : cat(",\"dp_epsilon\":", fixed(epsilon, 4)),
+                   dcor_steps > 0 ? cat(",\"dcor\":", fixed(dcor_sum / static_cast<double>(dcor_steps), 5)) : "",
                    ",\"stage_busy_s\":", fixed(stage.busy_s() - busy0, 3), ",\"stage_idle_s\":",
                    fixed(peer.idle_s() - idle0, 3), ",\"restarts\":", restarts, "}"));
+          if (budget_spent) break;
         }
-        peer.finish("the first party's epochs are done");
+        if (budget_spent)
+          std::fprintf(stderr, "stopped before step %llu: it would pass the privacy budget (epsilon %g at delta %g)\n",
+                       static_cast<unsigned long long>(peer.next_step()), privacy.dp_epsilon_budget, privacy.dp_delta);
+        peer.finish(budget_spent ? "the first party's privacy budget is spent" : "the first party's epochs are done");
       } else {
-        StepStats st;
-        while (peer.follow_step(st)) count_step();
+        // The loss stage that alone sees the loss (labels and loss at the first party) reports
+        // each epoch's, as the first party would.
+        const int64_t per_epoch =
+            (static_cast<int64_t>(sets.train.labels.size()) + static_cast<int64_t>(batch) - 1) / static_cast<int64_t>(batch);
+        StepStats st, total;
+        const auto epoch_line = [&](StepStats& t, int64_t per) {
+          const auto samples = static_cast<double>(std::max<uint64_t>(t.samples, 1));
+          emit(cat("{\"epoch\":", (static_cast<int64_t>(peer.next_step()) + per - 1) / per, ",\"party\":\"",
+                   party_name, "\",\"samples\":", t.samples, ",\"train_loss\":", fixed(t.loss_sum / samples, 5),
+                   ",\"train_accuracy\":", fixed(static_cast<double>(t.correct) / samples, 5), "}"));
+          t = StepStats{};
+        };
+        while (peer.follow_step(st)) {
+          count_step();
+          if (!loss_here_only || index + 1 != n) continue;
+          total.loss_sum += st.loss_sum;
+          total.correct += st.correct;
+          total.samples += st.samples;
+          if (static_cast<int64_t>(peer.next_step()) % per_epoch == 0) epoch_line(total, per_epoch);
+        }
+        if (total.samples > 0) epoch_line(total, per_epoch);  // the run ended within an epoch
       }
       } catch (const LinkLost&) {
         throw;

@@ -146,7 +146,7 @@ void EgressAudit::record(std::span<const uint8_t> message) {
       case wire::Payload::Gradients: {
         const auto* g = m->payload_as_Gradients();
         body += cat(",\"stage\":", g->stage(), ",\"step\":", g->step(), ",\"microbatch\":", g->microbatch(),
-                    ",\"tensors\":[", tensor_json(g->tensor()), "]");
+                    ",\"tensors\":[", tensor_json(g->tensor()), "],\"loss\":", g->loss(), ",\"correct\":", g->correct());
         break;
       }
       case wire::Payload::MiddleGradient: {  // U-shaped: the gradient of the middle's output

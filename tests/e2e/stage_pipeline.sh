@@ -8,7 +8,9 @@
 # by name; a party that runs another plan is refused (ModelMismatch); the async schedule is
 # refused. A kill -9 of the first, a middle or the last party, restarted with the same
 # command, ends on the uninterrupted run's weights byte for byte; a survivor's Prometheus
-# metrics count the restart, its steps, its links' bytes and its bubble.
+# metrics count the restart, its steps, its links' bytes and its bubble. With the privacy
+# filters on (noise and NoPeek on the first party's activations, noise on the loss stage's
+# gradient), epsilon is accounted and its budget stops the run, and no loss leaves.
 # Usage: stage_pipeline.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -109,6 +111,37 @@ for i in 0 1 2 3; do
   ! grep -q '"type":"Activations".*"labels"' "$work/first-party-egress-$i.jsonl" ||
     fail "first-party: party $i sent labels: $(grep -m1 labels "$work/first-party-egress-$i.jsonl")"
 done
+grep -q '"type":"Gradients".*"loss":[1-9]' "$work/first-party-egress-3.jsonl" ||
+  fail "first-party: without grad-noise the loss stage's Gradients carry the loss: $(grep -m1 Gradients "$work/first-party-egress-3.jsonl")"
+
+# Privacy filters on the links (pipeline/link_filter.h): the scanner's activations leave
+# clipped and noised, with NoPeek's penalty, and epsilon is accounted until the budget stops
+# the run; the loss stage (at the scanner) sends its gradient up noised and keeps the loss,
+# which it alone reports. Every party exits 0.
+parties=(scanner gpu-box cloud-a scanner-tail)
+deployment private gpipe "labels = \"first-party\"
+dp-clip = 4
+dp-noise = 1.5
+dp-epsilon-budget = 0.9
+nopeek = 0.1
+grad-clip = 0.1
+grad-noise = 0.5"
+"$tandem" stage --deployment "$work/private.toml" --all --log-dir "$work/private-logs" --wait-s 60 \
+  > "$work/private.out" 2>&1 || { cat "$work/private.out" "$work"/private-logs/*; fail "private: stage --all"; }
+first=$(grep '"epoch":1,' "$work/private-logs/scanner.log") || fail "private: no epoch line: $(cat "$work/private-logs/scanner.log")"
+[[ $first =~ \"train_loss\":null.*\"dp_epsilon\":([0-9.]+).*\"dcor\":0\.[0-9]+ ]] || fail "private: the scanner's epoch: $first"
+awk -v e="${BASH_REMATCH[1]}" 'BEGIN { exit !(e > 0.8 && e <= 0.9) }' || fail "private: epsilon ${BASH_REMATCH[1]} against a budget of 0.9"
+grep -q "stopped before step [0-9]*: it would pass the privacy budget (epsilon 0.9 at delta 1e-05)" \
+  "$work/private-logs/scanner.log" || fail "private: the budget did not stop the run: $(cat "$work/private-logs/scanner.log")"
+grep -q "on the link down: NoPeek (alpha 0.1)" "$work/private-logs/scanner.log" || fail "private: no NoPeek on the link"
+grep -q "on the link up: noise on the gradient sent up (clip 0.1, sigma 0.5)" "$work/private-logs/scanner-tail.log" ||
+  fail "private: no noise on the loss stage's link"
+grep -q '"epoch":1,"party":"scanner-tail","samples":[1-9][0-9]*,"train_loss":[0-9.]*,' "$work/private-logs/scanner-tail.log" ||
+  fail "private: the loss stage reported no loss: $(cat "$work/private-logs/scanner-tail.log")"
+! grep '"type":"Gradients"' "$work/private-egress-3.jsonl" | grep -qv '"loss":0,"correct":0' ||
+  fail "private: a loss left the loss stage: $(grep '"type":"Gradients"' "$work/private-egress-3.jsonl" | grep -v '"loss":0,' | head -1)"
+parties=(scanner gpu-box cloud-a cloud-b)
+
 grep -q '"type":"Activations".*"labels":16,' "$work/1f1b-egress-0.jsonl" ||
   fail "1f1b: the scanner's egress log shows no labels sent: $(head -3 "$work/1f1b-egress-0.jsonl")"
 grep -q '"type":"Gradients","bytes"' "$work/1f1b-egress-1.jsonl" || fail "1f1b: gpu-box's egress log has no Gradients"
