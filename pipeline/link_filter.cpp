@@ -31,6 +31,13 @@ const Tensor& CutNoiseFilter::activations_out(const Tensor& activations, uint32_
   return s.noised;
 }
 
+const Tensor& CutNoiseFilter::evaluation_out(const Tensor& activations, uint32_t mb) {
+  Slot& s = slot(mb);
+  s.sent_from = Tensor();  // no gradient comes back for it
+  noise_.forward(activations, sized(s.noised, activations.shape()), s.scales);
+  return s.noised;
+}
+
 const Tensor& CutNoiseFilter::gradient_in(const Tensor& grad, uint32_t mb, int64_t) {
   Slot& s = slot(mb);
   if (!s.sent_from.defined()) fail("stage", cat("a gradient for micro-batch ", mb, " that left no activations"));

@@ -32,6 +32,11 @@ class LinkFilter {
     (void)mb, (void)begin;
     return activations;
   }
+  // Down: the activations of an evaluation micro-batch (nothing comes back for them).
+  virtual const Tensor& evaluation_out(const Tensor& activations, uint32_t mb) {
+    (void)mb;
+    return activations;
+  }
   // Down: the gradient of what micro-batch `mb` sent, as it came back: the gradient of the
   // stage's own output.
   virtual const Tensor& gradient_in(const Tensor& grad, uint32_t mb, int64_t begin) {
@@ -62,6 +67,8 @@ class CutNoiseFilter final : public LinkFilter {
   std::string name() const override;
   const Tensor& activations_out(const Tensor& activations, uint32_t mb, int64_t begin) override;
   const Tensor& gradient_in(const Tensor& grad, uint32_t mb, int64_t begin) override;
+  // Evaluation batches leave clipped and noised too (as tandem-edge's default --dp-eval noised).
+  const Tensor& evaluation_out(const Tensor& activations, uint32_t mb) override;
 
  private:
   struct Slot {

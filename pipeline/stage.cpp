@@ -30,6 +30,12 @@ const Tensor& Stage::forward(std::span<const Tensor> inputs, int slot) {
   return net_.forward(inputs, slot);
 }
 
+const Tensor& Stage::evaluate(std::span<const Tensor> inputs, int slot) {
+  Busy busy(busy_s_);
+  net_.set_training(false);
+  return net_.forward(inputs, slot);
+}
+
 Tensor Stage::backward(const Tensor& grad_output, int slot, bool want_input_grad, bool defer_weights) {
   Busy busy(busy_s_);
   return net_.backward(grad_output, slot, want_input_grad, defer_weights);

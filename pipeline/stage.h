@@ -24,6 +24,9 @@ class Stage {
 
   // A training forward of one micro-batch into `slot` (Network::forward).
   const Tensor& forward(std::span<const Tensor> inputs, int slot);
+  // An evaluation forward (Network::set_training(false): batch norm's running statistics,
+  // no dropout), which keeps nothing for a backward.
+  const Tensor& evaluate(std::span<const Tensor> inputs, int slot);
   // Its backward from the output's gradient (Network::backward); `defer_weights` leaves the
   // weight gradients for backward_weights(slot) (input gradients first).
   Tensor backward(const Tensor& grad_output, int slot, bool want_input_grad, bool defer_weights = false);

@@ -208,11 +208,12 @@ void StagePeer::clear_slots() {
 }
 
 bool StagePeer::check_header(const wire::Activations& a, WireError& error) {
-  const StepHeader h{a.step(), a.step_samples(), a.step_microbatches(), a.lr_scale(), a.checkpoint()};
+  const StepHeader h{a.step(),       a.step_samples(), a.step_microbatches(), a.lr_scale(), a.checkpoint(),
+                     a.evaluation(), a.evaluation_begin()};
   if (in_step_) {
     if (h == header_) return true;
-    error = {wire::ErrorCode::BadTensor, cat("step ", header_.step, " changed its size, learning-rate scale or "
-                                             "checkpoint flag between micro-batches")};
+    error = {wire::ErrorCode::BadTensor, cat("step ", header_.step, " changed its size, learning-rate scale, "
+                                             "checkpoint or evaluation flag between micro-batches")};
     return false;
   }
   if (h.step != next_step_) {
@@ -225,6 +226,11 @@ bool StagePeer::check_header(const wire::Activations& a, WireError& error) {
     error = {wire::ErrorCode::BadTensor, cat("step ", h.step, " announces ", h.samples, " samples in ", h.microbatches,
                                              " micro-batches (plan: batch ", plan_.batch, ", ", plan_.microbatches,
                                              " micro-batches)")};
+    return false;
+  }
+  if (h.evaluation && h.checkpoint) {
+    error = {wire::ErrorCode::BadTensor, cat("an evaluation batch before step ", h.step, " asks for a checkpoint: "
+                                             "nothing trains in one")};
     return false;
   }
   if (h.checkpoint && !save_) {
@@ -315,11 +321,31 @@ void StagePeer::take_from_downstream(const char* awaiting) {
   Frame frame = down_->receive(awaiting);
   idle_s_ += since(t0);
   const wire::Message* msg = verified(*down_, "next", frame);
-  const wire::Gradients* g = msg->payload_as_Gradients();
-  if (g == nullptr)
-    refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage,
-                            cat("expected Gradients, got ", payload_name(msg->payload_type()))});
+  const wire::Payload expected = header_.evaluation ? wire::Payload::Evaluated : wire::Payload::Gradients;
+  if (msg->payload_type() != expected)
+    refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage, cat("expected ", payload_name(expected), ", got ",
+                                                                    payload_name(msg->payload_type()))});
   WireError error;
+  if (const wire::Evaluated* e = msg->payload_as_Evaluated()) {
+    if (e->stage() != plan_.index + 1)
+      refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage,
+                              cat("an evaluation result named stage ", e->stage(), " reached stage ", plan_.index)});
+    if (!check_window(e->step(), e->microbatch(), header_.step, header_.microbatches, error)) refuse(*down_, "next", error);
+    Slot& slot = slots_[e->microbatch()];
+    if (!slot.sent || slot.gradients)
+      refuse(*down_, "next", {wire::ErrorCode::OutOfWindow, cat("an evaluation result of micro-batch ", e->microbatch(),
+                                                                " that was not awaited")});
+    const int64_t count = microbatch_range(header_.samples, header_.microbatches, e->microbatch()).count;
+    if (!std::isfinite(e->loss()) || e->correct() > count)
+      refuse(*down_, "next", {wire::ErrorCode::BadTensor, cat("evaluation micro-batch ", e->microbatch(), "'s loss ",
+                                                              e->loss(), " or correct count ", e->correct(),
+                                                              " is impossible")});
+    slot.loss = e->loss();
+    slot.correct = e->correct();
+    slot.gradients = true;
+    return;
+  }
+  const wire::Gradients* g = msg->payload_as_Gradients();
   if (g->stage() != plan_.index + 1)
     refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage,
                             cat("gradients named stage ", g->stage(), " reached stage ", plan_.index)});
@@ -379,6 +405,10 @@ void StagePeer::check_whole_step(int k) const {
 
 void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first_inputs, const int32_t* first_labels,
                          StepStats& stats) {
+  if (header.evaluation) {
+    run_evaluation(header, first_inputs, first_labels, stats);
+    return;
+  }
   const int k = static_cast<int>(header.microbatches);
   if (k != actions_k_) {
     actions_ = schedule_.actions(static_cast<int>(plan_.index), static_cast<int>(plan_.stages), k);
@@ -468,6 +498,82 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
   if (header.checkpoint && save_) save_(next_step_);
 }
 
+// An evaluation batch: every micro-batch forward in evaluation mode and down; the loss stage
+// answers each with Evaluated, which every stage passes up. Nothing trains.
+void StagePeer::run_evaluation(const StepHeader& header, std::span<const Tensor> first_inputs,
+                               const int32_t* first_labels, StepStats& stats) {
+  for (uint32_t mb = 0; mb < header.microbatches; ++mb) {
+    const MicrobatchRange range = microbatch_range(header.samples, header.microbatches, static_cast<int>(mb));
+    std::span<const Tensor> in;
+    const int32_t* labels = nullptr;
+    const Tensor* mask = nullptr;
+    if (first()) {
+      in_.clear();
+      for (const Tensor& t : first_inputs) in_.push_back(t.slice_batch(range.begin, range.count));
+      fit_to_bucket(stage_.graph(), in_, cuts_[mb]);
+      in = cuts_[mb].inputs;
+      labels = first_labels + range.begin;
+      if (plan_.mask_input >= 0) mask = &cuts_[mb].inputs[static_cast<std::size_t>(plan_.mask_input)];
+    } else {
+      Slot& s = activations(mb);
+      in = s.inputs;
+      labels = s.labels.data();
+      if (plan_.mask_input >= 0) mask = &s.mask;
+    }
+    const Tensor& out = stage_.evaluate(in, static_cast<int>(mb));
+    if (!last()) {
+      const Tensor* sent = &out;
+      for (LinkFilter* f : down_filters_) sent = &f->evaluation_out(*sent, mb);
+      const std::span<const int32_t> sent_labels =
+          plan_.labels_travel ? std::span<const int32_t>(labels, static_cast<std::size_t>(range.count))
+                              : std::span<const int32_t>();
+      down_->send(writer_.activations(header, plan_.index, mb, version_, *sent, sent_labels, mask, plan_.dtype));
+      slots_[mb].sent = true;
+      continue;
+    }
+    if (!plan_.labels_travel) {  // the first party's own evaluation labels, where its data is
+      if (!evaluation_labels_) fail("stage", "the loss stage of a plan whose labels stay at the first party has no "
+                                             "evaluation labels");
+      const std::span<const int32_t> own =
+          evaluation_labels_(header.evaluation_begin + static_cast<uint64_t>(range.begin), static_cast<uint32_t>(range.count));
+      if (own.size() != static_cast<std::size_t>(range.count))
+        fail("stage", cat("the evaluation set has no ", range.count, " labels from sample ",
+                          header.evaluation_begin + static_cast<uint64_t>(range.begin),
+                          ": give both processes of the first party the same data and test-limit"));
+      labels = own.data();
+    }
+    if (const WireError bad = label_range_error(labels, range.count); !bad.ok()) fail("stage", bad.text);
+    const double loss = stage_.loss(out, labels, 1.0f, nullptr);
+    if (!std::isfinite(loss))
+      fail("stage", cat("the evaluation loss of micro-batch ", mb, " before step ", header.step, " is not finite"));
+    slots_[mb].loss = static_cast<float>(loss);
+    slots_[mb].correct = static_cast<uint32_t>(stage_.correct(out, labels));
+    slots_[mb].gradients = true;
+    up_->send(writer_.evaluated(plan_.index, header.step, mb, hides_loss_ ? 0.0f : slots_[mb].loss,
+                                hides_loss_ ? 0 : slots_[mb].correct));
+  }
+  for (uint32_t mb = 0; mb < header.microbatches; ++mb) {
+    const Slot& s = last() ? slots_[mb] : gradients(mb);
+    if (!last() && !first()) up_->send(writer_.evaluated(plan_.index, header.step, mb, s.loss, s.correct));
+    stats.loss_sum += s.loss;
+    stats.correct += s.correct;
+  }
+  stats.samples = header.samples;
+  clear_slots();
+}
+
+StepStats StagePeer::evaluate(std::span<const Tensor> inputs, const int32_t* labels, uint64_t begin) {
+  if (!first()) fail("stage", "evaluate is the first stage's; a later stage follows (follow_step)");
+  const auto samples = static_cast<uint32_t>(inputs.empty() ? 0 : inputs[0].shape()[0]);
+  if (samples < 1 || samples > plan_.batch)
+    fail("stage", cat("an evaluation batch of ", samples, " samples (plan: batch ", plan_.batch, ")"));
+  header_ = StepHeader{next_step_, samples, std::min(plan_.microbatches, samples), 1.0f, false, true, begin};
+  in_step_ = true;
+  StepStats stats;
+  run_step(header_, inputs, labels, stats);
+  return stats;
+}
+
 StepStats StagePeer::train_step(const StepHeader& header, std::span<const Tensor> inputs, const int32_t* labels) {
   if (!first()) fail("stage", "train_step is the first stage's; a later stage follows its steps (follow_step)");
   if (header.step != next_step_)
@@ -490,6 +596,7 @@ bool StagePeer::follow_step(StepStats& stats) {
     return false;
   }
   stats = StepStats{};
+  evaluated_ = header_.evaluation;
   run_step(header_, {}, nullptr, stats);
   return true;
 }

@@ -118,6 +118,11 @@ class StagePeer {
   // The loss stage of a plan whose labels do not travel: `labels(step)` gives the step's
   // labels, all of its samples in order, from the first party's data.
   void labels_from(std::function<std::span<const int32_t>(uint64_t step)> labels) { labels_ = std::move(labels); }
+  // The loss stage of a plan whose labels do not travel, for evaluation batches: the labels
+  // of the evaluation set's `count` samples from `begin` on, from the first party's data.
+  void evaluation_labels_from(std::function<std::span<const int32_t>(uint64_t begin, uint32_t count)> labels) {
+    evaluation_labels_ = std::move(labels);
+  }
   // Filters on the links (pipeline/link_filter.h), not owned: the activations sent down pass
   // through `down` in order and their gradients back through it in reverse; the gradients
   // sent up pass through `up` in order. An Error where a link is missing, or where a filter
@@ -129,9 +134,16 @@ class StagePeer {
   // labels) in header.microbatches micro-batches. Returns the loss and correct predictions
   // the loss stage reported.
   StepStats train_step(const StepHeader& header, std::span<const Tensor> inputs, const int32_t* labels);
-  // A later stage: the next step, as the stage before announces it. False when the stage
-  // before ended the run (its Bye, passed on down the chain).
+  // The first stage, between steps: one batch of the evaluation set (`inputs`, each
+  // [samples, ...], at most the plan's batch; their labels; `begin`, its first sample's index
+  // in the set) through every stage in evaluation mode. Nothing trains. Returns the loss and
+  // correct predictions the loss stage reported.
+  StepStats evaluate(std::span<const Tensor> inputs, const int32_t* labels, uint64_t begin);
+  // A later stage: the next step or evaluation batch, as the stage before announces it. False
+  // when the stage before ended the run (its Bye, passed on down the chain).
   bool follow_step(StepStats& stats);
+  // Whether what follow_step last ran was an evaluation batch.
+  bool evaluated() const { return evaluated_; }
   // The first stage: the run is over; Bye goes down the chain.
   void finish(const std::string& reason);
 
@@ -175,6 +187,10 @@ class StagePeer {
   double idle_s_ = 0;
   std::function<void(uint64_t)> save_;
   std::function<std::span<const int32_t>(uint64_t)> labels_;
+  std::function<std::span<const int32_t>(uint64_t, uint32_t)> evaluation_labels_;
+  bool evaluated_ = false;
+  void run_evaluation(const StepHeader& header, std::span<const Tensor> first_inputs, const int32_t* first_labels,
+                      StepStats& stats);
   std::vector<LinkFilter*> down_filters_, up_filters_;
   bool hides_loss_ = false;  // an up filter keeps the loss and correct count here
   void check_whole_step(int k) const;

@@ -73,6 +73,21 @@ void expect_peers_train_like_the_whole_model(const ModelSpec& spec, const std::s
     whole.stage->step();
     whole_loss.push_back(loss);
   }
+  // Then two batches of evaluation on the trained weights, micro-batched as a step is.
+  const auto evaluate_whole = [&](int batch_index) {
+    const std::vector<Tensor> x = rows_of(batch_index);
+    StepStats st;
+    for (uint32_t mb = 0; mb < k; ++mb) {
+      const auto [begin, count] = microbatch_range(batch, k, mb);
+      std::vector<Tensor> in;
+      for (const Tensor& t : x) in.push_back(t.slice_batch(begin, count));
+      const Tensor& out = whole.stage->evaluate(in, 0);
+      st.loss_sum += whole.stage->loss(out, labels_of(batch_index) + begin, 1.0f, nullptr);
+      st.correct += static_cast<uint64_t>(whole.stage->correct(out, labels_of(batch_index) + begin));
+    }
+    return st;
+  };
+  const StepStats whole_eval[2] = {evaluate_whole(0), evaluate_whole(1)};
   for (const char* name : {"gpipe", "1f1b", "zero-bubble"}) {
     SCOPED_TRACE(name);
     const auto schedule = make_pipeline_schedule(name);
@@ -87,6 +102,7 @@ void expect_peers_train_like_the_whole_model(const ModelSpec& spec, const std::s
           make_stage_plan(spec.binary, graph, cuts, parts, i, *schedule, static_cast<uint32_t>(batch), k), ups[i].get(),
           downs[i].get()));
     std::vector<double> losses;
+    std::vector<StepStats> evals;
     std::vector<std::exception_ptr> errors(parts.size());
     std::vector<int> followed(parts.size(), 0);
     std::vector<std::thread> threads;
@@ -99,10 +115,11 @@ void expect_peers_train_like_the_whole_model(const ModelSpec& spec, const std::s
             for (int step = 0; step < steps; ++step)
               losses.push_back(peer.train_step({static_cast<uint64_t>(step), static_cast<uint32_t>(batch), k, 1.0f, false},
                                                rows_of(step), labels_of(step)).loss_sum);
+            for (int b = 0; b < 2; ++b) evals.push_back(peer.evaluate(rows_of(b), labels_of(b), static_cast<uint64_t>(b * batch)));
             peer.finish("done");
           } else {
             StepStats s;
-            while (peer.follow_step(s)) ++followed[i];
+            while (peer.follow_step(s)) followed[i] += peer.evaluated() ? 0 : 1;
           }
         } catch (...) {
           errors[i] = std::current_exception();
@@ -119,6 +136,12 @@ void expect_peers_train_like_the_whole_model(const ModelSpec& spec, const std::s
                   1e-4 * std::max(1.0, whole_loss[0]))
           << "step " << step;
     for (std::size_t i = 1; i < parts.size(); ++i) EXPECT_EQ(followed[i], steps) << "stage " << i;
+    ASSERT_EQ(evals.size(), 2u);
+    for (int b = 0; b < 2; ++b) {
+      EXPECT_EQ(evals[b].samples, static_cast<uint64_t>(batch));
+      EXPECT_EQ(evals[b].correct, whole_eval[b].correct) << "evaluation batch " << b;
+      EXPECT_NEAR(evals[b].loss_sum, whole_eval[b].loss_sum, 1e-4 * std::max(1.0, whole_eval[b].loss_sum));
+    }
     float worst = 0;
     for (PeerStage& s : stages) worst = std::max(worst, max_diff(*s.net, *whole.net));
     EXPECT_LE(worst, 1e-5f);
@@ -211,9 +234,10 @@ TEST(StagePeerBadInput, AHelloFromTheWrongStageOrFormatIsRefused) {
   }
   {
     LastStage t;
-    t.send(t.writer.stage_hello(t.plan.hash, 0, 2, 0, 1));
+    t.send(t.writer.stage_hello(t.plan.hash, 0, 2, 0, kWireFormat - 1));
     EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
-              "[stage] stage 1 refused the previous stage's message: wire format 1; this stage speaks 2");
+              cat("[stage] stage 1 refused the previous stage's message: wire format ", kWireFormat - 1,
+                  "; this stage speaks ", kWireFormat));
     EXPECT_EQ(t.up->refused.code, wire::ErrorCode::ProtocolVersion);
   }
 }
@@ -322,6 +346,66 @@ TEST(StagePeerBadInput, AByeWithinAStepIsRefusedAndBetweenStepsEndsTheRun) {
 
 // A neighbour's Restart is a lost link (LinkLost, not the end of the run): after reset() the
 // stage links again and trains the step it had dropped.
+TEST(StagePeerBadInput, AnEvaluationThatAsksForACheckpointOrIsAnsweredWithGradientsIsRefused) {
+  {  // the last stage: an evaluation batch never checkpoints
+    LastStage t;
+    t.hello();
+    Tensor x = Tensor::empty(Shape{4, 7, 7, 64});
+    x.fill(1.0f);
+    const std::vector<int32_t> labels(4, 1);
+    t.send(t.writer.activations({0, 8, 2, 1.0f, true, true, 0}, 0, 0, 0, x, labels, nullptr));
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: an evaluation batch before step 0 "
+                          "asks for a checkpoint: nothing trains in one");
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::BadTensor);
+  }
+  {  // and an evaluation batch ends up with Evaluated, its reply, and evaluates the last stage's way
+    LastStage t;
+    t.hello();
+    Tensor x = Tensor::empty(Shape{4, 7, 7, 64});
+    x.fill(1.0f);
+    for (uint32_t mb = 0; mb < 2; ++mb)
+      t.send(t.writer.activations({0, 8, 2, 1.0f, false, true, 16}, 0, mb, 0, x, std::vector<int32_t>(4, 2), nullptr));
+    StepStats s;
+    EXPECT_TRUE(t.peer->follow_step(s));
+    EXPECT_TRUE(t.peer->evaluated());
+    EXPECT_EQ(t.peer->next_step(), 0u) << "nothing trained";
+    for (uint32_t mb = 0; mb < 2; ++mb) {
+      const Frame reply = t.before->receive("Evaluated");
+      const wire::Message* msg = wire::GetMessage(reply.data());
+      ASSERT_EQ(msg->payload_type(), wire::Payload::Evaluated);
+      EXPECT_EQ(msg->payload_as_Evaluated()->microbatch(), mb);
+      EXPECT_GT(msg->payload_as_Evaluated()->loss(), 0.0f);
+    }
+    EXPECT_EQ(s.samples, 8u);
+  }
+  // The first stage: its evaluation batch answered with Gradients.
+  const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  const Graph graph = Graph::build(spec);
+  const std::vector<Graph> parts = graph.partition({"pool2"});
+  std::unique_ptr<Backend> backend = make_test_backend("reference");
+  Network init(graph, *backend, 3);
+  PeerStage a = make_stage(parts[0], init);
+  GPipeSchedule schedule;
+  const StagePlan plan = make_stage_plan(spec.binary, graph, "pool2", parts, 0, schedule, 8, 2);
+  auto [down, after] = MemoryLink::pair();
+  StagePeer first(*a.stage, schedule, plan, nullptr, down.get());
+  std::thread next([&, after = after.get()] {
+    (void)after->receive("StageHello");
+    MessageWriter w;
+    after->send(w.stage_hello(plan.hash, 1, 2, 0));
+    (void)after->receive("evaluation activations");
+    after->send(w.gradients(1, 0, 0, 0, Tensor::empty(Shape{4, 7, 7, 64}), 1.0f, 1));
+  });
+  first.connect({});
+  Rng rng(2);
+  const std::vector<Tensor> rows{random_tensor(Shape{8, 28, 28, 1}, rng, 0.0f, 1.0f)};
+  const std::vector<int32_t> labels(8, 1);
+  EXPECT_EQ(error_of([&] { first.evaluate(rows, labels.data(), 0); }),
+            "[stage] stage 0 refused the next stage's message: expected Evaluated, got Gradients");
+  EXPECT_EQ(down->refused.code, wire::ErrorCode::UnexpectedMessage);
+  next.join();
+}
+
 TEST(StagePeer, ARestartIsALostLinkAndTheStageLinksAgain) {
   LastStage t;
   t.hello();

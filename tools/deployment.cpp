@@ -14,7 +14,7 @@ namespace {
 // The run's keys: the options of `tandem train` that a pipeline across parties shares.
 const std::vector<std::string>& run_keys() {
   static const std::vector<std::string> keys = {
-      "model", "cut", "pipeline-schedule", "batch", "microbatches", "epochs", "data", "limit", "seed", "checkpoint-every",
+      "model", "cut", "pipeline-schedule", "batch", "microbatches", "epochs", "data", "limit", "test-limit", "seed", "checkpoint-every",
       "wire-dtype", "labels", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-seed", "nopeek", "grad-clip",
       "grad-noise",
       "optimizer", "lr", "momentum", "nesterov", "weight-decay", "beta1", "beta2", "eps", "clip-norm",

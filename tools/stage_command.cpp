@@ -343,7 +343,7 @@ int run_party(const CliArgs& cli) {
       cat("optimizer=", opt.kind, " lr=", opt.lr, " momentum=", opt.momentum, " dampening=", opt.dampening,
           " weight_decay=", opt.weight_decay, " nesterov=", opt.nesterov, " betas=", opt.beta1, ",", opt.beta2,
           " eps=", opt.eps, " clip_norm=", opt.clip_norm, " seed=", seed, " epochs=", epochs,
-          " limit=", args.integer("limit", 0, 0), " checkpoint_every=", args.integer("checkpoint-every", 0, 0));
+          " limit=", args.integer("limit", 0, 0), " test_limit=", args.integer("test-limit", 0, 0), " checkpoint_every=", args.integer("checkpoint-every", 0, 0));
   const StagePlan plan = make_stage_plan(spec.binary, graph, cut, stage_graphs, index, *schedule, batch, microbatches,
                                          *dtype, labels_at == "travel", run_terms);
 
@@ -459,6 +459,10 @@ int run_party(const CliArgs& cli) {
   if (index + 1 == n && !plan.labels_travel) {
     step_labels = std::make_unique<StepLabels>(graph, sets.train, batch, seed);
     peer.labels_from([&](uint64_t step) { return step_labels->of(step); });
+    peer.evaluation_labels_from([&](uint64_t begin, uint32_t count) {
+      const std::span<const int32_t> all(sets.test.labels);
+      return begin + count <= all.size() ? all.subspan(begin, count) : std::span<const int32_t>();
+    });
   }
   const int max_restarts = static_cast<int>(cli.integer("restarts", 10, 0));
   int restarts = 0;
@@ -530,12 +534,30 @@ int run_party(const CliArgs& cli) {
           const auto samples = static_cast<double>(std::max<uint64_t>(total.samples, 1));
           bar.finish(loss_here_only ? "the loss is the loss stage's" : cat("loss ", fixed(total.loss_sum / samples, 4)),
                      budget_spent ? skip + static_cast<int64_t>(total.samples) : -1);
+          // The test set, in order, through every stage in evaluation mode.
+          StepStats test;
+          if (!sets.test.labels.empty()) {
+            EpochBatches test_batches(graph, sets.test, batch, seed);
+            for (int64_t b = 0; b < test_batches.samples(); b += batch) {
+              const int32_t* test_labels = nullptr;
+              const std::vector<Tensor> rows = test_batches.rows(b, test_labels);
+              const StepStats st = peer.evaluate(rows, test_labels, static_cast<uint64_t>(b));
+              test.loss_sum += st.loss_sum;
+              test.correct += st.correct;
+              test.samples += st.samples;
+            }
+          }
+          const auto test_samples = static_cast<double>(std::max<uint64_t>(test.samples, 1));
           const double epsilon = epsilon_after(peer.next_step());
           emit(cat("{\"epoch\":", epoch, ",\"samples\":", total.samples, ",\"seconds\":", fixed(seconds, 3),
                    ",\"samples_per_s\":", fixed(static_cast<double>(total.samples) / seconds, 1),
                    loss_here_only ? ",\"train_loss\":null,\"train_accuracy\":null"
                                   : cat(",\"train_loss\":", fixed(total.loss_sum / samples, 5), ",\"train_accuracy\":",
                                         fixed(static_cast<double>(total.correct) / samples, 5)),
+                   test.samples == 0 ? std::string()
+                   : loss_here_only  ? std::string(",\"test_loss\":null,\"test_accuracy\":null")
+                                     : cat(",\"test_loss\":", fixed(test.loss_sum / test_samples, 5),
+                                           ",\"test_accuracy\":", fixed(static_cast<double>(test.correct) / test_samples, 5)),
                    epsilon < 0 ? "" : std::isinf(epsilon) ? ",\"dp_epsilon\":null" : cat(",\"dp_epsilon\":", fixed(epsilon, 4)),
                    dcor_steps > 0 ? cat(",\"dcor\":", fixed(dcor_sum / static_cast<double>(dcor_steps), 5)) : "",
                    ",\"stage_busy_s\":", fixed(stage.busy_s() - busy0, 3), ",\"stage_idle_s\":",
@@ -551,7 +573,8 @@ int run_party(const CliArgs& cli) {
         // each epoch's, as the first party would.
         const int64_t per_epoch =
             (static_cast<int64_t>(sets.train.labels.size()) + static_cast<int64_t>(batch) - 1) / static_cast<int64_t>(batch);
-        StepStats st, total;
+        StepStats st, total, test;
+        int64_t test_epoch = 0;
         const auto epoch_line = [&](StepStats& t, int64_t per) {
           const auto samples = static_cast<double>(std::max<uint64_t>(t.samples, 1));
           emit(cat("{\"epoch\":", (static_cast<int64_t>(peer.next_step()) + per - 1) / per, ",\"party\":\"",
@@ -559,15 +582,32 @@ int run_party(const CliArgs& cli) {
                    ",\"train_accuracy\":", fixed(static_cast<double>(t.correct) / samples, 5), "}"));
           t = StepStats{};
         };
+        const auto test_line = [&] {  // an evaluation pass is over
+          const auto samples = static_cast<double>(std::max<uint64_t>(test.samples, 1));
+          emit(cat("{\"epoch\":", test_epoch, ",\"party\":\"", party_name, "\",\"test_samples\":", test.samples, ",\"test_loss\":", fixed(test.loss_sum / samples, 5),
+                   ",\"test_accuracy\":", fixed(static_cast<double>(test.correct) / samples, 5), "}"));
+          test = StepStats{};
+        };
+        const bool reports = loss_here_only && index + 1 == n;
         while (peer.follow_step(st)) {
+          if (reports && !peer.evaluated() && test.samples > 0) test_line();
+          if (peer.evaluated()) {
+            if (!reports) continue;
+            test_epoch = (static_cast<int64_t>(peer.next_step()) + per_epoch - 1) / per_epoch;
+            test.loss_sum += st.loss_sum;
+            test.correct += st.correct;
+            test.samples += st.samples;
+            continue;
+          }
           count_step();
-          if (!loss_here_only || index + 1 != n) continue;
+          if (!reports) continue;
           total.loss_sum += st.loss_sum;
           total.correct += st.correct;
           total.samples += st.samples;
           if (static_cast<int64_t>(peer.next_step()) % per_epoch == 0) epoch_line(total, per_epoch);
         }
-        if (total.samples > 0) epoch_line(total, per_epoch);  // the run ended within an epoch
+        if (reports && total.samples > 0) epoch_line(total, per_epoch);  // the run ended within an epoch
+        if (reports && test.samples > 0) test_line();
       }
       } catch (const LinkLost&) {
         throw;

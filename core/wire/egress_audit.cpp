@@ -140,7 +140,14 @@ void EgressAudit::record(std::span<const uint8_t> message) {
       case wire::Payload::Activations: {
         const auto* a = m->payload_as_Activations();
         body += cat(",\"stage\":", a->stage(), ",\"step\":", a->step(), ",\"microbatch\":", a->microbatch(),
+                    a->evaluation() ? cat(",\"evaluation_begin\":", a->evaluation_begin()) : std::string(),
                     ",\"tensors\":[", tensor_json(a->tensor()), "]", labels_of(a->labels()), mask_json(a->mask()));
+        break;
+      }
+      case wire::Payload::Evaluated: {
+        const auto* e = m->payload_as_Evaluated();
+        body += cat(",\"stage\":", e->stage(), ",\"step\":", e->step(), ",\"microbatch\":", e->microbatch(),
+                    ",\"loss\":", e->loss(), ",\"correct\":", e->correct());
         break;
       }
       case wire::Payload::Gradients: {

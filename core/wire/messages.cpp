@@ -313,8 +313,15 @@ std::span<const uint8_t> MessageWriter::activations(const StepHeader& header, ui
   const auto m = mask_bytes(mask);
   return finish(wire::Payload::Activations,
                 wire::CreateActivations(fbb_, stage, header.step, microbatch, weight_version, header.samples,
-                                        header.microbatches, header.lr_scale, header.checkpoint, t, l, m)
+                                        header.microbatches, header.lr_scale, header.checkpoint, t, l, m,
+                                        header.evaluation, header.evaluation_begin)
                     .Union());
+}
+
+std::span<const uint8_t> MessageWriter::evaluated(uint32_t stage, uint64_t step, uint32_t microbatch, float loss,
+                                                  uint32_t correct) {
+  fbb_.Clear();
+  return finish(wire::Payload::Evaluated, wire::CreateEvaluated(fbb_, stage, step, microbatch, loss, correct).Union());
 }
 
 std::span<const uint8_t> MessageWriter::gradients(uint32_t stage, uint64_t step, uint32_t microbatch,

@@ -29,6 +29,10 @@ struct StepHeader {
   uint32_t samples = 0, microbatches = 0;
   float lr_scale = 1.0f;
   bool checkpoint = false;
+  // An evaluation batch between steps (nothing trains): the evaluation set's samples from
+  // evaluation_begin on.
+  bool evaluation = false;
+  uint64_t evaluation_begin = 0;
   bool operator==(const StepHeader&) const = default;
 };
 
@@ -72,6 +76,7 @@ class MessageWriter {
   // activations down and gradients up, named by the sender's stage, encoded in `dtype`.
   std::span<const uint8_t> stage_hello(const std::array<uint8_t, 32>& plan_hash, uint32_t stage, uint32_t stages,
                                        uint64_t resume_step, uint32_t format = kWireFormat);
+  std::span<const uint8_t> evaluated(uint32_t stage, uint64_t step, uint32_t microbatch, float loss, uint32_t correct);
   std::span<const uint8_t> activations(const StepHeader& header, uint32_t stage, uint32_t microbatch,
                                        uint64_t weight_version, const Tensor& activations,
                                        std::span<const int32_t> labels, const Tensor* mask,

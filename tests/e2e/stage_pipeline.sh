@@ -44,6 +44,7 @@ deployment() {
     echo "batch = 64"
     echo "microbatches = 4"
     echo "limit = $limit"
+    echo "test-limit = 10"
     echo "${3:-}"
     for i in 0 1 2 3; do
       echo "[${parties[$i]}]"
@@ -78,6 +79,7 @@ run_pipeline() {
 "$tandem" train --model "$model" --cut pool2 --limit "$limit" --test-limit 10 --batch 64 --microbatches 4 \
   --edge-backend onednn --cloud-backend onednn --export "$work/one.safetensors" > "$work/one.out" 2>&1 ||
   { cat "$work/one.out"; fail "tandem train"; }
+test_of() { grep -o '"test_loss":[0-9.]*,"test_accuracy":[0-9.]*' "$1"; }
 for schedule in ${STAGE_SCHEDULES:-gpipe 1f1b zero-bubble}; do
   deployment "$schedule" "$schedule"
   run_pipeline "$schedule"
@@ -86,6 +88,9 @@ for schedule in ${STAGE_SCHEDULES:-gpipe 1f1b zero-bubble}; do
   grep -q "\"party\":\"cloud-b\",\"stage\":3,\"steps\":$((limit / 64))," "$work/$schedule-3.out" ||
     fail "$schedule: the last party's summary: $(cat "$work/$schedule-3.out")"
   grep -q "\"epoch\":1,\"samples\":$limit," "$work/$schedule-0.out" || fail "$schedule: the first party's metrics: $(cat "$work/$schedule-0.out")"
+  # Evaluated across the parties after the epoch, the test set gives what one process gives.
+  [[ $(test_of "$work/$schedule-0.out") == "$(test_of "$work/one.out")" && -n $(test_of "$work/one.out") ]] ||
+    fail "$schedule: the parties' test loss and accuracy '$(test_of "$work/$schedule-0.out")' against one process's '$(test_of "$work/one.out")'"
 done
 
 # The labels stay at the first party: its second process, scanner-tail, holds the loss and
@@ -138,8 +143,11 @@ grep -q "on the link up: noise on the gradient sent up (clip 0.1, sigma 0.5)" "$
   fail "private: no noise on the loss stage's link"
 grep -q '"epoch":1,"party":"scanner-tail","samples":[1-9][0-9]*,"train_loss":[0-9.]*,' "$work/private-logs/scanner-tail.log" ||
   fail "private: the loss stage reported no loss: $(cat "$work/private-logs/scanner-tail.log")"
-! grep '"type":"Gradients"' "$work/private-egress-3.jsonl" | grep -qv '"loss":0,"correct":0' ||
-  fail "private: a loss left the loss stage: $(grep '"type":"Gradients"' "$work/private-egress-3.jsonl" | grep -v '"loss":0,' | head -1)"
+grep -q '"epoch":1,"party":"scanner-tail","test_samples":10,"test_loss":[0-9.]*,"test_accuracy":' \
+  "$work/private-logs/scanner-tail.log" || fail "private: the loss stage reported no evaluation"
+grep -q '"type":"Evaluated"' "$work/private-egress-3.jsonl" || fail "private: no evaluation results in the loss stage's log"
+! grep -E '"type":"(Gradients|Evaluated)"' "$work/private-egress-3.jsonl" | grep -qv '"loss":0,"correct":0' ||
+  fail "private: a loss left the loss stage: $(grep -E '"type":"(Gradients|Evaluated)"' "$work/private-egress-3.jsonl" | grep -v '"loss":0,' | head -1)"
 parties=(scanner gpu-box cloud-a cloud-b)
 
 grep -q '"type":"Activations".*"labels":16,' "$work/1f1b-egress-0.jsonl" ||

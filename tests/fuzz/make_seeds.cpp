@@ -170,8 +170,9 @@ void token_seeds() {
   std::system(cat("rm -rf '", dir, "'").c_str());
 }
 
-// Three stage peers on three threads train two steps of the sequence model; the middle's
-// arriving frames, each after its side's byte (0: from the stage before, 1: from the one after).
+// Three stage peers on three threads train two steps of the sequence model and evaluate a
+// batch; the middle's arriving frames, each after its side's byte (0: from the stage before,
+// 1: from the one after).
 [[maybe_unused]] void stage_seeds(uint8_t flags, const std::string& name) {
   StageUnderTest first(0, flags), middle(1, flags), last(2, flags);
   auto [first_down_link, middle_up_link] = test::MemoryLink::pair();
@@ -202,6 +203,7 @@ void token_seeds() {
     labels.push_back(static_cast<int32_t>(i % kClasses));
   }
   p2.labels_from([&](uint64_t) { return std::span<const int32_t>(labels); });
+  p2.evaluation_labels_from([&](uint64_t begin, uint32_t count) { return std::span<const int32_t>(labels).subspan(begin, count); });
   std::string error;
   std::mutex error_mu;
   auto guarded = [&](auto body) {
@@ -232,6 +234,7 @@ void token_seeds() {
     p0.connect({});
     const std::vector<Tensor> x{ids, mask};
     for (uint64_t step = 0; step < 2; ++step) p0.train_step({step, kStageBatch, kStageMicrobatches, 1.0f, false}, x, labels.data());
+    p0.evaluate(x, labels.data(), 0);  // an evaluation batch between steps
     p0.finish("done");
   })();
   t1.join();
