@@ -403,6 +403,28 @@ void StagePeer::check_whole_step(int k) const {
   }
 }
 
+// Micro-batch `mb`'s inputs, labels and mask: the first stage's rows at their length bucket,
+// or the slot's Activations, awaited.
+StagePeer::ForwardInputs StagePeer::inputs_of(uint32_t mb, const MicrobatchRange& range,
+                                              std::span<const Tensor> first_inputs, const int32_t* first_labels) {
+  ForwardInputs f;
+  if (first()) {
+    in_.clear();
+    for (const Tensor& t : first_inputs) in_.push_back(t.slice_batch(range.begin, range.count));
+    fit_to_bucket(stage_.graph(), in_, cuts_[mb]);
+    f.in = cuts_[mb].inputs;
+    f.labels = first_labels + range.begin;
+    if (plan_.mask_input >= 0) f.mask = &cuts_[mb].inputs[static_cast<std::size_t>(plan_.mask_input)];
+    slots_[mb].activations = true;
+    return f;
+  }
+  Slot& s = activations(mb);
+  f.in = s.inputs;
+  f.labels = s.labels.data();
+  if (plan_.mask_input >= 0) f.mask = &s.mask;
+  return f;
+}
+
 void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first_inputs, const int32_t* first_labels,
                          StepStats& stats) {
   if (header.evaluation) {
@@ -423,21 +445,8 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
     const int slot_index = a.microbatch;
     const MicrobatchRange range = microbatch_range(header.samples, header.microbatches, a.microbatch);
     if (a.kind == Kind::Forward) {
-      std::span<const Tensor> in;
-      const int32_t* labels = nullptr;
-      const Tensor* mask = nullptr;
-      if (first()) {
-        in_.clear();
-        for (const Tensor& t : first_inputs) in_.push_back(t.slice_batch(range.begin, range.count));
-        fit_to_bucket(stage_.graph(), in_, cuts_[mb]);
-        in = cuts_[mb].inputs;
-        labels = first_labels + range.begin;
-        if (plan_.mask_input >= 0) mask = &cuts_[mb].inputs[static_cast<std::size_t>(plan_.mask_input)];
-        slots_[mb].activations = true;
-      } else {
-        Slot& s = activations(mb);
-        in = s.inputs;
-        labels = s.labels.data();
+      auto [in, labels, mask] = inputs_of(mb, range, first_inputs, first_labels);
+      if (!first()) {
         if (last() && !plan_.labels_travel) {  // the first party's own labels, where its data is
           if (!labels_) fail("stage", "the loss stage of a plan whose labels stay at the first party has no labels");
           const std::span<const int32_t> step_labels = labels_(header.step);
@@ -448,7 +457,6 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
           const WireError bad = label_range_error(labels, range.count);
           if (!bad.ok()) fail("stage", bad.text);
         }
-        if (plan_.mask_input >= 0) mask = &s.mask;
       }
       if (last()) {
         const Stage::LossPass pass = stage_.forward_loss(in, slot_index, labels, scale);
@@ -504,22 +512,7 @@ void StagePeer::run_evaluation(const StepHeader& header, std::span<const Tensor>
                                const int32_t* first_labels, StepStats& stats) {
   for (uint32_t mb = 0; mb < header.microbatches; ++mb) {
     const MicrobatchRange range = microbatch_range(header.samples, header.microbatches, static_cast<int>(mb));
-    std::span<const Tensor> in;
-    const int32_t* labels = nullptr;
-    const Tensor* mask = nullptr;
-    if (first()) {
-      in_.clear();
-      for (const Tensor& t : first_inputs) in_.push_back(t.slice_batch(range.begin, range.count));
-      fit_to_bucket(stage_.graph(), in_, cuts_[mb]);
-      in = cuts_[mb].inputs;
-      labels = first_labels + range.begin;
-      if (plan_.mask_input >= 0) mask = &cuts_[mb].inputs[static_cast<std::size_t>(plan_.mask_input)];
-    } else {
-      Slot& s = activations(mb);
-      in = s.inputs;
-      labels = s.labels.data();
-      if (plan_.mask_input >= 0) mask = &s.mask;
-    }
+    auto [in, labels, mask] = inputs_of(mb, range, first_inputs, first_labels);
     const Tensor& out = stage_.evaluate(in, static_cast<int>(mb));
     if (!last()) {
       const Tensor* sent = &out;

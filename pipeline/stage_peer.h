@@ -19,6 +19,7 @@
 
 #include "core/error.h"
 #include "core/length_buckets.h"
+#include "core/microbatch.h"
 #include "core/wire/frame.h"
 #include "core/wire/messages.h"
 #include "pipeline/link_filter.h"
@@ -194,7 +195,14 @@ class StagePeer {
   std::vector<LinkFilter*> down_filters_, up_filters_;
   bool hides_loss_ = false;  // an up filter keeps the loss and correct count here
   void check_whole_step(int k) const;
-  void clear_slots();  // the step's messages dropped, their frames back to the pool
+  void clear_slots();
+  struct ForwardInputs {
+    std::span<const Tensor> in;
+    const int32_t* labels = nullptr;
+    const Tensor* mask = nullptr;
+  };
+  ForwardInputs inputs_of(uint32_t mb, const MicrobatchRange& range, std::span<const Tensor> first_inputs,
+                          const int32_t* first_labels);  // the step's messages dropped, their frames back to the pool
 };
 
 }  // namespace tandem
