@@ -201,8 +201,9 @@ void LocalPipeline::run_sequential(Step& step) {
 void LocalPipeline::run_threads(Step& step) {
   std::vector<std::thread> workers;
   std::vector<double> idle(stages_.size(), 0.0);
+  std::size_t done = 0;  // stages through their actions: the updates wait for all of them
   for (std::size_t s = 0; s < stages_.size(); ++s)
-    workers.emplace_back([this, &step, &idle, s] {
+    workers.emplace_back([this, &step, &idle, &done, s] {
       try {
         for (const PipelineAction& a : step.list(s)) {
           {
@@ -214,6 +215,12 @@ void LocalPipeline::run_threads(Step& step) {
           }
           run(step, s, a);
           step.cv.notify_all();
+        }
+        {  // a step that fails anywhere leaves every stage's weights as they were
+          std::unique_lock lock(step.mu);
+          if (++done == stages_.size()) step.cv.notify_all();
+          step.cv.wait(lock, [&] { return step.error || done == stages_.size(); });
+          if (step.error) return;
         }
         finish_stage(step, s);
       } catch (...) {
