@@ -1,6 +1,7 @@
 #include "pipeline/link_filter.h"
 
 #include <algorithm>
+#include <cmath>
 
 #include "core/error.h"
 #include "core/privacy/nopeek.h"
@@ -97,6 +98,18 @@ std::string GradNoiseFilter::name() const {
 const Tensor& GradNoiseFilter::gradient_out(const Tensor& grad, uint32_t, uint32_t samples) {
   noise_.forward_per_sample(grad, static_cast<float>(samples), per_sample_, out_, scales_);
   return out_;
+}
+
+// The clip at the gradient's bound never bites: the noise is sigma per value.
+LabelNoiseFilter::LabelNoiseFilter(float sigma, int heads, uint64_t seed)
+    : sigma_(sigma),
+      noise_(std::sqrt(2.0f * static_cast<float>(heads)), sigma / std::sqrt(2.0f * static_cast<float>(heads)), seed) {}
+
+std::string LabelNoiseFilter::name() const { return cat("noise on the loss gradient sent up (sigma ", sigma_, ")"); }
+
+const Tensor* LabelNoiseFilter::loss_gradient_up(const Tensor& grad, uint32_t, uint32_t samples) {
+  noise_.forward_per_sample(grad, static_cast<float>(samples), per_sample_, out_, scales_);
+  return &out_;
 }
 
 }  // namespace tandem

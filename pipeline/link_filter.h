@@ -43,6 +43,13 @@ class LinkFilter {
     (void)mb, (void)begin;
     return grad;
   }
+  // Up, at the loss stage: the loss's gradient at the stage's output from which the gradient
+  // sent up is computed, or null for the exact one. The stage's own weights train on the
+  // exact one either way (StagePeer backs up twice).
+  virtual const Tensor* loss_gradient_up(const Tensor& grad, uint32_t mb, uint32_t samples) {
+    (void)grad, (void)mb, (void)samples;
+    return nullptr;
+  }
   // Up: the gradient micro-batch `mb` sends to the stage before, in a step of `samples`.
   virtual const Tensor& gradient_out(const Tensor& grad, uint32_t mb, uint32_t samples) {
     (void)mb, (void)samples;
@@ -121,6 +128,26 @@ class GradNoiseFilter final : public LinkFilter {
   bool hides_loss() const override { return true; }
 
  private:
+  CutNoise noise_;
+  Tensor per_sample_, out_;
+  std::vector<float> scales_;
+};
+
+// Label noise at the loss stage (as tandem-edge's --label-noise in a U-shaped split): each
+// sample's gradient of its own loss at the logits, p - onehot(y) per head (L2 norm at most
+// sqrt(2) a head), gets N(0, sigma^2) per value for the gradient sent up; the stage's own
+// weights train on the exact one. The noise sits where the labels enter, so it hides them at
+// less cost than GradNoiseFilter. The loss and correct count stay here. No epsilon is
+// claimed. Softmax cross-entropy models only (`heads`: the model's output groups).
+class LabelNoiseFilter final : public LinkFilter {
+ public:
+  LabelNoiseFilter(float sigma, int heads, uint64_t seed);
+  std::string name() const override;
+  const Tensor* loss_gradient_up(const Tensor& grad, uint32_t mb, uint32_t samples) override;
+  bool hides_loss() const override { return true; }
+
+ private:
+  float sigma_;
   CutNoise noise_;
   Tensor per_sample_, out_;
   std::vector<float> scales_;

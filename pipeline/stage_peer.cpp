@@ -387,6 +387,13 @@ void StagePeer::set_filters(std::vector<LinkFilter*> down, std::vector<LinkFilte
   up_filters_ = std::move(up);
   hides_loss_ = std::any_of(up_filters_.begin(), up_filters_.end(), [](LinkFilter* f) { return f->hides_loss(); });
   for (int k = 1; k <= static_cast<int>(plan_.microbatches); ++k) check_whole_step(k);
+  for (LinkFilter* f : up_filters_) {
+    if (dynamic_cast<LabelNoiseFilter*>(f) == nullptr) continue;
+    if (!last()) fail("stage", cat(f->name(), " is the loss stage's; stage ", plan_.index, " is not the last"));
+    if (schedule_.name() == std::string("zero-bubble"))
+      fail("stage", cat(f->name(), " backs the loss stage up whole, twice; the zero-bubble schedule splits its "
+                        "backward (input gradients first): use gpipe or 1f1b"));
+  }
 }
 
 void StagePeer::check_whole_step(int k) const {
@@ -401,6 +408,24 @@ void StagePeer::check_whole_step(int k) const {
                         schedule_.name(), " schedule backs micro-batch ", a.microbatch, " up at stage ", plan_.index,
                         " before its last is sent: use the gpipe schedule"));
   }
+}
+
+// The loss stage with label noise: the gradient sent up from `noised`, the weights' from
+// `exact` (the noisy pass runs first and its weight gradients are put back).
+Tensor StagePeer::backward_twice(const Tensor& noised, const Tensor& exact, int slot) {
+  const std::vector<Param*>& params = stage_.network().params();
+  if (kept_grads_.size() != params.size()) kept_grads_.resize(params.size());
+  for (std::size_t i = 0; i < params.size(); ++i) {
+    const Tensor& g = params[i]->grad();
+    if (!kept_grads_[i].defined() || kept_grads_[i].shape() != g.shape()) kept_grads_[i] = Tensor::empty(g.shape());
+    kept_grads_[i].copy_from(g);
+  }
+  const Tensor up = stage_.backward(noised, slot, true);
+  if (!noised_up_.defined() || noised_up_.shape() != up.shape()) noised_up_ = Tensor::empty(up.shape());
+  noised_up_.copy_from(up);  // the backward's own buffer is reused by the next one
+  for (std::size_t i = 0; i < params.size(); ++i) params[i]->grad().copy_from(kept_grads_[i]);
+  stage_.backward(exact, slot, false);
+  return noised_up_;
 }
 
 // Micro-batch `mb`'s inputs, labels and mask: the first stage's rows at their length bucket,
@@ -485,7 +510,12 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
     const Tensor* grad_out = last() ? &stage_.output_grad(slot_index) : &gradients(mb).grad;
     for (auto f = down_filters_.rbegin(); f != down_filters_.rend(); ++f)
       grad_out = &(*f)->gradient_in(*grad_out, mb, range.begin);
-    const Tensor g = stage_.backward(*grad_out, slot_index, !first(), a.kind == Kind::BackwardInput);
+    const Tensor* noised = nullptr;  // a loss gradient of the up filters' for the gradient sent up
+    if (last())
+      for (LinkFilter* f : up_filters_)
+        if (const Tensor* n = f->loss_gradient_up(*grad_out, mb, header.samples)) noised = n;
+    const Tensor g = noised ? backward_twice(*noised, *grad_out, slot_index)
+                            : stage_.backward(*grad_out, slot_index, !first(), a.kind == Kind::BackwardInput);
     if (!first()) {
       const Tensor* up = &g;
       for (LinkFilter* f : up_filters_) up = &f->gradient_out(*up, mb, header.samples);

@@ -196,6 +196,9 @@ class StagePeer {
   bool hides_loss_ = false;  // an up filter keeps the loss and correct count here
   void check_whole_step(int k) const;
   void clear_slots();
+  Tensor backward_twice(const Tensor& noised, const Tensor& exact, int slot);
+  std::vector<Tensor> kept_grads_;
+  Tensor noised_up_;
   struct ForwardInputs {
     std::span<const Tensor> in;
     const int32_t* labels = nullptr;

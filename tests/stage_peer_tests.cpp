@@ -515,7 +515,25 @@ std::vector<double> expect_filtered_peers_match_by_hand(const std::function<Filt
     for (const PipelineAction& act : schedule.actions(1, 2, static_cast<int>(k))) {
       if (act.kind == PipelineAction::Kind::Forward) continue;
       const auto mb = static_cast<uint32_t>(act.microbatch);
-      const Tensor g = b.stage->backward(b.stage->output_grad(act.microbatch), act.microbatch, true);
+      const Tensor& exact = b.stage->output_grad(act.microbatch);
+      const Tensor* noised = nullptr;  // label noise: the gradient up from it, the weights' from the exact one
+      for (const auto& f : hand_up)
+        if (const Tensor* n = f->loss_gradient_up(exact, mb, batch)) noised = n;
+      Tensor g;
+      if (noised) {
+        std::vector<Tensor> kept;
+        for (Param* p : b.net->params()) {
+          kept.push_back(Tensor::empty(p->grad().shape()));
+          kept.back().copy_from(p->grad());
+        }
+        const Tensor up = b.stage->backward(*noised, act.microbatch, true);
+        g = Tensor::empty(up.shape());
+        g.copy_from(up);
+        for (std::size_t i = 0; i < kept.size(); ++i) b.net->params()[i]->grad().copy_from(kept[i]);
+        b.stage->backward(exact, act.microbatch, false);
+      } else {
+        g = b.stage->backward(exact, act.microbatch, true);
+      }
       const Tensor* t = &g;
       for (const auto& f : hand_up) t = &f->gradient_out(*t, mb, batch);
       back[mb] = Tensor::empty(t->shape());
@@ -604,6 +622,16 @@ TEST(StagePeerFilters, NoiseOnTheGradientSentUpKeepsTheLossAtTheLossStage) {
   for (double loss : losses) EXPECT_EQ(loss, 0.0) << "the loss would tell of the labels";
 }
 
+TEST(StagePeerFilters, LabelNoiseOnTheGradientSentUpWhileTheLossStageTrainsOnTheExactOne) {
+  const auto losses = expect_filtered_peers_match_by_hand([] { return Filters{}; },
+                                                          [] {
+                                                            Filters f;
+                                                            f.push_back(std::make_unique<LabelNoiseFilter>(0.5f, 1, 5));
+                                                            return f;
+                                                          });
+  for (double loss : losses) EXPECT_EQ(loss, 0.0) << "the loss would tell of the labels";
+}
+
 TEST(StagePeerFilters, AFilterWithoutItsLinkOrAWholeStepFilterUnderAnInterleavedScheduleIsRefused) {
   const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
   const Graph graph = Graph::build(spec);
@@ -630,6 +658,16 @@ TEST(StagePeerFilters, AFilterWithoutItsLinkOrAWholeStepFilterUnderAnInterleaved
   StagePeer first(*a.stage, gpipe, make_stage_plan(spec.binary, graph, "pool2,fc1", parts, 0, gpipe, 8, 4), nullptr,
                   down_link.get());
   EXPECT_EQ(error_of([&] { first.set_filters({&nopeek}, {}); }), "(no error)");
+  // Label noise backs the loss stage up whole, twice: not where zero bubble splits its backward.
+  PeerStage c = make_stage(parts[2], init);
+  auto [before, last_up] = MemoryLink::pair();
+  const auto zero_bubble = make_pipeline_schedule("zero-bubble");
+  StagePeer last(*c.stage, *zero_bubble, make_stage_plan(spec.binary, graph, "pool2,fc1", parts, 2, *zero_bubble, 8, 4),
+                 last_up.get(), nullptr);
+  LabelNoiseFilter labels(0.5f, 1, 1);
+  EXPECT_EQ(error_of([&] { last.set_filters({}, {&labels}); }),
+            "[stage] noise on the loss gradient sent up (sigma 0.5) backs the loss stage up whole, twice; the "
+            "zero-bubble schedule splits its backward (input gradients first): use gpipe or 1f1b");
 }
 
 }  // namespace

@@ -396,11 +396,16 @@ int run_party(const CliArgs& cli) {
   privacy.nopeek = static_cast<float>(args.number("nopeek", 0.0));
   privacy.grad_clip = static_cast<float>(args.number("grad-clip", 0.0));
   privacy.grad_noise = static_cast<float>(args.number("grad-noise", 0.0));
+  privacy.label_noise = static_cast<float>(args.number("label-noise", 0.0));
   if (const std::string problem = privacy.problem(); !problem.empty())
     fail("cli", cat(deployment.path, ": ", problem, " (keys without the dashes in the file)"));
-  if (privacy.grad_clip > 0.0f && plan.labels_travel)
-    fail("cli", cat(deployment.path, ": grad-clip hides the labels from the gradient the loss stage sends up; with "
-                    "labels = \"travel\" they reach the last party anyway: set labels = \"first-party\""));
+  if ((privacy.grad_clip > 0.0f || privacy.label_noise > 0.0f) && plan.labels_travel)
+    fail("cli", cat(deployment.path, ": ", privacy.grad_clip > 0.0f ? "grad-clip" : "label-noise",
+                    " hides the labels from the gradient the loss stage sends up; with labels = \"travel\" they reach "
+                    "the last party anyway: set labels = \"first-party\""));
+  if (privacy.label_noise > 0.0f && graph.loss() != "softmax_cross_entropy")
+    fail("cli", cat(deployment.path, ": label-noise needs a softmax cross-entropy model (its loss gradient's bound), "
+                    "not '", graph.loss(), "'"));
   std::unique_ptr<NoPeekFilter> nopeek;
   std::unique_ptr<CutNoiseFilter> cut_noise;
   std::unique_ptr<GradNoiseFilter> grad_noise;
@@ -412,10 +417,16 @@ int run_party(const CliArgs& cli) {
   if (index + 1 == n && privacy.grad_clip > 0.0f)
     up_filters.push_back(
         (grad_noise = std::make_unique<GradNoiseFilter>(privacy.grad_clip, privacy.grad_noise, privacy.dp_seed)).get());
+  std::unique_ptr<LabelNoiseFilter> label_noise;
+  if (index + 1 == n && privacy.label_noise > 0.0f)
+    up_filters.push_back((label_noise = std::make_unique<LabelNoiseFilter>(
+                              privacy.label_noise, static_cast<int>(graph.output_groups()), privacy.dp_seed))
+                             .get());
   peer.set_filters(down_filters, up_filters);
   for (const LinkFilter* f : down_filters) std::fprintf(stderr, "on the link down: %s\n", f->name().c_str());
   for (const LinkFilter* f : up_filters) std::fprintf(stderr, "on the link up: %s\n", f->name().c_str());
-  const bool loss_here_only = privacy.grad_clip > 0.0f;  // the loss stage reports the loss, nobody else sees it
+  // The loss stage reports the loss; nobody else sees it.
+  const bool loss_here_only = privacy.grad_clip > 0.0f || privacy.label_noise > 0.0f;
   StageMetrics counters;
   counters.labels = cat("party=\"", party_name, "\",stage=\"", index, "\"");
   const auto started = Clock::now();

@@ -121,7 +121,8 @@ grep -q '"type":"Gradients".*"loss":[1-9]' "$work/first-party-egress-3.jsonl" ||
 
 # Privacy filters on the links (pipeline/link_filter.h): the scanner's activations leave
 # clipped and noised, with NoPeek's penalty, and epsilon is accounted until the budget stops
-# the run; the loss stage (at the scanner) sends its gradient up noised and keeps the loss,
+# the run; the loss stage (at the scanner) sends its gradient up noised (label noise, then
+# the gradient's own) and keeps the loss,
 # which it alone reports. Every party exits 0.
 parties=(scanner gpu-box cloud-a scanner-tail)
 deployment private gpipe "labels = \"first-party\"
@@ -130,7 +131,8 @@ dp-noise = 1.5
 dp-epsilon-budget = 0.9
 nopeek = 0.1
 grad-clip = 0.1
-grad-noise = 0.5"
+grad-noise = 0.5
+label-noise = 0.25"
 "$tandem" stage --deployment "$work/private.toml" --all --log-dir "$work/private-logs" --wait-s 60 \
   > "$work/private.out" 2>&1 || { cat "$work/private.out" "$work"/private-logs/*; fail "private: stage --all"; }
 first=$(grep '"epoch":1,' "$work/private-logs/scanner.log") || fail "private: no epoch line: $(cat "$work/private-logs/scanner.log")"
@@ -141,6 +143,8 @@ grep -q "stopped before step [0-9]*: it would pass the privacy budget (epsilon 0
 grep -q "on the link down: NoPeek (alpha 0.1)" "$work/private-logs/scanner.log" || fail "private: no NoPeek on the link"
 grep -q "on the link up: noise on the gradient sent up (clip 0.1, sigma 0.5)" "$work/private-logs/scanner-tail.log" ||
   fail "private: no noise on the loss stage's link"
+grep -q "on the link up: noise on the loss gradient sent up (sigma 0.25)" "$work/private-logs/scanner-tail.log" ||
+  fail "private: no label noise on the loss stage's link"
 grep -q '"epoch":1,"party":"scanner-tail","samples":[1-9][0-9]*,"train_loss":[0-9.]*,' "$work/private-logs/scanner-tail.log" ||
   fail "private: the loss stage reported no loss: $(cat "$work/private-logs/scanner-tail.log")"
 grep -q '"epoch":1,"party":"scanner-tail","test_samples":10,"test_loss":[0-9.]*,"test_accuracy":' \
