@@ -386,6 +386,7 @@ void StagePeer::set_filters(std::vector<LinkFilter*> down, std::vector<LinkFilte
   down_filters_ = std::move(down);
   up_filters_ = std::move(up);
   hides_loss_ = std::any_of(up_filters_.begin(), up_filters_.end(), [](LinkFilter* f) { return f->hides_loss(); });
+  whole_step_ = std::any_of(down_filters_.begin(), down_filters_.end(), [](LinkFilter* f) { return f->needs_whole_step(); });
   for (int k = 1; k <= static_cast<int>(plan_.microbatches); ++k) check_whole_step(k);
   for (LinkFilter* f : up_filters_) {
     if (dynamic_cast<LabelNoiseFilter*>(f) == nullptr) continue;
@@ -436,7 +437,10 @@ StagePeer::ForwardInputs StagePeer::inputs_of(uint32_t mb, const MicrobatchRange
   if (first()) {
     in_.clear();
     for (const Tensor& t : first_inputs) in_.push_back(t.slice_batch(range.begin, range.count));
-    fit_to_bucket(stage_.graph(), in_, cuts_[mb]);
+    if (step_length_ >= -1)
+      cut_to_length(stage_.graph(), in_, step_length_, cuts_[mb]);  // the step's bucket, for a whole-step filter
+    else
+      fit_to_bucket(stage_.graph(), in_, cuts_[mb]);
     f.in = cuts_[mb].inputs;
     f.labels = first_labels + range.begin;
     if (plan_.mask_input >= 0) f.mask = &cuts_[mb].inputs[static_cast<std::size_t>(plan_.mask_input)];
@@ -453,6 +457,7 @@ StagePeer::ForwardInputs StagePeer::inputs_of(uint32_t mb, const MicrobatchRange
 void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first_inputs, const int32_t* first_labels,
                          StepStats& stats) {
   if (header.evaluation) {
+    step_length_ = -2;
     run_evaluation(header, first_inputs, first_labels, stats);
     return;
   }
@@ -462,6 +467,8 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
     actions_k_ = k;
     check_whole_step(k);
   }
+  // A filter that reads the whole step (NoPeek) sees every micro-batch at the step's bucket.
+  step_length_ = first() && whole_step_ ? bucket_for(stage_.graph(), first_inputs) : -2;
   for (LinkFilter* f : down_filters_) f->begin_step(first_inputs, header.samples, header.microbatches);
   stage_.zero_grad();
   const float scale = 1.0f / static_cast<float>(header.samples);
@@ -560,9 +567,13 @@ void StagePeer::run_evaluation(const StepHeader& header, std::span<const Tensor>
       const std::span<const int32_t> own =
           evaluation_labels_(header.evaluation_begin + static_cast<uint64_t>(range.begin), static_cast<uint32_t>(range.count));
       if (own.size() != static_cast<std::size_t>(range.count))
-        fail("stage", cat("the evaluation set has no ", range.count, " labels from sample ",
-                          header.evaluation_begin + static_cast<uint64_t>(range.begin),
-                          ": give both processes of the first party the same data and test-limit"));
+        refuse(*up_, "previous",
+               {wire::ErrorCode::OutOfWindow,
+                cat("an evaluation batch from sample ", header.evaluation_begin, " of ", header.samples,
+                    " samples: the evaluation set here has no labels for samples ",
+                    header.evaluation_begin + static_cast<uint64_t>(range.begin), " to ",
+                    header.evaluation_begin + static_cast<uint64_t>(range.begin + range.count) - 1,
+                    " (give both processes of the first party the same data and test-limit)")});
       labels = own.data();
     }
     if (const WireError bad = label_range_error(labels, range.count); !bad.ok()) fail("stage", bad.text);
@@ -601,6 +612,7 @@ StepStats StagePeer::train_step(const StepHeader& header, std::span<const Tensor
   if (!first()) fail("stage", "train_step is the first stage's; a later stage follows its steps (follow_step)");
   if (header.step != next_step_)
     fail("stage", cat("step ", header.step, " after step ", next_step_ - 1, ": steps are trained in order"));
+  if (header.evaluation) fail("stage", "train_step trains; an evaluation batch is evaluate()'s");
   if (inputs.empty() || header.samples != inputs[0].shape()[0] || header.microbatches < 1 ||
       header.microbatches > plan_.microbatches || header.samples > plan_.batch || header.microbatches > header.samples)
     fail("stage", cat("a step of ", header.samples, " samples in ", header.microbatches, " micro-batches (plan: batch ",

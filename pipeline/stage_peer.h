@@ -194,6 +194,8 @@ class StagePeer {
                       StepStats& stats);
   std::vector<LinkFilter*> down_filters_, up_filters_;
   bool hides_loss_ = false;  // an up filter keeps the loss and correct count here
+  bool whole_step_ = false;  // a down filter reads the whole step
+  int64_t step_length_ = -2;  // the first stage: the step's bucket (-1: none) for whole_step_, -2 per micro-batch
   void check_whole_step(int k) const;
   void clear_slots();
   Tensor backward_twice(const Tensor& noised, const Tensor& exact, int slot);

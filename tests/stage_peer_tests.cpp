@@ -15,6 +15,7 @@
 #include "core/microbatch.h"
 #include "core/model_spec.h"
 #include "core/optimizer.h"
+#include "core/privacy/nopeek.h"
 #include "pipeline/stage_peer.h"
 #include "memory_link.h"
 #include "test_support.h"
@@ -406,6 +407,61 @@ TEST(StagePeerBadInput, AnEvaluationThatAsksForACheckpointOrIsAnsweredWithGradie
   next.join();
 }
 
+// NoPeek on a link gives the penalty of the whole step, as distance_correlation computes it over
+// all of the step's samples at once, whatever K: each micro-batch's gradient gets its rows.
+TEST(StagePeerFilters, NoPeekAddsTheWholeStepsPenaltyToEachMicroBatch) {
+  Rng rng(8);
+  const int64_t n = 8, dx = 5, dz = 3;
+  const Tensor x = random_tensor(Shape{n, dx}, rng, -1.0f, 1.0f), z = random_tensor(Shape{n, dz}, rng, -1.0f, 1.0f);
+  const Tensor g = random_tensor(Shape{n, dz}, rng, -0.1f, 0.1f);
+  std::vector<float> penalty(static_cast<std::size_t>(n * dz), 0.0f);
+  std::vector<double> work;
+  const double dcor = distance_correlation(x.data(), dx, z.data(), dz, n, penalty.data(), 0.7f, work);
+  ASSERT_GT(dcor, 0.0);
+  for (uint32_t k : {1u, 2u, 4u}) {
+    NoPeekFilter f(0.7f);
+    f.begin_step(std::span<const Tensor>(&x, 1), static_cast<uint32_t>(n), k);
+    for (uint32_t mb = 0; mb < k; ++mb) {
+      const auto [begin, count] = microbatch_range(n, k, mb);
+      EXPECT_EQ(f.activations_out(z.slice_batch(begin, count), mb, begin).data(), z.slice_batch(begin, count).data())
+          << "NoPeek sends the activations as they are";
+    }
+    for (uint32_t mb = 0; mb < k; ++mb) {
+      const auto [begin, count] = microbatch_range(n, k, mb);
+      const Tensor& out = f.gradient_in(g.slice_batch(begin, count), mb, begin);
+      for (int64_t i = 0; i < count * dz; ++i)
+        EXPECT_NEAR(out.data()[i], g.data()[begin * dz + i] + penalty[static_cast<std::size_t>(begin * dz + i)], 1e-6f)
+            << "K " << k << ", element " << begin * dz + i;
+    }
+    EXPECT_DOUBLE_EQ(f.dcor(), dcor);
+  }
+  NoPeekFilter early(0.7f);  // a gradient back before the step's last micro-batch went
+  early.begin_step(std::span<const Tensor>(&x, 1), static_cast<uint32_t>(n), 2);
+  early.activations_out(z.slice_batch(0, 4), 0, 0);
+  EXPECT_EQ(error_of([&] { early.gradient_in(g.slice_batch(0, 4), 0, 0); }),
+            "[stage] NoPeek needs every micro-batch of the step sent before the first gradient comes back");
+}
+
+TEST(StagePeerBadInput, AnEvaluationBeyondTheFirstPartysEvaluationSetIsRefused) {
+  LastStage t;
+  t.plan = make_stage_plan(t.spec.binary, t.graph, "pool2", t.parts, 1, t.schedule, 8, 2, wire::DType::F32, false);
+  t.peer = std::make_unique<StagePeer>(*t.stage.stage, t.schedule, t.plan, t.up.get(), nullptr);
+  const std::vector<int32_t> test_labels(10, 1);
+  t.peer->evaluation_labels_from([&](uint64_t begin, uint32_t count) {  // as tandem stage's, overflow-safe
+    const std::span<const int32_t> all(test_labels);
+    return begin <= all.size() && count <= all.size() - begin ? all.subspan(begin, count) : std::span<const int32_t>();
+  });
+  t.hello();
+  Tensor x = Tensor::empty(Shape{4, 7, 7, 64});
+  x.fill(1.0f);
+  const uint64_t huge = ~uint64_t{0} - 2;
+  for (uint32_t mb = 0; mb < 2; ++mb) t.send(t.writer.activations({0, 8, 2, 1.0f, false, true, huge}, 0, mb, 0, x, {}, nullptr));
+  EXPECT_EQ(t.follow(), cat("[stage] stage 1 refused the previous stage's message: an evaluation batch from sample ",
+                            huge, " of 8 samples: the evaluation set here has no labels for samples ", huge, " to ",
+                            huge + 3, " (give both processes of the first party the same data and test-limit)"));
+  EXPECT_EQ(t.up->refused.code, wire::ErrorCode::OutOfWindow);
+}
+
 TEST(StagePeer, ARestartIsALostLinkAndTheStageLinksAgain) {
   LastStage t;
   t.hello();
@@ -473,7 +529,9 @@ TEST(StagePeer, WhereTheLabelsStayTheLossStageReadsItsOwnAndRefusesAnyThatArrive
 // Returns the first stage's reported losses.
 using Filters = std::vector<std::unique_ptr<LinkFilter>>;
 std::vector<double> expect_filtered_peers_match_by_hand(const std::function<Filters()>& down,
-                                                        const std::function<Filters()>& up) {
+                                                        const std::function<Filters()>& up,
+                                                        const std::string& schedule_name = "gpipe") {
+  SCOPED_TRACE(schedule_name);
   const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
   const Graph graph = Graph::build(spec);
   const std::vector<Graph> parts = graph.partition({"fc1"});
@@ -491,7 +549,8 @@ std::vector<double> expect_filtered_peers_match_by_hand(const std::function<Filt
     for (const auto& p : f) out.push_back(p.get());
     return out;
   };
-  GPipeSchedule schedule;
+  const std::unique_ptr<PipelineSchedule> scheduled = make_pipeline_schedule(schedule_name);
+  const PipelineSchedule& schedule = *scheduled;
 
   // By hand.
   PeerStage a = make_stage(parts[0], init), b = make_stage(parts[1], init);
@@ -513,7 +572,8 @@ std::vector<double> expect_filtered_peers_match_by_hand(const std::function<Filt
       b.stage->forward_loss({&sent[mb], 1}, static_cast<int>(mb), y + begin, 1.0f / batch);
     }
     for (const PipelineAction& act : schedule.actions(1, 2, static_cast<int>(k))) {
-      if (act.kind == PipelineAction::Kind::Forward) continue;
+      // one whole backward a micro-batch (zero bubble's weight half is the same pass, split)
+      if (act.kind == PipelineAction::Kind::Forward || act.kind == PipelineAction::Kind::BackwardWeight) continue;
       const auto mb = static_cast<uint32_t>(act.microbatch);
       const Tensor& exact = b.stage->output_grad(act.microbatch);
       const Tensor* noised = nullptr;  // label noise: the gradient up from it, the weights' from the exact one
@@ -591,14 +651,16 @@ std::vector<double> expect_filtered_peers_match_by_hand(const std::function<Filt
 }
 
 TEST(StagePeerFilters, NoiseOnTheActivationsSentDownAndTheirGradientBackThroughTheClip) {
-  const auto losses = expect_filtered_peers_match_by_hand(
-      [] {
-        Filters f;
-        f.push_back(std::make_unique<CutNoiseFilter>(0.5f, 0.3f, 7));
-        return f;
-      },
-      [] { return Filters{}; });
-  for (double loss : losses) EXPECT_GT(loss, 0.0) << "no up filter hides the loss";
+  for (const char* schedule : {"gpipe", "1f1b", "zero-bubble"}) {
+    const auto losses = expect_filtered_peers_match_by_hand(
+        [] {
+          Filters f;
+          f.push_back(std::make_unique<CutNoiseFilter>(0.5f, 0.3f, 7));
+          return f;
+        },
+        [] { return Filters{}; }, schedule);
+    for (double loss : losses) EXPECT_GT(loss, 0.0) << "no up filter hides the loss";
+  }
 }
 
 TEST(StagePeerFilters, NoPeekThenNoiseOnTheActivationsAsTheEdgeAppliesThem) {

@@ -343,7 +343,12 @@ int run_party(const CliArgs& cli) {
       cat("optimizer=", opt.kind, " lr=", opt.lr, " momentum=", opt.momentum, " dampening=", opt.dampening,
           " weight_decay=", opt.weight_decay, " nesterov=", opt.nesterov, " betas=", opt.beta1, ",", opt.beta2,
           " eps=", opt.eps, " clip_norm=", opt.clip_norm, " seed=", seed, " epochs=", epochs,
-          " limit=", args.integer("limit", 0, 0), " test_limit=", args.integer("test-limit", 0, 0), " checkpoint_every=", args.integer("checkpoint-every", 0, 0));
+          " limit=", args.integer("limit", 0, 0), " test_limit=", args.integer("test-limit", 0, 0),
+          // what the parties do to what they send, and so where the loss is reported
+          " dp_clip=", args.number("dp-clip", 0.0), " dp_noise=", args.number("dp-noise", 0.0),
+          " nopeek=", args.number("nopeek", 0.0), " grad_clip=", args.number("grad-clip", 0.0),
+          " grad_noise=", args.number("grad-noise", 0.0), " label_noise=", args.number("label-noise", 0.0),
+          " checkpoint_every=", args.integer("checkpoint-every", 0, 0));
   const StagePlan plan = make_stage_plan(spec.binary, graph, cut, stage_graphs, index, *schedule, batch, microbatches,
                                          *dtype, labels_at == "travel", run_terms);
 
@@ -472,10 +477,16 @@ int run_party(const CliArgs& cli) {
     peer.labels_from([&](uint64_t step) { return step_labels->of(step); });
     peer.evaluation_labels_from([&](uint64_t begin, uint32_t count) {
       const std::span<const int32_t> all(sets.test.labels);
-      return begin + count <= all.size() ? all.subspan(begin, count) : std::span<const int32_t>();
+      return begin <= all.size() && count <= all.size() - begin ? all.subspan(begin, count) : std::span<const int32_t>();
     });
   }
   const int max_restarts = static_cast<int>(cli.integer("restarts", 10, 0));
+  // The loss stage's own report (where it alone sees the loss), across restarts.
+  StepStats loss_total, loss_test;
+  int64_t test_epoch = 0;
+  // Releases of the training set's activations under noise, replays after a lost link
+  // included: what the accountant counts (a replay is a fresh release of the same samples).
+  uint64_t releases = 0;
   int restarts = 0;
   for (;;) {  // a round: the chain linked, from the newest checkpoint all stages have
     try {
@@ -499,7 +510,7 @@ int run_party(const CliArgs& cli) {
         validate(lr);
         // Epsilon after `steps` releases of the training set's activations (as tandem-edge's):
         // the sampled Gaussian mechanism at rate batch / training samples; -1 without noise.
-        const auto epsilon_after = [&](uint64_t steps) {
+        const auto epsilon_after = [&](uint64_t steps) {  // steps: releases
           if (!cut_noise) return -1.0;
           if (privacy.dp_noise <= 0.0f) return std::numeric_limits<double>::infinity();  // clipping alone proves nothing
           const double q = std::min(1.0, static_cast<double>(batch) / static_cast<double>(batches.samples()));
@@ -509,6 +520,10 @@ int run_party(const CliArgs& cli) {
         const int64_t first_epoch = static_cast<int64_t>(start / per_epoch) + 1;
         for (int64_t e = 1; e < first_epoch; ++e) batches.shuffle();  // the orders of the epochs done
         for (int64_t epoch = first_epoch; epoch <= epochs; ++epoch) {
+          if (privacy.dp_epsilon_budget > 0.0 && epsilon_after(releases + 1) > privacy.dp_epsilon_budget) {
+            budget_spent = true;  // spent at the epoch's end: no empty epoch follows
+            break;
+          }
           batches.shuffle();
           ProgressBar bar(cat("epoch ", epoch, "/", epochs), batches.samples());
           StepStats total;
@@ -516,9 +531,9 @@ int run_party(const CliArgs& cli) {
           const auto e0 = Clock::now();
           const int64_t skip = epoch == first_epoch ? static_cast<int64_t>(start % per_epoch) * batch : 0;
           double dcor_sum = 0;
-          int64_t dcor_steps = 0;
+          uint64_t dcor_samples = 0;
           for (int64_t begin = skip; begin < batches.samples(); begin += batch) {
-            if (privacy.dp_epsilon_budget > 0.0 && epsilon_after(peer.next_step() + 1) > privacy.dp_epsilon_budget) {
+            if (privacy.dp_epsilon_budget > 0.0 && epsilon_after(releases + 1) > privacy.dp_epsilon_budget) {
               budget_spent = true;
               break;
             }
@@ -529,11 +544,12 @@ int run_party(const CliArgs& cli) {
             const bool checkpoint = checkpoint_every > 0 && (step + 1) % static_cast<uint64_t>(checkpoint_every) == 0;
             const StepHeader header{step, count, std::min(microbatches, count),
                                     lr_factor(lr, static_cast<int64_t>(step)), checkpoint};
+            ++releases;  // counted before it leaves: a step lost half-way released its activations too
             const StepStats st = peer.train_step(header, x, labels);
             count_step();
-            if (nopeek) {
-              dcor_sum += nopeek->dcor();
-              ++dcor_steps;
+            if (nopeek) {  // weighted by samples, as the edge's
+              dcor_sum += nopeek->dcor() * static_cast<double>(st.samples);
+              dcor_samples += st.samples;
             }
             total.loss_sum += st.loss_sum;
             total.correct += st.correct;
@@ -559,7 +575,7 @@ int run_party(const CliArgs& cli) {
             }
           }
           const auto test_samples = static_cast<double>(std::max<uint64_t>(test.samples, 1));
-          const double epsilon = epsilon_after(peer.next_step());
+          const double epsilon = epsilon_after(releases);
           emit(cat("{\"epoch\":", epoch, ",\"samples\":", total.samples, ",\"seconds\":", fixed(seconds, 3),
                    ",\"samples_per_s\":", fixed(static_cast<double>(total.samples) / seconds, 1),
                    loss_here_only ? ",\"train_loss\":null,\"train_accuracy\":null"
@@ -570,7 +586,7 @@ int run_party(const CliArgs& cli) {
                                      : cat(",\"test_loss\":", fixed(test.loss_sum / test_samples, 5),
                                            ",\"test_accuracy\":", fixed(static_cast<double>(test.correct) / test_samples, 5)),
                    epsilon < 0 ? "" : std::isinf(epsilon) ? ",\"dp_epsilon\":null" : cat(",\"dp_epsilon\":", fixed(epsilon, 4)),
-                   dcor_steps > 0 ? cat(",\"dcor\":", fixed(dcor_sum / static_cast<double>(dcor_steps), 5)) : "",
+                   dcor_samples > 0 ? cat(",\"dcor\":", fixed(dcor_sum / static_cast<double>(dcor_samples), 5)) : "",
                    ",\"stage_busy_s\":", fixed(stage.busy_s() - busy0, 3), ",\"stage_idle_s\":",
                    fixed(peer.idle_s() - idle0, 3), ",\"restarts\":", restarts, "}"));
           if (budget_spent) break;
@@ -584,8 +600,8 @@ int run_party(const CliArgs& cli) {
         // each epoch's, as the first party would.
         const int64_t per_epoch =
             (static_cast<int64_t>(sets.train.labels.size()) + static_cast<int64_t>(batch) - 1) / static_cast<int64_t>(batch);
-        StepStats st, total, test;
-        int64_t test_epoch = 0;
+        StepStats st;
+        StepStats &total = loss_total, &test = loss_test;
         const auto epoch_line = [&](StepStats& t, int64_t per) {
           const auto samples = static_cast<double>(std::max<uint64_t>(t.samples, 1));
           emit(cat("{\"epoch\":", (static_cast<int64_t>(peer.next_step()) + per - 1) / per, ",\"party\":\"",
