@@ -125,10 +125,13 @@ grep -q '"type":"Gradients".*"loss":[1-9]' "$work/first-party-egress-3.jsonl" ||
 # the gradient's own) and keeps the loss,
 # which it alone reports. Every party exits 0.
 parties=(scanner gpu-box cloud-a scanner-tail)
+# A budget the run passes after a few steps: epsilon grows with the sampling rate batch / limit.
+budget=0.8
+((limit >= 1024)) && budget=0.5
 deployment private gpipe "labels = \"first-party\"
 dp-clip = 4
-dp-noise = 1.5
-dp-epsilon-budget = 0.9
+dp-noise = 2
+dp-epsilon-budget = $budget
 nopeek = 0.1
 grad-clip = 0.1
 grad-noise = 0.5
@@ -137,8 +140,9 @@ label-noise = 0.25"
   > "$work/private.out" 2>&1 || { cat "$work/private.out" "$work"/private-logs/*; fail "private: stage --all"; }
 first=$(grep '"epoch":1,' "$work/private-logs/scanner.log") || fail "private: no epoch line: $(cat "$work/private-logs/scanner.log")"
 [[ $first =~ \"train_loss\":null.*\"dp_epsilon\":([0-9.]+).*\"dcor\":0\.[0-9]+ ]] || fail "private: the scanner's epoch: $first"
-awk -v e="${BASH_REMATCH[1]}" 'BEGIN { exit !(e > 0.8 && e <= 0.9) }' || fail "private: epsilon ${BASH_REMATCH[1]} against a budget of 0.9"
-grep -q "stopped before step [0-9]*: it would pass the privacy budget (epsilon 0.9 at delta 1e-05)" \
+awk -v e="${BASH_REMATCH[1]}" -v b="$budget" 'BEGIN { exit !(e > b - 0.1 && e <= b) }' ||
+  fail "private: epsilon ${BASH_REMATCH[1]} against a budget of $budget"
+grep -q "stopped before step [1-9][0-9]*: it would pass the privacy budget (epsilon $budget at delta 1e-05)" \
   "$work/private-logs/scanner.log" || fail "private: the budget did not stop the run: $(cat "$work/private-logs/scanner.log")"
 grep -q "on the link down: NoPeek (alpha 0.1)" "$work/private-logs/scanner.log" || fail "private: no NoPeek on the link"
 grep -q "on the link up: noise on the gradient sent up (clip 0.1, sigma 0.5)" "$work/private-logs/scanner-tail.log" ||
@@ -282,4 +286,4 @@ for k in 0 1 3; do
   done
 done
 
-echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble, and with the labels kept at the first party; f16 halves the bytes; an impostor, another plan and async refused; a kill -9 of the first, a middle or the last party, restarted, leaves the weights byte-identical"
+echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble, and with the labels kept at the first party; f16 halves the bytes; an impostor, another plan and async refused; a kill -9 of the first, a middle or the last party, restarted, leaves the weights byte-identical; the test set evaluated across the parties as in one process; the privacy filters on the links, epsilon and its budget, no loss leaving the loss stage"
