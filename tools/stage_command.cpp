@@ -481,9 +481,6 @@ int run_party(const CliArgs& cli) {
     });
   }
   const int max_restarts = static_cast<int>(cli.integer("restarts", 10, 0));
-  // The loss stage's own report (where it alone sees the loss), across restarts.
-  StepStats loss_total, loss_test;
-  int64_t test_epoch = 0;
   // Releases of the training set's activations under noise, replays after a lost link
   // included: what the accountant counts (a replay is a fresh release of the same samples).
   uint64_t releases = 0;
@@ -600,8 +597,10 @@ int run_party(const CliArgs& cli) {
         // each epoch's, as the first party would.
         const int64_t per_epoch =
             (static_cast<int64_t>(sets.train.labels.size()) + static_cast<int64_t>(batch) - 1) / static_cast<int64_t>(batch);
-        StepStats st;
-        StepStats &total = loss_total, &test = loss_test;
+        // After a restart a line covers the steps since (its samples say how many), as the
+        // first party's does: a replayed step is not counted twice.
+        StepStats st, total, test;
+        int64_t test_epoch = 0;
         const auto epoch_line = [&](StepStats& t, int64_t per) {
           const auto samples = static_cast<double>(std::max<uint64_t>(t.samples, 1));
           emit(cat("{\"epoch\":", (static_cast<int64_t>(peer.next_step()) + per - 1) / per, ",\"party\":\"",
