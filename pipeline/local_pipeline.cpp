@@ -57,8 +57,6 @@ LocalPipeline::LocalPipeline(std::vector<Network*> stages, std::vector<Optimizer
   times_.idle_s.assign(stages_.size(), 0.0);
   in_.resize(stages_.size());
   grads_.resize(stages_.size());
-  stash_.resize(stages_.size());
-  stashed_.assign(stages_.size(), 0);
   stages.front()->set_input_gradient(false);  // the data: no gradient
   const auto& first = stages.front()->graph().inputs();
   for (Network* s : stages) {
@@ -116,23 +114,13 @@ bool LocalPipeline::ready(const Step& step, std::size_t s, const PipelineAction&
   }
 }
 
-void LocalPipeline::use_stash(std::size_t s, bool stashed) {
-  if (static_cast<bool>(stashed_[s]) == stashed) return;
-  std::size_t k = 0;
-  for (Param* p : stages_[s].network().params()) {
-    std::swap(p->value(), stash_[s][k++]);
-    p->bump_version();  // kernels that pack weights see another tensor
-  }
-  stashed_[s] = stashed;
-}
-
 void LocalPipeline::run(Step& step, std::size_t s, const PipelineAction& a) {
   Stage& stage = stages_[s];
   const int mb = a.microbatch;
   const int slot = slot_of(step, a);
   const auto at = static_cast<std::size_t>(slot);
   const bool last = s + 1 == stages_.size();
-  if (async_) use_stash(s, a.step < 0);  // a backward of the step before runs on the weights its forward used
+  if (async_) stage.use_stash(a.step < 0);  // a backward of the step before runs on the weights its forward used
   if (a.kind == Kind::Forward) {
     std::span<const Tensor> in = stage_inputs(step, s, mb, slot);
     if (last) {
@@ -167,16 +155,9 @@ void LocalPipeline::finish_stage(Step& step, std::size_t s) {
     if (!step.flushing) stage.step();
     return;
   }
-  use_stash(s, false);
+  stage.use_stash(false);
   const bool backed_up = step.flushing || pending_ > 0;
-  if (!step.flushing) {  // the weights this step's forwards used, for their backwards
-    std::vector<Tensor>& stash = stash_[s];
-    std::size_t k = 0;
-    for (Param* p : stage.network().params()) {
-      if (stash.size() <= k) stash.push_back(Tensor::empty(p->value().shape()));
-      stash[k++].copy_from(p->value());
-    }
-  }
+  if (!step.flushing) stage.stash_weights();  // the weights this step's forwards used, for their backwards
   if (backed_up) stage.step();
 }
 
@@ -333,7 +314,7 @@ StepStats LocalPipeline::train_step(std::span<const Tensor> inputs, const int32_
 
 void LocalPipeline::abandon() {
   for (std::size_t s = 0; s < stages_.size(); ++s) {
-    if (async_ && !stash_[s].empty()) use_stash(s, false);
+    stages_[s].use_stash(false);
     stages_[s].network().drop_deferred_weights();
     stages_[s].zero_grad();
   }

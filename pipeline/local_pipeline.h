@@ -79,8 +79,6 @@ class LocalPipeline {
   // After a stage's actions: its update (when it backed a step up) and, asynchronous, its
   // stash of the weights this step's forwards used.
   void finish_stage(Step& step, std::size_t s);
-  // Asynchronous: stage s's parameters hold the stashed weights (true) or the current ones.
-  void use_stash(std::size_t s, bool stashed);
   void begin_step(Step& step, std::span<const Tensor> inputs, const int32_t* labels, int microbatches);
   // After a step that threw (a stage's Error): the current weights back in every stage, no
   // weight pass or asynchronous backward pending, gradients zeroed; the step is lost (and,
@@ -105,8 +103,6 @@ class LocalPipeline {
   bool async_ = false;
   int64_t steps_ = 0;           // train_step calls so far (an asynchronous slot set's parity)
   int pending_ = 0;             // asynchronous: the K of the step whose backwards are pending (0: none)
-  std::vector<std::vector<Tensor>> stash_;  // asynchronous, per stage: the other weights (trainable parameters)
-  std::vector<char> stashed_;                // per stage: whether its parameters hold them now
   std::vector<std::vector<Tensor>> owned_inputs_;  // asynchronous, per slot: the first stage's inputs, copied
 };
 

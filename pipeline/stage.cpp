@@ -24,6 +24,25 @@ class Busy {
 
 Stage::Stage(Network& network, Optimizer* optimizer) : net_(network), optimizer_(optimizer) {}
 
+void Stage::stash_weights() {
+  use_stash(false);
+  std::size_t k = 0;
+  for (Param* p : net_.params()) {
+    if (stash_.size() <= k) stash_.push_back(Tensor::empty(p->value().shape()));
+    stash_[k++].copy_from(p->value());
+  }
+}
+
+void Stage::use_stash(bool stashed) {
+  if (stashed_ == stashed || stash_.empty()) return;
+  std::size_t k = 0;
+  for (Param* p : net_.params()) {
+    std::swap(p->value(), stash_[k++]);
+    p->bump_version();  // kernels that pack weights see another tensor
+  }
+  stashed_ = stashed;
+}
+
 const Tensor& Stage::forward(std::span<const Tensor> inputs, int slot) {
   Busy busy(busy_s_);
   net_.set_training(true);

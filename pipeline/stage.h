@@ -57,6 +57,14 @@ class Stage {
   LossPass forward_loss(std::span<const Tensor> inputs, int slot, const int32_t* labels, float grad_scale);
   Tensor& output_grad(int slot);
 
+  // Weight stashing (the asynchronous schedule): stash_weights() keeps a copy of the
+  // trainable parameters' values (the weights this step's forwards used); use_stash(true)
+  // swaps them in, so a backward a step later runs on the weights its forward saw, and
+  // use_stash(false) puts the current ones back. The update always runs on the current ones.
+  void stash_weights();
+  void use_stash(bool stashed);
+  bool stashed() const { return stashed_; }
+
   // Seconds spent in forward, backward and step since construction.
   double busy_s() const { return busy_s_; }
 
@@ -64,6 +72,8 @@ class Stage {
   Network& net_;
   Optimizer* optimizer_;
   std::vector<Tensor> output_grads_;  // per slot: the loss's gradient at the output
+  std::vector<Tensor> stash_;         // the other weights (trainable parameters' values)
+  bool stashed_ = false;              // whether the parameters hold them now
   double busy_s_ = 0;
 };
 

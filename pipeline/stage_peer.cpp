@@ -87,8 +87,11 @@ StagePeer::StagePeer(Stage& stage, const PipelineSchedule& schedule, const Stage
                       last() ? "no" : "a", " downstream link"));
   if (plan.microbatches < 1 || plan.batch < plan.microbatches)
     fail("stage", cat("a plan of ", plan.microbatches, " micro-batches in a batch of ", plan.batch));
-  slots_.resize(plan.microbatches);
-  cuts_.resize(plan.microbatches);
+  async_ = schedule.asynchronous() && !last();
+  const std::size_t slots = async_ ? 2 * plan.microbatches : plan.microbatches;
+  slots_.resize(slots);
+  cuts_.resize(slots);
+  if (async_ && first()) owned_.resize(slots);
   if (first()) stage.network().set_input_gradient(false);  // the data: no gradient
 }
 
@@ -102,9 +105,9 @@ WireError StagePeer::label_range_error(const int32_t* labels, int64_t count) con
 }
 
 void StagePeer::check_schedule(const PipelineSchedule& schedule) {
-  if (schedule.asynchronous())
-    fail("stage", cat("the ", schedule.name(), " schedule runs in one process only (tandem train): a pipeline across "
-                      "parties runs gpipe, 1f1b or zero-bubble"));
+  // Every schedule of pipeline/schedule.h runs across parties: the asynchronous one drains
+  // its step in flight with Drain.
+  (void)simulate(schedule, 2, 1);  // an order that would leave a stage waiting is refused by name
 }
 
 void StagePeer::refuse(StageLink& link, const char* neighbour, WireError error) {
@@ -188,23 +191,27 @@ uint64_t StagePeer::connect(std::span<const uint64_t> checkpoints) {
 }
 
 void StagePeer::reset() {
+  stage_.use_stash(false);
   stage_.network().drop_deferred_weights();
   stage_.zero_grad();
   for (LinkFilter* f : down_filters_) f->reset();
   for (LinkFilter* f : up_filters_) f->reset();
-  clear_slots();
+  in_step_ = false;
+  pending_ = false;  // the asynchronous step in flight is dropped with the step
+  for (Slot& s : slots_) clear(s);
 }
 
-void StagePeer::clear_slots() {
-  in_step_ = false;
-  for (Slot& s : slots_) {
-    s.activations = s.gradients = s.sent = false;
-    s.act_frame = s.grad_frame = Frame();
-    s.inputs.clear();
-    s.grad = Tensor();
-    s.loss = 0;
-    s.correct = 0;
-  }
+void StagePeer::clear(Slot& s) {
+  s.activations = s.gradients = s.sent = false;
+  s.act_frame = s.grad_frame = Frame();
+  s.inputs.clear();
+  s.grad = Tensor();
+  s.loss = 0;
+  s.correct = 0;
+}
+
+void StagePeer::clear_slots(uint64_t step) {
+  for (uint32_t mb = 0; mb < plan_.microbatches; ++mb) clear(slots_[slot_of(step, mb)]);
 }
 
 bool StagePeer::check_header(const wire::Activations& a, WireError& error) {
@@ -226,6 +233,13 @@ bool StagePeer::check_header(const wire::Activations& a, WireError& error) {
     error = {wire::ErrorCode::BadTensor, cat("step ", h.step, " announces ", h.samples, " samples in ", h.microbatches,
                                              " micro-batches (plan: batch ", plan_.batch, ", ", plan_.microbatches,
                                              " micro-batches)")};
+    return false;
+  }
+  if (pending_ && (h.evaluation || h.microbatches != pending_header_.microbatches)) {
+    error = {wire::ErrorCode::OutOfWindow,
+             cat(h.evaluation ? std::string("an evaluation batch") : cat("step ", h.step, " with K = ", h.microbatches),
+                 " while step ", pending_header_.step, "'s backwards (K = ", pending_header_.microbatches,
+                 ") are in flight: the first stage sends Drain first")};
     return false;
   }
   if (h.evaluation && h.checkpoint) {
@@ -284,7 +298,7 @@ bool StagePeer::check_activations(const Frame& frame, const wire::Activations& a
   return true;
 }
 
-bool StagePeer::take_from_upstream(const char* awaiting) {
+StagePeer::Upstream StagePeer::take_from_upstream(const char* awaiting) {
   const auto t0 = std::chrono::steady_clock::now();
   Frame frame = up_->receive(awaiting);
   idle_s_ += since(t0);
@@ -293,7 +307,27 @@ bool StagePeer::take_from_upstream(const char* awaiting) {
     if (in_step_)
       refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage,
                                 cat("Bye within step ", header_.step, ": a run ends between steps")});
-    return false;
+    if (pending_)
+      refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage,
+                                cat("Bye while step ", pending_header_.step, "'s backwards are in flight: the first "
+                                    "stage sends Drain before it ends the run")});
+    return Upstream::Bye;
+  }
+  if (const wire::Drain* d = msg->payload_as_Drain()) {
+    // The step in flight: at a stage before the last, the one whose backwards are pending;
+    // at the last (which backs each step up at once), the step it ran last.
+    std::string wrong;
+    if (!schedule_.asynchronous())
+      wrong = cat("Drain in a plan whose ", schedule_.name(), " schedule keeps no step in flight");
+    else if (in_step_)
+      wrong = cat("Drain within step ", header_.step, ": a step in flight drains between steps");
+    else if (d->stage() + 1 != plan_.index)
+      wrong = cat("Drain named stage ", d->stage(), " reached stage ", plan_.index);
+    else if (async_ ? !pending_ || d->step() != pending_header_.step : next_step_ == 0 || d->step() != next_step_ - 1)
+      wrong = cat("Drain of step ", d->step(), " reached stage ", plan_.index, ", whose step in flight is ",
+                  async_ && !pending_ ? std::string("none") : cat(async_ ? pending_header_.step : next_step_ - 1));
+    if (!wrong.empty()) refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage, wrong});
+    return Upstream::Drain;
   }
   const wire::Activations* a = msg->payload_as_Activations();
   if (a == nullptr)
@@ -306,14 +340,14 @@ bool StagePeer::take_from_upstream(const char* awaiting) {
   if (!check_header(*a, error)) refuse(*up_, "previous", error);
   if (!check_window(a->step(), a->microbatch(), header_.step, header_.microbatches, error))
     refuse(*up_, "previous", error);
-  Slot& slot = slots_[a->microbatch()];
+  Slot& slot = slots_[slot_of(a->step(), a->microbatch())];
   if (slot.activations)
     refuse(*up_, "previous", {wire::ErrorCode::OutOfWindow, cat("micro-batch ", a->microbatch(), " of step ",
                                                                 header_.step, " arrived twice")});
   if (!check_activations(frame, *a, slot, error)) refuse(*up_, "previous", error);
   slot.act_frame = std::move(frame);
   slot.activations = true;
-  return true;
+  return Upstream::Activations;
 }
 
 void StagePeer::take_from_downstream(const char* awaiting) {
@@ -321,7 +355,8 @@ void StagePeer::take_from_downstream(const char* awaiting) {
   Frame frame = down_->receive(awaiting);
   idle_s_ += since(t0);
   const wire::Message* msg = verified(*down_, "next", frame);
-  const wire::Payload expected = header_.evaluation ? wire::Payload::Evaluated : wire::Payload::Gradients;
+  const StepHeader& h = async_ && !header_.evaluation ? pending_header_ : header_;  // the step backed up now
+  const wire::Payload expected = h.evaluation ? wire::Payload::Evaluated : wire::Payload::Gradients;
   if (msg->payload_type() != expected)
     refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage, cat("expected ", payload_name(expected), ", got ",
                                                                     payload_name(msg->payload_type()))});
@@ -330,12 +365,12 @@ void StagePeer::take_from_downstream(const char* awaiting) {
     if (e->stage() != plan_.index + 1)
       refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage,
                               cat("an evaluation result named stage ", e->stage(), " reached stage ", plan_.index)});
-    if (!check_window(e->step(), e->microbatch(), header_.step, header_.microbatches, error)) refuse(*down_, "next", error);
-    Slot& slot = slots_[e->microbatch()];
+    if (!check_window(e->step(), e->microbatch(), h.step, h.microbatches, error)) refuse(*down_, "next", error);
+    Slot& slot = slots_[slot_of(h.step, e->microbatch())];
     if (!slot.sent || slot.gradients)
       refuse(*down_, "next", {wire::ErrorCode::OutOfWindow, cat("an evaluation result of micro-batch ", e->microbatch(),
                                                                 " that was not awaited")});
-    const int64_t count = microbatch_range(header_.samples, header_.microbatches, e->microbatch()).count;
+    const int64_t count = microbatch_range(h.samples, h.microbatches, e->microbatch()).count;
     if (!std::isfinite(e->loss()) || e->correct() > count)
       refuse(*down_, "next", {wire::ErrorCode::BadTensor, cat("evaluation micro-batch ", e->microbatch(), "'s loss ",
                                                               e->loss(), " or correct count ", e->correct(),
@@ -349,16 +384,17 @@ void StagePeer::take_from_downstream(const char* awaiting) {
   if (g->stage() != plan_.index + 1)
     refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage,
                             cat("gradients named stage ", g->stage(), " reached stage ", plan_.index)});
-  if (!check_window(g->step(), g->microbatch(), header_.step, header_.microbatches, error)) refuse(*down_, "next", error);
-  Slot& slot = slots_[g->microbatch()];
+  if (!check_window(g->step(), g->microbatch(), h.step, h.microbatches, error)) refuse(*down_, "next", error);
+  const uint32_t index = slot_of(h.step, g->microbatch());
+  Slot& slot = slots_[index];
   if (!slot.sent || slot.gradients)  // a gradient of an output this stage has not sent, or twice
     refuse(*down_, "next", {wire::ErrorCode::OutOfWindow, cat("a gradient of micro-batch ", g->microbatch(),
-                                                              " of step ", header_.step, " that was not awaited")});
-  const int64_t count = microbatch_range(header_.samples, header_.microbatches, g->microbatch()).count;
+                                                              " of step ", h.step, " that was not awaited")});
+  const int64_t count = microbatch_range(h.samples, h.microbatches, g->microbatch()).count;
   if (!std::isfinite(g->loss()) || g->correct() > count)
     refuse(*down_, "next", {wire::ErrorCode::BadTensor, cat("micro-batch ", g->microbatch(), "'s loss ", g->loss(),
                                                             " or correct count ", g->correct(), " is impossible")});
-  slot.grad = read_tensor(frame, g->tensor(), stage_.network().output(static_cast<int>(g->microbatch())).shape(),
+  slot.grad = read_tensor(frame, g->tensor(), stage_.network().output(static_cast<int>(index)).shape(),
                           "gradients", plan_.dtype, slot.grad_decoded, error);
   if (!slot.grad.defined()) refuse(*down_, "next", error);
   slot.loss = g->loss();
@@ -367,15 +403,17 @@ void StagePeer::take_from_downstream(const char* awaiting) {
   slot.gradients = true;
 }
 
-StagePeer::Slot& StagePeer::activations(uint32_t mb) {
-  while (!slots_[mb].activations)
-    if (!take_from_upstream("activations")) refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage, "Bye"});
-  return slots_[mb];
+StagePeer::Slot& StagePeer::activations(uint32_t slot) {
+  while (!slots_[slot].activations)
+    if (take_from_upstream("activations") != Upstream::Activations)
+      refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage,
+                                cat("Drain within step ", header_.step, ": a step in flight drains between steps")});
+  return slots_[slot];
 }
 
-StagePeer::Slot& StagePeer::gradients(uint32_t mb) {
-  while (!slots_[mb].gradients) take_from_downstream("gradients");
-  return slots_[mb];
+StagePeer::Slot& StagePeer::gradients(uint32_t slot) {
+  while (!slots_[slot].gradients) take_from_downstream("gradients");
+  return slots_[slot];
 }
 
 void StagePeer::set_filters(std::vector<LinkFilter*> down, std::vector<LinkFilter*> up) {
@@ -383,6 +421,9 @@ void StagePeer::set_filters(std::vector<LinkFilter*> down, std::vector<LinkFilte
     fail("stage", cat("stage ", plan_.index, " is the last: it sends nothing down for ", down[0]->name(), " to filter"));
   if (!up.empty() && up_ == nullptr)
     fail("stage", cat("stage ", plan_.index, " is the first: it sends nothing up for ", up[0]->name(), " to filter"));
+  if (schedule_.asynchronous() && (!down.empty() || !up.empty()))
+    fail("stage", cat((down.empty() ? up : down)[0]->name(), " keeps one step's state per micro-batch; the async schedule "
+                      "has two steps in flight: use gpipe or 1f1b with filters on the links"));
   down_filters_ = std::move(down);
   up_filters_ = std::move(up);
   hides_loss_ = std::any_of(up_filters_.begin(), up_filters_.end(), [](LinkFilter* f) { return f->hides_loss(); });
@@ -429,25 +470,36 @@ Tensor StagePeer::backward_twice(const Tensor& noised, const Tensor& exact, int 
   return noised_up_;
 }
 
-// Micro-batch `mb`'s inputs, labels and mask: the first stage's rows at their length bucket,
-// or the slot's Activations, awaited.
-StagePeer::ForwardInputs StagePeer::inputs_of(uint32_t mb, const MicrobatchRange& range,
+// A micro-batch's inputs, labels and mask in `slot`: the first stage's rows at their length
+// bucket (copied under the asynchronous schedule: the caller refills its batch before the
+// backward, a step later, reads them), or the slot's Activations, awaited.
+StagePeer::ForwardInputs StagePeer::inputs_of(uint32_t slot, const MicrobatchRange& range,
                                               std::span<const Tensor> first_inputs, const int32_t* first_labels) {
   ForwardInputs f;
   if (first()) {
     in_.clear();
-    for (const Tensor& t : first_inputs) in_.push_back(t.slice_batch(range.begin, range.count));
+    for (std::size_t k = 0; k < first_inputs.size(); ++k) {
+      Tensor rows = first_inputs[k].slice_batch(range.begin, range.count);
+      if (async_) {
+        std::vector<Tensor>& owned = owned_[slot];
+        if (owned.size() <= k) owned.resize(k + 1);
+        if (!owned[k].defined() || owned[k].shape() != rows.shape()) owned[k] = Tensor::empty(rows.shape());
+        owned[k].copy_from(rows);
+        rows = owned[k];
+      }
+      in_.push_back(rows);
+    }
     if (step_length_ >= -1)
-      cut_to_length(stage_.graph(), in_, step_length_, cuts_[mb]);  // the step's bucket, for a whole-step filter
+      cut_to_length(stage_.graph(), in_, step_length_, cuts_[slot]);  // the step's bucket, for a whole-step filter
     else
-      fit_to_bucket(stage_.graph(), in_, cuts_[mb]);
-    f.in = cuts_[mb].inputs;
+      fit_to_bucket(stage_.graph(), in_, cuts_[slot]);
+    f.in = cuts_[slot].inputs;
     f.labels = first_labels + range.begin;
-    if (plan_.mask_input >= 0) f.mask = &cuts_[mb].inputs[static_cast<std::size_t>(plan_.mask_input)];
-    slots_[mb].activations = true;
+    if (plan_.mask_input >= 0) f.mask = &cuts_[slot].inputs[static_cast<std::size_t>(plan_.mask_input)];
+    slots_[slot].activations = true;
     return f;
   }
-  Slot& s = activations(mb);
+  Slot& s = activations(slot);
   f.in = s.inputs;
   f.labels = s.labels.data();
   if (plan_.mask_input >= 0) f.mask = &s.mask;
@@ -473,74 +525,140 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
   stage_.zero_grad();
   const float scale = 1.0f / static_cast<float>(header.samples);
   for (const PipelineAction& a : actions_) {
+    if (a.step < 0 && !pending_) continue;  // the first step, or the first after a drain: its forwards alone
     const auto mb = static_cast<uint32_t>(a.microbatch);
-    const int slot_index = a.microbatch;
+    const StepHeader& h = a.step < 0 ? pending_header_ : header;
+    const uint32_t slot = slot_of(h.step, mb);
+    const auto slot_index = static_cast<int>(slot);
+    stage_.use_stash(a.step < 0);  // the step before's backward runs on the weights its forward used
+    if (a.kind != Kind::Forward) {
+      back_up(a, h, slot);
+      continue;
+    }
     const MicrobatchRange range = microbatch_range(header.samples, header.microbatches, a.microbatch);
-    if (a.kind == Kind::Forward) {
-      auto [in, labels, mask] = inputs_of(mb, range, first_inputs, first_labels);
-      if (!first()) {
-        if (last() && !plan_.labels_travel) {  // the first party's own labels, where its data is
-          if (!labels_) fail("stage", "the loss stage of a plan whose labels stay at the first party has no labels");
-          const std::span<const int32_t> step_labels = labels_(header.step);
-          if (step_labels.size() != header.samples)
-            fail("stage", cat("the data gives ", step_labels.size(), " labels for step ", header.step, "; the first "
-                              "party announced ", header.samples, " samples: give both the same data, limit and seed"));
-          labels = step_labels.data() + range.begin;
-          const WireError bad = label_range_error(labels, range.count);
-          if (!bad.ok()) fail("stage", bad.text);
-        }
-      }
-      if (last()) {
-        const Stage::LossPass pass = stage_.forward_loss(in, slot_index, labels, scale);
-        if (!pass.finite)
-          fail("stage", cat("the loss of micro-batch ", mb, " of step ", header.step,
-                            " is not finite: lower the learning rate (--lr)"));
-        slots_[mb].loss = static_cast<float>(pass.loss);
-        slots_[mb].correct = static_cast<uint32_t>(pass.correct);
-        slots_[mb].gradients = true;
-      } else {
-        const Tensor& out = stage_.forward(in, slot_index);
-        const std::span<const int32_t> sent_labels =
-            plan_.labels_travel ? std::span<const int32_t>(labels, static_cast<std::size_t>(range.count))
-                                : std::span<const int32_t>();
-        const Tensor* sent = &out;
-        for (LinkFilter* f : down_filters_) sent = &f->activations_out(*sent, mb, range.begin);
-        down_->send(writer_.activations(header, plan_.index, mb, version_, *sent, sent_labels, mask, plan_.dtype));
-        slots_[mb].sent = true;
-      }
-      continue;
-    }
-    if (a.kind == Kind::BackwardWeight) {
-      stage_.backward_weights(slot_index);
-      continue;
-    }
-    const Tensor* grad_out = last() ? &stage_.output_grad(slot_index) : &gradients(mb).grad;
-    for (auto f = down_filters_.rbegin(); f != down_filters_.rend(); ++f)
-      grad_out = &(*f)->gradient_in(*grad_out, mb, range.begin);
-    const Tensor* noised = nullptr;  // a loss gradient of the up filters' for the gradient sent up
-    if (last())
-      for (LinkFilter* f : up_filters_)
-        if (const Tensor* n = f->loss_gradient_up(*grad_out, mb, header.samples)) noised = n;
-    const Tensor g = noised ? backward_twice(*noised, *grad_out, slot_index)
-                            : stage_.backward(*grad_out, slot_index, !first(), a.kind == Kind::BackwardInput);
+    auto [in, labels, mask] = inputs_of(slot, range, first_inputs, first_labels);
     if (!first()) {
-      const Tensor* up = &g;
-      for (LinkFilter* f : up_filters_) up = &f->gradient_out(*up, mb, header.samples);
-      up_->send(writer_.gradients(plan_.index, header.step, mb, version_, *up, hides_loss_ ? 0.0f : slots_[mb].loss,
-                                  hides_loss_ ? 0 : slots_[mb].correct, plan_.dtype));
+      if (last() && !plan_.labels_travel) {  // the first party's own labels, where its data is
+        if (!labels_) fail("stage", "the loss stage of a plan whose labels stay at the first party has no labels");
+        const std::span<const int32_t> step_labels = labels_(header.step);
+        if (step_labels.size() != header.samples)
+          fail("stage", cat("the data gives ", step_labels.size(), " labels for step ", header.step, "; the first "
+                            "party announced ", header.samples, " samples: give both the same data, limit and seed"));
+        labels = step_labels.data() + range.begin;
+        const WireError bad = label_range_error(labels, range.count);
+        if (!bad.ok()) fail("stage", bad.text);
+      }
+    }
+    if (last()) {
+      const Stage::LossPass pass = stage_.forward_loss(in, slot_index, labels, scale);
+      if (!pass.finite)
+        fail("stage", cat("the loss of micro-batch ", mb, " of step ", header.step,
+                          " is not finite: lower the learning rate (--lr)"));
+      slots_[slot].loss = static_cast<float>(pass.loss);
+      slots_[slot].correct = static_cast<uint32_t>(pass.correct);
+      slots_[slot].gradients = true;
+    } else {
+      const Tensor& out = stage_.forward(in, slot_index);
+      const std::span<const int32_t> sent_labels =
+          plan_.labels_travel ? std::span<const int32_t>(labels, static_cast<std::size_t>(range.count))
+                              : std::span<const int32_t>();
+      const Tensor* sent = &out;
+      for (LinkFilter* f : down_filters_) sent = &f->activations_out(*sent, mb, range.begin);
+      down_->send(writer_.activations(header, plan_.index, mb, version_, *sent, sent_labels, mask, plan_.dtype));
+      slots_[slot].sent = true;
     }
   }
-  for (uint32_t mb = 0; mb < header.microbatches; ++mb) {
-    stats.loss_sum += slots_[mb].loss;
-    stats.correct += slots_[mb].correct;
+  next_step_ = header.step + 1;
+  in_step_ = false;
+  if (!async_) {
+    add_stats(header, stats);
+    update(header);
+    clear_slots(header.step);  // the frames go back to their pool
+  } else {
+    // The weights this step's forwards used, kept for their backwards in the next step; the
+    // update applies the step before's gradients (none on the first step, or after a drain).
+    stage_.use_stash(false);
+    stage_.stash_weights();
+    if (pending_) {
+      add_stats(pending_header_, stats);
+      update(header);
+      clear_slots(pending_header_.step);
+    }
+    pending_header_ = header;
+    pending_ = true;
+    // A checkpoint holds no step in flight: every stage backs this one up now, before it saves
+    // (an uninterrupted run does the same, so a restart from it gives the same weights).
+    if (header.checkpoint) drain_pending(stats);
   }
-  stats.samples = header.samples;
+  if (header.checkpoint && save_) save_(next_step_);
+}
+
+void StagePeer::update(const StepHeader& header) {
   if (stage_.optimizer() != nullptr) stage_.optimizer()->set_lr_scale(header.lr_scale);
   stage_.step();
   ++version_;
-  next_step_ = header.step + 1;
-  clear_slots();  // the frames go back to their pool
-  if (header.checkpoint && save_) save_(next_step_);
+}
+
+void StagePeer::add_stats(const StepHeader& header, StepStats& stats) const {
+  for (uint32_t mb = 0; mb < header.microbatches; ++mb) {
+    const Slot& s = slots_[slot_of(header.step, mb)];
+    stats.loss_sum += s.loss;
+    stats.correct += s.correct;
+  }
+  stats.samples += header.samples;
+}
+
+// Micro-batch a.microbatch's backward (whole, or its input half) in `slot`, of step `h`: from
+// the loss's gradient on the last stage, else from the next stage's Gradients; its input
+// gradient goes up.
+void StagePeer::back_up(const PipelineAction& a, const StepHeader& h, uint32_t slot) {
+  const auto mb = static_cast<uint32_t>(a.microbatch);
+  const auto slot_index = static_cast<int>(slot);
+  if (a.kind == Kind::BackwardWeight) {
+    stage_.backward_weights(slot_index);
+    return;
+  }
+  const MicrobatchRange range = microbatch_range(h.samples, h.microbatches, a.microbatch);
+  const Tensor* grad_out = last() ? &stage_.output_grad(slot_index) : &gradients(slot).grad;
+  for (auto f = down_filters_.rbegin(); f != down_filters_.rend(); ++f)
+    grad_out = &(*f)->gradient_in(*grad_out, mb, range.begin);
+  const Tensor* noised = nullptr;  // a loss gradient of the up filters' for the gradient sent up
+  if (last())
+    for (LinkFilter* f : up_filters_)
+      if (const Tensor* n = f->loss_gradient_up(*grad_out, mb, h.samples)) noised = n;
+  const Tensor g = noised ? backward_twice(*noised, *grad_out, slot_index)
+                          : stage_.backward(*grad_out, slot_index, !first(), a.kind == Kind::BackwardInput);
+  if (first()) return;
+  const Tensor* up = &g;
+  for (LinkFilter* f : up_filters_) up = &f->gradient_out(*up, mb, h.samples);
+  up_->send(writer_.gradients(plan_.index, h.step, mb, version_, *up, hides_loss_ ? 0.0f : slots_[slot].loss,
+                              hides_loss_ ? 0 : slots_[slot].correct, plan_.dtype));
+}
+
+// The asynchronous schedule's step in flight, backed up now on the weights its forwards used
+// (the backwards the next step would have run, in its order), then the update.
+void StagePeer::drain_pending(StepStats& stats) {
+  if (!pending_) return;
+  const StepHeader h = pending_header_;
+  stage_.zero_grad();
+  stage_.use_stash(true);
+  for (const PipelineAction& a :
+       schedule_.actions(static_cast<int>(plan_.index), static_cast<int>(plan_.stages), static_cast<int>(h.microbatches)))
+    if (a.step < 0) back_up(a, h, slot_of(h.step, static_cast<uint32_t>(a.microbatch)));
+  stage_.use_stash(false);
+  add_stats(h, stats);
+  update(h);
+  clear_slots(h.step);
+  pending_ = false;
+}
+
+StepStats StagePeer::drain() {
+  if (!first()) fail("stage", "drain is the first stage's; a later stage drains when Drain arrives (follow_step)");
+  StepStats stats;
+  if (!pending_) return stats;
+  down_->send(writer_.drain(plan_.index, pending_header_.step));
+  drain_pending(stats);
+  return stats;
 }
 
 // An evaluation batch: every micro-batch forward in evaluation mode and down; the loss stage
@@ -549,8 +667,9 @@ void StagePeer::run_evaluation(const StepHeader& header, std::span<const Tensor>
                                const int32_t* first_labels, StepStats& stats) {
   for (uint32_t mb = 0; mb < header.microbatches; ++mb) {
     const MicrobatchRange range = microbatch_range(header.samples, header.microbatches, static_cast<int>(mb));
-    auto [in, labels, mask] = inputs_of(mb, range, first_inputs, first_labels);
-    const Tensor& out = stage_.evaluate(in, static_cast<int>(mb));
+    const uint32_t slot = slot_of(header.step, mb);
+    auto [in, labels, mask] = inputs_of(slot, range, first_inputs, first_labels);
+    const Tensor& out = stage_.evaluate(in, static_cast<int>(slot));
     if (!last()) {
       const Tensor* sent = &out;
       for (LinkFilter* f : down_filters_) sent = &f->evaluation_out(*sent, mb);
@@ -558,7 +677,7 @@ void StagePeer::run_evaluation(const StepHeader& header, std::span<const Tensor>
           plan_.labels_travel ? std::span<const int32_t>(labels, static_cast<std::size_t>(range.count))
                               : std::span<const int32_t>();
       down_->send(writer_.activations(header, plan_.index, mb, version_, *sent, sent_labels, mask, plan_.dtype));
-      slots_[mb].sent = true;
+      slots_[slot].sent = true;
       continue;
     }
     if (!plan_.labels_travel) {  // the first party's own evaluation labels, where its data is
@@ -580,20 +699,22 @@ void StagePeer::run_evaluation(const StepHeader& header, std::span<const Tensor>
     const double loss = stage_.loss(out, labels, 1.0f, nullptr);
     if (!std::isfinite(loss))
       fail("stage", cat("the evaluation loss of micro-batch ", mb, " before step ", header.step, " is not finite"));
-    slots_[mb].loss = static_cast<float>(loss);
-    slots_[mb].correct = static_cast<uint32_t>(stage_.correct(out, labels));
-    slots_[mb].gradients = true;
-    up_->send(writer_.evaluated(plan_.index, header.step, mb, hides_loss_ ? 0.0f : slots_[mb].loss,
-                                hides_loss_ ? 0 : slots_[mb].correct));
+    slots_[slot].loss = static_cast<float>(loss);
+    slots_[slot].correct = static_cast<uint32_t>(stage_.correct(out, labels));
+    slots_[slot].gradients = true;
+    up_->send(writer_.evaluated(plan_.index, header.step, mb, hides_loss_ ? 0.0f : slots_[slot].loss,
+                                hides_loss_ ? 0 : slots_[slot].correct));
   }
   for (uint32_t mb = 0; mb < header.microbatches; ++mb) {
-    const Slot& s = last() ? slots_[mb] : gradients(mb);
+    const uint32_t slot = slot_of(header.step, mb);
+    const Slot& s = last() ? slots_[slot] : gradients(slot);
     if (!last() && !first()) up_->send(writer_.evaluated(plan_.index, header.step, mb, s.loss, s.correct));
     stats.loss_sum += s.loss;
     stats.correct += s.correct;
   }
   stats.samples = header.samples;
-  clear_slots();
+  in_step_ = false;
+  clear_slots(header.step);
 }
 
 StepStats StagePeer::evaluate(std::span<const Tensor> inputs, const int32_t* labels, uint64_t begin) {
@@ -601,6 +722,7 @@ StepStats StagePeer::evaluate(std::span<const Tensor> inputs, const int32_t* lab
   const auto samples = static_cast<uint32_t>(inputs.empty() ? 0 : inputs[0].shape()[0]);
   if (samples < 1 || samples > plan_.batch)
     fail("stage", cat("an evaluation batch of ", samples, " samples (plan: batch ", plan_.batch, ")"));
+  if (pending_) fail("stage", cat("step ", pending_header_.step, " is in flight: drain() before an evaluation batch"));
   header_ = StepHeader{next_step_, samples, std::min(plan_.microbatches, samples), 1.0f, false, true, begin};
   in_step_ = true;
   StepStats stats;
@@ -617,20 +739,28 @@ StepStats StagePeer::train_step(const StepHeader& header, std::span<const Tensor
       header.microbatches > plan_.microbatches || header.samples > plan_.batch || header.microbatches > header.samples)
     fail("stage", cat("a step of ", header.samples, " samples in ", header.microbatches, " micro-batches (plan: batch ",
                       plan_.batch, ", ", plan_.microbatches, " micro-batches)"));
+  StepStats stats;
+  if (pending_ && pending_header_.microbatches != header.microbatches) stats = drain();  // the slots follow K
   header_ = header;
   in_step_ = true;
-  StepStats stats;
   run_step(header, inputs, labels, stats);
   return stats;
 }
 
 bool StagePeer::follow_step(StepStats& stats) {
   if (first()) fail("stage", "the first stage leads its steps (train_step)");
-  if (!take_from_upstream("activations of the next step")) {
-    if (down_ != nullptr) down_->send_last(writer_.bye("the first stage ended the run"));
-    return false;
-  }
   stats = StepStats{};
+  for (;;) {
+    const Upstream got = take_from_upstream("activations of the next step");
+    if (got == Upstream::Bye) {
+      if (down_ != nullptr) down_->send_last(writer_.bye("the first stage ended the run"));
+      return false;
+    }
+    if (got == Upstream::Activations) break;
+    if (down_ != nullptr) down_->send(writer_.drain(plan_.index, pending_header_.step));  // on down first: its
+    StepStats drained;                                                                      // gradients come back
+    drain_pending(drained);
+  }
   evaluated_ = header_.evaluation;
   run_step(header_, {}, nullptr, stats);
   return true;
@@ -638,6 +768,7 @@ bool StagePeer::follow_step(StepStats& stats) {
 
 void StagePeer::finish(const std::string& reason) {
   if (!first()) fail("stage", "the first stage ends the run");
+  if (pending_) fail("stage", cat("step ", pending_header_.step, " is in flight: drain() before finish()"));
   down_->send_last(writer_.bye(reason));
 }
 

@@ -92,12 +92,16 @@ StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& who
 
 class StagePeer {
  public:
-  // `upstream` is null on the first stage, `downstream` on the last; neither is owned. The
-  // schedule must be synchronous (an Error says so otherwise).
+  // `upstream` is null on the first stage, `downstream` on the last; neither is owned. Under
+  // the asynchronous schedule (AsyncStashSchedule) every stage but the last keeps one step in
+  // flight: a step's backwards run during the next one, each on the weights its forward used
+  // (stashed), and its update after them; the first stage ends it with drain() (Drain down the
+  // chain) before an evaluation batch, a change of K and the run's end, and every stage backs
+  // a checkpoint step up before it saves, so no checkpoint holds a step in flight.
   StagePeer(Stage& stage, const PipelineSchedule& schedule, const StagePlan& plan, StageLink* upstream,
             StageLink* downstream);
   ~StagePeer();
-  // An Error unless `schedule` can run across parties (a synchronous one).
+  // An Error unless `schedule` can run across parties.
   static void check_schedule(const PipelineSchedule& schedule);
   StagePeer(const StagePeer&) = delete;
   StagePeer& operator=(const StagePeer&) = delete;
@@ -126,22 +130,31 @@ class StagePeer {
   }
   // Filters on the links (pipeline/link_filter.h), not owned: the activations sent down pass
   // through `down` in order and their gradients back through it in reverse; the gradients
-  // sent up pass through `up` in order. An Error where a link is missing, or where a filter
-  // that reads a whole step meets a schedule that backs a micro-batch up before the last is sent.
+  // sent up pass through `up` in order. An Error where a link is missing, where a filter
+  // that reads a whole step meets a schedule that backs a micro-batch up before the last is sent,
+  // or under the asynchronous schedule (its two steps in flight would share a filter's state).
   void set_filters(std::vector<LinkFilter*> down, std::vector<LinkFilter*> up);
 
 
   // The first stage: one step of the step's rows (`inputs`, each [samples, ...], and their
   // labels) in header.microbatches micro-batches. Returns the loss and correct predictions
-  // the loss stage reported.
+  // the loss stage reported for the steps backed up in this call: this one, or under the
+  // asynchronous schedule the step before (none on the first), with this one too when it asks
+  // for a checkpoint, and the one in flight first when K changes (it is drained).
   StepStats train_step(const StepHeader& header, std::span<const Tensor> inputs, const int32_t* labels);
+  // The first stage, under the asynchronous schedule: the step in flight backed up at every
+  // stage (Drain down the chain) and its update applied; returns its loss and correct count
+  // (nothing when no step is in flight, and always under the other schedules).
+  StepStats drain();
+  bool in_flight() const { return pending_; }
   // The first stage, between steps: one batch of the evaluation set (`inputs`, each
   // [samples, ...], at most the plan's batch; their labels; `begin`, its first sample's index
   // in the set) through every stage in evaluation mode. Nothing trains. Returns the loss and
   // correct predictions the loss stage reported.
   StepStats evaluate(std::span<const Tensor> inputs, const int32_t* labels, uint64_t begin);
-  // A later stage: the next step or evaluation batch, as the stage before announces it. False
-  // when the stage before ended the run (its Bye, passed on down the chain).
+  // A later stage: the next step or evaluation batch, as the stage before announces it (a Drain
+  // on the way is passed on and run). False when the stage before ended the run (its Bye,
+  // passed on down the chain).
   bool follow_step(StepStats& stats);
   // Whether what follow_step last ran was an evaluation batch.
   bool evaluated() const { return evaluated_; }
@@ -155,15 +168,21 @@ class StagePeer {
 
  private:
   struct Slot;  // one micro-batch's messages
+  enum class Upstream { Activations, Drain, Bye };  // what the stage before sent
   bool first() const { return plan_.index == 0; }
   bool last() const { return plan_.index + 1 == plan_.stages; }
+  // The slot (and network slot) of a step's micro-batch: asynchronous steps alternate between
+  // two sets, so the step in flight keeps its own while the next one forwards.
+  uint32_t slot_of(uint64_t step, uint32_t mb) const {
+    return async_ ? static_cast<uint32_t>(step & 1) * plan_.microbatches + mb : mb;
+  }
   void run_step(const StepHeader& header, std::span<const Tensor> first_inputs, const int32_t* first_labels,
                 StepStats& stats);
-  // Waits for micro-batch `mb`'s Activations (from upstream) or Gradients (from downstream).
-  Slot& activations(uint32_t mb);
-  Slot& gradients(uint32_t mb);
-  // Reads one message from `link` into its slot; false on the stage before's Bye.
-  bool take_from_upstream(const char* awaiting);
+  // Waits for a slot's Activations (from upstream) or Gradients (from downstream).
+  Slot& activations(uint32_t slot);
+  Slot& gradients(uint32_t slot);
+  // Reads one message from the stage before: Activations into their slot, a Drain or Bye.
+  Upstream take_from_upstream(const char* awaiting);
   void take_from_downstream(const char* awaiting);
   [[noreturn]] void refuse(StageLink& link, const char* neighbour, WireError error);
   const wire::Message* verified(StageLink& link, const char* neighbour, const Frame& frame);
@@ -197,7 +216,16 @@ class StagePeer {
   bool whole_step_ = false;  // a down filter reads the whole step
   int64_t step_length_ = -2;  // the first stage: the step's bucket (-1: none) for whole_step_, -2 per micro-batch
   void check_whole_step(int k) const;
-  void clear_slots();
+  static void clear(Slot& slot);
+  void clear_slots(uint64_t step);  // the step's slots; their frames go back to the pool
+  void update(const StepHeader& header);  // the optimizer at the header's learning-rate scale
+  void add_stats(const StepHeader& header, StepStats& stats) const;
+  void back_up(const PipelineAction& a, const StepHeader& h, uint32_t slot);
+  void drain_pending(StepStats& stats);
+  bool async_ = false;         // the asynchronous schedule at a stage before the last: a step in flight
+  bool pending_ = false;       // its backwards wait for the next step (or a drain)
+  StepHeader pending_header_;  // that step
+  std::vector<std::vector<Tensor>> owned_;  // the first stage, asynchronous: per slot, its inputs copied
   Tensor backward_twice(const Tensor& noised, const Tensor& exact, int slot);
   std::vector<Tensor> kept_grads_;
   Tensor noised_up_;
@@ -206,7 +234,7 @@ class StagePeer {
     const int32_t* labels = nullptr;
     const Tensor* mask = nullptr;
   };
-  ForwardInputs inputs_of(uint32_t mb, const MicrobatchRange& range, std::span<const Tensor> first_inputs,
+  ForwardInputs inputs_of(uint32_t slot, const MicrobatchRange& range, std::span<const Tensor> first_inputs,
                           const int32_t* first_labels);  // the step's messages dropped, their frames back to the pool
 };
 

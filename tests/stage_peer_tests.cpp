@@ -732,5 +732,281 @@ TEST(StagePeerFilters, AFilterWithoutItsLinkOrAWholeStepFilterUnderAnInterleaved
             "zero-bubble schedule splits its backward (input gradients first): use gpipe or 1f1b");
 }
 
+// Under the asynchronous schedule (weight stashing) N peers give the in-process pipeline's
+// weights under the same schedule, step for step: a step's backwards run during the next,
+// a checkpoint step drains, a change of K drains, the run ends drained. The weights are not
+// whole-model training's (each stage before the last applies its gradients a step late).
+TEST(StagePeer, FourPeersUnderTheAsyncScheduleTrainLikeTheInProcessPipeline) {
+  const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  const std::string cuts = "pool1,pool2,fc1";
+  const Graph graph = Graph::build(spec);
+  const std::vector<Graph> parts = graph.partition(cut_list(cuts));
+  Rng rng(5);
+  const int64_t n = 32, batch = 8;
+  const Tensor images = random_tensor(Shape{n, 28, 28, 1}, rng, 0.0f, 1.0f);
+  std::vector<int32_t> labels;
+  for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.below(10)));
+  // The run: steps of K = 4, a checkpoint at step 3, two steps of K = 2 (the step in flight
+  // drained first), then K = 4 again, and the end.
+  const std::vector<uint32_t> ks{4, 4, 4, 4, 4, 2, 2, 4, 4};
+  const uint64_t checkpoint_step = 3;
+  const auto rows_of = [&](std::size_t step) { return images.slice_batch(static_cast<int64_t>(step) * batch % n, batch); };
+  const auto labels_of = [&](std::size_t step) { return labels.data() + static_cast<int64_t>(step) * batch % n; };
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
+  Network init(graph, *backend, 11);
+
+  std::vector<PeerStage> local;
+  std::vector<Network*> nets;
+  std::vector<Optimizer*> opts;
+  for (const Graph& g : parts) {
+    local.push_back(make_stage(g, init));
+    nets.push_back(local.back().net.get());
+    opts.push_back(local.back().opt.get());
+  }
+  LocalPipeline pipeline(nets, opts, {.schedule = "async"});
+  double local_loss = 0;
+  for (std::size_t step = 0; step < ks.size(); ++step) {
+    local_loss += pipeline.train_step(rows_of(step), labels_of(step), static_cast<int>(ks[step])).loss_sum;
+    if (step == checkpoint_step) pipeline.flush();
+  }
+  pipeline.flush();
+  {  // the in-process pipeline's asynchronous weights are not whole-model training's
+    PeerStage whole = make_stage(graph, init);
+    LocalPipeline sync({whole.net.get()}, {whole.opt.get()});
+    for (std::size_t step = 0; step < ks.size(); ++step)
+      (void)sync.train_step(rows_of(step), labels_of(step), static_cast<int>(ks[step]));
+    EXPECT_GT(max_diff(*local[0].net, *whole.net), 1e-4f) << "the test would not tell async from sync";
+  }
+
+  AsyncStashSchedule schedule;
+  std::vector<PeerStage> stages;
+  for (const Graph& g : parts) stages.push_back(make_stage(g, init));
+  std::vector<std::unique_ptr<MemoryLink>> ups(parts.size()), downs(parts.size());
+  for (std::size_t i = 0; i + 1 < parts.size(); ++i) std::tie(downs[i], ups[i + 1]) = MemoryLink::pair();
+  std::vector<std::unique_ptr<StagePeer>> peers;
+  std::vector<std::vector<uint64_t>> saved(parts.size());
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    peers.push_back(std::make_unique<StagePeer>(
+        *stages[i].stage, schedule, make_stage_plan(spec.binary, graph, cuts, parts, i, schedule, batch, 4),
+        ups[i].get(), downs[i].get()));
+    peers[i]->on_checkpoint([&saved, &peers, i](uint64_t step) {
+      EXPECT_FALSE(peers[i]->in_flight()) << "a checkpoint holds no step in flight";
+      saved[i].push_back(step);
+    });
+  }
+  StepStats peer_total, evaluation;
+  std::vector<int64_t> returned;  // the samples each train_step reported
+  std::vector<std::exception_ptr> errors(parts.size());
+  std::vector<std::thread> threads;
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    threads.emplace_back([&, i] {
+      try {
+        StagePeer& peer = *peers[i];
+        EXPECT_EQ(peer.connect({}), 0u);
+        if (i == 0) {
+          for (std::size_t step = 0; step < ks.size(); ++step) {
+            const std::vector<Tensor> x{rows_of(step)};
+            const StepStats st =
+                peer.train_step({step, static_cast<uint32_t>(batch), ks[step], 1.0f, step == checkpoint_step}, x, labels_of(step));
+            returned.push_back(st.samples);
+            peer_total.loss_sum += st.loss_sum;
+            peer_total.samples += st.samples;
+          }
+          EXPECT_TRUE(peer.in_flight());
+          EXPECT_EQ(error_of([&] { peer.finish("done"); }), "[stage] step 8 is in flight: drain() before finish()");
+          const StepStats last = peer.drain();
+          returned.push_back(last.samples);
+          peer_total.loss_sum += last.loss_sum;
+          peer_total.samples += last.samples;
+          EXPECT_EQ(peer.drain().samples, 0) << "nothing in flight after a drain";
+          const std::vector<Tensor> x{rows_of(0)};
+          evaluation = peer.evaluate(x, labels_of(0), 0);
+          peer.finish("done");
+        } else {
+          StepStats s;
+          while (peer.follow_step(s)) {
+          }
+        }
+      } catch (...) {
+        errors[i] = std::current_exception();
+        if (ups[i]) ups[i]->close();
+        if (downs[i]) downs[i]->close();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    if (errors[i]) ADD_FAILURE() << "stage " << i << ": " << error_of([&] { std::rethrow_exception(errors[i]); });
+  // Step 0 reports nothing (its backwards run in step 1); step 3 reports steps 2 and 3 (a
+  // checkpoint drains); step 4 none; step 5 (K = 2) step 4 drained, and none of its own.
+  EXPECT_EQ(returned, (std::vector<int64_t>{0, 8, 8, 16, 0, 8, 8, 8, 8, 8}));
+  EXPECT_EQ(peer_total.samples, static_cast<int64_t>(ks.size()) * batch);
+  EXPECT_NEAR(peer_total.loss_sum, local_loss, 1e-4 * local_loss);
+  for (std::size_t i = 0; i < parts.size(); ++i) {
+    EXPECT_LE(max_diff(*stages[i].net, *local[i].net), 1e-5f) << "stage " << i;
+    EXPECT_EQ(saved[i], std::vector<uint64_t>{checkpoint_step + 1}) << "stage " << i;
+  }
+  EXPECT_EQ(evaluation.samples, batch);
+  const StepStats local_eval = pipeline.evaluate(rows_of(0), labels_of(0), batch);
+  EXPECT_EQ(evaluation.correct, local_eval.correct);
+  EXPECT_NEAR(evaluation.loss_sum, local_eval.loss_sum, 1e-4 * std::max(1.0, local_eval.loss_sum));
+}
+
+// The middle of three stages of the CNN (cuts pool1, pool2) under the asynchronous schedule,
+// between two scripted neighbours.
+struct AsyncMiddle {
+  ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  Graph graph = Graph::build(spec);
+  std::vector<Graph> parts = graph.partition({"pool1", "pool2"});
+  std::unique_ptr<Backend> backend = make_test_backend("reference");
+  Network init{graph, *backend, 3};
+  PeerStage stage = make_stage(parts[1], init);
+  AsyncStashSchedule schedule;
+  StagePlan plan = make_stage_plan(spec.binary, graph, "pool1,pool2", parts, 1, schedule, 8, 2);
+  std::unique_ptr<MemoryLink> before, up, down, after;  // the scripted parties' ends, and the stage's
+  std::unique_ptr<StagePeer> peer;
+  MessageWriter writer;
+  AsyncMiddle() {
+    std::tie(before, up) = MemoryLink::pair();
+    std::tie(down, after) = MemoryLink::pair();
+    peer = std::make_unique<StagePeer>(*stage.stage, schedule, plan, up.get(), down.get());
+    before->send(writer.stage_hello(plan.hash, 0, 3, 0));
+    after->send(writer.stage_hello(plan.hash, 2, 3, 0));
+    EXPECT_EQ(peer->connect({}), 0u);
+    (void)before->receive("the answer");
+    (void)after->receive("the hello");
+  }
+  // Micro-batch `mb` of a step of 8 samples in `k`: pool1's output, ones.
+  void activations(uint64_t step, uint32_t mb, uint32_t k = 2) {
+    Tensor t = Tensor::empty(parts[1].inputs()[0].shape.batched(8 / k));
+    t.fill(1.0f);
+    const std::vector<int32_t> labels(8 / k, 1);
+    before->send(writer.activations({step, 8, k, 1.0f, false}, 0, mb, 0, t, labels, nullptr));
+  }
+  // Step `step`'s two micro-batches, followed: they go down, their backwards wait.
+  void step(uint64_t step) {
+    activations(step, 0);
+    activations(step, 1);
+    StepStats s;
+    ASSERT_TRUE(peer->follow_step(s));
+    for (int mb = 0; mb < 2; ++mb) (void)after->receive("activations");
+  }
+  void gradients(uint64_t step, uint32_t mb) {
+    Tensor g = Tensor::empty(stage.net->output(0).shape());
+    g.fill(0.01f);
+    after->send(writer.gradients(2, step, mb, 0, g, 1.0f, 1));
+  }
+  std::string follow() {
+    StepStats s;
+    return error_of([&] { peer->follow_step(s); });
+  }
+};
+
+TEST(StagePeer, AMiddleStageUnderTheAsyncScheduleKeepsAStepInFlightUntilDrainArrives) {
+  AsyncMiddle t;
+  t.step(0);
+  EXPECT_TRUE(t.peer->in_flight());
+  EXPECT_EQ(t.peer->next_step(), 1u);
+  EXPECT_EQ(t.peer->weight_version(), 0u) << "no update before step 0's backwards";
+  // Drain: passed on down first, then step 0 backed up with the next stage's gradients, which
+  // go up, and the update.
+  t.gradients(0, 0);
+  t.gradients(0, 1);
+  t.before->send(t.writer.drain(0, 0));
+  t.before->send(t.writer.bye("done"));
+  StepStats s;
+  EXPECT_FALSE(t.peer->follow_step(s));
+  const Frame drain = t.after->receive("Drain");
+  const wire::Message* m = wire::GetMessage(drain.data());
+  ASSERT_EQ(m->payload_type(), wire::Payload::Drain);
+  EXPECT_EQ(m->payload_as_Drain()->step(), 0u);
+  EXPECT_EQ(m->payload_as_Drain()->stage(), 1u);
+  for (uint32_t mb = 0; mb < 2; ++mb) {
+    const Frame g = t.before->receive("Gradients");
+    const wire::Message* gm = wire::GetMessage(g.data());
+    ASSERT_EQ(gm->payload_type(), wire::Payload::Gradients);
+    EXPECT_EQ(gm->payload_as_Gradients()->step(), 0u);
+    EXPECT_EQ(gm->payload_as_Gradients()->microbatch(), mb);
+  }
+  EXPECT_FALSE(t.peer->in_flight());
+  EXPECT_EQ(t.peer->weight_version(), 1u);
+  EXPECT_GT(max_diff(*t.stage.net, t.init), 0.0f) << "the update ran";
+}
+
+TEST(StagePeerBadInput, AStepInFlightRefusesAnotherKAnEvaluationAByeAndAWrongDrain) {
+  {
+    AsyncMiddle t;
+    t.step(0);
+    t.activations(1, 0, 1);
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: step 1 with K = 1 while step 0's "
+                          "backwards (K = 2) are in flight: the first stage sends Drain first");
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::OutOfWindow);
+  }
+  {
+    AsyncMiddle t;
+    t.step(0);
+    Tensor x = Tensor::empty(t.parts[1].inputs()[0].shape.batched(4));
+    x.fill(1.0f);
+    t.before->send(t.writer.activations({1, 8, 2, 1.0f, false, true, 0}, 0, 0, 0, x, std::vector<int32_t>(4, 1), nullptr));
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: an evaluation batch while step 0's "
+                          "backwards (K = 2) are in flight: the first stage sends Drain first");
+  }
+  {
+    AsyncMiddle t;
+    t.step(0);
+    t.before->send(t.writer.bye("done"));
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: Bye while step 0's backwards are in "
+                          "flight: the first stage sends Drain before it ends the run");
+  }
+  {
+    AsyncMiddle t;
+    t.step(0);
+    t.before->send(t.writer.drain(0, 7));
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: Drain of step 7 reached stage 1, "
+                          "whose step in flight is 0");
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::UnexpectedMessage);
+  }
+  {
+    AsyncMiddle t;
+    t.before->send(t.writer.drain(0, 0));
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: Drain of step 0 reached stage 1, "
+                          "whose step in flight is none");
+  }
+  {
+    AsyncMiddle t;
+    t.step(0);
+    t.activations(1, 0);
+    t.before->send(t.writer.drain(0, 0));
+    t.gradients(0, 0);  // step 1 runs B0' F0 B1' F1: step 0's backwards come first
+    t.gradients(0, 1);
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: Drain within step 1: a step in "
+                          "flight drains between steps");
+  }
+  {  // a gradient of the step being forwarded, where the step in flight's is awaited
+    AsyncMiddle t;
+    t.step(0);
+    t.activations(1, 0);
+    t.activations(1, 1);
+    t.gradients(1, 0);
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the next stage's message: step 1 micro-batch 0 is outside the "
+                          "window (step 0, micro-batches 0..1)");
+    EXPECT_EQ(t.down->refused.code, wire::ErrorCode::OutOfWindow);
+  }
+  {  // a synchronous plan has no step in flight
+    LastStage t;
+    t.hello();
+    t.send(t.writer.drain(0, 0));
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: Drain in a plan whose gpipe schedule "
+                          "keeps no step in flight");
+  }
+}
+
+TEST(StagePeerFilters, TheAsyncScheduleRefusesFiltersOnItsLinks) {
+  AsyncMiddle t;
+  CutNoiseFilter filter(1.0f, 0.5f, 1);
+  EXPECT_EQ(error_of([&] { t.peer->set_filters({&filter}, {}); }),
+            "[stage] " + std::string(filter.name()) + " keeps one step's state per micro-batch; the async schedule has "
+            "two steps in flight: use gpipe or 1f1b with filters on the links");
+}
+
 }  // namespace
 }  // namespace tandem::test

@@ -150,6 +150,11 @@ void EgressAudit::record(std::span<const uint8_t> message) {
                     ",\"loss\":", e->loss(), ",\"correct\":", e->correct());
         break;
       }
+      case wire::Payload::Drain: {  // the asynchronous schedule's step in flight, backed up
+        const auto* d = m->payload_as_Drain();
+        body += cat(",\"stage\":", d->stage(), ",\"step\":", d->step());
+        break;
+      }
       case wire::Payload::Gradients: {
         const auto* g = m->payload_as_Gradients();
         body += cat(",\"stage\":", g->stage(), ",\"step\":", g->step(), ",\"microbatch\":", g->microbatch(),

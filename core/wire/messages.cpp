@@ -324,6 +324,11 @@ std::span<const uint8_t> MessageWriter::evaluated(uint32_t stage, uint64_t step,
   return finish(wire::Payload::Evaluated, wire::CreateEvaluated(fbb_, stage, step, microbatch, loss, correct).Union());
 }
 
+std::span<const uint8_t> MessageWriter::drain(uint32_t stage, uint64_t step) {
+  fbb_.Clear();
+  return finish(wire::Payload::Drain, wire::CreateDrain(fbb_, stage, step).Union());
+}
+
 std::span<const uint8_t> MessageWriter::gradients(uint32_t stage, uint64_t step, uint32_t microbatch,
                                                   uint64_t weight_version, const Tensor& gradients, float loss,
                                                   uint32_t correct, wire::DType dtype) {
