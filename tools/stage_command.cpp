@@ -529,6 +529,7 @@ int run_party(const CliArgs& cli) {
           const int64_t skip = epoch == first_epoch ? static_cast<int64_t>(start % per_epoch) * batch : 0;
           double dcor_sum = 0;
           uint64_t dcor_samples = 0;
+          int64_t trained = 0;  // samples of the steps sent
           for (int64_t begin = skip; begin < batches.samples(); begin += batch) {
             if (privacy.dp_epsilon_budget > 0.0 && epsilon_after(releases + 1) > privacy.dp_epsilon_budget) {
               budget_spent = true;
@@ -551,8 +552,16 @@ int run_party(const CliArgs& cli) {
             total.loss_sum += st.loss_sum;
             total.correct += st.correct;
             total.samples += st.samples;
-            bar.update(total.samples, loss_here_only ? std::string()
-                                                     : cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
+            trained += count;  // under the async schedule a step's loss comes a step later
+            bar.update(trained, loss_here_only || total.samples == 0
+                                    ? std::string()
+                                    : cat("loss ", fixed(total.loss_sum / static_cast<double>(total.samples), 4)));
+          }
+          {  // the asynchronous schedule's step in flight: an epoch's steps are all in at its end
+            const StepStats st = peer.drain();
+            total.loss_sum += st.loss_sum;
+            total.correct += st.correct;
+            total.samples += st.samples;
           }
           const double seconds = std::chrono::duration<double>(Clock::now() - e0).count();
           const auto samples = static_cast<double>(std::max<uint64_t>(total.samples, 1));

@@ -5,8 +5,8 @@
 # training in one process (`tandem train`, two stages) within 1e-5, and every process exits
 # 0; so with the labels kept at the first party (its own process holds the loss), whose
 # parties' egress logs verify and show no labels sent. f16 on the links halves the bytes. A party with another party's certificate is refused
-# by name; a party that runs another plan is refused (ModelMismatch); the async schedule is
-# refused. A kill -9 of the first, a middle or the last party, restarted with the same
+# by name; a party that runs another plan is refused (ModelMismatch). Under the async
+# schedule the parties end on the weights of `tandem train`'s four stages under it. A kill -9 of the first, a middle or the last party, restarted with the same
 # command, ends on the uninterrupted run's weights byte for byte; a survivor's Prometheus
 # metrics count the restart, its steps, its links' bytes and its bubble. With the privacy
 # filters on (noise and NoPeek on the first party's activations, noise on the loss stage's
@@ -92,6 +92,22 @@ for schedule in ${STAGE_SCHEDULES:-gpipe 1f1b zero-bubble}; do
   [[ $(test_of "$work/$schedule-0.out") == "$(test_of "$work/one.out")" && -n $(test_of "$work/one.out") ]] ||
     fail "$schedule: the parties' test loss and accuracy '$(test_of "$work/$schedule-0.out")' against one process's '$(test_of "$work/one.out")'"
 done
+
+# The asynchronous schedule (a step in flight at every stage but the last, drained before the
+# evaluation): the weights and test figures of the same four stages under it in one process.
+"$tandem" train --model "$model" --cut pool1,pool2,fc1 --pipeline-schedule async --limit "$limit" --test-limit 10 \
+  --batch 64 --microbatches 4 --edge-backend onednn --cloud-backend onednn --export "$work/one-async.safetensors" \
+  > "$work/one-async.out" 2>&1 || { cat "$work/one-async.out"; fail "tandem train --pipeline-schedule async"; }
+deployment async async
+run_pipeline async
+"$diff" "$work/one-async.safetensors" "$work/async.safetensors" 1e-5 > "$work/diff.out" ||
+  { cat "$work/diff.out"; fail "async: four parties' weights differ from one process's four stages under async"; }
+! "$diff" "$work/one.safetensors" "$work/async.safetensors" 1e-5 > /dev/null || fail "async: the weights equal gpipe's"
+grep -q "\"epoch\":1,\"samples\":$limit," "$work/async-0.out" || fail "async: the first party's metrics: $(cat "$work/async-0.out")"
+[[ $(test_of "$work/async-0.out") == "$(test_of "$work/one-async.out")" && -n $(test_of "$work/one-async.out") ]] ||
+  fail "async: the parties' test figures '$(test_of "$work/async-0.out")' against one process's '$(test_of "$work/one-async.out")'"
+grep -q '"type":"Drain","bytes":[0-9]*,"stage":0,"step":'"$((limit / 64 - 1))" "$work/async-egress-0.jsonl" ||
+  fail "async: the first party's egress log shows no Drain of the last step"
 
 # The labels stay at the first party: its second process, scanner-tail, holds the loss and
 # reads the labels from the same data; the Activations carry none (the parties between refuse
@@ -218,14 +234,14 @@ expect_exit plan 1 1 "stage 1 refused the previous stage's message: the previous
 expect_exit plan 2 1 "nobody connected as 'gpu-box' (the party before) within 8 s"
 expect_exit plan 3 1 "nobody connected as 'cloud-a' (the party before) within 8 s"
 
-# The asynchronous schedule runs in one process only: refused before any link is made.
-deployment async async
+# Filters on the links under the async schedule: refused before any link is made.
+deployment async-private async 'dp-clip = 4'
 pids=()
-start async 0
-expect_exit async 0 1 "tandem: [stage] the async schedule runs in one process only (tandem train): a pipeline across parties runs gpipe, 1f1b or zero-bubble"
+start async-private 0
+expect_exit async-private 0 1 "tandem: [stage] noise on the activations (clip 4, sigma 0) keeps one step's state per micro-batch; the async schedule has two steps in flight: use gpipe or 1f1b with filters on the links"
 # Started as a whole, the first party that fails stops the others, and the launcher names it.
 rc=0
-"$tandem" stage --deployment "$work/async.toml" --all --log-dir "$work/async-logs" > "$work/async-all.out" 2>&1 || rc=$?
+"$tandem" stage --deployment "$work/async-private.toml" --all --log-dir "$work/async-logs" > "$work/async-all.out" 2>&1 || rc=$?
 ((rc == 1)) || fail "stage --all of a failing pipeline exited with $rc: $(cat "$work/async-all.out")"
 grep -q "failed: see $work/async-logs/.*\.log" "$work/async-all.out" || fail "stage --all said $(cat "$work/async-all.out")"
 
@@ -286,4 +302,4 @@ for k in 0 1 3; do
   done
 done
 
-echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble, and with the labels kept at the first party; f16 halves the bytes; an impostor, another plan and async refused; a kill -9 of the first, a middle or the last party, restarted, leaves the weights byte-identical; the test set evaluated across the parties as in one process; the privacy filters on the links, epsilon and its budget, no loss leaving the loss stage"
+echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble, and with the labels kept at the first party; f16 halves the bytes; an impostor, another plan and filters under async refused; four parties under async equal one process's four stages under it; a kill -9 of the first, a middle or the last party, restarted, leaves the weights byte-identical; the test set evaluated across the parties as in one process; the privacy filters on the links, epsilon and its budget, no loss leaving the loss stage"
