@@ -1,6 +1,7 @@
 // The stage peer (pipeline/stage_peer.h), the protocol of one stage of a pipeline across
 // parties, over in-memory links that carry the encoded messages: N peers on N threads train
-// like the whole model under every synchronous schedule, the mask travelling down the chain;
+// like the whole model under every synchronous schedule, the mask travelling down the chain,
+// and like the in-process pipeline under the asynchronous one;
 // and a stage refuses what a neighbour sends wrong, with the exact Error on the link.
 #include <gtest/gtest.h>
 

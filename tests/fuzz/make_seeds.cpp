@@ -170,8 +170,8 @@ void token_seeds() {
   std::system(cat("rm -rf '", dir, "'").c_str());
 }
 
-// Three stage peers on three threads train two steps of the sequence model and evaluate a
-// batch; the middle's arriving frames, each after its side's byte (0: from the stage before,
+// Three stage peers on three threads train two steps of the sequence model (drained under
+// the async schedule) and evaluate a batch; the middle's arriving frames, each after its side's byte (0: from the stage before,
 // 1: from the one after).
 [[maybe_unused]] void stage_seeds(uint8_t flags, const std::string& name) {
   StageUnderTest first(0, flags), middle(1, flags), last(2, flags);
@@ -234,6 +234,7 @@ void token_seeds() {
     p0.connect({});
     const std::vector<Tensor> x{ids, mask};
     for (uint64_t step = 0; step < 2; ++step) p0.train_step({step, kStageBatch, kStageMicrobatches, 1.0f, false}, x, labels.data());
+    p0.drain();  // the async schedule's step in flight (nothing under gpipe)
     p0.evaluate(x, labels.data(), 0);  // an evaluation batch between steps
     p0.finish("done");
   })();
@@ -266,6 +267,7 @@ int main(int argc, char** argv) {
     stage_seeds(0, "f32");
     stage_seeds(1, "f16");
     stage_seeds(3 | kLabelsAtFirst, "i8-labels-at-first");
+    stage_seeds(kStageAsync, "async");
     spec_seeds(argv[1]);
     checkpoint_and_safetensors_seeds();
     token_seeds();

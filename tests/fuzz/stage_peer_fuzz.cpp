@@ -1,6 +1,7 @@
 // Fuzzes a stage of a pipeline across parties (pipeline/stage_peer.h): the middle of three
 // stages takes arbitrary frames from the stage before and the stage after (stage_setup.h):
-// StageHello, Activations (of steps and evaluation batches), Gradients, Evaluated, Bye, Error. Every problem must be an Error (a refusal
+// StageHello, Activations (of steps and evaluation batches), Gradients, Evaluated, Drain (under
+// the async schedule), Bye, Error. Every problem must be an Error (a refusal
 // on the link) or a lost link, never a crash, a sanitizer report or another exception; every
 // message it sends must verify.
 #include "tests/fuzz/stage_setup.h"

@@ -21,6 +21,7 @@ enum StageFlags : uint8_t {
   kStageDtypeMask = 3,            // the links' dtype: 0 F32, 1 F16, 2 BF16, 3 I8
   kLabelsAtFirst = 1 << 2,        // labels = "first-party": none travel
   kStageHasCheckpoints = 1 << 3,  // the middle stage has checkpoints of steps 1 and 2
+  kStageAsync = 1 << 4,           // the async schedule: a step in flight, Drain
 };
 
 inline wire::DType stage_dtype(uint8_t flags) {
@@ -45,9 +46,11 @@ struct StageUnderTest {
   std::unique_ptr<Network> net;
   std::unique_ptr<Optimizer> opt;
   std::unique_ptr<Stage> stage;
-  GPipeSchedule schedule;
+  std::unique_ptr<PipelineSchedule> owned_schedule;
+  const PipelineSchedule& schedule;
   StagePlan plan;
-  StageUnderTest(std::size_t index, uint8_t flags) {
+  StageUnderTest(std::size_t index, uint8_t flags)
+      : owned_schedule(make_pipeline_schedule((flags & kStageAsync) ? "async" : "gpipe")), schedule(*owned_schedule) {
     StageModel& m = stage_model();
     Network whole(m.graph, *m.backend, kSeed);
     net = std::make_unique<Network>(m.parts[index], *m.backend, kSeed);
