@@ -245,9 +245,10 @@ rc=0
 ((rc == 1)) || fail "stage --all of a failing pipeline exited with $rc: $(cat "$work/async-all.out")"
 grep -q "failed: see $work/async-logs/.*\.log" "$work/async-all.out" || fail "stage --all said $(cat "$work/async-all.out")"
 
-# Faults: kill -9 of one party mid-run (the first, a middle one, the last), restarted with the
-# same command. Every party goes back to the newest checkpoint all have and the run finishes
-# with the weights of an uninterrupted run, byte for byte.
+# Faults: kill -9 of one party mid-run (the first, a middle one, the last; and a middle one
+# under async, whose checkpoints hold no step in flight), restarted with the same command.
+# Every party goes back to the newest checkpoint all have and the run finishes with the
+# weights of an uninterrupted run under the same schedule, byte for byte.
 heal_epochs=${HEAL_EPOCHS:-8}
 heal_steps=$((heal_epochs * limit / 64))
 heal_options="epochs = $heal_epochs"$'\ncheckpoint-every = 4'
@@ -263,9 +264,16 @@ newest_checkpoint() {  # newest_checkpoint DIR: true once DIR holds a checkpoint
 }
 deployment heal-ref 1f1b "$heal_options"
 run_pipeline heal-ref
-for k in 0 1 3; do
-  name=heal-$k
-  deployment "$name" 1f1b "$heal_options"
+heal_runs=${HEAL_RUNS:-1f1b:0 1f1b:1 1f1b:3 async:2}  # SCHEDULE:PARTY, each killed once
+if [[ $heal_runs == *async* ]]; then
+  deployment heal-ref-async async "$heal_options"
+  run_pipeline heal-ref-async
+fi
+for run in $heal_runs; do
+  schedule=${run%:*} k=${run#*:}
+  name=heal-$schedule-$k ref=heal-ref
+  [[ $schedule == async ]] && ref=heal-ref-async
+  deployment "$name" "$schedule" "$heal_options"
   pids=()
   for i in 3 2 1 0; do start "$name" "$i" "$name" 60; done
   for _ in $(seq 1 500); do newest_checkpoint "$work/$name-ckpt-$k" && break; sleep 0.02; done
@@ -275,7 +283,7 @@ for k in 0 1 3; do
   wait "${pids[$k]}" || rc=$?
   ((rc == 137)) || { cat "$work/$name-$k.out"; fail "$name: party ${parties[$k]} ended with $rc before it was killed"; }
   mv "$work/$name-$k.out" "$work/$name-$k.killed.out"
-  if ((k == 1)); then  # while gpu-box is down, cloud-a's metrics say it restarted, and what it did before
+  if [[ $run == 1f1b:1 ]]; then  # while gpu-box is down, cloud-a's metrics say it restarted, and what it did before
     metrics_port=$(sed -n 's|^metrics for Prometheus on http://127.0.0.1:\([0-9]*\)/metrics$|\1|p' "$work/$name-2.out")
     [[ -n $metrics_port ]] || fail "$name: cloud-a serves no metrics: $(cat "$work/$name-2.out")"
     for _ in $(seq 1 100); do [[ $(metric 'tandem_stage_restarts_total{party="cloud-a",stage="2"}') == 1 ]] && break; sleep 0.05; done
@@ -295,11 +303,11 @@ for k in 0 1 3; do
   for i in 0 1 2 3; do expect_exit "$name" "$i" 0 "\"steps\":$heal_steps"; done
   "$tandem" export --model "$model" --stages "$work/$name-0.safetensors,$work/$name-1.safetensors,$work/$name-2.safetensors,$work/$name-3.safetensors" \
     --out "$work/$name.safetensors" > /dev/null || fail "$name: export --stages"
-  cmp "$work/heal-ref.safetensors" "$work/$name.safetensors" ||
+  cmp "$work/$ref.safetensors" "$work/$name.safetensors" ||
     fail "$name: killing party ${parties[$k]} changed the final weights"
   for i in 0 1 2 3; do
     ((i == k)) || grep -q '"restarts":1' "$work/$name-$i.out" || fail "$name: party ${parties[$i]} did not restart once: $(cat "$work/$name-$i.out")"
   done
 done
 
-echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble, and with the labels kept at the first party; f16 halves the bytes; an impostor, another plan and filters under async refused; four parties under async equal one process's four stages under it; a kill -9 of the first, a middle or the last party, restarted, leaves the weights byte-identical; the test set evaluated across the parties as in one process; the privacy filters on the links, epsilon and its budget, no loss leaving the loss stage"
+echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble, and with the labels kept at the first party; f16 halves the bytes; an impostor, another plan and filters under async refused; four parties under async equal one process's four stages under it; a kill -9 of the first, a middle or the last party (and a middle one under async), restarted, leaves the weights byte-identical; the test set evaluated across the parties as in one process; the privacy filters on the links, epsilon and its budget, no loss leaving the loss stage"
