@@ -232,8 +232,7 @@ void Network::save_state(StateSnapshot& into) const {
   into.buffers.resize(state_buffers_.size());
   for (std::size_t i = 0; i < state_buffers_.size(); ++i) {
     const Tensor& b = *state_buffers_[i];
-    if (!into.buffers[i].defined() || into.buffers[i].shape() != b.shape()) into.buffers[i] = Tensor::empty(b.shape());
-    into.buffers[i].copy_from(b);
+    sized(into.buffers[i], b.shape()).copy_from(b);
   }
   into.counters.resize(state_counters_.size());
   for (std::size_t i = 0; i < state_counters_.size(); ++i) into.counters[i] = *state_counters_[i];

@@ -107,4 +107,11 @@ class Tensor {
 // Whether every value is finite (no NaN, no infinity).
 bool all_finite(const Tensor& t);
 
+// A reused buffer: `t`, made anew (uninitialised) only when it is undefined or of another
+// shape. Returns it.
+inline Tensor& sized(Tensor& t, const Shape& shape) {
+  if (!t.defined() || t.shape() != shape) t = Tensor::empty(shape);
+  return t;
+}
+
 }  // namespace tandem

@@ -9,11 +9,6 @@
 namespace tandem {
 namespace {
 
-Tensor& sized(Tensor& t, const Shape& shape) {
-  if (!t.defined() || t.shape() != shape) t = Tensor::empty(shape);
-  return t;
-}
-
 }  // namespace
 
 std::string CutNoiseFilter::name() const {

@@ -50,6 +50,9 @@ class LinkFilter {
     (void)grad, (void)mb, (void)samples;
     return nullptr;
   }
+  // Whether loss_gradient_up gives one: the loss stage then backs each micro-batch up twice
+  // (whole: the schedule must not split its backward).
+  virtual bool backs_up_twice() const { return false; }
   // Up: the gradient micro-batch `mb` sends to the stage before, in a step of `samples`.
   virtual const Tensor& gradient_out(const Tensor& grad, uint32_t mb, uint32_t samples) {
     (void)mb, (void)samples;
@@ -144,6 +147,7 @@ class LabelNoiseFilter final : public LinkFilter {
   LabelNoiseFilter(float sigma, int heads, uint64_t seed);
   std::string name() const override;
   const Tensor* loss_gradient_up(const Tensor& grad, uint32_t mb, uint32_t samples) override;
+  bool backs_up_twice() const override { return true; }
   bool hides_loss() const override { return true; }
 
  private:

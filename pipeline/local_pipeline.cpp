@@ -89,8 +89,7 @@ std::span<const Tensor> LocalPipeline::stage_inputs(Step& step, std::size_t i, i
         if (owned_inputs_.size() <= at) owned_inputs_.resize(at + 1);
         std::vector<Tensor>& owned = owned_inputs_[at];
         if (owned.size() <= k) owned.resize(k + 1);
-        if (!owned[k].defined() || owned[k].shape() != rows.shape()) owned[k] = Tensor::empty(rows.shape());
-        owned[k].copy_from(rows);
+        sized(owned[k], rows.shape()).copy_from(rows);
         rows = owned[k];
       }
       in.push_back(rows);
@@ -143,8 +142,7 @@ void LocalPipeline::run(Step& step, std::size_t s, const PipelineAction& a) {
   if (s == 0) return;
   // The link upstream carries a copy: the stage's next backward reuses its buffer.
   Tensor& sent = grads_[s][at];
-  if (!sent.defined() || sent.shape() != g.shape()) sent = Tensor::empty(g.shape());
-  sent.copy_from(g);
+  sized(sent, g.shape()).copy_from(g);
   std::lock_guard lock(step.mu);
   step.sent_grad[s][at] = 1;
 }

@@ -89,7 +89,7 @@ Stage::LossPass Stage::forward_loss(std::span<const Tensor> inputs, int slot, co
   const Tensor& out = forward(inputs, slot);
   Busy busy(busy_s_);
   Tensor& grad = output_grad(slot);
-  if (!grad.defined() || grad.shape() != out.shape()) grad = Tensor::empty(out.shape());
+  sized(grad, out.shape());
   LossPass pass;
   pass.loss = loss(out, labels, grad_scale, &grad);
   pass.correct = correct(out, labels);

@@ -430,7 +430,7 @@ void StagePeer::set_filters(std::vector<LinkFilter*> down, std::vector<LinkFilte
   whole_step_ = std::any_of(down_filters_.begin(), down_filters_.end(), [](LinkFilter* f) { return f->needs_whole_step(); });
   for (int k = 1; k <= static_cast<int>(plan_.microbatches); ++k) check_whole_step(k);
   for (LinkFilter* f : up_filters_) {
-    if (dynamic_cast<LabelNoiseFilter*>(f) == nullptr) continue;
+    if (!f->backs_up_twice()) continue;
     if (!last()) fail("stage", cat(f->name(), " is the loss stage's; stage ", plan_.index, " is not the last"));
     if (schedule_.name() == std::string("zero-bubble"))
       fail("stage", cat(f->name(), " backs the loss stage up whole, twice; the zero-bubble schedule splits its "
@@ -439,9 +439,9 @@ void StagePeer::set_filters(std::vector<LinkFilter*> down, std::vector<LinkFilte
 }
 
 void StagePeer::check_whole_step(int k) const {
+  if (!whole_step_) return;
   const auto whole = std::find_if(down_filters_.begin(), down_filters_.end(),
                                   [](LinkFilter* f) { return f->needs_whole_step(); });
-  if (whole == down_filters_.end()) return;
   int forwards = 0;
   for (const PipelineAction& a : schedule_.actions(static_cast<int>(plan_.index), static_cast<int>(plan_.stages), k)) {
     if (a.kind == Kind::Forward) ++forwards;
@@ -459,12 +459,10 @@ Tensor StagePeer::backward_twice(const Tensor& noised, const Tensor& exact, int 
   if (kept_grads_.size() != params.size()) kept_grads_.resize(params.size());
   for (std::size_t i = 0; i < params.size(); ++i) {
     const Tensor& g = params[i]->grad();
-    if (!kept_grads_[i].defined() || kept_grads_[i].shape() != g.shape()) kept_grads_[i] = Tensor::empty(g.shape());
-    kept_grads_[i].copy_from(g);
+    sized(kept_grads_[i], g.shape()).copy_from(g);
   }
   const Tensor up = stage_.backward(noised, slot, true);
-  if (!noised_up_.defined() || noised_up_.shape() != up.shape()) noised_up_ = Tensor::empty(up.shape());
-  noised_up_.copy_from(up);  // the backward's own buffer is reused by the next one
+  sized(noised_up_, up.shape()).copy_from(up);  // the backward's own buffer is reused by the next one
   for (std::size_t i = 0; i < params.size(); ++i) params[i]->grad().copy_from(kept_grads_[i]);
   stage_.backward(exact, slot, false);
   return noised_up_;
@@ -483,8 +481,7 @@ StagePeer::ForwardInputs StagePeer::inputs_of(uint32_t slot, const MicrobatchRan
       if (async_) {
         std::vector<Tensor>& owned = owned_[slot];
         if (owned.size() <= k) owned.resize(k + 1);
-        if (!owned[k].defined() || owned[k].shape() != rows.shape()) owned[k] = Tensor::empty(rows.shape());
-        owned[k].copy_from(rows);
+        sized(owned[k], rows.shape()).copy_from(rows);
         rows = owned[k];
       }
       in_.push_back(rows);

@@ -9,6 +9,7 @@
 #include <deque>
 #include <exception>
 #include <functional>
+#include <limits>
 #include <mutex>
 #include <thread>
 
@@ -1007,6 +1008,56 @@ TEST(StagePeerFilters, TheAsyncScheduleRefusesFiltersOnItsLinks) {
   EXPECT_EQ(error_of([&] { t.peer->set_filters({&filter}, {}); }),
             "[stage] " + std::string(filter.name()) + " keeps one step's state per micro-batch; the async schedule has "
             "two steps in flight: use gpipe or 1f1b with filters on the links");
+}
+
+// The first of two stages of the CNN (cut pool2), facing a scripted stage after it: what it
+// takes back for an evaluation batch.
+TEST(StagePeerBadInput, EvaluatedOfAnotherStageStepOrMicroBatchTwiceOrImpossibleIsRefused) {
+  const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  const Graph graph = Graph::build(spec);
+  const std::vector<Graph> parts = graph.partition({"pool2"});
+  std::unique_ptr<Backend> backend = make_test_backend("reference");
+  Network init{graph, *backend, 3};
+  GPipeSchedule schedule;
+  const StagePlan plan = make_stage_plan(spec.binary, graph, "pool2", parts, 0, schedule, 8, 2);
+  Rng rng(2);
+  const std::vector<Tensor> x{random_tensor(Shape{8, 28, 28, 1}, rng, 0.0f, 1.0f)};
+  const std::vector<int32_t> labels(8, 1);
+  MessageWriter writer;
+  const float nan = std::numeric_limits<float>::quiet_NaN();
+  struct Case {
+    std::vector<std::function<std::span<const uint8_t>()>> replies;
+    std::string error;
+  };
+  const std::vector<Case> cases{
+      {{[&] { return writer.evaluated(5, 0, 0, 1.0f, 1); }},
+       "[stage] stage 0 refused the next stage's message: an evaluation result named stage 5 reached stage 0"},
+      {{[&] { return writer.evaluated(1, 3, 0, 1.0f, 1); }},
+       "[stage] stage 0 refused the next stage's message: step 3 micro-batch 0 is outside the window (step 0, "
+       "micro-batches 0..1)"},
+      {{[&] { return writer.evaluated(1, 0, 0, 1.0f, 1); }, [&] { return writer.evaluated(1, 0, 0, 1.0f, 1); }},
+       "[stage] stage 0 refused the next stage's message: an evaluation result of micro-batch 0 that was not awaited"},
+      {{[&] { return writer.evaluated(1, 0, 0, 1.0f, 5); }},
+       "[stage] stage 0 refused the next stage's message: evaluation micro-batch 0's loss 1 or correct count 5 is "
+       "impossible"},
+      {{[&] { return writer.evaluated(1, 0, 1, nan, 1); }},
+       "[stage] stage 0 refused the next stage's message: evaluation micro-batch 1's loss nan or correct count 1 is "
+       "impossible"},
+  };
+  for (const Case& c : cases) {
+    SCOPED_TRACE(c.error);
+    PeerStage stage = make_stage(parts[0], init);
+    auto [down, after] = MemoryLink::pair();
+    StagePeer peer(*stage.stage, schedule, plan, nullptr, down.get());
+    after->send(writer.stage_hello(plan.hash, 1, 2, 0));
+    EXPECT_EQ(peer.connect({}), 0u);
+    for (const auto& reply : c.replies) after->send(reply());
+    EXPECT_EQ(error_of([&] { peer.evaluate(x, labels.data(), 0); }), c.error);
+    EXPECT_EQ(down->refused.code, c.error.find("window") != std::string::npos || c.error.find("awaited") != std::string::npos
+                                      ? wire::ErrorCode::OutOfWindow
+                                  : c.error.find("impossible") != std::string::npos ? wire::ErrorCode::BadTensor
+                                                                                    : wire::ErrorCode::UnexpectedMessage);
+  }
 }
 
 }  // namespace

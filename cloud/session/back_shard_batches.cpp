@@ -14,7 +14,7 @@ namespace {
 constexpr int kSlot = 0;  // every batch runs in one slot: its weight gradients finish before the next
 
 // `buffer` seen as `shape`, grown when too small (steady state: no allocation).
-Tensor sized(Tensor& buffer, const Shape& shape) {
+Tensor grown(Tensor& buffer, const Shape& shape) {
   if (!buffer.defined() || buffer.numel() < shape.numel()) buffer = Tensor::empty(shape);
   return buffer.prefix(shape);
 }
@@ -216,7 +216,7 @@ std::span<const Tensor> BackShardBatches::joined(const std::vector<Pending*>& me
   for (std::size_t i = 0; i < first.size(); ++i) {
     Shape shape = first[i].shape();
     shape[0] = rows;
-    Tensor joined = sized(joined_buffers_[i], shape);
+    Tensor joined = grown(joined_buffers_[i], shape);
     std::size_t at = 0;
     for (const Pending* p : members) {
       const Tensor& part = p->mb->inputs[i];
@@ -230,7 +230,7 @@ std::span<const Tensor> BackShardBatches::joined(const std::vector<Pending*>& me
 
 bool BackShardBatches::passes(const std::vector<Pending*>& members, bool backward, Tensor* grad) {
   const Tensor& out = stage_.forward(joined(members), kSlot);
-  const Tensor dlogits = sized(dlogits_, out.shape());
+  const Tensor dlogits = grown(dlogits_, out.shape());
   bool all = true;
   int64_t r = 0;
   for (Pending* p : members) {
@@ -249,7 +249,7 @@ bool BackShardBatches::passes(const std::vector<Pending*>& members, bool backwar
   // kept, so that a pass whose rows overflow can be undone exactly.
   const std::vector<Param*>& unsplit = net_.unsplit_params();
   unsplit_saved_.resize(unsplit.size());
-  for (std::size_t i = 0; i < unsplit.size(); ++i) sized(unsplit_saved_[i], unsplit[i]->grad().shape()).copy_from(unsplit[i]->grad());
+  for (std::size_t i = 0; i < unsplit.size(); ++i) grown(unsplit_saved_[i], unsplit[i]->grad().shape()).copy_from(unsplit[i]->grad());
   unsplit_dirty_ = true;  // (until the pass is kept or undone: an exception undoes it, lead())
   *grad = stage_.backward(dlogits, kSlot, true, /*defer_weights=*/true);
   r = 0;

@@ -36,7 +36,7 @@ double CutNoise::standard_normal() {
 
 void CutNoise::forward(const Tensor& activations, Tensor& out, std::vector<float>& scales) {
   const int64_t n = activations.shape()[0], d = activations.shape().item_numel();
-  if (!out.defined() || out.shape() != activations.shape()) out = Tensor::empty(activations.shape());
+  sized(out, activations.shape());
   scales.assign(static_cast<std::size_t>(n), 1.0f);
   const float* a = activations.data();
   float* o = out.data();
@@ -54,7 +54,7 @@ void CutNoise::forward(const Tensor& activations, Tensor& out, std::vector<float
 
 void CutNoise::forward_per_sample(const Tensor& grad, float samples, Tensor& per_sample, Tensor& out,
                                   std::vector<float>& scales) {
-  if (!per_sample.defined() || per_sample.shape() != grad.shape()) per_sample = Tensor::empty(grad.shape());
+  sized(per_sample, grad.shape());
   const float* g = grad.data();
   float* p = per_sample.data();
   for (int64_t i = 0, n = grad.numel(); i < n; ++i) p[i] = g[i] * samples;
@@ -69,7 +69,7 @@ void CutNoise::backward(const Tensor& grad_out, const Tensor& activations, const
   if (grad_out.shape() != activations.shape() || static_cast<int64_t>(scales.size()) != n)
     fail("privacy", cat("the cut's gradient ", grad_out.shape().str(), " does not fit its activations ",
                         activations.shape().str()));
-  if (!grad_in.defined() || grad_in.shape() != activations.shape()) grad_in = Tensor::empty(activations.shape());
+  sized(grad_in, activations.shape());
   const float *a = activations.data(), *g = grad_out.data();
   float* gi = grad_in.data();
   for (int64_t i = 0; i < n; ++i) {

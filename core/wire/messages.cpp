@@ -210,7 +210,7 @@ Tensor read_tensor(const Frame& frame, const wire::TensorMsg* msg, const Shape& 
       if (!std::isfinite(values[i])) return bad(wire::ErrorCode::BadTensor, cat("non-finite value at element ", i));
     return Tensor::borrow(frame.owner(), values, expected);
   }
-  if (!decoded.defined() || decoded.shape() != expected) decoded = Tensor::empty(expected);
+  sized(decoded, expected);
   std::string why;
   if (!decode_tensor(dtype, p, expected.numel(), msg->scale(), decoded.data(), why))
     return bad(wire::ErrorCode::BadTensor, why);
@@ -275,7 +275,7 @@ bool read_mask(const flatbuffers::Vector<uint8_t>* mask, int64_t count, int64_t 
     return false;
   }
   const Shape shape{count, tokens};
-  if (!decoded.defined() || decoded.shape() != shape) decoded = Tensor::empty(shape);
+  sized(decoded, shape);
   for (flatbuffers::uoffset_t i = 0; i < mask->size(); ++i) {
     const uint8_t b = mask->Get(i);
     if (b > 1) {

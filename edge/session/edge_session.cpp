@@ -322,8 +322,7 @@ bool EdgeSession::on_backward(const Frame& frame, WireError& error, bool& step_d
     if (cut_grads_.size() <= mb) cut_grads_.resize(eval_slot() + 1);
     Tensor& own = cut_grads_[mb];
     if (cut_grad != &own) {
-      if (!own.defined() || own.shape() != sent.shape()) own = Tensor::empty(sent.shape());
-      own.copy_from(*cut_grad);
+      sized(own, sent.shape()).copy_from(*cut_grad);
     }
     const auto [begin, count] = microbatch_range(s.batch(), s.microbatches, static_cast<int>(mb));
     const int64_t row = sent.numel() / count;
@@ -420,13 +419,11 @@ bool EdgeSession::on_middle_output(const Frame& frame, WireError& error, std::sp
     if (tail_grads_.size() != tail_->params().size()) tail_grads_.resize(tail_->params().size());
     for (std::size_t k = 0; k < tail_grads_.size(); ++k) {
       const Tensor& g = tail_->params()[k]->grad();
-      if (!tail_grads_[k].defined() || tail_grads_[k].shape() != g.shape()) tail_grads_[k] = Tensor::empty(g.shape());
-      tail_grads_[k].copy_from(g);
+      sized(tail_grads_[k], g.shape()).copy_from(g);
     }
     label_noise_->forward_per_sample(dlogits, samples, per_sample_, noised_dlogits_, grad_scales_);
     grad = tail.backward(noised_dlogits_, static_cast<int>(mb), true);
-    if (!noised_grad_in_.defined() || noised_grad_in_.shape() != grad.shape()) noised_grad_in_ = Tensor::empty(grad.shape());
-    noised_grad_in_.copy_from(grad);  // the backward's own buffer is reused by the next one
+    sized(noised_grad_in_, grad.shape()).copy_from(grad);  // the backward's own buffer is reused by the next one
     grad = noised_grad_in_;
     for (std::size_t k = 0; k < tail_grads_.size(); ++k) tail_->params()[k]->grad().copy_from(tail_grads_[k]);
     tail.backward(dlogits, static_cast<int>(mb), false);
