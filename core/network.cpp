@@ -4,6 +4,7 @@
 #include <chrono>
 #include <cmath>
 #include <exception>
+#include <unordered_map>
 
 #include "core/error.h"
 #include "core/layers/layers.h"
@@ -609,12 +610,35 @@ int Network::take_grad(const Shape& shape) {
 
 void Network::release_grad(int index) { --grad_pool_.users[static_cast<std::size_t>(index)]; }
 
-void init_from_whole_model(const Graph& whole, uint64_t seed, Network& shard, Backend& whole_backend) {
-  Network model(whole, whole_backend, seed);
-  for (Param* p : shard.all_params()) {
-    p->value().copy_from(model.param(p->name()).value());
-    p->bump_version();
+void init_from_whole_model(const Graph& whole, uint64_t seed, std::span<Network* const> shards, Backend& whole_backend) {
+  // The whole model's layers one at a time, drawing from one Rng in the order Network's
+  // constructor does; a layer is dropped once the shards have taken its parameters, so the
+  // whole model is never held at once.
+  std::unordered_map<std::string, Param*> wanted;
+  for (Network* shard : shards)
+    for (Param* p : shard->all_params()) wanted.emplace(p->name(), p);
+  Rng rng(seed);
+  const auto& nodes = whole.nodes();
+  for (std::size_t n = 0; n < nodes.size() && !wanted.empty(); ++n) {
+    std::vector<Shape> shapes;
+    for (int s : nodes[n].sources)
+      shapes.push_back(s >= 0 ? whole.inputs()[static_cast<std::size_t>(s)].shape
+                              : nodes[static_cast<std::size_t>(-s - 1)].shape);
+    const std::unique_ptr<Layer> layer = make_layer(nodes[n], shapes, whole_backend, rng);
+    for (Param* p : layer->params()) {
+      const auto it = wanted.find(p->name());
+      if (it == wanted.end()) continue;
+      it->second->value().copy_from(p->value());
+      it->second->bump_version();
+      wanted.erase(it);
+    }
   }
+  if (!wanted.empty()) fail("network", cat("no parameter named '", wanted.begin()->first, "' in ", whole.name()));
+}
+
+void init_from_whole_model(const Graph& whole, uint64_t seed, Network& shard, Backend& whole_backend) {
+  Network* one = &shard;
+  init_from_whole_model(whole, seed, std::span<Network* const>(&one, 1), whole_backend);
 }
 
 }  // namespace tandem

@@ -214,9 +214,11 @@ class Network {
 };
 
 // Gives `shard`'s parameters the values the whole model (`whole`, seeded with `seed`) starts
-// with, so a shard's weights do not depend on where the model is cut. The whole model is
-// built on `whole_backend` (one that runs every op of it, such as the reference backend),
-// and no kernel of it is made.
+// with, so a shard's weights do not depend on where the model is cut. The whole model's
+// layers are made one at a time on `whole_backend` (one that runs every op of it, such as the
+// reference backend; no kernel of it is made) and dropped once their parameters are copied:
+// a party never holds the whole model, only its largest layer beside its own shard.
 void init_from_whole_model(const Graph& whole, uint64_t seed, Network& shard, Backend& whole_backend);
+void init_from_whole_model(const Graph& whole, uint64_t seed, std::span<Network* const> shards, Backend& whole_backend);
 
 }  // namespace tandem

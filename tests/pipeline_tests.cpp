@@ -5,6 +5,7 @@
 
 #include <algorithm>
 #include <cmath>
+#include <cstring>
 #include <map>
 
 #include "core/error.h"
@@ -164,6 +165,43 @@ TEST(PipelinePartition, FourStagesHoldTheModelOnce) {
   EXPECT_EQ(message("pool1,,fc1"), "[split] cut list 'pool1,,fc1' has an empty name: give node names separated by commas");
   EXPECT_EQ(message("pool1,conv9"), "[split] cut node 'conv9' is not in the graph");
   EXPECT_EQ(message("pool1,fc2"), "[split] cut node 'fc2' is the output: nothing would be left for the back shard");
+}
+
+// Each stage starts on the whole model's initial weights (the same draws whatever the cuts),
+// made layer by layer without building the whole model: bit for bit what the whole model has.
+TEST(PipelinePartition, EachStageStartsOnTheWholeModelsWeightsBitForBit) {
+  std::unique_ptr<Backend> reference = make_backend("reference");
+  for (const auto& [spec, cuts] : {std::pair{fashion_cnn(), std::string(kCnnCuts)},
+                                   std::pair{parse_model_json(kTinyEncoderSpec), std::string("ln0,ln1,ln2")}}) {
+    SCOPED_TRACE(cuts);
+    const Graph graph = Graph::build(spec);
+    for (uint64_t seed : {0u, 7u}) {
+      Network whole(graph, *reference, seed);
+      std::vector<std::unique_ptr<Network>> nets;
+      std::vector<Network*> stages;
+      for (const Graph& g : graph.partition(cut_list(cuts))) {
+        nets.push_back(std::make_unique<Network>(g, *reference, seed + 1));  // other draws first
+        stages.push_back(nets.back().get());
+      }
+      init_from_whole_model(graph, seed, stages, *reference);
+      std::size_t params = 0;
+      for (Network* stage : stages)
+        for (Param* p : stage->all_params()) {
+          ++params;
+          const Tensor& want = whole.param(p->name()).value();
+          ASSERT_EQ(p->value().shape(), want.shape()) << p->name();
+          EXPECT_EQ(std::memcmp(p->value().data(), want.data(), static_cast<std::size_t>(want.numel()) * sizeof(float)), 0)
+              << p->name() << " (seed " << seed << ")";
+        }
+      EXPECT_EQ(params, whole.all_params().size());
+    }
+  }
+  // A shard of another model has parameters the whole model does not.
+  const Graph cnn = Graph::build(fashion_cnn());
+  Network encoder(Graph::build(parse_model_json(kTinyEncoderSpec)), *reference, 0);
+  const std::string error = error_of([&] { init_from_whole_model(cnn, 0, encoder, *reference); });
+  EXPECT_EQ(error.rfind("[network] no parameter named '", 0), 0u) << error;
+  EXPECT_NE(error.find("' in fashion-mnist-cnn"), std::string::npos) << error;
 }
 
 // N stages on the backend under test, from the whole model's weights, with SGD and momentum.

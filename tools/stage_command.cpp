@@ -323,7 +323,7 @@ int run_party(const CliArgs& cli) {
       !self.backend.empty() ? self.backend : preferred_backend(index == 0 ? "xnnpack" : "onednn");
   std::unique_ptr<Backend> backend = make_backend(backend_name, backend_options);
   Network net(stage_graphs[index], *backend, seed);
-  initial_weights(graph, seed, *backend, {&net});
+  init_from_whole_model(graph, seed, net, *make_backend("reference"));  // as every party draws them
   std::unique_ptr<Optimizer> optimizer = make_optimizer(net.params(), args.optimizer_options());
   Stage stage(net, optimizer.get());
 

@@ -93,7 +93,7 @@ int train(const CliArgs& args) {
     nets.push_back(std::make_unique<Network>(stage_graphs[i], *stage_backends[i], seed));
     stages.push_back(nets.back().get());
   }
-  initial_weights(graph, seed, *backends.edge, stages);
+  init_from_whole_model(graph, seed, stages, *make_backend("reference"));
   const OptimizerOptions sgd = args.optimizer_options();
   std::vector<std::unique_ptr<Optimizer>> optimizers;
   std::vector<Optimizer*> stage_optimizers;

@@ -9,15 +9,6 @@
 
 namespace tandem {
 
-void initial_weights(const Graph& whole, uint64_t seed, Backend& backend, const std::vector<Network*>& stages) {
-  Network net(whole, backend, seed);
-  for (Network* shard : stages)
-    for (Param* p : shard->all_params()) {
-      p->value().copy_from(net.param(p->name()).value());
-      p->bump_version();
-    }
-}
-
 TrainingSets load_training_sets(const CliArgs& args, const Graph& graph) {
   const std::string data = args.str("data", "fashion-mnist");
   TrainingSets sets;

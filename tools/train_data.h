@@ -18,10 +18,6 @@
 
 namespace tandem {
 
-// The whole model's initial weights from `seed` copied into its stages: every stage draws
-// from one generator in graph order, so the weights do not depend on where the cuts are.
-void initial_weights(const Graph& whole, uint64_t seed, Backend& backend, const std::vector<Network*>& stages);
-
 struct TrainingSets {
   LabelledInputs train, test;
 };
