@@ -738,7 +738,7 @@ TEST(StagePeerFilters, AFilterWithoutItsLinkOrAWholeStepFilterUnderAnInterleaved
 // weights under the same schedule, step for step: a step's backwards run during the next,
 // a checkpoint step drains, a change of K drains, the run ends drained. The weights are not
 // whole-model training's (each stage before the last applies its gradients a step late).
-TEST(StagePeer, FourPeersUnderTheAsyncScheduleTrainLikeTheInProcessPipeline) {
+TEST(StagePeer, FourCnnPeersUnderTheAsyncScheduleTrainLikeTheInProcessPipeline) {
   const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
   const std::string cuts = "pool1,pool2,fc1";
   const Graph graph = Graph::build(spec);
