@@ -29,6 +29,7 @@
 #include "core/checkpoint/checkpoint.h"
 #include "core/wire/egress_audit.h"
 #include "core/privacy/rdp_accountant.h"
+#include "core/sha256.h"
 #include "edge/agent/egress_log_file.h"
 #include "edge/session/event_edge.h"
 #include "pipeline/stage_peer.h"
@@ -45,6 +46,38 @@ namespace tandem {
 namespace {
 
 using Clock = std::chrono::steady_clock;
+
+// The first party's count of noised releases of the training set, kept in its checkpoint-dir
+// (dp-releases) and written, durably, before each release leaves: a first party killed and
+// restarted as a new process goes on from what it released, replays included, so the
+// epsilon it reports and the budget it keeps cover every release this deployment made.
+class ReleaseLedger {
+ public:
+  ReleaseLedger(const std::string& dir, const std::array<uint8_t, 32>& plan)
+      : path_(dir + "/dp-releases"), plan_(to_hex(plan.data(), plan.size())) {
+    if (!std::filesystem::exists(path_)) return;
+    const std::vector<uint8_t> bytes = read_file(path_);
+    const std::string text(bytes.begin(), bytes.end());
+    char plan_hex[65] = {};
+    unsigned long long count = 0;
+    if (std::sscanf(text.c_str(), "tandem dp releases 1\nplan %64s\nreleases %llu", plan_hex, &count) != 2)
+      fail("stage", cat(path_, " is not a release count tandem wrote: move it away (its epsilon is then unknown)"));
+    if (plan_ != plan_hex)
+      fail("stage", cat(path_, " counts the releases of another plan: move it away, or start this deployment in an "
+                        "empty checkpoint-dir"));
+    releases_ = count;
+  }
+  uint64_t releases() const { return releases_; }
+  void count_one() {
+    ++releases_;
+    const std::string text = cat("tandem dp releases 1\nplan ", plan_, "\nreleases ", releases_, "\n");
+    write_file_atomic(path_, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  }
+
+ private:
+  std::string path_, plan_;
+  uint64_t releases_ = 0;
+};
 
 std::string fixed(double v, int digits) {
   char buf[64];
@@ -483,7 +516,15 @@ int run_party(const CliArgs& cli) {
   const int max_restarts = static_cast<int>(cli.integer("restarts", 10, 0));
   // Releases of the training set's activations under noise, replays after a lost link
   // included: what the accountant counts (a replay is a fresh release of the same samples).
-  uint64_t releases = 0;
+  // With a checkpoint-dir the count is durable (ReleaseLedger): a restarted process goes on.
+  std::optional<ReleaseLedger> ledger;
+  if (index == 0 && cut_noise && store) {
+    ledger.emplace(self.checkpoint_dir, plan.hash);
+    if (ledger->releases() > 0)
+      std::fprintf(stderr, "%s: %llu noised releases of the training set before this process\n",
+                   (self.checkpoint_dir + "/dp-releases").c_str(), static_cast<unsigned long long>(ledger->releases()));
+  }
+  uint64_t releases = ledger ? ledger->releases() : 0;
   int restarts = 0;
   for (;;) {  // a round: the chain linked, from the newest checkpoint all stages have
     try {
@@ -543,6 +584,7 @@ int run_party(const CliArgs& cli) {
             const StepHeader header{step, count, std::min(microbatches, count),
                                     lr_factor(lr, static_cast<int64_t>(step)), checkpoint};
             ++releases;  // counted before it leaves: a step lost half-way released its activations too
+            if (ledger) ledger->count_one();
             const StepStats st = peer.train_step(header, x, labels);
             count_step();
             if (nopeek) {  // weighted by samples, as the edge's

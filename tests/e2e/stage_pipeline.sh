@@ -10,7 +10,8 @@
 # command, ends on the uninterrupted run's weights byte for byte; a survivor's Prometheus
 # metrics count the restart, its steps, its links' bytes and its bubble. With the privacy
 # filters on (noise and NoPeek on the first party's activations, noise on the loss stage's
-# gradient), epsilon is accounted and its budget stops the run, and no loss leaves.
+# gradient), epsilon is accounted and its budget stops the run (a new process of the first
+# party goes on from its durable count), and no loss leaves.
 # Usage: stage_pipeline.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -158,8 +159,20 @@ first=$(grep '"epoch":1,' "$work/private-logs/scanner.log") || fail "private: no
 [[ $first =~ \"train_loss\":null.*\"dp_epsilon\":([0-9.]+).*\"dcor\":0\.[0-9]+ ]] || fail "private: the scanner's epoch: $first"
 awk -v e="${BASH_REMATCH[1]}" -v b="$budget" 'BEGIN { exit !(e > b - 0.1 && e <= b) }' ||
   fail "private: epsilon ${BASH_REMATCH[1]} against a budget of $budget"
-grep -q "stopped before step [1-9][0-9]*: it would pass the privacy budget (epsilon $budget at delta 1e-05)" \
-  "$work/private-logs/scanner.log" || fail "private: the budget did not stop the run: $(cat "$work/private-logs/scanner.log")"
+released=$(sed -n "s/^stopped before step \([1-9][0-9]*\): it would pass the privacy budget (epsilon $budget at delta 1e-05)$/\1/p" \
+  "$work/private-logs/scanner.log")
+[[ -n $released ]] || fail "private: the budget did not stop the run: $(cat "$work/private-logs/scanner.log")"
+# The count of releases is durable: the ledger says it, and the same deployment started
+# again (a new process; no checkpoint, so from step 0) goes on from it and releases nothing.
+grep -qx "releases $released" "$work/private-ckpt-0/dp-releases" ||
+  fail "private: the ledger after $released releases: $(cat "$work/private-ckpt-0/dp-releases")"
+"$tandem" stage --deployment "$work/private.toml" --all --log-dir "$work/private-again-logs" --wait-s 60 \
+  > "$work/private-again.out" 2>&1 || { cat "$work/private-again.out" "$work"/private-again-logs/*; fail "private again: stage --all"; }
+grep -q "private-ckpt-0/dp-releases: $released noised releases of the training set before this process" \
+  "$work/private-again-logs/scanner.log" || fail "private again: $(cat "$work/private-again-logs/scanner.log")"
+grep -q "stopped before step 0: it would pass the privacy budget" "$work/private-again-logs/scanner.log" ||
+  fail "private again: the spent budget did not stop the run: $(cat "$work/private-again-logs/scanner.log")"
+grep -qx "releases $released" "$work/private-ckpt-0/dp-releases" || fail "private again: released more"
 grep -q "on the link down: NoPeek (alpha 0.1)" "$work/private-logs/scanner.log" || fail "private: no NoPeek on the link"
 grep -q "on the link up: noise on the gradient sent up (clip 0.1, sigma 0.5)" "$work/private-logs/scanner-tail.log" ||
   fail "private: no noise on the loss stage's link"
@@ -310,4 +323,4 @@ for run in $heal_runs; do
   done
 done
 
-echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble, and with the labels kept at the first party; f16 halves the bytes; an impostor, another plan and filters under async refused; four parties under async equal one process's four stages under it; a kill -9 of the first, a middle or the last party (and a middle one under async), restarted, leaves the weights byte-identical; the test set evaluated across the parties as in one process; the privacy filters on the links, epsilon and its budget, no loss leaving the loss stage"
+echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble, and with the labels kept at the first party; f16 halves the bytes; an impostor, another plan and filters under async refused; four parties under async equal one process's four stages under it; a kill -9 of the first, a middle or the last party (and a middle one under async), restarted, leaves the weights byte-identical; the test set evaluated across the parties as in one process; the privacy filters on the links, epsilon and its budget (durable across a new process), no loss leaving the loss stage"
