@@ -45,6 +45,51 @@ PeerStage make_stage(const Graph& g, Network& whole) {
   return s;
 }
 
+// A chain of peers, one a stage of `parts`, joined by in-memory links.
+struct PeerChain {
+  std::vector<PeerStage> stages;
+  std::vector<std::unique_ptr<MemoryLink>> ups, downs;
+  std::vector<std::unique_ptr<StagePeer>> peers;
+  PeerChain(const ModelSpec& spec, const Graph& graph, const std::string& cuts, const std::vector<Graph>& parts,
+            Network& init, const PipelineSchedule& schedule, uint32_t batch, uint32_t k)
+      : ups(parts.size()), downs(parts.size()) {
+    for (const Graph& g : parts) stages.push_back(make_stage(g, init));
+    for (std::size_t i = 0; i + 1 < parts.size(); ++i) std::tie(downs[i], ups[i + 1]) = MemoryLink::pair();
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      peers.push_back(std::make_unique<StagePeer>(*stages[i].stage, schedule,
+                                                  make_stage_plan(spec.binary, graph, cuts, parts, i, schedule, batch, k),
+                                                  ups[i].get(), downs[i].get()));
+  }
+  // Every peer on its own thread, linked (from step 0): the first runs `lead`, the others
+  // follow until the run ends (`follow` after each step or evaluation batch). A peer's Error
+  // closes its links, so the others end too, and is reported as a failure naming its stage.
+  void run(const std::function<void(StagePeer&)>& lead, const std::function<void(std::size_t, StagePeer&)>& follow = {}) {
+    std::vector<std::exception_ptr> errors(peers.size());
+    std::vector<std::thread> threads;
+    for (std::size_t i = 0; i < peers.size(); ++i)
+      threads.emplace_back([&, i] {
+        try {
+          StagePeer& peer = *peers[i];
+          EXPECT_EQ(peer.connect({}), 0u);
+          if (i == 0) {
+            lead(peer);
+            return;
+          }
+          StepStats s;
+          while (peer.follow_step(s))
+            if (follow) follow(i, peer);
+        } catch (...) {
+          errors[i] = std::current_exception();
+          if (ups[i]) ups[i]->close();
+          if (downs[i]) downs[i]->close();
+        }
+      });
+    for (std::thread& t : threads) t.join();
+    for (std::size_t i = 0; i < peers.size(); ++i)
+      if (errors[i]) ADD_FAILURE() << "stage " << i << ": " << error_of([&] { std::rethrow_exception(errors[i]); });
+  }
+};
+
 // `steps` steps of the data (rows taken round robin) through a pipeline of peers cut at
 // `cuts`, a thread each, against the whole model trained in one piece.
 void expect_peers_train_like_the_whole_model(const ModelSpec& spec, const std::string& cuts, int steps, int64_t batch,
@@ -94,45 +139,20 @@ void expect_peers_train_like_the_whole_model(const ModelSpec& spec, const std::s
   for (const char* name : {"gpipe", "1f1b", "zero-bubble"}) {
     SCOPED_TRACE(name);
     const auto schedule = make_pipeline_schedule(name);
-    std::vector<PeerStage> stages;
-    for (const Graph& g : parts) stages.push_back(make_stage(g, init));
-    std::vector<std::unique_ptr<MemoryLink>> ups(parts.size()), downs(parts.size());
-    for (std::size_t i = 0; i + 1 < parts.size(); ++i) std::tie(downs[i], ups[i + 1]) = MemoryLink::pair();
-    std::vector<std::unique_ptr<StagePeer>> peers;
-    for (std::size_t i = 0; i < parts.size(); ++i)
-      peers.push_back(std::make_unique<StagePeer>(
-          *stages[i].stage, *schedule,
-          make_stage_plan(spec.binary, graph, cuts, parts, i, *schedule, static_cast<uint32_t>(batch), k), ups[i].get(),
-          downs[i].get()));
+    PeerChain chain(spec, graph, cuts, parts, init, *schedule, static_cast<uint32_t>(batch), k);
     std::vector<double> losses;
     std::vector<StepStats> evals;
-    std::vector<std::exception_ptr> errors(parts.size());
     std::vector<int> followed(parts.size(), 0);
-    std::vector<std::thread> threads;
-    for (std::size_t i = 0; i < parts.size(); ++i)
-      threads.emplace_back([&, i] {
-        try {
-          StagePeer& peer = *peers[i];
-          EXPECT_EQ(peer.connect({}), 0u);
-          if (i == 0) {
-            for (int step = 0; step < steps; ++step)
-              losses.push_back(peer.train_step({static_cast<uint64_t>(step), static_cast<uint32_t>(batch), k, 1.0f, false},
-                                               rows_of(step), labels_of(step)).loss_sum);
-            for (int b = 0; b < 2; ++b) evals.push_back(peer.evaluate(rows_of(b), labels_of(b), static_cast<uint64_t>(b * batch)));
-            peer.finish("done");
-          } else {
-            StepStats s;
-            while (peer.follow_step(s)) followed[i] += peer.evaluated() ? 0 : 1;
-          }
-        } catch (...) {
-          errors[i] = std::current_exception();
-          if (ups[i]) ups[i]->close();
-          if (downs[i]) downs[i]->close();
-        }
-      });
-    for (std::thread& t : threads) t.join();
-    for (std::size_t i = 0; i < parts.size(); ++i)
-      if (errors[i]) ADD_FAILURE() << "stage " << i << ": " << error_of([&] { std::rethrow_exception(errors[i]); });
+    chain.run(
+        [&](StagePeer& peer) {
+          for (int step = 0; step < steps; ++step)
+            losses.push_back(peer.train_step({static_cast<uint64_t>(step), static_cast<uint32_t>(batch), k, 1.0f, false},
+                                             rows_of(step), labels_of(step)).loss_sum);
+          for (int b = 0; b < 2; ++b) evals.push_back(peer.evaluate(rows_of(b), labels_of(b), static_cast<uint64_t>(b * batch)));
+          peer.finish("done");
+        },
+        [&](std::size_t i, StagePeer& peer) { followed[i] += peer.evaluated() ? 0 : 1; });
+    std::vector<PeerStage>& stages = chain.stages;
     ASSERT_EQ(losses.size(), static_cast<std::size_t>(steps));
     for (int step = 0; step < steps; ++step)
       EXPECT_NEAR(losses[static_cast<std::size_t>(step)], whole_loss[static_cast<std::size_t>(step)],
@@ -781,63 +801,36 @@ TEST(StagePeer, FourCnnPeersUnderTheAsyncScheduleTrainLikeTheInProcessPipeline) 
   }
 
   AsyncStashSchedule schedule;
-  std::vector<PeerStage> stages;
-  for (const Graph& g : parts) stages.push_back(make_stage(g, init));
-  std::vector<std::unique_ptr<MemoryLink>> ups(parts.size()), downs(parts.size());
-  for (std::size_t i = 0; i + 1 < parts.size(); ++i) std::tie(downs[i], ups[i + 1]) = MemoryLink::pair();
-  std::vector<std::unique_ptr<StagePeer>> peers;
+  PeerChain chain(spec, graph, cuts, parts, init, schedule, batch, 4);
   std::vector<std::vector<uint64_t>> saved(parts.size());
-  for (std::size_t i = 0; i < parts.size(); ++i) {
-    peers.push_back(std::make_unique<StagePeer>(
-        *stages[i].stage, schedule, make_stage_plan(spec.binary, graph, cuts, parts, i, schedule, batch, 4),
-        ups[i].get(), downs[i].get()));
-    peers[i]->on_checkpoint([&saved, &peers, i](uint64_t step) {
-      EXPECT_FALSE(peers[i]->in_flight()) << "a checkpoint holds no step in flight";
+  for (std::size_t i = 0; i < parts.size(); ++i)
+    chain.peers[i]->on_checkpoint([&saved, &chain, i](uint64_t step) {
+      EXPECT_FALSE(chain.peers[i]->in_flight()) << "a checkpoint holds no step in flight";
       saved[i].push_back(step);
     });
-  }
   StepStats peer_total, evaluation;
   std::vector<int64_t> returned;  // the samples each train_step reported
-  std::vector<std::exception_ptr> errors(parts.size());
-  std::vector<std::thread> threads;
-  for (std::size_t i = 0; i < parts.size(); ++i)
-    threads.emplace_back([&, i] {
-      try {
-        StagePeer& peer = *peers[i];
-        EXPECT_EQ(peer.connect({}), 0u);
-        if (i == 0) {
-          for (std::size_t step = 0; step < ks.size(); ++step) {
-            const std::vector<Tensor> x{rows_of(step)};
-            const StepStats st =
-                peer.train_step({step, static_cast<uint32_t>(batch), ks[step], 1.0f, step == checkpoint_step}, x, labels_of(step));
-            returned.push_back(st.samples);
-            peer_total.loss_sum += st.loss_sum;
-            peer_total.samples += st.samples;
-          }
-          EXPECT_TRUE(peer.in_flight());
-          EXPECT_EQ(error_of([&] { peer.finish("done"); }), "[stage] step 8 is in flight: drain() before finish()");
-          const StepStats last = peer.drain();
-          returned.push_back(last.samples);
-          peer_total.loss_sum += last.loss_sum;
-          peer_total.samples += last.samples;
-          EXPECT_EQ(peer.drain().samples, 0) << "nothing in flight after a drain";
-          const std::vector<Tensor> x{rows_of(0)};
-          evaluation = peer.evaluate(x, labels_of(0), 0);
-          peer.finish("done");
-        } else {
-          StepStats s;
-          while (peer.follow_step(s)) {
-          }
-        }
-      } catch (...) {
-        errors[i] = std::current_exception();
-        if (ups[i]) ups[i]->close();
-        if (downs[i]) downs[i]->close();
-      }
-    });
-  for (std::thread& t : threads) t.join();
-  for (std::size_t i = 0; i < parts.size(); ++i)
-    if (errors[i]) ADD_FAILURE() << "stage " << i << ": " << error_of([&] { std::rethrow_exception(errors[i]); });
+  chain.run([&](StagePeer& peer) {
+    for (std::size_t step = 0; step < ks.size(); ++step) {
+      const std::vector<Tensor> x{rows_of(step)};
+      const StepStats st =
+          peer.train_step({step, static_cast<uint32_t>(batch), ks[step], 1.0f, step == checkpoint_step}, x, labels_of(step));
+      returned.push_back(st.samples);
+      peer_total.loss_sum += st.loss_sum;
+      peer_total.samples += st.samples;
+    }
+    EXPECT_TRUE(peer.in_flight());
+    EXPECT_EQ(error_of([&] { peer.finish("done"); }), "[stage] step 8 is in flight: drain() before finish()");
+    const StepStats last = peer.drain();
+    returned.push_back(last.samples);
+    peer_total.loss_sum += last.loss_sum;
+    peer_total.samples += last.samples;
+    EXPECT_EQ(peer.drain().samples, 0) << "nothing in flight after a drain";
+    const std::vector<Tensor> x{rows_of(0)};
+    evaluation = peer.evaluate(x, labels_of(0), 0);
+    peer.finish("done");
+  });
+  std::vector<PeerStage>& stages = chain.stages;
   // Step 0 reports nothing (its backwards run in step 1); step 3 reports steps 2 and 3 (a
   // checkpoint drains); step 4 none; step 5 (K = 2) step 4 drained, and none of its own.
   EXPECT_EQ(returned, (std::vector<int64_t>{0, 8, 8, 16, 0, 8, 8, 8, 8, 8}));
