@@ -56,15 +56,8 @@ os.makedirs(out)
 write(os.path.join(out, "train.safetensors"), n, 1)
 write(os.path.join(out, "test.safetensors"), n_test, 2)
 EOF
-"$cloud_bin" pki init --state-dir "$work/ca" > /dev/null
-for p in "${parties[@]}"; do
-  "$cloud_bin" pki issue --state-dir "$work/ca" --client "$p" --hosts 127.0.0.1,localhost --out "$work/id/$p" > /dev/null
-done
-free_ports() { /usr/bin/python3 -c "
-import socket
-s = [socket.socket() for _ in range($1)]
-for x in s: x.bind(('127.0.0.1', 0))
-print(' '.join(str(x.getsockname()[1]) for x in s))"; }
+source tests/e2e/lib.sh
+stage_identities "${parties[@]}"
 
 echo "spec $spec, cuts $cuts, batch $batch, K $k, $steps timed steps a run, $schedule, $backend, $rounds rounds"
 tandem_sps=() torch_sps=() torch_bubble=()

@@ -43,6 +43,23 @@ need_figures() {
   done
 }
 
+# free_ports N: N loopback ports free now (bound together, then released), on one line.
+free_ports() { /usr/bin/python3 -c "
+import socket
+s = [socket.socket() for _ in range($1)]
+for x in s: x.bind(('127.0.0.1', 0))
+print(' '.join(str(x.getsockname()[1]) for x in s))"; }
+
+# stage_identities PARTY...: a throwaway PKI in $work/ca and a certificate a party in
+# $work/id/PARTY (its common name the party's, valid for 127.0.0.1 and localhost).
+stage_identities() {
+  local p
+  "$cloud_bin" pki init --state-dir "$work/ca" > /dev/null
+  for p in "$@"; do
+    "$cloud_bin" pki issue --state-dir "$work/ca" --client "$p" --hosts 127.0.0.1,localhost --out "$work/id/$p" > /dev/null
+  done
+}
+
 # stop_started: stops every process this script started in the background and their children
 # (a function run with & is a subshell whose child is the edge), then waits for them: a
 # cleanup for every exit path, so a failure leaves nothing running.

@@ -24,15 +24,7 @@ fail() { echo "FAIL: $*"; exit 1; }
 limit=${STAGE_LIMIT:-1024}
 parties=(scanner gpu-box cloud-a cloud-b)
 
-"$cloud_bin" pki init --state-dir "$work/ca" > /dev/null
-for p in "${parties[@]}" scanner-tail; do
-  "$cloud_bin" pki issue --state-dir "$work/ca" --client "$p" --hosts 127.0.0.1,localhost --out "$work/id/$p" > /dev/null
-done
-free_ports() { /usr/bin/python3 -c "
-import socket
-s = [socket.socket() for _ in range($1)]
-for x in s: x.bind(('127.0.0.1', 0))
-print(' '.join(str(x.getsockname()[1]) for x in s))"; }
+stage_identities "${parties[@]}" scanner-tail
 
 # deployment NAME SCHEDULE [EXTRA]: $work/NAME.toml, four parties on fresh ports.
 deployment() {
