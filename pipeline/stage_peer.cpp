@@ -327,6 +327,10 @@ StagePeer::Upstream StagePeer::take_from_upstream(const char* awaiting) {
       wrong = cat("Drain of step ", d->step(), " reached stage ", plan_.index, ", whose step in flight is ",
                   async_ && !pending_ ? std::string("none") : cat(async_ ? pending_header_.step : next_step_ - 1));
     if (!wrong.empty()) refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage, wrong});
+    if (!(d->lr_scale() >= 0.0f && d->lr_scale() <= kMaxLrScale))
+      refuse(*up_, "previous", {wire::ErrorCode::BadTensor, cat("Drain of step ", d->step(), " asks for a learning-rate "
+                                                                "scale of ", d->lr_scale(), ", outside [0, ", kMaxLrScale, "]")});
+    drain_lr_scale_ = d->lr_scale();
     return Upstream::Drain;
   }
   const wire::Activations* a = msg->payload_as_Activations();
@@ -569,7 +573,7 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
   in_step_ = false;
   if (!async_) {
     add_stats(header, stats);
-    update(header);
+    update(header.lr_scale);
     clear_slots(header.step);  // the frames go back to their pool
   } else {
     // The weights this step's forwards used, kept for their backwards in the next step; the
@@ -578,20 +582,20 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
     stage_.stash_weights();
     if (pending_) {
       add_stats(pending_header_, stats);
-      update(header);
+      update(header.lr_scale);
       clear_slots(pending_header_.step);
     }
     pending_header_ = header;
     pending_ = true;
     // A checkpoint holds no step in flight: every stage backs this one up now, before it saves
     // (an uninterrupted run does the same, so a restart from it gives the same weights).
-    if (header.checkpoint) drain_pending(stats);
+    if (header.checkpoint) drain_pending(stats, header.lr_scale);
   }
   if (header.checkpoint && save_) save_(next_step_);
 }
 
-void StagePeer::update(const StepHeader& header) {
-  if (stage_.optimizer() != nullptr) stage_.optimizer()->set_lr_scale(header.lr_scale);
+void StagePeer::update(float lr_scale) {
+  if (stage_.optimizer() != nullptr) stage_.optimizer()->set_lr_scale(lr_scale);
   stage_.step();
   ++version_;
 }
@@ -634,7 +638,7 @@ void StagePeer::back_up(const PipelineAction& a, const StepHeader& h, uint32_t s
 
 // The asynchronous schedule's step in flight, backed up now on the weights its forwards used
 // (the backwards the next step would have run, in its order), then the update.
-void StagePeer::drain_pending(StepStats& stats) {
+void StagePeer::drain_pending(StepStats& stats, float lr_scale) {
   if (!pending_) return;
   const StepHeader h = pending_header_;
   stage_.zero_grad();
@@ -644,17 +648,20 @@ void StagePeer::drain_pending(StepStats& stats) {
     if (a.step < 0) back_up(a, h, slot_of(h.step, static_cast<uint32_t>(a.microbatch)));
   stage_.use_stash(false);
   add_stats(h, stats);
-  update(h);
+  update(lr_scale);
   clear_slots(h.step);
   pending_ = false;
 }
 
 StepStats StagePeer::drain() {
   if (!first()) fail("stage", "drain is the first stage's; a later stage drains when Drain arrives (follow_step)");
+  return pending_ ? drain_at(pending_header_.lr_scale) : StepStats{};
+}
+
+StepStats StagePeer::drain_at(float lr_scale) {
   StepStats stats;
-  if (!pending_) return stats;
-  down_->send(writer_.drain(plan_.index, pending_header_.step));
-  drain_pending(stats);
+  down_->send(writer_.drain(plan_.index, pending_header_.step, lr_scale));
+  drain_pending(stats, lr_scale);
   return stats;
 }
 
@@ -737,7 +744,9 @@ StepStats StagePeer::train_step(const StepHeader& header, std::span<const Tensor
     fail("stage", cat("a step of ", header.samples, " samples in ", header.microbatches, " micro-batches (plan: batch ",
                       plan_.batch, ", ", plan_.microbatches, " micro-batches)"));
   StepStats stats;
-  if (pending_ && pending_header_.microbatches != header.microbatches) stats = drain();  // the slots follow K
+  // The slots follow K: the step in flight drains first, its update at this step's scale (as
+  // one process, whose learning-rate scale is set before the step, applies it).
+  if (pending_ && pending_header_.microbatches != header.microbatches) stats = drain_at(header.lr_scale);
   header_ = header;
   in_step_ = true;
   run_step(header, inputs, labels, stats);
@@ -754,9 +763,10 @@ bool StagePeer::follow_step(StepStats& stats) {
       return false;
     }
     if (got == Upstream::Activations) break;
-    if (down_ != nullptr) down_->send(writer_.drain(plan_.index, pending_header_.step));  // on down first: its
-    StepStats drained;                                                                      // gradients come back
-    drain_pending(drained);
+    if (down_ != nullptr)  // on down first: its gradients come back
+      down_->send(writer_.drain(plan_.index, pending_header_.step, drain_lr_scale_));
+    StepStats drained;
+    drain_pending(drained, drain_lr_scale_);
   }
   evaluated_ = header_.evaluation;
   run_step(header_, {}, nullptr, stats);

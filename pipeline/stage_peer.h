@@ -218,10 +218,12 @@ class StagePeer {
   void check_whole_step(int k) const;
   static void clear(Slot& slot);
   void clear_slots(uint64_t step);  // the step's slots; their frames go back to the pool
-  void update(const StepHeader& header);  // the optimizer at the header's learning-rate scale
+  void update(float lr_scale);  // the optimizer at a learning-rate scale
   void add_stats(const StepHeader& header, StepStats& stats) const;
   void back_up(const PipelineAction& a, const StepHeader& h, uint32_t slot);
-  void drain_pending(StepStats& stats);
+  void drain_pending(StepStats& stats, float lr_scale);
+  StepStats drain_at(float lr_scale);  // the first stage: Drain down, then drain_pending
+  float drain_lr_scale_ = 1.0f;        // a later stage: the last Drain's
   bool async_ = false;         // the asynchronous schedule at a stage before the last: a step in flight
   bool pending_ = false;       // its backwards wait for the next step (or a drain)
   StepHeader pending_header_;  // that step

@@ -772,6 +772,9 @@ TEST(StagePeer, FourCnnPeersUnderTheAsyncScheduleTrainLikeTheInProcessPipeline) 
   // drained first), then K = 4 again, and the end.
   const std::vector<uint32_t> ks{4, 4, 4, 4, 4, 2, 2, 4, 4};
   const uint64_t checkpoint_step = 3;
+  // A learning-rate schedule: each update at the factor of the step it runs in (a drain before
+  // a change of K at the next step's, as one process sets it before the step).
+  const auto factor = [](std::size_t step) { return 1.0f - 0.06f * static_cast<float>(step); };
   const auto rows_of = [&](std::size_t step) { return images.slice_batch(static_cast<int64_t>(step) * batch % n, batch); };
   const auto labels_of = [&](std::size_t step) { return labels.data() + static_cast<int64_t>(step) * batch % n; };
   std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
@@ -788,6 +791,7 @@ TEST(StagePeer, FourCnnPeersUnderTheAsyncScheduleTrainLikeTheInProcessPipeline) 
   LocalPipeline pipeline(nets, opts, {.schedule = "async"});
   double local_loss = 0;
   for (std::size_t step = 0; step < ks.size(); ++step) {
+    for (Optimizer* o : opts) o->set_lr_scale(factor(step));
     local_loss += pipeline.train_step(rows_of(step), labels_of(step), static_cast<int>(ks[step])).loss_sum;
     if (step == checkpoint_step) pipeline.flush();
   }
@@ -814,7 +818,7 @@ TEST(StagePeer, FourCnnPeersUnderTheAsyncScheduleTrainLikeTheInProcessPipeline) 
     for (std::size_t step = 0; step < ks.size(); ++step) {
       const std::vector<Tensor> x{rows_of(step)};
       const StepStats st =
-          peer.train_step({step, static_cast<uint32_t>(batch), ks[step], 1.0f, step == checkpoint_step}, x, labels_of(step));
+          peer.train_step({step, static_cast<uint32_t>(batch), ks[step], factor(step), step == checkpoint_step}, x, labels_of(step));
       returned.push_back(st.samples);
       peer_total.loss_sum += st.loss_sum;
       peer_total.samples += st.samples;

@@ -324,9 +324,9 @@ std::span<const uint8_t> MessageWriter::evaluated(uint32_t stage, uint64_t step,
   return finish(wire::Payload::Evaluated, wire::CreateEvaluated(fbb_, stage, step, microbatch, loss, correct).Union());
 }
 
-std::span<const uint8_t> MessageWriter::drain(uint32_t stage, uint64_t step) {
+std::span<const uint8_t> MessageWriter::drain(uint32_t stage, uint64_t step, float lr_scale) {
   fbb_.Clear();
-  return finish(wire::Payload::Drain, wire::CreateDrain(fbb_, stage, step).Union());
+  return finish(wire::Payload::Drain, wire::CreateDrain(fbb_, stage, step, lr_scale).Union());
 }
 
 std::span<const uint8_t> MessageWriter::gradients(uint32_t stage, uint64_t step, uint32_t microbatch,

@@ -77,7 +77,7 @@ class MessageWriter {
   std::span<const uint8_t> stage_hello(const std::array<uint8_t, 32>& plan_hash, uint32_t stage, uint32_t stages,
                                        uint64_t resume_step, uint32_t format = kWireFormat);
   std::span<const uint8_t> evaluated(uint32_t stage, uint64_t step, uint32_t microbatch, float loss, uint32_t correct);
-  std::span<const uint8_t> drain(uint32_t stage, uint64_t step);
+  std::span<const uint8_t> drain(uint32_t stage, uint64_t step, float lr_scale = 1.0f);
   std::span<const uint8_t> activations(const StepHeader& header, uint32_t stage, uint32_t microbatch,
                                        uint64_t weight_version, const Tensor& activations,
                                        std::span<const int32_t> labels, const Tensor* mask,
