@@ -616,7 +616,9 @@ void init_from_whole_model(const Graph& whole, uint64_t seed, std::span<Network*
   // whole model is never held at once.
   std::unordered_map<std::string, Param*> wanted;
   for (Network* shard : shards)
-    for (Param* p : shard->all_params()) wanted.emplace(p->name(), p);
+    for (Param* p : shard->all_params())
+      if (!wanted.emplace(p->name(), p).second)
+        fail("network", cat("two shards of ", whole.name(), " hold a parameter named '", p->name(), "'"));
   Rng rng(seed);
   const auto& nodes = whole.nodes();
   for (std::size_t n = 0; n < nodes.size() && !wanted.empty(); ++n) {

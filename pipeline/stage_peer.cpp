@@ -325,7 +325,8 @@ StagePeer::Upstream StagePeer::take_from_upstream(const char* awaiting) {
       wrong = cat("Drain named stage ", d->stage(), " reached stage ", plan_.index);
     else if (async_ ? !pending_ || d->step() != pending_header_.step : next_step_ == 0 || d->step() != next_step_ - 1)
       wrong = cat("Drain of step ", d->step(), " reached stage ", plan_.index, ", whose step in flight is ",
-                  async_ && !pending_ ? std::string("none") : cat(async_ ? pending_header_.step : next_step_ - 1));
+                  async_ ? (pending_ ? cat(pending_header_.step) : std::string("none"))
+                         : (next_step_ > 0 ? cat(next_step_ - 1) : std::string("none")));
     if (!wrong.empty()) refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage, wrong});
     if (!(d->lr_scale() >= 0.0f && d->lr_scale() <= kMaxLrScale))
       refuse(*up_, "previous", {wire::ErrorCode::BadTensor, cat("Drain of step ", d->step(), " asks for a learning-rate "

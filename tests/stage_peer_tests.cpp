@@ -931,6 +931,33 @@ TEST(StagePeer, AMiddleStageUnderTheAsyncScheduleKeepsAStepInFlightUntilDrainArr
   EXPECT_GT(max_diff(*t.stage.net, t.init), 0.0f) << "the update ran";
 }
 
+// A lost link while a backward of the step in flight runs on the stashed weights: reset()
+// puts the current weights back and drops the step in flight.
+TEST(StagePeer, ALostLinkUnderTheAsyncScheduleDropsTheStepInFlightAndKeepsTheCurrentWeights) {
+  AsyncMiddle t;
+  t.step(0);
+  t.gradients(0, 0);
+  t.gradients(0, 1);
+  t.step(1);  // backs step 0 up on its stash, then the update: the current weights differ from the stash
+  EXPECT_EQ(t.peer->weight_version(), 1u);
+  Network current(t.parts[1], *t.backend, 0);
+  copy_params(current, *t.stage.net);
+  t.activations(2, 0);
+  t.after->close();  // step 2's first action, step 1's backward of micro-batch 0, waits in vain
+  StepStats s;
+  bool lost = false;
+  try {
+    t.peer->follow_step(s);
+  } catch (const LinkLost&) {
+    lost = true;
+  }
+  EXPECT_TRUE(lost);
+  EXPECT_TRUE(t.peer->in_flight());
+  t.peer->reset();
+  EXPECT_FALSE(t.peer->in_flight());
+  EXPECT_EQ(max_diff(*t.stage.net, current), 0.0f) << "the stashed weights were left in place";
+}
+
 TEST(StagePeerBadInput, AStepInFlightRefusesAnotherKAnEvaluationAByeAndAWrongDrain) {
   {
     AsyncMiddle t;

@@ -60,21 +60,32 @@ class ReleaseLedger {
     const std::string text(bytes.begin(), bytes.end());
     char plan_hex[65] = {};
     unsigned long long count = 0;
-    if (std::sscanf(text.c_str(), "tandem dp releases 1\nplan %64s\nreleases %llu", plan_hex, &count) != 2)
+    // Read back only what this class writes, to the byte.
+    if (std::sscanf(text.c_str(), "tandem dp releases 1 plan %64s releases %llu", plan_hex, &count) != 2 ||
+        text != text_of(plan_hex, count))
       fail("stage", cat(path_, " is not a release count tandem wrote: move it away (its epsilon is then unknown)"));
     if (plan_ != plan_hex)
-      fail("stage", cat(path_, " counts the releases of another plan: move it away, or start this deployment in an "
-                        "empty checkpoint-dir"));
+      fail("stage", cat(path_, " counts the releases of another plan (another noise, batch or data: its epsilon does "
+                        "not simply add up): start this deployment in another checkpoint-dir"));
     releases_ = count;
   }
   uint64_t releases() const { return releases_; }
-  void count_one() {
-    ++releases_;
-    const std::string text = cat("tandem dp releases 1\nplan ", plan_, "\nreleases ", releases_, "\n");
-    write_file_atomic(path_, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  void count_one() { write(releases_ + 1); }
+  // At least `n` releases were made (a checkpoint of step n, from before the ledger was kept).
+  void at_least(uint64_t n) {
+    if (n > releases_) write(n);
   }
 
  private:
+  static std::string text_of(const std::string& plan, uint64_t count) {
+    return cat("tandem dp releases 1\nplan ", plan, "\nreleases ", count, "\n");
+  }
+  void write(uint64_t count) {
+    const std::string text = text_of(plan_, count);
+    write_file_atomic(path_, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+    releases_ = count;
+  }
+
   std::string path_, plan_;
   uint64_t releases_ = 0;
 };
@@ -531,6 +542,10 @@ int run_party(const CliArgs& cli) {
       try {
       const std::vector<uint64_t> have = store ? store->steps() : std::vector<uint64_t>{};
       const uint64_t start = peer.connect(have);
+      if (ledger && ledger->releases() < start) {  // checkpoints older than the ledger: at least their steps
+        ledger->at_least(start);
+        releases = std::max(releases, start);
+      }
       const CheckpointData state = start == 0 ? decode_checkpoint(initial) : store->load_step(start);
       if (state.meta.model_hash != plan.hash || state.meta.step != start || state.meta.role != "stage")
         fail("stage", cat(self.checkpoint_dir, " holds a checkpoint of step ", state.meta.step,

@@ -152,7 +152,7 @@ void EgressAudit::record(std::span<const uint8_t> message) {
       }
       case wire::Payload::Drain: {  // the asynchronous schedule's step in flight, backed up
         const auto* d = m->payload_as_Drain();
-        body += cat(",\"stage\":", d->stage(), ",\"step\":", d->step());
+        body += cat(",\"stage\":", d->stage(), ",\"step\":", d->step(), ",\"lr_scale\":", d->lr_scale());
         break;
       }
       case wire::Payload::Gradients: {
