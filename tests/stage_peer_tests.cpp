@@ -993,6 +993,14 @@ TEST(StagePeerBadInput, AStepInFlightRefusesAnotherKAnEvaluationAByeAndAWrongDra
   }
   {
     AsyncMiddle t;
+    t.step(0);
+    t.before->send(t.writer.drain(0, 0, 1000.0f));
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: Drain of step 0 asks for a "
+                          "learning-rate scale of 1000, outside [0, 100]");
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::BadTensor);
+  }
+  {
+    AsyncMiddle t;
     t.before->send(t.writer.drain(0, 0));
     EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: Drain of step 0 reached stage 1, "
                           "whose step in flight is none");
