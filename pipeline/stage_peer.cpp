@@ -26,13 +26,15 @@ double since(std::chrono::steady_clock::time_point t0) {
 
 std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
                                   const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches,
-                                  wire::DType dtype, bool labels_travel, const std::string& run_terms) {
+                                  wire::DType dtype, bool labels_travel, const std::string& run_terms,
+                                  uint32_t members) {
   Sha256 h;
   h.update(spec_binary.data(), spec_binary.size());
   std::string rest = cat('\0', cuts, '\0', schedule, '\0', stages, '\0', batch, '\0', microbatches);
   if (dtype != wire::DType::F32) rest += cat('\0', dtype_name(dtype));
   if (!labels_travel) rest += cat('\0', "labels stay at the first party");
   if (!run_terms.empty()) rest += cat('\0', run_terms);
+  if (members > 1) rest += cat('\0', members, " first parties");
   h.update(reinterpret_cast<const uint8_t*>(rest.data()), rest.size());
   return h.finish();
 }
@@ -40,12 +42,13 @@ std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const st
 StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& whole, const std::string& cuts,
                           const std::vector<Graph>& stages, std::size_t index, const PipelineSchedule& schedule,
                           uint32_t batch, uint32_t microbatches, wire::DType dtype, bool labels_travel,
-                          const std::string& run_terms) {
+                          const std::string& run_terms, uint32_t members) {
   StagePlan plan;
   plan.index = static_cast<uint32_t>(index);
   plan.stages = static_cast<uint32_t>(stages.size());
-  plan.hash =
-      plan_hash(spec_binary, cuts, schedule.name(), plan.stages, batch, microbatches, dtype, labels_travel, run_terms);
+  plan.members = members;
+  plan.hash = plan_hash(spec_binary, cuts, schedule.name(), plan.stages, batch, microbatches, dtype, labels_travel,
+                        run_terms, members);
   plan.dtype = dtype;
   plan.labels_travel = labels_travel;
   plan.batch = batch;
@@ -78,13 +81,26 @@ struct StagePeer::Slot {
 
 StagePeer::StagePeer(Stage& stage, const PipelineSchedule& schedule, const StagePlan& plan, StageLink* upstream,
                      StageLink* downstream)
-    : stage_(stage), schedule_(schedule), plan_(plan), up_(upstream), down_(downstream) {
+    : StagePeer(stage, schedule, plan, std::span<StageLink* const>(&upstream, upstream ? 1 : 0), downstream) {}
+
+StagePeer::StagePeer(Stage& stage, const PipelineSchedule& schedule, const StagePlan& plan,
+                     std::span<StageLink* const> members, StageLink* downstream)
+    : stage_(stage), schedule_(schedule), plan_(plan), up_(members.empty() ? nullptr : members[0]), down_(downstream),
+      members_(members.begin(), members.end()) {
   check_schedule(schedule);
   if (plan.stages < 2 || plan.index >= plan.stages)
     fail("stage", cat("stage ", plan.index, " of ", plan.stages, ": a pipeline across parties has two stages or more"));
-  if ((up_ == nullptr) != first() || (down_ == nullptr) != last())
-    fail("stage", cat("stage ", plan.index, " of ", plan.stages, " needs ", first() ? "no" : "an", " upstream link and ",
-                      last() ? "no" : "a", " downstream link"));
+  if (plan.members < 1 || (first() && plan.member >= plan.members) || (!first() && plan.member != 0))
+    fail("stage", cat("member ", plan.member, " of ", plan.members, " first parties at stage ", plan.index));
+  if (plan.members > 1 && schedule.asynchronous())
+    fail("stage", cat("the async schedule keeps a step in flight, and with ", plan.members, " first parties taking "
+                      "turns it would cross members: use gpipe, 1f1b or zero-bubble"));
+  const std::size_t ups = first() ? 0 : shared() ? plan.members : 1;
+  if (members_.size() != ups || std::find(members_.begin(), members_.end(), nullptr) != members_.end() ||
+      (down_ == nullptr) != last())
+    fail("stage", cat("stage ", plan.index, " of ", plan.stages, " needs ", ups, " upstream link", ups == 1 ? "" : "s",
+                      " and ", last() ? "no" : "a", " downstream link"));
+  gone_.assign(plan.members, false);
   if (plan.microbatches < 1 || plan.batch < plan.microbatches)
     fail("stage", cat("a plan of ", plan.microbatches, " micro-batches in a batch of ", plan.batch));
   async_ = schedule.asynchronous() && !last();
@@ -133,7 +149,8 @@ const wire::Message* StagePeer::verified(StageLink& link, const char* neighbour,
   return msg;
 }
 
-const wire::StageHello& StagePeer::hello_from(StageLink& link, const char* neighbour, const Frame& frame) {
+const wire::StageHello& StagePeer::hello_from(StageLink& link, const char* neighbour, const Frame& frame,
+                                              bool from_up, uint32_t member) {
   const wire::Message* msg = verified(link, neighbour, frame);
   const wire::StageHello* h = msg->payload_as_StageHello();
   if (h == nullptr)
@@ -148,11 +165,20 @@ const wire::StageHello& StagePeer::hello_from(StageLink& link, const char* neigh
                              cat("the ", neighbour, " stage runs another plan (model spec, cuts, schedule, batch, K, "
                                  "optimizer or seed differ from stage ", plan_.index,
                                  "'s): give every party the same deployment")});
-  const uint32_t want = &link == up_ ? plan_.index - 1 : plan_.index + 1;
+  const uint32_t want = from_up ? plan_.index - 1 : plan_.index + 1;
   if (h->stage() != want || h->stages() != plan_.stages)
     refuse(link, neighbour, {wire::ErrorCode::ModelMismatch, cat("stage ", h->stage(), " of ", h->stages(),
                                                                  " linked to stage ", plan_.index, " of ",
                                                                  plan_.stages)});
+  if (h->member() != member)
+    refuse(link, neighbour, {wire::ErrorCode::ModelMismatch,
+                             cat("the first party on the link of member ", member, " of ", plan_.members,
+                                 " says it is member ", h->member(), ": give each first party its own place in the "
+                                 "deployment")});
+  if (from_up && shared() && h->resume_step() % plan_.members != 0)
+    refuse(link, neighbour, {wire::ErrorCode::NoCheckpoint,
+                             cat("member ", member, " proposes step ", h->resume_step(), ", not the end of a round of ",
+                                 plan_.members, " steps")});
   return *h;
 }
 
@@ -168,25 +194,30 @@ uint64_t StagePeer::connect(std::span<const uint64_t> checkpoints) {
     return step == 0 || std::find(checkpoints.begin(), checkpoints.end(), step) != checkpoints.end();
   };
   uint64_t proposal = UINT64_MAX;
-  if (!first()) {
-    const Frame frame = up_->receive("StageHello");
-    proposal = hello_from(*up_, "previous", frame).resume_step();
+  for (uint32_t m = 0; m < members_.size(); ++m) {  // every member's, at a shared stage: the oldest
+    const Frame frame = members_[m]->receive("StageHello");
+    proposal = std::min(proposal, hello_from(*members_[m], "previous", frame, true, shared() ? m : 0).resume_step());
   }
   uint64_t start = newest_by(proposal);
   if (!last()) {
     down_->open();
-    down_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start));
+    down_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start, kWireFormat, plan_.member));
     const Frame frame = down_->receive("StageHello");
-    const uint64_t answer = hello_from(*down_, "next", frame).resume_step();
+    const uint64_t answer = hello_from(*down_, "next", frame, false).resume_step();
     if (answer > start || !have(answer))
       refuse(*down_, "next", {wire::ErrorCode::NoCheckpoint,
                               cat("the stage after answered step ", answer, " to start from; stage ", plan_.index,
                                   " proposed ", start, " and has no checkpoint of it")});
     start = answer;
   }
-  if (!first()) up_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start));
-  next_step_ = start;
-  version_ = start;  // the updates the restored weights have had
+  for (StageLink* up : members_) up->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start));
+  // A member trains its own turns: the first of the round `start` begins.
+  next_step_ = first() ? start + plan_.member : start;
+  version_ = first() ? start / plan_.members : start;  // the updates the restored weights have had
+  turn_ = 0;
+  up_ = first() ? nullptr : members_[0];
+  gone_.assign(plan_.members, false);
+  any_gone_ = false;
   return start;
 }
 
@@ -223,9 +254,23 @@ bool StagePeer::check_header(const wire::Activations& a, WireError& error) {
                                              "checkpoint or evaluation flag between micro-batches")};
     return false;
   }
-  if (h.step != next_step_) {
-    error = {wire::ErrorCode::OutOfWindow, cat("activations of step ", h.step, " while stage ", plan_.index,
-                                               " trains step ", next_step_, " next")};
+  if (shared() && !h.evaluation && any_gone_) {
+    error = {wire::ErrorCode::OutOfWindow, cat("member ", turn_, " sent step ", h.step, " after another first party "
+                                               "ended its run: the members train the same number of steps (give each "
+                                               "as many samples)")};
+    return false;
+  }
+  const uint64_t expected = shared() && h.evaluation ? turn_step() : next_step_;
+  if (h.step != expected) {
+    error = {wire::ErrorCode::OutOfWindow,
+             cat(h.evaluation ? "an evaluation batch before step " : "activations of step ", h.step, " while stage ",
+                 plan_.index, " trains step ", expected, " next",
+                 shared() ? cat(" (member ", turn_, "'s turn of ", plan_.members, ")") : std::string())};
+    return false;
+  }
+  if (shared() && h.checkpoint && h.step % plan_.members != plan_.members - 1) {
+    error = {wire::ErrorCode::BadTensor, cat("step ", h.step, " asks for a checkpoint within a round: the last member "
+                                             "of ", plan_.members, " asks for it, at the round's end")};
     return false;
   }
   if (h.samples < 1 || h.samples > plan_.batch || h.microbatches < 1 || h.microbatches > plan_.microbatches ||
@@ -311,6 +356,14 @@ StagePeer::Upstream StagePeer::take_from_upstream(const char* awaiting) {
       refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage,
                                 cat("Bye while step ", pending_header_.step, "'s backwards are in flight: the first "
                                     "stage sends Drain before it ends the run")});
+    if (shared()) {  // that member is done; the run ends once every member is
+      gone_[turn_] = true;
+      any_gone_ = true;
+      if (std::find(gone_.begin(), gone_.end(), false) != gone_.end()) {
+        pass_turn();
+        return take_from_upstream(awaiting);
+      }
+    }
     return Upstream::Bye;
   }
   if (const wire::Drain* d = msg->payload_as_Drain()) {
@@ -370,7 +423,8 @@ void StagePeer::take_from_downstream(const char* awaiting) {
     if (e->stage() != plan_.index + 1)
       refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage,
                               cat("an evaluation result named stage ", e->stage(), " reached stage ", plan_.index)});
-    if (!check_window(e->step(), e->microbatch(), h.step, h.microbatches, error)) refuse(*down_, "next", error);
+    if (!check_window(e->step(), e->microbatch(), down_header(h).step, h.microbatches, error))
+      refuse(*down_, "next", error);
     Slot& slot = slots_[slot_of(h.step, e->microbatch())];
     if (!slot.sent || slot.gradients)
       refuse(*down_, "next", {wire::ErrorCode::OutOfWindow, cat("an evaluation result of micro-batch ", e->microbatch(),
@@ -566,12 +620,17 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
                               : std::span<const int32_t>();
       const Tensor* sent = &out;
       for (LinkFilter* f : down_filters_) sent = &f->activations_out(*sent, mb, range.begin);
-      down_->send(writer_.activations(header, plan_.index, mb, version_, *sent, sent_labels, mask, plan_.dtype));
+      down_->send(writer_.activations(down_header(header), plan_.index, mb, version_, *sent, sent_labels, mask,
+                                      plan_.dtype));
       slots_[slot].sent = true;
     }
   }
-  next_step_ = header.step + 1;
+  next_step_ = header.step + (first() ? plan_.members : 1);  // a member's next turn
   in_step_ = false;
+  if (shared()) {
+    turn_ = static_cast<uint32_t>(next_step_ % plan_.members);
+    up_ = members_[turn_];
+  }
   if (!async_) {
     add_stats(header, stats);
     update(header.lr_scale);
@@ -592,7 +651,27 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
     // (an uninterrupted run does the same, so a restart from it gives the same weights).
     if (header.checkpoint) drain_pending(stats, header.lr_scale);
   }
-  if (header.checkpoint && save_) save_(next_step_);
+  if (header.checkpoint && save_) save_(first() ? checkpoint_label(header.step) : next_step_);
+}
+
+StepHeader StagePeer::down_header(const StepHeader& h) const {
+  StepHeader d = h;
+  if (shared() && h.evaluation) d.step = next_step_;  // the members' evaluation batches, in this stage's count
+  // Within a round only the last member asks the later stages for a checkpoint; the others
+  // keep theirs at the round's end (their weights do not change until their next turn).
+  if (first() && plan_.member + 1 < plan_.members) d.checkpoint = false;
+  return d;
+}
+
+void StagePeer::pass_turn() {
+  for (uint32_t i = 1; i <= plan_.members; ++i) {
+    const uint32_t m = (turn_ + i) % plan_.members;
+    if (!gone_[m]) {
+      turn_ = m;
+      up_ = members_[m];
+      return;
+    }
+  }
 }
 
 void StagePeer::update(float lr_scale) {
@@ -681,7 +760,8 @@ void StagePeer::run_evaluation(const StepHeader& header, std::span<const Tensor>
       const std::span<const int32_t> sent_labels =
           plan_.labels_travel ? std::span<const int32_t>(labels, static_cast<std::size_t>(range.count))
                               : std::span<const int32_t>();
-      down_->send(writer_.activations(header, plan_.index, mb, version_, *sent, sent_labels, mask, plan_.dtype));
+      down_->send(writer_.activations(down_header(header), plan_.index, mb, version_, *sent, sent_labels, mask,
+                                      plan_.dtype));
       slots_[slot].sent = true;
       continue;
     }

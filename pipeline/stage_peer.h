@@ -72,23 +72,32 @@ struct StagePlan {
   // runs where the data is (the first party's machine) and reads them there (labels_from):
   // no other party ever receives one.
   bool labels_travel = true;
+  // Several first parties sharing the stages after the first (federation along the chain):
+  // `members` first stages, each a party with its own data and its own weights, take turns,
+  // member m leading the steps g with g mod members = m; the later stages train every step
+  // in that one order, so a run and its restart from a checkpoint give the same weights. A
+  // round is `members` steps, one a member; checkpoints are taken at rounds' ends. `member`
+  // is which first stage this is (0 elsewhere).
+  uint32_t members = 1, member = 0;
 };
 
 // SHA-256 over the binary model spec and, each after a zero byte, the cut list, the
 // schedule's name, the number of stages, the batch, K, (when not f32) the links' dtype, where
-// the labels are, and `run_terms` (the host's other terms every stage must share: the
-// optimizer's options, the seed): what StageHello carries.
+// the labels are, `run_terms` (the host's other terms every stage must share: the
+// optimizer's options, the seed) and (when more than one) the first parties' number: what
+// StageHello carries.
 std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
                                   const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches,
                                   wire::DType dtype = wire::DType::F32, bool labels_travel = true,
-                                  const std::string& run_terms = "");
+                                  const std::string& run_terms = "", uint32_t members = 1);
 
 // Stage `index`'s plan among `stages` (whole.partition(cut_list(cuts))), run under `schedule`
-// with at most `batch` samples a step in at most `microbatches`.
+// with at most `batch` samples a step in at most `microbatches`; `members` first parties
+// share the later stages (the host sets a first stage's `member`).
 StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& whole, const std::string& cuts,
                           const std::vector<Graph>& stages, std::size_t index, const PipelineSchedule& schedule,
                           uint32_t batch, uint32_t microbatches, wire::DType dtype = wire::DType::F32,
-                          bool labels_travel = true, const std::string& run_terms = "");
+                          bool labels_travel = true, const std::string& run_terms = "", uint32_t members = 1);
 
 class StagePeer {
  public:
@@ -100,6 +109,15 @@ class StagePeer {
   // a checkpoint step up before it saves, so no checkpoint holds a step in flight.
   StagePeer(Stage& stage, const PipelineSchedule& schedule, const StagePlan& plan, StageLink* upstream,
             StageLink* downstream);
+  // The stage after several first stages (a plan of members > 1): `members[m]` is the link to
+  // member m. Each step comes from the member whose turn it is and its gradients go back to
+  // it; an evaluation batch comes from the member whose turn it is too (its own weights
+  // through the shared stages), and a member's Bye passes the turn on: once every member
+  // has said Bye the run ends down the chain. A member that trains out of turn, or after
+  // another has ended its run, is refused. The asynchronous schedule is refused (its step in
+  // flight would cross members).
+  StagePeer(Stage& stage, const PipelineSchedule& schedule, const StagePlan& plan,
+            std::span<StageLink* const> members, StageLink* downstream);
   ~StagePeer();
   // An Error unless `schedule` can run across parties.
   static void check_schedule(const PipelineSchedule& schedule);
@@ -161,7 +179,10 @@ class StagePeer {
   // The first stage: the run is over; Bye goes down the chain.
   void finish(const std::string& reason);
 
+  // The step this stage trains next: the first stage's own next (a member's next turn).
   uint64_t next_step() const { return next_step_; }
+  // The steps this stage's party has led or trained: a member's count of its own turns.
+  uint64_t own_steps() const { return first() ? next_step_ / plan_.members : next_step_; }
   uint64_t weight_version() const { return version_; }
   // Seconds waiting on a link for what an action needed, since construction.
   double idle_s() const { return idle_s_; }
@@ -170,6 +191,17 @@ class StagePeer {
   struct Slot;  // one micro-batch's messages
   enum class Upstream { Activations, Drain, Bye };  // what the stage before sent
   bool first() const { return plan_.index == 0; }
+  bool shared() const { return plan_.index == 1 && plan_.members > 1; }  // after several first stages
+  // The step a checkpoint after step `step` is labelled with: the end of its round (members
+  // keep their weights from their turn to the round's end).
+  uint64_t checkpoint_label(uint64_t step) const { return (step / plan_.members + 1) * plan_.members; }
+  // The shared stage: the step an evaluation batch from the member whose turn it is names
+  // (that member's next), and the one it passes down as (this stage's next).
+  uint64_t turn_step() const {
+    return next_step_ + (turn_ + plan_.members - next_step_ % plan_.members) % plan_.members;
+  }
+  StepHeader down_header(const StepHeader& h) const;
+  void pass_turn();  // the shared stage: to the next member still in the run
   bool last() const { return plan_.index + 1 == plan_.stages; }
   // The slot (and network slot) of a step's micro-batch: asynchronous steps alternate between
   // two sets, so the step in flight keeps its own while the next one forwards.
@@ -186,7 +218,9 @@ class StagePeer {
   void take_from_downstream(const char* awaiting);
   [[noreturn]] void refuse(StageLink& link, const char* neighbour, WireError error);
   const wire::Message* verified(StageLink& link, const char* neighbour, const Frame& frame);
-  const wire::StageHello& hello_from(StageLink& link, const char* neighbour, const Frame& frame);
+  // A StageHello from the stage before (member `member` of it) or, `from_up` false, after.
+  const wire::StageHello& hello_from(StageLink& link, const char* neighbour, const Frame& frame, bool from_up,
+                                     uint32_t member = 0);
   bool check_header(const wire::Activations& a, WireError& error);
   WireError label_range_error(const int32_t* labels, int64_t count) const;
   bool check_activations(const Frame& frame, const wire::Activations& a, Slot& slot, WireError& error);
@@ -194,7 +228,11 @@ class StagePeer {
   Stage& stage_;
   const PipelineSchedule& schedule_;
   StagePlan plan_;
-  StageLink *up_, *down_;
+  StageLink *up_, *down_;  // up_: the shared stage's, the member whose turn it is
+  std::vector<StageLink*> members_;  // the shared stage: a link a member
+  uint32_t turn_ = 0;                // the shared stage: the member whose turn it is
+  std::vector<bool> gone_;           // the shared stage: members that have said Bye
+  bool any_gone_ = false;
   MessageWriter writer_;
   uint64_t next_step_ = 0, version_ = 0;
   StepHeader header_;       // the step in flight

@@ -1092,5 +1092,246 @@ TEST(StagePeerBadInput, EvaluatedOfAnotherStageStepOrMicroBatchTwiceOrImpossible
   }
 }
 
+// Two first parties (hospitals) share the CNN's later three stages: member m leads the steps
+// g with g mod 2 = m, on its own data and its own first-stage weights. That equals two
+// in-process pipelines sharing those three stages' networks, stepped in turns. A checkpoint
+// asked for in round 1 is saved at every stage labelled with the round's end (step 4), and
+// each member's evaluation runs its own first stage through the shared ones.
+TEST(StagePeer, TwoFirstPartiesTakeTurnsOnSharedCnnStagesLikeInProcessPipelinesInTurns) {
+  const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  const std::string cuts = "pool1,pool2,fc1";
+  const Graph graph = Graph::build(spec);
+  const std::vector<Graph> parts = graph.partition(cut_list(cuts));
+  constexpr uint32_t kMembers = 2, kK = 4;
+  const int64_t n = 32, batch = 8;
+  const int own_steps = 4;
+  const uint64_t checkpoint_round = 1;
+  Rng rng(7);
+  std::vector<Tensor> images;
+  std::vector<std::vector<int32_t>> labels(kMembers);
+  for (uint32_t m = 0; m < kMembers; ++m) {
+    images.push_back(random_tensor(Shape{n, 28, 28, 1}, rng, 0.0f, 1.0f));
+    for (int64_t i = 0; i < n; ++i) labels[m].push_back(static_cast<int32_t>(rng.below(10)));
+  }
+  const auto rows_of = [&](uint32_t m, int j) { return images[m].slice_batch(j * batch % n, batch); };
+  const auto labels_of = [&](uint32_t m, int j) { return labels[m].data() + j * batch % n; };
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
+  Network init(graph, *backend, 11);
+
+  // The reference: a front per member, the later stages' networks shared by both pipelines.
+  std::vector<PeerStage> ref;  // fronts 0 and 1, then parts 1 to 3
+  for (uint32_t m = 0; m < kMembers; ++m) ref.push_back(make_stage(parts[0], init));
+  for (std::size_t i = 1; i < parts.size(); ++i) ref.push_back(make_stage(parts[i], init));
+  std::vector<std::unique_ptr<LocalPipeline>> pipelines;
+  for (uint32_t m = 0; m < kMembers; ++m) {
+    std::vector<Network*> nets{ref[m].net.get()};
+    std::vector<Optimizer*> opts{ref[m].opt.get()};
+    for (std::size_t i = kMembers; i < ref.size(); ++i) {
+      nets.push_back(ref[i].net.get());
+      opts.push_back(ref[i].opt.get());
+    }
+    pipelines.push_back(std::make_unique<LocalPipeline>(nets, opts, LocalPipeline::Options{.schedule = "1f1b"}));
+  }
+  std::vector<std::vector<double>> ref_loss(kMembers);
+  for (int j = 0; j < own_steps; ++j)
+    for (uint32_t m = 0; m < kMembers; ++m)
+      ref_loss[m].push_back(pipelines[m]->train_step(rows_of(m, j), labels_of(m, j), kK).loss_sum);
+  std::vector<StepStats> ref_eval;
+  for (uint32_t m = 0; m < kMembers; ++m) ref_eval.push_back(pipelines[m]->evaluate(rows_of(m, 0), labels_of(m, 0), batch));
+
+  // The parties: two members, then the shared stage and two more.
+  OneFOneBSchedule schedule;
+  std::vector<PeerStage> st;
+  for (uint32_t m = 0; m < kMembers; ++m) st.push_back(make_stage(parts[0], init));
+  for (std::size_t i = 1; i < parts.size(); ++i) st.push_back(make_stage(parts[i], init));
+  std::vector<std::unique_ptr<MemoryLink>> member_down(kMembers), shared_up(kMembers), downs(3), ups(3);
+  for (uint32_t m = 0; m < kMembers; ++m) std::tie(member_down[m], shared_up[m]) = MemoryLink::pair();
+  for (std::size_t i = 0; i + 1 < downs.size(); ++i) std::tie(downs[i], ups[i + 1]) = MemoryLink::pair();
+  const auto plan_of = [&](std::size_t index, uint32_t member) {
+    StagePlan plan = make_stage_plan(spec.binary, graph, cuts, parts, index, schedule, batch, kK, wire::DType::F32,
+                                     true, "", kMembers);
+    plan.member = member;
+    return plan;
+  };
+  std::vector<std::unique_ptr<StagePeer>> peers;  // members 0 and 1, then stages 1 to 3
+  for (uint32_t m = 0; m < kMembers; ++m)
+    peers.push_back(std::make_unique<StagePeer>(*st[m].stage, schedule, plan_of(0, m), nullptr, member_down[m].get()));
+  const std::vector<StageLink*> member_links{shared_up[0].get(), shared_up[1].get()};
+  peers.push_back(std::make_unique<StagePeer>(*st[2].stage, schedule, plan_of(1, 0),
+                                              std::span<StageLink* const>(member_links), downs[0].get()));
+  peers.push_back(std::make_unique<StagePeer>(*st[3].stage, schedule, plan_of(2, 0), ups[1].get(), downs[1].get()));
+  peers.push_back(std::make_unique<StagePeer>(*st[4].stage, schedule, plan_of(3, 0), ups[2].get(), nullptr));
+  std::vector<std::vector<uint64_t>> saved(peers.size());
+  for (std::size_t p = 0; p < peers.size(); ++p) peers[p]->on_checkpoint([&saved, p](uint64_t step) { saved[p].push_back(step); });
+  // Every party's links, closed when it fails so the others end too.
+  const std::vector<std::vector<MemoryLink*>> links_of{{member_down[0].get()},
+                                                       {member_down[1].get()},
+                                                       {shared_up[0].get(), shared_up[1].get(), downs[0].get()},
+                                                       {ups[1].get(), downs[1].get()},
+                                                       {ups[2].get()}};
+  std::vector<std::vector<double>> losses(kMembers);
+  std::vector<StepStats> evals(kMembers);
+  std::vector<int> followed(peers.size(), 0), evaluated(peers.size(), 0);
+  std::vector<std::exception_ptr> errors(peers.size());
+  std::vector<std::thread> threads;
+  for (std::size_t p = 0; p < peers.size(); ++p)
+    threads.emplace_back([&, p] {
+      try {
+        StagePeer& peer = *peers[p];
+        EXPECT_EQ(peer.connect({}), 0u);
+        if (p < kMembers) {
+          const auto m = static_cast<uint32_t>(p);
+          EXPECT_EQ(peer.next_step(), m) << "a member's first turn";
+          for (int j = 0; j < own_steps; ++j) {
+            const std::vector<Tensor> x{rows_of(m, j)};
+            const uint64_t step = static_cast<uint64_t>(j) * kMembers + m;
+            losses[m].push_back(peer.train_step({step, static_cast<uint32_t>(batch), kK, 1.0f,
+                                                 static_cast<uint64_t>(j) == checkpoint_round},
+                                                x, labels_of(m, j)).loss_sum);
+          }
+          EXPECT_EQ(peer.own_steps(), static_cast<uint64_t>(own_steps));
+          const std::vector<Tensor> x{rows_of(m, 0)};
+          evals[m] = peer.evaluate(x, labels_of(m, 0), 0);
+          peer.finish("done");
+          return;
+        }
+        StepStats s;
+        while (peer.follow_step(s)) (peer.evaluated() ? evaluated : followed)[p] += 1;
+      } catch (...) {
+        errors[p] = std::current_exception();
+        for (MemoryLink* l : links_of[p]) l->close();
+      }
+    });
+  for (std::thread& t : threads) t.join();
+  for (std::size_t p = 0; p < peers.size(); ++p)
+    if (errors[p]) ADD_FAILURE() << "party " << p << ": " << error_of([&] { std::rethrow_exception(errors[p]); });
+
+  for (uint32_t m = 0; m < kMembers; ++m) {
+    ASSERT_EQ(losses[m].size(), static_cast<std::size_t>(own_steps));
+    for (int j = 0; j < own_steps; ++j)
+      EXPECT_NEAR(losses[m][j], ref_loss[m][j], 1e-4 * std::max(1.0, ref_loss[m][j])) << "member " << m << " step " << j;
+    EXPECT_EQ(evals[m].samples, batch);
+    EXPECT_EQ(evals[m].correct, ref_eval[m].correct) << "member " << m;
+    EXPECT_NEAR(evals[m].loss_sum, ref_eval[m].loss_sum, 1e-4 * std::max(1.0, ref_eval[m].loss_sum)) << "member " << m;
+  }
+  for (std::size_t p = 0; p < peers.size(); ++p) {
+    EXPECT_LE(max_diff(*st[p].net, *ref[p].net), 1e-5f) << "party " << p;
+    EXPECT_EQ(saved[p], std::vector<uint64_t>{(checkpoint_round + 1) * kMembers}) << "party " << p;
+  }
+  for (std::size_t p = kMembers; p < peers.size(); ++p) {
+    EXPECT_EQ(followed[p], own_steps * static_cast<int>(kMembers)) << "party " << p;
+    EXPECT_EQ(evaluated[p], static_cast<int>(kMembers)) << "party " << p;
+    EXPECT_EQ(peers[p]->next_step(), static_cast<uint64_t>(own_steps) * kMembers);
+  }
+  EXPECT_GT(max_diff(*st[0].net, *st[1].net), 1e-3f) << "each member trains its own first stage";
+  EXPECT_GT(max_diff(*st[0].net, init), 1e-3f) << "the weights moved";
+}
+
+// The loss stage of the CNN cut at pool2, shared by two scripted first parties.
+struct SharedLastStage {
+  ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  Graph graph = Graph::build(spec);
+  std::vector<Graph> parts = graph.partition({"pool2"});
+  std::unique_ptr<Backend> backend = make_test_backend("reference");
+  Network init{graph, *backend, 3};
+  PeerStage stage = make_stage(parts[1], init);
+  GPipeSchedule schedule;
+  StagePlan plan = make_stage_plan(spec.binary, graph, "pool2", parts, 1, schedule, 8, 2, wire::DType::F32, true, "", 2);
+  std::unique_ptr<MemoryLink> before[2], up[2];  // the scripted members' ends, and the stage's
+  std::unique_ptr<StagePeer> peer;
+  MessageWriter writer;
+  SharedLastStage() {
+    for (int m = 0; m < 2; ++m) std::tie(before[m], up[m]) = MemoryLink::pair();
+    const std::vector<StageLink*> links{up[0].get(), up[1].get()};
+    peer = std::make_unique<StagePeer>(*stage.stage, schedule, plan, std::span<StageLink* const>(links), nullptr);
+  }
+  void hellos(uint32_t member1_says = 1, uint64_t resume0 = 0) {
+    before[0]->send(writer.stage_hello(plan.hash, 0, 2, resume0, kWireFormat, 0));
+    before[1]->send(writer.stage_hello(plan.hash, 0, 2, 0, kWireFormat, member1_says));
+  }
+  void activations(int m, uint64_t step, uint32_t mb, bool checkpoint = false) {
+    Tensor t = Tensor::empty(Shape{4, 7, 7, 64});
+    t.fill(1.0f);
+    const std::vector<int32_t> labels(4, 1);
+    before[m]->send(writer.activations({step, 8, 2, 1.0f, checkpoint}, 0, mb, 0, t, labels, nullptr));
+  }
+  std::string follow() {
+    StepStats s;
+    return error_of([&] { peer->follow_step(s); });
+  }
+};
+
+TEST(StagePeerBadInput, ASharedStageRefusesAMemberOnAnotherMembersLinkOrResumingWithinARound) {
+  {
+    SharedLastStage t;
+    t.hellos(0);
+    EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
+              "[stage] stage 1 refused the previous stage's message: the first party on the link of member 1 of 2 says "
+              "it is member 0: give each first party its own place in the deployment");
+    EXPECT_EQ(t.up[1]->refused.code, wire::ErrorCode::ModelMismatch);
+  }
+  {
+    SharedLastStage t;
+    t.hellos(1, 3);
+    EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
+              "[stage] stage 1 refused the previous stage's message: member 0 proposes step 3, not the end of a round "
+              "of 2 steps");
+    EXPECT_EQ(t.up[0]->refused.code, wire::ErrorCode::NoCheckpoint);
+  }
+}
+
+TEST(StagePeerBadInput, ASharedStageTakesEachStepFromTheMemberWhoseTurnItIs) {
+  {  // member 0 trains step 0; then member 0 sends step 1, which is member 1's
+    SharedLastStage t;
+    t.hellos();
+    EXPECT_EQ(t.peer->connect({}), 0u);
+    for (uint32_t mb = 0; mb < 2; ++mb) t.activations(0, 0, mb);
+    StepStats s;
+    EXPECT_TRUE(t.peer->follow_step(s));
+    EXPECT_EQ(s.samples, 8);
+    t.activations(0, 1, 0);
+    t.activations(1, 2, 0);  // member 1 trains out of turn: step 2 is member 0's
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: activations of step 2 while stage 1 "
+                          "trains step 1 next (member 1's turn of 2)");
+    EXPECT_EQ(t.up[1]->refused.code, wire::ErrorCode::OutOfWindow);
+  }
+  {  // member 0 ends its run; member 1 may evaluate and end, not train on
+    SharedLastStage t;
+    t.hellos();
+    EXPECT_EQ(t.peer->connect({}), 0u);
+    t.before[0]->send(t.writer.bye("done"));
+    t.activations(1, 1, 0);
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: member 1 sent step 1 after another "
+                          "first party ended its run: the members train the same number of steps (give each as many "
+                          "samples)");
+    EXPECT_EQ(t.up[1]->refused.code, wire::ErrorCode::OutOfWindow);
+  }
+  {  // a checkpoint is the round's last member's to ask for
+    SharedLastStage t;
+    t.hellos();
+    EXPECT_EQ(t.peer->connect({}), 0u);
+    t.activations(0, 0, 0, true);
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: step 0 asks for a checkpoint within a "
+                          "round: the last member of 2 asks for it, at the round's end");
+    EXPECT_EQ(t.up[0]->refused.code, wire::ErrorCode::BadTensor);
+  }
+  {  // both end: the run ends; member 1 evaluates first, named by its own next step
+    SharedLastStage t;
+    t.hellos();
+    EXPECT_EQ(t.peer->connect({}), 0u);
+    t.before[0]->send(t.writer.bye("done"));
+    Tensor x = Tensor::empty(Shape{4, 7, 7, 64});
+    x.fill(1.0f);
+    const std::vector<int32_t> labels(4, 1);
+    t.before[1]->send(t.writer.activations({1, 4, 1, 1.0f, false, true, 0}, 0, 0, 0, x, labels, nullptr));
+    t.before[1]->send(t.writer.bye("done"));
+    StepStats s;
+    EXPECT_TRUE(t.peer->follow_step(s));
+    EXPECT_TRUE(t.peer->evaluated());
+    EXPECT_EQ(s.samples, 4);
+    EXPECT_FALSE(t.peer->follow_step(s));
+  }
+}
+
 }  // namespace
 }  // namespace tandem::test
