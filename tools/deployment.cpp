@@ -2,6 +2,7 @@
 
 #include <CLI/CLI.hpp>
 #include <algorithm>
+#include <cstdlib>
 #include <filesystem>
 #include <fstream>
 
@@ -16,7 +17,7 @@ const std::vector<std::string>& run_keys() {
   static const std::vector<std::string> keys = {
       "model", "cut", "pipeline-schedule", "batch", "microbatches", "epochs", "data", "limit", "test-limit", "seed", "checkpoint-every",
       "wire-dtype", "labels", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-seed", "nopeek", "grad-clip",
-      "grad-noise", "label-noise",
+      "grad-noise", "label-noise", "first-parties",
       "optimizer", "lr", "momentum", "nesterov", "weight-decay", "beta1", "beta2", "eps", "clip-norm",
       "schedule", "warmup-steps", "step-size", "gamma", "min-lr-factor", "total-steps"};
   return keys;
@@ -113,10 +114,13 @@ Deployment read_deployment(const std::string& path) {
     fail("cli", cat(path, ": a pipeline needs two parties or more, a [NAME] section each in data order; it has ",
                     d.parties.size()));
   if (!d.run.count("model")) fail("cli", cat(path, ": no model = \"SPEC\" at the top"));
+  // first-parties = U: the first U parties connect to the next; they listen for nobody.
+  const std::size_t first_parties =
+      d.run.count("first-parties") ? static_cast<std::size_t>(std::max(1L, std::atol(d.run["first-parties"].c_str()))) : 1;
   for (std::size_t i = 0; i < d.parties.size(); ++i) {
     const DeploymentParty& p = d.parties[i];
     if (p.identity.empty()) fail("cli", cat(path, ": [", p.name, "] has no identity = \"DIR\" (its certificate folder)"));
-    if (i > 0 && p.port == 0)
+    if (i >= first_parties && p.port == 0)
       fail("cli", cat(path, ": [", p.name, "] has no address = \"HOST:PORT\": the party before it connects there"));
   }
   return d;

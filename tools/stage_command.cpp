@@ -11,6 +11,7 @@
 #include <cmath>
 #include <limits>
 #include <cstring>
+#include <deque>
 #include <map>
 #include <chrono>
 #include <optional>
@@ -96,25 +97,80 @@ std::string fixed(double v, int digits) {
   return buf;
 }
 
-// The link to the party before: this stage's TLS WebSocket server, which takes one
-// connection, from the identity the deployment names there; any other is refused.
-class UpstreamLink final : public StageLink {
+// The links to the parties before: this stage's TLS WebSocket server, which takes one
+// connection from each identity the deployment names there (the party before, or every first
+// party of a stage they share); any other is refused. member(m) is the link to the m-th: a
+// frame from another member while this stage awaits the m-th waits for its turn.
+class UpstreamLinks {
  public:
   std::atomic<uint64_t> sent{0}, received{0};  // bytes, for the metrics
-  UpstreamLink(const DeploymentParty& self, std::string expected, int silence_s)
-      : expected_(std::move(expected)), silence_(silence_s) {
+  UpstreamLinks(const DeploymentParty& self, std::vector<std::string> expected, int silence_s)
+      : expected_(std::move(expected)), silence_(silence_s), connection_(expected_.size(), 0),
+        pending_(expected_.size(), 0), queued_(expected_.size()), closed_(expected_.size(), false) {
     EndpointOptions options;
     options.idle_hangup_s = silence_s;
     endpoint_ = LwsEndpoint::listen(self.host, self.port, tls_of(self), options);
+    for (std::size_t m = 0; m < expected_.size(); ++m) views_.push_back(std::make_unique<View>(*this, m));
   }
   static TlsIdentity tls_of(const DeploymentParty& p) {
     return {p.identity + "/client.crt", p.identity + "/client.key", p.identity + "/ca.crt"};
   }
   int port() const { return endpoint_->port(); }
+  StageLink* member(std::size_t m) { return views_[m].get(); }
+  std::vector<StageLink*> links() {
+    std::vector<StageLink*> out;
+    for (auto& v : views_) out.push_back(v.get());
+    return out;
+  }
+  std::string names() const {
+    std::string out;
+    for (std::size_t m = 0; m < expected_.size(); ++m) out += cat(m ? "', '" : "'", expected_[m]);
+    return out + "'";
+  }
 
-  void send(std::span<const uint8_t> bytes) override { out(bytes, false); }
+  // Tells the parties before that the pipeline starts again, and closes their links: the
+  // next connection from each is taken.
+  void restart(const std::string& why) {
+    for (std::size_t m = 0; m < expected_.size(); ++m) {
+      if (connection_[m] != 0) out(m, writer_.error(wire::ErrorCode::Restart, why), true);
+      connection_[m] = pending_[m];
+      pending_[m] = 0;
+      queued_[m].clear();
+      closed_[m] = false;
+    }
+  }
+  void end(const std::string& why) {
+    for (std::size_t m = 0; m < expected_.size(); ++m) {
+      if (connection_[m] == 0) continue;
+      out(m, writer_.error(wire::ErrorCode::Internal, why), true);
+      drain(connection_[m]);
+    }
+  }
 
-  Frame receive(const char* awaiting) override {
+  EgressAudit* audit = nullptr;  // every message to the parties before is recorded here first
+
+ private:
+  class View final : public StageLink {
+   public:
+    View(UpstreamLinks& links, std::size_t m) : links_(links), m_(m) {}
+    void send(std::span<const uint8_t> bytes) override { links_.out(m_, bytes, false); }
+    Frame receive(const char* awaiting) override { return links_.receive(m_, awaiting); }
+    void refuse(const WireError& error) override { links_.refuse(m_, error); }
+
+   private:
+    UpstreamLinks& links_;
+    std::size_t m_;
+  };
+
+  Frame receive(std::size_t m, const char* awaiting) {
+    const std::string& name = expected_[m];
+    if (!queued_[m].empty()) {
+      Frame f = std::move(queued_[m].front());
+      queued_[m].pop_front();
+      return f;
+    }
+    if (closed_[m])
+      throw LinkLost(cat("[stage] the party before (", name, ") closed its link while this stage awaited ", awaiting));
     const auto deadline = Clock::now() + std::chrono::seconds(silence_);
     EndpointEvent ev;
     while (Clock::now() < deadline) {
@@ -123,61 +179,52 @@ class UpstreamLink final : public StageLink {
         admit(ev);
         continue;
       }
-      if (ev.connection != connection_) continue;  // one refused, going away
+      const auto j = static_cast<std::size_t>(
+          std::find(connection_.begin(), connection_.end(), ev.connection) - connection_.begin());
+      if (ev.connection == 0 || j == connection_.size()) continue;  // one refused, going away
       if (ev.kind == EndpointEvent::Kind::Closed) {
-        connection_ = 0;
-        throw LinkLost(cat("[stage] the party before (", expected_, ") closed the link while this stage awaited ",
-                           awaiting, ev.text.empty() ? "" : cat(" (", ev.text, ")")));
+        connection_[j] = 0;
+        if (j != m) {  // another member's end (its Bye is queued): noticed at its turn
+          closed_[j] = true;
+          continue;
+        }
+        throw LinkLost(cat("[stage] the party before (", name, ") closed the link while this stage awaited ", awaiting,
+                           ev.text.empty() ? "" : cat(" (", ev.text, ")")));
       }
       received += ev.frame.size();
-      return std::move(ev.frame);
+      if (j == m) return std::move(ev.frame);
+      queued_[j].push_back(std::move(ev.frame));
     }
-    if (connection_ == 0)
-      fail("stage", cat("nobody connected as '", expected_, "' (the party before) within ", silence_,
+    if (connection_[m] == 0)
+      fail("stage", cat("nobody connected as '", name, "' (the party before) within ", silence_,
                         " s: is its tandem stage running, and does it reach this party's address?"));
-    throw LinkLost(cat("[stage] no ", awaiting, " from the party before (", expected_, ") within ", silence_, " s"));
+    throw LinkLost(cat("[stage] no ", awaiting, " from the party before (", name, ") within ", silence_, " s"));
   }
-
-  // Tells the party before that the pipeline starts again, and closes its link: the next
-  // connection from it is taken.
-  void restart(const std::string& why) {
-    if (connection_ != 0) out(writer_.error(wire::ErrorCode::Restart, why), true);
-    connection_ = pending_;
-    pending_ = 0;
+  void refuse(std::size_t m, const WireError& error) {
+    out(m, writer_.error(error.code, error.text), true);
+    drain(connection_[m]);
+    connection_[m] = 0;
   }
-
-  void refuse(const WireError& error) override {
-    out(writer_.error(error.code, error.text), true);
-    drain(connection_);
-    connection_ = 0;
-  }
-  void end(const std::string& why) {
-    if (connection_ == 0) return;
-    out(writer_.error(wire::ErrorCode::Internal, why), true);
-    drain(connection_);
-  }
-
-  EgressAudit* audit = nullptr;  // every message to the party before is recorded here first
-
- private:
-  void out(std::span<const uint8_t> bytes, bool close_after) {
+  void out(std::size_t m, std::span<const uint8_t> bytes, bool close_after) {
     if (audit) audit->record(bytes);
     sent += bytes.size();
-    endpoint_->send(connection_, bytes, close_after);
+    endpoint_->send(connection_[m], bytes, close_after);
   }
-  // A connection: the party the plan names, once; anyone else is answered with an Error.
+  // A connection: a party the plan names, once; anyone else is answered with an Error.
   void admit(const EndpointEvent& ev) {
-    if (ev.text == expected_ && connection_ == 0) {
-      connection_ = ev.connection;
+    const auto m = static_cast<std::size_t>(std::find(expected_.begin(), expected_.end(), ev.text) - expected_.begin());
+    if (m < expected_.size() && connection_[m] == 0 && !closed_[m]) {
+      connection_[m] = ev.connection;
       return;
     }
-    if (ev.text == expected_ && pending_ == 0) {  // it started again: the link this stage holds is stale
-      pending_ = ev.connection;
-      throw LinkLost(cat("[stage] the party before (", expected_, ") connected again"));
+    if (m < expected_.size() && pending_[m] == 0) {  // it started again: the link this stage holds is stale
+      pending_[m] = ev.connection;
+      throw LinkLost(cat("[stage] the party before (", expected_[m], ") connected again"));
     }
-    const std::string why =
-        ev.text != expected_ ? cat("this stage takes its activations from '", expected_, "' only; '", ev.text, "' is not it")
-                             : cat("'", expected_, "' is connected already");
+    const std::string why = m == expected_.size()
+                                ? cat("this stage takes its activations from ", names(), " only; '", ev.text, "' is not ",
+                                      expected_.size() == 1 ? "it" : "one of them")
+                                : cat("'", expected_[m], "' is connected already");
     std::fprintf(stderr, "refused a connection from '%s': %s\n", ev.text.c_str(), why.c_str());
     endpoint_->send(ev.connection, writer_.error(wire::ErrorCode::Unauthorized, why), true);
   }
@@ -190,11 +237,14 @@ class UpstreamLink final : public StageLink {
         return;
   }
 
-  std::string expected_;
+  std::vector<std::string> expected_;
   int silence_;
   std::unique_ptr<LwsEndpoint> endpoint_;
-  uint64_t connection_ = 0;
-  uint64_t pending_ = 0;  // the expected party's new connection, taken at the next restart()
+  std::vector<uint64_t> connection_;
+  std::vector<uint64_t> pending_;  // a member's new connection, taken at the next restart()
+  std::vector<std::deque<Frame>> queued_;  // frames of members whose turn it is not
+  std::vector<bool> closed_;               // members whose link closed while it was not their turn
+  std::vector<std::unique_ptr<View>> views_;
   MessageWriter writer_;
 };
 
@@ -212,7 +262,7 @@ class DownstreamLink final : public StageLink {
     const auto deadline = Clock::now() + std::chrono::seconds(wait_s_);
     std::string why;
     for (;;) {
-      client_ = WssClient::connect(next.host, next.port, UpstreamLink::tls_of(self_));
+      client_ = WssClient::connect(next.host, next.port, UpstreamLinks::tls_of(self_));
       EndpointEvent ev;
       if (client_->next(ev, std::chrono::seconds(10)) && ev.kind == EndpointEvent::Kind::Connected) {
         if (ev.text != next_)
@@ -292,7 +342,7 @@ class DownstreamLink final : public StageLink {
 struct StageMetrics {
   std::atomic<uint64_t> steps{0}, restarts{0}, busy_us{0}, idle_us{0};
   std::string labels;  // party="...",stage="..."
-  std::string text(const UpstreamLink* up, const DownstreamLink* down, double wall_s) const {
+  std::string text(const UpstreamLinks* up, const DownstreamLink* down, double wall_s) const {
     std::string out;
     const auto metric = [&](const char* name, const char* type, const char* help, const std::string& sample) {
       out += cat("# HELP ", name, " ", help, "\n# TYPE ", name, " ", type, "\n", sample);
@@ -334,15 +384,26 @@ constexpr const char* kStageDetails = R"(
       loss. Each party prints, and appends to --metrics-json, a summary line of its stage:
       steps, busy and idle seconds. With export = FILE in a party's section (or --export),
       it writes its stage's weights with PyTorch's names; `tandem export --stages` merges them.
+      With first-parties = U in the file, its first U sections are first parties (several
+      hospitals) that share the later stages: each trains its own first stage on its share of
+      the data (every U-th sample), and they take turns, a step each.
 )";
 
 int run_party(const CliArgs& cli) {
   const Deployment deployment = read_deployment(cli.required("deployment"));
   const CliArgs args = deployment.args();
   const std::string party_name = cli.required("party");
-  const std::size_t index = deployment.index_of(party_name);
-  const DeploymentParty& self = deployment.parties[index];
-  const std::size_t n = deployment.parties.size();
+  const std::size_t party = deployment.index_of(party_name);
+  const DeploymentParty& self = deployment.parties[party];
+  // first-parties = U: the first U parties each hold a first stage and take turns on the
+  // later ones (StagePlan::members); party i >= U holds stage i - U + 1.
+  const auto members = static_cast<uint32_t>(args.integer("first-parties", 1, 1));
+  if (members >= deployment.parties.size())
+    fail("cli", cat(deployment.path, ": first-parties = ", members, " leaves no party for the later stages (it has ",
+                    deployment.parties.size(), " parties)"));
+  const std::size_t index = party < members ? 0 : party - members + 1;  // this party's stage
+  const std::size_t n = deployment.parties.size() - members + 1;        // stages
+  const auto member = static_cast<uint32_t>(party < members ? party : 0);
   const int wait_s = static_cast<int>(cli.integer("wait-s", 120, 1));
   const int silence_s = static_cast<int>(cli.integer("silence-s", 300, 5));
 
@@ -352,10 +413,18 @@ int run_party(const CliArgs& cli) {
   if (cut.empty()) fail("cli", cat(deployment.path, ": the spec names no default cut; add cut = \"NODE,NODE,...\""));
   const std::vector<Graph> stage_graphs = graph.partition(cut_list(cut));
   if (stage_graphs.size() != n)
-    fail("cli", cat(deployment.path, ": the cut list '", cut, "' makes ", stage_graphs.size(), " stages for ", n,
-                    " parties: give one cut fewer than parties"));
+    fail("cli", cat(deployment.path, ": the cut list '", cut, "' makes ", stage_graphs.size(), " stages for ",
+                    deployment.parties.size(), " parties",
+                    members > 1 ? cat(" (", members, " of them first parties: ", n, " stages)") : std::string(),
+                    ": give one cut fewer than stages"));
   const std::unique_ptr<PipelineSchedule> schedule = make_pipeline_schedule(args.str("pipeline-schedule", "gpipe"));
   StagePeer::check_schedule(*schedule);  // before any link is made
+  if (members > 1 && schedule->asynchronous())
+    fail("cli", cat(deployment.path, ": pipeline-schedule = \"async\" keeps a step in flight, and the ", members,
+                    " first parties' turns would cross it: use gpipe, 1f1b or zero-bubble"));
+  if (members > 1 && args.str("labels", "travel") != "travel")
+    fail("cli", cat(deployment.path, ": labels = \"first-party\" runs the loss stage on the first party's machine; "
+                    "with ", members, " first parties there is no one such machine: let the labels travel"));
   const auto batch = static_cast<uint32_t>(args.integer("batch", 64, 1));
   const auto microbatches = static_cast<uint32_t>(args.integer("microbatches", 4, 1));
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
@@ -393,11 +462,15 @@ int run_party(const CliArgs& cli) {
           " nopeek=", args.number("nopeek", 0.0), " grad_clip=", args.number("grad-clip", 0.0),
           " grad_noise=", args.number("grad-noise", 0.0), " label_noise=", args.number("label-noise", 0.0),
           " checkpoint_every=", args.integer("checkpoint-every", 0, 0));
-  const StagePlan plan = make_stage_plan(spec.binary, graph, cut, stage_graphs, index, *schedule, batch, microbatches,
-                                         *dtype, labels_at == "travel", run_terms);
+  StagePlan plan = make_stage_plan(spec.binary, graph, cut, stage_graphs, index, *schedule, batch, microbatches,
+                                   *dtype, labels_at == "travel", run_terms, members);
+  plan.member = member;
 
-  std::fprintf(stderr, "party %s: stage %zu of stages 0..%zu (%zu nodes, %lld parameters, %s), %s schedule, K = %u\n",
-               party_name.c_str(), index, n - 1, net.graph().nodes().size(), static_cast<long long>(net.param_count()),
+  std::fprintf(stderr, "party %s: stage %zu of stages 0..%zu%s (%zu nodes, %lld parameters, %s), %s schedule, K = %u\n",
+               party_name.c_str(), index, n - 1,
+               members > 1 ? cat(index == 0 ? ", first party " : ", shared by ", index == 0 ? member + 1 : members,
+                                 index == 0 ? cat(" of ", members) : std::string(" first parties")).c_str()
+                           : "", net.graph().nodes().size(), static_cast<long long>(net.param_count()),
                std::string(backend->name()).c_str(), schedule->name(), microbatches);
   // Checkpoints: the first party asks for one every checkpoint-every steps; each party keeps
   // its newest few in its checkpoint-dir, and the state at step 0 in memory.
@@ -416,14 +489,16 @@ int run_party(const CliArgs& cli) {
 
   // Listen first: the party before may connect at once. This party links to the one after
   // once the one before has linked to it (StagePeer::connect).
-  std::unique_ptr<UpstreamLink> up;
+  std::unique_ptr<UpstreamLinks> up;
   if (index > 0) {
-    up = std::make_unique<UpstreamLink>(self, deployment.parties[index - 1].name, silence_s);
-    std::fprintf(stderr, "listening on wss://%s:%d for '%s'\n", self.host.c_str(), up->port(),
-                 deployment.parties[index - 1].name.c_str());
+    std::vector<std::string> before;  // the party before, or every first party of a shared stage
+    for (std::size_t p = index == 1 ? 0 : party - 1; p < party; ++p) before.push_back(deployment.parties[p].name);
+    up = std::make_unique<UpstreamLinks>(self, before, silence_s);
+    std::fprintf(stderr, "listening on wss://%s:%d for %s\n", self.host.c_str(), up->port(), up->names().c_str());
   }
+  const std::size_t party_after = party < members ? members : party + 1;
   std::unique_ptr<DownstreamLink> down;
-  if (index + 1 < n) down = std::make_unique<DownstreamLink>(self, deployment.parties[index + 1], wait_s, silence_s);
+  if (index + 1 < n) down = std::make_unique<DownstreamLink>(self, deployment.parties[party_after], wait_s, silence_s);
   // The egress audit: every message this party sends, recorded (hash-chained) before it leaves.
   std::unique_ptr<EgressLogFile> egress;
   if (!self.egress_log.empty()) {
@@ -432,7 +507,8 @@ int run_party(const CliArgs& cli) {
     if (up) up->audit = &egress->audit();
     if (down) down->audit = &egress->audit();
   }
-  StagePeer peer(stage, *schedule, plan, up.get(), down.get());
+  const std::vector<StageLink*> up_links = up ? up->links() : std::vector<StageLink*>{};
+  StagePeer peer(stage, *schedule, plan, std::span<StageLink* const>(up_links), down.get());
   // Privacy filters on the links (pipeline/link_filter.h, docs/04): the first party's on the
   // activations it sends down; the loss stage's on the gradient it sends up, where the labels
   // stay at the first party.
@@ -516,6 +592,11 @@ int run_party(const CliArgs& cli) {
   TrainingSets sets;
   std::unique_ptr<StepLabels> step_labels;
   if (index == 0 || (index + 1 == n && !plan.labels_travel)) sets = load_training_sets(args, graph);
+  if (index == 0 && members > 1) {  // this first party's share: every members-th sample
+    sets.train = every_nth(sets.train, member, members);
+    std::fprintf(stderr, "first party %u of %u: %zu training samples (every %u-th from sample %u)\n", member + 1, members,
+                 sets.train.labels.size(), members, member);
+  }
   if (index + 1 == n && !plan.labels_travel) {
     step_labels = std::make_unique<StepLabels>(graph, sets.train, batch, seed);
     peer.labels_from([&](uint64_t step) { return step_labels->of(step); });
@@ -542,17 +623,18 @@ int run_party(const CliArgs& cli) {
       try {
       const std::vector<uint64_t> have = store ? store->steps() : std::vector<uint64_t>{};
       const uint64_t start = peer.connect(have);
-      if (ledger && ledger->releases() < start) {  // checkpoints older than the ledger: at least their steps
-        ledger->at_least(start);
-        releases = std::max(releases, start);
+      const uint64_t own_start = start / members;  // this party's steps before `start` (a member's: its turns)
+      if (ledger && ledger->releases() < own_start) {  // checkpoints older than the ledger: at least their steps
+        ledger->at_least(own_start);
+        releases = std::max(releases, own_start);
       }
       const CheckpointData state = start == 0 ? decode_checkpoint(initial) : store->load_step(start);
       if (state.meta.model_hash != plan.hash || state.meta.step != start || state.meta.role != "stage")
         fail("stage", cat(self.checkpoint_dir, " holds a checkpoint of step ", state.meta.step,
                           " from another plan or party: move it away, or start this deployment in an empty checkpoint-dir"));
       restore_checkpoint(state, net, optimizer.get());
-      const std::string before = up ? cat(" from '", deployment.parties[index - 1].name, "'") : "";
-      const std::string after = down ? cat(" to '", deployment.parties[index + 1].name, "'") : "";
+      const std::string before = up ? cat(" from ", up->names()) : "";
+      const std::string after = down ? cat(" to '", deployment.parties[party_after].name, "'") : "";
       std::fprintf(stderr, "linked%s%s, starting at step %llu\n", before.c_str(), after.c_str(),
                    static_cast<unsigned long long>(start));
       if (index == 0) {  // the steps' order, batches and learning-rate schedule are the first party's
@@ -570,7 +652,7 @@ int run_party(const CliArgs& cli) {
           return steps == 0 ? 0.0 : dp_epsilon(q, privacy.dp_noise, steps, privacy.dp_delta).epsilon;
         };
         bool budget_spent = false;
-        const int64_t first_epoch = static_cast<int64_t>(start / per_epoch) + 1;
+        const int64_t first_epoch = static_cast<int64_t>(own_start / per_epoch) + 1;
         for (int64_t e = 1; e < first_epoch; ++e) batches.shuffle();  // the orders of the epochs done
         for (int64_t epoch = first_epoch; epoch <= epochs; ++epoch) {
           if (privacy.dp_epsilon_budget > 0.0 && epsilon_after(releases + 1) > privacy.dp_epsilon_budget) {
@@ -582,7 +664,7 @@ int run_party(const CliArgs& cli) {
           StepStats total;
           const double busy0 = stage.busy_s(), idle0 = peer.idle_s();
           const auto e0 = Clock::now();
-          const int64_t skip = epoch == first_epoch ? static_cast<int64_t>(start % per_epoch) * batch : 0;
+          const int64_t skip = epoch == first_epoch ? static_cast<int64_t>(own_start % per_epoch) * batch : 0;
           double dcor_sum = 0;
           uint64_t dcor_samples = 0;
           int64_t trained = 0;  // samples of the steps sent
@@ -594,10 +676,12 @@ int run_party(const CliArgs& cli) {
             const int32_t* labels = nullptr;
             const std::vector<Tensor> x = batches.rows(begin, labels);
             const auto count = static_cast<uint32_t>(x[0].shape()[0]);
-            const uint64_t step = peer.next_step();
-            const bool checkpoint = checkpoint_every > 0 && (step + 1) % static_cast<uint64_t>(checkpoint_every) == 0;
-            const StepHeader header{step, count, std::min(microbatches, count),
-                                    lr_factor(lr, static_cast<int64_t>(step)), checkpoint};
+            // A member's own count sets its schedule and checkpoints: at its k-th turn every
+            // member asks for the same (the round's), whichever global step it leads.
+            const uint64_t own = peer.own_steps();
+            const bool checkpoint = checkpoint_every > 0 && (own + 1) % static_cast<uint64_t>(checkpoint_every) == 0;
+            const StepHeader header{peer.next_step(), count, std::min(microbatches, count),
+                                    lr_factor(lr, static_cast<int64_t>(own)), checkpoint};
             ++releases;  // counted before it leaves: a step lost half-way released its activations too
             if (ledger) ledger->count_one();
             const StepStats st = peer.train_step(header, x, labels);
@@ -725,7 +809,7 @@ int run_party(const CliArgs& cli) {
         std::fprintf(stderr, "this party keeps no checkpoints (no checkpoint-dir): every stage starts again from step 0\n");
     }
   }
-  const int64_t steps = static_cast<int64_t>(peer.next_step());
+  const int64_t steps = static_cast<int64_t>(peer.own_steps());
   const double wall = std::chrono::duration<double>(Clock::now() - t0).count();
   const uint64_t sent = (up ? up->sent.load() : 0) + (down ? down->sent.load() : 0);
   const uint64_t received = (up ? up->received.load() : 0) + (down ? down->received.load() : 0);

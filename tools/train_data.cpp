@@ -31,6 +31,20 @@ TrainingSets load_training_sets(const CliArgs& args, const Graph& graph) {
   return sets;
 }
 
+LabelledInputs every_nth(const LabelledInputs& set, uint32_t first, uint32_t count) {
+  const auto share = static_cast<int64_t>(set.labels.size() / count);
+  LabelledInputs out;
+  for (const Tensor& t : set.inputs) {
+    const int64_t item = t.shape().item_numel();
+    Tensor rows = Tensor::empty(t.shape().resize_batch(share));
+    for (int64_t j = 0; j < share; ++j)
+      std::copy_n(t.data() + (j * count + first) * item, item, rows.data() + j * item);
+    out.inputs.push_back(std::move(rows));
+  }
+  for (int64_t j = 0; j < share; ++j) out.labels.push_back(set.labels[static_cast<std::size_t>(j * count + first)]);
+  return out;
+}
+
 EpochBatches::EpochBatches(const Graph& graph, const LabelledInputs& set, int64_t batch, uint64_t seed)
     : graph_(graph), set_(set), batch_(batch), rng_(seed ^ 0x5eedULL) {
   order_.resize(set.labels.size());

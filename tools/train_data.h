@@ -27,6 +27,11 @@ struct TrainingSets {
 // input and "labels"); --limit and --test-limit keep the first samples. Says what it loads.
 TrainingSets load_training_sets(const CliArgs& args, const Graph& graph);
 
+// One of `count` first parties' share of `set`: samples `first`, first + count, ..., each
+// share as large as every other (the set's size / count; the rest is left out), so that the
+// parties taking turns on shared stages have as many steps an epoch.
+LabelledInputs every_nth(const LabelledInputs& set, uint32_t first, uint32_t count);
+
 // An epoch's batches: the samples in a fresh shuffled order each epoch, copied into a step's
 // rows (the last batch may be short).
 class EpochBatches {
