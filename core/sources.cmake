@@ -16,6 +16,7 @@ set(TANDEM_CORE_SOURCES
   planner.cpp
   loss.cpp
   optimizer.cpp
+  federated_average.cpp
   checkpoint/checkpoint.cpp
   interop/hugging_face.cpp
   interop/safetensors.cpp

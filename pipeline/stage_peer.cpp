@@ -5,6 +5,7 @@
 #include <cmath>
 
 #include "core/error.h"
+#include "core/federated_average.h"
 #include "core/flatbuffer_read.h"
 #include "core/microbatch.h"
 #include "core/sha256.h"
@@ -27,14 +28,15 @@ double since(std::chrono::steady_clock::time_point t0) {
 std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
                                   const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches,
                                   wire::DType dtype, bool labels_travel, const std::string& run_terms,
-                                  uint32_t members) {
+                                  const FirstParties& first) {
   Sha256 h;
   h.update(spec_binary.data(), spec_binary.size());
   std::string rest = cat('\0', cuts, '\0', schedule, '\0', stages, '\0', batch, '\0', microbatches);
   if (dtype != wire::DType::F32) rest += cat('\0', dtype_name(dtype));
   if (!labels_travel) rest += cat('\0', "labels stay at the first party");
   if (!run_terms.empty()) rest += cat('\0', run_terms);
-  if (members > 1) rest += cat('\0', members, " first parties");
+  if (first.count > 1) rest += cat('\0', first.count, " first parties");
+  if (first.average_every > 0) rest += cat('\0', "averaged every ", first.average_every, " rounds");
   h.update(reinterpret_cast<const uint8_t*>(rest.data()), rest.size());
   return h.finish();
 }
@@ -42,13 +44,14 @@ std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const st
 StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& whole, const std::string& cuts,
                           const std::vector<Graph>& stages, std::size_t index, const PipelineSchedule& schedule,
                           uint32_t batch, uint32_t microbatches, wire::DType dtype, bool labels_travel,
-                          const std::string& run_terms, uint32_t members) {
+                          const std::string& run_terms, const FirstParties& first) {
   StagePlan plan;
   plan.index = static_cast<uint32_t>(index);
   plan.stages = static_cast<uint32_t>(stages.size());
-  plan.members = members;
+  plan.members = first.count;
+  plan.average_every = first.count > 1 ? first.average_every : 0;
   plan.hash = plan_hash(spec_binary, cuts, schedule.name(), plan.stages, batch, microbatches, dtype, labels_travel,
-                        run_terms, members);
+                        run_terms, first);
   plan.dtype = dtype;
   plan.labels_travel = labels_travel;
   plan.batch = batch;
@@ -218,6 +221,12 @@ uint64_t StagePeer::connect(std::span<const uint64_t> checkpoints) {
   up_ = first() ? nullptr : members_[0];
   gone_.assign(plan_.members, false);
   any_gone_ = false;
+  // The averages taken before `start` (a round's end), as the run that made its checkpoints
+  // counted them; whether a member trained since the last one.
+  const uint64_t rounds = start / plan_.members;
+  averages_ = plan_.average_every > 0 ? static_cast<uint32_t>(rounds / plan_.average_every) : 0;
+  trained_since_average_ = plan_.average_every > 0 && rounds % plan_.average_every != 0;
+  since_average_ = 0;
   return start;
 }
 
@@ -365,6 +374,22 @@ StagePeer::Upstream StagePeer::take_from_upstream(const char* awaiting) {
       }
     }
     return Upstream::Bye;
+  }
+  if (msg->payload_type() == wire::Payload::FrontWeights) {  // the members' average at the run's end
+    std::string wrong;
+    if (!shared() || plan_.average_every == 0)
+      wrong = "FrontWeights in a plan whose first stages are not averaged";
+    else if (in_step_)
+      wrong = cat("FrontWeights within step ", header_.step, ": the first stages are averaged between rounds");
+    else if (next_step_ % plan_.members != 0 || turn_ != 0 || any_gone_)
+      wrong = cat("FrontWeights from member ", turn_, " within round ", next_step_ / plan_.members,
+                  ": the first stages are averaged between rounds, after the last member's step");
+    else if ((next_step_ / plan_.members) % plan_.average_every == 0)
+      wrong = cat("FrontWeights after round ", next_step_ / plan_.members,
+                  ": nothing was trained since the last average");
+    if (!wrong.empty()) refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage, wrong});
+    collect_average(std::move(frame), true);
+    return Upstream::Averaged;
   }
   if (const wire::Drain* d = msg->payload_as_Drain()) {
     // The step in flight: at a stage before the last, the one whose backwards are pending;
@@ -651,7 +676,117 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
     // (an uninterrupted run does the same, so a restart from it gives the same weights).
     if (header.checkpoint) drain_pending(stats, header.lr_scale);
   }
+  if (first() && plan_.members > 1) {
+    since_average_ += header.samples;
+    trained_since_average_ = true;
+  }
+  if (first() && average_due(header.step)) send_average(false);  // a checkpoint holds the average
   if (header.checkpoint && save_) save_(first() ? checkpoint_label(header.step) : next_step_);
+  if (shared() && average_due(header.step)) collect_average(Frame(), false);
+}
+
+bool StagePeer::average_due(uint64_t step) const {
+  if (plan_.average_every == 0 || plan_.members < 2 || !(first() || shared())) return false;
+  if (shared() && step % plan_.members != plan_.members - 1) return false;  // within the round
+  return (step / plan_.members + 1) % plan_.average_every == 0;
+}
+
+void StagePeer::set_first_stage(const NamedTensors& params) {
+  first_params_.clear();
+  average_.clear();
+  for (const auto& [name, t] : params) {
+    first_params_.emplace_back(name, Tensor::zeros(t.shape()));
+    average_.push_back(Tensor::zeros(t.shape()));
+  }
+}
+
+bool StagePeer::average() {
+  if (!first() || plan_.members < 2 || plan_.average_every == 0)
+    fail("stage", "average() is for a first party of several whose first stages are averaged (first-parties, "
+                  "average-every)");
+  if (pending_ || in_step_) fail("stage", "average() runs between steps");
+  if (!trained_since_average_) return false;
+  send_average(true);
+  return true;
+}
+
+void StagePeer::send_average(bool final) {
+  NamedTensors mine;
+  const std::vector<Param*>& params = stage_.network().params();
+  for (Param* p : params) mine.emplace_back(p->name(), p->value());
+  down_->send(writer_.front_weights(averages_, since_average_, mine, final));
+  const auto t0 = std::chrono::steady_clock::now();
+  const Frame frame = down_->receive("the average of the first stages");
+  idle_s_ += since(t0);
+  const wire::Message* msg = verified(*down_, "next", frame);
+  const wire::Aggregated* a = msg->payload_as_Aggregated();
+  if (a == nullptr)
+    refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage,
+                            cat("expected Aggregated, got ", payload_name(msg->payload_type()))});
+  if (a->round() != averages_ + 1 || a->edges() != plan_.members)
+    refuse(*down_, "next", {wire::ErrorCode::OutOfWindow,
+                            cat("average ", a->round(), " of ", a->edges(), " first parties; member ", plan_.member,
+                                " awaits average ", averages_ + 1, " of ", plan_.members)});
+  std::vector<Tensor> values;
+  WireError error;
+  if (!read_named_tensors(frame, a->tensors(), mine, values, error)) refuse(*down_, "next", error);
+  for (std::size_t i = 0; i < values.size(); ++i) {
+    params[i]->value().copy_from(values[i]);
+    params[i]->bump_version();
+  }
+  ++averages_;
+  since_average_ = 0;
+  trained_since_average_ = false;
+}
+
+void StagePeer::collect_average(Frame first, bool final) {
+  if (first_params_.empty())
+    fail("stage", cat("stage ", plan_.index, " averages ", plan_.members, " first stages and was not given their "
+                      "parameters (set_first_stage)"));
+  const uint64_t round = next_step_ / plan_.members;
+  std::vector<Frame> frames(plan_.members);
+  std::vector<std::vector<Tensor>> parts(plan_.members);
+  uint64_t samples = 0;
+  for (uint32_t m = 0; m < plan_.members; ++m) {
+    StageLink& link = *members_[m];
+    Frame frame;
+    if (m == 0 && first.size() > 0) {
+      frame = std::move(first);
+    } else {
+      const auto t0 = std::chrono::steady_clock::now();
+      frame = link.receive("FrontWeights");
+      idle_s_ += since(t0);
+    }
+    const wire::Message* msg = verified(link, "previous", frame);
+    const wire::FrontWeights* w = msg->payload_as_FrontWeights();
+    if (w == nullptr)
+      refuse(link, "previous", {wire::ErrorCode::UnexpectedMessage,
+                                cat("expected member ", m, "'s FrontWeights after round ", round, ", got ",
+                                    payload_name(msg->payload_type()))});
+    if (w->round() != averages_ || w->final() != final)
+      refuse(link, "previous", {wire::ErrorCode::OutOfWindow,
+                                cat("member ", m, "'s FrontWeights ", w->final() ? "at its run's end" : "between rounds",
+                                    " from average ", w->round(), "; stage ", plan_.index, " takes the ",
+                                    final ? "run's last" : "rounds'", " average ", averages_ + 1, " after round ", round)});
+    if (w->samples() > static_cast<uint64_t>(plan_.batch) * round)
+      refuse(link, "previous", {wire::ErrorCode::BadTensor,
+                                cat("member ", m, " reports ", w->samples(), " samples since the last average; ", round,
+                                    " rounds of at most ", plan_.batch, " have run")});
+    WireError error;
+    if (!read_named_tensors(frame, w->tensors(), first_params_, parts[m], error)) refuse(link, "previous", error);
+    samples += w->samples();
+    frames[m] = std::move(frame);  // parts[m] are views of it
+  }
+  // Each member once: they train as many steps between averages (equal weights).
+  std::vector<const std::vector<Tensor>*> in;
+  for (const std::vector<Tensor>& p : parts) in.push_back(&p);
+  const std::vector<uint64_t> equal(plan_.members, 0);
+  federated_average(in, equal, average_);
+  ++averages_;
+  NamedTensors named;
+  for (std::size_t k = 0; k < average_.size(); ++k) named.emplace_back(first_params_[k].first, average_[k]);
+  const std::span<const uint8_t> bytes = writer_.aggregated(averages_, plan_.members, samples, named);
+  for (StageLink* link : members_) link->send(bytes);
 }
 
 StepHeader StagePeer::down_header(const StepHeader& h) const {
@@ -844,6 +979,7 @@ bool StagePeer::follow_step(StepStats& stats) {
       return false;
     }
     if (got == Upstream::Activations) break;
+    if (got == Upstream::Averaged) continue;
     if (down_ != nullptr)  // on down first: its gradients come back
       down_->send(writer_.drain(plan_.index, pending_header_.step, drain_lr_scale_));
     StepStats drained;

@@ -79,6 +79,17 @@ struct StagePlan {
   // round is `members` steps, one a member; checkpoints are taken at rounds' ends. `member`
   // is which first stage this is (0 elsewhere).
   uint32_t members = 1, member = 0;
+  // FedAvg of the members' first stages after every `average_every`-th round (0: never):
+  // each member sends its weights to the shared stage (FrontWeights), which averages them,
+  // each member counting once (they train as many steps), and sends the average back
+  // (Aggregated) before any member trains on.
+  uint32_t average_every = 0;
+};
+
+// Several first parties sharing the next stage (StagePlan::members, average_every).
+struct FirstParties {
+  uint32_t count = 1;
+  uint32_t average_every = 0;  // rounds
 };
 
 // SHA-256 over the binary model spec and, each after a zero byte, the cut list, the
@@ -89,7 +100,7 @@ struct StagePlan {
 std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
                                   const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches,
                                   wire::DType dtype = wire::DType::F32, bool labels_travel = true,
-                                  const std::string& run_terms = "", uint32_t members = 1);
+                                  const std::string& run_terms = "", const FirstParties& first = {});
 
 // Stage `index`'s plan among `stages` (whole.partition(cut_list(cuts))), run under `schedule`
 // with at most `batch` samples a step in at most `microbatches`; `members` first parties
@@ -97,7 +108,8 @@ std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const st
 StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& whole, const std::string& cuts,
                           const std::vector<Graph>& stages, std::size_t index, const PipelineSchedule& schedule,
                           uint32_t batch, uint32_t microbatches, wire::DType dtype = wire::DType::F32,
-                          bool labels_travel = true, const std::string& run_terms = "", uint32_t members = 1);
+                          bool labels_travel = true, const std::string& run_terms = "",
+                          const FirstParties& first = {});
 
 class StagePeer {
  public:
@@ -152,6 +164,10 @@ class StagePeer {
   // that reads a whole step meets a schedule that backs a micro-batch up before the last is sent,
   // or under the asynchronous schedule (its two steps in flight would share a filter's state).
   void set_filters(std::vector<LinkFilter*> down, std::vector<LinkFilter*> up);
+  // The stage after several first parties that average (StagePlan::average_every): the first
+  // stage's parameters (names and shapes; the values are not read), which every member's
+  // FrontWeights must match.
+  void set_first_stage(const NamedTensors& params);
 
 
   // The first stage: one step of the step's rows (`inputs`, each [samples, ...], and their
@@ -165,6 +181,12 @@ class StagePeer {
   // (nothing when no step is in flight, and always under the other schedules).
   StepStats drain();
   bool in_flight() const { return pending_; }
+  // A member of several first parties that average, between rounds: its first stage averaged
+  // with the others' now (FrontWeights down, the average back), when it trained since the
+  // last average; every member calls it at the same round (the run's end). False when there
+  // was nothing to average.
+  bool average();
+  uint32_t averages() const { return averages_; }  // the averages taken (counted from the start)
   // The first stage, between steps: one batch of the evaluation set (`inputs`, each
   // [samples, ...], at most the plan's batch; their labels; `begin`, its first sample's index
   // in the set) through every stage in evaluation mode. Nothing trains. Returns the loss and
@@ -189,7 +211,7 @@ class StagePeer {
 
  private:
   struct Slot;  // one micro-batch's messages
-  enum class Upstream { Activations, Drain, Bye };  // what the stage before sent
+  enum class Upstream { Activations, Drain, Bye, Averaged };  // what the stage before sent
   bool first() const { return plan_.index == 0; }
   bool shared() const { return plan_.index == 1 && plan_.members > 1; }  // after several first stages
   // The step a checkpoint after step `step` is labelled with: the end of its round (members
@@ -202,6 +224,18 @@ class StagePeer {
   }
   StepHeader down_header(const StepHeader& h) const;
   void pass_turn();  // the shared stage: to the next member still in the run
+  // Whether the round of `step` ends with an average (at a member: after its turn in it; at
+  // the shared stage: after the round's last step).
+  bool average_due(uint64_t step) const;
+  void send_average(bool final);  // a member: FrontWeights down, the average back
+  // The shared stage: every member's FrontWeights (member 0's already in `first`, when it
+  // came unasked at the run's end), averaged, and the average to each.
+  void collect_average(Frame first, bool final);
+  NamedTensors first_params_;     // the shared stage: the first stage's names and shapes
+  std::vector<Tensor> average_;   // the shared stage: the average's storage
+  uint32_t averages_ = 0;         // averages taken since step 0
+  uint64_t since_average_ = 0;    // a member: samples trained since the last average
+  bool trained_since_average_ = false;
   bool last() const { return plan_.index + 1 == plan_.stages; }
   // The slot (and network slot) of a step's micro-batch: asynchronous steps alternate between
   // two sets, so the step in flight keeps its own while the next one forwards.

@@ -1096,15 +1096,16 @@ TEST(StagePeerBadInput, EvaluatedOfAnotherStageStepOrMicroBatchTwiceOrImpossible
 // g with g mod 2 = m, on its own data and its own first-stage weights. That equals two
 // in-process pipelines sharing those three stages' networks, stepped in turns. A checkpoint
 // asked for in round 1 is saved at every stage labelled with the round's end (step 4), and
-// each member's evaluation runs its own first stage through the shared ones.
-TEST(StagePeer, TwoFirstPartiesTakeTurnsOnSharedCnnStagesLikeInProcessPipelinesInTurns) {
+// each member's evaluation runs its own first stage through the shared ones. With
+// `average_every` the first stages are averaged after every such round and, called at the
+// end, once more (when rounds were trained since).
+void expect_members_train_like_pipelines_in_turns(uint32_t average_every, int own_steps) {
   const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
   const std::string cuts = "pool1,pool2,fc1";
   const Graph graph = Graph::build(spec);
   const std::vector<Graph> parts = graph.partition(cut_list(cuts));
   constexpr uint32_t kMembers = 2, kK = 4;
   const int64_t n = 32, batch = 8;
-  const int own_steps = 4;
   const uint64_t checkpoint_round = 1;
   Rng rng(7);
   std::vector<Tensor> images;
@@ -1132,10 +1133,31 @@ TEST(StagePeer, TwoFirstPartiesTakeTurnsOnSharedCnnStagesLikeInProcessPipelinesI
     }
     pipelines.push_back(std::make_unique<LocalPipeline>(nets, opts, LocalPipeline::Options{.schedule = "1f1b"}));
   }
+  const auto average_fronts = [&] {  // FedAvg of the two fronts, each once, summed in double
+    const std::vector<Param*>& a = ref[0].net->params();
+    const std::vector<Param*>& b = ref[1].net->params();
+    for (std::size_t k = 0; k < a.size(); ++k)
+      for (int64_t i = 0; i < a[k]->value().numel(); ++i) {
+        const float v = static_cast<float>(0.5 * a[k]->value().data()[i] + 0.5 * b[k]->value().data()[i]);
+        a[k]->value().data()[i] = b[k]->value().data()[i] = v;
+      }
+    for (Param* p : a) p->bump_version();
+    for (Param* p : b) p->bump_version();
+  };
   std::vector<std::vector<double>> ref_loss(kMembers);
-  for (int j = 0; j < own_steps; ++j)
+  int ref_averages = 0;
+  for (int j = 0; j < own_steps; ++j) {
     for (uint32_t m = 0; m < kMembers; ++m)
       ref_loss[m].push_back(pipelines[m]->train_step(rows_of(m, j), labels_of(m, j), kK).loss_sum);
+    if (average_every > 0 && (j + 1) % static_cast<int>(average_every) == 0) {
+      average_fronts();
+      ++ref_averages;
+    }
+  }
+  if (average_every > 0 && own_steps % static_cast<int>(average_every) != 0) {  // the run's end
+    average_fronts();
+    ++ref_averages;
+  }
   std::vector<StepStats> ref_eval;
   for (uint32_t m = 0; m < kMembers; ++m) ref_eval.push_back(pipelines[m]->evaluate(rows_of(m, 0), labels_of(m, 0), batch));
 
@@ -1149,7 +1171,7 @@ TEST(StagePeer, TwoFirstPartiesTakeTurnsOnSharedCnnStagesLikeInProcessPipelinesI
   for (std::size_t i = 0; i + 1 < downs.size(); ++i) std::tie(downs[i], ups[i + 1]) = MemoryLink::pair();
   const auto plan_of = [&](std::size_t index, uint32_t member) {
     StagePlan plan = make_stage_plan(spec.binary, graph, cuts, parts, index, schedule, batch, kK, wire::DType::F32,
-                                     true, "", kMembers);
+                                     true, "", FirstParties{kMembers, average_every});
     plan.member = member;
     return plan;
   };
@@ -1159,6 +1181,11 @@ TEST(StagePeer, TwoFirstPartiesTakeTurnsOnSharedCnnStagesLikeInProcessPipelinesI
   const std::vector<StageLink*> member_links{shared_up[0].get(), shared_up[1].get()};
   peers.push_back(std::make_unique<StagePeer>(*st[2].stage, schedule, plan_of(1, 0),
                                               std::span<StageLink* const>(member_links), downs[0].get()));
+  if (average_every > 0) {  // the shared stage checks the members' weights against the first stage's
+    NamedTensors front;
+    for (Param* p : st[0].net->params()) front.emplace_back(p->name(), p->value());
+    peers.back()->set_first_stage(front);
+  }
   peers.push_back(std::make_unique<StagePeer>(*st[3].stage, schedule, plan_of(2, 0), ups[1].get(), downs[1].get()));
   peers.push_back(std::make_unique<StagePeer>(*st[4].stage, schedule, plan_of(3, 0), ups[2].get(), nullptr));
   std::vector<std::vector<uint64_t>> saved(peers.size());
@@ -1190,6 +1217,11 @@ TEST(StagePeer, TwoFirstPartiesTakeTurnsOnSharedCnnStagesLikeInProcessPipelinesI
                                                 x, labels_of(m, j)).loss_sum);
           }
           EXPECT_EQ(peer.own_steps(), static_cast<uint64_t>(own_steps));
+          if (average_every > 0) {
+            EXPECT_EQ(peer.average(), own_steps % static_cast<int>(average_every) != 0);
+            EXPECT_FALSE(peer.average()) << "nothing trained since";
+            EXPECT_EQ(peer.averages(), static_cast<uint32_t>(ref_averages));
+          }
           const std::vector<Tensor> x{rows_of(m, 0)};
           evals[m] = peer.evaluate(x, labels_of(m, 0), 0);
           peer.finish("done");
@@ -1223,11 +1255,26 @@ TEST(StagePeer, TwoFirstPartiesTakeTurnsOnSharedCnnStagesLikeInProcessPipelinesI
     EXPECT_EQ(evaluated[p], static_cast<int>(kMembers)) << "party " << p;
     EXPECT_EQ(peers[p]->next_step(), static_cast<uint64_t>(own_steps) * kMembers);
   }
-  EXPECT_GT(max_diff(*st[0].net, *st[1].net), 1e-3f) << "each member trains its own first stage";
+  if (average_every == 0)
+    EXPECT_GT(max_diff(*st[0].net, *st[1].net), 1e-3f) << "each member trains its own first stage";
+  else
+    EXPECT_EQ(max_diff(*st[0].net, *st[1].net), 0.0f) << "the members end on one average";
+  EXPECT_EQ(peers[kMembers]->averages(), static_cast<uint32_t>(ref_averages));
   EXPECT_GT(max_diff(*st[0].net, init), 1e-3f) << "the weights moved";
 }
 
-// The loss stage of the CNN cut at pool2, shared by two scripted first parties.
+TEST(StagePeer, TwoFirstPartiesTakeTurnsOnSharedCnnStagesLikeInProcessPipelinesInTurns) {
+  expect_members_train_like_pipelines_in_turns(0, 4);
+}
+
+// FedAvg after rounds 2 and 4, and at the end after round 5: the members' first stages end
+// equal, and every step equals the pipelines in turns averaged the same way.
+TEST(StagePeer, TwoFirstPartiesAveragingTheirFirstStagesOnSharedCnnStagesLikePipelinesInTurns) {
+  expect_members_train_like_pipelines_in_turns(2, 5);
+}
+
+// The loss stage of the CNN cut at pool2, shared by two scripted first parties whose first
+// stages are averaged after every round.
 struct SharedLastStage {
   ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
   Graph graph = Graph::build(spec);
@@ -1235,8 +1282,10 @@ struct SharedLastStage {
   std::unique_ptr<Backend> backend = make_test_backend("reference");
   Network init{graph, *backend, 3};
   PeerStage stage = make_stage(parts[1], init);
+  PeerStage front = make_stage(parts[0], init);
   GPipeSchedule schedule;
-  StagePlan plan = make_stage_plan(spec.binary, graph, "pool2", parts, 1, schedule, 8, 2, wire::DType::F32, true, "", 2);
+  StagePlan plan = make_stage_plan(spec.binary, graph, "pool2", parts, 1, schedule, 8, 2, wire::DType::F32, true, "",
+                                   FirstParties{2, 1});
   std::unique_ptr<MemoryLink> before[2], up[2];  // the scripted members' ends, and the stage's
   std::unique_ptr<StagePeer> peer;
   MessageWriter writer;
@@ -1244,6 +1293,17 @@ struct SharedLastStage {
     for (int m = 0; m < 2; ++m) std::tie(before[m], up[m]) = MemoryLink::pair();
     const std::vector<StageLink*> links{up[0].get(), up[1].get()};
     peer = std::make_unique<StagePeer>(*stage.stage, schedule, plan, std::span<StageLink* const>(links), nullptr);
+    peer->set_first_stage(weights());
+  }
+  NamedTensors weights() const {
+    NamedTensors out;
+    for (Param* p : front.net->params()) out.emplace_back(p->name(), p->value());
+    return out;
+  }
+  void step(int m, uint64_t step) {  // both micro-batches, then the stage runs them
+    for (uint32_t mb = 0; mb < 2; ++mb) activations(m, step, mb);
+    StepStats s;
+    EXPECT_TRUE(peer->follow_step(s));
   }
   void hellos(uint32_t member1_says = 1, uint64_t resume0 = 0) {
     before[0]->send(writer.stage_hello(plan.hash, 0, 2, resume0, kWireFormat, 0));
@@ -1330,6 +1390,94 @@ TEST(StagePeerBadInput, ASharedStageTakesEachStepFromTheMemberWhoseTurnItIs) {
     EXPECT_TRUE(t.peer->evaluated());
     EXPECT_EQ(s.samples, 4);
     EXPECT_FALSE(t.peer->follow_step(s));
+  }
+}
+
+TEST(StagePeerBadInput, ASharedStageTakesTheFirstStagesWeightsOnlyBetweenRoundsAndAsTheyAre) {
+  {  // within a round
+    SharedLastStage t;
+    t.hellos();
+    EXPECT_EQ(t.peer->connect({}), 0u);
+    t.step(0, 0);
+    t.before[1]->send(t.writer.front_weights(0, 8, t.weights(), true));
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: FrontWeights from member 1 within "
+                          "round 0: the first stages are averaged between rounds, after the last member's step");
+    EXPECT_EQ(t.up[1]->refused.code, wire::ErrorCode::UnexpectedMessage);
+  }
+  {  // before anything was trained
+    SharedLastStage t;
+    t.hellos();
+    EXPECT_EQ(t.peer->connect({}), 0u);
+    t.before[0]->send(t.writer.front_weights(0, 0, t.weights(), true));
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: FrontWeights after round 0: nothing "
+                          "was trained since the last average");
+  }
+  {  // after round 0 (averaged every round): of another average; a step instead; the wrong tensors
+    for (int variant = 0; variant < 3; ++variant) {
+      SharedLastStage t;
+      t.hellos();
+      EXPECT_EQ(t.peer->connect({}), 0u);
+      t.step(0, 0);
+      if (variant == 0) t.before[0]->send(t.writer.front_weights(5, 8, t.weights(), false));
+      if (variant == 1) t.activations(0, 2, 0);
+      if (variant == 2) {
+        NamedTensors w = t.weights();
+        w.pop_back();
+        t.before[0]->send(t.writer.front_weights(0, 8, w, false));
+      }
+      for (uint32_t mb = 0; mb < 2; ++mb) t.activations(1, 1, mb);
+      const std::string error = t.follow();
+      if (variant == 0) {
+        EXPECT_EQ(error, "[stage] stage 1 refused the previous stage's message: member 0's FrontWeights between rounds "
+                         "from average 5; stage 1 takes the rounds' average 1 after round 1");
+        EXPECT_EQ(t.up[0]->refused.code, wire::ErrorCode::OutOfWindow);
+      } else if (variant == 1) {
+        EXPECT_EQ(error, "[stage] stage 1 refused the previous stage's message: expected member 0's FrontWeights after "
+                         "round 1, got Activations");
+        EXPECT_EQ(t.up[0]->refused.code, wire::ErrorCode::UnexpectedMessage);
+      } else {
+        EXPECT_EQ(error, cat("[stage] stage 1 refused the previous stage's message: weights: ",
+                             t.weights().size() - 1, " tensors given, the front shard has ", t.weights().size()));
+        EXPECT_EQ(t.up[0]->refused.code, wire::ErrorCode::BadTensor);
+      }
+    }
+  }
+  {  // a round's average: both members' weights, the equal-weight average back to each
+    SharedLastStage t;
+    t.hellos();
+    EXPECT_EQ(t.peer->connect({}), 0u);
+    t.step(0, 0);
+    NamedTensors a = t.weights(), b = t.weights();
+    for (auto& [name, v] : a) v = v.clone();
+    for (auto& [name, v] : b) {
+      v = v.clone();
+      for (int64_t i = 0; i < v.numel(); ++i) v.data()[i] += 1.0f;
+    }
+    t.before[0]->send(t.writer.front_weights(0, 8, a, false));
+    for (uint32_t mb = 0; mb < 2; ++mb) t.activations(1, 1, mb);
+    t.before[1]->send(t.writer.front_weights(0, 8, b, false));  // after its step
+    StepStats s;
+    EXPECT_TRUE(t.peer->follow_step(s));
+    EXPECT_EQ(t.peer->averages(), 1u);
+    for (int m = 0; m < 2; ++m) {
+      Frame f;
+      WireError error;
+      const wire::Message* msg = nullptr;
+      do {  // after the step's gradients
+        f = t.before[m]->receive("the average");
+        msg = verify_frame(f, f.size(), error);
+        ASSERT_NE(msg, nullptr) << error.text;
+      } while (msg->payload_type() != wire::Payload::Aggregated);
+      const wire::Aggregated* agg = msg->payload_as_Aggregated();
+      EXPECT_EQ(agg->round(), 1u);
+      EXPECT_EQ(agg->edges(), 2u);
+      EXPECT_EQ(agg->samples(), 16u);
+      std::vector<Tensor> values;
+      ASSERT_TRUE(read_named_tensors(f, agg->tensors(), t.weights(), values, error)) << error.text;
+      for (std::size_t k = 0; k < values.size(); ++k)
+        for (int64_t i = 0; i < values[k].numel(); ++i)
+          ASSERT_FLOAT_EQ(values[k].data()[i], a[k].second.data()[i] + 0.5f) << a[k].first;
+    }
   }
 }
 

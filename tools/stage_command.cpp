@@ -404,6 +404,11 @@ int run_party(const CliArgs& cli) {
   const std::size_t index = party < members ? 0 : party - members + 1;  // this party's stage
   const std::size_t n = deployment.parties.size() - members + 1;        // stages
   const auto member = static_cast<uint32_t>(party < members ? party : 0);
+  // average-every = S: the first parties' first stages averaged (FedAvg) after every S-th round.
+  const auto average_every = static_cast<uint32_t>(args.integer("average-every", 0, 0));
+  if (average_every > 0 && members < 2)
+    fail("cli", cat(deployment.path, ": average-every = ", average_every, " averages several first parties' first "
+                    "stages; add first-parties = N (N >= 2)"));
   const int wait_s = static_cast<int>(cli.integer("wait-s", 120, 1));
   const int silence_s = static_cast<int>(cli.integer("silence-s", 300, 5));
 
@@ -463,7 +468,7 @@ int run_party(const CliArgs& cli) {
           " grad_noise=", args.number("grad-noise", 0.0), " label_noise=", args.number("label-noise", 0.0),
           " checkpoint_every=", args.integer("checkpoint-every", 0, 0));
   StagePlan plan = make_stage_plan(spec.binary, graph, cut, stage_graphs, index, *schedule, batch, microbatches,
-                                   *dtype, labels_at == "travel", run_terms, members);
+                                   *dtype, labels_at == "travel", run_terms, FirstParties{members, average_every});
   plan.member = member;
 
   std::fprintf(stderr, "party %s: stage %zu of stages 0..%zu%s (%zu nodes, %lld parameters, %s), %s schedule, K = %u\n",
@@ -509,6 +514,12 @@ int run_party(const CliArgs& cli) {
   }
   const std::vector<StageLink*> up_links = up ? up->links() : std::vector<StageLink*>{};
   StagePeer peer(stage, *schedule, plan, std::span<StageLink* const>(up_links), down.get());
+  if (index == 1 && average_every > 0) {  // the members' weights are checked against the first stage's
+    Network front(stage_graphs[0], *backend, seed);
+    NamedTensors params;
+    for (Param* p : front.params()) params.emplace_back(p->name(), p->value());
+    peer.set_first_stage(params);
+  }
   // Privacy filters on the links (pipeline/link_filter.h, docs/04): the first party's on the
   // activations it sends down; the loss stage's on the gradient it sends up, where the labels
   // stay at the first party.
@@ -704,6 +715,10 @@ int run_party(const CliArgs& cli) {
             total.correct += st.correct;
             total.samples += st.samples;
           }
+          // The first parties end on one average of their first stages (the last rounds since
+          // the last average), evaluated as such.
+          if (plan.average_every > 0 && (epoch == epochs || budget_spent) && peer.average())
+            std::fprintf(stderr, "the first stages averaged at the run's end (average %u)\n", peer.averages());
           const double seconds = std::chrono::duration<double>(Clock::now() - e0).count();
           const auto samples = static_cast<double>(std::max<uint64_t>(total.samples, 1));
           bar.finish(loss_here_only ? "the loss is the loss stage's" : cat("loss ", fixed(total.loss_sum / samples, 4)),
@@ -814,6 +829,7 @@ int run_party(const CliArgs& cli) {
   const uint64_t sent = (up ? up->sent.load() : 0) + (down ? down->sent.load() : 0);
   const uint64_t received = (up ? up->received.load() : 0) + (down ? down->received.load() : 0);
   emit(cat("{\"party\":\"", party_name, "\",\"stage\":", index, ",\"steps\":", steps, ",\"restarts\":", restarts,
+           plan.average_every > 0 && index < 2 ? cat(",\"averages\":", peer.averages()) : std::string(),
            ",\"sent_bytes\":", sent, ",\"received_bytes\":", received,
            ",\"busy_s\":",
            fixed(stage.busy_s(), 3), ",\"idle_s\":", fixed(peer.idle_s(), 3), ",\"wall_s\":", fixed(wall, 3),

@@ -4,6 +4,7 @@
 #include <cstdio>
 
 #include "core/error.h"
+#include "core/federated_average.h"
 
 namespace tandem {
 namespace {
@@ -125,18 +126,15 @@ void Federation::close_round(const char* why) {
     }
   if (in.empty()) return;
   // Weighted by samples (equal weights if every edge reports 0), summed in double.
-  std::vector<double> acc;
-  for (std::size_t k = 0; k < current_.size(); ++k) {
-    Tensor& out = current_[k].second;
-    acc.assign(static_cast<std::size_t>(out.numel()), 0.0);
-    for (Edge* e : in) {
-      const double weight = samples > 0 ? static_cast<double>(e->round_samples) / static_cast<double>(samples)
-                                        : 1.0 / static_cast<double>(in.size());
-      const float* v = e->weights[k].data();
-      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += weight * v[i];
-    }
-    for (std::size_t i = 0; i < acc.size(); ++i) out.data()[i] = static_cast<float>(acc[i]);
+  std::vector<const std::vector<Tensor>*> parts;
+  std::vector<uint64_t> part_samples;
+  for (Edge* e : in) {
+    parts.push_back(&e->weights);
+    part_samples.push_back(e->round_samples);
   }
+  std::vector<Tensor> out;
+  for (auto& [name, t] : current_) out.push_back(t);  // views of the average's storage
+  federated_average(parts, part_samples, out);
   ++round_;
   const auto bytes = writer_.aggregated(round_, static_cast<uint32_t>(in.size()), samples, current_);
   std::string who;

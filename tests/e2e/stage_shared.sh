@@ -3,7 +3,9 @@
 # own first stage of the CNN on their half of the data (every other sample) and take turns,
 # a step each, on the stages after it, held by gpu-box and cloud, over mutual TLS. Every
 # process exits 0; each hospital's epochs cover its own half, the later parties train both
-# hospitals' steps, the hospitals' first stages end apart and the run is the same run twice.
+# hospitals' steps, and the run is the same run twice. Without averaging the hospitals'
+# first stages end apart; with average-every = 3 they are averaged after every third round
+# and once more at the end, and end equal.
 # A kill -9 of the shared party, or of a hospital, restarted with the same command, ends on
 # the uninterrupted run's weights at every party, byte for byte. A third hospital the file
 # does not name is refused by the shared party.
@@ -22,7 +24,8 @@ own_steps=$((epochs * limit / 2 / 64)) all_steps=$((epochs * limit / 64))
 
 stage_identities "${parties[@]}" hospital-c
 
-# deployment NAME: $work/NAME.toml, two hospitals sharing gpu-box and cloud, fresh ports.
+# deployment NAME [EXTRA]: $work/NAME.toml, two hospitals sharing gpu-box and cloud, fresh
+# ports; their first stages averaged every 3 rounds.
 deployment() {
   local ports i
   read -r -a ports <<< "$(free_ports 4)"
@@ -37,6 +40,7 @@ deployment() {
     echo "test-limit = 10"
     echo "epochs = $epochs"
     echo "checkpoint-every = 2"
+    echo "${2-average-every = 3}"
     for i in 0 1 2 3; do
       echo "[${parties[$i]}]"
       ((i < 2)) || echo "address = \"127.0.0.1:${ports[$i]}\""
@@ -60,12 +64,27 @@ expect_exit() {
   grep -qF -- "$4" "$work/$1-$2.out" || fail "$1: party ${parties[$2]} said '$(cat "$work/$1-$2.out")', not '$4'"
 }
 summary() { echo "\"party\":\"${parties[$1]}\",\"stage\":$2,\"steps\":$3,"; }
-expect_finished() {  # expect_finished NAME: every party exited 0 with its summary
-  expect_exit "$1" 0 0 "$(summary 0 0 "$own_steps")"
+# Averages after every third of the rounds (each hospital's steps), and one at the end.
+averages=$(((own_steps + 2) / 3))
+expect_finished() {  # expect_finished NAME [AVERAGES]: every party exited 0 with its summary
+  local a=${2-$averages}
+  expect_exit "$1" 0 0 "$(summary 0 0 "$own_steps")\"restarts\""
   expect_exit "$1" 1 0 "$(summary 1 0 "$own_steps")"
   expect_exit "$1" 2 0 "$(summary 2 1 "$all_steps")"
   expect_exit "$1" 3 0 "$(summary 3 2 "$all_steps")"
+  if [[ -n $a ]]; then
+    local i
+    for i in 0 1 2; do
+      grep -q "\"averages\":$a," "$work/$1-$i.out" || fail "$1: party ${parties[$i]} did not take $a averages: $(tail -3 "$work/$1-$i.out")"
+    done
+  fi
 }
+
+deployment apart ""
+pids=()
+for i in 3 2 1 0; do start apart "$i"; done
+expect_finished apart ""
+! cmp -s "$work/apart-0.safetensors" "$work/apart-1.safetensors" || fail "without averaging, the hospitals' first stages are the same"
 
 deployment ref
 pids=()
@@ -79,7 +98,9 @@ for i in 0 1; do
 done
 grep -q "listening on wss://127.0.0.1:[0-9]* for 'hospital-a', 'hospital-b'" "$work/ref-2.out" ||
   fail "gpu-box does not wait for both hospitals: $(cat "$work/ref-2.out")"
-! cmp -s "$work/ref-0.safetensors" "$work/ref-1.safetensors" || fail "the hospitals' first stages are the same"
+cmp "$work/ref-0.safetensors" "$work/ref-1.safetensors" || fail "averaged, the hospitals' first stages end apart"
+((own_steps % 3 == 0)) || grep -q "the first stages averaged at the run's end (average $averages)" "$work/ref-0.out" ||
+  fail "hospital-a did not average at the run's end: $(cat "$work/ref-0.out")"
 
 # The same deployment again: the same weights at every party (turns are deterministic).
 deployment again
@@ -138,4 +159,4 @@ for k in ${SHARED_KILLS:-2 1}; do
   done
 done
 
-echo "ok: two hospitals take turns on shared stages over mutual TLS, each on its half of the data with its own first stage; the same run twice gives the same weights; a hospital the file does not name is refused; a kill -9 of the shared party or of a hospital, restarted, ends on the uninterrupted run's weights at every party"
+echo "ok: two hospitals take turns on shared stages over mutual TLS, each on its half of the data with its own first stage, apart without averaging and one average with it (every 3 rounds and at the end); the same run twice gives the same weights; a hospital the file does not name is refused; a kill -9 of the shared party or of a hospital, restarted, ends on the uninterrupted run's weights at every party"

@@ -172,16 +172,24 @@ void token_seeds() {
 
 // Three stage peers on three threads train two steps of the sequence model (drained under
 // the async schedule) and evaluate a batch; the middle's arriving frames, each after its side's byte (0: from the stage before,
-// 1: from the one after).
+// 1: from the one after, 2: from the second first stage). With kStageShared two first
+// stages take turns (a step each) on the middle one, are averaged after the round, and each
+// evaluates a batch.
 [[maybe_unused]] void stage_seeds(uint8_t flags, const std::string& name) {
-  StageUnderTest first(0, flags), middle(1, flags), last(2, flags);
+  const bool shared = (flags & kStageShared) != 0;
+  StageUnderTest first(0, flags, 0), second(0, flags, 1), middle(1, flags), last(2, flags);
   auto [first_down_link, middle_up_link] = test::MemoryLink::pair();
+  auto [second_down_link, middle_up2_link] = test::MemoryLink::pair();
   auto [middle_down_link, last_up_link] = test::MemoryLink::pair();
   test::MemoryLink &first_down = *first_down_link, &middle_up = *middle_up_link, &middle_down = *middle_down_link,
-                   &last_up = *last_up_link;
+                   &last_up = *last_up_link, &second_down = *second_down_link, &middle_up2 = *middle_up2_link;
   std::vector<std::vector<uint8_t>> frames;
   middle_up.on_receive = [&](const std::vector<uint8_t>& m) {
     frames.push_back({0});
+    frames.back().insert(frames.back().end(), m.begin(), m.end());
+  };
+  middle_up2.on_receive = [&](const std::vector<uint8_t>& m) {
+    frames.push_back({2});
     frames.back().insert(frames.back().end(), m.begin(), m.end());
   };
   middle_down.on_receive = [&](const std::vector<uint8_t>& m) {
@@ -189,7 +197,12 @@ void token_seeds() {
     frames.back().insert(frames.back().end(), m.begin(), m.end());
   };
   StagePeer p0(*first.stage, first.schedule, first.plan, nullptr, &first_down);
-  StagePeer p1(*middle.stage, middle.schedule, middle.plan, &middle_up, &middle_down);
+  std::unique_ptr<StagePeer> p0b;
+  if (shared) p0b = std::make_unique<StagePeer>(*second.stage, second.schedule, second.plan, nullptr, &second_down);
+  StageLink* const middle_ups[2] = {&middle_up, &middle_up2};
+  StagePeer p1(*middle.stage, middle.schedule, middle.plan, std::span<StageLink* const>(middle_ups, shared ? 2 : 1),
+               &middle_down);
+  if (shared) p1.set_first_stage(StageUnderTest::first_stage(flags));
   StagePeer p2(*last.stage, last.schedule, last.plan, &last_up, nullptr);
   const int64_t n = kStageBatch;
   Tensor ids = Tensor::empty(Shape{n, 6}), mask = Tensor::empty(Shape{n, 6});
@@ -214,6 +227,7 @@ void token_seeds() {
         std::lock_guard lock(error_mu);
         error += e.what();
         first_down.close();
+        second_down.close();
         middle_down.close();
       }
     };
@@ -230,14 +244,24 @@ void token_seeds() {
     while (p1.follow_step(s)) {
     }
   }));
+  const std::vector<Tensor> x{ids, mask};
+  std::thread t0b;
+  if (shared)
+    t0b = std::thread(guarded([&] {  // the second first stage: step 1 in its turn, an evaluation, its Bye
+      p0b->connect({});
+      p0b->train_step({1, kStageBatch, kStageMicrobatches, 1.0f, false}, x, labels.data());
+      p0b->evaluate(x, labels.data(), 0);
+      p0b->finish("done");
+    }));
   guarded([&] {
     p0.connect({});
-    const std::vector<Tensor> x{ids, mask};
-    for (uint64_t step = 0; step < 2; ++step) p0.train_step({step, kStageBatch, kStageMicrobatches, 1.0f, false}, x, labels.data());
+    for (uint64_t step = 0; step < 2; step += shared ? 2 : 1)
+      p0.train_step({step, kStageBatch, kStageMicrobatches, 1.0f, false}, x, labels.data());
     p0.drain();  // the async schedule's step in flight (nothing under gpipe)
     p0.evaluate(x, labels.data(), 0);  // an evaluation batch between steps
     p0.finish("done");
   })();
+  if (t0b.joinable()) t0b.join();
   t1.join();
   t2.join();
   if (!error.empty()) fail("seeds", cat("the stage run for ", name, ": ", error));
@@ -268,6 +292,7 @@ int main(int argc, char** argv) {
     stage_seeds(1, "f16");
     stage_seeds(3 | kLabelsAtFirst, "i8-labels-at-first");
     stage_seeds(kStageAsync, "async");
+    stage_seeds(kStageShared, "shared");
     spec_seeds(argv[1]);
     checkpoint_and_safetensors_seeds();
     token_seeds();

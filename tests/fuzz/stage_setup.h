@@ -22,6 +22,7 @@ enum StageFlags : uint8_t {
   kLabelsAtFirst = 1 << 2,        // labels = "first-party": none travel
   kStageHasCheckpoints = 1 << 3,  // the middle stage has checkpoints of steps 1 and 2
   kStageAsync = 1 << 4,           // the async schedule: a step in flight, Drain
+  kStageShared = 1 << 5,          // two first parties share the middle stage, averaged every round (not async)
 };
 
 inline wire::DType stage_dtype(uint8_t flags) {
@@ -49,8 +50,10 @@ struct StageUnderTest {
   std::unique_ptr<PipelineSchedule> owned_schedule;
   const PipelineSchedule& schedule;
   StagePlan plan;
-  StageUnderTest(std::size_t index, uint8_t flags)
-      : owned_schedule(make_pipeline_schedule((flags & kStageAsync) ? "async" : "gpipe")), schedule(*owned_schedule) {
+  // `member`: which first party a first stage is, where two share the next (kStageShared).
+  StageUnderTest(std::size_t index, uint8_t flags, uint32_t member = 0)
+      : owned_schedule(make_pipeline_schedule((flags & kStageAsync) && !(flags & kStageShared) ? "async" : "gpipe")),
+        schedule(*owned_schedule) {
     StageModel& m = stage_model();
     Network whole(m.graph, *m.backend, kSeed);
     net = std::make_unique<Network>(m.parts[index], *m.backend, kSeed);
@@ -61,7 +64,16 @@ struct StageUnderTest {
     opt = make_optimizer(net->params(), OptimizerOptions{});
     stage = std::make_unique<Stage>(*net, opt.get());
     plan = make_stage_plan(m.spec.binary, m.graph, kStageCuts, m.parts, index, schedule, kStageBatch,
-                           kStageMicrobatches, stage_dtype(flags), (flags & kLabelsAtFirst) == 0);
+                           kStageMicrobatches, stage_dtype(flags), (flags & kLabelsAtFirst) == 0, "",
+                           FirstParties{(flags & kStageShared) ? 2u : 1u, 1});
+    plan.member = member;
+  }
+  // The first stage's parameters, for a shared stage that averages them (set_first_stage).
+  static NamedTensors first_stage(uint8_t flags) {
+    StageUnderTest front(0, flags);
+    NamedTensors out;
+    for (Param* p : front.net->params()) out.emplace_back(p->name(), p->value().clone());
+    return out;
   }
 };
 
