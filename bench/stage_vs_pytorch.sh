@@ -27,35 +27,8 @@ trap 'rm -rf "$work"' EXIT
 parties=(first second third fourth)
 port=$((29500 + RANDOM % 400))
 
-# Random images and labels in the spec's input shape, as a safetensors data set (train and a
-# one-batch test set).
-/usr/bin/python3 - "$spec" "$work/data" $((batch * steps)) "$batch" << 'EOF'
-import json, os, struct, sys
-import torch
-spec, out, n, n_test = sys.argv[1], sys.argv[2], int(sys.argv[3]), int(sys.argv[4])
-with open(spec) as f:
-    s = json.load(f)
-(image,) = s["inputs"]
-classes = next(node["linear"]["out_features"] for node in reversed(s["nodes"]) if node["op"] == "linear")
-def write(path, count, seed):
-    g = torch.Generator().manual_seed(seed)
-    tensors = {image["name"]: torch.rand([count] + image["shape"], generator=g),
-               "labels": torch.randint(0, classes, [count], generator=g, dtype=torch.int32)}
-    header, blobs, offset = {}, [], 0
-    for name, t in tensors.items():
-        blob = t.contiguous().numpy().tobytes()
-        header[name] = {"dtype": "F32" if t.dtype == torch.float32 else "I32", "shape": list(t.shape),
-                        "data_offsets": [offset, offset + len(blob)]}
-        blobs.append(blob)
-        offset += len(blob)
-    text = json.dumps(header).encode()
-    text += b" " * (-len(text) % 8)
-    with open(path, "wb") as f:
-        f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
-os.makedirs(out)
-write(os.path.join(out, "train.safetensors"), n, 1)
-write(os.path.join(out, "test.safetensors"), n_test, 2)
-EOF
+# Random images and labels in the spec's input shape (train and a one-batch test set).
+/usr/bin/python3 bench/random_dataset.py "$spec" "$work/data" $((batch * steps)) "$batch"
 source tests/e2e/lib.sh
 stage_identities "${parties[@]}"
 
