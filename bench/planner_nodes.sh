@@ -9,15 +9,15 @@
 # first epoch warms up). Prints each choice, the prediction's error for the chosen cuts and
 # how far they are from the best measured (bars: within 15% and 10%). Needs root (cgroups).
 # Usage: bash bench/planner_nodes.sh [SPEC NODES BATCH K]
-#   (default samples/models/resnet18-32.json, three machines of speed 0.4, 0.8 and 0.4,
-#   16, 4; BACKEND, STEPS, LIMIT (candidates measured, best predicted first; 0: all) in the
+#   (default samples/models/resnet18-32.json, three machines of speed 0.4, 0.8 and 0.4, the
+#   first with 40 MiB for training, 16, 4; BACKEND, STEPS, LIMIT (candidates measured, best predicted first; 0: all) in the
 #   environment)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 spec=${1:-samples/models/resnet18-32.json}
 nodes=${2:-}
 batch=${3:-16} k=${4:-4}
-backend=${BACKEND:-onednn} steps=${STEPS:-3} limit=${LIMIT:-0}
+backend=${BACKEND:-onednn} steps=${STEPS:-4} limit=${LIMIT:-0}
 tandem=$PWD/build/release/tools/tandem cloud_bin=$PWD/build/release/cloud/tandem-cloud
 [[ -x $tandem && -x $cloud_bin ]] || bash scripts/setup.sh release > /dev/null
 fail() { echo "FAIL: $*" >&2; exit 1; }
@@ -33,7 +33,7 @@ cleanup() {
 trap cleanup EXIT
 if [[ -z $nodes ]]; then
   nodes=$work/nodes.toml
-  printf '[scanner]\nspeed = 0.4\nlink_mbps = 10000\n[gpu-box]\nspeed = 0.8\nlink_mbps = 10000\n[cloud]\nspeed = 0.4\n' > "$nodes"
+  printf '[scanner]\nspeed = 0.4\nmemory_mb = 40\nlink_mbps = 10000\n[gpu-box]\nspeed = 0.8\nlink_mbps = 10000\n[cloud]\nspeed = 0.4\n' > "$nodes"
 fi
 # The machines, in the file's order: name, speed and memory (MiB, 0 for none).
 mapfile -t machines < <(awk '
