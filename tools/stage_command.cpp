@@ -340,8 +340,9 @@ class DownstreamLink final : public StageLink {
 // What a party counts for Prometheus (/metrics): written by the training thread after each
 // step, read by the listener's.
 struct StageMetrics {
-  std::atomic<uint64_t> steps{0}, restarts{0}, busy_us{0}, idle_us{0};
+  std::atomic<uint64_t> steps{0}, restarts{0}, busy_us{0}, idle_us{0}, averages{0};
   std::string labels;  // party="...",stage="..."
+  bool averaging = false;  // a first party, or the stage they share, whose first stages are averaged
   std::string text(const UpstreamLinks* up, const DownstreamLink* down, double wall_s) const {
     std::string out;
     const auto metric = [&](const char* name, const char* type, const char* help, const std::string& sample) {
@@ -350,6 +351,10 @@ struct StageMetrics {
     const auto one = [&](const char* name, const std::string& value) { return cat(name, "{", labels, "} ", value, "\n"); };
     metric("tandem_stage_steps_total", "counter", "Steps this party's stage has trained (again after a restart).",
            one("tandem_stage_steps_total", cat(steps.load())));
+    if (averaging)
+      metric("tandem_stage_first_stage_averages", "gauge",
+             "The first parties' first stages averaged so far (FedAvg; counted again from a checkpoint after a restart).",
+             one("tandem_stage_first_stage_averages", cat(averages.load())));
     metric("tandem_stage_restarts_total", "counter", "Times the pipeline started again from a checkpoint after a lost link.",
            one("tandem_stage_restarts_total", cat(restarts.load())));
     metric("tandem_stage_busy_seconds_total", "counter", "Seconds computing: forward, backward, update.",
@@ -578,10 +583,15 @@ int run_party(const CliArgs& cli) {
     });
     std::fprintf(stderr, "metrics for Prometheus on http://%s:%d/metrics\n", hp.host.c_str(), http->port());
   }
+  counters.averaging = plan.average_every > 0 && index < 2;
   const auto count_step = [&] {
     counters.steps += 1;
     counters.busy_us = static_cast<uint64_t>(stage.busy_s() * 1e6);
     counters.idle_us = static_cast<uint64_t>(peer.idle_s() * 1e6);
+    if (counters.averaging && peer.averages() > counters.averages)
+      std::fprintf(stderr, "the first stages averaged (average %u, after round %llu)\n", peer.averages(),
+                   static_cast<unsigned long long>(peer.averages()) * plan.average_every);
+    counters.averages = peer.averages();
   };
   if (store)
     peer.on_checkpoint([&](uint64_t step) {

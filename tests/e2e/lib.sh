@@ -84,3 +84,16 @@ same_final_weights() {
   done
   cmp "$work/$1.safetensors" "$work/$2.safetensors" || fail "the $2 run's weights differ from the $1 run's"
 }
+
+# has_checkpoint_from DIR STEP: true once DIR holds a checkpoint (NAME-STEP.tdmc, tandem
+# stage's CheckpointStore) of step STEP or later.
+has_checkpoint_from() {
+  local f n
+  for f in "$1"/*.tdmc; do
+    [[ -e $f ]] || continue
+    n=${f##*-}
+    n=${n%.tdmc}
+    ((10#$n >= $2)) && return 0
+  done
+  return 1
+}

@@ -257,16 +257,6 @@ grep -q "failed: see $work/async-logs/.*\.log" "$work/async-all.out" || fail "st
 heal_epochs=${HEAL_EPOCHS:-8}
 heal_steps=$((heal_epochs * limit / 64))
 heal_options="epochs = $heal_epochs"$'\ncheckpoint-every = 4'
-newest_checkpoint() {  # newest_checkpoint DIR: true once DIR holds a checkpoint of step 8 or later
-  local f n
-  for f in "$1"/*.tdmc; do
-    [[ -e $f ]] || continue
-    n=${f##*-}
-    n=${n%.tdmc}
-    ((10#$n >= 8)) && return 0
-  done
-  return 1
-}
 deployment heal-ref 1f1b "$heal_options"
 run_pipeline heal-ref
 heal_runs=${HEAL_RUNS:-1f1b:0 1f1b:1 1f1b:3 async:2}  # SCHEDULE:PARTY, each killed once
@@ -281,8 +271,8 @@ for run in $heal_runs; do
   deployment "$name" "$schedule" "$heal_options"
   pids=()
   for i in 3 2 1 0; do start "$name" "$i" "$name" 60; done
-  for _ in $(seq 1 500); do newest_checkpoint "$work/$name-ckpt-$k" && break; sleep 0.02; done
-  newest_checkpoint "$work/$name-ckpt-$k" || fail "$name: party ${parties[$k]} wrote no checkpoint of step 8 or later"
+  for _ in $(seq 1 500); do has_checkpoint_from "$work/$name-ckpt-$k" 8 && break; sleep 0.02; done
+  has_checkpoint_from "$work/$name-ckpt-$k" 8 || fail "$name: party ${parties[$k]} wrote no checkpoint of step 8 or later"
   kill -9 "${pids[$k]}"
   rc=0
   wait "${pids[$k]}" || rc=$?

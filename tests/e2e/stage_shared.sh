@@ -127,23 +127,13 @@ stop_started
 # Faults: kill -9 of the shared party, or of hospital-b, once a checkpoint of step 8 (the end
 # of round 4) is written; restarted with the same command, every party ends on the
 # uninterrupted run's weights.
-checkpoint_of_8() {  # checkpoint_of_8 DIR: true once DIR holds a checkpoint of step 8 or later
-  local f n
-  for f in "$1"/*.tdmc; do
-    [[ -e $f ]] || continue
-    n=${f##*-}
-    n=${n%.tdmc}
-    ((10#$n >= 8)) && return 0
-  done
-  return 1
-}
 for k in ${SHARED_KILLS:-2 1}; do
   name=heal-$k
   deployment "$name"
   pids=()
   for i in 3 2 1 0; do start "$name" "$i"; done
-  for _ in $(seq 1 1500); do checkpoint_of_8 "$work/$name-ckpt-$k" && break; sleep 0.02; done
-  checkpoint_of_8 "$work/$name-ckpt-$k" || fail "$name: party ${parties[$k]} wrote no checkpoint of step 8: $(ls "$work/$name-ckpt-$k" 2>&1)"
+  for _ in $(seq 1 1500); do has_checkpoint_from "$work/$name-ckpt-$k" 8 && break; sleep 0.02; done
+  has_checkpoint_from "$work/$name-ckpt-$k" 8 || fail "$name: party ${parties[$k]} wrote no checkpoint of step 8: $(ls "$work/$name-ckpt-$k" 2>&1)"
   kill -9 "${pids[$k]}"
   rc=0
   wait "${pids[$k]}" || rc=$?
