@@ -197,14 +197,29 @@ uint64_t StagePeer::connect(std::span<const uint64_t> checkpoints) {
     return step == 0 || std::find(checkpoints.begin(), checkpoints.end(), step) != checkpoints.end();
   };
   uint64_t proposal = UINT64_MAX;
+  uint64_t epoch_steps = 0;  // the first member's that said
+  uint32_t said = 0;
   for (uint32_t m = 0; m < members_.size(); ++m) {  // every member's, at a shared stage: the oldest
     const Frame frame = members_[m]->receive("StageHello");
-    proposal = std::min(proposal, hello_from(*members_[m], "previous", frame, true, shared() ? m : 0).resume_step());
+    const wire::StageHello& h = hello_from(*members_[m], "previous", frame, true, shared() ? m : 0);
+    proposal = std::min(proposal, h.resume_step());
+    if (!shared() || h.epoch_steps() == 0) continue;
+    if (epoch_steps == 0) {
+      epoch_steps = h.epoch_steps();
+      said = m;
+    } else if (h.epoch_steps() != epoch_steps) {
+      refuse(*members_[m], "previous",
+             {wire::ErrorCode::ModelMismatch,
+              cat("member ", m, " trains ", h.epoch_steps(), " steps an epoch and member ", said, " ", epoch_steps,
+                  ": the first parties take turns, a step each, so each needs as many (give them as many samples: "
+                  "limit in their sections)")});
+    }
   }
   uint64_t start = newest_by(proposal);
   if (!last()) {
     down_->open();
-    down_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start, kWireFormat, plan_.member));
+    down_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start, kWireFormat, plan_.member,
+                                    first() ? epoch_steps_ : 0));
     const Frame frame = down_->receive("StageHello");
     const uint64_t answer = hello_from(*down_, "next", frame, false).resume_step();
     if (answer > start || !have(answer))

@@ -144,6 +144,10 @@ class StagePeer {
   // its own). Every stage then holds a checkpoint of the returned step, which the host
   // restores before training on; next_step() is it.
   uint64_t connect(std::span<const uint64_t> checkpoints);
+  // A first stage: how many steps its epoch has, said in its StageHello; a stage shared by
+  // several first stages refuses a member whose count differs from the others' (they take
+  // turns, a step each).
+  void set_epoch_steps(uint64_t steps) { epoch_steps_ = steps; }
   // After a LinkLost: the step in flight is dropped (its deferred weight halves and
   // gradients), ready for connect() on new links.
   void reset();
@@ -234,6 +238,7 @@ class StagePeer {
   NamedTensors first_params_;     // the shared stage: the first stage's names and shapes
   std::vector<Tensor> average_;   // the shared stage: the average's storage
   uint32_t averages_ = 0;         // averages taken since step 0
+  uint64_t epoch_steps_ = 0;      // a first stage's, for its StageHello
   uint64_t since_average_ = 0;    // a member: samples trained since the last average
   bool trained_since_average_ = false;
   bool last() const { return plan_.index + 1 == plan_.stages; }

@@ -14,6 +14,7 @@
 #include "ports/crypto/aes_gcm.h"
 #include "ports/files/atomic_file.h"
 #include "ports/files/checkpoint_store.h"
+#include "ports/files/release_ledger.h"
 #include "tests/test_support.h"
 
 namespace tandem {
@@ -204,6 +205,40 @@ TEST(AesGcm, KeyFileIsCreatedOnceAndReadBack) {
   const auto sealed = seal_aes_gcm(k1, msg);
   EXPECT_EQ(open_aes_gcm(k1, sealed), msg);
   EXPECT_NE(seal_aes_gcm(k1, msg), sealed);  // a fresh nonce each time
+  std::filesystem::remove_all(dir);
+}
+
+// The durable count of noised releases: a new ledger on the same folder goes on from it;
+// at_least only raises it; another plan's count, or a file that is not exactly what it
+// writes, is refused by name.
+TEST(ReleaseLedger, CountsAcrossProcessesAndRefusesAnotherPlanOrAnAlteredFile) {
+  const std::string dir = temp_dir("ledger");
+  const std::string plan(64, 'a'), other(64, 'b');
+  {
+    ReleaseLedger ledger(dir, plan);
+    EXPECT_EQ(ledger.releases(), 0u);
+    ledger.count_one();
+    ledger.count_one();
+    ledger.at_least(1);
+    EXPECT_EQ(ledger.releases(), 2u);
+  }
+  {
+    ReleaseLedger again(dir, plan);  // a new process
+    EXPECT_EQ(again.releases(), 2u);
+    again.at_least(7);
+    EXPECT_EQ(again.releases(), 7u);
+  }
+  EXPECT_EQ(ReleaseLedger(dir, plan).releases(), 7u);
+  EXPECT_EQ(test::error_of([&] { ReleaseLedger(dir, other); }),
+            cat("[privacy] ", dir, "/dp-releases counts the releases of another plan (another noise, batch or data: its "
+                "epsilon does not simply add up): start in another checkpoint folder"));
+  const std::vector<uint8_t> bytes = read_file(dir + "/dp-releases");
+  std::string text(bytes.begin(), bytes.end());
+  text.replace(text.find("releases 7"), 10, "releases 07");
+  write_file_atomic(dir + "/dp-releases", std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  EXPECT_EQ(test::error_of([&] { ReleaseLedger(dir, plan); }),
+            cat("[privacy] ", dir, "/dp-releases is not a release count tandem wrote: move it away (its epsilon is then "
+                "unknown)"));
   std::filesystem::remove_all(dir);
 }
 

@@ -328,6 +328,38 @@ TEST(EventEdgeDp, EpsilonIsReportedAndTheBudgetStopsTheRun) {
   EXPECT_TRUE(h.cloud->closed()) << "the run ended normally, with Bye";
 }
 
+// Epsilon follows the releases, not the steps: an edge whose count (ReleaseCount, durable in
+// tandem-edge's checkpoint folder) says a process before it released 3 steps reports epsilon
+// after 4 for its first step, and the budget that allowed 5 steps stops it after 2.
+TEST(EventEdgeDp, EpsilonCountsTheReleasesOfProcessesBefore) {
+  struct Counted final : ReleaseCount {
+    uint64_t n = 3;  // released by a process before this one
+    uint64_t releases() const override { return n; }
+    void count_one() override { ++n; }
+    void at_least(uint64_t m) override { n = std::max(n, m); }
+  } counted;
+  const Pixels train = pixels(256, 1), test = pixels(64, 2);
+  const double q = 32.0 / 256.0;
+  EventEdgeConfig c = config(40);
+  c.privacy.dp_clip = 1.0f;
+  c.privacy.dp_noise = 1.0f;
+  c.privacy.dp_seed = 9;
+  c.privacy.dp_epsilon_budget = (dp_epsilon(q, 1.0, 5, 1e-5).epsilon + dp_epsilon(q, 1.0, 6, 1e-5).epsilon) / 2;
+  c.releases = &counted;
+  Harness h(c);
+  h.train_on(train, test);
+  ASSERT_TRUE(h.edge->finished() && !h.edge->failed()) << h.events.back();
+  EXPECT_EQ(h.edge->steps_done(), 2) << "releases 4 and 5 fit the budget, a sixth would not";
+  EXPECT_EQ(counted.n, 5u);
+  int k = 0;
+  for (const auto& e : h.events)
+    if (e.find("\"event\":\"step\"") != std::string::npos) {
+      ++k;
+      EXPECT_NEAR(h.field(e, "dp_epsilon"), dp_epsilon(q, 1.0, 3 + static_cast<uint64_t>(k), 1e-5).epsilon, 1e-3) << e;
+    }
+  EXPECT_EQ(k, 2);
+}
+
 // --dp-eval clean: with no step taken, the evaluation batch leaves exactly as it does without
 // DP (the same weights, the same images), and noised evaluation changes it.
 TEST(EventEdgeDp, CleanEvaluationSendsTheActivationsAsTheyAre) {

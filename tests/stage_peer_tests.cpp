@@ -1305,9 +1305,9 @@ struct SharedLastStage {
     StepStats s;
     EXPECT_TRUE(peer->follow_step(s));
   }
-  void hellos(uint32_t member1_says = 1, uint64_t resume0 = 0) {
-    before[0]->send(writer.stage_hello(plan.hash, 0, 2, resume0, kWireFormat, 0));
-    before[1]->send(writer.stage_hello(plan.hash, 0, 2, 0, kWireFormat, member1_says));
+  void hellos(uint32_t member1_says = 1, uint64_t resume0 = 0, uint64_t epoch1 = 10) {
+    before[0]->send(writer.stage_hello(plan.hash, 0, 2, resume0, kWireFormat, 0, 10));
+    before[1]->send(writer.stage_hello(plan.hash, 0, 2, 0, kWireFormat, member1_says, epoch1));
   }
   void activations(int m, uint64_t step, uint32_t mb, bool checkpoint = false) {
     Tensor t = Tensor::empty(Shape{4, 7, 7, 64});
@@ -1321,7 +1321,7 @@ struct SharedLastStage {
   }
 };
 
-TEST(StagePeerBadInput, ASharedStageRefusesAMemberOnAnotherMembersLinkOrResumingWithinARound) {
+TEST(StagePeerBadInput, ASharedStageRefusesAMemberOnAnotherMembersLinkResumingWithinARoundOrOfAnotherEpoch) {
   {
     SharedLastStage t;
     t.hellos(0);
@@ -1337,6 +1337,15 @@ TEST(StagePeerBadInput, ASharedStageRefusesAMemberOnAnotherMembersLinkOrResuming
               "[stage] stage 1 refused the previous stage's message: member 0 proposes step 3, not the end of a round "
               "of 2 steps");
     EXPECT_EQ(t.up[0]->refused.code, wire::ErrorCode::NoCheckpoint);
+  }
+  {  // members with epochs of different lengths cannot take turns
+    SharedLastStage t;
+    t.hellos(1, 0, 12);
+    EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
+              "[stage] stage 1 refused the previous stage's message: member 1 trains 12 steps an epoch and member 0 10: "
+              "the first parties take turns, a step each, so each needs as many (give them as many samples: limit in "
+              "their sections)");
+    EXPECT_EQ(t.up[1]->refused.code, wire::ErrorCode::ModelMismatch);
   }
 }
 

@@ -25,7 +25,7 @@ const std::vector<std::string>& run_keys() {
 
 const std::vector<std::string>& party_keys() {
   static const std::vector<std::string> keys = {"address", "identity", "backend", "threads", "export", "checkpoint-dir",
-                                                          "metrics-listen", "egress-log"};
+                                                          "metrics-listen", "egress-log", "data", "limit"};
   return keys;
 }
 
@@ -105,9 +105,14 @@ Deployment read_deployment(const std::string& path) {
       p.metrics_listen = value;
     } else if (item.name == "egress-log") {
       p.egress_log = relative(value);
+    } else if (item.name == "data") {
+      p.data = value == "fashion-mnist" ? value : relative(value);
+    } else if (item.name == "limit") {
+      p.limit = value;
     } else {
       fail("cli", cat(path, ": [", name, "] has an unknown key '", item.name, "'", suggestion(item.name, party_keys()),
-                      " (a party's keys: address, identity, backend, threads, export, checkpoint-dir, metrics-listen, egress-log)"));
+                      " (a party's keys: address, identity, backend, threads, export, checkpoint-dir, metrics-listen, egress-log, and "
+                      "a first party's data and limit)"));
     }
   }
   if (d.parties.size() < 2)
@@ -122,6 +127,9 @@ Deployment read_deployment(const std::string& path) {
     if (p.identity.empty()) fail("cli", cat(path, ": [", p.name, "] has no identity = \"DIR\" (its certificate folder)"));
     if (i >= first_parties && p.port == 0)
       fail("cli", cat(path, ": [", p.name, "] has no address = \"HOST:PORT\": the party before it connects there"));
+    if (i >= first_parties && (!p.data.empty() || !p.limit.empty()))
+      fail("cli", cat(path, ": [", p.name, "] gives ", p.data.empty() ? "limit" : "data", ": only a first party reads "
+                      "data (the run's data and limit are at the top)"));
   }
   return d;
 }

@@ -26,6 +26,9 @@ struct DeploymentParty {
   std::string checkpoint_dir;  // where it keeps its stage's checkpoints ("" : none)
   std::string metrics_listen;  // HOST:PORT of its Prometheus /metrics ("" : none)
   std::string egress_log;      // its egress audit: every message it sends, hash-chained ("" : none)
+  // A first party's own data (a data set folder, or fashion-mnist) and how many of its samples
+  // to keep, in place of the run's: each hospital's own ("" : the run's).
+  std::string data, limit;
 };
 
 struct Deployment {

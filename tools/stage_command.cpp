@@ -36,6 +36,7 @@
 #include "pipeline/stage_peer.h"
 #include "ports/files/checkpoint_store.h"
 #include "ports/files/atomic_file.h"
+#include "ports/files/release_ledger.h"
 #include "core/wire/tensor_codec.h"
 #include "ports/lws/http_listener.h"
 #include "ports/lws/lws_endpoint.h"
@@ -47,49 +48,6 @@ namespace tandem {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-// The first party's count of noised releases of the training set, kept in its checkpoint-dir
-// (dp-releases) and written, durably, before each release leaves: a first party killed and
-// restarted as a new process goes on from what it released, replays included, so the
-// epsilon it reports and the budget it keeps cover every release this deployment made.
-class ReleaseLedger {
- public:
-  ReleaseLedger(const std::string& dir, const std::array<uint8_t, 32>& plan)
-      : path_(dir + "/dp-releases"), plan_(to_hex(plan.data(), plan.size())) {
-    if (!std::filesystem::exists(path_)) return;
-    const std::vector<uint8_t> bytes = read_file(path_);
-    const std::string text(bytes.begin(), bytes.end());
-    char plan_hex[65] = {};
-    unsigned long long count = 0;
-    // Read back only what this class writes, to the byte.
-    if (std::sscanf(text.c_str(), "tandem dp releases 1 plan %64s releases %llu", plan_hex, &count) != 2 ||
-        text != text_of(plan_hex, count))
-      fail("stage", cat(path_, " is not a release count tandem wrote: move it away (its epsilon is then unknown)"));
-    if (plan_ != plan_hex)
-      fail("stage", cat(path_, " counts the releases of another plan (another noise, batch or data: its epsilon does "
-                        "not simply add up): start this deployment in another checkpoint-dir"));
-    releases_ = count;
-  }
-  uint64_t releases() const { return releases_; }
-  void count_one() { write(releases_ + 1); }
-  // At least `n` releases were made (a checkpoint of step n, from before the ledger was kept).
-  void at_least(uint64_t n) {
-    if (n > releases_) write(n);
-  }
-
- private:
-  static std::string text_of(const std::string& plan, uint64_t count) {
-    return cat("tandem dp releases 1\nplan ", plan, "\nreleases ", count, "\n");
-  }
-  void write(uint64_t count) {
-    const std::string text = text_of(plan_, count);
-    write_file_atomic(path_, std::span(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
-    releases_ = count;
-  }
-
-  std::string path_, plan_;
-  uint64_t releases_ = 0;
-};
 
 std::string fixed(double v, int digits) {
   char buf[64];
@@ -459,6 +417,10 @@ int run_party(const CliArgs& cli) {
   if (labels_at != "travel" && labels_at != "first-party")
     fail("cli", cat(deployment.path, ": labels = '", labels_at, "': \"travel\" (with the activations, to the last "
                     "party) or \"first-party\" (the last party runs on the first party's machine and reads them there)"));
+  for (std::size_t p = 0; p < members && labels_at == "first-party"; ++p)
+    if (!deployment.parties[p].data.empty() || !deployment.parties[p].limit.empty())
+      fail("cli", cat(deployment.path, ": [", deployment.parties[p].name, "] names its own data, and with labels = "
+                      "\"first-party\" the loss stage reads the labels from the run's: give the data at the top"));
   // The run's other terms every party must share, as parsed (the optimizer's, the seed, the
   // data's extent, the checkpoints'): another lr at one party would train something else.
   const OptimizerOptions opt = args.optimizer_options();
@@ -612,12 +574,21 @@ int run_party(const CliArgs& cli) {
   const auto t0 = Clock::now();
   TrainingSets sets;
   std::unique_ptr<StepLabels> step_labels;
-  if (index == 0 || (index + 1 == n && !plan.labels_travel)) sets = load_training_sets(args, graph);
-  if (index == 0 && members > 1) {  // this first party's share: every members-th sample
+  const bool own_data = !self.data.empty() || !self.limit.empty();  // a first party's section names its data
+  if (own_data) {
+    std::map<std::string, std::string> mine = deployment.run;
+    if (!self.data.empty()) mine["data"] = self.data;
+    if (!self.limit.empty()) mine["limit"] = self.limit;
+    sets = load_training_sets(CliArgs(mine), graph);
+  } else if (index == 0 || (index + 1 == n && !plan.labels_travel)) {
+    sets = load_training_sets(args, graph);
+  }
+  if (index == 0 && members > 1 && !own_data) {  // this first party's share of the run's data: every members-th sample
     sets.train = every_nth(sets.train, member, members);
     std::fprintf(stderr, "first party %u of %u: %zu training samples (every %u-th from sample %u)\n", member + 1, members,
                  sets.train.labels.size(), members, member);
   }
+  if (index == 0) peer.set_epoch_steps((sets.train.labels.size() + batch - 1) / batch);  // checked against the others'
   if (index + 1 == n && !plan.labels_travel) {
     step_labels = std::make_unique<StepLabels>(graph, sets.train, batch, seed);
     peer.labels_from([&](uint64_t step) { return step_labels->of(step); });
@@ -632,10 +603,10 @@ int run_party(const CliArgs& cli) {
   // With a checkpoint-dir the count is durable (ReleaseLedger): a restarted process goes on.
   std::optional<ReleaseLedger> ledger;
   if (index == 0 && cut_noise && store) {
-    ledger.emplace(self.checkpoint_dir, plan.hash);
+    ledger.emplace(self.checkpoint_dir, to_hex(plan.hash.data(), plan.hash.size()));
     if (ledger->releases() > 0)
       std::fprintf(stderr, "%s: %llu noised releases of the training set before this process\n",
-                   (self.checkpoint_dir + "/dp-releases").c_str(), static_cast<unsigned long long>(ledger->releases()));
+                   ledger->path().c_str(), static_cast<unsigned long long>(ledger->releases()));
   }
   uint64_t releases = ledger ? ledger->releases() : 0;
   int restarts = 0;

@@ -297,11 +297,11 @@ bool check_window(uint64_t step, uint32_t microbatch, uint64_t expected_step, ui
 
 std::span<const uint8_t> MessageWriter::stage_hello(const std::array<uint8_t, 32>& plan_hash, uint32_t stage,
                                                     uint32_t stages, uint64_t resume_step, uint32_t format,
-                                                    uint32_t member) {
+                                                    uint32_t member, uint64_t epoch_steps) {
   fbb_.Clear();
   const auto h = fbb_.CreateVector(plan_hash.data(), plan_hash.size());
   return finish(wire::Payload::StageHello,
-                wire::CreateStageHello(fbb_, format, h, stage, stages, resume_step, member).Union());
+                wire::CreateStageHello(fbb_, format, h, stage, stages, resume_step, member, epoch_steps).Union());
 }
 
 std::span<const uint8_t> MessageWriter::activations(const StepHeader& header, uint32_t stage, uint32_t microbatch,

@@ -75,7 +75,8 @@ class MessageWriter {
   // A pipeline of stages (pipeline/stage_peer.h): the hello that opens a link, and the
   // activations down and gradients up, named by the sender's stage, encoded in `dtype`.
   std::span<const uint8_t> stage_hello(const std::array<uint8_t, 32>& plan_hash, uint32_t stage, uint32_t stages,
-                                       uint64_t resume_step, uint32_t format = kWireFormat, uint32_t member = 0);
+                                       uint64_t resume_step, uint32_t format = kWireFormat, uint32_t member = 0,
+                                       uint64_t epoch_steps = 0);
   std::span<const uint8_t> evaluated(uint32_t stage, uint64_t step, uint32_t microbatch, float loss, uint32_t correct);
   std::span<const uint8_t> drain(uint32_t stage, uint64_t step, float lr_scale = 1.0f);
   std::span<const uint8_t> activations(const StepHeader& header, uint32_t stage, uint32_t microbatch,

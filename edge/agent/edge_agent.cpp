@@ -13,6 +13,7 @@
 #include "core/graph.h"
 #include "core/interop/torch_layout.h"
 #include "core/planner.h"
+#include "core/sha256.h"
 #include "data/idx_dataset.h"
 #include "data/partition.h"
 #include "edge/agent/cloud_link.h"
@@ -20,6 +21,7 @@
 #include "edge/agent/run_report.h"
 #include "edge/agent/sent_record.h"
 #include "edge/session/event_edge.h"
+#include "ports/files/release_ledger.h"
 #include "ports/files/safetensors_file.h"
 #include "ports/files/tensor_dataset.h"
 
@@ -125,6 +127,23 @@ int train_over_wss(const EdgeTrainOptions& o) {
   c.privacy = o.privacy;
   c.init_front = [&o](const Graph& whole, Network& front) { init_front(o, whole, front); };
   if (checkpoints) c.checkpoints = &*checkpoints;
+  // The noised releases of the training set, counted durably in the checkpoint folder: a new
+  // process of this edge goes on from them (replays after a restart are releases too).
+  std::optional<ReleaseLedger> releases;
+  if (checkpoints && o.privacy.dp_clip > 0.0f) {
+    Sha256 plan;  // the terms the count is of: the model, the cut, the noise, the batch and the data
+    plan.update(spec.binary.data(), spec.binary.size());
+    const std::string terms = cat(" cut=", c.cut, " batch=", o.batch, " clip=", o.privacy.dp_clip, " noise=",
+                                  o.privacy.dp_noise, " data=", o.data, " limit=", o.limit, " shard=", o.shard_index, "/",
+                                  o.shard_count, " split=", o.split, " seed=", o.seed);
+    plan.update(terms.data(), terms.size());
+    const std::array<uint8_t, 32> hash = plan.finish();
+    releases.emplace(o.checkpoint_dir, to_hex(hash.data(), hash.size()));
+    if (releases->releases() > 0)
+      std::fprintf(stderr, "%s: %llu noised releases of the training set before this process\n", releases->path().c_str(),
+                   static_cast<unsigned long long>(releases->releases()));
+    c.releases = &*releases;
+  }
   std::optional<SentRecord> sent;
   if (!o.record_sent.empty()) {
     if (o.epochs < 1) fail("edge", "--record-sent records the last epoch's activations: give --epochs 1 or more");

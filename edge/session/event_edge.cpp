@@ -210,6 +210,9 @@ EventEdge::EventEdge(const ModelSpec& spec, EventEdgeConfig config, Send send, E
       session_->resume_from(position_.step);
       resumed_ = true;
     }
+  // The releases a checkpoint's steps made, at least (a count kept from before it covers them).
+  if (noise_ && config_.releases) config_.releases->at_least(position_.step);
+  if (noise_) releases_ = position_.step;
 }
 
 EventEdge::~EventEdge() = default;
@@ -424,16 +427,16 @@ const char* EventEdge::awaiting() const {
   }
 }
 
-double EventEdge::epsilon_after(uint64_t steps) const {
+double EventEdge::epsilon_after(uint64_t releases) const {
   if (!noise_ || !train_.given()) return -1.0;
   if (config_.privacy.dp_noise <= 0.0f) return std::numeric_limits<double>::infinity();  // clipping alone proves nothing
-  if (steps == 0) return 0.0;
+  if (releases == 0) return 0.0;
   const double q = std::min(1.0, static_cast<double>(config_.batch) / static_cast<double>(train_.count()));
-  return dp_epsilon(q, config_.privacy.dp_noise, steps, config_.privacy.dp_delta).epsilon;
+  return dp_epsilon(q, config_.privacy.dp_noise, releases, config_.privacy.dp_delta).epsilon;
 }
 
 bool EventEdge::budget_spent() const {
-  return noise_ && config_.privacy.dp_epsilon_budget > 0.0 && epsilon_after(session_->step() + 1) > config_.privacy.dp_epsilon_budget;
+  return noise_ && config_.privacy.dp_epsilon_budget > 0.0 && epsilon_after(releases() + 1) > config_.privacy.dp_epsilon_budget;
 }
 
 bool EventEdge::run_over() const {
@@ -492,6 +495,12 @@ void EventEdge::start_step() {
   for (int64_t i = 0; i < count; ++i)
     b.labels[static_cast<std::size_t>(i)] = train_.labels[static_cast<std::size_t>(order_[static_cast<std::size_t>(begin + i)])];
   b.saves = config_.checkpoints && config_.checkpoints->due(number + 1, begin + count == n);
+  if (noise_) {  // counted before it leaves: a step lost half-way released its activations too
+    if (config_.releases)
+      config_.releases->count_one();
+    else
+      ++releases_;
+  }
   const int k = session_->begin_step(b.inputs, b.labels.data(), lr_factor(schedule_, static_cast<int64_t>(number)), b.saves);
   // Every activation leaves as soon as it is computed; gradients are applied as they come.
   for (int mb = 0; mb < k; ++mb) {
@@ -645,7 +654,7 @@ EdgeEvent EventEdge::event(EdgeEvent::Kind kind) const {
   e.cloud_busy_s = cloud_busy_s_;
   e.round = session_->round();
   e.aggregate_every = session_->aggregate_every();
-  e.epsilon = epsilon_after(session_->step());
+  e.epsilon = epsilon_after(releases());
   if (kind == EdgeEvent::Kind::Done && budget_spent())
     e.text = cat("the next step would pass the privacy budget (epsilon ", config_.privacy.dp_epsilon_budget, " at delta ",
                  config_.privacy.dp_delta, ")");

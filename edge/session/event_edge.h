@@ -23,6 +23,7 @@
 #include "core/optimizer.h"
 #include "core/schedule.h"
 #include "core/privacy/cut_noise.h"
+#include "core/privacy/release_count.h"
 #include "core/wire/egress_audit.h"
 #include "edge/session/edge_session.h"
 
@@ -129,6 +130,11 @@ struct EventEdgeConfig {
   // summary is the owner's EgressAudit::finish).
   EgressAudit* audit = nullptr;
   EdgePrivacy privacy;  // noise on the cut and NoPeek: none by default
+  // Where the noised releases of the training set are counted (durably: tandem-edge keeps
+  // them in its checkpoint folder, ports/files/release_ledger.h), replays after a lost link or
+  // a restart included: epsilon and the budget follow the releases, not the steps. None: the
+  // edge counts them itself, for this process only.
+  ReleaseCount* releases = nullptr;
   // Each training Forward as it leaves (noise and wire codec applied): its epoch, the
   // training-set indices of its samples in order, and the message's bytes. For tests and
   // benchmarks that study what a cloud receives (tandem-edge --record-sent).
@@ -230,7 +236,9 @@ class EventEdge {
     int64_t count() const { return inputs.empty() ? 0 : inputs[0].shape()[0]; }
   };
   bool run_over() const;
-  double epsilon_after(uint64_t steps) const;  // -1 without DP
+  double epsilon_after(uint64_t releases) const;  // -1 without DP
+  uint64_t releases() const { return config_.releases ? config_.releases->releases() : releases_; }
+  uint64_t releases_ = 0;  // without config_.releases
   bool budget_spent() const;  // the next step would pass the privacy budget
   void start_step();
   void after_step(bool epoch_end);

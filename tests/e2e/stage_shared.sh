@@ -24,8 +24,9 @@ own_steps=$((epochs * limit / 2 / 64)) all_steps=$((epochs * limit / 64))
 
 stage_identities "${parties[@]}" hospital-c
 
-# deployment NAME [EXTRA]: $work/NAME.toml, two hospitals sharing gpu-box and cloud, fresh
-# ports; their first stages averaged every 3 rounds.
+# deployment NAME [EXTRA [A B]]: $work/NAME.toml, two hospitals sharing gpu-box and cloud,
+# fresh ports; their first stages averaged every 3 rounds (EXTRA: other top-level lines), A
+# and B more lines in the hospitals' sections.
 deployment() {
   local ports i
   read -r -a ports <<< "$(free_ports 4)"
@@ -44,6 +45,8 @@ deployment() {
     for i in 0 1 2 3; do
       echo "[${parties[$i]}]"
       ((i < 2)) || echo "address = \"127.0.0.1:${ports[$i]}\""
+      ((i != 0)) || echo "${3:-}"
+      ((i != 1)) || echo "${4:-}"
       echo "identity = \"id/${parties[$i]}\""
       echo "backend = \"onednn\""
       echo "export = \"$1-$i.safetensors\""
@@ -110,6 +113,15 @@ expect_finished again
 for i in 0 1 2 3; do
   cmp "$work/ref-$i.safetensors" "$work/again-$i.safetensors" || fail "party ${parties[$i]}'s weights differ between two runs"
 done
+
+# Each hospital's own data (its section's limit): 128 samples at one and 256 at the other
+# are 2 and 4 steps an epoch, and gpu-box refuses the one that differs, by name.
+deployment own-data "" 'limit = 256' 'limit = 128'
+pids=()
+for i in 3 2 1 0; do start own-data "$i"; done
+expect_exit own-data 2 1 "member 1 trains 2 steps an epoch and member 0 4: the first parties take turns, a step each, so each needs as many"
+kill "${pids[3]}" 2> /dev/null || true  # cloud, never linked, would wait out its silence
+for i in 0 1 3; do wait "${pids[$i]}" && fail "own-data: party ${parties[$i]} finished" || true; done
 
 # A hospital the file does not name (hospital-c's certificate, with hospital-b's place) is
 # refused by gpu-box, which says whom it takes.
