@@ -783,10 +783,11 @@ void StagePeer::collect_average(Frame first, bool final) {
                                 cat("member ", m, "'s FrontWeights ", w->final() ? "at its run's end" : "between rounds",
                                     " from average ", w->round(), "; stage ", plan_.index, " takes the ",
                                     final ? "run's last" : "rounds'", " average ", averages_ + 1, " after round ", round)});
-    if (w->samples() > static_cast<uint64_t>(plan_.batch) * round)
+    const uint64_t rounds_since = round - static_cast<uint64_t>(averages_) * plan_.average_every;
+    if (w->samples() > static_cast<uint64_t>(plan_.batch) * rounds_since)
       refuse(link, "previous", {wire::ErrorCode::BadTensor,
-                                cat("member ", m, " reports ", w->samples(), " samples since the last average; ", round,
-                                    " rounds of at most ", plan_.batch, " have run")});
+                                cat("member ", m, " reports ", w->samples(), " samples since the last average; ",
+                                    rounds_since, " rounds of at most ", plan_.batch, " have run since")});
     WireError error;
     if (!read_named_tensors(frame, w->tensors(), first_params_, parts[m], error)) refuse(link, "previous", error);
     samples += w->samples();
@@ -991,6 +992,9 @@ bool StagePeer::follow_step(StepStats& stats) {
     const Upstream got = take_from_upstream("activations of the next step");
     if (got == Upstream::Bye) {
       if (down_ != nullptr) down_->send_last(writer_.bye("the first stage ended the run"));
+      // Several first parties wait for it: every one of them has ended its run.
+      if (shared())
+        for (StageLink* m : members_) m->send_last(writer_.bye("every first party has ended its run"));
       return false;
     }
     if (got == Upstream::Activations) break;
@@ -1008,7 +1012,21 @@ bool StagePeer::follow_step(StepStats& stats) {
 void StagePeer::finish(const std::string& reason) {
   if (!first()) fail("stage", "the first stage ends the run");
   if (pending_) fail("stage", cat("step ", pending_header_.step, " is in flight: drain() before finish()"));
-  down_->send_last(writer_.bye(reason));
+  if (plan_.members < 2) {
+    down_->send_last(writer_.bye(reason));
+    return;
+  }
+  // One of several first parties: it stays until every member has ended its run (the shared
+  // stage's Bye), so a link lost meanwhile (another member's final turns) finds it there to
+  // start again from the newest checkpoint with the others.
+  down_->send(writer_.bye(reason));
+  const auto t0 = std::chrono::steady_clock::now();
+  const Frame frame = down_->receive("the end of every first party's run");
+  idle_s_ += since(t0);
+  const wire::Message* msg = verified(*down_, "next", frame);
+  if (msg->payload_type() != wire::Payload::Bye)
+    refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage, cat("expected Bye after this first party's Bye, got ",
+                                                                    payload_name(msg->payload_type()))});
 }
 
 }  // namespace tandem

@@ -202,7 +202,9 @@ class StagePeer {
   bool follow_step(StepStats& stats);
   // Whether what follow_step last ran was an evaluation batch.
   bool evaluated() const { return evaluated_; }
-  // The first stage: the run is over; Bye goes down the chain.
+  // The first stage: the run is over; Bye goes down the chain. One of several first parties
+  // then waits for the shared stage's Bye: every member has ended its run (a link lost before
+  // throws LinkLost, and the run starts again from the newest checkpoint, this member too).
   void finish(const std::string& reason);
 
   // The step this stage trains next: the first stage's own next (a member's next turn).

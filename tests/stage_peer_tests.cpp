@@ -1350,7 +1350,7 @@ TEST(StagePeerBadInput, ASharedStageRefusesAMemberOnAnotherMembersLinkResumingWi
 }
 
 TEST(StagePeerBadInput, ASharedStageTakesEachStepFromTheMemberWhoseTurnItIs) {
-  {  // member 0 trains step 0; then member 0 sends step 1, which is member 1's
+  {  // member 0 trains step 0; member 1 then sends step 2, which is member 0's
     SharedLastStage t;
     t.hellos();
     EXPECT_EQ(t.peer->connect({}), 0u);
@@ -1358,8 +1358,7 @@ TEST(StagePeerBadInput, ASharedStageTakesEachStepFromTheMemberWhoseTurnItIs) {
     StepStats s;
     EXPECT_TRUE(t.peer->follow_step(s));
     EXPECT_EQ(s.samples, 8);
-    t.activations(0, 1, 0);
-    t.activations(1, 2, 0);  // member 1 trains out of turn: step 2 is member 0's
+    t.activations(1, 2, 0);  // member 1 trains out of turn
     EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: activations of step 2 while stage 1 "
                           "trains step 1 next (member 1's turn of 2)");
     EXPECT_EQ(t.up[1]->refused.code, wire::ErrorCode::OutOfWindow);
@@ -1399,6 +1398,16 @@ TEST(StagePeerBadInput, ASharedStageTakesEachStepFromTheMemberWhoseTurnItIs) {
     EXPECT_TRUE(t.peer->evaluated());
     EXPECT_EQ(s.samples, 4);
     EXPECT_FALSE(t.peer->follow_step(s));
+    for (int m = 0; m < 2; ++m) {  // each member hears that every first party has ended its run
+      Frame f;
+      WireError error;
+      const wire::Message* msg = nullptr;
+      do {
+        f = t.before[m]->receive("Bye");
+        msg = verify_frame(f, f.size(), error);
+        ASSERT_NE(msg, nullptr) << error.text;
+      } while (msg->payload_type() != wire::Payload::Bye);
+    }
   }
 }
 

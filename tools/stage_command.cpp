@@ -62,8 +62,10 @@ std::string fixed(double v, int digits) {
 class UpstreamLinks {
  public:
   std::atomic<uint64_t> sent{0}, received{0};  // bytes, for the metrics
-  UpstreamLinks(const DeploymentParty& self, std::vector<std::string> expected, int silence_s)
-      : expected_(std::move(expected)), silence_(silence_s), connection_(expected_.size(), 0),
+  // `max_queued`: the most frames a member may send ahead of its turn (a step's micro-batches,
+  // its weights and its Bye are what an honest one does).
+  UpstreamLinks(const DeploymentParty& self, std::vector<std::string> expected, int silence_s, std::size_t max_queued)
+      : expected_(std::move(expected)), silence_(silence_s), max_queued_(max_queued), connection_(expected_.size(), 0),
         pending_(expected_.size(), 0), queued_(expected_.size()), closed_(expected_.size(), false) {
     EndpointOptions options;
     options.idle_hangup_s = silence_s;
@@ -114,6 +116,7 @@ class UpstreamLinks {
     void send(std::span<const uint8_t> bytes) override { links_.out(m_, bytes, false); }
     Frame receive(const char* awaiting) override { return links_.receive(m_, awaiting); }
     void refuse(const WireError& error) override { links_.refuse(m_, error); }
+    void send_last(std::span<const uint8_t> bytes) override { links_.send_last(m_, bytes); }
 
    private:
     UpstreamLinks& links_;
@@ -152,14 +155,22 @@ class UpstreamLinks {
       received += ev.frame.size();
       if (j == m) return std::move(ev.frame);
       queued_[j].push_back(std::move(ev.frame));
+      if (queued_[j].size() > max_queued_) {
+        const std::string why = cat("'", expected_[j], "' sent more than ", max_queued_, " messages ahead of its turn: "
+                                    "the first parties take turns, a step each");
+        refuse(j, {wire::ErrorCode::UnexpectedMessage, why});
+        fail("stage", cat("refused '", expected_[j], "': ", why));
+      }
     }
     if (connection_[m] == 0)
       fail("stage", cat("nobody connected as '", name, "' (the party before) within ", silence_,
                         " s: is its tandem stage running, and does it reach this party's address?"));
     throw LinkLost(cat("[stage] no ", awaiting, " from the party before (", name, ") within ", silence_, " s"));
   }
-  void refuse(std::size_t m, const WireError& error) {
-    out(m, writer_.error(error.code, error.text), true);
+  void refuse(std::size_t m, const WireError& error) { send_last(m, writer_.error(error.code, error.text)); }
+  void send_last(std::size_t m, std::span<const uint8_t> bytes) {  // out before the link (and the process) goes
+    if (connection_[m] == 0) return;
+    out(m, bytes, true);
     drain(connection_[m]);
     connection_[m] = 0;
   }
@@ -197,6 +208,7 @@ class UpstreamLinks {
 
   std::vector<std::string> expected_;
   int silence_;
+  std::size_t max_queued_;
   std::unique_ptr<LwsEndpoint> endpoint_;
   std::vector<uint64_t> connection_;
   std::vector<uint64_t> pending_;  // a member's new connection, taken at the next restart()
@@ -465,7 +477,7 @@ int run_party(const CliArgs& cli) {
   if (index > 0) {
     std::vector<std::string> before;  // the party before, or every first party of a shared stage
     for (std::size_t p = index == 1 ? 0 : party - 1; p < party; ++p) before.push_back(deployment.parties[p].name);
-    up = std::make_unique<UpstreamLinks>(self, before, silence_s);
+    up = std::make_unique<UpstreamLinks>(self, before, silence_s, 2 * static_cast<std::size_t>(microbatches) + 4);
     std::fprintf(stderr, "listening on wss://%s:%d for %s\n", self.host.c_str(), up->port(), up->names().c_str());
   }
   const std::size_t party_after = party < members ? members : party + 1;
@@ -603,7 +615,13 @@ int run_party(const CliArgs& cli) {
   // With a checkpoint-dir the count is durable (ReleaseLedger): a restarted process goes on.
   std::optional<ReleaseLedger> ledger;
   if (index == 0 && cut_noise && store) {
-    ledger.emplace(self.checkpoint_dir, to_hex(plan.hash.data(), plan.hash.size()));
+    // The plan, and a first party's own data: another limit is another sampling rate.
+    Sha256 terms;
+    terms.update(plan.hash.data(), plan.hash.size());
+    const std::string own = own_data ? cat(" data=", self.data, " limit=", self.limit) : std::string();
+    terms.update(own.data(), own.size());
+    const std::array<uint8_t, 32> key = own_data ? terms.finish() : plan.hash;
+    ledger.emplace(self.checkpoint_dir, to_hex(key.data(), key.size()));
     if (ledger->releases() > 0)
       std::fprintf(stderr, "%s: %llu noised releases of the training set before this process\n",
                    ledger->path().c_str(), static_cast<unsigned long long>(ledger->releases()));
@@ -737,6 +755,10 @@ int run_party(const CliArgs& cli) {
         if (budget_spent)
           std::fprintf(stderr, "stopped before step %llu: it would pass the privacy budget (epsilon %g at delta %g)\n",
                        static_cast<unsigned long long>(peer.next_step()), privacy.dp_epsilon_budget, privacy.dp_delta);
+        // The run's last average, when the epochs above did not take it (a restart from the
+        // last checkpoint, or a budget spent before an epoch).
+        if (plan.average_every > 0 && peer.average())
+          std::fprintf(stderr, "the first stages averaged at the run's end (average %u)\n", peer.averages());
         peer.finish(budget_spent ? "the first party's privacy budget is spent" : "the first party's epochs are done");
       } else {
         // The loss stage that alone sees the loss (labels and loss at the first party) reports

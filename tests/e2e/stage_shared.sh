@@ -38,7 +38,7 @@ deployment() {
     echo "batch = 64"
     echo "microbatches = 4"
     echo "limit = $limit"
-    echo "test-limit = 10"
+    echo "test-limit = ${test_limit:-10}"
     echo "epochs = $epochs"
     echo "checkpoint-every = 2"
     echo "${2-average-every = 3}"
@@ -161,4 +161,28 @@ for k in ${SHARED_KILLS:-2 1}; do
   done
 done
 
-echo "ok: two hospitals take turns on shared stages over mutual TLS, each on its half of the data with its own first stage, apart without averaging and one average with it (every 3 rounds and at the end); the same run twice gives the same weights; a hospital the file does not name is refused; a kill -9 of the shared party or of a hospital, restarted, ends on the uninterrupted run's weights at every party"
+# The end of the run: hospital-a has evaluated its last epoch and said Bye, and waits while
+# hospital-b evaluates (a bigger test set keeps it at it); hospital-b is killed then and
+# started again. Every party, hospital-a too, goes back to the newest checkpoint (the run's
+# last step), the hospitals take the run's last average again, and all end on the
+# uninterrupted run's weights.
+test_limit=5000 deployment heal-end
+pids=()
+for i in 3 2 1 0; do start heal-end "$i"; done
+for _ in $(seq 1 3000); do grep -q "\"epoch\":$epochs," "$work/heal-end-0.out" && break; sleep 0.01; done
+grep -q "\"epoch\":$epochs," "$work/heal-end-0.out" || fail "heal-end: hospital-a did not reach its last epoch's line"
+kill -9 "${pids[1]}" 2> /dev/null || fail "heal-end: hospital-b had ended already: $(tail -3 "$work/heal-end-1.out")"
+rc=0
+wait "${pids[1]}" || rc=$?
+((rc == 137)) || fail "heal-end: hospital-b ended with $rc before it was killed"
+grep -q "\"party\":\"hospital-a\",\"stage\":0" "$work/heal-end-0.out" && fail "heal-end: hospital-a ended before hospital-b"
+mv "$work/heal-end-1.out" "$work/heal-end-1.killed.out"
+start heal-end 1
+expect_finished heal-end
+for i in 0 1 2 3; do
+  cmp "$work/ref-$i.safetensors" "$work/heal-end-$i.safetensors" ||
+    fail "heal-end: killing hospital-b at the end changed party ${parties[$i]}'s final weights"
+done
+grep -q '"restarts":1' "$work/heal-end-0.out" || fail "heal-end: hospital-a did not start again: $(tail -3 "$work/heal-end-0.out")"
+
+echo "ok: two hospitals take turns on shared stages over mutual TLS, each on its half of the data with its own first stage, apart without averaging and one average with it (every 3 rounds and at the end); the same run twice gives the same weights; a hospital the file does not name is refused; a kill -9 of the shared party or of a hospital, restarted, also at the run's end while the other waits, ends on the uninterrupted run's weights at every party"
