@@ -126,5 +126,9 @@ ModelSpec parse_model_binary(const uint8_t* data, std::size_t size);
 ModelSpec parse_model_json(std::string_view json, std::string_view origin = "model spec");
 // Reads a file (native builds only): binary if it carries the "TDMS" identifier, JSON otherwise.
 ModelSpec load_model_spec(const std::string& path);
+// The JSON text form of `spec` (native builds only), one node a line: each node's attribute
+// tables where they differ from the schema's defaults (a table an op requires always), so
+// parse_model_json reads back the same values. What `tandem import` writes.
+std::string model_spec_json(const ModelSpec& spec);
 
 }  // namespace tandem

@@ -5,6 +5,7 @@
 #include <fstream>
 #include <filesystem>
 #include <iterator>
+#include <cstdio>
 
 #include "core/error.h"
 #include "core/model_spec.h"
@@ -44,6 +45,91 @@ ModelSpec load_model_spec(const std::string& path) {
   if (bytes.size() >= 8 && flatbuffers::BufferHasIdentifier(data, spec::ModelIdentifier()))
     return parse_model_binary(data, bytes.size());
   return parse_model_json(bytes, path);
+}
+
+}  // namespace tandem
+
+namespace tandem {
+namespace {
+
+std::string json_string(std::string_view s) {
+  std::string out = "\"";
+  for (char c : s) {
+    if (c == '"' || c == '\\') out += cat('\\', c);
+    else if (static_cast<unsigned char>(c) < 0x20) {
+      char buf[8];
+      std::snprintf(buf, sizeof buf, "\\u%04x", c);
+      out += buf;
+    } else out += c;
+  }
+  return out + "\"";
+}
+
+std::string number(float v) {
+  char buf[32];
+  std::snprintf(buf, sizeof buf, "%.9g", static_cast<double>(v));
+  return buf;
+}
+
+template <typename List>
+std::string list(const List& values) {
+  std::string out = "[";
+  for (std::size_t i = 0; i < values.size(); ++i) out += cat(i ? ", " : "", values[i]);
+  return out + "]";
+}
+
+std::string pair(const Pair& p) { return p[0] == p[1] ? cat("[", p[0], "]") : cat("[", p[0], ", ", p[1], "]"); }
+
+std::string node_json(const NodeSpec& n) {
+  std::vector<std::string> names;
+  for (const std::string& in : n.inputs) names.push_back(json_string(in));
+  std::string out = cat("{ name: ", json_string(n.name), ", op: ", json_string(n.op), ", inputs: ", list(names));
+  const Conv2dAttrs& c = n.conv2d;
+  if (c.out_channels != 0)
+    out += cat(", conv2d: { out_channels: ", c.out_channels, ", kernel: ", pair(c.kernel), ", stride: ", pair(c.stride),
+               ", padding: ", pair(c.padding), ", dilation: ", pair(c.dilation), ", bias: ", c.bias ? "true" : "false",
+               ", groups: ", c.groups, " }");
+  if (n.linear.out_features != 0)
+    out += cat(", linear: { out_features: ", n.linear.out_features, ", bias: ", n.linear.bias ? "true" : "false", " }");
+  if (n.pool.kernel != Pair{0, 0})
+    out += cat(", pool: { kernel: ", pair(n.pool.kernel), ", stride: ", pair(n.pool.stride), ", padding: ", pair(n.pool.padding), " }");
+  if (n.heads.count != 0)
+    out += cat(", heads: { count: ", n.heads.count, ", hidden: ", n.heads.hidden, ", out_features: ", n.heads.out_features, " }");
+  if (n.batch_norm.eps != BatchNormAttrs{}.eps || n.batch_norm.momentum != BatchNormAttrs{}.momentum)
+    out += cat(", batch_norm: { eps: ", number(n.batch_norm.eps), ", momentum: ", number(n.batch_norm.momentum), " }");
+  if (n.dropout.p != DropoutAttrs{}.p) out += cat(", dropout: { p: ", number(n.dropout.p), " }");
+  if (n.layer_norm.eps != LayerNormAttrs{}.eps) out += cat(", layer_norm: { eps: ", number(n.layer_norm.eps), " }");
+  if (n.attention.heads != 0)
+    out += cat(", attention: { heads: ", n.attention.heads, n.attention.causal ? ", causal: true" : "", " }");
+  if (n.embedding.count != 0)
+    out += cat(", embedding: { count: ", n.embedding.count, n.embedding.features ? cat(", features: ", n.embedding.features) : "", " }");
+  if (n.token_pool.mean) out += ", token_pool: { mode: \"mean\" }";
+  if (n.freeze) out += ", freeze: true";
+  if (n.lora.rank != 0)
+    out += cat(", lora: { rank: ", n.lora.rank, ", alpha: ", number(n.lora.alpha), ", dropout: ", number(n.lora.dropout), " }");
+  return out + " }";
+}
+
+}  // namespace
+
+std::string model_spec_json(const ModelSpec& spec) {
+  std::string out = cat("{\n  name: ", json_string(spec.name), ",\n  inputs: [\n");
+  for (std::size_t i = 0; i < spec.inputs.size(); ++i) {
+    const InputSpec& in = spec.inputs[i];
+    std::vector<int64_t> shape;
+    for (int d = 0; d < in.shape.rank(); ++d) shape.push_back(in.shape[d]);
+    out += cat("    { name: ", json_string(in.name), ", shape: ", list(shape), in.integer ? ", dtype: \"int32\"" : "",
+               in.mask ? ", mask: true" : "", in.length_buckets.empty() ? "" : cat(", length_buckets: ", list(in.length_buckets)),
+               " }", i + 1 < spec.inputs.size() ? "," : "", "\n");
+  }
+  out += "  ],\n  nodes: [\n";
+  for (std::size_t i = 0; i < spec.nodes.size(); ++i)
+    out += cat("    ", node_json(spec.nodes[i]), i + 1 < spec.nodes.size() ? "," : "", "\n");
+  out += "  ]";
+  if (!spec.output.empty()) out += cat(",\n  output: ", json_string(spec.output));
+  if (spec.loss != ModelSpec{}.loss) out += cat(",\n  loss: ", json_string(spec.loss));
+  if (!spec.cut.empty()) out += cat(",\n  cut: ", json_string(spec.cut));
+  return out + "\n}\n";
 }
 
 }  // namespace tandem

@@ -21,6 +21,7 @@
 #include "tools/audit_verify.h"
 #include "tools/cli_setup.h"
 #include "tools/export_command.h"
+#include "tools/import_command.h"
 #include "tools/plan_command.h"
 #include "tools/profile_command.h"
 #include "tools/stage_command.h"
@@ -232,7 +233,7 @@ int show_gpu(const CliArgs&) {
 
 int main(int argc, char** argv) {
   using tandem::Command;
-  tandem::Program program("tandem", "tandem's engine on one machine: train, profile, plan, export, evaluate, audit, text.");
+  tandem::Program program("tandem", "tandem's engine on one machine: train, profile, plan, export, import, evaluate, audit, text.");
   program.command("train", "train a model split at its cut in one process (edge and cloud backends side by side)")
       .option("model", "SPEC", "the model spec, JSON (required)")
       .option("cut", "NODE[,NODE...]", "where the model splits: one cut, two stages; N cuts, N + 1 stages (default: the spec's cut)")
@@ -258,6 +259,7 @@ int main(int argc, char** argv) {
   tandem::declare_profile(program.command("profile", "time every layer's forward and backward on its shard's backend"));
   tandem::declare_plan(program.command("plan", "predict the speed of every cut and micro-batch count on a link"));
   tandem::declare_export(program.command("export", "merge the edge's and the cloud's checkpoints into one safetensors file"));
+  tandem::declare_import(program.command("import", "a PyTorch model exported to ONNX as a tandem spec and its weights"));
   tandem::declare_evaluate(program.command("evaluate", "a whole model's test accuracy from a safetensors file"));
   tandem::declare_audit(program.command("audit", "check what left an edge: its egress log"));
   tandem::declare_text(program.command("text", "vocabularies and data sets for text models (SentencePiece)"));

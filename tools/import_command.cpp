@@ -1,0 +1,85 @@
+#include "tools/import_command.h"
+
+#include <cstdio>
+#include <filesystem>
+#include <set>
+
+#include "backends/registry.h"
+#include "core/error.h"
+#include "core/graph.h"
+#include "core/interop/onnx_import.h"
+#include "core/interop/onnx_protobuf.h"
+#include "core/interop/torch_layout.h"
+#include "core/network.h"
+#include "ports/files/atomic_file.h"
+
+namespace tandem {
+namespace {
+
+constexpr const char* kDetails = R"(
+      Reads MODEL.onnx as torch.onnx.export writes it and writes DIR/model.json (a tandem spec)
+      and DIR/weights.safetensors (its weights as PyTorch's state dict names them). Export in
+      training mode, so batch norm and the parameter names stay:
+        torch.onnx.export(model, x, "model.onnx", training=torch.onnx.TrainingMode.TRAINING,
+                          do_constant_folding=False, input_names=["image"],
+                          dynamic_axes={"image": {0: "batch"}})
+      Nodes are named after the modules they came from (layer1.0.conv1), so --cut layer3 cuts
+      after module layer3's last node, and tandem export gives back PyTorch's names. An image
+      [N, C, H, W] becomes the input [H, W, C] a sample (tandem's data sets are NHWC). A model
+      with ops tandem cannot read is refused with every one of them listed.
+)";
+
+int import_command(const CliArgs& args) {
+  const std::string path = args.required("model");
+  const std::string dir = args.required("out");
+  OnnxImportOptions options;
+  options.origin = path;
+  options.name = args.str("name", std::filesystem::path(path).stem().string());
+  options.cut = args.str("cut", "");
+  const OnnxImport imported = import_onnx(parse_onnx(read_file(path), path), options);
+
+  // What was written must build and load as any spec: the graph's shapes against the
+  // weights', every tensor read, none left over.
+  const std::string json = model_spec_json(imported.spec);
+  const ModelSpec spec = parse_model_json(json, "the imported spec");
+  const Graph graph = Graph::build(spec);
+  auto backend = make_backend("reference");
+  Network net(graph, *backend, 0);
+  shard_from_torch(graph, imported.weights, net);
+  const std::vector<std::string> wanted = tensor_names(net);
+  const std::set<std::string> read(wanted.begin(), wanted.end());
+  for (const SafeTensor& t : imported.weights)
+    if (!read.count(t.name)) fail("import", cat(path, ": tensor '", t.name, "' belongs to no node of the imported spec"));
+  if (!imported.cut_node.empty()) (void)graph.partition({imported.cut_node});  // a cut the graph can make
+
+  make_dirs(dir);
+  write_file_atomic(dir + "/model.json", std::span(reinterpret_cast<const uint8_t*>(json.data()), json.size()));
+  write_file_atomic(dir + "/weights.safetensors",
+                    write_safetensors(imported.weights, {{"format", "pt"}, {"tandem_import", path}}));
+  int64_t parameters = 0;
+  for (const SafeTensor& t : imported.weights) parameters += static_cast<int64_t>(t.data.size() / 4);
+  std::printf("imported %s: %zu nodes, %zu tensors (%lld values), output '%s'\n", path.c_str(), spec.nodes.size(),
+              imported.weights.size(), static_cast<long long>(parameters), spec.output.c_str());
+  for (const InputSpec& in : spec.inputs) std::printf("  input %s %s\n", in.name.c_str(), in.shape.str().c_str());
+  for (const std::string& f : imported.fused) std::printf("  fused %s\n", f.c_str());
+  for (const std::string& r : imported.renamed) std::printf("  renamed %s\n", r.c_str());
+  if (!imported.cut_node.empty())
+    std::printf("  cut '%s' after node '%s'\n", options.cut.c_str(), imported.cut_node.c_str());
+  std::printf("wrote %s/model.json and %s/weights.safetensors\n", dir.c_str(), dir.c_str());
+  return 0;
+}
+
+}  // namespace
+
+void declare_import(Command& import) {
+  std::string ops;
+  for (const std::string& op : onnx_import_ops()) ops += (ops.empty() ? "" : ", ") + op;
+  import.positional("model", "MODEL.onnx, as torch.onnx.export wrote it")
+      .option("out", "DIR", "where model.json and weights.safetensors go (required)")
+      .option("cut", "MODULE|NODE", "the spec's default cut: after a module's last node (layer3) or after a node")
+      .option("name", "NAME", "the spec's name (default: the file's name without .onnx)")
+      .details(cat(kDetails, "      ONNX ops read: ", ops, ".\n"))
+      .run(import_command);
+}
+
+}  // namespace tandem
