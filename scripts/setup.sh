@@ -17,6 +17,7 @@ packages=(
   chromium  # the browser test: headless Chromium driven by playwright-core
   iproute2  # ip netns and tc: the shaped-link test and benchmarks
   python3-torch python3-numpy libopenblas0-pthread  # the PyTorch peer: interop test, benchmarks
+  python3-torchvision  # models nobody here wrote, exported to ONNX for the import tests
   nlohmann-json3-dev  # JSON for `tandem audit verify` and `tandem text`
   libcli11-dev  # the command lines: commands, --help, --config TOML files (header-only)
   sentencepiece libsentencepiece-dev  # the text samples' vocabularies (`tandem text`)

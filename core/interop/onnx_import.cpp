@@ -140,8 +140,9 @@ class Importer {
       names_.insert(v.name);
       for (std::size_t d = 1; d < v.dims.size(); ++d)
         if (v.dims[d] <= 0)
-          fail("import", cat(o_.origin, ": input '", v.name, "' has dimension ", d, " '", v.dim_names[d],
-                             "' of no fixed size; tandem's inputs have fixed shapes but the batch: export with a fixed "
+          fail("import", cat(o_.origin, ": input '", v.name, "' has dimension ", d,
+                             v.dim_names[d].empty() ? cat(" (", v.dims[d], ")") : cat(" ('", v.dim_names[d], "')"),
+                             " of no fixed size; tandem's inputs have fixed shapes but the batch: export with a fixed "
                              "size there (only dynamic_axes={'", v.name, "': {0: 'batch'}})"));
       const bool integer = v.elem_type == 6 || v.elem_type == 7;
       if (v.elem_type != 1 && !integer)

@@ -1,0 +1,74 @@
+#!/usr/bin/env bash
+# ONNX import (tandem import): torchvision's resnet18 and mobilenet_v2, random weights and
+# batch-norm statistics, exported from PyTorch in training mode, imported and evaluated on
+# every CPU backend: tandem's logits equal torch's within 1e-4. The spec's nodes and the
+# weights carry PyTorch's module names; --cut names a module; mobilenet_v3_small (its
+# squeeze-excitation) is refused with every node it cannot take; a truncated file and a bad
+# cut are refused with the exact errors.
+# Usage: onnx_import.sh BUILD_DIR SOURCE_DIR [BACKENDS]
+set -euo pipefail
+build=$1 src=$2 backends=${3:-"reference portable xnnpack onednn"}
+tandem_bin=$build/tools/tandem
+work=$(mktemp -d)
+trap 'rm -rf "$work"' EXIT
+fail() { echo "FAIL: $*"; exit 1; }
+source "$src/tests/lib/skip.sh"
+/usr/bin/python3 -c 'import torch, torchvision' 2>/dev/null ||
+  skip_or_fail "/usr/bin/python3 has no torch or torchvision (install python3-torch python3-torchvision; scripts/setup.sh does)"
+check=$src/tests/interop/onnx_check.py
+
+for model in resnet18 mobilenet_v2; do
+  dir=$work/$model
+  mkdir -p "$dir"
+  /usr/bin/python3 "$check" export "$model" "$dir" 48 || fail "$model: torch could not export"
+  cut=layer3; [[ $model == mobilenet_v2 ]] && cut=features.7
+  "$tandem_bin" import "$dir/model.onnx" --out "$dir/imported" --cut "$cut" > "$dir/import.out" 2>&1 ||
+    fail "$model: tandem import: $(cat "$dir/import.out")"
+  cat "$dir/import.out"
+  for backend in $backends; do
+    "$tandem_bin" evaluate --model "$dir/imported/model.json" --weights "$dir/imported/weights.safetensors" \
+      --data "$dir/data" --backend "$backend" --logits "$dir/$backend.f32" > /dev/null 2> "$dir/eval.err" ||
+      fail "$model on $backend: tandem evaluate: $(cat "$dir/eval.err")"
+    echo -n "$model on $backend: "
+    /usr/bin/python3 "$check" compare "$dir/torch.f32" "$dir/$backend.f32" 1e-4 || fail "$model on $backend: logits differ from torch's"
+  done
+done
+
+# Names: PyTorch's modules, so the weights file holds the state dict's keys.
+r18=$work/resnet18/imported
+grep -q 'name: "layer1.0.conv1", op: "conv2d"' "$r18/model.json" || fail "no node named after module layer1.0.conv1"
+grep -q 'name: "layer1.0.bn1", op: "batch_norm", inputs: \["layer1.0.conv1"\]' "$r18/model.json" || fail "batch norm layer1.0.bn1"
+grep -q 'cut: "layer3.1.relu_1"' "$r18/model.json" || fail "--cut layer3 did not resolve to layer3's last node"
+/usr/bin/python3 - "$work/resnet18/torch.pt" "$r18/weights.safetensors" <<'PY' || fail "the weights' names are not the state dict's"
+import json, struct, sys, torch
+keys = {k for k in torch.load(sys.argv[1]) if not k.endswith("num_batches_tracked")}
+blob = open(sys.argv[2], "rb").read()
+names = {k for k in json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]]) if k != "__metadata__"}
+sys.exit(0 if names == keys else print("only torch:", sorted(keys - names)[:5], "only tandem:", sorted(names - keys)[:5]) or 1)
+PY
+# The import's cut splits where tandem train cuts: the imported model trains split.
+"$tandem_bin" train --model "$r18/model.json" --data "$work/resnet18/data" --epochs 1 --batch 16 --microbatches 2 \
+  --test-limit 16 > "$work/train.out" 2>&1 || fail "tandem train on the imported resnet18: $(tail -3 "$work/train.out")"
+grep -q "test_accuracy" "$work/train.out" || fail "tandem train printed no accuracy: $(tail -3 "$work/train.out")"
+
+# Refused: every node tandem cannot take, at once, with its op and module.
+/usr/bin/python3 "$check" refused "$work" || fail "torch could not export mobilenet_v3_small"
+"$tandem_bin" import "$work/model.onnx" --out "$work/v3" > "$work/v3.out" 2>&1 && fail "mobilenet_v3_small was imported"
+cat "$work/v3.out" | head -3
+grep -q "^tandem: \[import\] $work/model.onnx: 19 problems (ops: Conv, HardSigmoid, Mul); tandem imports none of the model:" \
+  "$work/v3.out" || fail "mobilenet_v3_small: $(head -2 "$work/v3.out")"
+grep -q "node '/features/features.1/block/block.1/Mul' (Mul, module features.1.block.1): tandem has no such op" "$work/v3.out" ||
+  fail "the Mul of features.1's squeeze-excitation is not named"
+[[ $(grep -c "(HardSigmoid, module features\.[0-9]*\.block\.[0-9]\.scale_activation): tandem has no such op" "$work/v3.out") == 9 ]] ||
+  fail "not every HardSigmoid is listed"
+[[ ! -e $work/v3 ]] || fail "a refused import wrote $work/v3"
+
+# A truncated file; a cut that names nothing.
+head -c 5000 "$work/resnet18/model.onnx" > "$work/cut.onnx"
+"$tandem_bin" import "$work/cut.onnx" --out "$work/x" > "$work/trunc.out" 2>&1 && fail "a truncated file was imported"
+grep -q "^tandem: \[onnx\] $work/cut.onnx: not a readable ONNX model (a length runs past the end)" "$work/trunc.out" ||
+  fail "truncated: $(cat "$work/trunc.out")"
+"$tandem_bin" import "$work/resnet18/model.onnx" --out "$work/x" --cut layer9 > "$work/cut.out" 2>&1 && fail "--cut layer9 was taken"
+grep -qF "tandem: [import] $work/resnet18/model.onnx: --cut 'layer9' names no module or node (top-level modules: avgpool, bn1, conv1, fc, layer1, layer2, layer3, layer4, maxpool, relu)" \
+  "$work/cut.out" || fail "bad cut: $(cat "$work/cut.out")"
+echo "PASS"

@@ -1,0 +1,257 @@
+// ONNX import on models built here byte by byte (tests/e2e/onnx_import.sh takes torch's):
+// the protobuf reader refuses every truncation and malformed field with its reason, the
+// importer keeps module names and PyTorch's tensors, fuses MatMul + Add, and refuses every
+// node it cannot take at once. And the spec's JSON writer reads back what it wrote.
+#include <gtest/gtest.h>
+
+#include <cstring>
+#include <filesystem>
+
+#include "core/error.h"
+
+#include "core/graph.h"
+#include "core/interop/onnx_import.h"
+#include "core/interop/onnx_protobuf.h"
+#include "core/interop/torch_layout.h"
+#include "core/model_spec.h"
+#include "core/network.h"
+#include "tests/test_support.h"
+
+namespace tandem {
+namespace {
+
+using test::error_of;
+
+// The protobuf wire format, enough to write ONNX models.
+struct Pb {
+  std::string b;
+  void key(int field, int wire) { varint(static_cast<uint64_t>(field) << 3 | static_cast<uint64_t>(wire)); }
+  void varint(uint64_t v) {
+    do {
+      uint8_t byte = v & 0x7f;
+      v >>= 7;
+      b += static_cast<char>(byte | (v ? 0x80 : 0));
+    } while (v);
+  }
+  Pb& num(int field, int64_t v) { key(field, 0); varint(static_cast<uint64_t>(v)); return *this; }
+  Pb& str(int field, const std::string& s) { key(field, 2); varint(s.size()); b += s; return *this; }
+  Pb& msg(int field, const Pb& m) { return str(field, m.b); }
+  Pb& f32(int field, float v) {
+    key(field, 5);
+    char c[4];
+    std::memcpy(c, &v, 4);
+    b.append(c, 4);
+    return *this;
+  }
+};
+
+Pb tensor(const std::string& name, const std::vector<int64_t>& dims, float start = 0.1f) {
+  Pb t;
+  int64_t n = 1;
+  for (int64_t d : dims) t.num(1, d), n *= d;
+  t.num(2, 1).str(8, name);
+  std::string raw(static_cast<std::size_t>(n) * 4, '\0');
+  for (int64_t i = 0; i < n; ++i) {
+    const float v = start + 0.01f * static_cast<float>(i % 17) - 0.05f * static_cast<float>(i % 5);
+    std::memcpy(&raw[static_cast<std::size_t>(i) * 4], &v, 4);
+  }
+  return t.str(9, raw);
+}
+Pb ints_attr(const std::string& name, const std::vector<int64_t>& v) {
+  Pb a;
+  a.str(1, name);
+  for (int64_t x : v) a.num(8, x);
+  return a.num(20, 7);
+}
+Pb int_attr(const std::string& name, int64_t v) { return Pb().str(1, name).num(3, v).num(20, 2); }
+Pb node(const std::string& name, const std::string& op, const std::vector<std::string>& in,
+        const std::vector<std::string>& out, const std::vector<Pb>& attrs = {}) {
+  Pb n;
+  for (const auto& i : in) n.str(1, i);
+  for (const auto& o : out) n.str(2, o);
+  n.str(3, name).str(4, op);
+  for (const Pb& a : attrs) n.msg(5, a);
+  return n;
+}
+Pb value(const std::string& name, const std::vector<int64_t>& dims) {
+  Pb shape;
+  shape.msg(1, Pb().str(2, "batch"));
+  for (int64_t d : dims) shape.msg(1, Pb().num(1, d));
+  return Pb().str(1, name).msg(2, Pb().msg(1, Pb().num(1, 1).msg(2, shape)));
+}
+std::vector<uint8_t> model(const std::vector<Pb>& nodes, const std::vector<Pb>& weights,
+                           const std::vector<int64_t>& image = {3, 8, 8}) {
+  Pb g;
+  for (const Pb& n : nodes) g.msg(1, n);
+  for (const Pb& w : weights) g.msg(5, w);
+  g.msg(11, value("image", image)).msg(12, value("logits", {5}));
+  Pb m;
+  m.num(1, 8).str(2, "pytorch").str(3, "1.13.1").msg(7, g).msg(8, Pb().num(2, 14));
+  return std::vector<uint8_t>(m.b.begin(), m.b.end());
+}
+
+// conv (padded, biased) -> relu -> max pool -> flatten -> fc, as torch names a small CNN's.
+std::vector<Pb> cnn_nodes(std::vector<Pb> conv_attrs = {ints_attr("pads", {1, 1, 1, 1}), ints_attr("strides", {1, 1})}) {
+  return {node("/c1/Conv", "Conv", {"image", "c1.weight", "c1.bias"}, {"/c1/Conv_output_0"}, conv_attrs),
+          node("/act/Relu", "Relu", {"/c1/Conv_output_0"}, {"/act/Relu_output_0"}),
+          node("/pool/MaxPool", "MaxPool", {"/act/Relu_output_0"}, {"/pool/MaxPool_output_0"},
+               {ints_attr("kernel_shape", {2, 2}), ints_attr("strides", {2, 2})}),
+          node("/Flatten", "Flatten", {"/pool/MaxPool_output_0"}, {"/Flatten_output_0"}, {int_attr("axis", 1)}),
+          node("/fc/Gemm", "Gemm", {"/Flatten_output_0", "fc.weight", "fc.bias"}, {"logits"}, {int_attr("transB", 1)})};
+}
+std::vector<Pb> cnn_weights() {
+  return {tensor("c1.weight", {4, 3, 3, 3}), tensor("c1.bias", {4}), tensor("fc.weight", {5, 64}), tensor("fc.bias", {5})};
+}
+
+OnnxImport import_bytes(const std::vector<uint8_t>& bytes, const std::string& cut = "") {
+  OnnxImportOptions o;
+  o.origin = "m.onnx";
+  o.name = "m";
+  o.cut = cut;
+  return import_onnx(parse_onnx(bytes, "m.onnx"), o);
+}
+
+TEST(OnnxImport, SmallCnnKeepsModuleNamesAndTorchTensors) {
+  const OnnxImport imp = import_bytes(model(cnn_nodes(), cnn_weights()), "pool");
+  ASSERT_EQ(imp.spec.nodes.size(), 5u);
+  const char* names[] = {"c1", "act", "pool", "flatten", "fc"};
+  const char* ops[] = {"conv2d", "relu", "max_pool2d", "flatten", "linear"};
+  for (std::size_t i = 0; i < 5; ++i) {
+    EXPECT_EQ(imp.spec.nodes[i].name, names[i]);
+    EXPECT_EQ(imp.spec.nodes[i].op, ops[i]);
+  }
+  EXPECT_EQ(imp.spec.inputs.at(0).shape, (Shape{8, 8, 3}));  // NCHW [3, 8, 8] -> a sample's HWC
+  const Conv2dAttrs& c = imp.spec.nodes[0].conv2d;
+  EXPECT_EQ(c.out_channels, 4);
+  EXPECT_EQ(c.kernel, (Pair{3, 3}));
+  EXPECT_EQ(c.padding, (Pair{1, 1}));
+  EXPECT_TRUE(c.bias);
+  EXPECT_EQ(imp.spec.nodes[2].pool.stride, (Pair{2, 2}));
+  EXPECT_EQ(imp.spec.output, "fc");
+  EXPECT_EQ(imp.cut_node, "pool");
+  std::vector<std::string> tensors;
+  for (const SafeTensor& t : imp.weights) tensors.push_back(t.name);
+  EXPECT_EQ(tensors, (std::vector<std::string>{"c1.weight", "c1.bias", "fc.weight", "fc.bias"}));
+  EXPECT_TRUE(imp.renamed.empty());
+
+  // The JSON builds, and torch's tensors load into it (the conv's OIHW and the flatten's
+  // (c, h, w) columns converted as for any torch file).
+  const ModelSpec spec = parse_model_json(model_spec_json(imp.spec), "imported");
+  EXPECT_EQ(spec.cut, "pool");
+  const Graph graph = Graph::build(spec);
+  auto backend = make_backend("reference");
+  Network net(graph, *backend, 0);
+  shard_from_torch(graph, imp.weights, net);
+  EXPECT_EQ(net.param_count(), 4 * 27 + 4 + 5 * 64 + 5);
+  EXPECT_EQ(graph.partition({"pool"}).size(), 2u);
+}
+
+TEST(OnnxImport, MatMulAndAddOfStoredTensorsBecomeOneLinear) {
+  std::vector<Pb> nodes = cnn_nodes();
+  nodes.pop_back();
+  nodes.push_back(node("/fc/MatMul", "MatMul", {"/Flatten_output_0", "onnx::MatMul_9"}, {"/fc/MatMul_output_0"}));
+  nodes.push_back(node("/fc/Add", "Add", {"fc.bias", "/fc/MatMul_output_0"}, {"logits"}));
+  std::vector<Pb> weights = cnn_weights();
+  weights[2] = tensor("onnx::MatMul_9", {64, 5});
+  const OnnxImport imp = import_bytes(model(nodes, weights));
+  ASSERT_EQ(imp.spec.nodes.size(), 5u);
+  EXPECT_EQ(imp.spec.nodes[4].name, "fc");
+  EXPECT_EQ(imp.spec.nodes[4].linear.out_features, 5);
+  EXPECT_EQ(imp.spec.output, "fc");
+  EXPECT_EQ(imp.fused, (std::vector<std::string>{"fc: MatMul + Add -> linear"}));
+  EXPECT_EQ(imp.renamed, (std::vector<std::string>{"onnx::MatMul_9 -> fc.weight (transposed)"}));
+  // Stored [in, out]; written [out, in] as nn.Linear holds it.
+  const OnnxGraph g = parse_onnx(model(nodes, weights), "m.onnx");
+  const SafeTensor& w = imp.weights[2];
+  ASSERT_EQ(w.shape, (std::vector<int64_t>{5, 64}));
+  const std::vector<float>& src = g.initializers[2].floats;
+  float v;
+  std::memcpy(&v, w.data.data() + (3 * 64 + 10) * 4, 4);
+  EXPECT_EQ(v, src[10 * 5 + 3]);
+}
+
+TEST(OnnxImport, RefusesEveryNodeItCannotTakeAtOnce) {
+  std::vector<Pb> nodes = cnn_nodes({ints_attr("pads", {1, 1, 0, 0})});
+  nodes.insert(nodes.begin() + 2, node("/act/Erf", "Erf", {"/act/Relu_output_0"}, {"/act/Erf_output_0"}));
+  nodes[3] = node("/pool/MaxPool", "MaxPool", {"/act/Erf_output_0"}, {"/pool/MaxPool_output_0"},
+                  {ints_attr("kernel_shape", {2, 2}), ints_attr("strides", {2, 2})});
+  EXPECT_EQ(error_of([&] { import_bytes(model(nodes, cnn_weights())); }),
+            "[import] m.onnx: 2 problems (ops: Conv, Erf); tandem imports none of the model:\n"
+            "  node '/c1/Conv' (Conv, module c1): pads [1, 1, 0, 0] differ before and after; tandem pads both sides alike\n"
+            "  node '/act/Erf' (Erf, module act): tandem has no such op");
+}
+
+TEST(OnnxImport, RefusesInputsOfFreeSizeAndBadCuts) {
+  EXPECT_EQ(error_of([&] { import_bytes(model(cnn_nodes(), cnn_weights(), {3, -1, 8})); }),
+            "[import] m.onnx: input 'image' has dimension 2 (-1) of no fixed size; tandem's inputs have fixed shapes but "
+            "the batch: export with a fixed size there (only dynamic_axes={'image': {0: 'batch'}})");
+  EXPECT_EQ(error_of([&] { import_bytes(model(cnn_nodes(), cnn_weights()), "conv9"); }),
+            "[import] m.onnx: --cut 'conv9' names no module or node (top-level modules: act, c1, fc, pool)");
+}
+
+TEST(OnnxProtobuf, EveryTruncationIsRefusedOrReadsAPrefix) {
+  const std::vector<uint8_t> bytes = model(cnn_nodes(), cnn_weights());
+  int refused = 0;
+  for (std::size_t n = 0; n < bytes.size(); ++n) {
+    try {
+      parse_onnx(std::span(bytes.data(), n), "t.onnx");
+    } catch (const Error& e) {
+      ++refused;
+      EXPECT_EQ(std::string(e.what()).rfind("[onnx] t.onnx: not a readable ONNX model (", 0), 0u) << e.what();
+    }
+  }
+  EXPECT_GT(refused, static_cast<int>(bytes.size()) * 9 / 10);  // a cut inside the graph breaks its length
+}
+
+TEST(OnnxProtobuf, MalformedFieldsAreNamed) {
+  auto parse_graph = [](const Pb& g) {
+    const std::string b = Pb().msg(7, g).b;
+    return error_of([&] { parse_onnx(std::span(reinterpret_cast<const uint8_t*>(b.data()), b.size()), "x.onnx"); });
+  };
+  Pb short_raw = Pb().num(1, 4).num(2, 1).str(8, "w").str(9, std::string(12, '\0'));
+  EXPECT_EQ(parse_graph(Pb().msg(5, short_raw)),
+            "[onnx] x.onnx: not a readable ONNX model (x.onnx: initializer 'w': raw_data holds 12 bytes for 4 values of 4 bytes)");
+  Pb external = Pb().num(1, 4).num(2, 1).str(8, "w").num(14, 1);
+  EXPECT_NE(parse_graph(Pb().msg(5, external)).find("keeps its values in an external file"), std::string::npos);
+  Pb strings = Pb().num(1, 1).num(2, 8).str(8, "s");
+  EXPECT_EQ(parse_graph(Pb().msg(5, strings)),
+            "[onnx] x.onnx: not a readable ONNX model (x.onnx: initializer 's': tensor data type 8 is not read (float, "
+            "double, int64, int32, int8, uint8 and bool are))");
+  Pb group;
+  group.key(3, 3);
+  EXPECT_EQ(parse_graph(group), "[onnx] x.onnx: not a readable ONNX model (wire type 3 (groups are not read))");
+  const std::string no_graph = Pb().str(2, "pytorch").b;
+  EXPECT_EQ(error_of([&] { parse_onnx(std::span(reinterpret_cast<const uint8_t*>(no_graph.data()), no_graph.size()), "y"); }),
+            "[onnx] y: not a readable ONNX model (no graph: the file is not an ONNX model)");
+}
+
+// Every sample spec, written as JSON and read back, writes the same JSON and builds the same
+// graph (ops, inputs, parameters).
+TEST(SpecJson, SampleSpecsReadBackAsWritten) {
+  int specs = 0;
+  for (const auto& entry : std::filesystem::recursive_directory_iterator(std::string(TANDEM_SOURCE_DIR) + "/samples")) {
+    const std::string path = entry.path().string();
+    if (entry.path().extension() != ".json" || path.find("node_modules") != std::string::npos ||
+        path.find("package") != std::string::npos)
+      continue;
+    ++specs;
+    const ModelSpec a = load_model_spec(path);
+    const std::string json = model_spec_json(a);
+    const ModelSpec b = parse_model_json(json, path);
+    EXPECT_EQ(model_spec_json(b), json) << path;
+    ASSERT_EQ(a.nodes.size(), b.nodes.size()) << path;
+    for (std::size_t i = 0; i < a.nodes.size(); ++i) {
+      EXPECT_EQ(a.nodes[i].op, b.nodes[i].op) << path;
+      EXPECT_EQ(a.nodes[i].inputs, b.nodes[i].inputs) << path;
+    }
+    EXPECT_EQ(a.cut, b.cut) << path;
+    auto backend = make_backend("reference");
+    const Graph ga = Graph::build(a), gb = Graph::build(b);
+    Network na(ga, *backend, 0), nb(gb, *backend, 0);
+    EXPECT_EQ(na.param_count(), nb.param_count()) << path;
+  }
+  EXPECT_GE(specs, 10);
+}
+
+}  // namespace
+}  // namespace tandem
