@@ -87,6 +87,7 @@ class Importer {
       try {
         const auto op = table().find(n.domain.empty() || n.domain == "ai.onnx" ? n.op_type : n.domain + "." + n.op_type);
         if (op == table().end()) throw Refusal{"tandem has no such op"};
+        if (n.outputs.empty() || n.outputs[0].empty()) throw Refusal{"it has no output"};
         op->second(*this, n);
       } catch (const Refusal& r) {
         problems_.push_back(cat("node '", n.name, "' (", n.op_type, module_of(n.name).empty() ? "" : ", module " + module_of(n.name),
