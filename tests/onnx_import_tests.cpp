@@ -181,6 +181,27 @@ TEST(OnnxImport, RefusesEveryNodeItCannotTakeAtOnce) {
             "  node '/act/Erf' (Erf, module act): tandem has no such op");
 }
 
+// A flattened image is ordered (h, w, c) in tandem and (c, h, w) in PyTorch: a linear reading
+// it is permuted on load, but a sum or a join of it would mix the two, so they are refused;
+// and an output no node makes.
+TEST(OnnxImport, RefusesWhatWouldComputeSomethingElse) {
+  std::vector<Pb> nodes = cnn_nodes();
+  nodes[4] = node("/twice/Add", "Add", {"/Flatten_output_0", "/Flatten_output_0"}, {"/twice/Add_output_0"});
+  nodes.push_back(node("/fc/Gemm", "Gemm", {"/twice/Add_output_0", "fc.weight", "fc.bias"}, {"logits"}, {int_attr("transB", 1)}));
+  EXPECT_EQ(error_of([&] { import_bytes(model(nodes, cnn_weights())); }),
+            "[import] m.onnx: 1 problem (ops: Add); tandem imports none of the model:\n"
+            "  node '/twice/Add' (Add, module twice): it adds flattened images, whose values tandem orders (h, w, c) "
+            "and PyTorch (c, h, w)");
+  std::vector<Pb> headless = cnn_nodes();
+  headless.pop_back();
+  EXPECT_EQ(error_of([&] { import_bytes(model(headless, cnn_weights())); }),
+            "[import] m.onnx: the output 'logits' is made by no node");
+  std::vector<Pb> typed = cnn_nodes({Pb().str(1, "pads").num(3, 1).num(20, 2)});  // an INT where INTS belong
+  EXPECT_EQ(error_of([&] { import_bytes(model(typed, cnn_weights())); }),
+            "[import] m.onnx: 1 problem (ops: Conv); tandem imports none of the model:\n"
+            "  node '/c1/Conv' (Conv, module c1): its attribute 'pads' is not of the type ONNX defines for it");
+}
+
 TEST(OnnxImport, RefusesInputsOfFreeSizeAndBadCuts) {
   EXPECT_EQ(error_of([&] { import_bytes(model(cnn_nodes(), cnn_weights(), {3, -1, 8})); }),
             "[import] m.onnx: input 'image' has dimension 2 (-1) of no fixed size; tandem's inputs have fixed shapes but "
@@ -217,6 +238,8 @@ TEST(OnnxProtobuf, MalformedFieldsAreNamed) {
   EXPECT_EQ(parse_graph(Pb().msg(5, strings)),
             "[onnx] x.onnx: not a readable ONNX model (x.onnx: initializer 's': tensor data type 8 is not read (float, "
             "double, int64, int32, int8, uint8 and bool are))");
+  Pb huge = Pb().num(1, int64_t{1} << 32).num(1, int64_t{1} << 32).num(2, 1).str(8, "h");
+  EXPECT_EQ(parse_graph(Pb().msg(5, huge)), "[onnx] x.onnx: not a readable ONNX model (x.onnx: initializer 'h': more than 2^32 values)");
   Pb group;
   group.key(3, 3);
   EXPECT_EQ(parse_graph(group), "[onnx] x.onnx: not a readable ONNX model (wire type 3 (groups are not read))");

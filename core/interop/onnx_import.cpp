@@ -13,9 +13,12 @@ namespace {
 
 // How tandem holds an ONNX value of one sample: an image (ONNX [N, C, H, W], tandem
 // [H, W, C]), a globally pooled image (ONNX [N, C, 1, 1], tandem [C]) or a vector (ONNX
-// [N, F], tandem [F]). Unknown: made by a node that was refused (its readers are not
-// refused again for it).
-enum class Form { Image, Pooled, Vector, Unknown };
+// [N, F], tandem [F]). FlatImage: an image flattened, whose values tandem orders (h, w, c)
+// and PyTorch (c, h, w): a linear reading it gets its columns permuted on load
+// (torch_layout.h), through activations and dropout, but an add, a join or a batch norm of
+// it would mix the orders, so those are refused. Unknown: made by a node that was refused
+// (its readers are not refused again for it).
+enum class Form { Image, Pooled, Vector, FlatImage, Unknown };
 
 struct Value {
   std::string node;  // the tandem node or input holding it
@@ -72,6 +75,7 @@ class Importer {
 
   OnnxImport run() {
     if (g_.nodes.empty()) fail("import", cat(o_.origin, ": the graph has no nodes"));
+    if (g_.opset <= 0) fail("import", cat(o_.origin, ": the file names no opset of ONNX's default domain"));
     for (const OnnxTensor& t : g_.initializers) consts_[t.name] = &t;
     for (const OnnxNode& n : g_.nodes)
       for (const std::string& in : n.inputs)
@@ -108,7 +112,10 @@ class Importer {
       for (const std::string& p : problems_) text += cat("\n  ", p);
       fail("import", text);
     }
-    const Value& logits = value(g_.outputs[0].name);
+    const auto made = values_.find(g_.outputs[0].name);
+    if (made == values_.end())
+      fail("import", cat(o_.origin, ": the output '", g_.outputs[0].name, "' is made by no node"));
+    const Value& logits = made->second;
     if (logits.form == Form::Image)
       fail("import", cat(o_.origin, ": the output '", g_.outputs[0].name, "' is an image; tandem trains a model whose "
                          "output is [batch, classes] logits"));
@@ -131,6 +138,7 @@ class Importer {
   std::map<std::string, std::vector<std::size_t>> readers_;
   std::set<std::string> names_, params_used_, refused_types_;
   std::set<std::size_t> absorbed_;
+  std::map<std::string, int> suffixes_;  // the last "_k" unique() gave a name
   std::vector<std::string> problems_;
   std::vector<std::string> modules_;  // each spec node's module, for cuts
 
@@ -196,17 +204,24 @@ class Importer {
     if (t->count() != 1) throw Refusal{cat("input ", i, " holds ", t->count(), " values where one is expected")};
     return t->integer ? static_cast<float>(t->ints[0]) : t->floats[0];
   }
-  int64_t int_attr(const OnnxNode& n, const char* key, int64_t fallback) const {
+  // An attribute of the kind its op defines, or the default when absent; one of another kind
+  // is refused (never read as its default).
+  static const OnnxAttribute* attr(const OnnxNode& n, const char* key, OnnxAttribute::Kind kind) {
     const OnnxAttribute* a = n.attribute(key);
-    return a && a->kind == OnnxAttribute::Kind::Int ? a->i : fallback;
+    if (a && a->kind != kind) throw Refusal{cat("its attribute '", key, "' is not of the type ONNX defines for it")};
+    return a;
+  }
+  int64_t int_attr(const OnnxNode& n, const char* key, int64_t fallback) const {
+    const OnnxAttribute* a = attr(n, key, OnnxAttribute::Kind::Int);
+    return a ? a->i : fallback;
   }
   float float_attr(const OnnxNode& n, const char* key, float fallback) const {
-    const OnnxAttribute* a = n.attribute(key);
-    return a && a->kind == OnnxAttribute::Kind::Float ? a->f : fallback;
+    const OnnxAttribute* a = attr(n, key, OnnxAttribute::Kind::Float);
+    return a ? a->f : fallback;
   }
   std::vector<int64_t> ints_attr(const OnnxNode& n, const char* key, std::vector<int64_t> fallback) const {
-    const OnnxAttribute* a = n.attribute(key);
-    return a && a->kind == OnnxAttribute::Kind::Ints ? a->ints : fallback;
+    const OnnxAttribute* a = attr(n, key, OnnxAttribute::Kind::Ints);
+    return a ? a->ints : fallback;
   }
   // Outputs after the first (batch norm's running statistics, max pool's indices, dropout's
   // mask) must be read by nobody: tandem's ops give the first only.
@@ -217,7 +232,8 @@ class Importer {
   }
   // ONNX pads [top, left, bottom, right] -> tandem's symmetric (height, width).
   Pair symmetric_pads(const OnnxNode& n) const {
-    const std::string pad_mode = n.attribute("auto_pad") ? n.attribute("auto_pad")->s : "NOTSET";
+    const OnnxAttribute* auto_pad = attr(n, "auto_pad", OnnxAttribute::Kind::String);
+    const std::string pad_mode = auto_pad ? auto_pad->s : "NOTSET";
     if (pad_mode != "NOTSET" && pad_mode != "VALID")
       throw Refusal{cat("auto_pad '", pad_mode, "' is not supported; export with explicit padding")};
     const std::vector<int64_t> p = ints_attr(n, "pads", {0, 0, 0, 0});
@@ -234,7 +250,7 @@ class Importer {
   std::string unique(std::string base) {
     if (base.empty()) base = "node";
     std::string name = base;
-    for (int k = 1; names_.count(name); ++k) name = cat(base, "_", k);
+    for (int& k = suffixes_[base]; names_.count(name);) name = cat(base, "_", ++k);
     names_.insert(name);
     return name;
   }
@@ -274,6 +290,10 @@ class Importer {
     const std::string name = cat(node, ".", field);
     std::vector<int64_t> dims = t.dims;
     std::vector<float> values = t.floats;
+    int64_t count = 1;
+    for (int64_t d : dims) count *= d;
+    if (static_cast<int64_t>(values.size()) != count || (transpose && dims.size() != 2))
+      throw Refusal{cat("its weight '", t.name, "' holds ", values.size(), " values for its dimensions")};
     if (transpose) {
       const int64_t rows = dims[0], cols = dims[1];
       for (int64_t r = 0; r < rows; ++r)
@@ -324,6 +344,8 @@ class Importer {
   void batch_norm(const OnnxNode& n) {
     only_first_output_read(n);
     const Value& x = input(n, 0);
+    if (x.form == Form::FlatImage)
+      throw Refusal{"it normalizes a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"};
     const OnnxTensor& scale = weight(n, 1, "scale");
     NodeSpec s = node_of(param_node_name(n, scale), "batch_norm", {x.node});
     s.batch_norm.eps = float_attr(n, "epsilon", 1e-5f);
@@ -386,8 +408,8 @@ class Importer {
   void flatten(const OnnxNode& n) {
     const Value& x = input(n, 0);
     if (int_attr(n, "axis", 1) != 1) throw Refusal{"it flattens from another axis than 1; tandem keeps the batch first"};
-    if (x.form != Form::Image) return alias(n, x, Form::Vector);
-    emit(n, node_of(functional_node_name(n), "flatten", {x.node}), Form::Vector, n.outputs.at(0));
+    if (x.form != Form::Image) return alias(n, x, x.form == Form::Pooled ? Form::Vector : x.form);
+    emit(n, node_of(functional_node_name(n), "flatten", {x.node}), Form::FlatImage, n.outputs.at(0));
   }
 
   // Reshape to [N, -1] (x.view(x.size(0), -1) with a constant shape): a flatten.
@@ -397,16 +419,16 @@ class Importer {
     if (!shape || !shape->integer) throw Refusal{"its shape is computed at run time; tandem reshapes to a constant [batch, -1]"};
     if (shape->ints.size() != 2 || shape->ints[1] != -1)
       throw Refusal{"it reshapes to another shape than [batch, -1]; tandem has no general reshape yet"};
-    if (x.form != Form::Image) return alias(n, x, Form::Vector);
-    emit(n, node_of(functional_node_name(n), "flatten", {x.node}), Form::Vector, n.outputs.at(0));
+    if (x.form != Form::Image) return alias(n, x, x.form == Form::Pooled ? Form::Vector : x.form);
+    emit(n, node_of(functional_node_name(n), "flatten", {x.node}), Form::FlatImage, n.outputs.at(0));
   }
 
   void linear(const OnnxNode& n, const Value& x, const OnnxTensor& w, bool transposed, const OnnxTensor* b) {
     if (x.form == Form::Image) throw Refusal{"it multiplies an image; flatten it first"};
     if (w.dims.size() != 2) throw Refusal{cat("its weight has ", w.dims.size(), " dimensions; a linear layer's has two")};
     const int64_t out_features = transposed ? w.dims[1] : w.dims[0];
-    if (b && b->count() != out_features)
-      throw Refusal{cat("its bias has ", b->count(), " values for ", out_features, " outputs")};
+    if (b && !(b->dims == std::vector<int64_t>{out_features} || b->dims == std::vector<int64_t>{1, out_features}))
+      throw Refusal{cat("its bias has dimensions other than [", out_features, "] or [1, ", out_features, "]")};
     NodeSpec s = node_of(param_node_name(n, w), "linear", {x.node});
     s.linear = {out_features, b != nullptr};
     add_weight(s.name, "weight", w, transposed);
@@ -439,18 +461,22 @@ class Importer {
     const auto readers = readers_.find(n.outputs.at(0));
     if (readers != readers_.end() && readers->second.size() == 1 && uses_[n.outputs[0]] == 1) {
       const OnnxNode& add = g_.nodes[readers->second[0]];
-      if (add.op_type == "Add" && add.inputs.size() == 2) {
+      if (add.op_type == "Add" && add.inputs.size() == 2 && !add.outputs.empty() && !add.outputs[0].empty()) {
         const std::size_t other = add.inputs[0] == n.outputs[0] ? 1 : 0;
         const OnnxTensor* b = constant(add, other);
         if (b && !b->integer && w.dims.size() == 2 && b->count() == w.dims[1]) {
           bias = b;
-          absorbed_.insert(add_index = readers->second[0]);
-          out_.fused.push_back(cat(module_of(n.name).empty() ? n.name : module_of(n.name), ": MatMul + Add -> linear"));
+          add_index = readers->second[0];
         }
       }
     }
+    if (!bias) return linear(n, x, w, true, nullptr);
+    absorbed_.insert(add_index);  // refused or not, the Add is the linear's
+    const std::string& sum = g_.nodes[add_index].outputs[0];
+    values_[sum] = {};
     linear(n, x, w, true, bias);
-    if (bias) values_[g_.nodes[add_index].outputs.at(0)] = values_[n.outputs[0]];
+    values_[sum] = values_[n.outputs[0]];
+    out_.fused.push_back(cat(module_of(n.name).empty() ? n.name : module_of(n.name), ": MatMul + Add -> linear"));
   }
 
   void add(const OnnxNode& n) {
@@ -459,6 +485,8 @@ class Importer {
     const Value& a = input(n, 0);
     const Value& b = input(n, 1);
     if (a.form != b.form) throw Refusal{"it adds tensors of different ranks (broadcasting is not supported yet)"};
+    if (a.form == Form::FlatImage)
+      throw Refusal{"it adds flattened images, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"};
     emit(n, node_of(functional_node_name(n), "add", {a.node, b.node}), a.form, n.outputs.at(0));
   }
 
@@ -472,7 +500,9 @@ class Importer {
       form = v.form;
       inputs.push_back(v.node);
     }
-    const int64_t rank = form == Form::Vector ? 2 : 4;
+    if (form == Form::FlatImage)
+      throw Refusal{"it joins flattened images, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"};
+    const int64_t rank = form == Form::Image || form == Form::Pooled ? 4 : 2;
     if (axis < 0) axis += rank;
     if (axis != 1) throw Refusal{cat("it joins along axis ", axis, "; tandem joins channels (axis 1)")};
     emit(n, node_of(functional_node_name(n), "concat", inputs), form, n.outputs.at(0));

@@ -1,6 +1,7 @@
 #include "core/interop/onnx_protobuf.h"
 
 #include <cstring>
+#include <set>
 
 #include "core/error.h"
 
@@ -154,6 +155,7 @@ OnnxTensor read_tensor(Message m, const std::string& where) {
   int64_t count = 1;
   for (int64_t d : t.dims) {
     if (d < 0 || d > kMaxValues) m.bad(cat(label, ": dimension ", d, " out of range"));
+    if (d != 0 && count > kMaxValues / d) m.bad(cat(label, ": more than 2^32 values"));
     count *= d;
     if (count > kMaxValues) m.bad(cat(label, ": more than 2^32 values"));
   }
@@ -321,11 +323,10 @@ OnnxGraph parse_onnx(std::span<const uint8_t> bytes, const std::string& origin) 
   }
   if (!has_graph) model.bad("no graph: the file is not an ONNX model");
   g.producer = version.empty() ? producer : cat(producer, " ", version);
-  for (OnnxValue& v : inputs) {  // graph inputs that are weights (older exporters list them) are not data
-    bool weight = false;
-    for (const OnnxTensor& t : g.initializers) weight = weight || t.name == v.name;
-    if (!weight) g.inputs.push_back(std::move(v));
-  }
+  std::set<std::string> weights;  // graph inputs that are weights (older exporters list them) are not data
+  for (const OnnxTensor& t : g.initializers) weights.insert(t.name);
+  for (OnnxValue& v : inputs)
+    if (!weights.count(v.name)) g.inputs.push_back(std::move(v));
   return g;
 }
 
