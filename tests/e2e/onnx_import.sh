@@ -2,16 +2,20 @@
 # ONNX import (tandem import): torchvision's resnet18 and mobilenet_v2, random weights and
 # batch-norm statistics, exported from PyTorch in training mode, imported and evaluated on
 # every CPU backend: tandem's logits equal torch's within 1e-4. The spec's nodes and the
-# weights carry PyTorch's module names; --cut names a module; mobilenet_v3_small (its
+# weights carry PyTorch's module names; --cut names a module. The imported resnet18 trains
+# split at that cut over mutual TLS (tandem-cloud and tandem-edge, both --init-from the
+# import's weights, K = 4, 3 SGD steps, the edge's sample order replayed in torch); tandem export's file loads strictly into torchvision's
+# resnet18 and equals torch's own 3 steps within 1e-4. mobilenet_v3_small (its
 # squeeze-excitation) is refused with every node it cannot take; a truncated file and a bad
 # cut are refused with the exact errors.
 # Usage: onnx_import.sh BUILD_DIR SOURCE_DIR [BACKENDS]
 set -euo pipefail
 build=$1 src=$2 backends=${3:-"reference portable xnnpack onednn"}
-tandem_bin=$build/tools/tandem
+tandem_bin=$build/tools/tandem cloud_bin=$build/cloud/tandem-cloud edge_bin=$build/edge/tandem-edge
 work=$(mktemp -d)
-trap 'rm -rf "$work"' EXIT
-fail() { echo "FAIL: $*"; exit 1; }
+cleanup() { [[ -n ${cloud_pid:-} ]] && kill "$cloud_pid" 2>/dev/null; wait 2>/dev/null; rm -rf "$work"; }
+trap cleanup EXIT
+fail() { echo "FAIL: $*"; [[ -f $work/cloud.log ]] && { echo "--- cloud log"; tail -20 "$work/cloud.log"; }; exit 1; }
 source "$src/tests/lib/skip.sh"
 /usr/bin/python3 -c 'import torch, torchvision' 2>/dev/null ||
   skip_or_fail "/usr/bin/python3 has no torch or torchvision (install python3-torch python3-torchvision; scripts/setup.sh does)"
@@ -50,6 +54,27 @@ PY
 "$tandem_bin" train --model "$r18/model.json" --data "$work/resnet18/data" --epochs 1 --batch 16 --microbatches 2 \
   --test-limit 16 > "$work/train.out" 2>&1 || fail "tandem train on the imported resnet18: $(tail -3 "$work/train.out")"
 grep -q "test_accuracy" "$work/train.out" || fail "tandem train printed no accuracy: $(tail -3 "$work/train.out")"
+
+# Split training over TLS from the imported weights: 3 steps of 32 samples, K = 4, plain SGD.
+# A small learning rate: batch norm over micro-batches of 8 (1x1 maps in layer4) makes larger
+# steps chaotic (at 0.05 torch's own float32 and float64 runs differ by 1e-2 after 3 steps; at
+# 0.001 by 2e-7).
+model=$r18/model.json
+source "$src/tests/e2e/lib.sh"
+start_cloud_as cloud --init-from "$r18/weights.safetensors" --optimizer sgd --lr 0.001 --momentum 0
+"$cloud_bin" pki issue --state-dir "$work/state" --client clinic-onnx --out "$work/id" > /dev/null
+"$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/id" --model "$model" --data "$work/resnet18/data" \
+  --init-from "$r18/weights.safetensors" --limit 32 --batch 32 --microbatches 4 --epochs 3 --test-limit 8 \
+  --optimizer sgd --lr 0.001 --momentum 0 --seed 1 --checkpoint-dir "$work/ckpt" --checkpoint-every 3 > "$work/edge.out" 2>&1 ||
+  fail "tandem-edge on the imported resnet18: $(tail -3 "$work/edge.out")"
+stop_cloud
+cloud_pid=
+"$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt/edge-000000000003.tdmc" --identity "$work/id" \
+  --cloud-ckpt "$work/state/checkpoints/clinic-onnx/cloud-000000000003.tdmc" --out "$work/trained.safetensors" \
+  > "$work/export.out" 2>&1 || fail "tandem export: $(cat "$work/export.out")"
+/usr/bin/python3 "$check" train resnet18 "$work/resnet18" 3 32 4 0.001 1 || fail "torch could not train"
+/usr/bin/python3 "$check" weights resnet18 "$work/trained.safetensors" "$work/resnet18" 1e-4 ||
+  fail "tandem's 3 split steps over TLS differ from torch's"
 
 # Refused: every node tandem cannot take, at once, with its op and module.
 /usr/bin/python3 "$check" refused "$work" || fail "torch could not export mobilenet_v3_small"

@@ -9,6 +9,16 @@ usage: onnx_check.py export MODEL OUT_DIR N
            OUT_DIR/torch.pt: the state dict the file was exported from
        onnx_check.py refused OUT_DIR
            mobilenet_v3_small (its squeeze-excitation: HardSigmoid and Mul) to OUT_DIR/model.onnx
+       onnx_check.py train MODEL OUT_DIR EPOCHS BATCH K LR SEED
+           from OUT_DIR/torch.pt, what tandem-edge --limit BATCH --batch BATCH --microbatches K
+           --epochs EPOCHS --lr LR --momentum 0 --seed SEED does: each epoch one step on the
+           training set's first BATCH samples in tandem's order for that epoch
+           (data/epoch_order.h), K micro-batches each through the model in training mode (batch
+           norm's statistics per micro-batch), gradients summed with the loss the whole batch's
+           mean, plain SGD; the state dict to OUT_DIR/torch-trained.pt
+       onnx_check.py weights MODEL EXPORTED.safetensors OUT_DIR TOL
+           tandem export's file loaded strictly into torchvision's MODEL equals
+           OUT_DIR/torch-trained.pt within TOL, and training moved a parameter by 10 TOL at least
        onnx_check.py compare TORCH_LOGITS TANDEM_LOGITS TOL   (exit 1 beyond TOL)
 77: no torch or torchvision in this Python (the test skips, saying so).
 """
@@ -23,7 +33,47 @@ except ImportError as e:  # pragma: no cover
     sys.exit(77)
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from hf_encoder import write_safetensors  # noqa: E402
+from hf_encoder import read_safetensors, write_safetensors  # noqa: E402
+
+M64 = (1 << 64) - 1
+
+
+class MT19937_64:
+    """std::mt19937_64, whose output the C++ standard fixes (core/random.h's Rng)."""
+
+    def __init__(self, seed):
+        self.mt = [seed & M64]
+        for i in range(1, 312):
+            self.mt.append((6364136223846793005 * (self.mt[-1] ^ (self.mt[-1] >> 62)) + i) & M64)
+        self.i = 312
+
+    def next(self):
+        if self.i >= 312:
+            mt = self.mt
+            for k in range(312):
+                x = (mt[k] & 0xFFFFFFFF80000000) | (mt[(k + 1) % 312] & 0x7FFFFFFF)
+                mt[k] = mt[(k + 156) % 312] ^ (x >> 1) ^ (0xB5026F5AA96619E9 if x & 1 else 0)
+            self.i = 0
+        x = self.mt[self.i]
+        self.i += 1
+        x ^= (x >> 29) & 0x5555555555555555
+        x ^= (x << 17) & 0x71D67FFFEDA60000
+        x ^= (x << 37) & 0xFFF7EEE000000000
+        return (x ^ (x >> 43)) & M64
+
+
+def epoch_order(n, seed, epoch):
+    """data/epoch_order.h: the order tandem's edge reads an epoch's samples in."""
+    order = list(range(n))
+    rng = MT19937_64(seed ^ 0x5eed ^ ((epoch * 0x9e3779b97f4a7c15) & M64))
+    for i in range(n - 1, 0, -1):
+        limit = M64 - M64 % (i + 1)
+        x = rng.next()
+        while x >= limit:
+            x = rng.next()
+        j = x % (i + 1)
+        order[i], order[j] = order[j], order[i]
+    return order
 
 
 def randomize(model, gen):
@@ -75,6 +125,40 @@ def main():
         model.eval()
         with torch.no_grad():
             model(images).numpy().astype("float32").tofile(f"{out}/torch.f32")
+    elif cmd == "train":
+        name, out = sys.argv[2], sys.argv[3]
+        epochs, batch, k, lr, seed = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7]), int(sys.argv[8])
+        model = getattr(torchvision.models, name)(num_classes=10)
+        model.load_state_dict(torch.load(f"{out}/torch.pt"))
+        data = read_safetensors(f"{out}/data/train.safetensors")
+        images = data["image"][:batch].permute(0, 3, 1, 2).contiguous()  # tandem's NHWC -> torch's NCHW
+        labels = data["labels"][:batch].long()
+        opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
+        model.train()
+        for epoch in range(epochs):
+            order = torch.tensor(epoch_order(batch, seed, epoch + 1))  # the edge counts epochs from 1
+            opt.zero_grad()
+            for mb in order.chunk(k):
+                loss = torch.nn.functional.cross_entropy(model(images[mb]), labels[mb], reduction="sum") / batch
+                loss.backward()
+            opt.step()
+        torch.save(model.state_dict(), f"{out}/torch-trained.pt")
+    elif cmd == "weights":
+        name, exported, out, tol = sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
+        model = getattr(torchvision.models, name)(num_classes=10)
+        model.load_state_dict(read_safetensors(exported), strict=True)
+        tandem, want, start = model.state_dict(), torch.load(f"{out}/torch-trained.pt"), torch.load(f"{out}/torch.pt")
+        worst, moved = ("", 0.0), 0.0
+        for key, value in want.items():
+            if key.endswith("num_batches_tracked"):  # torch counts micro-batches, tandem steps
+                continue
+            d = float((tandem[key].float() - value.float()).abs().max())
+            worst = max(worst, (key, d), key=lambda kv: kv[1])
+            if key.endswith(".weight") or key.endswith(".bias"):  # trained, not running statistics
+                moved = max(moved, float((value.float() - start[key].float()).abs().max()))
+        print(f"tandem's trained weights against torch's: max difference {worst[1]:.3g} ({worst[0]}); "
+              f"training moved the parameters by up to {moved:.3g}")
+        sys.exit(0 if worst[1] <= tol and moved > 10 * tol else 1)
     elif cmd == "refused":
         export(torchvision.models.mobilenet_v3_small(num_classes=10), f"{sys.argv[2]}/model.onnx")
     elif cmd == "compare":
