@@ -210,6 +210,70 @@ TEST(OnnxImport, RefusesInputsOfFreeSizeAndBadCuts) {
             "[import] m.onnx: --cut 'conv9' names no module or node (top-level modules: act, c1, fc, pool)");
 }
 
+// A tabular model: x [N, 4] -> LayerNorm as opset 14 decomposes it (Pow's exponent given) ->
+// nn.Linear as training-mode export gives it for 3-D inputs (Transpose of the stored weight,
+// MatMul, Add of the bias) -> logits [N, 3].
+std::vector<uint8_t> tabular(float exponent) {
+  auto scalar = [](const std::string& name, float v) {
+    Pb t;
+    t.num(2, 1).str(8, name);
+    std::string raw(4, '\0');
+    std::memcpy(raw.data(), &v, 4);
+    return node(name, "Constant", {}, {cat(name, "_out")}, {Pb().str(1, "value").msg(5, t.str(9, raw)).num(20, 4)});
+  };
+  const std::vector<Pb> nodes = {
+      node("/ln/ReduceMean", "ReduceMean", {"x"}, {"m"}, {ints_attr("axes", {-1})}),
+      node("/ln/Sub", "Sub", {"x", "m"}, {"d"}),
+      scalar("/ln/Constant", exponent),
+      node("/ln/Pow", "Pow", {"d", "/ln/Constant_out"}, {"p"}),
+      node("/ln/ReduceMean_1", "ReduceMean", {"p"}, {"v"}, {ints_attr("axes", {-1})}),
+      scalar("/ln/Constant_1", 1e-5f),
+      node("/ln/Add", "Add", {"v", "/ln/Constant_1_out"}, {"e"}),
+      node("/ln/Sqrt", "Sqrt", {"e"}, {"s"}),
+      node("/ln/Div", "Div", {"d", "s"}, {"n"}),
+      node("/ln/Mul", "Mul", {"n", "ln.weight"}, {"w"}),
+      node("/ln/Add_1", "Add", {"w", "ln.bias"}, {"y"}),
+      node("/fc/Transpose", "Transpose", {"fc.weight"}, {"wt"}),
+      node("/fc/MatMul", "MatMul", {"y", "wt"}, {"mm"}),
+      node("/fc/Add", "Add", {"fc.bias", "mm"}, {"logits"})};
+  Pb g;
+  for (const Pb& n : nodes) g.msg(1, n);
+  for (const Pb& w : {tensor("ln.weight", {4}, 1.0f), tensor("ln.bias", {4}), tensor("fc.weight", {3, 4}), tensor("fc.bias", {3})})
+    g.msg(5, w);
+  g.msg(11, value("x", {4})).msg(12, value("logits", {3}));
+  const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
+  return std::vector<uint8_t>(b.begin(), b.end());
+}
+
+TEST(OnnxImport, DecomposedLayerNormAndTransposedLinearComeBack) {
+  const OnnxImport imp = import_bytes(tabular(2.0f));
+  ASSERT_EQ(imp.spec.nodes.size(), 2u);
+  EXPECT_EQ(imp.spec.nodes[0].name, "ln");
+  EXPECT_EQ(imp.spec.nodes[0].op, "layer_norm");
+  EXPECT_FLOAT_EQ(imp.spec.nodes[0].layer_norm.eps, 1e-5f);
+  EXPECT_EQ(imp.spec.nodes[1].name, "fc");
+  EXPECT_EQ(imp.spec.nodes[1].op, "linear");
+  EXPECT_EQ(imp.spec.nodes[1].linear.out_features, 3);
+  EXPECT_EQ(imp.spec.output, "fc");
+  EXPECT_TRUE(imp.renamed.empty());  // nn.Linear's weight, as stored: [out, in]
+  ASSERT_EQ(imp.weights.size(), 4u);
+  EXPECT_EQ(imp.weights[2].name, "fc.weight");
+  EXPECT_EQ(imp.weights[2].shape, (std::vector<int64_t>{3, 4}));
+  EXPECT_EQ(imp.fused, (std::vector<std::string>{"ln: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add -> layer_norm",
+                                                 "fc: MatMul + Add -> linear"}));
+  const ModelSpec spec = parse_model_json(model_spec_json(imp.spec), "imported");
+  const Graph graph = Graph::build(spec);
+  auto backend = make_backend("reference");
+  Network net(graph, *backend, 0);
+  shard_from_torch(graph, imp.weights, net);
+
+  // Anything but the pattern is not taken for it: the cube of the deviation is no LayerNorm.
+  const std::string e = error_of([&] { import_bytes(tabular(3.0f)); });
+  EXPECT_NE(e.find("  node '/ln/ReduceMean' (ReduceMean, module ln): a mean that does not start a LayerNorm\n"), std::string::npos) << e;
+  EXPECT_NE(e.find("  node '/ln/Div' (Div, module ln): tandem divides only inside the patterns it fuses (GELU's, LayerNorm's)"),
+            std::string::npos) << e;
+}
+
 TEST(OnnxProtobuf, EveryTruncationIsRefusedOrReadsAPrefix) {
   const std::vector<uint8_t> bytes = model(cnn_nodes(), cnn_weights());
   int refused = 0;

@@ -77,6 +77,11 @@ class Importer {
     if (g_.nodes.empty()) fail("import", cat(o_.origin, ": the graph has no nodes"));
     if (g_.opset <= 0) fail("import", cat(o_.origin, ": the file names no opset of ONNX's default domain"));
     for (const OnnxTensor& t : g_.initializers) consts_[t.name] = &t;
+    // Constants read before their node in graph order too: patterns look ahead.
+    for (const OnnxNode& n : g_.nodes) {
+      const OnnxAttribute* v = n.op_type == "Constant" ? n.attribute("value") : nullptr;
+      if (v && v->kind == OnnxAttribute::Kind::Tensor && !n.outputs.empty()) consts_[n.outputs[0]] = &v->t;
+    }
     for (const OnnxNode& n : g_.nodes)
       for (const std::string& in : n.inputs)
         if (!in.empty()) ++uses_[in];
@@ -133,6 +138,7 @@ class Importer {
   const OnnxImportOptions& o_;
   OnnxImport out_;
   std::map<std::string, const OnnxTensor*> consts_;
+  std::map<std::string, const OnnxTensor*> transposed_;  // Transpose outputs of stored matrices
   std::map<std::string, Value> values_;
   std::map<std::string, int> uses_;
   std::map<std::string, std::vector<std::size_t>> readers_;
@@ -395,6 +401,7 @@ class Importer {
 
   // ReduceMean over height and width: what torch's x.mean((2, 3)) exports.
   void reduce_mean(const OnnxNode& n) {
+    if (input(n, 0).form == Form::Vector) return layer_norm_pattern(n);
     const Value& x = image(n);
     std::vector<int64_t> axes = ints_attr(n, "axes", {});
     if (axes.empty() && constant(n, 1)) axes = constant(n, 1)->ints;
@@ -403,6 +410,121 @@ class Importer {
     if (axes != std::vector<int64_t>{2, 3}) throw Refusal{"it averages over other axes than height and width"};
     emit(n, node_of(functional_node_name(n), "global_avg_pool", {x.node}), int_attr(n, "keepdims", 1) ? Form::Pooled : Form::Vector,
          n.outputs.at(0));
+  }
+
+  // ---- patterns: decomposed modules put back together ----
+
+  std::size_t index_of(const OnnxNode& n) const { return static_cast<std::size_t>(&n - g_.nodes.data()); }
+  // The one node reading `value` (read once, by no graph output), of type `op`, or null.
+  const OnnxNode* sole_reader(const std::string& value, const char* op) const {
+    const auto r = readers_.find(value);
+    const auto u = uses_.find(value);
+    if (r == readers_.end() || r->second.size() != 1 || u == uses_.end() || u->second != 1) return nullptr;
+    const OnnxNode& n = g_.nodes[r->second[0]];
+    return n.op_type == op && !n.outputs.empty() ? &n : nullptr;
+  }
+  // Whether input `i` of `n` is a stored scalar within 1e-6 (relative) of `want`.
+  bool is_scalar(const OnnxNode& n, std::size_t i, double want) const {
+    const OnnxTensor* t = constant(n, i);
+    if (!t || t->count() != 1) return false;
+    const double v = t->integer ? static_cast<double>(t->ints[0]) : static_cast<double>(t->floats[0]);
+    return std::abs(v - want) <= 1e-6 * std::max(1.0, std::abs(want));
+  }
+  // For a two-input op reading `value`: the index of its other input.
+  static std::size_t other(const OnnxNode& n, const std::string& value) { return n.inputs.size() == 2 && n.inputs[0] == value ? 1 : 0; }
+  void absorb(std::initializer_list<const OnnxNode*> nodes) {
+    for (const OnnxNode* p : nodes) absorbed_.insert(index_of(*p));
+  }
+
+  // nn.LayerNorm as opset 14 decomposes it: ReduceMean(x) -> Sub(x, mean) -> Pow(2) ->
+  // ReduceMean -> Add(eps) -> Sqrt -> Div(x - mean, that) -> Mul(weight) -> Add(bias).
+  void layer_norm_pattern(const OnnxNode& mean) {
+    const Value& x = input(mean, 0);
+    const std::vector<int64_t> axes = ints_attr(mean, "axes", {});
+    if (axes != std::vector<int64_t>{-1} && axes != std::vector<int64_t>{1})
+      throw Refusal{"it averages a vector over another axis than its features"};
+    const OnnxNode* centred = sole_reader(mean.outputs[0], "Sub");
+    if (!centred || centred->inputs[0] != mean.inputs[0]) throw Refusal{"a mean that does not start a LayerNorm"};
+    const OnnxNode *square = nullptr, *divide = nullptr;
+    const auto r = readers_.find(centred->outputs.at(0));
+    if (r != readers_.end() && r->second.size() == 2 && uses_[centred->outputs[0]] == 2)
+      for (std::size_t k : r->second) {
+        if (g_.nodes[k].op_type == "Pow") square = &g_.nodes[k];
+        if (g_.nodes[k].op_type == "Div") divide = &g_.nodes[k];
+      }
+    if (!square || !divide || !is_scalar(*square, 1, 2.0) || divide->inputs[0] != centred->outputs[0])
+      throw Refusal{"a mean that does not start a LayerNorm"};
+    const OnnxNode* variance = sole_reader(square->outputs.at(0), "ReduceMean");
+    const OnnxNode* plus_eps = variance ? sole_reader(variance->outputs.at(0), "Add") : nullptr;
+    const OnnxNode* root = plus_eps ? sole_reader(plus_eps->outputs.at(0), "Sqrt") : nullptr;
+    if (!root || ints_attr(*variance, "axes", {}) != axes || divide->inputs.at(1) != root->outputs.at(0))
+      throw Refusal{"a mean that does not start a LayerNorm"};
+    const OnnxTensor* eps = constant(*plus_eps, other(*plus_eps, variance->outputs[0]));
+    if (!eps || eps->integer || eps->count() != 1 || !(eps->floats[0] > 0.0f)) throw Refusal{"a LayerNorm without a positive epsilon"};
+    const OnnxNode* scale = sole_reader(divide->outputs.at(0), "Mul");
+    const OnnxNode* shift = scale ? sole_reader(scale->outputs.at(0), "Add") : nullptr;
+    if (!shift) throw Refusal{"a LayerNorm without weight and bias (elementwise_affine=False) is not supported yet"};
+    const OnnxTensor& weight = this->weight(*scale, other(*scale, divide->outputs[0]), "weight");
+    const OnnxTensor& bias = this->weight(*shift, other(*shift, scale->outputs[0]), "bias");
+    NodeSpec s = node_of(param_node_name(mean, weight), "layer_norm", {x.node});
+    s.layer_norm.eps = eps->floats[0];
+    add_weight(s.name, "weight", weight);
+    add_weight(s.name, "bias", bias);
+    absorb({centred, square, divide, variance, plus_eps, root, scale, shift});
+    out_.fused.push_back(cat(s.name, ": ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add -> layer_norm"));
+    emit(mean, std::move(s), Form::Vector, shift->outputs.at(0));
+  }
+
+  void layer_normalization(const OnnxNode& n) {  // opset 17's own op
+    only_first_output_read(n);
+    const Value& x = input(n, 0);
+    if (x.form != Form::Vector) throw Refusal{"it normalizes an image or a flattened one; tandem's layer_norm reads features"};
+    if (int_attr(n, "axis", -1) != -1 && int_attr(n, "axis", -1) != 1) throw Refusal{"it normalizes over more than the features"};
+    const OnnxTensor& weight = this->weight(n, 1, "scale");
+    if (n.inputs.size() < 3 || n.inputs[2].empty()) throw Refusal{"a LayerNorm without bias is not supported yet"};
+    NodeSpec s = node_of(param_node_name(n, weight), "layer_norm", {x.node});
+    s.layer_norm.eps = float_attr(n, "epsilon", 1e-5f);
+    add_weight(s.name, "weight", weight);
+    add_weight(s.name, "bias", this->weight(n, 2, "bias"));
+    emit(n, std::move(s), Form::Vector, n.outputs.at(0));
+  }
+
+  // nn.GELU() (erf): Div(x, sqrt 2) -> Erf -> Add(1) -> Mul(x, that) -> Mul(0.5).
+  // (The pattern is matched before its input is read, so a Div or Mul outside one is reported
+  // even when what it reads was refused.)
+  void div(const OnnxNode& d) {
+    const OnnxNode* erf = is_scalar(d, 1, std::sqrt(2.0)) ? sole_reader(d.outputs.at(0), "Erf") : nullptr;
+    const OnnxNode* plus = erf ? sole_reader(erf->outputs.at(0), "Add") : nullptr;
+    const OnnxNode* times_x = plus && is_scalar(*plus, other(*plus, erf->outputs[0]), 1.0) ? sole_reader(plus->outputs.at(0), "Mul") : nullptr;
+    const OnnxNode* half = times_x && times_x->inputs[other(*times_x, plus->outputs[0])] == d.inputs[0]
+                               ? sole_reader(times_x->outputs.at(0), "Mul") : nullptr;
+    if (!half || !is_scalar(*half, other(*half, times_x->outputs[0]), 0.5))
+      throw Refusal{"tandem divides only inside the patterns it fuses (GELU's, LayerNorm's)"};
+    const Value& x = input(d, 0);
+    absorb({erf, plus, times_x, half});
+    out_.fused.push_back(cat(module_of(d.name).empty() ? d.name : module_of(d.name), ": Div, Erf, Add, Mul, Mul -> gelu"));
+    emit(d, node_of(module_node_name(d), "gelu", {x.node}), x.form, half->outputs.at(0));
+  }
+
+  // nn.GELU(approximate="tanh"): x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))), as
+  // Mul(x, x) -> Mul(x, that) -> Mul(0.044715) -> Add(x) -> Mul(sqrt(2 / pi)) -> Tanh -> Add(1)
+  // -> Mul(x) -> Mul(0.5).
+  void mul(const OnnxNode& sq) {
+    const std::string& xv = sq.inputs.at(0);
+    const OnnxNode* cube = sq.inputs.size() == 2 && sq.inputs[1] == xv ? sole_reader(sq.outputs.at(0), "Mul") : nullptr;
+    const OnnxNode* scaled = cube && cube->inputs[other(*cube, sq.outputs[0])] == xv ? sole_reader(cube->outputs.at(0), "Mul") : nullptr;
+    const OnnxNode* sum = scaled && is_scalar(*scaled, other(*scaled, cube->outputs[0]), 0.044715) ? sole_reader(scaled->outputs.at(0), "Add") : nullptr;
+    const OnnxNode* inner = sum && sum->inputs[other(*sum, scaled->outputs[0])] == xv ? sole_reader(sum->outputs.at(0), "Mul") : nullptr;
+    const OnnxNode* tanh = inner && is_scalar(*inner, other(*inner, sum->outputs[0]), std::sqrt(2.0 / M_PI)) ? sole_reader(inner->outputs.at(0), "Tanh") : nullptr;
+    const OnnxNode* plus = tanh ? sole_reader(tanh->outputs.at(0), "Add") : nullptr;
+    const OnnxNode* times_x = plus && is_scalar(*plus, other(*plus, tanh->outputs[0]), 1.0) ? sole_reader(plus->outputs.at(0), "Mul") : nullptr;
+    const OnnxNode* half = times_x && times_x->inputs[other(*times_x, plus->outputs[0])] == xv ? sole_reader(times_x->outputs.at(0), "Mul") : nullptr;
+    if (!half || !is_scalar(*half, other(*half, times_x->outputs[0]), 0.5))
+      throw Refusal{"tandem multiplies only inside the patterns it fuses (GELU's tanh form)"};
+    const Value& x = input(sq, 0);
+    absorb({cube, scaled, sum, inner, tanh, plus, times_x, half});
+    out_.fused.push_back(cat(module_of(sq.name).empty() ? sq.name : module_of(sq.name), ": Mul, Mul, Mul, Add, Mul, Tanh, Add, Mul, Mul -> gelu_tanh"));
+    emit(sq, node_of(module_node_name(sq), "gelu_tanh", {x.node}), x.form, half->outputs.at(0));
   }
 
   void flatten(const OnnxNode& n) {
@@ -453,9 +575,22 @@ class Importer {
   // MatMul by a stored [in, out] matrix, and the Add of a stored bias after it when only that
   // Add reads it: nn.Linear as torch exports it for inputs of more than two dimensions, and
   // for a Linear without bias.
+  // Transpose of a stored matrix: how training-mode export gives nn.Linear's weight to MatMul
+  // for inputs of more than two dimensions. The MatMul reads the matrix as stored.
+  void transpose(const OnnxNode& n) {
+    const OnnxTensor* t = constant(n, 0);
+    const std::vector<int64_t> perm = ints_attr(n, "perm", {1, 0});
+    if (!t || t->integer || t->dims.size() != 2 || perm != std::vector<int64_t>{1, 0})
+      throw Refusal{"tandem transposes only a stored matrix (a Linear's weight) yet"};
+    transposed_[n.outputs.at(0)] = t;
+  }
+
   void matmul(const OnnxNode& n) {
     const Value& x = input(n, 0);
-    const OnnxTensor& w = weight(n, 1, "right operand");
+    const auto pre = n.inputs.size() == 2 ? transposed_.find(n.inputs[1]) : transposed_.end();
+    const bool stored_out_in = pre != transposed_.end();  // W as nn.Linear holds it: [out, in]
+    const OnnxTensor& w = stored_out_in ? *pre->second : weight(n, 1, "right operand");
+    const int64_t outs = stored_out_in ? w.dims[0] : (w.dims.size() == 2 ? w.dims[1] : -1);
     const OnnxTensor* bias = nullptr;
     std::size_t add_index = g_.nodes.size();
     const auto readers = readers_.find(n.outputs.at(0));
@@ -464,17 +599,17 @@ class Importer {
       if (add.op_type == "Add" && add.inputs.size() == 2 && !add.outputs.empty() && !add.outputs[0].empty()) {
         const std::size_t other = add.inputs[0] == n.outputs[0] ? 1 : 0;
         const OnnxTensor* b = constant(add, other);
-        if (b && !b->integer && w.dims.size() == 2 && b->count() == w.dims[1]) {
+        if (b && !b->integer && w.dims.size() == 2 && b->count() == outs) {
           bias = b;
           add_index = readers->second[0];
         }
       }
     }
-    if (!bias) return linear(n, x, w, true, nullptr);
+    if (!bias) return linear(n, x, w, !stored_out_in, nullptr);
     absorbed_.insert(add_index);  // refused or not, the Add is the linear's
     const std::string& sum = g_.nodes[add_index].outputs[0];
     values_[sum] = {};
-    linear(n, x, w, true, bias);
+    linear(n, x, w, !stored_out_in, bias);
     values_[sum] = values_[n.outputs[0]];
     out_.fused.push_back(cat(module_of(n.name).empty() ? n.name : module_of(n.name), ": MatMul + Add -> linear"));
   }
@@ -524,10 +659,9 @@ class Importer {
     alias(n, x, x.form);
   }
 
-  void constant_node(const OnnxNode& n) {
+  void constant_node(const OnnxNode& n) {  // registered by run() before the nodes
     const OnnxAttribute* v = n.attribute("value");
     if (!v || v->kind != OnnxAttribute::Kind::Tensor) throw Refusal{"only a 'value' tensor constant is read"};
-    consts_[n.outputs.at(0)] = &v->t;
   }
 
   void resolve_cut() {
@@ -565,10 +699,14 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
       {"AveragePool", [](I& i, const OnnxNode& n) { i.pool(n, "avg_pool2d"); }},
       {"GlobalAveragePool", &I::global_avg_pool},
       {"ReduceMean", &I::reduce_mean},
+      {"LayerNormalization", &I::layer_normalization},
+      {"Div", &I::div},
+      {"Mul", &I::mul},
       {"Flatten", &I::flatten},
       {"Reshape", &I::reshape},
       {"Gemm", &I::gemm},
       {"MatMul", &I::matmul},
+      {"Transpose", &I::transpose},
       {"Add", &I::add},
       {"Concat", &I::concat},
       {"Dropout", &I::dropout},

@@ -90,15 +90,23 @@ def randomize(model, gen):
             m.weight.data.copy_(torch.randn(m.weight.shape, generator=gen) / m.in_features ** 0.5)
 
 
-def export(model, path):
-    x = torch.randn(2, 3, 32, 32)
+def tabular(opset):
+    """A model for tabular records (12 features, 3 classes) as torch.nn builds it: Linear,
+    LayerNorm, GELU, Dropout, Linear, GELU's tanh form, Linear. Opset 14 decomposes LayerNorm
+    and both GELUs; opset 17 keeps LayerNormalization."""
+    return torch.nn.Sequential(torch.nn.Linear(12, 32), torch.nn.LayerNorm(32), torch.nn.GELU(), torch.nn.Dropout(0.1),
+                               torch.nn.Linear(32, 32), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(32, 3))
+
+
+def export(model, path, x=None, name="image", opset=14):
+    x = torch.randn(2, 3, 32, 32) if x is None else x
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # Tracing in training mode runs a forward that moves the batch norms' statistics, and
         # the file holds them as they are after it: so does `model`.
         torch.onnx.export(model, x, path, training=torch.onnx.TrainingMode.TRAINING,
-                          do_constant_folding=False, opset_version=14, input_names=["image"],
-                          output_names=["logits"], dynamic_axes={"image": {0: "batch"}})
+                          do_constant_folding=False, opset_version=opset, input_names=[name],
+                          output_names=["logits"], dynamic_axes={name: {0: "batch"}})
 
 
 def main():
@@ -107,18 +115,30 @@ def main():
     gen = torch.Generator().manual_seed(1)
     if cmd == "export":
         name, out, n = sys.argv[2], sys.argv[3], int(sys.argv[4])
-        model = getattr(torchvision.models, name)(num_classes=10)
-        with torch.no_grad():
-            randomize(model, gen)
-        export(model, f"{out}/model.onnx")
-        torch.save(model.state_dict(), f"{out}/torch.pt")
-        images = torch.randn(n, 3, 32, 32, generator=gen)
-        labels = torch.randint(0, 10, (n,), generator=gen, dtype=torch.int32)
         import os
         os.makedirs(f"{out}/data", exist_ok=True)
-        nhwc = images.permute(0, 2, 3, 1).contiguous()
+        if name.startswith("tabular"):  # tabular14, tabular17: the opset
+            model = tabular(int(name[len("tabular"):]))
+            images = torch.randn(n, 12, generator=gen)
+            labels = torch.randint(0, 3, (n,), generator=gen, dtype=torch.int32)
+            with torch.no_grad():
+                for m in model.modules():
+                    if isinstance(m, torch.nn.LayerNorm):
+                        m.weight.data.copy_(torch.rand(m.weight.shape, generator=gen) + 0.5)
+                        m.bias.data.copy_(torch.randn(m.bias.shape, generator=gen) * 0.1)
+            export(model, f"{out}/model.onnx", torch.randn(2, 12), "record", int(name[len("tabular"):]))
+            inputs = {"record": images}
+        else:
+            model = getattr(torchvision.models, name)(num_classes=10)
+            with torch.no_grad():
+                randomize(model, gen)
+            export(model, f"{out}/model.onnx")
+            images = torch.randn(n, 3, 32, 32, generator=gen)
+            labels = torch.randint(0, 10, (n,), generator=gen, dtype=torch.int32)
+            inputs = {"image": images.permute(0, 2, 3, 1).contiguous()}  # tandem's NHWC
+        torch.save(model.state_dict(), f"{out}/torch.pt")
         for split in ("train", "test"):
-            write_safetensors(f"{out}/data/{split}.safetensors", {"image": nhwc, "labels": labels})
+            write_safetensors(f"{out}/data/{split}.safetensors", dict(inputs, labels=labels))
         # write_safetensors writes F32; the labels are read back as I32 below.
         fix_labels(f"{out}/data/test.safetensors")
         fix_labels(f"{out}/data/train.safetensors")
