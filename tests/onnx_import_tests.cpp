@@ -104,10 +104,7 @@ std::vector<Pb> cnn_weights() {
 }
 
 OnnxImport import_bytes(const std::vector<uint8_t>& bytes, const std::string& cut = "") {
-  OnnxImportOptions o;
-  o.origin = "m.onnx";
-  o.name = "m";
-  o.cut = cut;
+  const OnnxImportOptions o{"m.onnx", "m", cut};
   return import_onnx(parse_onnx(bytes, "m.onnx"), o);
 }
 
