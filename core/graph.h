@@ -86,6 +86,11 @@ class Graph {
   // (split's rule, at every cut), the mask as its second; the last stage ends at the output
   // and keeps the loss. Errors name the cut and say which order the cuts must come in.
   std::vector<Graph> partition(const std::vector<std::string>& cuts) const;
+  // A cut or a comma list of them (a U-shaped "A,B" too) with every name that is no node but
+  // a module (a prefix of node names before a dot: "layer3" of "layer3.1.relu_1", as
+  // `tandem import` names nodes after PyTorch's modules) replaced by that module's last node
+  // in graph order; node names, "auto" and unknown names pass through unchanged.
+  std::string cut_nodes(const std::string& cuts) const;
 
  private:
   // `buckets`: the length buckets (empty: none); with them every node reading a per-token

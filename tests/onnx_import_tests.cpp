@@ -271,6 +271,24 @@ TEST(OnnxImport, DecomposedLayerNormAndTransposedLinearComeBack) {
             std::string::npos) << e;
 }
 
+// A cut named by module (the nodes' names before a dot, as the import names them) is that
+// module's last node, wherever a cut is given: tandem train, stage and tandem-edge ask Graph.
+TEST(OnnxImport, ModuleNamesCutAtTheirLastNode) {
+  const Graph g = Graph::build(parse_model_json(R"({ name: "m", inputs: [{ name: "x", shape: [4] }], nodes: [
+      { name: "enc.0.fc", op: "linear", inputs: ["x"], linear: { out_features: 4 } },
+      { name: "enc.0.act", op: "relu", inputs: ["enc.0.fc"] },
+      { name: "enc.1", op: "linear", inputs: ["enc.0.act"], linear: { out_features: 4 } },
+      { name: "enc.10", op: "relu", inputs: ["enc.1"] },
+      { name: "head", op: "linear", inputs: ["enc.10"], linear: { out_features: 2 } }] })"));
+  EXPECT_EQ(g.cut_nodes("enc.0"), "enc.0.act");
+  EXPECT_EQ(g.cut_nodes("enc.1"), "enc.1");  // a node's own name, not enc.10's module
+  EXPECT_EQ(g.cut_nodes("enc"), "enc.10");
+  EXPECT_EQ(g.cut_nodes("enc.0, enc.1"), "enc.0.act,enc.1");
+  EXPECT_EQ(g.cut_nodes("auto"), "auto");
+  EXPECT_EQ(g.cut_nodes("nothing"), "nothing");  // left for split's own error
+  EXPECT_EQ(g.partition(cut_list(g.cut_nodes("enc.0,enc"))).size(), 3u);
+}
+
 TEST(OnnxProtobuf, EveryTruncationIsRefusedOrReadsAPrefix) {
   const std::vector<uint8_t> bytes = model(cnn_nodes(), cnn_weights());
   int refused = 0;

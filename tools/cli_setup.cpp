@@ -8,7 +8,7 @@ namespace tandem {
 SplitModel load_split_model(const CliArgs& args) {
   SplitModel m{load_model_spec(args.required("model")), {}, {}, {}, {}, false, {}};
   m.graph = Graph::build(m.spec);
-  m.cut = args.str("cut", m.graph.default_cut());
+  m.cut = m.graph.cut_nodes(args.str("cut", m.graph.default_cut()));
   if (m.cut.empty()) fail("cli", "the spec names no default cut; pass --cut NODE");
   std::tie(m.front, m.back) = m.graph.split(m.cut);
   m.u_shaped = u_shaped_cut(m.cut);

@@ -389,7 +389,7 @@ int run_party(const CliArgs& cli) {
 
   const ModelSpec spec = load_model_spec(args.required("model"));
   const Graph graph = Graph::build(spec);
-  const std::string cut = args.str("cut", graph.default_cut());
+  const std::string cut = graph.cut_nodes(args.str("cut", graph.default_cut()));
   if (cut.empty()) fail("cli", cat(deployment.path, ": the spec names no default cut; add cut = \"NODE,NODE,...\""));
   const std::vector<Graph> stage_graphs = graph.partition(cut_list(cut));
   if (stage_graphs.size() != n)

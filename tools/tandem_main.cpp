@@ -70,7 +70,7 @@ std::vector<std::string> stage_parties(const CliArgs& args, std::size_t stages) 
 int train(const CliArgs& args) {
   const ModelSpec spec = load_model_spec(args.required("model"));
   const Graph graph = Graph::build(spec);
-  const std::string cut = args.str("cut", graph.default_cut());
+  const std::string cut = graph.cut_nodes(args.str("cut", graph.default_cut()));
   if (cut.empty()) fail("cli", "the spec names no default cut; pass --cut NODE (or a list, NODE,NODE,...)");
   const std::vector<Graph> stage_graphs = graph.partition(cut_list(cut));
   const std::vector<std::string> parties = stage_parties(args, stage_graphs.size());

@@ -37,7 +37,7 @@ struct CutChoice {
 // backend and the given link (a resumed run keeps its checkpoint's cut).
 CutChoice choose_cut(const EdgeTrainOptions& o, const Graph& graph, Backend& backend,
                      const std::optional<EdgeCheckpoints>& checkpoints) {
-  CutChoice c{o.cut.empty() ? graph.default_cut() : o.cut, o.microbatches};
+  CutChoice c{o.cut.empty() ? graph.default_cut() : graph.cut_nodes(o.cut), o.microbatches};
   if (c.cut.empty()) fail("edge", "the spec names no default cut; pass --cut NODE or --cut auto");
   if (c.cut != "auto") return c;
   if (checkpoints && checkpoints->latest()) {

@@ -58,10 +58,11 @@ blob = open(sys.argv[2], "rb").read()
 names = {k for k in json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]]) if k != "__metadata__"}
 sys.exit(0 if names == keys else print("only torch:", sorted(keys - names)[:5], "only tandem:", sorted(names - keys)[:5]) or 1)
 PY
-# The import's cut splits where tandem train cuts: the imported model trains split.
-"$tandem_bin" train --model "$r18/model.json" --data "$work/resnet18/data" --epochs 1 --batch 16 --microbatches 2 \
-  --test-limit 16 > "$work/train.out" 2>&1 || fail "tandem train on the imported resnet18: $(tail -3 "$work/train.out")"
-grep -q "test_accuracy" "$work/train.out" || fail "tandem train printed no accuracy: $(tail -3 "$work/train.out")"
+
+# A cut named by module wherever cuts are given: tandem train --cut layer2.
+"$tandem_bin" train --model "$r18/model.json" --data "$work/resnet18/data" --cut layer2 --limit 16 --batch 16 \
+  --microbatches 2 --test-limit 16 > "$work/train.out" 2>&1 || fail "tandem train --cut layer2: $(tail -3 "$work/train.out")"
+grep -q "layer2.1.relu_1" "$work/train.out" || fail "tandem train --cut layer2 did not cut after layer2.1.relu_1: $(head -3 "$work/train.out")"
 
 # Split training over TLS from the imported weights: 3 steps of 32 samples, K = 4, plain SGD.
 # A small learning rate: batch norm over micro-batches of 8 (1x1 maps in layer4) makes larger
