@@ -194,14 +194,16 @@ std::vector<std::string> cut_list(const std::string& cuts) {
 std::string Graph::cut_nodes(const std::string& cuts) const {
   if (cuts.empty() || cuts == "auto") return cuts;
   std::string out;
+  bool changed = false;
   for (const std::string& name : cut_list(cuts)) {
     std::string node = name;
     if (find(name) < 0)
       for (const GraphNode& n : nodes_)
         if (n.spec.name.compare(0, name.size() + 1, name + ".") == 0) node = n.spec.name;
+    changed = changed || node != name;
     out += cat(out.empty() ? "" : ",", node);
   }
-  return out;
+  return changed ? out : cuts;  // node names as given (a checkpoint's cut and a plan hash keep their text)
 }
 
 std::vector<Graph> Graph::partition(const std::vector<std::string>& cuts) const {

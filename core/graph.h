@@ -89,7 +89,8 @@ class Graph {
   // A cut or a comma list of them (a U-shaped "A,B" too) with every name that is no node but
   // a module (a prefix of node names before a dot: "layer3" of "layer3.1.relu_1", as
   // `tandem import` names nodes after PyTorch's modules) replaced by that module's last node
-  // in graph order; node names, "auto" and unknown names pass through unchanged.
+  // in graph order; node names, "auto" and unknown names pass through unchanged (a list of
+  // node names comes back as given, spaces and all).
   std::string cut_nodes(const std::string& cuts) const;
 
  private:

@@ -188,7 +188,7 @@ void declare_train(Command& c) {
   c.option("cloud", "wss://HOST:PORT", "the cloud service (required; TLS is always on)")
    .option("identity", "IDDIR", "this edge's identity folder from `tandem-cloud pki issue`: client.crt, client.key, ca.crt (required)")
    .option("model", "SPEC", "the model spec, JSON (required)")
-   .option("cut", "NODE|A,B|auto", "where the model splits (default: the spec's cut); A,B: U-shaped; auto: planned here")
+   .option("cut", "NODE|A,B|auto", "where the model splits (default: the spec's cut); a module's name: after its last node; A,B: U-shaped; auto: planned here")
    .option("data", "fashion-mnist|DIR", "the training data: Debian's Fashion-MNIST, or DIR/train.safetensors and DIR/test.safetensors (default fashion-mnist)")
    .option("epochs", "N", "epochs to train (default 1; 0: only evaluate)")
    .option("limit", "SAMPLES", "train on the first SAMPLES samples (default 0: all)")

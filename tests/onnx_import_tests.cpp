@@ -90,6 +90,15 @@ std::vector<uint8_t> model(const std::vector<Pb>& nodes, const std::vector<Pb>& 
   return std::vector<uint8_t>(m.b.begin(), m.b.end());
 }
 
+// A Constant node holding one float; its output is "<name>_out".
+Pb scalar(const std::string& name, float v) {
+  Pb t;
+  t.num(2, 1).str(8, name);
+  std::string raw(4, '\0');
+  std::memcpy(raw.data(), &v, 4);
+  return node(name, "Constant", {}, {cat(name, "_out")}, {Pb().str(1, "value").msg(5, t.str(9, raw)).num(20, 4)});
+}
+
 // conv (padded, biased) -> relu -> max pool -> flatten -> fc, as torch names a small CNN's.
 std::vector<Pb> cnn_nodes(std::vector<Pb> conv_attrs = {ints_attr("pads", {1, 1, 1, 1}), ints_attr("strides", {1, 1})}) {
   return {node("/c1/Conv", "Conv", {"image", "c1.weight", "c1.bias"}, {"/c1/Conv_output_0"}, conv_attrs),
@@ -211,13 +220,6 @@ TEST(OnnxImport, RefusesInputsOfFreeSizeAndBadCuts) {
 // nn.Linear as training-mode export gives it for 3-D inputs (Transpose of the stored weight,
 // MatMul, Add of the bias) -> logits [N, 3].
 std::vector<uint8_t> tabular(float exponent) {
-  auto scalar = [](const std::string& name, float v) {
-    Pb t;
-    t.num(2, 1).str(8, name);
-    std::string raw(4, '\0');
-    std::memcpy(raw.data(), &v, 4);
-    return node(name, "Constant", {}, {cat(name, "_out")}, {Pb().str(1, "value").msg(5, t.str(9, raw)).num(20, 4)});
-  };
   const std::vector<Pb> nodes = {
       node("/ln/ReduceMean", "ReduceMean", {"x"}, {"m"}, {ints_attr("axes", {-1})}),
       node("/ln/Sub", "Sub", {"x", "m"}, {"d"}),
@@ -271,6 +273,32 @@ TEST(OnnxImport, DecomposedLayerNormAndTransposedLinearComeBack) {
             std::string::npos) << e;
 }
 
+// GELU as torch writes it (x * 0.5 * (1 + erf(x / sqrt 2))) comes back as gelu; with another
+// factor it is no GELU, and its Div is refused.
+TEST(OnnxImport, GeluIsFusedOnlyWithItsOwnConstants) {
+  auto graph = [](float half) {
+    const std::vector<Pb> nodes = {
+        scalar("c0", 1.41421356f), node("/act/Div", "Div", {"x", "c0_out"}, {"d"}), node("/act/Erf", "Erf", {"d"}, {"e"}),
+        scalar("c1", 1.0f), node("/act/Add", "Add", {"e", "c1_out"}, {"a"}), node("/act/Mul", "Mul", {"x", "a"}, {"m"}),
+        scalar("c2", half), node("/act/Mul_1", "Mul", {"m", "c2_out"}, {"g"}),
+        node("/fc/Gemm", "Gemm", {"g", "fc.weight", "fc.bias"}, {"logits"}, {int_attr("transB", 1)})};
+    Pb g;
+    for (const Pb& n : nodes) g.msg(1, n);
+    g.msg(5, tensor("fc.weight", {3, 4})).msg(5, tensor("fc.bias", {3}));
+    g.msg(11, value("x", {4})).msg(12, value("logits", {3}));
+    const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
+    return std::vector<uint8_t>(b.begin(), b.end());
+  };
+  const OnnxImport imp = import_bytes(graph(0.5f));
+  ASSERT_EQ(imp.spec.nodes.size(), 2u);
+  EXPECT_EQ(imp.spec.nodes[0].name, "act");
+  EXPECT_EQ(imp.spec.nodes[0].op, "gelu");
+  EXPECT_EQ(imp.fused, (std::vector<std::string>{"act: Div, Erf, Add, Mul, Mul -> gelu"}));
+  const std::string e = error_of([&] { import_bytes(graph(0.4f)); });
+  EXPECT_NE(e.find("  node '/act/Div' (Div, module act): tandem divides only inside the patterns it fuses (GELU's, LayerNorm's)"),
+            std::string::npos) << e;
+}
+
 // A cut named by module (the nodes' names before a dot, as the import names them) is that
 // module's last node, wherever a cut is given: tandem train, stage and tandem-edge ask Graph.
 TEST(OnnxImport, ModuleNamesCutAtTheirLastNode) {
@@ -284,6 +312,7 @@ TEST(OnnxImport, ModuleNamesCutAtTheirLastNode) {
   EXPECT_EQ(g.cut_nodes("enc.1"), "enc.1");  // a node's own name, not enc.10's module
   EXPECT_EQ(g.cut_nodes("enc"), "enc.10");
   EXPECT_EQ(g.cut_nodes("enc.0, enc.1"), "enc.0.act,enc.1");
+  EXPECT_EQ(g.cut_nodes("enc.1, head"), "enc.1, head");  // node names come back as given
   EXPECT_EQ(g.cut_nodes("auto"), "auto");
   EXPECT_EQ(g.cut_nodes("nothing"), "nothing");  // left for split's own error
   EXPECT_EQ(g.partition(cut_list(g.cut_nodes("enc.0,enc"))).size(), 3u);

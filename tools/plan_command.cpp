@@ -119,7 +119,7 @@ int plan_nodes(const CliArgs& args) {
   }
   const std::vector<PipelineNode> nodes = read_nodes(nodes_path, here);
   const std::vector<PipelinePlan> plans = args.has("cut") ? std::vector<PipelinePlan>{predict_pipeline(
-                                                                whole, nodes, cut_list(args.str("cut", "")),
+                                                                whole, nodes, cut_list(graph.cut_nodes(args.str("cut", ""))),
                                                                 static_cast<int>(po.microbatches.front()), po)}
                                                           : plan_pipeline(whole, nodes, po);
   if (plans.empty()) fail("cli", cat("no --microbatches value is within 1 and --batch ", po.batch, ": nothing to weigh"));
@@ -186,7 +186,7 @@ int plan_command(const CliArgs& args) {
   po.edge_memory_mb = memory_mb;
   po.dtype = *dtype;
   po.iterations = iterations;
-  if (args.has("cut")) po.cuts = {args.str("cut", "")};
+  if (args.has("cut")) po.cuts = {graph.cut_nodes(args.str("cut", ""))};
   const std::string pipeline = args.str("pipeline", "sync");
   if (pipeline != "sync" && pipeline != "async") fail("cli", cat("--pipeline: '", pipeline, "' is neither sync nor async"));
   po.async = pipeline == "async";

@@ -430,7 +430,7 @@ int serve(const ServeOptions& o) {
   const auto ids = pki::init(o.state_dir);
   const ModelSpec spec = load_model_spec(o.model_path);
   const Graph graph = Graph::build(spec);
-  const std::string cut = o.cut.empty() ? graph.default_cut() : o.cut;
+  const std::string cut = o.cut.empty() ? graph.default_cut() : o.cut == "any" ? o.cut : graph.cut_nodes(o.cut);
   if (cut.empty()) fail("serve", "the spec names no default cut; pass --cut NODE (or --cut any)");
   // --cut any: every legal cut, the spec's default (if any) first; an edge picks with its Hello.
   std::vector<std::string> cuts = {cut};

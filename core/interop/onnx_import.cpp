@@ -76,7 +76,7 @@ class Importer {
   OnnxImport run() {
     if (g_.nodes.empty()) fail("import", cat(o_.origin, ": the graph has no nodes"));
     if (g_.opset <= 0) fail("import", cat(o_.origin, ": the file names no opset of ONNX's default domain"));
-    for (const OnnxTensor& t : g_.initializers) consts_[t.name] = &t;
+    for (const OnnxTensor& t : g_.initializers) consts_[t.name] = stored_[t.name] = &t;
     // Constants read before their node in graph order too: patterns look ahead.
     for (const OnnxNode& n : g_.nodes) {
       const OnnxAttribute* v = n.op_type == "Constant" ? n.attribute("value") : nullptr;
@@ -104,6 +104,10 @@ class Importer {
         refused_types_.insert(n.op_type);
         for (const std::string& o : n.outputs) values_[o] = {};
       } catch (const Downstream&) {
+        for (const std::string& o : n.outputs) values_[o] = {};
+      } catch (const std::out_of_range&) {  // a node or a pattern's node without an input or output it needs
+        problems_.push_back(cat("node '", n.name, "' (", n.op_type, "): it lacks an input or output its op needs"));
+        refused_types_.insert(n.op_type);
         for (const std::string& o : n.outputs) values_[o] = {};
       }
     }
@@ -137,7 +141,8 @@ class Importer {
   const OnnxGraph& g_;
   const OnnxImportOptions& o_;
   OnnxImport out_;
-  std::map<std::string, const OnnxTensor*> consts_;
+  std::map<std::string, const OnnxTensor*> consts_;  // initializers and Constant nodes' values
+  std::map<std::string, const OnnxTensor*> stored_;  // initializers: the model's weights
   std::map<std::string, const OnnxTensor*> transposed_;  // Transpose outputs of stored matrices
   std::map<std::string, Value> values_;
   std::map<std::string, int> uses_;
@@ -197,8 +202,15 @@ class Importer {
     const auto it = consts_.find(n.inputs[i]);
     return it == consts_.end() ? nullptr : it->second;
   }
+  // A weight the model stores (an initializer; a Constant node's value is no trained weight).
+  const OnnxTensor* stored(const OnnxNode& n, std::size_t i) const {
+    if (i >= n.inputs.size() || n.inputs[i].empty()) return nullptr;
+    const auto it = stored_.find(n.inputs[i]);
+    return it == stored_.end() ? nullptr : it->second;
+  }
   const OnnxTensor& weight(const OnnxNode& n, std::size_t i, const char* what) {
-    const OnnxTensor* t = constant(n, i);
+    const OnnxTensor* t = stored(n, i);
+    if (!t && constant(n, i)) throw Refusal{cat("its ", what, " (input ", i, ") is a constant of the graph, not a weight the model stores")};
     if (!t) throw Refusal{cat("its ", what, " (input ", i, ") is computed, not a stored weight; tandem trains weights it holds")};
     if (t->integer) throw Refusal{cat("its ", what, " '", t->name, "' holds integers")};
     return *t;
@@ -339,8 +351,8 @@ class Importer {
     c.dilation = pair2(ints_attr(n, "dilations", {1, 1}), "dilations");
     c.padding = symmetric_pads(n);
     c.groups = int_attr(n, "group", 1);
-    const OnnxTensor* b = constant(n, 2);
-    if (n.inputs.size() > 2 && !n.inputs[2].empty() && !b) throw Refusal{"its bias is computed, not a stored weight"};
+    const OnnxTensor* b = stored(n, 2);
+    if (n.inputs.size() > 2 && !n.inputs[2].empty() && !b) throw Refusal{"its bias is not a stored weight"};
     c.bias = b != nullptr;
     add_weight(s.name, "weight", w);
     if (b) add_weight(s.name, "bias", *b);
@@ -401,7 +413,8 @@ class Importer {
 
   // ReduceMean over height and width: what torch's x.mean((2, 3)) exports.
   void reduce_mean(const OnnxNode& n) {
-    if (input(n, 0).form == Form::Vector) return layer_norm_pattern(n);
+    const auto in = n.inputs.empty() ? values_.end() : values_.find(n.inputs[0]);
+    if (in == values_.end() || in->second.form != Form::Image) return layer_norm_pattern(n);
     const Value& x = image(n);
     std::vector<int64_t> axes = ints_attr(n, "axes", {});
     if (axes.empty() && constant(n, 1)) axes = constant(n, 1)->ints;
@@ -423,7 +436,7 @@ class Importer {
     const OnnxNode& n = g_.nodes[r->second[0]];
     return n.op_type == op && !n.outputs.empty() ? &n : nullptr;
   }
-  // Whether input `i` of `n` is a stored scalar within 1e-6 (relative) of `want`.
+  // Whether input `i` of `n` is a constant scalar within 1e-6 of `want` (relative above 1).
   bool is_scalar(const OnnxNode& n, std::size_t i, double want) const {
     const OnnxTensor* t = constant(n, i);
     if (!t || t->count() != 1) return false;
@@ -439,7 +452,6 @@ class Importer {
   // nn.LayerNorm as opset 14 decomposes it: ReduceMean(x) -> Sub(x, mean) -> Pow(2) ->
   // ReduceMean -> Add(eps) -> Sqrt -> Div(x - mean, that) -> Mul(weight) -> Add(bias).
   void layer_norm_pattern(const OnnxNode& mean) {
-    const Value& x = input(mean, 0);
     const std::vector<int64_t> axes = ints_attr(mean, "axes", {});
     if (axes != std::vector<int64_t>{-1} && axes != std::vector<int64_t>{1})
       throw Refusal{"it averages a vector over another axis than its features"};
@@ -457,20 +469,24 @@ class Importer {
     const OnnxNode* variance = sole_reader(square->outputs.at(0), "ReduceMean");
     const OnnxNode* plus_eps = variance ? sole_reader(variance->outputs.at(0), "Add") : nullptr;
     const OnnxNode* root = plus_eps ? sole_reader(plus_eps->outputs.at(0), "Sqrt") : nullptr;
-    if (!root || ints_attr(*variance, "axes", {}) != axes || divide->inputs.at(1) != root->outputs.at(0))
+    if (!root || ints_attr(*variance, "axes", {}) != axes || sole_reader(root->outputs.at(0), "Div") != divide)
       throw Refusal{"a mean that does not start a LayerNorm"};
     const OnnxTensor* eps = constant(*plus_eps, other(*plus_eps, variance->outputs[0]));
     if (!eps || eps->integer || eps->count() != 1 || !(eps->floats[0] > 0.0f)) throw Refusal{"a LayerNorm without a positive epsilon"};
     const OnnxNode* scale = sole_reader(divide->outputs.at(0), "Mul");
     const OnnxNode* shift = scale ? sole_reader(scale->outputs.at(0), "Add") : nullptr;
     if (!shift) throw Refusal{"a LayerNorm without weight and bias (elementwise_affine=False) is not supported yet"};
+    absorb({centred, square, divide, variance, plus_eps, root, scale, shift});
+    values_[shift->outputs.at(0)] = {};  // refused with the mean, if it is
+    const Value& x = input(mean, 0);
+    if (x.form != Form::Vector)
+      throw Refusal{"a LayerNorm over an image's last axis or a flattened image; tandem's layer_norm reads features"};
     const OnnxTensor& weight = this->weight(*scale, other(*scale, divide->outputs[0]), "weight");
     const OnnxTensor& bias = this->weight(*shift, other(*shift, scale->outputs[0]), "bias");
     NodeSpec s = node_of(param_node_name(mean, weight), "layer_norm", {x.node});
     s.layer_norm.eps = eps->floats[0];
     add_weight(s.name, "weight", weight);
     add_weight(s.name, "bias", bias);
-    absorb({centred, square, divide, variance, plus_eps, root, scale, shift});
     out_.fused.push_back(cat(s.name, ": ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add -> layer_norm"));
     emit(mean, std::move(s), Form::Vector, shift->outputs.at(0));
   }
@@ -480,8 +496,9 @@ class Importer {
     const Value& x = input(n, 0);
     if (x.form != Form::Vector) throw Refusal{"it normalizes an image or a flattened one; tandem's layer_norm reads features"};
     if (int_attr(n, "axis", -1) != -1 && int_attr(n, "axis", -1) != 1) throw Refusal{"it normalizes over more than the features"};
+    if (!stored(n, 1) || !stored(n, 2))
+      throw Refusal{"a LayerNorm without weight and bias (elementwise_affine=False) is not supported yet"};
     const OnnxTensor& weight = this->weight(n, 1, "scale");
-    if (n.inputs.size() < 3 || n.inputs[2].empty()) throw Refusal{"a LayerNorm without bias is not supported yet"};
     NodeSpec s = node_of(param_node_name(n, weight), "layer_norm", {x.node});
     s.layer_norm.eps = float_attr(n, "epsilon", 1e-5f);
     add_weight(s.name, "weight", weight);
@@ -500,8 +517,9 @@ class Importer {
                                ? sole_reader(times_x->outputs.at(0), "Mul") : nullptr;
     if (!half || !is_scalar(*half, other(*half, times_x->outputs[0]), 0.5))
       throw Refusal{"tandem divides only inside the patterns it fuses (GELU's, LayerNorm's)"};
-    const Value& x = input(d, 0);
     absorb({erf, plus, times_x, half});
+    values_[half->outputs.at(0)] = {};
+    const Value& x = input(d, 0);
     out_.fused.push_back(cat(module_of(d.name).empty() ? d.name : module_of(d.name), ": Div, Erf, Add, Mul, Mul -> gelu"));
     emit(d, node_of(module_node_name(d), "gelu", {x.node}), x.form, half->outputs.at(0));
   }
@@ -521,8 +539,9 @@ class Importer {
     const OnnxNode* half = times_x && times_x->inputs[other(*times_x, plus->outputs[0])] == xv ? sole_reader(times_x->outputs.at(0), "Mul") : nullptr;
     if (!half || !is_scalar(*half, other(*half, times_x->outputs[0]), 0.5))
       throw Refusal{"tandem multiplies only inside the patterns it fuses (GELU's tanh form)"};
-    const Value& x = input(sq, 0);
     absorb({cube, scaled, sum, inner, tanh, plus, times_x, half});
+    values_[half->outputs.at(0)] = {};
+    const Value& x = input(sq, 0);
     out_.fused.push_back(cat(module_of(sq.name).empty() ? sq.name : module_of(sq.name), ": Mul, Mul, Mul, Add, Mul, Tanh, Add, Mul, Mul -> gelu_tanh"));
     emit(sq, node_of(module_node_name(sq), "gelu_tanh", {x.node}), x.form, half->outputs.at(0));
   }
@@ -567,8 +586,8 @@ class Importer {
     if (int_attr(n, "transA", 0) != 0) throw Refusal{"transA=1 is not supported"};
     if (float_attr(n, "alpha", 1.0f) != 1.0f || float_attr(n, "beta", 1.0f) != 1.0f)
       throw Refusal{"alpha or beta differ from 1; tandem's linear is x W^T + b"};
-    const OnnxTensor* c = constant(n, 2);
-    if (n.inputs.size() > 2 && !n.inputs[2].empty() && !c) throw Refusal{"its bias is computed, not a stored weight"};
+    const OnnxTensor* c = stored(n, 2);
+    if (n.inputs.size() > 2 && !n.inputs[2].empty() && !c) throw Refusal{"its bias is not a stored weight"};
     linear(n, a, weight(n, 1, "weight"), int_attr(n, "transB", 0) == 0, c);
   }
 
@@ -578,7 +597,7 @@ class Importer {
   // Transpose of a stored matrix: how training-mode export gives nn.Linear's weight to MatMul
   // for inputs of more than two dimensions. The MatMul reads the matrix as stored.
   void transpose(const OnnxNode& n) {
-    const OnnxTensor* t = constant(n, 0);
+    const OnnxTensor* t = stored(n, 0);
     const std::vector<int64_t> perm = ints_attr(n, "perm", {1, 0});
     if (!t || t->integer || t->dims.size() != 2 || perm != std::vector<int64_t>{1, 0})
       throw Refusal{"tandem transposes only a stored matrix (a Linear's weight) yet"};
@@ -598,7 +617,7 @@ class Importer {
       const OnnxNode& add = g_.nodes[readers->second[0]];
       if (add.op_type == "Add" && add.inputs.size() == 2 && !add.outputs.empty() && !add.outputs[0].empty()) {
         const std::size_t other = add.inputs[0] == n.outputs[0] ? 1 : 0;
-        const OnnxTensor* b = constant(add, other);
+        const OnnxTensor* b = stored(add, other);
         if (b && !b->integer && w.dims.size() == 2 && b->count() == outs) {
           bias = b;
           add_index = readers->second[0];

@@ -45,6 +45,7 @@ for f in "1: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add -> layer
   grep -qF "fused $f" "$work/tabular14/import.out" || fail "tabular14: not fused: $f"
 done
 grep -q 'name: "1", op: "layer_norm"' "$work/tabular17/imported/model.json" || fail "tabular17: LayerNormalization"
+grep -q "fused 1:" "$work/tabular17/import.out" && fail "tabular17's LayerNormalization was taken for the decomposed pattern"
 
 # Names: PyTorch's modules, so the weights file holds the state dict's keys.
 r18=$work/resnet18/imported
