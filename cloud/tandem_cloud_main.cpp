@@ -212,7 +212,7 @@ void declare_commands(Program& program) {
       .option("listen", "HOST:PORT", "the address to serve on (required; port 0: any free port)")
       .option("state-dir", "DIR", "the CA, the server's certificate, checkpoints and federation state (required)")
       .option("model", "SPEC", "the model spec, JSON (required)")
-      .option("cut", "NODE|A,B|any", "the cut served (default: the spec's); A,B: the middle of a U-shaped split; any: each edge's own")
+      .option("cut", "NODE|A,B|any", "the cut served (default: the spec's); a module's name: after its last node; A,B: the middle of a U-shaped split; any: each edge's own")
       .option("batch", "B", "the largest batch an edge may use (default 64)")
       .option("microbatches", "K", "the most micro-batches a step an edge may use (default 4)")
       .optimizer_options(false)
