@@ -19,8 +19,6 @@ set(TANDEM_CORE_SOURCES
   federated_average.cpp
   checkpoint/checkpoint.cpp
   interop/hugging_face.cpp
-  interop/onnx_import.cpp
-  interop/onnx_protobuf.cpp
   interop/safetensors.cpp
   interop/torch_layout.cpp
   schedule.cpp

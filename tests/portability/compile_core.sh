@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Compiles core and the portable backends (core/, backends/{reference,portable,simd}; not the native-only JSON
-# spec reader) with another compiler, to keep core portable to arm64 and WebAssembly.
+# spec reader and ONNX import, core/CMakeLists.txt's tandem_spec_json) with another compiler, to keep core
+# portable to arm64 and WebAssembly.
 # Usage: compile_core.sh COMPILER SOURCE_DIR GENERATED_INCLUDE_DIR OUT_DIR
 # Exits 77 (ctest: skipped) when the compiler is not installed, saying so; with CI=true it fails.
 set -euo pipefail
@@ -16,5 +17,5 @@ while IFS= read -r file; do
   "$cxx" -std=c++20 -O2 -Wall -Wextra -Werror -DFLATBUFFERS_MAX_ALIGNMENT=64 -I"$src" -isystem "$gen" -isystem "$out/include" \
     -c "$file" -o "$out/$(basename "$file" .cpp).o"
   count=$((count + 1))
-done < <(find "$src/core" "$src/backends/reference" "$src/backends/portable" "$src/backends/simd" -name '*.cpp' ! -name 'model_spec_json.cpp' | sort)
+done < <(find "$src/core" "$src/backends/reference" "$src/backends/portable" "$src/backends/simd" -name '*.cpp' ! -name 'model_spec_json.cpp' ! -name 'onnx_*.cpp' | sort)
 echo "compiled $count core sources with $("$cxx" --version | head -n 1)"
