@@ -12,17 +12,50 @@ namespace tandem {
 namespace {
 
 // How tandem holds an ONNX value of one sample: an image (ONNX [N, C, H, W], tandem
-// [H, W, C]), a globally pooled image (ONNX [N, C, 1, 1], tandem [C]) or a vector (ONNX
-// [N, F], tandem [F]). FlatImage: an image flattened, whose values tandem orders (h, w, c)
-// and PyTorch (c, h, w): a linear reading it gets its columns permuted on load
-// (torch_layout.h), through activations and dropout, but an add, a join or a batch norm of
-// it would mix the orders, so those are refused. Unknown: made by a node that was refused
-// (its readers are not refused again for it).
-enum class Form { Image, Pooled, Vector, FlatImage, Unknown };
+// [H, W, C]), a globally pooled image (ONNX [N, C, 1, 1], tandem [C]), a vector (ONNX
+// [N, F], tandem [F]) or a sequence (ONNX [N, T, F], tandem [T, F]). FlatImage: an image
+// flattened, whose values tandem orders (h, w, c) and PyTorch (c, h, w): a linear reading it
+// gets its columns permuted on load (torch_layout.h), through activations and dropout, but an
+// add, a join or a batch norm of it would mix the orders, so those are refused. Unknown: made
+// by a node that was refused (its readers are not refused again for it).
+// The other forms are steps of a pattern that has not made a tandem node yet: multi-head
+// attention as torch writes it out (a sequence viewed as heads [N, T, H, D], permuted to
+// [N, H, T, D], the keys to [N, H, D, T], their scores, scaled, masked and softmaxed, the
+// context [N, H, T, D] permuted back to [N, T, H, D]), a position table's rows 0..T-1 (to be
+// added to a sequence) and a key padding mask on its way to the scores. Only the handlers of
+// the next step read them (input() refuses them anywhere else).
+enum class Form {
+  Image, Pooled, Vector, FlatImage, Sequence, Unknown,
+  Heads, HeadsFirst, KeysT, Scores, Probs, Context, ContextTokens, Positions, Mask
+};
 
 struct Value {
   std::string node;  // the tandem node or input holding it
   Form form = Form::Unknown;
+  std::vector<int64_t> dims;  // ONNX's dimensions of one sample (no batch); empty: not known
+  // Attention's steps: the heads, the query's and key's nodes, what the scores were divided
+  // by, the mask input. A mask: whether it is (1 - mask) yet and what it was multiplied by.
+  int64_t heads = 0;
+  std::string query, key, mask;
+  double divisor = 1.0;
+  bool inverted = false;
+  double mask_scale = 1.0;
+  const OnnxTensor* table = nullptr;  // Positions: the position table
+};
+
+// A number import computes from shapes (what torch writes as Shape, Gather, Unsqueeze,
+// Concat, Slice for x.view(x.size(0), ...)): c * batch^p, the batch being symbolic.
+// `unknown`: a dimension of a tensor whose shape import does not track (an image's after a
+// convolution); it may be copied along (x.size(0) of an image is the batch) but not used.
+struct Sym {
+  int64_t c = 0;
+  int p = 0;
+  bool unknown = false;
+  bool operator==(const Sym& o) const { return !unknown && !o.unknown && c == o.c && (p == o.p || c == 0); }
+};
+struct Folded {
+  std::vector<int64_t> dims;
+  std::vector<Sym> v;  // row-major
 };
 
 // A node import refuses: why, in words that say what would work.
@@ -82,6 +115,12 @@ class Importer {
       const OnnxAttribute* v = n.op_type == "Constant" ? n.attribute("value") : nullptr;
       if (v && v->kind == OnnxAttribute::Kind::Tensor && !n.outputs.empty()) consts_[n.outputs[0]] = &v->t;
     }
+    for (const auto& [name, t] : consts_)
+      if (t->integer && static_cast<int64_t>(t->ints.size()) == t->count()) {
+        Folded f{t->dims, {}};
+        for (int64_t x : t->ints) f.v.push_back({x, 0});
+        folded_[name] = std::move(f);
+      }
     for (const OnnxNode& n : g_.nodes)
       for (const std::string& in : n.inputs)
         if (!in.empty()) ++uses_[in];
@@ -97,6 +136,7 @@ class Importer {
         const auto op = table().find(n.domain.empty() || n.domain == "ai.onnx" ? n.op_type : n.domain + "." + n.op_type);
         if (op == table().end()) throw Refusal{"tandem has no such op"};
         if (n.outputs.empty() || n.outputs[0].empty()) throw Refusal{"it has no output"};
+        if (fold(n)) continue;
         op->second(*this, n);
       } catch (const Refusal& r) {
         problems_.push_back(cat("node '", n.name, "' (", n.op_type, module_of(n.name).empty() ? "" : ", module " + module_of(n.name),
@@ -145,6 +185,7 @@ class Importer {
   std::map<std::string, const OnnxTensor*> stored_;  // initializers: the model's weights
   std::map<std::string, const OnnxTensor*> transposed_;  // Transpose outputs of stored matrices
   std::map<std::string, Value> values_;
+  std::map<std::string, Folded> folded_;  // integer constants and what import computed from shapes
   std::map<std::string, int> uses_;
   std::map<std::string, std::vector<std::size_t>> readers_;
   std::set<std::string> names_, params_used_, refused_types_;
@@ -169,6 +210,7 @@ class Importer {
         fail("import", cat(o_.origin, ": input '", v.name, "' has element type ", v.elem_type,
                            "; tandem reads float32 inputs and int32/int64 ids"));
       Form form = Form::Vector;
+      const std::vector<int64_t> dims(v.dims.begin() + (v.dims.empty() ? 0 : 1), v.dims.end());
       if (v.dims.size() == 4 && !integer) {
         in.shape = Shape{v.dims[2], v.dims[3], v.dims[1]};
         form = Form::Image;
@@ -180,22 +222,221 @@ class Importer {
       }
       in.integer = integer;
       out_.spec.inputs.push_back(in);
-      values_[v.name] = {v.name, form};
+      Value value;
+      value.node = v.name;
+      value.form = form;
+      value.dims = dims;
+      values_[v.name] = std::move(value);
     }
   }
 
   const Value& value(const std::string& name) {
     const auto it = values_.find(name);
     if (it == values_.end()) {
+      if (folded_.count(name) && !consts_.count(name))
+        throw Refusal{cat("input '", name, "' is computed from shapes; tandem reads such a value only as a shape or as indices")};
       if (consts_.count(name)) throw Refusal{cat("input '", name, "' is a constant; tandem reads it only as a weight")};
       throw Refusal{cat("input '", name, "' is made by no node before it")};
     }
     if (it->second.form == Form::Unknown) throw Downstream{};
     return it->second;
   }
+  static bool is_step(Form f) { return f > Form::Unknown; }
+  static const char* step_name(Form f) {
+    switch (f) {
+      case Form::Heads: return "a sequence viewed as attention heads [N, T, H, D]";
+      case Form::HeadsFirst: return "attention heads [N, H, T, D]";
+      case Form::KeysT: return "attention keys [N, H, D, T]";
+      case Form::Scores: return "attention scores";
+      case Form::Probs: return "attention probabilities";
+      case Form::Context: return "attention's context [N, H, T, D]";
+      case Form::ContextTokens: return "attention's context [N, T, H, D]";
+      case Form::Positions: return "a position table's rows";
+      case Form::Mask: return "an attention mask";
+      default: return "a tensor";
+    }
+  }
+  // A plain tensor (not a pattern's step): what every op but the patterns' reads.
   const Value& input(const OnnxNode& n, std::size_t i) {
+    const Value& v = any_input(n, i);
+    if (is_step(v.form))
+      throw Refusal{cat("it reads ", step_name(v.form), ", which tandem takes only within multi-head attention, "
+                        "position embeddings and the key padding mask as BERT writes them")};
+    return v;
+  }
+  const Value& any_input(const OnnxNode& n, std::size_t i) {
     if (i >= n.inputs.size() || n.inputs[i].empty()) throw Refusal{cat("input ", i, " is missing")};
     return value(n.inputs[i]);
+  }
+  // The form of input i, or Unknown where it is no value (a constant, missing, refused).
+  Form form_of(const OnnxNode& n, std::size_t i) const {
+    if (i >= n.inputs.size()) return Form::Unknown;
+    const auto it = values_.find(n.inputs[i]);
+    return it == values_.end() ? Form::Unknown : it->second.form;
+  }
+
+  // ---- shapes computed at import (the batch symbolic) ----
+
+  const Folded* folded(const OnnxNode& n, std::size_t i) const {
+    if (i >= n.inputs.size() || n.inputs[i].empty()) return nullptr;
+    const auto it = folded_.find(n.inputs[i]);
+    return it == folded_.end() ? nullptr : &it->second;
+  }
+  // The numbers of input i, none of them the batch's: Slice's bounds, Unsqueeze's axes.
+  std::vector<int64_t> plain_ints(const OnnxNode& n, std::size_t i) const {
+    const Folded* f = folded(n, i);
+    if (!f) throw Refusal{cat("input ", i, " is not a constant")};
+    std::vector<int64_t> out;
+    for (const Sym& x : f->v) {
+      if (x.unknown) throw Refusal{cat("input ", i, " uses a dimension of a tensor whose shape import does not track")};
+      if (x.p != 0 && x.c != 0) throw Refusal{cat("input ", i, " depends on the batch size")};
+      out.push_back(x.c);
+    }
+    return out;
+  }
+  static int64_t count_of(const std::vector<int64_t>& dims) {
+    int64_t k = 1;
+    for (int64_t d : dims) k *= d;
+    return k;
+  }
+  static int64_t axis_in(int64_t axis, std::size_t rank) {
+    const int64_t r = static_cast<int64_t>(rank);
+    if (axis < -r || axis >= r) throw Refusal{cat("axis ", axis, " is outside a tensor of rank ", r)};
+    return axis < 0 ? axis + r : axis;
+  }
+  static Sym arith(const std::string& op, Sym a, Sym b) {
+    if (a.unknown || b.unknown) throw Refusal{"it computes with a dimension of a tensor whose shape import does not track"};
+    if (op == "Mul") return {a.c * b.c, a.p + b.p};
+    if (op == "Add" || op == "Sub") {
+      if (a.c != 0 && b.c != 0 && a.p != b.p) throw Refusal{"it adds the batch size to a number; tandem keeps the batch apart"};
+      const int p = a.c != 0 ? a.p : b.p;
+      return {op == "Add" ? a.c + b.c : a.c - b.c, p};
+    }
+    // Div: exact, the batch's power cancelling or staying (integer division, as ONNX's on int64)
+    if (b.c == 0) throw Refusal{"it divides by zero"};
+    if (b.p > a.p || (b.p > 0 && a.c % b.c != 0)) throw Refusal{"it divides by the batch size"};
+    return {a.c / b.c, a.p - b.p};
+  }
+
+  // Computes a node on shapes and integer constants where it can: true when it did (its
+  // output is folded_), false when it is a tensor op for the handlers.
+  bool fold(const OnnxNode& n) {
+    static const std::set<std::string> ops = {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice",
+                                              "Cast", "Add", "Sub", "Mul", "Div"};
+    if (!ops.count(n.op_type)) return false;
+    Folded out;
+    if (n.op_type == "Shape") {
+      const auto it = values_.find(n.inputs.at(0));
+      // Scores' and probabilities' dims are the query's, a position table's lack its leading 1
+      static const std::set<Form> untracked = {Form::Unknown, Form::Scores, Form::Probs, Form::Positions};
+      if (it == values_.end() || untracked.count(it->second.form)) return false;
+      const Value& x = it->second;
+      std::vector<Sym> all{{1, 1}};
+      if (x.dims.empty() && (x.form == Form::Image || x.form == Form::Pooled))
+        all.resize(4, Sym{0, 0, true});
+      else if (x.dims.empty())
+        return false;
+      for (int64_t d : x.dims) all.push_back({d, 0});
+      const int64_t rank = static_cast<int64_t>(all.size());
+      int64_t start = int_attr(n, "start", 0), end = int_attr(n, "end", rank);
+      start = std::clamp(start < 0 ? start + rank : start, int64_t{0}, rank);
+      end = std::clamp(end < 0 ? end + rank : end, int64_t{0}, rank);
+      for (int64_t k = start; k < end; ++k) out.v.push_back(all[static_cast<std::size_t>(k)]);
+      out.dims = {static_cast<int64_t>(out.v.size())};
+      folded_[n.outputs[0]] = std::move(out);
+      return true;
+    }
+    for (const std::string& in : n.inputs)
+      if (!in.empty() && !folded_.count(in)) return false;
+    const Folded& x = *folded(n, 0);
+    if (n.op_type == "Cast") {
+      out = x;
+    } else if (n.op_type == "Add" || n.op_type == "Sub" || n.op_type == "Mul" || n.op_type == "Div") {
+      const Folded& y = *folded(n, 1);
+      const bool x_one = x.v.size() == 1, y_one = y.v.size() == 1;
+      if (!(x.dims == y.dims || x_one || y_one)) throw Refusal{"it computes on shapes of different sizes"};
+      out.dims = x_one && !y_one ? y.dims : x.dims;
+      const std::size_t count = std::max(x.v.size(), y.v.size());
+      for (std::size_t k = 0; k < count; ++k)
+        out.v.push_back(arith(n.op_type, x.v[x_one ? 0 : k], y.v[y_one ? 0 : k]));
+    } else if (n.op_type == "Gather") {
+      const Folded& idx = *folded(n, 1);
+      const int64_t axis = axis_in(int_attr(n, "axis", 0), x.dims.size());
+      const int64_t outer = count_of({x.dims.begin(), x.dims.begin() + axis}), along = x.dims[static_cast<std::size_t>(axis)];
+      const int64_t inner = count_of({x.dims.begin() + axis + 1, x.dims.end()});
+      out.dims.assign(x.dims.begin(), x.dims.begin() + axis);
+      out.dims.insert(out.dims.end(), idx.dims.begin(), idx.dims.end());
+      out.dims.insert(out.dims.end(), x.dims.begin() + axis + 1, x.dims.end());
+      const std::vector<int64_t> indices = plain_ints(n, 1);
+      for (int64_t o = 0; o < outer; ++o)
+        for (int64_t i : indices) {
+          if (i < -along || i >= along) throw Refusal{cat("index ", i, " is outside ", along, " values")};
+          const int64_t row = i < 0 ? i + along : i;
+          for (int64_t k = 0; k < inner; ++k) out.v.push_back(x.v[static_cast<std::size_t>((o * along + row) * inner + k)]);
+        }
+    } else if (n.op_type == "Unsqueeze" || n.op_type == "Squeeze") {
+      std::vector<int64_t> axes = g_.opset >= 13 ? (n.inputs.size() > 1 ? plain_ints(n, 1) : std::vector<int64_t>{})
+                                                  : ints_attr(n, "axes", {});
+      out = x;
+      if (n.op_type == "Unsqueeze") {
+        const std::size_t rank = x.dims.size() + axes.size();
+        for (int64_t& a : axes) a = axis_in(a, rank);
+        std::sort(axes.begin(), axes.end());
+        for (int64_t a : axes) out.dims.insert(out.dims.begin() + a, 1);
+      } else {
+        if (axes.empty())
+          for (std::size_t a = 0; a < x.dims.size(); ++a)
+            if (x.dims[a] == 1) axes.push_back(static_cast<int64_t>(a));
+        for (int64_t& a : axes) a = axis_in(a, x.dims.size());
+        std::sort(axes.begin(), axes.end());
+        for (std::size_t k = axes.size(); k-- > 0;) {
+          if (x.dims[static_cast<std::size_t>(axes[k])] != 1) throw Refusal{cat("it squeezes axis ", axes[k], ", which is not 1")};
+          out.dims.erase(out.dims.begin() + axes[k]);
+        }
+      }
+    } else if (n.op_type == "Concat") {
+      for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+        const Folded& part = *folded(n, i);
+        if (part.dims.size() != 1) throw Refusal{"tandem computes shapes by joining lists (1-D) only"};
+        out.v.insert(out.v.end(), part.v.begin(), part.v.end());
+      }
+      out.dims = {static_cast<int64_t>(out.v.size())};
+    } else {  // Slice (opset 10 on: starts, ends, axes, steps as inputs)
+      if (g_.opset < 10) throw Refusal{"Slice before opset 10 is not read; export at opset 13 or later"};
+      const std::vector<int64_t> starts = plain_ints(n, 1), ends = plain_ints(n, 2);
+      std::vector<int64_t> axes = n.inputs.size() > 3 && !n.inputs[3].empty() ? plain_ints(n, 3) : std::vector<int64_t>{};
+      const std::vector<int64_t> steps = n.inputs.size() > 4 && !n.inputs[4].empty() ? plain_ints(n, 4) : std::vector<int64_t>(starts.size(), 1);
+      if (axes.empty())
+        for (std::size_t a = 0; a < starts.size(); ++a) axes.push_back(static_cast<int64_t>(a));
+      if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+        throw Refusal{"its starts, ends, axes and steps differ in length"};
+      const std::size_t rank = x.dims.size();
+      std::vector<int64_t> lo(rank, 0), step(rank, 1), size = x.dims;
+      for (std::size_t k = 0; k < starts.size(); ++k) {
+        const std::size_t a = static_cast<std::size_t>(axis_in(axes[k], rank));
+        const int64_t d = x.dims[a];
+        if (steps[k] <= 0) throw Refusal{"tandem computes slices with positive steps only"};
+        const int64_t b = std::clamp(starts[k] < 0 ? starts[k] + d : starts[k], int64_t{0}, d);
+        const int64_t e = std::clamp(ends[k] < 0 ? ends[k] + d : ends[k], int64_t{0}, d);
+        lo[a] = b;
+        step[a] = steps[k];
+        size[a] = e > b ? (e - b + steps[k] - 1) / steps[k] : 0;
+      }
+      out.dims = size;
+      std::vector<int64_t> at(rank, 0);
+      const int64_t total = count_of(size);
+      for (int64_t flat = 0; flat < total; ++flat) {
+        int64_t rest = flat, source = 0;
+        for (std::size_t a = rank; a-- > 0;) {
+          at[a] = rest % size[a];
+          rest /= size[a];
+        }
+        for (std::size_t a = 0; a < rank; ++a) source = source * x.dims[a] + lo[a] + at[a] * step[a];
+        out.v.push_back(x.v[static_cast<std::size_t>(source)]);
+      }
+    }
+    folded_[n.outputs[0]] = std::move(out);
+    return true;
   }
   const OnnxTensor* constant(const OnnxNode& n, std::size_t i) const {
     if (i >= n.inputs.size() || n.inputs[i].empty()) return nullptr;
@@ -295,12 +536,20 @@ class Importer {
     return unique(m.empty() ? own : cat(m, ".", own));
   }
 
-  void emit(const OnnxNode& n, NodeSpec node, Form form, const std::string& output) {
-    values_[output] = {node.name, form};
+  void emit(const OnnxNode& n, NodeSpec node, Form form, const std::string& output, std::vector<int64_t> dims = {}) {
+    Value v;
+    v.node = node.name;
+    v.form = form;
+    v.dims = std::move(dims);
+    values_[output] = std::move(v);
     modules_.push_back(module_of(n.name));
     out_.spec.nodes.push_back(std::move(node));
   }
-  void alias(const OnnxNode& n, const Value& v, Form form) { values_[n.outputs.at(0)] = {v.node, form}; }
+  void alias(const OnnxNode& n, const Value& v, Form form) {
+    Value copy = v;
+    copy.form = form;
+    values_[n.outputs.at(0)] = std::move(copy);
+  }
   void add_weight(const std::string& node, const std::string& field, const OnnxTensor& t,
                   bool transpose = false) {
     if (!params_used_.insert(t.name).second)
@@ -373,12 +622,12 @@ class Importer {
     add_weight(s.name, "bias", weight(n, 2, "bias"));
     add_weight(s.name, "running_mean", weight(n, 3, "running mean"));
     add_weight(s.name, "running_var", weight(n, 4, "running variance"));
-    emit(n, std::move(s), x.form, n.outputs.at(0));
+    emit(n, std::move(s), x.form, n.outputs.at(0), x.dims);
   }
 
   void activation(const OnnxNode& n, const char* op) {
     const Value& x = input(n, 0);
-    emit(n, node_of(module_node_name(n), op, {x.node}), x.form, n.outputs.at(0));
+    emit(n, node_of(module_node_name(n), op, {x.node}), x.form, n.outputs.at(0), x.dims);
   }
 
   void clip(const OnnxNode& n) {
@@ -453,8 +702,9 @@ class Importer {
   // ReduceMean -> Add(eps) -> Sqrt -> Div(x - mean, that) -> Mul(weight) -> Add(bias).
   void layer_norm_pattern(const OnnxNode& mean) {
     const std::vector<int64_t> axes = ints_attr(mean, "axes", {});
-    if (axes != std::vector<int64_t>{-1} && axes != std::vector<int64_t>{1})
-      throw Refusal{"it averages a vector over another axis than its features"};
+    const int64_t last = form_of(mean, 0) == Form::Sequence ? 2 : 1;
+    if (axes != std::vector<int64_t>{-1} && axes != std::vector<int64_t>{last})
+      throw Refusal{"it averages over another axis than the features"};
     const OnnxNode* centred = sole_reader(mean.outputs[0], "Sub");
     if (!centred || centred->inputs[0] != mean.inputs[0]) throw Refusal{"a mean that does not start a LayerNorm"};
     const OnnxNode *square = nullptr, *divide = nullptr;
@@ -479,7 +729,7 @@ class Importer {
     absorb({centred, square, divide, variance, plus_eps, root, scale, shift});
     values_[shift->outputs.at(0)] = {};  // refused with the mean, if it is
     const Value& x = input(mean, 0);
-    if (x.form != Form::Vector)
+    if (x.form != Form::Vector && x.form != Form::Sequence)
       throw Refusal{"a LayerNorm over an image's last axis or a flattened image; tandem's layer_norm reads features"};
     const OnnxTensor& weight = this->weight(*scale, other(*scale, divide->outputs[0]), "weight");
     const OnnxTensor& bias = this->weight(*shift, other(*shift, scale->outputs[0]), "bias");
@@ -488,13 +738,14 @@ class Importer {
     add_weight(s.name, "weight", weight);
     add_weight(s.name, "bias", bias);
     out_.fused.push_back(cat(s.name, ": ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add -> layer_norm"));
-    emit(mean, std::move(s), Form::Vector, shift->outputs.at(0));
+    emit(mean, std::move(s), x.form, shift->outputs.at(0), x.dims);
   }
 
   void layer_normalization(const OnnxNode& n) {  // opset 17's own op
     only_first_output_read(n);
     const Value& x = input(n, 0);
-    if (x.form != Form::Vector) throw Refusal{"it normalizes an image or a flattened one; tandem's layer_norm reads features"};
+    if (x.form != Form::Vector && x.form != Form::Sequence)
+      throw Refusal{"it normalizes an image or a flattened one; tandem's layer_norm reads features"};
     if (int_attr(n, "axis", -1) != -1 && int_attr(n, "axis", -1) != 1) throw Refusal{"it normalizes over more than the features"};
     if (!stored(n, 1) || !stored(n, 2))
       throw Refusal{"a LayerNorm without weight and bias (elementwise_affine=False) is not supported yet"};
@@ -503,13 +754,14 @@ class Importer {
     s.layer_norm.eps = float_attr(n, "epsilon", 1e-5f);
     add_weight(s.name, "weight", weight);
     add_weight(s.name, "bias", this->weight(n, 2, "bias"));
-    emit(n, std::move(s), Form::Vector, n.outputs.at(0));
+    emit(n, std::move(s), x.form, n.outputs.at(0), x.dims);
   }
 
   // nn.GELU() (erf): Div(x, sqrt 2) -> Erf -> Add(1) -> Mul(x, that) -> Mul(0.5).
   // (The pattern is matched before its input is read, so a Div or Mul outside one is reported
   // even when what it reads was refused.)
   void div(const OnnxNode& d) {
+    if (form_of(d, 0) == Form::Scores) return scale_scores(d, 0, true);
     const OnnxNode* erf = is_scalar(d, 1, std::sqrt(2.0)) ? sole_reader(d.outputs.at(0), "Erf") : nullptr;
     const OnnxNode* plus = erf ? sole_reader(erf->outputs.at(0), "Add") : nullptr;
     const OnnxNode* times_x = plus && is_scalar(*plus, other(*plus, erf->outputs[0]), 1.0) ? sole_reader(plus->outputs.at(0), "Mul") : nullptr;
@@ -521,13 +773,17 @@ class Importer {
     values_[half->outputs.at(0)] = {};
     const Value& x = input(d, 0);
     out_.fused.push_back(cat(module_of(d.name).empty() ? d.name : module_of(d.name), ": Div, Erf, Add, Mul, Mul -> gelu"));
-    emit(d, node_of(module_node_name(d), "gelu", {x.node}), x.form, half->outputs.at(0));
+    emit(d, node_of(module_node_name(d), "gelu", {x.node}), x.form, half->outputs.at(0), x.dims);
   }
 
   // nn.GELU(approximate="tanh"): x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))), as
   // Mul(x, x) -> Mul(x, that) -> Mul(0.044715) -> Add(x) -> Mul(sqrt(2 / pi)) -> Tanh -> Add(1)
   // -> Mul(x) -> Mul(0.5).
   void mul(const OnnxNode& sq) {
+    for (std::size_t i = 0; i < 2; ++i) {
+      if (form_of(sq, i) == Form::Scores) return scale_scores(sq, i, false);
+      if (form_of(sq, i) == Form::Mask) return mask_step(sq, i);
+    }
     const std::string& xv = sq.inputs.at(0);
     const OnnxNode* cube = sq.inputs.size() == 2 && sq.inputs[1] == xv ? sole_reader(sq.outputs.at(0), "Mul") : nullptr;
     const OnnxNode* scaled = cube && cube->inputs[other(*cube, sq.outputs[0])] == xv ? sole_reader(cube->outputs.at(0), "Mul") : nullptr;
@@ -543,25 +799,105 @@ class Importer {
     values_[half->outputs.at(0)] = {};
     const Value& x = input(sq, 0);
     out_.fused.push_back(cat(module_of(sq.name).empty() ? sq.name : module_of(sq.name), ": Mul, Mul, Mul, Add, Mul, Tanh, Add, Mul, Mul -> gelu_tanh"));
-    emit(sq, node_of(module_node_name(sq), "gelu_tanh", {x.node}), x.form, half->outputs.at(0));
+    emit(sq, node_of(module_node_name(sq), "gelu_tanh", {x.node}), x.form, half->outputs.at(0), x.dims);
   }
 
   void flatten(const OnnxNode& n) {
     const Value& x = input(n, 0);
     if (int_attr(n, "axis", 1) != 1) throw Refusal{"it flattens from another axis than 1; tandem keeps the batch first"};
+    flatten_to(n, x);
+  }
+  void flatten_to(const OnnxNode& n, const Value& x) {
+    if (x.form == Form::Sequence)  // [T, F] -> [T F], in one order in both
+      return emit(n, node_of(functional_node_name(n), "flatten", {x.node}), Form::Vector, n.outputs.at(0), {count_of(x.dims)});
     if (x.form != Form::Image) return alias(n, x, x.form == Form::Pooled ? Form::Vector : x.form);
     emit(n, node_of(functional_node_name(n), "flatten", {x.node}), Form::FlatImage, n.outputs.at(0));
   }
 
-  // Reshape to [N, -1] (x.view(x.size(0), -1) with a constant shape): a flatten.
+  // Reshape's target for one sample: its shape (computed from shapes, the batch symbolic,
+  // or a constant) with 0 (copy; allowzero=0) and -1 (the rest) resolved against `dims`.
+  // The batch must stay first and alone.
+  std::vector<int64_t> reshape_target(const OnnxNode& n, const std::vector<int64_t>& dims) {
+    const Folded* target = folded(n, 1);
+    if (!target) throw Refusal{"its shape is computed from tensor values; tandem reshapes to shapes known at import"};
+    if (target->dims.size() != 1) throw Refusal{"its shape is not a list"};
+    if (int_attr(n, "allowzero", 0) != 0) throw Refusal{"allowzero=1 is not supported"};
+    std::vector<Sym> full{{1, 1}};
+    for (int64_t d : dims) full.push_back({d, 0});
+    std::vector<Sym> out = target->v;
+    int64_t known = 1, rest = -1;
+    int batch = 0;
+    for (std::size_t k = 0; k < out.size(); ++k) {
+      if (out[k].unknown) throw Refusal{"its shape uses a dimension of a tensor whose shape import does not track"};
+      if (out[k].p == 0 && out[k].c == 0) {
+        if (k >= full.size()) throw Refusal{cat("its shape copies dimension ", k, ", which the input lacks")};
+        out[k] = full[k];
+      }
+      if (out[k].p == 0 && out[k].c == -1) {
+        if (rest >= 0) throw Refusal{"its shape has two -1s"};
+        rest = static_cast<int64_t>(k);
+        continue;
+      }
+      if (out[k].c <= 0) throw Refusal{cat("its shape has the dimension ", out[k].c)};
+      if (out[k].p > 1 || (out[k].p == 1 && (out[k].c != 1 || k != 0)))
+        throw Refusal{"it reshapes across the batch; tandem keeps each sample's values apart"};
+      batch += out[k].p;
+      known *= out[k].c;
+    }
+    const int64_t total = count_of(dims);
+    if (rest == 0) {  // -1 first: the batch, if the rest is one sample's
+      if (known != total) throw Refusal{"it reshapes across the batch; tandem keeps each sample's values apart"};
+      out[0] = {1, 1};
+    } else if (rest > 0) {
+      if (known == 0 || total % known != 0) throw Refusal{"its -1 does not divide the input's size"};
+      out[static_cast<std::size_t>(rest)] = {total / known, 0};
+    } else if (known != total) {
+      throw Refusal{cat("it reshapes ", total, " values a sample into ", known)};
+    }
+    if (rest != 0 && batch != 1) throw Refusal{"its shape does not keep the batch first"};
+    std::vector<int64_t> per_sample;
+    for (std::size_t k = 1; k < out.size(); ++k) per_sample.push_back(out[k].c);
+    return per_sample;
+  }
+
+  // Reshape: to [N, -1] (a flatten); a sequence [N, T, F] to heads [N, T, H, D]; attention's
+  // context [N, T, H, D] back to [N, T, H D]; a sequence to its own shape.
   void reshape(const OnnxNode& n) {
-    const Value& x = input(n, 0);
-    const OnnxTensor* shape = constant(n, 1);
-    if (!shape || !shape->integer) throw Refusal{"its shape is computed at run time; tandem reshapes to a constant [batch, -1]"};
-    if (shape->ints.size() != 2 || shape->ints[1] != -1)
-      throw Refusal{"it reshapes to another shape than [batch, -1]; tandem has no general reshape yet"};
-    if (x.form != Form::Image) return alias(n, x, x.form == Form::Pooled ? Form::Vector : x.form);
-    emit(n, node_of(functional_node_name(n), "flatten", {x.node}), Form::FlatImage, n.outputs.at(0));
+    const Value& x = any_input(n, 0);
+    if (x.form == Form::ContextTokens) {
+      const std::vector<int64_t> to = reshape_target(n, x.dims);
+      if (to.size() != 2 || to[0] != x.dims[0] || to[1] != x.dims[1] * x.dims[2])
+        throw Refusal{"attention's context is reshaped to another shape than [batch, tokens, features]"};
+      Value v = x;
+      v.form = Form::Sequence;
+      v.dims = to;
+      values_[n.outputs.at(0)] = v;
+      return;
+    }
+    input(n, 0);  // a plain tensor from here on
+    if (x.dims.empty() && x.form != Form::Image && x.form != Form::Pooled && x.form != Form::FlatImage)
+      throw Refusal{"it reshapes a tensor whose shape import does not know"};
+    const Folded* target = folded(n, 1);
+    if (x.form == Form::Image || x.form == Form::Pooled || x.form == Form::FlatImage) {  // [N, -1] only
+      if (!target || target->v.size() != 2 || !(target->v[1] == Sym{-1, 0}))
+        throw Refusal{"it reshapes an image to another shape than [batch, -1]; tandem has no general reshape yet"};
+      return flatten_to(n, x);
+    }
+    const std::vector<int64_t> to = reshape_target(n, x.dims);
+    if (to == x.dims) return alias(n, x, x.form);
+    if (to.size() == 1) return flatten_to(n, x);
+    if (x.form == Form::Sequence && to.size() == 3 && to[0] == x.dims[0] && to[1] * to[2] == x.dims[1]) {
+      Value v = x;
+      v.form = Form::Heads;
+      v.dims = to;
+      v.heads = to[1];
+      values_[n.outputs.at(0)] = v;
+      return;
+    }
+    std::string shape;
+    for (int64_t d : to) shape += cat(shape.empty() ? "" : ", ", d);
+    throw Refusal{cat("it reshapes a sample to [", shape, "]; tandem reshapes a sequence [tokens, features] into attention "
+                      "heads and back, and flattens, but has no general reshape yet")};
   }
 
   void linear(const OnnxNode& n, const Value& x, const OnnxTensor& w, bool transposed, const OnnxTensor* b) {
@@ -578,7 +914,9 @@ class Importer {
       flat.dims = {out_features};
       add_weight(s.name, "bias", flat);
     }
-    emit(n, std::move(s), Form::Vector, n.outputs.at(0));
+    std::vector<int64_t> dims = x.dims;
+    if (!dims.empty()) dims.back() = out_features;
+    emit(n, std::move(s), x.form == Form::Sequence ? Form::Sequence : Form::Vector, n.outputs.at(0), dims);
   }
 
   void gemm(const OnnxNode& n) {
@@ -597,6 +935,29 @@ class Importer {
   // Transpose of a stored matrix: how training-mode export gives nn.Linear's weight to MatMul
   // for inputs of more than two dimensions. The MatMul reads the matrix as stored.
   void transpose(const OnnxNode& n) {
+    const Form f = form_of(n, 0);
+    if (f == Form::Heads || f == Form::HeadsFirst || f == Form::Context) {
+      Value v = any_input(n, 0);
+      const std::vector<int64_t> perm = ints_attr(n, "perm", {});
+      const std::vector<int64_t> d = v.dims;  // Heads [T, H, D]; HeadsFirst and Context [H, T, D]
+      if (f == Form::Heads && perm == std::vector<int64_t>{0, 2, 1, 3}) {
+        v.form = Form::HeadsFirst;
+        v.dims = {d[1], d[0], d[2]};
+      } else if (f == Form::Heads && perm == std::vector<int64_t>{0, 2, 3, 1}) {
+        v.form = Form::KeysT;
+        v.dims = {d[1], d[2], d[0]};
+      } else if (f == Form::HeadsFirst && perm == std::vector<int64_t>{0, 1, 3, 2}) {
+        v.form = Form::KeysT;
+        v.dims = {d[0], d[2], d[1]};
+      } else if (f == Form::Context && perm == std::vector<int64_t>{0, 2, 1, 3}) {
+        v.form = Form::ContextTokens;
+        v.dims = {d[1], d[0], d[2]};
+      } else {
+        throw Refusal{cat("it permutes ", step_name(f), " otherwise than multi-head attention does")};
+      }
+      values_[n.outputs.at(0)] = std::move(v);
+      return;
+    }
     const OnnxTensor* t = stored(n, 0);
     const std::vector<int64_t> perm = ints_attr(n, "perm", {1, 0});
     if (!t || t->integer || t->dims.size() != 2 || perm != std::vector<int64_t>{1, 0})
@@ -605,7 +966,11 @@ class Importer {
   }
 
   void matmul(const OnnxNode& n) {
-    const Value& x = input(n, 0);
+    const Form a = form_of(n, 0), b = form_of(n, 1);
+    if (a == Form::HeadsFirst && b == Form::KeysT) return attention_scores(n);
+    if (a == Form::Probs && b == Form::HeadsFirst) return attention(n);
+    if (is_step(a) || is_step(b))
+      throw Refusal{cat("it multiplies ", step_name(is_step(a) ? a : b), " otherwise than attention does (softmax(Q K^T / sqrt(d) + mask) V)")};
     const auto pre = n.inputs.size() == 2 ? transposed_.find(n.inputs[1]) : transposed_.end();
     const bool stored_out_in = pre != transposed_.end();  // W as nn.Linear holds it: [out, in]
     const OnnxTensor& w = stored_out_in ? *pre->second : weight(n, 1, "right operand");
@@ -624,16 +989,19 @@ class Importer {
         }
       }
     }
-    if (!bias) return linear(n, x, w, !stored_out_in, nullptr);
+    if (!bias) return linear(n, input(n, 0), w, !stored_out_in, nullptr);
     absorbed_.insert(add_index);  // refused or not, the Add is the linear's
     const std::string& sum = g_.nodes[add_index].outputs[0];
     values_[sum] = {};
-    linear(n, x, w, !stored_out_in, bias);
+    linear(n, input(n, 0), w, !stored_out_in, bias);
     values_[sum] = values_[n.outputs[0]];
     out_.fused.push_back(cat(module_of(n.name).empty() ? n.name : module_of(n.name), ": MatMul + Add -> linear"));
   }
 
   void add(const OnnxNode& n) {
+    const Form fa = form_of(n, 0), fb = form_of(n, 1);
+    if (fa == Form::Positions || fb == Form::Positions) return position_embedding(n, fa == Form::Positions ? 0 : 1);
+    if (fa == Form::Scores || fb == Form::Scores) return mask_scores(n, fa == Form::Scores ? 0 : 1);
     if (constant(n, 0) || constant(n, 1))
       throw Refusal{"it adds a stored constant; tandem adds two computed tensors (a bias belongs to a linear or convolution)"};
     const Value& a = input(n, 0);
@@ -641,7 +1009,9 @@ class Importer {
     if (a.form != b.form) throw Refusal{"it adds tensors of different ranks (broadcasting is not supported yet)"};
     if (a.form == Form::FlatImage)
       throw Refusal{"it adds flattened images, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"};
-    emit(n, node_of(functional_node_name(n), "add", {a.node, b.node}), a.form, n.outputs.at(0));
+    if (!a.dims.empty() && !b.dims.empty() && a.dims != b.dims)
+      throw Refusal{"it adds tensors of different shapes (broadcasting is not supported yet)"};
+    emit(n, node_of(functional_node_name(n), "add", {a.node, b.node}), a.form, n.outputs.at(0), a.dims);
   }
 
   void concat(const OnnxNode& n) {
@@ -656,21 +1026,42 @@ class Importer {
     }
     if (form == Form::FlatImage)
       throw Refusal{"it joins flattened images, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"};
-    const int64_t rank = form == Form::Image || form == Form::Pooled ? 4 : 2;
+    const int64_t rank = form == Form::Image || form == Form::Pooled ? 4 : form == Form::Sequence ? 3 : 2;
+    const int64_t features = form == Form::Sequence ? 2 : 1;
     if (axis < 0) axis += rank;
-    if (axis != 1) throw Refusal{cat("it joins along axis ", axis, "; tandem joins channels (axis 1)")};
-    emit(n, node_of(functional_node_name(n), "concat", inputs), form, n.outputs.at(0));
+    if (axis != features) throw Refusal{cat("it joins along axis ", axis, "; tandem joins channels or features (axis ", features, ")")};
+    std::vector<int64_t> dims;
+    if (form == Form::Sequence || form == Form::Vector) {
+      for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+        const Value& v = input(n, i);
+        if (v.dims.empty()) {
+          dims.clear();
+          break;
+        }
+        if (dims.empty()) dims = v.dims;
+        else if (v.dims.size() != dims.size() || (form == Form::Sequence && v.dims[0] != dims[0]))
+          throw Refusal{"it joins sequences of different lengths"};
+        else dims.back() += v.dims.back();
+      }
+    }
+    emit(n, node_of(functional_node_name(n), "concat", inputs), form, n.outputs.at(0), dims);
   }
 
   void dropout(const OnnxNode& n) {
     only_first_output_read(n);
-    const Value& x = input(n, 0);
     const float p = g_.opset >= 12 ? scalar(n, 1, 0.5f) : float_attr(n, "ratio", 0.5f);
     if (!(p >= 0.0f && p < 1.0f)) throw Refusal{cat("its ratio ", p, " is outside [0, 1)")};
+    if (form_of(n, 0) == Form::Probs) {
+      if (p != 0.0f)
+        throw Refusal{cat("dropout (p = ", p, ") on attention's probabilities: tandem's attention has none; export with "
+                          "it 0 (Hugging Face: attention_probs_dropout_prob=0)")};
+      return alias(n, any_input(n, 0), Form::Probs);
+    }
+    const Value& x = input(n, 0);
     if (p == 0.0f) return alias(n, x, x.form);
     NodeSpec s = node_of(module_node_name(n), "dropout", {x.node});
     s.dropout.p = p;
-    emit(n, std::move(s), x.form, n.outputs.at(0));
+    emit(n, std::move(s), x.form, n.outputs.at(0), x.dims);
   }
 
   void identity(const OnnxNode& n) {
@@ -681,6 +1072,187 @@ class Importer {
   void constant_node(const OnnxNode& n) {  // registered by run() before the nodes
     const OnnxAttribute* v = n.attribute("value");
     if (!v || v->kind != OnnxAttribute::Kind::Tensor) throw Refusal{"only a 'value' tensor constant is read"};
+  }
+
+  // ---- transformers: embeddings, attention, the key padding mask, the first token ----
+
+  InputSpec* graph_input(const std::string& name) {
+    for (InputSpec& in : out_.spec.inputs)
+      if (in.name == name) return &in;
+    return nullptr;
+  }
+
+  // Gather: rows of a stored table by a graph input of token ids (nn.Embedding); rows
+  // 0..T-1 of a stored table (a position table, added to a sequence next); a sequence's first
+  // token (x[:, 0], BERT's pooler).
+  void gather(const OnnxNode& n) {
+    const int64_t axis = int_attr(n, "axis", 0);
+    if (const OnnxTensor* table = stored(n, 0)) {
+      if (table->integer || table->dims.size() != 2 || axis != 0)
+        throw Refusal{"it gathers from a stored tensor other than an embedding table's rows"};
+      if (folded(n, 1)) {
+        const std::vector<int64_t> rows = plain_ints(n, 1);
+        const std::vector<int64_t>& shape = folded(n, 1)->dims;
+        const int64_t t = static_cast<int64_t>(rows.size());
+        bool in_order = shape == std::vector<int64_t>{t} || shape == std::vector<int64_t>{1, t};
+        for (int64_t k = 0; k < t && in_order; ++k) in_order = rows[static_cast<std::size_t>(k)] == k;
+        if (!in_order)
+          throw Refusal{cat("it gathers rows of '", table->name, "' other than 0, 1, ..., T-1 (a token-type table?); "
+                            "tandem adds a position table's first rows to a sequence")};
+        Value v;
+        v.form = Form::Positions;
+        v.table = table;
+        v.dims = {t, table->dims[1]};
+        values_[n.outputs.at(0)] = v;
+        return;
+      }
+      const Value& ids = input(n, 1);
+      const InputSpec* in = graph_input(ids.node);
+      if (!in || !in->integer || ids.dims.size() != 1)
+        throw Refusal{"it looks up rows by a tensor that is not a graph input of token ids [batch, tokens]"};
+      NodeSpec s = node_of(param_node_name(n, *table), "embedding", {ids.node});
+      s.embedding = {table->dims[0], table->dims[1]};
+      add_weight(s.name, "weight", *table);
+      return emit(n, std::move(s), Form::Sequence, n.outputs.at(0), {ids.dims[0], table->dims[1]});
+    }
+    const Value& x = input(n, 0);
+    const Folded* index = folded(n, 1);
+    if (x.form != Form::Sequence || (axis != 1 && axis != -2) || !index || !index->dims.empty() || plain_ints(n, 1) != std::vector<int64_t>{0})
+      throw Refusal{"tandem gathers embedding rows and a sequence's first token (x[:, 0]) only"};
+    NodeSpec s = node_of(functional_node_name(n), "token_pool", {x.node});
+    s.token_pool.mean = false;
+    out_.fused.push_back(cat(s.name, ": Gather(axis 1, index 0) -> token_pool (first)"));
+    emit(n, std::move(s), Form::Vector, n.outputs.at(0), {x.dims[1]});
+  }
+
+  // Add(sequence, a position table's rows 0..T-1): BERT's position embedding.
+  void position_embedding(const OnnxNode& n, std::size_t at) {
+    const Value& rows = any_input(n, at);
+    const Value& x = input(n, 1 - at);
+    if (x.form != Form::Sequence || x.dims != rows.dims)
+      throw Refusal{"it adds a position table's rows to something other than a sequence of as many tokens and features"};
+    NodeSpec s = node_of(param_node_name(n, *rows.table), "position_embedding", {x.node});
+    s.embedding.count = rows.table->dims[0];
+    add_weight(s.name, "weight", *rows.table);
+    out_.fused.push_back(cat(s.name, ": Gather(rows 0..T-1) + Add -> position_embedding"));
+    emit(n, std::move(s), Form::Sequence, n.outputs.at(0), x.dims);
+  }
+
+  // MatMul(query heads [N, H, T, D], keys [N, H, D, T]): attention's scores.
+  void attention_scores(const OnnxNode& n) {
+    const Value& q = any_input(n, 0);
+    const Value& k = any_input(n, 1);
+    if (k.dims != std::vector<int64_t>{q.dims[0], q.dims[2], q.dims[1]})
+      throw Refusal{"its query and keys differ in heads, tokens or head size"};
+    Value v;
+    v.form = Form::Scores;
+    v.dims = q.dims;  // the query's [H, T, D]
+    v.heads = q.heads;
+    v.query = q.node;
+    v.key = k.node;
+    values_[n.outputs.at(0)] = v;
+  }
+
+  // Div or Mul of the scores by a constant: the 1/sqrt(D) scale (checked at the softmax).
+  void scale_scores(const OnnxNode& n, std::size_t at, bool divide) {
+    Value v = any_input(n, at);
+    const OnnxTensor* c = constant(n, 1 - at);
+    if (!c || c->count() != 1 || (divide && at != 0)) throw Refusal{"it scales attention scores by other than a constant"};
+    const double by = c->integer ? static_cast<double>(c->ints[0]) : static_cast<double>(c->floats[0]);
+    if (by == 0.0) throw Refusal{"it scales attention scores by 0"};
+    v.divisor = divide ? v.divisor * by : v.divisor / by;
+    values_[n.outputs.at(0)] = std::move(v);
+  }
+
+  // Add(scores, (1 - mask) * a large negative, as [N, 1, 1, T]): the key padding mask.
+  void mask_scores(const OnnxNode& n, std::size_t at) {
+    Value v = any_input(n, at);
+    if (form_of(n, 1 - at) != Form::Mask)
+      throw Refusal{"it adds to attention scores something other than a key padding mask from a graph input"};
+    const Value& m = any_input(n, 1 - at);
+    if (!v.mask.empty()) throw Refusal{"it adds a second mask to attention scores"};
+    if (!m.inverted || m.mask_scale > -1e4)
+      throw Refusal{cat("it adds a mask computed otherwise than (1 - mask) * c with c <= -1e4 (it is ", m.inverted ? "(1 - mask)" : "mask",
+                        " * ", m.mask_scale, "); tandem's attention takes a key padding mask of 1 (keep) and 0 (padding)")};
+    if (m.dims != std::vector<int64_t>{1, 1, v.dims[1]})
+      throw Refusal{"its mask is not [batch, 1, 1, tokens]: one per key, alike for every head and query"};
+    v.mask = m.node;
+    values_[n.outputs.at(0)] = std::move(v);
+  }
+
+  void softmax(const OnnxNode& n) {
+    if (form_of(n, 0) != Form::Scores)
+      throw Refusal{"a Softmax outside attention; tandem's softmax is the loss's (export the logits)"};
+    Value v = any_input(n, 0);
+    const int64_t axis = int_attr(n, "axis", g_.opset >= 13 ? -1 : 1);
+    if (axis != -1 && axis != 3) throw Refusal{"it normalizes attention scores over another axis than the keys"};
+    const double want = std::sqrt(static_cast<double>(v.dims[2]));
+    if (std::abs(v.divisor - want) > 1e-5 * want)
+      throw Refusal{cat("it scales attention scores by 1/", v.divisor, "; tandem's attention scales by 1/sqrt(head size) = 1/", want)};
+    v.form = Form::Probs;
+    values_[n.outputs.at(0)] = std::move(v);
+  }
+
+  // MatMul(probabilities, value heads [N, H, T, D]): tandem's attention op.
+  void attention(const OnnxNode& n) {
+    const Value& p = any_input(n, 0);
+    const Value& v = any_input(n, 1);
+    if (v.dims != p.dims) throw Refusal{"its values differ from the query in heads, tokens or head size"};
+    NodeSpec s = node_of(module_node_name(n), "attention", {p.query, p.key, v.node});
+    s.attention.heads = p.heads;
+    if (!p.mask.empty()) {
+      s.inputs.push_back(p.mask);
+      InputSpec* in = graph_input(p.mask);
+      if (!in) throw Refusal{"its mask is not a graph input"};
+      in->mask = true;
+      in->integer = false;
+    }
+    out_.fused.push_back(cat(s.name, ": Reshape, Transpose, MatMul, Div", p.mask.empty() ? "" : ", Add (mask)",
+                             ", Softmax, MatMul, Transpose, Reshape -> attention"));
+    emit(n, std::move(s), Form::Context, n.outputs.at(0), p.dims);
+    values_[n.outputs[0]].heads = p.heads;
+  }
+
+  // The key padding mask on its way to the scores: Unsqueeze, Cast, 1 - mask, times c, in
+  // any order, from a graph input [batch, tokens].
+  Value mask_of(const OnnxNode& n, std::size_t at) {
+    if (form_of(n, at) == Form::Mask) return any_input(n, at);
+    const Value& x = input(n, at);
+    if (!graph_input(x.node) || x.dims.size() != 1)
+      throw Refusal{"tandem reads a key padding mask from a graph input [batch, tokens] only"};
+    Value m;
+    m.form = Form::Mask;
+    m.node = x.node;
+    m.dims = x.dims;
+    return m;
+  }
+  void cast(const OnnxNode& n) { values_[n.outputs.at(0)] = mask_of(n, 0); }
+  void unsqueeze(const OnnxNode& n) {
+    Value m = mask_of(n, 0);
+    std::vector<int64_t> axes = g_.opset >= 13 ? plain_ints(n, 1) : ints_attr(n, "axes", {});
+    const std::size_t rank = m.dims.size() + 1 + axes.size();
+    for (int64_t& a : axes) a = axis_in(a, rank);
+    std::sort(axes.begin(), axes.end());
+    for (int64_t a : axes) {
+      if (a == 0) throw Refusal{"it puts an axis before the batch"};
+      m.dims.insert(m.dims.begin() + (a - 1), 1);
+    }
+    values_[n.outputs.at(0)] = std::move(m);
+  }
+  void sub(const OnnxNode& n) {
+    if (form_of(n, 1) != Form::Mask || !is_scalar(n, 0, 1.0))
+      throw Refusal{"tandem subtracts only inside the patterns it fuses (LayerNorm's, a mask's 1 - mask)"};
+    Value m = any_input(n, 1);
+    if (m.inverted || m.mask_scale != 1.0) throw Refusal{"it computes the mask otherwise than (1 - mask) * c"};
+    m.inverted = true;
+    values_[n.outputs.at(0)] = std::move(m);
+  }
+  void mask_step(const OnnxNode& n, std::size_t at) {  // Mul(mask, c)
+    Value m = any_input(n, at);
+    const OnnxTensor* c = constant(n, 1 - at);
+    if (!c || c->count() != 1) throw Refusal{"it multiplies the mask by other than a constant"};
+    m.mask_scale *= c->integer ? static_cast<double>(c->ints[0]) : static_cast<double>(c->floats[0]);
+    values_[n.outputs.at(0)] = std::move(m);
   }
 
   void resolve_cut() {
@@ -731,6 +1303,14 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
       {"Dropout", &I::dropout},
       {"Identity", &I::identity},
       {"Constant", &I::constant_node},
+      {"Gather", &I::gather},
+      {"Softmax", &I::softmax},
+      {"Cast", &I::cast},
+      {"Unsqueeze", &I::unsqueeze},
+      {"Sub", &I::sub},
+      {"Shape", [](I&, const OnnxNode&) { throw Refusal{"it reads the shape of a tensor whose shape import does not track"}; }},
+      {"Squeeze", [](I&, const OnnxNode&) { throw Refusal{"tandem squeezes shapes and constants only"}; }},
+      {"Slice", [](I&, const OnnxNode&) { throw Refusal{"tandem slices shapes and constants only"}; }},
   };
   return ops;
 }

@@ -79,3 +79,126 @@ def write_safetensors(path, tensors):
     text += b" " * (-len(text) % 8)
     with open(path, "wb") as f:
         f.write(struct.pack("<Q", len(text)) + text + b"".join(blobs))
+
+
+class BertForSequenceClassification(torch.nn.Module):
+    """Hugging Face's BertForSequenceClassification as modules whose forward does the work
+    (what torch.onnx.export's scope names follow: bert.encoder.layer.0.attention.self/MatMul),
+    one segment (no token-type table), the position ids a non-persistent buffer as in
+    transformers 4.31 on, dropout `p` on the hidden states (none on attention probabilities:
+    tandem's attention has none). forward(input_ids, attention_mask) -> logits."""
+
+    def __init__(self, vocab, tokens, hidden, layers, heads, inter, classes, p=0.1):
+        super().__init__()
+        self.bert = _Bert(vocab, tokens, hidden, layers, heads, inter, p)
+        self.dropout = torch.nn.Dropout(p)
+        self.classifier = torch.nn.Linear(hidden, classes)
+
+    def forward(self, input_ids, attention_mask):
+        return self.classifier(self.dropout(self.bert(input_ids, attention_mask)))
+
+
+class _Bert(torch.nn.Module):
+    def __init__(self, vocab, tokens, hidden, layers, heads, inter, p):
+        super().__init__()
+        self.embeddings = _Embeddings(vocab, tokens, hidden, p)
+        self.encoder = _Encoder(hidden, layers, heads, inter, p)
+        self.pooler = _Pooler(hidden)
+
+    def forward(self, input_ids, attention_mask):
+        additive = (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * torch.finfo(torch.float32).min
+        return self.pooler(self.encoder(self.embeddings(input_ids), additive))
+
+
+class _Encoder(torch.nn.Module):
+    def __init__(self, hidden, layers, heads, inter, p):
+        super().__init__()
+        self.layer = torch.nn.ModuleList([_Layer(hidden, heads, inter, p) for _ in range(layers)])
+
+    def forward(self, x, additive):
+        for layer in self.layer:
+            x = layer(x, additive)
+        return x
+
+
+class _Embeddings(torch.nn.Module):
+    def __init__(self, vocab, tokens, hidden, p):
+        super().__init__()
+        self.word_embeddings = torch.nn.Embedding(vocab, hidden)
+        self.position_embeddings = torch.nn.Embedding(tokens, hidden)
+        self.LayerNorm = layer_norm(hidden)
+        self.dropout = torch.nn.Dropout(p)
+        self.register_buffer("position_ids", torch.arange(tokens).expand((1, -1)), persistent=False)
+
+    def forward(self, ids):
+        positions = self.position_ids[:, :ids.size(1)]
+        return self.dropout(self.LayerNorm(self.word_embeddings(ids) + self.position_embeddings(positions)))
+
+
+class _SelfAttention(torch.nn.Module):
+    def __init__(self, hidden, heads):
+        super().__init__()
+        self.heads, self.head_size = heads, hidden // heads
+        self.query, self.key, self.value = (torch.nn.Linear(hidden, hidden) for _ in range(3))
+
+    def split(self, x):
+        return x.view(x.size()[:-1] + (self.heads, self.head_size)).permute(0, 2, 1, 3)
+
+    def forward(self, x, additive):
+        scores = self.split(self.query(x)) @ self.split(self.key(x)).transpose(-1, -2)
+        scores = scores / math.sqrt(self.head_size) + additive
+        context = (torch.softmax(scores, -1) @ self.split(self.value(x))).permute(0, 2, 1, 3).contiguous()
+        return context.view(context.size()[:-2] + (self.heads * self.head_size,))
+
+
+class _Output(torch.nn.Module):  # BertSelfOutput and BertOutput: dense, dropout, residual, LayerNorm
+    def __init__(self, inner, hidden, p):
+        super().__init__()
+        self.dense = torch.nn.Linear(inner, hidden)
+        self.LayerNorm = layer_norm(hidden)
+        self.dropout = torch.nn.Dropout(p)
+
+    def forward(self, x, residual):
+        return self.LayerNorm(self.dropout(self.dense(x)) + residual)
+
+
+class _Layer(torch.nn.Module):
+    def __init__(self, hidden, heads, inter, p):
+        super().__init__()
+        self.attention = _Attention(hidden, heads, p)
+        self.intermediate = _Intermediate(hidden, inter)
+        self.output = _Output(inter, hidden, p)
+
+    def forward(self, x, additive):
+        a = self.attention(x, additive)
+        return self.output(self.intermediate(a), a)
+
+
+class _Attention(torch.nn.Module):
+    def __init__(self, hidden, heads, p):
+        super().__init__()
+        self.self = _SelfAttention(hidden, heads)
+        self.output = _Output(hidden, hidden, p)
+
+    def forward(self, x, additive):
+        return self.output(self.self(x, additive), x)
+
+
+class _Intermediate(torch.nn.Module):
+    def __init__(self, hidden, inter):
+        super().__init__()
+        self.dense = torch.nn.Linear(hidden, inter)
+        self.intermediate_act_fn = torch.nn.GELU()
+
+    def forward(self, x):
+        return self.intermediate_act_fn(self.dense(x))
+
+
+class _Pooler(torch.nn.Module):
+    def __init__(self, hidden):
+        super().__init__()
+        self.dense = torch.nn.Linear(hidden, hidden)
+        self.activation = torch.nn.Tanh()
+
+    def forward(self, x):
+        return self.activation(self.dense(x[:, 0]))

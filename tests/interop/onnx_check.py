@@ -6,7 +6,8 @@ usage: onnx_check.py export MODEL OUT_DIR N
            random batch-norm statistics, exported in training mode to OUT_DIR/model.onnx;
            OUT_DIR/data/test.safetensors and train.safetensors: N random 32x32 images in
            tandem's layout (NHWC) and labels; OUT_DIR/torch.f32: torch's logits in eval mode;
-           OUT_DIR/torch.pt: the state dict the file was exported from
+           OUT_DIR/torch.pt: the state dict the file was exported from. MODEL tabular14 and
+           tabular17: records of 12 features; bert: a BERT-style text classifier (bert() below)
        onnx_check.py refused OUT_DIR
            mobilenet_v3_small (its squeeze-excitation: HardSigmoid and Mul) to OUT_DIR/model.onnx
        onnx_check.py train MODEL OUT_DIR EPOCHS BATCH K LR SEED
@@ -43,7 +44,7 @@ except ImportError as e:  # pragma: no cover
     sys.exit(77)
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from hf_encoder import read_safetensors, write_safetensors  # noqa: E402
+from hf_encoder import BertForSequenceClassification, read_safetensors, write_safetensors  # noqa: E402
 
 M64 = (1 << 64) - 1
 
@@ -108,15 +109,30 @@ def tabular(opset):
                                torch.nn.Linear(32, 32), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(32, 3))
 
 
-def export(model, path, x=None, name="image", opset=14):
+def export(model, path, x=None, names=("image",), opset=14):
     x = torch.randn(2, 3, 32, 32) if x is None else x
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # Tracing in training mode runs a forward that moves the batch norms' statistics, and
         # the file holds them as they are after it: so does `model`.
         torch.onnx.export(model, x, path, training=torch.onnx.TrainingMode.TRAINING,
-                          do_constant_folding=False, opset_version=opset, input_names=[name],
-                          output_names=["logits"], dynamic_axes={name: {0: "batch"}})
+                          do_constant_folding=False, opset_version=opset, input_names=list(names),
+                          output_names=["logits"], dynamic_axes={name: {0: "batch"} for name in names})
+
+
+def bert(gen, n):
+    """A BERT-style classifier under Hugging Face's module names (hf_encoder.py): 2 layers,
+    hidden 32, 4 heads, 16 tokens, 3 classes; N random texts of 4 to 16 tokens, padded."""
+    model = BertForSequenceClassification(vocab=100, tokens=16, hidden=32, layers=2, heads=4, inter=64, classes=3)
+    with torch.no_grad():
+        for m in model.modules():
+            if isinstance(m, torch.nn.LayerNorm):
+                m.weight.data.copy_(torch.rand(m.weight.shape, generator=gen) + 0.5)
+                m.bias.data.copy_(torch.randn(m.bias.shape, generator=gen) * 0.1)
+    ids = torch.randint(0, 100, (n, 16), generator=gen)
+    lengths = torch.randint(4, 17, (n, 1), generator=gen)
+    mask = (torch.arange(16)[None, :] < lengths).long()
+    return model, ids, mask
 
 
 def main():
@@ -136,8 +152,14 @@ def main():
                     if isinstance(m, torch.nn.LayerNorm):
                         m.weight.data.copy_(torch.rand(m.weight.shape, generator=gen) + 0.5)
                         m.bias.data.copy_(torch.randn(m.bias.shape, generator=gen) * 0.1)
-            export(model, f"{out}/model.onnx", torch.randn(2, 12), "record", int(name[len("tabular"):]))
+            export(model, f"{out}/model.onnx", torch.randn(2, 12), ["record"], int(name[len("tabular"):]))
             inputs = {"record": images}
+        elif name == "bert":
+            model, ids, mask = bert(gen, n)
+            export(model, f"{out}/model.onnx", (ids[:2], mask[:2]), ["input_ids", "attention_mask"])
+            labels = torch.randint(0, 3, (n,), generator=gen, dtype=torch.int32)
+            inputs = {"input_ids": ids, "attention_mask": mask}
+            images = (ids, mask)
         else:
             model = getattr(torchvision.models, name)(num_classes=10)
             with torch.no_grad():
@@ -154,7 +176,7 @@ def main():
         fix_labels(f"{out}/data/train.safetensors")
         model.eval()
         with torch.no_grad():
-            model(images).numpy().astype("float32").tofile(f"{out}/torch.f32")
+            model(*(images if isinstance(images, tuple) else (images,))).numpy().astype("float32").tofile(f"{out}/torch.f32")
     elif cmd == "train":
         name, out = sys.argv[2], sys.argv[3]
         epochs, batch, k, lr, seed = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7]), int(sys.argv[8])
