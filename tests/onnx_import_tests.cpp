@@ -299,6 +299,110 @@ TEST(OnnxImport, GeluIsFusedOnlyWithItsOwnConstants) {
             std::string::npos) << e;
 }
 
+// An int64 Constant node; its output is "<name>_out".
+Pb ints(const std::string& name, const std::vector<int64_t>& dims, const std::vector<int64_t>& v) {
+  Pb t;
+  for (int64_t d : dims) t.num(1, d);
+  t.num(2, 7).str(8, name);
+  std::string raw(v.size() * 8, '\0');
+  if (!v.empty()) std::memcpy(raw.data(), v.data(), raw.size());
+  return node(name, "Constant", {}, {cat(name, "_out")}, {Pb().str(1, "value").msg(5, t.str(9, raw)).num(20, 4)});
+}
+Pb typed_value(const std::string& name, int type, const std::vector<int64_t>& dims) {
+  Pb shape;
+  shape.msg(1, Pb().str(2, "batch"));
+  for (int64_t d : dims) shape.msg(1, Pb().num(1, d));
+  return Pb().str(1, name).msg(2, Pb().msg(1, Pb().num(1, type).msg(2, shape)));
+}
+
+// One BERT-style self-attention as torch writes it out: ids [N, 4] -> embedding [N, 4, 8] ->
+// query, key, value (Transpose, MatMul, Add), viewed as 2 heads of 4 (the query's shape a
+// constant [0, 0, 2, 4]; the key's computed: Shape, Gather, Unsqueeze, Concat), permuted, the
+// scores divided by `divisor`, plus the mask (Unsqueeze twice, Cast, 1 - mask when `inverted`,
+// times -1e4), Softmax, times the values, permuted back, reshaped, the first token, a linear.
+std::vector<uint8_t> attention_model(float divisor, bool inverted) {
+  std::vector<Pb> n = {node("/emb/Gather", "Gather", {"emb.weight", "ids"}, {"x"})};
+  for (const std::string w : {"q", "k", "v"}) {
+    n.push_back(node(cat("/att/", w, "/Transpose"), "Transpose", {cat("att.", w, ".weight")}, {cat(w, "_wt")}, {ints_attr("perm", {1, 0})}));
+    n.push_back(node(cat("/att/", w, "/MatMul"), "MatMul", {"x", cat(w, "_wt")}, {cat(w, "_mm")}));
+    n.push_back(node(cat("/att/", w, "/Add"), "Add", {cat("att.", w, ".bias"), cat(w, "_mm")}, {w}));
+  }
+  n.push_back(ints("/att/heads", {4}, {0, 0, 2, 4}));
+  n.push_back(node("/att/Reshape", "Reshape", {"q", "/att/heads_out"}, {"qh"}));
+  n.push_back(node("/att/Transpose", "Transpose", {"qh"}, {"qt"}, {ints_attr("perm", {0, 2, 1, 3})}));
+  n.push_back(node("/att/Shape", "Shape", {"k"}, {"ks"}));
+  n.push_back(ints("/att/zero", {}, {0}));
+  n.push_back(node("/att/Gather", "Gather", {"ks", "/att/zero_out"}, {"kb"}, {int_attr("axis", 0)}));
+  n.push_back(ints("/att/axes", {1}, {0}));
+  n.push_back(node("/att/Unsqueeze", "Unsqueeze", {"kb", "/att/axes_out"}, {"kb1"}));
+  n.push_back(ints("/att/rest", {3}, {4, 2, 4}));
+  n.push_back(node("/att/Concat", "Concat", {"kb1", "/att/rest_out"}, {"kshape"}, {int_attr("axis", 0)}));
+  n.push_back(node("/att/Reshape_1", "Reshape", {"k", "kshape"}, {"kh"}));
+  n.push_back(node("/att/Transpose_1", "Transpose", {"kh"}, {"kt"}, {ints_attr("perm", {0, 2, 3, 1})}));
+  n.push_back(node("/att/Reshape_2", "Reshape", {"v", "/att/heads_out"}, {"vh"}));
+  n.push_back(node("/att/Transpose_2", "Transpose", {"vh"}, {"vt"}, {ints_attr("perm", {0, 2, 1, 3})}));
+  n.push_back(ints("/m/a1", {1}, {1}));
+  n.push_back(node("/m/Unsqueeze", "Unsqueeze", {"mask", "/m/a1_out"}, {"m1"}));
+  n.push_back(ints("/m/a2", {1}, {2}));
+  n.push_back(node("/m/Unsqueeze_1", "Unsqueeze", {"m1", "/m/a2_out"}, {"m2"}));
+  n.push_back(node("/m/Cast", "Cast", {"m2"}, {"m3"}, {int_attr("to", 1)}));
+  n.push_back(scalar("/m/one", 1.0f));
+  if (inverted) n.push_back(node("/m/Sub", "Sub", {"/m/one_out", "m3"}, {"m4"}));
+  n.push_back(scalar("/m/big", -10000.0f));
+  n.push_back(node("/m/Mul", "Mul", {inverted ? "m4" : "m3", "/m/big_out"}, {"madd"}));
+  n.push_back(node("/att/MatMul", "MatMul", {"qt", "kt"}, {"sc"}));
+  n.push_back(scalar("/att/scale", divisor));
+  n.push_back(node("/att/Div", "Div", {"sc", "/att/scale_out"}, {"sd"}));
+  n.push_back(node("/att/Add", "Add", {"sd", "madd"}, {"sm"}));
+  n.push_back(node("/att/Softmax", "Softmax", {"sm"}, {"p"}, {int_attr("axis", -1)}));
+  n.push_back(node("/att/MatMul_1", "MatMul", {"p", "vt"}, {"c"}));
+  n.push_back(node("/att/Transpose_3", "Transpose", {"c"}, {"ct"}, {ints_attr("perm", {0, 2, 1, 3})}));
+  n.push_back(ints("/att/back", {3}, {0, 0, 8}));
+  n.push_back(node("/att/Reshape_3", "Reshape", {"ct", "/att/back_out"}, {"ctx"}));
+  n.push_back(node("/pool/Gather", "Gather", {"ctx", "/att/zero_out"}, {"first"}, {int_attr("axis", 1)}));
+  n.push_back(node("/fc/Gemm", "Gemm", {"first", "fc.weight", "fc.bias"}, {"logits"}, {int_attr("transB", 1)}));
+  Pb g;
+  for (const Pb& x : n) g.msg(1, x);
+  g.msg(5, tensor("emb.weight", {10, 8}));
+  for (const std::string w : {"q", "k", "v"}) g.msg(5, tensor(cat("att.", w, ".weight"), {8, 8})).msg(5, tensor(cat("att.", w, ".bias"), {8}));
+  g.msg(5, tensor("fc.weight", {3, 8})).msg(5, tensor("fc.bias", {3}));
+  g.msg(11, typed_value("ids", 7, {4})).msg(11, typed_value("mask", 7, {4})).msg(12, value("logits", {3}));
+  const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
+  return std::vector<uint8_t>(b.begin(), b.end());
+}
+
+TEST(OnnxImport, AttentionWithItsMaskComesBackAsOneOp) {
+  const OnnxImport imp = import_bytes(attention_model(2.0f, true));
+  std::vector<std::string> ops;
+  for (const NodeSpec& n : imp.spec.nodes) ops.push_back(cat(n.name, ":", n.op));
+  EXPECT_EQ(ops, (std::vector<std::string>{"emb:embedding", "att.q:linear", "att.k:linear", "att.v:linear", "att:attention",
+                                           "pool.gather:token_pool", "fc:linear"}));
+  const NodeSpec& att = imp.spec.nodes[4];
+  EXPECT_EQ(att.inputs, (std::vector<std::string>{"att.q", "att.k", "att.v", "mask"}));
+  EXPECT_EQ(att.attention.heads, 2);
+  ASSERT_EQ(imp.spec.inputs.size(), 2u);
+  EXPECT_TRUE(imp.spec.inputs[0].integer);
+  EXPECT_EQ(imp.spec.inputs[0].shape, Shape{4});
+  EXPECT_TRUE(imp.spec.inputs[1].mask);
+  EXPECT_FALSE(imp.spec.inputs[1].integer);
+  EXPECT_EQ(imp.spec.nodes[0].embedding.count, 10);
+  EXPECT_EQ(imp.spec.nodes[0].embedding.features, 8);
+  // It builds and the weights load under their own names.
+  const Graph graph = Graph::build(parse_model_json(model_spec_json(imp.spec), "imported"));
+  auto backend = make_backend("reference");
+  Network net(graph, *backend, 0);
+  shard_from_torch(graph, imp.weights, net);
+
+  // Scaled by 1/3 where the head size is 4; the mask added as it is (1 keep): refused, with why.
+  std::string e = error_of([&] { import_bytes(attention_model(3.0f, true)); });
+  EXPECT_NE(e.find("  node '/att/Softmax' (Softmax, module att): it scales attention scores by 1/3; tandem's attention scales by "
+                   "1/sqrt(head size) = 1/2"), std::string::npos) << e;
+  e = error_of([&] { import_bytes(attention_model(2.0f, false)); });
+  EXPECT_NE(e.find("  node '/att/Add' (Add, module att): it adds a mask computed otherwise than (1 - mask) * c with c <= -1e4 "
+                   "(it is mask * -10000)"), std::string::npos) << e;
+  EXPECT_EQ(e.find("/att/MatMul_1"), std::string::npos) << "a refused step is reported once: " << e;
+}
+
 // A cut named by module (the nodes' names before a dot, as the import names them) is that
 // module's last node, wherever a cut is given: tandem train, stage and tandem-edge ask Graph.
 TEST(OnnxImport, ModuleNamesCutAtTheirLastNode) {

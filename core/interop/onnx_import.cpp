@@ -268,6 +268,14 @@ class Importer {
     if (i >= n.inputs.size() || n.inputs[i].empty()) throw Refusal{cat("input ", i, " is missing")};
     return value(n.inputs[i]);
   }
+  // A node reading what a refused node made is not reported again (where a pattern's step
+  // would otherwise be taken for an op of its own).
+  void skip_refused(const OnnxNode& n) const {
+    for (const std::string& in : n.inputs) {
+      const auto it = values_.find(in);
+      if (it != values_.end() && it->second.form == Form::Unknown) throw Downstream{};
+    }
+  }
   // The form of input i, or Unknown where it is no value (a constant, missing, refused).
   Form form_of(const OnnxNode& n, std::size_t i) const {
     if (i >= n.inputs.size()) return Form::Unknown;
@@ -863,6 +871,7 @@ class Importer {
   // Reshape: to [N, -1] (a flatten); a sequence [N, T, F] to heads [N, T, H, D]; attention's
   // context [N, T, H, D] back to [N, T, H D]; a sequence to its own shape.
   void reshape(const OnnxNode& n) {
+    skip_refused(n);
     const Value& x = any_input(n, 0);
     if (x.form == Form::ContextTokens) {
       const std::vector<int64_t> to = reshape_target(n, x.dims);
@@ -935,6 +944,7 @@ class Importer {
   // Transpose of a stored matrix: how training-mode export gives nn.Linear's weight to MatMul
   // for inputs of more than two dimensions. The MatMul reads the matrix as stored.
   void transpose(const OnnxNode& n) {
+    skip_refused(n);
     const Form f = form_of(n, 0);
     if (f == Form::Heads || f == Form::HeadsFirst || f == Form::Context) {
       Value v = any_input(n, 0);
@@ -966,6 +976,7 @@ class Importer {
   }
 
   void matmul(const OnnxNode& n) {
+    skip_refused(n);
     const Form a = form_of(n, 0), b = form_of(n, 1);
     if (a == Form::HeadsFirst && b == Form::KeysT) return attention_scores(n);
     if (a == Form::Probs && b == Form::HeadsFirst) return attention(n);
@@ -999,6 +1010,7 @@ class Importer {
   }
 
   void add(const OnnxNode& n) {
+    skip_refused(n);
     const Form fa = form_of(n, 0), fb = form_of(n, 1);
     if (fa == Form::Positions || fb == Form::Positions) return position_embedding(n, fa == Form::Positions ? 0 : 1);
     if (fa == Form::Scores || fb == Form::Scores) return mask_scores(n, fa == Form::Scores ? 0 : 1);
@@ -1086,6 +1098,7 @@ class Importer {
   // 0..T-1 of a stored table (a position table, added to a sequence next); a sequence's first
   // token (x[:, 0], BERT's pooler).
   void gather(const OnnxNode& n) {
+    skip_refused(n);
     const int64_t axis = int_attr(n, "axis", 0);
     if (const OnnxTensor* table = stored(n, 0)) {
       if (table->integer || table->dims.size() != 2 || axis != 0)
@@ -1181,6 +1194,7 @@ class Importer {
   }
 
   void softmax(const OnnxNode& n) {
+    skip_refused(n);
     if (form_of(n, 0) != Form::Scores)
       throw Refusal{"a Softmax outside attention; tandem's softmax is the loss's (export the logits)"};
     Value v = any_input(n, 0);
@@ -1226,8 +1240,12 @@ class Importer {
     m.dims = x.dims;
     return m;
   }
-  void cast(const OnnxNode& n) { values_[n.outputs.at(0)] = mask_of(n, 0); }
+  void cast(const OnnxNode& n) {
+    skip_refused(n);
+    values_[n.outputs.at(0)] = mask_of(n, 0);
+  }
   void unsqueeze(const OnnxNode& n) {
+    skip_refused(n);
     Value m = mask_of(n, 0);
     std::vector<int64_t> axes = g_.opset >= 13 ? plain_ints(n, 1) : ints_attr(n, "axes", {});
     const std::size_t rank = m.dims.size() + 1 + axes.size();
@@ -1240,6 +1258,7 @@ class Importer {
     values_[n.outputs.at(0)] = std::move(m);
   }
   void sub(const OnnxNode& n) {
+    skip_refused(n);
     if (form_of(n, 1) != Form::Mask || !is_scalar(n, 0, 1.0))
       throw Refusal{"tandem subtracts only inside the patterns it fuses (LayerNorm's, a mask's 1 - mask)"};
     Value m = any_input(n, 1);

@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # ONNX import (tandem import): torchvision's resnet18 and mobilenet_v2 (random weights and
-# batch-norm statistics) and a tabular torch.nn model (Linear, LayerNorm, GELU and its tanh
-# form, Dropout; at opsets 14 and 17), exported from PyTorch in training mode, imported and
+# batch-norm statistics), a tabular torch.nn model (Linear, LayerNorm, GELU and its tanh
+# form, Dropout; at opsets 14 and 17) and a BERT-style text classifier under Hugging Face's
+# module names (tests/interop/hf_encoder.py: attention with a padding mask), exported from PyTorch in training mode, imported and
 # evaluated on every CPU backend: tandem's logits equal torch's within 1e-4. The spec's nodes and the
 # weights carry PyTorch's module names; --cut names a module. The imported resnet18 trains
 # split at that cut over mutual TLS (tandem-cloud and tandem-edge, both --init-from the
@@ -23,7 +24,7 @@ source "$src/tests/lib/skip.sh"
 check=$src/tests/interop/onnx_check.py
 
 # torch's exports run side by side (the test runs alone: both cores are its); each status is checked.
-models="resnet18 mobilenet_v2 tabular14 tabular17"
+models="resnet18 mobilenet_v2 tabular14 tabular17 bert"
 pids=()
 for model in $models; do
   mkdir -p "$work/$model"
@@ -37,7 +38,7 @@ for pid in "${pids[@]}"; do
 done
 for model in $models; do
   dir=$work/$model
-  case $model in mobilenet_v2) cut=features.7 ;; tabular*) cut=2 ;; *) cut=layer3 ;; esac
+  case $model in mobilenet_v2) cut=features.7 ;; tabular*) cut=2 ;; bert) cut=bert.encoder.layer.0 ;; *) cut=layer3 ;; esac
   "$tandem_bin" import "$dir/model.onnx" --out "$dir/imported" --cut "$cut" > "$dir/import.out" 2>&1 ||
     fail "$model: tandem import: $(cat "$dir/import.out")"
   cat "$dir/import.out"
@@ -66,18 +67,32 @@ done
 grep -q 'name: "1", op: "layer_norm"' "$work/tabular17/imported/model.json" || fail "tabular17: LayerNormalization"
 grep -q "fused 1:" "$work/tabular17/import.out" && fail "tabular17's LayerNormalization was taken for the decomposed pattern"
 
+# The BERT-style encoder: attention with its padding mask, the embeddings and the pooler's
+# first token came back as tandem's ops, under Hugging Face's module names.
+b=$work/bert/imported
+grep -qF "fused bert.encoder.layer.1.attention.self: Reshape, Transpose, MatMul, Div, Add (mask), Softmax, MatMul, Transpose, Reshape -> attention" \
+  "$work/bert/import.out" || fail "bert: attention not fused"
+grep -qF 'name: "bert.encoder.layer.0.attention.self", op: "attention", inputs: ["bert.encoder.layer.0.attention.self.query", "bert.encoder.layer.0.attention.self.key", "bert.encoder.layer.0.attention.self.value", "attention_mask"], attention: { heads: 4 }' \
+  "$b/model.json" || fail "bert: layer 0's attention"
+grep -qF '{ name: "attention_mask", shape: [16], mask: true }' "$b/model.json" || fail "bert: the mask input"
+grep -qF 'name: "bert.embeddings.position_embeddings", op: "position_embedding"' "$b/model.json" || fail "bert: position embeddings"
+grep -qF 'name: "bert.pooler.gather", op: "token_pool"' "$b/model.json" || fail "bert: the pooler's first token"
+grep -q 'cut: "bert.encoder.layer.0.output.LayerNorm"' "$b/model.json" || fail "bert: --cut bert.encoder.layer.0"
+
 # Names: PyTorch's modules, so the weights file holds the state dict's keys.
 r18=$work/resnet18/imported
 grep -q 'name: "layer1.0.conv1", op: "conv2d"' "$r18/model.json" || fail "no node named after module layer1.0.conv1"
 grep -q 'name: "layer1.0.bn1", op: "batch_norm", inputs: \["layer1.0.conv1"\]' "$r18/model.json" || fail "batch norm layer1.0.bn1"
 grep -q 'cut: "layer3.1.relu_1"' "$r18/model.json" || fail "--cut layer3 did not resolve to layer3's last node"
-/usr/bin/python3 - "$work/resnet18/torch.pt" "$r18/weights.safetensors" <<'PY' || fail "the weights' names are not the state dict's"
+for model in resnet18 bert; do
+  /usr/bin/python3 - "$work/$model/torch.pt" "$work/$model/imported/weights.safetensors" <<'PY' || fail "$model: the weights' names are not the state dict's"
 import json, struct, sys, torch
 keys = {k for k in torch.load(sys.argv[1]) if not k.endswith("num_batches_tracked")}
 blob = open(sys.argv[2], "rb").read()
 names = {k for k in json.loads(blob[8:8 + struct.unpack("<Q", blob[:8])[0]]) if k != "__metadata__"}
 sys.exit(0 if names == keys else print("only torch:", sorted(keys - names)[:5], "only tandem:", sorted(names - keys)[:5]) or 1)
 PY
+done
 
 # A cut named by module wherever cuts are given: tandem train --cut layer2.
 "$tandem_bin" train --model "$r18/model.json" --data "$work/resnet18/data" --cut layer2 --limit 16 --batch 16 \
