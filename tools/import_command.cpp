@@ -1,6 +1,7 @@
 #include "tools/import_command.h"
 
 #include <cstdio>
+#include <cstdlib>
 #include <filesystem>
 #include <set>
 
@@ -25,9 +26,29 @@ constexpr const char* kDetails = R"(
                           dynamic_axes={"image": {0: "batch"}})
       Nodes are named after the modules they came from (layer1.0.conv1), so --cut layer3 cuts
       after module layer3's last node, and tandem export gives back PyTorch's names. An image
-      [N, C, H, W] becomes the input [H, W, C] a sample (tandem's data sets are NHWC). A model
-      with ops tandem cannot read is refused with every one of them listed.
+      [N, C, H, W] becomes the input [H, W, C] a sample (tandem's data sets are NHWC). A text
+      model's token ids [N, T] become an int32 input [T] and its attention mask [N, T] (BERT's
+      (1 - mask) * large negative added to the scores) the key padding mask input [T]; its
+      attention comes back as tandem's attention op. A model with ops tandem cannot read is
+      refused with every one of them listed.
 )";
+
+// "32,64,96" -> {32, 64, 96}
+std::vector<int64_t> length_list(const std::string& text) {
+  std::vector<int64_t> out;
+  std::size_t at = 0;
+  while (at <= text.size()) {
+    const std::size_t comma = std::min(text.find(',', at), text.size());
+    const std::string item = text.substr(at, comma - at);
+    char* end = nullptr;
+    const long long v = std::strtoll(item.c_str(), &end, 10);
+    if (item.empty() || *end != '\0' || v <= 0)
+      fail("usage", cat("--length-buckets takes lengths separated by commas (32,64,96), got '", text, "'"));
+    out.push_back(v);
+    at = comma + 1;
+  }
+  return out;
+}
 
 int import_command(const CliArgs& args) {
   const std::string path = args.required("model");
@@ -36,7 +57,14 @@ int import_command(const CliArgs& args) {
   options.origin = path;
   options.name = args.str("name", std::filesystem::path(path).stem().string());
   options.cut = args.str("cut", "");
-  const OnnxImport imported = import_onnx(parse_onnx(read_file(path), path), options);
+  OnnxImport imported = import_onnx(parse_onnx(read_file(path), path), options);
+  if (const std::string buckets = args.str("length-buckets", ""); !buckets.empty()) {
+    InputSpec* mask = nullptr;
+    for (InputSpec& in : imported.spec.inputs)
+      if (in.mask) mask = &in;
+    if (!mask) fail("usage", cat(path, ": --length-buckets belongs to a text model's attention mask, and this model has none"));
+    mask->length_buckets = length_list(buckets);
+  }
 
   // What was written must build and load as any spec: the graph's shapes against the
   // weights', every tensor read, none left over.
@@ -78,6 +106,8 @@ void declare_import(Command& import) {
       .option("out", "DIR", "where model.json and weights.safetensors go (required)")
       .option("cut", "MODULE|NODE", "the spec's default cut: after a module's last node (layer3) or after a node")
       .option("name", "NAME", "the spec's name (default: the file's name without .onnx)")
+      .option("length-buckets", "LIST", "a text model's: the lengths a micro-batch may run at (32,64,96), the shortest "
+              "that holds its longest text; set on the attention mask input")
       .details(cat(kDetails, "      ONNX ops read: ", ops, ".\n"))
       .run(import_command);
 }
