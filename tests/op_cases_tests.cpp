@@ -1,0 +1,200 @@
+// Every op of the registry, on the backend under test, from one case description each (as
+// ggml's test-backend-ops): a small spec around the op, written as the model JSON users write.
+// Each case runs forward and backward on the backend and on the reference (the same weights)
+// and compares outputs and every gradient, then checks the backend's gradients of a random
+// weighted sum of the output (input and parameters) by central finite differences. A case for
+// a new op is one entry of cases(); OpCases.EveryRegisteredOpHasACase fails for an op without
+// one, so "every op on every backend" holds by construction (ctest runs OpCases.* on each).
+#include <gtest/gtest.h>
+
+#include <set>
+
+#include "core/error.h"
+#include "core/graph.h"
+#include "core/model_spec.h"
+#include "core/network.h"
+#include "grad_support.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+// How a case's float input is drawn: uniform in [-1, 1]; away from 0 (|x| in [0.1, 1], for
+// the kinks of relu and its kind); or spaced (distinct values 0.03 apart in random order, so
+// a finite difference never swaps a window's maximum).
+enum class Draw { Uniform, AwayFromZero, Spaced };
+
+struct OpCase {
+  std::string op;    // the registry's op the case covers
+  std::string name;  // the case's name (gtest's), unique
+  std::string nodes; // the spec's nodes, JSON; its output is the node named "y"
+  std::string inputs;  // the spec's inputs, JSON; the first is float and differentiated unless `ids_first`
+  Draw draw = Draw::Uniform;
+  int64_t ids_below = 0;     // integer inputs: ids in [0, ids_below); boxes: coordinates too
+  bool ids_first = false;    // the first input is token ids (no input gradient)
+  bool finite_differences = true;  // false: a training forward draws anew (dropout)
+  int64_t batch = 2;
+  uint64_t seed = 7;  // the inputs' and weights' draw
+};
+
+void PrintTo(const OpCase& c, std::ostream* os) { *os << c.name; }
+
+std::vector<OpCase> cases() {
+  const std::string vec6 = R"({ name: "x", shape: [6] })";
+  const std::string img = R"({ name: "x", shape: [5, 4, 3] })";
+  const std::string seq = R"({ name: "x", shape: [4, 6] })";
+  const std::string seq_mask = R"({ name: "x", shape: [4, 6] }, { name: "mask", shape: [4], mask: true })";
+  auto activation = [&](const std::string& op, Draw draw = Draw::Uniform) {
+    return OpCase{op, op, cat(R"({ name: "y", op: ")", op, R"(", inputs: ["x"] })"), vec6, draw};
+  };
+  std::vector<OpCase> c = {
+      {"conv2d", "conv2d_strided_padded", R"({ name: "y", op: "conv2d", inputs: ["x"], conv2d: { out_channels: 4, kernel: [3], stride: [2], padding: [1] } })", img},
+      {"conv2d", "conv2d_depthwise", R"({ name: "y", op: "conv2d", inputs: ["x"], conv2d: { out_channels: 3, kernel: [3], padding: [1], groups: 3 } })", img},
+      {"linear", "linear", R"({ name: "y", op: "linear", inputs: ["x"], linear: { out_features: 5 } })", vec6},
+      {"linear", "linear_tokens_lora", R"({ name: "y", op: "linear", inputs: ["x"], linear: { out_features: 5 }, lora: { rank: 2, alpha: 4 } })", seq},
+      activation("relu", Draw::AwayFromZero),
+      activation("relu6", Draw::AwayFromZero),
+      activation("hardswish", Draw::AwayFromZero),
+      activation("gelu"),
+      activation("gelu_tanh"),
+      activation("sigmoid"),
+      activation("tanh"),
+      activation("silu"),
+      activation("softmax"),
+      {"max_pool2d", "max_pool2d", R"({ name: "y", op: "max_pool2d", inputs: ["x"], pool: { kernel: [2] } })", img, Draw::Spaced},
+      {"avg_pool2d", "avg_pool2d_padded", R"({ name: "y", op: "avg_pool2d", inputs: ["x"], pool: { kernel: [3], stride: [2], padding: [1] } })", img},
+      {"global_avg_pool", "global_avg_pool", R"({ name: "y", op: "global_avg_pool", inputs: ["x"] })", img},
+      {"batch_norm", "batch_norm", R"({ name: "y", op: "batch_norm", inputs: ["x"] })", img, Draw::Uniform, 0, false, true, 3},
+      {"flatten", "flatten", R"({ name: "f", op: "flatten", inputs: ["x"] }, { name: "y", op: "linear", inputs: ["f"], linear: { out_features: 3 } })", img},
+      {"add", "add_residual", R"({ name: "l", op: "linear", inputs: ["x"], linear: { out_features: 6 } }, { name: "y", op: "add", inputs: ["l", "x"] })", vec6},
+      {"concat", "concat_two_branches", R"({ name: "l", op: "linear", inputs: ["x"], linear: { out_features: 3 } }, { name: "y", op: "concat", inputs: ["x", "l"] })", vec6},
+      {"dropout", "dropout", R"({ name: "y", op: "dropout", inputs: ["x"], dropout: { p: 0.25 } })", R"({ name: "x", shape: [64] })",
+       Draw::Uniform, 0, false, false},
+      {"layer_norm", "layer_norm_tokens", R"({ name: "y", op: "layer_norm", inputs: ["x"] })", seq},
+      {"attention", "attention_masked", R"({ name: "q", op: "linear", inputs: ["x"], linear: { out_features: 8 } },
+        { name: "k", op: "linear", inputs: ["x"], linear: { out_features: 8 } },
+        { name: "v", op: "linear", inputs: ["x"], linear: { out_features: 8 } },
+        { name: "y", op: "attention", inputs: ["q", "k", "v", "mask"], attention: { heads: 2 } })", seq_mask},
+      {"attention", "attention_causal", R"({ name: "q", op: "linear", inputs: ["x"], linear: { out_features: 8 } },
+        { name: "y", op: "attention", inputs: ["q", "q", "q"], attention: { heads: 4, causal: true } })", seq},
+      {"token_pool", "token_pool_masked_mean", R"({ name: "y", op: "token_pool", inputs: ["x", "mask"], token_pool: { mode: "mean" } })", seq_mask},
+      {"token_pool", "token_pool_first", R"({ name: "y", op: "token_pool", inputs: ["x"] })", seq},
+      {"embedding", "embedding", R"({ name: "y", op: "embedding", inputs: ["x"], embedding: { count: 10, features: 6 } })",
+       R"({ name: "x", shape: [4], dtype: "int32" })", Draw::Uniform, 10, true},
+      {"position_embedding", "position_embedding", R"({ name: "y", op: "position_embedding", inputs: ["x"], embedding: { count: 5 } })", seq},
+      {"layout_embedding", "layout_embedding", R"({ name: "y", op: "layout_embedding", inputs: ["x", "boxes"], embedding: { count: 9 } })",
+       R"({ name: "x", shape: [4, 6] }, { name: "boxes", shape: [4, 4], dtype: "int32" })", Draw::Uniform, 9},
+      {"class_token", "class_token", R"({ name: "y", op: "class_token", inputs: ["x"] })", seq},
+      {"tokens", "tokens", R"({ name: "t", op: "tokens", inputs: ["x"] }, { name: "y", op: "linear", inputs: ["t"], linear: { out_features: 2 } })", img},
+      // heads' hidden ReLU: a draw whose pre-activations stay clear of the kink by more than
+      // the finite differences' step
+      {"heads", "heads", R"({ name: "y", op: "heads", inputs: ["x"], heads: { count: 3, hidden: 4, out_features: 2 } })", vec6,
+       Draw::Uniform, 0, false, true, 2, 1},
+  };
+  return c;
+}
+
+// The case's inputs for `batch` samples: floats as drawn, ids below the case's bound (a box
+// sorted so x0 <= x1 and y0 <= y1), masks of 1 with the second sample's last quarter padding.
+std::vector<Tensor> inputs_of(const OpCase& c, const ModelSpec& spec, Rng& rng) {
+  std::vector<Tensor> out;
+  for (const InputSpec& in : spec.inputs) {
+    int64_t dims[kMaxRank + 1] = {c.batch};
+    for (int i = 0; i < in.shape.rank(); ++i) dims[i + 1] = in.shape[i];
+    Tensor t = Tensor::empty(Shape::of(dims, in.shape.rank() + 1));
+    const int64_t per = in.shape.numel();
+    for (int64_t i = 0; i < t.numel(); ++i) {
+      if (in.mask) {
+        t[i] = (i / per == 1 && i % per >= per - per / 4) ? 0.0f : 1.0f;
+      } else if (in.integer) {
+        t[i] = static_cast<float>(rng.below(static_cast<uint64_t>(c.ids_below)));
+      } else if (c.draw == Draw::AwayFromZero) {
+        const float m = rng.uniform(0.1f, 1.0f);
+        t[i] = rng.below(2) ? m : -m;
+      } else {
+        t[i] = rng.uniform(-1.0f, 1.0f);
+      }
+    }
+    if (in.integer && in.shape.rank() == 2 && in.shape[1] == 4)  // boxes
+      for (int64_t b = 0; b < t.numel(); b += 4) {
+        if (t[b] > t[b + 2]) std::swap(t[b], t[b + 2]);
+        if (t[b + 1] > t[b + 3]) std::swap(t[b + 1], t[b + 3]);
+      }
+    if (c.draw == Draw::Spaced && !in.integer && !in.mask) {
+      std::vector<int64_t> order(static_cast<std::size_t>(t.numel()));
+      for (std::size_t i = 0; i < order.size(); ++i) order[i] = static_cast<int64_t>(i);
+      for (std::size_t i = order.size(); i-- > 1;) std::swap(order[i], order[rng.below(i + 1)]);
+      for (int64_t i = 0; i < t.numel(); ++i) t[i] = -1.0f + 0.03f * static_cast<float>(order[static_cast<std::size_t>(i)]);
+    }
+    out.push_back(std::move(t));
+  }
+  return out;
+}
+
+ModelSpec spec_of(const OpCase& c) {
+  return parse_model_json(cat("{ name: \"case.", c.name, "\", inputs: [", c.inputs, "], nodes: [", c.nodes, "], output: \"y\" }"),
+                          cat("op case ", c.name));
+}
+
+class OpCases : public ::testing::TestWithParam<OpCase> {};
+
+TEST_P(OpCases, MatchesTheReferenceAndFiniteDifferences) {
+  const OpCase& c = GetParam();
+  const ModelSpec spec = spec_of(c);
+  const Graph graph = Graph::build(spec);
+  for (const NodeSpec& n : spec.nodes)
+    if (const Support s = make_test_backend(backend_under_test())->supports(n.op, {}); !s)
+      GTEST_SKIP() << backend_under_test() << " has no " << n.op << ": " << s.why;
+  Rng rng(c.seed);
+  const std::vector<Tensor> inputs = inputs_of(c, spec, rng);
+  auto backend = make_test_backend(backend_under_test());
+  auto reference = make_backend("reference");
+  Network net(graph, *backend, c.seed), ref(graph, *reference, c.seed);
+  for (Param* p : net.all_params()) {  // the same weights on both
+    Tensor& v = p->value();
+    const Tensor& w = ref.param(p->name()).value();
+    for (int64_t i = 0; i < v.numel(); ++i) v[i] = w[i];
+    p->bump_version();
+  }
+  const bool input_grad = !c.ids_first;
+  const Tensor y = net.forward(inputs, 0).clone();
+  const Tensor want = ref.forward(inputs, 0).clone();
+  ASSERT_EQ(y.shape(), want.shape());
+  expect_close(y.data(), want.data(), y.numel(), c.name + ": forward", 2e-4f);
+  const Tensor r = random_tensor(y.shape(), rng);
+  net.zero_grad();
+  ref.zero_grad();
+  const Tensor dx = input_grad ? net.backward(r, 0, true).clone() : (net.backward(r, 0, false), Tensor());
+  const Tensor dx_want = input_grad ? ref.backward(r, 0, true).clone() : (ref.backward(r, 0, false), Tensor());
+  if (input_grad) expect_close(dx.data(), dx_want.data(), dx.numel(), c.name + ": input gradient", 2e-4f);
+  for (Param* p : net.params())
+    expect_close(p->grad().data(), ref.param(p->name()).grad().data(), p->grad().numel(), c.name + ": gradient of " + p->name(), 2e-4f);
+  if (!c.finite_differences) return;
+
+  auto loss = [&] { return weighted_sum(net.forward(inputs, 0), r); };
+  if (input_grad) check_gradient(inputs[0], dx, loss, c.name + ".input", rng);
+  for (Param* p : net.params()) {
+    Tensor g = p->grad().clone();
+    check_gradient(p->value(), g, [&] { p->bump_version(); return loss(); }, c.name + "." + p->name(), rng);
+    p->bump_version();
+  }
+}
+
+INSTANTIATE_TEST_SUITE_P(Registry, OpCases, ::testing::ValuesIn(cases()),
+                         [](const ::testing::TestParamInfo<OpCase>& info) { return info.param.name; });
+
+TEST(OpCasesCoverage, EveryRegisteredOpHasACase) {
+  std::set<std::string> covered, names;
+  for (const OpCase& c : cases()) {
+    covered.insert(c.op);
+    EXPECT_TRUE(names.insert(c.name).second) << "two cases named " << c.name;
+    const ModelSpec spec = spec_of(c);
+    bool has_op = false;
+    for (const NodeSpec& n : spec.nodes) has_op = has_op || n.op == c.op;
+    EXPECT_TRUE(has_op) << "case " << c.name << " has no " << c.op << " node";
+  }
+  for (const std::string& op : known_ops()) EXPECT_TRUE(covered.count(op)) << "op '" << op << "' has no case in cases()";
+}
+
+}  // namespace
+}  // namespace tandem::test
