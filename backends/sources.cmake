@@ -5,6 +5,7 @@ set(TANDEM_PORTABLE_BACKEND_SOURCES
   reference/reference_backend.cpp
   reference/reference_batch_norm.cpp
   reference/reference_token_pool.cpp
+  reference/reference_mul.cpp
   reference/reference_dropout.cpp
   portable/portable_backend.cpp
   simd/direct_conv2d.cpp

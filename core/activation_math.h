@@ -17,6 +17,13 @@ TANDEM_HOST_DEVICE inline float hardswish_grad(float x, float, float dy) {
   return x < -3.0f ? 0.0f : x <= 3.0f ? dy * (2.0f * x + 3.0f) / 6.0f : dy;
 }
 
+// hardsigmoid: relu6(x + 3) / 6, nn.Hardsigmoid (MobileNetV3's squeeze-excitation gate); the
+// gradient 1/6 strictly inside (-3, 3), as PyTorch.
+TANDEM_HOST_DEVICE inline float hardsigmoid(float x) { return fminf(fmaxf(x + 3.0f, 0.0f), 6.0f) / 6.0f; }
+TANDEM_HOST_DEVICE inline float hardsigmoid_grad(float x, float, float dy) {
+  return x > -3.0f && x < 3.0f ? dy / 6.0f : 0.0f;
+}
+
 // GELU, erf form (nn.GELU()).
 TANDEM_HOST_DEVICE inline float gelu(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752f)); }
 TANDEM_HOST_DEVICE inline float gelu_grad(float x, float, float dy) {

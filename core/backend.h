@@ -118,6 +118,17 @@ class TokenPoolKernel {
   virtual void backward(const float* dy, const float* w, float* dx) = 0;
 };
 
+// An elementwise product with broadcasting (MulGeometry; the mul op): y = a * b for a
+// [batch, outer, inner] and b [batch, inner] repeated over `outer` (outer 1: one shape;
+// MobileNetV3's squeeze-excitation: a an image [H W, C], b its channels' gates [C]). Backward
+// writes da = dy * b and db = the sum over `outer` of dy * a, each when not null, overwritten.
+class MulKernel {
+ public:
+  virtual ~MulKernel() = default;
+  virtual void forward(const float* a, const float* b, float* y) = 0;
+  virtual void backward(const float* dy, const float* a, const float* b, float* da, float* db) = 0;
+};
+
 // Layer normalisation (LayerNormGeometry): y = (x - mean) / sqrt(var + eps) * gamma + beta per
 // row. Forward writes each row's mean and variance (biased, as PyTorch) for backward;
 // backward writes dx (when not null) and this call's dgamma and dbeta (overwriting, as
@@ -215,6 +226,7 @@ class Backend {
   virtual std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) = 0;
   virtual std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) = 0;
   virtual std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) = 0;
+  virtual std::unique_ptr<MulKernel> mul(const MulGeometry& g) = 0;
   virtual std::unique_ptr<DropoutKernel> dropout(int64_t elements) = 0;
   virtual std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) = 0;
   // A backend without one says so in supports("heads"); asked anyway, it throws that answer.

@@ -29,6 +29,8 @@ std::string BatchNormGeometry::str() const { return cat("batch norm [", rows, ",
 
 std::string TokenPoolGeometry::str() const { return cat("token pool [", batch, ", ", tokens, ", ", features, "]"); }
 
+std::string MulGeometry::str() const { return cat("mul [", batch, ", ", outer, ", ", inner, "] by [", batch, ", ", inner, "]"); }
+
 std::string LayerNormGeometry::str() const { return cat("layer norm [", rows, ", ", features, "] eps ", eps); }
 
 std::string AttentionGeometry::str() const {

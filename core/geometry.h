@@ -67,6 +67,13 @@ struct TokenPoolGeometry {
   std::string str() const;
 };
 
+// An elementwise product with broadcasting (the mul op): a [batch, outer, inner] times b
+// [batch, inner], b repeated over `outer` (1 where a and b have one shape).
+struct MulGeometry {
+  int64_t batch = 1, outer = 1, inner = 1;
+  std::string str() const;
+};
+
 // Layer normalisation of `rows` vectors of `features` values each (every sample, and every
 // token of a sequence), with a scale and a shift per feature.
 struct LayerNormGeometry {

@@ -261,6 +261,20 @@ class TokenPool final : public TokenPoolKernel {
   std::shared_ptr<TokenPoolKernel> k_;
 };
 
+class Mul final : public MulKernel {
+ public:
+  explicit Mul(std::unique_ptr<MulKernel> k) : k_(std::move(k)) {}
+  void forward(const float* a, const float* b, float* y) override {
+    run(tensors(a, b, y), [k = k_, a, b, y] { k->forward(a, b, y); });
+  }
+  void backward(const float* dy, const float* a, const float* b, float* da, float* db) override {
+    run(tensors(dy, a, b, da, db), [k = k_, dy, a, b, da, db] { k->backward(dy, a, b, da, db); });
+  }
+
+ private:
+  std::shared_ptr<MulKernel> k_;
+};
+
 class Dropout final : public DropoutKernel {
  public:
   explicit Dropout(std::unique_ptr<DropoutKernel> k) : k_(std::move(k)) {}
@@ -349,6 +363,9 @@ class DeferringBackend final : public Backend {
   }
   std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override {
     return std::make_unique<deferred::LayerNorm>(inner_->layer_norm(g));
+  }
+  std::unique_ptr<MulKernel> mul(const MulGeometry& g) override {
+    return std::make_unique<deferred::Mul>(inner_->mul(g));
   }
   std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) override {
     return std::make_unique<deferred::TokenPool>(inner_->token_pool(g));

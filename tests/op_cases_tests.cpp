@@ -50,6 +50,8 @@ std::vector<OpCase> cases() {
   std::vector<OpCase> c = {
       {"conv2d", "conv2d_strided_padded", R"({ name: "y", op: "conv2d", inputs: ["x"], conv2d: { out_channels: 4, kernel: [3], stride: [2], padding: [1] } })", img},
       {"conv2d", "conv2d_depthwise", R"({ name: "y", op: "conv2d", inputs: ["x"], conv2d: { out_channels: 3, kernel: [3], padding: [1], groups: 3 } })", img},
+      {"conv2d", "conv2d_pooled_1x1", R"({ name: "p", op: "global_avg_pool", inputs: ["x"] },
+        { name: "y", op: "conv2d", inputs: ["p"], conv2d: { out_channels: 5, kernel: [1] } })", img},
       {"linear", "linear", R"({ name: "y", op: "linear", inputs: ["x"], linear: { out_features: 5 } })", vec6},
       {"linear", "linear_tokens_lora", R"({ name: "y", op: "linear", inputs: ["x"], linear: { out_features: 5 }, lora: { rank: 2, alpha: 4 } })", seq},
       activation("relu", Draw::AwayFromZero),
@@ -60,6 +62,7 @@ std::vector<OpCase> cases() {
       activation("sigmoid"),
       activation("tanh"),
       activation("silu"),
+      activation("hardsigmoid", Draw::AwayFromZero),
       activation("softmax"),
       {"max_pool2d", "max_pool2d", R"({ name: "y", op: "max_pool2d", inputs: ["x"], pool: { kernel: [2] } })", img, Draw::Spaced},
       {"avg_pool2d", "avg_pool2d_padded", R"({ name: "y", op: "avg_pool2d", inputs: ["x"], pool: { kernel: [3], stride: [2], padding: [1] } })", img},
@@ -68,6 +71,14 @@ std::vector<OpCase> cases() {
       {"flatten", "flatten", R"({ name: "f", op: "flatten", inputs: ["x"] }, { name: "y", op: "linear", inputs: ["f"], linear: { out_features: 3 } })", img},
       {"add", "add_residual", R"({ name: "l", op: "linear", inputs: ["x"], linear: { out_features: 6 } }, { name: "y", op: "add", inputs: ["l", "x"] })", vec6},
       {"concat", "concat_two_branches", R"({ name: "l", op: "linear", inputs: ["x"], linear: { out_features: 3 } }, { name: "y", op: "concat", inputs: ["x", "l"] })", vec6},
+      // mul: MobileNetV3's squeeze-excitation (an image times its channels' gates) and a
+      // product of one shape (a gated unit)
+      {"mul", "mul_channel_gates", R"({ name: "p", op: "global_avg_pool", inputs: ["x"] },
+        { name: "g", op: "conv2d", inputs: ["p"], conv2d: { out_channels: 3, kernel: [1] } },
+        { name: "s", op: "hardsigmoid", inputs: ["g"] },
+        { name: "y", op: "mul", inputs: ["x", "s"] })", img},
+      {"mul", "mul_same_shape", R"({ name: "l", op: "linear", inputs: ["x"], linear: { out_features: 6 } },
+        { name: "y", op: "mul", inputs: ["l", "x"] })", seq},
       {"dropout", "dropout", R"({ name: "y", op: "dropout", inputs: ["x"], dropout: { p: 0.25 } })", R"({ name: "x", shape: [64] })",
        Draw::Uniform, 0, false, false},
       {"layer_norm", "layer_norm_tokens", R"({ name: "y", op: "layer_norm", inputs: ["x"] })", seq},

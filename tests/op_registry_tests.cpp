@@ -51,6 +51,8 @@ std::vector<Case> cases() {
   c.push_back({conv(6, 3, 2, 1, 1, false), {{8, 8, 4}}, 2.0 * 384 * 18, 2.0 * 2 * 384 * 18});
   // Depthwise 3x3 stride 2 on 8x8x8 -> 4x4x8: one input channel an output.
   c.push_back({conv(8, 3, 8, 2, 1, false), {{8, 8, 8}}, 2.0 * 128 * 9, 2.0 * 2 * 128 * 9});
+  // 1x1 on a pooled [8] -> [4] (a squeeze-excitation's): 4 outputs of 8 multiply-adds, the bias' 4.
+  c.push_back({conv(4, 1, 1, 1, 0, true), {{8}}, 2.0 * 4 * 8, 2.0 * 2 * 4 * 8 + 4});
   NodeSpec lin = named("linear");
   lin.linear = {10, true};
   c.push_back({lin, {{20}}, 2.0 * 200, 2.0 * 2 * 200 + 10});
@@ -68,11 +70,14 @@ std::vector<Case> cases() {
   const std::map<std::string, std::pair<double, double>> per_value{
       {"relu", {1, 1}},    {"relu6", {2, 2}},   {"hardswish", {5, 4}}, {"gelu", {6, 10}}, {"sigmoid", {3, 3}},
       {"tanh", {1, 3}},    {"silu", {4, 7}},    {"dropout", {2, 1}},   {"softmax", {3, 4}},
-      {"gelu_tanh", {9, 19}}};
+      {"gelu_tanh", {9, 19}}, {"hardsigmoid", {4, 2}}};
   for (const auto& [op, f] : per_value) c.push_back({named(op), {{5, 6}}, 30 * f.first, 30 * f.second});
   c.push_back({named("batch_norm"), {{5, 6}}, 30 * 7.0, 30 * 8.0 + 30 * 3.0});
   c.push_back({named("layer_norm"), {{5, 6}}, 30 * 6.0, 30 * 8.0 + 30 * 3.0});
   c.push_back({named("add"), {{5, 6}, {5, 6}}, 30.0, 0.0});
+  // mul: a product a value; backward dy b and dy a (summed into b's 6 where b is repeated).
+  c.push_back({named("mul"), {{5, 6}, {6}}, 30.0, 90.0});
+  c.push_back({named("mul"), {{5, 6}, {5, 6}}, 30.0, 90.0});
   c.push_back({named("concat"), {{5, 6}, {5, 2}}, 0.0, 0.0});
   c.push_back({named("global_avg_pool"), {{4, 4, 6}}, 96.0 + 6, 96.0});
   c.push_back({named("flatten"), {{4, 4, 6}}, 0.0, 0.0});

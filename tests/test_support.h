@@ -96,6 +96,7 @@ class ForwardingBackend : public Backend {
   std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) override { return inner_->batch_norm(g); }
   std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override { return inner_->layer_norm(g); }
   std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) override { return inner_->token_pool(g); }
+  std::unique_ptr<MulKernel> mul(const MulGeometry& g) override { return inner_->mul(g); }
   std::unique_ptr<DropoutKernel> dropout(int64_t elements) override { return inner_->dropout(elements); }
   std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) override { return inner_->attention(g); }
   std::unique_ptr<GroupedLinearKernel> grouped_linear(const GroupedLinearGeometry& g) override {

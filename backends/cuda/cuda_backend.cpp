@@ -424,6 +424,35 @@ class CudaTokenPool final : public TokenPoolKernel {
   DeviceBuffer x_, w_, y_;  // x_ also stages dx, y_ also dy
 };
 
+class CudaMul final : public MulKernel {
+ public:
+  CudaMul(Shared ctx, const MulGeometry& g)
+      : ctx_(cuda::bound(std::move(ctx))), g_(g), a_(floats(g.batch * g.outer * g.inner)), b_(floats(g.batch * g.inner)),
+        y_(floats(g.batch * g.outer * g.inner)), da_(floats(g.batch * g.outer * g.inner)), db_(floats(g.batch * g.inner)) {}
+  void forward(const float* a, const float* b, float* y) override {
+    Call call(*ctx_);
+    const float* d_a = call.in(a, a_);
+    const float* d_b = call.in(b, b_);
+    check(cuda::mul_forward(d_a, d_b, call.out(y, y_), g_.batch, g_.outer, g_.inner, ctx_->stream()), "mul");
+    call.end();
+  }
+  void backward(const float* dy, const float* a, const float* b, float* da, float* db) override {
+    Call call(*ctx_);
+    const float* d_dy = call.in(dy, y_);
+    const float* d_a = call.in(a, a_);
+    const float* d_b = call.in(b, b_);
+    check(cuda::mul_backward(d_dy, d_a, d_b, da ? call.out(da, da_) : nullptr, db ? call.out(db, db_) : nullptr, g_.batch,
+                             g_.outer, g_.inner, ctx_->stream()),
+          "mul backward");
+    call.end();
+  }
+
+ private:
+  Shared ctx_;
+  MulGeometry g_;
+  DeviceBuffer a_, b_, y_, da_, db_;  // y_ also stages dy
+};
+
 // Per sample, the heads in one strided batched GEMM each way: scores = q k^T, then the masked
 // softmax in place, out = P v; backward dP = dout v^T, dv = P^T dout, dS, dq = dS k, dk = dS^T q.
 class CudaAttention final : public AttentionKernel {
@@ -562,6 +591,7 @@ class CudaBackend final : public Backend {
   std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) override {
     return std::make_unique<CudaTokenPool>(ctx_, g);
   }
+  std::unique_ptr<MulKernel> mul(const MulGeometry& g) override { return std::make_unique<CudaMul>(ctx_, g); }
   std::unique_ptr<DropoutKernel> dropout(int64_t elements) override {
     return std::make_unique<CudaDropout>(ctx_, elements);
   }

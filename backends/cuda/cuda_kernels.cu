@@ -66,6 +66,7 @@ __device__ inline float act_forward(float x) {
   if constexpr (K == ActivationKind::Sigmoid) return act::sigmoid(x);
   if constexpr (K == ActivationKind::Tanh) return act::tanh_(x);
   if constexpr (K == ActivationKind::Silu) return act::silu(x);
+  if constexpr (K == ActivationKind::Hardsigmoid) return act::hardsigmoid(x);
   return x;
 }
 template <ActivationKind K>
@@ -77,6 +78,7 @@ __device__ inline float act_backward(float x, float y, float dy) {
   if constexpr (K == ActivationKind::Sigmoid) return act::sigmoid_grad(x, y, dy);
   if constexpr (K == ActivationKind::Tanh) return act::tanh_grad(x, y, dy);
   if constexpr (K == ActivationKind::Silu) return act::silu_grad(x, y, dy);
+  if constexpr (K == ActivationKind::Hardsigmoid) return act::hardsigmoid_grad(x, y, dy);
   return dy;
 }
 
@@ -109,6 +111,8 @@ cudaError_t dispatch_activation(ActivationKind kind, bool forward, const float* 
     case ActivationKind::Sigmoid: return launch_activation<ActivationKind::Sigmoid>(forward, x, y, dy, out, n, s);
     case ActivationKind::Tanh: return launch_activation<ActivationKind::Tanh>(forward, x, y, dy, out, n, s);
     case ActivationKind::Silu: return launch_activation<ActivationKind::Silu>(forward, x, y, dy, out, n, s);
+    case ActivationKind::Hardsigmoid:
+      return launch_activation<ActivationKind::Hardsigmoid>(forward, x, y, dy, out, n, s);
   }
   return cudaErrorInvalidValue;
 }
@@ -353,6 +357,30 @@ __global__ void token_pool_backward_kernel(const float* dy, const float* w, floa
   }
 }
 
+__global__ void mul_forward_kernel(const float* a, const float* b, float* y, int64_t batch, int64_t outer,
+                                   int64_t inner) {
+  for (int64_t i = first_index(); i < batch * outer * inner; i += grid_stride())
+    y[i] = a[i] * b[(i / (outer * inner)) * inner + i % inner];
+}
+__global__ void mul_backward_a_kernel(const float* dy, const float* b, float* da, int64_t batch, int64_t outer,
+                                      int64_t inner) {
+  for (int64_t i = first_index(); i < batch * outer * inner; i += grid_stride())
+    da[i] = dy[i] * b[(i / (outer * inner)) * inner + i % inner];
+}
+// One thread a (sample, inner) pair, summing over outer in order.
+__global__ void mul_backward_b_kernel(const float* dy, const float* a, float* db, int64_t batch, int64_t outer,
+                                      int64_t inner) {
+  for (int64_t j = first_index(); j < batch * inner; j += grid_stride()) {
+    const int64_t n = j / inner, c = j % inner;
+    float sum = 0.0f;
+    for (int64_t o = 0; o < outer; ++o) {
+      const int64_t at = (n * outer + o) * inner + c;
+      sum += dy[at] * a[at];
+    }
+    db[j] = sum;
+  }
+}
+
 }  // namespace
 
 bool activation_kind(std::string_view name, ActivationKind& kind) {
@@ -363,7 +391,7 @@ bool activation_kind(std::string_view name, ActivationKind& kind) {
   for (const Named& n : {Named{"relu6", ActivationKind::Relu6}, Named{"hardswish", ActivationKind::Hardswish},
                          Named{"gelu", ActivationKind::Gelu}, Named{"gelu_tanh", ActivationKind::GeluTanh},
                          Named{"sigmoid", ActivationKind::Sigmoid}, Named{"tanh", ActivationKind::Tanh},
-                         Named{"silu", ActivationKind::Silu}})
+                         Named{"silu", ActivationKind::Silu}, Named{"hardsigmoid", ActivationKind::Hardsigmoid}})
     if (n.name == name) {
       kind = n.kind;
       return true;
@@ -482,6 +510,22 @@ cudaError_t token_pool_backward(const float* dy, const float* w, float* dx, int6
   if (batch * tokens * features == 0) return cudaSuccess;
   token_pool_backward_kernel<<<blocks_for(batch * tokens * features), kThreads, 0, s>>>(dy, w, dx, batch, tokens,
                                                                                         features);
+  return cudaGetLastError();
+}
+cudaError_t mul_forward(const float* a, const float* b, float* y, int64_t batch, int64_t outer, int64_t inner,
+                        cudaStream_t s) {
+  if (batch * outer * inner == 0) return cudaSuccess;
+  mul_forward_kernel<<<blocks_for(batch * outer * inner), kThreads, 0, s>>>(a, b, y, batch, outer, inner);
+  return cudaGetLastError();
+}
+cudaError_t mul_backward(const float* dy, const float* a, const float* b, float* da, float* db, int64_t batch,
+                         int64_t outer, int64_t inner, cudaStream_t s) {
+  if (batch * outer * inner == 0) return cudaSuccess;
+  if (db) {
+    mul_backward_b_kernel<<<blocks_for(batch * inner), kThreads, 0, s>>>(dy, a, db, batch, outer, inner);
+    if (const cudaError_t e = cudaGetLastError(); e != cudaSuccess) return e;
+  }
+  if (da) mul_backward_a_kernel<<<blocks_for(batch * outer * inner), kThreads, 0, s>>>(dy, b, da, batch, outer, inner);
   return cudaGetLastError();
 }
 cudaError_t attention_softmax(float* scores, const float* mask, int64_t batch, int64_t heads, int64_t tokens,

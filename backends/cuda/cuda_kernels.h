@@ -12,7 +12,7 @@
 
 namespace tandem::cuda {
 
-enum class ActivationKind : int { Relu6, Hardswish, Gelu, GeluTanh, Sigmoid, Tanh, Silu };
+enum class ActivationKind : int { Relu6, Hardswish, Gelu, GeluTanh, Sigmoid, Tanh, Silu, Hardsigmoid };
 
 // The kernel for an activation op's name (core/ops); false when there is none.
 bool activation_kind(std::string_view name, ActivationKind& kind);
@@ -72,6 +72,12 @@ cudaError_t token_pool_forward(const float* x, const float* w, float* y, int64_t
                                int64_t features, cudaStream_t s);
 cudaError_t token_pool_backward(const float* dy, const float* w, float* dx, int64_t batch, int64_t tokens,
                                 int64_t features, cudaStream_t s);
+// The mul op: y = a * b, a [batch, outer, inner] and b [batch, inner] repeated over outer;
+// backward da = dy * b and db = the sum over outer of dy * a (a null one skipped).
+cudaError_t mul_forward(const float* a, const float* b, float* y, int64_t batch, int64_t outer, int64_t inner,
+                        cudaStream_t s);
+cudaError_t mul_backward(const float* dy, const float* a, const float* b, float* da, float* db, int64_t batch,
+                         int64_t outer, int64_t inner, cudaStream_t s);
 
 // Attention's scores [batch, heads, tokens, tokens] (raw q.k) become probabilities in place:
 // scaled, keys the mask drops (mask [batch, tokens], 0: drop; may be null) and, causal, keys

@@ -412,6 +412,7 @@ class Backend final : public tandem::Backend {
   std::unique_ptr<AddKernel> add(int64_t elements) override { return std::make_unique<Add>(ctx_, elements); }
   std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) override { return make_reference_batch_norm(g); }
   std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) override { return make_reference_token_pool(g); }
+  std::unique_ptr<MulKernel> mul(const MulGeometry& g) override { return make_reference_mul(g); }
   std::unique_ptr<DropoutKernel> dropout(int64_t elements) override { return make_reference_dropout(elements); }
   std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override {
     return std::make_unique<LayerNorm>(ctx_, g);

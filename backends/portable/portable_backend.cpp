@@ -186,6 +186,7 @@ class PortableBackend final : public Backend {
   std::unique_ptr<AddKernel> add(int64_t elements) override { return reference_->add(elements); }
   std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) override { return make_reference_batch_norm(g); }
   std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) override { return make_reference_token_pool(g); }
+  std::unique_ptr<MulKernel> mul(const MulGeometry& g) override { return make_reference_mul(g); }
   std::unique_ptr<DropoutKernel> dropout(int64_t elements) override { return make_reference_dropout(elements); }
   std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override { return simd::make_layer_norm(g); }
   std::unique_ptr<AttentionKernel> attention(const AttentionGeometry& g) override { return simd::make_attention(g); }

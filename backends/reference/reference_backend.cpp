@@ -507,6 +507,7 @@ class ReferenceBackend final : public Backend {
   }
   std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) override { return make_reference_batch_norm(g); }
   std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) override { return make_reference_token_pool(g); }
+  std::unique_ptr<MulKernel> mul(const MulGeometry& g) override { return make_reference_mul(g); }
   std::unique_ptr<DropoutKernel> dropout(int64_t elements) override { return make_reference_dropout(elements); }
   std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override {
     return std::make_unique<ReferenceLayerNorm>(g);

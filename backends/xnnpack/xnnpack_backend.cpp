@@ -529,6 +529,7 @@ class XnnBackend final : public Backend {
   std::unique_ptr<AddKernel> add(int64_t elements) override { return std::make_unique<XnnAdd>(ctx_, elements); }
   std::unique_ptr<BatchNormKernel> batch_norm(const BatchNormGeometry& g) override { return make_reference_batch_norm(g); }
   std::unique_ptr<TokenPoolKernel> token_pool(const TokenPoolGeometry& g) override { return make_reference_token_pool(g); }
+  std::unique_ptr<MulKernel> mul(const MulGeometry& g) override { return make_reference_mul(g); }
   std::unique_ptr<DropoutKernel> dropout(int64_t elements) override { return make_reference_dropout(elements); }
   // XNNPACK 2022 has no layer normalisation operator: the simd kernel (the portable backend's).
   std::unique_ptr<LayerNormKernel> layer_norm(const LayerNormGeometry& g) override { return simd::make_layer_norm(g); }

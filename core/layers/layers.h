@@ -359,6 +359,23 @@ class AddLayer final : public Layer {
   KernelCache<AddKernel> kernels_;
 };
 
+// a * b, b broadcast over a's leading dimensions (the mul op; MulKernel): each sample's a
+// [outer, inner] and b [inner]. Backward reads both inputs, not the output.
+class MulLayer final : public Layer {
+ public:
+  bool touches_host() const override { return false; }  // kernels only
+  Reads backward_reads() const override { return {0b11u, false}; }
+  MulLayer(std::string name, Backend& backend) : Layer(std::move(name)), backend_(backend) {}
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  MulKernel& kernel(std::span<const Tensor> in);
+  Backend& backend_;
+  KernelCache<MulKernel> kernels_;
+};
+
 // Softmax over the last dimension (probabilities as a layer; training losses take logits).
 class SoftmaxLayer final : public Layer {
  public:

@@ -103,6 +103,24 @@ void AddLayer::backward(std::span<const Tensor>, const Tensor&, const Tensor& gr
     if (g.defined()) backend_.vectors().copy(g.data(), grad_out.data(), g.numel());
 }
 
+MulKernel& MulLayer::kernel(std::span<const Tensor> in) {
+  const int64_t batch = in[0].shape()[0], inner = in[1].numel() / batch;
+  return kernels_.get(batch, in[0].numel() / batch / inner, [&](int64_t b, int64_t outer) {
+    return backend_.mul({b, outer, inner});
+  });
+}
+
+void MulLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  kernel(in).forward(in[0].data(), in[1].data(), out.data());
+}
+
+void MulLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
+                        Stash&) {
+  float* da = grad_in[0].defined() ? grad_in[0].data() : nullptr;
+  float* db = grad_in.size() > 1 && grad_in[1].defined() ? grad_in[1].data() : nullptr;
+  if (da || db) kernel(in).backward(grad_out.data(), in[0].data(), in[1].data(), da, db);
+}
+
 SoftmaxKernel& SoftmaxLayer::kernel(int64_t rows) {
   return kernels_.get(rows, [&](int64_t n) { return backend_.softmax(n, channels_); });
 }
