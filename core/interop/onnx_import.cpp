@@ -595,8 +595,11 @@ class Importer {
 
   // ---- one function an ONNX op ----
 
+  // A convolution; on a globally pooled [N, C, 1, 1] tensor (a squeeze-excitation's) a 1x1 one,
+  // which tandem's conv2d runs on the pooled vector [C].
   void conv(const OnnxNode& n) {
-    const Value& x = image(n);
+    const bool pooled = form_of(n, 0) == Form::Pooled;
+    const Value& x = pooled ? input(n, 0) : image(n);
     const OnnxTensor& w = weight(n, 1, "weight");
     if (w.dims.size() != 4) throw Refusal{cat("its weight has ", w.dims.size(), " dimensions; tandem's convolutions are 2-D")};
     NodeSpec s = node_of(param_node_name(n, w), "conv2d", {x.node});
@@ -611,9 +614,11 @@ class Importer {
     const OnnxTensor* b = stored(n, 2);
     if (n.inputs.size() > 2 && !n.inputs[2].empty() && !b) throw Refusal{"its bias is not a stored weight"};
     c.bias = b != nullptr;
+    if (pooled && (c.kernel != Pair{1, 1} || c.padding != Pair{0, 0}))
+      throw Refusal{"it convolves a globally pooled [N, C, 1, 1] tensor with a window other than 1x1 unpadded"};
     add_weight(s.name, "weight", w);
     if (b) add_weight(s.name, "bias", *b);
-    emit(n, std::move(s), Form::Image, n.outputs.at(0));
+    emit(n, std::move(s), pooled ? Form::Pooled : Form::Image, n.outputs.at(0));
   }
 
   void batch_norm(const OnnxNode& n) {
@@ -801,13 +806,39 @@ class Importer {
     const OnnxNode* plus = tanh ? sole_reader(tanh->outputs.at(0), "Add") : nullptr;
     const OnnxNode* times_x = plus && is_scalar(*plus, other(*plus, tanh->outputs[0]), 1.0) ? sole_reader(plus->outputs.at(0), "Mul") : nullptr;
     const OnnxNode* half = times_x && times_x->inputs[other(*times_x, plus->outputs[0])] == xv ? sole_reader(times_x->outputs.at(0), "Mul") : nullptr;
-    if (!half || !is_scalar(*half, other(*half, times_x->outputs[0]), 0.5))
-      throw Refusal{"tandem multiplies only inside the patterns it fuses (GELU's tanh form)"};
+    if (!half || !is_scalar(*half, other(*half, times_x->outputs[0]), 0.5)) return product(sq);
     absorb({cube, scaled, sum, inner, tanh, plus, times_x, half});
     values_[half->outputs.at(0)] = {};
     const Value& x = input(sq, 0);
     out_.fused.push_back(cat(module_of(sq.name).empty() ? sq.name : module_of(sq.name), ": Mul, Mul, Mul, Add, Mul, Tanh, Add, Mul, Mul -> gelu_tanh"));
     emit(sq, node_of(module_node_name(sq), "gelu_tanh", {x.node}), x.form, half->outputs.at(0), x.dims);
+  }
+
+  // Mul of two computed tensors: tandem's mul, b of a's shape or a channel's gate repeated
+  // over an image (MobileNetV3's squeeze-excitation: the image times its pooled gates).
+  void product(const OnnxNode& n) {
+    if (constant(n, 0) || constant(n, 1))
+      throw Refusal{"it multiplies by a constant; tandem multiplies two computed tensors, or inside the patterns it fuses "
+                    "(GELU's tanh form, attention's scale, the mask's)"};
+    const Value& a = input(n, 0);
+    const Value& b = input(n, 1);
+    if (a.form == Form::FlatImage || b.form == Form::FlatImage)
+      throw Refusal{"it multiplies a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"};
+    if (a.form == Form::Image && b.form == Form::Pooled)
+      return emit(n, node_of(functional_node_name(n), "mul", {a.node, b.node}), Form::Image, n.outputs.at(0));
+    if (a.form == Form::Pooled && b.form == Form::Image)
+      return emit(n, node_of(functional_node_name(n), "mul", {b.node, a.node}), Form::Image, n.outputs.at(0));
+    if (a.form != b.form || (!a.dims.empty() && !b.dims.empty() && a.dims != b.dims))
+      throw Refusal{"it multiplies tensors of different shapes; tandem repeats only a pooled [N, C, 1, 1] gate over an image"};
+    emit(n, node_of(functional_node_name(n), "mul", {a.node, b.node}), a.form, n.outputs.at(0), a.dims);
+  }
+
+  // nn.Hardsigmoid: relu6(x + 3) / 6, HardSigmoid with alpha 1/6 and beta 0.5.
+  void hard_sigmoid(const OnnxNode& n) {
+    const float alpha = float_attr(n, "alpha", 0.2f), beta = float_attr(n, "beta", 0.5f);
+    if (std::abs(alpha - 1.0f / 6.0f) > 1e-6f || beta != 0.5f)
+      throw Refusal{cat("alpha ", alpha, " and beta ", beta, "; tandem's hardsigmoid is PyTorch's (alpha 1/6, beta 0.5)")};
+    activation(n, "hardsigmoid");
   }
 
   void flatten(const OnnxNode& n) {
@@ -1304,6 +1335,7 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
       {"Sigmoid", [](I& i, const OnnxNode& n) { i.activation(n, "sigmoid"); }},
       {"Tanh", [](I& i, const OnnxNode& n) { i.activation(n, "tanh"); }},
       {"HardSwish", [](I& i, const OnnxNode& n) { i.activation(n, "hardswish"); }},
+      {"HardSigmoid", &I::hard_sigmoid},
       {"Clip", &I::clip},
       {"MaxPool", [](I& i, const OnnxNode& n) { i.pool(n, "max_pool2d"); }},
       {"AveragePool", [](I& i, const OnnxNode& n) { i.pool(n, "avg_pool2d"); }},

@@ -1,15 +1,15 @@
 #!/usr/bin/env bash
-# ONNX import (tandem import): torchvision's resnet18 and mobilenet_v2 (random weights and
-# batch-norm statistics), a tabular torch.nn model (Linear, LayerNorm, GELU and its tanh
+# ONNX import (tandem import): torchvision's resnet18, mobilenet_v2 and mobilenet_v3_small
+# (random weights and batch-norm statistics; V3's squeeze-excitation), a tabular torch.nn model (Linear, LayerNorm, GELU and its tanh
 # form, Dropout; at opsets 14 and 17) and a BERT-style text classifier under Hugging Face's
 # module names (tests/interop/hf_encoder.py: attention with a padding mask), exported from PyTorch in training mode, imported and
 # evaluated on every CPU backend: tandem's logits equal torch's within 1e-4. The spec's nodes and the
 # weights carry PyTorch's module names; --cut names a module. The imported resnet18 trains
 # split at that cut over mutual TLS (tandem-cloud and tandem-edge, both --init-from the
 # import's weights, K = 4, 3 SGD steps, the edge's sample order replayed in torch); tandem export's file loads strictly into torchvision's
-# resnet18 and equals torch's own 3 steps within 1e-4. mobilenet_v3_small (its
-# squeeze-excitation) is refused with every node it cannot take; a truncated file and a bad
-# cut are refused with the exact errors.
+# resnet18 and equals torch's own 3 steps within 1e-4. A small VisionTransformer (its
+# nn.MultiheadAttention) is refused with every node it cannot take; a truncated file and a
+# bad cut are refused with the exact errors.
 # Usage: onnx_import.sh BUILD_DIR SOURCE_DIR [BACKENDS]
 set -euo pipefail
 build=$1 src=$2 backends=${3:-"reference portable xnnpack onednn"}
@@ -24,7 +24,7 @@ source "$src/tests/lib/skip.sh"
 check=$src/tests/interop/onnx_check.py
 
 # torch's exports run side by side (the test runs alone: both cores are its); each status is checked.
-models="resnet18 mobilenet_v2 tabular14 tabular17 bert"
+models="resnet18 mobilenet_v2 mobilenet_v3_small tabular14 tabular17 bert"
 pids=()
 for model in $models; do
   mkdir -p "$work/$model"
@@ -38,7 +38,10 @@ for pid in "${pids[@]}"; do
 done
 for model in $models; do
   dir=$work/$model
-  case $model in mobilenet_v2) cut=features.7 ;; tabular*) cut=2 ;; bert) cut=bert.encoder.layer.0 ;; *) cut=layer3 ;; esac
+  case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;;
+    bert) cut=bert.encoder.layer.0 ;; *) cut=layer3 ;; esac
+  tol=1e-4
+  [[ $model == mobilenet_v3_small ]] && tol=1e-5  # its logits are about 0.1
   "$tandem_bin" import "$dir/model.onnx" --out "$dir/imported" --cut "$cut" > "$dir/import.out" 2>&1 ||
     fail "$model: tandem import: $(cat "$dir/import.out")"
   cat "$dir/import.out"
@@ -55,7 +58,7 @@ for model in $models; do
   done
   for backend in $backends; do
     echo -n "$model on $backend: "
-    /usr/bin/python3 "$check" compare "$dir/torch.f32" "$dir/$backend.f32" 1e-4 || fail "$model on $backend: logits differ from torch's"
+    /usr/bin/python3 "$check" compare "$dir/torch.f32" "$dir/$backend.f32" "$tol" || fail "$model on $backend: logits differ from torch's"
   done
 done
 
@@ -84,7 +87,7 @@ r18=$work/resnet18/imported
 grep -q 'name: "layer1.0.conv1", op: "conv2d"' "$r18/model.json" || fail "no node named after module layer1.0.conv1"
 grep -q 'name: "layer1.0.bn1", op: "batch_norm", inputs: \["layer1.0.conv1"\]' "$r18/model.json" || fail "batch norm layer1.0.bn1"
 grep -q 'cut: "layer3.1.relu_1"' "$r18/model.json" || fail "--cut layer3 did not resolve to layer3's last node"
-for model in resnet18 bert; do
+for model in resnet18 mobilenet_v3_small bert; do
   /usr/bin/python3 - "$work/$model/torch.pt" "$work/$model/imported/weights.safetensors" <<'PY' || fail "$model: the weights' names are not the state dict's"
 import json, struct, sys, torch
 keys = {k for k in torch.load(sys.argv[1]) if not k.endswith("num_batches_tracked")}
@@ -120,16 +123,24 @@ cloud_pid=
 /usr/bin/python3 "$check" weights resnet18 "$work/trained.safetensors" "$work/resnet18" 1e-4 ||
   fail "tandem's 3 split steps over TLS differ from torch's"
 
-# Refused: every node tandem cannot take, at once, with its op and module.
-"$tandem_bin" import "$work/model.onnx" --out "$work/v3" > "$work/v3.out" 2>&1 && fail "mobilenet_v3_small was imported"
-cat "$work/v3.out" | head -3
-grep -q "^tandem: \[import\] $work/model.onnx: 19 problems (ops: Conv, HardSigmoid, Mul); tandem imports none of the model:" \
-  "$work/v3.out" || fail "mobilenet_v3_small: $(head -2 "$work/v3.out")"
-grep -q "node '/features/features.1/block/block.1/Mul' (Mul, module features.1.block.1): tandem multiplies only inside the patterns it fuses (GELU's tanh form)" "$work/v3.out" ||
-  fail "the Mul of features.1's squeeze-excitation is not named"
-[[ $(grep -c "(HardSigmoid, module features\.[0-9]*\.block\.[0-9]\.scale_activation): tandem has no such op" "$work/v3.out") == 9 ]] ||
-  fail "not every HardSigmoid is listed"
-[[ ! -e $work/v3 ]] || fail "a refused import wrote $work/v3"
+# MobileNetV3's squeeze-excitation: a 1x1 convolution of the pooled image, its gate
+# (hardsigmoid) and the image times the gate (mul).
+grep -qF 'name: "features.1.block.1.fc1", op: "conv2d", inputs: ["features.1.block.1.avgpool"]' "$work/mobilenet_v3_small/imported/model.json" ||
+  fail "mobilenet_v3_small: the squeeze-excitation's fc1"
+grep -qF 'name: "features.1.block.1.mul", op: "mul", inputs: ["features.1.block.0.2", "features.1.block.1.scale_activation"]' \
+  "$work/mobilenet_v3_small/imported/model.json" || fail "mobilenet_v3_small: the squeeze-excitation's product"
+
+# Refused: every node tandem cannot take, at once, with its op and module (a ViT: its
+# nn.MultiheadAttention's packed in-projection and the [CLS] token's Expand).
+"$tandem_bin" import "$work/model.onnx" --out "$work/vit" > "$work/vit.out" 2>&1 && fail "the ViT was imported"
+cat "$work/vit.out" | head -3
+grep -q "^tandem: \[import\] $work/model.onnx: 25 problems (ops: ConstantOfShape, Div, Equal, Expand, Mul, Reshape, Shape, Slice, Where); tandem imports none of the model:" \
+  "$work/vit.out" || fail "vit: $(head -2 "$work/vit.out")"
+grep -qF "node '/encoder/layers/encoder_layer_0/self_attention/Slice' (Slice, module encoder.layers.encoder_layer_0.self_attention): tandem slices shapes and constants only" \
+  "$work/vit.out" || fail "the in-projection's Slice is not named"
+[[ $(grep -c "(Shape, module encoder.layers.encoder_layer_0.self_attention): it reads the shape of a tensor whose shape import does not track" "$work/vit.out") == 7 ]] ||
+  fail "not every Shape of the attention is listed"
+[[ ! -e $work/vit ]] || fail "a refused import wrote $work/vit"
 
 # A truncated file; a cut that names nothing.
 head -c 5000 "$work/resnet18/model.onnx" > "$work/cut.onnx"

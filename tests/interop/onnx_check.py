@@ -9,7 +9,9 @@ usage: onnx_check.py export MODEL OUT_DIR N
            OUT_DIR/torch.pt: the state dict the file was exported from. MODEL tabular14 and
            tabular17: records of 12 features; bert: a BERT-style text classifier (bert() below)
        onnx_check.py refused OUT_DIR
-           mobilenet_v3_small (its squeeze-excitation: HardSigmoid and Mul) to OUT_DIR/model.onnx
+           a small torchvision VisionTransformer (32x32, patches of 8, one layer; its
+           nn.MultiheadAttention's packed in-projection, which tandem does not read) to
+           OUT_DIR/model.onnx
        onnx_check.py train MODEL OUT_DIR EPOCHS BATCH K LR SEED
            from OUT_DIR/torch.pt, what tandem-edge --limit BATCH --batch BATCH --microbatches K
            --epochs EPOCHS --lr LR --momentum 0 --seed SEED does: each epoch one step on the
@@ -212,7 +214,9 @@ def main():
               f"training moved the parameters by up to {moved:.3g}")
         sys.exit(0 if worst[1] <= tol and moved > 10 * tol else 1)
     elif cmd == "refused":
-        export(torchvision.models.mobilenet_v3_small(num_classes=10), f"{sys.argv[2]}/model.onnx")
+        vit = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16,
+                                                   mlp_dim=32, num_classes=10)
+        export(vit, f"{sys.argv[2]}/model.onnx")
     else:
         sys.exit(f"unknown command {cmd}")
 
