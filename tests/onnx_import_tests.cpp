@@ -320,7 +320,9 @@ Pb typed_value(const std::string& name, int type, const std::vector<int64_t>& di
 // constant [0, 0, 2, 4]; the key's computed: Shape, Gather, Unsqueeze, Concat), permuted, the
 // scores divided by `divisor`, plus the mask (Unsqueeze twice, Cast, 1 - mask when `inverted`,
 // times -1e4), Softmax, times the values, permuted back, reshaped, the first token, a linear.
-std::vector<uint8_t> attention_model(float divisor, bool inverted) {
+// `keys_in_two_steps`: the keys permuted as the query, then their last two axes swapped (as
+// Hugging Face's k.transpose(-1, -2) after the view), instead of in one permutation.
+std::vector<uint8_t> attention_model(float divisor, bool inverted, bool keys_in_two_steps = false) {
   std::vector<Pb> n = {node("/emb/Gather", "Gather", {"emb.weight", "ids"}, {"x"})};
   for (const std::string w : {"q", "k", "v"}) {
     n.push_back(node(cat("/att/", w, "/Transpose"), "Transpose", {cat("att.", w, ".weight")}, {cat(w, "_wt")}, {ints_attr("perm", {1, 0})}));
@@ -338,7 +340,12 @@ std::vector<uint8_t> attention_model(float divisor, bool inverted) {
   n.push_back(ints("/att/rest", {3}, {4, 2, 4}));
   n.push_back(node("/att/Concat", "Concat", {"kb1", "/att/rest_out"}, {"kshape"}, {int_attr("axis", 0)}));
   n.push_back(node("/att/Reshape_1", "Reshape", {"k", "kshape"}, {"kh"}));
-  n.push_back(node("/att/Transpose_1", "Transpose", {"kh"}, {"kt"}, {ints_attr("perm", {0, 2, 3, 1})}));
+  if (keys_in_two_steps) {
+    n.push_back(node("/att/Transpose_1", "Transpose", {"kh"}, {"kf"}, {ints_attr("perm", {0, 2, 1, 3})}));
+    n.push_back(node("/att/Transpose_4", "Transpose", {"kf"}, {"kt"}, {ints_attr("perm", {0, 1, 3, 2})}));
+  } else {
+    n.push_back(node("/att/Transpose_1", "Transpose", {"kh"}, {"kt"}, {ints_attr("perm", {0, 2, 3, 1})}));
+  }
   n.push_back(node("/att/Reshape_2", "Reshape", {"v", "/att/heads_out"}, {"vh"}));
   n.push_back(node("/att/Transpose_2", "Transpose", {"vh"}, {"vt"}, {ints_attr("perm", {0, 2, 1, 3})}));
   n.push_back(ints("/m/a1", {1}, {1}));
@@ -371,6 +378,59 @@ std::vector<uint8_t> attention_model(float divisor, bool inverted) {
   return std::vector<uint8_t>(b.begin(), b.end());
 }
 
+// The floats of an imported tensor.
+std::vector<float> floats_of(const OnnxImport& imp, const std::string& name) {
+  for (const SafeTensor& t : imp.weights)
+    if (t.name == name) {
+      std::vector<float> v(t.data.size() / 4);
+      std::memcpy(v.data(), t.data.data(), t.data.size());
+      return v;
+    }
+  ADD_FAILURE() << "no tensor " << name;
+  return {};
+}
+
+// What the ONNX graph of attention_model computes, written out: one sample's logits.
+std::vector<float> attention_by_hand(const OnnxImport& imp, const float* ids, const float* mask) {
+  const int T = 4, F = 8, H = 2, D = 4;
+  const std::vector<float> emb = floats_of(imp, "emb.weight"), fc = floats_of(imp, "fc.weight"), fcb = floats_of(imp, "fc.bias");
+  std::vector<float> x(T * F), q(T * F), k(T * F), v(T * F), ctx(T * F, 0.0f);
+  for (int t = 0; t < T; ++t)
+    for (int f = 0; f < F; ++f) x[t * F + f] = emb[static_cast<std::size_t>(ids[t]) * F + f];
+  for (auto [out, w] : {std::pair{&q, "att.q"}, std::pair{&k, "att.k"}, std::pair{&v, "att.v"}}) {
+    const std::vector<float> W = floats_of(imp, cat(w, ".weight")), b = floats_of(imp, cat(w, ".bias"));
+    for (int t = 0; t < T; ++t)
+      for (int o = 0; o < F; ++o) {
+        double s = b[o];
+        for (int i = 0; i < F; ++i) s += static_cast<double>(x[t * F + i]) * W[o * F + i];
+        (*out)[t * F + o] = static_cast<float>(s);
+      }
+  }
+  for (int h = 0; h < H; ++h)
+    for (int t = 0; t < T; ++t) {
+      double scores[T], total = 0.0, top = -1e30;
+      for (int s = 0; s < T; ++s) {
+        double dot = 0.0;
+        for (int d = 0; d < D; ++d) dot += static_cast<double>(q[t * F + h * D + d]) * k[s * F + h * D + d];
+        scores[s] = dot / 2.0 + (1.0 - mask[s]) * -10000.0;
+        top = std::max(top, scores[s]);
+      }
+      for (double& s : scores) total += (s = std::exp(s - top));
+      for (int d = 0; d < D; ++d) {
+        double c = 0.0;
+        for (int s = 0; s < T; ++s) c += scores[s] / total * v[s * F + h * D + d];
+        ctx[t * F + h * D + d] = static_cast<float>(c);
+      }
+    }
+  std::vector<float> logits(3);
+  for (int o = 0; o < 3; ++o) {
+    double s = fcb[o];
+    for (int i = 0; i < F; ++i) s += static_cast<double>(ctx[i]) * fc[o * F + i];  // token 0
+    logits[o] = static_cast<float>(s);
+  }
+  return logits;
+}
+
 TEST(OnnxImport, AttentionWithItsMaskComesBackAsOneOp) {
   const OnnxImport imp = import_bytes(attention_model(2.0f, true));
   std::vector<std::string> ops;
@@ -392,6 +452,21 @@ TEST(OnnxImport, AttentionWithItsMaskComesBackAsOneOp) {
   auto backend = make_backend("reference");
   Network net(graph, *backend, 0);
   shard_from_torch(graph, imp.weights, net);
+  // And computes what the ONNX graph does: two samples, the second with its last token padding.
+  const float ids[8] = {3, 1, 4, 1, 5, 9, 2, 6}, mask[8] = {1, 1, 1, 1, 1, 1, 1, 0};
+  Tensor id_t = Tensor::empty({2, 4}), mask_t = Tensor::empty({2, 4});
+  std::memcpy(id_t.data(), ids, sizeof ids);
+  std::memcpy(mask_t.data(), mask, sizeof mask);
+  const std::vector<Tensor> inputs{id_t, mask_t};
+  const Tensor& y = net.forward(inputs, 0);
+  for (int b = 0; b < 2; ++b) {
+    const std::vector<float> want = attention_by_hand(imp, ids + 4 * b, mask + 4 * b);
+    for (int o = 0; o < 3; ++o) EXPECT_NEAR(y[b * 3 + o], want[static_cast<std::size_t>(o)], 1e-5) << "sample " << b;
+  }
+  // The keys permuted in two steps (Hugging Face's order) come back as the same op.
+  const OnnxImport two = import_bytes(attention_model(2.0f, true, true));
+  ASSERT_EQ(two.spec.nodes.size(), imp.spec.nodes.size());
+  EXPECT_EQ(two.spec.nodes[4].inputs, att.inputs);
 
   // Scaled by 1/3 where the head size is 4; the mask added as it is (1 keep): refused, with why.
   std::string e = error_of([&] { import_bytes(attention_model(3.0f, true)); });
@@ -401,6 +476,51 @@ TEST(OnnxImport, AttentionWithItsMaskComesBackAsOneOp) {
   EXPECT_NE(e.find("  node '/att/Add' (Add, module att): it adds a mask computed otherwise than (1 - mask) * c with c <= -1e4 "
                    "(it is mask * -10000)"), std::string::npos) << e;
   EXPECT_EQ(e.find("/att/MatMul_1"), std::string::npos) << "a refused step is reported once: " << e;
+  e = error_of([&] { import_bytes(attention_model(NAN, true)); });
+  EXPECT_NE(e.find("  node '/att/Div' (Div, module att): it scales attention scores by nan"), std::string::npos) << e;
+}
+
+// Shape arithmetic from a hostile file: too few inputs, axes twice, numbers past int64, a
+// shape doubled until it is huge; each is a listed refusal, never a crash or a wrong read.
+TEST(OnnxImport, MalformedShapeArithmeticIsRefused) {
+  auto refusal = [](std::vector<Pb> extra) {
+    extra.push_back(node("/fc/Gemm", "Gemm", {"x", "fc.weight", "fc.bias"}, {"logits"}, {int_attr("transB", 1)}));
+    Pb g;
+    for (const Pb& n : extra) g.msg(1, n);
+    g.msg(5, tensor("fc.weight", {3, 4})).msg(5, tensor("fc.bias", {3}));
+    g.msg(11, value("x", {4})).msg(12, value("logits", {3}));
+    const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
+    return error_of([&] { import_bytes(std::vector<uint8_t>(b.begin(), b.end())); });
+  };
+  const Pb four = ints("c", {1}, {4}), big = ints("big", {}, {int64_t{1} << 62}), low = ints("low", {}, {INT64_MIN}),
+           minus = ints("minus", {}, {-1}), twice = ints("twice", {2}, {0, 0}), scalar = ints("s", {}, {1});
+  struct Case {
+    std::vector<Pb> nodes;
+    std::string want;
+  };
+  const std::vector<Case> cases = {
+      {{node("/Cast", "Cast", {}, {"o"}, {int_attr("to", 7)})}, "node '/Cast' (Cast): input 0 is missing"},
+      {{four, node("/Add", "Add", {"c_out"}, {"o"})}, "node '/Add' (Add): it has 1 inputs"},
+      {{four, node("/Concat", "Concat", {"c_out", ""}, {"o"}, {int_attr("axis", 0)})}, "node '/Concat' (Concat): input 1 is missing"},
+      {{scalar, twice, node("/Unsqueeze", "Unsqueeze", {"s_out", "twice_out"}, {"o"})}, "node '/Unsqueeze' (Unsqueeze): it names an axis twice"},
+      {{four, twice, node("/Squeeze", "Squeeze", {"c_out", "twice_out"}, {"o"})}, "node '/Squeeze' (Squeeze): it names an axis twice"},
+      {{low, minus, node("/Div", "Div", {"low_out", "minus_out"}, {"o"})}, "node '/Div' (Div): it divides past what tandem computes with"},
+      {{big, node("/Mul", "Mul", {"big_out", "big_out"}, {"o"})}, "node '/Mul' (Mul): it computes past what tandem computes with"},
+      {{four, ints("i", {1}, {7}), node("/Gather", "Gather", {"c_out", "i_out"}, {"o"})}, "node '/Gather' (Gather): index 7 is outside 1 values"},
+  };
+  for (const Case& c : cases) {
+    const std::string e = refusal(c.nodes);
+    EXPECT_NE(e.find(c.want), std::string::npos) << e;
+  }
+  // Concat(c, c) again and again: refused once past 65536 values, not at 2^40.
+  std::vector<Pb> doubling = {ints("c", {4096}, std::vector<int64_t>(4096, 1))};
+  std::string last = "c_out";
+  for (int i = 0; i < 30; ++i) {
+    doubling.push_back(node(cat("/Concat_", i), "Concat", {last, last}, {cat("d", i)}, {int_attr("axis", 0)}));
+    last = cat("d", i);
+  }
+  const std::string e = refusal(doubling);
+  EXPECT_NE(e.find("node '/Concat_4' (Concat): it computes a shape of more than 65536 values"), std::string::npos) << e;
 }
 
 // A cut named by module (the nodes' names before a dot, as the import names them) is that

@@ -165,6 +165,9 @@ class Importer {
     if (made == values_.end())
       fail("import", cat(o_.origin, ": the output '", g_.outputs[0].name, "' is made by no node"));
     const Value& logits = made->second;
+    if (is_step(logits.form))
+      fail("import", cat(o_.origin, ": the output '", g_.outputs[0].name, "' is ", step_name(logits.form),
+                         "; tandem trains a model whose output is [batch, classes] logits"));
     if (logits.form == Form::Image)
       fail("import", cat(o_.origin, ": the output '", g_.outputs[0].name, "' is an image; tandem trains a model whose "
                          "output is [batch, classes] logits"));
@@ -188,7 +191,7 @@ class Importer {
   std::map<std::string, Folded> folded_;  // integer constants and what import computed from shapes
   std::map<std::string, int> uses_;
   std::map<std::string, std::vector<std::size_t>> readers_;
-  std::set<std::string> names_, params_used_, refused_types_;
+  std::set<std::string> names_, params_used_, refused_types_, id_inputs_;
   std::set<std::size_t> absorbed_;
   std::map<std::string, int> suffixes_;  // the last "_k" unique() gave a name
   std::vector<std::string> problems_;
@@ -302,9 +305,12 @@ class Importer {
     }
     return out;
   }
+  // Products of dimensions, refused past 2^62 (a file's dimensions are anybody's numbers).
   static int64_t count_of(const std::vector<int64_t>& dims) {
     int64_t k = 1;
-    for (int64_t d : dims) k *= d;
+    for (int64_t d : dims)
+      if (d < 0 || __builtin_mul_overflow(k, d, &k) || k > (int64_t{1} << 62))
+        throw Refusal{"its dimensions multiply past what tandem computes with"};
     return k;
   }
   static int64_t axis_in(int64_t axis, std::size_t rank) {
@@ -312,29 +318,57 @@ class Importer {
     if (axis < -r || axis >= r) throw Refusal{cat("axis ", axis, " is outside a tensor of rank ", r)};
     return axis < 0 ? axis + r : axis;
   }
+  // Axes for a tensor of `rank` dimensions, each once, in increasing order.
+  static std::vector<int64_t> distinct_axes(std::vector<int64_t> axes, std::size_t rank) {
+    for (int64_t& a : axes) a = axis_in(a, rank);
+    std::sort(axes.begin(), axes.end());
+    if (std::adjacent_find(axes.begin(), axes.end()) != axes.end()) throw Refusal{"it names an axis twice"};
+    return axes;
+  }
   static Sym arith(const std::string& op, Sym a, Sym b) {
     if (a.unknown || b.unknown) throw Refusal{"it computes with a dimension of a tensor whose shape import does not track"};
-    if (op == "Mul") return {a.c * b.c, a.p + b.p};
-    if (op == "Add" || op == "Sub") {
+    Sym r;
+    bool overflow = false;
+    if (op == "Mul") {
+      overflow = __builtin_mul_overflow(a.c, b.c, &r.c);
+      r.p = a.p + b.p;
+      if (r.p > 2) throw Refusal{"it multiplies the batch size by itself more than once"};
+    } else if (op == "Add" || op == "Sub") {
       if (a.c != 0 && b.c != 0 && a.p != b.p) throw Refusal{"it adds the batch size to a number; tandem keeps the batch apart"};
-      const int p = a.c != 0 ? a.p : b.p;
-      return {op == "Add" ? a.c + b.c : a.c - b.c, p};
+      r.p = a.c != 0 ? a.p : b.p;
+      overflow = op == "Add" ? __builtin_add_overflow(a.c, b.c, &r.c) : __builtin_sub_overflow(a.c, b.c, &r.c);
+    } else {  // Div: integer division as ONNX's; where the batch is in it, exact (its power cancelling or staying)
+      if (b.c == 0) throw Refusal{"it divides by zero"};
+      if (b.p > a.p || ((a.p > 0 || b.p > 0) && a.c % b.c != 0)) throw Refusal{"it divides the batch size unevenly"};
+      if (a.c == INT64_MIN && b.c == -1) throw Refusal{"it divides past what tandem computes with"};
+      r = {a.c / b.c, a.p - b.p};
     }
-    // Div: exact, the batch's power cancelling or staying (integer division, as ONNX's on int64)
-    if (b.c == 0) throw Refusal{"it divides by zero"};
-    if (b.p > a.p || (b.p > 0 && a.c % b.c != 0)) throw Refusal{"it divides by the batch size"};
-    return {a.c / b.c, a.p - b.p};
+    if (overflow) throw Refusal{"it computes past what tandem computes with"};
+    return r;
   }
+  // Input i as a folded value, or a refusal naming it.
+  const Folded& folded_input(const OnnxNode& n, std::size_t i) const {
+    const Folded* f = folded(n, i);
+    if (!f) throw Refusal{cat("input ", i, " is missing")};
+    return *f;
+  }
+  static void check_size(const Folded& f) {
+    if (f.v.size() > kMaxFolded) throw Refusal{cat("it computes a shape of more than ", kMaxFolded, " values")};
+  }
+  static constexpr std::size_t kMaxFolded = 1 << 16;
 
   // Computes a node on shapes and integer constants where it can: true when it did (its
-  // output is folded_), false when it is a tensor op for the handlers.
+  // output is folded_), false when it is a tensor op for the handlers. A malformed node (too
+  // few inputs, axes twice, numbers out of range) is refused, never read past its end.
   bool fold(const OnnxNode& n) {
-    static const std::set<std::string> ops = {"Shape", "Gather", "Unsqueeze", "Squeeze", "Concat", "Slice",
-                                              "Cast", "Add", "Sub", "Mul", "Div"};
-    if (!ops.count(n.op_type)) return false;
-    Folded out;
+    static const std::map<std::string, std::pair<std::size_t, std::size_t>> arity = {
+        {"Shape", {1, 1}}, {"Gather", {2, 2}}, {"Unsqueeze", {1, 2}}, {"Squeeze", {1, 2}}, {"Concat", {1, 1 << 20}},
+        {"Slice", {3, 5}}, {"Cast", {1, 1}},   {"Add", {2, 2}},       {"Sub", {2, 2}},     {"Mul", {2, 2}},
+        {"Div", {2, 2}}};
+    const auto known = arity.find(n.op_type);
+    if (known == arity.end()) return false;
     if (n.op_type == "Shape") {
-      const auto it = values_.find(n.inputs.at(0));
+      const auto it = n.inputs.empty() ? values_.end() : values_.find(n.inputs[0]);
       // Scores' and probabilities' dims are the query's, a position table's lack its leading 1
       static const std::set<Form> untracked = {Form::Unknown, Form::Scores, Form::Probs, Form::Positions};
       if (it == values_.end() || untracked.count(it->second.form)) return false;
@@ -349,32 +383,49 @@ class Importer {
       int64_t start = int_attr(n, "start", 0), end = int_attr(n, "end", rank);
       start = std::clamp(start < 0 ? start + rank : start, int64_t{0}, rank);
       end = std::clamp(end < 0 ? end + rank : end, int64_t{0}, rank);
+      Folded out;
       for (int64_t k = start; k < end; ++k) out.v.push_back(all[static_cast<std::size_t>(k)]);
       out.dims = {static_cast<int64_t>(out.v.size())};
       folded_[n.outputs[0]] = std::move(out);
       return true;
     }
-    for (const std::string& in : n.inputs)
+    // Folded when every input given is; a tensor op otherwise (an omitted optional input is "").
+    bool any = false;
+    for (const std::string& in : n.inputs) {
       if (!in.empty() && !folded_.count(in)) return false;
-    const Folded& x = *folded(n, 0);
+      any = any || !in.empty();
+    }
+    if (!any) return false;
+    if (n.op_type == "Cast") {  // to an integer type only: a float's arithmetic is no shape's
+      const int64_t to = int_attr(n, "to", 0);
+      if (to != 6 && to != 7 && to != 2 && to != 3 && to != 4 && to != 5 && to != 12 && to != 13) return false;
+    }
+    if (n.inputs.size() < known->second.first || n.inputs.size() > known->second.second)
+      throw Refusal{cat("it has ", n.inputs.size(), " inputs")};
+    const Folded& x = folded_input(n, 0);
+    Folded out;
     if (n.op_type == "Cast") {
       out = x;
     } else if (n.op_type == "Add" || n.op_type == "Sub" || n.op_type == "Mul" || n.op_type == "Div") {
-      const Folded& y = *folded(n, 1);
+      const Folded& y = folded_input(n, 1);
       const bool x_one = x.v.size() == 1, y_one = y.v.size() == 1;
-      if (!(x.dims == y.dims || x_one || y_one)) throw Refusal{"it computes on shapes of different sizes"};
+      if (!((x.dims == y.dims && x.v.size() == y.v.size()) || x_one || y_one))
+        throw Refusal{"it computes on shapes of different sizes"};
       out.dims = x_one && !y_one ? y.dims : x.dims;
       const std::size_t count = std::max(x.v.size(), y.v.size());
       for (std::size_t k = 0; k < count; ++k)
         out.v.push_back(arith(n.op_type, x.v[x_one ? 0 : k], y.v[y_one ? 0 : k]));
     } else if (n.op_type == "Gather") {
-      const Folded& idx = *folded(n, 1);
+      const Folded& idx = folded_input(n, 1);
+      if (x.dims.empty()) throw Refusal{"it gathers from a scalar"};
       const int64_t axis = axis_in(int_attr(n, "axis", 0), x.dims.size());
       const int64_t outer = count_of({x.dims.begin(), x.dims.begin() + axis}), along = x.dims[static_cast<std::size_t>(axis)];
       const int64_t inner = count_of({x.dims.begin() + axis + 1, x.dims.end()});
       out.dims.assign(x.dims.begin(), x.dims.begin() + axis);
       out.dims.insert(out.dims.end(), idx.dims.begin(), idx.dims.end());
       out.dims.insert(out.dims.end(), x.dims.begin() + axis + 1, x.dims.end());
+      if (count_of(out.dims) > static_cast<int64_t>(kMaxFolded))
+        throw Refusal{cat("it computes a shape of more than ", kMaxFolded, " values")};
       const std::vector<int64_t> indices = plain_ints(n, 1);
       for (int64_t o = 0; o < outer; ++o)
         for (int64_t i : indices) {
@@ -383,20 +434,19 @@ class Importer {
           for (int64_t k = 0; k < inner; ++k) out.v.push_back(x.v[static_cast<std::size_t>((o * along + row) * inner + k)]);
         }
     } else if (n.op_type == "Unsqueeze" || n.op_type == "Squeeze") {
-      std::vector<int64_t> axes = g_.opset >= 13 ? (n.inputs.size() > 1 ? plain_ints(n, 1) : std::vector<int64_t>{})
-                                                  : ints_attr(n, "axes", {});
+      const std::vector<int64_t> given = g_.opset >= 13 ? (n.inputs.size() > 1 && !n.inputs[1].empty() ? plain_ints(n, 1)
+                                                                                                        : std::vector<int64_t>{})
+                                                        : ints_attr(n, "axes", {});
       out = x;
       if (n.op_type == "Unsqueeze") {
-        const std::size_t rank = x.dims.size() + axes.size();
-        for (int64_t& a : axes) a = axis_in(a, rank);
-        std::sort(axes.begin(), axes.end());
-        for (int64_t a : axes) out.dims.insert(out.dims.begin() + a, 1);
+        if (given.empty()) throw Refusal{"it names no axes"};
+        for (int64_t a : distinct_axes(given, x.dims.size() + given.size())) out.dims.insert(out.dims.begin() + a, 1);
       } else {
+        std::vector<int64_t> axes = given;
         if (axes.empty())
           for (std::size_t a = 0; a < x.dims.size(); ++a)
             if (x.dims[a] == 1) axes.push_back(static_cast<int64_t>(a));
-        for (int64_t& a : axes) a = axis_in(a, x.dims.size());
-        std::sort(axes.begin(), axes.end());
+        axes = distinct_axes(axes, x.dims.size());
         for (std::size_t k = axes.size(); k-- > 0;) {
           if (x.dims[static_cast<std::size_t>(axes[k])] != 1) throw Refusal{cat("it squeezes axis ", axes[k], ", which is not 1")};
           out.dims.erase(out.dims.begin() + axes[k]);
@@ -404,9 +454,10 @@ class Importer {
       }
     } else if (n.op_type == "Concat") {
       for (std::size_t i = 0; i < n.inputs.size(); ++i) {
-        const Folded& part = *folded(n, i);
+        const Folded& part = folded_input(n, i);
         if (part.dims.size() != 1) throw Refusal{"tandem computes shapes by joining lists (1-D) only"};
         out.v.insert(out.v.end(), part.v.begin(), part.v.end());
+        check_size(out);
       }
       out.dims = {static_cast<int64_t>(out.v.size())};
     } else {  // Slice (opset 10 on: starts, ends, axes, steps as inputs)
@@ -419,16 +470,18 @@ class Importer {
       if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
         throw Refusal{"its starts, ends, axes and steps differ in length"};
       const std::size_t rank = x.dims.size();
+      for (std::size_t k = 0; k < axes.size(); ++k) axes[k] = axis_in(axes[k], rank);
+      if (std::set<int64_t>(axes.begin(), axes.end()).size() != axes.size()) throw Refusal{"it names an axis twice"};
       std::vector<int64_t> lo(rank, 0), step(rank, 1), size = x.dims;
       for (std::size_t k = 0; k < starts.size(); ++k) {
-        const std::size_t a = static_cast<std::size_t>(axis_in(axes[k], rank));
+        const std::size_t a = static_cast<std::size_t>(axes[k]);
         const int64_t d = x.dims[a];
         if (steps[k] <= 0) throw Refusal{"tandem computes slices with positive steps only"};
-        const int64_t b = std::clamp(starts[k] < 0 ? starts[k] + d : starts[k], int64_t{0}, d);
-        const int64_t e = std::clamp(ends[k] < 0 ? ends[k] + d : ends[k], int64_t{0}, d);
+        const int64_t b = std::clamp(starts[k] < 0 ? std::max(starts[k], -d) + d : starts[k], int64_t{0}, d);
+        const int64_t e = std::clamp(ends[k] < 0 ? std::max(ends[k], -d) + d : ends[k], int64_t{0}, d);
         lo[a] = b;
         step[a] = steps[k];
-        size[a] = e > b ? (e - b + steps[k] - 1) / steps[k] : 0;
+        size[a] = e > b ? (e - b - 1) / steps[k] + 1 : 0;
       }
       out.dims = size;
       std::vector<int64_t> at(rank, 0);
@@ -443,6 +496,8 @@ class Importer {
         out.v.push_back(x.v[static_cast<std::size_t>(source)]);
       }
     }
+    if (count_of(out.dims) != static_cast<int64_t>(out.v.size())) throw Refusal{"its values do not fill its dimensions"};
+    check_size(out);
     folded_[n.outputs[0]] = std::move(out);
     return true;
   }
@@ -626,6 +681,8 @@ class Importer {
     const Value& x = input(n, 0);
     if (x.form == Form::FlatImage)
       throw Refusal{"it normalizes a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"};
+    if (x.form == Form::Sequence)
+      throw Refusal{"it normalizes a sequence [N, T, F] over its tokens (axis 1); tandem's batch_norm normalizes features"};
     const OnnxTensor& scale = weight(n, 1, "scale");
     NodeSpec s = node_of(param_node_name(n, scale), "batch_norm", {x.node});
     s.batch_norm.eps = float_attr(n, "epsilon", 1e-5f);
@@ -759,7 +816,8 @@ class Importer {
     const Value& x = input(n, 0);
     if (x.form != Form::Vector && x.form != Form::Sequence)
       throw Refusal{"it normalizes an image or a flattened one; tandem's layer_norm reads features"};
-    if (int_attr(n, "axis", -1) != -1 && int_attr(n, "axis", -1) != 1) throw Refusal{"it normalizes over more than the features"};
+    const int64_t axis = int_attr(n, "axis", -1);
+    if (axis != -1 && axis != (x.form == Form::Sequence ? 2 : 1)) throw Refusal{"it normalizes over more than the features"};
     if (!stored(n, 1) || !stored(n, 2))
       throw Refusal{"a LayerNorm without weight and bias (elementwise_affine=False) is not supported yet"};
     const OnnxTensor& weight = this->weight(n, 1, "scale");
@@ -881,7 +939,8 @@ class Importer {
       if (out[k].p > 1 || (out[k].p == 1 && (out[k].c != 1 || k != 0)))
         throw Refusal{"it reshapes across the batch; tandem keeps each sample's values apart"};
       batch += out[k].p;
-      known *= out[k].c;
+      if (__builtin_mul_overflow(known, out[k].c, &known) || known > (int64_t{1} << 62))
+        throw Refusal{"its shape multiplies past what tandem computes with"};
     }
     const int64_t total = count_of(dims);
     if (rest == 0) {  // -1 first: the batch, if the rest is one sample's
@@ -919,14 +978,17 @@ class Importer {
       throw Refusal{"it reshapes a tensor whose shape import does not know"};
     const Folded* target = folded(n, 1);
     if (x.form == Form::Image || x.form == Form::Pooled || x.form == Form::FlatImage) {  // [N, -1] only
-      if (!target || target->v.size() != 2 || !(target->v[1] == Sym{-1, 0}))
-        throw Refusal{"it reshapes an image to another shape than [batch, -1]; tandem has no general reshape yet"};
+      if (!target || target->v.size() != 2 || !(target->v[1] == Sym{-1, 0}) ||
+          !(target->v[0] == Sym{1, 1} || target->v[0] == Sym{0, 0}))
+        throw Refusal{"it reshapes an image to another shape than [batch, -1] (export with a dynamic batch, "
+                      "dynamic_axes={'<input>': {0: 'batch'}}); tandem has no general reshape yet"};
       return flatten_to(n, x);
     }
     const std::vector<int64_t> to = reshape_target(n, x.dims);
     if (to == x.dims) return alias(n, x, x.form);
     if (to.size() == 1) return flatten_to(n, x);
-    if (x.form == Form::Sequence && to.size() == 3 && to[0] == x.dims[0] && to[1] * to[2] == x.dims[1]) {
+    if (x.form == Form::Sequence && to.size() == 3 && to[0] == x.dims[0] && to[1] > 0 && x.dims[1] % to[1] == 0 &&
+        x.dims[1] / to[1] == to[2]) {
       Value v = x;
       v.form = Form::Heads;
       v.dims = to;
@@ -1150,8 +1212,16 @@ class Importer {
         values_[n.outputs.at(0)] = v;
         return;
       }
-      const Value& ids = input(n, 1);
+      // ids as given, or cast (int32 to int64) or reshaped on the way: what the mask's chain
+      // would take for its own until it is inverted or scaled
+      const Value* given = &any_input(n, 1);
+      if (given->form == Form::Mask && !given->inverted && given->mask_scale == 1.0 && given->dims.size() == 1)
+        given = &values_.at(given->node);
+      const Value& ids = *given;
+      if (is_step(ids.form)) input(n, 1);  // refused, saying what it reads
       const InputSpec* in = graph_input(ids.node);
+      if (in && in->mask) throw Refusal{cat("it reads '", ids.node, "' as token ids, which attention reads as its mask")};
+      if (in) id_inputs_.insert(ids.node);
       if (!in || !in->integer || ids.dims.size() != 1)
         throw Refusal{"it looks up rows by a tensor that is not a graph input of token ids [batch, tokens]"};
       NodeSpec s = node_of(param_node_name(n, *table), "embedding", {ids.node});
@@ -1203,7 +1273,8 @@ class Importer {
     const OnnxTensor* c = constant(n, 1 - at);
     if (!c || c->count() != 1 || (divide && at != 0)) throw Refusal{"it scales attention scores by other than a constant"};
     const double by = c->integer ? static_cast<double>(c->ints[0]) : static_cast<double>(c->floats[0]);
-    if (by == 0.0) throw Refusal{"it scales attention scores by 0"};
+    if (by == 0.0 || !std::isfinite(by)) throw Refusal{cat("it scales attention scores by ", by)};
+    if (!v.mask.empty()) throw Refusal{"it scales attention scores after the mask was added; tandem's attention scales, then masks"};
     v.divisor = divide ? v.divisor * by : v.divisor / by;
     values_[n.outputs.at(0)] = std::move(v);
   }
@@ -1215,7 +1286,7 @@ class Importer {
       throw Refusal{"it adds to attention scores something other than a key padding mask from a graph input"};
     const Value& m = any_input(n, 1 - at);
     if (!v.mask.empty()) throw Refusal{"it adds a second mask to attention scores"};
-    if (!m.inverted || m.mask_scale > -1e4)
+    if (!m.inverted || !(std::isfinite(m.mask_scale) && m.mask_scale <= -1e4))
       throw Refusal{cat("it adds a mask computed otherwise than (1 - mask) * c with c <= -1e4 (it is ", m.inverted ? "(1 - mask)" : "mask",
                         " * ", m.mask_scale, "); tandem's attention takes a key padding mask of 1 (keep) and 0 (padding)")};
     if (m.dims != std::vector<int64_t>{1, 1, v.dims[1]})
@@ -1232,7 +1303,7 @@ class Importer {
     const int64_t axis = int_attr(n, "axis", g_.opset >= 13 ? -1 : 1);
     if (axis != -1 && axis != 3) throw Refusal{"it normalizes attention scores over another axis than the keys"};
     const double want = std::sqrt(static_cast<double>(v.dims[2]));
-    if (std::abs(v.divisor - want) > 1e-5 * want)
+    if (!(std::abs(v.divisor - want) <= 1e-5 * want))
       throw Refusal{cat("it scales attention scores by 1/", v.divisor, "; tandem's attention scales by 1/sqrt(head size) = 1/", want)};
     v.form = Form::Probs;
     values_[n.outputs.at(0)] = std::move(v);
@@ -1249,6 +1320,7 @@ class Importer {
       s.inputs.push_back(p.mask);
       InputSpec* in = graph_input(p.mask);
       if (!in) throw Refusal{"its mask is not a graph input"};
+      if (id_inputs_.count(p.mask)) throw Refusal{cat("its mask '", p.mask, "' is read as token ids too")};
       in->mask = true;
       in->integer = false;
     }
@@ -1278,11 +1350,9 @@ class Importer {
   void unsqueeze(const OnnxNode& n) {
     skip_refused(n);
     Value m = mask_of(n, 0);
-    std::vector<int64_t> axes = g_.opset >= 13 ? plain_ints(n, 1) : ints_attr(n, "axes", {});
-    const std::size_t rank = m.dims.size() + 1 + axes.size();
-    for (int64_t& a : axes) a = axis_in(a, rank);
-    std::sort(axes.begin(), axes.end());
-    for (int64_t a : axes) {
+    const std::vector<int64_t> given = g_.opset >= 13 ? plain_ints(n, 1) : ints_attr(n, "axes", {});
+    if (given.empty()) throw Refusal{"it names no axes"};
+    for (int64_t a : distinct_axes(given, m.dims.size() + 1 + given.size())) {
       if (a == 0) throw Refusal{"it puts an axis before the batch"};
       m.dims.insert(m.dims.begin() + (a - 1), 1);
     }

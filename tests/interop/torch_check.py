@@ -81,7 +81,7 @@ class SpecModel(torch.nn.Module):
                 out = (s[0],)
             elif op == "concat":
                 out = (sum(shapes[i][0] for i in ins),) + tuple(s[1:])
-            elif op in ("relu", "relu6", "hardswish", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "dropout", "softmax",
+            elif op in ("relu", "relu6", "hardswish", "hardsigmoid", "gelu", "gelu_tanh", "silu", "sigmoid", "tanh", "dropout", "softmax",
                         "add"):
                 out = s
             else:
@@ -117,7 +117,7 @@ class SpecModel(torch.nn.Module):
             elif op == "dropout":
                 y = x[0]  # evaluation
             else:
-                y = {"relu": F.relu, "relu6": F.relu6, "hardswish": F.hardswish, "gelu": F.gelu, "silu": F.silu,
+                y = {"relu": F.relu, "relu6": F.relu6, "hardswish": F.hardswish, "hardsigmoid": F.hardsigmoid, "gelu": F.gelu, "silu": F.silu,
                      "gelu_tanh": lambda v: F.gelu(v, approximate="tanh"),
                      "sigmoid": torch.sigmoid, "tanh": torch.tanh}[op](x[0])
             values[name] = y
