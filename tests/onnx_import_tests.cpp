@@ -507,6 +507,12 @@ TEST(OnnxImport, MalformedShapeArithmeticIsRefused) {
       {{low, minus, node("/Div", "Div", {"low_out", "minus_out"}, {"o"})}, "node '/Div' (Div): it divides past what tandem computes with"},
       {{big, node("/Mul", "Mul", {"big_out", "big_out"}, {"o"})}, "node '/Mul' (Mul): it computes past what tandem computes with"},
       {{four, ints("i", {1}, {7}), node("/Gather", "Gather", {"c_out", "i_out"}, {"o"})}, "node '/Gather' (Gather): index 7 is outside 1 values"},
+      // Found by the onnx fuzzer (tests/fuzz/regressions/onnx/): a ReduceMean without inputs
+      // starting the LayerNorm pattern, and a Constant of type TENSOR without its tensor.
+      {{node("/ln/ReduceMean", "ReduceMean", {}, {"m"}, {ints_attr("axes", {-1})}), node("/ln/Sub", "Sub", {"x", "m"}, {"d"})},
+       "node '/ln/ReduceMean' (ReduceMean, module ln): it lacks an input or output its op needs"},
+      {{node("/k", "Constant", {}, {"k_out"}, {Pb().str(1, "value").num(20, 4)}), node("/Div", "Div", {"x", "k_out"}, {"o"})},
+       "node '/Div' (Div): tandem divides only inside the patterns it fuses"},
   };
   for (const Case& c : cases) {
     const std::string e = refusal(c.nodes);

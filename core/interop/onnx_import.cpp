@@ -4,6 +4,7 @@
 #include <cmath>
 #include <functional>
 #include <map>
+#include <optional>
 #include <set>
 
 #include "core/error.h"
@@ -113,7 +114,9 @@ class Importer {
     // Constants read before their node in graph order too: patterns look ahead.
     for (const OnnxNode& n : g_.nodes) {
       const OnnxAttribute* v = n.op_type == "Constant" ? n.attribute("value") : nullptr;
-      if (v && v->kind == OnnxAttribute::Kind::Tensor && !n.outputs.empty()) consts_[n.outputs[0]] = &v->t;
+      // (an attribute of type TENSOR without its tensor holds no values: not a constant)
+      const bool filled = v && static_cast<int64_t>(v->t.integer ? v->t.ints.size() : v->t.floats.size()) == v->t.count();
+      if (v && v->kind == OnnxAttribute::Kind::Tensor && filled && !n.outputs.empty()) consts_[n.outputs[0]] = &v->t;
     }
     for (const auto& [name, t] : consts_)
       if (t->integer && static_cast<int64_t>(t->ints.size()) == t->count()) {
@@ -146,7 +149,8 @@ class Importer {
       } catch (const Downstream&) {
         for (const std::string& o : n.outputs) values_[o] = {};
       } catch (const std::out_of_range&) {  // a node or a pattern's node without an input or output it needs
-        problems_.push_back(cat("node '", n.name, "' (", n.op_type, "): it lacks an input or output its op needs"));
+        problems_.push_back(cat("node '", n.name, "' (", n.op_type, module_of(n.name).empty() ? "" : ", module " + module_of(n.name),
+                                "): it lacks an input or output its op needs"));
         refused_types_.insert(n.op_type);
         for (const std::string& o : n.outputs) values_[o] = {};
       }
@@ -519,12 +523,19 @@ class Importer {
     if (t->integer) throw Refusal{cat("its ", what, " '", t->name, "' holds integers")};
     return *t;
   }
+  // The one value of a constant, or nullopt (more values, none, or of a type not read).
+  static std::optional<double> one_value(const OnnxTensor* t) {
+    if (!t || t->count() != 1) return std::nullopt;
+    if (t->integer) return t->ints.size() == 1 ? std::optional<double>(static_cast<double>(t->ints[0])) : std::nullopt;
+    return t->floats.size() == 1 ? std::optional<double>(static_cast<double>(t->floats[0])) : std::nullopt;
+  }
   float scalar(const OnnxNode& n, std::size_t i, float fallback) const {
     const OnnxTensor* t = constant(n, i);
     if (i < n.inputs.size() && !n.inputs[i].empty() && !t) throw Refusal{cat("input ", i, " is computed; tandem needs a constant")};
     if (!t) return fallback;
-    if (t->count() != 1) throw Refusal{cat("input ", i, " holds ", t->count(), " values where one is expected")};
-    return t->integer ? static_cast<float>(t->ints[0]) : t->floats[0];
+    const std::optional<double> v = one_value(t);
+    if (!v) throw Refusal{cat("input ", i, " holds ", t->count(), " values where one is expected")};
+    return static_cast<float>(*v);
   }
   // An attribute of the kind its op defines, or the default when absent; one of another kind
   // is refused (never read as its default).
@@ -757,10 +768,8 @@ class Importer {
   }
   // Whether input `i` of `n` is a constant scalar within 1e-6 of `want` (relative above 1).
   bool is_scalar(const OnnxNode& n, std::size_t i, double want) const {
-    const OnnxTensor* t = constant(n, i);
-    if (!t || t->count() != 1) return false;
-    const double v = t->integer ? static_cast<double>(t->ints[0]) : static_cast<double>(t->floats[0]);
-    return std::abs(v - want) <= 1e-6 * std::max(1.0, std::abs(want));
+    const std::optional<double> v = one_value(constant(n, i));
+    return v && std::abs(*v - want) <= 1e-6 * std::max(1.0, std::abs(want));
   }
   // For a two-input op reading `value`: the index of its other input.
   static std::size_t other(const OnnxNode& n, const std::string& value) { return n.inputs.size() == 2 && n.inputs[0] == value ? 1 : 0; }
@@ -776,7 +785,7 @@ class Importer {
     if (axes != std::vector<int64_t>{-1} && axes != std::vector<int64_t>{last})
       throw Refusal{"it averages over another axis than the features"};
     const OnnxNode* centred = sole_reader(mean.outputs[0], "Sub");
-    if (!centred || centred->inputs[0] != mean.inputs[0]) throw Refusal{"a mean that does not start a LayerNorm"};
+    if (!centred || centred->inputs[0] != mean.inputs.at(0)) throw Refusal{"a mean that does not start a LayerNorm"};
     const OnnxNode *square = nullptr, *divide = nullptr;
     const auto r = readers_.find(centred->outputs.at(0));
     if (r != readers_.end() && r->second.size() == 2 && uses_[centred->outputs[0]] == 2)
@@ -792,7 +801,7 @@ class Importer {
     if (!root || ints_attr(*variance, "axes", {}) != axes || sole_reader(root->outputs.at(0), "Div") != divide)
       throw Refusal{"a mean that does not start a LayerNorm"};
     const OnnxTensor* eps = constant(*plus_eps, other(*plus_eps, variance->outputs[0]));
-    if (!eps || eps->integer || eps->count() != 1 || !(eps->floats[0] > 0.0f)) throw Refusal{"a LayerNorm without a positive epsilon"};
+    if (!eps || eps->integer || !one_value(eps) || !(eps->floats[0] > 0.0f)) throw Refusal{"a LayerNorm without a positive epsilon"};
     const OnnxNode* scale = sole_reader(divide->outputs.at(0), "Mul");
     const OnnxNode* shift = scale ? sole_reader(scale->outputs.at(0), "Add") : nullptr;
     if (!shift) throw Refusal{"a LayerNorm without weight and bias (elementwise_affine=False) is not supported yet"};
@@ -1271,8 +1280,8 @@ class Importer {
   void scale_scores(const OnnxNode& n, std::size_t at, bool divide) {
     Value v = any_input(n, at);
     const OnnxTensor* c = constant(n, 1 - at);
-    if (!c || c->count() != 1 || (divide && at != 0)) throw Refusal{"it scales attention scores by other than a constant"};
-    const double by = c->integer ? static_cast<double>(c->ints[0]) : static_cast<double>(c->floats[0]);
+    if (!one_value(c) || (divide && at != 0)) throw Refusal{"it scales attention scores by other than a constant"};
+    const double by = *one_value(c);
     if (by == 0.0 || !std::isfinite(by)) throw Refusal{cat("it scales attention scores by ", by)};
     if (!v.mask.empty()) throw Refusal{"it scales attention scores after the mask was added; tandem's attention scales, then masks"};
     v.divisor = divide ? v.divisor * by : v.divisor / by;
@@ -1370,8 +1379,8 @@ class Importer {
   void mask_step(const OnnxNode& n, std::size_t at) {  // Mul(mask, c)
     Value m = any_input(n, at);
     const OnnxTensor* c = constant(n, 1 - at);
-    if (!c || c->count() != 1) throw Refusal{"it multiplies the mask by other than a constant"};
-    m.mask_scale *= c->integer ? static_cast<double>(c->ints[0]) : static_cast<double>(c->floats[0]);
+    if (!one_value(c)) throw Refusal{"it multiplies the mask by other than a constant"};
+    m.mask_scale *= *one_value(c);
     values_[n.outputs.at(0)] = std::move(m);
   }
 

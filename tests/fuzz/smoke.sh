@@ -5,8 +5,8 @@
 # the repository. Fails if any harness crashes, leaks, times out or trips a sanitizer; the
 # crashing input and the log are kept in the work folder it names.
 # Usage: bash tests/fuzz/smoke.sh <build dir of the harnesses> [seconds per harness, default 60]
-# The file parsers (model_spec, checkpoint, safetensors, token), small and fuzzed since their
-# first stop, get half of it; the protocol harnesses, which grow with every wave, all of it.
+# The file parsers (model_spec, checkpoint, safetensors, token, onnx) get a third of it; the
+# protocol harnesses, which grow with every wave, all of it.
 # (env TANDEM_FUZZ_JOBS: harnesses run at once, default 2).
 set -uo pipefail
 bin=${1:?usage: smoke.sh <build/fuzz/tests/fuzz> [seconds]}
@@ -14,7 +14,7 @@ seconds=${2:-60}
 jobs=${TANDEM_FUZZ_JOBS:-2}
 src=$(cd "$(dirname "$0")" && pwd)
 harnesses=(cloud_session edge_session ushaped_cloud_session ushaped_edge_session sequence_cloud_session sequence_edge_session
-  stage_peer model_spec checkpoint safetensors token)
+  stage_peer model_spec checkpoint safetensors token onnx)
 work=$(mktemp -d /tmp/tandem-fuzz-smoke-XXXXXX)
 
 run_one() {
@@ -28,7 +28,7 @@ run_one() {
     "$exe" "${opts[@]}" "$src/regressions/$h"/* >"$log" 2>&1 || return 1
   fi
   local t=$seconds
-  case $h in model_spec | checkpoint | safetensors | token) t=$(((seconds + 1) / 2)) ;; esac
+  case $h in model_spec | checkpoint | safetensors | token | onnx) t=$(((seconds + 2) / 3)) ;; esac
   "$exe" "${opts[@]}" -max_total_time="$t" -print_final_stats=1 "$work/$h.corpus" >>"$log" 2>&1
 }
 

@@ -1,0 +1,53 @@
+#!/usr/bin/python3
+"""The onnx harness's seeds (tests/fuzz/corpus/onnx/): small models exported by torch 1.13
+in training mode, as tandem import reads them: a CNN with batch norm and a squeeze-excitation
+block, a BERT-style classifier (attention with its padding mask, embeddings, the pooler) and
+an MLP over records (LayerNorm and both GELUs decomposed at opset 14, LayerNormalization at 17).
+usage: make_onnx_seeds.py OUT_DIR"""
+import sys
+import warnings
+
+import torch
+
+sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/interop")
+from hf_encoder import BertForSequenceClassification  # noqa: E402
+
+
+class SmallCnn(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 4, 3, padding=1)
+        self.bn = torch.nn.BatchNorm2d(4)
+        self.fc1 = torch.nn.Conv2d(4, 2, 1)
+        self.fc2 = torch.nn.Conv2d(2, 4, 1)
+        self.head = torch.nn.Linear(4 * 2 * 2, 3)
+
+    def forward(self, x):
+        x = torch.nn.functional.max_pool2d(torch.relu(self.bn(self.conv(x))), 2)
+        gate = torch.nn.functional.hardsigmoid(self.fc2(torch.relu(self.fc1(torch.nn.functional.adaptive_avg_pool2d(x, 1)))))
+        return self.head(torch.flatten(x * gate, 1))
+
+
+def export(model, x, names, path, opset=14):
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(model, x, path, training=torch.onnx.TrainingMode.TRAINING, do_constant_folding=False,
+                          opset_version=opset, input_names=names, output_names=["logits"],
+                          dynamic_axes={n: {0: "batch"} for n in names})
+
+
+def main():
+    out = sys.argv[1]
+    torch.manual_seed(0)
+    export(SmallCnn(), torch.randn(2, 2, 4, 4), ["image"], f"{out}/cnn-se")
+    bert = BertForSequenceClassification(vocab=10, tokens=4, hidden=8, layers=1, heads=2, inter=8, classes=2)
+    export(bert, (torch.randint(0, 10, (2, 4)), torch.ones(2, 4, dtype=torch.int64)), ["input_ids", "attention_mask"],
+           f"{out}/bert")
+    mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.GELU(), torch.nn.Dropout(0.1),
+                              torch.nn.Linear(4, 4), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(4, 2))
+    export(mlp, torch.randn(2, 3), ["record"], f"{out}/mlp14")
+    export(mlp, torch.randn(2, 3), ["record"], f"{out}/mlp17", opset=17)
+
+
+if __name__ == "__main__":
+    main()
