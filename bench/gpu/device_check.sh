@@ -58,7 +58,7 @@ find "$build" -name CTestTestfile.cmake -exec sed -i "s|$origin|$build|g; s|$sou
 # The driver's libcuda where the loader does not already know it (a read-only mount there).
 cuda_dirs=$(find /usr/local /opt /usr/lib -xdev \( -name 'libcublas.so.13*' -o -name 'libcublasLt.so.13*' -o \
   -name 'libcudnn.so.9*' -o -name 'libcudnn_graph.so.9*' \) -printf '%h\n' 2> /dev/null | sort -u | paste -sd:)
-ldconfig -p | grep -q 'libcuda\.so\.1' || for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
+ldconfig -p | grep 'libcuda\.so\.1' > /dev/null || for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
   [[ -e $d/libcuda.so.1 ]] && cuda_dirs=$d${cuda_dirs:+:$cuda_dirs}
 done
 export LD_LIBRARY_PATH=$src/build/devkit/lib${cuda_dirs:+:$cuda_dirs}${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}
@@ -69,7 +69,7 @@ say "libraries: the kit's and ${cuda_dirs:-no CUDA libraries found}"
 # check: no binary misses a library.
 missing=0
 for b in $(cd "$build" && find . -type f -perm -u+x ! -name '*.cmake'); do
-  if ldd "$build/$b" | grep -q "not found"; then
+  if ldd "$build/$b" | grep "not found" > /dev/null; then
     say "$b cannot load: $(ldd "$build/$b" | grep "not found" | paste -sd' ')"
     missing=1
   fi

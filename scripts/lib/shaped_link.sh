@@ -16,7 +16,7 @@ shaped_ns=tdm$$ shaped_edge_if=tdme$$ shaped_cloud_if=tdmc$$ shaped_cloud_ip= sh
 shaped_free_subnet() {
   local net
   for net in 10.231.0 172.31.231 192.168.231 100.127.231 10.254.231; do
-    if ! ip -4 route show match "$net.2" 2> /dev/null | grep -qv '^default'; then echo "$net"; return 0; fi
+    if ! ip -4 route show match "$net.2" 2> /dev/null | grep -v '^default' > /dev/null; then echo "$net"; return 0; fi
   done
   return 1
 }

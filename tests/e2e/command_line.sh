@@ -31,7 +31,10 @@ for expected in "tandem-edge train" "tandem-cloud serve" "tandem-cloud pki init"
   "tandem-cloud pki token" "tandem-cloud pki revoke" "tandem-cloud pki list" "tandem train" "tandem profile" \
   "tandem plan" "tandem export" "tandem evaluate" "tandem audit verify" "tandem text vocab" "tandem text encode" \
   "tandem pack-spec" "tandem backends" "tandem gpu"; do
-  printf '%s\n' "${walked[@]}" | grep -qx "$expected" || fail "--help never reached '$expected'"
+  # (grep reads the whole list: bash's printf writes a line at a time, so with `grep -q`, which
+  # exits at the match, a loaded machine's printf met a closed pipe and pipefail failed the
+  # check: the flake of stops 46 and 47)
+  printf '%s\n' "${walked[@]}" | grep -x "$expected" > /dev/null || fail "--help never reached '$expected'"
 done
 # A command's help lists its options and --config.
 help=$("${bin[tandem-edge]}" train --help)

@@ -175,7 +175,7 @@ grep -q '"epoch":1,"party":"scanner-tail","samples":[1-9][0-9]*,"train_loss":[0-
 grep -q '"epoch":1,"party":"scanner-tail","test_samples":10,"test_loss":[0-9.]*,"test_accuracy":' \
   "$work/private-logs/scanner-tail.log" || fail "private: the loss stage reported no evaluation"
 grep -q '"type":"Evaluated"' "$work/private-egress-3.jsonl" || fail "private: no evaluation results in the loss stage's log"
-! grep -E '"type":"(Gradients|Evaluated)"' "$work/private-egress-3.jsonl" | grep -qv '"loss":0,"correct":0' ||
+! grep -E '"type":"(Gradients|Evaluated)"' "$work/private-egress-3.jsonl" | grep -v '"loss":0,"correct":0' > /dev/null ||
   fail "private: a loss left the loss stage: $(grep -E '"type":"(Gradients|Evaluated)"' "$work/private-egress-3.jsonl" | grep -v '"loss":0,' | head -1)"
 parties=(scanner gpu-box cloud-a cloud-b)
 
