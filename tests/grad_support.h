@@ -7,7 +7,9 @@
 #include <algorithm>
 #include <cmath>
 #include <string>
+#include <vector>
 
+#include "core/network.h"
 #include "core/random.h"
 #include "core/tensor.h"
 
@@ -42,6 +44,20 @@ void check_gradient(Tensor values, const Tensor& analytic, F&& f, const std::str
     EXPECT_LT(err, 5e-3) << what << "[" << i << "]: analytic " << analytic[i] << " numeric " << numeric;
   }
   ::testing::Test::RecordProperty(what + ".worst_rel_err", std::to_string(worst));
+}
+
+// Checks by central differences every gradient a backward of L = sum(net(inputs) * r) gave:
+// `dx` (input 0's, when `input_grad`) and each trained parameter's, named `prefix` + its name.
+// Versions are bumped so a backend that packs weights sees each perturbation.
+inline void check_network_gradients(Network& net, const std::vector<Tensor>& inputs, const Tensor& r, const Tensor& dx,
+                                    bool input_grad, const std::string& what, const std::string& prefix, Rng& rng) {
+  auto loss = [&] { return weighted_sum(net.forward(inputs, 0), r); };
+  if (input_grad) check_gradient(inputs[0], dx, loss, what + ".input", rng);
+  for (Param* p : net.params()) {
+    Tensor g = p->grad().clone();
+    check_gradient(p->value(), g, [&] { p->bump_version(); return loss(); }, prefix + p->name(), rng);
+    p->bump_version();  // its last element was restored after the last forward: repack it
+  }
 }
 
 }  // namespace tandem::test

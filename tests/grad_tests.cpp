@@ -36,20 +36,7 @@ void check_spec(const ModelSpec& spec, Tensor x, const std::string& what, std::v
   net.zero_grad();
   Tensor dx = net.backward(r, 0, input_grad);
   if (input_grad) dx = dx.clone();
-  auto loss = [&] { return weighted_sum(net.forward(inputs, 0), r); };
-  // Bump versions so a backend that packs weights sees each perturbation.
-  auto loss_after_param_change = [&](Param& p) {
-    return [&net, &p, &inputs, &r] {
-      p.bump_version();
-      return weighted_sum(net.forward(inputs, 0), r);
-    };
-  };
-  if (input_grad) check_gradient(x, dx, loss, what + ".input", rng);
-  for (Param* p : net.params()) {
-    Tensor g = p->grad().clone();
-    check_gradient(p->value(), g, loss_after_param_change(*p), p->name(), rng);
-    p->bump_version();  // its last element was restored after the last forward: repack it
-  }
+  check_network_gradients(net, inputs, r, dx, input_grad, what, "", rng);
 }
 
 // A one-node network.

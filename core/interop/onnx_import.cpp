@@ -322,6 +322,12 @@ class Importer {
     if (axis < -r || axis >= r) throw Refusal{cat("axis ", axis, " is outside a tensor of rank ", r)};
     return axis < 0 ? axis + r : axis;
   }
+  // Unsqueeze's and Squeeze's axes as given: input 1 from opset 13 on, the attribute before;
+  // none where they are omitted.
+  std::vector<int64_t> axes_given(const OnnxNode& n) const {
+    if (g_.opset < 13) return ints_attr(n, "axes", {});
+    return n.inputs.size() > 1 && !n.inputs[1].empty() ? plain_ints(n, 1) : std::vector<int64_t>{};
+  }
   // Axes for a tensor of `rank` dimensions, each once, in increasing order.
   static std::vector<int64_t> distinct_axes(std::vector<int64_t> axes, std::size_t rank) {
     for (int64_t& a : axes) a = axis_in(a, rank);
@@ -438,9 +444,7 @@ class Importer {
           for (int64_t k = 0; k < inner; ++k) out.v.push_back(x.v[static_cast<std::size_t>((o * along + row) * inner + k)]);
         }
     } else if (n.op_type == "Unsqueeze" || n.op_type == "Squeeze") {
-      const std::vector<int64_t> given = g_.opset >= 13 ? (n.inputs.size() > 1 && !n.inputs[1].empty() ? plain_ints(n, 1)
-                                                                                                        : std::vector<int64_t>{})
-                                                        : ints_attr(n, "axes", {});
+      const std::vector<int64_t> given = axes_given(n);
       out = x;
       if (n.op_type == "Unsqueeze") {
         if (given.empty()) throw Refusal{"it names no axes"};
@@ -1359,7 +1363,7 @@ class Importer {
   void unsqueeze(const OnnxNode& n) {
     skip_refused(n);
     Value m = mask_of(n, 0);
-    const std::vector<int64_t> given = g_.opset >= 13 ? plain_ints(n, 1) : ints_attr(n, "axes", {});
+    const std::vector<int64_t> given = axes_given(n);
     if (given.empty()) throw Refusal{"it names no axes"};
     for (int64_t a : distinct_axes(given, m.dims.size() + 1 + given.size())) {
       if (a == 0) throw Refusal{"it puts an axis before the batch"};
