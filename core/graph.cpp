@@ -16,6 +16,25 @@ constexpr std::string_view kWhere = "graph";
 
 }  // namespace
 
+// A node's torch_names rename its own tensors (parameters; batch norm's statistics), each to
+// a name no other tensor of the model has in PyTorch's state dict.
+void check_torch_names(const NodeSpec& n, const std::vector<Shape>& in, std::set<std::string>& taken) {
+  if (n.torch_names.empty()) return;
+  std::set<std::string> fields;
+  for (const ParamSpec& p : op_params(n, in)) fields.insert(p.field);
+  if (n.op == "batch_norm") fields.insert({"running_mean", "running_var"});
+  for (const auto& [field, name] : n.torch_names) {
+    if (!fields.count(field)) {
+      std::string known;
+      for (const std::string& f : fields) known += cat(known.empty() ? "" : ", ", f);
+      fail(kWhere, cat("node '", n.name, "' (", n.op, "): field 'torch_names' renames '", field, "', which is none of its tensors (",
+                       known.empty() ? "it has none" : known, ")"));
+    }
+    if (!taken.insert(name).second)
+      fail(kWhere, cat("node '", n.name, "' (", n.op, "): field 'torch_names' gives the name '", name, "' a second time"));
+  }
+}
+
 Shape infer_shape(const NodeSpec& n, const std::vector<Shape>& in) {
   const OpDef* d = find_op(n.op);
   if (!d) fail(kWhere, cat("node '", n.name, "': unknown op '", n.op, "'"));
@@ -81,6 +100,7 @@ Graph Graph::from_parts(std::string name, std::vector<GraphInput> inputs, std::v
   for (std::size_t i = 0; i < nodes.size(); ++i)
     if (pending[i] == 0) ready.insert(static_cast<int>(i));
   std::map<std::string, int> node_index;
+  std::set<std::string> torch_names;
   while (!ready.empty()) {
     const int i = *ready.begin();
     ready.erase(ready.begin());
@@ -98,6 +118,7 @@ Graph Graph::from_parts(std::string name, std::vector<GraphInput> inputs, std::v
       }
     }
     gn.shape = infer_shape(gn.spec, shapes);
+    check_torch_names(gn.spec, shapes, torch_names);
     if (!g.length_buckets_.empty()) g.mark_tokens(gn);
     if (!gn.shape.numel_at_most(kMaxSampleElements))
       fail(kWhere, cat("node '", gn.spec.name, "' (", gn.spec.op, "): its output per sample ", gn.shape.str(),
@@ -314,6 +335,7 @@ void Graph::mark_tokens(GraphNode& node) const {
     if (!tokens_at(k)) refuse(0, cat("its input '", node.spec.inputs[k], "' is not a sequence of that length").c_str());
   if (in0.rank() == 1 && !(node.shape.rank() == 2 && node.shape[0] == in0[0]))
     refuse(0, "it would work across the tokens");
+  if (in0.rank() >= 2 && node.shape[0] != in0[0]) refuse(0, "its output has another number of tokens");
   node.tokens = true;
 }
 

@@ -48,6 +48,17 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
       fail(kWhere, cat(label, " (linear): field 'lora.dropout' must be in [0, 1), got ", l->dropout()));
     out.lora = {l->rank(), l->alpha(), l->dropout()};
   }
+  if (const auto* names = node->torch_names()) {
+    std::set<std::string> fields;
+    for (flatbuffers::uoffset_t k = 0; k < names->size(); ++k) {
+      const spec::TorchName* t = names->Get(k);
+      if (!t || !t->field() || t->field()->size() == 0 || !t->name() || t->name()->size() == 0)
+        fail(kWhere, cat(label, ": field 'torch_names' entry ", k, " needs a 'field' and a 'name'"));
+      if (!fields.insert(t->field()->str()).second)
+        fail(kWhere, cat(label, ": field 'torch_names' names field '", t->field()->str(), "' twice"));
+      out.torch_names.emplace_back(t->field()->str(), t->name()->str());
+    }
+  }
   return out;
 }
 

@@ -55,6 +55,10 @@ struct TokenPoolAttrs {
   bool mean = false;  // "mean" over the kept tokens; else the first token
 };
 
+struct SliceAttrs {
+  int64_t axis = -1, start = 0, end = 0;
+};
+
 struct LoraAttrs {
   int64_t rank = 0;  // 0: no adapter
   float alpha = 0.0f;
@@ -82,6 +86,9 @@ struct NodeSpec {
   TokenPoolAttrs token_pool;
   bool freeze = false;  // its parameters do not train (a LoRA adapter's base is frozen too)
   LoraAttrs lora;
+  SliceAttrs slice;
+  // Fields whose PyTorch state-dict name is not "<name>.<field>" (schema: TorchName).
+  std::vector<std::pair<std::string, std::string>> torch_names;
 };
 
 struct InputSpec {

@@ -107,6 +107,13 @@ std::string node_json(const NodeSpec& n) {
   if (n.freeze) out += ", freeze: true";
   if (n.lora.rank != 0)
     out += cat(", lora: { rank: ", n.lora.rank, ", alpha: ", number(n.lora.alpha), ", dropout: ", number(n.lora.dropout), " }");
+  if (n.op == "slice") out += cat(", slice: { axis: ", n.slice.axis, ", start: ", n.slice.start, ", end: ", n.slice.end, " }");
+  if (!n.torch_names.empty()) {
+    out += ", torch_names: [";
+    for (std::size_t k = 0; k < n.torch_names.size(); ++k)
+      out += cat(k ? ", " : "", "{ field: ", json_string(n.torch_names[k].first), ", name: ", json_string(n.torch_names[k].second), " }");
+    out += "]";
+  }
   return out + " }";
 }
 

@@ -96,6 +96,14 @@ std::vector<OpCase> cases() {
       {"layout_embedding", "layout_embedding", R"({ name: "y", op: "layout_embedding", inputs: ["x", "boxes"], embedding: { count: 9 } })",
        R"({ name: "x", shape: [4, 6] }, { name: "boxes", shape: [4, 4], dtype: "int32" })", Draw::Uniform, 9},
       {"class_token", "class_token", R"({ name: "y", op: "class_token", inputs: ["x"] })", seq},
+      // slice: a packed in-projection's query, key and value (nn.MultiheadAttention's), and a
+      // middle axis of an image (rows 1..3 of 5)
+      {"slice", "slice_packed_qkv", R"({ name: "p", op: "linear", inputs: ["x"], linear: { out_features: 12 } },
+        { name: "q", op: "slice", inputs: ["p"], slice: { axis: -1, start: 0, end: 4 } },
+        { name: "k", op: "slice", inputs: ["p"], slice: { axis: 1, start: 4, end: 8 } },
+        { name: "v", op: "slice", inputs: ["p"], slice: { start: 8, end: 12 } },
+        { name: "y", op: "attention", inputs: ["q", "k", "v"], attention: { heads: 2 } })", seq},
+      {"slice", "slice_image_rows", R"({ name: "y", op: "slice", inputs: ["x"], slice: { axis: 0, start: 1, end: 4 } })", img},
       {"tokens", "tokens", R"({ name: "t", op: "tokens", inputs: ["x"] }, { name: "y", op: "linear", inputs: ["t"], linear: { out_features: 2 } })", img},
       // heads' hidden ReLU: a draw whose pre-activations stay clear of the kink by more than
       // the finite differences' step

@@ -74,7 +74,7 @@ int import_command(const CliArgs& args) {
   auto backend = make_backend("reference");
   Network net(graph, *backend, 0);
   shard_from_torch(graph, imported.weights, net);
-  const std::vector<std::string> wanted = tensor_names(net);
+  const std::vector<std::string> wanted = torch_tensor_names(graph, net);
   const std::set<std::string> read(wanted.begin(), wanted.end());
   for (const SafeTensor& t : imported.weights)
     if (!read.count(t.name)) fail("import", cat(path, ": tensor '", t.name, "' belongs to no node of the imported spec"));

@@ -37,17 +37,21 @@ Layout flattened_input(const Graph& g, const GraphNode& node) {
   return l;
 }
 
-Layout layout_of(const Graph& g, const std::string& name) {
-  // The node is the longest dotted prefix that names one: a field may hold dots itself
-  // (layout_embedding's "x_position_embeddings.weight", Hugging Face's names).
+// The node of a tensor "<node>.<field>" and its field: the longest dotted prefix that names a
+// node (a field may hold dots itself: layout_embedding's "x_position_embeddings.weight").
+std::pair<const GraphNode*, std::string> node_of(const Graph& g, const std::string& name) {
   auto dot = name.rfind('.');
   if (dot == std::string::npos) fail("torch layout", cat("'", name, "' names no node's tensor"));
   const auto last = dot;
   int index = g.find(name.substr(0, dot));
   while (index < 0 && dot > 0 && (dot = name.rfind('.', dot - 1)) != std::string::npos) index = g.find(name.substr(0, dot));
   if (index < 0) fail("torch layout", cat("'", name, "': the model has no node '", name.substr(0, last), "'"));
-  const GraphNode& node = g.nodes()[static_cast<std::size_t>(index)];
-  const std::string field = name.substr(dot + 1);
+  return {&g.nodes()[static_cast<std::size_t>(index)], name.substr(dot + 1)};
+}
+
+Layout layout_of(const Graph& g, const std::string& name) {
+  const auto [found, field] = node_of(g, name);
+  const GraphNode& node = *found;
   const OpDef& d = op_def(node.spec.op);
   const TorchLayout torch = d.torch_layout ? d.torch_layout(field) : TorchLayout::Same;
   if (torch == TorchLayout::ConvWeight) return {Layout::ConvWeight};
@@ -65,6 +69,13 @@ int64_t torch_index(const Layout& l, int64_t i) {
 }
 
 }  // namespace
+
+std::string torch_name(const Graph& whole, const std::string& name) {
+  const auto [node, field] = node_of(whole, name);
+  for (const auto& [f, renamed] : node->spec.torch_names)
+    if (f == field) return renamed;
+  return name;
+}
 
 SafeTensor to_torch(const Graph& whole, const std::string& name, const Tensor& value) {
   const Layout l = layout_of(whole, name);
@@ -97,20 +108,20 @@ SafeTensor to_torch(const Graph& whole, const std::string& name, const Tensor& v
       for (int64_t i = 0; i < value.numel(); ++i) out[static_cast<std::size_t>(torch_index(l, i))] = v[i];
       break;
   }
-  return f32_tensor(name, dims, out.data());
+  return f32_tensor(torch_name(whole, name), dims, out.data());
 }
 
-void from_torch(const Graph& whole, const SafeTensor& t, Tensor& out) {
+void from_torch(const Graph& whole, const std::string& name, const SafeTensor& t, Tensor& out) {
   if (t.dtype != "F32") fail("torch layout", cat("'", t.name, "' is ", t.dtype, "; tandem's weights are F32"));
   // The expected torch shape is what to_torch makes of a tensor of out's shape.
-  const SafeTensor probe = to_torch(whole, t.name, Tensor::zeros(out.shape()));
+  const SafeTensor probe = to_torch(whole, name, Tensor::zeros(out.shape()));
   if (probe.shape != t.shape) {
     std::string want, got;
     for (int64_t d : probe.shape) want += cat(want.empty() ? "" : ", ", d);
     for (int64_t d : t.shape) got += cat(got.empty() ? "" : ", ", d);
     fail("torch layout", cat("'", t.name, "' is [", got, "] in the file, the model needs [", want, "]"));
   }
-  const Layout l = layout_of(whole, t.name);
+  const Layout l = layout_of(whole, name);
   const auto* v = reinterpret_cast<const float*>(t.data.data());
   std::vector<float> aligned(v, v + out.numel());  // the file's bytes need not be float-aligned
   v = aligned.data();
@@ -145,9 +156,10 @@ std::vector<SafeTensor> shard_to_torch(const Graph& whole, Network& shard, int64
   for (Param* p : shard.all_params()) out.push_back(to_torch(whole, p->name(), p->value()));
   for (auto& [name, t] : shard.buffers()) {
     out.push_back(to_torch(whole, name, *t));
+    const std::string& torch = out.back().name;
     const std::string suffix = ".running_var";
-    if (name.size() > suffix.size() && name.compare(name.size() - suffix.size(), suffix.size(), suffix) == 0)
-      out.push_back(i64_tensor(name.substr(0, name.size() - suffix.size()) + ".num_batches_tracked", {},
+    if (torch.size() > suffix.size() && torch.compare(torch.size() - suffix.size(), suffix.size(), suffix) == 0)
+      out.push_back(i64_tensor(torch.substr(0, torch.size() - suffix.size()) + ".num_batches_tracked", {},
                                &batches_tracked));
   }
   return out;
@@ -160,8 +172,14 @@ std::vector<std::string> tensor_names(Network& shard) {
   return out;
 }
 
-std::vector<std::string> import_names(const Graph& whole, Network& shard) {
+std::vector<std::string> torch_tensor_names(const Graph& whole, Network& shard) {
   std::vector<std::string> names = tensor_names(shard);
+  for (std::string& name : names) name = torch_name(whole, name);
+  return names;
+}
+
+std::vector<std::string> import_names(const Graph& whole, Network& shard) {
+  std::vector<std::string> names = torch_tensor_names(whole, shard);
   for (std::string& alias : hugging_face_aliases(whole, names)) names.push_back(std::move(alias));
   return names;
 }
@@ -171,17 +189,18 @@ void shard_from_torch(const Graph& whole, const std::vector<SafeTensor>& tensors
     return name.find(".lora_A.") != std::string::npos || name.find(".lora_B.") != std::string::npos;
   };
   for (Param* p : shard.all_params()) {
-    const std::optional<SafeTensor> t = hugging_face_tensor(whole, tensors, p->name());
+    const std::string name = torch_name(whole, p->name());
+    const std::optional<SafeTensor> t = hugging_face_tensor(whole, tensors, name);
     // A base model's file has no LoRA adapters: they start as PEFT starts them (B zero).
     if (!t && adapter(p->name())) continue;
-    if (!t) fail("torch layout", cat("the weights have no tensor '", p->name(), "'"));
-    from_torch(whole, *t, p->value());
+    if (!t) fail("torch layout", cat("the weights have no tensor '", name, "'"));
+    from_torch(whole, p->name(), *t, p->value());
     p->bump_version();
   }
   for (auto& [name, t] : shard.buffers()) {
-    const std::optional<SafeTensor> saved = hugging_face_tensor(whole, tensors, name);
-    if (!saved) fail("torch layout", cat("the weights have no tensor '", name, "'"));
-    from_torch(whole, *saved, *t);
+    const std::optional<SafeTensor> saved = hugging_face_tensor(whole, tensors, torch_name(whole, name));
+    if (!saved) fail("torch layout", cat("the weights have no tensor '", torch_name(whole, name), "'"));
+    from_torch(whole, name, *saved, *t);
   }
 }
 

@@ -344,6 +344,28 @@ class ConcatLayer final : public Layer {
   Backend& backend_;  // its strided copies (VectorKernel::copy_rows), where the tensors are
 };
 
+// Elements [start, start + out's length) of one axis (the slice op); the gradient goes back to
+// their place, zeros elsewhere. Strided copies where the backend keeps the tensors.
+class SliceLayer final : public Layer {
+ public:
+  bool touches_host() const override { return false; }  // kernels only
+  Reads backward_reads() const override { return {0u, false}; }
+  // `axis` counts the batch (1: the first per-sample axis).
+  SliceLayer(std::string name, int64_t axis, int64_t start, Backend& backend)
+      : Layer(std::move(name)), axis_(axis), start_(start), backend_(backend) {}
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  struct Runs {
+    int64_t rows, along, width, offset;  // rows of `along` (in) and `width` (out) floats; the slice's first
+  };
+  Runs runs(const Shape& in, const Shape& out) const;
+  int64_t axis_, start_;
+  Backend& backend_;
+};
+
 // a + b (residual connections); the gradient goes to both inputs unchanged.
 class AddLayer final : public Layer {
  public:

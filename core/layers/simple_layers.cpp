@@ -93,6 +93,26 @@ void ConcatLayer::backward(std::span<const Tensor> in, const Tensor&, const Tens
   }
 }
 
+SliceLayer::Runs SliceLayer::runs(const Shape& in, const Shape& out) const {
+  int64_t rows = 1, inner = 1;
+  for (int i = 0; i < axis_; ++i) rows *= in[i];
+  for (int i = static_cast<int>(axis_) + 1; i < in.rank(); ++i) inner *= in[i];
+  return {rows, in[static_cast<int>(axis_)] * inner, out[static_cast<int>(axis_)] * inner, start_ * inner};
+}
+
+void SliceLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  const Runs r = runs(in[0].shape(), out.shape());
+  backend_.vectors().copy_rows(out.data(), r.width, in[0].data() + r.offset, r.along, r.width, r.rows);
+}
+
+void SliceLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
+                          Stash&) {
+  if (!grad_in[0].defined()) return;
+  const Runs r = runs(in[0].shape(), grad_out.shape());
+  backend_.vectors().fill(grad_in[0].data(), 0.0f, grad_in[0].numel());
+  backend_.vectors().copy_rows(grad_in[0].data() + r.offset, r.along, grad_out.data(), r.width, r.width, r.rows);
+}
+
 void AddLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
   kernels_.get(out.numel(), [&](int64_t n) { return backend_.add(n); }).forward(in[0].data(), in[1].data(), out.data());
 }
