@@ -15,6 +15,7 @@
 #include "core/interop/safetensors.h"
 #include "core/interop/torch_layout.h"
 #include "ports/files/atomic_file.h"
+#include "ports/files/safetensors_file.h"
 #include "ports/files/tensor_dataset.h"
 #include "backends/registry.h"
 #include "cli/command_line.h"
@@ -95,6 +96,10 @@ int train(const CliArgs& args) {
     stages.push_back(nets.back().get());
   }
   init_from_whole_model(graph, seed, stages, *make_backend("reference"));
+  if (const std::string from = args.str("init-from", ""); !from.empty()) {  // a whole model's state dict
+    for (Network* stage : stages) shard_from_torch(graph, read_safetensors_file(from, import_names(graph, *stage)), *stage);
+    std::printf("initialised from %s\n", from.c_str());
+  }
   const OptimizerOptions sgd = args.optimizer_options();
   std::vector<std::unique_ptr<Optimizer>> optimizers;
   std::vector<Optimizer*> stage_optimizers;
@@ -241,6 +246,7 @@ int main(int argc, char** argv) {
       .option("pipeline-schedule", "gpipe|1f1b|zero-bubble|async", "the order stages run micro-batches in (default gpipe; the synchronous ones give the same weights; async backs a step up during the next, on stashed weights)")
       .flag("stage-threads", "run each stage on its own thread, as a pipeline across machines runs (prints the bubble)")
       .option("export", "FILE", "at the end, every stage's weights in one safetensors file with PyTorch's names (`tandem evaluate` reads it)")
+      .option("init-from", "FILE", "start from a safetensors file of the whole model (PyTorch's names and layouts: tandem import's weights, an export)")
       .option("edge-backend", "NAME", "the edge's stages' backend (default xnnpack)")
       .option("cloud-backend", "NAME", "the cloud's stages' backend (default onednn)")
       .option("data", "fashion-mnist|DIR", "Debian's Fashion-MNIST, or DIR/train.safetensors and DIR/test.safetensors")

@@ -25,9 +25,16 @@ namespace {
 // context [N, H, T, D] permuted back to [N, T, H, D]), a position table's rows 0..T-1 (to be
 // added to a sequence) and a key padding mask on its way to the scores. Only the handlers of
 // the next step read them (input() refuses them anywhere else).
+// nn.MultiheadAttention's steps (torchvision's ViT): the sequence time-major [T, N, F]
+// (SequenceTM; tandem's tensor stays [N, T, F], only ONNX's axes differ), its tokens flattened
+// time-major [T N, F] (TokensTM), heads merged with the batch [T, N H, D] (HeadsTM; then
+// HeadsFirst, KeysT, scores, probabilities and context `merged`, [N H, T, D]) and the context
+// back time-major (ContextTM). A patch embedding's image as [N, C, H W] (Patches), a class
+// token expanded over the batch (ClassToken) and joined before the patches (WithClass).
 enum class Form {
   Image, Pooled, Vector, FlatImage, Sequence, Unknown,
-  Heads, HeadsFirst, KeysT, Scores, Probs, Context, ContextTokens, Positions, Mask
+  Heads, HeadsFirst, KeysT, Scores, Probs, Context, ContextTokens, Positions, Mask,
+  Patches, ClassToken, WithClass, SequenceTM, HeadsTM, ContextTM, TokensTM
 };
 
 struct Value {
@@ -41,7 +48,8 @@ struct Value {
   double divisor = 1.0;
   bool inverted = false;
   double mask_scale = 1.0;
-  const OnnxTensor* table = nullptr;  // Positions: the position table
+  const OnnxTensor* table = nullptr;  // Positions: the position table; ClassToken, WithClass: the token
+  bool merged = false;  // attention's heads merged with the batch (nn.MultiheadAttention's [N H, T, D])
 };
 
 // A number import computes from shapes (what torch writes as Shape, Gather, Unsqueeze,
@@ -260,6 +268,13 @@ class Importer {
       case Form::ContextTokens: return "attention's context [N, T, H, D]";
       case Form::Positions: return "a position table's rows";
       case Form::Mask: return "an attention mask";
+      case Form::Patches: return "an image as [N, C, H W]";
+      case Form::ClassToken: return "a class token expanded over the batch";
+      case Form::WithClass: return "a class token joined before a sequence";
+      case Form::SequenceTM: return "a sequence time-major [T, N, F]";
+      case Form::HeadsTM: return "attention heads [T, N H, D]";
+      case Form::ContextTM: return "attention's context [T, N H, D]";
+      case Form::TokensTM: return "a sequence's tokens [T N, F]";
       default: return "a tensor";
     }
   }
@@ -268,7 +283,8 @@ class Importer {
     const Value& v = any_input(n, i);
     if (is_step(v.form))
       throw Refusal{cat("it reads ", step_name(v.form), ", which tandem takes only within multi-head attention, "
-                        "position embeddings and the key padding mask as BERT writes them")};
+                        "position embeddings, the key padding mask and a ViT's patch and class token embedding as "
+                        "BERT, nn.MultiheadAttention and torchvision's ViT write them")};
     return v;
   }
   const Value& any_input(const OnnxNode& n, std::size_t i) {
@@ -367,6 +383,52 @@ class Importer {
   }
   static constexpr std::size_t kMaxFolded = 1 << 16;
 
+  // ONNX's shape of a value, the batch symbolic; nullopt where import does not track it.
+  std::optional<std::vector<Sym>> onnx_shape(const std::string& name) const {
+    if (const auto f = folded_.find(name); f != folded_.end()) {
+      std::vector<Sym> all;
+      for (int64_t d : f->second.dims) all.push_back({d, 0});
+      return all;
+    }
+    const auto it = values_.find(name);
+    // Scores' and probabilities' dims are the query's, a position table's lack its leading 1;
+    // heads merged with the batch, a class token on its way: not followed
+    static const std::set<Form> untracked = {Form::Unknown,    Form::Scores,     Form::Probs,   Form::Positions,
+                                             Form::ClassToken, Form::WithClass,  Form::HeadsTM, Form::ContextTM};
+    if (it == values_.end() || untracked.count(it->second.form) || it->second.merged) return std::nullopt;
+    const Value& x = it->second;
+    if (x.form == Form::SequenceTM && x.dims.size() == 2) return std::vector<Sym>{{x.dims[0], 0}, {1, 1}, {x.dims[1], 0}};
+    if (x.form == Form::TokensTM && x.dims.size() == 2) return std::vector<Sym>{{x.dims[0], 1}, {x.dims[1], 0}};
+    std::vector<Sym> all{{1, 1}};
+    if (x.dims.empty() && (x.form == Form::Image || x.form == Form::Pooled))
+      all.resize(4, Sym{0, 0, true});
+    else if (x.dims.empty())
+      return std::nullopt;
+    for (int64_t d : x.dims) all.push_back({d, 0});
+    return all;
+  }
+  // `f` of the inputs' values, position by position: inputs of one shape, or one value repeated.
+  template <typename F>
+  Folded elementwise(const OnnxNode& n, std::size_t count, F f) const {
+    std::vector<const Folded*> in;
+    const Folded* shaped = nullptr;  // the first of more than one value
+    for (std::size_t i = 0; i < count; ++i) {
+      in.push_back(&folded_input(n, i));
+      if (in.back()->v.size() == 1) continue;
+      if (shaped && (shaped->dims != in.back()->dims || shaped->v.size() != in.back()->v.size()))
+        throw Refusal{"it computes on shapes of different sizes"};
+      if (!shaped) shaped = in.back();
+    }
+    Folded out;
+    out.dims = shaped ? shaped->dims : in[0]->dims;
+    std::vector<Sym> args(count);
+    for (std::size_t k = 0, size = shaped ? shaped->v.size() : 1; k < size; ++k) {
+      for (std::size_t i = 0; i < count; ++i) args[i] = in[i]->v[in[i]->v.size() == 1 ? 0 : k];
+      out.v.push_back(f(args.data()));
+    }
+    return out;
+  }
+
   // Computes a node on shapes and integer constants where it can: true when it did (its
   // output is folded_), false when it is a tensor op for the handlers. A malformed node (too
   // few inputs, axes twice, numbers out of range) is refused, never read past its end.
@@ -374,21 +436,13 @@ class Importer {
     static const std::map<std::string, std::pair<std::size_t, std::size_t>> arity = {
         {"Shape", {1, 1}}, {"Gather", {2, 2}}, {"Unsqueeze", {1, 2}}, {"Squeeze", {1, 2}}, {"Concat", {1, 1 << 20}},
         {"Slice", {3, 5}}, {"Cast", {1, 1}},   {"Add", {2, 2}},       {"Sub", {2, 2}},     {"Mul", {2, 2}},
-        {"Div", {2, 2}}};
+        {"Div", {2, 2}},   {"Reshape", {2, 2}},   {"ConstantOfShape", {1, 1}}, {"Equal", {2, 2}},   {"Where", {3, 3}}};
     const auto known = arity.find(n.op_type);
     if (known == arity.end()) return false;
     if (n.op_type == "Shape") {
-      const auto it = n.inputs.empty() ? values_.end() : values_.find(n.inputs[0]);
-      // Scores' and probabilities' dims are the query's, a position table's lack its leading 1
-      static const std::set<Form> untracked = {Form::Unknown, Form::Scores, Form::Probs, Form::Positions};
-      if (it == values_.end() || untracked.count(it->second.form)) return false;
-      const Value& x = it->second;
-      std::vector<Sym> all{{1, 1}};
-      if (x.dims.empty() && (x.form == Form::Image || x.form == Form::Pooled))
-        all.resize(4, Sym{0, 0, true});
-      else if (x.dims.empty())
-        return false;
-      for (int64_t d : x.dims) all.push_back({d, 0});
+      const std::optional<std::vector<Sym>> shape = n.inputs.empty() ? std::nullopt : onnx_shape(n.inputs[0]);
+      if (!shape) return false;
+      const std::vector<Sym>& all = *shape;
       const int64_t rank = static_cast<int64_t>(all.size());
       int64_t start = int_attr(n, "start", 0), end = int_attr(n, "end", rank);
       start = std::clamp(start < 0 ? start + rank : start, int64_t{0}, rank);
@@ -417,14 +471,50 @@ class Importer {
     if (n.op_type == "Cast") {
       out = x;
     } else if (n.op_type == "Add" || n.op_type == "Sub" || n.op_type == "Mul" || n.op_type == "Div") {
-      const Folded& y = folded_input(n, 1);
-      const bool x_one = x.v.size() == 1, y_one = y.v.size() == 1;
-      if (!((x.dims == y.dims && x.v.size() == y.v.size()) || x_one || y_one))
-        throw Refusal{"it computes on shapes of different sizes"};
-      out.dims = x_one && !y_one ? y.dims : x.dims;
-      const std::size_t count = std::max(x.v.size(), y.v.size());
-      for (std::size_t k = 0; k < count; ++k)
-        out.v.push_back(arith(n.op_type, x.v[x_one ? 0 : k], y.v[y_one ? 0 : k]));
+      out = elementwise(n, 2, [&](const Sym* a) { return arith(n.op_type, a[0], a[1]); });
+    } else if (n.op_type == "Equal") {
+      out = elementwise(n, 2, [](const Sym* a) {
+        if (a[0].unknown || a[1].unknown) throw Refusal{"it compares a dimension of a tensor whose shape import does not track"};
+        return Sym{a[0] == a[1] ? 1 : 0, 0};
+      });
+    } else if (n.op_type == "Where") {
+      out = elementwise(n, 3, [](const Sym* a) {
+        if (a[0].unknown || a[0].p != 0) throw Refusal{"its condition is not computed from constants"};
+        return a[0].c != 0 ? a[1] : a[2];
+      });
+    } else if (n.op_type == "ConstantOfShape") {
+      const OnnxAttribute* value = n.attribute("value");
+      if (value && (value->kind != OnnxAttribute::Kind::Tensor || !value->t.integer || value->t.ints.size() != 1))
+        return false;  // a float filling: no shape's arithmetic
+      if (x.dims.size() != 1) throw Refusal{"its shape is not a list"};
+      out.dims = plain_ints(n, 0);
+      for (int64_t d : out.dims)
+        if (d < 0) throw Refusal{cat("its shape has the dimension ", d)};
+      const int64_t count = count_of(out.dims);
+      if (count > static_cast<int64_t>(kMaxFolded)) throw Refusal{cat("it computes a shape of more than ", kMaxFolded, " values")};
+      out.v.assign(static_cast<std::size_t>(count), Sym{value ? value->t.ints[0] : 0, 0});
+    } else if (n.op_type == "Reshape") {  // of numbers: x.view(-1), a list made of one
+      if (int_attr(n, "allowzero", 0) != 0) throw Refusal{"allowzero=1 is not supported"};
+      out.dims = plain_ints(n, 1);
+      int64_t known = 1;
+      std::size_t rest = out.dims.size();
+      for (std::size_t k = 0; k < out.dims.size(); ++k) {
+        int64_t& d = out.dims[k];
+        if (d == 0 && k < x.dims.size()) d = x.dims[k];
+        if (d == -1 && rest == out.dims.size()) {
+          rest = k;
+          continue;
+        }
+        if (d <= 0) throw Refusal{cat("its shape has the dimension ", d)};
+        if (__builtin_mul_overflow(known, d, &known) || known > static_cast<int64_t>(kMaxFolded))
+          throw Refusal{cat("it computes a shape of more than ", kMaxFolded, " values")};
+      }
+      const int64_t total = static_cast<int64_t>(x.v.size());
+      if (rest < out.dims.size()) {
+        if (total % known != 0) throw Refusal{"its -1 does not divide the input's size"};
+        out.dims[rest] = total / known;
+      }
+      out.v = x.v;
     } else if (n.op_type == "Gather") {
       const Folded& idx = folded_input(n, 1);
       if (x.dims.empty()) throw Refusal{"it gathers from a scalar"};
@@ -599,6 +689,11 @@ class Importer {
       const std::string m = w.name.substr(0, w.name.size() - suffix.size());
       if (!names_.count(m)) return unique(m);
     }
+    const std::string packed = "_weight";  // nn.MultiheadAttention's "in_proj_weight"
+    const std::size_t dot = w.name.rfind('.');
+    if (dot != std::string::npos && w.name.size() > dot + 1 + packed.size() &&
+        w.name.compare(w.name.size() - packed.size(), packed.size(), packed) == 0)
+      return unique(w.name.substr(0, w.name.size() - packed.size()));
     const std::string m = module_of(n.name);
     return unique(m.empty() ? lower(n.op_type) : m);
   }
@@ -628,11 +723,18 @@ class Importer {
     copy.form = form;
     values_[n.outputs.at(0)] = std::move(copy);
   }
-  void add_weight(const std::string& node, const std::string& field, const OnnxTensor& t,
-                  bool transpose = false) {
+  // The node's tensor `field` from the stored `t`, in torch's layout. A name torch's state dict
+  // holds that is not "<node>.<field>" (torchvision ViT's "class_token", "in_proj_weight") stays
+  // the file's name, through the node's torch_names; the exporter's own ("onnx::MatMul_7", a
+  // weight it transposed) becomes "<node>.<field>".
+  void add_weight(NodeSpec& node, const std::string& field, const OnnxTensor& t, bool transpose = false) {
     if (!params_used_.insert(t.name).second)
       throw Refusal{cat("its weight '", t.name, "' is shared with another node (tied weights); tandem trains each node's own")};
-    const std::string name = cat(node, ".", field);
+    std::string name = cat(node.name, ".", field);
+    if (t.name != name && !transpose && !starts_with(t.name, "onnx::")) {
+      node.torch_names.emplace_back(field, t.name);
+      name = t.name;
+    }
     std::vector<int64_t> dims = t.dims;
     std::vector<float> values = t.floats;
     int64_t count = 1;
@@ -646,6 +748,8 @@ class Importer {
       dims = {cols, rows};
     }
     if (t.name != name) out_.renamed.push_back(cat(t.name, " -> ", name, transpose ? " (transposed)" : ""));
+    else if (!node.torch_names.empty() && node.torch_names.back().second == name)
+      out_.renamed.push_back(cat(node.name, ".", field, " is '", name, "' in PyTorch's state dict"));
     out_.weights.push_back(f32_tensor(name, dims, values.data()));
   }
   NodeSpec node_of(std::string name, const char* op, std::vector<std::string> inputs) {
@@ -686,9 +790,19 @@ class Importer {
     c.bias = b != nullptr;
     if (pooled && (c.kernel != Pair{1, 1} || c.padding != Pair{0, 0}))
       throw Refusal{"it convolves a globally pooled [N, C, 1, 1] tensor with a window other than 1x1 unpadded"};
-    add_weight(s.name, "weight", w);
-    if (b) add_weight(s.name, "bias", *b);
-    emit(n, std::move(s), pooled ? Form::Pooled : Form::Image, n.outputs.at(0));
+    // the output's [C, H, W] where the input's is known (a patch embedding's reshape reads it)
+    std::vector<int64_t> dims;
+    if (!pooled && x.dims.size() == 3) {
+      dims = {c.out_channels, 0, 0};
+      for (int k = 0; k < 2; ++k) {
+        const int64_t span = x.dims[static_cast<std::size_t>(k + 1)] + 2 * c.padding[k] - c.dilation[k] * (c.kernel[k] - 1) - 1;
+        dims[static_cast<std::size_t>(k + 1)] = span >= 0 && c.stride[k] > 0 ? span / c.stride[k] + 1 : 0;
+      }
+      if (dims[1] <= 0 || dims[2] <= 0) dims.clear();
+    }
+    add_weight(s, "weight", w);
+    if (b) add_weight(s, "bias", *b);
+    emit(n, std::move(s), pooled ? Form::Pooled : Form::Image, n.outputs.at(0), dims);
   }
 
   void batch_norm(const OnnxNode& n) {
@@ -703,10 +817,10 @@ class Importer {
     s.batch_norm.eps = float_attr(n, "epsilon", 1e-5f);
     // ONNX keeps (1 - torch's momentum): 0.9 for nn.BatchNorm2d's 0.1, rounded as written.
     s.batch_norm.momentum = static_cast<float>(std::round((1.0 - float_attr(n, "momentum", 0.9f)) * 1e6) / 1e6);
-    add_weight(s.name, "weight", scale);
-    add_weight(s.name, "bias", weight(n, 2, "bias"));
-    add_weight(s.name, "running_mean", weight(n, 3, "running mean"));
-    add_weight(s.name, "running_var", weight(n, 4, "running variance"));
+    add_weight(s, "weight", scale);
+    add_weight(s, "bias", weight(n, 2, "bias"));
+    add_weight(s, "running_mean", weight(n, 3, "running mean"));
+    add_weight(s, "running_var", weight(n, 4, "running variance"));
     emit(n, std::move(s), x.form, n.outputs.at(0), x.dims);
   }
 
@@ -818,8 +932,8 @@ class Importer {
     const OnnxTensor& bias = this->weight(*shift, other(*shift, scale->outputs[0]), "bias");
     NodeSpec s = node_of(param_node_name(mean, weight), "layer_norm", {x.node});
     s.layer_norm.eps = eps->floats[0];
-    add_weight(s.name, "weight", weight);
-    add_weight(s.name, "bias", bias);
+    add_weight(s, "weight", weight);
+    add_weight(s, "bias", bias);
     out_.fused.push_back(cat(s.name, ": ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add -> layer_norm"));
     emit(mean, std::move(s), x.form, shift->outputs.at(0), x.dims);
   }
@@ -836,8 +950,8 @@ class Importer {
     const OnnxTensor& weight = this->weight(n, 1, "scale");
     NodeSpec s = node_of(param_node_name(n, weight), "layer_norm", {x.node});
     s.layer_norm.eps = float_attr(n, "epsilon", 1e-5f);
-    add_weight(s.name, "weight", weight);
-    add_weight(s.name, "bias", this->weight(n, 2, "bias"));
+    add_weight(s, "weight", weight);
+    add_weight(s, "bias", this->weight(n, 2, "bias"));
     emit(n, std::move(s), x.form, n.outputs.at(0), x.dims);
   }
 
@@ -845,7 +959,8 @@ class Importer {
   // (The pattern is matched before its input is read, so a Div or Mul outside one is reported
   // even when what it reads was refused.)
   void div(const OnnxNode& d) {
-    if (form_of(d, 0) == Form::Scores) return scale_scores(d, 0, true);
+    if (form_of(d, 0) == Form::Scores || form_of(d, 0) == Form::HeadsFirst || form_of(d, 0) == Form::KeysT)
+      return scale_scores(d, 0, true);
     const OnnxNode* erf = is_scalar(d, 1, std::sqrt(2.0)) ? sole_reader(d.outputs.at(0), "Erf") : nullptr;
     const OnnxNode* plus = erf ? sole_reader(erf->outputs.at(0), "Add") : nullptr;
     const OnnxNode* times_x = plus && is_scalar(*plus, other(*plus, erf->outputs[0]), 1.0) ? sole_reader(plus->outputs.at(0), "Mul") : nullptr;
@@ -865,7 +980,8 @@ class Importer {
   // -> Mul(x) -> Mul(0.5).
   void mul(const OnnxNode& sq) {
     for (std::size_t i = 0; i < 2; ++i) {
-      if (form_of(sq, i) == Form::Scores) return scale_scores(sq, i, false);
+      const Form f = form_of(sq, i);
+      if (f == Form::Scores || f == Form::HeadsFirst || f == Form::KeysT) return scale_scores(sq, i, false);
       if (form_of(sq, i) == Form::Mask) return mask_step(sq, i);
     }
     const std::string& xv = sq.inputs.at(0);
@@ -976,6 +1092,7 @@ class Importer {
   void reshape(const OnnxNode& n) {
     skip_refused(n);
     const Value& x = any_input(n, 0);
+    if (x.form == Form::SequenceTM || x.form == Form::ContextTM || x.form == Form::TokensTM) return reshape_time_major(n, x);
     if (x.form == Form::ContextTokens) {
       const std::vector<int64_t> to = reshape_target(n, x.dims);
       if (to.size() != 2 || to[0] != x.dims[0] || to[1] != x.dims[1] * x.dims[2])
@@ -990,6 +1107,16 @@ class Importer {
     if (x.dims.empty() && x.form != Form::Image && x.form != Form::Pooled && x.form != Form::FlatImage)
       throw Refusal{"it reshapes a tensor whose shape import does not know"};
     const Folded* target = folded(n, 1);
+    if (x.form == Form::Image && x.dims.size() == 3 && target && target->v.size() == 3) {  // [N, C, H W]: patches
+      const std::vector<int64_t> to = reshape_target(n, x.dims);
+      if (to != std::vector<int64_t>{x.dims[0], x.dims[1] * x.dims[2]})
+        throw Refusal{"it reshapes an image to another shape than [batch, channels, height * width] (a ViT's patches)"};
+      Value v = x;
+      v.form = Form::Patches;
+      v.dims = to;
+      values_[n.outputs.at(0)] = v;
+      return;
+    }
     if (x.form == Form::Image || x.form == Form::Pooled || x.form == Form::FlatImage) {  // [N, -1] only
       if (!target || target->v.size() != 2 || !(target->v[1] == Sym{-1, 0}) ||
           !(target->v[0] == Sym{1, 1} || target->v[0] == Sym{0, 0}))
@@ -1015,6 +1142,45 @@ class Importer {
                       "heads and back, and flattens, but has no general reshape yet")};
   }
 
+  // Whether `target` (Reshape's input 1) is exactly `want`, the batch symbolic.
+  bool target_is(const OnnxNode& n, const std::vector<Sym>& want) const {
+    const Folded* target = folded(n, 1);
+    if (!target || target->dims.size() != 1 || target->v.size() != want.size()) return false;
+    for (std::size_t k = 0; k < want.size(); ++k)
+      if (!(target->v[k] == want[k])) return false;
+    return true;
+  }
+  // nn.MultiheadAttention's views, time-major: [T, N, F] -> [T, N H, D] (heads merged with the
+  // batch) or [T N, F]; the context [T, N H, D] -> [T N, H D] or [T, N, H D]; [T N, F] -> [T, N, F].
+  void reshape_time_major(const OnnxNode& n, const Value& x) {
+    if (int_attr(n, "allowzero", 0) != 0) throw Refusal{"allowzero=1 is not supported"};
+    Value v = x;
+    const int64_t t = x.dims[0], f = x.form == Form::ContextTM ? x.dims[1] * x.dims[2] : x.dims.back();
+    const Folded* target = folded(n, 1);
+    if (x.form == Form::SequenceTM && target && target->v.size() == 3 && target->v[1].p == 1 && target->v[1].c > 0 &&
+        f % target->v[1].c == 0 && target_is(n, {{t, 0}, {target->v[1].c, 1}, {f / target->v[1].c, 0}})) {
+      v.form = Form::HeadsTM;
+      v.heads = target->v[1].c;
+      v.dims = {t, v.heads, f / v.heads};
+    } else if ((x.form == Form::SequenceTM || x.form == Form::ContextTM) && target_is(n, {{t, 1}, {f, 0}})) {
+      v.form = Form::TokensTM;
+      v.dims = {t, f};
+    } else if ((x.form == Form::TokensTM || x.form == Form::ContextTM) && target_is(n, {{t, 0}, {1, 1}, {f, 0}})) {
+      v.form = Form::SequenceTM;
+      v.dims = {t, f};
+    } else {
+      throw Refusal{cat("it reshapes ", step_name(x.form), " otherwise than nn.MultiheadAttention does")};
+    }
+    values_[n.outputs.at(0)] = v;
+  }
+
+  // The input of a linear layer: a plain tensor, or a sequence time-major or flattened so
+  // (nn.MultiheadAttention's projections, per token as on [N, T, F]).
+  const Value& linear_input(const OnnxNode& n, std::size_t i) {
+    const Form f = form_of(n, i);
+    return f == Form::SequenceTM || f == Form::TokensTM ? any_input(n, i) : input(n, i);
+  }
+
   void linear(const OnnxNode& n, const Value& x, const OnnxTensor& w, bool transposed, const OnnxTensor* b) {
     if (x.form == Form::Image) throw Refusal{"it multiplies an image; flatten it first"};
     if (w.dims.size() != 2) throw Refusal{cat("its weight has ", w.dims.size(), " dimensions; a linear layer's has two")};
@@ -1023,19 +1189,20 @@ class Importer {
       throw Refusal{cat("its bias has dimensions other than [", out_features, "] or [1, ", out_features, "]")};
     NodeSpec s = node_of(param_node_name(n, w), "linear", {x.node});
     s.linear = {out_features, b != nullptr};
-    add_weight(s.name, "weight", w, transposed);
+    add_weight(s, "weight", w, transposed);
     if (b) {
       OnnxTensor flat = *b;
       flat.dims = {out_features};
-      add_weight(s.name, "bias", flat);
+      add_weight(s, "bias", flat);
     }
     std::vector<int64_t> dims = x.dims;
     if (!dims.empty()) dims.back() = out_features;
-    emit(n, std::move(s), x.form == Form::Sequence ? Form::Sequence : Form::Vector, n.outputs.at(0), dims);
+    const bool tokens = x.form == Form::Sequence || x.form == Form::SequenceTM || x.form == Form::TokensTM;
+    emit(n, std::move(s), tokens ? x.form : Form::Vector, n.outputs.at(0), dims);
   }
 
   void gemm(const OnnxNode& n) {
-    const Value& a = input(n, 0);
+    const Value& a = linear_input(n, 0);
     if (int_attr(n, "transA", 0) != 0) throw Refusal{"transA=1 is not supported"};
     if (float_attr(n, "alpha", 1.0f) != 1.0f || float_attr(n, "beta", 1.0f) != 1.0f)
       throw Refusal{"alpha or beta differ from 1; tandem's linear is x W^T + b"};
@@ -1052,6 +1219,46 @@ class Importer {
   void transpose(const OnnxNode& n) {
     skip_refused(n);
     const Form f = form_of(n, 0);
+    const std::vector<int64_t> swap01{1, 0, 2};
+    if (f == Form::Sequence || f == Form::SequenceTM) {  // nn.MultiheadAttention's batch_first, there and back
+      if (ints_attr(n, "perm", {}) != swap01)
+        throw Refusal{"it permutes a sequence otherwise than [N, T, F] <-> [T, N, F]; tandem has no general transpose yet"};
+      return alias(n, any_input(n, 0), f == Form::Sequence ? Form::SequenceTM : Form::Sequence);
+    }
+    if (f == Form::Patches) {  // [N, C, H W] -> [N, H W, C]: a ViT's patch embedding, tandem's tokens view
+      const Value& x = any_input(n, 0);
+      if (ints_attr(n, "perm", {}) != std::vector<int64_t>{0, 2, 1})
+        throw Refusal{"it permutes an image's patches otherwise than to [batch, patches, channels]"};
+      const std::string m = module_of(n.name);
+      out_.fused.push_back(cat(m.empty() ? n.name : m, ": Reshape [N, C, H W], Transpose -> tokens"));
+      return emit(n, node_of(unique(m.empty() ? "tokens" : m + ".tokens"), "tokens", {x.node}), Form::Sequence, n.outputs.at(0),
+                  {x.dims[1], x.dims[0]});
+    }
+    const bool merged = f != Form::Unknown && values_.at(n.inputs.at(0)).merged;
+    if (f == Form::HeadsTM || (merged && (f == Form::HeadsFirst || f == Form::Context))) {  // [T, N H, D] and [N H, T, D]
+      Value v = any_input(n, 0);
+      const std::vector<int64_t> perm = ints_attr(n, "perm", {});
+      const std::vector<int64_t> d = v.dims;  // HeadsTM [T, H, D]; HeadsFirst and Context [H, T, D]
+      v.merged = true;
+      if (f == Form::HeadsTM && perm == swap01) {
+        v.form = Form::HeadsFirst;
+        v.dims = {d[1], d[0], d[2]};
+      } else if (f == Form::HeadsTM && perm == std::vector<int64_t>{1, 2, 0}) {
+        v.form = Form::KeysT;
+        v.dims = {d[1], d[2], d[0]};
+      } else if (f == Form::HeadsFirst && perm == std::vector<int64_t>{0, 2, 1}) {
+        v.form = Form::KeysT;
+        v.dims = {d[0], d[2], d[1]};
+      } else if (f == Form::Context && perm == swap01) {
+        v.form = Form::ContextTM;
+        v.merged = false;
+        v.dims = {d[1], d[0], d[2]};
+      } else {
+        throw Refusal{cat("it permutes ", step_name(f), " otherwise than nn.MultiheadAttention does")};
+      }
+      values_[n.outputs.at(0)] = std::move(v);
+      return;
+    }
     if (f == Form::Heads || f == Form::HeadsFirst || f == Form::Context) {
       Value v = any_input(n, 0);
       const std::vector<int64_t> perm = ints_attr(n, "perm", {});
@@ -1084,10 +1291,11 @@ class Importer {
   void matmul(const OnnxNode& n) {
     skip_refused(n);
     const Form a = form_of(n, 0), b = form_of(n, 1);
-    if (a == Form::HeadsFirst && b == Form::KeysT) return attention_scores(n);
-    if (a == Form::Probs && b == Form::HeadsFirst) return attention(n);
-    if (is_step(a) || is_step(b))
-      throw Refusal{cat("it multiplies ", step_name(is_step(a) ? a : b), " otherwise than attention does (softmax(Q K^T / sqrt(d) + mask) V)")};
+    const bool alike = a != Form::Unknown && b != Form::Unknown && any_input(n, 0).merged == any_input(n, 1).merged;
+    if (a == Form::HeadsFirst && b == Form::KeysT && alike) return attention_scores(n);
+    if (a == Form::Probs && b == Form::HeadsFirst && alike) return attention(n);
+    if ((is_step(a) && a != Form::SequenceTM && a != Form::TokensTM) || is_step(b))  // those two: by a linear's weight
+      throw Refusal{cat("it multiplies ", step_name(is_step(b) ? b : a), " otherwise than attention does (softmax(Q K^T / sqrt(d) + mask) V)")};
     const auto pre = n.inputs.size() == 2 ? transposed_.find(n.inputs[1]) : transposed_.end();
     const bool stored_out_in = pre != transposed_.end();  // W as nn.Linear holds it: [out, in]
     const OnnxTensor& w = stored_out_in ? *pre->second : weight(n, 1, "right operand");
@@ -1106,11 +1314,11 @@ class Importer {
         }
       }
     }
-    if (!bias) return linear(n, input(n, 0), w, !stored_out_in, nullptr);
+    if (!bias) return linear(n, linear_input(n, 0), w, !stored_out_in, nullptr);
     absorbed_.insert(add_index);  // refused or not, the Add is the linear's
     const std::string& sum = g_.nodes[add_index].outputs[0];
     values_[sum] = {};
-    linear(n, input(n, 0), w, !stored_out_in, bias);
+    linear(n, linear_input(n, 0), w, !stored_out_in, bias);
     values_[sum] = values_[n.outputs[0]];
     out_.fused.push_back(cat(module_of(n.name).empty() ? n.name : module_of(n.name), ": MatMul + Add -> linear"));
   }
@@ -1120,6 +1328,7 @@ class Importer {
     const Form fa = form_of(n, 0), fb = form_of(n, 1);
     if (fa == Form::Positions || fb == Form::Positions) return position_embedding(n, fa == Form::Positions ? 0 : 1);
     if (fa == Form::Scores || fb == Form::Scores) return mask_scores(n, fa == Form::Scores ? 0 : 1);
+    if (fa == Form::WithClass || fb == Form::WithClass) return class_token(n, fa == Form::WithClass ? 0 : 1);
     if (constant(n, 0) || constant(n, 1))
       throw Refusal{"it adds a stored constant; tandem adds two computed tensors (a bias belongs to a linear or convolution)"};
     const Value& a = input(n, 0);
@@ -1134,6 +1343,7 @@ class Importer {
 
   void concat(const OnnxNode& n) {
     int64_t axis = int_attr(n, "axis", 1);
+    if (form_of(n, 0) == Form::ClassToken || form_of(n, 1) == Form::ClassToken) return join_class_token(n);
     std::vector<std::string> inputs;
     Form form = Form::Unknown;
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {
@@ -1239,7 +1449,7 @@ class Importer {
         throw Refusal{"it looks up rows by a tensor that is not a graph input of token ids [batch, tokens]"};
       NodeSpec s = node_of(param_node_name(n, *table), "embedding", {ids.node});
       s.embedding = {table->dims[0], table->dims[1]};
-      add_weight(s.name, "weight", *table);
+      add_weight(s, "weight", *table);
       return emit(n, std::move(s), Form::Sequence, n.outputs.at(0), {ids.dims[0], table->dims[1]});
     }
     const Value& x = input(n, 0);
@@ -1252,6 +1462,94 @@ class Importer {
     emit(n, std::move(s), Form::Vector, n.outputs.at(0), {x.dims[1]});
   }
 
+  // ---- a ViT's embeddings: the class token and the positions ----
+
+  // Expand(a stored [1, 1, F] class token, [batch, 1, 1]): torchvision's
+  // class_token.expand(n, -1, -1), joined before the patches next.
+  void expand(const OnnxNode& n) {
+    skip_refused(n);
+    const OnnxTensor* token = stored(n, 0);
+    const Folded* shape = folded(n, 1);
+    auto one = [](const Sym& s) { return s == Sym{1, 0} || s == Sym{-1, 0}; };
+    if (!token || token->integer || token->dims.size() != 3 || token->dims[0] != 1 || token->dims[1] != 1 || !shape ||
+        shape->v.size() != 3 || !(shape->v[0] == Sym{1, 1}) || !one(shape->v[1]) || !(one(shape->v[2]) || shape->v[2] == Sym{token->dims[2], 0}))
+      throw Refusal{"tandem expands only a stored class token [1, 1, F] over the batch (a ViT's "
+                    "class_token.expand(batch, -1, -1))"};
+    Value v;
+    v.form = Form::ClassToken;
+    v.table = token;
+    v.dims = {1, token->dims[2]};
+    values_[n.outputs.at(0)] = v;
+  }
+
+  // Concat(class token, patches [N, T, F]) along the tokens: the class token first.
+  void join_class_token(const OnnxNode& n) {
+    if (n.inputs.size() != 2 || form_of(n, 0) != Form::ClassToken || form_of(n, 1) != Form::Sequence)
+      throw Refusal{"it joins a class token otherwise than before a sequence's tokens"};
+    const int64_t axis = int_attr(n, "axis", 1);
+    const Value& token = any_input(n, 0);
+    const Value& x = input(n, 1);
+    if ((axis != 1 && axis != -2) || x.dims.size() != 2 || x.dims[1] != token.dims[1])
+      throw Refusal{"it joins a class token otherwise than before the tokens of a sequence of as many features"};
+    Value v = x;
+    v.form = Form::WithClass;
+    v.table = token.table;
+    v.dims = {x.dims[0] + 1, x.dims[1]};
+    values_[n.outputs.at(0)] = v;
+  }
+
+  // Add(class token and patches, a stored position table [1, T + 1, F]): tandem's class_token,
+  // under torch's names for both tensors.
+  void class_token(const OnnxNode& n, std::size_t at) {
+    const Value& x = any_input(n, at);
+    const OnnxTensor* positions = stored(n, 1 - at);
+    if (!positions || positions->integer || positions->dims != std::vector<int64_t>{1, x.dims[0], x.dims[1]})
+      throw Refusal{cat("it adds to the class token and patches something other than a stored position table [1, ", x.dims[0],
+                        ", ", x.dims[1], "]; tandem's class_token adds one")};
+    const std::string m = module_of(n.name);
+    NodeSpec s = node_of(unique(m.empty() ? "class_token" : m + ".class_token"), "class_token", {x.node});
+    add_weight(s, "cls_token", *x.table);
+    add_weight(s, "position_embeddings", *positions);
+    out_.fused.push_back(cat(s.name, ": Expand, Concat, Add -> class_token"));
+    emit(n, std::move(s), Form::Sequence, n.outputs.at(0), x.dims);
+  }
+
+  // Slice of a tensor: one axis, step 1, bounds computed at import -> tandem's slice (a packed
+  // in-projection's query, key and value are slices of its features).
+  void slice(const OnnxNode& n) {
+    skip_refused(n);
+    const Form f = form_of(n, 0);
+    const Value& x = f == Form::SequenceTM ? any_input(n, 0) : input(n, 0);
+    if (g_.opset < 10) throw Refusal{"Slice before opset 10 is not read; export at opset 13 or later"};
+    if (n.inputs.size() < 3 || !folded(n, 1) || !folded(n, 2) || (n.inputs.size() > 3 && !n.inputs[3].empty() && !folded(n, 3)) ||
+        (n.inputs.size() > 4 && !n.inputs[4].empty() && !folded(n, 4)))
+      throw Refusal{"its bounds are computed from tensor values; tandem slices at bounds known at import"};
+    const std::vector<int64_t> starts = plain_ints(n, 1), ends = plain_ints(n, 2);
+    const std::vector<int64_t> axes = n.inputs.size() > 3 && !n.inputs[3].empty() ? plain_ints(n, 3) : std::vector<int64_t>{0};
+    const std::vector<int64_t> steps = n.inputs.size() > 4 && !n.inputs[4].empty() ? plain_ints(n, 4) : std::vector<int64_t>{1};
+    if (starts.size() != 1 || ends.size() != 1 || axes.size() != 1 || steps.size() != 1)
+      throw Refusal{"it slices more than one axis at once; tandem's slice takes one"};
+    if (steps[0] != 1) throw Refusal{cat("it slices with step ", steps[0], "; tandem's slice takes every element (step 1)")};
+    if (x.dims.empty() || x.form == Form::Image || x.form == Form::Pooled || x.form == Form::FlatImage)
+      throw Refusal{"it slices an image or a tensor whose shape import does not know; tandem slices vectors and sequences"};
+    // ONNX's axis over [N, ...] (SequenceTM: [T, N, F]) -> tandem's per-sample axis
+    const int64_t rank = static_cast<int64_t>(x.dims.size()) + 1;
+    const int64_t axis = axes[0] < 0 ? axes[0] + rank : axes[0];
+    if (axis < 0 || axis >= rank) throw Refusal{cat("its axis ", axes[0], " is outside the tensor's ", rank)};
+    const int64_t per_sample = x.form == Form::SequenceTM ? (axis == 0 ? 0 : axis == 2 ? 1 : -1) : axis - 1;
+    if (per_sample < 0) throw Refusal{"it slices the batch; tandem keeps each sample whole"};
+    const int64_t d = x.dims[static_cast<std::size_t>(per_sample)];
+    const int64_t b = std::clamp(starts[0] < 0 ? std::max(starts[0], -d) + d : starts[0], int64_t{0}, d);
+    const int64_t e = std::clamp(ends[0] < 0 ? std::max(ends[0], -d) + d : ends[0], int64_t{0}, d);
+    if (b >= e) throw Refusal{cat("it slices nothing (", starts[0], " to ", ends[0], " of ", d, ")")};
+    if (b == 0 && e == d) return alias(n, x, x.form);
+    NodeSpec s = node_of(functional_node_name(n), "slice", {x.node});
+    s.slice = {per_sample, b, e};
+    std::vector<int64_t> dims = x.dims;
+    dims[static_cast<std::size_t>(per_sample)] = e - b;
+    emit(n, std::move(s), x.form, n.outputs.at(0), dims);
+  }
+
   // Add(sequence, a position table's rows 0..T-1): BERT's position embedding.
   void position_embedding(const OnnxNode& n, std::size_t at) {
     const Value& rows = any_input(n, at);
@@ -1260,7 +1558,7 @@ class Importer {
       throw Refusal{"it adds a position table's rows to something other than a sequence of as many tokens and features"};
     NodeSpec s = node_of(param_node_name(n, *rows.table), "position_embedding", {x.node});
     s.embedding.count = rows.table->dims[0];
-    add_weight(s.name, "weight", *rows.table);
+    add_weight(s, "weight", *rows.table);
     out_.fused.push_back(cat(s.name, ": Gather(rows 0..T-1) + Add -> position_embedding"));
     emit(n, std::move(s), Form::Sequence, n.outputs.at(0), x.dims);
   }
@@ -1277,10 +1575,13 @@ class Importer {
     v.heads = q.heads;
     v.query = q.node;
     v.key = k.node;
+    v.divisor = q.divisor * k.divisor;
+    v.merged = q.merged;
     values_[n.outputs.at(0)] = v;
   }
 
-  // Div or Mul of the scores by a constant: the 1/sqrt(D) scale (checked at the softmax).
+  // Div or Mul of the scores by a constant: the 1/sqrt(D) scale (checked at the softmax); of
+  // the query or the keys before their product (nn.MultiheadAttention scales the query).
   void scale_scores(const OnnxNode& n, std::size_t at, bool divide) {
     Value v = any_input(n, at);
     const OnnxTensor* c = constant(n, 1 - at);
@@ -1298,6 +1599,9 @@ class Importer {
     if (form_of(n, 1 - at) != Form::Mask)
       throw Refusal{"it adds to attention scores something other than a key padding mask from a graph input"};
     const Value& m = any_input(n, 1 - at);
+    if (v.merged)
+      throw Refusal{"it masks nn.MultiheadAttention's scores (key_padding_mask or attn_mask); tandem reads a key padding mask "
+                    "as BERT writes it only"};
     if (!v.mask.empty()) throw Refusal{"it adds a second mask to attention scores"};
     if (!m.inverted || !(std::isfinite(m.mask_scale) && m.mask_scale <= -1e4))
       throw Refusal{cat("it adds a mask computed otherwise than (1 - mask) * c with c <= -1e4 (it is ", m.inverted ? "(1 - mask)" : "mask",
@@ -1314,7 +1618,7 @@ class Importer {
       throw Refusal{"a Softmax outside attention; tandem's softmax is the loss's (export the logits)"};
     Value v = any_input(n, 0);
     const int64_t axis = int_attr(n, "axis", g_.opset >= 13 ? -1 : 1);
-    if (axis != -1 && axis != 3) throw Refusal{"it normalizes attention scores over another axis than the keys"};
+    if (axis != -1 && axis != (v.merged ? 2 : 3)) throw Refusal{"it normalizes attention scores over another axis than the keys"};
     const double want = std::sqrt(static_cast<double>(v.dims[2]));
     if (!(std::abs(v.divisor - want) <= 1e-5 * want))
       throw Refusal{cat("it scales attention scores by 1/", v.divisor, "; tandem's attention scales by 1/sqrt(head size) = 1/", want)};
@@ -1327,6 +1631,7 @@ class Importer {
     const Value& p = any_input(n, 0);
     const Value& v = any_input(n, 1);
     if (v.dims != p.dims) throw Refusal{"its values differ from the query in heads, tokens or head size"};
+    if (v.divisor != 1.0) throw Refusal{"it scales attention's values; tandem's attention scales the scores only"};
     NodeSpec s = node_of(module_node_name(n), "attention", {p.query, p.key, v.node});
     s.attention.heads = p.heads;
     if (!p.mask.empty()) {
@@ -1341,6 +1646,7 @@ class Importer {
                              ", Softmax, MatMul, Transpose, Reshape -> attention"));
     emit(n, std::move(s), Form::Context, n.outputs.at(0), p.dims);
     values_[n.outputs[0]].heads = p.heads;
+    values_[n.outputs[0]].merged = p.merged;
   }
 
   // The key padding mask on its way to the scores: Unsqueeze, Cast, 1 - mask, times c, in
@@ -1444,7 +1750,11 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
       {"Sub", &I::sub},
       {"Shape", [](I&, const OnnxNode&) { throw Refusal{"it reads the shape of a tensor whose shape import does not track"}; }},
       {"Squeeze", [](I&, const OnnxNode&) { throw Refusal{"tandem squeezes shapes and constants only"}; }},
-      {"Slice", [](I&, const OnnxNode&) { throw Refusal{"tandem slices shapes and constants only"}; }},
+      {"Slice", &I::slice},
+      {"ConstantOfShape", [](I&, const OnnxNode&) { throw Refusal{"tandem fills integer constants of a computed shape only"}; }},
+      {"Equal", [](I&, const OnnxNode&) { throw Refusal{"tandem compares shapes and integer constants only"}; }},
+      {"Where", [](I&, const OnnxNode&) { throw Refusal{"tandem selects (Where) among shapes and integer constants only"}; }},
+      {"Expand", &I::expand},
   };
   return ops;
 }

@@ -7,11 +7,11 @@ usage: onnx_check.py export MODEL OUT_DIR N
            OUT_DIR/data/test.safetensors and train.safetensors: N random 32x32 images in
            tandem's layout (NHWC) and labels; OUT_DIR/torch.f32: torch's logits in eval mode;
            OUT_DIR/torch.pt: the state dict the file was exported from. MODEL tabular14 and
-           tabular17: records of 12 features; bert: a BERT-style text classifier (bert() below)
+           tabular17: records of 12 features; bert: a BERT-style text classifier (bert() below);
+           vit: a small VisionTransformer (make() below)
        onnx_check.py refused OUT_DIR
-           a small torchvision VisionTransformer (32x32, patches of 8, one layer; its
-           nn.MultiheadAttention's packed in-projection, which tandem does not read) to
-           OUT_DIR/model.onnx
+           torchvision's shufflenet_v2_x0_5 (its channel shuffle: a 5-D view, a transpose and a
+           split, which tandem does not read) to OUT_DIR/model.onnx
        onnx_check.py train MODEL OUT_DIR EPOCHS BATCH K LR SEED
            from OUT_DIR/torch.pt, what tandem-edge --limit BATCH --batch BATCH --microbatches K
            --epochs EPOCHS --lr LR --momentum 0 --seed SEED does: each epoch one step on the
@@ -101,6 +101,23 @@ def randomize(model, gen):
             m.bias.data.copy_(torch.randn(c, generator=gen) * 0.1)
         elif isinstance(m, torch.nn.Linear):  # logits of order 1, not 0.01 (MobileNet's init)
             m.weight.data.copy_(torch.randn(m.weight.shape, generator=gen) / m.in_features ** 0.5)
+        elif isinstance(m, torch.nn.LayerNorm):
+            m.weight.data.copy_(torch.rand(m.weight.shape, generator=gen) + 0.5)
+            m.bias.data.copy_(torch.randn(m.bias.shape, generator=gen) * 0.1)
+        elif isinstance(m, torch.nn.MultiheadAttention):  # its biases start at zero
+            m.in_proj_bias.data.copy_(torch.randn(m.in_proj_bias.shape, generator=gen) * 0.1)
+        elif isinstance(m, torchvision.models.VisionTransformer):  # the class token starts at zero
+            m.class_token.data.copy_(torch.randn(m.class_token.shape, generator=gen) * 0.5)
+            m.encoder.pos_embedding.data.copy_(torch.randn(m.encoder.pos_embedding.shape, generator=gen) * 0.5)
+
+
+def make(name):
+    """torchvision's model NAME for 10 classes; vit: a small VisionTransformer (32x32 images,
+    patches of 8, 2 layers, hidden 16, 2 heads; nn.MultiheadAttention's packed in-projection)."""
+    if name == "vit":
+        return torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
+                                                    mlp_dim=32, num_classes=10)
+    return getattr(torchvision.models, name)(num_classes=10)
 
 
 def tabular(opset):
@@ -163,7 +180,7 @@ def main():
             inputs = {"input_ids": ids, "attention_mask": mask}
             images = (ids, mask)
         else:
-            model = getattr(torchvision.models, name)(num_classes=10)
+            model = make(name)
             with torch.no_grad():
                 randomize(model, gen)
             export(model, f"{out}/model.onnx")
@@ -182,7 +199,7 @@ def main():
     elif cmd == "train":
         name, out = sys.argv[2], sys.argv[3]
         epochs, batch, k, lr, seed = int(sys.argv[4]), int(sys.argv[5]), int(sys.argv[6]), float(sys.argv[7]), int(sys.argv[8])
-        model = getattr(torchvision.models, name)(num_classes=10)
+        model = make(name)
         model.load_state_dict(torch.load(f"{out}/torch.pt"))
         data = read_safetensors(f"{out}/data/train.safetensors")
         images = data["image"][:batch].permute(0, 3, 1, 2).contiguous()  # tandem's NHWC -> torch's NCHW
@@ -199,7 +216,7 @@ def main():
         torch.save(model.state_dict(), f"{out}/torch-trained.pt")
     elif cmd == "weights":
         name, exported, out, tol = sys.argv[2], sys.argv[3], sys.argv[4], float(sys.argv[5])
-        model = getattr(torchvision.models, name)(num_classes=10)
+        model = make(name)
         model.load_state_dict(read_safetensors(exported), strict=True)
         tandem, want, start = model.state_dict(), torch.load(f"{out}/torch-trained.pt"), torch.load(f"{out}/torch.pt")
         worst, moved = ("", 0.0), 0.0
@@ -214,9 +231,7 @@ def main():
               f"training moved the parameters by up to {moved:.3g}")
         sys.exit(0 if worst[1] <= tol and moved > 10 * tol else 1)
     elif cmd == "refused":
-        vit = torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=1, num_heads=2, hidden_dim=16,
-                                                   mlp_dim=32, num_classes=10)
-        export(vit, f"{sys.argv[2]}/model.onnx")
+        export(torchvision.models.shufflenet_v2_x0_5(num_classes=10), f"{sys.argv[2]}/model.onnx")
     else:
         sys.exit(f"unknown command {cmd}")
 
