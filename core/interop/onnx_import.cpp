@@ -769,6 +769,20 @@ class Importer {
 
   // ---- one function an ONNX op ----
 
+  // A window's output [C, H, W] from its input's where import knows it (a patch embedding's
+  // reshape and shape arithmetic read it); empty otherwise.
+  static std::vector<int64_t> window_dims(const std::vector<int64_t>& in, int64_t channels, const Pair& kernel,
+                                          const Pair& stride, const Pair& padding, const Pair& dilation) {
+    if (in.size() != 3) return {};
+    std::vector<int64_t> dims{channels, 0, 0};
+    for (int k = 0; k < 2; ++k) {
+      const int64_t span = in[static_cast<std::size_t>(k + 1)] + 2 * padding[k] - dilation[k] * (kernel[k] - 1) - 1;
+      if (span < 0 || stride[k] <= 0) return {};
+      dims[static_cast<std::size_t>(k + 1)] = span / stride[k] + 1;
+    }
+    return dims;
+  }
+
   // A convolution; on a globally pooled [N, C, 1, 1] tensor (a squeeze-excitation's) a 1x1 one,
   // which tandem's conv2d runs on the pooled vector [C].
   void conv(const OnnxNode& n) {
@@ -790,16 +804,7 @@ class Importer {
     c.bias = b != nullptr;
     if (pooled && (c.kernel != Pair{1, 1} || c.padding != Pair{0, 0}))
       throw Refusal{"it convolves a globally pooled [N, C, 1, 1] tensor with a window other than 1x1 unpadded"};
-    // the output's [C, H, W] where the input's is known (a patch embedding's reshape reads it)
-    std::vector<int64_t> dims;
-    if (!pooled && x.dims.size() == 3) {
-      dims = {c.out_channels, 0, 0};
-      for (int k = 0; k < 2; ++k) {
-        const int64_t span = x.dims[static_cast<std::size_t>(k + 1)] + 2 * c.padding[k] - c.dilation[k] * (c.kernel[k] - 1) - 1;
-        dims[static_cast<std::size_t>(k + 1)] = span >= 0 && c.stride[k] > 0 ? span / c.stride[k] + 1 : 0;
-      }
-      if (dims[1] <= 0 || dims[2] <= 0) dims.clear();
-    }
+    const std::vector<int64_t> dims = pooled ? std::vector<int64_t>{} : window_dims(x.dims, c.out_channels, c.kernel, c.stride, c.padding, c.dilation);
     add_weight(s, "weight", w);
     if (b) add_weight(s, "bias", *b);
     emit(n, std::move(s), pooled ? Form::Pooled : Form::Image, n.outputs.at(0), dims);
@@ -851,7 +856,8 @@ class Importer {
     s.pool.padding = symmetric_pads(n);
     if (std::string(op) == "avg_pool2d" && s.pool.padding != Pair{0, 0} && int_attr(n, "count_include_pad", 0) == 0)
       throw Refusal{"count_include_pad=0 with padding: tandem's average counts the padding (PyTorch's default)"};
-    emit(n, std::move(s), Form::Image, n.outputs.at(0));
+    const std::vector<int64_t> dims = x.dims.empty() ? std::vector<int64_t>{} : window_dims(x.dims, x.dims[0], s.pool.kernel, s.pool.stride, s.pool.padding, {1, 1});
+    emit(n, std::move(s), Form::Image, n.outputs.at(0), dims);
   }
 
   void global_avg_pool(const OnnxNode& n) {
@@ -861,6 +867,7 @@ class Importer {
 
   // ReduceMean over height and width: what torch's x.mean((2, 3)) exports.
   void reduce_mean(const OnnxNode& n) {
+    skip_refused(n);
     const auto in = n.inputs.empty() ? values_.end() : values_.find(n.inputs[0]);
     if (in == values_.end() || in->second.form != Form::Image) return layer_norm_pattern(n);
     const Value& x = image(n);
@@ -956,8 +963,8 @@ class Importer {
   }
 
   // nn.GELU() (erf): Div(x, sqrt 2) -> Erf -> Add(1) -> Mul(x, that) -> Mul(0.5).
-  // (The pattern is matched before its input is read, so a Div or Mul outside one is reported
-  // even when what it reads was refused.)
+  // (The pattern is matched before its input is read; a Div or Mul outside one is reported
+  // unless what it reads was refused: shape arithmetic on a refused tensor's shape.)
   void div(const OnnxNode& d) {
     if (form_of(d, 0) == Form::Scores || form_of(d, 0) == Form::HeadsFirst || form_of(d, 0) == Form::KeysT)
       return scale_scores(d, 0, true);
@@ -966,8 +973,10 @@ class Importer {
     const OnnxNode* times_x = plus && is_scalar(*plus, other(*plus, erf->outputs[0]), 1.0) ? sole_reader(plus->outputs.at(0), "Mul") : nullptr;
     const OnnxNode* half = times_x && times_x->inputs[other(*times_x, plus->outputs[0])] == d.inputs[0]
                                ? sole_reader(times_x->outputs.at(0), "Mul") : nullptr;
-    if (!half || !is_scalar(*half, other(*half, times_x->outputs[0]), 0.5))
+    if (!half || !is_scalar(*half, other(*half, times_x->outputs[0]), 0.5)) {
+      skip_refused(d);
       throw Refusal{"tandem divides only inside the patterns it fuses (GELU's, LayerNorm's)"};
+    }
     absorb({erf, plus, times_x, half});
     values_[half->outputs.at(0)] = {};
     const Value& x = input(d, 0);
@@ -1004,6 +1013,7 @@ class Importer {
   // Mul of two computed tensors: tandem's mul, b of a's shape or a channel's gate repeated
   // over an image (MobileNetV3's squeeze-excitation: the image times its pooled gates).
   void product(const OnnxNode& n) {
+    skip_refused(n);
     if (constant(n, 0) || constant(n, 1))
       throw Refusal{"it multiplies by a constant; tandem multiplies two computed tensors, or inside the patterns it fuses "
                     "(GELU's tanh form, attention's scale, the mask's)"};
@@ -1359,6 +1369,17 @@ class Importer {
     if (axis < 0) axis += rank;
     if (axis != features) throw Refusal{cat("it joins along axis ", axis, "; tandem joins channels or features (axis ", features, ")")};
     std::vector<int64_t> dims;
+    if (form == Form::Image) {  // channels side by side: [C1 + C2, H, W] where every one is known
+      for (std::size_t i = 0; i < n.inputs.size(); ++i) {
+        const Value& v = input(n, i);
+        if (v.dims.size() != 3 || (!dims.empty() && (v.dims[1] != dims[1] || v.dims[2] != dims[2]))) {
+          dims.clear();
+          break;
+        }
+        if (dims.empty()) dims = v.dims;
+        else dims[0] += v.dims[0];
+      }
+    }
     if (form == Form::Sequence || form == Form::Vector) {
       for (std::size_t i = 0; i < n.inputs.size(); ++i) {
         const Value& v = input(n, i);
@@ -1748,7 +1769,10 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
       {"Cast", &I::cast},
       {"Unsqueeze", &I::unsqueeze},
       {"Sub", &I::sub},
-      {"Shape", [](I&, const OnnxNode&) { throw Refusal{"it reads the shape of a tensor whose shape import does not track"}; }},
+      {"Shape", [](I& i, const OnnxNode& n) {
+         i.skip_refused(n);
+         throw Refusal{"it reads the shape of a tensor whose shape import does not track"};
+       }},
       {"Squeeze", [](I&, const OnnxNode&) { throw Refusal{"tandem squeezes shapes and constants only"}; }},
       {"Slice", &I::slice},
       {"ConstantOfShape", [](I&, const OnnxNode&) { throw Refusal{"tandem fills integer constants of a computed shape only"}; }},

@@ -10,8 +10,7 @@ usage: onnx_check.py export MODEL OUT_DIR N
            tabular17: records of 12 features; bert: a BERT-style text classifier (bert() below);
            vit: a small VisionTransformer (make() below)
        onnx_check.py refused OUT_DIR
-           torchvision's shufflenet_v2_x0_5 (its channel shuffle: a 5-D view, a transpose and a
-           split, which tandem does not read) to OUT_DIR/model.onnx
+           a model of ops tandem does not take (Unsupported below) to OUT_DIR/model.onnx
        onnx_check.py train MODEL OUT_DIR EPOCHS BATCH K LR SEED
            from OUT_DIR/torch.pt, what tandem-edge --limit BATCH --batch BATCH --microbatches K
            --epochs EPOCHS --lr LR --momentum 0 --seed SEED does: each epoch one step on the
@@ -109,6 +108,23 @@ def randomize(model, gen):
         elif isinstance(m, torchvision.models.VisionTransformer):  # the class token starts at zero
             m.class_token.data.copy_(torch.randn(m.class_token.shape, generator=gen) * 0.5)
             m.encoder.pos_embedding.data.copy_(torch.randn(m.encoder.pos_embedding.shape, generator=gen) * 0.5)
+
+
+class Unsupported(torch.nn.Module):
+    """Three branches, each through an op tandem does not take (a max pool with ceil_mode, a
+    LeakyReLU, a permute of an image), added and classified: import names all three at once."""
+
+    def __init__(self):
+        super().__init__()
+        self.stem = torch.nn.Conv2d(3, 4, 3, padding=1)
+        self.pool = torch.nn.MaxPool2d(2, ceil_mode=True)
+        self.branch = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 2, stride=2), torch.nn.LeakyReLU())
+        self.fc = torch.nn.Linear(4 * 16 * 16, 10)
+
+    def forward(self, x):
+        x = self.stem(x)
+        y = x[:, :, ::2, ::2].permute(0, 1, 3, 2)
+        return self.fc(torch.flatten(self.pool(x) + self.branch(x) + y, 1))
 
 
 def make(name):
@@ -231,7 +247,7 @@ def main():
               f"training moved the parameters by up to {moved:.3g}")
         sys.exit(0 if worst[1] <= tol and moved > 10 * tol else 1)
     elif cmd == "refused":
-        export(torchvision.models.shufflenet_v2_x0_5(num_classes=10), f"{sys.argv[2]}/model.onnx")
+        export(Unsupported(), f"{sys.argv[2]}/model.onnx")
     else:
         sys.exit(f"unknown command {cmd}")
 
