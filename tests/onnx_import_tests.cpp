@@ -5,7 +5,10 @@
 #include <gtest/gtest.h>
 
 #include <cstring>
+#include <cmath>
 #include <filesystem>
+#include <map>
+#include <set>
 
 #include "core/error.h"
 
@@ -527,6 +530,220 @@ TEST(OnnxImport, MalformedShapeArithmeticIsRefused) {
   }
   const std::string e = refusal(doubling);
   EXPECT_NE(e.find("node '/Concat_4' (Concat): it computes a shape of more than 65536 values"), std::string::npos) << e;
+}
+
+// A ViT as torchvision writes it, small: image [3, 4, 4] -> conv_proj (2x2, stride 2) -> [N, 4,
+// 4] viewed as 4 patches (Reshape, Transpose) -> the class token expanded over the batch (its
+// shape [N, -1, -1] made as torch 1.13 writes expand: Reshape, Shape, ConstantOfShape, Mul,
+// Equal, Where) and joined before them, plus the positions -> nn.MultiheadAttention time-major
+// (Transpose; the packed in-projection, sliced into query, key and value; each viewed as
+// [T, N H, D] with N H computed from the shape, the query scaled by 1/`divisor`; the keys
+// permuted to [N H, D, T]; back to [T N, E], out_proj, [T, N, E], Transpose) -> token 0 -> fc.
+std::vector<uint8_t> vit_model(float divisor, int64_t slice_step = 1) {
+  std::vector<Pb> n = {node("/conv_proj/Conv", "Conv", {"image", "conv_proj.weight", "conv_proj.bias"}, {"c"},
+                            {ints_attr("kernel_shape", {2, 2}), ints_attr("strides", {2, 2})}),
+                       ints("/pshape", {3}, {0, 4, 4}), node("/Reshape", "Reshape", {"c", "/pshape_out"}, {"p"}),
+                       node("/Transpose", "Transpose", {"p"}, {"x"}, {ints_attr("perm", {0, 2, 1})}),
+                       node("/Shape", "Shape", {"x"}, {"xs"}), ints("/zero", {}, {0}),
+                       node("/Gather", "Gather", {"xs", "/zero_out"}, {"batch"}, {int_attr("axis", 0)}),
+                       ints("/axes", {1}, {0}), node("/Unsqueeze", "Unsqueeze", {"batch", "/axes_out"}, {"b1"}),
+                       ints("/rest", {2}, {-1, -1}), node("/Concat", "Concat", {"b1", "/rest_out"}, {"e0"}, {int_attr("axis", 0)}),
+                       ints("/flat", {1}, {-1}), node("/Reshape_1", "Reshape", {"e0", "/flat_out"}, {"e1"}),
+                       node("/Shape_1", "Shape", {"e1"}, {"e1s"})};
+  Pb one;
+  one.num(1, 1).num(2, 7).str(8, "one");
+  const int64_t v1 = 1;
+  one.str(9, std::string(reinterpret_cast<const char*>(&v1), 8));
+  n.push_back(node("/ConstantOfShape", "ConstantOfShape", {"e1s"}, {"ones"}, {Pb().str(1, "value").msg(5, one).num(20, 4)}));
+  n.push_back(ints("/minus", {}, {-1}));
+  n.push_back(node("/Mul", "Mul", {"ones", "/minus_out"}, {"minus_ones"}));
+  n.push_back(node("/Equal", "Equal", {"e1", "minus_ones"}, {"is_rest"}));
+  n.push_back(node("/Where", "Where", {"is_rest", "ones", "e1"}, {"expand_to"}));
+  n.push_back(node("/Expand", "Expand", {"class_token", "expand_to"}, {"cls"}));
+  n.push_back(node("/Concat_1", "Concat", {"cls", "x"}, {"joined"}, {int_attr("axis", 1)}));
+  n.push_back(node("/encoder/Add", "Add", {"joined", "encoder.pos_embedding"}, {"emb"}));
+  // nn.MultiheadAttention, batch_first, as F.multi_head_attention_forward exports it
+  const std::string a = "/encoder/att/";
+  n.push_back(node(a + "Transpose", "Transpose", {"emb"}, {"tm"}, {ints_attr("perm", {1, 0, 2})}));
+  n.push_back(node(a + "Transpose_1", "Transpose", {"encoder.att.in_proj_weight"}, {"wt"}, {ints_attr("perm", {1, 0})}));
+  n.push_back(node(a + "MatMul", "MatMul", {"tm", "wt"}, {"mm"}));
+  n.push_back(node(a + "Add", "Add", {"encoder.att.in_proj_bias", "mm"}, {"qkv"}));
+  n.push_back(ints(a + "last", {1}, {-1}));
+  n.push_back(ints(a + "step", {1}, {slice_step}));
+  for (int64_t k = 0; k < 3; ++k) {
+    n.push_back(ints(cat(a, "lo", k), {1}, {4 * k}));
+    n.push_back(ints(cat(a, "hi", k), {1}, {4 * k + 4}));
+    n.push_back(node(cat(a, "Slice_", k), "Slice", {"qkv", cat(a, "lo", k, "_out"), cat(a, "hi", k, "_out"), a + "last_out", a + "step_out"},
+                     {cat("s", k)}));
+  }
+  n.push_back(node(a + "Shape", "Shape", {"tm"}, {"tms"}));
+  n.push_back(ints(a + "one", {}, {1}));
+  n.push_back(node(a + "Gather", "Gather", {"tms", a + "one_out"}, {"n"}, {int_attr("axis", 0)}));
+  n.push_back(ints(a + "heads", {}, {2}));
+  n.push_back(node(a + "Mul", "Mul", {"n", a + "heads_out"}, {"nh"}));
+  n.push_back(node(a + "Unsqueeze", "Unsqueeze", {"nh", "/axes_out"}, {"nh1"}));
+  n.push_back(ints(a + "t", {1}, {5}));
+  n.push_back(ints(a + "d", {1}, {2}));
+  n.push_back(node(a + "Concat", "Concat", {a + "t_out", "nh1", a + "d_out"}, {"hshape"}, {int_attr("axis", 0)}));
+  const std::vector<std::vector<int64_t>> perms = {{1, 0, 2}, {1, 2, 0}, {1, 0, 2}};
+  for (int k = 0; k < 3; ++k) {
+    n.push_back(node(cat(a, "Reshape_", k), "Reshape", {cat("s", k), "hshape"}, {cat("h", k)}));
+    n.push_back(node(cat(a, "Transpose_h", k), "Transpose", {cat("h", k)}, {cat("t", k)}, {ints_attr("perm", perms[static_cast<std::size_t>(k)])}));
+  }
+  n.push_back(scalar(a + "scale", divisor));
+  n.push_back(node(a + "Div", "Div", {"t0", a + "scale_out"}, {"q"}));
+  n.push_back(node(a + "MatMul_1", "MatMul", {"q", "t1"}, {"scores"}));
+  n.push_back(node(a + "Softmax", "Softmax", {"scores"}, {"probs"}, {int_attr("axis", -1)}));
+  n.push_back(node(a + "MatMul_2", "MatMul", {"probs", "t2"}, {"ctx"}));
+  n.push_back(node(a + "Transpose_2", "Transpose", {"ctx"}, {"ctm"}, {ints_attr("perm", {1, 0, 2})}));
+  n.push_back(ints(a + "five", {}, {5}));
+  n.push_back(node(a + "Mul_1", "Mul", {a + "five_out", "n"}, {"tn"}));
+  n.push_back(node(a + "Unsqueeze_1", "Unsqueeze", {"tn", "/axes_out"}, {"tn1"}));
+  n.push_back(ints(a + "e", {1}, {4}));
+  n.push_back(node(a + "Concat_1", "Concat", {"tn1", a + "e_out"}, {"flat_shape"}, {int_attr("axis", 0)}));
+  n.push_back(node(a + "Reshape_3", "Reshape", {"ctm", "flat_shape"}, {"flat"}));
+  n.push_back(node(a + "Gemm", "Gemm", {"flat", "encoder.att.out_proj.weight", "encoder.att.out_proj.bias"}, {"o"}, {int_attr("transB", 1)}));
+  n.push_back(node(a + "Unsqueeze_2", "Unsqueeze", {"n", "/axes_out"}, {"n1"}));
+  n.push_back(node(a + "Concat_2", "Concat", {a + "t_out", "n1", a + "e_out"}, {"back_shape"}, {int_attr("axis", 0)}));
+  n.push_back(node(a + "Reshape_4", "Reshape", {"o", "back_shape"}, {"otm"}));
+  n.push_back(node(a + "Transpose_3", "Transpose", {"otm"}, {"out"}, {ints_attr("perm", {1, 0, 2})}));
+  n.push_back(node("/Gather_1", "Gather", {"out", "/zero_out"}, {"first"}, {int_attr("axis", 1)}));
+  n.push_back(node("/fc/Gemm", "Gemm", {"first", "fc.weight", "fc.bias"}, {"logits"}, {int_attr("transB", 1)}));
+  Pb g;
+  for (const Pb& x : n) g.msg(1, x);
+  for (const Pb& w : {tensor("conv_proj.weight", {4, 3, 2, 2}), tensor("conv_proj.bias", {4}), tensor("class_token", {1, 1, 4}, 0.3f),
+                      tensor("encoder.pos_embedding", {1, 5, 4}, -0.2f), tensor("encoder.att.in_proj_weight", {12, 4}),
+                      tensor("encoder.att.in_proj_bias", {12}, 0.05f), tensor("encoder.att.out_proj.weight", {4, 4}),
+                      tensor("encoder.att.out_proj.bias", {4}), tensor("fc.weight", {3, 4}), tensor("fc.bias", {3})})
+    g.msg(5, w);
+  g.msg(11, value("image", {3, 4, 4})).msg(12, value("logits", {3}));
+  const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
+  return std::vector<uint8_t>(b.begin(), b.end());
+}
+
+// The same model written as tandem's spec by hand (its slices, class token and attention).
+const char* kVitByHand = R"({ name: "vit", inputs: [{ name: "image", shape: [4, 4, 3] }], nodes: [
+  { name: "conv_proj", op: "conv2d", inputs: ["image"], conv2d: { out_channels: 4, kernel: [2], stride: [2] } },
+  { name: "tokens", op: "tokens", inputs: ["conv_proj"] },
+  { name: "encoder.class_token", op: "class_token", inputs: ["tokens"] },
+  { name: "encoder.att.in_proj", op: "linear", inputs: ["encoder.class_token"], linear: { out_features: 12 } },
+  { name: "q", op: "slice", inputs: ["encoder.att.in_proj"], slice: { axis: 1, start: 0, end: 4 } },
+  { name: "k", op: "slice", inputs: ["encoder.att.in_proj"], slice: { axis: 1, start: 4, end: 8 } },
+  { name: "v", op: "slice", inputs: ["encoder.att.in_proj"], slice: { axis: 1, start: 8, end: 12 } },
+  { name: "encoder.att", op: "attention", inputs: ["q", "k", "v"], attention: { heads: 2 } },
+  { name: "encoder.att.out_proj", op: "linear", inputs: ["encoder.att"], linear: { out_features: 4 } },
+  { name: "first", op: "token_pool", inputs: ["encoder.att.out_proj"] },
+  { name: "fc", op: "linear", inputs: ["first"], linear: { out_features: 3 } }] })";
+
+TEST(OnnxImport, VisionTransformerComesBackAsTandemOps) {
+  const OnnxImport imp = import_bytes(vit_model(std::sqrt(2.0f)));
+  std::vector<std::string> ops;
+  for (const NodeSpec& n : imp.spec.nodes) ops.push_back(cat(n.name, ":", n.op));
+  EXPECT_EQ(ops, (std::vector<std::string>{"conv_proj:conv2d", "tokens:tokens", "encoder.class_token:class_token",
+                                           "encoder.att.in_proj:linear", "encoder.att.slice_0:slice", "encoder.att.slice_1:slice",
+                                           "encoder.att.slice_2:slice", "encoder.att:attention", "encoder.att.out_proj:linear",
+                                           "gather_1:token_pool", "fc:linear"}));
+  using Names = std::vector<std::pair<std::string, std::string>>;
+  EXPECT_EQ(imp.spec.nodes[2].torch_names, (Names{{"cls_token", "class_token"}, {"position_embeddings", "encoder.pos_embedding"}}));
+  EXPECT_EQ(imp.spec.nodes[3].torch_names, (Names{{"weight", "encoder.att.in_proj_weight"}, {"bias", "encoder.att.in_proj_bias"}}));
+  EXPECT_EQ(imp.spec.nodes[5].slice.start, 4);
+  EXPECT_EQ(imp.spec.nodes[5].slice.end, 8);
+  EXPECT_EQ(imp.spec.nodes[7].attention.heads, 2);
+  // The weights file holds the state dict's keys; the spec reads back as written, builds, loads
+  // them, and computes what the same model written by hand computes with those weights.
+  std::set<std::string> names;
+  for (const SafeTensor& t : imp.weights) names.insert(t.name);
+  EXPECT_EQ(names, (std::set<std::string>{"conv_proj.weight", "conv_proj.bias", "class_token", "encoder.pos_embedding",
+                                          "encoder.att.in_proj_weight", "encoder.att.in_proj_bias", "encoder.att.out_proj.weight",
+                                          "encoder.att.out_proj.bias", "fc.weight", "fc.bias"}));
+  const std::string json = model_spec_json(imp.spec);
+  EXPECT_EQ(model_spec_json(parse_model_json(json, "imported")), json);
+  const Graph graph = Graph::build(parse_model_json(json, "imported"));
+  const Graph by_hand = Graph::build(parse_model_json(kVitByHand, "by hand"));
+  auto backend = make_backend("reference");
+  Network net(graph, *backend, 0), hand(by_hand, *backend, 0);
+  shard_from_torch(graph, imp.weights, net);
+  std::vector<SafeTensor> renamed;  // the same tensors under the hand-written spec's names
+  const std::map<std::string, std::string> to_hand = {
+      {"class_token", "encoder.class_token.cls_token"}, {"encoder.pos_embedding", "encoder.class_token.position_embeddings"},
+      {"encoder.att.in_proj_weight", "encoder.att.in_proj.weight"}, {"encoder.att.in_proj_bias", "encoder.att.in_proj.bias"}};
+  for (SafeTensor t : imp.weights) {
+    if (to_hand.count(t.name)) t.name = to_hand.at(t.name);
+    renamed.push_back(std::move(t));
+  }
+  shard_from_torch(by_hand, renamed, hand);
+  Tensor image = Tensor::empty({2, 4, 4, 3});
+  for (int64_t i = 0; i < image.numel(); ++i) image[i] = std::sin(0.37f * static_cast<float>(i));
+  const std::vector<Tensor> inputs{image};
+  const Tensor& y = net.forward(inputs, 0);
+  const Tensor& want = hand.forward(inputs, 0);
+  ASSERT_EQ(y.numel(), 6);
+  for (int64_t i = 0; i < 6; ++i) EXPECT_EQ(y[i], want[i]) << i;
+  // tandem's files in PyTorch's layout keep those names both ways.
+  std::set<std::string> exported;
+  for (const SafeTensor& t : shard_to_torch(graph, net, 0)) exported.insert(t.name);
+  EXPECT_EQ(exported, names);
+
+  // The query scaled by 1/3 where the head size is 2; slices of every second feature: refused.
+  std::string e = error_of([&] { import_bytes(vit_model(3.0f)); });
+  EXPECT_NE(e.find("node '/encoder/att/Softmax' (Softmax, module encoder.att): it scales attention scores by 1/3; tandem's "
+                   "attention scales by 1/sqrt(head size) = 1/1.41421"), std::string::npos) << e;
+  e = error_of([&] { import_bytes(vit_model(std::sqrt(2.0f), 2)); });
+  EXPECT_NE(e.find("3 problems (ops: Slice)"), std::string::npos) << e;
+  EXPECT_NE(e.find("node '/encoder/att/Slice_0' (Slice, module encoder.att): it slices with step 2; tandem's slice takes every "
+                   "element (step 1)"), std::string::npos) << e;
+}
+
+// torch_names: a node's tensors under the state dict's names where they are not
+// "<node>.<field>"; a field the node lacks, or a name given twice, is refused.
+TEST(SpecJson, TorchNamesRenameOnlyTheNodesOwnTensors) {
+  auto spec = [](const std::string& names) {
+    return cat(R"({ name: "m", inputs: [{ name: "x", shape: [4] }], nodes: [
+      { name: "a", op: "linear", inputs: ["x"], linear: { out_features: 4 }, torch_names: [)", names, R"(] },
+      { name: "b", op: "linear", inputs: ["a"], linear: { out_features: 2 } }] })");
+  };
+  const Graph g = Graph::build(parse_model_json(spec(R"({ field: "weight", name: "proj_weight" })"), "m"));
+  EXPECT_EQ(torch_name(g, "a.weight"), "proj_weight");
+  EXPECT_EQ(torch_name(g, "a.bias"), "a.bias");
+  EXPECT_EQ(torch_name(g, "b.weight"), "b.weight");
+  EXPECT_EQ(error_of([&] { Graph::build(parse_model_json(spec(R"({ field: "scale", name: "s" })"), "m")); }),
+            "[graph] node 'a' (linear): field 'torch_names' renames 'scale', which is none of its tensors (bias, weight)");
+  EXPECT_EQ(error_of([&] { Graph::build(parse_model_json(spec(R"({ field: "weight", name: "w" }, { field: "bias", name: "w" })"), "m")); }),
+            "[graph] node 'a' (linear): field 'torch_names' gives the name 'w' a second time");
+  EXPECT_EQ(error_of([&] { parse_model_json(spec(R"({ field: "weight", name: "w" }, { field: "weight", name: "v" })"), "m"); }),
+            "[model spec] node 'a': field 'torch_names' names field 'weight' twice");
+  EXPECT_EQ(error_of([&] { parse_model_json(spec(R"({ field: "weight" })"), "m"); }),
+            "[model spec] node 'a': field 'torch_names' entry 0 needs a 'field' and a 'name'");
+}
+
+// slice's spec: an axis outside the input, an empty or outlying range, the tokens of a
+// sequence that runs at length buckets' lengths: each refused, naming the node.
+TEST(SpecJson, SliceRefusesWhatItCannotTake) {
+  auto build = [](const std::string& slice, const std::string& input = R"({ name: "x", shape: [4, 6] })") {
+    return error_of([&] {
+      Graph::build(parse_model_json(cat(R"({ name: "m", inputs: [)", input, R"(], nodes: [
+        { name: "s", op: "slice", inputs: ["x"], slice: )", slice, R"( },
+        { name: "p", op: "token_pool", inputs: ["s"] }] })"), "m"));
+    });
+  };
+  EXPECT_EQ(build("{ axis: 1, start: 2, end: 6 }"), "(no error)");
+  EXPECT_EQ(build("{ axis: 2, start: 0, end: 1 }"), "[graph] node 's' (slice): field 'slice.axis' 2 is outside an input of 2 dimensions [4, 6]");
+  EXPECT_EQ(build("{ axis: -1, start: 3, end: 3 }"), "[graph] node 's' (slice): field 'slice' [3, 3) is not a non-empty range of axis 1's 6 elements (input [4, 6])");
+  EXPECT_EQ(build("{ axis: 0, start: 0, end: 5 }"), "[graph] node 's' (slice): field 'slice' [0, 5) is not a non-empty range of axis 0's 4 elements (input [4, 6])");
+  // ids that run at the mask's length buckets: a slice of the features follows them, one of the tokens cannot
+  auto bucketed = [](const std::string& slice) {
+    return error_of([&] {
+      Graph::build(parse_model_json(cat(R"({ name: "m", inputs: [{ name: "ids", shape: [4], dtype: "int32" },
+        { name: "mask", shape: [4], mask: true, length_buckets: [2, 4] }], nodes: [
+        { name: "e", op: "embedding", inputs: ["ids"], embedding: { count: 10, features: 6 } },
+        { name: "s", op: "slice", inputs: ["e"], slice: )", slice, R"( },
+        { name: "p", op: "token_pool", inputs: ["s", "mask"] }] })"), "m"));
+    });
+  };
+  EXPECT_EQ(bucketed("{ axis: 1, start: 2, end: 6 }"), "(no error)");
+  EXPECT_EQ(bucketed("{ axis: 0, start: 1, end: 4 }"),
+            "[graph] node 's' (slice) reads 'e', a sequence that runs at the length buckets' lengths, but its output has another "
+            "number of tokens; drop field 'length_buckets' or change the node");
 }
 
 // A cut named by module (the nodes' names before a dot, as the import names them) is that
