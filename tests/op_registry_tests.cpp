@@ -79,6 +79,9 @@ std::vector<Case> cases() {
   c.push_back({named("mul"), {{5, 6}, {6}}, 30.0, 90.0});
   c.push_back({named("mul"), {{5, 6}, {5, 6}}, 30.0, 90.0});
   c.push_back({named("concat"), {{5, 6}, {5, 2}}, 0.0, 0.0});
+  NodeSpec cut = named("slice");  // copies: features 2..5 of 5 tokens
+  cut.slice = {1, 2, 5};
+  c.push_back({cut, {{5, 6}}, 0.0, 0.0});
   c.push_back({named("global_avg_pool"), {{4, 4, 6}}, 96.0 + 6, 96.0});
   c.push_back({named("flatten"), {{4, 4, 6}}, 0.0, 0.0});
   // A linear on a sequence of 7 tokens of 20: 7 rows of 200 multiply-adds.

@@ -869,6 +869,18 @@ class Importer {
   void reduce_mean(const OnnxNode& n) {
     skip_refused(n);
     const auto in = n.inputs.empty() ? values_.end() : values_.find(n.inputs[0]);
+    if (in != values_.end() && in->second.form == Form::Sequence) {  // x.mean(1): mean pooling over the tokens
+      const std::vector<int64_t> axes = ints_attr(n, "axes", {});
+      if (axes == std::vector<int64_t>{1} || axes == std::vector<int64_t>{-2}) {
+        const Value& x = input(n, 0);
+        if (int_attr(n, "keepdims", 1) != 0)
+          throw Refusal{"it averages the tokens keeping their axis ([N, 1, F]); tandem's token_pool gives [N, F] (keepdim=False)"};
+        NodeSpec s = node_of(functional_node_name(n), "token_pool", {x.node});
+        s.token_pool.mean = true;
+        out_.fused.push_back(cat(s.name, ": ReduceMean(axis 1) -> token_pool (mean)"));
+        return emit(n, std::move(s), Form::Vector, n.outputs.at(0), {x.dims[1]});
+      }
+    }
     if (in == values_.end() || in->second.form != Form::Image) return layer_norm_pattern(n);
     const Value& x = image(n);
     std::vector<int64_t> axes = ints_attr(n, "axes", {});

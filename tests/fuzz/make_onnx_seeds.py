@@ -1,13 +1,16 @@
 #!/usr/bin/python3
 """The onnx harness's seeds (tests/fuzz/corpus/onnx/): small models exported by torch 1.13
 in training mode, as tandem import reads them: a CNN with batch norm and a squeeze-excitation
-block, a BERT-style classifier (attention with its padding mask, embeddings, the pooler) and
-an MLP over records (LayerNorm and both GELUs decomposed at opset 14, LayerNormalization at 17).
+block, a BERT-style classifier (attention with its padding mask, embeddings, the pooler), a
+small torchvision ViT (patches, the class token's Expand, nn.MultiheadAttention's packed
+in-projection) and an MLP over records (LayerNorm and both GELUs decomposed at opset 14,
+LayerNormalization at 17).
 usage: make_onnx_seeds.py OUT_DIR"""
 import sys
 import warnings
 
 import torch
+import torchvision
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/interop")
 from hf_encoder import BertForSequenceClassification  # noqa: E402
@@ -43,6 +46,9 @@ def main():
     bert = BertForSequenceClassification(vocab=10, tokens=4, hidden=8, layers=1, heads=2, inter=8, classes=2)
     export(bert, (torch.randint(0, 10, (2, 4)), torch.ones(2, 4, dtype=torch.int64)), ["input_ids", "attention_mask"],
            f"{out}/bert")
+    vit = torchvision.models.VisionTransformer(image_size=8, patch_size=4, num_layers=1, num_heads=2, hidden_dim=4,
+                                               mlp_dim=4, num_classes=2)
+    export(vit, torch.randn(2, 3, 8, 8), ["image"], f"{out}/vit")
     mlp = torch.nn.Sequential(torch.nn.Linear(3, 4), torch.nn.LayerNorm(4), torch.nn.GELU(), torch.nn.Dropout(0.1),
                               torch.nn.Linear(4, 4), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(4, 2))
     export(mlp, torch.randn(2, 3), ["record"], f"{out}/mlp14")
