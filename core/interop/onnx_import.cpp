@@ -132,9 +132,12 @@ class Importer {
         for (int64_t x : t->ints) f.v.push_back({x, 0});
         folded_[name] = std::move(f);
       }
-    for (const OnnxNode& n : g_.nodes)
+    for (const OnnxNode& n : g_.nodes) {
       for (const std::string& in : n.inputs)
         if (!in.empty()) ++uses_[in];
+      const std::string m = module_of(n.name);
+      for (std::size_t dot = m.find('.'); dot != std::string::npos; dot = m.find('.', dot + 1)) containers_.insert(m.substr(0, dot));
+    }
     for (const OnnxValue& v : g_.outputs) ++uses_[v.name];
     for (std::size_t i = 0; i < g_.nodes.size(); ++i)
       for (const std::string& in : g_.nodes[i].inputs) readers_[in].push_back(i);
@@ -208,6 +211,7 @@ class Importer {
   std::map<std::string, int> suffixes_;  // the last "_k" unique() gave a name
   std::vector<std::string> problems_;
   std::vector<std::string> modules_;  // each spec node's module, for cuts
+  std::set<std::string> containers_;  // modules with modules inside (a node's module below them)
 
   void read_inputs() {
     for (const OnnxValue& v : g_.inputs) {
@@ -698,8 +702,11 @@ class Importer {
     return unique(m.empty() ? lower(n.op_type) : m);
   }
   // A module's own op (nn.ReLU, nn.MaxPool2d, nn.Dropout): the module's name.
-  std::string module_node_name(const OnnxNode& n) {
+  // In a container's forward (F.gelu in nn.TransformerEncoderLayer's), "<container>.<op>": the
+  // container's name is its last node's, where a cut by module lands.
+  std::string module_node_name(const OnnxNode& n, const char* op) {
     const std::string m = module_of(n.name);
+    if (containers_.count(m)) return unique(cat(m, ".", op));
     return unique(m.empty() ? own_name(n.name, n.op_type) : m);
   }
   // An op inside a module's forward (x + identity, torch.flatten): "<module>.<op>".
@@ -831,7 +838,7 @@ class Importer {
 
   void activation(const OnnxNode& n, const char* op) {
     const Value& x = input(n, 0);
-    emit(n, node_of(module_node_name(n), op, {x.node}), x.form, n.outputs.at(0), x.dims);
+    emit(n, node_of(module_node_name(n, op), op, {x.node}), x.form, n.outputs.at(0), x.dims);
   }
 
   void clip(const OnnxNode& n) {
@@ -850,7 +857,7 @@ class Importer {
     for (int64_t d : ints_attr(n, "dilations", {1, 1}))
       if (d != 1) throw Refusal{"dilated pooling windows are not supported"};
     if (int_attr(n, "storage_order", 0) != 0) throw Refusal{"storage_order=1 is not supported"};
-    NodeSpec s = node_of(module_node_name(n), op, {x.node});
+    NodeSpec s = node_of(module_node_name(n, op), op, {x.node});
     s.pool.kernel = pair2(ints_attr(n, "kernel_shape", {}), "kernel_shape");
     s.pool.stride = pair2(ints_attr(n, "strides", {1, 1}), "strides");
     s.pool.padding = symmetric_pads(n);
@@ -862,7 +869,7 @@ class Importer {
 
   void global_avg_pool(const OnnxNode& n) {
     const Value& x = image(n);
-    emit(n, node_of(module_node_name(n), "global_avg_pool", {x.node}), Form::Pooled, n.outputs.at(0));
+    emit(n, node_of(module_node_name(n, "global_avg_pool"), "global_avg_pool", {x.node}), Form::Pooled, n.outputs.at(0));
   }
 
   // ReduceMean over height and width: what torch's x.mean((2, 3)) exports.
@@ -993,7 +1000,7 @@ class Importer {
     values_[half->outputs.at(0)] = {};
     const Value& x = input(d, 0);
     out_.fused.push_back(cat(module_of(d.name).empty() ? d.name : module_of(d.name), ": Div, Erf, Add, Mul, Mul -> gelu"));
-    emit(d, node_of(module_node_name(d), "gelu", {x.node}), x.form, half->outputs.at(0), x.dims);
+    emit(d, node_of(module_node_name(d, "gelu"), "gelu", {x.node}), x.form, half->outputs.at(0), x.dims);
   }
 
   // nn.GELU(approximate="tanh"): x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))), as
@@ -1019,7 +1026,7 @@ class Importer {
     values_[half->outputs.at(0)] = {};
     const Value& x = input(sq, 0);
     out_.fused.push_back(cat(module_of(sq.name).empty() ? sq.name : module_of(sq.name), ": Mul, Mul, Mul, Add, Mul, Tanh, Add, Mul, Mul -> gelu_tanh"));
-    emit(sq, node_of(module_node_name(sq), "gelu_tanh", {x.node}), x.form, half->outputs.at(0), x.dims);
+    emit(sq, node_of(module_node_name(sq, "gelu_tanh"), "gelu_tanh", {x.node}), x.form, half->outputs.at(0), x.dims);
   }
 
   // Mul of two computed tensors: tandem's mul, b of a's shape or a channel's gate repeated
@@ -1420,7 +1427,7 @@ class Importer {
     }
     const Value& x = input(n, 0);
     if (p == 0.0f) return alias(n, x, x.form);
-    NodeSpec s = node_of(module_node_name(n), "dropout", {x.node});
+    NodeSpec s = node_of(module_node_name(n, "dropout"), "dropout", {x.node});
     s.dropout.p = p;
     emit(n, std::move(s), x.form, n.outputs.at(0), x.dims);
   }
@@ -1665,7 +1672,8 @@ class Importer {
     const Value& v = any_input(n, 1);
     if (v.dims != p.dims) throw Refusal{"its values differ from the query in heads, tokens or head size"};
     if (v.divisor != 1.0) throw Refusal{"it scales attention's values; tandem's attention scales the scores only"};
-    NodeSpec s = node_of(module_node_name(n), "attention", {p.query, p.key, v.node});
+    const std::string m = module_of(n.name);  // the module is the attention (BertSelfAttention, nn.MultiheadAttention)
+    NodeSpec s = node_of(unique(m.empty() ? own_name(n.name, n.op_type) : m), "attention", {p.query, p.key, v.node});
     s.attention.heads = p.heads;
     if (!p.mask.empty()) {
       s.inputs.push_back(p.mask);

@@ -2,9 +2,10 @@
 # ONNX import (tandem import): torchvision's resnet18, mobilenet_v2 and mobilenet_v3_small
 # (random weights and batch-norm statistics; V3's squeeze-excitation), a small torchvision
 # VisionTransformer (nn.MultiheadAttention's packed in-projection, the class token), a tabular
-# torch.nn model (Linear, LayerNorm, GELU and its tanh form, Dropout; at opsets 14 and 17) and a
-# BERT-style text classifier under Hugging Face's module names (tests/interop/hf_encoder.py:
-# attention with a padding mask), exported from PyTorch in training mode, imported and
+# torch.nn model (Linear, LayerNorm, GELU and its tanh form, Dropout; at opsets 14 and 17), a
+# text classifier of nn.TransformerEncoderLayers (mean over the tokens) and a BERT-style text
+# classifier under Hugging Face's module names (tests/interop/hf_encoder.py: attention with a
+# padding mask), exported from PyTorch in training mode, imported and
 # evaluated on every CPU backend: tandem's logits equal torch's within 1e-4. The spec's nodes and
 # the weights carry PyTorch's module names and the state dict's keys; --cut names a module. The
 # imported resnet18 trains split at that cut over mutual TLS (tandem-cloud and tandem-edge, both
@@ -28,7 +29,7 @@ source "$src/tests/lib/skip.sh"
 check=$src/tests/interop/onnx_check.py
 
 # torch's exports run side by side (the test runs alone: both cores are its); each status is checked.
-models="resnet18 mobilenet_v2 mobilenet_v3_small vit tabular14 tabular17 bert"
+models="resnet18 mobilenet_v2 mobilenet_v3_small vit tabular14 tabular17 bert encoder"
 pids=()
 for model in $models; do
   mkdir -p "$work/$model"
@@ -43,7 +44,7 @@ done
 for model in $models; do
   dir=$work/$model
   case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;;
-    bert) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; *) cut=layer3 ;; esac
+    bert) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; encoder) cut=encoder.layers.0 ;; *) cut=layer3 ;; esac
   tol=1e-4
   [[ $model == mobilenet_v3_small ]] && tol=1e-5  # its logits are about 0.1
   "$tandem_bin" import "$dir/model.onnx" --out "$dir/imported" --cut "$cut" > "$dir/import.out" 2>&1 ||
@@ -91,7 +92,7 @@ r18=$work/resnet18/imported
 grep -q 'name: "layer1.0.conv1", op: "conv2d"' "$r18/model.json" || fail "no node named after module layer1.0.conv1"
 grep -q 'name: "layer1.0.bn1", op: "batch_norm", inputs: \["layer1.0.conv1"\]' "$r18/model.json" || fail "batch norm layer1.0.bn1"
 grep -q 'cut: "layer3.1.relu_1"' "$r18/model.json" || fail "--cut layer3 did not resolve to layer3's last node"
-for model in resnet18 mobilenet_v3_small bert vit; do
+for model in resnet18 mobilenet_v3_small bert vit encoder; do
   /usr/bin/python3 - "$work/$model/torch.pt" "$work/$model/imported/weights.safetensors" <<'PY' || fail "$model: the weights' names are not the state dict's"
 import json, struct, sys, torch
 keys = {k for k in torch.load(sys.argv[1]) if not k.endswith("num_batches_tracked")}

@@ -8,7 +8,8 @@ usage: onnx_check.py export MODEL OUT_DIR N
            tandem's layout (NHWC) and labels; OUT_DIR/torch.f32: torch's logits in eval mode;
            OUT_DIR/torch.pt: the state dict the file was exported from. MODEL tabular14 and
            tabular17: records of 12 features; bert: a BERT-style text classifier (bert() below);
-           vit: a small VisionTransformer (make() below)
+           vit: a small VisionTransformer (make() below); encoder: a text classifier of
+           nn.TransformerEncoderLayers (TextEncoder below)
        onnx_check.py refused OUT_DIR
            a model of ops tandem does not take (Unsupported below) to OUT_DIR/model.onnx
        onnx_check.py train MODEL OUT_DIR EPOCHS BATCH K LR SEED
@@ -127,6 +128,21 @@ class Unsupported(torch.nn.Module):
         return self.fc(torch.flatten(self.pool(x) + self.branch(x) + y, 1))
 
 
+class TextEncoder(torch.nn.Module):
+    """A text classifier as torch.nn builds one: token embeddings, 2 nn.TransformerEncoderLayers
+    (batch_first, GELU, no dropout), the tokens' mean, a linear: 12 tokens of 16, 3 classes."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(50, 16)
+        layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation="gelu", batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2)
+        self.fc = torch.nn.Linear(16, 3)
+
+    def forward(self, ids):
+        return self.fc(self.encoder(self.embed(ids)).mean(1))
+
+
 def make(name):
     """torchvision's model NAME for 10 classes; vit: a small VisionTransformer (32x32 images,
     patches of 8, 2 layers, hidden 16, 2 heads; nn.MultiheadAttention's packed in-projection)."""
@@ -189,6 +205,15 @@ def main():
                         m.bias.data.copy_(torch.randn(m.bias.shape, generator=gen) * 0.1)
             export(model, f"{out}/model.onnx", torch.randn(2, 12), ["record"], int(name[len("tabular"):]))
             inputs = {"record": images}
+        elif name == "encoder":
+            model = TextEncoder()
+            with torch.no_grad():
+                randomize(model, gen)
+            ids = torch.randint(0, 50, (n, 12), generator=gen)
+            export(model, f"{out}/model.onnx", ids[:2], ["ids"])
+            labels = torch.randint(0, 3, (n,), generator=gen, dtype=torch.int32)
+            inputs = {"ids": ids}
+            images = (ids,)
         elif name == "bert":
             model, ids, mask = bert(gen, n)
             export(model, f"{out}/model.onnx", (ids[:2], mask[:2]), ["input_ids", "attention_mask"])
