@@ -16,22 +16,36 @@ constexpr std::string_view kWhere = "graph";
 
 }  // namespace
 
-// A node's torch_names rename its own tensors (parameters; batch norm's statistics), each to
-// a name no other tensor of the model has in PyTorch's state dict.
+// A node's torch_names rename its own tensors (parameters; batch norm's statistics). Every
+// tensor's name in PyTorch's state dict (its torch_names entry, else "<node>.<field>"; a batch
+// norm's num_batches_tracked beside its running_var) is one no other tensor of the model has.
 void check_torch_names(const NodeSpec& n, const std::vector<Shape>& in, std::set<std::string>& taken) {
-  if (n.torch_names.empty()) return;
-  std::set<std::string> fields;
-  for (const ParamSpec& p : op_params(n, in)) fields.insert(p.field);
-  if (n.op == "batch_norm") fields.insert({"running_mean", "running_var"});
+  std::vector<std::string> fields;
+  for (const ParamSpec& p : op_params(n, in)) fields.push_back(p.field);
+  if (n.op == "batch_norm") fields.insert(fields.end(), {"running_mean", "running_var"});
   for (const auto& [field, name] : n.torch_names) {
-    if (!fields.count(field)) {
+    if (std::find(fields.begin(), fields.end(), field) == fields.end()) {
       std::string known;
       for (const std::string& f : fields) known += cat(known.empty() ? "" : ", ", f);
       fail(kWhere, cat("node '", n.name, "' (", n.op, "): field 'torch_names' renames '", field, "', which is none of its tensors (",
                        known.empty() ? "it has none" : known, ")"));
     }
-    if (!taken.insert(name).second)
-      fail(kWhere, cat("node '", n.name, "' (", n.op, "): field 'torch_names' gives the name '", name, "' a second time"));
+    const std::string suffix = "." + field;  // torch's BatchNorm: <module>.weight, ... (num_batches_tracked follows running_var)
+    if (n.op == "batch_norm" && (name.size() <= suffix.size() || name.compare(name.size() - suffix.size(), suffix.size(), suffix) != 0))
+      fail(kWhere, cat("node '", n.name, "' (batch_norm): field 'torch_names' names '", field, "' '", name, "'; a batch norm's tensors "
+                       "are '<module>", suffix, "' in PyTorch's state dict"));
+  }
+  for (const std::string& field : fields) {
+    std::string name = cat(n.name, ".", field);
+    for (const auto& [f, renamed] : n.torch_names)
+      if (f == field) name = renamed;
+    std::vector<std::string> names{name};
+    if (n.op == "batch_norm" && field == "running_var")
+      names.push_back(name.substr(0, name.size() - std::string("running_var").size()) + "num_batches_tracked");
+    for (const std::string& taken_name : names)
+      if (!taken.insert(taken_name).second)
+        fail(kWhere, cat("node '", n.name, "' (", n.op, "): its tensor '", field, "' is '", taken_name,
+                         "' in PyTorch's state dict, which another tensor of the model is called too (field 'torch_names' renames one)"));
   }
 }
 

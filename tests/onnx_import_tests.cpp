@@ -510,6 +510,10 @@ TEST(OnnxImport, MalformedShapeArithmeticIsRefused) {
       {{low, minus, node("/Div", "Div", {"low_out", "minus_out"}, {"o"})}, "node '/Div' (Div): it divides past what tandem computes with"},
       {{big, node("/Mul", "Mul", {"big_out", "big_out"}, {"o"})}, "node '/Mul' (Mul): it computes past what tandem computes with"},
       {{four, ints("i", {1}, {7}), node("/Gather", "Gather", {"c_out", "i_out"}, {"o"})}, "node '/Gather' (Gather): index 7 is outside 1 values"},
+      // x.size(0) == 2 holds for one batch size only: refused (x.size(0) == -1, never true, folds)
+      {{node("/Shape", "Shape", {"x"}, {"xs"}), ints("z", {}, {0}), node("/Gather", "Gather", {"xs", "z_out"}, {"n"}),
+        ints("two", {}, {2}), node("/Equal", "Equal", {"n", "two_out"}, {"o"})},
+       "node '/Equal' (Equal): it compares the batch size with a number; the graph would compute otherwise for some batches"},
       // Found by the onnx fuzzer (tests/fuzz/regressions/onnx/): a ReduceMean without inputs
       // starting the LayerNorm pattern, and a Constant of type TENSOR without its tensor.
       {{node("/ln/ReduceMean", "ReduceMean", {}, {"m"}, {ints_attr("axes", {-1})}), node("/ln/Sub", "Sub", {"x", "m"}, {"d"})},
@@ -748,9 +752,14 @@ TEST(SpecJson, TorchNamesRenameOnlyTheNodesOwnTensors) {
   EXPECT_EQ(torch_name(g, "a.bias"), "a.bias");
   EXPECT_EQ(torch_name(g, "b.weight"), "b.weight");
   EXPECT_EQ(error_of([&] { Graph::build(parse_model_json(spec(R"({ field: "scale", name: "s" })"), "m")); }),
-            "[graph] node 'a' (linear): field 'torch_names' renames 'scale', which is none of its tensors (bias, weight)");
+            "[graph] node 'a' (linear): field 'torch_names' renames 'scale', which is none of its tensors (weight, bias)");
   EXPECT_EQ(error_of([&] { Graph::build(parse_model_json(spec(R"({ field: "weight", name: "w" }, { field: "bias", name: "w" })"), "m")); }),
-            "[graph] node 'a' (linear): field 'torch_names' gives the name 'w' a second time");
+            "[graph] node 'a' (linear): its tensor 'bias' is 'w' in PyTorch's state dict, which another tensor of the model is "
+            "called too (field 'torch_names' renames one)");
+  // a rename onto another node's own name ("b.weight"): b's weight would load a's
+  EXPECT_EQ(error_of([&] { Graph::build(parse_model_json(spec(R"({ field: "weight", name: "b.weight" })"), "m")); }),
+            "[graph] node 'b' (linear): its tensor 'weight' is 'b.weight' in PyTorch's state dict, which another tensor of the "
+            "model is called too (field 'torch_names' renames one)");
   EXPECT_EQ(error_of([&] { parse_model_json(spec(R"({ field: "weight", name: "w" }, { field: "weight", name: "v" })"), "m"); }),
             "[model spec] node 'a': field 'torch_names' names field 'weight' twice");
   EXPECT_EQ(error_of([&] { parse_model_json(spec(R"({ field: "weight" })"), "m"); }),

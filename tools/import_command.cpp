@@ -64,6 +64,10 @@ int import_command(const CliArgs& args) {
       if (in.mask) mask = &in;
     if (!mask) fail("usage", cat(path, ": --length-buckets belongs to a text model's attention mask, and this model has none"));
     mask->length_buckets = length_list(buckets);
+    for (const NodeSpec& n : imported.spec.nodes)  // torch's x.mean(1) averages the padding too, at every length
+      if (n.op == "token_pool" && n.token_pool.mean && n.inputs.size() == 1)
+        fail("usage", cat(path, ": --length-buckets would change what node '", n.name, "' computes: it averages every token ",
+                          "(x.mean(1), padding included), and a shorter bucket has fewer; import without --length-buckets"));
   }
 
   // What was written must build and load as any spec: the graph's shapes against the

@@ -479,7 +479,19 @@ class Importer {
     } else if (n.op_type == "Equal") {
       out = elementwise(n, 2, [](const Sym* a) {
         if (a[0].unknown || a[1].unknown) throw Refusal{"it compares a dimension of a tensor whose shape import does not track"};
-        return Sym{a[0] == a[1] ? 1 : 0, 0};
+        // c * batch^p against c' * batch^p' (batch >= 1): alike when the powers are, never equal when
+        // no batch makes them so (x.size(0) == -1), and refused when one batch would (batch == 2)
+        if (a[0].p == a[1].p || a[0].c == 0 || a[1].c == 0) return Sym{a[0].c == a[1].c ? 1 : 0, 0};
+        const Sym& hi = a[0].p > a[1].p ? a[0] : a[1];
+        const Sym& lo = a[0].p > a[1].p ? a[1] : a[0];
+        bool some_batch = lo.c % hi.c == 0 && lo.c / hi.c > 0;  // batch^(hi.p - lo.p) = lo.c / hi.c
+        if (some_batch && hi.p - lo.p == 2) {
+          const int64_t q = lo.c / hi.c, r = static_cast<int64_t>(std::llround(std::sqrt(static_cast<double>(q))));
+          int64_t square = 0;
+          some_batch = !__builtin_mul_overflow(r, r, &square) && square == q;
+        }
+        if (some_batch) throw Refusal{"it compares the batch size with a number; the graph would compute otherwise for some batches"};
+        return Sym{0, 0};
       });
     } else if (n.op_type == "Where") {
       out = elementwise(n, 3, [](const Sym* a) {
@@ -782,9 +794,13 @@ class Importer {
                                           const Pair& stride, const Pair& padding, const Pair& dilation) {
     if (in.size() != 3) return {};
     std::vector<int64_t> dims{channels, 0, 0};
-    for (int k = 0; k < 2; ++k) {
-      const int64_t span = in[static_cast<std::size_t>(k + 1)] + 2 * padding[k] - dilation[k] * (kernel[k] - 1) - 1;
-      if (span < 0 || stride[k] <= 0) return {};
+    for (int k = 0; k < 2; ++k) {  // in + 2 pad - dilation (kernel - 1) - 1, the file's numbers checked
+      int64_t pad2 = 0, kernel_less = 0, reach = 0, span = 0;
+      if (__builtin_mul_overflow(padding[k], int64_t{2}, &pad2) || __builtin_sub_overflow(kernel[k], int64_t{1}, &kernel_less) ||
+          __builtin_mul_overflow(dilation[k], kernel_less, &reach) || __builtin_add_overflow(reach, int64_t{1}, &reach) ||
+          __builtin_add_overflow(in[static_cast<std::size_t>(k + 1)], pad2, &span) || __builtin_sub_overflow(span, reach, &span) ||
+          span < 0 || stride[k] <= 0)
+        return {};
       dims[static_cast<std::size_t>(k + 1)] = span / stride[k] + 1;
     }
     return dims;
@@ -874,8 +890,14 @@ class Importer {
 
   // ReduceMean over height and width: what torch's x.mean((2, 3)) exports.
   void reduce_mean(const OnnxNode& n) {
-    skip_refused(n);
     const auto in = n.inputs.empty() ? values_.end() : values_.find(n.inputs[0]);
+    if (in != values_.end() && in->second.form == Form::Unknown) {  // of a refused tensor: a LayerNorm's nodes go with it
+      try {
+        layer_norm_pattern(n);
+      } catch (const Refusal&) {
+      }
+      throw Downstream{};
+    }
     if (in != values_.end() && in->second.form == Form::Sequence) {  // x.mean(1): mean pooling over the tokens
       const std::vector<int64_t> axes = ints_attr(n, "axes", {});
       if (axes == std::vector<int64_t>{1} || axes == std::vector<int64_t>{-2}) {
@@ -1396,7 +1418,7 @@ class Importer {
           break;
         }
         if (dims.empty()) dims = v.dims;
-        else dims[0] += v.dims[0];
+        else if (__builtin_add_overflow(dims[0], v.dims[0], &dims[0])) throw Refusal{"it joins more channels than tandem counts"};
       }
     }
     if (form == Form::Sequence || form == Form::Vector) {
@@ -1534,6 +1556,7 @@ class Importer {
     Value v = x;
     v.form = Form::WithClass;
     v.table = token.table;
+    if (x.dims[0] >= kMaxSampleElements) throw Refusal{cat("it joins a class token before ", x.dims[0], " tokens")};
     v.dims = {x.dims[0] + 1, x.dims[1]};
     values_[n.outputs.at(0)] = v;
   }
@@ -1795,9 +1818,18 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
        }},
       {"Squeeze", [](I&, const OnnxNode&) { throw Refusal{"tandem squeezes shapes and constants only"}; }},
       {"Slice", &I::slice},
-      {"ConstantOfShape", [](I&, const OnnxNode&) { throw Refusal{"tandem fills integer constants of a computed shape only"}; }},
-      {"Equal", [](I&, const OnnxNode&) { throw Refusal{"tandem compares shapes and integer constants only"}; }},
-      {"Where", [](I&, const OnnxNode&) { throw Refusal{"tandem selects (Where) among shapes and integer constants only"}; }},
+      {"ConstantOfShape", [](I& i, const OnnxNode& n) {
+         i.skip_refused(n);
+         throw Refusal{"tandem fills integer constants of a computed shape only"};
+       }},
+      {"Equal", [](I& i, const OnnxNode& n) {
+         i.skip_refused(n);
+         throw Refusal{"tandem compares shapes and integer constants only"};
+       }},
+      {"Where", [](I& i, const OnnxNode& n) {
+         i.skip_refused(n);
+         throw Refusal{"tandem selects (Where) among shapes and integer constants only"};
+       }},
       {"Expand", &I::expand},
   };
   return ops;
