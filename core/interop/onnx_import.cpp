@@ -737,6 +737,12 @@ class Importer {
     modules_.push_back(module_of(n.name));
     out_.spec.nodes.push_back(std::move(node));
   }
+  // `v` seen as `form` of `dims` (a view on the way through a pattern; no tandem node).
+  void as_step(const OnnxNode& n, Value v, Form form, std::vector<int64_t> dims) {
+    v.form = form;
+    v.dims = std::move(dims);
+    values_[n.outputs.at(0)] = std::move(v);
+  }
   void alias(const OnnxNode& n, const Value& v, Form form) {
     Value copy = v;
     copy.form = form;
@@ -1148,11 +1154,7 @@ class Importer {
       const std::vector<int64_t> to = reshape_target(n, x.dims);
       if (to.size() != 2 || to[0] != x.dims[0] || to[1] != x.dims[1] * x.dims[2])
         throw Refusal{"attention's context is reshaped to another shape than [batch, tokens, features]"};
-      Value v = x;
-      v.form = Form::Sequence;
-      v.dims = to;
-      values_[n.outputs.at(0)] = v;
-      return;
+      return as_step(n, x, Form::Sequence, to);
     }
     input(n, 0);  // a plain tensor from here on
     if (x.dims.empty() && x.form != Form::Image && x.form != Form::Pooled && x.form != Form::FlatImage)
@@ -1160,13 +1162,9 @@ class Importer {
     const Folded* target = folded(n, 1);
     if (x.form == Form::Image && x.dims.size() == 3 && target && target->v.size() == 3) {  // [N, C, H W]: patches
       const std::vector<int64_t> to = reshape_target(n, x.dims);
-      if (to != std::vector<int64_t>{x.dims[0], x.dims[1] * x.dims[2]})
+      if (to != std::vector<int64_t>{x.dims[0], count_of({x.dims[1], x.dims[2]})})
         throw Refusal{"it reshapes an image to another shape than [batch, channels, height * width] (a ViT's patches)"};
-      Value v = x;
-      v.form = Form::Patches;
-      v.dims = to;
-      values_[n.outputs.at(0)] = v;
-      return;
+      return as_step(n, x, Form::Patches, to);
     }
     if (x.form == Form::Image || x.form == Form::Pooled || x.form == Form::FlatImage) {  // [N, -1] only
       if (!target || target->v.size() != 2 || !(target->v[1] == Sym{-1, 0}) ||
