@@ -1,6 +1,7 @@
 #include "core/interop/onnx_import.h"
 
 #include <algorithm>
+#include <array>
 #include <cmath>
 #include <functional>
 #include <map>
@@ -1179,11 +1180,8 @@ class Importer {
     if (x.form == Form::Sequence && to.size() == 3 && to[0] == x.dims[0] && to[1] > 0 && x.dims[1] % to[1] == 0 &&
         x.dims[1] / to[1] == to[2]) {
       Value v = x;
-      v.form = Form::Heads;
-      v.dims = to;
       v.heads = to[1];
-      values_[n.outputs.at(0)] = v;
-      return;
+      return as_step(n, std::move(v), Form::Heads, to);
     }
     std::string shape;
     for (int64_t d : to) shape += cat(shape.empty() ? "" : ", ", d);
@@ -1283,52 +1281,38 @@ class Importer {
       return emit(n, node_of(unique(m.empty() ? "tokens" : m + ".tokens"), "tokens", {x.node}), Form::Sequence, n.outputs.at(0),
                   {x.dims[1], x.dims[0]});
     }
-    const bool merged = f != Form::Unknown && values_.at(n.inputs.at(0)).merged;
-    if (f == Form::HeadsTM || (merged && (f == Form::HeadsFirst || f == Form::Context))) {  // [T, N H, D] and [N H, T, D]
+    // Attention's permutations, as BERT writes them ([N, T, H, D] ...) and as nn.MultiheadAttention
+    // does (heads merged with the batch: [T, N H, D] ...): the step each makes, and its dims'
+    // order (Heads and HeadsTM [T, H, D]; HeadsFirst and Context [H, T, D]).
+    struct Permutation {
+      Form from;
+      bool merged;  // the input's
+      std::vector<int64_t> perm;
+      Form to;
+      std::array<std::size_t, 3> order;
+      bool merged_out;
+    };
+    static const std::vector<Permutation> permutations = {
+        {Form::Heads, false, {0, 2, 1, 3}, Form::HeadsFirst, {1, 0, 2}, false},
+        {Form::Heads, false, {0, 2, 3, 1}, Form::KeysT, {1, 2, 0}, false},
+        {Form::HeadsFirst, false, {0, 1, 3, 2}, Form::KeysT, {0, 2, 1}, false},
+        {Form::Context, false, {0, 2, 1, 3}, Form::ContextTokens, {1, 0, 2}, false},
+        {Form::HeadsTM, false, swap01, Form::HeadsFirst, {1, 0, 2}, true},
+        {Form::HeadsTM, false, {1, 2, 0}, Form::KeysT, {1, 2, 0}, true},
+        {Form::HeadsFirst, true, {0, 2, 1}, Form::KeysT, {0, 2, 1}, true},
+        {Form::Context, true, swap01, Form::ContextTM, {1, 0, 2}, false},
+    };
+    if (f == Form::Heads || f == Form::HeadsFirst || f == Form::Context || f == Form::HeadsTM) {
       Value v = any_input(n, 0);
       const std::vector<int64_t> perm = ints_attr(n, "perm", {});
-      const std::vector<int64_t> d = v.dims;  // HeadsTM [T, H, D]; HeadsFirst and Context [H, T, D]
-      v.merged = true;
-      if (f == Form::HeadsTM && perm == swap01) {
-        v.form = Form::HeadsFirst;
-        v.dims = {d[1], d[0], d[2]};
-      } else if (f == Form::HeadsTM && perm == std::vector<int64_t>{1, 2, 0}) {
-        v.form = Form::KeysT;
-        v.dims = {d[1], d[2], d[0]};
-      } else if (f == Form::HeadsFirst && perm == std::vector<int64_t>{0, 2, 1}) {
-        v.form = Form::KeysT;
-        v.dims = {d[0], d[2], d[1]};
-      } else if (f == Form::Context && perm == swap01) {
-        v.form = Form::ContextTM;
-        v.merged = false;
-        v.dims = {d[1], d[0], d[2]};
-      } else {
-        throw Refusal{cat("it permutes ", step_name(f), " otherwise than nn.MultiheadAttention does")};
-      }
-      values_[n.outputs.at(0)] = std::move(v);
-      return;
-    }
-    if (f == Form::Heads || f == Form::HeadsFirst || f == Form::Context) {
-      Value v = any_input(n, 0);
-      const std::vector<int64_t> perm = ints_attr(n, "perm", {});
-      const std::vector<int64_t> d = v.dims;  // Heads [T, H, D]; HeadsFirst and Context [H, T, D]
-      if (f == Form::Heads && perm == std::vector<int64_t>{0, 2, 1, 3}) {
-        v.form = Form::HeadsFirst;
-        v.dims = {d[1], d[0], d[2]};
-      } else if (f == Form::Heads && perm == std::vector<int64_t>{0, 2, 3, 1}) {
-        v.form = Form::KeysT;
-        v.dims = {d[1], d[2], d[0]};
-      } else if (f == Form::HeadsFirst && perm == std::vector<int64_t>{0, 1, 3, 2}) {
-        v.form = Form::KeysT;
-        v.dims = {d[0], d[2], d[1]};
-      } else if (f == Form::Context && perm == std::vector<int64_t>{0, 2, 1, 3}) {
-        v.form = Form::ContextTokens;
-        v.dims = {d[1], d[0], d[2]};
-      } else {
-        throw Refusal{cat("it permutes ", step_name(f), " otherwise than multi-head attention does")};
-      }
-      values_[n.outputs.at(0)] = std::move(v);
-      return;
+      for (const Permutation& p : permutations)
+        if (p.from == f && p.merged == v.merged && p.perm == perm) {
+          const std::vector<int64_t> d = v.dims;
+          v.merged = p.merged_out;
+          return as_step(n, std::move(v), p.to, {d[p.order[0]], d[p.order[1]], d[p.order[2]]});
+        }
+      throw Refusal{cat("it permutes ", step_name(f), " otherwise than multi-head attention does",
+                        v.merged || f == Form::HeadsTM ? " (nn.MultiheadAttention's)" : "")};
     }
     const OnnxTensor* t = stored(n, 0);
     const std::vector<int64_t> perm = ints_attr(n, "perm", {1, 0});
@@ -1551,12 +1535,10 @@ class Importer {
     const Value& x = input(n, 1);
     if ((axis != 1 && axis != -2) || x.dims.size() != 2 || x.dims[1] != token.dims[1])
       throw Refusal{"it joins a class token otherwise than before the tokens of a sequence of as many features"};
-    Value v = x;
-    v.form = Form::WithClass;
-    v.table = token.table;
     if (x.dims[0] >= kMaxSampleElements) throw Refusal{cat("it joins a class token before ", x.dims[0], " tokens")};
-    v.dims = {x.dims[0] + 1, x.dims[1]};
-    values_[n.outputs.at(0)] = v;
+    Value v = x;
+    v.table = token.table;
+    as_step(n, std::move(v), Form::WithClass, {x.dims[0] + 1, x.dims[1]});
   }
 
   // Add(class token and patches, a stored position table [1, T + 1, F]): tandem's class_token,
