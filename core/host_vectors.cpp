@@ -6,6 +6,37 @@
 namespace tandem {
 namespace {
 
+// Walks the output in order; its last axis is a strided run of the input (a plain copy where
+// the permutation keeps the last axis).
+void host_permute(float* to, const float* from, const int64_t* dims, const int* perm, int rank) {
+  constexpr int kMax = 8;
+  int64_t in_stride[kMax] = {}, out_dims[kMax] = {}, stride[kMax] = {}, at[kMax] = {};
+  int64_t total = 1;
+  int64_t s = 1;
+  for (int i = rank - 1; i >= 0; --i) in_stride[i] = s, s *= dims[i];
+  for (int i = 0; i < rank; ++i) out_dims[i] = dims[perm[i]], stride[i] = in_stride[perm[i]], total *= out_dims[i];
+  if (total == 0) return;
+  if (rank == 0) {
+    *to = *from;
+    return;
+  }
+  const int last = rank - 1;
+  const int64_t run = out_dims[last], step = stride[last];
+  for (int64_t done = 0; done < total; done += run) {
+    const float* src = from;
+    for (int i = 0; i < last; ++i) src += at[i] * stride[i];
+    if (step == 1) {
+      std::copy_n(src, run, to + done);
+    } else {
+      for (int64_t j = 0; j < run; ++j) to[done + j] = src[j * step];
+    }
+    for (int i = last - 1; i >= 0; --i) {  // the next run: count up the outer axes
+      if (++at[i] < out_dims[i]) break;
+      at[i] = 0;
+    }
+  }
+}
+
 class HostVectors final : public VectorKernel {
  public:
   void fill(float* x, float value, int64_t n) override { std::fill_n(x, n, value); }
@@ -15,6 +46,9 @@ class HostVectors final : public VectorKernel {
   void copy_rows(float* to, int64_t to_stride, const float* from, int64_t from_stride, int64_t width,
                  int64_t rows) override {
     for (int64_t r = 0; r < rows; ++r) std::copy_n(from + r * from_stride, width, to + r * to_stride);
+  }
+  void permute(float* to, const float* from, const int64_t* dims, const int* perm, int rank) override {
+    host_permute(to, from, dims, perm, rank);
   }
   void accumulate(float* acc, const float* add, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) acc[i] += add[i];

@@ -87,6 +87,8 @@ struct NodeSpec {
   bool freeze = false;  // its parameters do not train (a LoRA adapter's base is frozen too)
   LoraAttrs lora;
   SliceAttrs slice;
+  std::vector<int64_t> reshape;  // reshape: the per-sample shape it gives
+  std::vector<int> perm;         // transpose: output axis i is input axis perm[i] (per sample)
   // Fields whose PyTorch state-dict name is not "<name>.<field>" (schema: TorchName).
   std::vector<std::pair<std::string, std::string>> torch_names;
 };

@@ -108,6 +108,13 @@ std::string node_json(const NodeSpec& n) {
   if (n.lora.rank != 0)
     out += cat(", lora: { rank: ", n.lora.rank, ", alpha: ", number(n.lora.alpha), ", dropout: ", number(n.lora.dropout), " }");
   if (n.op == "slice") out += cat(", slice: { axis: ", n.slice.axis, ", start: ", n.slice.start, ", end: ", n.slice.end, " }");
+  auto list = [](const auto& v) {
+    std::string s;
+    for (std::size_t k = 0; k < v.size(); ++k) s += cat(k ? ", " : "", v[k]);
+    return s;
+  };
+  if (n.op == "reshape") out += cat(", reshape: { shape: [", list(n.reshape), "] }");
+  if (n.op == "transpose") out += cat(", transpose: { perm: [", list(n.perm), "] }");
   if (!n.torch_names.empty()) {
     out += ", torch_names: [";
     for (std::size_t k = 0; k < n.torch_names.size(); ++k)

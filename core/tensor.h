@@ -12,9 +12,9 @@
 namespace tandem {
 
 inline constexpr std::size_t kTensorAlignment = 64;
-inline constexpr int kMaxRank = 4;
+inline constexpr int kMaxRank = 6;  // ONNX's 5-D views of an image (a channel shuffle) fit
 
-// Up to four dimensions; for activations the first is the batch.
+// Up to six dimensions; for activations the first is the batch.
 class Shape {
  public:
   Shape() = default;

@@ -34,6 +34,10 @@ class VectorKernel {
   // and `to_stride` in `to` (concat's columns).
   virtual void copy_rows(float* to, int64_t to_stride, const float* from, int64_t from_stride, int64_t width,
                          int64_t rows) = 0;
+  // `from`, a row-major tensor of `rank` (at most 6) dimensions `dims`, with its axes permuted
+  // into `to`: output axis i is input axis perm[i] (transpose's forward, and its backward with
+  // the inverse order).
+  virtual void permute(float* to, const float* from, const int64_t* dims, const int* perm, int rank) = 0;
   virtual void accumulate(float* acc, const float* add, int64_t n) = 0;  // acc += add
   virtual void scale(float* x, double factor, int64_t n) = 0;           // x = float(x * factor)
   virtual double squared_norm(const float* x, int64_t n) = 0;           // in double

@@ -7,6 +7,8 @@
 // between sees stale values, and the tests that compare results fail. TANDEM_BACKEND=deferred.
 #pragma once
 
+#include <algorithm>
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <map>
@@ -299,6 +301,13 @@ class Vectors final : public VectorKernel {
   }
   void copy_rows(float* to, int64_t ts, const float* from, int64_t fs, int64_t width, int64_t rows) override {
     run(tensors(to, from), [&v = v_, to, ts, from, fs, width, rows] { v.copy_rows(to, ts, from, fs, width, rows); });
+  }
+  void permute(float* to, const float* from, const int64_t* dims, const int* perm, int rank) override {
+    std::array<int64_t, 8> d{};
+    std::array<int, 8> p{};
+    std::copy_n(dims, rank, d.begin());
+    std::copy_n(perm, rank, p.begin());
+    run(tensors(to, from), [&v = v_, to, from, d, p, rank] { v.permute(to, from, d.data(), p.data(), rank); });
   }
   void accumulate(float* acc, const float* add, int64_t n) override {
     run(tensors(acc, add), [&v = v_, acc, add, n] { v.accumulate(acc, add, n); });

@@ -104,6 +104,15 @@ std::vector<OpCase> cases() {
         { name: "v", op: "slice", inputs: ["p"], slice: { start: 8, end: 12 } },
         { name: "y", op: "attention", inputs: ["q", "k", "v"], attention: { heads: 2 } })", seq},
       {"slice", "slice_image_rows", R"({ name: "y", op: "slice", inputs: ["x"], slice: { axis: 0, start: 1, end: 4 } })", img},
+      // reshape and transpose: a channel shuffle in tandem's layout (ShuffleNet's, 2 groups of
+      // 3: [H, W, 2, 3] -> [H, W, 3, 2]), and an image's axes turned to torch's [C, H, W]
+      {"reshape", "reshape_channel_shuffle", R"({ name: "l", op: "conv2d", inputs: ["x"], conv2d: { out_channels: 6, kernel: [1] } },
+        { name: "g", op: "reshape", inputs: ["l"], reshape: { shape: [5, 4, 2, 3] } },
+        { name: "t", op: "transpose", inputs: ["g"], transpose: { perm: [0, 1, 3, 2] } },
+        { name: "y", op: "reshape", inputs: ["t"], reshape: { shape: [5, 4, 6] } })", img},
+      {"transpose", "transpose_image_to_chw", R"({ name: "y", op: "transpose", inputs: ["x"], transpose: { perm: [2, 0, 1] } })", img},
+      {"transpose", "transpose_tokens_features", R"({ name: "t", op: "transpose", inputs: ["x"], transpose: { perm: [1, 0] } },
+        { name: "y", op: "linear", inputs: ["t"], linear: { out_features: 3 } })", seq},
       {"tokens", "tokens", R"({ name: "t", op: "tokens", inputs: ["x"] }, { name: "y", op: "linear", inputs: ["t"], linear: { out_features: 2 } })", img},
       // heads' hidden ReLU: a draw whose pre-activations stay clear of the kink by more than
       // the finite differences' step

@@ -82,6 +82,12 @@ std::vector<Case> cases() {
   NodeSpec cut = named("slice");  // copies: features 2..5 of 5 tokens
   cut.slice = {1, 2, 5};
   c.push_back({cut, {{5, 6}}, 0.0, 0.0});
+  NodeSpec view = named("reshape");  // a view: no work
+  view.reshape = {4, 2, 12};
+  c.push_back({view, {{4, 4, 6}}, 0.0, 0.0});
+  NodeSpec turn = named("transpose");  // copies
+  turn.perm = {2, 0, 1};
+  c.push_back({turn, {{4, 4, 6}}, 0.0, 0.0});
   c.push_back({named("global_avg_pool"), {{4, 4, 6}}, 96.0 + 6, 96.0});
   c.push_back({named("flatten"), {{4, 4, 6}}, 0.0, 0.0});
   // A linear on a sequence of 7 tokens of 20: 7 rows of 200 multiply-adds.

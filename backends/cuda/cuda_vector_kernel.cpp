@@ -56,6 +56,20 @@ class CudaVectors final : public VectorKernel {
     resident(to, to_span) && resident(from, from_span) ? done() : ctx_->finish();
   }
 
+  // A device kernel where both tensors are managed; else the host loop once the device is done.
+  void permute(float* to, const float* from, const int64_t* dims, const int* perm, int rank) override {
+    int64_t n = 1;
+    for (int i = 0; i < rank; ++i) n *= dims[i];
+    if (n == 0) return;
+    if (!resident(to, n) || !resident(from, n)) {
+      if (resident(to, n) || resident(from, n)) ctx_->finish();
+      return host().permute(to, from, dims, perm, rank);
+    }
+    ctx_->use();
+    check(cuda::permute(to, from, dims, perm, rank, ctx_->stream()), "permute");
+    done();
+  }
+
   void accumulate(float* acc, const float* add, int64_t n) override {
     if (!resident(acc, n) || !resident(add, n)) return host().accumulate(acc, add, n);
     ctx_->use();

@@ -17,6 +17,23 @@ unsigned blocks_for(int64_t n) { return static_cast<unsigned>(std::clamp<int64_t
   for (int64_t i = blockIdx.x * static_cast<int64_t>(blockDim.x) + threadIdx.x; i < (n); \
        i += static_cast<int64_t>(blockDim.x) * gridDim.x)
 
+struct Permutation {
+  int rank;
+  int64_t out_dims[8], stride[8];  // the output's dimensions; each one's step in the input
+};
+
+// One thread an output element: its index taken apart along the output's axes.
+__global__ void permute_kernel(float* to, const float* from, Permutation p, int64_t n) {
+  TANDEM_EACH(i, n) {
+    int64_t rest = i, src = 0;
+    for (int a = p.rank - 1; a >= 0; --a) {
+      src += (rest % p.out_dims[a]) * p.stride[a];
+      rest /= p.out_dims[a];
+    }
+    to[i] = from[src];
+  }
+}
+
 __global__ void accumulate_kernel(float* acc, const float* add, int64_t n) {
   TANDEM_EACH(i, n) acc[i] += add[i];
 }
@@ -74,6 +91,17 @@ __global__ void adam_kernel(AdamUpdate u, float* w, const float* g, float* m, fl
 #undef TANDEM_EACH
 
 }  // namespace
+
+cudaError_t permute(float* to, const float* from, const int64_t* dims, const int* perm, int rank, cudaStream_t s) {
+  if (rank < 1 || rank > 8) return cudaErrorInvalidValue;
+  Permutation p{rank, {}, {}};
+  int64_t in_stride[8] = {}, step = 1, n = 1;
+  for (int i = rank - 1; i >= 0; --i) in_stride[i] = step, step *= dims[i];
+  for (int i = 0; i < rank; ++i) p.out_dims[i] = dims[perm[i]], p.stride[i] = in_stride[perm[i]], n *= p.out_dims[i];
+  if (n == 0) return cudaSuccess;
+  permute_kernel<<<blocks_for(n), kThreads, 0, s>>>(to, from, p, n);
+  return cudaGetLastError();
+}
 
 cudaError_t accumulate(float* acc, const float* add, int64_t n, cudaStream_t s) {
   if (n == 0) return cudaSuccess;

@@ -366,6 +366,23 @@ class SliceLayer final : public Layer {
   Backend& backend_;
 };
 
+// A sample's axes permuted (the transpose op): one pass where the backend keeps the tensors
+// (VectorKernel::permute); the gradient is permuted back.
+class TransposeLayer final : public Layer {
+ public:
+  bool touches_host() const override { return false; }  // kernels only
+  Reads backward_reads() const override { return {0u, false}; }
+  // `perm` per sample (0: the first axis after the batch).
+  TransposeLayer(std::string name, const std::vector<int>& perm, Backend& backend);
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  std::vector<int> perm_, inverse_;  // with the batch: perm_[0] = 0
+  Backend& backend_;
+};
+
 // a + b (residual connections); the gradient goes to both inputs unchanged.
 class AddLayer final : public Layer {
  public:

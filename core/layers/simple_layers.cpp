@@ -113,6 +113,28 @@ void SliceLayer::backward(std::span<const Tensor> in, const Tensor&, const Tenso
   backend_.vectors().copy_rows(grad_in[0].data() + r.offset, r.along, grad_out.data(), r.width, r.width, r.rows);
 }
 
+TransposeLayer::TransposeLayer(std::string name, const std::vector<int>& perm, Backend& backend)
+    : Layer(std::move(name)), perm_{0}, inverse_(perm.size() + 1), backend_(backend) {
+  for (int a : perm) perm_.push_back(a + 1);
+  for (std::size_t i = 0; i < perm_.size(); ++i) inverse_[static_cast<std::size_t>(perm_[i])] = static_cast<int>(i);
+}
+
+void TransposeLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  const Shape& s = in[0].shape();
+  int64_t dims[kMaxRank];
+  for (int i = 0; i < s.rank(); ++i) dims[i] = s[i];
+  backend_.vectors().permute(out.data(), in[0].data(), dims, perm_.data(), s.rank());
+}
+
+void TransposeLayer::backward(std::span<const Tensor>, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
+                              Stash&) {
+  if (!grad_in[0].defined()) return;
+  const Shape& s = grad_out.shape();
+  int64_t dims[kMaxRank];
+  for (int i = 0; i < s.rank(); ++i) dims[i] = s[i];
+  backend_.vectors().permute(grad_in[0].data(), grad_out.data(), dims, inverse_.data(), s.rank());
+}
+
 void AddLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
   kernels_.get(out.numel(), [&](int64_t n) { return backend_.add(n); }).forward(in[0].data(), in[1].data(), out.data());
 }
