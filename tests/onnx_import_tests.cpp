@@ -796,6 +796,40 @@ TEST(SpecJson, SliceRefusesWhatItCannotTake) {
             "number of tokens; drop field 'length_buckets' or change the node");
 }
 
+// reshape's and transpose's specs: a shape of other elements or none, an order that is not
+// one of the input's axes, a missing table: each refused, naming the node and the field.
+TEST(SpecJson, ReshapeAndTransposeRefuseWhatTheyCannotTake) {
+  auto build = [](const std::string& node) {
+    return error_of([&] {
+      Graph::build(parse_model_json(cat(R"({ name: "m", inputs: [{ name: "x", shape: [4, 6] }], nodes: [)", node, R"(,
+        { name: "f", op: "flatten", inputs: ["y"] }] })"), "m"));
+    });
+  };
+  EXPECT_EQ(build(R"({ name: "y", op: "reshape", inputs: ["x"], reshape: { shape: [2, 3, 4] } })"), "(no error)");
+  EXPECT_EQ(build(R"({ name: "y", op: "reshape", inputs: ["x"], reshape: { shape: [5, 5] } })"),
+            "[graph] node 'y' (reshape): field 'reshape.shape' [5, 5] does not hold the 24 elements of its input [4, 6]");
+  EXPECT_EQ(build(R"({ name: "y", op: "reshape", inputs: ["x"], reshape: { shape: [24, 0] } })"),
+            "[graph] node 'y' (reshape): field 'reshape.shape' has dimension 1 of 0 (each at least 1)");
+  EXPECT_EQ(build(R"({ name: "y", op: "reshape", inputs: ["x"], reshape: { shape: [] } })"),
+            "[graph] node 'y' (reshape): field 'reshape.shape' has 0 dimensions (1 to 5 a sample)");
+  EXPECT_EQ(build(R"({ name: "y", op: "reshape", inputs: ["x"] })"),
+            "[model spec] node 'y' (reshape): missing field 'reshape' (shape: the per-sample dimensions)");
+  EXPECT_EQ(build(R"({ name: "y", op: "transpose", inputs: ["x"], transpose: { perm: [1, 0] } })"), "(no error)");
+  EXPECT_EQ(build(R"({ name: "y", op: "transpose", inputs: ["x"], transpose: { perm: [0, 0] } })"),
+            "[graph] node 'y' (transpose): field 'transpose.perm' is not an order of the axes 0 to 1 (axis 0 at 1)");
+  EXPECT_EQ(build(R"({ name: "y", op: "transpose", inputs: ["x"], transpose: { perm: [2, 0, 1] } })"),
+            "[graph] node 'y' (transpose): field 'transpose.perm' has 3 axes; its input [4, 6] has 2");
+  EXPECT_EQ(build(R"({ name: "y", op: "transpose", inputs: ["x"] })"),
+            "[model spec] node 'y' (transpose): missing field 'transpose' (perm: the axes' new order)");
+  // written back as JSON, read again: the same spec
+  const ModelSpec spec = parse_model_json(R"({ name: "m", inputs: [{ name: "x", shape: [4, 6] }], nodes: [
+    { name: "r", op: "reshape", inputs: ["x"], reshape: { shape: [2, 2, 6] } },
+    { name: "y", op: "transpose", inputs: ["r"], transpose: { perm: [2, 0, 1] } }] })", "m");
+  const ModelSpec again = parse_model_json(model_spec_json(spec), "again");
+  EXPECT_EQ(again.nodes[0].reshape, (std::vector<int64_t>{2, 2, 6}));
+  EXPECT_EQ(again.nodes[1].perm, (std::vector<int>{2, 0, 1}));
+}
+
 // A cut named by module (the nodes' names before a dot, as the import names them) is that
 // module's last node, wherever a cut is given: tandem train, stage and tandem-edge ask Graph.
 TEST(OnnxImport, ModuleNamesCutAtTheirLastNode) {

@@ -32,8 +32,11 @@ namespace {
 // HeadsFirst, KeysT, scores, probabilities and context `merged`, [N H, T, D]) and the context
 // back time-major (ContextTM). A patch embedding's image as [N, C, H W] (Patches), a class
 // token expanded over the batch (ClassToken) and joined before the patches (WithClass).
+// A general tensor (Tensor: a general reshape's or transpose's, ONNX's dims in `dims`, stored
+// in the axes' order `order`) is not a pattern's step: reshape, transpose and slice read it,
+// and any other op reads it as an image, a sequence or a vector, a transpose made where needed.
 enum class Form {
-  Image, Pooled, Vector, FlatImage, Sequence, Unknown,
+  Image, Pooled, Vector, FlatImage, Sequence, Tensor, Unknown,
   Heads, HeadsFirst, KeysT, Scores, Probs, Context, ContextTokens, Positions, Mask,
   Patches, ClassToken, WithClass, SequenceTM, HeadsTM, ContextTM, TokensTM
 };
@@ -51,6 +54,9 @@ struct Value {
   double mask_scale = 1.0;
   const OnnxTensor* table = nullptr;  // Positions: the position table; ClassToken, WithClass: the token
   bool merged = false;  // attention's heads merged with the batch (nn.MultiheadAttention's [N H, T, D])
+  // Tensor: tandem's node holds ONNX's axis order[k] of `dims` as its axis k (an image [C, H, W]
+  // is stored {1, 2, 0}: [H, W, C]).
+  std::vector<int> order;
 };
 
 // A number import computes from shapes (what torch writes as Shape, Gather, Unsqueeze,
@@ -286,6 +292,7 @@ class Importer {
   // A plain tensor (not a pattern's step): what every op but the patterns' reads.
   const Value& input(const OnnxNode& n, std::size_t i) {
     const Value& v = any_input(n, i);
+    if (v.form == Form::Tensor) return settle(n, n.inputs[i]);
     if (is_step(v.form))
       throw Refusal{cat("it reads ", step_name(v.form), ", which tandem takes only within multi-head attention, "
                         "position embeddings, the key padding mask and a ViT's patch and class token embedding as "
@@ -1145,6 +1152,189 @@ class Importer {
     return per_sample;
   }
 
+  // ---- general tensors: reshape and transpose where no pattern takes them ----
+
+  static std::vector<int> identity_order(std::size_t rank) {
+    std::vector<int> o(rank);
+    for (std::size_t k = 0; k < rank; ++k) o[k] = static_cast<int>(k);
+    return o;
+  }
+  static const std::vector<int>& image_order() {
+    static const std::vector<int> o{1, 2, 0};  // [C, H, W] stored [H, W, C]
+    return o;
+  }
+  // `x` as a general tensor: an image [C, H, W] stored [H, W, C]; a sequence or a vector as it is.
+  Value as_tensor(const Value& x) const {
+    Value t = x;
+    if (x.form == Form::Tensor) return t;
+    if (x.form == Form::Image && x.dims.size() == 3) {
+      t.order = image_order();
+    } else if ((x.form == Form::Sequence || x.form == Form::Vector) && !x.dims.empty()) {
+      t.order = identity_order(x.dims.size());
+    } else {
+      throw Refusal{x.form == Form::FlatImage ? "it reshapes a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"
+                                              : "it reshapes a tensor whose shape import does not know"};
+    }
+    t.form = Form::Tensor;
+    return t;
+  }
+  // A general tensor's form: an image where it is [C, H, W] stored [H, W, C], a sequence or a
+  // vector where it is stored in ONNX's order; else a Tensor.
+  static Value settled_form(Value v) {
+    if (v.dims.size() == 3 && v.order == image_order()) v.form = Form::Image;
+    else if (v.dims.size() <= 2 && v.order == identity_order(v.dims.size())) v.form = v.dims.size() == 2 ? Form::Sequence : Form::Vector;
+    else v.form = Form::Tensor;
+    if (v.form != Form::Tensor) v.order.clear();
+    return v;
+  }
+  // A transpose node storing the tensor `x` (of `n`'s making or reading) in the order `want`.
+  Value store_in(const OnnxNode& n, Value x, const std::vector<int>& want) {
+    std::vector<int> at(x.order.size()), perm;
+    for (std::size_t k = 0; k < x.order.size(); ++k) at[static_cast<std::size_t>(x.order[k])] = static_cast<int>(k);
+    for (int a : want) perm.push_back(at[static_cast<std::size_t>(a)]);
+    const std::string m = module_of(n.name);
+    NodeSpec s = node_of(unique(m.empty() ? "transpose" : m + ".transpose"), "transpose", {x.node});
+    s.perm = perm;
+    x.node = s.name;
+    x.order = want;
+    modules_.push_back(m);
+    out_.spec.nodes.push_back(std::move(s));
+    return x;
+  }
+  // A general tensor read by an op that reads images, sequences and vectors: stored as one
+  // (a transpose where its order is not one's), and kept so for its other readers.
+  const Value& settle(const OnnxNode& n, const std::string& name) {
+    Value x = values_.at(name);
+    const std::size_t rank = x.dims.size();
+    if (rank == 0 || rank > 3)
+      throw Refusal{cat("it reads a tensor of ", rank, " dimensions a sample (a reshape's); tandem's ops other than reshape, "
+                        "transpose and slice read images [C, H, W], sequences and vectors")};
+    const std::vector<int> want = rank == 3 ? image_order() : identity_order(rank);
+    auto big = [&](const std::vector<int>& order) {  // the axes of more than one element, in storage order
+      std::vector<int> b;
+      for (int a : order)
+        if (x.dims[static_cast<std::size_t>(a)] != 1) b.push_back(a);
+      return b;
+    };
+    if (big(x.order) != big(want)) return values_[name] = settled_form(store_in(n, x, want));
+    // Stored so but for where its axes of one element lie (a 1x1 image's): a view.
+    const std::string m = module_of(n.name);
+    NodeSpec s = node_of(unique(m.empty() ? "reshape" : m + ".reshape"), "reshape", {x.node});
+    for (int a : want) s.reshape.push_back(x.dims[static_cast<std::size_t>(a)]);
+    x.node = s.name;
+    x.order = want;
+    modules_.push_back(m);
+    out_.spec.nodes.push_back(std::move(s));
+    return values_[name] = settled_form(std::move(x));
+  }
+  // Reshape of a general tensor. ONNX's axes fall into groups that become one another (an axis
+  // split, axes merged); where each group's axes lie side by side in storage in ONNX's order,
+  // the reshape is a view of the stored tensor; else one transpose first puts them so (a
+  // channel shuffle's [C/g, g, H, W] stored [H, W, g, C/g] -> [H, W, C/g, g]).
+  void general_reshape(const OnnxNode& n, const Value& in) {
+    Value x = as_tensor(in);
+    const std::vector<int64_t>& d = x.dims;
+    const std::vector<int64_t> to = reshape_target(n, d);
+    if (to.empty() || static_cast<int>(to.size()) >= kMaxRank)
+      throw Refusal{cat("it reshapes a sample to ", to.size(), " dimensions; tandem's tensors hold 1 to ", kMaxRank - 1, " a sample")};
+    struct Group {
+      std::vector<int> src, dst;
+    };
+    std::vector<Group> groups;
+    std::vector<int> group_of(d.size());
+    for (std::size_t i = 0, j = 0; i < d.size() || j < to.size();) {
+      Group g;
+      int64_t ps = 1, pt = 1;
+      auto take_src = [&] { ps *= d[i], g.src.push_back(static_cast<int>(i++)); };
+      auto take_dst = [&] { pt *= to[j], g.dst.push_back(static_cast<int>(j++)); };
+      i < d.size() ? take_src() : take_dst();
+      while (ps != pt) {
+        if (ps < pt && i < d.size()) take_src();
+        else if (ps > pt && j < to.size()) take_dst();
+        else throw Refusal{"its shape does not hold the input's values"};
+      }
+      for (int a : g.src) group_of[static_cast<std::size_t>(a)] = static_cast<int>(groups.size());
+      groups.push_back(std::move(g));
+    }
+    // Whether a group's axes of more than one element lie side by side in storage, in ONNX's order.
+    auto side_by_side = [&](const Group& g) {
+      std::vector<int> big;  // the stored axes of more than one element
+      for (int a : x.order)
+        if (d[static_cast<std::size_t>(a)] != 1) big.push_back(a);
+      std::vector<int> mine;
+      for (int a : g.src)
+        if (d[static_cast<std::size_t>(a)] != 1) mine.push_back(a);
+      if (mine.size() < 2) return true;
+      const auto first = std::find(big.begin(), big.end(), mine[0]);
+      return static_cast<std::size_t>(big.end() - first) >= mine.size() && std::equal(mine.begin(), mine.end(), first);
+    };
+    bool view = true;
+    for (const Group& g : groups) view = view && side_by_side(g);
+    if (!view) {  // each group's axes together, in ONNX's order, where its first one is stored
+      std::vector<int> want;
+      std::vector<bool> placed(groups.size(), false);
+      for (int a : x.order) {
+        const auto gi = static_cast<std::size_t>(group_of[static_cast<std::size_t>(a)]);
+        if (d[static_cast<std::size_t>(a)] == 1 || side_by_side(groups[gi])) {
+          want.push_back(a);
+        } else if (!placed[gi]) {
+          placed[gi] = true;
+          for (int b : groups[gi].src)
+            if (d[static_cast<std::size_t>(b)] != 1) want.push_back(b);
+        }
+      }
+      x = store_in(n, x, want);
+    }
+    std::vector<int> order;  // the target's axes in storage: each group's where its first axis was
+    std::vector<bool> done(groups.size(), false);
+    for (int a : x.order) {
+      const auto gi = static_cast<std::size_t>(group_of[static_cast<std::size_t>(a)]);
+      if (d[static_cast<std::size_t>(a)] == 1 && groups[gi].src.size() > 1) continue;
+      if (done[gi]) continue;
+      done[gi] = true;
+      order.insert(order.end(), groups[gi].dst.begin(), groups[gi].dst.end());
+    }
+    for (std::size_t gi = 0; gi < groups.size(); ++gi)
+      if (!done[gi]) order.insert(order.end(), groups[gi].dst.begin(), groups[gi].dst.end());
+    std::vector<int64_t> stored, before;
+    for (int a : order) stored.push_back(to[static_cast<std::size_t>(a)]);
+    for (int a : x.order) before.push_back(d[static_cast<std::size_t>(a)]);
+    Value v = x;
+    v.dims = to;
+    v.order = order;
+    if (stored != before) {
+      NodeSpec s = node_of(functional_node_name(n), "reshape", {x.node});
+      s.reshape = stored;
+      v.node = s.name;
+      modules_.push_back(module_of(n.name));
+      out_.spec.nodes.push_back(std::move(s));
+    }
+    values_[n.outputs.at(0)] = settled_form(std::move(v));
+  }
+  // Transpose of a general tensor, an image, a sequence or a vector: its axes named anew, no
+  // copy (a reader that needs them stored otherwise makes the transpose).
+  void general_transpose(const OnnxNode& n, const Value& in) {
+    Value x = as_tensor(in);
+    const std::size_t rank = x.dims.size();
+    std::vector<int64_t> perm = ints_attr(n, "perm", {});
+    if (perm.empty())
+      for (std::size_t k = 0; k <= rank; ++k) perm.insert(perm.begin(), static_cast<int64_t>(k));
+    if (perm.size() != rank + 1) throw Refusal{cat("its perm has ", perm.size(), " axes; the tensor has ", rank + 1)};
+    if (perm[0] != 0) throw Refusal{"it moves the batch from the first axis; tandem keeps each sample's values apart"};
+    std::vector<int> inverse(rank, -1);
+    std::vector<int64_t> dims(rank);
+    for (std::size_t k = 0; k < rank; ++k) {
+      const int64_t a = perm[k + 1] - 1;
+      if (a < 0 || a >= static_cast<int64_t>(rank) || inverse[static_cast<std::size_t>(a)] >= 0)
+        throw Refusal{"its perm is not an order of the tensor's axes"};
+      inverse[static_cast<std::size_t>(a)] = static_cast<int>(k);
+      dims[k] = x.dims[static_cast<std::size_t>(a)];
+    }
+    for (int& a : x.order) a = inverse[static_cast<std::size_t>(a)];
+    x.dims = dims;
+    values_[n.outputs.at(0)] = settled_form(std::move(x));
+  }
+
   // Reshape: to [N, -1] (a flatten); a sequence [N, T, F] to heads [N, T, H, D]; attention's
   // context [N, T, H, D] back to [N, T, H D]; a sequence to its own shape.
   void reshape(const OnnxNode& n) {
@@ -1157,6 +1347,7 @@ class Importer {
         throw Refusal{"attention's context is reshaped to another shape than [batch, tokens, features]"};
       return as_step(n, x, Form::Sequence, to);
     }
+    if (x.form == Form::Tensor) return general_reshape(n, x);
     input(n, 0);  // a plain tensor from here on
     if (x.dims.empty() && x.form != Form::Image && x.form != Form::Pooled && x.form != Form::FlatImage)
       throw Refusal{"it reshapes a tensor whose shape import does not know"};
@@ -1167,12 +1358,13 @@ class Importer {
         throw Refusal{"it reshapes an image to another shape than [batch, channels, height * width] (a ViT's patches)"};
       return as_step(n, x, Form::Patches, to);
     }
-    if (x.form == Form::Image || x.form == Form::Pooled || x.form == Form::FlatImage) {  // [N, -1] only
-      if (!target || target->v.size() != 2 || !(target->v[1] == Sym{-1, 0}) ||
-          !(target->v[0] == Sym{1, 1} || target->v[0] == Sym{0, 0}))
-        throw Refusal{"it reshapes an image to another shape than [batch, -1] (export with a dynamic batch, "
-                      "dynamic_axes={'<input>': {0: 'batch'}}); tandem has no general reshape yet"};
-      return flatten_to(n, x);
+    if (x.form == Form::Image || x.form == Form::Pooled || x.form == Form::FlatImage) {  // [N, -1]: a flatten
+      if (target && target->v.size() == 2 && target->v[1] == Sym{-1, 0} && (target->v[0] == Sym{1, 1} || target->v[0] == Sym{0, 0}))
+        return flatten_to(n, x);
+      if (x.form != Form::Image || x.dims.size() != 3)
+        throw Refusal{"it reshapes an image whose shape import does not know to another shape than [batch, -1] (export "
+                      "with a dynamic batch, dynamic_axes={'<input>': {0: 'batch'}})"};
+      return general_reshape(n, x);
     }
     const std::vector<int64_t> to = reshape_target(n, x.dims);
     if (to == x.dims) return alias(n, x, x.form);
@@ -1183,10 +1375,7 @@ class Importer {
       v.heads = to[1];
       return as_step(n, std::move(v), Form::Heads, to);
     }
-    std::string shape;
-    for (int64_t d : to) shape += cat(shape.empty() ? "" : ", ", d);
-    throw Refusal{cat("it reshapes a sample to [", shape, "]; tandem reshapes a sequence [tokens, features] into attention "
-                      "heads and back, and flattens, but has no general reshape yet")};
+    general_reshape(n, x);
   }
 
   // Whether `target` (Reshape's input 1) is exactly `want`, the batch symbolic.
@@ -1267,11 +1456,10 @@ class Importer {
     skip_refused(n);
     const Form f = form_of(n, 0);
     const std::vector<int64_t> swap01{1, 0, 2};
-    if (f == Form::Sequence || f == Form::SequenceTM) {  // nn.MultiheadAttention's batch_first, there and back
-      if (ints_attr(n, "perm", {}) != swap01)
-        throw Refusal{"it permutes a sequence otherwise than [N, T, F] <-> [T, N, F]; tandem has no general transpose yet"};
+    if ((f == Form::Sequence || f == Form::SequenceTM) && ints_attr(n, "perm", {}) == swap01)  // nn.MultiheadAttention's batch_first, there and back
       return alias(n, any_input(n, 0), f == Form::Sequence ? Form::SequenceTM : Form::Sequence);
-    }
+    if (f == Form::SequenceTM) throw Refusal{"it permutes a time-major sequence otherwise than back to [N, T, F]"};
+    if (f == Form::Image || f == Form::Sequence || f == Form::Vector || f == Form::Tensor) return general_transpose(n, any_input(n, 0));
     if (f == Form::Patches) {  // [N, C, H W] -> [N, H W, C]: a ViT's patch embedding, tandem's tokens view
       const Value& x = any_input(n, 0);
       if (ints_attr(n, "perm", {}) != std::vector<int64_t>{0, 2, 1})
@@ -1562,7 +1750,7 @@ class Importer {
   void slice(const OnnxNode& n) {
     skip_refused(n);
     const Form f = form_of(n, 0);
-    const Value& x = f == Form::SequenceTM ? any_input(n, 0) : input(n, 0);
+    const Value& x = f == Form::SequenceTM || f == Form::Tensor ? any_input(n, 0) : input(n, 0);
     if (g_.opset < 10) throw Refusal{"Slice before opset 10 is not read; export at opset 13 or later"};
     if (n.inputs.size() < 3 || !folded(n, 1) || !folded(n, 2) || (n.inputs.size() > 3 && !n.inputs[3].empty() && !folded(n, 3)) ||
         (n.inputs.size() > 4 && !n.inputs[4].empty() && !folded(n, 4)))
@@ -1573,8 +1761,8 @@ class Importer {
     if (starts.size() != 1 || ends.size() != 1 || axes.size() != 1 || steps.size() != 1)
       throw Refusal{"it slices more than one axis at once; tandem's slice takes one"};
     if (steps[0] != 1) throw Refusal{cat("it slices with step ", steps[0], "; tandem's slice takes every element (step 1)")};
-    if (x.dims.empty() || x.form == Form::Image || x.form == Form::Pooled || x.form == Form::FlatImage)
-      throw Refusal{"it slices an image or a tensor whose shape import does not know; tandem slices vectors and sequences"};
+    if (x.dims.empty() || x.form == Form::Pooled || x.form == Form::FlatImage)
+      throw Refusal{"it slices a tensor whose shape import does not know, or a flattened image"};
     // ONNX's axis over [N, ...] (SequenceTM: [T, N, F]) -> tandem's per-sample axis
     const int64_t rank = static_cast<int64_t>(x.dims.size()) + 1;
     const int64_t axis = axes[0] < 0 ? axes[0] + rank : axes[0];
@@ -1586,11 +1774,18 @@ class Importer {
     const int64_t e = std::clamp(ends[0] < 0 ? std::max(ends[0], -d) + d : ends[0], int64_t{0}, d);
     if (b >= e) throw Refusal{cat("it slices nothing (", starts[0], " to ", ends[0], " of ", d, ")")};
     if (b == 0 && e == d) return alias(n, x, x.form);
+    const Value t = x.form == Form::SequenceTM ? x : as_tensor(x);  // an image's channels are its last axis stored
+    int64_t stored_axis = per_sample;
+    if (!t.order.empty())
+      stored_axis = std::find(t.order.begin(), t.order.end(), static_cast<int>(per_sample)) - t.order.begin();
     NodeSpec s = node_of(functional_node_name(n), "slice", {x.node});
-    s.slice = {per_sample, b, e};
-    std::vector<int64_t> dims = x.dims;
-    dims[static_cast<std::size_t>(per_sample)] = e - b;
-    emit(n, std::move(s), x.form, n.outputs.at(0), dims);
+    s.slice = {stored_axis, b, e};
+    Value v = t;
+    v.node = s.name;
+    v.dims[static_cast<std::size_t>(per_sample)] = e - b;
+    modules_.push_back(module_of(n.name));
+    out_.spec.nodes.push_back(std::move(s));
+    values_[n.outputs.at(0)] = x.form == Form::SequenceTM ? std::move(v) : settled_form(std::move(v));
   }
 
   // Add(sequence, a position table's rows 0..T-1): BERT's position embedding.

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# ONNX import (tandem import): torchvision's resnet18, mobilenet_v2 and mobilenet_v3_small
-# (random weights and batch-norm statistics; V3's squeeze-excitation), a small torchvision
+# ONNX import (tandem import): torchvision's resnet18, mobilenet_v2, mobilenet_v3_small and
+# shufflenet_v2_x0_5 (random weights and batch-norm statistics; V3's squeeze-excitation;
+# ShuffleNet's channel split and shuffle as general reshape and transpose), a small torchvision
 # VisionTransformer (nn.MultiheadAttention's packed in-projection, the class token), a tabular
 # torch.nn model (Linear, LayerNorm, GELU and its tanh form, Dropout; at opsets 14 and 17), a
 # text classifier of nn.TransformerEncoderLayers (mean over the tokens) and a BERT-style text
@@ -29,7 +30,7 @@ source "$src/tests/lib/skip.sh"
 check=$src/tests/interop/onnx_check.py
 
 # torch's exports run side by side (the test runs alone: both cores are its); each status is checked.
-models="resnet18 mobilenet_v2 mobilenet_v3_small vit tabular14 tabular17 bert encoder"
+models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 vit tabular14 tabular17 bert encoder"
 pids=()
 for model in $models; do
   mkdir -p "$work/$model"
@@ -43,10 +44,10 @@ for pid in "${pids[@]}"; do
 done
 for model in $models; do
   dir=$work/$model
-  case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;;
+  case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;;
     bert) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; encoder) cut=encoder.layers.0 ;; *) cut=layer3 ;; esac
   tol=1e-4
-  [[ $model == mobilenet_v3_small ]] && tol=1e-5  # its logits are about 0.1
+  [[ $model == mobilenet_v3_small || $model == shufflenet_v2_x0_5 ]] && tol=1e-5  # their logits are about 0.1 and 0.5
   "$tandem_bin" import "$dir/model.onnx" --out "$dir/imported" --cut "$cut" > "$dir/import.out" 2>&1 ||
     fail "$model: tandem import: $(cat "$dir/import.out")"
   cat "$dir/import.out"
@@ -74,6 +75,16 @@ for f in "1: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add -> layer
 done
 grep -q 'name: "1", op: "layer_norm"' "$work/tabular17/imported/model.json" || fail "tabular17: LayerNormalization"
 grep -q "fused 1:" "$work/tabular17/import.out" && fail "tabular17's LayerNormalization was taken for the decomposed pattern"
+
+# ShuffleNet's channel shuffle (view [N, 2, C/2, H, W], transpose 1 and 2, view [N, C, H, W])
+# is two views and one transpose of tandem's [H, W, C]; its x.chunk(2, dim=1) two channel slices.
+s=$work/shufflenet_v2_x0_5/imported/model.json
+grep -qF '{ name: "stage2.0.reshape", op: "reshape", inputs: ["stage2.0.concat"], reshape: { shape: [4, 4, 2, 24] } }' "$s" &&
+  grep -qF '{ name: "stage2.0.transpose", op: "transpose", inputs: ["stage2.0.reshape"], transpose: { perm: [0, 1, 3, 2] } }' "$s" &&
+  grep -qF '{ name: "stage2.0.reshape_1", op: "reshape", inputs: ["stage2.0.transpose"], reshape: { shape: [4, 4, 48] } }' "$s" &&
+  grep -qF '{ name: "stage2.1.slice_1", op: "slice", inputs: ["stage2.0.reshape_1"], slice: { axis: 2, start: 24, end: 48 } }' "$s" ||
+  fail "shufflenet: the channel shuffle and split: $(grep -F stage2.0.re "$s")"
+(( $(grep -c 'op: "transpose"' "$s") == 16 )) || fail "shufflenet: not one transpose a shuffle (16 shuffles)"
 
 # The BERT-style encoder: attention with its padding mask, the embeddings and the pooler's
 # first token came back as tandem's ops, under Hugging Face's module names.
