@@ -190,6 +190,9 @@ class Importer {
     if (is_step(logits.form))
       fail("import", cat(o_.origin, ": the output '", g_.outputs[0].name, "' is ", step_name(logits.form),
                          "; tandem trains a model whose output is [batch, classes] logits"));
+    if (logits.form == Form::Tensor)
+      fail("import", cat(o_.origin, ": the output '", g_.outputs[0].name, "' is a reshaped or transposed tensor of ",
+                         logits.dims.size(), " dimensions a sample; tandem trains a model whose output is [batch, classes] logits"));
     if (logits.form == Form::Image)
       fail("import", cat(o_.origin, ": the output '", g_.outputs[0].name, "' is an image; tandem trains a model whose "
                          "output is [batch, classes] logits"));
@@ -961,7 +964,12 @@ class Importer {
   // ReduceMean -> Add(eps) -> Sqrt -> Div(x - mean, that) -> Mul(weight) -> Add(bias).
   void layer_norm_pattern(const OnnxNode& mean) {
     const std::vector<int64_t> axes = ints_attr(mean, "axes", {});
-    const int64_t last = form_of(mean, 0) == Form::Sequence ? 2 : 1;
+    Form f = form_of(mean, 0);
+    if (f == Form::Tensor) {  // a general tensor: stored as a sequence or vector first
+      f = input(mean, 0).form;
+      if (f != Form::Sequence && f != Form::Vector) throw Refusal{"it averages a tensor of more than two dimensions a sample"};
+    }
+    const int64_t last = f == Form::Sequence ? 2 : 1;
     if (axes != std::vector<int64_t>{-1} && axes != std::vector<int64_t>{last})
       throw Refusal{"it averages over another axis than the features"};
     const OnnxNode* centred = sole_reader(mean.outputs[0], "Sub");
@@ -1324,8 +1332,9 @@ class Importer {
     std::vector<int> inverse(rank, -1);
     std::vector<int64_t> dims(rank);
     for (std::size_t k = 0; k < rank; ++k) {
+      if (perm[k + 1] < 1 || perm[k + 1] > static_cast<int64_t>(rank)) throw Refusal{"its perm is not an order of the tensor's axes"};
       const int64_t a = perm[k + 1] - 1;
-      if (a < 0 || a >= static_cast<int64_t>(rank) || inverse[static_cast<std::size_t>(a)] >= 0)
+      if (inverse[static_cast<std::size_t>(a)] >= 0)
         throw Refusal{"its perm is not an order of the tensor's axes"};
       inverse[static_cast<std::size_t>(a)] = static_cast<int>(k);
       dims[k] = x.dims[static_cast<std::size_t>(a)];
