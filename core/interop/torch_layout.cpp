@@ -16,7 +16,9 @@ struct Layout {
   int64_t h = 1, w = 1, c = 1;  // the flattened image (FlatColumns, FlatVector)
 };
 
-// The image a node's input was flattened from, through elementwise ops; h = w = 1 if none.
+// The image a node's input was flattened from (flatten: tandem's [H, W, C] read as torch's
+// [C, H, W]), through elementwise ops; h = w = 1 if none. Another view (reshape) keeps the
+// stored order: its columns are torch's as they are.
 Layout flattened_input(const Graph& g, const GraphNode& node) {
   Layout l;
   if (g.input_shapes(node)[0].rank() != 1) return l;  // a sequence's linear: features are features
@@ -25,6 +27,7 @@ Layout flattened_input(const Graph& g, const GraphNode& node) {
     const GraphNode& n = g.nodes()[static_cast<std::size_t>(-source - 1)];
     const OpDef& d = op_def(n.spec.op);
     if (d.view) {
+      if (n.spec.op != "flatten") return l;
       const int in = n.sources[0];
       const Shape s = in >= 0 ? g.inputs()[static_cast<std::size_t>(in)].shape
                               : g.nodes()[static_cast<std::size_t>(-in - 1)].shape;

@@ -3,8 +3,9 @@
 in training mode, as tandem import reads them: a CNN with batch norm and a squeeze-excitation
 block, a BERT-style classifier (attention with its padding mask, embeddings, the pooler), a
 small torchvision ViT (patches, the class token's Expand, nn.MultiheadAttention's packed
-in-projection) and an MLP over records (LayerNorm and both GELUs decomposed at opset 14,
-LayerNormalization at 17).
+in-projection), an MLP over records (LayerNorm and both GELUs decomposed at opset 14,
+LayerNormalization at 17) and a ShuffleNet block (x.chunk's channel slices, the channel
+shuffle's general reshape and transpose, a permute of an image).
 usage: make_onnx_seeds.py OUT_DIR"""
 import sys
 import warnings
@@ -31,6 +32,24 @@ class SmallCnn(torch.nn.Module):
         return self.head(torch.flatten(x * gate, 1))
 
 
+class Shuffle(torch.nn.Module):
+    """ShuffleNet V2's unit at its smallest: half the channels through a 1x1 convolution, joined
+    back and shuffled (view, transpose, view); then the image permuted to [N, W, H, C] and
+    flattened, a general tensor a linear reads."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 2, 1)
+        self.head = torch.nn.Linear(4 * 2 * 2, 3)
+
+    def forward(self, x):
+        a, b = x.chunk(2, dim=1)
+        x = torch.cat((a, self.conv(b)), dim=1)
+        n, c, h, w = x.size()
+        x = x.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, -1, h, w)
+        return self.head(x.permute(0, 3, 2, 1).reshape(n, -1))
+
+
 def export(model, x, names, path, opset=14):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -53,6 +72,7 @@ def main():
                               torch.nn.Linear(4, 4), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(4, 2))
     export(mlp, torch.randn(2, 3), ["record"], f"{out}/mlp14")
     export(mlp, torch.randn(2, 3), ["record"], f"{out}/mlp17", opset=17)
+    export(Shuffle(), torch.randn(2, 4, 2, 2), ["image"], f"{out}/shuffle")
 
 
 if __name__ == "__main__":

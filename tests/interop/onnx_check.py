@@ -128,6 +128,28 @@ class Unsupported(torch.nn.Module):
         return self.fc(torch.flatten(self.pool(x) + self.branch(x) + y, 1))
 
 
+class Views(torch.nn.Module):
+    """Reshapes and transposes no pattern takes, as general ops: ShuffleNet's channel split
+    (x.chunk) and shuffle (view, transpose, view), the image seen as tokens (permute, reshape)
+    through a linear, then tokens and features swapped and flattened (transpose, reshape)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.branch = torch.nn.Conv2d(4, 4, 1)
+        self.mix = torch.nn.Linear(8, 6)
+        self.fc = torch.nn.Linear(6 * 64, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.conv(x))
+        a, b = x.chunk(2, dim=1)
+        x = torch.cat((a, self.branch(b)), dim=1)
+        n, c, h, w = x.size()
+        x = x.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
+        t = torch.tanh(self.mix(x.permute(0, 2, 3, 1).reshape(n, h * w, c)))
+        return self.fc(t.transpose(1, 2).reshape(n, -1))
+
+
 class TextEncoder(torch.nn.Module):
     """A text classifier as torch.nn builds one: token embeddings, 2 nn.TransformerEncoderLayers
     (batch_first, GELU, no dropout), the tokens' mean, a linear: 12 tokens of 16, 3 classes."""
@@ -146,6 +168,8 @@ class TextEncoder(torch.nn.Module):
 def make(name):
     """torchvision's model NAME for 10 classes; vit: a small VisionTransformer (32x32 images,
     patches of 8, 2 layers, hidden 16, 2 heads; nn.MultiheadAttention's packed in-projection)."""
+    if name == "views":
+        return Views()
     if name == "vit":
         return torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
                                                     mlp_dim=32, num_classes=10)
