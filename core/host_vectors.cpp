@@ -50,6 +50,17 @@ class HostVectors final : public VectorKernel {
   void permute(float* to, const float* from, const int64_t* dims, const int* perm, int rank) override {
     host_permute(to, from, dims, perm, rank);
   }
+  // Each row's sum in double, in order.
+  void sum_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      double sum = 0.0;
+      for (int64_t j = 0; j < width; ++j) sum += from[r * width + j];
+      to[r] = static_cast<float>(sum * scale);
+    }
+  }
+  void spread_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) override {
+    for (int64_t r = 0; r < rows; ++r) std::fill_n(to + r * width, width, from[r] * scale);
+  }
   void accumulate(float* acc, const float* add, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) acc[i] += add[i];
   }

@@ -59,6 +59,11 @@ struct SliceAttrs {
   int64_t axis = -1, start = 0, end = 0;
 };
 
+struct ReduceAttrs {
+  bool mean = false;      // "mean"; else the sum
+  std::vector<int> axes;  // per sample, as written (negative from the last)
+};
+
 struct LoraAttrs {
   int64_t rank = 0;  // 0: no adapter
   float alpha = 0.0f;
@@ -89,6 +94,7 @@ struct NodeSpec {
   SliceAttrs slice;
   std::vector<int64_t> reshape;  // reshape: the per-sample shape it gives
   std::vector<int> perm;         // transpose: output axis i is input axis perm[i] (per sample)
+  ReduceAttrs reduce;
   // Fields whose PyTorch state-dict name is not "<name>.<field>" (schema: TorchName).
   std::vector<std::pair<std::string, std::string>> torch_names;
 };

@@ -115,6 +115,8 @@ std::string node_json(const NodeSpec& n) {
   };
   if (n.op == "reshape") out += cat(", reshape: { shape: [", list(n.reshape), "] }");
   if (n.op == "transpose") out += cat(", transpose: { perm: [", list(n.perm), "] }");
+  if (n.op == "reduce")
+    out += cat(", reduce: { mode: \"", n.reduce.mean ? "mean" : "sum", "\", axes: [", list(n.reduce.axes), "] }");
   if (!n.torch_names.empty()) {
     out += ", torch_names: [";
     for (std::size_t k = 0; k < n.torch_names.size(); ++k)

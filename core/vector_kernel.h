@@ -38,6 +38,10 @@ class VectorKernel {
   // into `to`: output axis i is input axis perm[i] (transpose's forward, and its backward with
   // the inverse order).
   virtual void permute(float* to, const float* from, const int64_t* dims, const int* perm, int rank) = 0;
+  // to[r] = scale * (the sum of from[r * width ... r * width + width - 1]), for `rows` rows
+  // (reduce's forward), and its transpose: to[r * width + j] = scale * from[r] (its backward).
+  virtual void sum_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) = 0;
+  virtual void spread_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) = 0;
   virtual void accumulate(float* acc, const float* add, int64_t n) = 0;  // acc += add
   virtual void scale(float* x, double factor, int64_t n) = 0;           // x = float(x * factor)
   virtual double squared_norm(const float* x, int64_t n) = 0;           // in double

@@ -309,6 +309,12 @@ class Vectors final : public VectorKernel {
     std::copy_n(perm, rank, p.begin());
     run(tensors(to, from), [&v = v_, to, from, d, p, rank] { v.permute(to, from, d.data(), p.data(), rank); });
   }
+  void sum_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) override {
+    run(tensors(to, from), [&v = v_, to, from, rows, width, scale] { v.sum_rows(to, from, rows, width, scale); });
+  }
+  void spread_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) override {
+    run(tensors(to, from), [&v = v_, to, from, rows, width, scale] { v.spread_rows(to, from, rows, width, scale); });
+  }
   void accumulate(float* acc, const float* add, int64_t n) override {
     run(tensors(acc, add), [&v = v_, acc, add, n] { v.accumulate(acc, add, n); });
   }

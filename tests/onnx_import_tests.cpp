@@ -821,13 +821,25 @@ TEST(SpecJson, ReshapeAndTransposeRefuseWhatTheyCannotTake) {
             "[graph] node 'y' (transpose): field 'transpose.perm' has 3 axes; its input [4, 6] has 2");
   EXPECT_EQ(build(R"({ name: "y", op: "transpose", inputs: ["x"] })"),
             "[model spec] node 'y' (transpose): missing field 'transpose' (perm: the axes' new order)");
+  EXPECT_EQ(build(R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { mode: "mean", axes: [-1] } })"), "(no error)");
+  EXPECT_EQ(build(R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { axes: [0, -2] } })"),
+            "[graph] node 'y' (reduce): field 'reduce.axes' names axis -2 twice");
+  EXPECT_EQ(build(R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { axes: [2] } })"),
+            "[graph] node 'y' (reduce): field 'reduce.axes' names axis 2, outside an input of 2 dimensions");
+  EXPECT_EQ(build(R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { axes: [] } })"),
+            "[graph] node 'y' (reduce): field 'reduce.axes' is empty (name the axes to reduce)");
+  EXPECT_EQ(build(R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { mode: "max", axes: [0] } })"),
+            "[model spec] node 'y' (reduce): field 'reduce.mode' is 'max' (\"sum\" or \"mean\")");
   // written back as JSON, read again: the same spec
   const ModelSpec spec = parse_model_json(R"({ name: "m", inputs: [{ name: "x", shape: [4, 6] }], nodes: [
     { name: "r", op: "reshape", inputs: ["x"], reshape: { shape: [2, 2, 6] } },
-    { name: "y", op: "transpose", inputs: ["r"], transpose: { perm: [2, 0, 1] } }] })", "m");
+    { name: "t", op: "transpose", inputs: ["r"], transpose: { perm: [2, 0, 1] } },
+    { name: "y", op: "reduce", inputs: ["t"], reduce: { mode: "mean", axes: [0, -1] } }] })", "m");
   const ModelSpec again = parse_model_json(model_spec_json(spec), "again");
   EXPECT_EQ(again.nodes[0].reshape, (std::vector<int64_t>{2, 2, 6}));
   EXPECT_EQ(again.nodes[1].perm, (std::vector<int>{2, 0, 1}));
+  EXPECT_TRUE(again.nodes[2].reduce.mean);
+  EXPECT_EQ(again.nodes[2].reduce.axes, (std::vector<int>{0, -1}));
 }
 
 // A cut named by module (the nodes' names before a dot, as the import names them) is that

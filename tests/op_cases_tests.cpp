@@ -113,6 +113,12 @@ std::vector<OpCase> cases() {
       {"transpose", "transpose_image_to_chw", R"({ name: "y", op: "transpose", inputs: ["x"], transpose: { perm: [2, 0, 1] } })", img},
       {"transpose", "transpose_tokens_features", R"({ name: "t", op: "transpose", inputs: ["x"], transpose: { perm: [1, 0] } },
         { name: "y", op: "linear", inputs: ["t"], linear: { out_features: 3 } })", seq},
+      // reduce: the mean over an image's rows and columns (a permute first: channels stay),
+      // and the sum over a sequence's features (the last axis, no permute)
+      {"reduce", "reduce_mean_image_rows_columns", R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { mode: "mean", axes: [0, 1] } })", img},
+      {"reduce", "reduce_sum_features", R"({ name: "l", op: "linear", inputs: ["x"], linear: { out_features: 5 } },
+        { name: "y", op: "reduce", inputs: ["l"], reduce: { axes: [-1] } })", seq},
+      {"reduce", "reduce_sum_middle_axis", R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { mode: "sum", axes: [1] } })", img},
       {"tokens", "tokens", R"({ name: "t", op: "tokens", inputs: ["x"] }, { name: "y", op: "linear", inputs: ["t"], linear: { out_features: 2 } })", img},
       // heads' hidden ReLU: a draw whose pre-activations stay clear of the kink by more than
       // the finite differences' step

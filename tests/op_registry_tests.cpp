@@ -88,6 +88,9 @@ std::vector<Case> cases() {
   NodeSpec turn = named("transpose");  // copies
   turn.perm = {2, 0, 1};
   c.push_back({turn, {{4, 4, 6}}, 0.0, 0.0});
+  NodeSpec sum = named("reduce");  // [4, 4, 6] summed over axis 0: 96 adds, 24 scales; back a copy a value
+  sum.reduce.axes = {0};
+  c.push_back({sum, {{4, 4, 6}}, 96.0 + 24, 96.0});
   c.push_back({named("global_avg_pool"), {{4, 4, 6}}, 96.0 + 6, 96.0});
   c.push_back({named("flatten"), {{4, 4, 6}}, 0.0, 0.0});
   // A linear on a sequence of 7 tokens of 20: 7 rows of 200 multiply-adds.

@@ -70,6 +70,28 @@ class CudaVectors final : public VectorKernel {
     done();
   }
 
+  void sum_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) override {
+    if (rows == 0) return;
+    if (!resident(to, rows) || !resident(from, rows * width)) {
+      if (resident(to, rows) || resident(from, rows * width)) ctx_->finish();
+      return host().sum_rows(to, from, rows, width, scale);
+    }
+    ctx_->use();
+    check(cuda::sum_rows(to, from, rows, width, scale, ctx_->stream()), "sum of rows");
+    done();
+  }
+
+  void spread_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) override {
+    if (rows == 0 || width == 0) return;
+    if (!resident(to, rows * width) || !resident(from, rows)) {
+      if (resident(to, rows * width) || resident(from, rows)) ctx_->finish();
+      return host().spread_rows(to, from, rows, width, scale);
+    }
+    ctx_->use();
+    check(cuda::spread_rows(to, from, rows, width, scale, ctx_->stream()), "spread of rows");
+    done();
+  }
+
   void accumulate(float* acc, const float* add, int64_t n) override {
     if (!resident(acc, n) || !resident(add, n)) return host().accumulate(acc, add, n);
     ctx_->use();

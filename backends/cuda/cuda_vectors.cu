@@ -34,6 +34,18 @@ __global__ void permute_kernel(float* to, const float* from, Permutation p, int6
   }
 }
 
+__global__ void sum_rows_kernel(float* to, const float* from, int64_t rows, int64_t width, float scale) {
+  TANDEM_EACH(r, rows) {
+    double sum = 0.0;
+    for (int64_t j = 0; j < width; ++j) sum += from[r * width + j];
+    to[r] = static_cast<float>(sum * scale);
+  }
+}
+
+__global__ void spread_rows_kernel(float* to, const float* from, int64_t rows, int64_t width, float scale) {
+  TANDEM_EACH(i, rows * width) to[i] = from[i / width] * scale;
+}
+
 __global__ void accumulate_kernel(float* acc, const float* add, int64_t n) {
   TANDEM_EACH(i, n) acc[i] += add[i];
 }
@@ -100,6 +112,18 @@ cudaError_t permute(float* to, const float* from, const int64_t* dims, const int
   for (int i = 0; i < rank; ++i) p.out_dims[i] = dims[perm[i]], p.stride[i] = in_stride[perm[i]], n *= p.out_dims[i];
   if (n == 0) return cudaSuccess;
   permute_kernel<<<blocks_for(n), kThreads, 0, s>>>(to, from, p, n);
+  return cudaGetLastError();
+}
+
+cudaError_t sum_rows(float* to, const float* from, int64_t rows, int64_t width, float scale, cudaStream_t s) {
+  if (rows == 0) return cudaSuccess;
+  sum_rows_kernel<<<blocks_for(rows), kThreads, 0, s>>>(to, from, rows, width, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t spread_rows(float* to, const float* from, int64_t rows, int64_t width, float scale, cudaStream_t s) {
+  if (rows == 0 || width == 0) return cudaSuccess;
+  spread_rows_kernel<<<blocks_for(rows * width), kThreads, 0, s>>>(to, from, rows, width, scale);
   return cudaGetLastError();
 }
 

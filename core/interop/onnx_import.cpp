@@ -927,15 +927,85 @@ class Importer {
         return emit(n, std::move(s), Form::Vector, n.outputs.at(0), {x.dims[1]});
       }
     }
-    if (in == values_.end() || in->second.form != Form::Image) return layer_norm_pattern(n);
+    if (in == values_.end() || in->second.form != Form::Image) {
+      const OnnxNode* centred = n.outputs.empty() ? nullptr : sole_reader(n.outputs[0], "Sub");
+      if (centred && !centred->inputs.empty() && centred->inputs[0] == n.inputs.at(0)) return layer_norm_pattern(n);
+      return general_reduce(n, true);  // not a LayerNorm's first mean
+    }
     const Value& x = image(n);
     std::vector<int64_t> axes = ints_attr(n, "axes", {});
     if (axes.empty() && constant(n, 1)) axes = constant(n, 1)->ints;
     for (int64_t& a : axes) a = a < 0 ? a + 4 : a;
     std::sort(axes.begin(), axes.end());
-    if (axes != std::vector<int64_t>{2, 3}) throw Refusal{"it averages over other axes than height and width"};
+    if (axes != std::vector<int64_t>{2, 3}) return general_reduce(n, true);
     emit(n, node_of(functional_node_name(n), "global_avg_pool", {x.node}), int_attr(n, "keepdims", 1) ? Form::Pooled : Form::Vector,
          n.outputs.at(0));
+  }
+
+  // ReduceSum or ReduceMean that no pattern takes: tandem's reduce over the stored axes the
+  // ONNX axes are (keepdims: the reduced axes stay, of 1, by a view).
+  void general_reduce(const OnnxNode& n, bool mean) {
+    skip_refused(n);
+    const Value& in = any_input(n, 0);
+    if (is_step(in.form)) input(n, 0);  // refused, naming the step
+    const Value x = as_tensor(in);
+    std::vector<int64_t> axes = ints_attr(n, "axes", {});
+    if (axes.empty() && n.inputs.size() > 1 && !n.inputs[1].empty()) {
+      if (!folded(n, 1)) throw Refusal{"its axes are computed from tensor values; tandem reduces axes known at import"};
+      axes = plain_ints(n, 1);
+    }
+    if (axes.empty()) {
+      if (int_attr(n, "noop_with_empty_axes", 0) != 0) return alias(n, in, in.form);
+      throw Refusal{"it reduces every axis, the batch's too; tandem keeps each sample's values apart"};
+    }
+    const auto rank = static_cast<int64_t>(x.dims.size()) + 1;
+    std::vector<bool> reduced(x.dims.size(), false);
+    for (int64_t a : axes) {
+      const int64_t axis = a < 0 ? a + rank : a;
+      if (axis < 0 || axis >= rank) throw Refusal{cat("its axis ", a, " is outside the tensor's ", rank)};
+      if (axis == 0) throw Refusal{"it reduces over the batch; tandem keeps each sample's values apart"};
+      if (reduced[static_cast<std::size_t>(axis - 1)]) throw Refusal{cat("it names axis ", a, " twice")};
+      reduced[static_cast<std::size_t>(axis - 1)] = true;
+    }
+    const bool keep = int_attr(n, "keepdims", 1) != 0;
+    if (!keep && std::all_of(reduced.begin(), reduced.end(), [](bool r) { return r; }))
+      throw Refusal{"it reduces a sample to one number without keeping its axes (keepdim=True would)"};
+    NodeSpec s = node_of(functional_node_name(n), "reduce", {x.node});
+    s.reduce.mean = mean;
+    std::vector<int64_t> out_stored, kept_stored;  // the node's output; with the reduced axes of 1
+    for (std::size_t k = 0; k < x.order.size(); ++k) {
+      const auto a = static_cast<std::size_t>(x.order[k]);
+      if (reduced[a]) s.reduce.axes.push_back(static_cast<int>(k));
+      else out_stored.push_back(x.dims[a]);
+      kept_stored.push_back(reduced[a] ? 1 : x.dims[a]);
+    }
+    if (out_stored.empty()) out_stored.push_back(1);
+    Value v = x;
+    v.node = s.name;
+    modules_.push_back(module_of(n.name));
+    out_.spec.nodes.push_back(std::move(s));
+    if (keep) {
+      for (std::size_t a = 0; a < v.dims.size(); ++a)
+        if (reduced[a]) v.dims[a] = 1;
+      if (kept_stored != out_stored) {
+        NodeSpec view = node_of(unique(v.node + ".keepdims"), "reshape", {v.node});
+        view.reshape = kept_stored;
+        v.node = view.name;
+        modules_.push_back(module_of(n.name));
+        out_.spec.nodes.push_back(std::move(view));
+      }
+    } else {
+      std::vector<int> renamed(x.dims.size(), -1);
+      std::vector<int64_t> dims;
+      for (std::size_t a = 0; a < x.dims.size(); ++a)
+        if (!reduced[a]) renamed[a] = static_cast<int>(dims.size()), dims.push_back(x.dims[a]);
+      std::vector<int> order;
+      for (int a : x.order)
+        if (!reduced[static_cast<std::size_t>(a)]) order.push_back(renamed[static_cast<std::size_t>(a)]);
+      v.dims = dims;
+      v.order = order;
+    }
+    values_[n.outputs.at(0)] = settled_form(std::move(v));
   }
 
   // ---- patterns: decomposed modules put back together ----
@@ -1978,6 +2048,7 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
       {"AveragePool", [](I& i, const OnnxNode& n) { i.pool(n, "avg_pool2d"); }},
       {"GlobalAveragePool", &I::global_avg_pool},
       {"ReduceMean", &I::reduce_mean},
+      {"ReduceSum", [](I& i, const OnnxNode& n) { i.general_reduce(n, false); }},
       {"LayerNormalization", &I::layer_normalization},
       {"Div", &I::div},
       {"Mul", &I::mul},

@@ -383,6 +383,35 @@ class TransposeLayer final : public Layer {
   Backend& backend_;
 };
 
+// The sum or mean over some per-sample axes (the reduce op): the input permuted to put them
+// last where they are not, then each row summed; backward spreads the gradient back. Passes
+// where the backend keeps the tensors (VectorKernel::permute, sum_rows, spread_rows).
+class ReduceLayer final : public Layer {
+ public:
+  bool touches_host() const override { return false; }  // kernels only
+  Reads backward_reads() const override { return {0u, false}; }
+  // `axes` per sample (0: the first after the batch), sorted.
+  ReduceLayer(std::string name, std::vector<int> axes, bool mean, Backend& backend);
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  struct Plan {
+    std::vector<int> perm, inverse;  // with the batch; empty: the reduced axes are last already
+    int64_t dims[kMaxRank];          // the input's, with the batch
+    int rank;
+    int64_t rows, width;
+  };
+  Plan plan(const Shape& in) const;
+  std::vector<int> axes_;
+  bool mean_;
+  Backend& backend_;
+  // The permuted input (forward) or gradient (backward), within one call (one runs at a time).
+  Tensor scratch_;
+  float* scratch(int64_t count);
+};
+
 // a + b (residual connections); the gradient goes to both inputs unchanged.
 class AddLayer final : public Layer {
  public:

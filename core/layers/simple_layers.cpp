@@ -135,6 +135,61 @@ void TransposeLayer::backward(std::span<const Tensor>, const Tensor&, const Tens
   backend_.vectors().permute(grad_in[0].data(), grad_out.data(), dims, inverse_.data(), s.rank());
 }
 
+ReduceLayer::ReduceLayer(std::string name, std::vector<int> axes, bool mean, Backend& backend)
+    : Layer(std::move(name)), axes_(std::move(axes)), mean_(mean), backend_(backend) {}
+
+ReduceLayer::Plan ReduceLayer::plan(const Shape& in) const {
+  Plan p{};
+  p.rank = in.rank();
+  p.rows = in[0];
+  p.width = 1;
+  std::vector<int> kept{0}, reduced;
+  for (int i = 1; i < in.rank(); ++i) {
+    p.dims[i] = in[i];
+    const bool r = std::binary_search(axes_.begin(), axes_.end(), i - 1);
+    (r ? reduced : kept).push_back(i);
+    (r ? p.width : p.rows) *= in[i];
+  }
+  p.dims[0] = in[0];
+  if (reduced.front() != static_cast<int>(kept.size())) {  // not last already: permute them there
+    p.perm = kept;
+    p.perm.insert(p.perm.end(), reduced.begin(), reduced.end());
+    p.inverse.resize(p.perm.size());
+    for (std::size_t i = 0; i < p.perm.size(); ++i) p.inverse[static_cast<std::size_t>(p.perm[i])] = static_cast<int>(i);
+  }
+  return p;
+}
+
+float* ReduceLayer::scratch(int64_t count) {
+  if (!scratch_.defined() || scratch_.numel() < count) scratch_ = Tensor::empty(Shape{count});
+  return scratch_.data();
+}
+
+void ReduceLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  const Plan p = plan(in[0].shape());
+  const float scale = mean_ ? static_cast<float>(1.0 / static_cast<double>(p.width)) : 1.0f;
+  const float* x = in[0].data();
+  if (!p.perm.empty()) {
+    float* t = scratch(in[0].numel());
+    backend_.vectors().permute(t, x, p.dims, p.perm.data(), p.rank);
+    x = t;
+  }
+  backend_.vectors().sum_rows(out.data(), x, p.rows, p.width, scale);
+}
+
+void ReduceLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
+                           Stash&) {
+  if (!grad_in[0].defined()) return;
+  const Plan p = plan(in[0].shape());
+  const float scale = mean_ ? static_cast<float>(1.0 / static_cast<double>(p.width)) : 1.0f;
+  if (p.perm.empty()) return backend_.vectors().spread_rows(grad_in[0].data(), grad_out.data(), p.rows, p.width, scale);
+  float* t = scratch(grad_in[0].numel());
+  backend_.vectors().spread_rows(t, grad_out.data(), p.rows, p.width, scale);
+  int64_t permuted[kMaxRank];  // the permuted tensor's dims
+  for (int i = 0; i < p.rank; ++i) permuted[i] = p.dims[p.perm[static_cast<std::size_t>(i)]];
+  backend_.vectors().permute(grad_in[0].data(), t, permuted, p.inverse.data(), p.rank);
+}
+
 void AddLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
   kernels_.get(out.numel(), [&](int64_t n) { return backend_.add(n); }).forward(in[0].data(), in[1].data(), out.data());
 }

@@ -14,8 +14,8 @@
 # torch); tandem export's file loads strictly into torchvision's resnet18 and equals torch's own
 # 3 steps within 1e-4. The ViT trains 3 steps split at its first encoder layer in one process
 # (tandem train --init-from, --export): strict load, torch's own steps within 1e-4; so does a
-# model of general reshapes and transposes (onnx_check.py's Views), split after its linear
-# over the image's tokens. A model of
+# model of general reshapes, transposes and reductions (onnx_check.py's Views), split after
+# its channel shuffle. A model of
 # three ops tandem cannot take is refused naming all three; a truncated file and a bad cut are
 # refused with the exact errors.
 # Usage: onnx_import.sh BUILD_DIR SOURCE_DIR [BACKENDS]
@@ -46,7 +46,7 @@ for pid in "${pids[@]}"; do
 done
 for model in $models; do
   dir=$work/$model
-  case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;; views) cut=mix ;;
+  case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;; views) cut=reshape_1 ;;
     bert) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; encoder) cut=encoder.layers.0 ;; *) cut=layer3 ;; esac
   tol=1e-4
   [[ $model == mobilenet_v3_small || $model == shufflenet_v2_x0_5 ]] && tol=1e-5  # their logits are about 0.1 and 0.5
@@ -78,8 +78,9 @@ done
 grep -q 'name: "1", op: "layer_norm"' "$work/tabular17/imported/model.json" || fail "tabular17: LayerNormalization"
 grep -q "fused 1:" "$work/tabular17/import.out" && fail "tabular17's LayerNormalization was taken for the decomposed pattern"
 
-# General reshapes and transposes train as torch does: the Views model 3 steps split after
-# its token linear (slices, a shuffle, an image as tokens, tokens and features swapped).
+# General reshapes, transposes and reductions train as torch does: the Views model 3 steps
+# split after its channel shuffle (slices, the shuffle, an image as tokens, tokens and
+# features swapped; means and sums over its axes, one keeping its axis).
 vw=$work/views
 "$tandem_bin" train --model "$vw/imported/model.json" --data "$vw/data" --init-from "$vw/imported/weights.safetensors" \
   --limit 16 --batch 16 --microbatches 4 --epochs 3 --optimizer sgd --lr 0.05 --momentum 0 --test-limit 8 \
@@ -88,6 +89,9 @@ vw=$work/views
 /usr/bin/python3 "$check" weights views "$vw/trained.safetensors" "$vw" 1e-4 || fail "tandem's 3 steps of the views model differ from torch's"
 grep -qF '{ name: "transpose_1", op: "transpose", inputs: ["tanh"], transpose: { perm: [1, 0] } }' "$vw/imported/model.json" ||
   fail "views: tokens and features swapped: $(grep -F transpose "$vw/imported/model.json")"
+grep -qF '{ name: "reducesum", op: "reduce", inputs: ["reshape_1"], reduce: { mode: "sum", axes: [0, 1] } }' "$vw/imported/model.json" &&
+  grep -qF '{ name: "reducesum_1.keepdims", op: "reshape", inputs: ["reducesum_1"], reshape: { shape: [64, 1] } }' "$vw/imported/model.json" ||
+  fail "views: the image's sum over rows and columns, a token's sum kept: $(grep -F reduce "$vw/imported/model.json")"
 
 # ShuffleNet's channel shuffle (view [N, 2, C/2, H, W], transpose 1 and 2, view [N, C, H, W])
 # is two views and one transpose of tandem's [H, W, C]; its x.chunk(2, dim=1) two channel slices.

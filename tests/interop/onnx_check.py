@@ -129,16 +129,18 @@ class Unsupported(torch.nn.Module):
 
 
 class Views(torch.nn.Module):
-    """Reshapes and transposes no pattern takes, as general ops: ShuffleNet's channel split
-    (x.chunk) and shuffle (view, transpose, view), the image seen as tokens (permute, reshape)
-    through a linear, then tokens and features swapped and flattened (transpose, reshape)."""
+    """Reshapes, transposes and reductions no pattern takes, as general ops: ShuffleNet's
+    channel split (x.chunk) and shuffle (view, transpose, view), the image seen as tokens
+    (permute, reshape) through a linear, then tokens and features swapped and flattened
+    (transpose, reshape); beside them the image's mean over its channels, its sum over rows
+    and columns, and each token's sum kept as [N, T, 1]."""
 
     def __init__(self):
         super().__init__()
         self.conv = torch.nn.Conv2d(3, 8, 4, stride=4)
         self.branch = torch.nn.Conv2d(4, 4, 1)
         self.mix = torch.nn.Linear(8, 6)
-        self.fc = torch.nn.Linear(6 * 64, 10)
+        self.fc = torch.nn.Linear(6 * 64 + 64 + 8 + 64, 10)
 
     def forward(self, x):
         x = torch.relu(self.conv(x))
@@ -147,7 +149,8 @@ class Views(torch.nn.Module):
         n, c, h, w = x.size()
         x = x.view(n, 2, c // 2, h, w).transpose(1, 2).contiguous().view(n, c, h, w)
         t = torch.tanh(self.mix(x.permute(0, 2, 3, 1).reshape(n, h * w, c)))
-        return self.fc(t.transpose(1, 2).reshape(n, -1))
+        means, sums, token_sums = x.mean(1), x.sum(dim=(2, 3)), t.sum(-1, keepdim=True)
+        return self.fc(torch.cat((t.transpose(1, 2).reshape(n, -1), means.reshape(n, -1), sums, token_sums.reshape(n, -1)), 1))
 
 
 class TextEncoder(torch.nn.Module):
