@@ -918,9 +918,8 @@ class Importer {
     if (in != values_.end() && in->second.form == Form::Sequence) {  // x.mean(1): mean pooling over the tokens
       const std::vector<int64_t> axes = ints_attr(n, "axes", {});
       if (axes == std::vector<int64_t>{1} || axes == std::vector<int64_t>{-2}) {
+        if (int_attr(n, "keepdims", 1) != 0) return general_reduce(n, true);  // [N, 1, F]
         const Value& x = input(n, 0);
-        if (int_attr(n, "keepdims", 1) != 0)
-          throw Refusal{"it averages the tokens keeping their axis ([N, 1, F]); tandem's token_pool gives [N, F] (keepdim=False)"};
         NodeSpec s = node_of(functional_node_name(n), "token_pool", {x.node});
         s.token_pool.mean = true;
         out_.fused.push_back(cat(s.name, ": ReduceMean(axis 1) -> token_pool (mean)"));
@@ -948,7 +947,6 @@ class Importer {
     skip_refused(n);
     const Value& in = any_input(n, 0);
     if (is_step(in.form)) input(n, 0);  // refused, naming the step
-    const Value x = as_tensor(in);
     std::vector<int64_t> axes = ints_attr(n, "axes", {});
     if (axes.empty() && n.inputs.size() > 1 && !n.inputs[1].empty()) {
       if (!folded(n, 1)) throw Refusal{"its axes are computed from tensor values; tandem reduces axes known at import"};
@@ -958,6 +956,9 @@ class Importer {
       if (int_attr(n, "noop_with_empty_axes", 0) != 0) return alias(n, in, in.form);
       throw Refusal{"it reduces every axis, the batch's too; tandem keeps each sample's values apart"};
     }
+    if (in.form == Form::Pooled || in.form == Form::FlatImage || in.dims.empty())
+      throw Refusal{"it reduces a tensor whose shape import does not know, or a flattened image"};
+    const Value x = as_tensor(in);
     const auto rank = static_cast<int64_t>(x.dims.size()) + 1;
     std::vector<bool> reduced(x.dims.size(), false);
     for (int64_t a : axes) {
