@@ -745,8 +745,18 @@ class Importer {
     v.form = form;
     v.dims = std::move(dims);
     values_[output] = std::move(v);
+    add_node(n, std::move(node));
+  }
+  // `node`, made for `n`, into the spec (its module recorded, for cuts by module); its name.
+  std::string add_node(const OnnxNode& n, NodeSpec node) {
     modules_.push_back(module_of(n.name));
     out_.spec.nodes.push_back(std::move(node));
+    return out_.spec.nodes.back().name;
+  }
+  // "<module>.<op>" for a node import adds within `n`'s module (a transpose, a view), unique.
+  std::string module_child(const OnnxNode& n, const char* op) {
+    const std::string m = module_of(n.name);
+    return unique(m.empty() ? op : cat(m, ".", op));
   }
   // `v` seen as `form` of `dims` (a view on the way through a pattern; no tandem node).
   void as_step(const OnnxNode& n, Value v, Form form, std::vector<int64_t> dims) {
@@ -982,18 +992,14 @@ class Importer {
     }
     if (out_stored.empty()) out_stored.push_back(1);
     Value v = x;
-    v.node = s.name;
-    modules_.push_back(module_of(n.name));
-    out_.spec.nodes.push_back(std::move(s));
+    v.node = add_node(n, std::move(s));
     if (keep) {
       for (std::size_t a = 0; a < v.dims.size(); ++a)
         if (reduced[a]) v.dims[a] = 1;
       if (kept_stored != out_stored) {
         NodeSpec view = node_of(unique(v.node + ".keepdims"), "reshape", {v.node});
         view.reshape = kept_stored;
-        v.node = view.name;
-        modules_.push_back(module_of(n.name));
-        out_.spec.nodes.push_back(std::move(view));
+        v.node = add_node(n, std::move(view));
       }
     } else {
       std::vector<int> renamed(x.dims.size(), -1);
@@ -1271,13 +1277,10 @@ class Importer {
     std::vector<int> at(x.order.size()), perm;
     for (std::size_t k = 0; k < x.order.size(); ++k) at[static_cast<std::size_t>(x.order[k])] = static_cast<int>(k);
     for (int a : want) perm.push_back(at[static_cast<std::size_t>(a)]);
-    const std::string m = module_of(n.name);
-    NodeSpec s = node_of(unique(m.empty() ? "transpose" : m + ".transpose"), "transpose", {x.node});
+    NodeSpec s = node_of(module_child(n, "transpose"), "transpose", {x.node});
     s.perm = perm;
-    x.node = s.name;
+    x.node = add_node(n, std::move(s));
     x.order = want;
-    modules_.push_back(m);
-    out_.spec.nodes.push_back(std::move(s));
     return x;
   }
   // A general tensor read by an op that reads images, sequences and vectors: stored as one
@@ -1297,13 +1300,10 @@ class Importer {
     };
     if (big(x.order) != big(want)) return values_[name] = settled_form(store_in(n, x, want));
     // Stored so but for where its axes of one element lie (a 1x1 image's): a view.
-    const std::string m = module_of(n.name);
-    NodeSpec s = node_of(unique(m.empty() ? "reshape" : m + ".reshape"), "reshape", {x.node});
+    NodeSpec s = node_of(module_child(n, "reshape"), "reshape", {x.node});
     for (int a : want) s.reshape.push_back(x.dims[static_cast<std::size_t>(a)]);
-    x.node = s.name;
+    x.node = add_node(n, std::move(s));
     x.order = want;
-    modules_.push_back(m);
-    out_.spec.nodes.push_back(std::move(s));
     return values_[name] = settled_form(std::move(x));
   }
   // Reshape of a general tensor. ONNX's axes fall into groups that become one another (an axis
@@ -1384,9 +1384,7 @@ class Importer {
     if (stored != before) {
       NodeSpec s = node_of(functional_node_name(n), "reshape", {x.node});
       s.reshape = stored;
-      v.node = s.name;
-      modules_.push_back(module_of(n.name));
-      out_.spec.nodes.push_back(std::move(s));
+      v.node = add_node(n, std::move(s));
     }
     values_[n.outputs.at(0)] = settled_form(std::move(v));
   }
@@ -1546,7 +1544,7 @@ class Importer {
         throw Refusal{"it permutes an image's patches otherwise than to [batch, patches, channels]"};
       const std::string m = module_of(n.name);
       out_.fused.push_back(cat(m.empty() ? n.name : m, ": Reshape [N, C, H W], Transpose -> tokens"));
-      return emit(n, node_of(unique(m.empty() ? "tokens" : m + ".tokens"), "tokens", {x.node}), Form::Sequence, n.outputs.at(0),
+      return emit(n, node_of(module_child(n, "tokens"), "tokens", {x.node}), Form::Sequence, n.outputs.at(0),
                   {x.dims[1], x.dims[0]});
     }
     // Attention's permutations, as BERT writes them ([N, T, H, D] ...) and as nn.MultiheadAttention
@@ -1817,8 +1815,7 @@ class Importer {
     if (!positions || positions->integer || positions->dims != std::vector<int64_t>{1, x.dims[0], x.dims[1]})
       throw Refusal{cat("it adds to the class token and patches something other than a stored position table [1, ", x.dims[0],
                         ", ", x.dims[1], "]; tandem's class_token adds one")};
-    const std::string m = module_of(n.name);
-    NodeSpec s = node_of(unique(m.empty() ? "class_token" : m + ".class_token"), "class_token", {x.node});
+    NodeSpec s = node_of(module_child(n, "class_token"), "class_token", {x.node});
     add_weight(s, "cls_token", *x.table);
     add_weight(s, "position_embeddings", *positions);
     out_.fused.push_back(cat(s.name, ": Expand, Concat, Add -> class_token"));
@@ -1861,10 +1858,8 @@ class Importer {
     NodeSpec s = node_of(functional_node_name(n), "slice", {x.node});
     s.slice = {stored_axis, b, e};
     Value v = t;
-    v.node = s.name;
+    v.node = add_node(n, std::move(s));
     v.dims[static_cast<std::size_t>(per_sample)] = e - b;
-    modules_.push_back(module_of(n.name));
-    out_.spec.nodes.push_back(std::move(s));
     values_[n.outputs.at(0)] = x.form == Form::SequenceTM ? std::move(v) : settled_form(std::move(v));
   }
 
