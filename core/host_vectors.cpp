@@ -37,6 +37,56 @@ void host_permute(float* to, const float* from, const int64_t* dims, const int* 
   }
 }
 
+float apply(Elementwise op, float a, float b, float c) {
+  switch (op) {
+    case Elementwise::add: return a + b;
+    case Elementwise::sub: return a - b;
+    case Elementwise::mul: return a * b;
+    case Elementwise::div: return a / b;
+    case Elementwise::div_right: return -a * b / (c * c);
+  }
+  return 0.0f;
+}
+
+// Walks the output in order, a run of its last axis at a time, the operands' offsets counted
+// up with it (null operands read as 0).
+void host_elementwise(Elementwise op, float* to, const float* x0, const float* x1, const float* x2, const Broadcast& b) {
+  int64_t total = 1;
+  for (int i = 0; i < b.rank; ++i) total *= b.dims[i];
+  if (total == 0) return;
+  const float zero = 0.0f;
+  if (b.rank == 0) {
+    *to = apply(op, x0 ? *x0 : zero, x1 ? *x1 : zero, x2 ? *x2 : zero);
+    return;
+  }
+  const int last = b.rank - 1;
+  const int64_t run = b.dims[last];
+  const int64_t t0 = x0 ? b.strides[0][last] : 0, t1 = x1 ? b.strides[1][last] : 0, t2 = x2 ? b.strides[2][last] : 0;
+  int64_t at[kBroadcastRank] = {};
+  for (int64_t done = 0; done < total; done += run) {
+    int64_t o0 = 0, o1 = 0, o2 = 0;
+    for (int i = 0; i < last; ++i) o0 += at[i] * b.strides[0][i], o1 += at[i] * b.strides[1][i], o2 += at[i] * b.strides[2][i];
+    const float* a = x0 ? x0 + o0 : &zero;
+    const float* c = x1 ? x1 + o1 : &zero;
+    const float* d = x2 ? x2 + o2 : &zero;
+    float* y = to + done;
+    if (op == Elementwise::add && t0 == 1 && t1 == 1) {
+      for (int64_t j = 0; j < run; ++j) y[j] = a[j] + c[j];
+    } else if (op == Elementwise::mul && t0 == 1 && t1 == 1) {
+      for (int64_t j = 0; j < run; ++j) y[j] = a[j] * c[j];
+    } else if (op == Elementwise::mul && t0 == 1 && t1 == 0) {
+      const float k = *c;
+      for (int64_t j = 0; j < run; ++j) y[j] = a[j] * k;
+    } else {
+      for (int64_t j = 0; j < run; ++j) y[j] = apply(op, a[j * t0], c[j * t1], d[j * t2]);
+    }
+    for (int i = last - 1; i >= 0; --i) {  // the next run: count up the outer axes
+      if (++at[i] < b.dims[i]) break;
+      at[i] = 0;
+    }
+  }
+}
+
 class HostVectors final : public VectorKernel {
  public:
   void fill(float* x, float value, int64_t n) override { std::fill_n(x, n, value); }
@@ -60,6 +110,10 @@ class HostVectors final : public VectorKernel {
   }
   void spread_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) override {
     for (int64_t r = 0; r < rows; ++r) std::fill_n(to + r * width, width, from[r] * scale);
+  }
+  void elementwise(Elementwise op, float* to, const float* x0, const float* x1, const float* x2,
+                   const Broadcast& b) override {
+    host_elementwise(op, to, x0, x1, x2, b);
   }
   void accumulate(float* acc, const float* add, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) acc[i] += add[i];

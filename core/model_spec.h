@@ -64,6 +64,13 @@ struct ReduceAttrs {
   std::vector<int> axes;  // per sample, as written (negative from the last)
 };
 
+struct BinaryAttrs {
+  enum class Mode { add, sub, mul, div } mode = Mode::add;
+  bool has_scalar = false;  // the node has one input; the other operand is `scalar`
+  float scalar = 0.0f;       // b (a with scalar_first)
+  bool scalar_first = false;
+};
+
 struct LoraAttrs {
   int64_t rank = 0;  // 0: no adapter
   float alpha = 0.0f;
@@ -95,6 +102,7 @@ struct NodeSpec {
   std::vector<int64_t> reshape;  // reshape: the per-sample shape it gives
   std::vector<int> perm;         // transpose: output axis i is input axis perm[i] (per sample)
   ReduceAttrs reduce;
+  BinaryAttrs binary;
   // Fields whose PyTorch state-dict name is not "<name>.<field>" (schema: TorchName).
   std::vector<std::pair<std::string, std::string>> torch_names;
 };

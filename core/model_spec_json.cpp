@@ -117,6 +117,12 @@ std::string node_json(const NodeSpec& n) {
   if (n.op == "transpose") out += cat(", transpose: { perm: [", list(n.perm), "] }");
   if (n.op == "reduce")
     out += cat(", reduce: { mode: \"", n.reduce.mean ? "mean" : "sum", "\", axes: [", list(n.reduce.axes), "] }");
+  if (n.op == "binary") {
+    static const char* const modes[] = {"add", "sub", "mul", "div"};
+    out += cat(", binary: { mode: \"", modes[static_cast<int>(n.binary.mode)], "\"");
+    if (n.binary.has_scalar) out += cat(", scalar: ", number(n.binary.scalar), n.binary.scalar_first ? ", scalar_first: true" : "");
+    out += " }";
+  }
   if (!n.torch_names.empty()) {
     out += ", torch_names: [";
     for (std::size_t k = 0; k < n.torch_names.size(); ++k)

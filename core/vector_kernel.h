@@ -21,6 +21,23 @@ struct AdamUpdate {
   bool decoupled;   // AdamW (else Adam, decay added to the gradient)
 };
 
+// An elementwise pass over operands broadcast to one shape (the binary op's): `dims` the
+// output's (row-major, rank at most 6), and each operand's step along each axis, 0 where it is
+// repeated (numpy's broadcasting).
+constexpr int kBroadcastRank = 6;
+enum class Elementwise : int {
+  add,       // x0 + x1
+  sub,       // x0 - x1
+  mul,       // x0 * x1
+  div,       // x0 / x1
+  div_right  // -x0 * x1 / (x2 * x2): d(a / b)/db times dy, with x0 = dy, x1 = a, x2 = b
+};
+struct Broadcast {
+  int rank;
+  int64_t dims[kBroadcastRank];
+  int64_t strides[3][kBroadcastRank];  // operand k's step along axis i
+};
+
 // Passes over a parameter's or a gradient's floats: gradient sums, fills and copies, the
 // global norm, the optimizers' updates. They run where the backend keeps tensors (on the
 // device for cuda's managed tensors), so that core never touches values there on the host
@@ -42,6 +59,10 @@ class VectorKernel {
   // (reduce's forward), and its transpose: to[r * width + j] = scale * from[r] (its backward).
   virtual void sum_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) = 0;
   virtual void spread_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) = 0;
+  // to[i] = op(x0, x1, x2) at output index i, each operand read at its strides (x2 only for
+  // div_right; unused operands may be null).
+  virtual void elementwise(Elementwise op, float* to, const float* x0, const float* x1, const float* x2,
+                           const Broadcast& b) = 0;
   virtual void accumulate(float* acc, const float* add, int64_t n) = 0;  // acc += add
   virtual void scale(float* x, double factor, int64_t n) = 0;           // x = float(x * factor)
   virtual double squared_norm(const float* x, int64_t n) = 0;           // in double

@@ -309,6 +309,10 @@ class Vectors final : public VectorKernel {
     std::copy_n(perm, rank, p.begin());
     run(tensors(to, from), [&v = v_, to, from, d, p, rank] { v.permute(to, from, d.data(), p.data(), rank); });
   }
+  void elementwise(Elementwise op, float* to, const float* x0, const float* x1, const float* x2,
+                   const Broadcast& b) override {
+    run(tensors(to, x0, x1, x2), [&v = v_, op, to, x0, x1, x2, b] { v.elementwise(op, to, x0, x1, x2, b); });
+  }
   void sum_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) override {
     run(tensors(to, from), [&v = v_, to, from, rows, width, scale] { v.sum_rows(to, from, rows, width, scale); });
   }

@@ -847,6 +847,49 @@ TEST(SpecJson, ReshapeAndTransposeRefuseWhatTheyCannotTake) {
   EXPECT_EQ(again.nodes[2].reduce.axes, (std::vector<int>{0, -1}));
 }
 
+TEST(SpecJson, BinaryBroadcastsAsNumpyAndRefusesWhatItCannot) {
+  auto shape_of = [](const std::string& nodes) {
+    std::string shape;
+    const std::string error = error_of([&] {
+      const Graph g = Graph::build(parse_model_json(cat(R"({ name: "m", inputs: [{ name: "x", shape: [4, 6] }], nodes: [
+        { name: "c", op: "reduce", inputs: ["x"], reduce: { axes: [1] } },
+        { name: "r", op: "reshape", inputs: ["c"], reshape: { shape: [4, 1] } },
+        { name: "s", op: "slice", inputs: ["x"], slice: { axis: 0, start: 0, end: 1 } },)", nodes, "] }"), "m"));
+      shape = g.nodes().back().shape.str();
+    });
+    return error == "(no error)" ? shape : error;
+  };
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r"], binary: { mode: "sub" } })"), "[4, 6]");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["s", "x"], binary: { mode: "div" } })"), "[4, 6]");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["r", "s"], binary: { mode: "mul" } })"), "[4, 6]");  // both repeat
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["c", "x"], binary: { mode: "add" } })"),
+            "[graph] node 'y' (binary): inputs of shapes [4] and [4, 6] do not broadcast (their axis -1 is 4 and 6; each must be "
+            "equal or 1)");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "add", scalar: 2 } })"), "[4, 6]");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r"], binary: { mode: "pow" } })"),
+            "[model spec] node 'y' (binary): field 'binary.mode' is 'pow' (\"add\", \"sub\", \"mul\" or \"div\")");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r"] })"),
+            "[model spec] node 'y' (binary): missing field 'binary' (mode: \"add\", \"sub\", \"mul\" or \"div\")");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r"], binary: { mode: "sub", scalar_first: true } })"),
+            "[graph] node 'y' (binary): field 'binary.scalar_first' is set, but the node has two inputs (no scalar)");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r", "s"], binary: { mode: "add" } })"),
+            "[graph] node 'y' (binary): field 'inputs' needs 2 inputs (or 1 and field 'binary.scalar'), got 3");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "add" } })"),
+            "[graph] node 'y' (binary): one input, and no field 'binary.scalar' (the other operand)");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r"], binary: { mode: "add", scalar: 0 } })"),
+            "[graph] node 'y' (binary): field 'binary.scalar' is set, but the node has two inputs");
+  // written back as JSON, read again: the same spec
+  const ModelSpec spec = parse_model_json(R"({ name: "m", inputs: [{ name: "x", shape: [4, 6] }], nodes: [
+    { name: "t", op: "binary", inputs: ["x"], binary: { mode: "div", scalar: 0.125, scalar_first: true } },
+    { name: "y", op: "binary", inputs: ["t", "x"], binary: { mode: "mul" } }] })", "m");
+  const ModelSpec again = parse_model_json(model_spec_json(spec), "again");
+  EXPECT_EQ(again.nodes[0].binary.mode, BinaryAttrs::Mode::div);
+  EXPECT_EQ(again.nodes[0].binary.scalar, 0.125f);
+  EXPECT_TRUE(again.nodes[0].binary.scalar_first);
+  EXPECT_EQ(again.nodes[1].binary.mode, BinaryAttrs::Mode::mul);
+  EXPECT_FALSE(again.nodes[1].binary.scalar_first);
+}
+
 // A cut named by module (the nodes' names before a dot, as the import names them) is that
 // module's last node, wherever a cut is given: tandem train, stage and tandem-edge ask Graph.
 TEST(OnnxImport, ModuleNamesCutAtTheirLastNode) {

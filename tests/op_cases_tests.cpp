@@ -119,6 +119,26 @@ std::vector<OpCase> cases() {
       {"reduce", "reduce_sum_features", R"({ name: "l", op: "linear", inputs: ["x"], linear: { out_features: 5 } },
         { name: "y", op: "reduce", inputs: ["l"], reduce: { axes: [-1] } })", seq},
       {"reduce", "reduce_sum_middle_axis", R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { mode: "sum", axes: [1] } })", img},
+      // binary: an image less its channels' means ([3] repeated over rows and columns), divided
+      // by a column's gate ([1, 4, 1]: the repeated axes not last, a permute in backward); a
+      // token less the first (a [1, 6] slice repeated over the tokens); scalars either side
+      {"binary", "binary_sub_channel_means", R"({ name: "m", op: "reduce", inputs: ["x"], reduce: { mode: "mean", axes: [0, 1] } },
+        { name: "y", op: "binary", inputs: ["x", "m"], binary: { mode: "sub" } })", img},
+      {"binary", "binary_div_column_gates", R"({ name: "c", op: "reduce", inputs: ["x"], reduce: { axes: [0, 2] } },
+        { name: "r", op: "reshape", inputs: ["c"], reshape: { shape: [1, 4, 1] } },
+        { name: "s", op: "sigmoid", inputs: ["r"] },
+        { name: "g", op: "binary", inputs: ["s"], binary: { mode: "add", scalar: 0.5 } },
+        { name: "y", op: "binary", inputs: ["x", "g"], binary: { mode: "div" } })", img},
+      {"binary", "binary_mul_rows_both_ways", R"({ name: "c", op: "reduce", inputs: ["x"], reduce: { axes: [1, 2] } },
+        { name: "r", op: "reshape", inputs: ["c"], reshape: { shape: [5, 1, 1] } },
+        { name: "y", op: "binary", inputs: ["r", "x"], binary: { mode: "mul" } })", img},
+      {"binary", "binary_tokens_less_the_first", R"({ name: "f", op: "slice", inputs: ["x"], slice: { axis: 0, start: 0, end: 1 } },
+        { name: "l", op: "linear", inputs: ["f"], linear: { out_features: 6 } },
+        { name: "y", op: "binary", inputs: ["x", "l"], binary: { mode: "sub" } })", seq},
+      {"binary", "binary_scalars_first", R"({ name: "s", op: "sigmoid", inputs: ["x"] },
+        { name: "t", op: "binary", inputs: ["s"], binary: { mode: "sub", scalar: 1.5, scalar_first: true } },
+        { name: "y", op: "binary", inputs: ["t"], binary: { mode: "div", scalar: 2, scalar_first: true } })", seq},
+      {"binary", "binary_scalar_times", R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "mul", scalar: -0.75 } })", vec6},
       {"tokens", "tokens", R"({ name: "t", op: "tokens", inputs: ["x"] }, { name: "y", op: "linear", inputs: ["t"], linear: { out_features: 2 } })", img},
       // heads' hidden ReLU: a draw whose pre-activations stay clear of the kink by more than
       // the finite differences' step

@@ -91,6 +91,13 @@ std::vector<Case> cases() {
   NodeSpec sum = named("reduce");  // [4, 4, 6] summed over axis 0: 96 adds, 24 scales; back a copy a value
   sum.reduce.axes = {0};
   c.push_back({sum, {{4, 4, 6}}, 96.0 + 24, 96.0});
+  NodeSpec quotient = named("binary");  // [4, 4, 6] / [6]: 96 divisions; back dy / b and -dy a / b^2
+  quotient.binary.mode = BinaryAttrs::Mode::div;
+  c.push_back({quotient, {{4, 4, 6}, {6}}, 96.0, 5 * 96.0});
+  NodeSpec shift = named("binary");  // [4, 4, 6] + 1: 96 adds; back a copy
+  shift.binary.has_scalar = true;
+  shift.binary.scalar = 1.0f;
+  c.push_back({shift, {{4, 4, 6}}, 96.0, 0.0});
   c.push_back({named("global_avg_pool"), {{4, 4, 6}}, 96.0 + 6, 96.0});
   c.push_back({named("flatten"), {{4, 4, 6}}, 0.0, 0.0});
   // A linear on a sequence of 7 tokens of 20: 7 rows of 200 multiply-adds.

@@ -92,6 +92,32 @@ class CudaVectors final : public VectorKernel {
     done();
   }
 
+  // A device kernel where every operand is a managed tensor; else the host loop once the
+  // device is done.
+  void elementwise(Elementwise op, float* to, const float* x0, const float* x1, const float* x2,
+                   const Broadcast& b) override {
+    int64_t n = 1;
+    for (int i = 0; i < b.rank; ++i) n *= b.dims[i];
+    if (n == 0) return;
+    const float* x[3] = {x0, x1, x2};
+    bool all = resident(to, n), any = all;
+    for (int k = 0; k < 3; ++k) {
+      if (!x[k]) continue;
+      int64_t span = 1;  // the operand's reach: its last element's offset, plus one
+      for (int i = 0; i < b.rank; ++i) span += (b.dims[i] - 1) * b.strides[k][i];
+      const bool r = resident(x[k], span);
+      all = all && r;
+      any = any || r;
+    }
+    if (!all) {
+      if (any) ctx_->finish();
+      return host().elementwise(op, to, x0, x1, x2, b);
+    }
+    ctx_->use();
+    check(cuda::elementwise(op, to, x0, x1, x2, b, ctx_->stream()), "elementwise");
+    done();
+  }
+
   void accumulate(float* acc, const float* add, int64_t n) override {
     if (!resident(acc, n) || !resident(add, n)) return host().accumulate(acc, add, n);
     ctx_->use();

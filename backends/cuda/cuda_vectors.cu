@@ -46,6 +46,32 @@ __global__ void spread_rows_kernel(float* to, const float* from, int64_t rows, i
   TANDEM_EACH(i, rows * width) to[i] = from[i / width] * scale;
 }
 
+__device__ float apply(Elementwise op, float a, float b, float c) {
+  switch (op) {
+    case Elementwise::add: return a + b;
+    case Elementwise::sub: return a - b;
+    case Elementwise::mul: return a * b;
+    case Elementwise::div: return a / b;
+    case Elementwise::div_right: return -a * b / (c * c);
+  }
+  return 0.0f;
+}
+
+// One thread an output element: its index taken apart along the output's axes, each operand
+// read at its own strides.
+__global__ void elementwise_kernel(Elementwise op, float* to, const float* x0, const float* x1, const float* x2,
+                                   Broadcast b, int64_t n) {
+  TANDEM_EACH(i, n) {
+    int64_t rest = i, o0 = 0, o1 = 0, o2 = 0;
+    for (int a = b.rank - 1; a >= 0; --a) {
+      const int64_t at = rest % b.dims[a];
+      rest /= b.dims[a];
+      o0 += at * b.strides[0][a], o1 += at * b.strides[1][a], o2 += at * b.strides[2][a];
+    }
+    to[i] = apply(op, x0 ? x0[o0] : 0.0f, x1 ? x1[o1] : 0.0f, x2 ? x2[o2] : 0.0f);
+  }
+}
+
 __global__ void accumulate_kernel(float* acc, const float* add, int64_t n) {
   TANDEM_EACH(i, n) acc[i] += add[i];
 }
@@ -124,6 +150,15 @@ cudaError_t sum_rows(float* to, const float* from, int64_t rows, int64_t width, 
 cudaError_t spread_rows(float* to, const float* from, int64_t rows, int64_t width, float scale, cudaStream_t s) {
   if (rows == 0 || width == 0) return cudaSuccess;
   spread_rows_kernel<<<blocks_for(rows * width), kThreads, 0, s>>>(to, from, rows, width, scale);
+  return cudaGetLastError();
+}
+
+cudaError_t elementwise(Elementwise op, float* to, const float* x0, const float* x1, const float* x2, const Broadcast& b,
+                        cudaStream_t s) {
+  int64_t n = 1;
+  for (int i = 0; i < b.rank; ++i) n *= b.dims[i];
+  if (n == 0) return cudaSuccess;
+  elementwise_kernel<<<blocks_for(n), kThreads, 0, s>>>(op, to, x0, x1, x2, b, n);
   return cudaGetLastError();
 }
 

@@ -16,6 +16,9 @@ cudaError_t permute(float* to, const float* from, const int64_t* dims, const int
 // VectorKernel::sum_rows (a thread a row, in double) and spread_rows on device memory.
 cudaError_t sum_rows(float* to, const float* from, int64_t rows, int64_t width, float scale, cudaStream_t s);
 cudaError_t spread_rows(float* to, const float* from, int64_t rows, int64_t width, float scale, cudaStream_t s);
+// VectorKernel::elementwise on device memory (a thread an output element).
+cudaError_t elementwise(Elementwise op, float* to, const float* x0, const float* x1, const float* x2, const Broadcast& b,
+                        cudaStream_t s);
 cudaError_t accumulate(float* acc, const float* add, int64_t n, cudaStream_t s);
 cudaError_t scale(float* x, double factor, int64_t n, cudaStream_t s);
 // How many doubles of device scratch squared_norm takes (its blocks' partial sums and the total).

@@ -412,6 +412,34 @@ class ReduceLayer final : public Layer {
   float* scratch(int64_t count);
 };
 
+// a op b elementwise with numpy's broadcasting (the binary op), or a op scalar (scalar op a)
+// for one input: VectorKernel::elementwise; backward writes each input's gradient over the
+// whole output, then sums it over the axes that input was repeated on (permute and sum_rows,
+// as ReduceLayer). Passes where the backend keeps the tensors.
+class BinaryLayer final : public Layer {
+ public:
+  bool touches_host() const override { return false; }  // kernels only
+  Reads backward_reads() const override;
+  BinaryLayer(std::string name, const BinaryAttrs& attrs, Backend& backend)
+      : Layer(std::move(name)), attrs_(attrs), backend_(backend) {}
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  // Each operand's strides against the output (with the batch); the scalar (one input) as
+  // operand 1 (0 first) at stride 0.
+  Broadcast broadcast(std::span<const Tensor> in, const Shape& out);
+  // The gradient over the whole output `full` ([out]) summed into `to`, an input of `shape`
+  // (with the batch).
+  void unbroadcast(float* to, const Shape& shape, const float* full, const Shape& out);
+  float* scratch(Tensor& t, int64_t count);
+  BinaryAttrs attrs_;
+  Backend& backend_;
+  Tensor scalar_;             // one float: the constant operand, where the backend keeps tensors
+  Tensor full_, permuted_;   // a gradient over the whole output, and it permuted (one call at a time)
+};
+
 // a + b (residual connections); the gradient goes to both inputs unchanged.
 class AddLayer final : public Layer {
  public:

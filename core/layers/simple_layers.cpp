@@ -190,6 +190,137 @@ void ReduceLayer::backward(std::span<const Tensor> in, const Tensor&, const Tens
   backend_.vectors().permute(grad_in[0].data(), t, permuted, p.inverse.data(), p.rank);
 }
 
+namespace {
+
+// An operand's steps against the output `out` (both with the batch first): the per-sample
+// axes aligned on the last, 0 along an axis the operand repeats (its dimension 1, or missing).
+void broadcast_strides(const Shape& s, const Shape& out, int64_t* strides) {
+  int64_t step = 1;
+  const int shift = out.rank() - s.rank();
+  for (int i = out.rank() - 1; i >= 1; --i) {
+    const int j = i - shift;
+    const int64_t d = j >= 1 ? s[j] : 1;
+    strides[i] = d == 1 ? 0 : step;
+    step *= d;
+  }
+  strides[0] = s[0] == 1 ? 0 : step;  // the batch
+}
+
+}  // namespace
+
+Layer::Reads BinaryLayer::backward_reads() const {
+  using M = BinaryAttrs::Mode;
+  const bool product = attrs_.mode == M::mul || attrs_.mode == M::div;
+  if (attrs_.scalar_first) return {attrs_.mode == M::div ? 1u : 0u, false};  // d(c / x) = -c dy / x^2
+  return {product ? 0b11u : 0u, false};  // (one input: 0b10 names none)
+}
+
+Broadcast BinaryLayer::broadcast(std::span<const Tensor> in, const Shape& out) {
+  Broadcast b{};
+  b.rank = out.rank();
+  for (int i = 0; i < b.rank; ++i) b.dims[i] = out[i];
+  const int left = attrs_.scalar_first ? 1 : 0;  // the scalar's strides stay 0
+  broadcast_strides(in[0].shape(), out, b.strides[left]);
+  if (in.size() > 1) broadcast_strides(in[1].shape(), out, b.strides[1]);
+  return b;
+}
+
+float* BinaryLayer::scratch(Tensor& t, int64_t count) {
+  if (!t.defined() || t.numel() < count) t = Tensor::empty(Shape{count});
+  return t.data();
+}
+
+void BinaryLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  const float* a = in[0].data();
+  const float* b = in.size() > 1 ? in[1].data() : nullptr;
+  if (!b) {
+    if (!scalar_.defined()) {
+      scalar_ = Tensor::empty(Shape{1});
+      backend_.vectors().fill(scalar_.data(), attrs_.scalar, 1);
+    }
+    b = scalar_.data();
+    if (attrs_.scalar_first) std::swap(a, b);
+  }
+  backend_.vectors().elementwise(static_cast<Elementwise>(attrs_.mode), out.data(), a, b, nullptr,
+                                 broadcast(in, out.shape()));
+}
+
+void BinaryLayer::unbroadcast(float* to, const Shape& shape, const float* full, const Shape& out) {
+  const int shift = out.rank() - shape.rank();
+  std::vector<int> kept{0}, repeated;
+  int64_t rows = out[0], width = 1;
+  int64_t dims[kMaxRank];
+  for (int i = 1; i < out.rank(); ++i) {
+    dims[i] = out[i];
+    const int j = i - shift;
+    const bool r = out[i] != 1 && (j < 1 || shape[j] == 1);
+    (r ? repeated : kept).push_back(i);
+    (r ? width : rows) *= out[i];
+  }
+  dims[0] = out[0];
+  VectorKernel& v = backend_.vectors();
+  if (!repeated.empty() && repeated.front() != static_cast<int>(kept.size())) {  // not last already: permute them there
+    std::vector<int> perm = kept;
+    perm.insert(perm.end(), repeated.begin(), repeated.end());
+    float* t = scratch(permuted_, out.numel());
+    v.permute(t, full, dims, perm.data(), out.rank());
+    full = t;
+  }
+  v.sum_rows(to, full, rows, width, 1.0f);
+}
+
+void BinaryLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
+                           Stash&) {
+  using M = BinaryAttrs::Mode;
+  const Shape& out = grad_out.shape();
+  const Broadcast b = broadcast(in, out);
+  VectorKernel& v = backend_.vectors();
+  const float* dy = grad_out.data();
+  // Operands in the op's order: left (a) and right (b); the scalar where one input is.
+  const float* scalar = scalar_.defined() ? scalar_.data() : nullptr;
+  const float* left = attrs_.scalar_first ? scalar : in[0].data();
+  const float* right = attrs_.scalar_first ? in[0].data() : in.size() > 1 ? in[1].data() : scalar;
+  for (std::size_t k = 0; k < grad_in.size(); ++k) {
+    if (!grad_in[k].defined()) continue;
+    const int side = attrs_.scalar_first || k == 1 ? 1 : 0;  // this input's place in a op b
+    Broadcast g = b;  // slot 0 dy (the output's steps), 1 and 2 the operands' as they are read
+    broadcast_strides(out, out, g.strides[0]);
+    Elementwise op = Elementwise::add;
+    const float *x0 = dy, *x1 = nullptr, *x2 = nullptr;
+    switch (attrs_.mode) {
+      case M::add: break;                                             // dy
+      case M::sub: if (side == 1) op = Elementwise::sub, x0 = nullptr, x1 = dy; break;  // dy; -dy
+      case M::mul: op = Elementwise::mul, x1 = side == 0 ? right : left; break;        // dy b; dy a
+      case M::div:
+        if (side == 0) {
+          op = Elementwise::div, x1 = right;  // dy / b
+        } else {
+          op = Elementwise::div_right, x1 = left, x2 = right;  // -dy a / b^2
+        }
+        break;
+    }
+    // The steps of what x1 and x2 point at: the other operand's (mul, div's left), or both
+    // operands' (div's right); -dy reads the output's.
+    if (x1 == dy) std::copy_n(g.strides[0], kBroadcastRank, g.strides[1]);
+    else if (op == Elementwise::mul || op == Elementwise::div) std::copy_n(b.strides[side == 0 ? 1 : 0], kBroadcastRank, g.strides[1]);
+    if (op == Elementwise::div_right) {
+      std::copy_n(b.strides[0], kBroadcastRank, g.strides[1]);
+      std::copy_n(b.strides[1], kBroadcastRank, g.strides[2]);
+    }
+    const Shape& shape = in[k].shape();
+    const bool whole = shape == out;
+    const float* full = dy;  // the gradient over the whole output (add's: dy itself)
+    if (op != Elementwise::add) {
+      float* to = whole ? grad_in[k].data() : scratch(full_, out.numel());
+      v.elementwise(op, to, x0, x1, x2, g);
+      full = to;
+    } else if (whole) {
+      v.copy(grad_in[k].data(), dy, out.numel());
+    }
+    if (!whole) unbroadcast(grad_in[k].data(), shape, full, out);
+  }
+}
+
 void AddLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
   kernels_.get(out.numel(), [&](int64_t n) { return backend_.add(n); }).forward(in[0].data(), in[1].data(), out.data());
 }

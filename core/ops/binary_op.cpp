@@ -1,0 +1,90 @@
+// binary: a + b, a - b, a * b or a / b elementwise (`binary: { mode }`), the two per-sample
+// shapes broadcast as numpy does: aligned on their last axes, each dimension equal or 1 (then
+// repeated), the shorter one's missing leading axes repeated too. torch's arithmetic on two
+// tensors, and ONNX's Add, Sub, Mul and Div where no fused op (add, mul, linear's bias, the
+// patterns) takes them. With one input, the other operand is `scalar`, a constant (b; a with
+// scalar_first: 1 - x, 1 / x) that does not train. Backward: each input's gradient, summed
+// over the axes it was repeated on. Layer: BinaryLayer (simple_layers.cpp), on
+// VectorKernel::elementwise, sum_rows and permute, so every backend runs it.
+#include <algorithm>
+#include <cmath>
+
+#include "core/layers/layers.h"
+#include "core/ops/op.h"
+#include "core/ops/op_support.h"
+#include "schema/model_generated.h"
+
+namespace tandem {
+namespace {
+
+const char* mode_name(BinaryAttrs::Mode m) {
+  static const char* const names[] = {"add", "sub", "mul", "div"};
+  return names[static_cast<int>(m)];
+}
+
+}  // namespace
+
+Shape broadcast_shapes(const NodeSpec& n, const Shape& a, const Shape& b) {
+  const int rank = std::max(a.rank(), b.rank());
+  int64_t dims[kMaxRank] = {};
+  for (int i = 0; i < rank; ++i) {  // from the last axis
+    const int ia = a.rank() - 1 - i, ib = b.rank() - 1 - i;
+    const int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+    if (da != db && da != 1 && db != 1)
+      ops::fail_node(n, cat("inputs of shapes ", a.str(), " and ", b.str(), " do not broadcast (their axis ", -1 - i,
+                            " is ", da, " and ", db, "; each must be equal or 1)"));
+    dims[rank - 1 - i] = std::max(da, db);
+  }
+  return Shape::of(dims, rank);
+}
+
+void define_binary_op(OpTable& t) {
+  OpDef d;
+  d.name = "binary";
+  d.sequence = SequenceLength::Follows;
+  d.parse = [](const spec::Node& node, NodeSpec& out, const std::string& label) {
+    const auto* a = node.binary();
+    if (!a || !a->mode())
+      ops::fail_attr(label, "binary", "missing field 'binary' (mode: \"add\", \"sub\", \"mul\" or \"div\")");
+    const std::string mode = a->mode()->str();
+    using M = BinaryAttrs::Mode;
+    const M modes[] = {M::add, M::sub, M::mul, M::div};
+    const auto at = std::find_if(std::begin(modes), std::end(modes), [&](M m) { return mode == mode_name(m); });
+    if (at == std::end(modes))
+      ops::fail_attr(label, "binary", cat("field 'binary.mode' is '", mode, "' (\"add\", \"sub\", \"mul\" or \"div\")"));
+    out.binary.mode = *at;
+    out.binary.has_scalar = a->scalar().has_value();
+    out.binary.scalar = a->scalar().value_or(0.0f);
+    out.binary.scalar_first = a->scalar_first();
+  };
+  d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
+    if (in.size() != 1 && in.size() != 2)
+      ops::fail_node(n, cat("field 'inputs' needs 2 inputs (or 1 and field 'binary.scalar'), got ", in.size()));
+    if (in.size() == 1) {
+      if (!n.binary.has_scalar) ops::fail_node(n, "one input, and no field 'binary.scalar' (the other operand)");
+      if (!std::isfinite(n.binary.scalar)) ops::fail_node(n, cat("field 'binary.scalar' is ", n.binary.scalar, " (a finite number)"));
+      return in[0];
+    }
+    if (n.binary.has_scalar) ops::fail_node(n, "field 'binary.scalar' is set, but the node has two inputs");
+    if (n.binary.scalar_first) ops::fail_node(n, "field 'binary.scalar_first' is set, but the node has two inputs (no scalar)");
+    return broadcast_shapes(n, in[0], in[1]);
+  };
+  d.cost = [](const NodeSpec& n, std::span<const Shape> in, const Shape& out) {
+    OpCost c;
+    c.forward_flops = ops::count(out);
+    const bool product = n.binary.mode == BinaryAttrs::Mode::mul || n.binary.mode == BinaryAttrs::Mode::div;
+    // add, sub: the gradients are dy (summed where repeated); mul: dy b and dy a; div: dy / b
+    // and -dy a / b^2 (4 a value)
+    const double per_value = in.size() == 1 ? (product ? 1.0 : 0.0)
+                             : n.binary.mode == BinaryAttrs::Mode::div ? 5.0
+                             : product ? 2.0 : 0.0;
+    c.backward_data_flops = per_value * ops::count(out);
+    return c;
+  };
+  d.make_layer = [](const GraphNode& node, std::span<const Shape>, Backend& backend, Rng&) -> std::unique_ptr<Layer> {
+    return std::make_unique<BinaryLayer>(node.spec.name, node.spec.binary, backend);
+  };
+  t.add(std::move(d));
+}
+
+}  // namespace tandem
