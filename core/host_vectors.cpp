@@ -87,6 +87,37 @@ void host_elementwise(Elementwise op, float* to, const float* x0, const float* x
   }
 }
 
+// Each product by rows of C: C[i][:] = sum over l of A(i, l) B[l][:], the inner loop along
+// B's rows where they are contiguous (vectorised), else element by element.
+void host_matmul(float* c, const float* a, const float* b, const Matmul& m) {
+  int64_t count = 1;
+  for (int i = 0; i < m.rank; ++i) count *= m.dims[i];
+  int64_t at[kBroadcastRank] = {};
+  for (int64_t p = 0; p < count; ++p) {
+    const float* ap = a;
+    const float* bp = b;
+    for (int i = 0; i < m.rank; ++i) ap += at[i] * m.a_steps[i], bp += at[i] * m.b_steps[i];
+    float* cp = c + p * m.m * m.n;
+    for (int64_t i = 0; i < m.m; ++i) {
+      float* row = cp + i * m.n;
+      std::fill_n(row, m.n, 0.0f);
+      for (int64_t l = 0; l < m.k; ++l) {
+        const float x = ap[i * m.a_row + l * m.a_col];
+        const float* br = bp + l * m.b_row;
+        if (m.b_col == 1) {
+          for (int64_t j = 0; j < m.n; ++j) row[j] += x * br[j];
+        } else {
+          for (int64_t j = 0; j < m.n; ++j) row[j] += x * br[j * m.b_col];
+        }
+      }
+    }
+    for (int i = m.rank - 1; i >= 0; --i) {
+      if (++at[i] < m.dims[i]) break;
+      at[i] = 0;
+    }
+  }
+}
+
 class HostVectors final : public VectorKernel {
  public:
   void fill(float* x, float value, int64_t n) override { std::fill_n(x, n, value); }
@@ -115,6 +146,7 @@ class HostVectors final : public VectorKernel {
                    const Broadcast& b) override {
     host_elementwise(op, to, x0, x1, x2, b);
   }
+  void matmul(float* c, const float* a, const float* b, const Matmul& m) override { host_matmul(c, a, b, m); }
   void accumulate(float* acc, const float* add, int64_t n) override {
     for (int64_t i = 0; i < n; ++i) acc[i] += add[i];
   }

@@ -38,6 +38,18 @@ struct Broadcast {
   int64_t strides[3][kBroadcastRank];  // operand k's step along axis i
 };
 
+// Products C_p = A_p B_p of `count` pairs of matrices (the matmul op's): A_p [m][k] and B_p
+// [k][n] read at element steps (A(i, l) = a[i * a_row + l * a_col]: a transposed operand is
+// the same memory read the other way), the pairs at the batch axes' steps (0 where an operand
+// repeats); C_p [m][n] contiguous, one after the other in the batch axes' row-major order.
+struct Matmul {
+  int64_t m, n, k;
+  int64_t a_row, a_col, b_row, b_col;
+  int rank;  // batch axes
+  int64_t dims[kBroadcastRank];
+  int64_t a_steps[kBroadcastRank], b_steps[kBroadcastRank];
+};
+
 // Passes over a parameter's or a gradient's floats: gradient sums, fills and copies, the
 // global norm, the optimizers' updates. They run where the backend keeps tensors (on the
 // device for cuda's managed tensors), so that core never touches values there on the host
@@ -63,6 +75,8 @@ class VectorKernel {
   // div_right; unused operands may be null).
   virtual void elementwise(Elementwise op, float* to, const float* x0, const float* x1, const float* x2,
                            const Broadcast& b) = 0;
+  // c = the products m describes (sums in float, in k's order).
+  virtual void matmul(float* c, const float* a, const float* b, const Matmul& m) = 0;
   virtual void accumulate(float* acc, const float* add, int64_t n) = 0;  // acc += add
   virtual void scale(float* x, double factor, int64_t n) = 0;           // x = float(x * factor)
   virtual double squared_norm(const float* x, int64_t n) = 0;           // in double

@@ -313,6 +313,9 @@ class Vectors final : public VectorKernel {
                    const Broadcast& b) override {
     run(tensors(to, x0, x1, x2), [&v = v_, op, to, x0, x1, x2, b] { v.elementwise(op, to, x0, x1, x2, b); });
   }
+  void matmul(float* c, const float* a, const float* b, const Matmul& m) override {
+    run(tensors(c, a, b), [&v = v_, c, a, b, m] { v.matmul(c, a, b, m); });
+  }
   void sum_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) override {
     run(tensors(to, from), [&v = v_, to, from, rows, width, scale] { v.sum_rows(to, from, rows, width, scale); });
   }

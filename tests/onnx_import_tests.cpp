@@ -878,6 +878,20 @@ TEST(SpecJson, BinaryBroadcastsAsNumpyAndRefusesWhatItCannot) {
             "[graph] node 'y' (binary): one input, and no field 'binary.scalar' (the other operand)");
   EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r"], binary: { mode: "add", scalar: 0 } })"),
             "[graph] node 'y' (binary): field 'binary.scalar' is set, but the node has two inputs");
+  EXPECT_EQ(shape_of(R"({ name: "t", op: "transpose", inputs: ["x"], transpose: { perm: [1, 0] } },
+    { name: "y", op: "matmul", inputs: ["x", "t"] })"), "[4, 4]");
+  EXPECT_EQ(shape_of(R"({ name: "h", op: "reshape", inputs: ["x"], reshape: { shape: [2, 2, 6] } },
+    { name: "t", op: "transpose", inputs: ["x"], transpose: { perm: [1, 0] } },
+    { name: "y", op: "matmul", inputs: ["h", "t"] })"), "[2, 2, 4]");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "matmul", inputs: ["x", "x"] })"),
+            "[graph] node 'y' (matmul): inputs of shapes [4, 6] and [4, 6] (a's last axis, 6, must be b's next to last, 4)");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "matmul", inputs: ["c", "x"] })"),
+            "[graph] node 'y' (matmul): inputs of shapes [4] and [4, 6] (matmul needs matrices: at least 2 axes a sample)");
+  EXPECT_EQ(shape_of(R"({ name: "h", op: "reshape", inputs: ["x"], reshape: { shape: [3, 4, 2] } },
+    { name: "g", op: "reshape", inputs: ["x"], reshape: { shape: [2, 2, 6] } },
+    { name: "y", op: "matmul", inputs: ["h", "g"] })"),
+            "[graph] node 'y' (matmul): inputs of shapes [3, 4, 2] and [2, 2, 6] do not broadcast (their axis -3 is 3 and 2; each "
+            "must be equal or 1)");
   // written back as JSON, read again: the same spec
   const ModelSpec spec = parse_model_json(R"({ name: "m", inputs: [{ name: "x", shape: [4, 6] }], nodes: [
     { name: "t", op: "binary", inputs: ["x"], binary: { mode: "div", scalar: 0.125, scalar_first: true } },

@@ -139,6 +139,21 @@ std::vector<OpCase> cases() {
         { name: "t", op: "binary", inputs: ["s"], binary: { mode: "sub", scalar: 1.5, scalar_first: true } },
         { name: "y", op: "binary", inputs: ["t"], binary: { mode: "div", scalar: 2, scalar_first: true } })", seq},
       {"binary", "binary_scalar_times", R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "mul", scalar: -0.75 } })", vec6},
+      // matmul: scores written by hand (q @ x^T); heads [2, 4, 4] times one value matrix [4, 3]
+      // (b's missing head axis repeated); an image's rows times a [1, 3, 4] matrix (b's axis of
+      // 1 repeated over 5)
+      {"matmul", "matmul_scores", R"({ name: "q", op: "linear", inputs: ["x"], linear: { out_features: 6 } },
+        { name: "t", op: "transpose", inputs: ["x"], transpose: { perm: [1, 0] } },
+        { name: "y", op: "matmul", inputs: ["q", "t"] })", seq},
+      {"matmul", "matmul_heads_times_shared_values", R"({ name: "h", op: "linear", inputs: ["x"], linear: { out_features: 8 } },
+        { name: "r", op: "reshape", inputs: ["h"], reshape: { shape: [4, 2, 4] } },
+        { name: "p", op: "transpose", inputs: ["r"], transpose: { perm: [1, 0, 2] } },
+        { name: "v", op: "linear", inputs: ["x"], linear: { out_features: 3 } },
+        { name: "y", op: "matmul", inputs: ["p", "v"] })", seq},
+      {"matmul", "matmul_rows_times_repeated_matrix", R"({ name: "m", op: "reduce", inputs: ["x"], reduce: { mode: "mean", axes: [0] } },
+        { name: "t", op: "transpose", inputs: ["m"], transpose: { perm: [1, 0] } },
+        { name: "r", op: "reshape", inputs: ["t"], reshape: { shape: [1, 3, 4] } },
+        { name: "y", op: "matmul", inputs: ["x", "r"] })", img},
       {"tokens", "tokens", R"({ name: "t", op: "tokens", inputs: ["x"] }, { name: "y", op: "linear", inputs: ["t"], linear: { out_features: 2 } })", img},
       // heads' hidden ReLU: a draw whose pre-activations stay clear of the kink by more than
       // the finite differences' step

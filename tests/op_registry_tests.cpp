@@ -98,6 +98,8 @@ std::vector<Case> cases() {
   shift.binary.has_scalar = true;
   shift.binary.scalar = 1.0f;
   c.push_back({shift, {{4, 4, 6}}, 96.0, 0.0});
+  // [3, 4, 6] @ [6, 5]: 3 * 4 * 5 dot products of 6, so 360 multiply-adds; back dA and dB as many
+  c.push_back({named("matmul"), {{3, 4, 6}, {6, 5}}, 2.0 * 360, 4.0 * 360});
   c.push_back({named("global_avg_pool"), {{4, 4, 6}}, 96.0 + 6, 96.0});
   c.push_back({named("flatten"), {{4, 4, 6}}, 0.0, 0.0});
   // A linear on a sequence of 7 tokens of 20: 7 rows of 200 multiply-adds.

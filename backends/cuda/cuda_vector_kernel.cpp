@@ -118,6 +118,24 @@ class CudaVectors final : public VectorKernel {
     done();
   }
 
+  void matmul(float* c, const float* a, const float* b, const Matmul& m) override {
+    int64_t n = m.m * m.n;
+    int64_t a_span = 1 + (m.m - 1) * m.a_row + (m.k - 1) * m.a_col, b_span = 1 + (m.k - 1) * m.b_row + (m.n - 1) * m.b_col;
+    for (int i = 0; i < m.rank; ++i) {
+      n *= m.dims[i];
+      a_span += (m.dims[i] - 1) * m.a_steps[i];
+      b_span += (m.dims[i] - 1) * m.b_steps[i];
+    }
+    if (n == 0) return;
+    if (!resident(c, n) || !resident(a, a_span) || !resident(b, b_span)) {
+      if (resident(c, n) || resident(a, a_span) || resident(b, b_span)) ctx_->finish();
+      return host().matmul(c, a, b, m);
+    }
+    ctx_->use();
+    check(cuda::matmul(c, a, b, m, ctx_->stream()), "matmul");
+    done();
+  }
+
   void accumulate(float* acc, const float* add, int64_t n) override {
     if (!resident(acc, n) || !resident(add, n)) return host().accumulate(acc, add, n);
     ctx_->use();

@@ -72,6 +72,23 @@ __global__ void elementwise_kernel(Elementwise op, float* to, const float* x0, c
   }
 }
 
+// One thread an element of C: its product's operands found from its batch index, then a dot
+// product in k's order (a plain kernel: the general matmul only runs where no fused op does).
+__global__ void matmul_kernel(float* c, const float* a, const float* b, Matmul m, int64_t n) {
+  TANDEM_EACH(e, n) {
+    const int64_t j = e % m.n, i = (e / m.n) % m.m;
+    int64_t rest = e / (m.m * m.n), ao = 0, bo = 0;
+    for (int x = m.rank - 1; x >= 0; --x) {
+      const int64_t at = rest % m.dims[x];
+      rest /= m.dims[x];
+      ao += at * m.a_steps[x], bo += at * m.b_steps[x];
+    }
+    float sum = 0.0f;
+    for (int64_t l = 0; l < m.k; ++l) sum += a[ao + i * m.a_row + l * m.a_col] * b[bo + l * m.b_row + j * m.b_col];
+    c[e] = sum;
+  }
+}
+
 __global__ void accumulate_kernel(float* acc, const float* add, int64_t n) {
   TANDEM_EACH(i, n) acc[i] += add[i];
 }
@@ -159,6 +176,14 @@ cudaError_t elementwise(Elementwise op, float* to, const float* x0, const float*
   for (int i = 0; i < b.rank; ++i) n *= b.dims[i];
   if (n == 0) return cudaSuccess;
   elementwise_kernel<<<blocks_for(n), kThreads, 0, s>>>(op, to, x0, x1, x2, b, n);
+  return cudaGetLastError();
+}
+
+cudaError_t matmul(float* c, const float* a, const float* b, const Matmul& m, cudaStream_t s) {
+  int64_t n = m.m * m.n;
+  for (int i = 0; i < m.rank; ++i) n *= m.dims[i];
+  if (n == 0) return cudaSuccess;
+  matmul_kernel<<<blocks_for(n), kThreads, 0, s>>>(c, a, b, m, n);
   return cudaGetLastError();
 }
 

@@ -19,6 +19,8 @@ cudaError_t spread_rows(float* to, const float* from, int64_t rows, int64_t widt
 // VectorKernel::elementwise on device memory (a thread an output element).
 cudaError_t elementwise(Elementwise op, float* to, const float* x0, const float* x1, const float* x2, const Broadcast& b,
                         cudaStream_t s);
+// VectorKernel::matmul on device memory (a thread an element of C).
+cudaError_t matmul(float* c, const float* a, const float* b, const Matmul& m, cudaStream_t s);
 cudaError_t accumulate(float* acc, const float* add, int64_t n, cudaStream_t s);
 cudaError_t scale(float* x, double factor, int64_t n, cudaStream_t s);
 // How many doubles of device scratch squared_norm takes (its blocks' partial sums and the total).

@@ -412,6 +412,27 @@ class ReduceLayer final : public Layer {
   float* scratch(int64_t count);
 };
 
+// `full`, a gradient over a broadcast result of shape `out` (with the batch), summed over the
+// axes where an input of `shape` repeated (its dimension 1, or missing) into `to`: that
+// input's gradient. `scratch` holds the permuted gradient where those axes are not last.
+void sum_to_shape(VectorKernel& v, float* to, const Shape& shape, const float* full, const Shape& out, Tensor& scratch);
+
+// a @ b of two computed tensors (the matmul op): VectorKernel::matmul forward, and for
+// backward dC B^T and A^T dC over the whole batch, each summed to its input's shape.
+class MatmulLayer final : public Layer {
+ public:
+  bool touches_host() const override { return false; }  // kernels only
+  Reads backward_reads() const override { return {0b11u, false}; }
+  MatmulLayer(std::string name, Backend& backend) : Layer(std::move(name)), backend_(backend) {}
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  Backend& backend_;
+  Tensor full_, permuted_;  // a gradient over the whole batch, and it permuted (one call at a time)
+};
+
 // a op b elementwise with numpy's broadcasting (the binary op), or a op scalar (scalar op a)
 // for one input: VectorKernel::elementwise; backward writes each input's gradient over the
 // whole output, then sums it over the axes that input was repeated on (permute and sum_rows,
@@ -430,9 +451,6 @@ class BinaryLayer final : public Layer {
   // Each operand's strides against the output (with the batch); the scalar (one input) as
   // operand 1 (0 first) at stride 0.
   Broadcast broadcast(std::span<const Tensor> in, const Shape& out);
-  // The gradient over the whole output `full` ([out]) summed into `to`, an input of `shape`
-  // (with the batch).
-  void unbroadcast(float* to, const Shape& shape, const float* full, const Shape& out);
   float* scratch(Tensor& t, int64_t count);
   BinaryAttrs attrs_;
   Backend& backend_;

@@ -208,6 +208,30 @@ void broadcast_strides(const Shape& s, const Shape& out, int64_t* strides) {
 
 }  // namespace
 
+void sum_to_shape(VectorKernel& v, float* to, const Shape& shape, const float* full, const Shape& out, Tensor& scratch) {
+  const int shift = out.rank() - shape.rank();
+  std::vector<int> kept{0}, repeated;
+  int64_t rows = out[0], width = 1;
+  int64_t dims[kMaxRank];
+  for (int i = 1; i < out.rank(); ++i) {
+    dims[i] = out[i];
+    const int j = i - shift;
+    const bool r = out[i] != 1 && (j < 1 || shape[j] == 1);
+    (r ? repeated : kept).push_back(i);
+    (r ? width : rows) *= out[i];
+  }
+  dims[0] = out[0];
+  if (!repeated.empty() && repeated.front() != static_cast<int>(kept.size())) {  // not last already: permute them there
+    std::vector<int> perm = kept;
+    perm.insert(perm.end(), repeated.begin(), repeated.end());
+    if (!scratch.defined() || scratch.numel() < out.numel()) scratch = Tensor::empty(Shape{out.numel()});
+    float* t = scratch.data();
+    v.permute(t, full, dims, perm.data(), out.rank());
+    full = t;
+  }
+  v.sum_rows(to, full, rows, width, 1.0f);
+}
+
 Layer::Reads BinaryLayer::backward_reads() const {
   using M = BinaryAttrs::Mode;
   const bool product = attrs_.mode == M::mul || attrs_.mode == M::div;
@@ -243,30 +267,6 @@ void BinaryLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
   }
   backend_.vectors().elementwise(static_cast<Elementwise>(attrs_.mode), out.data(), a, b, nullptr,
                                  broadcast(in, out.shape()));
-}
-
-void BinaryLayer::unbroadcast(float* to, const Shape& shape, const float* full, const Shape& out) {
-  const int shift = out.rank() - shape.rank();
-  std::vector<int> kept{0}, repeated;
-  int64_t rows = out[0], width = 1;
-  int64_t dims[kMaxRank];
-  for (int i = 1; i < out.rank(); ++i) {
-    dims[i] = out[i];
-    const int j = i - shift;
-    const bool r = out[i] != 1 && (j < 1 || shape[j] == 1);
-    (r ? repeated : kept).push_back(i);
-    (r ? width : rows) *= out[i];
-  }
-  dims[0] = out[0];
-  VectorKernel& v = backend_.vectors();
-  if (!repeated.empty() && repeated.front() != static_cast<int>(kept.size())) {  // not last already: permute them there
-    std::vector<int> perm = kept;
-    perm.insert(perm.end(), repeated.begin(), repeated.end());
-    float* t = scratch(permuted_, out.numel());
-    v.permute(t, full, dims, perm.data(), out.rank());
-    full = t;
-  }
-  v.sum_rows(to, full, rows, width, 1.0f);
 }
 
 void BinaryLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
@@ -317,7 +317,64 @@ void BinaryLayer::backward(std::span<const Tensor> in, const Tensor&, const Tens
     } else if (whole) {
       v.copy(grad_in[k].data(), dy, out.numel());
     }
-    if (!whole) unbroadcast(grad_in[k].data(), shape, full, out);
+    if (!whole) sum_to_shape(v, grad_in[k].data(), shape, full, out, permuted_);
+  }
+}
+
+namespace {
+
+// The product's description for a @ b with `out` = [batch..., M, N] (with the batch): A(i, l)
+// at a_row, a_col and B(l, j) at b_row, b_col (a transposed operand swaps them); each
+// operand's steps over the batch axes from its shape against `a_full`/`b_full`, the shape it
+// has where nothing repeats.
+Matmul product(const Shape& out, int64_t k, const Shape& a, const Shape& a_full, const Shape& b, const Shape& b_full,
+               int64_t a_row, int64_t a_col, int64_t b_row, int64_t b_col) {
+  Matmul m{};
+  m.m = out[out.rank() - 2], m.n = out[out.rank() - 1], m.k = k;
+  m.a_row = a_row, m.a_col = a_col, m.b_row = b_row, m.b_col = b_col;
+  m.rank = out.rank() - 2;
+  int64_t sa[kMaxRank], sb[kMaxRank];
+  broadcast_strides(a, a_full, sa);
+  broadcast_strides(b, b_full, sb);
+  for (int i = 0; i < m.rank; ++i) m.dims[i] = out[i], m.a_steps[i] = sa[i], m.b_steps[i] = sb[i];
+  return m;
+}
+
+// `out` with its last two axes replaced by (r, c).
+Shape with_matrix(const Shape& out, int64_t r, int64_t c) {
+  int64_t d[kMaxRank];
+  for (int i = 0; i < out.rank(); ++i) d[i] = out[i];
+  d[out.rank() - 2] = r, d[out.rank() - 1] = c;
+  return Shape::of(d, out.rank());
+}
+
+}  // namespace
+
+void MatmulLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  const Shape &a = in[0].shape(), &b = in[1].shape(), &c = out.shape();
+  const int64_t M = c[c.rank() - 2], N = c[c.rank() - 1], K = a[a.rank() - 1];
+  backend_.vectors().matmul(out.data(), in[0].data(), in[1].data(),
+                            product(c, K, a, with_matrix(c, M, K), b, with_matrix(c, K, N), K, 1, N, 1));
+}
+
+void MatmulLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
+                           Stash&) {
+  const Shape &a = in[0].shape(), &b = in[1].shape(), &c = grad_out.shape();
+  const int64_t M = c[c.rank() - 2], N = c[c.rank() - 1], K = a[a.rank() - 1];
+  VectorKernel& v = backend_.vectors();
+  const Shape a_full = with_matrix(c, M, K), b_full = with_matrix(c, K, N);
+  for (int k = 0; k < 2; ++k) {
+    if (static_cast<std::size_t>(k) >= grad_in.size() || !grad_in[k].defined()) continue;
+    const Shape& shape = k == 0 ? a : b;
+    const Shape& full = k == 0 ? a_full : b_full;
+    const bool whole = shape == full;
+    if (!whole && (!full_.defined() || full_.numel() < full.numel())) full_ = Tensor::empty(Shape{full.numel()});
+    float* to = whole ? grad_in[k].data() : full_.data();
+    if (k == 0)  // dA(i, l) = sum over j of dC(i, j) B(l, j): B read transposed
+      v.matmul(to, grad_out.data(), in[1].data(), product(a_full, N, c, c, b, b_full, N, 1, 1, N));
+    else  // dB(l, j) = sum over i of A(i, l) dC(i, j): A read transposed
+      v.matmul(to, in[0].data(), grad_out.data(), product(b_full, M, a, a_full, c, c, 1, K, N, 1));
+    if (!whole) sum_to_shape(v, grad_in[k].data(), shape, to, full, permuted_);
   }
 }
 

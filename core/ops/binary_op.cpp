@@ -22,8 +22,6 @@ const char* mode_name(BinaryAttrs::Mode m) {
   return names[static_cast<int>(m)];
 }
 
-}  // namespace
-
 Shape broadcast_shapes(const NodeSpec& n, const Shape& a, const Shape& b) {
   const int rank = std::max(a.rank(), b.rank());
   int64_t dims[kMaxRank] = {};
@@ -37,6 +35,8 @@ Shape broadcast_shapes(const NodeSpec& n, const Shape& a, const Shape& b) {
   }
   return Shape::of(dims, rank);
 }
+
+}  // namespace
 
 void define_binary_op(OpTable& t) {
   OpDef d;
