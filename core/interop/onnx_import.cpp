@@ -1113,10 +1113,7 @@ class Importer {
     const OnnxNode* times_x = plus && is_scalar(*plus, other(*plus, erf->outputs[0]), 1.0) ? sole_reader(plus->outputs.at(0), "Mul") : nullptr;
     const OnnxNode* half = times_x && times_x->inputs[other(*times_x, plus->outputs[0])] == d.inputs[0]
                                ? sole_reader(times_x->outputs.at(0), "Mul") : nullptr;
-    if (!half || !is_scalar(*half, other(*half, times_x->outputs[0]), 0.5)) {
-      skip_refused(d);
-      throw Refusal{"tandem divides only inside the patterns it fuses (GELU's, LayerNorm's)"};
-    }
+    if (!half || !is_scalar(*half, other(*half, times_x->outputs[0]), 0.5)) return general_binary(d, BinaryAttrs::Mode::div);
     absorb({erf, plus, times_x, half});
     values_[half->outputs.at(0)] = {};
     const Value& x = input(d, 0);
@@ -1152,22 +1149,151 @@ class Importer {
 
   // Mul of two computed tensors: tandem's mul, b of a's shape or a channel's gate repeated
   // over an image (MobileNetV3's squeeze-excitation: the image times its pooled gates).
+  // Mul of two computed tensors of one shape, or a channel's gate repeated over an image
+  // (MobileNetV3's squeeze-excitation: the image times its pooled gates): tandem's mul; any
+  // other product a general binary.
   void product(const OnnxNode& n) {
     skip_refused(n);
-    if (constant(n, 0) || constant(n, 1))
-      throw Refusal{"it multiplies by a constant; tandem multiplies two computed tensors, or inside the patterns it fuses "
-                    "(GELU's tanh form, attention's scale, the mask's)"};
+    if (constant(n, 0) || constant(n, 1) || !same_shaped(n)) {
+      const Form fa = form_of(n, 0), fb = form_of(n, 1);
+      if ((fa == Form::Image && fb == Form::Pooled) || (fa == Form::Pooled && fb == Form::Image)) {
+        const Value& a = input(n, 0);
+        const Value& b = input(n, 1);
+        return emit(n, node_of(functional_node_name(n), "mul", {fa == Form::Image ? a.node : b.node, fa == Form::Image ? b.node : a.node}),
+                    Form::Image, n.outputs.at(0));
+      }
+      return general_binary(n, BinaryAttrs::Mode::mul);
+    }
     const Value& a = input(n, 0);
     const Value& b = input(n, 1);
-    if (a.form == Form::FlatImage || b.form == Form::FlatImage)
-      throw Refusal{"it multiplies a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"};
-    if (a.form == Form::Image && b.form == Form::Pooled)
-      return emit(n, node_of(functional_node_name(n), "mul", {a.node, b.node}), Form::Image, n.outputs.at(0));
-    if (a.form == Form::Pooled && b.form == Form::Image)
-      return emit(n, node_of(functional_node_name(n), "mul", {b.node, a.node}), Form::Image, n.outputs.at(0));
-    if (a.form != b.form || (!a.dims.empty() && !b.dims.empty() && a.dims != b.dims))
-      throw Refusal{"it multiplies tensors of different shapes; tandem repeats only a pooled [N, C, 1, 1] gate over an image"};
     emit(n, node_of(functional_node_name(n), "mul", {a.node, b.node}), a.form, n.outputs.at(0), a.dims);
+  }
+  // Whether the two inputs are computed tensors of one form and shape (not general tensors:
+  // their stored orders may differ), which add and mul take as they are.
+  bool same_shaped(const OnnxNode& n) {
+    const Value& a = any_input(n, 0);
+    const Value& b = any_input(n, 1);
+    if (is_step(a.form) || is_step(b.form)) return true;  // input() refuses them by name
+    return a.form == b.form && a.form != Form::Tensor && a.form != Form::FlatImage &&
+           (a.dims.empty() || b.dims.empty() || a.dims == b.dims);
+  }
+
+  // Add, Sub, Mul or Div that no pattern and no op of one shape takes: tandem's binary. Two
+  // computed tensors broadcast as ONNX does (numpy's, aligned on the last axis), both stored
+  // in one order first (a view, or a transpose); or one and a constant scalar, either side.
+  void general_binary(const OnnxNode& n, BinaryAttrs::Mode mode) {
+    skip_refused(n);
+    static const char* const verbs[] = {"adds", "subtracts", "multiplies", "divides"};
+    const char* verb = verbs[static_cast<int>(mode)];
+    const OnnxTensor* c[2] = {constant(n, 0), constant(n, 1)};
+    if (c[0] && c[1]) throw Refusal{cat("it ", verb, " two constants; tandem computes on tensors of the batch")};
+    if (c[0] || c[1]) {
+      const std::size_t at = c[0] ? 1 : 0;
+      const OnnxTensor* k = c[1 - at];
+      const std::optional<double> v = one_value(k);
+      if (!v || k->integer)
+        throw Refusal{cat("it ", verb, " by a stored tensor of ", k->count(), " values; tandem takes a constant scalar, or two "
+                          "computed tensors (a bias belongs to a linear or convolution)")};
+      if (stored(n, 1 - at) && !starts_with(k->name, "onnx::"))
+        throw Refusal{cat("its operand '", k->name, "' is a parameter of the state dict; tandem's binary takes a constant scalar, "
+                          "not a trained one")};
+      if (is_step(any_input(n, at).form)) input(n, at);  // refused, naming the step
+      const Value& x = any_input(n, at);
+      if (x.form == Form::FlatImage)
+        throw Refusal{cat("it ", verb, " a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)")};
+      NodeSpec s = node_of(functional_node_name(n), "binary", {x.node});
+      s.binary.mode = mode;
+      s.binary.has_scalar = true;
+      s.binary.scalar = static_cast<float>(*v);
+      s.binary.scalar_first = at == 1 && (mode == BinaryAttrs::Mode::sub || mode == BinaryAttrs::Mode::div);
+      Value out = x;  // a value at a time: the same form, shape and order
+      out.node = add_node(n, std::move(s));
+      values_[n.outputs.at(0)] = std::move(out);
+      return;
+    }
+    Value t[2];
+    for (std::size_t i = 0; i < 2; ++i) {
+      const Value& v = any_input(n, i);
+      if (is_step(v.form)) input(n, i);  // refused, naming the step
+      if (v.form == Form::FlatImage || v.form == Form::Pooled || v.dims.empty())
+        throw Refusal{cat("it ", verb, v.form == Form::FlatImage ? " a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"
+                                                               : " a tensor whose shape import does not know")};
+      t[i] = as_tensor(v);
+    }
+    const std::vector<int64_t>&da = t[0].dims, &db = t[1].dims;
+    if (da.size() != db.size())
+      throw Refusal{cat("it ", verb, " tensors of ", da.size() + 1, " and ", db.size() + 1,
+                        " dimensions; broadcast, their batch axes would not line up")};
+    std::vector<int64_t> dims(da.size());
+    for (std::size_t k = 0; k < da.size(); ++k) {
+      if (da[k] != db[k] && da[k] != 1 && db[k] != 1)
+        throw Refusal{cat("its operands' axis ", k + 1, " is ", da[k], " and ", db[k], "; they do not broadcast")};
+      dims[k] = std::max(da[k], db[k]);
+    }
+    const std::vector<int> order = t[0].dims == dims || t[1].dims != dims ? t[0].order : t[1].order;
+    NodeSpec s = node_of(functional_node_name(n), "binary", {stored_as(n, t[0], order).node, stored_as(n, t[1], order).node});
+    s.binary.mode = mode;
+    Value out = t[0];
+    out.node = add_node(n, std::move(s));
+    out.dims = dims;
+    out.order = order;
+    values_[n.outputs.at(0)] = settled_form(std::move(out));
+  }
+  // The general tensor `x` stored in the axis order `want`: as it is, a view where only its
+  // axes of one element lie elsewhere, or a transpose.
+  Value stored_as(const OnnxNode& n, Value x, const std::vector<int>& want) {
+    auto big = [&](const std::vector<int>& order) {
+      std::vector<int> b;
+      for (int a : order)
+        if (x.dims[static_cast<std::size_t>(a)] != 1) b.push_back(a);
+      return b;
+    };
+    if (x.order == want) return x;
+    if (big(x.order) != big(want)) return store_in(n, x, want);
+    NodeSpec s = node_of(module_child(n, "reshape"), "reshape", {x.node});
+    for (int a : want) s.reshape.push_back(x.dims[static_cast<std::size_t>(a)]);
+    x.node = add_node(n, std::move(s));
+    x.order = want;
+    return x;
+  }
+
+  // MatMul of two computed tensors (attention written by hand: q @ k^T, p @ v): tandem's
+  // matmul, each operand stored in ONNX's order (a transpose where it is not), the axes
+  // before the matrices broadcast.
+  void general_matmul(const OnnxNode& n) {
+    Value t[2];
+    for (std::size_t i = 0; i < 2; ++i) {
+      const Value& v = any_input(n, i);
+      if (is_step(v.form)) input(n, i);
+      if (v.form == Form::FlatImage || v.form == Form::Pooled || v.dims.empty())
+        throw Refusal{v.form == Form::FlatImage ? "it multiplies a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"
+                                                : "it multiplies a tensor whose shape import does not know"};
+      t[i] = as_tensor(v);
+    }
+    const std::vector<int64_t>&da = t[0].dims, &db = t[1].dims;
+    if (da.size() < 2 || db.size() < 2)
+      throw Refusal{"it multiplies a tensor of one dimension a sample, which ONNX's MatMul reads with the batch as a matrix's "
+                    "rows; tandem multiplies each sample's matrices"};
+    if (da.size() != db.size())
+      throw Refusal{cat("it multiplies tensors of ", da.size() + 1, " and ", db.size() + 1,
+                        " dimensions; broadcast, their batch axes would not line up")};
+    const std::size_t r = da.size();
+    if (da[r - 1] != db[r - 2]) throw Refusal{cat("its operands' inner dimensions ", da[r - 1], " and ", db[r - 2], " differ")};
+    std::vector<int64_t> dims(r);
+    for (std::size_t k = 0; k + 2 < r; ++k) {
+      if (da[k] != db[k] && da[k] != 1 && db[k] != 1)
+        throw Refusal{cat("its operands' axis ", k + 1, " is ", da[k], " and ", db[k], "; they do not broadcast")};
+      dims[k] = std::max(da[k], db[k]);
+    }
+    dims[r - 2] = da[r - 2];
+    dims[r - 1] = db[r - 1];
+    const std::vector<int> order = identity_order(r);
+    NodeSpec s = node_of(functional_node_name(n), "matmul", {stored_as(n, t[0], order).node, stored_as(n, t[1], order).node});
+    Value out = t[0];
+    out.node = add_node(n, std::move(s));
+    out.dims = dims;
+    out.order = order;
+    values_[n.outputs.at(0)] = settled_form(std::move(out));
   }
 
   // nn.Hardsigmoid: relu6(x + 3) / 6, HardSigmoid with alpha 1/6 and beta 0.5.
@@ -1597,6 +1723,7 @@ class Importer {
       throw Refusal{cat("it multiplies ", step_name(is_step(b) ? b : a), " otherwise than attention does (softmax(Q K^T / sqrt(d) + mask) V)")};
     const auto pre = n.inputs.size() == 2 ? transposed_.find(n.inputs[1]) : transposed_.end();
     const bool stored_out_in = pre != transposed_.end();  // W as nn.Linear holds it: [out, in]
+    if (!stored_out_in && !constant(n, 1) && form_of(n, 1) != Form::Unknown) return general_matmul(n);
     const OnnxTensor& w = stored_out_in ? *pre->second : weight(n, 1, "right operand");
     const int64_t outs = stored_out_in ? w.dims[0] : (w.dims.size() == 2 ? w.dims[1] : -1);
     const OnnxTensor* bias = nullptr;
@@ -1628,15 +1755,9 @@ class Importer {
     if (fa == Form::Positions || fb == Form::Positions) return position_embedding(n, fa == Form::Positions ? 0 : 1);
     if (fa == Form::Scores || fb == Form::Scores) return mask_scores(n, fa == Form::Scores ? 0 : 1);
     if (fa == Form::WithClass || fb == Form::WithClass) return class_token(n, fa == Form::WithClass ? 0 : 1);
-    if (constant(n, 0) || constant(n, 1))
-      throw Refusal{"it adds a stored constant; tandem adds two computed tensors (a bias belongs to a linear or convolution)"};
+    if (constant(n, 0) || constant(n, 1) || !same_shaped(n)) return general_binary(n, BinaryAttrs::Mode::add);
     const Value& a = input(n, 0);
     const Value& b = input(n, 1);
-    if (a.form != b.form) throw Refusal{"it adds tensors of different ranks (broadcasting is not supported yet)"};
-    if (a.form == Form::FlatImage)
-      throw Refusal{"it adds flattened images, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"};
-    if (!a.dims.empty() && !b.dims.empty() && a.dims != b.dims)
-      throw Refusal{"it adds tensors of different shapes (broadcasting is not supported yet)"};
     emit(n, node_of(functional_node_name(n), "add", {a.node, b.node}), a.form, n.outputs.at(0), a.dims);
   }
 
@@ -1927,8 +2048,7 @@ class Importer {
 
   void softmax(const OnnxNode& n) {
     skip_refused(n);
-    if (form_of(n, 0) != Form::Scores)
-      throw Refusal{"a Softmax outside attention; tandem's softmax is the loss's (export the logits)"};
+    if (form_of(n, 0) != Form::Scores) return general_softmax(n);
     Value v = any_input(n, 0);
     const int64_t axis = int_attr(n, "axis", g_.opset >= 13 ? -1 : 1);
     if (axis != -1 && axis != (v.merged ? 2 : 3)) throw Refusal{"it normalizes attention scores over another axis than the keys"};
@@ -1937,6 +2057,40 @@ class Importer {
       throw Refusal{cat("it scales attention scores by 1/", v.divisor, "; tandem's attention scales by 1/sqrt(head size) = 1/", want)};
     v.form = Form::Probs;
     values_[n.outputs.at(0)] = std::move(v);
+  }
+
+  // Softmax outside attention (scores written by hand): tandem's softmax over the last axis,
+  // which a sequence and a vector store last too. The model's output is the loss's logits.
+  void general_softmax(const OnnxNode& n) {
+    for (const OnnxValue& o : g_.outputs)
+      if (o.name == n.outputs.at(0)) throw Refusal{"a Softmax at the output; tandem's loss takes the logits (export them)"};
+    const Value& x = input(n, 0);
+    const auto rank = static_cast<int64_t>(x.dims.size()) + 1;
+    int64_t axis = int_attr(n, "axis", g_.opset >= 13 ? -1 : 1);
+    if (axis < 0) axis += rank;
+    if (x.form == Form::Image || x.form == Form::Pooled || x.form == Form::FlatImage || x.dims.empty())
+      throw Refusal{"a Softmax over an image, or a tensor whose shape import does not know; tandem's softmax reads sequences "
+                    "and vectors"};
+    if (axis != rank - 1 || (g_.opset < 13 && rank > 2))
+      throw Refusal{cat("a Softmax over axis ", axis, " of ", rank, "; tandem's softmax normalizes the last axis")};
+    emit(n, node_of(functional_node_name(n), "softmax", {x.node}), x.form, n.outputs.at(0), x.dims);
+  }
+
+  // Reciprocal: 1 / x, a binary with the scalar first (torch writes c / x as Reciprocal, Mul).
+  void reciprocal(const OnnxNode& n) {
+    skip_refused(n);
+    if (is_step(any_input(n, 0).form)) input(n, 0);
+    const Value& x = any_input(n, 0);
+    if (x.form == Form::FlatImage)
+      throw Refusal{"it divides into a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"};
+    NodeSpec s = node_of(functional_node_name(n), "binary", {x.node});
+    s.binary.mode = BinaryAttrs::Mode::div;
+    s.binary.has_scalar = true;
+    s.binary.scalar = 1.0f;
+    s.binary.scalar_first = true;
+    Value out = x;
+    out.node = add_node(n, std::move(s));
+    values_[n.outputs.at(0)] = std::move(out);
   }
 
   // MatMul(probabilities, value heads [N, H, T, D]): tandem's attention op.
@@ -1993,8 +2147,7 @@ class Importer {
   }
   void sub(const OnnxNode& n) {
     skip_refused(n);
-    if (form_of(n, 1) != Form::Mask || !is_scalar(n, 0, 1.0))
-      throw Refusal{"tandem subtracts only inside the patterns it fuses (LayerNorm's, a mask's 1 - mask)"};
+    if (form_of(n, 1) != Form::Mask || !is_scalar(n, 0, 1.0)) return general_binary(n, BinaryAttrs::Mode::sub);
     Value m = any_input(n, 1);
     if (m.inverted || m.mask_scale != 1.0) throw Refusal{"it computes the mask otherwise than (1 - mask) * c"};
     m.inverted = true;
@@ -2060,6 +2213,7 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
       {"Constant", &I::constant_node},
       {"Gather", &I::gather},
       {"Softmax", &I::softmax},
+      {"Reciprocal", &I::reciprocal},
       {"Cast", &I::cast},
       {"Unsqueeze", &I::unsqueeze},
       {"Sub", &I::sub},

@@ -15,7 +15,7 @@
 # 3 steps within 1e-4. The ViT trains 3 steps split at its first encoder layer in one process
 # (tandem train --init-from, --export): strict load, torch's own steps within 1e-4; so does a
 # model of general reshapes, transposes and reductions (onnx_check.py's Views), split after
-# its channel shuffle. A model of
+# its channel shuffle, and one of arithmetic and matmuls no pattern takes (Arith). A model of
 # three ops tandem cannot take is refused naming all three; a truncated file and a bad cut are
 # refused with the exact errors.
 # Usage: onnx_import.sh BUILD_DIR SOURCE_DIR [BACKENDS]
@@ -32,7 +32,7 @@ source "$src/tests/lib/skip.sh"
 check=$src/tests/interop/onnx_check.py
 
 # torch's exports run side by side (the test runs alone: both cores are its); each status is checked.
-models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 views vit tabular14 tabular17 bert encoder"
+models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 views arith vit tabular14 tabular17 bert encoder"
 pids=()
 for model in $models; do
   mkdir -p "$work/$model"
@@ -46,7 +46,7 @@ for pid in "${pids[@]}"; do
 done
 for model in $models; do
   dir=$work/$model
-  case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;; views) cut=reshape_1 ;;
+  case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;; views) cut=reshape_1 ;; arith) cut=div ;;
     bert) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; encoder) cut=encoder.layers.0 ;; *) cut=layer3 ;; esac
   tol=1e-4
   [[ $model == mobilenet_v3_small || $model == shufflenet_v2_x0_5 ]] && tol=1e-5  # their logits are about 0.1 and 0.5
@@ -92,6 +92,24 @@ grep -qF '{ name: "transpose_1", op: "transpose", inputs: ["tanh"], transpose: {
 grep -qF '{ name: "reducesum", op: "reduce", inputs: ["reshape_1"], reduce: { mode: "sum", axes: [0, 1] } }' "$vw/imported/model.json" &&
   grep -qF '{ name: "reducesum_1.keepdims", op: "reshape", inputs: ["reducesum_1"], reshape: { shape: [64, 1] } }' "$vw/imported/model.json" ||
   fail "views: the image's sum over rows and columns, a token's sum kept: $(grep -F reduce "$vw/imported/model.json")"
+
+# Arithmetic no pattern takes trains as torch does: the Arith model 3 steps split after its
+# image's broadcast division (gates broadcast over channels and tokens, scalars either side,
+# attention written by hand as matmul, softmax, matmul).
+ar=$work/arith
+"$tandem_bin" train --model "$ar/imported/model.json" --data "$ar/data" --init-from "$ar/imported/weights.safetensors" \
+  --limit 16 --batch 16 --microbatches 4 --epochs 3 --optimizer sgd --lr 0.05 --momentum 0 --test-limit 8 \
+  --export "$ar/trained.safetensors" > "$ar/train.out" 2>&1 || fail "tandem train on the arith model: $(tail -3 "$ar/train.out")"
+/usr/bin/python3 "$check" train arith "$ar" 3 16 4 0.05 1 || fail "torch could not train the arith model"
+/usr/bin/python3 "$check" weights arith "$ar/trained.safetensors" "$ar" 1e-4 || fail "tandem's 3 steps of the arith model differ from torch's"
+for op in '{ name: "mul", op: "binary", inputs: ["relu", "sigmoid"], binary: { mode: "mul" } }' \
+          '{ name: "div", op: "binary", inputs: ["mul", "add"], binary: { mode: "div" } }' \
+          '{ name: "matmul", op: "matmul", inputs: ["q", "transpose"] }' \
+          '{ name: "softmax", op: "softmax", inputs: ["div_1"] }' \
+          '{ name: "sub", op: "binary", inputs: ["mul_1"], binary: { mode: "sub", scalar: 1, scalar_first: true } }' \
+          '{ name: "reciprocal", op: "binary", inputs: ["add_1"], binary: { mode: "div", scalar: 1, scalar_first: true } }'; do
+  grep -qF "$op" "$ar/imported/model.json" || fail "arith: not imported as $op: $(grep -E 'binary|matmul|softmax' "$ar/imported/model.json")"
+done
 
 # ShuffleNet's channel shuffle (view [N, 2, C/2, H, W], transpose 1 and 2, view [N, C, H, W])
 # is two views and one transpose of tandem's [H, W, C]; its x.chunk(2, dim=1) two channel slices.

@@ -9,7 +9,8 @@ usage: onnx_check.py export MODEL OUT_DIR N
            OUT_DIR/torch.pt: the state dict the file was exported from. MODEL tabular14 and
            tabular17: records of 12 features; bert: a BERT-style text classifier (bert() below);
            vit: a small VisionTransformer (make() below); encoder: a text classifier of
-           nn.TransformerEncoderLayers (TextEncoder below)
+           nn.TransformerEncoderLayers (TextEncoder below); views and arith: general reshapes,
+           transposes and reductions (Views below), and arithmetic (Arith below)
        onnx_check.py refused OUT_DIR
            a model of ops tandem does not take (Unsupported below) to OUT_DIR/model.onnx
        onnx_check.py train MODEL OUT_DIR EPOCHS BATCH K LR SEED
@@ -153,6 +154,33 @@ class Views(torch.nn.Module):
         return self.fc(torch.cat((t.transpose(1, 2).reshape(n, -1), means.reshape(n, -1), sums, token_sums.reshape(n, -1)), 1))
 
 
+class Arith(torch.nn.Module):
+    """Arithmetic no pattern takes, as general binary and matmul ops: an image times a gate of
+    its own over the channels ([N, 1, H, W] broadcast) and divided by 2 + tanh of its sums
+    over rows and columns ([N, C, 1, 1]); its pixels as tokens through attention written by
+    hand (q @ k^T / 4, softmax, @ v); the context times a gate over the tokens ([N, 1, F]
+    broadcast), 1 - it, times 2 / (1.5 + sigmoid(it)), plus the tokens; a linear."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.q = torch.nn.Linear(8, 8)
+        self.k = torch.nn.Linear(8, 8)
+        self.v = torch.nn.Linear(8, 8)
+        self.fc = torch.nn.Linear(64 * 8, 10)
+
+    def forward(self, x):
+        x = torch.relu(self.conv(x))
+        x = x * torch.sigmoid(x.sum(1, keepdim=True))
+        x = x / (2.0 + torch.tanh(x.sum((2, 3), keepdim=True)))
+        t = x.reshape(x.size(0), 8, 64).transpose(1, 2)
+        q, k, v = self.q(t), self.k(t), self.v(t)
+        c = torch.softmax(q @ k.transpose(1, 2) / 4.0, -1) @ v
+        c = 1.0 - c * torch.sigmoid(c.sum(1, keepdim=True))
+        c = c * (2.0 / (1.5 + torch.sigmoid(c))) + t
+        return self.fc(c.flatten(1))
+
+
 class TextEncoder(torch.nn.Module):
     """A text classifier as torch.nn builds one: token embeddings, 2 nn.TransformerEncoderLayers
     (batch_first, GELU, no dropout), the tokens' mean, a linear: 12 tokens of 16, 3 classes."""
@@ -173,6 +201,8 @@ def make(name):
     patches of 8, 2 layers, hidden 16, 2 heads; nn.MultiheadAttention's packed in-projection)."""
     if name == "views":
         return Views()
+    if name == "arith":
+        return Arith()
     if name == "vit":
         return torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
                                                     mlp_dim=32, num_classes=10)
