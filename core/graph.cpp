@@ -24,6 +24,7 @@ void check_torch_names(const NodeSpec& n, const std::vector<Shape>& in, std::set
   for (const ParamSpec& p : op_params(n, in)) fields.push_back(p.field);
   if (n.op == "batch_norm") fields.insert(fields.end(), {"running_mean", "running_var"});
   for (const auto& [field, name] : n.torch_names) {
+    if (name.empty()) continue;  // a tensor PyTorch's model lacks (parse_model allows only a token-type table's)
     if (std::find(fields.begin(), fields.end(), field) == fields.end()) {
       std::string known;
       for (const std::string& f : fields) known += cat(known.empty() ? "" : ", ", f);

@@ -52,7 +52,11 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
     std::set<std::string> fields;
     for (flatbuffers::uoffset_t k = 0; k < names->size(); ++k) {
       const spec::TorchName* t = names->Get(k);
-      if (!t || !t->field() || t->field()->size() == 0 || !t->name() || t->name()->size() == 0)
+      // An empty name says PyTorch's model has no such tensor: only a position table's
+      // token-type table (an imported BERT without one), which export then does not add.
+      const bool none = t && t->field() && t->field()->str() == "token_type_embeddings" && t->name() && t->name()->size() == 0 &&
+                        out.op == "position_embedding";
+      if (!t || !t->field() || t->field()->size() == 0 || !t->name() || (t->name()->size() == 0 && !none))
         fail(kWhere, cat(label, ": field 'torch_names' entry ", k, " needs a 'field' and a 'name'"));
       if (!fields.insert(t->field()->str()).second)
         fail(kWhere, cat(label, ": field 'torch_names' names field '", t->field()->str(), "' twice"));

@@ -13,6 +13,7 @@
 #include "core/error.h"
 
 #include "core/graph.h"
+#include "core/interop/hugging_face.h"
 #include "core/interop/onnx_import.h"
 #include "core/interop/onnx_protobuf.h"
 #include "core/interop/torch_layout.h"
@@ -846,6 +847,28 @@ TEST(SpecJson, ReshapeAndTransposeRefuseWhatTheyCannotTake) {
   EXPECT_EQ(again.nodes[1].perm, (std::vector<int>{2, 0, 1}));
   EXPECT_TRUE(again.nodes[2].reduce.mean);
   EXPECT_EQ(again.nodes[2].reduce.axes, (std::vector<int>{0, -1}));
+}
+
+// tandem's own BERT specs export a zero token-type table, as Hugging Face's BertModel has one;
+// an imported model that has none says so (torch_names' empty name), and export adds none.
+TEST(SpecJson, AnImportedBertWithoutTokenTypesExportsNone) {
+  auto spec = [](const std::string& names) {
+    return parse_model_json(cat(R"({ name: "m", inputs: [{ name: "ids", shape: [4], dtype: "int32" }], nodes: [
+      { name: "bert.embeddings.word_embeddings", op: "embedding", inputs: ["ids"], embedding: { count: 10, features: 6 } },
+      { name: "bert.embeddings.position_embeddings", op: "position_embedding", inputs: ["bert.embeddings.word_embeddings"],
+        embedding: { count: 4 })", names, R"( },
+      { name: "fc", op: "linear", inputs: ["bert.embeddings.position_embeddings"], linear: { out_features: 2 } }] })"), "m");
+  };
+  const std::vector<SafeTensor> hf = hugging_face_export_extras(Graph::build(spec("")));
+  ASSERT_EQ(hf.size(), 1u);
+  EXPECT_EQ(hf[0].name, "bert.embeddings.token_type_embeddings.weight");
+  EXPECT_EQ(hf[0].shape, (std::vector<int64_t>{2, 6}));
+  const std::string none = R"(, torch_names: [{ field: "token_type_embeddings", name: "" }])";
+  EXPECT_TRUE(hugging_face_export_extras(Graph::build(spec(none))).empty());
+  EXPECT_EQ(parse_model_json(model_spec_json(spec(none)), "again").nodes[1].torch_names, spec(none).nodes[1].torch_names);
+  // An empty name for anything else is no name.
+  EXPECT_EQ(error_of([&] { spec(R"(, torch_names: [{ field: "weight", name: "" }])"); }),
+            "[model spec] node 'bert.embeddings.position_embeddings': field 'torch_names' entry 0 needs a 'field' and a 'name'");
 }
 
 TEST(SpecJson, BinaryBroadcastsAsNumpyAndRefusesWhatItCannot) {

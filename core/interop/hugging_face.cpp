@@ -2,6 +2,7 @@
 // F32 tensors under the model's names, which pass through unchanged.
 #include "core/interop/hugging_face.h"
 
+#include <algorithm>
 #include <cstring>
 
 #include "core/error.h"
@@ -114,6 +115,9 @@ std::vector<SafeTensor> hugging_face_export_extras(const Graph& whole) {
     if (n.spec.op != "position_embedding" || !ends_with(name, suffix)) continue;
     const std::string prefix = name.substr(0, name.size() - suffix.size());
     if (whole.find(prefix + "word_embeddings") < 0 || whole.find(prefix + "token_type_embeddings") >= 0) continue;
+    const auto& names = n.spec.torch_names;  // ("token_type_embeddings", ""): PyTorch's model has none
+    if (std::find(names.begin(), names.end(), std::pair<std::string, std::string>{"token_type_embeddings", ""}) != names.end())
+      continue;
     const int64_t features = n.shape[n.shape.rank() - 1];
     const std::vector<float> zeros(static_cast<std::size_t>(2 * features), 0.0f);
     out.push_back(f32_tensor(prefix + "token_type_embeddings.weight", {2, features}, zeros.data()));

@@ -1993,6 +1993,12 @@ class Importer {
     NodeSpec s = node_of(param_node_name(n, *rows.table), "position_embedding", {x.node});
     s.embedding.count = rows.table->dims[0];
     add_weight(s, "weight", *rows.table);
+    // A model under Hugging Face's names without a token-type table: export writes none
+    // (tandem's own BERT specs get HF's zero table, hugging_face_export_extras).
+    const std::string suffix = "position_embeddings";
+    if (s.name.size() >= suffix.size() && s.name.compare(s.name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+        !stored_.count(s.name.substr(0, s.name.size() - suffix.size()) + "token_type_embeddings.weight"))
+      s.torch_names.emplace_back("token_type_embeddings", "");
     out_.fused.push_back(cat(s.name, ": Gather(rows 0..T-1) + Add -> position_embedding"));
     emit(n, std::move(s), Form::Sequence, n.outputs.at(0), x.dims);
   }

@@ -12,7 +12,8 @@
 # imported resnet18 trains split at that cut over mutual TLS (tandem-cloud and tandem-edge, both
 # --init-from the import's weights, K = 4, 3 SGD steps, the edge's sample order replayed in
 # torch); tandem export's file loads strictly into torchvision's resnet18 and equals torch's own
-# 3 steps within 1e-4. The ViT trains 3 steps split at its first encoder layer in one process
+# 3 steps within 1e-4; so does the BERT-style classifier (without dropout), split after its
+# first encoder layer. The ViT trains 3 steps split at its first encoder layer in one process
 # (tandem train --init-from, --export): strict load, torch's own steps within 1e-4; so does a
 # model of general reshapes, transposes and reductions (onnx_check.py's Views), split after
 # its channel shuffle, and one of arithmetic and matmuls no pattern takes (Arith). A model of
@@ -40,6 +41,9 @@ for model in $models; do
   pids+=($!)
 done
 /usr/bin/python3 "$check" refused "$work" > "$work/refused.out" 2>&1 &
+pids+=($!)
+mkdir -p "$work/bert0"  # the BERT-style classifier without dropout, to train as torch does
+/usr/bin/python3 "$check" export bert0 "$work/bert0" 48 > "$work/bert0/export.out" 2>&1 &
 pids+=($!)
 for pid in "${pids[@]}"; do
   wait "$pid" || fail "torch could not export: $(tail -3 "$work"/*/export.out "$work/refused.out")"
@@ -173,6 +177,27 @@ cloud_pid=
 /usr/bin/python3 "$check" train resnet18 "$work/resnet18" 3 32 4 0.001 1 || fail "torch could not train"
 /usr/bin/python3 "$check" weights resnet18 "$work/trained.safetensors" "$work/resnet18" 1e-4 ||
   fail "tandem's 3 split steps over TLS differ from torch's"
+
+# The BERT-style classifier the same way, split after its first encoder layer (the padding
+# mask crosses the cut with the activations): 3 steps of 32 texts, K = 4, lr 0.05. Its export
+# holds exactly the state dict's keys (no token-type table: the model has none).
+b0=$work/bert0
+"$tandem_bin" import "$b0/model.onnx" --out "$b0/imported" --cut bert.encoder.layer.0 > "$b0/import.out" 2>&1 ||
+  fail "bert0: tandem import: $(cat "$b0/import.out")"
+model=$b0/imported/model.json
+start_cloud_as cloud-bert --init-from "$b0/imported/weights.safetensors" --optimizer sgd --lr 0.05 --momentum 0
+"$cloud_bin" pki issue --state-dir "$work/state" --client clinic-bert --out "$work/id-bert" > /dev/null
+"$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/id-bert" --model "$model" --data "$b0/data" \
+  --init-from "$b0/imported/weights.safetensors" --limit 32 --batch 32 --microbatches 4 --epochs 3 --test-limit 8 \
+  --optimizer sgd --lr 0.05 --momentum 0 --seed 1 --checkpoint-dir "$work/ckpt-bert" --checkpoint-every 3 > "$work/edge-bert.out" 2>&1 ||
+  fail "tandem-edge on the imported BERT: $(tail -3 "$work/edge-bert.out")"
+stop_cloud
+cloud_pid=
+"$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt-bert/edge-000000000003.tdmc" --identity "$work/id-bert" \
+  --cloud-ckpt "$work/state/checkpoints/clinic-bert/cloud-000000000003.tdmc" --out "$b0/trained.safetensors" \
+  > "$b0/export.out" 2>&1 || fail "tandem export of the BERT: $(cat "$b0/export.out")"
+/usr/bin/python3 "$check" train bert0 "$b0" 3 32 4 0.05 1 || fail "torch could not train the BERT"
+/usr/bin/python3 "$check" weights bert0 "$b0/trained.safetensors" "$b0" 1e-4 || fail "tandem's 3 split steps of the BERT over TLS differ from torch's"
 
 # MobileNetV3's squeeze-excitation: a 1x1 convolution of the pooled image, its gate
 # (hardsigmoid) and the image times the gate (mul).

@@ -7,7 +7,8 @@ usage: onnx_check.py export MODEL OUT_DIR N
            OUT_DIR/data/test.safetensors and train.safetensors: N random 32x32 images in
            tandem's layout (NHWC) and labels; OUT_DIR/torch.f32: torch's logits in eval mode;
            OUT_DIR/torch.pt: the state dict the file was exported from. MODEL tabular14 and
-           tabular17: records of 12 features; bert: a BERT-style text classifier (bert() below);
+           tabular17: records of 12 features; bert: a BERT-style text classifier (bert() below),
+           bert0 the same without dropout (train and weights take it);
            vit: a small VisionTransformer (make() below); encoder: a text classifier of
            nn.TransformerEncoderLayers (TextEncoder below); views and arith: general reshapes,
            transposes and reductions (Views below), and arithmetic (Arith below)
@@ -203,6 +204,8 @@ def make(name):
         return Views()
     if name == "arith":
         return Arith()
+    if name == "bert0":
+        return bert_model(0.0)
     if name == "vit":
         return torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
                                                     mlp_dim=32, num_classes=10)
@@ -228,10 +231,16 @@ def export(model, path, x=None, names=("image",), opset=14):
                           output_names=["logits"], dynamic_axes={name: {0: "batch"} for name in names})
 
 
-def bert(gen, n):
-    """A BERT-style classifier under Hugging Face's module names (hf_encoder.py): 2 layers,
-    hidden 32, 4 heads, 16 tokens, 3 classes; N random texts of 4 to 16 tokens, padded."""
-    model = BertForSequenceClassification(vocab=100, tokens=16, hidden=32, layers=2, heads=4, inter=64, classes=3)
+def bert_model(p=0.1):
+    """hf_encoder.py's BERT-style classifier: 2 layers, hidden 32, 4 heads, 16 tokens, 3 classes,
+    dropout p on the hidden states."""
+    return BertForSequenceClassification(vocab=100, tokens=16, hidden=32, layers=2, heads=4, inter=64, classes=3, p=p)
+
+
+def bert(gen, n, p=0.1):
+    """A BERT-style classifier under Hugging Face's module names (bert_model()); N random texts
+    of 4 to 16 tokens, padded."""
+    model = bert_model(p)
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, torch.nn.LayerNorm):
@@ -271,8 +280,8 @@ def main():
             labels = torch.randint(0, 3, (n,), generator=gen, dtype=torch.int32)
             inputs = {"ids": ids}
             images = (ids,)
-        elif name == "bert":
-            model, ids, mask = bert(gen, n)
+        elif name in ("bert", "bert0"):  # bert0: no dropout, to train as torch does
+            model, ids, mask = bert(gen, n, 0.1 if name == "bert" else 0.0)
             export(model, f"{out}/model.onnx", (ids[:2], mask[:2]), ["input_ids", "attention_mask"])
             labels = torch.randint(0, 3, (n,), generator=gen, dtype=torch.int32)
             inputs = {"input_ids": ids, "attention_mask": mask}
@@ -300,7 +309,10 @@ def main():
         model = make(name)
         model.load_state_dict(torch.load(f"{out}/torch.pt"))
         data = read_safetensors(f"{out}/data/train.safetensors")
-        images = data["image"][:batch].permute(0, 3, 1, 2).contiguous()  # tandem's NHWC -> torch's NCHW
+        if name == "bert0":  # ids and mask, as tandem reads them (floats holding integers)
+            inputs = (data["input_ids"][:batch].long(), data["attention_mask"][:batch].long())
+        else:
+            inputs = (data["image"][:batch].permute(0, 3, 1, 2).contiguous(),)  # tandem's NHWC -> torch's NCHW
         labels = data["labels"][:batch].long()
         opt = torch.optim.SGD(model.parameters(), lr=lr, momentum=0.0)
         model.train()
@@ -308,7 +320,7 @@ def main():
             order = torch.tensor(epoch_order(batch, seed, epoch + 1))  # the edge counts epochs from 1
             opt.zero_grad()
             for mb in order.chunk(k):
-                loss = torch.nn.functional.cross_entropy(model(images[mb]), labels[mb], reduction="sum") / batch
+                loss = torch.nn.functional.cross_entropy(model(*(x[mb] for x in inputs)), labels[mb], reduction="sum") / batch
                 loss.backward()
             opt.step()
         torch.save(model.state_dict(), f"{out}/torch-trained.pt")
