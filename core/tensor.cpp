@@ -100,7 +100,7 @@ Tensor Tensor::empty(const Shape& shape) {
   Tensor t;
   const auto count = static_cast<std::size_t>(shape.numel());
   const TensorMemory* memory = g_memory.load();
-  void* p = memory && count * sizeof(float) >= memory->min_bytes ? memory->allocate(padded_tensor_bytes(count)) : nullptr;
+  void* p = memory && count * sizeof(float) >= memory->min_bytes ? memory->allocate(padded_tensor_bytes(count), count * sizeof(float)) : nullptr;
   if (p)
     t.storage_ = std::shared_ptr<float>(static_cast<float*>(p), [memory](float* q) { memory->release(q); });
   else

@@ -53,13 +53,14 @@ std::unique_ptr<float, AlignedFree> aligned_floats(std::size_t count);
 // aligned host memory, aligned_floats). The cuda backend installs one when first made, for the
 // rest of the process: page-locked host memory (its copies run by DMA) or CUDA managed memory
 // (its kernels use tensors in place). Tensor::empty and zeros of at least min_bytes call
-// `allocate` with the padded byte count aligned_floats takes; it returns 64-byte aligned storage,
-// or null to leave this tensor to core's own. `release` gives back what it made, once the last
+// `allocate` with the padded byte count aligned_floats takes and the bytes the values use (a
+// test's guard zones follow them); it returns 64-byte aligned storage of at least `bytes` (or
+// `used` plus 16 readable bytes), or null to leave this tensor to core's own. `release` gives back what it made, once the last
 // view is gone. The object must outlive every tensor (static storage: a tensor's deleter keeps
 // its address). Null uninstalls for tensors made later.
 struct TensorMemory {
   std::size_t min_bytes;
-  void* (*allocate)(std::size_t bytes);
+  void* (*allocate)(std::size_t bytes, std::size_t used);
   void (*release)(void* p);
 };
 void set_tensor_memory(const TensorMemory* memory);

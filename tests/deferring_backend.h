@@ -63,7 +63,7 @@ inline void flush() {
   }
 }
 
-inline void* allocate(std::size_t bytes) {
+inline void* allocate(std::size_t bytes, std::size_t) {
   void* p = ::operator new[](bytes, std::align_val_t{kTensorAlignment});
   std::lock_guard lock(ranges().mu);
   ranges().ranges[reinterpret_cast<std::uintptr_t>(p)] = bytes;

@@ -313,6 +313,61 @@ Pb ints(const std::string& name, const std::vector<int64_t>& dims, const std::ve
   if (!v.empty()) std::memcpy(raw.data(), v.data(), raw.size());
   return node(name, "Constant", {}, {cat(name, "_out")}, {Pb().str(1, "value").msg(5, t.str(9, raw)).num(20, 4)});
 }
+
+// Arithmetic and gathers no pattern takes: x (records [24] seen as [4, 6]) times its rows' sums [4, 1]
+// (broadcast), minus 1 (a scalar), its last feature gathered (x[:, :, -1]: a slice and a
+// view), a run of tokens (x[:, [1, 2]]); what they cannot take is refused by name.
+TEST(OnnxImport, ArithmeticAndGathersOutsidePatternsAreGeneralOps) {
+  auto graph = [](const std::vector<Pb>& extra, const std::string& out, std::vector<int64_t> out_dims) {
+    std::vector<Pb> nodes = {ints("shape", {3}, {0, 4, 6}), node("/Reshape", "Reshape", {"r", "shape_out"}, {"x"})};
+    nodes.insert(nodes.end(), extra.begin(), extra.end());
+    nodes.push_back(node("/fc/MatMul", "MatMul", {out, "fc.weight"}, {"logits"}));
+    Pb g;
+    for (const Pb& n : nodes) g.msg(1, n);
+    g.msg(5, tensor("fc.weight", {out_dims.back(), 3}));
+    g.msg(11, value("r", {24})).msg(12, value("logits", {}));
+    const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
+    return std::vector<uint8_t>(b.begin(), b.end());
+  };
+  const std::vector<Pb> arith = {ints("axes", {1}, {-1}),
+                                 node("/ReduceSum", "ReduceSum", {"x", "axes_out"}, {"s"}, {int_attr("keepdims", 1)}),
+                                 node("/Mul", "Mul", {"x", "s"}, {"p"}), scalar("one", 1.0f),
+                                 node("/Sub", "Sub", {"p", "one_out"}, {"d"})};
+  const OnnxImport imp = import_bytes(graph(arith, "d", {4, 6}));
+  ASSERT_GE(imp.spec.nodes.size(), 4u);
+  EXPECT_EQ(model_spec_json(imp.spec).find(R"({ name: "mul", op: "binary", inputs: ["reshape", "reducesum.keepdims"], binary: { mode: "mul" } })") !=
+                std::string::npos, true) << model_spec_json(imp.spec);
+  EXPECT_NE(model_spec_json(imp.spec).find(R"({ name: "sub", op: "binary", inputs: ["mul"], binary: { mode: "sub", scalar: 1 } })"),
+            std::string::npos) << model_spec_json(imp.spec);
+  std::vector<Pb> last = {ints("k", {}, {-1}), node("/Gather", "Gather", {"x", "k_out"}, {"g"}, {int_attr("axis", 2)})};
+  const std::string lj = model_spec_json(import_bytes(graph(last, "g", {4})).spec);
+  EXPECT_NE(lj.find(R"({ name: "gather", op: "slice", inputs: ["reshape"], slice: { axis: 1, start: 5, end: 6 } })"), std::string::npos) << lj;
+  EXPECT_NE(lj.find(R"({ name: "reshape_1", op: "reshape", inputs: ["gather"], reshape: { shape: [4] } })"), std::string::npos) << lj;
+  std::vector<Pb> run = {ints("k", {2}, {1, 2}), node("/Gather", "Gather", {"x", "k_out"}, {"g"}, {int_attr("axis", 1)})};
+  const std::string rj = model_spec_json(import_bytes(graph(run, "g", {2, 6})).spec);
+  EXPECT_NE(rj.find(R"({ name: "gather", op: "slice", inputs: ["reshape"], slice: { axis: 0, start: 1, end: 3 } })"), std::string::npos) << rj;
+  struct Case {
+    std::vector<Pb> nodes;
+    std::string want;
+  };
+  const std::vector<Case> refused = {
+      {{ints("k", {2}, {0, 2}), node("/Gather", "Gather", {"x", "k_out"}, {"g"}, {int_attr("axis", 1)})},
+       "node '/Gather' (Gather): it gathers indices that are not a run (a, a+1, ..., b-1); tandem slices runs"},
+      {{ints("k", {}, {6}), node("/Gather", "Gather", {"x", "k_out"}, {"g"}, {int_attr("axis", 2)})},
+       "node '/Gather' (Gather): its index 6 is outside the axis's 6"},
+      {{ints("k", {}, {0}), node("/Gather", "Gather", {"x", "k_out"}, {"g"}, {int_attr("axis", 0)})},
+       "node '/Gather' (Gather): it gathers along axis 0 (the batch, or outside the tensor's 3)"},
+      {{ints("axes", {1}, {-1}), node("/ReduceSum", "ReduceSum", {"x", "axes_out"}, {"s"}, {int_attr("keepdims", 0)}),
+        node("/Add", "Add", {"x", "s"}, {"g"})},
+       "node '/Add' (Add): it adds tensors of 3 and 2 dimensions; broadcast, their batch axes would not line up"},
+      {{node("/Mul", "Mul", {"x", "fc.weight"}, {"g"})},
+       "node '/Mul' (Mul): it multiplies by a stored tensor of 18 values; tandem takes a constant scalar, or two computed tensors"},
+  };
+  for (const Case& c : refused) {
+    const std::string e = error_of([&] { import_bytes(graph(c.nodes, "g", {6})); });
+    EXPECT_NE(e.find(c.want), std::string::npos) << e;
+  }
+}
 Pb typed_value(const std::string& name, int type, const std::vector<int64_t>& dims) {
   Pb shape;
   shape.msg(1, Pb().str(2, "batch"));

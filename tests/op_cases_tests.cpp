@@ -2,11 +2,18 @@
 // ggml's test-backend-ops): a small spec around the op, written as the model JSON users write.
 // Each case runs forward and backward on the backend and on the reference (the same weights)
 // and compares outputs and every gradient, then checks the backend's gradients of a random
-// weighted sum of the output (input and parameters) by central finite differences. A case for
+// weighted sum of the output (input and parameters) by central finite differences, every
+// tensor between guard zones (GuardedMemory). A case for
 // a new op is one entry of cases(); OpCases.EveryRegisteredOpHasACase fails for an op without
 // one, so "every op on every backend" holds by construction (ctest runs OpCases.* on each).
+#include <gtest/gtest-spi.h>
 #include <gtest/gtest.h>
 
+#include <cmath>
+#include <cstring>
+#include <limits>
+#include <map>
+#include <mutex>
 #include <set>
 
 #include "core/error.h"
@@ -205,10 +212,94 @@ ModelSpec spec_of(const OpCase& c) {
                           cat("op case ", c.name));
 }
 
+// Guard zones around every tensor a case makes (its activations, gradients, parameters and
+// the layers' scratch), as tests/op_tests.cpp puts around a kernel's output: each tensor's
+// storage is exactly its values between two runs of a canary, checked when the storage is
+// released (inside the case), and its values start as NaN, so a layer that stores past its
+// tensor's end or before its start, or reads what it never wrote, fails its case. Where the
+// backend keeps tensors itself (cuda, the deferring test backend) it installs its own storage
+// and the case runs without guards.
+constexpr std::size_t kGuardFloats = 32;  // 128 bytes a side: the values stay 64-byte aligned
+constexpr uint32_t kCanaryBits = 0xdeadbeefu;
+
+struct GuardedMemory {
+  static std::mutex& mu() {
+    static std::mutex m;
+    return m;
+  }
+  static std::map<void*, std::size_t>& used() {  // base -> the values' floats
+    static std::map<void*, std::size_t> u;
+    return u;
+  }
+  static void* allocate(std::size_t, std::size_t used_bytes) {
+    const std::size_t n = used_bytes / sizeof(float), total = n + 2 * kGuardFloats;
+    auto* base = static_cast<float*>(::operator new[](total * sizeof(float), std::align_val_t{kTensorAlignment}));
+    for (std::size_t i = 0; i < total; ++i) std::memcpy(base + i, &kCanaryBits, sizeof kCanaryBits);
+    std::fill_n(base + kGuardFloats, n, std::numeric_limits<float>::quiet_NaN());
+    {
+      std::lock_guard lock(mu());
+      used()[base + kGuardFloats] = n;
+    }
+    return base + kGuardFloats;
+  }
+  static void release(void* p) {
+    std::size_t n = 0;
+    {
+      std::lock_guard lock(mu());
+      n = used().at(p);
+      used().erase(p);
+    }
+    float* base = static_cast<float*>(p) - kGuardFloats;
+    for (std::size_t i = 0; i < kGuardFloats; ++i) {
+      uint32_t before = 0, after = 0;
+      std::memcpy(&before, base + i, sizeof before);
+      std::memcpy(&after, base + kGuardFloats + n + i, sizeof after);
+      if (before != kCanaryBits) ADD_FAILURE() << "a layer wrote " << (kGuardFloats - i) << " floats before a tensor of " << n;
+      if (after != kCanaryBits) ADD_FAILURE() << "a layer wrote " << (i + 1) << " floats past the end of a tensor of " << n;
+      if (before != kCanaryBits || after != kCanaryBits) break;
+    }
+    ::operator delete[](base, std::align_val_t{kTensorAlignment});
+  }
+};
+constexpr TensorMemory kGuardedMemory{0, GuardedMemory::allocate, GuardedMemory::release};
+
+// Installed for the case's scope where the backend under test keeps tensors on the host.
+struct GuardsInstalled {
+  const bool on = backend_under_test() != "cuda" && backend_under_test() != "deferred";
+  GuardsInstalled() {
+    if (on) set_tensor_memory(&kGuardedMemory);
+  }
+  ~GuardsInstalled() {
+    if (on) set_tensor_memory(nullptr);
+  }
+};
+
+TEST(OpCaseGuards, CatchAStoreOutsideATensorAndStartAsNan) {
+  if (!GuardsInstalled().on) GTEST_SKIP() << backend_under_test() << " keeps its tensors itself: no guards";
+  EXPECT_NONFATAL_FAILURE(
+      {
+        GuardsInstalled guards;
+        Tensor t = Tensor::empty({5});
+        t.data()[5] = 0.0f;
+      },
+      "a layer wrote 1 floats past the end of a tensor of 5");
+  EXPECT_NONFATAL_FAILURE(
+      {
+        GuardsInstalled guards;
+        Tensor t = Tensor::empty({3, 2});
+        t.data()[-2] = 0.0f;
+      },
+      "a layer wrote 2 floats before a tensor of 6");
+  GuardsInstalled guards;
+  const Tensor t = Tensor::empty({4});
+  EXPECT_TRUE(std::isnan(t[0]) && std::isnan(t[3]));
+}
+
 class OpCases : public ::testing::TestWithParam<OpCase> {};
 
 TEST_P(OpCases, MatchesTheReferenceAndFiniteDifferences) {
   const OpCase& c = GetParam();
+  GuardsInstalled guards;  // before every tensor of the case, released before it goes
   const ModelSpec spec = spec_of(c);
   const Graph graph = Graph::build(spec);
   for (const NodeSpec& n : spec.nodes)

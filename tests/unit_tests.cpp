@@ -45,7 +45,7 @@ struct FakeMemory {
   static inline std::vector<std::pair<void*, std::size_t>> made;
   static inline std::vector<void*> released;
   static inline bool accept = true;
-  static void* allocate(std::size_t bytes) {
+  static void* allocate(std::size_t bytes, std::size_t) {
     if (!accept) return nullptr;
     void* p = ::operator new[](bytes, std::align_val_t{kTensorAlignment});
     made.emplace_back(p, bytes);

@@ -24,7 +24,7 @@ constexpr std::size_t kManagedMinBytes = std::size_t{64} << 10;
 
 // Page-locked: core's alignment, registered on the chosen device (the thread that makes a
 // tensor, a wire decoder, may never have used the GPU) and portably (for every context).
-void* pinned_allocate(std::size_t bytes) {
+void* pinned_allocate(std::size_t bytes, std::size_t) {
   void* p = ::operator new[](bytes, std::align_val_t{kTensorAlignment});
   if (cudaSetDevice(chosen_device()) == cudaSuccess && cudaHostRegister(p, bytes, cudaHostRegisterPortable) == cudaSuccess)
     return p;
@@ -42,7 +42,7 @@ void pinned_release(void* p) {
 
 // Managed: cudaMallocManaged aligns to at least 256 bytes; the range is recorded, so that
 // kernels (cuda::Call, DeviceWeights, the VectorKernel) use the tensor in place.
-void* managed_allocate(std::size_t bytes) {
+void* managed_allocate(std::size_t bytes, std::size_t) {
   void* p = nullptr;
   if (cudaSetDevice(chosen_device()) != cudaSuccess || cudaMallocManaged(&p, bytes, cudaMemAttachGlobal) != cudaSuccess) {
     cudaGetLastError();

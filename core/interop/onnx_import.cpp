@@ -1883,14 +1883,59 @@ class Importer {
       add_weight(s, "weight", *table);
       return emit(n, std::move(s), Form::Sequence, n.outputs.at(0), {ids.dims[0], table->dims[1]});
     }
-    const Value& x = input(n, 0);
     const Folded* index = folded(n, 1);
-    if (x.form != Form::Sequence || (axis != 1 && axis != -2) || !index || !index->dims.empty() || plain_ints(n, 1) != std::vector<int64_t>{0})
-      throw Refusal{"tandem gathers embedding rows and a sequence's first token (x[:, 0]) only"};
+    if (!index) throw Refusal{"it gathers at indices computed from tensor values; tandem gathers at indices known at import"};
+    if (any_input(n, 0).form != Form::Sequence || (axis != 1 && axis != -2) || !index->dims.empty() ||
+        plain_ints(n, 1) != std::vector<int64_t>{0})
+      return general_gather(n, axis, *index);
+    const Value& x = input(n, 0);
     NodeSpec s = node_of(functional_node_name(n), "token_pool", {x.node});
     s.token_pool.mean = false;
     out_.fused.push_back(cat(s.name, ": Gather(axis 1, index 0) -> token_pool (first)"));
     emit(n, std::move(s), Form::Vector, n.outputs.at(0), {x.dims[1]});
+  }
+
+  // Gather of a computed tensor at constant indices along a per-sample axis: x[:, k] (one
+  // index: the axis goes) or x[:, [a, a+1, ..., b-1]] (a run: the axis stays), a slice of the
+  // axis as stored, then a view without it where one index was given. (x[:, 0] of a sequence
+  // is token_pool's first token.)
+  void general_gather(const OnnxNode& n, int64_t axis, const Folded& index) {
+    const Value& in = any_input(n, 0);
+    if (is_step(in.form)) input(n, 0);  // refused, naming the step
+    if (in.form == Form::FlatImage || in.form == Form::Pooled || in.dims.empty())
+      throw Refusal{"it gathers from a flattened image, or a tensor whose shape import does not know"};
+    Value x = as_tensor(in);
+    const auto rank = static_cast<int64_t>(x.dims.size()) + 1;
+    if (axis < 0) axis += rank;
+    if (axis <= 0 || axis >= rank) throw Refusal{cat("it gathers along axis ", axis, " (the batch, or outside the tensor's ", rank, ")")};
+    const auto a = static_cast<std::size_t>(axis - 1);
+    const int64_t size = x.dims[a];
+    std::vector<int64_t> at = plain_ints(n, 1);
+    if (at.empty() || index.dims.size() > 1) throw Refusal{"it gathers at no index, or at a table of indices"};
+    for (int64_t& k : at) {
+      if (k < -size || k >= size) throw Refusal{cat("its index ", k, " is outside the axis's ", size)};
+      if (k < 0) k += size;
+    }
+    for (std::size_t k = 1; k < at.size(); ++k)
+      if (at[k] != at[k - 1] + 1) throw Refusal{"it gathers indices that are not a run (a, a+1, ..., b-1); tandem slices runs"};
+    int stored = 0;  // the axis's place in storage
+    while (x.order[static_cast<std::size_t>(stored)] != static_cast<int>(a)) ++stored;
+    NodeSpec s = node_of(functional_node_name(n), "slice", {x.node});
+    s.slice = {stored, at.front(), at.back() + 1};
+    Value v = x;
+    v.node = add_node(n, std::move(s));
+    v.dims[a] = static_cast<int64_t>(at.size());
+    if (index.dims.empty()) {  // one index: the axis goes, a view
+      if (x.dims.size() == 1) throw Refusal{"it gathers one number a sample; tandem keeps at least one axis (index with a list)"};
+      v.dims.erase(v.dims.begin() + static_cast<std::ptrdiff_t>(a));
+      v.order.erase(v.order.begin() + stored);
+      for (int& o : v.order)
+        if (o > static_cast<int>(a)) --o;
+      NodeSpec view = node_of(module_child(n, "reshape"), "reshape", {v.node});
+      for (int o : v.order) view.reshape.push_back(v.dims[static_cast<std::size_t>(o)]);
+      v.node = add_node(n, std::move(view));
+    }
+    values_[n.outputs.at(0)] = settled_form(std::move(v));
   }
 
   // ---- a ViT's embeddings: the class token and the positions ----

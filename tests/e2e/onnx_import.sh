@@ -99,7 +99,8 @@ grep -qF '{ name: "reducesum", op: "reduce", inputs: ["reshape_1"], reduce: { mo
 
 # Arithmetic no pattern takes trains as torch does: the Arith model 3 steps split after its
 # image's broadcast division (gates broadcast over channels and tokens, scalars either side,
-# attention written by hand as matmul, softmax, matmul).
+# attention written by hand as matmul, softmax, matmul; the last token and an image's row
+# gathered as slices).
 ar=$work/arith
 "$tandem_bin" train --model "$ar/imported/model.json" --data "$ar/data" --init-from "$ar/imported/weights.safetensors" \
   --limit 16 --batch 16 --microbatches 4 --epochs 3 --optimizer sgd --lr 0.05 --momentum 0 --test-limit 8 \
@@ -111,7 +112,9 @@ for op in '{ name: "mul", op: "binary", inputs: ["relu", "sigmoid"], binary: { m
           '{ name: "matmul", op: "matmul", inputs: ["q", "transpose"] }' \
           '{ name: "softmax", op: "softmax", inputs: ["div_1"] }' \
           '{ name: "sub", op: "binary", inputs: ["mul_1"], binary: { mode: "sub", scalar: 1, scalar_first: true } }' \
-          '{ name: "reciprocal", op: "binary", inputs: ["add_1"], binary: { mode: "div", scalar: 1, scalar_first: true } }'; do
+          '{ name: "reciprocal", op: "binary", inputs: ["add_1"], binary: { mode: "div", scalar: 1, scalar_first: true } }' \
+          '{ name: "gather_1", op: "slice", inputs: ["add_2"], slice: { axis: 0, start: 63, end: 64 } }' \
+          '{ name: "gather_2", op: "slice", inputs: ["div"], slice: { axis: 0, start: 2, end: 3 } }'; do
   grep -qF "$op" "$ar/imported/model.json" || fail "arith: not imported as $op: $(grep -E 'binary|matmul|softmax' "$ar/imported/model.json")"
 done
 
