@@ -142,6 +142,27 @@ class HostVectors final : public VectorKernel {
   void spread_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) override {
     for (int64_t r = 0; r < rows; ++r) std::fill_n(to + r * width, width, from[r] * scale);
   }
+  void extreme_rows(float* to, const float* from, int64_t rows, int64_t width, bool max) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = from + r * width;
+      float best = row[0];
+      for (int64_t j = 1; j < width && !std::isnan(best); ++j)
+        if (std::isnan(row[j]) || (max ? row[j] > best : row[j] < best)) best = row[j];
+      to[r] = best;
+    }
+  }
+  void route_rows(float* to, const float* x, const float* y, const float* dy, int64_t rows, int64_t width) override {
+    for (int64_t r = 0; r < rows; ++r) {
+      const float* row = x + r * width;
+      float* out = to + r * width;
+      std::fill_n(out, width, 0.0f);
+      for (int64_t j = 0; j < width; ++j)
+        if (row[j] == y[r] || (std::isnan(y[r]) && std::isnan(row[j]))) {
+          out[j] = dy[r];
+          break;
+        }
+    }
+  }
   void elementwise(Elementwise op, float* to, const float* x0, const float* x1, const float* x2,
                    const Broadcast& b) override {
     host_elementwise(op, to, x0, x1, x2, b);

@@ -70,6 +70,11 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
 
 const std::vector<std::string>& known_ops() { return op_names(); }
 
+const char* reduce_mode_name(ReduceAttrs::Mode m) {
+  static const char* const names[] = {"sum", "mean", "max", "min"};
+  return names[static_cast<int>(m)];
+}
+
 ModelSpec parse_model_binary(const uint8_t* data, std::size_t size) {
   if (!data || size < 8 || !flatbuffers::BufferHasIdentifier(data, spec::ModelIdentifier()))
     fail(kWhere, "not a tandem model spec (missing file identifier 'TDMS')");

@@ -60,7 +60,7 @@ struct SliceAttrs {
 };
 
 struct ReduceAttrs {
-  bool mean = false;      // "mean"; else the sum
+  enum class Mode { sum, mean, max, min } mode = Mode::sum;
   std::vector<int> axes;  // per sample, as written (negative from the last)
 };
 
@@ -70,6 +70,9 @@ struct BinaryAttrs {
   float scalar = 0.0f;       // b (a with scalar_first)
   bool scalar_first = false;
 };
+
+// "sum", "mean", "max" or "min".
+const char* reduce_mode_name(ReduceAttrs::Mode m);
 
 struct LoraAttrs {
   int64_t rank = 0;  // 0: no adapter

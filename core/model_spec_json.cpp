@@ -116,7 +116,7 @@ std::string node_json(const NodeSpec& n) {
   if (n.op == "reshape") out += cat(", reshape: { shape: [", list(n.reshape), "] }");
   if (n.op == "transpose") out += cat(", transpose: { perm: [", list(n.perm), "] }");
   if (n.op == "reduce")
-    out += cat(", reduce: { mode: \"", n.reduce.mean ? "mean" : "sum", "\", axes: [", list(n.reduce.axes), "] }");
+    out += cat(", reduce: { mode: \"", reduce_mode_name(n.reduce.mode), "\", axes: [", list(n.reduce.axes), "] }");
   if (n.op == "binary") {
     static const char* const modes[] = {"add", "sub", "mul", "div"};
     out += cat(", binary: { mode: \"", modes[static_cast<int>(n.binary.mode)], "\"");

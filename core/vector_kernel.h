@@ -71,6 +71,11 @@ class VectorKernel {
   // (reduce's forward), and its transpose: to[r * width + j] = scale * from[r] (its backward).
   virtual void sum_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) = 0;
   virtual void spread_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) = 0;
+  // to[r] = the maximum (max) or the minimum of row r of `from` (NaN where the row holds one):
+  // reduce's max and min; and their backward: to[r * width + j] = dy[r] at the first j where
+  // x's row r holds y[r], 0 elsewhere.
+  virtual void extreme_rows(float* to, const float* from, int64_t rows, int64_t width, bool max) = 0;
+  virtual void route_rows(float* to, const float* x, const float* y, const float* dy, int64_t rows, int64_t width) = 0;
   // to[i] = op(x0, x1, x2) at output index i, each operand read at its strides (x2 only for
   // div_right; unused operands may be null).
   virtual void elementwise(Elementwise op, float* to, const float* x0, const float* x1, const float* x2,

@@ -316,6 +316,12 @@ class Vectors final : public VectorKernel {
   void matmul(float* c, const float* a, const float* b, const Matmul& m) override {
     run(tensors(c, a, b), [&v = v_, c, a, b, m] { v.matmul(c, a, b, m); });
   }
+  void extreme_rows(float* to, const float* from, int64_t rows, int64_t width, bool max) override {
+    run(tensors(to, from), [&v = v_, to, from, rows, width, max] { v.extreme_rows(to, from, rows, width, max); });
+  }
+  void route_rows(float* to, const float* x, const float* y, const float* dy, int64_t rows, int64_t width) override {
+    run(tensors(to, x, y, dy), [&v = v_, to, x, y, dy, rows, width] { v.route_rows(to, x, y, dy, rows, width); });
+  }
   void sum_rows(float* to, const float* from, int64_t rows, int64_t width, float scale) override {
     run(tensors(to, from), [&v = v_, to, from, rows, width, scale] { v.sum_rows(to, from, rows, width, scale); });
   }

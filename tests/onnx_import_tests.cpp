@@ -314,6 +314,20 @@ Pb ints(const std::string& name, const std::vector<int64_t>& dims, const std::ve
   return node(name, "Constant", {}, {cat(name, "_out")}, {Pb().str(1, "value").msg(5, t.str(9, raw)).num(20, 4)});
 }
 
+// GlobalMaxPool (an image's maximum over rows and columns, [N, C, 1, 1]) is a max reduce over
+// the stored [H, W, C]'s first two axes, flattened as a vector.
+TEST(OnnxImport, GlobalMaxPoolIsAMaxReduce) {
+  Pb g;
+  for (const Pb& n : {node("/pool/GlobalMaxPool", "GlobalMaxPool", {"image"}, {"p"}), node("/Flatten", "Flatten", {"p"}, {"f"}),
+                      node("/fc/Gemm", "Gemm", {"f", "fc.weight", "fc.bias"}, {"logits"}, {int_attr("transB", 1)})})
+    g.msg(1, n);
+  g.msg(5, tensor("fc.weight", {2, 3})).msg(5, tensor("fc.bias", {2}));
+  g.msg(11, value("image", {3, 4, 4})).msg(12, value("logits", {2}));
+  const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
+  const std::string j = model_spec_json(import_bytes(std::vector<uint8_t>(b.begin(), b.end())).spec);
+  EXPECT_NE(j.find(R"({ name: "pool.globalmaxpool", op: "reduce", inputs: ["image"], reduce: { mode: "max", axes: [0, 1] } })"), std::string::npos) << j;
+}
+
 // Arithmetic and gathers no pattern takes: x (records [24] seen as [4, 6]) times its rows' sums [4, 1]
 // (broadcast), minus 1 (a scalar), its last feature gathered (x[:, :, -1]: a slice and a
 // view), a run of tokens (x[:, [1, 2]]); what they cannot take is refused by name.
@@ -795,7 +809,7 @@ TEST(OnnxImport, MeanOverTheTokensIsTokenPool) {
   const OnnxImport kept = import_bytes(pooled(1));
   ASSERT_GE(kept.spec.nodes.size(), 3u);
   EXPECT_EQ(kept.spec.nodes[1].op, "reduce");
-  EXPECT_TRUE(kept.spec.nodes[1].reduce.mean);
+  EXPECT_EQ(kept.spec.nodes[1].reduce.mode, ReduceAttrs::Mode::mean);
   EXPECT_EQ(kept.spec.nodes[1].reduce.axes, (std::vector<int>{0}));
   EXPECT_EQ(kept.spec.nodes[2].op, "reshape");
   EXPECT_EQ(kept.spec.nodes[2].reshape, (std::vector<int64_t>{1, 8}));
@@ -890,8 +904,8 @@ TEST(SpecJson, ReshapeAndTransposeRefuseWhatTheyCannotTake) {
             "[graph] node 'y' (reduce): field 'reduce.axes' names axis 2, outside an input of 2 dimensions");
   EXPECT_EQ(build(R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { axes: [] } })"),
             "[graph] node 'y' (reduce): field 'reduce.axes' is empty (name the axes to reduce)");
-  EXPECT_EQ(build(R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { mode: "max", axes: [0] } })"),
-            "[model spec] node 'y' (reduce): field 'reduce.mode' is 'max' (\"sum\" or \"mean\")");
+  EXPECT_EQ(build(R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { mode: "median", axes: [0] } })"),
+            "[model spec] node 'y' (reduce): field 'reduce.mode' is 'median' (\"sum\", \"mean\", \"max\" or \"min\")");
   // written back as JSON, read again: the same spec
   const ModelSpec spec = parse_model_json(R"({ name: "m", inputs: [{ name: "x", shape: [4, 6] }], nodes: [
     { name: "r", op: "reshape", inputs: ["x"], reshape: { shape: [2, 2, 6] } },
@@ -900,7 +914,7 @@ TEST(SpecJson, ReshapeAndTransposeRefuseWhatTheyCannotTake) {
   const ModelSpec again = parse_model_json(model_spec_json(spec), "again");
   EXPECT_EQ(again.nodes[0].reshape, (std::vector<int64_t>{2, 2, 6}));
   EXPECT_EQ(again.nodes[1].perm, (std::vector<int>{2, 0, 1}));
-  EXPECT_TRUE(again.nodes[2].reduce.mean);
+  EXPECT_EQ(again.nodes[2].reduce.mode, ReduceAttrs::Mode::mean);
   EXPECT_EQ(again.nodes[2].reduce.axes, (std::vector<int>{0, -1}));
 }
 

@@ -126,6 +126,13 @@ std::vector<OpCase> cases() {
       {"reduce", "reduce_sum_features", R"({ name: "l", op: "linear", inputs: ["x"], linear: { out_features: 5 } },
         { name: "y", op: "reduce", inputs: ["l"], reduce: { axes: [-1] } })", seq},
       {"reduce", "reduce_sum_middle_axis", R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { mode: "sum", axes: [1] } })", img},
+      // max and min: an image's maximum over rows and columns (a global max pool; a permute
+      // first), a sequence's minimum over its features; spaced values, so no two tie and a
+      // finite difference never swaps the extreme
+      {"reduce", "reduce_max_image_rows_columns", R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { mode: "max", axes: [0, 1] } })",
+       img, Draw::Spaced},
+      {"reduce", "reduce_min_features", R"({ name: "y", op: "reduce", inputs: ["x"], reduce: { mode: "min", axes: [-1] } })", seq,
+       Draw::Spaced},
       // binary: an image less its channels' means ([3] repeated over rows and columns), divided
       // by a column's gate ([1, 4, 1]: the repeated axes not last, a permute in backward); a
       // token less the first (a [1, 6] slice repeated over the tokens); scalars either side

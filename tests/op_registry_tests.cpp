@@ -91,6 +91,9 @@ std::vector<Case> cases() {
   NodeSpec sum = named("reduce");  // [4, 4, 6] summed over axis 0: 96 adds, 24 scales; back a copy a value
   sum.reduce.axes = {0};
   c.push_back({sum, {{4, 4, 6}}, 96.0 + 24, 96.0});
+  NodeSpec top = sum;  // the maximum over axis 0: 96 compares; back a routed copy, no arithmetic
+  top.reduce.mode = ReduceAttrs::Mode::max;
+  c.push_back({top, {{4, 4, 6}}, 96.0, 0.0});
   NodeSpec quotient = named("binary");  // [4, 4, 6] / [6]: 96 divisions; back dy / b and -dy a / b^2
   quotient.binary.mode = BinaryAttrs::Mode::div;
   c.push_back({quotient, {{4, 4, 6}, {6}}, 96.0, 5 * 96.0});

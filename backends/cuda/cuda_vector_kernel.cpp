@@ -136,6 +136,29 @@ class CudaVectors final : public VectorKernel {
     done();
   }
 
+  void extreme_rows(float* to, const float* from, int64_t rows, int64_t width, bool max) override {
+    if (rows == 0 || width == 0) return;
+    if (!resident(to, rows) || !resident(from, rows * width)) {
+      if (resident(to, rows) || resident(from, rows * width)) ctx_->finish();
+      return host().extreme_rows(to, from, rows, width, max);
+    }
+    ctx_->use();
+    check(cuda::extreme_rows(to, from, rows, width, max, ctx_->stream()), "extremes of rows");
+    done();
+  }
+
+  void route_rows(float* to, const float* x, const float* y, const float* dy, int64_t rows, int64_t width) override {
+    if (rows == 0 || width == 0) return;
+    const bool all = resident(to, rows * width) && resident(x, rows * width) && resident(y, rows) && resident(dy, rows);
+    if (!all) {
+      if (resident(to, rows * width) || resident(x, rows * width) || resident(y, rows) || resident(dy, rows)) ctx_->finish();
+      return host().route_rows(to, x, y, dy, rows, width);
+    }
+    ctx_->use();
+    check(cuda::route_rows(to, x, y, dy, rows, width, ctx_->stream()), "route of rows");
+    done();
+  }
+
   void accumulate(float* acc, const float* add, int64_t n) override {
     if (!resident(acc, n) || !resident(add, n)) return host().accumulate(acc, add, n);
     ctx_->use();

@@ -89,6 +89,30 @@ __global__ void matmul_kernel(float* c, const float* a, const float* b, Matmul m
   }
 }
 
+// A thread a row (as sum_rows): its maximum or minimum, NaN where the row holds one.
+__global__ void extreme_rows_kernel(float* to, const float* from, int64_t rows, int64_t width, bool max) {
+  TANDEM_EACH(r, rows) {
+    const float* row = from + r * width;
+    float best = row[0];
+    for (int64_t j = 1; j < width && !isnan(best); ++j)
+      if (isnan(row[j]) || (max ? row[j] > best : row[j] < best)) best = row[j];
+    to[r] = best;
+  }
+}
+
+__global__ void route_rows_kernel(float* to, const float* x, const float* y, const float* dy, int64_t rows, int64_t width) {
+  TANDEM_EACH(r, rows) {
+    const float* row = x + r * width;
+    float* out = to + r * width;
+    bool routed = false;
+    for (int64_t j = 0; j < width; ++j) {
+      const bool here = !routed && (row[j] == y[r] || (isnan(y[r]) && isnan(row[j])));
+      out[j] = here ? dy[r] : 0.0f;
+      routed = routed || here;
+    }
+  }
+}
+
 __global__ void accumulate_kernel(float* acc, const float* add, int64_t n) {
   TANDEM_EACH(i, n) acc[i] += add[i];
 }
@@ -184,6 +208,18 @@ cudaError_t matmul(float* c, const float* a, const float* b, const Matmul& m, cu
   for (int i = 0; i < m.rank; ++i) n *= m.dims[i];
   if (n == 0) return cudaSuccess;
   matmul_kernel<<<blocks_for(n), kThreads, 0, s>>>(c, a, b, m, n);
+  return cudaGetLastError();
+}
+
+cudaError_t extreme_rows(float* to, const float* from, int64_t rows, int64_t width, bool max, cudaStream_t s) {
+  if (rows == 0 || width == 0) return cudaSuccess;
+  extreme_rows_kernel<<<blocks_for(rows), kThreads, 0, s>>>(to, from, rows, width, max);
+  return cudaGetLastError();
+}
+
+cudaError_t route_rows(float* to, const float* x, const float* y, const float* dy, int64_t rows, int64_t width, cudaStream_t s) {
+  if (rows == 0 || width == 0) return cudaSuccess;
+  route_rows_kernel<<<blocks_for(rows), kThreads, 0, s>>>(to, x, y, dy, rows, width);
   return cudaGetLastError();
 }
 

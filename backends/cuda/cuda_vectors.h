@@ -21,6 +21,9 @@ cudaError_t elementwise(Elementwise op, float* to, const float* x0, const float*
                         cudaStream_t s);
 // VectorKernel::matmul on device memory (a thread an element of C).
 cudaError_t matmul(float* c, const float* a, const float* b, const Matmul& m, cudaStream_t s);
+// VectorKernel::extreme_rows and route_rows on device memory (a thread a row).
+cudaError_t extreme_rows(float* to, const float* from, int64_t rows, int64_t width, bool max, cudaStream_t s);
+cudaError_t route_rows(float* to, const float* x, const float* y, const float* dy, int64_t rows, int64_t width, cudaStream_t s);
 cudaError_t accumulate(float* acc, const float* add, int64_t n, cudaStream_t s);
 cudaError_t scale(float* x, double factor, int64_t n, cudaStream_t s);
 // How many doubles of device scratch squared_norm takes (its blocks' partial sums and the total).

@@ -928,7 +928,7 @@ class Importer {
     if (in != values_.end() && in->second.form == Form::Sequence) {  // x.mean(1): mean pooling over the tokens
       const std::vector<int64_t> axes = ints_attr(n, "axes", {});
       if (axes == std::vector<int64_t>{1} || axes == std::vector<int64_t>{-2}) {
-        if (int_attr(n, "keepdims", 1) != 0) return general_reduce(n, true);  // [N, 1, F]
+        if (int_attr(n, "keepdims", 1) != 0) return general_reduce(n, ReduceAttrs::Mode::mean);  // [N, 1, F]
         const Value& x = input(n, 0);
         NodeSpec s = node_of(functional_node_name(n), "token_pool", {x.node});
         s.token_pool.mean = true;
@@ -939,21 +939,32 @@ class Importer {
     if (in == values_.end() || in->second.form != Form::Image) {
       const OnnxNode* centred = n.outputs.empty() ? nullptr : sole_reader(n.outputs[0], "Sub");
       if (centred && !centred->inputs.empty() && centred->inputs[0] == n.inputs.at(0)) return layer_norm_pattern(n);
-      return general_reduce(n, true);  // not a LayerNorm's first mean
+      return general_reduce(n, ReduceAttrs::Mode::mean);  // not a LayerNorm's first mean
     }
     const Value& x = image(n);
     std::vector<int64_t> axes = ints_attr(n, "axes", {});
     if (axes.empty() && constant(n, 1)) axes = constant(n, 1)->ints;
     for (int64_t& a : axes) a = a < 0 ? a + 4 : a;
     std::sort(axes.begin(), axes.end());
-    if (axes != std::vector<int64_t>{2, 3}) return general_reduce(n, true);
+    if (axes != std::vector<int64_t>{2, 3}) return general_reduce(n, ReduceAttrs::Mode::mean);
     emit(n, node_of(functional_node_name(n), "global_avg_pool", {x.node}), int_attr(n, "keepdims", 1) ? Form::Pooled : Form::Vector,
          n.outputs.at(0));
   }
 
-  // ReduceSum or ReduceMean that no pattern takes: tandem's reduce over the stored axes the
-  // ONNX axes are (keepdims: the reduced axes stay, of 1, by a view).
-  void general_reduce(const OnnxNode& n, bool mean) {
+  // GlobalMaxPool (F.adaptive_max_pool2d(x, 1)): the maximum over an image's rows and
+  // columns, a reduce over the stored [H, W, C]'s first two axes; [N, C, 1, 1] as a global
+  // average pool's.
+  void global_max_pool(const OnnxNode& n) {
+    const Value& x = image(n);
+    NodeSpec s = node_of(functional_node_name(n), "reduce", {x.node});
+    s.reduce.mode = ReduceAttrs::Mode::max;
+    s.reduce.axes = {0, 1};
+    emit(n, std::move(s), Form::Pooled, n.outputs.at(0));
+  }
+
+  // ReduceSum, ReduceMax, ReduceMin, and ReduceMean, that no pattern takes: tandem's reduce
+  // over the stored axes the ONNX axes are (keepdims: the reduced axes stay, of 1, by a view).
+  void general_reduce(const OnnxNode& n, ReduceAttrs::Mode mode) {
     skip_refused(n);
     const Value& in = any_input(n, 0);
     if (is_step(in.form)) input(n, 0);  // refused, naming the step
@@ -982,7 +993,7 @@ class Importer {
     if (!keep && std::all_of(reduced.begin(), reduced.end(), [](bool r) { return r; }))
       throw Refusal{"it reduces a sample to one number without keeping its axes (keepdim=True would)"};
     NodeSpec s = node_of(functional_node_name(n), "reduce", {x.node});
-    s.reduce.mean = mean;
+    s.reduce.mode = mode;
     std::vector<int64_t> out_stored, kept_stored;  // the node's output; with the reduced axes of 1
     for (std::size_t k = 0; k < x.order.size(); ++k) {
       const auto a = static_cast<std::size_t>(x.order[k]);
@@ -1313,6 +1324,8 @@ class Importer {
     if (x.form == Form::Sequence)  // [T, F] -> [T F], in one order in both
       return emit(n, node_of(functional_node_name(n), "flatten", {x.node}), Form::Vector, n.outputs.at(0), {count_of(x.dims)});
     if (x.form != Form::Image) return alias(n, x, x.form == Form::Pooled ? Form::Vector : x.form);
+    if (x.dims.size() == 3 && x.dims[1] == 1 && x.dims[2] == 1)  // [C, 1, 1]: (h, w, c) and (c, h, w) agree
+      return emit(n, node_of(functional_node_name(n), "flatten", {x.node}), Form::Vector, n.outputs.at(0), {x.dims[0]});
     emit(n, node_of(functional_node_name(n), "flatten", {x.node}), Form::FlatImage, n.outputs.at(0));
   }
 
@@ -1768,7 +1781,9 @@ class Importer {
     Form form = Form::Unknown;
     for (std::size_t i = 0; i < n.inputs.size(); ++i) {
       const Value& v = input(n, i);
-      if (i && v.form != form) throw Refusal{"it joins tensors of different ranks"};
+      if (i && v.form != form)
+        throw Refusal{cat("it joins tensors of different ranks", v.form == Form::FlatImage || form == Form::FlatImage ? " (a flattened image and a vector)" : "",
+                          " at input ", i)};
       form = v.form;
       inputs.push_back(v.node);
     }
@@ -2127,17 +2142,18 @@ class Importer {
     emit(n, node_of(functional_node_name(n), "softmax", {x.node}), x.form, n.outputs.at(0), x.dims);
   }
 
-  // Reciprocal: 1 / x, a binary with the scalar first (torch writes c / x as Reciprocal, Mul).
-  void reciprocal(const OnnxNode& n) {
+  // Reciprocal (1 / x; torch writes c / x as Reciprocal, Mul) and Neg (0 - x): a binary with
+  // the scalar first.
+  void scalar_first(const OnnxNode& n, BinaryAttrs::Mode mode, float c) {
     skip_refused(n);
     if (is_step(any_input(n, 0).form)) input(n, 0);
     const Value& x = any_input(n, 0);
     if (x.form == Form::FlatImage)
-      throw Refusal{"it divides into a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"};
+      throw Refusal{"it computes on a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"};
     NodeSpec s = node_of(functional_node_name(n), "binary", {x.node});
-    s.binary.mode = BinaryAttrs::Mode::div;
+    s.binary.mode = mode;
     s.binary.has_scalar = true;
-    s.binary.scalar = 1.0f;
+    s.binary.scalar = c;
     s.binary.scalar_first = true;
     Value out = x;
     out.node = add_node(n, std::move(s));
@@ -2248,7 +2264,10 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
       {"AveragePool", [](I& i, const OnnxNode& n) { i.pool(n, "avg_pool2d"); }},
       {"GlobalAveragePool", &I::global_avg_pool},
       {"ReduceMean", &I::reduce_mean},
-      {"ReduceSum", [](I& i, const OnnxNode& n) { i.general_reduce(n, false); }},
+      {"ReduceSum", [](I& i, const OnnxNode& n) { i.general_reduce(n, ReduceAttrs::Mode::sum); }},
+      {"ReduceMax", [](I& i, const OnnxNode& n) { i.general_reduce(n, ReduceAttrs::Mode::max); }},
+      {"ReduceMin", [](I& i, const OnnxNode& n) { i.general_reduce(n, ReduceAttrs::Mode::min); }},
+      {"GlobalMaxPool", &I::global_max_pool},
       {"LayerNormalization", &I::layer_normalization},
       {"Div", &I::div},
       {"Mul", &I::mul},
@@ -2264,7 +2283,8 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
       {"Constant", &I::constant_node},
       {"Gather", &I::gather},
       {"Softmax", &I::softmax},
-      {"Reciprocal", &I::reciprocal},
+      {"Reciprocal", [](I& i, const OnnxNode& n) { i.scalar_first(n, BinaryAttrs::Mode::div, 1.0f); }},
+      {"Neg", [](I& i, const OnnxNode& n) { i.scalar_first(n, BinaryAttrs::Mode::sub, 0.0f); }},
       {"Cast", &I::cast},
       {"Unsqueeze", &I::unsqueeze},
       {"Sub", &I::sub},

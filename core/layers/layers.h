@@ -389,9 +389,9 @@ class TransposeLayer final : public Layer {
 class ReduceLayer final : public Layer {
  public:
   bool touches_host() const override { return false; }  // kernels only
-  Reads backward_reads() const override { return {0u, false}; }
+  Reads backward_reads() const override { return extreme() ? Reads{1u, true} : Reads{0u, false}; }
   // `axes` per sample (0: the first after the batch), sorted.
-  ReduceLayer(std::string name, std::vector<int> axes, bool mean, Backend& backend);
+  ReduceLayer(std::string name, std::vector<int> axes, ReduceAttrs::Mode mode, Backend& backend);
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                 Stash& stash) override;
@@ -404,12 +404,14 @@ class ReduceLayer final : public Layer {
     int64_t rows, width;
   };
   Plan plan(const Shape& in) const;
+  bool extreme() const { return mode_ == ReduceAttrs::Mode::max || mode_ == ReduceAttrs::Mode::min; }
   std::vector<int> axes_;
-  bool mean_;
+  ReduceAttrs::Mode mode_;
   Backend& backend_;
-  // The permuted input (forward) or gradient (backward), within one call (one runs at a time).
-  Tensor scratch_;
-  float* scratch(int64_t count);
+  // The permuted input (forward; max and min's backward too) and gradient (backward), within
+  // one call (one runs at a time).
+  Tensor scratch_, routed_;
+  float* scratch(Tensor& t, int64_t count);
 };
 
 // `full`, a gradient over a broadcast result of shape `out` (with the batch), summed over the

@@ -135,8 +135,8 @@ void TransposeLayer::backward(std::span<const Tensor>, const Tensor&, const Tens
   backend_.vectors().permute(grad_in[0].data(), grad_out.data(), dims, inverse_.data(), s.rank());
 }
 
-ReduceLayer::ReduceLayer(std::string name, std::vector<int> axes, bool mean, Backend& backend)
-    : Layer(std::move(name)), axes_(std::move(axes)), mean_(mean), backend_(backend) {}
+ReduceLayer::ReduceLayer(std::string name, std::vector<int> axes, ReduceAttrs::Mode mode, Backend& backend)
+    : Layer(std::move(name)), axes_(std::move(axes)), mode_(mode), backend_(backend) {}
 
 ReduceLayer::Plan ReduceLayer::plan(const Shape& in) const {
   Plan p{};
@@ -160,34 +160,47 @@ ReduceLayer::Plan ReduceLayer::plan(const Shape& in) const {
   return p;
 }
 
-float* ReduceLayer::scratch(int64_t count) {
-  if (!scratch_.defined() || scratch_.numel() < count) scratch_ = Tensor::empty(Shape{count});
-  return scratch_.data();
+float* ReduceLayer::scratch(Tensor& t, int64_t count) {
+  if (!t.defined() || t.numel() < count) t = Tensor::empty(Shape{count});
+  return t.data();
 }
 
 void ReduceLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
   const Plan p = plan(in[0].shape());
-  const float scale = mean_ ? static_cast<float>(1.0 / static_cast<double>(p.width)) : 1.0f;
+  VectorKernel& v = backend_.vectors();
   const float* x = in[0].data();
   if (!p.perm.empty()) {
-    float* t = scratch(in[0].numel());
-    backend_.vectors().permute(t, x, p.dims, p.perm.data(), p.rank);
+    float* t = scratch(scratch_, in[0].numel());
+    v.permute(t, x, p.dims, p.perm.data(), p.rank);
     x = t;
   }
-  backend_.vectors().sum_rows(out.data(), x, p.rows, p.width, scale);
+  if (extreme()) return v.extreme_rows(out.data(), x, p.rows, p.width, mode_ == ReduceAttrs::Mode::max);
+  const float scale = mode_ == ReduceAttrs::Mode::mean ? static_cast<float>(1.0 / static_cast<double>(p.width)) : 1.0f;
+  v.sum_rows(out.data(), x, p.rows, p.width, scale);
 }
 
-void ReduceLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
+void ReduceLayer::backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                            Stash&) {
   if (!grad_in[0].defined()) return;
   const Plan p = plan(in[0].shape());
-  const float scale = mean_ ? static_cast<float>(1.0 / static_cast<double>(p.width)) : 1.0f;
-  if (p.perm.empty()) return backend_.vectors().spread_rows(grad_in[0].data(), grad_out.data(), p.rows, p.width, scale);
-  float* t = scratch(grad_in[0].numel());
-  backend_.vectors().spread_rows(t, grad_out.data(), p.rows, p.width, scale);
+  VectorKernel& v = backend_.vectors();
+  float* to = p.perm.empty() ? grad_in[0].data() : scratch(routed_, grad_in[0].numel());
+  if (extreme()) {  // the gradient to each row's first extreme, found again in the input as permuted
+    const float* x = in[0].data();
+    if (!p.perm.empty()) {
+      float* t = scratch(scratch_, in[0].numel());
+      v.permute(t, x, p.dims, p.perm.data(), p.rank);
+      x = t;
+    }
+    v.route_rows(to, x, out.data(), grad_out.data(), p.rows, p.width);
+  } else {
+    const float scale = mode_ == ReduceAttrs::Mode::mean ? static_cast<float>(1.0 / static_cast<double>(p.width)) : 1.0f;
+    v.spread_rows(to, grad_out.data(), p.rows, p.width, scale);
+  }
+  if (p.perm.empty()) return;
   int64_t permuted[kMaxRank];  // the permuted tensor's dims
   for (int i = 0; i < p.rank; ++i) permuted[i] = p.dims[p.perm[static_cast<std::size_t>(i)]];
-  backend_.vectors().permute(grad_in[0].data(), t, permuted, p.inverse.data(), p.rank);
+  v.permute(grad_in[0].data(), to, permuted, p.inverse.data(), p.rank);
 }
 
 namespace {

@@ -100,7 +100,7 @@ grep -qF '{ name: "reducesum", op: "reduce", inputs: ["reshape_1"], reduce: { mo
 # Arithmetic no pattern takes trains as torch does: the Arith model 3 steps split after its
 # image's broadcast division (gates broadcast over channels and tokens, scalars either side,
 # attention written by hand as matmul, softmax, matmul; the last token and an image's row
-# gathered as slices).
+# gathered as slices; maxima and minima over an image's rows and columns and the tokens).
 ar=$work/arith
 "$tandem_bin" train --model "$ar/imported/model.json" --data "$ar/data" --init-from "$ar/imported/weights.safetensors" \
   --limit 16 --batch 16 --microbatches 4 --epochs 3 --optimizer sgd --lr 0.05 --momentum 0 --test-limit 8 \
@@ -114,7 +114,10 @@ for op in '{ name: "mul", op: "binary", inputs: ["relu", "sigmoid"], binary: { m
           '{ name: "sub", op: "binary", inputs: ["mul_1"], binary: { mode: "sub", scalar: 1, scalar_first: true } }' \
           '{ name: "reciprocal", op: "binary", inputs: ["add_1"], binary: { mode: "div", scalar: 1, scalar_first: true } }' \
           '{ name: "gather_1", op: "slice", inputs: ["add_2"], slice: { axis: 0, start: 63, end: 64 } }' \
-          '{ name: "gather_2", op: "slice", inputs: ["div"], slice: { axis: 0, start: 2, end: 3 } }'; do
+          '{ name: "gather_2", op: "slice", inputs: ["div"], slice: { axis: 0, start: 2, end: 3 } }' \
+          '{ name: "reducemax", op: "reduce", inputs: ["div"], reduce: { mode: "max", axes: [0, 1] } }' \
+          '{ name: "reducemin", op: "reduce", inputs: ["add_2"], reduce: { mode: "min", axes: [0] } }' \
+          '{ name: "neg", op: "binary", inputs: ["div"], binary: { mode: "sub", scalar: 0, scalar_first: true } }'; do
   grep -qF "$op" "$ar/imported/model.json" || fail "arith: not imported as $op: $(grep -E 'binary|matmul|softmax' "$ar/imported/model.json")"
 done
 
