@@ -1222,15 +1222,7 @@ class Importer {
       values_[n.outputs.at(0)] = std::move(out);
       return;
     }
-    Value t[2];
-    for (std::size_t i = 0; i < 2; ++i) {
-      const Value& v = any_input(n, i);
-      if (is_step(v.form)) input(n, i);  // refused, naming the step
-      if (v.form == Form::FlatImage || v.form == Form::Pooled || v.dims.empty())
-        throw Refusal{cat("it ", verb, v.form == Form::FlatImage ? " a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"
-                                                               : " a tensor whose shape import does not know")};
-      t[i] = as_tensor(v);
-    }
+    const Value t[2] = {operand(n, 0, verb), operand(n, 1, verb)};
     const std::vector<int64_t>&da = t[0].dims, &db = t[1].dims;
     if (da.size() != db.size())
       throw Refusal{cat("it ", verb, " tensors of ", da.size() + 1, " and ", db.size() + 1,
@@ -1249,6 +1241,25 @@ class Importer {
     out.dims = dims;
     out.order = order;
     values_[n.outputs.at(0)] = settled_form(std::move(out));
+  }
+  // Input i of a general op as a general tensor; an image's patches ([N, C, H W], what a
+  // transpose back to tokens would cancel) a view of the image as [H W, C].
+  Value operand(const OnnxNode& n, std::size_t i, const char* verb) {
+    const Value& v = any_input(n, i);
+    if (v.form == Form::Patches && v.dims.size() == 2) {
+      Value t = v;
+      NodeSpec view = node_of(module_child(n, "reshape"), "reshape", {v.node});
+      view.reshape = {v.dims[1], v.dims[0]};
+      t.node = add_node(n, std::move(view));
+      t.form = Form::Tensor;
+      t.order = {1, 0};
+      return t;
+    }
+    if (is_step(v.form)) input(n, i);  // refused, naming the step
+    if (v.form == Form::FlatImage || v.form == Form::Pooled || v.dims.empty())
+      throw Refusal{cat("it ", verb, v.form == Form::FlatImage ? " a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"
+                                                             : " a tensor whose shape import does not know")};
+    return as_tensor(v);
   }
   // The general tensor `x` stored in the axis order `want`: as it is, a view where only its
   // axes of one element lie elsewhere, or a transpose.
@@ -1272,15 +1283,7 @@ class Importer {
   // matmul, each operand stored in ONNX's order (a transpose where it is not), the axes
   // before the matrices broadcast.
   void general_matmul(const OnnxNode& n) {
-    Value t[2];
-    for (std::size_t i = 0; i < 2; ++i) {
-      const Value& v = any_input(n, i);
-      if (is_step(v.form)) input(n, i);
-      if (v.form == Form::FlatImage || v.form == Form::Pooled || v.dims.empty())
-        throw Refusal{v.form == Form::FlatImage ? "it multiplies a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)"
-                                                : "it multiplies a tensor whose shape import does not know"};
-      t[i] = as_tensor(v);
-    }
+    const Value t[2] = {operand(n, 0, "multiplies"), operand(n, 1, "multiplies")};
     const std::vector<int64_t>&da = t[0].dims, &db = t[1].dims;
     if (da.size() < 2 || db.size() < 2)
       throw Refusal{"it multiplies a tensor of one dimension a sample, which ONNX's MatMul reads with the batch as a matrix's "
@@ -1732,6 +1735,7 @@ class Importer {
     const bool alike = a != Form::Unknown && b != Form::Unknown && any_input(n, 0).merged == any_input(n, 1).merged;
     if (a == Form::HeadsFirst && b == Form::KeysT && alike) return attention_scores(n);
     if (a == Form::Probs && b == Form::HeadsFirst && alike) return attention(n);
+    if ((a == Form::Patches || b == Form::Patches) && form_of(n, 1) != Form::Unknown) return general_matmul(n);
     if ((is_step(a) && a != Form::SequenceTM && a != Form::TokensTM) || is_step(b))  // those two: by a linear's weight
       throw Refusal{cat("it multiplies ", step_name(is_step(b) ? b : a), " otherwise than attention does (softmax(Q K^T / sqrt(d) + mask) V)")};
     const auto pre = n.inputs.size() == 2 ? transposed_.find(n.inputs[1]) : transposed_.end();

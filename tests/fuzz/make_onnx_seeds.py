@@ -4,8 +4,9 @@ in training mode, as tandem import reads them: a CNN with batch norm and a squee
 block, a BERT-style classifier (attention with its padding mask, embeddings, the pooler), a
 small torchvision ViT (patches, the class token's Expand, nn.MultiheadAttention's packed
 in-projection), an MLP over records (LayerNorm and both GELUs decomposed at opset 14,
-LayerNormalization at 17) and a ShuffleNet block (x.chunk's channel slices, the channel
-shuffle's general reshape and transpose, a permute of an image).
+LayerNormalization at 17), a ShuffleNet block (x.chunk's channel slices, the channel
+shuffle's general reshape and transpose, a permute of an image) and arithmetic no pattern
+takes (broadcast gates, scalars, matmuls, gathers, maxima and minima).
 usage: make_onnx_seeds.py OUT_DIR"""
 import sys
 import warnings
@@ -50,6 +51,24 @@ class Shuffle(torch.nn.Module):
         return self.head(x.permute(0, 3, 2, 1).reshape(n, -1))
 
 
+class Arith(torch.nn.Module):
+    """Arithmetic no pattern takes, at its smallest: an image times a gate over its channels
+    (broadcast) and less a scalar; its pixels as tokens through attention written by hand
+    (matmul, softmax, matmul); the last token, the channels' maxima and the tokens' minima."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 2, 1)
+        self.head = torch.nn.Linear(2 * 3, 3)
+
+    def forward(self, x):
+        x = torch.relu(self.conv(x))
+        x = x * torch.sigmoid(x.sum(1, keepdim=True)) - 0.5
+        t = x.reshape(x.size(0), 2, 4).transpose(1, 2)
+        c = torch.softmax(t @ t.transpose(1, 2) / 2.0, -1) @ t
+        return self.head(torch.cat((c[:, -1], x.amax((2, 3)), -c.amin(1)), 1))
+
+
 def export(model, x, names, path, opset=14):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -73,6 +92,7 @@ def main():
     export(mlp, torch.randn(2, 3), ["record"], f"{out}/mlp14")
     export(mlp, torch.randn(2, 3), ["record"], f"{out}/mlp17", opset=17)
     export(Shuffle(), torch.randn(2, 4, 2, 2), ["image"], f"{out}/shuffle")
+    export(Arith(), torch.randn(2, 2, 2, 2), ["image"], f"{out}/arith")
 
 
 if __name__ == "__main__":
