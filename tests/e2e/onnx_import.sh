@@ -85,12 +85,18 @@ grep -q "fused 1:" "$work/tabular17/import.out" && fail "tabular17's LayerNormal
 # General reshapes, transposes and reductions train as torch does: the Views model 3 steps
 # split after its channel shuffle (slices, the shuffle, an image as tokens, tokens and
 # features swapped; means and sums over its axes, one keeping its axis).
+# trains_like_torch MODEL: 3 SGD steps of 16 samples at K = 4 (tandem train --init-from the
+# import, split at its cut, --export), torch's own 3 steps, the two state dicts within 1e-4.
+trains_like_torch() {
+  local d=$work/$1
+  "$tandem_bin" train --model "$d/imported/model.json" --data "$d/data" --init-from "$d/imported/weights.safetensors" \
+    --limit 16 --batch 16 --microbatches 4 --epochs 3 --optimizer sgd --lr 0.05 --momentum 0 --test-limit 8 \
+    --export "$d/trained.safetensors" > "$d/train.out" 2>&1 || fail "tandem train on the $1 model: $(tail -3 "$d/train.out")"
+  /usr/bin/python3 "$check" train "$1" "$d" 3 16 4 0.05 1 || fail "torch could not train the $1 model"
+  /usr/bin/python3 "$check" weights "$1" "$d/trained.safetensors" "$d" 1e-4 || fail "tandem's 3 steps of the $1 model differ from torch's"
+}
 vw=$work/views
-"$tandem_bin" train --model "$vw/imported/model.json" --data "$vw/data" --init-from "$vw/imported/weights.safetensors" \
-  --limit 16 --batch 16 --microbatches 4 --epochs 3 --optimizer sgd --lr 0.05 --momentum 0 --test-limit 8 \
-  --export "$vw/trained.safetensors" > "$vw/train.out" 2>&1 || fail "tandem train on the views model: $(tail -3 "$vw/train.out")"
-/usr/bin/python3 "$check" train views "$vw" 3 16 4 0.05 1 || fail "torch could not train the views model"
-/usr/bin/python3 "$check" weights views "$vw/trained.safetensors" "$vw" 1e-4 || fail "tandem's 3 steps of the views model differ from torch's"
+trains_like_torch views
 grep -qF '{ name: "transpose_1", op: "transpose", inputs: ["tanh"], transpose: { perm: [1, 0] } }' "$vw/imported/model.json" ||
   fail "views: tokens and features swapped: $(grep -F transpose "$vw/imported/model.json")"
 grep -qF '{ name: "reducesum", op: "reduce", inputs: ["reshape_1"], reduce: { mode: "sum", axes: [0, 1] } }' "$vw/imported/model.json" &&
@@ -102,11 +108,7 @@ grep -qF '{ name: "reducesum", op: "reduce", inputs: ["reshape_1"], reduce: { mo
 # attention written by hand as matmul, softmax, matmul; the last token and an image's row
 # gathered as slices; maxima and minima over an image's rows and columns and the tokens).
 ar=$work/arith
-"$tandem_bin" train --model "$ar/imported/model.json" --data "$ar/data" --init-from "$ar/imported/weights.safetensors" \
-  --limit 16 --batch 16 --microbatches 4 --epochs 3 --optimizer sgd --lr 0.05 --momentum 0 --test-limit 8 \
-  --export "$ar/trained.safetensors" > "$ar/train.out" 2>&1 || fail "tandem train on the arith model: $(tail -3 "$ar/train.out")"
-/usr/bin/python3 "$check" train arith "$ar" 3 16 4 0.05 1 || fail "torch could not train the arith model"
-/usr/bin/python3 "$check" weights arith "$ar/trained.safetensors" "$ar" 1e-4 || fail "tandem's 3 steps of the arith model differ from torch's"
+trains_like_torch arith
 for op in '{ name: "mul", op: "binary", inputs: ["relu", "sigmoid"], binary: { mode: "mul" } }' \
           '{ name: "div", op: "binary", inputs: ["mul", "add"], binary: { mode: "div" } }' \
           '{ name: "matmul", op: "matmul", inputs: ["q", "transpose"] }' \
@@ -224,12 +226,8 @@ grep -qF 'name: "encoder.class_token", op: "class_token", inputs: ["tokens"], to
   "$v/model.json" || fail "vit: the class token"
 grep -qF 'name: "encoder.layers.encoder_layer_0.self_attention", op: "attention", inputs: ["encoder.layers.encoder_layer_0.self_attention.slice", "encoder.layers.encoder_layer_0.self_attention.slice_1", "encoder.layers.encoder_layer_0.self_attention.slice_2"], attention: { heads: 2 }' \
   "$v/model.json" || fail "vit: layer 0's attention"
-"$tandem_bin" train --model "$v/model.json" --data "$work/vit/data" --init-from "$v/weights.safetensors" --limit 16 --batch 16 \
-  --microbatches 4 --epochs 3 --optimizer sgd --lr 0.05 --momentum 0 --test-limit 8 --export "$work/vit/trained.safetensors" \
-  > "$work/vit/train.out" 2>&1 || fail "tandem train on the imported ViT: $(tail -3 "$work/vit/train.out")"
+trains_like_torch vit
 grep -q "layers.encoder_layer_0.add_1" "$work/vit/train.out" || fail "vit: not cut at encoder.layers.encoder_layer_0: $(head -3 "$work/vit/train.out")"
-/usr/bin/python3 "$check" train vit "$work/vit" 3 16 4 0.05 1 || fail "torch could not train the ViT"
-/usr/bin/python3 "$check" weights vit "$work/vit/trained.safetensors" "$work/vit" 1e-4 || fail "tandem's 3 ViT steps differ from torch's"
 
 # Refused: every node tandem cannot take, at once, with its op and module.
 "$tandem_bin" import "$work/model.onnx" --out "$work/refused" > "$work/refused-import.out" 2>&1 && fail "the model was imported"
