@@ -69,6 +69,7 @@ struct BinaryAttrs {
   bool has_scalar = false;  // the node has one input; the other operand is `scalar`
   float scalar = 0.0f;       // b (a with scalar_first)
   bool scalar_first = false;
+  std::vector<int64_t> operand;  // one input, no scalar: b is a trained tensor "operand" of this shape
 };
 
 // "sum", "mean", "max" or "min".

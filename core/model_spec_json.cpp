@@ -120,7 +120,9 @@ std::string node_json(const NodeSpec& n) {
   if (n.op == "binary") {
     static const char* const modes[] = {"add", "sub", "mul", "div"};
     out += cat(", binary: { mode: \"", modes[static_cast<int>(n.binary.mode)], "\"");
-    if (n.binary.has_scalar) out += cat(", scalar: ", number(n.binary.scalar), n.binary.scalar_first ? ", scalar_first: true" : "");
+    if (n.binary.has_scalar) out += cat(", scalar: ", number(n.binary.scalar));
+    if (!n.binary.operand.empty()) out += cat(", operand: [", list(n.binary.operand), "]");
+    if (n.binary.scalar_first) out += ", scalar_first: true";
     out += " }";
   }
   if (!n.torch_names.empty()) {

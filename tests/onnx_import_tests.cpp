@@ -966,11 +966,21 @@ TEST(SpecJson, BinaryBroadcastsAsNumpyAndRefusesWhatItCannot) {
   EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r"], binary: { mode: "sub", scalar_first: true } })"),
             "[graph] node 'y' (binary): field 'binary.scalar_first' is set, but the node has two inputs (no scalar)");
   EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r", "s"], binary: { mode: "add" } })"),
-            "[graph] node 'y' (binary): field 'inputs' needs 2 inputs (or 1 and field 'binary.scalar'), got 3");
+            "[graph] node 'y' (binary): field 'inputs' needs 2 inputs (or 1 and field 'binary.scalar' or 'binary.operand'), got 3");
   EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "add" } })"),
-            "[graph] node 'y' (binary): one input, and no field 'binary.scalar' (the other operand)");
+            "[graph] node 'y' (binary): one input, and no field 'binary.scalar' or 'binary.operand' (the other operand)");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "mul", operand: [1, 6] } })"), "[4, 6]");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "mul", operand: [5] } })"),
+            "[graph] node 'y' (binary): inputs of shapes [4, 6] and [5] do not broadcast (their axis -1 is 6 and 5; each must be "
+            "equal or 1)");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "mul", operand: [6, 0] } })"),
+            "[graph] node 'y' (binary): field 'binary.operand' has dimension 1 of 0 (each 1 to 2147483648)");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "mul", operand: [65536, 65536, 65536] } })"),
+            "[graph] node 'y' (binary): field 'binary.operand' [65536, 65536, 65536] holds too many values");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "mul", scalar: 2, operand: [6] } })"),
+            "[graph] node 'y' (binary): fields 'binary.scalar' and 'binary.operand' both give the other operand; give one");
   EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r"], binary: { mode: "add", scalar: 0 } })"),
-            "[graph] node 'y' (binary): field 'binary.scalar' is set, but the node has two inputs");
+            "[graph] node 'y' (binary): field 'binary.scalar' or 'binary.operand' is set, but the node has two inputs");
   EXPECT_EQ(shape_of(R"({ name: "t", op: "transpose", inputs: ["x"], transpose: { perm: [1, 0] } },
     { name: "y", op: "matmul", inputs: ["x", "t"] })"), "[4, 4]");
   EXPECT_EQ(shape_of(R"({ name: "h", op: "reshape", inputs: ["x"], reshape: { shape: [2, 2, 6] } },

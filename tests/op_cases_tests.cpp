@@ -153,6 +153,13 @@ std::vector<OpCase> cases() {
         { name: "t", op: "binary", inputs: ["s"], binary: { mode: "sub", scalar: 1.5, scalar_first: true } },
         { name: "y", op: "binary", inputs: ["t"], binary: { mode: "div", scalar: 2, scalar_first: true } })", seq},
       {"binary", "binary_scalar_times", R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "mul", scalar: -0.75 } })", vec6},
+      // a trained operand: a layer scale over the features (x * gamma), one per row less the
+      // input, one over an image's rows and channels (repeated over the batch and the columns:
+      // a permute in backward), divided by a positive one
+      {"binary", "binary_trained_scale", R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "mul", operand: [6] } })", seq},
+      {"binary", "binary_trained_rows_first", R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "sub", operand: [4, 1], scalar_first: true } })", seq},
+      {"binary", "binary_trained_image_shift", R"({ name: "a", op: "binary", inputs: ["x"], binary: { mode: "add", operand: [5, 1, 3] } },
+        { name: "y", op: "binary", inputs: ["a"], binary: { mode: "div", operand: [3] } })", img},
       // matmul: scores written by hand (q @ x^T); heads [2, 4, 4] times one value matrix [4, 3]
       // (b's missing head axis repeated); an image's rows times a [1, 3, 4] matrix (b's axis of
       // 1 repeated over 5)

@@ -1158,8 +1158,6 @@ class Importer {
     emit(sq, node_of(module_node_name(sq, "gelu_tanh"), "gelu_tanh", {x.node}), x.form, half->outputs.at(0), x.dims);
   }
 
-  // Mul of two computed tensors: tandem's mul, b of a's shape or a channel's gate repeated
-  // over an image (MobileNetV3's squeeze-excitation: the image times its pooled gates).
   // Mul of two computed tensors of one shape, or a channel's gate repeated over an image
   // (MobileNetV3's squeeze-excitation: the image times its pooled gates): tandem's mul; any
   // other product a general binary.
@@ -1184,6 +1182,7 @@ class Importer {
   bool same_shaped(const OnnxNode& n) {
     const Value& a = any_input(n, 0);
     const Value& b = any_input(n, 1);
+    if (a.form == Form::Patches || b.form == Form::Patches) return false;  // general_binary reads them (operand())
     if (is_step(a.form) || is_step(b.form)) return true;  // input() refuses them by name
     return a.form == b.form && a.form != Form::Tensor && a.form != Form::FlatImage &&
            (a.dims.empty() || b.dims.empty() || a.dims == b.dims);
@@ -1202,14 +1201,13 @@ class Importer {
       const std::size_t at = c[0] ? 1 : 0;
       const OnnxTensor* k = c[1 - at];
       const std::optional<double> v = one_value(k);
-      if (!v || k->integer)
+      if (k->integer) throw Refusal{cat("it ", verb, " by an integer constant; tandem computes on floats")};
+      if (stored(n, 1 - at) && !starts_with(k->name, "onnx::")) return trained_operand(n, at, mode, *k, verb);
+      if (!v)
         throw Refusal{cat("it ", verb, " by a stored tensor of ", k->count(), " values; tandem takes a constant scalar, or two "
                           "computed tensors (a bias belongs to a linear or convolution)")};
-      if (stored(n, 1 - at) && !starts_with(k->name, "onnx::"))
-        throw Refusal{cat("its operand '", k->name, "' is a parameter of the state dict; tandem's binary takes a constant scalar, "
-                          "not a trained one")};
-      if (is_step(any_input(n, at).form)) input(n, at);  // refused, naming the step
-      const Value& x = any_input(n, at);
+      const Value x = any_input(n, at).form == Form::Patches ? operand(n, at, verb) : any_input(n, at);
+      if (is_step(x.form)) input(n, at);  // refused, naming the step
       if (x.form == Form::FlatImage)
         throw Refusal{cat("it ", verb, " a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)")};
       NodeSpec s = node_of(functional_node_name(n), "binary", {x.node});
@@ -1261,6 +1259,40 @@ class Importer {
                                                              : " a tensor whose shape import does not know")};
     return as_tensor(v);
   }
+  // Add, Sub, Mul or Div of a computed tensor and a parameter of the state dict (a layer scale:
+  // x * gamma): binary with a trained `operand` of the parameter's shape, which lines up with
+  // the tensor's last axes as stored where the tensor is stored in ONNX's order (a sequence, a
+  // vector).
+  void trained_operand(const OnnxNode& n, std::size_t at, BinaryAttrs::Mode mode, const OnnxTensor& k, const char* verb) {
+    const Value& in = any_input(n, at);
+    if (is_step(in.form)) input(n, at);  // refused, naming the step
+    if (in.form == Form::Image || in.form == Form::Pooled || in.form == Form::FlatImage || in.dims.empty())
+      throw Refusal{cat("it ", verb, " an image by the trained '", k.name, "'; tandem takes a trained operand over a sequence's "
+                        "or a vector's last axes (a layer scale)")};
+    Value x = as_tensor(in);
+    if (x.order != identity_order(x.dims.size()))
+      throw Refusal{cat("it ", verb, " a tensor stored in another order than ONNX's by the trained '", k.name, "'")};
+    if (k.dims.empty() || k.dims.size() > x.dims.size())
+      throw Refusal{cat("its trained operand '", k.name, "' has ", k.dims.size(), " dimensions; tandem takes 1 to the tensor's ",
+                        x.dims.size(), " a sample (no batch axis)")};
+    std::vector<int64_t> dims = x.dims;
+    const std::size_t shift = x.dims.size() - k.dims.size();
+    for (std::size_t i = 0; i < k.dims.size(); ++i) {
+      const int64_t a = x.dims[shift + i], b = k.dims[i];
+      if (a != b && a != 1 && b != 1)
+        throw Refusal{cat("its trained operand '", k.name, "' of ", b, " at axis ", shift + i + 1, " does not broadcast with ", a)};
+      dims[shift + i] = std::max(a, b);
+    }
+    NodeSpec s = node_of(functional_node_name(n), "binary", {x.node});
+    s.binary.mode = mode;
+    s.binary.operand = k.dims;
+    s.binary.scalar_first = at == 1 && (mode == BinaryAttrs::Mode::sub || mode == BinaryAttrs::Mode::div);
+    add_weight(s, "operand", k);
+    x.node = add_node(n, std::move(s));
+    x.dims = dims;
+    values_[n.outputs.at(0)] = settled_form(std::move(x));
+  }
+
   // The general tensor `x` stored in the axis order `want`: as it is, a view where only its
   // axes of one element lie elsewhere, or a transpose.
   Value stored_as(const OnnxNode& n, Value x, const std::vector<int>& want) {
@@ -2134,16 +2166,26 @@ class Importer {
   void general_softmax(const OnnxNode& n) {
     for (const OnnxValue& o : g_.outputs)
       if (o.name == n.outputs.at(0)) throw Refusal{"a Softmax at the output; tandem's loss takes the logits (export them)"};
-    const Value& x = input(n, 0);
+    const Value& in = any_input(n, 0);
+    if (is_step(in.form)) input(n, 0);  // refused, naming the step
+    if (in.form == Form::Pooled || in.form == Form::FlatImage || in.dims.empty())
+      throw Refusal{"a Softmax over a flattened or pooled image, or a tensor whose shape import does not know"};
+    Value x = as_tensor(in);
     const auto rank = static_cast<int64_t>(x.dims.size()) + 1;
     int64_t axis = int_attr(n, "axis", g_.opset >= 13 ? -1 : 1);
     if (axis < 0) axis += rank;
-    if (x.form == Form::Image || x.form == Form::Pooled || x.form == Form::FlatImage || x.dims.empty())
-      throw Refusal{"a Softmax over an image, or a tensor whose shape import does not know; tandem's softmax reads sequences "
-                    "and vectors"};
     if (axis != rank - 1 || (g_.opset < 13 && rank > 2))
       throw Refusal{cat("a Softmax over axis ", axis, " of ", rank, "; tandem's softmax normalizes the last axis")};
-    emit(n, node_of(functional_node_name(n), "softmax", {x.node}), x.form, n.outputs.at(0), x.dims);
+    if (x.order.back() != static_cast<int>(x.dims.size()) - 1) {  // the last axis stored last first (an image's columns)
+      std::vector<int> want;
+      for (int a : x.order)
+        if (a != static_cast<int>(x.dims.size()) - 1) want.push_back(a);
+      want.push_back(static_cast<int>(x.dims.size()) - 1);
+      x = stored_as(n, x, want);
+    }
+    NodeSpec s = node_of(functional_node_name(n), "softmax", {x.node});
+    x.node = add_node(n, std::move(s));
+    values_[n.outputs.at(0)] = settled_form(std::move(x));
   }
 
   // Reciprocal (1 / x; torch writes c / x as Reciprocal, Mul) and Neg (0 - x): a binary with

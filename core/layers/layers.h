@@ -443,20 +443,25 @@ class BinaryLayer final : public Layer {
  public:
   bool touches_host() const override { return false; }  // kernels only
   Reads backward_reads() const override;
-  BinaryLayer(std::string name, const BinaryAttrs& attrs, Backend& backend)
-      : Layer(std::move(name)), attrs_(attrs), backend_(backend) {}
+  // A trained operand (field binary.operand) starts at 1 for mul and div, 0 for add and sub.
+  BinaryLayer(const GraphNode& node, Backend& backend);
+  std::vector<Param*> params() override {
+    return operand_ ? std::vector<Param*>{operand_.get()} : std::vector<Param*>{};
+  }
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                 Stash& stash) override;
 
  private:
   // Each operand's strides against the output (with the batch); the scalar (one input) as
-  // operand 1 (0 first) at stride 0.
+  // operand 1 (0 first) at stride 0, the trained operand at its own with the batch's 0.
   Broadcast broadcast(std::span<const Tensor> in, const Shape& out);
   float* scratch(Tensor& t, int64_t count);
   BinaryAttrs attrs_;
   Backend& backend_;
   Tensor scalar_;             // one float: the constant operand, where the backend keeps tensors
+  std::unique_ptr<Param> operand_;  // the trained operand; null: none
+  Shape operand_shape_;             // [1, operand...]: as an input of a batch of one
   Tensor full_, permuted_;   // a gradient over the whole output, and it permuted (one call at a time)
 };
 

@@ -213,6 +213,8 @@ void broadcast_strides(const Shape& s, const Shape& out, int64_t* strides) {
   for (int i = out.rank() - 1; i >= 1; --i) {
     const int j = i - shift;
     const int64_t d = j >= 1 ? s[j] : 1;
+    if (d != 1 && d != out[i])  // never from a built graph; a read past the operand otherwise
+      fail("binary", cat("an operand ", s.str(), " does not broadcast to ", out.str()));
     strides[i] = d == 1 ? 0 : step;
     step *= d;
   }
@@ -223,18 +225,18 @@ void broadcast_strides(const Shape& s, const Shape& out, int64_t* strides) {
 
 void sum_to_shape(VectorKernel& v, float* to, const Shape& shape, const float* full, const Shape& out, Tensor& scratch) {
   const int shift = out.rank() - shape.rank();
-  std::vector<int> kept{0}, repeated;
-  int64_t rows = out[0], width = 1;
+  std::vector<int> kept, repeated;
+  int64_t rows = 1, width = 1;
   int64_t dims[kMaxRank];
-  for (int i = 1; i < out.rank(); ++i) {
+  for (int i = 0; i < out.rank(); ++i) {  // the batch (axis 0) repeats where `shape` has one (a trained operand)
     dims[i] = out[i];
-    const int j = i - shift;
-    const bool r = out[i] != 1 && (j < 1 || shape[j] == 1);
+    const int j = i == 0 ? 0 : i - shift;
+    const bool r = out[i] != 1 && (i > 0 && j < 1 ? true : shape[j] == 1);
     (r ? repeated : kept).push_back(i);
     (r ? width : rows) *= out[i];
   }
-  dims[0] = out[0];
   if (!repeated.empty() && repeated.front() != static_cast<int>(kept.size())) {  // not last already: permute them there
+    // (kept is never empty here: a repeated axis before a kept one)
     std::vector<int> perm = kept;
     perm.insert(perm.end(), repeated.begin(), repeated.end());
     if (!scratch.defined() || scratch.numel() < out.numel()) scratch = Tensor::empty(Shape{out.numel()});
@@ -245,11 +247,27 @@ void sum_to_shape(VectorKernel& v, float* to, const Shape& shape, const float* f
   v.sum_rows(to, full, rows, width, 1.0f);
 }
 
+BinaryLayer::BinaryLayer(const GraphNode& node, Backend& backend)
+    : Layer(node.spec.name), attrs_(node.spec.binary), backend_(backend) {
+  if (attrs_.operand.empty()) return;
+  int64_t dims[kMaxRank] = {1};
+  std::copy(attrs_.operand.begin(), attrs_.operand.end(), dims + 1);
+  operand_shape_ = Shape::of(dims, static_cast<int>(attrs_.operand.size()) + 1);
+  int64_t own[kMaxRank] = {};
+  std::copy(attrs_.operand.begin(), attrs_.operand.end(), own);
+  operand_ = std::make_unique<Param>(node.spec.name + ".operand", Shape::of(own, static_cast<int>(attrs_.operand.size())));
+  const bool product = attrs_.mode == BinaryAttrs::Mode::mul || attrs_.mode == BinaryAttrs::Mode::div;
+  operand_->value().fill(product ? 1.0f : 0.0f);
+  if (node.spec.freeze) operand_->freeze();
+}
+
 Layer::Reads BinaryLayer::backward_reads() const {
   using M = BinaryAttrs::Mode;
   const bool product = attrs_.mode == M::mul || attrs_.mode == M::div;
+  if (operand_) return {product ? 1u : 0u, false};  // the operand's gradient: dy a; -dy a / b^2 (b's its own)
   if (attrs_.scalar_first) return {attrs_.mode == M::div ? 1u : 0u, false};  // d(c / x) = -c dy / x^2
-  return {product ? 0b11u : 0u, false};  // (one input: 0b10 names none)
+  if (attrs_.has_scalar) return {0u, false};  // dy c; dy / c
+  return {product ? 0b11u : 0u, false};
 }
 
 Broadcast BinaryLayer::broadcast(std::span<const Tensor> in, const Shape& out) {
@@ -259,6 +277,7 @@ Broadcast BinaryLayer::broadcast(std::span<const Tensor> in, const Shape& out) {
   const int left = attrs_.scalar_first ? 1 : 0;  // the scalar's strides stay 0
   broadcast_strides(in[0].shape(), out, b.strides[left]);
   if (in.size() > 1) broadcast_strides(in[1].shape(), out, b.strides[1]);
+  if (operand_) broadcast_strides(operand_shape_, out, b.strides[1 - left]);
   return b;
 }
 
@@ -270,7 +289,10 @@ float* BinaryLayer::scratch(Tensor& t, int64_t count) {
 void BinaryLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
   const float* a = in[0].data();
   const float* b = in.size() > 1 ? in[1].data() : nullptr;
-  if (!b) {
+  if (!b && operand_) {
+    b = operand_->value().data();
+    if (attrs_.scalar_first) std::swap(a, b);
+  } else if (!b) {
     if (!scalar_.defined()) {
       scalar_ = Tensor::empty(Shape{1});
       backend_.vectors().fill(scalar_.data(), attrs_.scalar, 1);
@@ -290,12 +312,15 @@ void BinaryLayer::backward(std::span<const Tensor> in, const Tensor&, const Tens
   VectorKernel& v = backend_.vectors();
   const float* dy = grad_out.data();
   // Operands in the op's order: left (a) and right (b); the scalar where one input is.
-  const float* scalar = scalar_.defined() ? scalar_.data() : nullptr;
-  const float* left = attrs_.scalar_first ? scalar : in[0].data();
-  const float* right = attrs_.scalar_first ? in[0].data() : in.size() > 1 ? in[1].data() : scalar;
-  for (std::size_t k = 0; k < grad_in.size(); ++k) {
-    if (!grad_in[k].defined()) continue;
-    const int side = attrs_.scalar_first || k == 1 ? 1 : 0;  // this input's place in a op b
+  const float* constant = operand_ ? operand_->value().data() : scalar_.defined() ? scalar_.data() : nullptr;
+  const float* left = attrs_.scalar_first ? constant : in[0].data();
+  const float* right = attrs_.scalar_first ? in[0].data() : in.size() > 1 ? in[1].data() : constant;
+  // The inputs' gradients, then the trained operand's (k = grad_in.size()), each as input k's.
+  const std::size_t count = grad_in.size() + (operand_ && operand_->trainable() ? 1 : 0);
+  for (std::size_t k = 0; k < count; ++k) {
+    const bool own = k == grad_in.size();  // the trained operand
+    if (!own && !grad_in[k].defined()) continue;
+    const int side = own ? (attrs_.scalar_first ? 0 : 1) : attrs_.scalar_first || k == 1 ? 1 : 0;  // its place in a op b
     Broadcast g = b;  // slot 0 dy (the output's steps), 1 and 2 the operands' as they are read
     broadcast_strides(out, out, g.strides[0]);
     Elementwise op = Elementwise::add;
@@ -320,17 +345,19 @@ void BinaryLayer::backward(std::span<const Tensor> in, const Tensor&, const Tens
       std::copy_n(b.strides[0], kBroadcastRank, g.strides[1]);
       std::copy_n(b.strides[1], kBroadcastRank, g.strides[2]);
     }
-    const Shape& shape = in[k].shape();
+    const Shape& shape = own ? operand_shape_ : in[k].shape();
+    float* target = own ? operand_->grad_target() : grad_in[k].data();
     const bool whole = shape == out;
     const float* full = dy;  // the gradient over the whole output (add's: dy itself)
     if (op != Elementwise::add) {
-      float* to = whole ? grad_in[k].data() : scratch(full_, out.numel());
+      float* to = whole ? target : scratch(full_, out.numel());
       v.elementwise(op, to, x0, x1, x2, g);
       full = to;
     } else if (whole) {
-      v.copy(grad_in[k].data(), dy, out.numel());
+      v.copy(target, dy, out.numel());
     }
-    if (!whole) sum_to_shape(v, grad_in[k].data(), shape, full, out, permuted_);
+    if (!whole) sum_to_shape(v, target, shape, full, out, permuted_);
+    if (own) operand_->commit_grad();
   }
 }
 

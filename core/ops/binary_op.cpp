@@ -38,10 +38,25 @@ Shape broadcast_shapes(const NodeSpec& n, const Shape& a, const Shape& b) {
 
 }  // namespace
 
+Shape operand_shape(const NodeSpec& n) {
+  const auto& d = n.binary.operand;
+  if (d.size() >= static_cast<std::size_t>(kMaxRank))
+    ops::fail_node(n, cat("field 'binary.operand' has ", d.size(), " dimensions (1 to ", kMaxRank - 1, " a sample)"));
+  for (std::size_t i = 0; i < d.size(); ++i)
+    if (d[i] < 1 || d[i] > kMaxSampleElements)
+      ops::fail_node(n, cat("field 'binary.operand' has dimension ", i, " of ", d[i], " (each 1 to ", kMaxSampleElements, ")"));
+  int64_t dims[kMaxRank] = {};
+  std::copy(d.begin(), d.end(), dims);
+  const Shape s = Shape::of(dims, static_cast<int>(d.size()));
+  if (!s.numel_at_most(kMaxSampleElements)) ops::fail_node(n, cat("field 'binary.operand' ", s.str(), " holds too many values"));
+  return s;
+}
+
 void define_binary_op(OpTable& t) {
   OpDef d;
   d.name = "binary";
-  d.sequence = SequenceLength::Follows;
+  // Fixed: broadcast, a [T] input may line up with another axis than the tokens (a mask over
+  // a [T, T] score table), which length buckets would misread.
   d.parse = [](const spec::Node& node, NodeSpec& out, const std::string& label) {
     const auto* a = node.binary();
     if (!a || !a->mode())
@@ -56,18 +71,29 @@ void define_binary_op(OpTable& t) {
     out.binary.has_scalar = a->scalar().has_value();
     out.binary.scalar = a->scalar().value_or(0.0f);
     out.binary.scalar_first = a->scalar_first();
+    if (a->operand()) out.binary.operand.assign(a->operand()->begin(), a->operand()->end());
   };
   d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
+    const bool operand = !n.binary.operand.empty();
     if (in.size() != 1 && in.size() != 2)
-      ops::fail_node(n, cat("field 'inputs' needs 2 inputs (or 1 and field 'binary.scalar'), got ", in.size()));
+      ops::fail_node(n, cat("field 'inputs' needs 2 inputs (or 1 and field 'binary.scalar' or 'binary.operand'), got ", in.size()));
     if (in.size() == 1) {
-      if (!n.binary.has_scalar) ops::fail_node(n, "one input, and no field 'binary.scalar' (the other operand)");
-      if (!std::isfinite(n.binary.scalar)) ops::fail_node(n, cat("field 'binary.scalar' is ", n.binary.scalar, " (a finite number)"));
-      return in[0];
+      if (n.binary.has_scalar == operand)
+        ops::fail_node(n, operand ? "fields 'binary.scalar' and 'binary.operand' both give the other operand; give one"
+                                  : "one input, and no field 'binary.scalar' or 'binary.operand' (the other operand)");
+      if (!operand) {
+        if (!std::isfinite(n.binary.scalar)) ops::fail_node(n, cat("field 'binary.scalar' is ", n.binary.scalar, " (a finite number)"));
+        return in[0];
+      }
+      return broadcast_shapes(n, in[0], operand_shape(n));
     }
-    if (n.binary.has_scalar) ops::fail_node(n, "field 'binary.scalar' is set, but the node has two inputs");
+    if (n.binary.has_scalar || operand) ops::fail_node(n, "field 'binary.scalar' or 'binary.operand' is set, but the node has two inputs");
     if (n.binary.scalar_first) ops::fail_node(n, "field 'binary.scalar_first' is set, but the node has two inputs (no scalar)");
     return broadcast_shapes(n, in[0], in[1]);
+  };
+  d.params = [](const NodeSpec& n, std::span<const Shape>) {
+    if (n.binary.operand.empty()) return std::vector<ParamSpec>{};
+    return std::vector<ParamSpec>{{"operand", operand_shape(n)}};
   };
   d.cost = [](const NodeSpec& n, std::span<const Shape> in, const Shape& out) {
     OpCost c;
@@ -79,10 +105,12 @@ void define_binary_op(OpTable& t) {
                              : n.binary.mode == BinaryAttrs::Mode::div ? 5.0
                              : product ? 2.0 : 0.0;
     c.backward_data_flops = per_value * ops::count(out);
+    if (!n.binary.operand.empty())  // the trained operand's gradient: its product a value, and the sums
+      c.backward_weights_flops = (n.binary.mode == BinaryAttrs::Mode::div ? 5.0 : product ? 2.0 : 1.0) * ops::count(out);
     return c;
   };
   d.make_layer = [](const GraphNode& node, std::span<const Shape>, Backend& backend, Rng&) -> std::unique_ptr<Layer> {
-    return std::make_unique<BinaryLayer>(node.spec.name, node.spec.binary, backend);
+    return std::make_unique<BinaryLayer>(node, backend);
   };
   t.add(std::move(d));
 }

@@ -106,7 +106,8 @@ grep -qF '{ name: "reducesum", op: "reduce", inputs: ["reshape_1"], reduce: { mo
 # Arithmetic no pattern takes trains as torch does: the Arith model 3 steps split after its
 # image's broadcast division (gates broadcast over channels and tokens, scalars either side,
 # attention written by hand as matmul, softmax, matmul; the last token and an image's row
-# gathered as slices; maxima and minima over an image's rows and columns and the tokens).
+# gathered as slices; maxima and minima over an image's rows and columns and the tokens; a
+# trained layer scale, kept under its state-dict name).
 ar=$work/arith
 trains_like_torch arith
 for op in '{ name: "mul", op: "binary", inputs: ["relu", "sigmoid"], binary: { mode: "mul" } }' \
@@ -119,7 +120,8 @@ for op in '{ name: "mul", op: "binary", inputs: ["relu", "sigmoid"], binary: { m
           '{ name: "gather_2", op: "slice", inputs: ["div"], slice: { axis: 0, start: 2, end: 3 } }' \
           '{ name: "reducemax", op: "reduce", inputs: ["div"], reduce: { mode: "max", axes: [0, 1] } }' \
           '{ name: "reducemin", op: "reduce", inputs: ["add_2"], reduce: { mode: "min", axes: [0] } }' \
-          '{ name: "neg", op: "binary", inputs: ["div"], binary: { mode: "sub", scalar: 0, scalar_first: true } }'; do
+          '{ name: "neg", op: "binary", inputs: ["div"], binary: { mode: "sub", scalar: 0, scalar_first: true } }' \
+          '{ name: "mul_4", op: "binary", inputs: ["mul_3"], binary: { mode: "mul", operand: [8] }, torch_names: [{ field: "operand", name: "gamma" }] }'; do
   grep -qF "$op" "$ar/imported/model.json" || fail "arith: not imported as $op: $(grep -E 'binary|matmul|softmax' "$ar/imported/model.json")"
 done
 

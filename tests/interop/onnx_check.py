@@ -160,7 +160,8 @@ class Arith(torch.nn.Module):
     its own over the channels ([N, 1, H, W] broadcast) and divided by 2 + tanh of its sums
     over rows and columns ([N, C, 1, 1]); its pixels as tokens through attention written by
     hand (q @ k^T / 4, softmax, @ v); the context times a gate over the tokens ([N, 1, F]
-    broadcast), 1 - it, times 2 / (1.5 + sigmoid(it)), plus the tokens; a linear of it, its last
+    broadcast), 1 - it, times 2 / (1.5 + sigmoid(it)) and a trained layer scale (gamma), plus
+    the tokens; a linear of it, its last
     token (x[:, -1]), the image's third row (x[:, :, 2]), its channels' maxima (amax, and a
     global max pool of -x) and the context's minima over the tokens (amin)."""
 
@@ -171,6 +172,7 @@ class Arith(torch.nn.Module):
         self.k = torch.nn.Linear(8, 8)
         self.v = torch.nn.Linear(8, 8)
         self.fc = torch.nn.Linear(64 * 8 + 8 + 64 + 3 * 8, 10)
+        self.gamma = torch.nn.Parameter(torch.rand(8) + 0.5)  # a layer scale
 
     def forward(self, x):
         x = torch.relu(self.conv(x))
@@ -180,7 +182,7 @@ class Arith(torch.nn.Module):
         q, k, v = self.q(t), self.k(t), self.v(t)
         c = torch.softmax(q @ k.transpose(1, 2) / 4.0, -1) @ v
         c = 1.0 - c * torch.sigmoid(c.sum(1, keepdim=True))
-        c = c * (2.0 / (1.5 + torch.sigmoid(c))) + t
+        c = c * (2.0 / (1.5 + torch.sigmoid(c))) * self.gamma + t
         peaks = torch.cat((x.amax((2, 3)), torch.nn.functional.adaptive_max_pool2d(-x, 1).flatten(1), c.amin(1)), 1)
         return self.fc(torch.cat((c.flatten(1), c[:, -1], x[:, :, 2].flatten(1), peaks), 1))
 
