@@ -338,7 +338,7 @@ TEST(OnnxImport, ArithmeticAndGathersOutsidePatternsAreGeneralOps) {
     nodes.push_back(node("/fc/MatMul", "MatMul", {out, "fc.weight"}, {"logits"}));
     Pb g;
     for (const Pb& n : nodes) g.msg(1, n);
-    g.msg(5, tensor("fc.weight", {out_dims.back(), 3}));
+    g.msg(5, tensor("fc.weight", {out_dims.back(), 3})).msg(5, tensor("block.gamma", {6}));
     g.msg(11, value("r", {24})).msg(12, value("logits", {}));
     const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
     return std::vector<uint8_t>(b.begin(), b.end());
@@ -353,6 +353,12 @@ TEST(OnnxImport, ArithmeticAndGathersOutsidePatternsAreGeneralOps) {
                 std::string::npos, true) << model_spec_json(imp.spec);
   EXPECT_NE(model_spec_json(imp.spec).find(R"({ name: "sub", op: "binary", inputs: ["mul"], binary: { mode: "sub", scalar: 1 } })"),
             std::string::npos) << model_spec_json(imp.spec);
+  // A state-dict parameter beside the tensor: a trained operand under its own name (a layer scale).
+  const std::vector<Pb> scale = {node("/block/Mul", "Mul", {"block.gamma", "x"}, {"g"})};
+  const std::string sj = model_spec_json(import_bytes(graph(scale, "g", {4, 6})).spec);
+  EXPECT_NE(sj.find(R"({ name: "block.mul", op: "binary", inputs: ["reshape"], binary: { mode: "mul", operand: [6] }, )"
+                    R"(torch_names: [{ field: "operand", name: "block.gamma" }] })"),
+            std::string::npos) << sj;
   std::vector<Pb> last = {ints("k", {}, {-1}), node("/Gather", "Gather", {"x", "k_out"}, {"g"}, {int_attr("axis", 2)})};
   const std::string lj = model_spec_json(import_bytes(graph(last, "g", {4})).spec);
   EXPECT_NE(lj.find(R"({ name: "gather", op: "slice", inputs: ["reshape"], slice: { axis: 1, start: 5, end: 6 } })"), std::string::npos) << lj;
@@ -375,7 +381,7 @@ TEST(OnnxImport, ArithmeticAndGathersOutsidePatternsAreGeneralOps) {
         node("/Add", "Add", {"x", "s"}, {"g"})},
        "node '/Add' (Add): it adds tensors of 3 and 2 dimensions; broadcast, their batch axes would not line up"},
       {{node("/Mul", "Mul", {"x", "fc.weight"}, {"g"})},
-       "node '/Mul' (Mul): it multiplies by a stored tensor of 18 values; tandem takes a constant scalar, or two computed tensors"},
+       "node '/Mul' (Mul): its trained operand 'fc.weight' of 6 at axis 1 does not broadcast with 4"},
   };
   for (const Case& c : refused) {
     const std::string e = error_of([&] { import_bytes(graph(c.nodes, "g", {6})); });
