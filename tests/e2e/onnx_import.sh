@@ -171,22 +171,29 @@ grep -q "layer2.1.relu_1" "$work/train.out" || fail "tandem train --cut layer2 d
 # A small learning rate: batch norm over micro-batches of 8 (1x1 maps in layer4) makes larger
 # steps chaotic (at 0.05 torch's own float32 and float64 runs differ by 1e-2 after 3 steps; at
 # 0.001 by 2e-7).
-model=$r18/model.json
 source "$src/tests/e2e/lib.sh"
-start_cloud_as cloud --init-from "$r18/weights.safetensors" --optimizer sgd --lr 0.001 --momentum 0
-"$cloud_bin" pki issue --state-dir "$work/state" --client clinic-onnx --out "$work/id" > /dev/null
-"$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/id" --model "$model" --data "$work/resnet18/data" \
-  --init-from "$r18/weights.safetensors" --limit 32 --batch 32 --microbatches 4 --epochs 3 --test-limit 8 \
-  --optimizer sgd --lr 0.001 --momentum 0 --seed 1 --checkpoint-dir "$work/ckpt" --checkpoint-every 3 > "$work/edge.out" 2>&1 ||
-  fail "tandem-edge on the imported resnet18: $(tail -3 "$work/edge.out")"
-stop_cloud
-cloud_pid=
-"$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt/edge-000000000003.tdmc" --identity "$work/id" \
-  --cloud-ckpt "$work/state/checkpoints/clinic-onnx/cloud-000000000003.tdmc" --out "$work/trained.safetensors" \
-  > "$work/export.out" 2>&1 || fail "tandem export: $(cat "$work/export.out")"
-/usr/bin/python3 "$check" train resnet18 "$work/resnet18" 3 32 4 0.001 1 || fail "torch could not train"
-/usr/bin/python3 "$check" weights resnet18 "$work/trained.safetensors" "$work/resnet18" 1e-4 ||
-  fail "tandem's 3 split steps over TLS differ from torch's"
+# split_trains_over_tls MODEL DIR LR: DIR/imported split-trained by tandem-cloud and tandem-edge
+# over mutual TLS from the import's weights (3 steps of 32 samples, K = 4, plain SGD at LR,
+# client clinic-MODEL), tandem export's file against torch's own 3 steps within 1e-4.
+split_trains_over_tls() {
+  local name=$1 dir=$2 lr=$3
+  model=$dir/imported/model.json
+  start_cloud_as cloud --init-from "$dir/imported/weights.safetensors" --optimizer sgd --lr "$lr" --momentum 0
+  "$cloud_bin" pki issue --state-dir "$work/state" --client "clinic-$name" --out "$work/id-$name" > /dev/null
+  "$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/id-$name" --model "$model" --data "$dir/data" \
+    --init-from "$dir/imported/weights.safetensors" --limit 32 --batch 32 --microbatches 4 --epochs 3 --test-limit 8 \
+    --optimizer sgd --lr "$lr" --momentum 0 --seed 1 --checkpoint-dir "$work/ckpt-$name" --checkpoint-every 3 \
+    > "$work/edge-$name.out" 2>&1 || fail "tandem-edge on the imported $name: $(tail -3 "$work/edge-$name.out")"
+  stop_cloud
+  cloud_pid=
+  "$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt-$name/edge-000000000003.tdmc" --identity "$work/id-$name" \
+    --cloud-ckpt "$work/state/checkpoints/clinic-$name/cloud-000000000003.tdmc" --out "$dir/trained.safetensors" \
+    > "$dir/export.out" 2>&1 || fail "tandem export of the $name: $(cat "$dir/export.out")"
+  /usr/bin/python3 "$check" train "$name" "$dir" 3 32 4 "$lr" 1 || fail "torch could not train the $name"
+  /usr/bin/python3 "$check" weights "$name" "$dir/trained.safetensors" "$dir" 1e-4 ||
+    fail "tandem's 3 split steps of the $name over TLS differ from torch's"
+}
+split_trains_over_tls resnet18 "$work/resnet18" 0.001
 
 # The BERT-style classifier the same way, split after its first encoder layer (the padding
 # mask crosses the cut with the activations): 3 steps of 32 texts, K = 4, lr 0.05. Its export
@@ -194,20 +201,7 @@ cloud_pid=
 b0=$work/bert0
 "$tandem_bin" import "$b0/model.onnx" --out "$b0/imported" --cut bert.encoder.layer.0 > "$b0/import.out" 2>&1 ||
   fail "bert0: tandem import: $(cat "$b0/import.out")"
-model=$b0/imported/model.json
-start_cloud_as cloud-bert --init-from "$b0/imported/weights.safetensors" --optimizer sgd --lr 0.05 --momentum 0
-"$cloud_bin" pki issue --state-dir "$work/state" --client clinic-bert --out "$work/id-bert" > /dev/null
-"$edge_bin" train --cloud "wss://localhost:$port" --identity "$work/id-bert" --model "$model" --data "$b0/data" \
-  --init-from "$b0/imported/weights.safetensors" --limit 32 --batch 32 --microbatches 4 --epochs 3 --test-limit 8 \
-  --optimizer sgd --lr 0.05 --momentum 0 --seed 1 --checkpoint-dir "$work/ckpt-bert" --checkpoint-every 3 > "$work/edge-bert.out" 2>&1 ||
-  fail "tandem-edge on the imported BERT: $(tail -3 "$work/edge-bert.out")"
-stop_cloud
-cloud_pid=
-"$tandem_bin" export --model "$model" --edge-ckpt "$work/ckpt-bert/edge-000000000003.tdmc" --identity "$work/id-bert" \
-  --cloud-ckpt "$work/state/checkpoints/clinic-bert/cloud-000000000003.tdmc" --out "$b0/trained.safetensors" \
-  > "$b0/export.out" 2>&1 || fail "tandem export of the BERT: $(cat "$b0/export.out")"
-/usr/bin/python3 "$check" train bert0 "$b0" 3 32 4 0.05 1 || fail "torch could not train the BERT"
-/usr/bin/python3 "$check" weights bert0 "$b0/trained.safetensors" "$b0" 1e-4 || fail "tandem's 3 split steps of the BERT over TLS differ from torch's"
+split_trains_over_tls bert0 "$b0" 0.05
 
 # MobileNetV3's squeeze-excitation: a 1x1 convolution of the pooled image, its gate
 # (hardsigmoid) and the image times the gate (mul).
