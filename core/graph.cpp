@@ -65,7 +65,7 @@ Graph Graph::build(const ModelSpec& spec) {
   // With buckets the mask, and the ids and boxes of its length, may run shorter.
   for (const auto& in : spec.inputs)
     inputs.push_back({in.name, in.shape, in.integer, in.mask,
-                      tokens > 0 && (in.integer || in.mask) && in.shape[0] == tokens});
+                      tokens > 0 && (in.integer || in.mask) && in.shape[0] == tokens, in.marks_padding});
   Graph g = from_parts(spec.name, std::move(inputs), spec.nodes, spec.output, std::move(buckets));
   if (!g.length_buckets_.empty() && g.nodes_[static_cast<std::size_t>(g.output_)].tokens)
     fail(kWhere, cat("output node '", spec.output, "' is per token, so its size would follow the length buckets; pool "

@@ -20,6 +20,7 @@ struct GraphInput {
   // shorter at (the graph's length_buckets()): the mask, ids and boxes; a back shard's cut
   // input when the cut's output is per token.
   bool tokens = false;
+  bool marks_padding = false;  // InputSpec's: the data's 1s mark padding (data sets read 1 - mask)
   // Whether `v` is a value this input takes: a mask's 0 or 1; ids' and coordinates' integers
   // exact in f32 (|v| <= 2^24); anything else for an input of neither kind. What data sets
   // and the edge check their inputs with; rule() says it in words for their errors.

@@ -107,6 +107,9 @@ ModelSpec parse_model_binary(const uint8_t* data, std::size_t size) {
       fail(kWhere, cat("input '", s.name, "': field 'dtype' is 'float32' or 'int32', got '", dtype, "'"));
     s.integer = dtype == "int32";
     s.mask = in->mask();
+    s.marks_padding = in->marks_padding();
+    if (s.marks_padding && !s.mask)
+      fail(kWhere, cat("input '", s.name, "': field 'marks_padding' belongs on the mask input (mask: true)"));
     if (s.mask && s.shape.rank() != 1)
       fail(kWhere, cat("input '", s.name, "': a mask is [tokens] per sample, got ", s.shape.str()));
     if (in->length_buckets() && in->length_buckets()->size() > 0) {

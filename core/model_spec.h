@@ -120,6 +120,10 @@ struct InputSpec {
   // A key padding mask [tokens] (1 keep, 0 padding): the one input that may cross a cut, with
   // the activations, when the cloud's shard reads it (its attention needs it).
   bool mask = false;
+  // On the mask input only: its data marks padding with 1 and kept tokens with 0, as torch's
+  // key_padding_mask does (True = padding). Data sets are read as 1 - mask, so everything past
+  // the reader (the edge, the wire, attention, length buckets) sees 1 keep, 0 padding.
+  bool marks_padding = false;
   // On the mask input only: the lengths a micro-batch may run at (increasing, the last is
   // shape[0]; empty: always shape[0]). Each runs at the smallest bucket that holds its longest
   // sequence (its last kept token), so short texts cost their length, not the spec's; a

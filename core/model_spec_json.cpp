@@ -143,7 +143,8 @@ std::string model_spec_json(const ModelSpec& spec) {
     std::vector<int64_t> shape;
     for (int d = 0; d < in.shape.rank(); ++d) shape.push_back(in.shape[d]);
     out += cat("    { name: ", json_string(in.name), ", shape: ", list(shape), in.integer ? ", dtype: \"int32\"" : "",
-               in.mask ? ", mask: true" : "", in.length_buckets.empty() ? "" : cat(", length_buckets: ", list(in.length_buckets)),
+               in.mask ? ", mask: true" : "",
+               in.marks_padding ? ", marks_padding: true" : "", in.length_buckets.empty() ? "" : cat(", length_buckets: ", list(in.length_buckets)),
                " }", i + 1 < spec.inputs.size() ? "," : "", "\n");
   }
   out += "  ],\n  nodes: [\n";

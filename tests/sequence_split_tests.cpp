@@ -418,7 +418,7 @@ TEST(SequenceSplitBadInput, DataSetsAndTheEdgeCheckValuesAlike) {
                                              SafeTensor{"mask", "F16", {4, 6}, std::vector<uint8_t>(48, 0)},
                                              i32_tensor("labels", {4}, d.labels.data())}));
   EXPECT_EQ(error_of([&] { read_tensor_dataset(path, g.inputs()); }),
-            "[data set] 'mask' is F16: a data set's tensors are F32, I32, I64 or U8");
+            "[data set] 'mask' is F16: a data set's tensors are F32, I32, I64, U8 or BOOL");
   std::remove(path.c_str());
 
   EventEdgeConfig c;
@@ -433,6 +433,43 @@ TEST(SequenceSplitBadInput, DataSetsAndTheEdgeCheckValuesAlike) {
             "[edge] input 'mask': 2 at element 3 is not 0 or 1 (a mask)");
   EXPECT_EQ(error_of([&] { edge.set_data(false, {bad_ids, d.mask}, labels); }),
             "[edge] input 'ids': 3.5 at element 5 is not an integer below 2^24 (ids and coordinates)");
+}
+
+// torch's key_padding_mask (True = padding) saved as BOOL: a spec whose mask marks padding
+// reads it as tandem's 1 keep, 0 padding; a spec that does not reads it as given. The flag
+// belongs on the mask only.
+TEST(SequenceSplitBadInput, AMaskThatMarksPaddingIsReadInverted) {
+  std::string json = kEncoderSpec;
+  const std::string plain = "mask: true }";
+  json.replace(json.find(plain), plain.size(), "mask: true, marks_padding: true }");
+  const Graph g = Graph::build(parse_model_json(json));
+  ASSERT_TRUE(g.inputs()[1].marks_padding);
+  EXPECT_FALSE(Graph::build(parse_model_json(kEncoderSpec)).inputs()[1].marks_padding);
+  EXPECT_NE(model_spec_json(parse_model_json(json)).find("mask: true, marks_padding: true"), std::string::npos);
+
+  const Sequences d = sequences(4, 5);
+  std::vector<int32_t> id_values(24);
+  std::vector<uint8_t> padding(24);
+  for (int64_t i = 0; i < 24; ++i) {
+    id_values[static_cast<std::size_t>(i)] = static_cast<int32_t>(d.ids[i]);
+    padding[static_cast<std::size_t>(i)] = d.mask[i] == 0.0f ? 1 : 0;
+  }
+  ASSERT_NE(std::count(padding.begin(), padding.end(), 1), 0);  // some sequences are padded
+  const std::string path = cat(::testing::TempDir(), "/padding-mask-", ::getpid(), ".safetensors");
+  write_file_atomic(path, write_safetensors({i32_tensor("ids", {4, 6}, id_values.data()),
+                                             SafeTensor{"mask", "BOOL", {4, 6}, padding},
+                                             i32_tensor("labels", {4}, d.labels.data())}));
+  const LabelledInputs read = read_tensor_dataset(path, g.inputs());
+  for (int64_t i = 0; i < 24; ++i) EXPECT_EQ(read.inputs[1][i], d.mask[i]) << "element " << i;
+  const LabelledInputs as_given = read_tensor_dataset(path, Graph::build(parse_model_json(kEncoderSpec)).inputs());
+  for (int64_t i = 0; i < 24; ++i) EXPECT_EQ(as_given.inputs[1][i], padding[static_cast<std::size_t>(i)]) << "element " << i;
+  std::remove(path.c_str());
+
+  std::string ids_too = json;
+  const std::string ids = R"(dtype: "int32" })";
+  ids_too.replace(ids_too.find(ids), ids.size(), R"(dtype: "int32", marks_padding: true })");
+  EXPECT_EQ(error_of([&] { parse_model_json(ids_too); }),
+            "[model spec] input 'ids': field 'marks_padding' belongs on the mask input (mask: true)");
 }
 
 TEST(SequenceSplitBadInput, ACloudThatReadsNoMaskRefusesOne) {

@@ -11,9 +11,9 @@ namespace {
 std::size_t element_size(const std::string& dtype) {
   if (dtype == "F32" || dtype == "I32") return 4;
   if (dtype == "I64") return 8;
-  if (dtype == "U8") return 1;
+  if (dtype == "U8" || dtype == "BOOL") return 1;  // BOOL: torch's bool tensors (a data set's mask)
   if (dtype == "F16" || dtype == "BF16") return 2;  // Hugging Face's half-precision weights (widened on import)
-  fail("safetensors", cat("dtype '", dtype, "' is not supported (tandem reads F32, F16, BF16, I32, I64 and U8)"));
+  fail("safetensors", cat("dtype '", dtype, "' is not supported (tandem reads F32, F16, BF16, I32, I64, U8 and BOOL)"));
 }
 
 std::string quoted(const std::string& s) {

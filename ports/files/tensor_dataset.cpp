@@ -28,9 +28,9 @@ double value_at(const SafeTensor& t, int64_t i) {
     std::memcpy(&v, p + 8 * i, 8);
     return static_cast<double>(v);
   }
-  if (t.dtype == "U8") return p[i];
+  if (t.dtype == "U8" || t.dtype == "BOOL") return p[i];  // torch saves a bool mask as BOOL, a byte each
   // The header reader also takes F16 and BF16 (Hugging Face's weights); a data set holds none.
-  fail("data set", cat("'", t.name, "' is ", t.dtype, ": a data set's tensors are F32, I32, I64 or U8"));
+  fail("data set", cat("'", t.name, "' is ", t.dtype, ": a data set's tensors are F32, I32, I64, U8 or BOOL"));
 }
 
 // "a, b and c"
@@ -82,7 +82,8 @@ LabelledInputs read_tensor_dataset(const std::string& path, const std::vector<Gr
     for (int64_t i = 0; i < v.numel(); ++i) {
       const double x = value_at(t, i);
       if (!in.accepts(x)) fail("data set", cat(path, ": '", in.name, "' holds ", x, " at element ", i, ", not ", in.rule()));
-      v[i] = static_cast<float>(x);
+      // A mask that marks padding (torch's key_padding_mask) becomes tandem's: 1 keep, 0 padding.
+      v[i] = static_cast<float>(in.marks_padding ? 1.0 - x : x);
     }
     out.inputs.push_back(std::move(v));
   }

@@ -81,6 +81,6 @@ open(sys.argv[2], "wb").write(struct.pack("<Q", len(text)) + text + data)
 PY
 "$tandem_bin" evaluate --model "$model" --weights "$work/f64.safetensors" --data "$work/forms" > "$work/f64.out" 2>&1 &&
   fail "F64 weights were taken"
-grep -q "dtype 'F64' is not supported (tandem reads F32, F16, BF16, I32, I64 and U8)" "$work/f64.out" ||
+grep -q "dtype 'F64' is not supported (tandem reads F32, F16, BF16, I32, I64, U8 and BOOL)" "$work/f64.out" ||
   fail "F64 weights: $(cat "$work/f64.out")"
 echo "PASS"
