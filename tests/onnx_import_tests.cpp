@@ -402,7 +402,7 @@ Pb typed_value(const std::string& name, int type, const std::vector<int64_t>& di
 // times -1e4), Softmax, times the values, permuted back, reshaped, the first token, a linear.
 // `keys_in_two_steps`: the keys permuted as the query, then their last two axes swapped (as
 // Hugging Face's k.transpose(-1, -2) after the view), instead of in one permutation.
-std::vector<uint8_t> attention_model(float divisor, bool inverted, bool keys_in_two_steps = false) {
+std::vector<uint8_t> attention_model(float divisor, bool inverted, bool keys_in_two_steps = false, float big = -10000.0f) {
   std::vector<Pb> n = {node("/emb/Gather", "Gather", {"emb.weight", "ids"}, {"x"})};
   for (const std::string w : {"q", "k", "v"}) {
     n.push_back(node(cat("/att/", w, "/Transpose"), "Transpose", {cat("att.", w, ".weight")}, {cat(w, "_wt")}, {ints_attr("perm", {1, 0})}));
@@ -435,7 +435,7 @@ std::vector<uint8_t> attention_model(float divisor, bool inverted, bool keys_in_
   n.push_back(node("/m/Cast", "Cast", {"m2"}, {"m3"}, {int_attr("to", 1)}));
   n.push_back(scalar("/m/one", 1.0f));
   if (inverted) n.push_back(node("/m/Sub", "Sub", {"/m/one_out", "m3"}, {"m4"}));
-  n.push_back(scalar("/m/big", -10000.0f));
+  n.push_back(scalar("/m/big", big));
   n.push_back(node("/m/Mul", "Mul", {inverted ? "m4" : "m3", "/m/big_out"}, {"madd"}));
   n.push_back(node("/att/MatMul", "MatMul", {"qt", "kt"}, {"sc"}));
   n.push_back(scalar("/att/scale", divisor));
@@ -548,16 +548,57 @@ TEST(OnnxImport, AttentionWithItsMaskComesBackAsOneOp) {
   ASSERT_EQ(two.spec.nodes.size(), imp.spec.nodes.size());
   EXPECT_EQ(two.spec.nodes[4].inputs, att.inputs);
 
-  // Scaled by 1/3 where the head size is 4; the mask added as it is (1 keep): refused, with why.
+  EXPECT_FALSE(imp.spec.inputs[1].marks_padding);
+  // The mask added as it is, mask * -1e4: its data marks padding with 1 (torch's
+  // key_padding_mask), which data sets read as 1 - mask; the same op, the same computation.
+  const OnnxImport padding = import_bytes(attention_model(2.0f, false));
+  ASSERT_EQ(padding.spec.nodes.size(), imp.spec.nodes.size());
+  EXPECT_EQ(padding.spec.nodes[4].inputs, att.inputs);
+  EXPECT_TRUE(padding.spec.inputs[1].mask);
+  EXPECT_TRUE(padding.spec.inputs[1].marks_padding);
+
+  // Scaled by 1/3 where the head size is 4; a mask times -1, which leaves padding a weight:
+  // refused, with why.
   std::string e = error_of([&] { import_bytes(attention_model(3.0f, true)); });
   EXPECT_NE(e.find("  node '/att/Softmax' (Softmax, module att): it scales attention scores by 1/3; tandem's attention scales by "
                    "1/sqrt(head size) = 1/2"), std::string::npos) << e;
-  e = error_of([&] { import_bytes(attention_model(2.0f, false)); });
-  EXPECT_NE(e.find("  node '/att/Add' (Add, module att): it adds a mask computed otherwise than (1 - mask) * c with c <= -1e4 "
-                   "(it is mask * -10000)"), std::string::npos) << e;
+  e = error_of([&] { import_bytes(attention_model(2.0f, false, false, -1.0f)); });
+  EXPECT_NE(e.find("  node '/att/Add' (Add, module att): it adds a mask computed otherwise than (1 - mask) * c or mask * c with "
+                   "c <= -1e4 (it is mask * -1)"), std::string::npos) << e;
   EXPECT_EQ(e.find("/att/MatMul_1"), std::string::npos) << "a refused step is reported once: " << e;
   e = error_of([&] { import_bytes(attention_model(NAN, true)); });
   EXPECT_NE(e.find("  node '/att/Div' (Div, module att): it scales attention scores by nan"), std::string::npos) << e;
+}
+
+// A boolean input is nn.MultiheadAttention's key_padding_mask and nothing else: read as
+// numbers, selected between other values than a constant and zeros, or of another rank, it
+// is refused with why (the happy path, torch's own export, is tests/e2e/onnx_import.sh's
+// encoder: logits within 4e-7 of torch's, 3 training steps within 6e-8).
+TEST(OnnxImport, ABooleanInputIsAKeyPaddingMaskOnly) {
+  auto refusal = [](const std::vector<Pb>& nodes, std::vector<int64_t> pad_dims = {4}) {
+    Pb g;
+    for (const Pb& n : nodes) g.msg(1, n);
+    g.msg(5, tensor("fc.weight", {3, 4})).msg(5, tensor("fc.bias", {3}));
+    g.msg(11, value("x", {4})).msg(11, typed_value("pad", 9, pad_dims)).msg(12, value("logits", {3}));
+    const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
+    return error_of([&] { import_bytes(std::vector<uint8_t>(b.begin(), b.end())); });
+  };
+  const Pb fc = node("/fc/Gemm", "Gemm", {"x", "fc.weight", "fc.bias"}, {"logits"}, {int_attr("transB", 1)});
+  std::string e = refusal({node("/Add", "Add", {"x", "pad"}, {"y"}), fc});
+  EXPECT_NE(e.find("node '/Add' (Add): it reads the boolean input 'pad' as numbers; tandem reads a boolean input only as "
+                   "attention's key padding mask (nn.MultiheadAttention's key_padding_mask)"), std::string::npos) << e;
+  e = refusal({scalar("/c", -1e9f), node("/Where", "Where", {"pad", "/c_out", "x"}, {"y"}), fc});
+  EXPECT_NE(e.find("node '/Where' (Where): it selects by a key padding mask between other values than a constant and zeros "
+                   "of the mask's shape"), std::string::npos) << e;
+  e = refusal({scalar("/c", -1e9f), scalar("/z", 0.0f), node("/Where", "Where", {"x", "/c_out", "/z_out"}, {"y"}), fc});
+  EXPECT_NE(e.find("node '/Where' (Where): tandem selects (Where) among shapes and integer constants, and by a key padding "
+                   "mask, only"), std::string::npos) << e;
+  e = refusal({ints("/s", {3}, {0, 2, 2}), node("/Reshape", "Reshape", {"pad", "/s_out"}, {"y"}), fc});
+  EXPECT_NE(e.find("node '/Reshape' (Reshape): it reshapes a key padding mask otherwise than nn.MultiheadAttention does"),
+            std::string::npos) << e;
+  e = refusal({fc}, {4, 4});
+  EXPECT_NE(e.find("input 'pad' is boolean with 3 dimensions; tandem reads a boolean input as a key padding mask "
+                   "[batch, tokens] only"), std::string::npos) << e;
 }
 
 // Shape arithmetic from a hostile file: too few inputs, axes twice, numbers past int64, a

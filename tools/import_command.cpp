@@ -92,7 +92,12 @@ int import_command(const CliArgs& args) {
   for (const SafeTensor& t : imported.weights) parameters += static_cast<int64_t>(t.data.size() / 4);
   std::printf("imported %s: %zu nodes, %zu tensors (%lld values), output '%s'\n", path.c_str(), spec.nodes.size(),
               imported.weights.size(), static_cast<long long>(parameters), spec.output.c_str());
-  for (const InputSpec& in : spec.inputs) std::printf("  input %s %s\n", in.name.c_str(), in.shape.str().c_str());
+  for (const InputSpec& in : spec.inputs)
+    std::printf("  input %s %s%s\n", in.name.c_str(), in.shape.str().c_str(),
+                in.marks_padding ? ": a key padding mask, 1 marks padding (torch's key_padding_mask; read as 1 - mask)"
+                : in.mask        ? ": a key padding mask, 1 keeps a token, 0 pads"
+                : in.integer     ? ": integers (token ids)"
+                                 : "");
   for (const std::string& f : imported.fused) std::printf("  fused %s\n", f.c_str());
   for (const std::string& r : imported.renamed) std::printf("  renamed %s\n", r.c_str());
   if (!imported.cut_node.empty())

@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <array>
 #include <cmath>
+#include <deque>
 #include <functional>
 #include <map>
 #include <optional>
@@ -52,6 +53,9 @@ struct Value {
   double divisor = 1.0;
   bool inverted = false;
   double mask_scale = 1.0;
+  // Scores: their mask's data marks padding with 1 (x * c added; torch's key_padding_mask)
+  // rather than kept tokens ((1 - x) * c; Hugging Face's attention_mask).
+  bool mask_marks_padding = false;
   const OnnxTensor* table = nullptr;  // Positions: the position table; ClassToken, WithClass: the token
   bool merged = false;  // attention's heads merged with the batch (nn.MultiheadAttention's [N H, T, D])
   // Tensor: tandem's node holds ONNX's axis order[k] of `dims` as its axis k (an image [C, H, W]
@@ -217,6 +221,15 @@ class Importer {
   std::map<std::string, int> uses_;
   std::map<std::string, std::vector<std::size_t>> readers_;
   std::set<std::string> names_, params_used_, refused_types_, id_inputs_;
+  // Boolean graph inputs (nn.MultiheadAttention's key_padding_mask): read as a mask only.
+  std::set<std::string> bool_inputs_;
+  // ConstantOfShape's float fillings (the zeros masked_fill writes into) and their shapes.
+  struct Fill {
+    double value = 0.0;
+    std::vector<Sym> shape;
+  };
+  std::map<std::string, Fill> fills_;
+  std::deque<OnnxTensor> made_;  // constants import computes (Cast of a constant to float)
   std::set<std::size_t> absorbed_;
   std::map<std::string, int> suffixes_;  // the last "_k" unique() gave a name
   std::vector<std::string> problems_;
@@ -234,10 +247,14 @@ class Importer {
                              v.dim_names[d].empty() ? cat(" (", v.dims[d], ")") : cat(" ('", v.dim_names[d], "')"),
                              " of no fixed size; tandem's inputs have fixed shapes but the batch: export with a fixed "
                              "size there (only dynamic_axes={'", v.name, "': {0: 'batch'}})"));
-      const bool integer = v.elem_type == 6 || v.elem_type == 7;
-      if (v.elem_type != 1 && !integer)
+      const bool integer = v.elem_type == 6 || v.elem_type == 7, boolean = v.elem_type == 9;
+      if (v.elem_type != 1 && !integer && !boolean)
         fail("import", cat(o_.origin, ": input '", v.name, "' has element type ", v.elem_type,
-                           "; tandem reads float32 inputs and int32/int64 ids"));
+                           "; tandem reads float32 inputs, int32/int64 ids and a bool key padding mask"));
+      if (boolean && v.dims.size() != 2)
+        fail("import", cat(o_.origin, ": input '", v.name, "' is boolean with ", v.dims.size(),
+                           " dimensions; tandem reads a boolean input as a key padding mask [batch, tokens] only"));
+      if (boolean) bool_inputs_.insert(v.name);
       Form form = Form::Vector;
       const std::vector<int64_t> dims(v.dims.begin() + (v.dims.empty() ? 0 : 1), v.dims.end());
       if (v.dims.size() == 4 && !integer) {
@@ -265,6 +282,9 @@ class Importer {
       if (folded_.count(name) && !consts_.count(name))
         throw Refusal{cat("input '", name, "' is computed from shapes; tandem reads such a value only as a shape or as indices")};
       if (consts_.count(name)) throw Refusal{cat("input '", name, "' is a constant; tandem reads it only as a weight")};
+      if (fills_.count(name))
+        throw Refusal{cat("input '", name, "' is a constant of a computed shape (ConstantOfShape); tandem reads one "
+                          "only as the value masked_fill keeps (Where(mask, c, zeros))")};
       throw Refusal{cat("input '", name, "' is made by no node before it")};
     }
     if (it->second.form == Form::Unknown) throw Downstream{};
@@ -296,6 +316,9 @@ class Importer {
   const Value& input(const OnnxNode& n, std::size_t i) {
     const Value& v = any_input(n, i);
     if (v.form == Form::Tensor) return settle(n, n.inputs[i]);
+    if (bool_inputs_.count(v.node) && v.form != Form::Mask)
+      throw Refusal{cat("it reads the boolean input '", v.node, "' as numbers; tandem reads a boolean input only as "
+                        "attention's key padding mask (nn.MultiheadAttention's key_padding_mask)")};
     if (is_step(v.form))
       throw Refusal{cat("it reads ", step_name(v.form), ", which tandem takes only within multi-head attention, "
                         "position embeddings, the key padding mask and a ViT's patch and class token embedding as "
@@ -410,8 +433,12 @@ class Importer {
     // heads merged with the batch, a class token on its way: not followed
     static const std::set<Form> untracked = {Form::Unknown,    Form::Scores,     Form::Probs,   Form::Positions,
                                              Form::ClassToken, Form::WithClass,  Form::HeadsTM, Form::ContextTM};
-    if (it == values_.end() || untracked.count(it->second.form) || it->second.merged) return std::nullopt;
+    if (it == values_.end() || untracked.count(it->second.form)) return std::nullopt;
     const Value& x = it->second;
+    // heads merged with the batch, [N H, ...]: nn.MultiheadAttention's q, k, v and its mask
+    if (x.merged && (x.form == Form::HeadsFirst || x.form == Form::KeysT || x.form == Form::Mask) && x.dims.size() == 3)
+      return std::vector<Sym>{{x.dims[0], 1}, {x.dims[1], 0}, {x.dims[2], 0}};
+    if (x.merged) return std::nullopt;
     if (x.form == Form::SequenceTM && x.dims.size() == 2) return std::vector<Sym>{{x.dims[0], 0}, {1, 1}, {x.dims[1], 0}};
     if (x.form == Form::TokensTM && x.dims.size() == 2) return std::vector<Sym>{{x.dims[0], 1}, {x.dims[1], 0}};
     std::vector<Sym> all{{1, 1}};
@@ -1593,6 +1620,7 @@ class Importer {
     skip_refused(n);
     const Value& x = any_input(n, 0);
     if (x.form == Form::SequenceTM || x.form == Form::ContextTM || x.form == Form::TokensTM) return reshape_time_major(n, x);
+    if (x.form == Form::Mask || bool_inputs_.count(x.node)) return reshape_mask(n);
     if (x.form == Form::ContextTokens) {
       const std::vector<int64_t> to = reshape_target(n, x.dims);
       if (to.size() != 2 || to[0] != x.dims[0] || to[1] != x.dims[1] * x.dims[2])
@@ -1995,6 +2023,7 @@ class Importer {
   // class_token.expand(n, -1, -1), joined before the patches next.
   void expand(const OnnxNode& n) {
     skip_refused(n);
+    if (form_of(n, 0) == Form::Mask) return expand_mask(n);
     const OnnxTensor* token = stored(n, 0);
     const Folded* shape = folded(n, 1);
     auto one = [](const Sym& s) { return s == Sym{1, 0} || s == Sym{-1, 0}; };
@@ -2135,16 +2164,18 @@ class Importer {
     if (form_of(n, 1 - at) != Form::Mask)
       throw Refusal{"it adds to attention scores something other than a key padding mask from a graph input"};
     const Value& m = any_input(n, 1 - at);
-    if (v.merged)
-      throw Refusal{"it masks nn.MultiheadAttention's scores (key_padding_mask or attn_mask); tandem reads a key padding mask "
-                    "as BERT writes it only"};
     if (!v.mask.empty()) throw Refusal{"it adds a second mask to attention scores"};
-    if (!m.inverted || !(std::isfinite(m.mask_scale) && m.mask_scale <= -1e4))
-      throw Refusal{cat("it adds a mask computed otherwise than (1 - mask) * c with c <= -1e4 (it is ", m.inverted ? "(1 - mask)" : "mask",
-                        " * ", m.mask_scale, "); tandem's attention takes a key padding mask of 1 (keep) and 0 (padding)")};
-    if (m.dims != std::vector<int64_t>{1, 1, v.dims[1]})
-      throw Refusal{"its mask is not [batch, 1, 1, tokens]: one per key, alike for every head and query"};
+    // (1 - keep) * c or padding * c with c far below any score (masked_fill's -inf included)
+    if (!(m.mask_scale <= -1e4))
+      throw Refusal{cat("it adds a mask computed otherwise than (1 - mask) * c or mask * c with c <= -1e4 (it is ",
+                        m.inverted ? "(1 - mask)" : "mask", " * ", m.mask_scale,
+                        "); tandem's attention takes a key padding mask, one value per key")};
+    if (m.merged != v.merged || m.dims != std::vector<int64_t>{m.merged ? v.heads : 1, 1, v.dims[1]})
+      throw Refusal{v.merged ? "its mask is not [batch * heads, 1, tokens] (a key_padding_mask expanded over the heads): one "
+                               "per key, alike for every head and query (an attn_mask is not supported)"
+                             : "its mask is not [batch, 1, 1, tokens]: one per key, alike for every head and query"};
     v.mask = m.node;
+    v.mask_marks_padding = !m.inverted;
     values_[n.outputs.at(0)] = std::move(v);
   }
 
@@ -2220,7 +2251,11 @@ class Importer {
       InputSpec* in = graph_input(p.mask);
       if (!in) throw Refusal{"its mask is not a graph input"};
       if (id_inputs_.count(p.mask)) throw Refusal{cat("its mask '", p.mask, "' is read as token ids too")};
+      if (in->mask && in->marks_padding != p.mask_marks_padding)
+        throw Refusal{cat("it reads mask '", p.mask, "' with 1 marking ", p.mask_marks_padding ? "padding" : "a kept token",
+                          " where another attention reads 1 as ", p.mask_marks_padding ? "a kept token" : "padding")};
       in->mask = true;
+      in->marks_padding = p.mask_marks_padding;
       in->integer = false;
     }
     out_.fused.push_back(cat(s.name, ": Reshape, Transpose, MatMul, Div", p.mask.empty() ? "" : ", Add (mask)",
@@ -2234,7 +2269,7 @@ class Importer {
   // any order, from a graph input [batch, tokens].
   Value mask_of(const OnnxNode& n, std::size_t at) {
     if (form_of(n, at) == Form::Mask) return any_input(n, at);
-    const Value& x = input(n, at);
+    const Value& x = bool_inputs_.count(any_input(n, at).node) ? any_input(n, at) : input(n, at);
     if (!graph_input(x.node) || x.dims.size() != 1)
       throw Refusal{"tandem reads a key padding mask from a graph input [batch, tokens] only"};
     Value m;
@@ -2245,6 +2280,14 @@ class Importer {
   }
   void cast(const OnnxNode& n) {
     skip_refused(n);
+    if (const OnnxTensor* c = constant(n, 0); c && c->integer && int_attr(n, "to", 0) == 1) {  // a number for the scores
+      OnnxTensor& f = made_.emplace_back();
+      f.name = n.outputs.at(0);
+      f.dims = c->dims;
+      for (int64_t v : c->ints) f.floats.push_back(static_cast<float>(v));
+      consts_[f.name] = &f;
+      return;
+    }
     values_[n.outputs.at(0)] = mask_of(n, 0);
   }
   void unsqueeze(const OnnxNode& n) {
@@ -2264,6 +2307,70 @@ class Importer {
     Value m = any_input(n, 1);
     if (m.inverted || m.mask_scale != 1.0) throw Refusal{"it computes the mask otherwise than (1 - mask) * c"};
     m.inverted = true;
+    values_[n.outputs.at(0)] = std::move(m);
+  }
+  // nn.MultiheadAttention's key_padding_mask: x.view(N, 1, 1, T), expanded over the heads,
+  // .reshape(N H, 1, T): only its per-sample dims change (a graph input [batch, tokens] first).
+  void reshape_mask(const OnnxNode& n) {
+    if (int_attr(n, "allowzero", 0) != 0) throw Refusal{"allowzero=1 is not supported"};
+    Value m = mask_of(n, 0);
+    if (m.inverted || m.mask_scale != 1.0) throw Refusal{"it reshapes a key padding mask after computing on it"};
+    const std::vector<int64_t> flat = {1, 1, m.dims.back()};
+    if (!m.merged && m.dims == std::vector<int64_t>{m.dims.back()} && target_is(n, {{1, 1}, {1, 0}, {1, 0}, {m.dims.back(), 0}})) {
+      m.dims = flat;
+    } else if (!m.merged && m.dims.size() == 3 && m.dims[1] == 1 && m.dims[0] > 0 &&
+               target_is(n, {{m.dims[0], 1}, {1, 0}, {m.dims[2], 0}})) {
+      m.merged = true;  // [N, H, 1, T] -> [N H, 1, T]: dims stay [H, 1, T]
+    } else {
+      throw Refusal{"it reshapes a key padding mask otherwise than nn.MultiheadAttention does "
+                    "(view(batch, 1, 1, tokens), then reshape(batch * heads, 1, tokens) after expanding over the heads)"};
+    }
+    values_[n.outputs.at(0)] = std::move(m);
+  }
+  // Expand([N, 1, 1, T] mask, [1 or -1, H, 1 or -1, 1 or -1]): the same mask for every head.
+  void expand_mask(const OnnxNode& n) {
+    Value m = any_input(n, 0);
+    const Folded* shape = folded(n, 1);
+    auto one = [](const Sym& s) { return s == Sym{1, 0} || s == Sym{-1, 0}; };
+    if (m.merged || m.dims.size() != 3 || m.dims[0] != 1 || m.dims[1] != 1 || !shape || shape->v.size() != 4 ||
+        !(one(shape->v[0]) || shape->v[0] == Sym{1, 1}) || shape->v[1].unknown || shape->v[1].p != 0 || shape->v[1].c < 1 ||
+        !one(shape->v[2]) || !(one(shape->v[3]) || shape->v[3] == Sym{m.dims[2], 0}))
+      throw Refusal{"it expands a key padding mask otherwise than over the heads (expand(-1, heads, -1, -1))"};
+    m.dims[0] = shape->v[1].c;
+    values_[n.outputs.at(0)] = std::move(m);
+  }
+  // ConstantOfShape of a float: zeros (masked_fill's other value); Where reads them.
+  void constant_of_shape(const OnnxNode& n) {
+    skip_refused(n);
+    const OnnxAttribute* value = n.attribute("value");
+    const Folded* shape = folded(n, 0);
+    if (!value || value->kind != OnnxAttribute::Kind::Tensor || value->t.integer || value->t.floats.size() != 1 || !shape ||
+        shape->dims.size() != 1)
+      throw Refusal{"tandem fills integer constants of a computed shape, and float ones for a masked_fill, only"};
+    fills_[n.outputs.at(0)] = {value->t.floats[0], shape->v};
+  }
+  // Where(mask, c, zeros) = mask * c and Where(mask, zeros, c) = (1 - mask) * c: a boolean key
+  // padding mask filled with -inf (F.multi_head_attention_forward's masked_fill).
+  void where(const OnnxNode& n) {
+    skip_refused(n);
+    const auto cond = n.inputs.empty() ? values_.end() : values_.find(n.inputs[0]);
+    if (cond == values_.end() || (cond->second.form != Form::Mask && !bool_inputs_.count(cond->second.node)))
+      throw Refusal{"tandem selects (Where) among shapes and integer constants, and by a key padding mask, only"};
+    Value m = mask_of(n, 0);
+    if (m.inverted || m.mask_scale != 1.0) throw Refusal{"it selects by a key padding mask after computing on it"};
+    auto zero = [&](std::size_t i) {
+      const auto f = i < n.inputs.size() ? fills_.find(n.inputs[i]) : fills_.end();
+      if (f == fills_.end()) return is_scalar(n, i, 0.0);
+      const std::optional<std::vector<Sym>> mine = onnx_shape(n.inputs[0]);
+      return f->second.value == 0.0 && mine && f->second.shape.size() == mine->size() &&
+             std::equal(mine->begin(), mine->end(), f->second.shape.begin());
+    };
+    const bool fill_first = zero(2), fill_second = !fill_first && zero(1);
+    const std::optional<double> c = one_value(constant(n, fill_first ? 1 : 2));
+    if ((!fill_first && !fill_second) || !c)
+      throw Refusal{"it selects by a key padding mask between other values than a constant and zeros of the mask's shape"};
+    m.inverted = fill_second;  // Where(keep, 0, c) = (1 - keep) * c
+    m.mask_scale = *c;
     values_[n.outputs.at(0)] = std::move(m);
   }
   void mask_step(const OnnxNode& n, std::size_t at) {  // Mul(mask, c)
@@ -2340,18 +2447,12 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
        }},
       {"Squeeze", [](I&, const OnnxNode&) { throw Refusal{"tandem squeezes shapes and constants only"}; }},
       {"Slice", &I::slice},
-      {"ConstantOfShape", [](I& i, const OnnxNode& n) {
-         i.skip_refused(n);
-         throw Refusal{"tandem fills integer constants of a computed shape only"};
-       }},
+      {"ConstantOfShape", &I::constant_of_shape},
       {"Equal", [](I& i, const OnnxNode& n) {
          i.skip_refused(n);
          throw Refusal{"tandem compares shapes and integer constants only"};
        }},
-      {"Where", [](I& i, const OnnxNode& n) {
-         i.skip_refused(n);
-         throw Refusal{"tandem selects (Where) among shapes and integer constants only"};
-       }},
+      {"Where", &I::where},
       {"Expand", &I::expand},
   };
   return ops;

@@ -4,7 +4,8 @@
 # ShuffleNet's channel split and shuffle as general reshape and transpose), a small torchvision
 # VisionTransformer (nn.MultiheadAttention's packed in-projection, the class token), a tabular
 # torch.nn model (Linear, LayerNorm, GELU and its tanh form, Dropout; at opsets 14 and 17), a
-# text classifier of nn.TransformerEncoderLayers (mean over the tokens) and a BERT-style text
+# text classifier of nn.TransformerEncoderLayers (a bool key_padding_mask, True = padding; mean
+# over the tokens) and a BERT-style text
 # classifier under Hugging Face's module names (tests/interop/hf_encoder.py: attention with a
 # padding mask), exported from PyTorch in training mode, imported and
 # evaluated on every CPU backend: tandem's logits equal torch's within 1e-4. The spec's nodes and
@@ -16,7 +17,8 @@
 # first encoder layer. The ViT trains 3 steps split at its first encoder layer in one process
 # (tandem train --init-from, --export): strict load, torch's own steps within 1e-4; so does a
 # model of general reshapes, transposes and reductions (onnx_check.py's Views), split after
-# its channel shuffle, and one of arithmetic and matmuls no pattern takes (Arith). A model of
+# its channel shuffle, one of arithmetic and matmuls no pattern takes (Arith), and the text
+# classifier, its padding mask crossing the cut (marks_padding: read as 1 - mask). A model of
 # three ops tandem cannot take is refused naming all three; a truncated file and a bad cut are
 # refused with the exact errors.
 # Usage: onnx_import.sh BUILD_DIR SOURCE_DIR [BACKENDS]
@@ -224,6 +226,20 @@ grep -qF 'name: "encoder.layers.encoder_layer_0.self_attention", op: "attention"
   "$v/model.json" || fail "vit: layer 0's attention"
 trains_like_torch vit
 grep -q "layers.encoder_layer_0.add_1" "$work/vit/train.out" || fail "vit: not cut at encoder.layers.encoder_layer_0: $(head -3 "$work/vit/train.out")"
+
+# nn.MultiheadAttention's key_padding_mask: a bool input (True = padding, saved as BOOL) whose
+# Reshape, Expand over the heads, Reshape, Cast and Where(mask, -inf, zeros) came back as
+# attention's mask; the spec says its 1s mark padding. It trains 3 steps split after the first
+# layer, the mask crossing the cut to the second layer's attention.
+en=$work/encoder
+grep -qF '{ name: "pad", shape: [12], mask: true, marks_padding: true }' "$en/imported/model.json" ||
+  fail "encoder: the padding mask input: $(grep -F '"pad"' "$en/imported/model.json" | head -1)"
+grep -qF "input pad [12]: a key padding mask, 1 marks padding (torch's key_padding_mask; read as 1 - mask)" "$en/import.out" ||
+  fail "encoder: the import does not say the mask marks padding"
+grep -qF 'name: "encoder.layers.1.self_attn", op: "attention", inputs: ["encoder.layers.1.self_attn.slice", "encoder.layers.1.self_attn.slice_1", "encoder.layers.1.self_attn.slice_2", "pad"], attention: { heads: 2 }' \
+  "$en/imported/model.json" || fail "encoder: layer 1's attention does not read the mask"
+trains_like_torch encoder
+grep -q "layers.0.norm2" "$en/train.out" || fail "encoder: not cut at encoder.layers.0: $(head -3 "$en/train.out")"
 
 # Refused: every node tandem cannot take, at once, with its op and module.
 "$tandem_bin" import "$work/model.onnx" --out "$work/refused" > "$work/refused-import.out" 2>&1 && fail "the model was imported"

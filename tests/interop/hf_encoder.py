@@ -53,7 +53,7 @@ def run_layer(layer, x, additive, heads):
 
 
 def read_safetensors(path):
-    """Every tensor of a safetensors file (F32, I32, I64, U8) as a torch tensor."""
+    """Every tensor of a safetensors file (F32, I32, I64, U8, BOOL) as a torch tensor."""
     import numpy as np
     blob = open(path, "rb").read()
     n = struct.unpack("<Q", blob[:8])[0]
@@ -63,7 +63,7 @@ def read_safetensors(path):
         if name == "__metadata__":
             continue
         a, b = h["data_offsets"]
-        dtype = {"I32": np.int32, "U8": np.uint8, "F32": np.float32, "I64": np.int64}[h["dtype"]]
+        dtype = {"I32": np.int32, "U8": np.uint8, "F32": np.float32, "I64": np.int64, "BOOL": np.bool_}[h["dtype"]]
         out[name] = torch.from_numpy(np.frombuffer(blob[8 + n + a:8 + n + b], dtype=dtype).reshape(h["shape"]).copy())
     return out
 
@@ -71,8 +71,10 @@ def read_safetensors(path):
 def write_safetensors(path, tensors):
     header, blobs, offset = {}, [], 0
     for name, t in tensors.items():
-        data = t.detach().contiguous().float().numpy().tobytes()
-        header[name] = {"dtype": "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
+        # a bool tensor (torch's key_padding_mask) as safetensors writes one: BOOL, a byte each
+        boolean = t.dtype == torch.bool
+        data = (t.to(torch.uint8) if boolean else t.detach().contiguous().float()).numpy().tobytes()
+        header[name] = {"dtype": "BOOL" if boolean else "F32", "shape": list(t.shape), "data_offsets": [offset, offset + len(data)]}
         blobs.append(data)
         offset += len(data)
     text = json.dumps(header).encode()

@@ -189,17 +189,19 @@ class Arith(torch.nn.Module):
 
 class TextEncoder(torch.nn.Module):
     """A text classifier as torch.nn builds one: token embeddings, 2 nn.TransformerEncoderLayers
-    (batch_first, GELU, no dropout), the tokens' mean, a linear: 12 tokens of 16, 3 classes."""
+    (batch_first, GELU, no dropout) reading a bool key padding mask (True = padding), the
+    tokens' mean, a linear: 12 tokens of 16, 3 classes. (No nested tensors: torch's eval fast
+    path would zero the padding's outputs, which the mean reads.)"""
 
     def __init__(self):
         super().__init__()
         self.embed = torch.nn.Embedding(50, 16)
         layer = torch.nn.TransformerEncoderLayer(16, 2, 32, dropout=0.0, activation="gelu", batch_first=True)
-        self.encoder = torch.nn.TransformerEncoder(layer, 2)
+        self.encoder = torch.nn.TransformerEncoder(layer, 2, enable_nested_tensor=False)
         self.fc = torch.nn.Linear(16, 3)
 
-    def forward(self, ids):
-        return self.fc(self.encoder(self.embed(ids)).mean(1))
+    def forward(self, ids, pad):
+        return self.fc(self.encoder(self.embed(ids), src_key_padding_mask=pad).mean(1))
 
 
 def make(name):
@@ -211,6 +213,8 @@ def make(name):
         return Arith()
     if name == "bert0":
         return bert_model(0.0)
+    if name == "encoder":
+        return TextEncoder()
     if name == "vit":
         return torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
                                                     mlp_dim=32, num_classes=10)
@@ -281,10 +285,11 @@ def main():
             with torch.no_grad():
                 randomize(model, gen)
             ids = torch.randint(0, 50, (n, 12), generator=gen)
-            export(model, f"{out}/model.onnx", ids[:2], ["ids"])
+            pad = torch.arange(12)[None, :] >= torch.randint(3, 13, (n, 1), generator=gen)  # 3 to 12 tokens kept
+            export(model, f"{out}/model.onnx", (ids[:2], pad[:2]), ["ids", "pad"])
             labels = torch.randint(0, 3, (n,), generator=gen, dtype=torch.int32)
-            inputs = {"ids": ids}
-            images = (ids,)
+            inputs = {"ids": ids, "pad": pad}  # pad saved as BOOL, as torch's safetensors would
+            images = (ids, pad)
         elif name in ("bert", "bert0"):  # bert0: no dropout, to train as torch does
             model, ids, mask = bert(gen, n, 0.1 if name == "bert" else 0.0)
             export(model, f"{out}/model.onnx", (ids[:2], mask[:2]), ["input_ids", "attention_mask"])
@@ -316,6 +321,8 @@ def main():
         data = read_safetensors(f"{out}/data/train.safetensors")
         if name == "bert0":  # ids and mask, as tandem reads them (floats holding integers)
             inputs = (data["input_ids"][:batch].long(), data["attention_mask"][:batch].long())
+        elif name == "encoder":
+            inputs = (data["ids"][:batch].long(), data["pad"][:batch].bool())
         else:
             inputs = (data["image"][:batch].permute(0, 3, 1, 2).contiguous(),)  # tandem's NHWC -> torch's NCHW
         labels = data["labels"][:batch].long()
