@@ -5,8 +5,10 @@ block, a BERT-style classifier (attention with its padding mask, embeddings, the
 small torchvision ViT (patches, the class token's Expand, nn.MultiheadAttention's packed
 in-projection), an MLP over records (LayerNorm and both GELUs decomposed at opset 14,
 LayerNormalization at 17), a ShuffleNet block (x.chunk's channel slices, the channel
-shuffle's general reshape and transpose, a permute of an image) and arithmetic no pattern
-takes (broadcast gates, scalars, matmuls, gathers, maxima and minima).
+shuffle's general reshape and transpose, a permute of an image), arithmetic no pattern
+takes (broadcast gates, scalars, matmuls, gathers, maxima and minima) and a text encoder of
+nn.TransformerEncoderLayer reading a bool key_padding_mask (Reshape, Expand, Where into the
+merged scores).
 usage: make_onnx_seeds.py OUT_DIR"""
 import sys
 import warnings
@@ -69,6 +71,20 @@ class Arith(torch.nn.Module):
         return self.head(torch.cat((c[:, -1], x.amax((2, 3)), -c.amin(1)), 1))
 
 
+class PaddedEncoder(torch.nn.Module):
+    """nn.TransformerEncoderLayer at its smallest, with a bool key_padding_mask (True = padding)."""
+
+    def __init__(self):
+        super().__init__()
+        self.embed = torch.nn.Embedding(10, 4)
+        layer = torch.nn.TransformerEncoderLayer(4, 2, 4, dropout=0.0, batch_first=True)
+        self.encoder = torch.nn.TransformerEncoder(layer, 1, enable_nested_tensor=False)
+        self.head = torch.nn.Linear(4, 2)
+
+    def forward(self, ids, pad):
+        return self.head(self.encoder(self.embed(ids), src_key_padding_mask=pad).mean(1))
+
+
 def export(model, x, names, path, opset=14):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -93,6 +109,8 @@ def main():
     export(mlp, torch.randn(2, 3), ["record"], f"{out}/mlp17", opset=17)
     export(Shuffle(), torch.randn(2, 4, 2, 2), ["image"], f"{out}/shuffle")
     export(Arith(), torch.randn(2, 2, 2, 2), ["image"], f"{out}/arith")
+    export(PaddedEncoder(), (torch.randint(0, 10, (2, 4)), torch.zeros(2, 4, dtype=torch.bool)), ["ids", "pad"],
+           f"{out}/padded")
 
 
 if __name__ == "__main__":
