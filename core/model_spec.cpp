@@ -56,6 +56,9 @@ NodeSpec read_node(const spec::Node* node, std::size_t index) {
       // token-type table (an imported BERT without one), which export then does not add.
       const bool none = t && t->field() && t->field()->str() == "token_type_embeddings" && t->name() && t->name()->size() == 0 &&
                         out.op == "position_embedding";
+      if (none && out.embedding.types > 0)
+        fail(kWhere, cat(label, ": field 'torch_names' says PyTorch's model has no token-type table, and field "
+                                "'embedding.types' gives it one"));
       if (!t || !t->field() || t->field()->size() == 0 || !t->name() || (t->name()->size() == 0 && !none))
         fail(kWhere, cat(label, ": field 'torch_names' entry ", k, " needs a 'field' and a 'name'"));
       if (!fields.insert(t->field()->str()).second)

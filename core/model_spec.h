@@ -49,6 +49,9 @@ struct AttentionAttrs {
 
 struct EmbeddingAttrs {
   int64_t count = 0, features = 0;
+  // position_embedding only: a token-type table [types, features] whose row 0 is added to
+  // every token too (one segment; parameter field "token_type_embeddings").
+  int64_t types = 0;
 };
 
 struct TokenPoolAttrs {

@@ -102,7 +102,8 @@ std::string node_json(const NodeSpec& n) {
   if (n.attention.heads != 0)
     out += cat(", attention: { heads: ", n.attention.heads, n.attention.causal ? ", causal: true" : "", " }");
   if (n.embedding.count != 0)
-    out += cat(", embedding: { count: ", n.embedding.count, n.embedding.features ? cat(", features: ", n.embedding.features) : "", " }");
+    out += cat(", embedding: { count: ", n.embedding.count, n.embedding.features ? cat(", features: ", n.embedding.features) : "",
+               n.embedding.types ? cat(", types: ", n.embedding.types) : "", " }");
   if (n.token_pool.mean) out += ", token_pool: { mode: \"mean\" }";
   if (n.freeze) out += ", freeze: true";
   if (n.lora.rank != 0)

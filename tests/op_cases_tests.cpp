@@ -100,6 +100,9 @@ std::vector<OpCase> cases() {
       {"embedding", "embedding", R"({ name: "y", op: "embedding", inputs: ["x"], embedding: { count: 10, features: 6 } })",
        R"({ name: "x", shape: [4], dtype: "int32" })", Draw::Uniform, 10, true},
       {"position_embedding", "position_embedding", R"({ name: "y", op: "position_embedding", inputs: ["x"], embedding: { count: 5 } })", seq},
+      // with a token-type table, its row 0 at every token (Hugging Face's one segment)
+      {"position_embedding", "position_embedding_types",
+       R"({ name: "y", op: "position_embedding", inputs: ["x"], embedding: { count: 5, types: 2 } })", seq},
       {"layout_embedding", "layout_embedding", R"({ name: "y", op: "layout_embedding", inputs: ["x", "boxes"], embedding: { count: 9 } })",
        R"({ name: "x", shape: [4, 6] }, { name: "boxes", shape: [4, 4], dtype: "int32" })", Draw::Uniform, 9},
       {"class_token", "class_token", R"({ name: "y", op: "class_token", inputs: ["x"] })", seq},

@@ -23,12 +23,14 @@ std::string layer_norm_alias(const std::string& name) {
 }
 
 // For a position table's weight "X.position_embeddings.weight" of a position_embedding node
-// whose model has no "X.token_type_embeddings": the token-type table's name; else "".
+// whose model has no "X.token_type_embeddings" (neither a node nor the node's own token-type
+// table, embedding.types): the token-type table's name, folded in; else "".
 std::string token_type_name(const Graph& whole, const std::string& name) {
   const std::string suffix = "position_embeddings.weight";
   if (!ends_with(name, suffix)) return "";
   const int node = whole.find(name.substr(0, name.size() - 7));
   if (node < 0 || whole.nodes()[static_cast<std::size_t>(node)].spec.op != "position_embedding") return "";
+  if (whole.nodes()[static_cast<std::size_t>(node)].spec.embedding.types > 0) return "";
   const std::string prefix = name.substr(0, name.size() - suffix.size());
   if (whole.find(prefix + "token_type_embeddings") >= 0) return "";
   return prefix + "token_type_embeddings.weight";
@@ -112,7 +114,7 @@ std::vector<SafeTensor> hugging_face_export_extras(const Graph& whole) {
   for (const GraphNode& n : whole.nodes()) {
     const std::string& name = n.spec.name;
     const std::string suffix = "position_embeddings";
-    if (n.spec.op != "position_embedding" || !ends_with(name, suffix)) continue;
+    if (n.spec.op != "position_embedding" || !ends_with(name, suffix) || n.spec.embedding.types > 0) continue;
     const std::string prefix = name.substr(0, name.size() - suffix.size());
     if (whole.find(prefix + "word_embeddings") < 0 || whole.find(prefix + "token_type_embeddings") >= 0) continue;
     const auto& names = n.spec.torch_names;  // ("token_type_embeddings", ""): PyTorch's model has none

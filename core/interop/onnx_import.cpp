@@ -33,13 +33,16 @@ namespace {
 // HeadsFirst, KeysT, scores, probabilities and context `merged`, [N H, T, D]) and the context
 // back time-major (ContextTM). A patch embedding's image as [N, C, H W] (Patches), a class
 // token expanded over the batch (ClassToken) and joined before the patches (WithClass).
+// Hugging Face's one segment: a token-type table's row 0 at every token (TypeRow; its
+// token_type_ids buffer of zeros, expanded over the batch) added to the words (WithTypes),
+// waiting for the positions: one position_embedding with embedding.types.
 // A general tensor (Tensor: a general reshape's or transpose's, ONNX's dims in `dims`, stored
 // in the axes' order `order`) is not a pattern's step: reshape, transpose and slice read it,
 // and any other op reads it as an image, a sequence or a vector, a transpose made where needed.
 enum class Form {
   Image, Pooled, Vector, FlatImage, Sequence, Tensor, Unknown,
   Heads, HeadsFirst, KeysT, Scores, Probs, Context, ContextTokens, Positions, Mask,
-  Patches, ClassToken, WithClass, SequenceTM, HeadsTM, ContextTM, TokensTM
+  Patches, ClassToken, WithClass, SequenceTM, HeadsTM, ContextTM, TokensTM, TypeRow, WithTypes
 };
 
 struct Value {
@@ -230,6 +233,9 @@ class Importer {
   };
   std::map<std::string, Fill> fills_;
   std::deque<OnnxTensor> made_;  // constants import computes (Cast of a constant to float)
+  // Integer constants [1, ...] expanded over the batch (Hugging Face's token_type_ids buffer):
+  // the same for every sample; read only as a table's row indices.
+  std::map<std::string, Folded> per_sample_;
   std::set<std::size_t> absorbed_;
   std::map<std::string, int> suffixes_;  // the last "_k" unique() gave a name
   std::vector<std::string> problems_;
@@ -309,6 +315,8 @@ class Importer {
       case Form::HeadsTM: return "attention heads [T, N H, D]";
       case Form::ContextTM: return "attention's context [T, N H, D]";
       case Form::TokensTM: return "a sequence's tokens [T N, F]";
+      case Form::TypeRow: return "a token-type table's row 0 at every token";
+      case Form::WithTypes: return "a sequence plus its token-type row (waiting for its positions)";
       default: return "a tensor";
     }
   }
@@ -432,7 +440,8 @@ class Importer {
     // Scores' and probabilities' dims are the query's, a position table's lack its leading 1;
     // heads merged with the batch, a class token on its way: not followed
     static const std::set<Form> untracked = {Form::Unknown,    Form::Scores,     Form::Probs,   Form::Positions,
-                                             Form::ClassToken, Form::WithClass,  Form::HeadsTM, Form::ContextTM};
+                                             Form::ClassToken, Form::WithClass,  Form::HeadsTM, Form::ContextTM,
+                                             Form::TypeRow,    Form::WithTypes};
     if (it == values_.end() || untracked.count(it->second.form)) return std::nullopt;
     const Value& x = it->second;
     // heads merged with the batch, [N H, ...]: nn.MultiheadAttention's q, k, v and its mask
@@ -1830,6 +1839,7 @@ class Importer {
     skip_refused(n);
     const Form fa = form_of(n, 0), fb = form_of(n, 1);
     if (fa == Form::Positions || fb == Form::Positions) return position_embedding(n, fa == Form::Positions ? 0 : 1);
+    if (fa == Form::TypeRow || fb == Form::TypeRow) return token_types(n, fa == Form::TypeRow ? 0 : 1);
     if (fa == Form::Scores || fb == Form::Scores) return mask_scores(n, fa == Form::Scores ? 0 : 1);
     if (fa == Form::WithClass || fb == Form::WithClass) return class_token(n, fa == Form::WithClass ? 0 : 1);
     if (constant(n, 0) || constant(n, 1) || !same_shaped(n)) return general_binary(n, BinaryAttrs::Mode::add);
@@ -1929,17 +1939,28 @@ class Importer {
     if (const OnnxTensor* table = stored(n, 0)) {
       if (table->integer || table->dims.size() != 2 || axis != 0)
         throw Refusal{"it gathers from a stored tensor other than an embedding table's rows"};
-      if (folded(n, 1)) {
-        const std::vector<int64_t> rows = plain_ints(n, 1);
-        const std::vector<int64_t>& shape = folded(n, 1)->dims;
+      if (folded(n, 1) || per_sample_.count(n.inputs.at(1))) {
+        const bool expanded = !folded(n, 1);
+        std::vector<int64_t> rows;
+        if (expanded) {
+          for (const Sym& r : per_sample_.at(n.inputs[1]).v) {
+            if (r.unknown || r.p != 0) throw Refusal{"its row indices are computed from the batch"};
+            rows.push_back(r.c);
+          }
+        } else {
+          rows = plain_ints(n, 1);
+        }
+        const std::vector<int64_t>& shape = expanded ? per_sample_.at(n.inputs[1]).dims : folded(n, 1)->dims;
         const int64_t t = static_cast<int64_t>(rows.size());
-        bool in_order = shape == std::vector<int64_t>{t} || shape == std::vector<int64_t>{1, t};
+        const bool one_row = shape == std::vector<int64_t>{1, t} && t > 1 && table->dims[0] <= 16 &&
+                             std::all_of(rows.begin(), rows.end(), [](int64_t r) { return r == 0; });
+        bool in_order = !one_row && (shape == std::vector<int64_t>{t} || shape == std::vector<int64_t>{1, t});
         for (int64_t k = 0; k < t && in_order; ++k) in_order = rows[static_cast<std::size_t>(k)] == k;
-        if (!in_order)
-          throw Refusal{cat("it gathers rows of '", table->name, "' other than 0, 1, ..., T-1 (a token-type table?); "
-                            "tandem adds a position table's first rows to a sequence")};
+        if (!in_order && !one_row)
+          throw Refusal{cat("it gathers rows of '", table->name, "' other than 0, 1, ..., T-1 (a position table) or row 0 at "
+                            "every token (a token-type table of at most 16 types, one segment)")};
         Value v;
-        v.form = Form::Positions;
+        v.form = one_row ? Form::TypeRow : Form::Positions;
         v.table = table;
         v.dims = {t, table->dims[1]};
         values_[n.outputs.at(0)] = v;
@@ -2024,6 +2045,16 @@ class Importer {
   void expand(const OnnxNode& n) {
     skip_refused(n);
     if (form_of(n, 0) == Form::Mask) return expand_mask(n);
+    if (const Folded* x = folded(n, 0); x && folded(n, 1) && !x->dims.empty() && x->dims[0] == 1) {
+      const Folded& shape = *folded(n, 1);
+      bool over_batch = shape.v.size() == x->dims.size() && (shape.v[0] == Sym{1, 1});
+      for (std::size_t k = 1; over_batch && k < x->dims.size(); ++k)
+        over_batch = shape.v[k] == Sym{x->dims[k], 0} || shape.v[k] == Sym{1, 0} || shape.v[k] == Sym{-1, 0};
+      if (over_batch) {  // x.expand(batch, ...): the same values for every sample
+        per_sample_[n.outputs.at(0)] = *x;
+        return;
+      }
+    }
     const OnnxTensor* token = stored(n, 0);
     const Folded* shape = folded(n, 1);
     auto one = [](const Sym& s) { return s == Sym{1, 0} || s == Sym{-1, 0}; };
@@ -2112,20 +2143,38 @@ class Importer {
   // Add(sequence, a position table's rows 0..T-1): BERT's position embedding.
   void position_embedding(const OnnxNode& n, std::size_t at) {
     const Value& rows = any_input(n, at);
-    const Value& x = input(n, 1 - at);
-    if (x.form != Form::Sequence || x.dims != rows.dims)
+    const Value& x = form_of(n, 1 - at) == Form::WithTypes ? any_input(n, 1 - at) : input(n, 1 - at);
+    if ((x.form != Form::Sequence && x.form != Form::WithTypes) || x.dims != rows.dims)
       throw Refusal{"it adds a position table's rows to something other than a sequence of as many tokens and features"};
     NodeSpec s = node_of(param_node_name(n, *rows.table), "position_embedding", {x.node});
     s.embedding.count = rows.table->dims[0];
     add_weight(s, "weight", *rows.table);
+    if (x.form == Form::WithTypes) {  // one segment: the token-type table's row 0 too, under its own name
+      s.embedding.types = x.table->dims[0];
+      add_weight(s, "token_type_embeddings", *x.table);
+    }
     // A model under Hugging Face's names without a token-type table: export writes none
     // (tandem's own BERT specs get HF's zero table, hugging_face_export_extras).
     const std::string suffix = "position_embeddings";
-    if (s.name.size() >= suffix.size() && s.name.compare(s.name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
+    if (x.form != Form::WithTypes && s.name.size() >= suffix.size() &&
+        s.name.compare(s.name.size() - suffix.size(), suffix.size(), suffix) == 0 &&
         !stored_.count(s.name.substr(0, s.name.size() - suffix.size()) + "token_type_embeddings.weight"))
       s.torch_names.emplace_back("token_type_embeddings", "");
-    out_.fused.push_back(cat(s.name, ": Gather(rows 0..T-1) + Add -> position_embedding"));
+    out_.fused.push_back(cat(s.name, x.form == Form::WithTypes ? ": Gather(token type 0) + Add, Gather(rows 0..T-1) + Add"
+                                                               : ": Gather(rows 0..T-1) + Add", " -> position_embedding"));
     emit(n, std::move(s), Form::Sequence, n.outputs.at(0), x.dims);
+  }
+
+  // Add(words [N, T, F], a token-type table's row 0 at every token): Hugging Face's one
+  // segment (token_type_ids left to its buffer of zeros), added to the position table's rows next.
+  void token_types(const OnnxNode& n, std::size_t at) {
+    const Value& row = any_input(n, at);
+    const Value& x = input(n, 1 - at);
+    if (x.form != Form::Sequence || x.dims != row.dims)
+      throw Refusal{"it adds a token-type row to something other than a sequence of as many tokens and features"};
+    Value v = x;
+    v.table = row.table;
+    as_step(n, std::move(v), Form::WithTypes, x.dims);
   }
 
   // MatMul(query heads [N, H, T, D], keys [N, H, D, T]): attention's scores.

@@ -78,6 +78,11 @@ PositionEmbeddingLayer::PositionEmbeddingLayer(const GraphNode& node, const Shap
       weight_(node.spec.name + ".weight", Shape{node.spec.embedding.count, features_}) {
   init_normal(weight_, 1.0f, rng);
   if (node.spec.freeze) weight_.freeze();
+  if (node.spec.embedding.types > 0) {
+    types_.emplace(node.spec.name + ".token_type_embeddings", Shape{node.spec.embedding.types, features_});
+    init_normal(*types_, 1.0f, rng);
+    if (node.spec.freeze) types_->freeze();
+  }
 }
 
 void PositionEmbeddingLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
@@ -85,6 +90,8 @@ void PositionEmbeddingLayer::forward(std::span<const Tensor> in, Tensor& out, St
   for (int64_t b = 0, n = in[0].numel() / sample; b < n; ++b) {
     std::memcpy(out.data() + b * sample, in[0].data() + b * sample, static_cast<std::size_t>(sample) * sizeof(float));
     add_row(weight_.value().data(), out.data() + b * sample, sample);  // rows 0..tokens-1 are contiguous
+    if (types_)  // segment 0's row at every token
+      for (int64_t t = 0; t < sample; t += features_) add_row(types_->value().data(), out.data() + b * sample + t, features_);
   }
 }
 
@@ -93,6 +100,7 @@ void PositionEmbeddingLayer::backward(std::span<const Tensor>, const Tensor&, co
   pass_gradient(grad_out, grad_in);
   const int64_t tokens = grad_out.shape()[1];
   scatter_rows(weight_, grad_out, features_, [&](int64_t t) { return t % tokens; });
+  if (types_) scatter_rows(*types_, grad_out, features_, [](int64_t) { return int64_t{0}; });
 }
 
 LayoutEmbeddingLayer::LayoutEmbeddingLayer(const GraphNode& node, const Shape& in, Rng& rng)

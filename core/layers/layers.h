@@ -238,12 +238,16 @@ class EmbeddingLayer final : public Layer {
   Param weight_;
 };
 
-// A sequence [tokens, features] plus row t of a learned table at token t.
+// A sequence [tokens, features] plus row t of a learned table at token t; with
+// embedding.types, plus row 0 of a token-type table at every token (one segment).
 class PositionEmbeddingLayer final : public Layer {
  public:
   Reads backward_reads() const override { return {0u, false}; }
   PositionEmbeddingLayer(const GraphNode& node, const Shape& in, Rng& rng);
-  std::vector<Param*> params() override { return {&weight_}; }
+  std::vector<Param*> params() override {
+    if (types_) return {&weight_, &*types_};
+    return {&weight_};
+  }
   void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
   void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
                 Stash& stash) override;
@@ -251,6 +255,7 @@ class PositionEmbeddingLayer final : public Layer {
  private:
   int64_t features_;  // the tokens: the input's shape[1] (length buckets)
   Param weight_;
+  std::optional<Param> types_;
 };
 
 // LayoutLM's 2-D position: a sequence plus, per token, the rows its box [x0, y0, x1, y1]

@@ -22,7 +22,10 @@ std::function<void(const spec::Node&, NodeSpec&, const std::string&)> parse(cons
     if (a->count() <= 0) ops::fail_attr(label, op, cat("field 'embedding.count' must be > 0, got ", a->count()));
     if (needs_features && a->features() <= 0)
       ops::fail_attr(label, op, cat("field 'embedding.features' must be > 0, got ", a->features()));
-    out.embedding = {a->count(), a->features()};
+    if (a->types() < 0 || (a->types() > 0 && std::string_view(op) != "position_embedding"))
+      ops::fail_attr(label, op, cat("field 'embedding.types' (a token-type table) belongs on position_embedding, ",
+                                    "at least 1, got ", a->types()));
+    out.embedding = {a->count(), a->features(), a->types()};
   };
 }
 
@@ -71,14 +74,17 @@ OpDef position_embedding() {
     expect_sequence(n, in[0]);
     return in[0];
   };
-  // An add a value forward; the gradient passes through and is summed into the table.
-  d.cost = [](const NodeSpec&, std::span<const Shape>, const Shape& out) {
+  // An add a value forward (two with a token-type row); the gradient passes through and is
+  // summed into the table (and the token-type row).
+  d.cost = [](const NodeSpec& n, std::span<const Shape>, const Shape& out) {
     OpCost c;
-    c.forward_flops = c.backward_weights_flops = ops::count(out);
+    c.forward_flops = c.backward_weights_flops = ops::count(out) * (n.embedding.types > 0 ? 2 : 1);
     return c;
   };
   d.params = [](const NodeSpec& n, std::span<const Shape> in) {
-    return std::vector<ParamSpec>{{"weight", Shape{n.embedding.count, in[0][1]}}};
+    std::vector<ParamSpec> p{{"weight", Shape{n.embedding.count, in[0][1]}}};
+    if (n.embedding.types > 0) p.push_back({"token_type_embeddings", Shape{n.embedding.types, in[0][1]}});
+    return p;
   };
   d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend&, Rng& rng) -> std::unique_ptr<Layer> {
     return std::make_unique<PositionEmbeddingLayer>(node, in[0], rng);

@@ -13,8 +13,8 @@
 # imported resnet18 trains split at that cut over mutual TLS (tandem-cloud and tandem-edge, both
 # --init-from the import's weights, K = 4, 3 SGD steps, the edge's sample order replayed in
 # torch); tandem export's file loads strictly into torchvision's resnet18 and equals torch's own
-# 3 steps within 1e-4; so does the BERT-style classifier (without dropout), split after its
-# first encoder layer. The ViT trains 3 steps split at its first encoder layer in one process
+# 3 steps within 1e-4; so does the BERT-style classifier (without dropout, with a token-type
+# table), split after its first encoder layer. The ViT trains 3 steps split at its first encoder layer in one process
 # (tandem train --init-from, --export): strict load, torch's own steps within 1e-4; so does a
 # model of general reshapes, transposes and reductions (onnx_check.py's Views), split after
 # its channel shuffle, one of arithmetic and matmuls no pattern takes (Arith), and the text
@@ -198,11 +198,16 @@ split_trains_over_tls() {
 split_trains_over_tls resnet18 "$work/resnet18" 0.001
 
 # The BERT-style classifier the same way, split after its first encoder layer (the padding
-# mask crosses the cut with the activations): 3 steps of 32 texts, K = 4, lr 0.05. Its export
-# holds exactly the state dict's keys (no token-type table: the model has none).
+# mask crosses the cut with the activations): 3 steps of 32 texts, K = 4, lr 0.05. This one
+# has Hugging Face's token-type table, token_type_ids left to its buffer of zeros: its row 0
+# at every token is the position_embedding's own token-type table (types: 2), trained and
+# exported under its state-dict name, so the strict load and the comparison take it too.
 b0=$work/bert0
 "$tandem_bin" import "$b0/model.onnx" --out "$b0/imported" --cut bert.encoder.layer.0 > "$b0/import.out" 2>&1 ||
   fail "bert0: tandem import: $(cat "$b0/import.out")"
+grep -qF "fused bert.embeddings.position_embeddings: Gather(token type 0) + Add, Gather(rows 0..T-1) + Add -> position_embedding" "$b0/import.out" &&
+  grep -qF 'embedding: { count: 16, types: 2 }, torch_names: [{ field: "token_type_embeddings", name: "bert.embeddings.token_type_embeddings.weight" }]' \
+    "$b0/imported/model.json" || fail "bert0: the token-type table: $(grep -F position_embedding "$b0/imported/model.json")"
 split_trains_over_tls bert0 "$b0" 0.05
 
 # MobileNetV3's squeeze-excitation: a 1x1 convolution of the pooled image, its gate

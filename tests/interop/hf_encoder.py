@@ -86,13 +86,15 @@ def write_safetensors(path, tensors):
 class BertForSequenceClassification(torch.nn.Module):
     """Hugging Face's BertForSequenceClassification as modules whose forward does the work
     (what torch.onnx.export's scope names follow: bert.encoder.layer.0.attention.self/MatMul),
-    one segment (no token-type table), the position ids a non-persistent buffer as in
-    transformers 4.31 on, dropout `p` on the hidden states (none on attention probabilities:
-    tandem's attention has none). forward(input_ids, attention_mask) -> logits."""
+    one segment (`types` 0: no token-type table; else a table of `types` rows and, as
+    transformers does, a non-persistent buffer of token_type_ids all 0 expanded over the batch),
+    the position ids a non-persistent buffer as in transformers 4.31 on, dropout `p` on the
+    hidden states (none on attention probabilities: tandem's attention has none).
+    forward(input_ids, attention_mask) -> logits."""
 
-    def __init__(self, vocab, tokens, hidden, layers, heads, inter, classes, p=0.1):
+    def __init__(self, vocab, tokens, hidden, layers, heads, inter, classes, p=0.1, types=0):
         super().__init__()
-        self.bert = _Bert(vocab, tokens, hidden, layers, heads, inter, p)
+        self.bert = _Bert(vocab, tokens, hidden, layers, heads, inter, p, types)
         self.dropout = torch.nn.Dropout(p)
         self.classifier = torch.nn.Linear(hidden, classes)
 
@@ -101,9 +103,9 @@ class BertForSequenceClassification(torch.nn.Module):
 
 
 class _Bert(torch.nn.Module):
-    def __init__(self, vocab, tokens, hidden, layers, heads, inter, p):
+    def __init__(self, vocab, tokens, hidden, layers, heads, inter, p, types=0):
         super().__init__()
-        self.embeddings = _Embeddings(vocab, tokens, hidden, p)
+        self.embeddings = _Embeddings(vocab, tokens, hidden, p, types)
         self.encoder = _Encoder(hidden, layers, heads, inter, p)
         self.pooler = _Pooler(hidden)
 
@@ -124,17 +126,23 @@ class _Encoder(torch.nn.Module):
 
 
 class _Embeddings(torch.nn.Module):
-    def __init__(self, vocab, tokens, hidden, p):
+    def __init__(self, vocab, tokens, hidden, p, types=0):
         super().__init__()
         self.word_embeddings = torch.nn.Embedding(vocab, hidden)
         self.position_embeddings = torch.nn.Embedding(tokens, hidden)
+        if types:
+            self.token_type_embeddings = torch.nn.Embedding(types, hidden)
+            self.register_buffer("token_type_ids", torch.zeros((1, tokens), dtype=torch.long), persistent=False)
         self.LayerNorm = layer_norm(hidden)
         self.dropout = torch.nn.Dropout(p)
         self.register_buffer("position_ids", torch.arange(tokens).expand((1, -1)), persistent=False)
 
     def forward(self, ids):
         positions = self.position_ids[:, :ids.size(1)]
-        return self.dropout(self.LayerNorm(self.word_embeddings(ids) + self.position_embeddings(positions)))
+        x = self.word_embeddings(ids)
+        if hasattr(self, "token_type_embeddings"):  # BertEmbeddings without token_type_ids: its buffer's zeros
+            x = x + self.token_type_embeddings(self.token_type_ids[:, :ids.size(1)].expand(ids.size(0), ids.size(1)))
+        return self.dropout(self.LayerNorm(x + self.position_embeddings(positions)))
 
 
 class _SelfAttention(torch.nn.Module):

@@ -8,7 +8,8 @@ usage: onnx_check.py export MODEL OUT_DIR N
            tandem's layout (NHWC) and labels; OUT_DIR/torch.f32: torch's logits in eval mode;
            OUT_DIR/torch.pt: the state dict the file was exported from. MODEL tabular14 and
            tabular17: records of 12 features; bert: a BERT-style text classifier (bert() below),
-           bert0 the same without dropout (train and weights take it);
+           bert0 the same without dropout and with a token-type table (2 types, one segment; train
+           and weights take it);
            vit: a small VisionTransformer (make() below); encoder: a text classifier of
            nn.TransformerEncoderLayers (TextEncoder below); views and arith: general reshapes,
            transposes and reductions (Views below), and arithmetic (Arith below)
@@ -211,8 +212,8 @@ def make(name):
         return Views()
     if name == "arith":
         return Arith()
-    if name == "bert0":
-        return bert_model(0.0)
+    if name == "bert0":  # with Hugging Face's token-type table (2 types, one segment)
+        return bert_model(0.0, types=2)
     if name == "encoder":
         return TextEncoder()
     if name == "vit":
@@ -240,16 +241,17 @@ def export(model, path, x=None, names=("image",), opset=14):
                           output_names=["logits"], dynamic_axes={name: {0: "batch"} for name in names})
 
 
-def bert_model(p=0.1):
+def bert_model(p=0.1, types=0):
     """hf_encoder.py's BERT-style classifier: 2 layers, hidden 32, 4 heads, 16 tokens, 3 classes,
-    dropout p on the hidden states."""
-    return BertForSequenceClassification(vocab=100, tokens=16, hidden=32, layers=2, heads=4, inter=64, classes=3, p=p)
+    dropout p on the hidden states, a token-type table of `types` rows (one segment) or none."""
+    return BertForSequenceClassification(vocab=100, tokens=16, hidden=32, layers=2, heads=4, inter=64, classes=3, p=p,
+                                         types=types)
 
 
-def bert(gen, n, p=0.1):
+def bert(gen, n, p=0.1, types=0):
     """A BERT-style classifier under Hugging Face's module names (bert_model()); N random texts
     of 4 to 16 tokens, padded."""
-    model = bert_model(p)
+    model = bert_model(p, types)
     with torch.no_grad():
         for m in model.modules():
             if isinstance(m, torch.nn.LayerNorm):
@@ -291,7 +293,7 @@ def main():
             inputs = {"ids": ids, "pad": pad}  # pad saved as BOOL, as torch's safetensors would
             images = (ids, pad)
         elif name in ("bert", "bert0"):  # bert0: no dropout, to train as torch does
-            model, ids, mask = bert(gen, n, 0.1 if name == "bert" else 0.0)
+            model, ids, mask = bert(gen, n, 0.1 if name == "bert" else 0.0, 0 if name == "bert" else 2)
             export(model, f"{out}/model.onnx", (ids[:2], mask[:2]), ["input_ids", "attention_mask"])
             labels = torch.randint(0, 3, (n,), generator=gen, dtype=torch.int32)
             inputs = {"input_ids": ids, "attention_mask": mask}
