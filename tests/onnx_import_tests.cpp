@@ -987,6 +987,53 @@ TEST(SpecJson, AnImportedBertWithoutTokenTypesExportsNone) {
             "[model spec] node 'bert.embeddings.position_embeddings': field 'torch_names' entry 0 needs a 'field' and a 'name'");
 }
 
+// A position table with its own token-type table (embedding.types; an imported one-segment
+// BERT): Hugging Face's loader reads both tables as they are (no row folded into the
+// positions), export adds no zero table, the spec reads back; the field belongs on
+// position_embedding only and contradicts a "no token-type table" name.
+TEST(SpecJson, APositionTableWithItsTokenTypesLoadsBothAsTheyAre) {
+  auto spec = [](const std::string& attrs, const std::string& op = "position_embedding") {
+    return parse_model_json(cat(R"({ name: "m", inputs: [{ name: "ids", shape: [4], dtype: "int32" }], nodes: [
+      { name: "bert.embeddings.word_embeddings", op: "embedding", inputs: ["ids"], embedding: { count: 10, features: 6 } },
+      { name: "bert.embeddings.position_embeddings", op: ")", op, R"(", inputs: ["bert.embeddings.word_embeddings"], )", attrs, R"( },
+      { name: "fc", op: "linear", inputs: ["bert.embeddings.position_embeddings"], linear: { out_features: 2 } }] })"), "m");
+  };
+  const std::string types = R"(embedding: { count: 4, types: 2 }, torch_names: [{ field: "token_type_embeddings", name: "bert.embeddings.token_type_embeddings.weight" }])";
+  const ModelSpec m = spec(types);
+  EXPECT_EQ(m.nodes[1].embedding.types, 2);
+  EXPECT_EQ(parse_model_json(model_spec_json(m), "again").nodes[1].embedding.types, 2);
+  const Graph g = Graph::build(m);
+  EXPECT_TRUE(hugging_face_export_extras(g).empty());
+  std::vector<float> positions(24), type_rows(12);
+  for (std::size_t i = 0; i < positions.size(); ++i) positions[i] = 0.5f + static_cast<float>(i);
+  for (std::size_t i = 0; i < type_rows.size(); ++i) type_rows[i] = -0.25f * static_cast<float>(i);
+  const std::vector<SafeTensor> hf = {f32_tensor("bert.embeddings.position_embeddings.weight", {4, 6}, positions.data()),
+                                      f32_tensor("bert.embeddings.token_type_embeddings.weight", {2, 6}, type_rows.data())};
+  const std::optional<SafeTensor> p = hugging_face_tensor(g, hf, "bert.embeddings.position_embeddings.weight");
+  ASSERT_TRUE(p.has_value());
+  EXPECT_EQ(p->data, hf[0].data);  // not folded with the type row
+  const std::optional<SafeTensor> t = hugging_face_tensor(g, hf, "bert.embeddings.token_type_embeddings.weight");
+  ASSERT_TRUE(t.has_value());
+  EXPECT_EQ(t->data, hf[1].data);
+  // Without types the same tables fold segment A's row into the positions, as before.
+  const Graph folded = Graph::build(spec("embedding: { count: 4 }"));
+  const std::optional<SafeTensor> f = hugging_face_tensor(folded, hf, "bert.embeddings.position_embeddings.weight");
+  ASSERT_TRUE(f.has_value());
+  float first = 0;
+  std::memcpy(&first, f->data.data() + 4, 4);  // row 0, feature 1: 1.5 + (-0.25)
+  EXPECT_FLOAT_EQ(first, 1.25f);
+
+  EXPECT_EQ(error_of([&] { spec("embedding: { count: 4, types: -1 }"); }),
+            "[model spec] node 'bert.embeddings.position_embeddings' (position_embedding): field 'embedding.types' (a "
+            "token-type table) belongs on position_embedding, at least 1, got -1");
+  EXPECT_EQ(error_of([&] { spec("embedding: { count: 10, features: 6, types: 2 }", "embedding"); }),
+            "[model spec] node 'bert.embeddings.position_embeddings' (embedding): field 'embedding.types' (a token-type "
+            "table) belongs on position_embedding, at least 1, got 2");
+  EXPECT_EQ(error_of([&] { spec(R"(embedding: { count: 4, types: 2 }, torch_names: [{ field: "token_type_embeddings", name: "" }])"); }),
+            "[model spec] node 'bert.embeddings.position_embeddings': field 'torch_names' says PyTorch's model has no "
+            "token-type table, and field 'embedding.types' gives it one");
+}
+
 TEST(SpecJson, BinaryBroadcastsAsNumpyAndRefusesWhatItCannot) {
   auto shape_of = [](const std::string& nodes) {
     std::string shape;
