@@ -96,8 +96,9 @@ int import_command(const CliArgs& args) {
     std::printf("  input %s %s%s\n", in.name.c_str(), in.shape.str().c_str(),
                 in.marks_padding ? ": a key padding mask, 1 marks padding (torch's key_padding_mask; read as 1 - mask)"
                 : in.mask        ? ": a key padding mask, 1 keeps a token, 0 pads"
-                : in.integer     ? ": integers (token ids)"
-                                 : "");
+                : in.integer && in.shape.rank() == 2 ? ": integers (boxes [x0, y0, x1, y1] a token)"
+                : in.integer                         ? ": integers (token ids)"
+                                                     : "");
   for (const std::string& f : imported.fused) std::printf("  fused %s\n", f.c_str());
   for (const std::string& r : imported.renamed) std::printf("  renamed %s\n", r.c_str());
   if (!imported.cut_node.empty())

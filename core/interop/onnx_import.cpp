@@ -35,14 +35,19 @@ namespace {
 // token expanded over the batch (ClassToken) and joined before the patches (WithClass).
 // Hugging Face's one segment: a token-type table's row 0 at every token (TypeRow; its
 // token_type_ids buffer of zeros, expanded over the batch) added to the words (WithTypes),
-// waiting for the positions: one position_embedding with embedding.types.
+// waiting for the positions: one position_embedding with embedding.types (or, added after
+// them, given to the position_embedding before). LayoutLM's 2-D positions: a column k of the
+// boxes [N, T, 4] (BoxColumn, `part` k), y1 - y0 or x1 - x0 (BoxSpan, `part` 4 or 5), a
+// table's rows by either (LayoutRows) and the sequence with some of the six added
+// (WithLayout, `layout`): all six are one layout_embedding.
 // A general tensor (Tensor: a general reshape's or transpose's, ONNX's dims in `dims`, stored
 // in the axes' order `order`) is not a pattern's step: reshape, transpose and slice read it,
 // and any other op reads it as an image, a sequence or a vector, a transpose made where needed.
 enum class Form {
   Image, Pooled, Vector, FlatImage, Sequence, Tensor, Unknown,
   Heads, HeadsFirst, KeysT, Scores, Probs, Context, ContextTokens, Positions, Mask,
-  Patches, ClassToken, WithClass, SequenceTM, HeadsTM, ContextTM, TokensTM, TypeRow, WithTypes
+  Patches, ClassToken, WithClass, SequenceTM, HeadsTM, ContextTM, TokensTM, TypeRow, WithTypes,
+  BoxColumn, BoxSpan, LayoutRows, WithLayout
 };
 
 struct Value {
@@ -59,6 +64,11 @@ struct Value {
   // Scores: their mask's data marks padding with 1 (x * c added; torch's key_padding_mask)
   // rather than kept tokens ((1 - x) * c; Hugging Face's attention_mask).
   bool mask_marks_padding = false;
+  // LayoutLM: a box column's or span's part (x0, y0, x1, y1, h, w: 0..5); the tables added
+  // so far by part, and the boxes input (WithLayout).
+  int part = -1;
+  std::array<const OnnxTensor*, 6> layout{};
+  std::string boxes;
   const OnnxTensor* table = nullptr;  // Positions: the position table; ClassToken, WithClass: the token
   bool merged = false;  // attention's heads merged with the batch (nn.MultiheadAttention's [N H, T, D])
   // Tensor: tandem's node holds ONNX's axis order[k] of `dims` as its axis k (an image [C, H, W]
@@ -226,6 +236,8 @@ class Importer {
   std::set<std::string> names_, params_used_, refused_types_, id_inputs_;
   // Boolean graph inputs (nn.MultiheadAttention's key_padding_mask): read as a mask only.
   std::set<std::string> bool_inputs_;
+  // Integer graph inputs [batch, tokens, 4] (LayoutLM's bbox): read by column only.
+  std::set<std::string> box_inputs_;
   // ConstantOfShape's float fillings (the zeros masked_fill writes into) and their shapes.
   struct Fill {
     double value = 0.0;
@@ -268,9 +280,13 @@ class Importer {
         form = Form::Image;
       } else if (v.dims.size() == 2) {
         in.shape = Shape{v.dims[1]};
+      } else if (v.dims.size() == 3 && integer && v.dims[2] == 4) {  // LayoutLM's boxes [x0, y0, x1, y1] a token
+        in.shape = Shape{v.dims[1], 4};
+        form = Form::Sequence;
+        box_inputs_.insert(v.name);
       } else {
         fail("import", cat(o_.origin, ": input '", v.name, "' has ", v.dims.size(), " dimensions; tandem imports images "
-                           "[batch, channels, height, width] and vectors or ids [batch, n]"));
+                           "[batch, channels, height, width], vectors or ids [batch, n] and boxes [batch, tokens, 4]"));
       }
       in.integer = integer;
       out_.spec.inputs.push_back(in);
@@ -317,6 +333,10 @@ class Importer {
       case Form::TokensTM: return "a sequence's tokens [T N, F]";
       case Form::TypeRow: return "a token-type table's row 0 at every token";
       case Form::WithTypes: return "a sequence plus its token-type row (waiting for its positions)";
+      case Form::BoxColumn: return "a column of LayoutLM's boxes";
+      case Form::BoxSpan: return "a box's height or width";
+      case Form::LayoutRows: return "a box table's rows";
+      case Form::WithLayout: return "a sequence with some of LayoutLM's six box embeddings added";
       default: return "a tensor";
     }
   }
@@ -324,6 +344,9 @@ class Importer {
   const Value& input(const OnnxNode& n, std::size_t i) {
     const Value& v = any_input(n, i);
     if (v.form == Form::Tensor) return settle(n, n.inputs[i]);
+    if (box_inputs_.count(v.node) && v.form == Form::Sequence)
+      throw Refusal{cat("it reads the boxes '", v.node, "' as numbers; tandem reads integers [batch, tokens, 4] only as "
+                        "LayoutLM's boxes (bbox[:, :, k] and their differences through the x, y, h and w tables)")};
     if (bool_inputs_.count(v.node) && v.form != Form::Mask)
       throw Refusal{cat("it reads the boolean input '", v.node, "' as numbers; tandem reads a boolean input only as "
                         "attention's key padding mask (nn.MultiheadAttention's key_padding_mask)")};
@@ -441,7 +464,8 @@ class Importer {
     // heads merged with the batch, a class token on its way: not followed
     static const std::set<Form> untracked = {Form::Unknown,    Form::Scores,     Form::Probs,   Form::Positions,
                                              Form::ClassToken, Form::WithClass,  Form::HeadsTM, Form::ContextTM,
-                                             Form::TypeRow,    Form::WithTypes};
+                                             Form::TypeRow,    Form::WithTypes,  Form::BoxColumn, Form::BoxSpan,
+                                             Form::LayoutRows, Form::WithLayout};
     if (it == values_.end() || untracked.count(it->second.form)) return std::nullopt;
     const Value& x = it->second;
     // heads merged with the batch, [N H, ...]: nn.MultiheadAttention's q, k, v and its mask
@@ -550,6 +574,7 @@ class Importer {
       if (value && (value->kind != OnnxAttribute::Kind::Tensor || !value->t.integer || value->t.ints.size() != 1))
         return false;  // a float filling: no shape's arithmetic
       if (x.dims.size() != 1) throw Refusal{"its shape is not a list"};
+      if (!x.v.empty() && x.v[0] == Sym{1, 1}) return false;  // [batch, ...]: the handler's (torch.zeros_like(ids))
       out.dims = plain_ints(n, 0);
       for (int64_t d : out.dims)
         if (d < 0) throw Refusal{cat("its shape has the dimension ", d)};
@@ -1840,6 +1865,7 @@ class Importer {
     const Form fa = form_of(n, 0), fb = form_of(n, 1);
     if (fa == Form::Positions || fb == Form::Positions) return position_embedding(n, fa == Form::Positions ? 0 : 1);
     if (fa == Form::TypeRow || fb == Form::TypeRow) return token_types(n, fa == Form::TypeRow ? 0 : 1);
+    if (fa == Form::LayoutRows || fb == Form::LayoutRows) return layout_add(n, fa == Form::LayoutRows ? 0 : 1);
     if (fa == Form::Scores || fb == Form::Scores) return mask_scores(n, fa == Form::Scores ? 0 : 1);
     if (fa == Form::WithClass || fb == Form::WithClass) return class_token(n, fa == Form::WithClass ? 0 : 1);
     if (constant(n, 0) || constant(n, 1) || !same_shaped(n)) return general_binary(n, BinaryAttrs::Mode::add);
@@ -1936,9 +1962,18 @@ class Importer {
   void gather(const OnnxNode& n) {
     skip_refused(n);
     const int64_t axis = int_attr(n, "axis", 0);
+    if (form_of(n, 0) == Form::Sequence && box_inputs_.count(any_input(n, 0).node)) return box_column(n, axis);
     if (const OnnxTensor* table = stored(n, 0)) {
       if (table->integer || table->dims.size() != 2 || axis != 0)
         throw Refusal{"it gathers from a stored tensor other than an embedding table's rows"};
+      if (form_of(n, 1) == Form::BoxColumn || form_of(n, 1) == Form::BoxSpan) {  // LayoutLM: a box table's rows
+        Value v = any_input(n, 1);
+        v.form = Form::LayoutRows;
+        v.table = table;
+        v.dims = {v.dims.at(0), table->dims[1]};
+        values_[n.outputs.at(0)] = std::move(v);
+        return;
+      }
       if (folded(n, 1) || per_sample_.count(n.inputs.at(1))) {
         const bool expanded = !folded(n, 1);
         std::vector<int64_t> rows;
@@ -2172,9 +2207,109 @@ class Importer {
     const Value& x = input(n, 1 - at);
     if (x.form != Form::Sequence || x.dims != row.dims)
       throw Refusal{"it adds a token-type row to something other than a sequence of as many tokens and features"};
+    // Added after the positions (LayoutLM adds it last): the row joins the position_embedding
+    // that made this sum through nothing but layout_embeddings, each read by the next alone.
+    if (NodeSpec* pos = additive_source(x.node, n.inputs[1 - at])) {
+      pos->embedding.types = row.table->dims[0];
+      std::erase(pos->torch_names, std::pair<std::string, std::string>{"token_type_embeddings", ""});
+      add_weight(*pos, "token_type_embeddings", *row.table);
+      out_.fused.push_back(cat(pos->name, ": Gather(token type 0) + Add -> position_embedding's token-type table"));
+      values_[n.outputs.at(0)] = x;
+      return;
+    }
     Value v = x;
     v.table = row.table;
     as_step(n, std::move(v), Form::WithTypes, x.dims);
+  }
+  // The position_embedding without a token-type table whose output reaches tandem node `node`
+  // (ONNX's `value`) through layout_embeddings only, nothing else reading any of them; or null.
+  NodeSpec* additive_source(std::string node, const std::string& value) {
+    auto index = [&](const std::string& name) {
+      for (std::size_t i = 0; i < out_.spec.nodes.size(); ++i)
+        if (out_.spec.nodes[i].name == name) return static_cast<int>(i);
+      return -1;
+    };
+    auto read_once = [&](const std::string& name) {  // by one tandem node, or by `value`'s one reader
+      int readers = 0;
+      for (const NodeSpec& s : out_.spec.nodes)
+        for (const std::string& in : s.inputs) readers += in == name;
+      for (const auto& [onnx, v] : values_)
+        if (v.node == name && v.form != Form::Unknown && (onnx == value ? uses_[onnx] != 1 : uses_[onnx] > 1)) return false;
+      return readers <= 1;
+    };
+    if (uses_[value] != 1 || !read_once(node)) return nullptr;
+    for (int i = index(node); i >= 0;) {
+      NodeSpec& s = out_.spec.nodes[static_cast<std::size_t>(i)];
+      if (s.op == "position_embedding") return s.embedding.types == 0 ? &s : nullptr;
+      if (s.op != "layout_embedding" || s.inputs.empty() || !read_once(s.inputs[0])) return nullptr;
+      i = index(s.inputs[0]);
+    }
+    return nullptr;
+  }
+
+  // ---- LayoutLM's 2-D positions ----
+
+  // Gather(boxes [N, T, 4], k, axis 2): bbox[:, :, k], a coordinate of each token's box.
+  void box_column(const OnnxNode& n, int64_t axis) {
+    const Value& boxes = any_input(n, 0);
+    const Folded* k = folded(n, 1);
+    if ((axis != 2 && axis != -1) || !k || !k->dims.empty() || k->v.size() != 1 || k->v[0].p != 0 || k->v[0].unknown ||
+        k->v[0].c < 0 || k->v[0].c > 3)
+      throw Refusal{"it reads the boxes otherwise than one coordinate of every token's box (bbox[:, :, k], k in 0..3)"};
+    Value v;
+    v.form = Form::BoxColumn;
+    v.node = v.boxes = boxes.node;
+    v.part = static_cast<int>(k->v[0].c);
+    v.dims = {boxes.dims.at(0)};
+    values_[n.outputs.at(0)] = std::move(v);
+  }
+  // Sub(y1, y0) and Sub(x1, x0): a box's height and width (parts 4 and 5).
+  void box_span(const OnnxNode& n) {
+    if (form_of(n, 0) != Form::BoxColumn || form_of(n, 1) != Form::BoxColumn)
+      throw Refusal{"it subtracts something else from a box coordinate; tandem takes y1 - y0 and x1 - x0 (LayoutLM's)"};
+    const Value& hi = any_input(n, 0);
+    const Value& lo = any_input(n, 1);
+    Value v = hi;
+    v.form = Form::BoxSpan;
+    v.part = hi.part == 3 && lo.part == 1 ? 4 : hi.part == 2 && lo.part == 0 ? 5 : -1;
+    if (v.part < 0 || hi.boxes != lo.boxes)
+      throw Refusal{"it subtracts box coordinates otherwise than LayoutLM does (y1 - y0 for the height, x1 - x0 for the width)"};
+    values_[n.outputs.at(0)] = std::move(v);
+  }
+  // Add(sequence, a box table's rows): one of LayoutLM's six; with all six, layout_embedding.
+  void layout_add(const OnnxNode& n, std::size_t at) {
+    static const char* const parts[] = {"x0", "y0", "x1", "y1", "height", "width"};
+    const Value& rows = any_input(n, at);
+    const Value& x = form_of(n, 1 - at) == Form::WithLayout ? any_input(n, 1 - at) : input(n, 1 - at);
+    if ((x.form != Form::Sequence && x.form != Form::WithLayout) || x.dims != rows.dims)
+      throw Refusal{"it adds a box table's rows to something other than a sequence of as many tokens and features"};
+    Value v = x;
+    if (x.form == Form::Sequence) v.layout = {}, v.boxes = rows.boxes;
+    const auto k = static_cast<std::size_t>(rows.part);
+    if (v.boxes != rows.boxes) throw Refusal{"it adds rows picked by two different box inputs"};
+    if (v.layout[k]) throw Refusal{cat("it adds the box's ", parts[k], " embedding twice")};
+    v.layout[k] = rows.table;
+    const std::size_t twin = k < 4 ? (k + 2) % 4 : k;  // x0 and x1 read one x table, y0 and y1 one y table
+    if (v.layout[twin] && v.layout[twin] != rows.table)
+      throw Refusal{cat("its ", parts[k], " and ", parts[twin], " read different tables; LayoutLM's share one")};
+    if (std::any_of(v.layout.begin(), v.layout.end(), [](const OnnxTensor* t) { return !t; })) {
+      as_step(n, std::move(v), Form::WithLayout, x.dims);
+      return;
+    }
+    const OnnxTensor* tables[4] = {v.layout[0], v.layout[1], v.layout[4], v.layout[5]};  // x, y, h, w
+    for (const OnnxTensor* t : tables)
+      if (t->dims != tables[0]->dims) throw Refusal{"its x, y, height and width tables differ in size; tandem's layout_embedding has one"};
+    if (tables[0] == tables[1] || tables[2] == tables[3] || tables[0] == tables[2] || tables[1] == tables[3])
+      throw Refusal{"its x, y, height and width tables are not four tables"};
+    const std::string m = module_of(n.name);
+    NodeSpec s = node_of(unique(m.empty() ? "layout_embedding" : m), "layout_embedding", {v.node, v.boxes});
+    s.embedding.count = tables[0]->dims[0];
+    add_weight(s, "x_position_embeddings.weight", *tables[0]);
+    add_weight(s, "y_position_embeddings.weight", *tables[1]);
+    add_weight(s, "h_position_embeddings.weight", *tables[2]);
+    add_weight(s, "w_position_embeddings.weight", *tables[3]);
+    out_.fused.push_back(cat(s.name, ": Gather(bbox[:, :, k]) x 4, Sub x 2, Gather x 6, Add x 6 -> layout_embedding"));
+    emit(n, std::move(s), Form::Sequence, n.outputs.at(0), x.dims);
   }
 
   // MatMul(query heads [N, H, T, D], keys [N, H, D, T]): attention's scores.
@@ -2352,6 +2487,7 @@ class Importer {
   }
   void sub(const OnnxNode& n) {
     skip_refused(n);
+    if (form_of(n, 0) == Form::BoxColumn || form_of(n, 1) == Form::BoxColumn) return box_span(n);
     if (form_of(n, 1) != Form::Mask || !is_scalar(n, 0, 1.0)) return general_binary(n, BinaryAttrs::Mode::sub);
     Value m = any_input(n, 1);
     if (m.inverted || m.mask_scale != 1.0) throw Refusal{"it computes the mask otherwise than (1 - mask) * c"};
@@ -2393,6 +2529,21 @@ class Importer {
     skip_refused(n);
     const OnnxAttribute* value = n.attribute("value");
     const Folded* shape = folded(n, 0);
+    if (value && value->kind == OnnxAttribute::Kind::Tensor && value->t.integer && value->t.ints.size() == 1 && shape &&
+        shape->dims.size() == 1 && !shape->v.empty() && shape->v[0] == Sym{1, 1}) {  // [batch, ...] of one integer
+      Folded f;
+      f.dims = {1};
+      for (std::size_t k = 1; k < shape->v.size(); ++k) {
+        if (shape->v[k].unknown || shape->v[k].p != 0 || shape->v[k].c < 1)
+          throw Refusal{"it fills a shape whose dimensions past the batch are not known numbers"};
+        f.dims.push_back(shape->v[k].c);
+      }
+      const int64_t count = count_of(f.dims);
+      if (count > static_cast<int64_t>(kMaxFolded)) throw Refusal{cat("it computes a shape of more than ", kMaxFolded, " values")};
+      f.v.assign(static_cast<std::size_t>(count), Sym{value->t.ints[0], 0});
+      per_sample_[n.outputs.at(0)] = std::move(f);  // the same for every sample
+      return;
+    }
     if (!value || value->kind != OnnxAttribute::Kind::Tensor || value->t.integer || value->t.floats.size() != 1 || !shape ||
         shape->dims.size() != 1)
       throw Refusal{"tandem fills integer constants of a computed shape, and float ones for a masked_fill, only"};

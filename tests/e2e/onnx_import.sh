@@ -7,7 +7,8 @@
 # text classifier of nn.TransformerEncoderLayers (a bool key_padding_mask, True = padding; mean
 # over the tokens) and a BERT-style text
 # classifier under Hugging Face's module names (tests/interop/hf_encoder.py: attention with a
-# padding mask), exported from PyTorch in training mode, imported and
+# padding mask) and a LayoutLM-style one (hf_encoder.py: boxes through the x, y, height and width
+# tables), exported from PyTorch in training mode, imported and
 # evaluated on every CPU backend: tandem's logits equal torch's within 1e-4. The spec's nodes and
 # the weights carry PyTorch's module names and the state dict's keys; --cut names a module. The
 # imported resnet18 trains split at that cut over mutual TLS (tandem-cloud and tandem-edge, both
@@ -18,7 +19,8 @@
 # (tandem train --init-from, --export): strict load, torch's own steps within 1e-4; so does a
 # model of general reshapes, transposes and reductions (onnx_check.py's Views), split after
 # its channel shuffle, one of arithmetic and matmuls no pattern takes (Arith), and the text
-# classifier, its padding mask crossing the cut (marks_padding: read as 1 - mask). A model of
+# classifier, its padding mask crossing the cut (marks_padding: read as 1 - mask), and a
+# LayoutLM-style classifier (words, boxes, a token-type table). A model of
 # three ops tandem cannot take is refused naming all three; a truncated file and a bad cut are
 # refused with the exact errors.
 # Usage: onnx_import.sh BUILD_DIR SOURCE_DIR [BACKENDS]
@@ -35,7 +37,7 @@ source "$src/tests/lib/skip.sh"
 check=$src/tests/interop/onnx_check.py
 
 # torch's exports run side by side (the test runs alone: both cores are its); each status is checked.
-models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 views arith vit tabular14 tabular17 bert encoder"
+models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 views arith vit tabular14 tabular17 bert encoder layoutlm"
 pids=()
 for model in $models; do
   mkdir -p "$work/$model"
@@ -53,7 +55,8 @@ done
 for model in $models; do
   dir=$work/$model
   case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;; views) cut=reshape_1 ;; arith) cut=div ;;
-    bert) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; encoder) cut=encoder.layers.0 ;; *) cut=layer3 ;; esac
+    bert) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; encoder) cut=encoder.layers.0 ;;
+    layoutlm) cut=layoutlm.encoder.layer.0 ;; *) cut=layer3 ;; esac
   tol=1e-4
   [[ $model == mobilenet_v3_small || $model == shufflenet_v2_x0_5 ]] && tol=1e-5  # their logits are about 0.1 and 0.5
   "$tandem_bin" import "$dir/model.onnx" --out "$dir/imported" --cut "$cut" > "$dir/import.out" 2>&1 ||
@@ -154,7 +157,7 @@ r18=$work/resnet18/imported
 grep -q 'name: "layer1.0.conv1", op: "conv2d"' "$r18/model.json" || fail "no node named after module layer1.0.conv1"
 grep -q 'name: "layer1.0.bn1", op: "batch_norm", inputs: \["layer1.0.conv1"\]' "$r18/model.json" || fail "batch norm layer1.0.bn1"
 grep -q 'cut: "layer3.1.relu_1"' "$r18/model.json" || fail "--cut layer3 did not resolve to layer3's last node"
-for model in resnet18 mobilenet_v3_small bert vit encoder; do
+for model in resnet18 mobilenet_v3_small bert vit encoder layoutlm; do
   /usr/bin/python3 - "$work/$model/torch.pt" "$work/$model/imported/weights.safetensors" <<'PY' || fail "$model: the weights' names are not the state dict's"
 import json, struct, sys, torch
 keys = {k for k in torch.load(sys.argv[1]) if not k.endswith("num_batches_tracked")}
@@ -245,6 +248,22 @@ grep -qF 'name: "encoder.layers.1.self_attn", op: "attention", inputs: ["encoder
   "$en/imported/model.json" || fail "encoder: layer 1's attention does not read the mask"
 trains_like_torch encoder
 grep -q "layers.0.norm2" "$en/train.out" || fail "encoder: not cut at encoder.layers.0: $(head -3 "$en/train.out")"
+
+# LayoutLM as Hugging Face writes its embeddings: the words, the positions, each box's x0, y0,
+# x1, y1 through the x and y tables (shared by the two corners), its height and width through
+# the h and w tables, and the token-type table's row 0 last. The six box lookups are one
+# layout_embedding (its tables under their state-dict names), the type row the position
+# table's own; it trains 3 steps split after its first layer as torch does.
+lm=$work/layoutlm
+for f in "layoutlm.embeddings: Gather(bbox[:, :, k]) x 4, Sub x 2, Gather x 6, Add x 6 -> layout_embedding" \
+         "layoutlm.embeddings.position_embeddings: Gather(token type 0) + Add -> position_embedding's token-type table"; do
+  grep -qF "fused $f" "$lm/import.out" || fail "layoutlm: not fused: $f"
+done
+grep -qF '{ name: "bbox", shape: [16, 4], dtype: "int32" }' "$lm/imported/model.json" &&
+  grep -qF '{ name: "layoutlm.embeddings", op: "layout_embedding", inputs: ["layoutlm.embeddings.position_embeddings", "bbox"], embedding: { count: 24 } }' \
+    "$lm/imported/model.json" || fail "layoutlm: the boxes: $(grep -F -e bbox -e layout_embedding "$lm/imported/model.json")"
+trains_like_torch layoutlm
+grep -q "layoutlm.encoder.layer.0.output.LayerNorm" "$lm/train.out" || fail "layoutlm: not cut at layoutlm.encoder.layer.0: $(head -3 "$lm/train.out")"
 
 # Refused: every node tandem cannot take, at once, with its op and module.
 "$tandem_bin" import "$work/model.onnx" --out "$work/refused" > "$work/refused-import.out" 2>&1 && fail "the model was imported"

@@ -212,3 +212,61 @@ class _Pooler(torch.nn.Module):
 
     def forward(self, x):
         return self.activation(self.dense(x[:, 0]))
+
+
+class LayoutLMForSequenceClassification(torch.nn.Module):
+    """Hugging Face's LayoutLMForSequenceClassification as modules whose forward does the work:
+    BERT's encoder and pooler under `layoutlm.`, its embeddings adding, as transformers writes
+    them, the words, the positions (a buffer of position ids), each token's box [x0, y0, x1, y1]
+    through the x and y tables (x0 and x1 share the x table, y0 and y1 the y table), its height
+    and width through the h and w tables, and the token-type table's row 0 (token_type_ids left
+    to zeros). forward(input_ids, attention_mask, bbox) -> logits."""
+
+    def __init__(self, vocab, tokens, coords, hidden, layers, heads, inter, classes, p=0.0):
+        super().__init__()
+        self.layoutlm = _LayoutLM(vocab, tokens, coords, hidden, layers, heads, inter, p)
+        self.dropout = torch.nn.Dropout(p)
+        self.classifier = torch.nn.Linear(hidden, classes)
+
+    def forward(self, input_ids, attention_mask, bbox):
+        return self.classifier(self.dropout(self.layoutlm(input_ids, attention_mask, bbox)))
+
+
+class _LayoutLM(torch.nn.Module):
+    def __init__(self, vocab, tokens, coords, hidden, layers, heads, inter, p):
+        super().__init__()
+        self.embeddings = _LayoutEmbeddings(vocab, tokens, coords, hidden, p)
+        self.encoder = _Encoder(hidden, layers, heads, inter, p)
+        self.pooler = _Pooler(hidden)
+
+    def forward(self, input_ids, attention_mask, bbox):
+        additive = (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * torch.finfo(torch.float32).min
+        return self.pooler(self.encoder(self.embeddings(input_ids, bbox), additive))
+
+
+class _LayoutEmbeddings(torch.nn.Module):
+    def __init__(self, vocab, tokens, coords, hidden, p):
+        super().__init__()
+        self.word_embeddings = torch.nn.Embedding(vocab, hidden)
+        self.position_embeddings = torch.nn.Embedding(tokens, hidden)
+        self.x_position_embeddings = torch.nn.Embedding(coords, hidden)
+        self.y_position_embeddings = torch.nn.Embedding(coords, hidden)
+        self.h_position_embeddings = torch.nn.Embedding(coords, hidden)
+        self.w_position_embeddings = torch.nn.Embedding(coords, hidden)
+        self.token_type_embeddings = torch.nn.Embedding(2, hidden)
+        self.LayerNorm = layer_norm(hidden)
+        self.dropout = torch.nn.Dropout(p)
+        self.register_buffer("position_ids", torch.arange(tokens).expand((1, -1)), persistent=False)
+
+    def forward(self, input_ids, bbox):
+        t = input_ids.size(1)
+        words = self.word_embeddings(input_ids)
+        positions = self.position_embeddings(self.position_ids[:, :t])
+        left = self.x_position_embeddings(bbox[:, :, 0])
+        upper = self.y_position_embeddings(bbox[:, :, 1])
+        right = self.x_position_embeddings(bbox[:, :, 2])
+        lower = self.y_position_embeddings(bbox[:, :, 3])
+        h = self.h_position_embeddings(bbox[:, :, 3] - bbox[:, :, 1])
+        w = self.w_position_embeddings(bbox[:, :, 2] - bbox[:, :, 0])
+        types = self.token_type_embeddings(torch.zeros_like(input_ids))
+        return self.dropout(self.LayerNorm(words + positions + left + upper + right + lower + h + w + types))

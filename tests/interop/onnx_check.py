@@ -10,6 +10,7 @@ usage: onnx_check.py export MODEL OUT_DIR N
            tabular17: records of 12 features; bert: a BERT-style text classifier (bert() below),
            bert0 the same without dropout and with a token-type table (2 types, one segment; train
            and weights take it);
+           layoutlm: a LayoutLM-style classifier of pages of words and boxes (layoutlm() below);
            vit: a small VisionTransformer (make() below); encoder: a text classifier of
            nn.TransformerEncoderLayers (TextEncoder below); views and arith: general reshapes,
            transposes and reductions (Views below), and arithmetic (Arith below)
@@ -49,7 +50,7 @@ except ImportError as e:  # pragma: no cover
     sys.exit(77)
 
 sys.path.insert(0, __file__.rsplit("/", 1)[0])
-from hf_encoder import BertForSequenceClassification, read_safetensors, write_safetensors  # noqa: E402
+from hf_encoder import BertForSequenceClassification, LayoutLMForSequenceClassification, read_safetensors, write_safetensors  # noqa: E402
 
 M64 = (1 << 64) - 1
 
@@ -216,6 +217,8 @@ def make(name):
         return bert_model(0.0, types=2)
     if name == "encoder":
         return TextEncoder()
+    if name == "layoutlm":
+        return layoutlm_model()
     if name == "vit":
         return torchvision.models.VisionTransformer(image_size=32, patch_size=8, num_layers=2, num_heads=2, hidden_dim=16,
                                                     mlp_dim=32, num_classes=10)
@@ -246,6 +249,26 @@ def bert_model(p=0.1, types=0):
     dropout p on the hidden states, a token-type table of `types` rows (one segment) or none."""
     return BertForSequenceClassification(vocab=100, tokens=16, hidden=32, layers=2, heads=4, inter=64, classes=3, p=p,
                                          types=types)
+
+
+def layoutlm_model():
+    """hf_encoder.py's LayoutLM classifier: 2 layers, hidden 32, 4 heads, 16 tokens, boxes in a
+    24-coordinate page, 3 classes, no dropout; its token-type table's row 0 at every token."""
+    return LayoutLMForSequenceClassification(vocab=100, tokens=16, coords=24, hidden=32, layers=2, heads=4, inter=64, classes=3)
+
+
+def layoutlm(gen, n):
+    """The LayoutLM classifier; N random pages of 4 to 16 words, padded, each word's box
+    [x0, y0, x1, y1] inside the page (x1 >= x0, y1 >= y0)."""
+    model = layoutlm_model()
+    with torch.no_grad():
+        randomize(model, gen)
+    ids = torch.randint(0, 100, (n, 16), generator=gen)
+    lengths = torch.randint(4, 17, (n, 1), generator=gen)
+    mask = (torch.arange(16)[None, :] < lengths).long()
+    x0, y0 = torch.randint(0, 16, (n, 16), generator=gen), torch.randint(0, 16, (n, 16), generator=gen)
+    boxes = torch.stack((x0, y0, x0 + torch.randint(0, 8, (n, 16), generator=gen), y0 + torch.randint(0, 8, (n, 16), generator=gen)), -1)
+    return model, ids, mask, boxes
 
 
 def bert(gen, n, p=0.1, types=0):
@@ -292,6 +315,12 @@ def main():
             labels = torch.randint(0, 3, (n,), generator=gen, dtype=torch.int32)
             inputs = {"ids": ids, "pad": pad}  # pad saved as BOOL, as torch's safetensors would
             images = (ids, pad)
+        elif name == "layoutlm":
+            model, ids, mask, boxes = layoutlm(gen, n)
+            export(model, f"{out}/model.onnx", (ids[:2], mask[:2], boxes[:2]), ["input_ids", "attention_mask", "bbox"])
+            labels = torch.randint(0, 3, (n,), generator=gen, dtype=torch.int32)
+            inputs = {"input_ids": ids, "attention_mask": mask, "bbox": boxes}
+            images = (ids, mask, boxes)
         elif name in ("bert", "bert0"):  # bert0: no dropout, to train as torch does
             model, ids, mask = bert(gen, n, 0.1 if name == "bert" else 0.0, 0 if name == "bert" else 2)
             export(model, f"{out}/model.onnx", (ids[:2], mask[:2]), ["input_ids", "attention_mask"])
@@ -325,6 +354,8 @@ def main():
             inputs = (data["input_ids"][:batch].long(), data["attention_mask"][:batch].long())
         elif name == "encoder":
             inputs = (data["ids"][:batch].long(), data["pad"][:batch].bool())
+        elif name == "layoutlm":
+            inputs = tuple(data[k][:batch].long() for k in ("input_ids", "attention_mask", "bbox"))
         else:
             inputs = (data["image"][:batch].permute(0, 3, 1, 2).contiguous(),)  # tandem's NHWC -> torch's NCHW
         labels = data["labels"][:batch].long()
