@@ -601,6 +601,58 @@ TEST(OnnxImport, ABooleanInputIsAKeyPaddingMaskOnly) {
                    "[batch, tokens] only"), std::string::npos) << e;
 }
 
+// LayoutLM's boxes [N, T, 4] are read by column only: as numbers, a column past 3, a span
+// other than y1 - y0 or x1 - x0, or the two corners through different tables, each is refused
+// with why (torch's own LayoutLM, the happy path, is tests/e2e/onnx_import.sh's layoutlm).
+TEST(OnnxImport, BoxesAreReadAsLayoutLMReadsThem) {
+  auto refusal = [](const std::vector<Pb>& nodes) {
+    Pb g;
+    for (const Pb& n : nodes) g.msg(1, n);
+    g.msg(5, tensor("emb.weight", {10, 4})).msg(5, tensor("x.weight", {12, 4})).msg(5, tensor("x2.weight", {12, 4}));
+    g.msg(5, tensor("fc.weight", {3, 4})).msg(5, tensor("fc.bias", {3}));
+    g.msg(11, typed_value("ids", 7, {4})).msg(11, typed_value("bbox", 7, {4, 4})).msg(12, value("logits", {3}));
+    const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
+    return error_of([&] { import_bytes(std::vector<uint8_t>(b.begin(), b.end())); });
+  };
+  auto column = [](int64_t k, const std::string& out) {
+    return std::vector<Pb>{ints(cat("/k", k, out), {}, {k}),
+                           node(cat("/Gather_", out), "Gather", {"bbox", cat("/k", k, out, "_out")}, {out}, {int_attr("axis", 2)})};
+  };
+  const Pb words = node("/emb/Gather", "Gather", {"emb.weight", "ids"}, {"w"});
+  const std::vector<Pb> head = {ints("/z", {}, {0}), node("/Gather_first", "Gather", {"s", "/z_out"}, {"f"}, {int_attr("axis", 1)}),
+                                node("/fc/Gemm", "Gemm", {"f", "fc.weight", "fc.bias"}, {"logits"}, {int_attr("transB", 1)})};
+  auto model = [&](std::vector<Pb> body) {
+    body.insert(body.begin(), words);
+    body.insert(body.end(), head.begin(), head.end());
+    return body;
+  };
+  std::string e = refusal(model({node("/Relu", "Relu", {"bbox"}, {"r"}), node("/Add", "Add", {"w", "r"}, {"s"})}));
+  EXPECT_NE(e.find("node '/Relu' (Relu): it reads the boxes 'bbox' as numbers; tandem reads integers [batch, tokens, 4] only "
+                   "as LayoutLM's boxes"), std::string::npos) << e;
+  std::vector<Pb> past = column(5, "c5");
+  past.push_back(node("/x/Gather", "Gather", {"x.weight", "c5"}, {"xr"}));
+  past.push_back(node("/Add", "Add", {"w", "xr"}, {"s"}));
+  e = refusal(model(past));
+  EXPECT_NE(e.find("node '/Gather_c5' (Gather): it reads the boxes otherwise than one coordinate of every token's box "
+                   "(bbox[:, :, k], k in 0..3)"), std::string::npos) << e;
+  std::vector<Pb> span = column(1, "c1");
+  for (const Pb& p : column(0, "c0")) span.push_back(p);
+  span.push_back(node("/Sub", "Sub", {"c1", "c0"}, {"d"}));
+  span.push_back(node("/h/Gather", "Gather", {"x.weight", "d"}, {"hr"}));
+  span.push_back(node("/Add", "Add", {"w", "hr"}, {"s"}));
+  e = refusal(model(span));
+  EXPECT_NE(e.find("node '/Sub' (Sub): it subtracts box coordinates otherwise than LayoutLM does (y1 - y0 for the height, "
+                   "x1 - x0 for the width)"), std::string::npos) << e;
+  std::vector<Pb> corners = column(0, "c0");
+  for (const Pb& p : column(2, "c2")) corners.push_back(p);
+  corners.push_back(node("/x/Gather", "Gather", {"x.weight", "c0"}, {"left"}));
+  corners.push_back(node("/x2/Gather", "Gather", {"x2.weight", "c2"}, {"right"}));
+  corners.push_back(node("/Add", "Add", {"w", "left"}, {"a"}));
+  corners.push_back(node("/Add_1", "Add", {"a", "right"}, {"s"}));
+  e = refusal(model(corners));
+  EXPECT_NE(e.find("node '/Add_1' (Add): its x1 and x0 read different tables; LayoutLM's share one"), std::string::npos) << e;
+}
+
 // Shape arithmetic from a hostile file: too few inputs, axes twice, numbers past int64, a
 // shape doubled until it is huge; each is a listed refusal, never a crash or a wrong read.
 TEST(OnnxImport, MalformedShapeArithmeticIsRefused) {
