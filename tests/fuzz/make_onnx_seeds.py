@@ -8,7 +8,8 @@ LayerNormalization at 17), a ShuffleNet block (x.chunk's channel slices, the cha
 shuffle's general reshape and transpose, a permute of an image), arithmetic no pattern
 takes (broadcast gates, scalars, matmuls, gathers, maxima and minima) and a text encoder of
 nn.TransformerEncoderLayer reading a bool key_padding_mask (Reshape, Expand, Where into the
-merged scores).
+merged scores), a BERT with Hugging Face's token-type table (its buffer of zeros expanded) and
+a LayoutLM (boxes through four tables, zeros_like(ids) token types).
 usage: make_onnx_seeds.py OUT_DIR"""
 import sys
 import warnings
@@ -17,7 +18,7 @@ import torch
 import torchvision
 
 sys.path.insert(0, __file__.rsplit("/", 2)[0] + "/interop")
-from hf_encoder import BertForSequenceClassification  # noqa: E402
+from hf_encoder import BertForSequenceClassification, LayoutLMForSequenceClassification  # noqa: E402
 
 
 class SmallCnn(torch.nn.Module):
@@ -111,6 +112,13 @@ def main():
     export(Arith(), torch.randn(2, 2, 2, 2), ["image"], f"{out}/arith")
     export(PaddedEncoder(), (torch.randint(0, 10, (2, 4)), torch.zeros(2, 4, dtype=torch.bool)), ["ids", "pad"],
            f"{out}/padded")
+    typed = BertForSequenceClassification(vocab=10, tokens=4, hidden=8, layers=1, heads=2, inter=8, classes=2, types=2)
+    export(typed, (torch.randint(0, 10, (2, 4)), torch.ones(2, 4, dtype=torch.int64)), ["input_ids", "attention_mask"],
+           f"{out}/bert-types")
+    layout = LayoutLMForSequenceClassification(vocab=10, tokens=4, coords=8, hidden=8, layers=1, heads=2, inter=8, classes=2)
+    boxes = torch.tensor([[[0, 1, 2, 3]] * 4] * 2)
+    export(layout, (torch.randint(0, 10, (2, 4)), torch.ones(2, 4, dtype=torch.int64), boxes),
+           ["input_ids", "attention_mask", "bbox"], f"{out}/layoutlm")
 
 
 if __name__ == "__main__":
