@@ -7,7 +7,7 @@
 # text classifier of nn.TransformerEncoderLayers (a bool key_padding_mask, True = padding; mean
 # over the tokens) and a BERT-style text
 # classifier under Hugging Face's module names (tests/interop/hf_encoder.py: attention with a
-# padding mask) and a LayoutLM-style one (hf_encoder.py: boxes through the x, y, height and width
+# padding mask; again with token_type_ids an input) and a LayoutLM-style one (hf_encoder.py: boxes through the x, y, height and width
 # tables), exported from PyTorch in training mode, imported and
 # evaluated on every CPU backend: tandem's logits equal torch's within 1e-4. The spec's nodes and
 # the weights carry PyTorch's module names and the state dict's keys; --cut names a module. The
@@ -37,7 +37,7 @@ source "$src/tests/lib/skip.sh"
 check=$src/tests/interop/onnx_check.py
 
 # torch's exports run side by side (the test runs alone: both cores are its); each status is checked.
-models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 views arith vit tabular14 tabular17 bert encoder layoutlm"
+models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 views arith vit tabular14 tabular17 bert bert2 encoder layoutlm"
 pids=()
 for model in $models; do
   mkdir -p "$work/$model"
@@ -55,7 +55,7 @@ done
 for model in $models; do
   dir=$work/$model
   case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;; views) cut=reshape_1 ;; arith) cut=div ;;
-    bert) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; encoder) cut=encoder.layers.0 ;;
+    bert|bert2) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; encoder) cut=encoder.layers.0 ;;
     layoutlm) cut=layoutlm.encoder.layer.0 ;; *) cut=layer3 ;; esac
   tol=1e-4
   [[ $model == mobilenet_v3_small || $model == shufflenet_v2_x0_5 ]] && tol=1e-5  # their logits are about 0.1 and 0.5
@@ -150,6 +150,11 @@ grep -qF 'name: "bert.encoder.layer.0.attention.self", op: "attention", inputs: 
 grep -qF '{ name: "attention_mask", shape: [16], mask: true }' "$b/model.json" || fail "bert: the mask input"
 grep -qF 'name: "bert.embeddings.position_embeddings", op: "position_embedding"' "$b/model.json" || fail "bert: position embeddings"
 grep -qF 'name: "bert.pooler.gather", op: "token_pool"' "$b/model.json" || fail "bert: the pooler's first token"
+# Two segments: token_type_ids an input, its table an embedding of it added to the words.
+b2=$work/bert2/imported
+grep -qF '{ name: "token_type_ids", shape: [16], dtype: "int32" }' "$b2/model.json" &&
+  grep -qF '{ name: "bert.embeddings.token_type_embeddings", op: "embedding", inputs: ["token_type_ids"], embedding: { count: 2, features: 32 } }' \
+    "$b2/model.json" || fail "bert2: the token types: $(grep -F token_type "$b2/model.json")"
 grep -q 'cut: "bert.encoder.layer.0.output.LayerNorm"' "$b/model.json" || fail "bert: --cut bert.encoder.layer.0"
 
 # Names: PyTorch's modules, so the weights file holds the state dict's keys.
@@ -157,7 +162,7 @@ r18=$work/resnet18/imported
 grep -q 'name: "layer1.0.conv1", op: "conv2d"' "$r18/model.json" || fail "no node named after module layer1.0.conv1"
 grep -q 'name: "layer1.0.bn1", op: "batch_norm", inputs: \["layer1.0.conv1"\]' "$r18/model.json" || fail "batch norm layer1.0.bn1"
 grep -q 'cut: "layer3.1.relu_1"' "$r18/model.json" || fail "--cut layer3 did not resolve to layer3's last node"
-for model in resnet18 mobilenet_v3_small bert vit encoder layoutlm; do
+for model in resnet18 mobilenet_v3_small bert bert2 vit encoder layoutlm; do
   /usr/bin/python3 - "$work/$model/torch.pt" "$work/$model/imported/weights.safetensors" <<'PY' || fail "$model: the weights' names are not the state dict's"
 import json, struct, sys, torch
 keys = {k for k in torch.load(sys.argv[1]) if not k.endswith("num_batches_tracked")}

@@ -90,7 +90,7 @@ class BertForSequenceClassification(torch.nn.Module):
     transformers does, a non-persistent buffer of token_type_ids all 0 expanded over the batch),
     the position ids a non-persistent buffer as in transformers 4.31 on, dropout `p` on the
     hidden states (none on attention probabilities: tandem's attention has none).
-    forward(input_ids, attention_mask) -> logits."""
+    forward(input_ids, attention_mask[, token_type_ids]) -> logits."""
 
     def __init__(self, vocab, tokens, hidden, layers, heads, inter, classes, p=0.1, types=0):
         super().__init__()
@@ -98,8 +98,8 @@ class BertForSequenceClassification(torch.nn.Module):
         self.dropout = torch.nn.Dropout(p)
         self.classifier = torch.nn.Linear(hidden, classes)
 
-    def forward(self, input_ids, attention_mask):
-        return self.classifier(self.dropout(self.bert(input_ids, attention_mask)))
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
+        return self.classifier(self.dropout(self.bert(input_ids, attention_mask, token_type_ids)))
 
 
 class _Bert(torch.nn.Module):
@@ -109,9 +109,9 @@ class _Bert(torch.nn.Module):
         self.encoder = _Encoder(hidden, layers, heads, inter, p)
         self.pooler = _Pooler(hidden)
 
-    def forward(self, input_ids, attention_mask):
+    def forward(self, input_ids, attention_mask, token_type_ids=None):
         additive = (1.0 - attention_mask[:, None, None, :].to(torch.float32)) * torch.finfo(torch.float32).min
-        return self.pooler(self.encoder(self.embeddings(input_ids), additive))
+        return self.pooler(self.encoder(self.embeddings(input_ids, token_type_ids), additive))
 
 
 class _Encoder(torch.nn.Module):
@@ -137,11 +137,13 @@ class _Embeddings(torch.nn.Module):
         self.dropout = torch.nn.Dropout(p)
         self.register_buffer("position_ids", torch.arange(tokens).expand((1, -1)), persistent=False)
 
-    def forward(self, ids):
+    def forward(self, ids, token_type_ids=None):
         positions = self.position_ids[:, :ids.size(1)]
         x = self.word_embeddings(ids)
-        if hasattr(self, "token_type_embeddings"):  # BertEmbeddings without token_type_ids: its buffer's zeros
-            x = x + self.token_type_embeddings(self.token_type_ids[:, :ids.size(1)].expand(ids.size(0), ids.size(1)))
+        if token_type_ids is None and hasattr(self, "token_type_embeddings"):  # BertEmbeddings' buffer of zeros
+            token_type_ids = self.token_type_ids[:, :ids.size(1)].expand(ids.size(0), ids.size(1))
+        if token_type_ids is not None:
+            x = x + self.token_type_embeddings(token_type_ids)
         return self.dropout(self.LayerNorm(x + self.position_embeddings(positions)))
 
 

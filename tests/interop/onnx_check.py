@@ -9,7 +9,7 @@ usage: onnx_check.py export MODEL OUT_DIR N
            OUT_DIR/torch.pt: the state dict the file was exported from. MODEL tabular14 and
            tabular17: records of 12 features; bert: a BERT-style text classifier (bert() below),
            bert0 the same without dropout and with a token-type table (2 types, one segment; train
-           and weights take it);
+           and weights take it), bert2 with that table and token_type_ids an input (two segments);
            layoutlm: a LayoutLM-style classifier of pages of words and boxes (layoutlm() below);
            vit: a small VisionTransformer (make() below); encoder: a text classifier of
            nn.TransformerEncoderLayers (TextEncoder below); views and arith: general reshapes,
@@ -327,6 +327,13 @@ def main():
             labels = torch.randint(0, 3, (n,), generator=gen, dtype=torch.int32)
             inputs = {"input_ids": ids, "attention_mask": mask}
             images = (ids, mask)
+        elif name == "bert2":  # two segments: token_type_ids an input (the second from a random token on)
+            model, ids, mask = bert(gen, n, 0.1, 2)
+            types = (torch.arange(16)[None, :] >= torch.randint(1, 16, (n, 1), generator=gen)).long()
+            export(model, f"{out}/model.onnx", (ids[:2], mask[:2], types[:2]), ["input_ids", "attention_mask", "token_type_ids"])
+            labels = torch.randint(0, 3, (n,), generator=gen, dtype=torch.int32)
+            inputs = {"input_ids": ids, "attention_mask": mask, "token_type_ids": types}
+            images = (ids, mask, types)
         else:
             model = make(name)
             with torch.no_grad():
