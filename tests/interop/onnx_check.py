@@ -1,9 +1,10 @@
 #!/usr/bin/python3
 """PyTorch's side of the ONNX import tests (tests/e2e/onnx_import.sh).
 
-usage: onnx_check.py export MODEL OUT_DIR N
+usage: onnx_check.py export MODEL OUT_DIR N [OPSET]
            torchvision's MODEL (resnet18, mobilenet_v2, ...; 10 classes) with random weights and
-           random batch-norm statistics, exported in training mode to OUT_DIR/model.onnx;
+           random batch-norm statistics, exported in training mode (at OPSET, default 14) to
+           OUT_DIR/model.onnx;
            OUT_DIR/data/test.safetensors and train.safetensors: N random 32x32 images in
            tandem's layout (NHWC) and labels; OUT_DIR/torch.f32: torch's logits in eval mode;
            OUT_DIR/torch.pt: the state dict the file was exported from. MODEL tabular14 and
@@ -233,8 +234,12 @@ def tabular(opset):
                                torch.nn.Linear(32, 32), torch.nn.GELU(approximate="tanh"), torch.nn.Linear(32, 3))
 
 
-def export(model, path, x=None, names=("image",), opset=14):
+OPSET = 14  # export's default; `export MODEL DIR N OPSET` sets it
+
+
+def export(model, path, x=None, names=("image",), opset=None):
     x = torch.randn(2, 3, 32, 32) if x is None else x
+    opset = OPSET if opset is None else opset
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         # Tracing in training mode runs a forward that moves the batch norms' statistics, and
@@ -292,6 +297,8 @@ def main():
     gen = torch.Generator().manual_seed(1)
     if cmd == "export":
         name, out, n = sys.argv[2], sys.argv[3], int(sys.argv[4])
+        global OPSET
+        OPSET = int(sys.argv[5]) if len(sys.argv) > 5 else OPSET
         import os
         os.makedirs(f"{out}/data", exist_ok=True)
         if name.startswith("tabular"):  # tabular14, tabular17: the opset
