@@ -690,6 +690,19 @@ TEST(OnnxImport, MalformedShapeArithmeticIsRefused) {
        "node '/ln/ReduceMean' (ReduceMean, module ln): it lacks an input or output its op needs"},
       {{node("/k", "Constant", {}, {"k_out"}, {Pb().str(1, "value").num(20, 4)}), node("/Div", "Div", {"x", "k_out"}, {"o"})},
        "node '/Div' (Div): input 'k_out' is made by no node before it"},
+      // F.pad's pads are computed by shape arithmetic (a backwards Slice, a Transpose): a perm
+      // that is no permutation, a step of 0, a pad in another mode or of another value
+      {{ints("m", {2, 2}, {1, 2, 3, 4}), node("/Transpose", "Transpose", {"m_out"}, {"o"}, {ints_attr("perm", {0, 0})})},
+       "node '/Transpose' (Transpose): its perm is not a permutation"},
+      {{four, ints("b", {1}, {0}), ints("e", {1}, {1}), ints("st", {1}, {0}), node("/Slice", "Slice", {"c_out", "b_out", "e_out", "b_out", "st_out"}, {"o"})},
+       "node '/Slice' (Slice): it slices with step 0"},
+      {{ints("p", {2}, {0, 1}), node("/Pad", "Pad", {"x", "p_out"}, {"o"}, {Pb().str(1, "mode").str(4, "reflect").num(20, 3)})},
+       "node '/Pad' (Pad): it pads in mode 'reflect'; tandem pads with zeros only"},
+      {{ints("p", {2}, {0, 1}), ::tandem::scalar("/v", 1.0f), node("/Pad", "Pad", {"x", "p_out", "/v_out"}, {"o"})},
+       "node '/Pad' (Pad): it pads with a value other than 0; tandem pads with zeros only"},
+      {{ints("p", {2}, {0, 1}), node("/Pad", "Pad", {"x", "p_out"}, {"o"})},
+       "node '/Pad' (Pad): it pads otherwise than with zeros alike around an image's height and width before one average "
+       "pool or convolution (pads 2 values)"},
   };
   for (const Case& c : cases) {
     const std::string e = refusal(c.nodes);

@@ -248,6 +248,9 @@ class Importer {
   // Integer constants [1, ...] expanded over the batch (Hugging Face's token_type_ids buffer):
   // the same for every sample; read only as a table's row indices.
   std::map<std::string, Folded> per_sample_;
+  // Pad's zeros around an image's height and width, left to the one AveragePool or Conv that
+  // reads it (torch writes nn.AvgPool2d as Pad, AveragePool).
+  std::map<std::string, Pair> pending_pads_;
   std::set<std::size_t> absorbed_;
   std::map<std::string, int> suffixes_;  // the last "_k" unique() gave a name
   std::vector<std::string> problems_;
@@ -496,6 +499,8 @@ class Importer {
     }
     Folded out;
     out.dims = shaped ? shaped->dims : in[0]->dims;
+    for (const Folded* f : in)  // one value each: a scalar against [1] is [1], as numpy broadcasts
+      if (!shaped && f->dims.size() > out.dims.size()) out.dims = f->dims;
     std::vector<Sym> args(count);
     for (std::size_t k = 0, size = shaped ? shaped->v.size() : 1; k < size; ++k) {
       for (std::size_t i = 0; i < count; ++i) args[i] = in[i]->v[in[i]->v.size() == 1 ? 0 : k];
@@ -511,7 +516,8 @@ class Importer {
     static const std::map<std::string, std::pair<std::size_t, std::size_t>> arity = {
         {"Shape", {1, 1}}, {"Gather", {2, 2}}, {"Unsqueeze", {1, 2}}, {"Squeeze", {1, 2}}, {"Concat", {1, 1 << 20}},
         {"Slice", {3, 5}}, {"Cast", {1, 1}},   {"Add", {2, 2}},       {"Sub", {2, 2}},     {"Mul", {2, 2}},
-        {"Div", {2, 2}},   {"Reshape", {2, 2}},   {"ConstantOfShape", {1, 1}}, {"Equal", {2, 2}},   {"Where", {3, 3}}};
+        {"Div", {2, 2}},   {"Reshape", {2, 2}},   {"ConstantOfShape", {1, 1}}, {"Equal", {2, 2}},   {"Where", {3, 3}},
+        {"Transpose", {1, 1}}};
     const auto known = arity.find(n.op_type);
     if (known == arity.end()) return false;
     if (n.op_type == "Shape") {
@@ -603,6 +609,27 @@ class Importer {
         out.dims[rest] = total / known;
       }
       out.v = x.v;
+    } else if (n.op_type == "Transpose") {  // F.pad's pads [[b0, e0], ...] turned to [begins, ends]
+      const auto rank = static_cast<int64_t>(x.dims.size());
+      std::vector<int64_t> perm = ints_attr(n, "perm", {});
+      if (perm.empty())
+        for (int64_t a = rank - 1; a >= 0; --a) perm.push_back(a);
+      if (static_cast<int64_t>(perm.size()) != rank) throw Refusal{"its perm names another number of axes than its input has"};
+      std::vector<int64_t> seen(perm.size(), 0), stride(perm.size(), 1);
+      for (int64_t a : perm)
+        if (a < 0 || a >= rank || seen[static_cast<std::size_t>(a)]++) throw Refusal{"its perm is not a permutation"};
+      for (int64_t a = rank - 2; a >= 0; --a) stride[static_cast<std::size_t>(a)] = stride[static_cast<std::size_t>(a + 1)] * x.dims[static_cast<std::size_t>(a + 1)];
+      for (int64_t a : perm) out.dims.push_back(x.dims[static_cast<std::size_t>(a)]);
+      std::vector<int64_t> at(perm.size(), 0);
+      for (std::size_t k = 0; k < x.v.size(); ++k) {
+        int64_t source = 0;
+        for (std::size_t a = 0; a < perm.size(); ++a) source += at[a] * stride[static_cast<std::size_t>(perm[a])];
+        out.v.push_back(x.v[static_cast<std::size_t>(source)]);
+        for (std::size_t a = perm.size(); a-- > 0;) {  // the next output index, row-major
+          if (++at[a] < out.dims[a]) break;
+          at[a] = 0;
+        }
+      }
     } else if (n.op_type == "Gather") {
       const Folded& idx = folded_input(n, 1);
       if (x.dims.empty()) throw Refusal{"it gathers from a scalar"};
@@ -662,12 +689,17 @@ class Importer {
       for (std::size_t k = 0; k < starts.size(); ++k) {
         const std::size_t a = static_cast<std::size_t>(axes[k]);
         const int64_t d = x.dims[a];
-        if (steps[k] <= 0) throw Refusal{"tandem computes slices with positive steps only"};
-        const int64_t b = std::clamp(starts[k] < 0 ? std::max(starts[k], -d) + d : starts[k], int64_t{0}, d);
-        const int64_t e = std::clamp(ends[k] < 0 ? std::max(ends[k], -d) + d : ends[k], int64_t{0}, d);
-        lo[a] = b;
+        if (steps[k] == 0 || steps[k] == INT64_MIN) throw Refusal{cat("it slices with step ", steps[k])};
+        lo[a] = std::clamp(starts[k] < 0 ? std::max(starts[k], -d) + d : starts[k], int64_t{0}, d);
         step[a] = steps[k];
-        size[a] = e > b ? (e - b - 1) / steps[k] + 1 : 0;
+        if (steps[k] > 0) {
+          const int64_t e = std::clamp(ends[k] < 0 ? std::max(ends[k], -d) + d : ends[k], int64_t{0}, d);
+          size[a] = e > lo[a] ? (e - lo[a] - 1) / steps[k] + 1 : 0;
+        } else {  // backwards (F.pad's pads reversed): from start down to past end, ONNX's clamps
+          lo[a] = std::min(lo[a], d - 1);
+          const int64_t e = std::clamp(ends[k] < 0 ? std::max(ends[k], -d - 1) + d : ends[k], int64_t{-1}, d - 1);
+          size[a] = lo[a] > e ? (lo[a] - e - 1) / -steps[k] + 1 : 0;
+        }
       }
       out.dims = size;
       std::vector<int64_t> at(rank, 0);
@@ -756,6 +788,33 @@ class Importer {
     if (p[0] != p[2] || p[1] != p[3])
       throw Refusal{cat("pads [", p[0], ", ", p[1], ", ", p[2], ", ", p[3], "] differ before and after; tandem pads both sides alike")};
     return {p[0], p[1]};
+  }
+  // `own` padding plus the zeros a Pad left to this window (its input 0's).
+  Pair padded(const OnnxNode& n, Pair own) const {
+    const auto it = n.inputs.empty() ? pending_pads_.end() : pending_pads_.find(n.inputs[0]);
+    if (it != pending_pads_.end()) own = {own[0] + it->second[0], own[1] + it->second[1]};
+    return own;
+  }
+  // Pad with zeros (mode constant, value 0): none at all is the tensor itself (what torch writes
+  // before every AveragePool); zeros around an image's height and width, alike on both sides,
+  // read by one AveragePool or Conv alone, are that window's padding. Other pads are refused.
+  void pad(const OnnxNode& n) {
+    skip_refused(n);
+    const OnnxAttribute* mode = attr(n, "mode", OnnxAttribute::Kind::String);
+    if (mode && mode->s != "constant") throw Refusal{cat("it pads in mode '", mode->s, "'; tandem pads with zeros only")};
+    if (n.inputs.size() > 2 && !n.inputs[2].empty() && !is_scalar(n, 2, 0.0))
+      throw Refusal{"it pads with a value other than 0; tandem pads with zeros only"};
+    const std::vector<int64_t> p = g_.opset < 11 ? ints_attr(n, "pads", {}) : plain_ints(n, 1);
+    const Value& x = input(n, 0);
+    if (std::all_of(p.begin(), p.end(), [](int64_t v) { return v == 0; })) return alias(n, x, x.form);
+    const OnnxNode* reader = sole_reader(n.outputs.at(0), "AveragePool");
+    if (!reader) reader = sole_reader(n.outputs[0], "Conv");
+    if (x.form != Form::Image || p.size() != 8 || p[0] || p[1] || p[4] || p[5] || p[2] != p[6] || p[3] != p[7] || p[2] < 0 ||
+        p[3] < 0 || !reader)
+      throw Refusal{cat("it pads otherwise than with zeros alike around an image's height and width before one average "
+                        "pool or convolution (pads ", p.size(), " values)")};
+    pending_pads_[n.outputs[0]] = {p[2], p[3]};
+    alias(n, x, x.form);
   }
   static Pair pair2(const std::vector<int64_t>& v, const char* what) {
     if (v.size() != 2) throw Refusal{cat(what, " has ", v.size(), " values; tandem's windows are two-dimensional")};
@@ -908,7 +967,7 @@ class Importer {
     if (c.kernel != Pair{w.dims[2], w.dims[3]}) throw Refusal{"kernel_shape differs from the weight's"};
     c.stride = pair2(ints_attr(n, "strides", {1, 1}), "strides");
     c.dilation = pair2(ints_attr(n, "dilations", {1, 1}), "dilations");
-    c.padding = symmetric_pads(n);
+    c.padding = padded(n, symmetric_pads(n));
     c.groups = int_attr(n, "group", 1);
     const OnnxTensor* b = stored(n, 2);
     if (n.inputs.size() > 2 && !n.inputs[2].empty() && !b) throw Refusal{"its bias is not a stored weight"};
@@ -967,6 +1026,7 @@ class Importer {
     s.pool.padding = symmetric_pads(n);
     if (std::string(op) == "avg_pool2d" && s.pool.padding != Pair{0, 0} && int_attr(n, "count_include_pad", 0) == 0)
       throw Refusal{"count_include_pad=0 with padding: tandem's average counts the padding (PyTorch's default)"};
+    s.pool.padding = padded(n, s.pool.padding);  // a Pad's zeros count in the average, as its padding does
     const std::vector<int64_t> dims = x.dims.empty() ? std::vector<int64_t>{} : window_dims(x.dims, x.dims[0], s.pool.kernel, s.pool.stride, s.pool.padding, {1, 1});
     emit(n, std::move(s), Form::Image, n.outputs.at(0), dims);
   }
@@ -1876,6 +1936,10 @@ class Importer {
 
   void concat(const OnnxNode& n) {
     int64_t axis = int_attr(n, "axis", 1);
+    if (n.inputs.size() == 1 && !is_step(form_of(n, 0))) {  // torch.cat([x]) (DenseNet's first layer): x itself
+      const Value& x = any_input(n, 0);
+      return alias(n, x, x.form);
+    }
     if (form_of(n, 0) == Form::ClassToken || form_of(n, 1) == Form::ClassToken) return join_class_token(n);
     std::vector<std::string> inputs;
     Form form = Form::Unknown;
@@ -2654,6 +2718,7 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
        }},
       {"Where", &I::where},
       {"Expand", &I::expand},
+      {"Pad", &I::pad},
   };
   return ops;
 }

@@ -37,7 +37,7 @@ source "$src/tests/lib/skip.sh"
 check=$src/tests/interop/onnx_check.py
 
 # torch's exports run side by side (the test runs alone: both cores are its); each status is checked.
-models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 views arith vit tabular14 tabular17 bert bert2 encoder layoutlm"
+models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 views arith pools vit tabular14 tabular17 bert bert2 encoder layoutlm"
 pids=()
 for model in $models; do
   mkdir -p "$work/$model"
@@ -61,11 +61,11 @@ for pid in "${pids[@]}"; do
 done
 for model in $models; do
   dir=$work/$model
-  case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;; views) cut=reshape_1 ;; arith) cut=div ;;
+  case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;; views) cut=reshape_1 ;; arith) cut=div ;; pools) cut=pool_1 ;;
     bert|bert2) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; encoder) cut=encoder.layers.0 ;;
     layoutlm) cut=layoutlm.encoder.layer.0 ;; *) cut=layer3 ;; esac
   tol=1e-4
-  [[ $model == mobilenet_v3_small || $model == shufflenet_v2_x0_5 ]] && tol=1e-5  # their logits are about 0.1 and 0.5
+  [[ $model == mobilenet_v3_small || $model == shufflenet_v2_x0_5 || $model == pools ]] && tol=1e-5  # logits of 0.1 to 0.5
   "$tandem_bin" import "$dir/model.onnx" --out "$dir/imported" --cut "$cut" > "$dir/import.out" 2>&1 ||
     fail "$model: tandem import: $(cat "$dir/import.out")"
   cat "$dir/import.out"
@@ -147,6 +147,16 @@ for op in '{ name: "mul", op: "binary", inputs: ["relu", "sigmoid"], binary: { m
           '{ name: "mul_4", op: "binary", inputs: ["mul_3"], binary: { mode: "mul", operand: [8] }, torch_names: [{ field: "operand", name: "gamma" }] }'; do
   grep -qF "$op" "$ar/imported/model.json" || fail "arith: not imported as $op: $(grep -E 'binary|matmul|softmax' "$ar/imported/model.json")"
 done
+
+# Pads as torch writes them: nn.AvgPool2d as Pad (zeros) and AveragePool, its padding as a Pad
+# too, F.pad's pads (computed by a chain of Shape, ConstantOfShape, Concat, Reshape, a backwards
+# Slice, Transpose) before a convolution, torch.cat of one tensor: windows with their padding;
+# 3 steps split after the second pool as torch does.
+pl=$work/pools/imported/model.json
+grep -qF '{ name: "pool_1", op: "avg_pool2d", inputs: ["pool"], pool: { kernel: [3], stride: [1], padding: [1] } }' "$pl" &&
+  grep -qF '{ name: "conv_1", op: "conv2d", inputs: ["pool_1"], conv2d: { out_channels: 8, kernel: [3], stride: [1], padding: [1]' "$pl" &&
+  grep -qF '{ name: "flatten", op: "flatten", inputs: ["conv_1"] }' "$pl" || fail "pools: the pads: $(grep -E 'pool|conv' "$pl")"
+trains_like_torch pools
 
 # ShuffleNet's channel shuffle (view [N, 2, C/2, H, W], transpose 1 and 2, view [N, C, H, W])
 # is two views and one transpose of tandem's [H, W, C]; its x.chunk(2, dim=1) two channel slices.

@@ -190,6 +190,25 @@ class Arith(torch.nn.Module):
         return self.fc(torch.cat((c.flatten(1), c[:, -1], x[:, :, 2].flatten(1), peaks), 1))
 
 
+class Pools(torch.nn.Module):
+    """Pads and average pools as torch writes them: nn.AvgPool2d (Pad of zeros, AveragePool),
+    one with padding (count_include_pad), F.pad's zeros before a convolution, DenseNet's
+    torch.cat of one tensor."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 3, stride=2)
+        self.pool = torch.nn.AvgPool2d(2, stride=2)
+        self.pool_1 = torch.nn.AvgPool2d(3, stride=1, padding=1)
+        self.conv_1 = torch.nn.Conv2d(8, 8, 3)
+        self.fc = torch.nn.Linear(8 * 7 * 7, 10)
+
+    def forward(self, x):
+        x = self.pool_1(self.pool(torch.relu(self.conv(x))))
+        x = torch.cat([self.conv_1(torch.nn.functional.pad(x, (1, 1, 1, 1)))], 1)
+        return self.fc(torch.flatten(x, 1))
+
+
 class TextEncoder(torch.nn.Module):
     """A text classifier as torch.nn builds one: token embeddings, 2 nn.TransformerEncoderLayers
     (batch_first, GELU, no dropout) reading a bool key padding mask (True = padding), the
@@ -214,6 +233,8 @@ def make(name):
         return Views()
     if name == "arith":
         return Arith()
+    if name == "pools":
+        return Pools()
     if name == "bert0":  # with Hugging Face's token-type table (2 types, one segment)
         return bert_model(0.0, types=2)
     if name == "encoder":
