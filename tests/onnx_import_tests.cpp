@@ -1099,6 +1099,31 @@ TEST(SpecJson, APositionTableWithItsTokenTypesLoadsBothAsTheyAre) {
             "token-type table, and field 'embedding.types' gives it one");
 }
 
+// A binary's trained operand of three axes is an image's: tandem holds it [H, W, C] as the
+// image is, PyTorch [C, H, W]; written and read back through that permutation (fewer axes: as
+// they are).
+TEST(SpecJson, AnImagesTrainedOperandIsChannelsFirstInTorch) {
+  const Graph g = Graph::build(parse_model_json(R"({ name: "m", inputs: [{ name: "x", shape: [2, 2, 3] }], nodes: [
+    { name: "s", op: "binary", inputs: ["x"], binary: { mode: "mul", operand: [2, 2, 3] } },
+    { name: "v", op: "binary", inputs: ["x"], binary: { mode: "add", operand: [3] } },
+    { name: "f", op: "flatten", inputs: ["v"] },
+    { name: "fc", op: "linear", inputs: ["f"], linear: { out_features: 2 } }] })", "m"));
+  Tensor ours = Tensor::empty({2, 2, 3});
+  for (int64_t i = 0; i < 12; ++i) ours[i] = static_cast<float>(i);  // (h, w, c) = i / 6, i / 3 % 2, i % 3
+  const SafeTensor t = to_torch(g, "s.operand", ours);
+  EXPECT_EQ(t.shape, (std::vector<int64_t>{3, 2, 2}));
+  std::vector<float> theirs(12);
+  std::memcpy(theirs.data(), t.data.data(), 48);
+  for (int64_t c = 0; c < 3; ++c)
+    for (int64_t hw = 0; hw < 4; ++hw) EXPECT_EQ(theirs[static_cast<std::size_t>(c * 4 + hw)], static_cast<float>(hw * 3 + c));
+  Tensor back = Tensor::zeros({2, 2, 3});
+  from_torch(g, "s.operand", t, back);
+  for (int64_t i = 0; i < 12; ++i) EXPECT_EQ(back[i], ours[i]);
+  Tensor row = Tensor::empty({3});
+  for (int64_t i = 0; i < 3; ++i) row[i] = static_cast<float>(i);
+  EXPECT_EQ(to_torch(g, "v.operand", row).shape, (std::vector<int64_t>{3}));
+}
+
 TEST(SpecJson, BinaryBroadcastsAsNumpyAndRefusesWhatItCannot) {
   auto shape_of = [](const std::string& nodes) {
     std::string shape;

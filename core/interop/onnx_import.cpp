@@ -251,6 +251,9 @@ class Importer {
   // Pad's zeros around an image's height and width, left to the one AveragePool or Conv that
   // reads it (torch writes nn.AvgPool2d as Pad, AveragePool).
   std::map<std::string, Pair> pending_pads_;
+  // A globally pooled image's channels, where its image's shape was known (a Transpose of it
+  // views it as the image [C, 1, 1] it is: ConvNeXt's LayerNorm2d before its classifier).
+  std::map<std::string, int64_t> pooled_channels_;
   std::set<std::size_t> absorbed_;
   std::map<std::string, int> suffixes_;  // the last "_k" unique() gave a name
   std::vector<std::string> problems_;
@@ -362,6 +365,22 @@ class Importer {
   const Value& any_input(const OnnxNode& n, std::size_t i) {
     if (i >= n.inputs.size() || n.inputs[i].empty()) throw Refusal{cat("input ", i, " is missing")};
     return value(n.inputs[i]);
+  }
+  // A general tensor of three or more axes whose last is stored last (ConvNeXt's image
+  // permuted to [N, H, W, C]): what ops of the last axis and elementwise ones read as it is.
+  static bool last_stored_last(const Value& v) {
+    return v.form == Form::Tensor && v.dims.size() >= 3 && v.order.back() == static_cast<int>(v.order.size()) - 1;
+  }
+  // Input i for an op of each value or of the last axis: such a tensor as it is, else a plain one.
+  const Value& last_axis_input(const OnnxNode& n, std::size_t i) {
+    const Value& v = any_input(n, i);
+    return last_stored_last(v) ? v : input(n, i);
+  }
+  // `node` made for `n` from `x`, giving a value of x's form, dims and storage order.
+  void emit_like(const OnnxNode& n, NodeSpec node, const Value& x, const std::string& output) {
+    Value v = x;
+    v.node = add_node(n, std::move(node));
+    values_[output] = std::move(v);
   }
   // A node reading what a refused node made is not reported again (where a pattern's step
   // would otherwise be taken for an op of its own).
@@ -1000,8 +1019,8 @@ class Importer {
   }
 
   void activation(const OnnxNode& n, const char* op) {
-    const Value& x = input(n, 0);
-    emit(n, node_of(module_node_name(n, op), op, {x.node}), x.form, n.outputs.at(0), x.dims);
+    const Value& x = last_axis_input(n, 0);
+    emit_like(n, node_of(module_node_name(n, op), op, {x.node}), x, n.outputs.at(0));
   }
 
   void clip(const OnnxNode& n) {
@@ -1033,6 +1052,7 @@ class Importer {
 
   void global_avg_pool(const OnnxNode& n) {
     const Value& x = image(n);
+    if (x.dims.size() == 3) pooled_channels_[n.outputs.at(0)] = x.dims[0];
     emit(n, node_of(module_node_name(n, "global_avg_pool"), "global_avg_pool", {x.node}), Form::Pooled, n.outputs.at(0));
   }
 
@@ -1174,11 +1194,12 @@ class Importer {
   void layer_norm_pattern(const OnnxNode& mean) {
     const std::vector<int64_t> axes = ints_attr(mean, "axes", {});
     Form f = form_of(mean, 0);
-    if (f == Form::Tensor) {  // a general tensor: stored as a sequence or vector first
+    const bool channels_last = f == Form::Tensor && last_stored_last(any_input(mean, 0));
+    if (f == Form::Tensor && !channels_last) {  // a general tensor: stored as a sequence or vector first
       f = input(mean, 0).form;
       if (f != Form::Sequence && f != Form::Vector) throw Refusal{"it averages a tensor of more than two dimensions a sample"};
     }
-    const int64_t last = f == Form::Sequence ? 2 : 1;
+    const int64_t last = channels_last ? static_cast<int64_t>(any_input(mean, 0).dims.size()) : f == Form::Sequence ? 2 : 1;
     if (axes != std::vector<int64_t>{-1} && axes != std::vector<int64_t>{last})
       throw Refusal{"it averages over another axis than the features"};
     const OnnxNode* centred = sole_reader(mean.outputs[0], "Sub");
@@ -1204,8 +1225,8 @@ class Importer {
     if (!shift) throw Refusal{"a LayerNorm without weight and bias (elementwise_affine=False) is not supported yet"};
     absorb({centred, square, divide, variance, plus_eps, root, scale, shift});
     values_[shift->outputs.at(0)] = {};  // refused with the mean, if it is
-    const Value& x = input(mean, 0);
-    if (x.form != Form::Vector && x.form != Form::Sequence)
+    const Value& x = last_axis_input(mean, 0);
+    if (x.form != Form::Vector && x.form != Form::Sequence && !last_stored_last(x))
       throw Refusal{"a LayerNorm over an image's last axis or a flattened image; tandem's layer_norm reads features"};
     const OnnxTensor& weight = this->weight(*scale, other(*scale, divide->outputs[0]), "weight");
     const OnnxTensor& bias = this->weight(*shift, other(*shift, scale->outputs[0]), "bias");
@@ -1214,16 +1235,17 @@ class Importer {
     add_weight(s, "weight", weight);
     add_weight(s, "bias", bias);
     out_.fused.push_back(cat(s.name, ": ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add -> layer_norm"));
-    emit(mean, std::move(s), x.form, shift->outputs.at(0), x.dims);
+    emit_like(mean, std::move(s), x, shift->outputs.at(0));
   }
 
   void layer_normalization(const OnnxNode& n) {  // opset 17's own op
     only_first_output_read(n);
-    const Value& x = input(n, 0);
-    if (x.form != Form::Vector && x.form != Form::Sequence)
+    const Value& x = last_axis_input(n, 0);
+    if (x.form != Form::Vector && x.form != Form::Sequence && !last_stored_last(x))
       throw Refusal{"it normalizes an image or a flattened one; tandem's layer_norm reads features"};
     const int64_t axis = int_attr(n, "axis", -1);
-    if (axis != -1 && axis != (x.form == Form::Sequence ? 2 : 1)) throw Refusal{"it normalizes over more than the features"};
+    const int64_t last = last_stored_last(x) ? static_cast<int64_t>(x.dims.size()) : x.form == Form::Sequence ? 2 : 1;
+    if (axis != -1 && axis != last) throw Refusal{"it normalizes over more than the features"};
     if (!stored(n, 1) || !stored(n, 2))
       throw Refusal{"a LayerNorm without weight and bias (elementwise_affine=False) is not supported yet"};
     const OnnxTensor& weight = this->weight(n, 1, "scale");
@@ -1231,7 +1253,7 @@ class Importer {
     s.layer_norm.eps = float_attr(n, "epsilon", 1e-5f);
     add_weight(s, "weight", weight);
     add_weight(s, "bias", this->weight(n, 2, "bias"));
-    emit(n, std::move(s), x.form, n.outputs.at(0), x.dims);
+    emit_like(n, std::move(s), x, n.outputs.at(0));
   }
 
   // nn.GELU() (erf): Div(x, sqrt 2) -> Erf -> Add(1) -> Mul(x, that) -> Mul(0.5).
@@ -1248,9 +1270,9 @@ class Importer {
     if (!half || !is_scalar(*half, other(*half, times_x->outputs[0]), 0.5)) return general_binary(d, BinaryAttrs::Mode::div);
     absorb({erf, plus, times_x, half});
     values_[half->outputs.at(0)] = {};
-    const Value& x = input(d, 0);
+    const Value& x = last_axis_input(d, 0);
     out_.fused.push_back(cat(module_of(d.name).empty() ? d.name : module_of(d.name), ": Div, Erf, Add, Mul, Mul -> gelu"));
-    emit(d, node_of(module_node_name(d, "gelu"), "gelu", {x.node}), x.form, half->outputs.at(0), x.dims);
+    emit_like(d, node_of(module_node_name(d, "gelu"), "gelu", {x.node}), x, half->outputs.at(0));
   }
 
   // nn.GELU(approximate="tanh"): x * 0.5 * (1 + tanh(sqrt(2 / pi) * (x + 0.044715 x^3))), as
@@ -1387,10 +1409,26 @@ class Importer {
   void trained_operand(const OnnxNode& n, std::size_t at, BinaryAttrs::Mode mode, const OnnxTensor& k, const char* verb) {
     const Value& in = any_input(n, at);
     if (is_step(in.form)) input(n, at);  // refused, naming the step
+    if (in.form == Form::Image && in.dims.size() == 3 && k.dims.size() == 3) {  // ConvNeXt's layer scale [C, 1, 1]
+      for (std::size_t i = 0; i < 3; ++i)
+        if (k.dims[i] != in.dims[i] && k.dims[i] != 1)
+          throw Refusal{cat("its trained operand '", k.name, "' of ", k.dims[i], " at axis ", i + 1, " does not broadcast with ",
+                            in.dims[i], " (a trained operand over an image is as large as it, or 1, along each axis)")};
+      NodeSpec s = node_of(functional_node_name(n), "binary", {in.node});
+      s.binary.mode = mode;
+      s.binary.operand = {k.dims[1], k.dims[2], k.dims[0]};  // stored as the image is: [H, W, C]
+      s.binary.scalar_first = at == 1 && (mode == BinaryAttrs::Mode::sub || mode == BinaryAttrs::Mode::div);
+      add_weight(s, "operand", k);
+      return emit(n, std::move(s), Form::Image, n.outputs.at(0), in.dims);
+    }
     if (in.form == Form::Image || in.form == Form::Pooled || in.form == Form::FlatImage || in.dims.empty())
-      throw Refusal{cat("it ", verb, " an image by the trained '", k.name, "'; tandem takes a trained operand over a sequence's "
-                        "or a vector's last axes (a layer scale)")};
+      throw Refusal{cat("it ", verb, " an image by the trained '", k.name, "' of ", k.dims.size(), " dimensions; tandem takes "
+                        "a trained operand [C, H, W] over an image (each axis as large or 1), or over a sequence's or a "
+                        "vector's last axes (a layer scale)")};
     Value x = as_tensor(in);
+    if (k.dims.size() == 3)  // a binary's operand of three axes is an image's (ImageOrder)
+      throw Refusal{cat("its trained operand '", k.name, "' has 3 dimensions over a tensor that is not an image; tandem "
+                        "takes 1 or 2 there")};
     if (x.order != identity_order(x.dims.size()))
       throw Refusal{cat("it ", verb, " a tensor stored in another order than ONNX's by the trained '", k.name, "'")};
     if (k.dims.empty() || k.dims.size() > x.dims.size())
@@ -1788,11 +1826,20 @@ class Importer {
   // (nn.MultiheadAttention's projections, per token as on [N, T, F]).
   const Value& linear_input(const OnnxNode& n, std::size_t i) {
     const Form f = form_of(n, i);
-    return f == Form::SequenceTM || f == Form::TokensTM ? any_input(n, i) : input(n, i);
+    return f == Form::SequenceTM || f == Form::TokensTM ? any_input(n, i) : last_axis_input(n, i);
   }
 
-  void linear(const OnnxNode& n, const Value& x, const OnnxTensor& w, bool transposed, const OnnxTensor* b) {
-    if (x.form == Form::Image) throw Refusal{"it multiplies an image; flatten it first"};
+  void linear(const OnnxNode& n, const Value& in, const OnnxTensor& w, bool transposed, const OnnxTensor* b) {
+    if (in.form == Form::Image) throw Refusal{"it multiplies an image; flatten it first"};
+    Value x = in;
+    std::vector<int64_t> stored;  // a channels-last tensor's stored dims: the linear reads it as [pixels, C]
+    if (last_stored_last(in)) {
+      for (int a : in.order) stored.push_back(in.dims[static_cast<std::size_t>(a)]);
+      NodeSpec view = node_of(module_child(n, "reshape"), "reshape", {in.node});
+      view.reshape = {count_of({stored.begin(), stored.end() - 1}), stored.back()};
+      x.node = add_node(n, std::move(view));
+      x.form = Form::Sequence;
+    }
     if (w.dims.size() != 2) throw Refusal{cat("its weight has ", w.dims.size(), " dimensions; a linear layer's has two")};
     const int64_t out_features = transposed ? w.dims[1] : w.dims[0];
     if (b && !(b->dims == std::vector<int64_t>{out_features} || b->dims == std::vector<int64_t>{1, out_features}))
@@ -1805,8 +1852,19 @@ class Importer {
       flat.dims = {out_features};
       add_weight(s, "bias", flat);
     }
-    std::vector<int64_t> dims = x.dims;
+    std::vector<int64_t> dims = in.dims;
     if (!dims.empty()) dims.back() = out_features;
+    if (!stored.empty()) {  // back to the tensor's stored shape, C replaced
+      stored.back() = out_features;
+      Value y = in;
+      y.node = add_node(n, std::move(s));
+      NodeSpec back = node_of(module_child(n, "reshape"), "reshape", {y.node});
+      back.reshape = stored;
+      y.node = add_node(n, std::move(back));
+      y.dims = dims;
+      values_[n.outputs.at(0)] = std::move(y);
+      return;
+    }
     const bool tokens = x.form == Form::Sequence || x.form == Form::SequenceTM || x.form == Form::TokensTM;
     emit(n, std::move(s), tokens ? x.form : Form::Vector, n.outputs.at(0), dims);
   }
@@ -1834,6 +1892,16 @@ class Importer {
       return alias(n, any_input(n, 0), f == Form::Sequence ? Form::SequenceTM : Form::Sequence);
     if (f == Form::SequenceTM) throw Refusal{"it permutes a time-major sequence otherwise than back to [N, T, F]"};
     if (f == Form::Image || f == Form::Sequence || f == Form::Vector || f == Form::Tensor) return general_transpose(n, any_input(n, 0));
+    if (f == Form::Pooled && pooled_channels_.count(n.inputs.at(0))) {  // [N, C, 1, 1], stored [C]: viewed [1, 1, C]
+      Value x = any_input(n, 0);
+      const int64_t c = pooled_channels_.at(n.inputs[0]);
+      NodeSpec view = node_of(module_child(n, "reshape"), "reshape", {x.node});
+      view.reshape = {1, 1, c};
+      x.node = add_node(n, std::move(view));
+      x.form = Form::Image;
+      x.dims = {c, 1, 1};
+      return general_transpose(n, x);
+    }
     if (f == Form::Patches) {  // [N, C, H W] -> [N, H W, C]: a ViT's patch embedding, tandem's tokens view
       const Value& x = any_input(n, 0);
       if (ints_attr(n, "perm", {}) != std::vector<int64_t>{0, 2, 1})

@@ -12,7 +12,7 @@ namespace {
 
 // How a tensor's layout differs from torch's.
 struct Layout {
-  enum Kind { Same, ConvWeight, FlatColumns, FlatVector } kind = Same;
+  enum Kind { Same, ConvWeight, FlatColumns, FlatVector, ImageOrder } kind = Same;
   int64_t h = 1, w = 1, c = 1;  // the flattened image (FlatColumns, FlatVector)
 };
 
@@ -58,6 +58,7 @@ Layout layout_of(const Graph& g, const std::string& name) {
   const OpDef& d = op_def(node.spec.op);
   const TorchLayout torch = d.torch_layout ? d.torch_layout(field) : TorchLayout::Same;
   if (torch == TorchLayout::ConvWeight) return {Layout::ConvWeight};
+  if (torch == TorchLayout::ImageOrder) return {Layout::ImageOrder};
   if (torch == TorchLayout::Same) return {};
   Layout l = flattened_input(g, node);  // the columns or channels index this image, if any
   if (l.h * l.w == 1) return {};
@@ -110,6 +111,17 @@ SafeTensor to_torch(const Graph& whole, const std::string& name, const Tensor& v
     case Layout::FlatVector:
       for (int64_t i = 0; i < value.numel(); ++i) out[static_cast<std::size_t>(torch_index(l, i))] = v[i];
       break;
+    case Layout::ImageOrder:  // [H, W, C] -> [C, H, W] (a layer scale over an image: [C, 1, 1])
+      if (s.rank() != 3) {
+        std::memcpy(out.data(), v, value.bytes());
+        break;
+      }
+      for (int64_t i = 0; i < value.numel(); ++i) {
+        const int64_t c = i % s[2], hw = i / s[2];
+        out[static_cast<std::size_t>(c * s[0] * s[1] + hw)] = v[i];
+      }
+      dims = {s[2], s[0], s[1]};
+      break;
   }
   return f32_tensor(torch_name(whole, name), dims, out.data());
 }
@@ -150,6 +162,13 @@ void from_torch(const Graph& whole, const std::string& name, const SafeTensor& t
     }
     case Layout::FlatVector:
       for (int64_t i = 0; i < out.numel(); ++i) o[i] = v[torch_index(l, i)];
+      break;
+    case Layout::ImageOrder:
+      if (s.rank() != 3) {
+        std::memcpy(o, v, out.bytes());
+        break;
+      }
+      for (int64_t i = 0; i < out.numel(); ++i) o[i] = v[(i % s[2]) * s[0] * s[1] + i / s[2]];
       break;
   }
 }

@@ -91,6 +91,9 @@ void define_binary_op(OpTable& t) {
     if (n.binary.scalar_first) ops::fail_node(n, "field 'binary.scalar_first' is set, but the node has two inputs (no scalar)");
     return broadcast_shapes(n, in[0], in[1]);
   };
+  // A trained operand of three dimensions is an image's, held [H, W, C] as the image is and
+  // [C, H, W] in PyTorch (ConvNeXt's layer scale [C, 1, 1]); of fewer, as PyTorch holds it.
+  d.torch_layout = [](std::string_view field) { return field == "operand" ? TorchLayout::ImageOrder : TorchLayout::Same; };
   d.params = [](const NodeSpec& n, std::span<const Shape>) {
     if (n.binary.operand.empty()) return std::vector<ParamSpec>{};
     return std::vector<ParamSpec>{{"operand", operand_shape(n)}};

@@ -46,6 +46,7 @@ enum class TorchLayout {
   ConvWeight,     // tandem [O, KH, KW, I], torch [O, I, KH, KW]
   InputColumns,   // columns index the input, which may be an NHWC image flattened (torch: CHW)
   InputChannels,  // one value per input element, which may be a flattened NHWC image
+  ImageOrder,     // of rank 3: tandem [H, W, C] (an image's order), torch [C, H, W]; else identical
 };
 
 // How an op takes a sequence that runs shorter than the spec's length (length buckets,

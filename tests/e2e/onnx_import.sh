@@ -37,7 +37,7 @@ source "$src/tests/lib/skip.sh"
 check=$src/tests/interop/onnx_check.py
 
 # torch's exports run side by side (the test runs alone: both cores are its); each status is checked.
-models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 views arith pools vit tabular14 tabular17 bert bert2 encoder layoutlm"
+models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 views arith pools convnext vit tabular14 tabular17 bert bert2 encoder layoutlm"
 pids=()
 for model in $models; do
   mkdir -p "$work/$model"
@@ -61,7 +61,7 @@ for pid in "${pids[@]}"; do
 done
 for model in $models; do
   dir=$work/$model
-  case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;; views) cut=reshape_1 ;; arith) cut=div ;; pools) cut=pool_1 ;;
+  case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;; views) cut=reshape_1 ;; arith) cut=div ;; pools) cut=pool_1 ;; convnext) cut=features.1 ;;
     bert|bert2) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; encoder) cut=encoder.layers.0 ;;
     layoutlm) cut=layoutlm.encoder.layer.0 ;; *) cut=layer3 ;; esac
   tol=1e-4
@@ -158,6 +158,15 @@ grep -qF '{ name: "pool_1", op: "avg_pool2d", inputs: ["pool"], pool: { kernel: 
   grep -qF '{ name: "flatten", op: "flatten", inputs: ["conv_1"] }' "$pl" || fail "pools: the pads: $(grep -E 'pool|conv' "$pl")"
 trains_like_torch pools
 
+# ConvNeXt: its LayerNorm2d and blocks permute the image to [N, H, W, C] (tandem's own order: no
+# transpose at all), normalize and apply linears over C (views [H W, C] around each linear), and
+# scale by a trained [C, 1, 1] (held [1, 1, C], written back as torch's); 3 steps split after
+# the first stage as torch does.
+cx=$work/convnext/imported/model.json
+grep -qF '{ name: "features.1.0.mul", op: "binary", inputs: ["features.1.0.block.5.reshape_1"], binary: { mode: "mul", operand: [1, 1, 8] }, torch_names: [{ field: "operand", name: "features.1.0.layer_scale" }] }' "$cx" &&
+  ! grep -q 'op: "transpose"' "$cx" || fail "convnext: the layer scale, or a transpose: $(grep -E 'binary|transpose' "$cx")"
+trains_like_torch convnext
+
 # ShuffleNet's channel shuffle (view [N, 2, C/2, H, W], transpose 1 and 2, view [N, C, H, W])
 # is two views and one transpose of tandem's [H, W, C]; its x.chunk(2, dim=1) two channel slices.
 s=$work/shufflenet_v2_x0_5/imported/model.json
@@ -190,7 +199,7 @@ r18=$work/resnet18/imported
 grep -q 'name: "layer1.0.conv1", op: "conv2d"' "$r18/model.json" || fail "no node named after module layer1.0.conv1"
 grep -q 'name: "layer1.0.bn1", op: "batch_norm", inputs: \["layer1.0.conv1"\]' "$r18/model.json" || fail "batch norm layer1.0.bn1"
 grep -q 'cut: "layer3.1.relu_1"' "$r18/model.json" || fail "--cut layer3 did not resolve to layer3's last node"
-for model in resnet18 mobilenet_v3_small bert bert2 vit encoder layoutlm; do
+for model in resnet18 mobilenet_v3_small convnext bert bert2 vit encoder layoutlm; do
   /usr/bin/python3 - "$work/$model/torch.pt" "$work/$model/imported/weights.safetensors" <<'PY' || fail "$model: the weights' names are not the state dict's"
 import json, struct, sys, torch
 keys = {k for k in torch.load(sys.argv[1]) if not k.endswith("num_batches_tracked")}

@@ -12,6 +12,7 @@ usage: onnx_check.py export MODEL OUT_DIR N [OPSET]
            bert0 the same without dropout and with a token-type table (2 types, one segment; train
            and weights take it), bert2 with that table and token_type_ids an input (two segments);
            layoutlm: a LayoutLM-style classifier of pages of words and boxes (layoutlm() below);
+           convnext: a two-stage torchvision ConvNeXt (make() below); pools: Pools below;
            vit: a small VisionTransformer (make() below); encoder: a text classifier of
            nn.TransformerEncoderLayers (TextEncoder below); views and arith: general reshapes,
            transposes and reductions (Views below), and arithmetic (Arith below)
@@ -111,6 +112,8 @@ def randomize(model, gen):
             m.bias.data.copy_(torch.randn(m.bias.shape, generator=gen) * 0.1)
         elif isinstance(m, torch.nn.MultiheadAttention):  # its biases start at zero
             m.in_proj_bias.data.copy_(torch.randn(m.in_proj_bias.shape, generator=gen) * 0.1)
+        elif isinstance(m, torchvision.models.convnext.CNBlock):  # its layer scale starts at 1e-6
+            m.layer_scale.data.copy_(torch.rand(m.layer_scale.shape, generator=gen) + 0.5)
         elif isinstance(m, torchvision.models.VisionTransformer):  # the class token starts at zero
             m.class_token.data.copy_(torch.randn(m.class_token.shape, generator=gen) * 0.5)
             m.encoder.pos_embedding.data.copy_(torch.randn(m.encoder.pos_embedding.shape, generator=gen) * 0.5)
@@ -235,6 +238,9 @@ def make(name):
         return Arith()
     if name == "pools":
         return Pools()
+    if name == "convnext":  # two stages of one block: the stem's and downsampling's LayerNorm2d, the blocks' layer scale
+        from torchvision.models.convnext import CNBlockConfig, ConvNeXt
+        return ConvNeXt([CNBlockConfig(8, 16, 1), CNBlockConfig(16, None, 1)], stochastic_depth_prob=0.0, num_classes=10)
     if name == "bert0":  # with Hugging Face's token-type table (2 types, one segment)
         return bert_model(0.0, types=2)
     if name == "encoder":
