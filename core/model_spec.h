@@ -73,6 +73,7 @@ struct BinaryAttrs {
   float scalar = 0.0f;       // b (a with scalar_first)
   bool scalar_first = false;
   std::vector<int64_t> operand;  // one input, no scalar: b is a trained tensor "operand" of this shape
+  bool image_operand = false;    // the operand is an image's [H, W, C]; PyTorch holds it [C, H, W]
 };
 
 // "sum", "mean", "max" or "min".

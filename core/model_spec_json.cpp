@@ -123,6 +123,7 @@ std::string node_json(const NodeSpec& n) {
     out += cat(", binary: { mode: \"", modes[static_cast<int>(n.binary.mode)], "\"");
     if (n.binary.has_scalar) out += cat(", scalar: ", number(n.binary.scalar));
     if (!n.binary.operand.empty()) out += cat(", operand: [", list(n.binary.operand), "]");
+    if (n.binary.image_operand) out += ", image_operand: true";
     if (n.binary.scalar_first) out += ", scalar_first: true";
     out += " }";
   }

@@ -1099,15 +1099,17 @@ TEST(SpecJson, APositionTableWithItsTokenTypesLoadsBothAsTheyAre) {
             "token-type table, and field 'embedding.types' gives it one");
 }
 
-// A binary's trained operand of three axes is an image's: tandem holds it [H, W, C] as the
-// image is, PyTorch [C, H, W]; written and read back through that permutation (fewer axes: as
-// they are).
+// An image's trained operand (binary.image_operand): tandem holds it [H, W, C] as the image
+// is, PyTorch [C, H, W]; written and read back through that permutation. Any other operand,
+// of three axes too, as it is; image_operand needs three.
 TEST(SpecJson, AnImagesTrainedOperandIsChannelsFirstInTorch) {
-  const Graph g = Graph::build(parse_model_json(R"({ name: "m", inputs: [{ name: "x", shape: [2, 2, 3] }], nodes: [
-    { name: "s", op: "binary", inputs: ["x"], binary: { mode: "mul", operand: [2, 2, 3] } },
-    { name: "v", op: "binary", inputs: ["x"], binary: { mode: "add", operand: [3] } },
+  const ModelSpec m = parse_model_json(R"({ name: "m", inputs: [{ name: "x", shape: [2, 2, 3] }], nodes: [
+    { name: "s", op: "binary", inputs: ["x"], binary: { mode: "mul", operand: [2, 2, 3], image_operand: true } },
+    { name: "t", op: "binary", inputs: ["s"], binary: { mode: "mul", operand: [2, 2, 3] } },
+    { name: "v", op: "binary", inputs: ["t"], binary: { mode: "add", operand: [3] } },
     { name: "f", op: "flatten", inputs: ["v"] },
-    { name: "fc", op: "linear", inputs: ["f"], linear: { out_features: 2 } }] })", "m"));
+    { name: "fc", op: "linear", inputs: ["f"], linear: { out_features: 2 } }] })", "m");
+  const Graph g = Graph::build(m);
   Tensor ours = Tensor::empty({2, 2, 3});
   for (int64_t i = 0; i < 12; ++i) ours[i] = static_cast<float>(i);  // (h, w, c) = i / 6, i / 3 % 2, i % 3
   const SafeTensor t = to_torch(g, "s.operand", ours);
@@ -1122,6 +1124,15 @@ TEST(SpecJson, AnImagesTrainedOperandIsChannelsFirstInTorch) {
   Tensor row = Tensor::empty({3});
   for (int64_t i = 0; i < 3; ++i) row[i] = static_cast<float>(i);
   EXPECT_EQ(to_torch(g, "v.operand", row).shape, (std::vector<int64_t>{3}));
+  const SafeTensor same = to_torch(g, "t.operand", ours);
+  EXPECT_EQ(same.shape, (std::vector<int64_t>{2, 2, 3}));
+  EXPECT_EQ(std::memcmp(same.data.data(), ours.data(), 48), 0);
+  EXPECT_NE(model_spec_json(parse_model_json(model_spec_json(m), "again")).find("image_operand: true"), std::string::npos);
+  EXPECT_EQ(error_of([] {
+              parse_model_json(R"({ name: "m", inputs: [{ name: "x", shape: [3] }], nodes: [
+                { name: "s", op: "binary", inputs: ["x"], binary: { mode: "mul", operand: [3], image_operand: true } }] })", "m");
+            }),
+            "[model spec] node 's' (binary): field 'binary.image_operand' needs an operand of 3 dimensions [H, W, C], got 1");
 }
 
 TEST(SpecJson, BinaryBroadcastsAsNumpyAndRefusesWhatItCannot) {

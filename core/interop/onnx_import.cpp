@@ -190,6 +190,15 @@ class Importer {
         for (const std::string& o : n.outputs) values_[o] = {};
       }
     }
+    // A mask whose 1s mark padding is read as 1 - mask (data sets flip it for attention): any
+    // other reader would see it flipped.
+    for (const InputSpec& in : out_.spec.inputs)
+      if (in.marks_padding)
+        for (const NodeSpec& s : out_.spec.nodes)
+          for (std::size_t k = 0; k < s.inputs.size(); ++k)
+            if (s.inputs[k] == in.name && !(s.op == "attention" && k == 3))
+              problems_.push_back(cat("node '", s.name, "' (tandem's ", s.op, ") reads the mask '", in.name, "' whose 1s mark "
+                                      "padding; tandem reads that mask as 1 - mask, for attention only"));
     if (g_.outputs.size() != 1)
       problems_.push_back(cat("the graph has ", g_.outputs.size(), " outputs; tandem trains a model with one (its logits)"));
     if (!problems_.empty()) {
@@ -349,13 +358,13 @@ class Importer {
   // A plain tensor (not a pattern's step): what every op but the patterns' reads.
   const Value& input(const OnnxNode& n, std::size_t i) {
     const Value& v = any_input(n, i);
-    if (v.form == Form::Tensor) return settle(n, n.inputs[i]);
     if (box_inputs_.count(v.node) && v.form == Form::Sequence)
       throw Refusal{cat("it reads the boxes '", v.node, "' as numbers; tandem reads integers [batch, tokens, 4] only as "
                         "LayoutLM's boxes (bbox[:, :, k] and their differences through the x, y, h and w tables)")};
     if (bool_inputs_.count(v.node) && v.form != Form::Mask)
       throw Refusal{cat("it reads the boolean input '", v.node, "' as numbers; tandem reads a boolean input only as "
                         "attention's key padding mask (nn.MultiheadAttention's key_padding_mask)")};
+    if (v.form == Form::Tensor) return settle(n, n.inputs[i]);
     if (is_step(v.form))
       throw Refusal{cat("it reads ", step_name(v.form), ", which tandem takes only within multi-head attention, "
                         "position embeddings, the key padding mask and a ViT's patch and class token embedding as "
@@ -637,7 +646,9 @@ class Importer {
       std::vector<int64_t> seen(perm.size(), 0), stride(perm.size(), 1);
       for (int64_t a : perm)
         if (a < 0 || a >= rank || seen[static_cast<std::size_t>(a)]++) throw Refusal{"its perm is not a permutation"};
-      for (int64_t a = rank - 2; a >= 0; --a) stride[static_cast<std::size_t>(a)] = stride[static_cast<std::size_t>(a + 1)] * x.dims[static_cast<std::size_t>(a + 1)];
+      for (int64_t a = rank - 2; a >= 0; --a)
+        if (__builtin_mul_overflow(stride[static_cast<std::size_t>(a + 1)], x.dims[static_cast<std::size_t>(a + 1)], &stride[static_cast<std::size_t>(a)]))
+          throw Refusal{"it computes past what tandem computes with"};
       for (int64_t a : perm) out.dims.push_back(x.dims[static_cast<std::size_t>(a)]);
       std::vector<int64_t> at(perm.size(), 0);
       for (std::size_t k = 0; k < x.v.size(); ++k) {
@@ -821,8 +832,9 @@ class Importer {
     skip_refused(n);
     const OnnxAttribute* mode = attr(n, "mode", OnnxAttribute::Kind::String);
     if (mode && mode->s != "constant") throw Refusal{cat("it pads in mode '", mode->s, "'; tandem pads with zeros only")};
-    if (n.inputs.size() > 2 && !n.inputs[2].empty() && !is_scalar(n, 2, 0.0))
+    if ((n.inputs.size() > 2 && !n.inputs[2].empty() && !is_scalar(n, 2, 0.0)) || (g_.opset < 11 && float_attr(n, "value", 0.0f) != 0.0f))
       throw Refusal{"it pads with a value other than 0; tandem pads with zeros only"};
+    if (n.inputs.size() > 3 && !n.inputs[3].empty()) throw Refusal{"it pads some axes only (input 'axes'); tandem reads pads for every axis"};
     const std::vector<int64_t> p = g_.opset < 11 ? ints_attr(n, "pads", {}) : plain_ints(n, 1);
     const Value& x = input(n, 0);
     if (std::all_of(p.begin(), p.end(), [](int64_t v) { return v == 0; })) return alias(n, x, x.form);
@@ -1417,6 +1429,7 @@ class Importer {
       NodeSpec s = node_of(functional_node_name(n), "binary", {in.node});
       s.binary.mode = mode;
       s.binary.operand = {k.dims[1], k.dims[2], k.dims[0]};  // stored as the image is: [H, W, C]
+      s.binary.image_operand = true;
       s.binary.scalar_first = at == 1 && (mode == BinaryAttrs::Mode::sub || mode == BinaryAttrs::Mode::div);
       add_weight(s, "operand", k);
       return emit(n, std::move(s), Form::Image, n.outputs.at(0), in.dims);
@@ -1583,6 +1596,9 @@ class Importer {
   }
   // `x` as a general tensor: an image [C, H, W] stored [H, W, C]; a sequence or a vector as it is.
   Value as_tensor(const Value& x) const {
+    if ((bool_inputs_.count(x.node) || box_inputs_.count(x.node)) && x.form != Form::Mask)
+      throw Refusal{cat("it reads the input '", x.node, "' as a tensor; tandem reads a boolean input only as attention's key "
+                        "padding mask, and integers [batch, tokens, 4] only as LayoutLM's boxes")};
     Value t = x;
     if (x.form == Form::Tensor) return t;
     if (x.form == Form::Image && x.dims.size() == 3) {
@@ -2431,7 +2447,7 @@ class Importer {
     const OnnxTensor* tables[4] = {v.layout[0], v.layout[1], v.layout[4], v.layout[5]};  // x, y, h, w
     for (const OnnxTensor* t : tables)
       if (t->dims != tables[0]->dims) throw Refusal{"its x, y, height and width tables differ in size; tandem's layout_embedding has one"};
-    if (tables[0] == tables[1] || tables[2] == tables[3] || tables[0] == tables[2] || tables[1] == tables[3])
+    if (std::set<const OnnxTensor*>(std::begin(tables), std::end(tables)).size() != 4)
       throw Refusal{"its x, y, height and width tables are not four tables"};
     const std::string m = module_of(n.name);
     NodeSpec s = node_of(unique(m.empty() ? "layout_embedding" : m), "layout_embedding", {v.node, v.boxes});
@@ -2709,6 +2725,7 @@ class Importer {
     Value m = any_input(n, at);
     const OnnxTensor* c = constant(n, 1 - at);
     if (!one_value(c)) throw Refusal{"it multiplies the mask by other than a constant"};
+    if (!std::isfinite(*one_value(c))) throw Refusal{cat("it multiplies the mask by ", *one_value(c), " (0 padding times that is NaN)")};
     m.mask_scale *= *one_value(c);
     values_[n.outputs.at(0)] = std::move(m);
   }

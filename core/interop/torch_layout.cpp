@@ -56,7 +56,7 @@ Layout layout_of(const Graph& g, const std::string& name) {
   const auto [found, field] = node_of(g, name);
   const GraphNode& node = *found;
   const OpDef& d = op_def(node.spec.op);
-  const TorchLayout torch = d.torch_layout ? d.torch_layout(field) : TorchLayout::Same;
+  const TorchLayout torch = d.torch_layout ? d.torch_layout(node.spec, field) : TorchLayout::Same;
   if (torch == TorchLayout::ConvWeight) return {Layout::ConvWeight};
   if (torch == TorchLayout::ImageOrder) return {Layout::ImageOrder};
   if (torch == TorchLayout::Same) return {};

@@ -24,7 +24,7 @@ void define_batch_norm_op(OpTable& t) {
   OpDef d = ops::normalization("batch_norm", 7, 8);
   d.parse = parse;
   d.sequence = SequenceLength::Fixed;  // its statistics would count the padding
-  d.torch_layout = [](std::string_view) { return TorchLayout::InputChannels; };
+  d.torch_layout = [](const NodeSpec&, std::string_view) { return TorchLayout::InputChannels; };
   d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng&) -> std::unique_ptr<Layer> {
     return std::make_unique<BatchNormLayer>(node, in[0], backend);
   };

@@ -72,6 +72,10 @@ void define_binary_op(OpTable& t) {
     out.binary.scalar = a->scalar().value_or(0.0f);
     out.binary.scalar_first = a->scalar_first();
     if (a->operand()) out.binary.operand.assign(a->operand()->begin(), a->operand()->end());
+    out.binary.image_operand = a->image_operand();
+    if (out.binary.image_operand && out.binary.operand.size() != 3)
+      ops::fail_attr(label, "binary", cat("field 'binary.image_operand' needs an operand of 3 dimensions [H, W, C], got ",
+                                          out.binary.operand.size()));
   };
   d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
     const bool operand = !n.binary.operand.empty();
@@ -91,9 +95,11 @@ void define_binary_op(OpTable& t) {
     if (n.binary.scalar_first) ops::fail_node(n, "field 'binary.scalar_first' is set, but the node has two inputs (no scalar)");
     return broadcast_shapes(n, in[0], in[1]);
   };
-  // A trained operand of three dimensions is an image's, held [H, W, C] as the image is and
-  // [C, H, W] in PyTorch (ConvNeXt's layer scale [C, 1, 1]); of fewer, as PyTorch holds it.
-  d.torch_layout = [](std::string_view field) { return field == "operand" ? TorchLayout::ImageOrder : TorchLayout::Same; };
+  // An image's trained operand (binary.image_operand) is held [H, W, C] as the image is and
+  // [C, H, W] in PyTorch (ConvNeXt's layer scale [C, 1, 1]); any other as PyTorch holds it.
+  d.torch_layout = [](const NodeSpec& n, std::string_view field) {
+    return field == "operand" && n.binary.image_operand ? TorchLayout::ImageOrder : TorchLayout::Same;
+  };
   d.params = [](const NodeSpec& n, std::span<const Shape>) {
     if (n.binary.operand.empty()) return std::vector<ParamSpec>{};
     return std::vector<ParamSpec>{{"operand", operand_shape(n)}};

@@ -88,7 +88,7 @@ void define_conv2d_op(OpTable& t) {
   d.infer_shape = infer;
   d.cost = cost;
   d.params = params;
-  d.torch_layout = [](std::string_view field) { return field == "weight" ? TorchLayout::ConvWeight : TorchLayout::Same; };
+  d.torch_layout = [](const NodeSpec&, std::string_view field) { return field == "weight" ? TorchLayout::ConvWeight : TorchLayout::Same; };
   d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng& rng) -> std::unique_ptr<Layer> {
            return std::make_unique<Conv2dLayer>(node, conv2d_image(in[0]), backend, rng);
          };

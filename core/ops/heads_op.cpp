@@ -48,7 +48,7 @@ void define_heads_op(OpTable& t) {
                                          {"w2", Shape{h.count, h.out_features, h.hidden}},
                                          {"b2", Shape{h.count * h.out_features}}};
          };
-  d.torch_layout = [](std::string_view field) { return field == "w1" ? TorchLayout::InputColumns : TorchLayout::Same; };
+  d.torch_layout = [](const NodeSpec&, std::string_view field) { return field == "w1" ? TorchLayout::InputColumns : TorchLayout::Same; };
   d.output_groups = [](const NodeSpec& n) { return n.heads.count; };
   d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng& rng) -> std::unique_ptr<Layer> {
            return std::make_unique<HeadsLayer>(node, in[0], backend, rng);

@@ -23,7 +23,7 @@ void define_layer_norm_op(OpTable& t) {
   // (4); dgamma and dbeta one multiply-add and one add a value.
   OpDef d = ops::normalization("layer_norm", 6, 8);
   d.parse = parse;
-  d.torch_layout = [](std::string_view) { return TorchLayout::Same; };  // [features], as torch's
+  d.torch_layout = [](const NodeSpec&, std::string_view) { return TorchLayout::Same; };  // [features], as torch's
   d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng&) -> std::unique_ptr<Layer> {
     return std::make_unique<LayerNormLayer>(node, in[0], backend);
   };

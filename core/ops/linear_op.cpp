@@ -63,7 +63,7 @@ void define_linear_op(OpTable& t) {
            }
            return p;
          };
-  d.torch_layout = [](std::string_view field) { return field == "weight" ? TorchLayout::InputColumns : TorchLayout::Same; };
+  d.torch_layout = [](const NodeSpec&, std::string_view field) { return field == "weight" ? TorchLayout::InputColumns : TorchLayout::Same; };
   d.freezable = true;
   d.make_layer = [](const GraphNode& node, std::span<const Shape> in, Backend& backend, Rng& rng) -> std::unique_ptr<Layer> {
            return std::make_unique<LinearLayer>(node, in[0], backend, rng);

@@ -46,7 +46,7 @@ enum class TorchLayout {
   ConvWeight,     // tandem [O, KH, KW, I], torch [O, I, KH, KW]
   InputColumns,   // columns index the input, which may be an NHWC image flattened (torch: CHW)
   InputChannels,  // one value per input element, which may be a flattened NHWC image
-  ImageOrder,     // of rank 3: tandem [H, W, C] (an image's order), torch [C, H, W]; else identical
+  ImageOrder,     // tandem [H, W, C] (an image's order), torch [C, H, W]
 };
 
 // How an op takes a sequence that runs shorter than the spec's length (length buckets,
@@ -71,7 +71,7 @@ struct OpDef {
   // Trained parameters, in the order the layer initialises them. Null: none.
   std::function<std::vector<ParamSpec>(const NodeSpec& node, std::span<const Shape> in)> params;
   // PyTorch layout of a parameter field. Null: every field is Same.
-  std::function<TorchLayout(std::string_view field)> torch_layout;
+  std::function<TorchLayout(const NodeSpec& node, std::string_view field)> torch_layout;
   // A view or an op applied per element / channel: a flattened image's layout passes through
   // it unchanged (interop looks through these for the image a linear layer reads).
   bool keeps_layout = false;

@@ -163,7 +163,7 @@ trains_like_torch pools
 # scale by a trained [C, 1, 1] (held [1, 1, C], written back as torch's); 3 steps split after
 # the first stage as torch does.
 cx=$work/convnext/imported/model.json
-grep -qF '{ name: "features.1.0.mul", op: "binary", inputs: ["features.1.0.block.5.reshape_1"], binary: { mode: "mul", operand: [1, 1, 8] }, torch_names: [{ field: "operand", name: "features.1.0.layer_scale" }] }' "$cx" &&
+grep -qF '{ name: "features.1.0.mul", op: "binary", inputs: ["features.1.0.block.5.reshape_1"], binary: { mode: "mul", operand: [1, 1, 8], image_operand: true }, torch_names: [{ field: "operand", name: "features.1.0.layer_scale" }] }' "$cx" &&
   ! grep -q 'op: "transpose"' "$cx" || fail "convnext: the layer scale, or a transpose: $(grep -E 'binary|transpose' "$cx")"
 trains_like_torch convnext
 
