@@ -402,7 +402,8 @@ Pb typed_value(const std::string& name, int type, const std::vector<int64_t>& di
 // times -1e4), Softmax, times the values, permuted back, reshaped, the first token, a linear.
 // `keys_in_two_steps`: the keys permuted as the query, then their last two axes swapped (as
 // Hugging Face's k.transpose(-1, -2) after the view), instead of in one permutation.
-std::vector<uint8_t> attention_model(float divisor, bool inverted, bool keys_in_two_steps = false, float big = -10000.0f) {
+std::vector<uint8_t> attention_model(float divisor, bool inverted, bool keys_in_two_steps = false, float big = -10000.0f,
+                                     bool mask_summed_too = false) {
   std::vector<Pb> n = {node("/emb/Gather", "Gather", {"emb.weight", "ids"}, {"x"})};
   for (const std::string w : {"q", "k", "v"}) {
     n.push_back(node(cat("/att/", w, "/Transpose"), "Transpose", {cat("att.", w, ".weight")}, {cat(w, "_wt")}, {ints_attr("perm", {1, 0})}));
@@ -447,7 +448,12 @@ std::vector<uint8_t> attention_model(float divisor, bool inverted, bool keys_in_
   n.push_back(ints("/att/back", {3}, {0, 0, 8}));
   n.push_back(node("/att/Reshape_3", "Reshape", {"ct", "/att/back_out"}, {"ctx"}));
   n.push_back(node("/pool/Gather", "Gather", {"ctx", "/att/zero_out"}, {"first"}, {int_attr("axis", 1)}));
-  n.push_back(node("/fc/Gemm", "Gemm", {"first", "fc.weight", "fc.bias"}, {"logits"}, {int_attr("transB", 1)}));
+  if (mask_summed_too) {  // the first token times the mask's sum: a second reader of the mask
+    n.push_back(ints("/sum/axes", {1}, {1}));
+    n.push_back(node("/sum/ReduceSum", "ReduceSum", {"mask", "/sum/axes_out"}, {"kept"}));
+    n.push_back(node("/sum/Mul", "Mul", {"first", "kept"}, {"scaled"}));
+  }
+  n.push_back(node("/fc/Gemm", "Gemm", {mask_summed_too ? "scaled" : "first", "fc.weight", "fc.bias"}, {"logits"}, {int_attr("transB", 1)}));
   Pb g;
   for (const Pb& x : n) g.msg(1, x);
   g.msg(5, tensor("emb.weight", {10, 8}));
@@ -556,6 +562,16 @@ TEST(OnnxImport, AttentionWithItsMaskComesBackAsOneOp) {
   EXPECT_EQ(padding.spec.nodes[4].inputs, att.inputs);
   EXPECT_TRUE(padding.spec.inputs[1].mask);
   EXPECT_TRUE(padding.spec.inputs[1].marks_padding);
+  // Read by something else too, that reader would see it flipped: refused. A mask read so
+  // beside a Hugging Face mask (1 keep) is read as it is, and taken.
+  std::string twice = error_of([&] { import_bytes(attention_model(2.0f, false, false, -10000.0f, true)); });
+  EXPECT_NE(twice.find("node 'sum.reducesum' (tandem's reduce) reads the mask 'mask' whose 1s mark padding; tandem reads that "
+                       "mask as 1 - mask, for attention only"), std::string::npos) << twice;
+  EXPECT_EQ(import_bytes(attention_model(2.0f, true, false, -10000.0f, true)).spec.inputs[1].marks_padding, false);
+  // A mask times -inf: 0 padding times that is NaN in torch, refused.
+  twice = error_of([&] { import_bytes(attention_model(2.0f, true, false, -INFINITY)); });
+  EXPECT_NE(twice.find("node '/m/Mul' (Mul, module m): it multiplies the mask by -inf (0 padding times that is NaN)"),
+            std::string::npos) << twice;
 
   // Scaled by 1/3 where the head size is 4; a mask times -1, which leaves padding a weight:
   // refused, with why.
@@ -651,6 +667,29 @@ TEST(OnnxImport, BoxesAreReadAsLayoutLMReadsThem) {
   corners.push_back(node("/Add_1", "Add", {"a", "right"}, {"s"}));
   e = refusal(model(corners));
   EXPECT_NE(e.find("node '/Add_1' (Add): its x1 and x0 read different tables; LayoutLM's share one"), std::string::npos) << e;
+}
+
+// Shape arithmetic as F.pad writes it: a Transpose of constants and a Slice backwards. The
+// reshape's target [-1, 2, 2] comes out of [[2, -1], [2, 7]] transposed, flattened and read
+// from index 2 down: a wrong transpose or reversal would give another shape.
+TEST(OnnxImport, ConstantsTransposeAndSliceBackwards) {
+  Pb g;
+  const std::vector<Pb> nodes = {
+      ints("/c", {2, 2}, {2, -1, 2, 7}), node("/T", "Transpose", {"/c_out"}, {"t"}, {ints_attr("perm", {1, 0})}),
+      ints("/flat", {1}, {-1}), node("/R", "Reshape", {"t", "/flat_out"}, {"f"}),
+      ints("/b", {1}, {2}), ints("/e", {1}, {-9223372036854775807}), ints("/a", {1}, {0}), ints("/s", {1}, {-1}),
+      node("/S", "Slice", {"f", "/b_out", "/e_out", "/a_out", "/s_out"}, {"target"}),
+      node("/view/Reshape", "Reshape", {"x", "target"}, {"v"}),
+      node("/Flatten", "Flatten", {"v"}, {"fl"}, {int_attr("axis", 1)}),
+      node("/fc/Gemm", "Gemm", {"fl", "fc.weight", "fc.bias"}, {"logits"}, {int_attr("transB", 1)})};
+  for (const Pb& n : nodes) g.msg(1, n);
+  g.msg(5, tensor("fc.weight", {3, 4})).msg(5, tensor("fc.bias", {3}));
+  g.msg(11, value("x", {4})).msg(12, value("logits", {3}));
+  const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
+  const OnnxImport imp = import_bytes(std::vector<uint8_t>(b.begin(), b.end()));
+  ASSERT_FALSE(imp.spec.nodes.empty());
+  EXPECT_EQ(imp.spec.nodes[0].op, "reshape");
+  EXPECT_EQ(imp.spec.nodes[0].reshape, (std::vector<int64_t>{2, 2}));
 }
 
 // Shape arithmetic from a hostile file: too few inputs, axes twice, numbers past int64, a
