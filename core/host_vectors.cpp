@@ -44,6 +44,13 @@ float apply(Elementwise op, float a, float b, float c) {
     case Elementwise::mul: return a * b;
     case Elementwise::div: return a / b;
     case Elementwise::div_right: return -a * b / (c * c);
+    case Elementwise::select: return a != 0.0f ? b : c;
+    case Elementwise::equal: return a == b ? 1.0f : 0.0f;
+    case Elementwise::not_equal: return a != b ? 1.0f : 0.0f;
+    case Elementwise::less: return a < b ? 1.0f : 0.0f;
+    case Elementwise::greater: return a > b ? 1.0f : 0.0f;
+    case Elementwise::less_equal: return a <= b ? 1.0f : 0.0f;
+    case Elementwise::greater_equal: return a >= b ? 1.0f : 0.0f;
   }
   return 0.0f;
 }

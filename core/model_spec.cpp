@@ -78,6 +78,12 @@ const char* reduce_mode_name(ReduceAttrs::Mode m) {
   return names[static_cast<int>(m)];
 }
 
+const char* binary_mode_name(BinaryAttrs::Mode m) {
+  static const char* const names[BinaryAttrs::kModes] = {"add",  "sub",     "mul",        "div",          "equal",
+                                                         "not_equal", "less", "greater", "less_equal", "greater_equal"};
+  return names[static_cast<int>(m)];
+}
+
 ModelSpec parse_model_binary(const uint8_t* data, std::size_t size) {
   if (!data || size < 8 || !flatbuffers::BufferHasIdentifier(data, spec::ModelIdentifier()))
     fail(kWhere, "not a tandem model spec (missing file identifier 'TDMS')");

@@ -4,6 +4,7 @@
 
 #include <array>
 #include <cstdint>
+#include <optional>
 #include <string>
 #include <string_view>
 #include <vector>
@@ -68,7 +69,10 @@ struct ReduceAttrs {
 };
 
 struct BinaryAttrs {
-  enum class Mode { add, sub, mul, div } mode = Mode::add;
+  // The comparisons give 1 where true, else 0, and pass no gradient (torch's comparisons).
+  enum class Mode { add, sub, mul, div, equal, not_equal, less, greater, less_equal, greater_equal } mode = Mode::add;
+  static constexpr int kModes = 10;
+  bool compares() const { return mode >= Mode::equal; }
   bool has_scalar = false;  // the node has one input; the other operand is `scalar`
   float scalar = 0.0f;       // b (a with scalar_first)
   bool scalar_first = false;
@@ -76,8 +80,15 @@ struct BinaryAttrs {
   bool image_operand = false;    // the operand is an image's [H, W, C]; PyTorch holds it [C, H, W]
 };
 
+// cond ? a : b; a and b are inputs unless given here (constants; they may be infinite).
+struct WhereAttrs {
+  std::optional<float> a, b;
+};
+
 // "sum", "mean", "max" or "min".
 const char* reduce_mode_name(ReduceAttrs::Mode m);
+// "add", "sub", "mul", "div", "equal", "not_equal", "less", "greater", "less_equal" or "greater_equal".
+const char* binary_mode_name(BinaryAttrs::Mode m);
 
 struct LoraAttrs {
   int64_t rank = 0;  // 0: no adapter
@@ -111,6 +122,8 @@ struct NodeSpec {
   std::vector<int> perm;         // transpose: output axis i is input axis perm[i] (per sample)
   ReduceAttrs reduce;
   BinaryAttrs binary;
+  std::vector<int64_t> expand;  // expand: the per-sample shape the input broadcasts to
+  WhereAttrs where;
   // Fields whose PyTorch state-dict name is not "<name>.<field>" (schema: TorchName).
   std::vector<std::pair<std::string, std::string>> torch_names;
 };

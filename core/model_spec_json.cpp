@@ -119,13 +119,19 @@ std::string node_json(const NodeSpec& n) {
   if (n.op == "reduce")
     out += cat(", reduce: { mode: \"", reduce_mode_name(n.reduce.mode), "\", axes: [", list(n.reduce.axes), "] }");
   if (n.op == "binary") {
-    static const char* const modes[] = {"add", "sub", "mul", "div"};
-    out += cat(", binary: { mode: \"", modes[static_cast<int>(n.binary.mode)], "\"");
+    out += cat(", binary: { mode: \"", binary_mode_name(n.binary.mode), "\"");
     if (n.binary.has_scalar) out += cat(", scalar: ", number(n.binary.scalar));
     if (!n.binary.operand.empty()) out += cat(", operand: [", list(n.binary.operand), "]");
     if (n.binary.image_operand) out += ", image_operand: true";
     if (n.binary.scalar_first) out += ", scalar_first: true";
     out += " }";
+  }
+  if (n.op == "expand") out += cat(", expand: { shape: [", list(n.expand), "] }");
+  if (n.op == "where" && (n.where.a || n.where.b)) {
+    std::string given;
+    if (n.where.a) given += cat("a: ", number(*n.where.a));
+    if (n.where.b) given += cat(given.empty() ? "" : ", ", "b: ", number(*n.where.b));
+    out += cat(", where: { ", given, " }");
   }
   if (!n.torch_names.empty()) {
     out += ", torch_names: [";

@@ -30,7 +30,15 @@ enum class Elementwise : int {
   sub,       // x0 - x1
   mul,       // x0 * x1
   div,       // x0 / x1
-  div_right  // -x0 * x1 / (x2 * x2): d(a / b)/db times dy, with x0 = dy, x1 = a, x2 = b
+  div_right,  // -x0 * x1 / (x2 * x2): d(a / b)/db times dy, with x0 = dy, x1 = a, x2 = b
+  select,     // x0 != 0 ? x1 : x2 (torch.where, ONNX's Where; the branch not taken is not read into the sum)
+  // Comparisons: 1 where true, else 0 (ONNX's Equal, Less, ...; their outputs train nothing)
+  equal,          // x0 == x1
+  not_equal,      // x0 != x1
+  less,           // x0 < x1
+  greater,        // x0 > x1
+  less_equal,     // x0 <= x1
+  greater_equal,  // x0 >= x1
 };
 struct Broadcast {
   int rank;

@@ -156,6 +156,46 @@ std::vector<OpCase> cases() {
         { name: "t", op: "binary", inputs: ["s"], binary: { mode: "sub", scalar: 1.5, scalar_first: true } },
         { name: "y", op: "binary", inputs: ["t"], binary: { mode: "div", scalar: 2, scalar_first: true } })", seq},
       {"binary", "binary_scalar_times", R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "mul", scalar: -0.75 } })", vec6},
+      // comparisons: 1 where true, else 0, no gradient; a gate that keeps the values above a
+      // threshold (x * (x > t), the threshold between the spaced draw's values, so a finite
+      // difference never crosses it), a token's features against a linear of the first token
+      {"binary", "binary_compare_threshold_gate", R"({ name: "c", op: "binary", inputs: ["x"], binary: { mode: "greater", scalar: 0.005 } },
+        { name: "y", op: "binary", inputs: ["x", "c"], binary: { mode: "mul" } })", seq, Draw::Spaced},
+      {"binary", "binary_compare_two_tensors", R"({ name: "m", op: "reduce", inputs: ["x"], reduce: { mode: "mean", axes: [0] } },
+        { name: "r", op: "reshape", inputs: ["m"], reshape: { shape: [1, 6] } },
+        { name: "c", op: "binary", inputs: ["r", "x"], binary: { mode: "less_equal" } },
+        { name: "e", op: "binary", inputs: ["c"], binary: { mode: "equal", scalar: 0 } },
+        { name: "g", op: "binary", inputs: ["x", "c"], binary: { mode: "mul" } },
+        { name: "y", op: "binary", inputs: ["g", "e"], binary: { mode: "sub" } })", seq, Draw::Spaced},
+      // where: a leaky gate (x > t ? x : 0.1 x); a constant branch, and -inf before a softmax
+      // (masked_fill); cond [4, 1] picking between x [4, 6] and a linear's row [6] (both
+      // repeated: sums in backward)
+      {"where", "where_leaky_gate", R"({ name: "c", op: "binary", inputs: ["x"], binary: { mode: "greater", scalar: 0.005 } },
+        { name: "s", op: "binary", inputs: ["x"], binary: { mode: "mul", scalar: 0.1 } },
+        { name: "y", op: "where", inputs: ["c", "x", "s"] })", seq, Draw::Spaced},
+      {"where", "where_masked_fill_softmax", R"({ name: "c", op: "binary", inputs: ["x"], binary: { mode: "less", scalar: -0.595 } },
+        { name: "w", op: "where", inputs: ["c", "x"], where: { a: -inf } },
+        { name: "y", op: "softmax", inputs: ["w"] })", seq, Draw::Spaced},
+      {"where", "where_constant_first", R"({ name: "c", op: "binary", inputs: ["x"], binary: { mode: "greater_equal", scalar: 0.005 } },
+        { name: "y", op: "where", inputs: ["c", "x"], where: { a: 2.5 } })", vec6, Draw::Spaced},
+      {"where", "where_broadcast_branches", R"({ name: "m", op: "reduce", inputs: ["x"], reduce: { mode: "mean", axes: [1] } },
+        { name: "r", op: "reshape", inputs: ["m"], reshape: { shape: [4, 1] } },
+        { name: "c", op: "binary", inputs: ["r"], binary: { mode: "greater", scalar: 0.0 } },
+        { name: "f", op: "slice", inputs: ["x"], slice: { axis: 0, start: 0, end: 1 } },
+        { name: "l", op: "linear", inputs: ["f"], linear: { out_features: 6 } },
+        { name: "v", op: "reshape", inputs: ["l"], reshape: { shape: [6] } },
+        { name: "y", op: "where", inputs: ["c", "x", "v"] })", seq},
+      // expand: a vector's [1, 6] repeated over 4 rows (into a linear), an image's channel
+      // means [1, 1, 3] over its rows and columns, a [6] to [3, 6] (a leading axis added)
+      {"expand", "expand_rows", R"({ name: "r", op: "reshape", inputs: ["x"], reshape: { shape: [1, 6] } },
+        { name: "e", op: "expand", inputs: ["r"], expand: { shape: [4, 6] } },
+        { name: "y", op: "linear", inputs: ["e"], linear: { out_features: 3 } })", vec6},
+      {"expand", "expand_channel_means", R"({ name: "m", op: "reduce", inputs: ["x"], reduce: { mode: "mean", axes: [0, 1] } },
+        { name: "r", op: "reshape", inputs: ["m"], reshape: { shape: [1, 1, 3] } },
+        { name: "e", op: "expand", inputs: ["r"], expand: { shape: [5, 4, 1] } },
+        { name: "y", op: "binary", inputs: ["x", "e"], binary: { mode: "mul" } })", img},
+      {"expand", "expand_leading_axis", R"({ name: "e", op: "expand", inputs: ["x"], expand: { shape: [3, 6] } },
+        { name: "y", op: "linear", inputs: ["e"], linear: { out_features: 2 } })", vec6},
       // a trained operand: a layer scale over the features (x * gamma), one per row less the
       // input, one over an image's rows and channels (repeated over the batch and the columns:
       // a permute in backward), divided by a positive one

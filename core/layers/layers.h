@@ -470,6 +470,44 @@ class BinaryLayer final : public Layer {
   Tensor full_, permuted_;   // a gradient over the whole output, and it permuted (one call at a time)
 };
 
+// A sample repeated along its axes of 1 (the expand op): forward a broadcast copy
+// (VectorKernel::elementwise with one operand), backward the gradient summed over the
+// repeated axes (sum_to_shape).
+class ExpandLayer final : public Layer {
+ public:
+  bool touches_host() const override { return false; }  // kernels only
+  Reads backward_reads() const override { return {0u, false}; }  // shapes only
+  ExpandLayer(std::string name, Backend& backend) : Layer(std::move(name)), backend_(backend) {}
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  Backend& backend_;
+  Tensor permuted_;  // sum_to_shape's scratch
+};
+
+// cond ? a : b (the where op), a or b a constant where the node gives one: forward one select
+// (VectorKernel::elementwise); backward dy selected into each input's place (0 elsewhere),
+// summed where it was repeated. Backward reads cond only.
+class WhereLayer final : public Layer {
+ public:
+  bool touches_host() const override { return false; }  // kernels only
+  Reads backward_reads() const override { return {1u, false}; }
+  WhereLayer(const GraphNode& node, Backend& backend);
+  void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) override;
+  void backward(std::span<const Tensor> in, const Tensor& out, const Tensor& grad_out, std::span<Tensor> grad_in,
+                Stash& stash) override;
+
+ private:
+  // The strides of cond, a and b against `out` (with the batch); a given constant's are 0.
+  Broadcast broadcast(std::span<const Tensor> in, const Shape& out) const;
+  WhereAttrs attrs_;
+  Backend& backend_;
+  Tensor constants_;  // a and b where given (two floats), where the backend keeps tensors
+  Tensor full_, permuted_;  // a branch's gradient over the whole output; sum_to_shape's scratch
+};
+
 // a + b (residual connections); the gradient goes to both inputs unchanged.
 class AddLayer final : public Layer {
  public:

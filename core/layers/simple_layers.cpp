@@ -247,6 +247,23 @@ void sum_to_shape(VectorKernel& v, float* to, const Shape& shape, const float* f
   v.sum_rows(to, full, rows, width, 1.0f);
 }
 
+static Elementwise elementwise_of(BinaryAttrs::Mode m) {
+  using M = BinaryAttrs::Mode;
+  switch (m) {
+    case M::add: return Elementwise::add;
+    case M::sub: return Elementwise::sub;
+    case M::mul: return Elementwise::mul;
+    case M::div: return Elementwise::div;
+    case M::equal: return Elementwise::equal;
+    case M::not_equal: return Elementwise::not_equal;
+    case M::less: return Elementwise::less;
+    case M::greater: return Elementwise::greater;
+    case M::less_equal: return Elementwise::less_equal;
+    case M::greater_equal: return Elementwise::greater_equal;
+  }
+  return Elementwise::add;
+}
+
 BinaryLayer::BinaryLayer(const GraphNode& node, Backend& backend)
     : Layer(node.spec.name), attrs_(node.spec.binary), backend_(backend) {
   if (attrs_.operand.empty()) return;
@@ -263,6 +280,7 @@ BinaryLayer::BinaryLayer(const GraphNode& node, Backend& backend)
 
 Layer::Reads BinaryLayer::backward_reads() const {
   using M = BinaryAttrs::Mode;
+  if (attrs_.compares()) return {0u, false};  // no gradient
   const bool product = attrs_.mode == M::mul || attrs_.mode == M::div;
   if (operand_) return {product ? 1u : 0u, false};  // the operand's gradient: dy a; -dy a / b^2 (b's its own)
   if (attrs_.scalar_first) return {attrs_.mode == M::div ? 1u : 0u, false};  // d(c / x) = -c dy / x^2
@@ -300,16 +318,20 @@ void BinaryLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
     b = scalar_.data();
     if (attrs_.scalar_first) std::swap(a, b);
   }
-  backend_.vectors().elementwise(static_cast<Elementwise>(attrs_.mode), out.data(), a, b, nullptr,
-                                 broadcast(in, out.shape()));
+  backend_.vectors().elementwise(elementwise_of(attrs_.mode), out.data(), a, b, nullptr, broadcast(in, out.shape()));
 }
 
 void BinaryLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
                            Stash&) {
   using M = BinaryAttrs::Mode;
+  VectorKernel& v = backend_.vectors();
+  if (attrs_.compares()) {  // a comparison's output is piecewise constant: no gradient
+    for (Tensor& g : grad_in)
+      if (g.defined()) v.fill(g.data(), 0.0f, g.numel());
+    return;
+  }
   const Shape& out = grad_out.shape();
   const Broadcast b = broadcast(in, out);
-  VectorKernel& v = backend_.vectors();
   const float* dy = grad_out.data();
   // Operands in the op's order: left (a) and right (b); the scalar where one input is.
   const float* constant = operand_ ? operand_->value().data() : scalar_.defined() ? scalar_.data() : nullptr;
@@ -326,6 +348,7 @@ void BinaryLayer::backward(std::span<const Tensor> in, const Tensor&, const Tens
     Elementwise op = Elementwise::add;
     const float *x0 = dy, *x1 = nullptr, *x2 = nullptr;
     switch (attrs_.mode) {
+      default: break;  // (comparisons returned above)
       case M::add: break;                                             // dy
       case M::sub: if (side == 1) op = Elementwise::sub, x0 = nullptr, x1 = dy; break;  // dy; -dy
       case M::mul: op = Elementwise::mul, x1 = side == 0 ? right : left; break;        // dy b; dy a
@@ -358,6 +381,71 @@ void BinaryLayer::backward(std::span<const Tensor> in, const Tensor&, const Tens
     }
     if (!whole) sum_to_shape(v, target, shape, full, out, permuted_);
     if (own) operand_->commit_grad();
+  }
+}
+
+void ExpandLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  Broadcast b{};
+  b.rank = out.shape().rank();
+  for (int i = 0; i < b.rank; ++i) b.dims[i] = out.shape()[i];
+  broadcast_strides(in[0].shape(), out.shape(), b.strides[0]);
+  backend_.vectors().elementwise(Elementwise::add, out.data(), in[0].data(), nullptr, nullptr, b);  // x + 0
+}
+
+void ExpandLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
+                           Stash&) {
+  if (grad_in.empty() || !grad_in[0].defined()) return;
+  if (in[0].shape() == grad_out.shape()) return backend_.vectors().copy(grad_in[0].data(), grad_out.data(), grad_out.numel());
+  sum_to_shape(backend_.vectors(), grad_in[0].data(), in[0].shape(), grad_out.data(), grad_out.shape(), permuted_);
+}
+
+WhereLayer::WhereLayer(const GraphNode& node, Backend& backend)
+    : Layer(node.spec.name), attrs_(node.spec.where), backend_(backend) {}
+
+Broadcast WhereLayer::broadcast(std::span<const Tensor> in, const Shape& out) const {
+  Broadcast b{};
+  b.rank = out.rank();
+  for (int i = 0; i < b.rank; ++i) b.dims[i] = out[i];
+  std::size_t next = 1;
+  broadcast_strides(in[0].shape(), out, b.strides[0]);
+  if (!attrs_.a) broadcast_strides(in[next++].shape(), out, b.strides[1]);
+  if (!attrs_.b) broadcast_strides(in[next].shape(), out, b.strides[2]);
+  return b;
+}
+
+void WhereLayer::forward(std::span<const Tensor> in, Tensor& out, Stash&) {
+  VectorKernel& v = backend_.vectors();
+  if ((attrs_.a || attrs_.b) && !constants_.defined()) {
+    constants_ = Tensor::empty(Shape{2});
+    v.fill(constants_.data(), attrs_.a.value_or(0.0f), 1);
+    v.fill(constants_.data() + 1, attrs_.b.value_or(0.0f), 1);
+  }
+  std::size_t next = 1;
+  const float* a = attrs_.a ? constants_.data() : in[next++].data();
+  const float* b = attrs_.b ? constants_.data() + 1 : in[next].data();
+  v.elementwise(Elementwise::select, out.data(), in[0].data(), a, b, broadcast(in, out.shape()));
+}
+
+void WhereLayer::backward(std::span<const Tensor> in, const Tensor&, const Tensor& grad_out, std::span<Tensor> grad_in,
+                          Stash&) {
+  VectorKernel& v = backend_.vectors();
+  const Shape& out = grad_out.shape();
+  const Broadcast b = broadcast(in, out);
+  if (!grad_in.empty() && grad_in[0].defined()) v.fill(grad_in[0].data(), 0.0f, grad_in[0].numel());  // cond
+  std::size_t k = 1;
+  for (int side = 1; side <= 2; ++side) {  // a, then b: dy where it was picked, else 0
+    if ((side == 1 ? attrs_.a : attrs_.b).has_value()) continue;
+    const std::size_t at = k++;
+    if (at >= grad_in.size() || !grad_in[at].defined()) continue;
+    Broadcast g = b;  // slot 0 cond as read, the picked slot dy at the output's steps, the other 0
+    broadcast_strides(out, out, g.strides[side]);
+    const Shape& shape = in[at].shape();
+    const bool whole = shape == out;
+    if (!whole && (!full_.defined() || full_.numel() < out.numel())) full_ = Tensor::empty(Shape{out.numel()});
+    float* to = whole ? grad_in[at].data() : full_.data();
+    v.elementwise(Elementwise::select, to, in[0].data(), side == 1 ? grad_out.data() : nullptr,
+                  side == 2 ? grad_out.data() : nullptr, g);
+    if (!whole) sum_to_shape(v, grad_in[at].data(), shape, to, out, permuted_);
   }
 }
 

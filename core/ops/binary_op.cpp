@@ -1,10 +1,13 @@
-// binary: a + b, a - b, a * b or a / b elementwise (`binary: { mode }`), the two per-sample
-// shapes broadcast as numpy does: aligned on their last axes, each dimension equal or 1 (then
-// repeated), the shorter one's missing leading axes repeated too. torch's arithmetic on two
-// tensors, and ONNX's Add, Sub, Mul and Div where no fused op (add, mul, linear's bias, the
-// patterns) takes them. With one input, the other operand is `scalar`, a constant (b; a with
-// scalar_first: 1 - x, 1 / x) that does not train. Backward: each input's gradient, summed
-// over the axes it was repeated on. Layer: BinaryLayer (simple_layers.cpp), on
+// binary: a + b, a - b, a * b or a / b elementwise (`binary: { mode }`), or a comparison
+// (a == b, a != b, a < b, a > b, a <= b, a >= b: 1 where true, else 0, no gradient), the two
+// per-sample shapes broadcast as numpy does: aligned on their last axes, each dimension equal
+// or 1 (then repeated), the shorter one's missing leading axes repeated too. torch's
+// arithmetic and comparisons of tensors: ONNX's Add, Sub, Mul and Div where no fused op (add,
+// mul, linear's bias, the patterns) takes them; Equal, Less, Greater, LessOrEqual,
+// GreaterOrEqual, Not (x == 0) and a Cast to bool (x != 0), whose 0/1 a where reads. With one
+// input, the other operand is `scalar`, a constant (b; a with scalar_first: 1 - x, 1 / x)
+// that does not train. Backward: each input's gradient, summed over the axes it was repeated
+// on (a comparison's are 0). Layer: BinaryLayer (simple_layers.cpp), on
 // VectorKernel::elementwise, sum_rows and permute, so every backend runs it.
 #include <algorithm>
 #include <cmath>
@@ -15,28 +18,6 @@
 #include "schema/model_generated.h"
 
 namespace tandem {
-namespace {
-
-const char* mode_name(BinaryAttrs::Mode m) {
-  static const char* const names[] = {"add", "sub", "mul", "div"};
-  return names[static_cast<int>(m)];
-}
-
-Shape broadcast_shapes(const NodeSpec& n, const Shape& a, const Shape& b) {
-  const int rank = std::max(a.rank(), b.rank());
-  int64_t dims[kMaxRank] = {};
-  for (int i = 0; i < rank; ++i) {  // from the last axis
-    const int ia = a.rank() - 1 - i, ib = b.rank() - 1 - i;
-    const int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
-    if (da != db && da != 1 && db != 1)
-      ops::fail_node(n, cat("inputs of shapes ", a.str(), " and ", b.str(), " do not broadcast (their axis ", -1 - i,
-                            " is ", da, " and ", db, "; each must be equal or 1)"));
-    dims[rank - 1 - i] = std::max(da, db);
-  }
-  return Shape::of(dims, rank);
-}
-
-}  // namespace
 
 Shape operand_shape(const NodeSpec& n) {
   const auto& d = n.binary.operand;
@@ -59,15 +40,14 @@ void define_binary_op(OpTable& t) {
   // a [T, T] score table), which length buckets would misread.
   d.parse = [](const spec::Node& node, NodeSpec& out, const std::string& label) {
     const auto* a = node.binary();
-    if (!a || !a->mode())
-      ops::fail_attr(label, "binary", "missing field 'binary' (mode: \"add\", \"sub\", \"mul\" or \"div\")");
+    std::string known;
+    for (int m = 0; m < BinaryAttrs::kModes; ++m) known += cat(m ? ", " : "", "\"", binary_mode_name(static_cast<BinaryAttrs::Mode>(m)), "\"");
+    if (!a || !a->mode()) ops::fail_attr(label, "binary", cat("missing field 'binary' (mode: one of ", known, ")"));
     const std::string mode = a->mode()->str();
-    using M = BinaryAttrs::Mode;
-    const M modes[] = {M::add, M::sub, M::mul, M::div};
-    const auto at = std::find_if(std::begin(modes), std::end(modes), [&](M m) { return mode == mode_name(m); });
-    if (at == std::end(modes))
-      ops::fail_attr(label, "binary", cat("field 'binary.mode' is '", mode, "' (\"add\", \"sub\", \"mul\" or \"div\")"));
-    out.binary.mode = *at;
+    int at = 0;
+    while (at < BinaryAttrs::kModes && mode != binary_mode_name(static_cast<BinaryAttrs::Mode>(at))) ++at;
+    if (at == BinaryAttrs::kModes) ops::fail_attr(label, "binary", cat("field 'binary.mode' is '", mode, "' (one of ", known, ")"));
+    out.binary.mode = static_cast<BinaryAttrs::Mode>(at);
     out.binary.has_scalar = a->scalar().has_value();
     out.binary.scalar = a->scalar().value_or(0.0f);
     out.binary.scalar_first = a->scalar_first();
@@ -79,6 +59,9 @@ void define_binary_op(OpTable& t) {
   };
   d.infer_shape = [](const NodeSpec& n, std::span<const Shape> in) {
     const bool operand = !n.binary.operand.empty();
+    if (operand && n.binary.compares())
+      ops::fail_node(n, cat("field 'binary.operand' with mode '", binary_mode_name(n.binary.mode),
+                            "': a comparison passes no gradient, so its operand would never train (give 'scalar' or a second input)"));
     if (in.size() != 1 && in.size() != 2)
       ops::fail_node(n, cat("field 'inputs' needs 2 inputs (or 1 and field 'binary.scalar' or 'binary.operand'), got ", in.size()));
     if (in.size() == 1) {
@@ -89,11 +72,11 @@ void define_binary_op(OpTable& t) {
         if (!std::isfinite(n.binary.scalar)) ops::fail_node(n, cat("field 'binary.scalar' is ", n.binary.scalar, " (a finite number)"));
         return in[0];
       }
-      return broadcast_shapes(n, in[0], operand_shape(n));
+      return ops::broadcast(n, in[0], operand_shape(n));
     }
     if (n.binary.has_scalar || operand) ops::fail_node(n, "field 'binary.scalar' or 'binary.operand' is set, but the node has two inputs");
     if (n.binary.scalar_first) ops::fail_node(n, "field 'binary.scalar_first' is set, but the node has two inputs (no scalar)");
-    return broadcast_shapes(n, in[0], in[1]);
+    return ops::broadcast(n, in[0], in[1]);
   };
   // An image's trained operand (binary.image_operand) is held [H, W, C] as the image is and
   // [C, H, W] in PyTorch (ConvNeXt's layer scale [C, 1, 1]); any other as PyTorch holds it.
@@ -107,6 +90,7 @@ void define_binary_op(OpTable& t) {
   d.cost = [](const NodeSpec& n, std::span<const Shape> in, const Shape& out) {
     OpCost c;
     c.forward_flops = ops::count(out);
+    if (n.binary.compares()) return c;  // no gradient
     const bool product = n.binary.mode == BinaryAttrs::Mode::mul || n.binary.mode == BinaryAttrs::Mode::div;
     // add, sub: the gradients are dy (summed where repeated); mul: dy b and dy a; div: dy / b
     // and -dy a / b^2 (4 a value)

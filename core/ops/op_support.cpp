@@ -1,5 +1,7 @@
 #include "core/ops/op_support.h"
 
+#include <algorithm>
+
 namespace tandem::ops {
 
 void expect_inputs(const NodeSpec& n, std::span<const Shape> in, std::size_t count, int rank) {
@@ -27,6 +29,20 @@ void fail_node(const NodeSpec& n, const std::string& text) {
 
 void fail_attr(const std::string& label, std::string_view op, const std::string& text) {
   fail("model spec", cat(label, " (", op, "): ", text));
+}
+
+Shape broadcast(const NodeSpec& n, const Shape& a, const Shape& b) {
+  const int rank = std::max(a.rank(), b.rank());
+  int64_t dims[kMaxRank] = {};
+  for (int i = 0; i < rank; ++i) {  // from the last axis
+    const int ia = a.rank() - 1 - i, ib = b.rank() - 1 - i;
+    const int64_t da = ia >= 0 ? a[ia] : 1, db = ib >= 0 ? b[ib] : 1;
+    if (da != db && da != 1 && db != 1)
+      fail_node(n, cat("inputs of shapes ", a.str(), " and ", b.str(), " do not broadcast (their axis ", -1 - i, " is ", da,
+                       " and ", db, "; each must be equal or 1)"));
+    dims[rank - 1 - i] = std::max(da, db);
+  }
+  return Shape::of(dims, rank);
 }
 
 }  // namespace tandem::ops

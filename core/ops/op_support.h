@@ -29,6 +29,10 @@ Pair read_pair(const flatbuffers::Vector<int32_t>* v, Pair fallback, const std::
 // [[noreturn]] "<label> (<op>): <text>" from the model spec.
 [[noreturn]] void fail_attr(const std::string& label, std::string_view op, const std::string& text);
 
+// The shape a and b broadcast to as numpy does (aligned on their last axes, each dimension
+// equal or 1); fails naming the node where they do not.
+Shape broadcast(const NodeSpec& n, const Shape& a, const Shape& b);
+
 // Elements of a shape as a double, for costs.
 inline double count(const Shape& s) { return static_cast<double>(s.numel()); }
 
