@@ -4,8 +4,9 @@
 // node it cannot take at once. And the spec's JSON writer reads back what it wrote.
 #include <gtest/gtest.h>
 
-#include <cstring>
 #include <cmath>
+#include <cstring>
+#include <limits>
 #include <filesystem>
 #include <map>
 #include <set>
@@ -388,6 +389,77 @@ TEST(OnnxImport, ArithmeticAndGathersOutsidePatternsAreGeneralOps) {
     EXPECT_NE(e.find(c.want), std::string::npos) << e;
   }
 }
+// Comparisons, Where and Expand no pattern takes are tandem's binary comparisons, where and
+// expand: x [4, 6] less than its rows' sums repeated over the columns (ReduceSum, Unsqueeze,
+// Expand), masked with -inf where it is not (masked_fill), leaky where x > 0 fails, the two
+// kept where either (Or) holds; what they cannot compute is refused by name.
+TEST(OnnxImport, ComparisonsWhereAndExpandOutsidePatternsAreGeneralOps) {
+  auto graph = [](const std::vector<Pb>& extra, const std::string& out, int64_t features) {
+    std::vector<Pb> nodes = {ints("shape", {3}, {0, 4, 6}), node("/Reshape", "Reshape", {"r", "shape_out"}, {"x"})};
+    nodes.insert(nodes.end(), extra.begin(), extra.end());
+    nodes.push_back(node("/fc/MatMul", "MatMul", {out, "fc.weight"}, {"logits"}));
+    Pb g;
+    for (const Pb& n : nodes) g.msg(1, n);
+    g.msg(5, tensor("fc.weight", {features, 3})).msg(5, tensor("mask.grid", {4, 6}));
+    g.msg(11, value("r", {24})).msg(12, value("logits", {}));
+    const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
+    return std::vector<uint8_t>(b.begin(), b.end());
+  };
+  const std::vector<Pb> picks = {
+      ints("axes", {1}, {-1}), node("/ReduceSum", "ReduceSum", {"x", "axes_out"}, {"s"}, {int_attr("keepdims", 0)}),
+      ints("at", {1}, {2}), node("/Unsqueeze", "Unsqueeze", {"s", "at_out"}, {"s1"}),
+      ints("to", {3}, {1, 1, 6}), node("/Expand", "Expand", {"s1", "to_out"}, {"e"}),
+      node("/Less", "Less", {"x", "e"}, {"below"}), scalar("ninf", -INFINITY),
+      node("/Where", "Where", {"below", "x", "ninf_out"}, {"masked"}),
+      scalar("zero", 0.0f), node("/Greater", "Greater", {"zero_out", "x"}, {"negative"}),  // 0 > x: x < 0
+      scalar("tenth", 0.1f), node("/Mul", "Mul", {"x", "tenth_out"}, {"leak"}),
+      node("/Where_1", "Where", {"negative", "leak", "masked"}, {"w"}),
+      node("/Or", "Or", {"below", "negative"}, {"either"}), node("/Cast", "Cast", {"either"}, {"kept"}, {int_attr("to", 1)}),
+      node("/Mul_1", "Mul", {"w", "kept"}, {"y"})};
+  const OnnxImport imp = import_bytes(graph(picks, "y", 6));
+  const std::string sj = model_spec_json(imp.spec);
+  for (const char* want : {R"({ name: "unsqueeze", op: "reshape", inputs: ["reducesum"], reshape: { shape: [4, 1] } })",
+                           R"({ name: "expand", op: "expand", inputs: ["unsqueeze"], expand: { shape: [4, 6] } })",
+                           R"({ name: "less", op: "binary", inputs: ["reshape", "expand"], binary: { mode: "less" } })",
+                           R"({ name: "where", op: "where", inputs: ["less", "reshape"], where: { b: -inf } })",
+                           R"({ name: "greater", op: "binary", inputs: ["reshape"], binary: { mode: "less", scalar: 0 } })",
+                           R"({ name: "where_1", op: "where", inputs: ["greater", "mul", "where"] })",
+                           R"({ name: "or", op: "binary", inputs: ["less", "greater"], binary: { mode: "add" } })",
+                           R"({ name: "or_1", op: "binary", inputs: ["or"], binary: { mode: "greater", scalar: 0 } })",
+                           R"({ name: "mul_1", op: "mul", inputs: ["where_1", "or_1"] })"})
+    EXPECT_NE(sj.find(want), std::string::npos) << want << "\n" << sj;
+  struct Case {
+    std::vector<Pb> nodes;
+    std::string want;
+  };
+  const std::vector<Case> refused = {
+      {{node("/Where", "Where", {"mask.grid", "x", "x"}, {"g"})},
+       "node '/Where' (Where): its condition is a constant of the graph; tandem selects by a condition computed from the "
+       "batch (a comparison of tensors)"},
+      {{node("/Greater", "Greater", {"x", "x"}, {"c"}), node("/Where", "Where", {"c", "x", "mask.grid"}, {"g"})},
+       "node '/Where' (Where): it selects from a constant of 24 values; tandem selects a constant scalar or a computed tensor"},
+      {{ints("to", {3}, {1, 4, 12}), node("/Expand", "Expand", {"x", "to_out"}, {"g"})},
+       "node '/Expand' (Expand): it expands axis 2 of 6 to 12; only an axis of 1 repeats"},
+      {{ints("to", {3}, {2, 4, 6}), node("/Expand", "Expand", {"x", "to_out"}, {"g"})},
+       "node '/Expand' (Expand): it expands the batch axis; tandem keeps each sample's values apart"},
+      {{ints("to", {2}, {1, 6}), node("/Expand", "Expand", {"x", "to_out"}, {"g"})},
+       "node '/Expand' (Expand): it expands a tensor of 3 dimensions to 2; tandem keeps the batch first (a shape of as many "
+       "dimensions)"},
+      {{node("/Cast", "Cast", {"x"}, {"g"}, {int_attr("to", 7)})},
+       "node '/Cast' (Cast): it casts a computed tensor to ONNX type 7; tandem computes on floats and casts comparisons' "
+       "results (0/1) only"},
+      {{node("/Not", "Not", {"x"}, {"g"})},
+       "node '/Not' (Not): its input 0 is not a comparison's result; tandem computes logic on comparisons of tensors only"},
+      {{ints("at", {1}, {0}), node("/Squeeze", "Squeeze", {"x", "at_out"}, {"g"})},
+       "node '/Squeeze' (Squeeze): it squeezes the batch axis; tandem keeps each sample's values apart"},
+      {{ints("at", {1}, {1}), node("/Squeeze", "Squeeze", {"x", "at_out"}, {"g"})},
+       "node '/Squeeze' (Squeeze): it squeezes axis 1, which is not 1"},
+  };
+  for (const Case& c : refused) {
+    const std::string e = error_of([&] { import_bytes(graph(c.nodes, "g", 6)); });
+    EXPECT_NE(e.find(c.want), std::string::npos) << e;
+  }
+}
 Pb typed_value(const std::string& name, int type, const std::vector<int64_t>& dims) {
   Pb shape;
   shape.msg(1, Pb().str(2, "batch"));
@@ -607,8 +679,7 @@ TEST(OnnxImport, ABooleanInputIsAKeyPaddingMaskOnly) {
   EXPECT_NE(e.find("node '/Where' (Where): it selects by a key padding mask between other values than a constant and zeros "
                    "of the mask's shape"), std::string::npos) << e;
   e = refusal({scalar("/c", -1e9f), scalar("/z", 0.0f), node("/Where", "Where", {"x", "/c_out", "/z_out"}, {"y"}), fc});
-  EXPECT_NE(e.find("node '/Where' (Where): tandem selects (Where) among shapes and integer constants, and by a key padding "
-                   "mask, only"), std::string::npos) << e;
+  EXPECT_EQ(e, "(no error)");  // a float condition (nonzero picks): tandem's where, both branches constants
   e = refusal({ints("/s", {3}, {0, 2, 2}), node("/Reshape", "Reshape", {"pad", "/s_out"}, {"y"}), fc});
   EXPECT_NE(e.find("node '/Reshape' (Reshape): it reshapes a key padding mask otherwise than nn.MultiheadAttention does"),
             std::string::npos) << e;
@@ -1193,10 +1264,37 @@ TEST(SpecJson, BinaryBroadcastsAsNumpyAndRefusesWhatItCannot) {
             "[graph] node 'y' (binary): inputs of shapes [4] and [4, 6] do not broadcast (their axis -1 is 4 and 6; each must be "
             "equal or 1)");
   EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "add", scalar: 2 } })"), "[4, 6]");
+  const std::string modes = R"("add", "sub", "mul", "div", "equal", "not_equal", "less", "greater", "less_equal", "greater_equal")";
   EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r"], binary: { mode: "pow" } })"),
-            "[model spec] node 'y' (binary): field 'binary.mode' is 'pow' (\"add\", \"sub\", \"mul\" or \"div\")");
+            cat("[model spec] node 'y' (binary): field 'binary.mode' is 'pow' (one of ", modes, ")"));
   EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r"] })"),
-            "[model spec] node 'y' (binary): missing field 'binary' (mode: \"add\", \"sub\", \"mul\" or \"div\")");
+            cat("[model spec] node 'y' (binary): missing field 'binary' (mode: one of ", modes, ")"));
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r"], binary: { mode: "less_equal" } })"), "[4, 6]");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x"], binary: { mode: "greater", operand: [6] } })"),
+            "[graph] node 'y' (binary): field 'binary.operand' with mode 'greater': a comparison passes no gradient, so its "
+            "operand would never train (give 'scalar' or a second input)");
+  // where: cond, then the branches not given as constants, broadcast as numpy
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "where", inputs: ["r", "x", "s"] })"), "[4, 6]");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "where", inputs: ["r", "s"], where: { b: -inf } })"), "[4, 6]");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "where", inputs: ["s"], where: { a: 1, b: 0 } })"), "[1, 6]");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "where", inputs: ["r", "x"] })"),
+            "[graph] node 'y' (where): field 'inputs' needs 3 inputs (cond, a, b; field 'where.a' or 'where.b' gives a constant "
+            "instead), got 2");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "where", inputs: ["c", "x", "x"] })"),
+            "[graph] node 'y' (where): inputs of shapes [4] and [4, 6] do not broadcast (their axis -1 is 4 and 6; each must be "
+            "equal or 1)");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "where", inputs: ["x", "x"], where: { a: nan } })"),
+            "[model spec] node 'y' (where): field 'where.a' or 'where.b' is NaN (give a number or an infinity)");
+  // expand: axes of 1 repeated, a leading axis added; any other size refused
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "expand", inputs: ["r"], expand: { shape: [4, 5] } })"), "[4, 5]");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "expand", inputs: ["s"], expand: { shape: [3, 4, 1] } })"), "[3, 4, 6]");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "expand", inputs: ["x"], expand: { shape: [4, 3] } })"),
+            "[graph] node 'y' (expand): inputs of shapes [4, 6] and [4, 3] do not broadcast (their axis -1 is 6 and 3; each must "
+            "be equal or 1)");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "expand", inputs: ["x"], expand: { shape: [4, 0] } })"),
+            "[graph] node 'y' (expand): field 'expand.shape' has dimension 1 of 0 (each 1 to 2147483648)");
+  EXPECT_EQ(shape_of(R"({ name: "y", op: "expand", inputs: ["x"] })"),
+            "[model spec] node 'y' (expand): missing field 'expand' (shape: the per-sample dimensions)");
   EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r"], binary: { mode: "sub", scalar_first: true } })"),
             "[graph] node 'y' (binary): field 'binary.scalar_first' is set, but the node has two inputs (no scalar)");
   EXPECT_EQ(shape_of(R"({ name: "y", op: "binary", inputs: ["x", "r", "s"], binary: { mode: "add" } })"),
@@ -1239,6 +1337,21 @@ TEST(SpecJson, BinaryBroadcastsAsNumpyAndRefusesWhatItCannot) {
   EXPECT_TRUE(again.nodes[0].binary.scalar_first);
   EXPECT_EQ(again.nodes[1].binary.mode, BinaryAttrs::Mode::mul);
   EXPECT_FALSE(again.nodes[1].binary.scalar_first);
+  // a comparison, a where with -inf and an expand read back as written
+  const ModelSpec picks = parse_model_json(R"({ name: "m", inputs: [{ name: "x", shape: [1, 6] }], nodes: [
+    { name: "c", op: "binary", inputs: ["x"], binary: { mode: "greater_equal", scalar: 0.5 } },
+    { name: "w", op: "where", inputs: ["c", "x"], where: { b: -inf } },
+    { name: "y", op: "expand", inputs: ["w"], expand: { shape: [3, 6] } }] })", "m");
+  const std::string written = model_spec_json(picks);
+  EXPECT_NE(written.find(R"({ name: "c", op: "binary", inputs: ["x"], binary: { mode: "greater_equal", scalar: 0.5 } })"),
+            std::string::npos) << written;
+  EXPECT_NE(written.find(R"({ name: "w", op: "where", inputs: ["c", "x"], where: { b: -inf } })"), std::string::npos) << written;
+  EXPECT_NE(written.find(R"({ name: "y", op: "expand", inputs: ["w"], expand: { shape: [3, 6] } })"), std::string::npos) << written;
+  const ModelSpec read = parse_model_json(written, "again");
+  EXPECT_EQ(read.nodes[0].binary.mode, BinaryAttrs::Mode::greater_equal);
+  EXPECT_FALSE(read.nodes[1].where.a.has_value());
+  EXPECT_EQ(read.nodes[1].where.b, -std::numeric_limits<float>::infinity());
+  EXPECT_EQ(read.nodes[2].expand, (std::vector<int64_t>{3, 6}));
 }
 
 // A cut named by module (the nodes' names before a dot, as the import names them) is that

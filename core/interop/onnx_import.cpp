@@ -245,6 +245,7 @@ class Importer {
   std::set<std::string> names_, params_used_, refused_types_, id_inputs_;
   // Boolean graph inputs (nn.MultiheadAttention's key_padding_mask): read as a mask only.
   std::set<std::string> bool_inputs_;
+  std::set<std::string> bools_;  // ONNX values that are computed booleans (a comparison's 0/1)
   // Integer graph inputs [batch, tokens, 4] (LayoutLM's bbox): read by column only.
   std::set<std::string> box_inputs_;
   // ConstantOfShape's float fillings (the zeros masked_fill writes into) and their shapes.
@@ -1349,15 +1350,16 @@ class Importer {
   void general_binary(const OnnxNode& n, BinaryAttrs::Mode mode) {
     skip_refused(n);
     static const char* const verbs[] = {"adds", "subtracts", "multiplies", "divides"};
-    const char* verb = verbs[static_cast<int>(mode)];
+    const bool compares = mode >= BinaryAttrs::Mode::equal;
+    const char* verb = compares ? "compares" : verbs[static_cast<int>(mode)];
     const OnnxTensor* c[2] = {constant(n, 0), constant(n, 1)};
     if (c[0] && c[1]) throw Refusal{cat("it ", verb, " two constants; tandem computes on tensors of the batch")};
     if (c[0] || c[1]) {
       const std::size_t at = c[0] ? 1 : 0;
       const OnnxTensor* k = c[1 - at];
       const std::optional<double> v = one_value(k);
-      if (k->integer) throw Refusal{cat("it ", verb, " by an integer constant; tandem computes on floats")};
-      if (stored(n, 1 - at) && !starts_with(k->name, "onnx::")) return trained_operand(n, at, mode, *k, verb);
+      if (k->integer && !compares) throw Refusal{cat("it ", verb, " by an integer constant; tandem computes on floats")};
+      if (stored(n, 1 - at) && !starts_with(k->name, "onnx::") && !compares) return trained_operand(n, at, mode, *k, verb);
       if (!v)
         throw Refusal{cat("it ", verb, " by a stored tensor of ", k->count(), " values; tandem takes a constant scalar, or two "
                           "computed tensors (a bias belongs to a linear or convolution)")};
@@ -1370,6 +1372,9 @@ class Importer {
       s.binary.has_scalar = true;
       s.binary.scalar = static_cast<float>(*v);
       s.binary.scalar_first = at == 1 && (mode == BinaryAttrs::Mode::sub || mode == BinaryAttrs::Mode::div);
+      if (at == 1 && compares) s.binary.mode = mirrored(mode);  // c < x is x > c
+      if (!std::isfinite(s.binary.scalar))
+        throw Refusal{cat("it ", verb, " by ", s.binary.scalar, "; tandem's scalar operands are finite")};
       Value out = x;  // a value at a time: the same form, shape and order
       out.node = add_node(n, std::move(s));
       values_[n.outputs.at(0)] = std::move(out);
@@ -1659,10 +1664,10 @@ class Importer {
   // split, axes merged); where each group's axes lie side by side in storage in ONNX's order,
   // the reshape is a view of the stored tensor; else one transpose first puts them so (a
   // channel shuffle's [C/g, g, H, W] stored [H, W, g, C/g] -> [H, W, C/g, g]).
-  void general_reshape(const OnnxNode& n, const Value& in) {
+  void general_reshape(const OnnxNode& n, const Value& in, const std::vector<int64_t>* given = nullptr) {
     Value x = as_tensor(in);
     const std::vector<int64_t>& d = x.dims;
-    const std::vector<int64_t> to = reshape_target(n, d);
+    const std::vector<int64_t> to = given ? *given : reshape_target(n, d);
     if (to.empty() || static_cast<int>(to.size()) >= kMaxRank)
       throw Refusal{cat("it reshapes a sample to ", to.size(), " dimensions; tandem's tensors hold 1 to ", kMaxRank - 1, " a sample")};
     struct Group {
@@ -2228,6 +2233,7 @@ class Importer {
   void expand(const OnnxNode& n) {
     skip_refused(n);
     if (form_of(n, 0) == Form::Mask) return expand_mask(n);
+    if (!n.inputs.empty() && values_.count(n.inputs[0]) && !is_step(form_of(n, 0))) return general_expand(n);
     if (const Folded* x = folded(n, 0); x && folded(n, 1) && !x->dims.empty() && x->dims[0] == 1) {
       const Folded& shape = *folded(n, 1);
       bool over_batch = shape.v.size() == x->dims.size() && (shape.v[0] == Sym{1, 1});
@@ -2620,10 +2626,12 @@ class Importer {
       consts_[f.name] = &f;
       return;
     }
+    if (!mask_like(any_input(n, 0))) return general_cast(n);
     values_[n.outputs.at(0)] = mask_of(n, 0);
   }
   void unsqueeze(const OnnxNode& n) {
     skip_refused(n);
+    if (!mask_like(any_input(n, 0))) return general_unsqueeze(n);
     Value m = mask_of(n, 0);
     const std::vector<int64_t> given = axes_given(n);
     if (given.empty()) throw Refusal{"it names no axes"};
@@ -2703,7 +2711,7 @@ class Importer {
     skip_refused(n);
     const auto cond = n.inputs.empty() ? values_.end() : values_.find(n.inputs[0]);
     if (cond == values_.end() || (cond->second.form != Form::Mask && !bool_inputs_.count(cond->second.node)))
-      throw Refusal{"tandem selects (Where) among shapes and integer constants, and by a key padding mask, only"};
+      return general_where(n);
     Value m = mask_of(n, 0);
     if (m.inverted || m.mask_scale != 1.0) throw Refusal{"it selects by a key padding mask after computing on it"};
     auto zero = [&](std::size_t i) {
@@ -2720,6 +2728,218 @@ class Importer {
     m.inverted = fill_second;  // Where(keep, 0, c) = (1 - keep) * c
     m.mask_scale = *c;
     values_[n.outputs.at(0)] = std::move(m);
+  }
+
+  // ---- comparisons, selections and repeats no pattern takes: binary's comparisons, where, expand ----
+
+  // A graph input [batch, tokens] or the mask's chain: what the key padding mask's handlers
+  // (Cast, Unsqueeze) take; any other tensor is the general ops'.
+  bool mask_like(const Value& v) const {
+    return v.form == Form::Mask || ((graph_input_const(v.node) || bool_inputs_.count(v.node)) && v.dims.size() == 1);
+  }
+  const InputSpec* graph_input_const(const std::string& name) const {
+    for (const InputSpec& in : out_.spec.inputs)
+      if (in.name == name) return &in;
+    return nullptr;
+  }
+  static BinaryAttrs::Mode mirrored(BinaryAttrs::Mode m) {  // a op b as b op' a
+    using M = BinaryAttrs::Mode;
+    switch (m) {
+      case M::less: return M::greater;
+      case M::greater: return M::less;
+      case M::less_equal: return M::greater_equal;
+      case M::greater_equal: return M::less_equal;
+      default: return m;
+    }
+  }
+  // Equal, Less, Greater, LessOrEqual, GreaterOrEqual of computed tensors (or one and a
+  // constant): binary's comparison, 0/1 floats (ONNX's bool) that where, And, Or and Not read.
+  void compare(const OnnxNode& n, BinaryAttrs::Mode mode) {
+    skip_refused(n);
+    general_binary(n, mode);
+    bools_.insert(n.outputs.at(0));
+  }
+  // A computed boolean (a comparison's 0/1), or refused naming what it is.
+  void boolean(const OnnxNode& n, std::size_t i) const {
+    if (i >= n.inputs.size() || !bools_.count(n.inputs[i]))
+      throw Refusal{cat("its input ", i, " is not a comparison's result; tandem computes logic on comparisons of tensors only")};
+  }
+  // Not(c) = (c == 0); And(a, b) = a * b; Xor(a, b) = (a != b); Or(a, b) = (a + b > 0).
+  void logical_not(const OnnxNode& n) {
+    skip_refused(n);
+    boolean(n, 0);
+    emit_scalar_binary(n, input_tensor(n, 0), BinaryAttrs::Mode::equal, 0.0f, n.outputs.at(0));
+    bools_.insert(n.outputs.at(0));
+  }
+  void logical(const OnnxNode& n, BinaryAttrs::Mode mode) {
+    skip_refused(n);
+    boolean(n, 0);
+    boolean(n, 1);
+    general_binary(n, mode);
+    bools_.insert(n.outputs.at(0));
+  }
+  void logical_and(const OnnxNode& n) { logical(n, BinaryAttrs::Mode::mul); }
+  void logical_or(const OnnxNode& n) {
+    logical(n, BinaryAttrs::Mode::add);  // a + b in {0, 1, 2}, then > 0
+    const Value sum = values_.at(n.outputs.at(0));
+    emit_scalar_binary(n, sum, BinaryAttrs::Mode::greater, 0.0f, n.outputs.at(0));
+  }
+  // Input i as a general tensor (a comparison's, a plain one's).
+  Value input_tensor(const OnnxNode& n, std::size_t i) { return operand(n, i, "computes on"); }
+  // binary(x, scalar) for `n` into `output`, in x's shape and order.
+  void emit_scalar_binary(const OnnxNode& n, const Value& x, BinaryAttrs::Mode mode, float scalar, const std::string& output) {
+    NodeSpec s = node_of(functional_node_name(n), "binary", {x.node});
+    s.binary.mode = mode;
+    s.binary.has_scalar = true;
+    s.binary.scalar = scalar;
+    Value out = as_tensor(x);
+    out.node = add_node(n, std::move(s));
+    values_[output] = settled_form(std::move(out));
+  }
+  // Cast of a computed tensor: to a float type, as it is (a comparison's 0/1 become numbers);
+  // to bool, x != 0 (a comparison's as it is); to an integer type, a comparison's only (other
+  // floats would be truncated, which tandem does not compute).
+  void general_cast(const OnnxNode& n) {
+    const int64_t to = int_attr(n, "to", 0);
+    const bool boolean_in = bools_.count(n.inputs.at(0)) > 0;
+    const Value& x = any_input(n, 0);
+    if (to == 1 || to == 10 || to == 11 || to == 16) {  // float, float16, double, bfloat16: tandem's floats
+      if (boolean_in) return alias(n, x, x.form);
+      if (graph_input_const(x.node) && graph_input_const(x.node)->integer)
+        throw Refusal{cat("it reads the integer input '", x.node, "' as numbers; tandem reads integer inputs as token ids, "
+                          "masks and boxes")};
+      return alias(n, input(n, 0), x.form);
+    }
+    if (to == 9) {  // bool
+      if (boolean_in) {
+        alias(n, x, x.form);
+        bools_.insert(n.outputs[0]);
+        return;
+      }
+      emit_scalar_binary(n, input_tensor(n, 0), BinaryAttrs::Mode::not_equal, 0.0f, n.outputs.at(0));
+      bools_.insert(n.outputs.at(0));
+      return;
+    }
+    if (boolean_in && (to == 2 || to == 3 || to == 4 || to == 5 || to == 6 || to == 7 || to == 12 || to == 13)) {
+      alias(n, x, x.form);
+      bools_.insert(n.outputs[0]);
+      return;
+    }
+    throw Refusal{cat("it casts a computed tensor to ONNX type ", to, "; tandem computes on floats and casts comparisons' "
+                      "results (0/1) only")};
+  }
+  // Where(cond, a, b) of computed tensors (cond a comparison's, or any: nonzero picks a), a or
+  // b a constant scalar (masked_fill's value, -inf too): tandem's where, the three stored in
+  // one order, broadcast as ONNX does (aligned on the last axis; each operand as many
+  // dimensions, so the batch lines up).
+  void general_where(const OnnxNode& n) {
+    if (constant(n, 0) || folded(n, 0))
+      throw Refusal{"its condition is a constant of the graph; tandem selects by a condition computed from the batch "
+                    "(a comparison of tensors)"};
+    if (n.inputs.size() != 3) throw Refusal{cat("it has ", n.inputs.size(), " inputs (Where takes 3)")};
+    WhereAttrs w;
+    std::vector<Value> t{operand(n, 0, "selects by")};
+    for (std::size_t i = 1; i < 3; ++i) {
+      if (const OnnxTensor* k = constant(n, i)) {
+        const std::optional<double> v = one_value(k);
+        if (!v)
+          throw Refusal{cat("it selects from a constant of ", k->count(), " values; tandem selects a constant scalar or a "
+                            "computed tensor")};
+        if (std::isnan(*v)) throw Refusal{"it selects NaN; tandem's where takes numbers and infinities"};
+        (i == 1 ? w.a : w.b) = static_cast<float>(*v);
+      } else {
+        t.push_back(operand(n, i, "selects"));
+      }
+    }
+    std::vector<int64_t> dims = t[0].dims;
+    for (std::size_t k = 1; k < t.size(); ++k) {
+      if (t[k].dims.size() != dims.size())
+        throw Refusal{cat("it selects among tensors of ", dims.size() + 1, " and ", t[k].dims.size() + 1,
+                          " dimensions; broadcast, their batch axes would not line up")};
+      for (std::size_t a = 0; a < dims.size(); ++a) {
+        const int64_t x = dims[a], y = t[k].dims[a];
+        if (x != y && x != 1 && y != 1) throw Refusal{cat("its operands' axis ", a + 1, " is ", x, " and ", y, "; they do not broadcast")};
+        dims[a] = std::max(x, y);
+      }
+    }
+    std::vector<int> order = t[0].order;  // the order of an operand as large as the output
+    for (const Value& v : t)
+      if (v.dims == dims) {
+        order = v.order;
+        break;
+      }
+    std::vector<std::string> inputs;
+    for (const Value& v : t) inputs.push_back(stored_as(n, v, order).node);
+    NodeSpec s = node_of(functional_node_name(n), "where", inputs);
+    s.where = w;
+    Value out = t[0];
+    out.node = add_node(n, std::move(s));
+    out.dims = dims;
+    out.order = order;
+    values_[n.outputs.at(0)] = settled_form(std::move(out));
+  }
+  // Expand(computed x, shape known at import): tandem's expand in x's stored order, the batch
+  // axis kept (1, -1 or the batch), each other axis x's or, where x has 1, any size.
+  void general_expand(const OnnxNode& n) {
+    Value x = operand(n, 0, "expands");
+    const Folded* shape = folded(n, 1);
+    if (!shape) throw Refusal{"its shape is computed from tensor values; tandem expands to shapes known at import"};
+    const std::size_t rank = x.dims.size() + 1;
+    if (shape->dims.size() != 1 || shape->v.size() != rank)
+      throw Refusal{cat("it expands a tensor of ", rank, " dimensions to ", shape->v.size(), "; tandem keeps the batch first (a "
+                        "shape of as many dimensions)")};
+    if (!(shape->v[0] == Sym{1, 1} || shape->v[0] == Sym{1, 0} || shape->v[0] == Sym{-1, 0}))
+      throw Refusal{"it expands the batch axis; tandem keeps each sample's values apart"};
+    std::vector<int64_t> dims = x.dims;
+    for (std::size_t k = 1; k < rank; ++k) {
+      const Sym& v = shape->v[k];
+      if (v.unknown || (v.p != 0 && v.c != 0)) throw Refusal{cat("its shape's axis ", k, " is computed from the batch")};
+      const int64_t want = v.c == -1 ? 1 : v.c, have = x.dims[k - 1];
+      if (want < 1) throw Refusal{cat("its shape's axis ", k, " is ", v.c)};
+      if (want != have && want != 1 && have != 1)
+        throw Refusal{cat("it expands axis ", k, " of ", have, " to ", want, "; only an axis of 1 repeats")};
+      dims[k - 1] = std::max(want, have);
+    }
+    if (dims == x.dims) return alias(n, any_input(n, 0), any_input(n, 0).form);
+    NodeSpec s = node_of(functional_node_name(n), "expand", {x.node});
+    for (int a : x.order) s.expand.push_back(dims[static_cast<std::size_t>(a)]);
+    x.node = add_node(n, std::move(s));
+    x.dims = dims;
+    values_[n.outputs.at(0)] = settled_form(std::move(x));
+  }
+  // Unsqueeze and Squeeze of a computed tensor: views (an axis of 1 added or taken away).
+  void general_unsqueeze(const OnnxNode& n) {
+    const Value& in = any_input(n, 0);
+    const Value x = operand(n, 0, "unsqueezes");
+    const std::vector<int64_t> given = axes_given(n);
+    if (given.empty()) throw Refusal{"it names no axes"};
+    std::vector<int64_t> to = x.dims;
+    for (int64_t a : distinct_axes(given, x.dims.size() + 1 + given.size())) {
+      if (a == 0) throw Refusal{"it puts an axis before the batch"};
+      to.insert(to.begin() + (a - 1), 1);
+    }
+    if (static_cast<int>(to.size()) >= kMaxRank)
+      throw Refusal{cat("it makes a sample of ", to.size(), " dimensions; tandem's tensors hold 1 to ", kMaxRank - 1)};
+    general_reshape(n, in, &to);
+  }
+  void squeeze(const OnnxNode& n) {
+    skip_refused(n);
+    const Value& in = any_input(n, 0);
+    const Value x = operand(n, 0, "squeezes");
+    std::vector<int64_t> axes = axes_given(n);
+    const std::size_t rank = x.dims.size() + 1;
+    if (axes.empty())
+      for (std::size_t a = 0; a < x.dims.size(); ++a)
+        if (x.dims[a] == 1) axes.push_back(static_cast<int64_t>(a + 1));
+    std::vector<int64_t> to = x.dims;
+    axes = distinct_axes(axes, rank);
+    for (std::size_t k = axes.size(); k-- > 0;) {
+      if (axes[k] == 0) throw Refusal{"it squeezes the batch axis; tandem keeps each sample's values apart"};
+      if (x.dims[static_cast<std::size_t>(axes[k] - 1)] != 1) throw Refusal{cat("it squeezes axis ", axes[k], ", which is not 1")};
+      to.erase(to.begin() + (axes[k] - 1));
+    }
+    if (to.empty()) throw Refusal{"it squeezes a sample to one number; tandem keeps at least one axis"};
+    general_reshape(n, in, &to);
   }
   void mask_step(const OnnxNode& n, std::size_t at) {  // Mul(mask, c)
     Value m = any_input(n, at);
@@ -2794,13 +3014,18 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
          i.skip_refused(n);
          throw Refusal{"it reads the shape of a tensor whose shape import does not track"};
        }},
-      {"Squeeze", [](I&, const OnnxNode&) { throw Refusal{"tandem squeezes shapes and constants only"}; }},
+      {"Squeeze", &I::squeeze},
       {"Slice", &I::slice},
       {"ConstantOfShape", &I::constant_of_shape},
-      {"Equal", [](I& i, const OnnxNode& n) {
-         i.skip_refused(n);
-         throw Refusal{"tandem compares shapes and integer constants only"};
-       }},
+      {"Equal", [](I& i, const OnnxNode& n) { i.compare(n, BinaryAttrs::Mode::equal); }},
+      {"Less", [](I& i, const OnnxNode& n) { i.compare(n, BinaryAttrs::Mode::less); }},
+      {"Greater", [](I& i, const OnnxNode& n) { i.compare(n, BinaryAttrs::Mode::greater); }},
+      {"LessOrEqual", [](I& i, const OnnxNode& n) { i.compare(n, BinaryAttrs::Mode::less_equal); }},
+      {"GreaterOrEqual", [](I& i, const OnnxNode& n) { i.compare(n, BinaryAttrs::Mode::greater_equal); }},
+      {"Not", &I::logical_not},
+      {"And", &I::logical_and},
+      {"Or", &I::logical_or},
+      {"Xor", [](I& i, const OnnxNode& n) { i.logical(n, BinaryAttrs::Mode::not_equal); }},
       {"Where", &I::where},
       {"Expand", &I::expand},
       {"Pad", &I::pad},

@@ -18,7 +18,8 @@
 # table), split after its first encoder layer. The ViT trains 3 steps split at its first encoder layer in one process
 # (tandem train --init-from, --export): strict load, torch's own steps within 1e-4; so does a
 # model of general reshapes, transposes and reductions (onnx_check.py's Views), split after
-# its channel shuffle, one of arithmetic and matmuls no pattern takes (Arith), and the text
+# its channel shuffle, one of arithmetic and matmuls no pattern takes (Arith), one of
+# comparisons, torch.where, masked_fill with -inf and expand (Gates), and the text
 # classifier, its padding mask crossing the cut (marks_padding: read as 1 - mask), and a
 # LayoutLM-style classifier (words, boxes, a token-type table). A model of
 # three ops tandem cannot take is refused naming all three; a truncated file and a bad cut are
@@ -37,7 +38,7 @@ source "$src/tests/lib/skip.sh"
 check=$src/tests/interop/onnx_check.py
 
 # torch's exports run side by side (the test runs alone: both cores are its); each status is checked.
-models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 views arith pools convnext vit tabular14 tabular17 bert bert2 encoder layoutlm"
+models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 views arith gates pools convnext vit tabular14 tabular17 bert bert2 encoder layoutlm"
 pids=()
 for model in $models; do
   mkdir -p "$work/$model"
@@ -61,7 +62,7 @@ for pid in "${pids[@]}"; do
 done
 for model in $models; do
   dir=$work/$model
-  case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;; views) cut=reshape_1 ;; arith) cut=div ;; pools) cut=pool_1 ;; convnext) cut=features.1 ;;
+  case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;; views) cut=reshape_1 ;; arith) cut=div ;; gates) cut=where ;; pools) cut=pool_1 ;; convnext) cut=features.1 ;;
     bert|bert2) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; encoder) cut=encoder.layers.0 ;;
     layoutlm) cut=layoutlm.encoder.layer.0 ;; *) cut=layer3 ;; esac
   tol=1e-4
@@ -157,6 +158,17 @@ grep -qF '{ name: "pool_1", op: "avg_pool2d", inputs: ["pool"], pool: { kernel: 
   grep -qF '{ name: "conv_1", op: "conv2d", inputs: ["pool_1"], conv2d: { out_channels: 8, kernel: [3], stride: [1], padding: [1]' "$pl" &&
   grep -qF '{ name: "flatten", op: "flatten", inputs: ["conv_1"] }' "$pl" || fail "pools: the pads: $(grep -E 'pool|conv' "$pl")"
 trains_like_torch pools
+
+# Comparisons, selections and repeats no pattern takes: the Gates model's torch.where (x > 0), a
+# linear of the tokens' mean repeated over them (unsqueeze, expand), scores masked_fill'ed with
+# -inf, logic on comparisons (|, ~, .float()); 3 steps split after the first where as torch does.
+gt=$work/gates/imported/model.json
+grep -qF '{ name: "where", op: "where", inputs: ["greater", "conv", "mul"] }' "$gt" &&
+  grep -qF '{ name: "expand", op: "expand", inputs: ["unsqueeze"], expand: { shape: [64, 8] } }' "$gt" &&
+  grep -qF '{ name: "where_2", op: "where", inputs: ["less", "div"], where: { a: -inf } }' "$gt" &&
+  grep -qF '{ name: "not", op: "binary", inputs: ["less_1"], binary: { mode: "equal", scalar: 0 } }' "$gt" ||
+  fail "gates: where, expand and the comparisons: $(grep -E 'where|expand|binary' "$gt")"
+trains_like_torch gates
 
 # ConvNeXt: its LayerNorm2d and blocks permute the image to [N, H, W, C] (tandem's own order: no
 # transpose at all), normalize and apply linears over C (views [H W, C] around each linear), and

@@ -193,6 +193,34 @@ class Arith(torch.nn.Module):
         return self.fc(torch.cat((c.flatten(1), c[:, -1], x[:, :, 2].flatten(1), peaks), 1))
 
 
+class Gates(torch.nn.Module):
+    """Comparisons, selections and repeats no pattern takes, as general ops: a leaky gate
+    written with torch.where (x > 0), the image's pixels as tokens with a linear of their mean
+    repeated over them (unsqueeze, expand), attention written by hand whose scores below a
+    threshold are masked_fill'ed with -inf (the diagonal never is), values that are exactly
+    zero replaced (masked_fill(c == 0, 1)), and the channels at most their mean kept ((m <=
+    mean).float(), m * (m > 0.5) | ~(m < 0): logic on comparisons)."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(3, 8, 4, stride=4)
+        self.mix = torch.nn.Linear(8, 8)
+        self.fc = torch.nn.Linear(64 * 8 + 8 + 8, 10)
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = torch.where(x > 0, x, 0.1 * x)
+        t = x.flatten(2).transpose(1, 2)
+        m = t.mean(1)
+        t = t + self.mix(m).unsqueeze(1).expand(-1, 64, -1)
+        s = t @ t.transpose(1, 2) / 4.0
+        c = torch.softmax(s.masked_fill(s < -0.25, float("-inf")), -1) @ t
+        c = c.masked_fill(c == 0, 1.0)
+        kept = m * (m <= m.mean(1, keepdim=True)).float()
+        logic = m * ((m > 0.5) | ~(m < 0.0)).float()
+        return self.fc(torch.cat((c.flatten(1), kept, logic), 1))
+
+
 class Pools(torch.nn.Module):
     """Pads and average pools as torch writes them: nn.AvgPool2d (Pad of zeros, AveragePool),
     one with padding (count_include_pad), F.pad's zeros before a convolution, DenseNet's
@@ -238,6 +266,8 @@ def make(name):
         return Arith()
     if name == "pools":
         return Pools()
+    if name == "gates":
+        return Gates()
     if name == "convnext":  # two stages of one block: the stem's and downsampling's LayerNorm2d, the blocks' layer scale
         from torchvision.models.convnext import CNBlockConfig, ConvNeXt
         return ConvNeXt([CNBlockConfig(8, 16, 1), CNBlockConfig(16, None, 1)], stochastic_depth_prob=0.0, num_classes=10)
