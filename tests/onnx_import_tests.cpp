@@ -474,8 +474,10 @@ Pb typed_value(const std::string& name, int type, const std::vector<int64_t>& di
 // times -1e4), Softmax, times the values, permuted back, reshaped, the first token, a linear.
 // `keys_in_two_steps`: the keys permuted as the query, then their last two axes swapped (as
 // Hugging Face's k.transpose(-1, -2) after the view), instead of in one permutation.
+// `causal`: a stored [1, 4, 4] added after the mask, -inf above the diagonal (1: a causal mask)
+// or below it (2: not one).
 std::vector<uint8_t> attention_model(float divisor, bool inverted, bool keys_in_two_steps = false, float big = -10000.0f,
-                                     bool mask_summed_too = false) {
+                                     bool mask_summed_too = false, int causal = 0) {
   std::vector<Pb> n = {node("/emb/Gather", "Gather", {"emb.weight", "ids"}, {"x"})};
   for (const std::string w : {"q", "k", "v"}) {
     n.push_back(node(cat("/att/", w, "/Transpose"), "Transpose", {cat("att.", w, ".weight")}, {cat(w, "_wt")}, {ints_attr("perm", {1, 0})}));
@@ -513,7 +515,8 @@ std::vector<uint8_t> attention_model(float divisor, bool inverted, bool keys_in_
   n.push_back(node("/att/MatMul", "MatMul", {"qt", "kt"}, {"sc"}));
   n.push_back(scalar("/att/scale", divisor));
   n.push_back(node("/att/Div", "Div", {"sc", "/att/scale_out"}, {"sd"}));
-  n.push_back(node("/att/Add", "Add", {"sd", "madd"}, {"sm"}));
+  n.push_back(node("/att/Add", "Add", {"sd", "madd"}, {causal ? "sm0" : "sm"}));
+  if (causal) n.push_back(node("/att/Add_1", "Add", {"sm0", "att.causal"}, {"sm"}));
   n.push_back(node("/att/Softmax", "Softmax", {"sm"}, {"p"}, {int_attr("axis", -1)}));
   n.push_back(node("/att/MatMul_1", "MatMul", {"p", "vt"}, {"c"}));
   n.push_back(node("/att/Transpose_3", "Transpose", {"c"}, {"ct"}, {ints_attr("perm", {0, 2, 1, 3})}));
@@ -531,6 +534,17 @@ std::vector<uint8_t> attention_model(float divisor, bool inverted, bool keys_in_
   g.msg(5, tensor("emb.weight", {10, 8}));
   for (const std::string w : {"q", "k", "v"}) g.msg(5, tensor(cat("att.", w, ".weight"), {8, 8})).msg(5, tensor(cat("att.", w, ".bias"), {8}));
   g.msg(5, tensor("fc.weight", {3, 8})).msg(5, tensor("fc.bias", {3}));
+  if (causal) {
+    Pb t;
+    t.num(1, 1).num(1, 4).num(1, 4).num(2, 1).str(8, "att.causal");
+    std::string raw(64, '\0');
+    for (int r = 0; r < 4; ++r)
+      for (int c = 0; c < 4; ++c) {
+        const float v = (causal == 1 ? c > r : c < r) ? -INFINITY : 0.0f;
+        std::memcpy(&raw[static_cast<std::size_t>(r * 4 + c) * 4], &v, 4);
+      }
+    g.msg(5, t.str(9, raw));
+  }
   g.msg(11, typed_value("ids", 7, {4})).msg(11, typed_value("mask", 7, {4})).msg(12, value("logits", {3}));
   const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
   return std::vector<uint8_t>(b.begin(), b.end());
@@ -656,6 +670,18 @@ TEST(OnnxImport, AttentionWithItsMaskComesBackAsOneOp) {
   EXPECT_EQ(e.find("/att/MatMul_1"), std::string::npos) << "a refused step is reported once: " << e;
   e = error_of([&] { import_bytes(attention_model(NAN, true)); });
   EXPECT_NE(e.find("  node '/att/Div' (Div, module att): it scales attention scores by nan"), std::string::npos) << e;
+
+  // A stored causal mask (-inf above the diagonal) added to the scores too: the same op,
+  // causal, with its padding mask; -inf below the diagonal is no causal mask: refused.
+  const OnnxImport causal = import_bytes(attention_model(2.0f, true, false, -10000.0f, false, 1));
+  ASSERT_EQ(causal.spec.nodes.size(), imp.spec.nodes.size());
+  EXPECT_EQ(causal.spec.nodes[4].inputs, att.inputs);
+  EXPECT_TRUE(causal.spec.nodes[4].attention.causal);
+  EXPECT_FALSE(att.attention.causal);
+  e = error_of([&] { import_bytes(attention_model(2.0f, true, false, -10000.0f, false, 2)); });
+  EXPECT_NE(e.find("  node '/att/Add_1' (Add, module att): it adds to attention scores something other than a key padding "
+                   "mask from a graph input or a causal mask (0 on and below the diagonal, -inf above it)"),
+            std::string::npos) << e;
 }
 
 // A boolean input is nn.MultiheadAttention's key_padding_mask and nothing else: read as

@@ -71,6 +71,9 @@ struct Value {
   std::string boxes;
   const OnnxTensor* table = nullptr;  // Positions: the position table; ClassToken, WithClass: the token
   bool merged = false;  // attention's heads merged with the batch (nn.MultiheadAttention's [N H, T, D])
+  // Scores: a causal mask was added (-inf above the diagonal). Mask: a causal mask is filled
+  // where this mask keeps (nn.MultiheadAttention's attn_mask.masked_fill(key_padding_mask, -inf)).
+  bool causal = false;
   // Tensor: tandem's node holds ONNX's axis order[k] of `dims` as its axis k (an image [C, H, W]
   // is stored {1, 2, 0}: [H, W, C]).
   std::vector<int> order;
@@ -254,6 +257,10 @@ class Importer {
     std::vector<Sym> shape;
   };
   std::map<std::string, Fill> fills_;
+  // Causal masks: ONNX values [1, ..., T, T] (no batch axis) of 0 on and below the diagonal and
+  // -inf (or c <= -1e4) above it (nn.Transformer.generate_square_subsequent_mask, a Trilu of
+  // -inf), by their dimensions; added to attention's scores they are its `causal`.
+  std::map<std::string, std::vector<int64_t>> causal_;
   std::deque<OnnxTensor> made_;  // constants import computes (Cast of a constant to float)
   // Integer constants [1, ...] expanded over the batch (Hugging Face's token_type_ids buffer):
   // the same for every sample; read only as a table's row indices.
@@ -320,6 +327,8 @@ class Importer {
       if (folded_.count(name) && !consts_.count(name))
         throw Refusal{cat("input '", name, "' is computed from shapes; tandem reads such a value only as a shape or as indices")};
       if (consts_.count(name)) throw Refusal{cat("input '", name, "' is a constant; tandem reads it only as a weight")};
+      if (causal_.count(name))
+        throw Refusal{cat("input '", name, "' is a causal mask; tandem reads one only as attention's (added to its scores)")};
       if (fills_.count(name))
         throw Refusal{cat("input '", name, "' is a constant of a computed shape (ConstantOfShape); tandem reads one "
                           "only as the value masked_fill keeps (Where(mask, c, zeros))")};
@@ -1292,6 +1301,14 @@ class Importer {
   // Mul(x, x) -> Mul(x, that) -> Mul(0.044715) -> Add(x) -> Mul(sqrt(2 / pi)) -> Tanh -> Add(1)
   // -> Mul(x) -> Mul(0.5).
   void mul(const OnnxNode& sq) {
+    for (std::size_t i = 0; i < 2; ++i)
+      if (const std::optional<std::vector<int64_t>> c = causal_of(sq, i)) {  // baddbmm's beta * attn_mask
+        const std::optional<double> by = one_value(constant(sq, 1 - i));
+        if (!by || !(*by > 0.0) || !std::isfinite(*by))
+          throw Refusal{"it multiplies a causal mask by other than a positive constant"};
+        causal_[sq.outputs.at(0)] = *c;
+        return;
+      }
     for (std::size_t i = 0; i < 2; ++i) {
       const Form f = form_of(sq, i);
       if (f == Form::Scores || f == Form::HeadsFirst || f == Form::KeysT) return scale_scores(sq, i, false);
@@ -2491,7 +2508,8 @@ class Importer {
     if (!one_value(c) || (divide && at != 0)) throw Refusal{"it scales attention scores by other than a constant"};
     const double by = *one_value(c);
     if (by == 0.0 || !std::isfinite(by)) throw Refusal{cat("it scales attention scores by ", by)};
-    if (!v.mask.empty()) throw Refusal{"it scales attention scores after the mask was added; tandem's attention scales, then masks"};
+    if (!v.mask.empty() || v.causal)
+      throw Refusal{"it scales attention scores after a mask was added; tandem's attention scales, then masks"};
     v.divisor = divide ? v.divisor * by : v.divisor / by;
     values_[n.outputs.at(0)] = std::move(v);
   }
@@ -2499,8 +2517,20 @@ class Importer {
   // Add(scores, (1 - mask) * a large negative, as [N, 1, 1, T]): the key padding mask.
   void mask_scores(const OnnxNode& n, std::size_t at) {
     Value v = any_input(n, at);
+    if (const std::optional<std::vector<int64_t>> c = causal_of(n, 1 - at)) {  // + attn_mask: causal
+      const int64_t t = v.dims[1];
+      std::vector<int64_t> lead(c->begin(), c->end() - 2);
+      if (v.causal) throw Refusal{"it adds a second causal mask to attention scores"};
+      if (c->back() != t || std::any_of(lead.begin(), lead.end(), [](int64_t d) { return d != 1; }) ||
+          c->size() > (v.merged ? 3u : 4u))
+        throw Refusal{cat("its causal mask is not [", t, ", ", t, "] (with leading axes of 1) over the scores' ", t, " tokens")};
+      v.causal = true;
+      values_[n.outputs.at(0)] = std::move(v);
+      return;
+    }
     if (form_of(n, 1 - at) != Form::Mask)
-      throw Refusal{"it adds to attention scores something other than a key padding mask from a graph input"};
+      throw Refusal{"it adds to attention scores something other than a key padding mask from a graph input or a causal "
+                    "mask (0 on and below the diagonal, -inf above it)"};
     const Value& m = any_input(n, 1 - at);
     if (!v.mask.empty()) throw Refusal{"it adds a second mask to attention scores"};
     // (1 - keep) * c or padding * c with c far below any score (masked_fill's -inf included)
@@ -2510,10 +2540,12 @@ class Importer {
                         "); tandem's attention takes a key padding mask, one value per key")};
     if (m.merged != v.merged || m.dims != std::vector<int64_t>{m.merged ? v.heads : 1, 1, v.dims[1]})
       throw Refusal{v.merged ? "its mask is not [batch * heads, 1, tokens] (a key_padding_mask expanded over the heads): one "
-                               "per key, alike for every head and query (an attn_mask is not supported)"
+                               "per key, alike for every head and query (an attn_mask other than a causal one is not supported)"
                              : "its mask is not [batch, 1, 1, tokens]: one per key, alike for every head and query"};
+    if (m.causal && v.causal) throw Refusal{"it adds a second causal mask to attention scores"};
     v.mask = m.node;
     v.mask_marks_padding = !m.inverted;
+    v.causal = v.causal || m.causal;
     values_[n.outputs.at(0)] = std::move(v);
   }
 
@@ -2584,6 +2616,7 @@ class Importer {
     const std::string m = module_of(n.name);  // the module is the attention (BertSelfAttention, nn.MultiheadAttention)
     NodeSpec s = node_of(unique(m.empty() ? own_name(n.name, n.op_type) : m), "attention", {p.query, p.key, v.node});
     s.attention.heads = p.heads;
+    s.attention.causal = p.causal;
     if (!p.mask.empty()) {
       s.inputs.push_back(p.mask);
       InputSpec* in = graph_input(p.mask);
@@ -2597,6 +2630,7 @@ class Importer {
       in->integer = false;
     }
     out_.fused.push_back(cat(s.name, ": Reshape, Transpose, MatMul, Div", p.mask.empty() ? "" : ", Add (mask)",
+                             p.causal ? ", Add (causal mask)" : "",
                              ", Softmax, MatMul, Transpose, Reshape -> attention"));
     emit(n, std::move(s), Form::Context, n.outputs.at(0), p.dims);
     values_[n.outputs[0]].heads = p.heads;
@@ -2631,6 +2665,15 @@ class Importer {
   }
   void unsqueeze(const OnnxNode& n) {
     skip_refused(n);
+    if (const std::optional<std::vector<int64_t>> c = causal_of(n, 0)) {  // attn_mask.unsqueeze(0)
+      std::vector<int64_t> dims = *c;
+      const std::vector<int64_t> given = axes_given(n);
+      if (given.empty()) throw Refusal{"it names no axes"};
+      for (int64_t a : distinct_axes(given, dims.size() + given.size())) dims.insert(dims.begin() + a, 1);
+      if (dims.size() > 4) throw Refusal{"it gives a causal mask more than 4 dimensions"};
+      causal_[n.outputs.at(0)] = std::move(dims);
+      return;
+    }
     if (!mask_like(any_input(n, 0))) return general_unsqueeze(n);
     Value m = mask_of(n, 0);
     const std::vector<int64_t> given = axes_given(n);
@@ -2721,6 +2764,17 @@ class Importer {
       return f->second.value == 0.0 && mine && f->second.shape.size() == mine->size() &&
              std::equal(mine->begin(), mine->end(), f->second.shape.begin());
     };
+    if (const std::optional<std::vector<int64_t>> causal = causal_of(n, 2)) {
+      // attn_mask.masked_fill(key_padding_mask [N H, 1, T], -inf): both masks, added to the scores
+      const std::optional<double> c = one_value(constant(n, 1));
+      if (!c || !(*c <= -1e4) || causal->back() != m.dims.back())
+        throw Refusal{"it fills a causal mask where a key padding mask holds with other than -inf (or c <= -1e4), or over "
+                      "another number of tokens"};
+      m.mask_scale = *c;
+      m.causal = true;
+      values_[n.outputs.at(0)] = std::move(m);
+      return;
+    }
     const bool fill_first = zero(2), fill_second = !fill_first && zero(1);
     const std::optional<double> c = one_value(constant(n, fill_first ? 1 : 2));
     if ((!fill_first && !fill_second) || !c)
@@ -2728,6 +2782,41 @@ class Importer {
     m.inverted = fill_second;  // Where(keep, 0, c) = (1 - keep) * c
     m.mask_scale = *c;
     values_[n.outputs.at(0)] = std::move(m);
+  }
+
+
+  // ---- causal masks (nn.Transformer.generate_square_subsequent_mask, an attn_mask) ----
+
+  // Input i as a causal mask: one made so far, or a stored constant [.., T, T] of 0 on and below
+  // the diagonal and c <= -1e4 above it; nullopt otherwise.
+  std::optional<std::vector<int64_t>> causal_of(const OnnxNode& n, std::size_t i) const {
+    if (i >= n.inputs.size() || n.inputs[i].empty()) return std::nullopt;
+    if (const auto it = causal_.find(n.inputs[i]); it != causal_.end()) return it->second;
+    const OnnxTensor* k = constant(n, i);
+    if (!k || k->integer || k->dims.size() < 2 || k->dims.size() > 4) return std::nullopt;
+    const int64_t t = k->dims.back();
+    if (t < 2 || t > 4096 || k->dims[k->dims.size() - 2] != t || k->count() != t * t ||
+        static_cast<int64_t>(k->floats.size()) != t * t)
+      return std::nullopt;
+    for (int64_t r = 0; r < t; ++r)
+      for (int64_t c = 0; c < t; ++c) {
+        const float v = k->floats[static_cast<std::size_t>(r * t + c)];
+        if (c > r ? !(v <= -1e4f) : v != 0.0f) return std::nullopt;
+      }
+    return k->dims;
+  }
+  // Trilu(upper=1, k=1) of a square filled with -inf (or c <= -1e4): a causal mask.
+  void trilu(const OnnxNode& n) {
+    skip_refused(n);
+    const auto f = n.inputs.empty() ? fills_.end() : fills_.find(n.inputs[0]);
+    const bool one_above = n.inputs.size() > 1 && !n.inputs[1].empty() && folded(n, 1) && plain_ints(n, 1) == std::vector<int64_t>{1};
+    const bool square = f != fills_.end() && f->second.shape.size() == 2 && f->second.shape[0] == f->second.shape[1] &&
+                        !f->second.shape[0].unknown && f->second.shape[0].p == 0 && f->second.shape[0].c >= 1;
+    if (!square || int_attr(n, "upper", 1) != 1 || !one_above || !(f->second.value <= -1e4))
+      throw Refusal{"tandem takes Trilu only as a causal mask: the part above the diagonal (upper=1, k=1) of a square "
+                    "filled with -inf or c <= -1e4 (nn.Transformer.generate_square_subsequent_mask)"};
+    const int64_t t = f->second.shape[0].c;
+    causal_[n.outputs.at(0)] = {t, t};
   }
 
   // ---- comparisons, selections and repeats no pattern takes: binary's comparisons, where, expand ----
@@ -3029,6 +3118,7 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
       {"Where", &I::where},
       {"Expand", &I::expand},
       {"Pad", &I::pad},
+      {"Trilu", &I::trilu},
   };
   return ops;
 }

@@ -257,6 +257,17 @@ class TextEncoder(torch.nn.Module):
         return self.fc(self.encoder(self.embed(ids), src_key_padding_mask=pad).mean(1))
 
 
+class CausalEncoder(TextEncoder):
+    """The text classifier reading its tokens left to right: nn.Transformer's causal mask
+    (generate_square_subsequent_mask, an attn_mask of -inf above the diagonal) beside the bool
+    key padding mask, the last kept token's features through the linear (x[:, -1] would be
+    padding's; the mean keeps it simple: the tokens' mean)."""
+
+    def forward(self, ids, pad):
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(ids.size(1))
+        return self.fc(self.encoder(self.embed(ids), mask=causal, src_key_padding_mask=pad).mean(1))
+
+
 def make(name):
     """torchvision's model NAME for 10 classes; vit: a small VisionTransformer (32x32 images,
     patches of 8, 2 layers, hidden 16, 2 heads; nn.MultiheadAttention's packed in-projection)."""
@@ -275,6 +286,8 @@ def make(name):
         return bert_model(0.0, types=2)
     if name == "encoder":
         return TextEncoder()
+    if name == "causal":
+        return CausalEncoder()
     if name == "layoutlm":
         return layoutlm_model()
     if name == "vit":
@@ -369,8 +382,8 @@ def main():
                         m.bias.data.copy_(torch.randn(m.bias.shape, generator=gen) * 0.1)
             export(model, f"{out}/model.onnx", torch.randn(2, 12), ["record"], int(name[len("tabular"):]))
             inputs = {"record": images}
-        elif name == "encoder":
-            model = TextEncoder()
+        elif name in ("encoder", "causal"):
+            model = make(name)
             with torch.no_grad():
                 randomize(model, gen)
             ids = torch.randint(0, 50, (n, 12), generator=gen)
@@ -423,7 +436,7 @@ def main():
         data = read_safetensors(f"{out}/data/train.safetensors")
         if name == "bert0":  # ids and mask, as tandem reads them (floats holding integers)
             inputs = (data["input_ids"][:batch].long(), data["attention_mask"][:batch].long())
-        elif name == "encoder":
+        elif name in ("encoder", "causal"):
             inputs = (data["ids"][:batch].long(), data["pad"][:batch].bool())
         elif name == "layoutlm":
             inputs = tuple(data[k][:batch].long() for k in ("input_ids", "attention_mask", "bbox"))
