@@ -460,6 +460,25 @@ TEST(OnnxImport, ComparisonsWhereAndExpandOutsidePatternsAreGeneralOps) {
     EXPECT_NE(e.find(c.want), std::string::npos) << e;
   }
 }
+// MaxPool's ceil_mode=1 is taken where rounding up adds no window (2x2 windows over 8 pixels:
+// 4 either way; SqueezeNet's 3x3 at stride 2 over 15, 7 and 3) and refused where it adds one,
+// which tandem's windows would not compute.
+TEST(OnnxImport, CeilModeIsTakenWhereItAddsNoWindow) {
+  auto with_pool = [](int64_t kernel) {
+    std::vector<Pb> nodes = cnn_nodes();
+    nodes[2] = node("/pool/MaxPool", "MaxPool", {"/act/Relu_output_0"}, {"/pool/MaxPool_output_0"},
+                    {ints_attr("kernel_shape", {kernel, kernel}), ints_attr("strides", {2, 2}), int_attr("ceil_mode", 1)});
+    return model(nodes, cnn_weights());
+  };
+  const OnnxImport imp = import_bytes(with_pool(2));
+  EXPECT_EQ(imp.spec.nodes.at(2).op, "max_pool2d");
+  EXPECT_EQ(imp.spec.nodes.at(2).pool.kernel, (Pair{2, 2}));
+  const std::string e = error_of([&] { import_bytes(with_pool(3)); });
+  EXPECT_NE(e.find("node '/pool/MaxPool' (MaxPool, module pool): ceil_mode=1 adds a window over its height of 8 (4 windows "
+                   "rather than 3); tandem's windows floor the output size, so it takes ceil_mode only where rounding up "
+                   "adds none"), std::string::npos) << e;
+}
+
 Pb typed_value(const std::string& name, int type, const std::vector<int64_t>& dims) {
   Pb shape;
   shape.msg(1, Pb().str(2, "batch"));

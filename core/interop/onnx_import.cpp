@@ -1057,7 +1057,7 @@ class Importer {
   void pool(const OnnxNode& n, const char* op) {
     only_first_output_read(n);
     const Value& x = image(n);
-    if (int_attr(n, "ceil_mode", 0) != 0) throw Refusal{"ceil_mode=1 is not supported; tandem's windows floor the output size"};
+    const bool ceil_mode = int_attr(n, "ceil_mode", 0) != 0;
     for (int64_t d : ints_attr(n, "dilations", {1, 1}))
       if (d != 1) throw Refusal{"dilated pooling windows are not supported"};
     if (int_attr(n, "storage_order", 0) != 0) throw Refusal{"storage_order=1 is not supported"};
@@ -1068,6 +1068,22 @@ class Importer {
     if (std::string(op) == "avg_pool2d" && s.pool.padding != Pair{0, 0} && int_attr(n, "count_include_pad", 0) == 0)
       throw Refusal{"count_include_pad=0 with padding: tandem's average counts the padding (PyTorch's default)"};
     s.pool.padding = padded(n, s.pool.padding);  // a Pad's zeros count in the average, as its padding does
+    if (ceil_mode) {  // taken where rounding up adds no window (SqueezeNet's pools at 224 and 32 pixels)
+      if (x.dims.size() != 3) throw Refusal{"ceil_mode=1 over an image whose size import does not know"};
+      const int64_t size[2] = {x.dims[1], x.dims[2]};
+      const Pair &k = s.pool.kernel, &st = s.pool.stride, &pad = s.pool.padding;
+      for (std::size_t a = 0; a < 2; ++a) {
+        const int64_t span = size[a] + 2 * pad[a] - k[a];
+        if (span < 0 || st[a] < 1) break;  // window_dims refuses it below
+        const int64_t floor = span / st[a] + 1;
+        int64_t ceil = (span + st[a] - 1) / st[a] + 1;
+        if ((ceil - 1) * st[a] >= size[a] + pad[a]) --ceil;  // torch's rule: the last window starts inside
+        if (ceil != floor)
+          throw Refusal{cat("ceil_mode=1 adds a window over its ", a == 0 ? "height" : "width", " of ", size[a], " (", ceil,
+                            " windows rather than ", floor, "); tandem's windows floor the output size, so it takes ceil_mode "
+                            "only where rounding up adds none")};
+      }
+    }
     const std::vector<int64_t> dims = x.dims.empty() ? std::vector<int64_t>{} : window_dims(x.dims, x.dims[0], s.pool.kernel, s.pool.stride, s.pool.padding, {1, 1});
     emit(n, std::move(s), Form::Image, n.outputs.at(0), dims);
   }

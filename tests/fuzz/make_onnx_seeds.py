@@ -8,7 +8,8 @@ LayerNormalization at 17), a ShuffleNet block (x.chunk's channel slices, the cha
 shuffle's general reshape and transpose, a permute of an image), arithmetic no pattern
 takes (broadcast gates, scalars, matmuls, gathers, maxima and minima) and a text encoder of
 nn.TransformerEncoderLayer reading a bool key_padding_mask (Reshape, Expand, Where into the
-merged scores), a BERT with Hugging Face's token-type table (its buffer of zeros expanded) and
+merged scores; again with nn.Transformer's causal mask), comparisons, torch.where and expand
+outside the patterns (Gates), a BERT with Hugging Face's token-type table (its buffer of zeros expanded) and
 a LayoutLM (boxes through four tables, zeros_like(ids) token types).
 usage: make_onnx_seeds.py OUT_DIR"""
 import sys
@@ -86,6 +87,37 @@ class PaddedEncoder(torch.nn.Module):
         return self.head(self.encoder(self.embed(ids), src_key_padding_mask=pad).mean(1))
 
 
+class Gates(torch.nn.Module):
+    """Comparisons, selections and repeats at their smallest: torch.where(x > 0, x, 0.1 x), a
+    linear of the pixels' mean repeated over them (unsqueeze, expand), scores masked_fill'ed with
+    -inf below a threshold, logic on comparisons (|, ~, .float())."""
+
+    def __init__(self):
+        super().__init__()
+        self.conv = torch.nn.Conv2d(2, 2, 1)
+        self.mix = torch.nn.Linear(2, 2)
+        self.head = torch.nn.Linear(4 * 2 + 2, 3)
+
+    def forward(self, x):
+        x = self.conv(x)
+        x = torch.where(x > 0, x, 0.1 * x)
+        t = x.flatten(2).transpose(1, 2)
+        m = t.mean(1)
+        t = t + self.mix(m).unsqueeze(1).expand(-1, 4, -1)
+        s = t @ t.transpose(1, 2)
+        c = torch.softmax(s.masked_fill(s < -0.25, float("-inf")), -1) @ t
+        return self.head(torch.cat((c.flatten(1), m * ((m > 0.5) | ~(m < 0.0)).float()), 1))
+
+
+class CausalEncoder(PaddedEncoder):
+    """The padded encoder reading left to right: nn.Transformer's causal mask (a Trilu of -inf)
+    filled where the key padding mask holds."""
+
+    def forward(self, ids, pad):
+        causal = torch.nn.Transformer.generate_square_subsequent_mask(ids.size(1))
+        return self.head(self.encoder(self.embed(ids), mask=causal, src_key_padding_mask=pad).mean(1))
+
+
 def export(model, x, names, path, opset=14):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -119,6 +151,9 @@ def main():
     boxes = torch.tensor([[[0, 1, 2, 3]] * 4] * 2)
     export(layout, (torch.randint(0, 10, (2, 4)), torch.ones(2, 4, dtype=torch.int64), boxes),
            ["input_ids", "attention_mask", "bbox"], f"{out}/layoutlm")
+    export(Gates(), torch.randn(2, 2, 2, 2), ["image"], f"{out}/gates")
+    export(CausalEncoder(), (torch.randint(0, 10, (2, 4)), torch.zeros(2, 4, dtype=torch.bool)), ["ids", "pad"],
+           f"{out}/causal")
 
 
 if __name__ == "__main__":

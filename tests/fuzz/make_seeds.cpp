@@ -148,6 +148,7 @@ void spec_seeds(const std::string& source) {
       {"arith", read_text(source + "/tests/interop/arith.json")},  // binary, matmul, softmax, max and min (onnx_check.py's Arith, imported)
       {"padded-encoder", read_text(source + "/tests/interop/padded_encoder.json")},  // a mask that marks padding (make_onnx_seeds.py's PaddedEncoder, imported)
       {"layoutlm-import", read_text(source + "/tests/interop/layoutlm_import.json")},  // layout_embedding, position_embedding's types (make_onnx_seeds.py's LayoutLM, imported)
+      {"gates-import", read_text(source + "/tests/interop/gates_import.json")},  // where (-inf), expand, comparisons (make_onnx_seeds.py's Gates, imported)
   };
   for (const auto& [name, json] : specs) {
     const ModelSpec spec = parse_model_json(json, name);

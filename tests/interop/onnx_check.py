@@ -120,13 +120,14 @@ def randomize(model, gen):
 
 
 class Unsupported(torch.nn.Module):
-    """Three branches, each through an op tandem does not take (a max pool with ceil_mode, a
-    LeakyReLU, a permute of an image), added and classified: import names all three at once."""
+    """Three branches, each through an op tandem does not take (a max pool whose ceil_mode adds
+    a window, a LeakyReLU, a permute of an image), added and classified: import names all three
+    at once."""
 
     def __init__(self):
         super().__init__()
         self.stem = torch.nn.Conv2d(3, 4, 3, padding=1)
-        self.pool = torch.nn.MaxPool2d(2, ceil_mode=True)
+        self.pool = torch.nn.MaxPool2d(3, stride=2, ceil_mode=True)  # 16 windows over 32 where floor gives 15
         self.branch = torch.nn.Sequential(torch.nn.Conv2d(4, 4, 2, stride=2), torch.nn.LeakyReLU())
         self.fc = torch.nn.Linear(4 * 16 * 16, 10)
 
