@@ -400,7 +400,7 @@ TEST(OnnxImport, ComparisonsWhereAndExpandOutsidePatternsAreGeneralOps) {
     nodes.push_back(node("/fc/MatMul", "MatMul", {out, "fc.weight"}, {"logits"}));
     Pb g;
     for (const Pb& n : nodes) g.msg(1, n);
-    g.msg(5, tensor("fc.weight", {features, 3})).msg(5, tensor("mask.grid", {4, 6}));
+    g.msg(5, tensor("fc.weight", {features, 3})).msg(5, tensor("mask.grid", {4, 6})).msg(5, tensor("mask.one", {1, 1, 1, 1}));
     g.msg(11, value("r", {24})).msg(12, value("logits", {}));
     const std::string b = Pb().msg(7, g).msg(8, Pb().num(2, 14)).b;
     return std::vector<uint8_t>(b.begin(), b.end());
@@ -438,6 +438,9 @@ TEST(OnnxImport, ComparisonsWhereAndExpandOutsidePatternsAreGeneralOps) {
        "batch (a comparison of tensors)"},
       {{node("/Greater", "Greater", {"x", "x"}, {"c"}), node("/Where", "Where", {"c", "x", "mask.grid"}, {"g"})},
        "node '/Where' (Where): it selects from a constant of 24 values; tandem selects a constant scalar or a computed tensor"},
+      {{node("/Greater", "Greater", {"x", "x"}, {"c"}), node("/Where", "Where", {"c", "x", "mask.one"}, {"g"})},
+       "node '/Where' (Where): it selects a constant of 4 dimensions, more than the condition's 3 (its output would gain axes "
+       "before the batch)"},
       {{ints("to", {3}, {1, 4, 12}), node("/Expand", "Expand", {"x", "to_out"}, {"g"})},
        "node '/Expand' (Expand): it expands axis 2 of 6 to 12; only an axis of 1 repeats"},
       {{ints("to", {3}, {2, 4, 6}), node("/Expand", "Expand", {"x", "to_out"}, {"g"})},

@@ -101,6 +101,15 @@ std::vector<Case> cases() {
   shift.binary.has_scalar = true;
   shift.binary.scalar = 1.0f;
   c.push_back({shift, {{4, 4, 6}}, 96.0, 0.0});
+  NodeSpec below = named("binary");  // [4, 4, 6] < 0: 96 comparisons; no gradient
+  below.binary.mode = BinaryAttrs::Mode::less;
+  below.binary.has_scalar = true;
+  c.push_back({below, {{4, 4, 6}}, 96.0, 0.0});
+  // cond [4, 1] ? [4, 6] : [6]: 24 selects; back one select for each branch
+  c.push_back({named("where"), {{4, 1}, {4, 6}, {6}}, 24.0, 48.0});
+  NodeSpec repeat = named("expand");  // [1, 6] to [4, 6]: a copy; back 24 sums
+  repeat.expand = {4, 6};
+  c.push_back({repeat, {{1, 6}}, 0.0, 24.0});
   // [3, 4, 6] @ [6, 5]: 3 * 4 * 5 dot products of 6, so 360 multiply-adds; back dA and dB as many
   c.push_back({named("matmul"), {{3, 4, 6}, {6, 5}}, 2.0 * 360, 4.0 * 360});
   c.push_back({named("global_avg_pool"), {{4, 4, 6}}, 96.0 + 6, 96.0});

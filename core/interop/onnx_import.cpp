@@ -179,6 +179,9 @@ class Importer {
         if (n.outputs.empty() || n.outputs[0].empty()) throw Refusal{"it has no output"};
         if (fold(n)) continue;
         op->second(*this, n);
+        static const std::set<std::string> views = {"Unsqueeze", "Squeeze", "Expand", "Reshape", "Transpose", "Slice", "Flatten",
+                                                    "Identity"};
+        if (views.count(n.op_type) && !n.inputs.empty() && bools_.count(n.inputs[0])) bools_.insert(n.outputs[0]);
       } catch (const Refusal& r) {
         problems_.push_back(cat("node '", n.name, "' (", n.op_type, module_of(n.name).empty() ? "" : ", module " + module_of(n.name),
                                 "): ", r.why));
@@ -1073,8 +1076,11 @@ class Importer {
       const int64_t size[2] = {x.dims[1], x.dims[2]};
       const Pair &k = s.pool.kernel, &st = s.pool.stride, &pad = s.pool.padding;
       for (std::size_t a = 0; a < 2; ++a) {
+        const int64_t limit = int64_t{1} << 40;  // a file's numbers are anybody's: no overflow below
+        if (pad[a] < 0 || pad[a] > limit || k[a] < 1 || k[a] > limit || st[a] < 1 || st[a] > limit)
+          throw Refusal{"ceil_mode=1 with a window, stride or padding out of range"};
         const int64_t span = size[a] + 2 * pad[a] - k[a];
-        if (span < 0 || st[a] < 1) break;  // window_dims refuses it below
+        if (span < 0) throw Refusal{cat("its window of ", k[a], " is larger than the padded image")};
         const int64_t floor = span / st[a] + 1;
         int64_t ceil = (span + st[a] - 1) / st[a] + 1;
         if ((ceil - 1) * st[a] >= size[a] + pad[a]) --ceil;  // torch's rule: the last window starts inside
@@ -1320,8 +1326,8 @@ class Importer {
     for (std::size_t i = 0; i < 2; ++i)
       if (const std::optional<std::vector<int64_t>> c = causal_of(sq, i)) {  // baddbmm's beta * attn_mask
         const std::optional<double> by = one_value(constant(sq, 1 - i));
-        if (!by || !(*by > 0.0) || !std::isfinite(*by))
-          throw Refusal{"it multiplies a causal mask by other than a positive constant"};
+        if (!by || !(*by >= 1.0) || !std::isfinite(*by))  // below 1, c <= -1e4 could become a soft penalty
+          throw Refusal{"it multiplies a causal mask by other than a constant of at least 1"};
         causal_[sq.outputs.at(0)] = *c;
         return;
       }
@@ -1397,6 +1403,9 @@ class Importer {
         throw Refusal{cat("it ", verb, " by a stored tensor of ", k->count(), " values; tandem takes a constant scalar, or two "
                           "computed tensors (a bias belongs to a linear or convolution)")};
       const Value x = any_input(n, at).form == Form::Patches ? operand(n, at, verb) : any_input(n, at);
+      if (!x.dims.empty() && k->dims.size() > x.dims.size() + 1)
+        throw Refusal{cat("it ", verb, " by a constant of ", k->dims.size(), " dimensions, more than the tensor's ",
+                          x.dims.size() + 1, " (its output would gain axes before the batch)")};
       if (is_step(x.form)) input(n, at);  // refused, naming the step
       if (x.form == Form::FlatImage)
         throw Refusal{cat("it ", verb, " a flattened image, whose values tandem orders (h, w, c) and PyTorch (c, h, w)")};
@@ -2783,9 +2792,11 @@ class Importer {
     if (const std::optional<std::vector<int64_t>> causal = causal_of(n, 2)) {
       // attn_mask.masked_fill(key_padding_mask [N H, 1, T], -inf): both masks, added to the scores
       const std::optional<double> c = one_value(constant(n, 1));
-      if (!c || !(*c <= -1e4) || causal->back() != m.dims.back())
-        throw Refusal{"it fills a causal mask where a key padding mask holds with other than -inf (or c <= -1e4), or over "
-                      "another number of tokens"};
+      const std::vector<int64_t> lead(causal->begin(), causal->end() - 2);
+      if (!c || !(*c <= -1e4) || causal->back() != m.dims.back() || (*causal)[causal->size() - 2] != m.dims.back() ||
+          causal->size() > 3 || std::any_of(lead.begin(), lead.end(), [](int64_t d) { return d != 1; }))
+        throw Refusal{"it fills a causal mask where a key padding mask holds with other than -inf (or c <= -1e4), or a "
+                      "causal mask other than [1, T, T] over the mask's T tokens"};
       m.mask_scale = *c;
       m.causal = true;
       values_[n.outputs.at(0)] = std::move(m);
@@ -2947,6 +2958,9 @@ class Importer {
     for (std::size_t i = 1; i < 3; ++i) {
       if (const OnnxTensor* k = constant(n, i)) {
         const std::optional<double> v = one_value(k);
+        if (v && k->dims.size() > t[0].dims.size() + 1)
+          throw Refusal{cat("it selects a constant of ", k->dims.size(), " dimensions, more than the condition's ",
+                            t[0].dims.size() + 1, " (its output would gain axes before the batch)")};
         if (!v)
           throw Refusal{cat("it selects from a constant of ", k->count(), " values; tandem selects a constant scalar or a "
                             "computed tensor")};
