@@ -177,7 +177,7 @@ class Importer {
         const auto op = table().find(n.domain.empty() || n.domain == "ai.onnx" ? n.op_type : n.domain + "." + n.op_type);
         if (op == table().end()) throw Refusal{"tandem has no such op"};
         if (n.outputs.empty() || n.outputs[0].empty()) throw Refusal{"it has no output"};
-        if (fold(n)) continue;
+        if (fold(n) || fold_floats(n)) continue;
         op->second(*this, n);
         static const std::set<std::string> views = {"Unsqueeze", "Squeeze", "Expand", "Reshape", "Transpose", "Slice", "Flatten",
                                                     "Identity"};
@@ -265,6 +265,10 @@ class Importer {
   // -inf), by their dimensions; added to attention's scores they are its `causal`.
   std::map<std::string, std::vector<int64_t>> causal_;
   std::deque<OnnxTensor> made_;  // constants import computes (Cast of a constant to float)
+  // Values computed at import from a stored tensor (a buffer sliced, compared with 0): kept
+  // apart from constants, since a trained tensor read as a constant would silently stop
+  // training; only a causal mask's reader takes them.
+  std::map<std::string, const OnnxTensor*> derived_;
   // Integer constants [1, ...] expanded over the batch (Hugging Face's token_type_ids buffer):
   // the same for every sample; read only as a table's row indices.
   std::map<std::string, Folded> per_sample_;
@@ -330,6 +334,9 @@ class Importer {
       if (folded_.count(name) && !consts_.count(name))
         throw Refusal{cat("input '", name, "' is computed from shapes; tandem reads such a value only as a shape or as indices")};
       if (consts_.count(name)) throw Refusal{cat("input '", name, "' is a constant; tandem reads it only as a weight")};
+      if (derived_.count(name))
+        throw Refusal{cat("input '", name, "' is computed from a stored tensor; tandem reads such a value only as a causal "
+                          "mask (a buffer sliced to the tokens), never as a constant that would not train")};
       if (causal_.count(name))
         throw Refusal{cat("input '", name, "' is a causal mask; tandem reads one only as attention's (added to its scores)")};
       if (fills_.count(name))
@@ -558,7 +565,7 @@ class Importer {
         {"Shape", {1, 1}}, {"Gather", {2, 2}}, {"Unsqueeze", {1, 2}}, {"Squeeze", {1, 2}}, {"Concat", {1, 1 << 20}},
         {"Slice", {3, 5}}, {"Cast", {1, 1}},   {"Add", {2, 2}},       {"Sub", {2, 2}},     {"Mul", {2, 2}},
         {"Div", {2, 2}},   {"Reshape", {2, 2}},   {"ConstantOfShape", {1, 1}}, {"Equal", {2, 2}},   {"Where", {3, 3}},
-        {"Transpose", {1, 1}}};
+        {"Transpose", {1, 1}}, {"Range", {3, 3}}};
     const auto known = arity.find(n.op_type);
     if (known == arity.end()) return false;
     if (n.op_type == "Shape") {
@@ -611,6 +618,17 @@ class Importer {
         if (some_batch) throw Refusal{"it compares the batch size with a number; the graph would compute otherwise for some batches"};
         return Sym{0, 0};
       });
+    } else if (n.op_type == "Range") {  // torch.arange(0, x.size(1)): positions
+      const std::vector<int64_t> start = plain_ints(n, 0), limit = plain_ints(n, 1), delta = plain_ints(n, 2);
+      if (start.size() != 1 || limit.size() != 1 || delta.size() != 1 || delta[0] == 0)
+        throw Refusal{"its start, limit and delta are not three numbers (delta not 0)"};
+      const int64_t span = limit[0] - start[0];
+      const int64_t count = span / delta[0] + (span % delta[0] != 0 ? 1 : 0);
+      if (std::abs(start[0]) > (int64_t{1} << 40) || std::abs(limit[0]) > (int64_t{1} << 40))
+        throw Refusal{"its bounds are out of range"};
+      if (count > static_cast<int64_t>(kMaxFolded)) throw Refusal{cat("it computes a shape of more than ", kMaxFolded, " values")};
+      for (int64_t k = 0; k < std::max<int64_t>(count, 0); ++k) out.v.push_back({start[0] + k * delta[0], 0});
+      out.dims = {static_cast<int64_t>(out.v.size())};
     } else if (n.op_type == "Where") {
       out = elementwise(n, 3, [](const Sym* a) {
         if (a[0].unknown || a[0].p != 0) throw Refusal{"its condition is not computed from constants"};
@@ -2358,7 +2376,16 @@ class Importer {
     const int64_t b = std::clamp(starts[0] < 0 ? std::max(starts[0], -d) + d : starts[0], int64_t{0}, d);
     const int64_t e = std::clamp(ends[0] < 0 ? std::max(ends[0], -d) + d : ends[0], int64_t{0}, d);
     if (b >= e) throw Refusal{cat("it slices nothing (", starts[0], " to ", ends[0], " of ", d, ")")};
-    if (b == 0 && e == d) return alias(n, x, x.form);
+    slice_into(n, x, per_sample, b, e, n.outputs.at(0));
+  }
+  // Elements [b, e) of x's per-sample axis `per_sample` as `output`: the tensor itself where
+  // that is all of it, else a slice of the axis as stored.
+  void slice_into(const OnnxNode& n, const Value& x, int64_t per_sample, int64_t b, int64_t e, const std::string& output) {
+    if (b == 0 && e == x.dims[static_cast<std::size_t>(per_sample)]) {
+      Value copy = x;
+      values_[output] = std::move(copy);
+      return;
+    }
     const Value t = x.form == Form::SequenceTM ? x : as_tensor(x);  // an image's channels are its last axis stored
     int64_t stored_axis = per_sample;
     if (!t.order.empty())
@@ -2368,7 +2395,7 @@ class Importer {
     Value v = t;
     v.node = add_node(n, std::move(s));
     v.dims[static_cast<std::size_t>(per_sample)] = e - b;
-    values_[n.outputs.at(0)] = x.form == Form::SequenceTM ? std::move(v) : settled_form(std::move(v));
+    values_[output] = x.form == Form::SequenceTM ? std::move(v) : settled_form(std::move(v));
   }
 
   // Add(sequence, a position table's rows 0..T-1): BERT's position embedding.
@@ -2777,6 +2804,7 @@ class Importer {
   // padding mask filled with -inf (F.multi_head_attention_forward's masked_fill).
   void where(const OnnxNode& n) {
     skip_refused(n);
+    if (form_of(n, 1) == Form::Scores || form_of(n, 2) == Form::Scores) return causal_where(n);
     const auto cond = n.inputs.empty() ? values_.end() : values_.find(n.inputs[0]);
     if (cond == values_.end() || (cond->second.form != Form::Mask && !bool_inputs_.count(cond->second.node)))
       return general_where(n);
@@ -2812,6 +2840,169 @@ class Importer {
   }
 
 
+
+  // Where(cond, -inf, scores) or Where(cond, scores, -inf) with cond a constant [.., T, T]
+  // (nanoGPT's att.masked_fill(self.bias[:, :, :T, :T] == 0, -inf)): attention's causal
+  // when cond masks exactly the keys after each query.
+  void causal_where(const OnnxNode& n) {
+    const std::size_t at = form_of(n, 1) == Form::Scores ? 1 : 2;
+    Value v = any_input(n, at);
+    const OnnxTensor* cond = constant_or_derived(n, 0);
+    const std::optional<double> fill = one_value(constant(n, 3 - at));
+    if (!cond || !fill || !(*fill <= -1e4))
+      throw Refusal{"it selects attention scores otherwise than filling -inf (or c <= -1e4) where a constant causal "
+                    "condition holds (masked_fill(mask == 0, -inf))"};
+    const int64_t t = v.dims[1];
+    const std::size_t rank = cond->dims.size();
+    bool causal = rank >= 2 && rank <= (v.merged ? 3u : 4u) && cond->dims[rank - 1] == t && cond->dims[rank - 2] == t;
+    for (std::size_t a = 0; causal && a + 2 < rank; ++a) causal = cond->dims[a] == 1;
+    const bool masked_when_true = at == 2;  // Where(cond, -inf, scores): true masks
+    for (int64_t r = 0; causal && r < t; ++r)
+      for (int64_t c = 0; causal && c < t; ++c) {
+        const auto i = static_cast<std::size_t>(r * t + c);
+        const double x = cond->integer ? (i < cond->ints.size() ? static_cast<double>(cond->ints[i]) : NAN)
+                                       : (i < cond->floats.size() ? cond->floats[i] : NAN);
+        if (std::isnan(x)) causal = false;
+        else causal = ((x != 0.0) == masked_when_true) == (c > r);
+      }
+    if (!causal)
+      throw Refusal{cat("its condition is not a causal mask over the scores' ", t, " tokens (the keys after each query "
+                        "masked); tandem's attention takes a causal mask and a key padding mask")};
+    if (v.causal) throw Refusal{"it adds a second causal mask to attention scores"};
+    v.causal = true;
+    values_[n.outputs.at(0)] = std::move(v);
+  }
+  // Split of a computed tensor along a per-sample axis (nanoGPT's q, k, v = qkv.split(C, 2)):
+  // one slice per output.
+  void split(const OnnxNode& n) {
+    skip_refused(n);
+    const Value& x = input(n, 0);
+    if (x.dims.empty() || x.form == Form::Pooled || x.form == Form::FlatImage)
+      throw Refusal{"it splits a tensor whose shape import does not know, or a flattened image"};
+    const int64_t rank = static_cast<int64_t>(x.dims.size()) + 1;
+    int64_t axis = int_attr(n, "axis", 0);
+    if (axis < -rank || axis >= rank) throw Refusal{cat("its axis ", axis, " is outside the tensor's ", rank)};
+    if (axis < 0) axis += rank;
+    if (axis == 0) throw Refusal{"it splits the batch; tandem keeps each sample whole"};
+    const int64_t d = x.dims[static_cast<std::size_t>(axis - 1)];
+    std::vector<int64_t> sizes;
+    if (g_.opset >= 13 && n.inputs.size() > 1 && !n.inputs[1].empty()) {
+      if (!folded(n, 1)) throw Refusal{"its sizes are computed from tensor values; tandem splits at sizes known at import"};
+      sizes = plain_ints(n, 1);
+    } else if (g_.opset < 13) {
+      sizes = ints_attr(n, "split", {});
+    }
+    if (sizes.empty()) {  // equal parts, one an output
+      const auto parts = static_cast<int64_t>(n.outputs.size());
+      if (parts < 1 || d % parts != 0) throw Refusal{cat("it splits ", d, " into ", parts, " equal parts")};
+      sizes.assign(static_cast<std::size_t>(parts), d / parts);
+    }
+    if (sizes.size() != n.outputs.size()) throw Refusal{cat("it gives ", sizes.size(), " sizes for ", n.outputs.size(), " outputs")};
+    int64_t start = 0;
+    for (std::size_t k = 0; k < sizes.size(); ++k) {
+      if (sizes[k] < 1 || sizes[k] > d - start) throw Refusal{cat("its sizes do not split the axis's ", d)};
+      slice_into(n, x, axis - 1, start, start + sizes[k], n.outputs[k]);
+      start += sizes[k];
+    }
+    if (start != d) throw Refusal{cat("its sizes add up to ", start, ", not the axis's ", d)};
+  }
+  // Arithmetic on constants (nanoGPT's 1 / sqrt(k.size(-1)) as Cast, Pow, Reciprocal, Mul; a
+  // causal buffer sliced to the tokens and compared with 0): done at import, a constant.
+  bool fold_floats(const OnnxNode& n) {
+    static const std::set<std::string> ops = {"Cast", "Pow", "Reciprocal", "Sqrt", "Neg", "Add", "Sub", "Mul", "Div", "Equal", "Slice"};
+    if (!ops.count(n.op_type) || n.outputs.empty() || n.outputs[0].empty() || n.inputs.empty()) return false;
+    bool from_stored = false;
+    for (const std::string& in : n.inputs) {
+      if (in.empty()) continue;
+      if (!consts_.count(in) && !folded_.count(in) && !derived_.count(in)) return false;
+      // a stored float may be a trained parameter (torch's own "onnx::MatMul_7" ones too); integers never are
+      from_stored = from_stored || derived_.count(in) || (stored_.count(in) && !stored_.at(in)->integer);
+    }
+    if (from_stored && n.op_type != "Slice" && n.op_type != "Equal" && n.op_type != "Cast")
+      return false;  // a weight in arithmetic: the handlers' (a trained operand, or refused)
+    auto numbers = [&](std::size_t i, std::vector<int64_t>& dims) {  // a constant's values, or folded plain integers
+      std::vector<double> v;
+      if (const OnnxTensor* k = constant_or_derived(n, i)) {
+        const std::size_t count = k->integer ? k->ints.size() : k->floats.size();
+        if (static_cast<int64_t>(count) != k->count()) throw Refusal{cat("input ", i, " holds fewer values than its shape")};
+        dims = k->dims;
+        for (std::size_t j = 0; j < count; ++j) v.push_back(k->integer ? static_cast<double>(k->ints[j]) : k->floats[j]);
+      } else {
+        for (int64_t x : plain_ints(n, i)) v.push_back(static_cast<double>(x));
+        dims = folded(n, i)->dims;
+      }
+      return v;
+    };
+    const OnnxTensor* first = constant_or_derived(n, 0);
+    const bool floats_in = first && !first->integer;
+    const bool to_float = n.op_type == "Cast" && int_attr(n, "to", 0) == 1;
+    const bool to_bool = n.op_type == "Cast" && int_attr(n, "to", 0) == 9 && first;  // a mask's == 0, cast (0/1 floats)
+    if (!floats_in && !to_float && !to_bool) return false;  // integers: shapes' arithmetic (fold) or the handlers'
+    if (n.op_type == "Cast" && !to_float && !to_bool) return false;
+    if (first && first->count() > (int64_t{1} << 20)) throw Refusal{"it computes on a constant of more than 2^20 values"};
+    OnnxTensor& out = made_.emplace_back();
+    out.name = n.outputs[0];
+    std::vector<int64_t> da;
+    const std::vector<double> a = numbers(0, da);
+    if (n.op_type == "Slice") {
+      if (n.inputs.size() < 3 || g_.opset < 10) throw Refusal{"it slices a constant without starts and ends"};
+      const std::vector<int64_t> starts = plain_ints(n, 1), ends = plain_ints(n, 2);
+      std::vector<int64_t> axes, steps;
+      if (n.inputs.size() > 3 && !n.inputs[3].empty()) axes = plain_ints(n, 3);
+      else for (std::size_t k = 0; k < starts.size(); ++k) axes.push_back(static_cast<int64_t>(k));
+      if (n.inputs.size() > 4 && !n.inputs[4].empty()) steps = plain_ints(n, 4);
+      else steps.assign(starts.size(), 1);
+      if (ends.size() != starts.size() || axes.size() != starts.size() || steps.size() != starts.size())
+        throw Refusal{"its starts, ends, axes and steps differ in length"};
+      std::vector<int64_t> lo(da.size(), 0), hi = da;
+      for (std::size_t k = 0; k < axes.size(); ++k) {
+        const int64_t ax = axis_in(axes[k], da.size()), dd = da[static_cast<std::size_t>(ax)];
+        if (steps[k] != 1) throw Refusal{"it slices a constant with a step other than 1"};
+        lo[static_cast<std::size_t>(ax)] = std::clamp(starts[k] < 0 ? std::max(starts[k], -dd) + dd : starts[k], int64_t{0}, dd);
+        hi[static_cast<std::size_t>(ax)] = std::clamp(ends[k] < 0 ? std::max(ends[k], -dd) + dd : ends[k], int64_t{0}, dd);
+      }
+      for (std::size_t k = 0; k < da.size(); ++k) out.dims.push_back(std::max<int64_t>(0, hi[k] - lo[k]));
+      const int64_t total = count_of(out.dims);
+      std::vector<int64_t> at(da.size(), 0);
+      for (int64_t j = 0; j < total; ++j) {
+        int64_t src = 0;
+        for (std::size_t k = 0; k < da.size(); ++k) src = src * da[k] + lo[k] + at[k];
+        out.floats.push_back(static_cast<float>(a[static_cast<std::size_t>(src)]));
+        for (std::size_t k = da.size(); k-- > 0;) {
+          if (++at[k] < out.dims[k]) break;
+          at[k] = 0;
+        }
+      }
+    } else if (n.op_type == "Cast" || n.op_type == "Reciprocal" || n.op_type == "Sqrt" || n.op_type == "Neg") {
+      out.dims = da;
+      for (double x : a)
+        out.floats.push_back(static_cast<float>(n.op_type == "Reciprocal" ? 1.0 / x : n.op_type == "Sqrt" ? std::sqrt(x)
+                                                : n.op_type == "Neg" ? -x : to_bool ? (x != 0.0 ? 1.0 : 0.0) : x));
+    } else {  // two inputs: of one shape, or one of them a single value
+      if (n.inputs.size() != 2 || n.inputs[1].empty()) throw Refusal{"it lacks its second input"};
+      std::vector<int64_t> db;
+      const std::vector<double> b = numbers(1, db);
+      if (a.size() != b.size() && a.size() != 1 && b.size() != 1)
+        throw Refusal{"it computes on constants of different sizes"};
+      out.dims = a.size() >= b.size() ? da : db;
+      if (a.size() == b.size() && da.size() != db.size()) out.dims = da.size() > db.size() ? da : db;
+      for (std::size_t j = 0; j < std::max(a.size(), b.size()); ++j) {
+        const double x = a[a.size() == 1 ? 0 : j], y = b[b.size() == 1 ? 0 : j];
+        const std::string& op = n.op_type;
+        out.floats.push_back(static_cast<float>(op == "Add" ? x + y : op == "Sub" ? x - y : op == "Mul" ? x * y
+                                                : op == "Div" ? x / y : op == "Pow" ? std::pow(x, y) : (x == y ? 1.0 : 0.0)));
+      }
+    }
+    (from_stored ? derived_ : consts_)[out.name] = &out;
+    return true;
+  }
+  const OnnxTensor* constant_or_derived(const OnnxNode& n, std::size_t i) const {
+    if (const OnnxTensor* k = constant(n, i)) return k;
+    if (i >= n.inputs.size() || n.inputs[i].empty()) return nullptr;
+    const auto it = derived_.find(n.inputs[i]);
+    return it == derived_.end() ? nullptr : it->second;
+  }
+
   // ---- causal masks (nn.Transformer.generate_square_subsequent_mask, an attn_mask) ----
 
   // Input i as a causal mask: one made so far, or a stored constant [.., T, T] of 0 on and below
@@ -2819,11 +3010,12 @@ class Importer {
   std::optional<std::vector<int64_t>> causal_of(const OnnxNode& n, std::size_t i) const {
     if (i >= n.inputs.size() || n.inputs[i].empty()) return std::nullopt;
     if (const auto it = causal_.find(n.inputs[i]); it != causal_.end()) return it->second;
-    const OnnxTensor* k = constant(n, i);
+    const OnnxTensor* k = constant_or_derived(n, i);
     if (!k || k->integer || k->dims.size() < 2 || k->dims.size() > 4) return std::nullopt;
     const int64_t t = k->dims.back();
-    if (t < 2 || t > 4096 || k->dims[k->dims.size() - 2] != t || k->count() != t * t ||
-        static_cast<int64_t>(k->floats.size()) != t * t)
+    for (std::size_t a = 0; a + 2 < k->dims.size(); ++a)
+      if (k->dims[a] != 1) return std::nullopt;
+    if (t < 2 || t > 4096 || k->dims[k->dims.size() - 2] != t || static_cast<int64_t>(k->floats.size()) != t * t)
       return std::nullopt;
     for (int64_t r = 0; r < t; ++r)
       for (int64_t c = 0; c < t; ++c) {
@@ -3149,6 +3341,19 @@ const std::map<std::string, Importer::Handler>& Importer::table() {
       {"Expand", &I::expand},
       {"Pad", &I::pad},
       {"Trilu", &I::trilu},
+      {"Split", &I::split},
+      {"Range", [](I& i, const OnnxNode& n) {
+         i.skip_refused(n);
+         throw Refusal{"tandem computes ranges of numbers known at import only (torch.arange over a tensor's size)"};
+       }},
+      {"Pow", [](I& i, const OnnxNode& n) {
+         i.skip_refused(n);
+         throw Refusal{"tandem raises constants to a power, and squares within LayerNorm's pattern, only"};
+       }},
+      {"Sqrt", [](I& i, const OnnxNode& n) {
+         i.skip_refused(n);
+         throw Refusal{"tandem takes square roots of constants, and within LayerNorm's pattern, only"};
+       }},
   };
   return ops;
 }

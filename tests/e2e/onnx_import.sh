@@ -22,7 +22,8 @@
 # its channel shuffle, one of arithmetic and matmuls no pattern takes (Arith), one of
 # comparisons, torch.where, masked_fill with -inf and expand (Gates), and the text
 # classifier, its padding mask crossing the cut (marks_padding: read as 1 - mask), again
-# reading left to right (nn.Transformer's causal mask, an attn_mask: attention's causal), and a
+# reading left to right (nn.Transformer's causal mask, an attn_mask: attention's causal), a GPT
+# as nanoGPT writes it (q, k, v split, a tril buffer masked_fill'ed: causal attention), and a
 # LayoutLM-style classifier (words, boxes, a token-type table). A model of
 # three ops tandem cannot take is refused naming all three; a truncated file and a bad cut are
 # refused with the exact errors.
@@ -40,7 +41,7 @@ source "$src/tests/lib/skip.sh"
 check=$src/tests/interop/onnx_check.py
 
 # torch's exports run side by side (the test runs alone: both cores are its); each status is checked.
-models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 squeezenet1_1 views arith gates pools convnext vit tabular14 tabular17 bert bert2 encoder causal layoutlm"
+models="resnet18 mobilenet_v2 mobilenet_v3_small shufflenet_v2_x0_5 squeezenet1_1 views arith gates pools convnext vit tabular14 tabular17 bert bert2 encoder causal gpt layoutlm"
 pids=()
 for model in $models; do
   mkdir -p "$work/$model"
@@ -65,7 +66,7 @@ done
 for model in $models; do
   dir=$work/$model
   case $model in mobilenet_v2) cut=features.7 ;; mobilenet_v3_small) cut=features.4 ;; tabular*) cut=2 ;; shufflenet*) cut=stage3 ;; squeezenet*) cut=features.6 ;; views) cut=reshape_1 ;; arith) cut=div ;; gates) cut=where ;; pools) cut=pool_1 ;; convnext) cut=features.1 ;;
-    bert|bert2) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; encoder|causal) cut=encoder.layers.0 ;;
+    bert|bert2) cut=bert.encoder.layer.0 ;; vit) cut=encoder.layers.encoder_layer_0 ;; encoder|causal) cut=encoder.layers.0 ;; gpt) cut=add_1 ;;
     layoutlm) cut=layoutlm.encoder.layer.0 ;; *) cut=layer3 ;; esac
   tol=1e-4
   [[ $model == mobilenet_v3_small || $model == shufflenet_v2_x0_5 || $model == pools ]] && tol=1e-5  # logits of 0.1 to 0.5
@@ -311,6 +312,16 @@ ca=$work/causal
 grep -qF 'name: "encoder.layers.0.self_attn", op: "attention", inputs: ["encoder.layers.0.self_attn.slice", "encoder.layers.0.self_attn.slice_1", "encoder.layers.0.self_attn.slice_2", "pad"], attention: { heads: 2, causal: true }' \
   "$ca/imported/model.json" || fail "causal: layer 0's attention is not causal with its mask: $(grep -F attention "$ca/imported/model.json")"
 trains_like_torch causal
+
+# A GPT as nanoGPT writes it: c_attn's split into slices, the scale from the keys' shape folded,
+# the tril buffer sliced and compared with 0 read as attention's causal flag, positions from
+# torch.arange; 3 steps split after the attention's residual as torch does (the buffer, which
+# tandem reads as a constant, given back to torch's state dict).
+gp=$work/gpt/imported/model.json
+grep -qF '{ name: "matmul_1", op: "attention", inputs: ["split", "split_1", "split_2"], attention: { heads: 2, causal: true } }' "$gp" &&
+  grep -qF '{ name: "wpe", op: "position_embedding", inputs: ["wte"], embedding: { count: 12 } }' "$gp" ||
+  fail "gpt: causal attention over the split, the positions: $(grep -E 'attention|position' "$gp")"
+trains_like_torch gpt
 
 # LayoutLM as Hugging Face writes its embeddings: the words, the positions, each box's x0, y0,
 # x1, y1 through the x and y tables (shared by the two corners), its height and width through

@@ -8,7 +8,8 @@ LayerNormalization at 17), a ShuffleNet block (x.chunk's channel slices, the cha
 shuffle's general reshape and transpose, a permute of an image), arithmetic no pattern
 takes (broadcast gates, scalars, matmuls, gathers, maxima and minima) and a text encoder of
 nn.TransformerEncoderLayer reading a bool key_padding_mask (Reshape, Expand, Where into the
-merged scores; again with nn.Transformer's causal mask), comparisons, torch.where and expand
+merged scores; again with nn.Transformer's causal mask), nanoGPT's attention (split, a
+tril buffer masked_fill'ed), comparisons, torch.where and expand
 outside the patterns (Gates), a BERT with Hugging Face's token-type table (its buffer of zeros expanded) and
 a LayoutLM (boxes through four tables, zeros_like(ids) token types).
 usage: make_onnx_seeds.py OUT_DIR"""
@@ -118,6 +119,28 @@ class CausalEncoder(PaddedEncoder):
         return self.head(self.encoder(self.embed(ids), mask=causal, src_key_padding_mask=pad).mean(1))
 
 
+class Gpt(torch.nn.Module):
+    """nanoGPT's attention at its smallest: positions by torch.arange, q, k, v split, the scale
+    from the keys' shape, a tril buffer sliced and masked_fill'ed with -inf."""
+
+    def __init__(self):
+        super().__init__()
+        self.wte = torch.nn.Embedding(10, 4)
+        self.wpe = torch.nn.Embedding(4, 4)
+        self.c_attn = torch.nn.Linear(4, 12)
+        self.head = torch.nn.Linear(4, 2)
+        self.register_buffer("bias", torch.tril(torch.ones(4, 4)).view(1, 1, 4, 4))
+
+    def forward(self, ids):
+        b, t = ids.size()
+        x = self.wte(ids) + self.wpe(torch.arange(0, t, dtype=torch.long))
+        q, k, v = self.c_attn(x).split(4, dim=2)
+        q, k, v = (y.view(b, t, 2, 2).transpose(1, 2) for y in (q, k, v))
+        att = (q @ k.transpose(-2, -1)) * (1.0 / (k.size(-1) ** 0.5))
+        att = torch.softmax(att.masked_fill(self.bias[:, :, :t, :t] == 0, float("-inf")), dim=-1)
+        return self.head((att @ v).transpose(1, 2).contiguous().view(b, t, 4).mean(1))
+
+
 def export(model, x, names, path, opset=14):
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -154,6 +177,7 @@ def main():
     export(Gates(), torch.randn(2, 2, 2, 2), ["image"], f"{out}/gates")
     export(CausalEncoder(), (torch.randint(0, 10, (2, 4)), torch.zeros(2, 4, dtype=torch.bool)), ["ids", "pad"],
            f"{out}/causal")
+    export(Gpt(), torch.randint(0, 10, (2, 4)), ["ids"], f"{out}/gpt")
 
 
 if __name__ == "__main__":
