@@ -2982,8 +2982,9 @@ class Importer {
       if (n.inputs.size() != 2 || n.inputs[1].empty()) throw Refusal{"it lacks its second input"};
       std::vector<int64_t> db;
       const std::vector<double> b = numbers(1, db);
-      if (a.size() != b.size() && a.size() != 1 && b.size() != 1)
-        throw Refusal{"it computes on constants of different sizes"};
+      if (a.empty() || b.empty()) throw Refusal{"it computes on an empty constant"};
+      if ((a.size() != b.size() && a.size() != 1 && b.size() != 1) || (a.size() == b.size() && a.size() > 1 && da != db))
+        throw Refusal{"it computes on constants of different shapes"};
       out.dims = a.size() >= b.size() ? da : db;
       if (a.size() == b.size() && da.size() != db.size()) out.dims = da.size() > db.size() ? da : db;
       for (std::size_t j = 0; j < std::max(a.size(), b.size()); ++j) {
