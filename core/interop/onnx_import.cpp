@@ -1454,11 +1454,7 @@ class Importer {
     const std::vector<int> order = t[0].dims == dims || t[1].dims != dims ? t[0].order : t[1].order;
     NodeSpec s = node_of(functional_node_name(n), "binary", {stored_as(n, t[0], order).node, stored_as(n, t[1], order).node});
     s.binary.mode = mode;
-    Value out = t[0];
-    out.node = add_node(n, std::move(s));
-    out.dims = dims;
-    out.order = order;
-    values_[n.outputs.at(0)] = settled_form(std::move(out));
+    emit_general(n, std::move(s), t[0], std::move(dims), order);
   }
   // Input i of a general op as a general tensor; an image's patches ([N, C, H W], what a
   // transpose back to tokens would cancel) a view of the image as [H W, C].
@@ -1572,11 +1568,14 @@ class Importer {
     dims[r - 1] = db[r - 1];
     const std::vector<int> order = identity_order(r);
     NodeSpec s = node_of(functional_node_name(n), "matmul", {stored_as(n, t[0], order).node, stored_as(n, t[1], order).node});
-    Value out = t[0];
-    out.node = add_node(n, std::move(s));
-    out.dims = dims;
-    out.order = order;
-    values_[n.outputs.at(0)] = settled_form(std::move(out));
+    emit_general(n, std::move(s), t[0], std::move(dims), order);
+  }
+  // `node`, made for `n` from the general tensor `like`: its output, `dims` stored in `order`.
+  void emit_general(const OnnxNode& n, NodeSpec node, Value like, std::vector<int64_t> dims, std::vector<int> order) {
+    like.node = add_node(n, std::move(node));
+    like.dims = std::move(dims);
+    like.order = std::move(order);
+    values_[n.outputs.at(0)] = settled_form(std::move(like));
   }
 
   // nn.Hardsigmoid: relu6(x + 3) / 6, HardSigmoid with alpha 1/6 and beta 0.5.
@@ -3184,11 +3183,7 @@ class Importer {
     for (const Value& v : t) inputs.push_back(stored_as(n, v, order).node);
     NodeSpec s = node_of(functional_node_name(n), "where", inputs);
     s.where = w;
-    Value out = t[0];
-    out.node = add_node(n, std::move(s));
-    out.dims = dims;
-    out.order = order;
-    values_[n.outputs.at(0)] = settled_form(std::move(out));
+    emit_general(n, std::move(s), t[0], std::move(dims), std::move(order));
   }
   // Expand(computed x, shape known at import): tandem's expand in x's stored order, the batch
   // axis kept (1, -1 or the batch), each other axis x's or, where x has 1, any size.
