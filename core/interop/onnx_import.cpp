@@ -3042,13 +3042,8 @@ class Importer {
 
   // A graph input [batch, tokens] or the mask's chain: what the key padding mask's handlers
   // (Cast, Unsqueeze) take; any other tensor is the general ops'.
-  bool mask_like(const Value& v) const {
-    return v.form == Form::Mask || ((graph_input_const(v.node) || bool_inputs_.count(v.node)) && v.dims.size() == 1);
-  }
-  const InputSpec* graph_input_const(const std::string& name) const {
-    for (const InputSpec& in : out_.spec.inputs)
-      if (in.name == name) return &in;
-    return nullptr;
+  bool mask_like(const Value& v) {
+    return v.form == Form::Mask || ((graph_input(v.node) || bool_inputs_.count(v.node)) && v.dims.size() == 1);
   }
   static BinaryAttrs::Mode mirrored(BinaryAttrs::Mode m) {  // a op b as b op' a
     using M = BinaryAttrs::Mode;
@@ -3113,7 +3108,7 @@ class Importer {
     const Value& x = any_input(n, 0);
     if (to == 1 || to == 10 || to == 11 || to == 16) {  // float, float16, double, bfloat16: tandem's floats
       if (boolean_in) return alias(n, x, x.form);
-      if (graph_input_const(x.node) && graph_input_const(x.node)->integer)
+      if (const InputSpec* in = graph_input(x.node); in && in->integer)
         throw Refusal{cat("it reads the integer input '", x.node, "' as numbers; tandem reads integer inputs as token ids, "
                           "masks and boxes")};
       return alias(n, input(n, 0), x.form);
