@@ -4,6 +4,7 @@
 
 #include "backends/portable/portable_backend.h"
 #include "backends/reference/reference_backend.h"
+#include "backends/cuda_module.h"
 #include "core/error.h"
 #ifdef TANDEM_HAVE_XNNPACK
 #include "backends/xnnpack/xnnpack_backend.h"
@@ -12,16 +13,20 @@
 #include "backends/onednn/onednn_backend.h"
 #endif
 
+#ifdef TANDEM_CUDA_BUILT
+extern "C" [[gnu::weak]] const tandem::CudaModule* tandem_cuda_module();
+#endif
+
 namespace tandem {
 
 #ifdef TANDEM_CUDA_BUILT
-// backends/cuda, defined only in the binaries that link it (tandem-cloud, tandem, the op, grad
-// and train tests): weak references, null elsewhere, so tandem-edge needs no CUDA library.
-[[gnu::weak]] std::unique_ptr<Backend> make_cuda_backend(const BackendOptions& options);
-[[gnu::weak]] std::string cuda_device_problem();
-[[gnu::weak]] std::string cuda_device_summary();
-[[gnu::weak]] void set_cuda_memory_budget(std::size_t bytes);
-[[gnu::weak]] GpuMemoryUse cuda_memory_use();
+// The cuda backend (backends/cuda_module.h), reached one of two ways, each a weak reference
+// that is null where it is absent: the test binaries link backends/cuda's objects and so have
+// its entry point; tandem-cloud, tandem and the GPU benchmarks link the loader, which loads
+// libtandem-cuda.so when cuda is first asked for. Every other binary (tandem-edge) has neither
+// and no cuda backend.
+[[gnu::weak]] const CudaModule* load_cuda_module(std::string& problem);
+[[gnu::weak]] bool cuda_driver_present();
 #endif
 
 namespace {
@@ -33,8 +38,8 @@ struct Entry {
   Factory make;
 };
 
-// A fixed table: which backends exist is decided when the build is configured (and, for
-// cuda, when the binary is linked: a null factory is not there).
+// A fixed table: which CPU backends exist is decided when the build is configured (cuda, when
+// the binary is linked: has_cuda()).
 const Entry kBackends[] = {
     {"reference", make_reference_backend},
     {"portable", make_portable_backend},
@@ -44,27 +49,44 @@ const Entry kBackends[] = {
 #ifdef TANDEM_HAVE_ONEDNN
     {"onednn", make_onednn_backend},
 #endif
-#ifdef TANDEM_CUDA_BUILT
-    {"cuda", make_cuda_backend},
-#endif
 };
 
 #ifdef TANDEM_CUDA_BUILT
-bool has_cuda() { return make_cuda_backend != nullptr; }
+// Whether this binary can have the cuda backend at all (without loading anything).
+bool has_cuda() { return tandem_cuda_module != nullptr || load_cuda_module != nullptr; }
+
+// The cuda backend's table, or null with `problem` saying why (loading the module on the
+// first call).
+const CudaModule* cuda(std::string& problem) {
+  if (tandem_cuda_module != nullptr) return tandem_cuda_module();
+  if (load_cuda_module != nullptr) return load_cuda_module(problem);
+  problem = "this binary has no cuda backend";
+  return nullptr;
+}
 #endif
 
 }  // namespace
 
 std::vector<std::string> backend_names() {
   std::vector<std::string> names;
-  for (const Entry& e : kBackends)
-    if (e.make) names.emplace_back(e.name);
+  for (const Entry& e : kBackends) names.emplace_back(e.name);
+#ifdef TANDEM_CUDA_BUILT
+  if (has_cuda()) names.emplace_back("cuda");
+#endif
   return names;
 }
 
 std::unique_ptr<Backend> make_backend(std::string_view name, const BackendOptions& options) {
   for (const Entry& e : kBackends)
-    if (e.name == name && e.make) return e.make(options);
+    if (e.name == name) return e.make(options);
+#ifdef TANDEM_CUDA_BUILT
+  if (name == "cuda" && has_cuda()) {
+    std::string problem;
+    const CudaModule* m = cuda(problem);
+    if (m == nullptr) fail("cuda", cat(problem, "; this machine can train on onednn (--backend onednn)"));
+    return m->make_backend(options);
+  }
+#endif
   std::string known;
   for (const auto& n : backend_names()) known += (known.empty() ? "" : ", ") + n;
   fail("backend", cat("unknown backend '", name, "'; this build has: ", known));
@@ -77,27 +99,38 @@ std::string preferred_backend(const std::string& preferred) {
 
 std::string default_cloud_backend() {
 #ifdef TANDEM_CUDA_BUILT
-  if (has_cuda() && cuda_device_problem().empty()) return "cuda";
+  // Where no CUDA driver is installed the module is not even loaded: a CPU cloud maps none of
+  // CUDA's libraries.
+  if (has_cuda() && (tandem_cuda_module != nullptr || cuda_driver_present())) {
+    std::string problem;
+    if (const CudaModule* m = cuda(problem); m != nullptr && m->device_problem().empty()) return "cuda";
+  }
 #endif
   return preferred_backend("onednn");
 }
 
 void set_gpu_memory_budget([[maybe_unused]] std::size_t bytes) {
 #ifdef TANDEM_CUDA_BUILT
-  if (has_cuda()) set_cuda_memory_budget(bytes);
+  std::string problem;
+  if (const CudaModule* m = has_cuda() ? cuda(problem) : nullptr) m->set_memory_budget(bytes);
 #endif
 }
 
 GpuMemoryUse gpu_memory_use() {
 #ifdef TANDEM_CUDA_BUILT
-  if (has_cuda()) return cuda_memory_use();
+  std::string problem;
+  if (const CudaModule* m = has_cuda() ? cuda(problem) : nullptr) return m->memory_use();
 #endif
   return {};
 }
 
 std::string gpu_summary() {
 #ifdef TANDEM_CUDA_BUILT
-  if (has_cuda()) return cuda_device_summary();
+  if (has_cuda()) {
+    std::string problem;
+    const CudaModule* m = cuda(problem);
+    return m != nullptr ? m->device_summary() : problem;
+  }
 #endif
   return "";
 }
