@@ -1,11 +1,14 @@
 // tandem_weights_diff A.safetensors B.safetensors TOLERANCE: prints the largest absolute
 // difference between two exports of one model and exits 1 when it exceeds TOLERANCE, when a
-// value is not finite, or when the files' tensors (names, dtypes, shapes) differ.
+// value is not finite, or when the files' tensors (names, dtypes, shapes) differ. Tensors are
+// matched by name: one process's export and the merged exports of a pipeline's stages order them
+// differently.
 #include <cmath>
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
 #include <exception>
+#include <map>
 #include <string>
 
 #include "core/error.h"
@@ -22,11 +25,15 @@ int diff(const std::string& a_path, const std::string& b_path, double tolerance)
   double worst = 0;
   std::string worst_name = a[0].name;
   std::size_t values = 0;
-  for (std::size_t t = 0; t < a.size(); ++t) {
-    const SafeTensor &x = a[t], &y = b[t];
-    if (x.name != y.name || x.dtype != y.dtype || x.shape != y.shape || x.data.size() != y.data.size())
-      fail("weights diff", cat("tensor ", t, " is '", x.name, "' (", x.dtype, ") in ", a_path, " but '", y.name, "' (",
-                               y.dtype, ") in ", b_path, ", or their shapes differ"));
+  std::map<std::string, const SafeTensor*> by_name;
+  for (const SafeTensor& y : b) by_name[y.name] = &y;
+  for (const SafeTensor& x : a) {
+    const auto it = by_name.find(x.name);
+    if (it == by_name.end()) fail("weights diff", cat("'", x.name, "' is in ", a_path, " but not in ", b_path));
+    const SafeTensor& y = *it->second;
+    if (x.dtype != y.dtype || x.shape != y.shape || x.data.size() != y.data.size())
+      fail("weights diff", cat("'", x.name, "' is ", x.dtype, " in ", a_path, " but ", y.dtype, " in ", b_path,
+                               ", or their shapes differ"));
     if (x.dtype == "I64") {
       if (x.data != y.data) fail("weights diff", cat("the integers of '", x.name, "' differ"));
       continue;

@@ -54,9 +54,20 @@ say "kit built from $(paste -sd' ' "$kit/COMMIT"); this checkout's tracked files
 # it lies inside the source).
 find "$build" -name CTestTestfile.cmake -exec sed -i "s|$origin|$build|g; s|$source_then|$src|g" {} +
 
-# CUDA's libraries from this machine: the toolkit's, and PyTorch's wheels (cuBLAS, cuDNN).
+# CUDA's libraries from this machine: the toolkit's, and PyTorch's wheels (cuBLAS, cuDNN)
+# wherever that machine's Python keeps them (its site-packages: nvidia/*/lib, torch/lib; asked of
+# the Python itself, so a virtual environment or a user install is found too).
 # The driver's libcuda where the loader does not already know it (a read-only mount there).
-cuda_dirs=$(find /usr/local /opt /usr/lib -xdev \( -name 'libcublas.so.13*' -o -name 'libcublasLt.so.13*' -o \
+py_dirs=$("${PYTHON:-python3}" - 2> /dev/null <<'PY'
+import glob, os, site, sys
+roots = set(site.getsitepackages() + [site.getusersitepackages()] + [p for p in sys.path if p.endswith("-packages")])
+for root in sorted(roots):
+    for d in glob.glob(os.path.join(root, "nvidia", "*", "lib")) + [os.path.join(root, "torch", "lib")]:
+        if os.path.isdir(d):
+            print(d)
+PY
+)
+cuda_dirs=$(find /usr/local /opt /usr/lib $py_dirs -xdev \( -name 'libcublas.so.13*' -o -name 'libcublasLt.so.13*' -o \
   -name 'libcudnn.so.9*' -o -name 'libcudnn_graph.so.9*' \) -printf '%h\n' 2> /dev/null | sort -u | paste -sd:)
 ldconfig -p | grep 'libcuda\.so\.1' > /dev/null || for d in /usr/local/nvidia/lib64 /usr/local/nvidia/lib; do
   [[ -e $d/libcuda.so.1 ]] && cuda_dirs=$d${cuda_dirs:+:$cuda_dirs}
