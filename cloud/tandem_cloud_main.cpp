@@ -168,6 +168,8 @@ int serve_command(const CliArgs& args) {
   o.gpu_memory_bytes = static_cast<std::size_t>(args.integer("gpu-memory-mb", 0, 0)) << 20;
   o.session_memory_bytes = static_cast<std::size_t>(args.integer("session-memory-mb", 0, 0)) << 20;
   o.threads = static_cast<int>(args.integer("threads", 1, 1));
+  o.io_threads = static_cast<int>(args.integer("io-threads", 0, 0));
+  if (o.io_threads > 64) fail("cli", cat("--io-threads ", o.io_threads, " is more than 64"));
   o.max_message_bytes = static_cast<std::size_t>(args.integer("max-message-mb", 64, 1)) << 20;
   o.init_from = args.str("init-from", "");
   o.federation.aggregate_every = static_cast<uint32_t>(args.integer("aggregate-every", 0, 0));
@@ -219,6 +221,7 @@ void declare_commands(Program& program) {
       .option("seed", "S", "the seed of the back shard's initialisation (default 1)")
       .option("backend", "NAME", "the back shard's kernels (default cuda where a GPU can be used, else onednn)")
       .option("threads", "T", "kernel threads a session (default 1)")
+      .option("io-threads", "N", "threads running the edges' TLS, each listening on the port (default 0: one for every 8 cores, 1 to 8)")
       .option("max-message-mb", "N", "the largest message taken from an edge, MiB (default 64)")
       .option("wire-dtypes", "LIST", "the dtypes edges may use on the wire (default f32,f16,bf16,i8)")
       .option("init-from", "FILE", "start the back shard from a safetensors file of the whole model (PyTorch names)")

@@ -12,8 +12,13 @@
 #include <openssl/sha.h>
 #include <openssl/ssl.h>
 
+#include <algorithm>
+#include <cstdlib>
 #include <cstring>
 #include <filesystem>
+#include <map>
+#include <memory>
+#include <vector>
 #include <thread>
 
 #include "cloud/pki/pki.h"
@@ -52,6 +57,15 @@ struct Pki {
 Pki& pki_files() {
   static Pki p;
   return p;
+}
+
+// The server under test, on TANDEM_TEST_IO_THREADS service threads when that is set and the
+// options ask for one (ctest's transport.tls_io_threads runs every case so: the acceptor's
+// path, each socket adopted by a service thread).
+std::unique_ptr<LwsEndpoint> listen_server(EndpointOptions options = {}, const std::string& host = "127.0.0.1") {
+  if (const char* n = std::getenv("TANDEM_TEST_IO_THREADS"); n != nullptr && options.io_threads == 1)
+    options.io_threads = std::atoi(n);
+  return LwsEndpoint::listen(host, 0, pki_files().server, options);
 }
 
 // The next event of `kind`, skipping none: fails the test on timeout or another kind.
@@ -135,7 +149,7 @@ TEST(ClientFrameAudit, FollowsFramesAndCatchesTheFirstUnmaskedOne) {
 }
 
 TEST(Transport, MutualTlsCarriesLargeMessagesBothWays) {
-  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server);
+  auto server = listen_server();
   ASSERT_GT(server->port(), 0);
   auto client = WssClient::connect("localhost", server->port(), pki_files().edge);
   const EndpointEvent hello = expect_event(*server, Kind::Connected);
@@ -163,10 +177,81 @@ TEST(Transport, MutualTlsCarriesLargeMessagesBothWays) {
   expect_event(*server, Kind::Closed);
 }
 
+// The server's TLS on three service threads (a context each on one port): the connections
+// spread over them, each keeps its messages' order both ways, and the connection bound counts
+// them all together.
+TEST(Transport, ConnectionsSpreadOverIoThreadsEachInOrder) {
+  EndpointOptions o;
+  o.io_threads = 3;
+  o.max_connections = 12;
+  auto server = listen_server(o);
+  ASSERT_EQ(server->io_threads(), 3u);
+  constexpr int kClients = 12;
+  std::vector<std::unique_ptr<WssClient>> clients;
+  for (int i = 0; i < kClients; ++i) {
+    clients.push_back(WssClient::connect("localhost", server->port(), pki_files().edge));
+    expect_event(*clients.back(), Kind::Connected);
+    expect_event(*server, Kind::Connected);
+  }
+  // Each client says which it is by its first message's size, then sends a large one.
+  for (int i = 0; i < kClients; ++i) {
+    clients[i]->send(0, pattern(10 + i, static_cast<uint8_t>(i)));
+    clients[i]->send(0, pattern(300 * 1024 + i, static_cast<uint8_t>(100 + i)));
+  }
+  std::map<uint64_t, int> client_of;
+  std::map<uint64_t, int> received;
+  for (int m = 0; m < 2 * kClients; ++m) {
+    const EndpointEvent ev = expect_event(*server, Kind::Message);
+    const int seen = received[ev.connection]++;
+    if (seen == 0) {
+      ASSERT_GE(ev.frame.size(), 10u);
+      ASSERT_LT(ev.frame.size(), 10u + kClients);
+      client_of[ev.connection] = static_cast<int>(ev.frame.size() - 10);
+    } else {
+      ASSERT_EQ(seen, 1) << "a third message from one connection";
+      const int i = client_of.at(ev.connection);
+      const auto want = pattern(300 * 1024 + i, static_cast<uint8_t>(100 + i));
+      ASSERT_EQ(ev.frame.size(), want.size()) << "connection " << ev.connection << "'s messages out of order";
+      EXPECT_EQ(std::memcmp(ev.frame.data(), want.data(), want.size()), 0);
+    }
+  }
+  ASSERT_EQ(client_of.size(), static_cast<std::size_t>(kClients));
+  for (const auto& [connection, i] : client_of) {
+    server->send(connection, pattern(200 * 1024 + i, static_cast<uint8_t>(i)));
+    server->send(connection, pattern(20 + i, static_cast<uint8_t>(i)));
+  }
+  for (int i = 0; i < kClients; ++i) {
+    EndpointEvent ev = expect_event(*clients[i], Kind::Message);
+    const auto want = pattern(200 * 1024 + i, static_cast<uint8_t>(i));
+    ASSERT_EQ(ev.frame.size(), want.size());
+    EXPECT_EQ(std::memcmp(ev.frame.data(), want.data(), want.size()), 0);
+    EXPECT_EQ(expect_event(*clients[i], Kind::Message).frame.size(), static_cast<std::size_t>(20 + i));
+  }
+  const std::vector<uint64_t> spread = server->connections_per_io_thread();
+  ASSERT_EQ(spread.size(), 3u);
+  EXPECT_EQ(spread[0] + spread[1] + spread[2], static_cast<uint64_t>(kClients));
+  EXPECT_GE(std::count_if(spread.begin(), spread.end(), [](uint64_t n) { return n > 0; }), 2)
+      << spread[0] << ", " << spread[1] << ", " << spread[2] << " connections a thread";
+
+  // The thirteenth connection, whichever thread takes it, is over the bound of all of them.
+  auto extra = WssClient::connect("localhost", server->port(), pki_files().edge);
+  expect_event(*extra, Kind::Connected);
+  const EndpointEvent busy = expect_event(*extra, Kind::Message);
+  WireError err;
+  const wire::Message* m = verify_frame(busy.frame, kDefaultMaxMessageBytes, err);
+  ASSERT_NE(m, nullptr) << err.text;
+  ASSERT_EQ(m->payload_type(), wire::Payload::Error);
+  EXPECT_EQ(m->payload_as_Error()->code(), wire::ErrorCode::Busy);
+  expect_event(*extra, Kind::Closed);
+  EXPECT_EQ(server->refused_connections(), 1u);
+  clients.clear();
+  for (int i = 0; i < kClients; ++i) expect_event(*server, Kind::Closed);
+}
+
 TEST(Transport, OverTheSizeCapGetsAnErrorAndTheServerGoesOn) {
   EndpointOptions small;
   small.max_message_bytes = 1 << 20;
-  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server, small);
+  auto server = listen_server(small);
   auto client = WssClient::connect("localhost", server->port(), pki_files().edge);
   expect_event(*server, Kind::Connected);
   expect_event(*client, Kind::Connected);
@@ -187,7 +272,7 @@ TEST(Transport, OverTheSizeCapGetsAnErrorAndTheServerGoesOn) {
 }
 
 void expect_refused(const TlsIdentity& who, const EndpointOptions& options = {}) {
-  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server, options);
+  auto server = listen_server(options);
   auto client = WssClient::connect("localhost", server->port(), who);
   EndpointEvent ev;
   ASSERT_TRUE(client->next(ev, 10s));
@@ -211,7 +296,7 @@ EndpointOptions certificate_optional() {
 }
 
 TEST(Transport, OptionalClientCertificateLetsAnonymousPeersInWithoutACommonName) {
-  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server, certificate_optional());
+  auto server = listen_server(certificate_optional());
   auto anonymous = WssClient::connect("localhost", server->port(), pki_files().anonymous);
   EXPECT_EQ(expect_event(*server, Kind::Connected).text, "");
   expect_event(*anonymous, Kind::Connected);
@@ -224,7 +309,7 @@ TEST(Transport, OptionalClientCertificateStillRefusesAnotherCa) {
 }
 
 TEST(Transport, PlainWebSocketIsRefused) {
-  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server);
+  auto server = listen_server();
   const int fd = ::socket(AF_INET, SOCK_STREAM, 0);
   ASSERT_GE(fd, 0);
   sockaddr_in addr{};
@@ -393,7 +478,7 @@ TEST(Transport, TheClientRefusesWhatABrokenServerSends) {
 
 // The server's certificate must name the host the edge dialled, not just chain to its CA.
 TEST(Transport, TheClientChecksTheServersName) {
-  auto server = LwsEndpoint::listen("0.0.0.0", 0, pki_files().server);
+  auto server = listen_server({}, "0.0.0.0");
   auto client = WssClient::connect("127.0.0.2", server->port(), pki_files().edge);
   EndpointEvent ev;
   ASSERT_TRUE(client->next(ev, 10s));
@@ -407,7 +492,7 @@ TEST(Transport, TheClientChecksTheServersName) {
 // A client whose application lags stops reading (the server's sends wait in TCP) and, once
 // read again, delivers every message in order.
 TEST(Transport, ALaggingClientPausesAndLosesNothing) {
-  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server);
+  auto server = listen_server();
   EndpointOptions shallow;
   shallow.queue_depth = 4;
   auto client = WssClient::connect("localhost", server->port(), pki_files().edge, shallow);
@@ -431,7 +516,7 @@ TEST(Transport, IdlePingsKeepAQuietConnection) {
   EndpointOptions quick;
   quick.idle_ping_s = 1;
   quick.idle_hangup_s = 3;
-  auto server = LwsEndpoint::listen("127.0.0.1", 0, pki_files().server, quick);
+  auto server = listen_server(quick);
   auto client = WssClient::connect("localhost", server->port(), pki_files().edge, quick);
   const EndpointEvent hello = expect_event(*server, Kind::Connected);
   expect_event(*client, Kind::Connected);

@@ -8,7 +8,8 @@
 # SHARD=own (default): each edge trains a back shard of its own. SHARD=turns: one shared back
 # shard (a federation, --back-accumulate N for N edges), the edges' steps in turns; SHARD=batched:
 # the same with --batch-edges, their micro-batches joined into one batch (issue 17, item 4).
-# usage: [DEVICE=cuda|cpu] [SHARD=own|turns|batched] [MODEL=samples/fashion-mnist/model.json] [STEPS=20]
+# IO_THREADS: the cloud's --io-threads (default 0: one for every 8 cores).
+# usage: [DEVICE=cuda|cpu] [SHARD=own|turns|batched] [IO_THREADS=N] [MODEL=samples/fashion-mnist/model.json] [STEPS=20]
 #        [EDGES="1 16 64 256"] bash bench/gpu/capacity.sh
 set -euo pipefail
 cd "$(dirname "$0")/../.."
@@ -40,8 +41,9 @@ serve() {  # serve N: a cloud for N edges (a shared shard's update sums their N 
     (($1 > 1)) && shared+=(--back-accumulate "$1")
     [[ $shard == batched ]] && (($1 > 1)) && shared+=(--batch-edges)
   fi
-  start_cloud_as cloud --backend "$backend" --max-connections $((most + 16)) --max-pending-hello $((most + 16)) "${shared[@]}"
-  grep -E "GPU|listening|split-federated" "$work/cloud.log" | sed 's/^/  /'
+  start_cloud_as cloud --backend "$backend" --max-connections $((most + 16)) --max-pending-hello $((most + 16)) \
+    --io-threads "${IO_THREADS:-0}" "${shared[@]}"
+  grep -E "GPU|listening|split-federated|I/O thread" "$work/cloud.log" | sed 's/^/  /'
 }
 [[ $shard == own ]] && serve "$most"
 one=

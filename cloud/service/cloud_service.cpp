@@ -479,6 +479,8 @@ int serve(const ServeOptions& o) {
   eo.max_connections = o.max_connections;
   eo.handshake_timeout_s = o.handshake_timeout_s;
   eo.max_queued_bytes = o.max_queued_bytes;
+  eo.io_threads = o.io_threads > 0 ? o.io_threads
+                                   : static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 8, 1u, 8u));
   if (!o.web_root.empty() && !std::filesystem::is_regular_file(o.web_root + "/index.html"))
     fail("serve", cat("--web ", o.web_root, " has no index.html (build the browser edge: bash wasm/build.sh, then --web build/wasm/web; docs/10-browser-edge.md)"));
   // Revoked identities (`pki revoke`): refused at every connection and token, and their live
@@ -575,8 +577,9 @@ int serve(const ServeOptions& o) {
     std::printf("edges without a client certificate are taken with an enrolment token (tandem-cloud pki token)%s\n",
                 o.web_root.empty() ? "" : cat("; web page: https://", o.host, ":", endpoint->port(), "/").c_str());
   std::printf("limits: %zu connections, %zu without Hello, %d s for the TLS handshake and %d s for the Hello, %zu MiB "
-              "queued a session\n",
-              o.max_connections, o.max_pending_hello, o.handshake_timeout_s, o.hello_timeout_s, o.max_queued_bytes >> 20);
+              "queued a session; TLS on %zu I/O thread%s\n",
+              o.max_connections, o.max_pending_hello, o.handshake_timeout_s, o.hello_timeout_s, o.max_queued_bytes >> 20,
+              endpoint->io_threads(), endpoint->io_threads() == 1 ? "" : "s");
 
   // The sessions' memory, by their estimates at Hello: --session-memory-mb, or on cuda the
   // GPU's budget (whose buffers hold the shards' tensors).

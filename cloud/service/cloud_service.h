@@ -21,6 +21,8 @@ struct ServeOptions {
   std::string cut;  // empty: the spec's default cut
   std::string backend = "onednn";
   int threads = 1;  // each session's kernel threads (BackendOptions.threads)
+  // The threads that run the edges' TLS (LwsEndpoint): 0, one for every 8 cores (1 to 8).
+  int io_threads = 0;
   uint32_t batch_size = 64, microbatches = 4;
   // What the sessions' back shards may take together, estimated at Hello (training_memory_bytes
   // at batch_size and microbatches); 0: no bound (on cuda: the GPU's budget, gpu_memory_bytes).

@@ -1,13 +1,21 @@
 #include "ports/lws/lws_endpoint.h"
 
+#include <fcntl.h>
 #include <libwebsockets.h>
+#include <netdb.h>
+#include <netinet/in.h>
+#include <netinet/tcp.h>
 #include <openssl/bn.h>
+#include <poll.h>
+#include <sys/socket.h>
+#include <unistd.h>
 #include <openssl/ssl.h>
 #include <openssl/x509.h>
 
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <set>
 
 #include "core/error.h"
 #include "core/wire/messages.h"
@@ -21,10 +29,12 @@ constexpr std::size_t kFragment = 64 * 1024;
 constexpr int kUseDefault = -999;  // on_callback: let lws' default handler answer
 constexpr int kLingerS = 1;        // after the last word, how long the server waits for the peer to close
 
+LwsEndpoint& shard_owner(LwsEndpoint::Shard& shard);
+
 int trampoline(lws* wsi, lws_callback_reasons reason, void* user, void* in, size_t len) {
   lws_context* ctx = wsi ? lws_get_context(wsi) : nullptr;
-  auto* self = ctx ? static_cast<LwsEndpoint*>(lws_context_user(ctx)) : nullptr;
-  const int r = self ? self->on_callback(wsi, static_cast<int>(reason), in, len) : kUseDefault;
+  auto* shard = ctx ? static_cast<LwsEndpoint::Shard*>(lws_context_user(ctx)) : nullptr;
+  const int r = shard ? shard_owner(*shard).on_callback(*shard, wsi, static_cast<int>(reason), in, len) : kUseDefault;
   return r == kUseDefault ? lws_callback_http_dummy(wsi, reason, user, in, len) : r;
 }
 
@@ -85,6 +95,34 @@ struct LwsEndpoint::Connection {
   bool lingering = false;   // the last word is out: waiting for the peer to close
 };
 
+struct LwsEndpoint::Shard {
+  LwsEndpoint* owner = nullptr;
+  lws_context* context = nullptr;
+  std::thread thread;
+  // Guarded by the endpoint's mutex_.
+  std::deque<Outgoing> outbox;  // from other threads, moved to connections on wake-up
+  bool resume_reading = false;
+  std::vector<lws*> paused;
+  uint64_t accepted = 0;
+  std::vector<int> adopt;  // sockets the acceptor handed over, adopted on wake-up
+  // The sockets handed to it and not yet gone (whether or not they became WebSockets): the
+  // acceptor's measure of its load.
+  std::atomic<std::size_t> open{0};
+  std::set<lws*> adopted;  // this thread's: the adopted sockets' wsi, until destroyed
+  // This shard's service thread only.
+  std::map<uint64_t, std::unique_ptr<Connection>> connections;
+  std::map<lws*, uint64_t> ids;
+  std::vector<unsigned char> write_buffer;
+  Connection* connection_of(lws* wsi) {
+    auto it = ids.find(wsi);
+    return it == ids.end() ? nullptr : connections.at(it->second).get();
+  }
+};
+
+namespace {
+LwsEndpoint& shard_owner(LwsEndpoint::Shard& shard) { return *shard.owner; }
+}  // namespace
+
 std::unique_ptr<LwsEndpoint> LwsEndpoint::listen(const std::string& host, int port, const TlsIdentity& tls,
                                                  const EndpointOptions& options) {
   std::unique_ptr<LwsEndpoint> e(new LwsEndpoint);
@@ -94,7 +132,6 @@ std::unique_ptr<LwsEndpoint> LwsEndpoint::listen(const std::string& host, int po
 }
 
 void LwsEndpoint::start(const std::string& host, int port, const TlsIdentity& tls) {
-  write_buffer_.resize(LWS_PRE + kFragment);
   static std::once_flag quiet;
   std::call_once(quiet, [] { lws_set_log_level(std::getenv("TANDEM_LWS_DEBUG") ? LLL_ERR | LLL_WARN | LLL_NOTICE | LLL_INFO : LLL_ERR, nullptr); });
 
@@ -106,7 +143,6 @@ void LwsEndpoint::start(const std::string& host, int port, const TlsIdentity& tl
   lws_context_creation_info info;
   std::memset(&info, 0, sizeof info);
   info.protocols = kProtocols;
-  info.user = this;
   info.retry_and_idle_policy = retry_.get();
   info.timeout_secs = static_cast<unsigned int>(std::max(1, options_.handshake_timeout_s));
   info.timeout_secs_ah_idle = static_cast<unsigned int>(std::max(1, options_.handshake_timeout_s));  // a silent socket
@@ -132,32 +168,126 @@ void LwsEndpoint::start(const std::string& host, int port, const TlsIdentity& tl
   info.ssl_cert_filepath = tls.cert.c_str();
   info.ssl_private_key_filepath = tls.key.c_str();
   info.ssl_ca_filepath = tls.ca.c_str();
-  context_ = lws_create_context(&info);
-  if (!context_)
-    fail("transport", cat("cannot listen on ", host, ":", port, " with certificate ", tls.cert,
-                          " (port in use, or unreadable certificate, key or CA)"));
-  port_ = lws_get_vhost_listen_port(lws_get_vhost_by_name(context_, "default"));
-  thread_ = std::thread([this] { service_loop(); });
+  // Several service threads: a context each that listens on nothing but adopts the sockets
+  // the acceptor hands it (CONTEXT_PORT_NO_LISTEN_SERVER: TLS set up for serving).
+  const int threads = std::max(1, options_.io_threads);
+  if (threads > 1) {
+    listen_socket(host, port);
+    info.port = CONTEXT_PORT_NO_LISTEN_SERVER;
+  }
+  for (int i = 0; i < threads; ++i) {
+    auto shard = std::make_unique<Shard>();
+    shard->owner = this;
+    shard->write_buffer.resize(LWS_PRE + kFragment);
+    info.user = shard.get();
+    shard->context = lws_create_context(&info);
+    if (!shard->context)
+      fail("transport", cat("cannot listen on ", host, ":", port, " with certificate ", tls.cert,
+                            " (port in use, or unreadable certificate, key or CA)"));
+    if (threads == 1) port_ = lws_get_vhost_listen_port(lws_get_vhost_by_name(shard->context, "default"));
+    shards_.push_back(std::move(shard));
+  }
+  for (auto& shard : shards_) shard->thread = std::thread([this, s = shard.get()] { service_loop(*s); });
+  if (threads > 1) {
+    if (pipe2(wake_fd_, O_CLOEXEC) != 0) fail("transport", "cannot make the acceptor's wake-up pipe");
+    acceptor_ = std::thread([this] { accept_loop(); });
+  }
+}
+
+void LwsEndpoint::listen_socket(const std::string& host, int port) {
+  addrinfo hints{};
+  hints.ai_family = AF_INET;  // as lws here (LWS_SERVER_OPTION_DISABLE_IPV6)
+  hints.ai_socktype = SOCK_STREAM;
+  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
+  addrinfo* found = nullptr;
+  const std::string service = std::to_string(port);
+  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found) != 0 || !found)
+    fail("transport", cat("cannot listen on ", host, ":", port, ": not an IPv4 address or a name that resolves to one"));
+  const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
+  const int on = 1;
+  const bool ok = fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) == 0 &&
+                  bind(fd, found->ai_addr, found->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0;
+  freeaddrinfo(found);
+  if (!ok) {
+    const std::string why = std::strerror(errno);
+    if (fd >= 0) close(fd);
+    fail("transport", cat("cannot listen on ", host, ":", port, ": ", why));
+  }
+  listen_fd_ = fd;
+  sockaddr_in bound{};
+  socklen_t len = sizeof bound;
+  getsockname(fd, reinterpret_cast<sockaddr*>(&bound), &len);
+  port_ = ntohs(bound.sin_port);
+}
+
+// Accepts connections and hands each to the service thread with the fewest (the lowest index
+// on a tie), until the destructor writes to the wake-up pipe.
+void LwsEndpoint::accept_loop() {
+  for (;;) {
+    pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_[0], POLLIN, 0}};
+    if (poll(fds, 2, -1) < 0) {
+      if (errno == EINTR) continue;
+      return;
+    }
+    if (fds[1].revents) return;
+    if (!(fds[0].revents & POLLIN)) continue;
+    const int fd = accept4(listen_fd_, nullptr, nullptr, SOCK_NONBLOCK | SOCK_CLOEXEC);
+    if (fd < 0) {
+      if (errno == EMFILE || errno == ENFILE || errno == ENOBUFS || errno == ENOMEM)
+        std::this_thread::sleep_for(std::chrono::milliseconds(10));  // out of descriptors: let some close
+      continue;
+    }
+    const int on = 1;
+    setsockopt(fd, IPPROTO_TCP, TCP_NODELAY, &on, sizeof on);  // as lws sets on the sockets it accepts
+    Shard* target = shards_.front().get();
+    for (auto& shard : shards_)
+      if (shard->open.load() < target->open.load()) target = shard.get();
+    {
+      std::lock_guard<std::mutex> lock(mutex_);
+      target->adopt.push_back(fd);
+      ++target->open;  // counted now, so the next socket goes elsewhere before this one is up
+    }
+    lws_cancel_service(target->context);
+  }
 }
 
 LwsEndpoint::~LwsEndpoint() {
+  if (acceptor_.joinable()) {
+    const char byte = 0;
+    if (write(wake_fd_[1], &byte, 1) != 1) std::fprintf(stderr, "tandem: cannot wake the acceptor\n");
+    acceptor_.join();
+  }
+  for (int fd : {listen_fd_, wake_fd_[0], wake_fd_[1]})
+    if (fd >= 0) close(fd);
   {
     std::lock_guard<std::mutex> lock(mutex_);
     stopping_ = true;
   }
-  if (context_) lws_cancel_service(context_);
-  if (thread_.joinable()) thread_.join();
-  if (context_) lws_context_destroy(context_);
+  for (auto& shard : shards_)
+    if (shard->context) lws_cancel_service(shard->context);
+  for (auto& shard : shards_)
+    if (shard->thread.joinable()) shard->thread.join();
+  for (auto& shard : shards_) {
+    if (shard->context) lws_context_destroy(shard->context);
+    for (int fd : shard->adopt) close(fd);  // handed over but never adopted
+  }
 }
 
-void LwsEndpoint::service_loop() {
+void LwsEndpoint::service_loop(Shard& shard) {
   for (;;) {
     {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return;
     }
-    if (lws_service(context_, 0) < 0) return;
+    if (lws_service(shard.context, 0) < 0) return;
   }
+}
+
+std::vector<uint64_t> LwsEndpoint::connections_per_io_thread() const {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<uint64_t> out;
+  for (const auto& shard : shards_) out.push_back(shard->accepted);
+  return out;
 }
 
 void LwsEndpoint::push_event(EndpointEvent event) {
@@ -173,26 +303,29 @@ bool LwsEndpoint::next(EndpointEvent& event, std::chrono::milliseconds timeout) 
   if (!arrived_.wait_for(lock, timeout, [&] { return !events_.empty(); })) return false;
   event = std::move(events_.front());
   events_.pop_front();
-  if (!paused_.empty() && events_.size() < options_.queue_depth / 2 && !resume_reading_) {
-    resume_reading_ = true;
+  if (events_.size() < options_.queue_depth / 2) {
+    std::vector<lws_context*> wake;
+    for (auto& shard : shards_)
+      if (!shard->paused.empty() && !shard->resume_reading) {
+        shard->resume_reading = true;
+        wake.push_back(shard->context);
+      }
     lock.unlock();
-    lws_cancel_service(context_);
+    for (lws_context* c : wake) lws_cancel_service(c);
   }
   return true;
 }
 
 void LwsEndpoint::send(uint64_t connection, std::span<const uint8_t> bytes, bool close_after) {
+  lws_context* wake = nullptr;
   {
     std::lock_guard<std::mutex> lock(mutex_);
-    outbox_.push_back({connection, std::vector<uint8_t>(bytes.begin(), bytes.end()), close_after});
+    auto it = route_.find(connection);
+    if (it == route_.end()) return;  // closed meanwhile
+    it->second->outbox.push_back({connection, std::vector<uint8_t>(bytes.begin(), bytes.end()), close_after});
+    wake = it->second->context;
   }
-  lws_cancel_service(context_);
-}
-
-LwsEndpoint::Connection* LwsEndpoint::connection_of(lws* wsi) {
-  auto it = ids_.find(wsi);
-  if (it == ids_.end()) return nullptr;
-  return connections_.at(it->second).get();
+  lws_cancel_service(wake);
 }
 
 std::size_t LwsEndpoint::queued_events() {
@@ -200,7 +333,7 @@ std::size_t LwsEndpoint::queued_events() {
   return events_.size();
 }
 
-int LwsEndpoint::write_some(lws* wsi, Connection& c) {
+int LwsEndpoint::write_some(Shard& shard, lws* wsi, Connection& c) {
   if (c.overflowed) return -1;
   if (c.out.empty()) {
     if (!c.close_when_done) return 0;
@@ -216,7 +349,7 @@ int LwsEndpoint::write_some(lws* wsi, Connection& c) {
   Outgoing& m = c.out.front();
   const std::size_t chunk = std::min(kFragment, m.bytes.size() - c.sent);
   const bool first = c.sent == 0, last = c.sent + chunk == m.bytes.size();
-  unsigned char* at = write_buffer_.data() + LWS_PRE;
+  unsigned char* at = shard.write_buffer.data() + LWS_PRE;
   if (chunk) std::memcpy(at, m.bytes.data() + c.sent, chunk);
   const int flags = lws_write_ws_flags(LWS_WRITE_BINARY, first, last);
   if (lws_write(wsi, at, chunk, static_cast<lws_write_protocol>(flags)) < static_cast<int>(chunk)) return -1;
@@ -246,7 +379,7 @@ void LwsEndpoint::queue(Connection& c, Outgoing m) {
   lws_callback_on_writable(c.wsi);
 }
 
-int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
+int LwsEndpoint::on_callback(Shard& shard, lws* wsi, int reason, void* in, std::size_t len) {
   switch (reason) {
     case LWS_CALLBACK_OPENSSL_PERFORM_CLIENT_CERT_VERIFICATION:
       // `len` is OpenSSL's pre-verification result: 0 means the chain did not verify
@@ -258,9 +391,15 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
       auto c = std::make_unique<Connection>();
       c->wsi = wsi;
       Connection& conn = *c;
-      connections_[id] = std::move(c);
-      ids_[wsi] = id;
-      if (options_.max_connections && connections_.size() > options_.max_connections) {
+      shard.connections[id] = std::move(c);
+      shard.ids[wsi] = id;
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        route_[id] = &shard;
+        ++shard.accepted;
+      }
+      const std::size_t open = ++open_connections_;
+      if (options_.max_connections && open > options_.max_connections) {
         // Over the bound: the peer learns why, and the application never sees it.
         ++refused_connections_;
         MessageWriter writer;
@@ -275,11 +414,11 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
     }
 
     case LWS_CALLBACK_RECEIVE: {
-      Connection* c = connection_of(wsi);
+      Connection* c = shard.connection_of(wsi);
       if (!c) return -1;
       // What lws does not check (client_frame_audit.h): closed with 1002, nothing delivered.
       if (const std::string why = client_frame_violation(lws_get_ssl(wsi)); !why.empty()) {
-        std::fprintf(stderr, "connection %llu: closed: %s\n", static_cast<unsigned long long>(ids_[wsi]), why.c_str());
+        std::fprintf(stderr, "connection %llu: closed: %s\n", static_cast<unsigned long long>(shard.ids[wsi]), why.c_str());
         static const char kReason[] = "unmasked frame";
         lws_close_reason(wsi, LWS_CLOSE_STATUS_PROTOCOL_ERR,
                          reinterpret_cast<unsigned char*>(const_cast<char*>(kReason)), sizeof kReason - 1);
@@ -306,7 +445,7 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
         MessageWriter writer;
         const auto bytes = writer.error(wire::ErrorCode::TooLarge,
                                         cat("message exceeds the limit of ", options_.max_message_bytes, " bytes"));
-        queue(*c, {ids_[wsi], std::vector<uint8_t>(bytes.begin(), bytes.end()), false});
+        queue(*c, {shard.ids[wsi], std::vector<uint8_t>(bytes.begin(), bytes.end()), false});
         c->closing = true;  // the Error must be the last word
         return 0;
       }
@@ -316,52 +455,72 @@ int LwsEndpoint::on_callback(lws* wsi, int reason, void* in, std::size_t len) {
         c->rx.clear();
         return 0;
       }
-      push_event({EndpointEvent::Kind::Message, ids_[wsi], Frame::copy_of(c->rx.data(), c->rx.size()), {}, {}});
+      push_event({EndpointEvent::Kind::Message, shard.ids[wsi], Frame::copy_of(c->rx.data(), c->rx.size()), {}, {}});
       c->rx.clear();
       std::lock_guard<std::mutex> lock(mutex_);
       if (events_.size() >= options_.queue_depth) {  // the consumer lags: stop reading this peer
         lws_rx_flow_control(wsi, 0);
-        paused_.push_back(wsi);
+        shard.paused.push_back(wsi);
       }
       return 0;
     }
 
     case LWS_CALLBACK_SERVER_WRITEABLE: {
-      Connection* c = connection_of(wsi);
-      return c ? write_some(wsi, *c) : 0;
+      Connection* c = shard.connection_of(wsi);
+      return c ? write_some(shard, wsi, *c) : 0;
     }
 
     case LWS_CALLBACK_CLOSED: {
-      auto it = ids_.find(wsi);
-      if (it == ids_.end()) return 0;
+      auto it = shard.ids.find(wsi);
+      if (it == shard.ids.end()) return 0;
       const uint64_t id = it->second;
-      ids_.erase(it);
-      connections_.erase(id);
+      shard.ids.erase(it);
+      shard.connections.erase(id);
+      --open_connections_;
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        std::erase(paused_, wsi);
+        route_.erase(id);
+        std::erase(shard.paused, wsi);
       }
       push_event({EndpointEvent::Kind::Closed, id, {}, "connection closed", {}});
       return 0;
     }
 
+    case LWS_CALLBACK_WSI_DESTROY:
+      if (shard.adopted.erase(wsi)) --shard.open;
+      return kUseDefault;
+
     case LWS_CALLBACK_EVENT_WAIT_CANCELLED: {
       std::deque<Outgoing> moved;
       std::vector<lws*> resume;
+      std::vector<int> adopt;
       {
         std::lock_guard<std::mutex> lock(mutex_);
-        moved.swap(outbox_);
-        if (resume_reading_) {
-          resume.swap(paused_);
-          resume_reading_ = false;
+        adopt.swap(shard.adopt);
+        moved.swap(shard.outbox);
+        if (shard.resume_reading) {
+          resume.swap(shard.paused);
+          shard.resume_reading = false;
         }
       }
+      for (int fd : adopt) {
+        // The TLS handshake, the HTTP upgrade and all after run here, as for a socket lws
+        // accepted itself. On failure lws has closed the socket.
+        lws_sock_file_fd_type sock;
+        sock.sockfd = fd;
+        const auto type = static_cast<lws_adoption_type>(LWS_ADOPT_SOCKET | LWS_ADOPT_HTTP | LWS_ADOPT_ALLOW_SSL);
+        if (lws* w = lws_adopt_descriptor_vhost(lws_get_vhost_by_name(shard.context, "default"), type, sock, nullptr,
+                                                nullptr))
+          shard.adopted.insert(w);
+        else
+          --shard.open;
+      }
       for (lws* w : resume)
-        if (ids_.count(w)) lws_rx_flow_control(w, 1);
+        if (shard.ids.count(w)) lws_rx_flow_control(w, 1);
       for (Outgoing& m : moved) {
-        auto it = connections_.find(m.connection);
+        auto it = shard.connections.find(m.connection);
         // Closed meanwhile, or closing (the last word was queued).
-        if (it == connections_.end() || it->second->closing) continue;
+        if (it == shard.connections.end() || it->second->closing) continue;
         queue(*it->second, std::move(m));
       }
       return 0;

@@ -1,9 +1,13 @@
-// The cloud's TLS WebSocket server on libwebsockets (the edge's client is ports/tls). One
-// service thread owns the lws context; other threads exchange whole messages with it through
-// bounded queues and wake it with lws_cancel_service(). TLS is always on; a client certificate
-// signed by the CA is required unless the application is told to authenticate the peer itself.
-// Messages go out in 64 KiB fragments from the WRITEABLE callback; arriving fragments are
-// collected up to a size cap.
+// The cloud's TLS WebSocket server on libwebsockets (the edge's client is ports/tls). Its TLS
+// runs on EndpointOptions::io_threads service threads, each owning an lws context (Debian's lws
+// is built for one service thread a context). With one, lws listens itself; with more, an
+// acceptor thread of ours listens and hands each accepted socket to the thread serving the
+// fewest connections, which adopts it (TLS handshake, upgrade, everything after). Other threads
+// exchange whole messages with them through bounded queues and wake a connection's thread with
+// lws_cancel_service(). TLS is always on; a
+// client certificate signed by the CA is required unless the application is told to
+// authenticate the peer itself. Messages go out in 64 KiB fragments from the WRITEABLE
+// callback; arriving fragments are collected up to a size cap.
 #pragma once
 
 #include <atomic>
@@ -50,8 +54,14 @@ class LwsEndpoint {
   // close_after the connection closes once it is sent, and later messages to it are dropped.
   void send(uint64_t connection, std::span<const uint8_t> bytes, bool close_after = false);
 
+  // The service threads, and how many connections each has taken since the start.
+  std::size_t io_threads() const { return shards_.size(); }
+  std::vector<uint64_t> connections_per_io_thread() const;
+
+  // One service thread: its lws context and the connections it serves.
+  struct Shard;
   // The lws callback, for the C trampoline only.
-  int on_callback(lws* wsi, int reason, void* in, std::size_t len);
+  int on_callback(Shard& shard, lws* wsi, int reason, void* in, std::size_t len);
 
  private:
   struct Connection;
@@ -63,31 +73,27 @@ class LwsEndpoint {
   LwsEndpoint() = default;
   void start(const std::string& host, int port, const TlsIdentity& tls);
   void push_event(EndpointEvent event);
-  Connection* connection_of(lws* wsi);
-  int write_some(lws* wsi, Connection& c);
-  void queue(Connection& c, Outgoing m);  // service thread
-  void service_loop();
+  int write_some(Shard& shard, lws* wsi, Connection& c);
+  void queue(Connection& c, Outgoing m);  // the connection's service thread
+  void service_loop(Shard& shard);
+  void listen_socket(const std::string& host, int port);  // listen_fd_ and port_, for the acceptor
+  void accept_loop();
 
   EndpointOptions options_;
   int port_ = 0;
-  lws_context* context_ = nullptr;
-  std::unique_ptr<lws_retry_bo> retry_;  // must outlive the context
+  std::unique_ptr<lws_retry_bo> retry_;  // must outlive the contexts
   std::unique_ptr<lws_http_mount> mount_;  // the web root's, likewise
-  std::thread thread_;
+  std::vector<std::unique_ptr<Shard>> shards_;
+  int listen_fd_ = -1, wake_fd_[2] = {-1, -1};  // the acceptor's (io_threads > 1)
+  std::thread acceptor_;
   bool stopping_ = false;  // guarded by mutex_
 
-  std::mutex mutex_;
+  mutable std::mutex mutex_;
   std::condition_variable arrived_;
   std::deque<EndpointEvent> events_;
-  std::deque<Outgoing> outbox_;  // from other threads, moved to connections on wake-up
-  bool resume_reading_ = false;
-
-  // Service-thread only.
-  std::map<uint64_t, std::unique_ptr<Connection>> connections_;
-  std::map<lws*, uint64_t> ids_;
-  uint64_t next_id_ = 1;
-  std::vector<unsigned char> write_buffer_;
-  std::vector<lws*> paused_;
+  std::map<uint64_t, Shard*> route_;  // open connections' service threads, for send()
+  std::atomic<uint64_t> next_id_{1};
+  std::atomic<std::size_t> open_connections_{0};
   std::atomic<uint64_t> refused_connections_{0}, overflowed_connections_{0};
 };
 

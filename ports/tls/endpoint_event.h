@@ -30,6 +30,8 @@ struct EndpointOptions {
   std::size_t max_connections = 0;
   int handshake_timeout_s = 10;
   std::size_t max_queued_bytes = 0;
+  // Server: the TLS service threads (LwsEndpoint), at least 1.
+  int io_threads = 1;
 };
 
 struct EndpointEvent {

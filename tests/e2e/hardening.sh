@@ -8,6 +8,7 @@
 # that never speak (TLS or Hello) are closed at their deadlines, and the bounds on connections
 # without Hello and on all connections answer with a Busy Error; the sessions' memory, estimated
 # at Hello, refuses a session that cannot fit (NoRoom) and answers one that cannot fit now Busy.
+# Every cloud here runs its TLS on two service threads (the bounds count across them).
 # Usage: hardening.sh BUILD_DIR SOURCE_DIR [SAMPLES] (the longer runs' samples, default 6400;
 # the sanitizer build gives fewer: the checks need the runs under way, not long)
 set -euo pipefail
@@ -23,7 +24,7 @@ fail() { echo "FAIL: $*"; for f in "$work"/*.log; do echo "--- $f"; tail -20 "$f
 source "$src/tests/e2e/lib.sh"
 start_cloud() {  # start_cloud NAME EXTRA...: sets port, metrics_port, cloud_pid
   local name=$1; shift
-  start_cloud_as "$name" --accept-tokens --metrics-listen 127.0.0.1:0 "$@"
+  start_cloud_as "$name" --accept-tokens --metrics-listen 127.0.0.1:0 --io-threads 2 "$@"
   pids+=("$cloud_pid")
 }
 train() {  # train NAME IDDIR EXTRA... : runs an edge, output in $work/NAME.out

@@ -3,7 +3,7 @@
 # over TLS WebSockets with mutual TLS. Two edges train at once and get well above chance; an
 # edge with an enrolment token instead of a certificate trains once; an edge with another cut
 # is refused with the cloud's words, one with another CA's identity cannot connect, and the
-# service keeps serving throughout.
+# service keeps serving throughout. The cloud's TLS runs on three service threads.
 # Usage: split_training.sh BUILD_DIR SOURCE_DIR [EPOCHS SAMPLES MIN_ACCURACY]
 # (default 2 epochs of 3200 samples for each edge, 0.70; the sanitizer build trains less, no bar)
 set -euo pipefail
@@ -16,7 +16,9 @@ trap cleanup EXIT
 fail() { echo "FAIL: $*"; echo "--- cloud log"; cat "$work/cloud.log"; exit 1; }
 
 source "$src/tests/e2e/lib.sh"
-start_cloud_as cloud --accept-tokens
+# The edges' TLS on three threads (an acceptor hands each connection to the least loaded).
+start_cloud_as cloud --accept-tokens --io-threads 3
+grep -q "TLS on 3 I/O threads" "$work/cloud.log" || fail "the cloud does not say its TLS runs on 3 threads"
 "$cloud_bin" pki issue --state-dir "$work/state" --client hospital-a --out "$work/a" > /dev/null
 "$cloud_bin" pki issue --state-dir "$work/state" --client hospital-b --out "$work/b" > /dev/null
 
