@@ -46,7 +46,11 @@ Loaded load() {
   void* handle = dlopen(path.c_str(), RTLD_NOW | RTLD_LOCAL);
   if (handle == nullptr) {
     const char* why = dlerror();
-    l.problem = cat("the cuda backend's module could not be loaded: ", why ? why : path.c_str(), fix);
+    // The file is there: what failed is a library it needs (cuBLAS, cuDNN) or a symbol.
+    l.problem = access(path.c_str(), R_OK) == 0
+                    ? cat("the cuda backend's module ", path, " could not be loaded: ", why ? why : "(no reason)",
+                          "; install CUDA's cuBLAS and cuDNN or add their folder to LD_LIBRARY_PATH")
+                    : cat("the cuda backend's module could not be loaded: ", why ? why : path.c_str(), fix);
     return l;
   }
   using Entry = const CudaModule* (*)();

@@ -1,6 +1,7 @@
 #include "backends/registry.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "backends/portable/portable_backend.h"
 #include "backends/reference/reference_backend.h"
@@ -103,7 +104,10 @@ std::string default_cloud_backend() {
   // CUDA's libraries.
   if (has_cuda() && (tandem_cuda_module != nullptr || cuda_driver_present())) {
     std::string problem;
-    if (const CudaModule* m = cuda(problem); m != nullptr && m->device_problem().empty()) return "cuda";
+    const CudaModule* m = cuda(problem);
+    if (m != nullptr && m->device_problem().empty()) return "cuda";
+    // A CUDA driver is here, so a GPU was likely meant: say why it is not used.
+    if (m == nullptr) std::fprintf(stderr, "tandem: cuda is not used (%s)\n", problem.c_str());
   }
 #endif
   return preferred_backend("onednn");

@@ -221,7 +221,7 @@ void declare_commands(Program& program) {
       .option("seed", "S", "the seed of the back shard's initialisation (default 1)")
       .option("backend", "NAME", "the back shard's kernels (default cuda where a GPU can be used, else onednn)")
       .option("threads", "T", "kernel threads a session (default 1)")
-      .option("io-threads", "N", "threads running the edges' TLS, each listening on the port (default 0: one for every 8 cores, 1 to 8)")
+      .option("io-threads", "N", "threads running the edges' TLS (default 0: one for every 8 cores this process may use, 1 to 8)")
       .option("max-message-mb", "N", "the largest message taken from an edge, MiB (default 64)")
       .option("wire-dtypes", "LIST", "the dtypes edges may use on the wire (default f32,f16,bf16,i8)")
       .option("init-from", "FILE", "start the back shard from a safetensors file of the whole model (PyTorch names)")

@@ -246,6 +246,22 @@ TEST(Transport, ConnectionsSpreadOverIoThreadsEachInOrder) {
   EXPECT_EQ(server->refused_connections(), 1u);
   clients.clear();
   for (int i = 0; i < kClients; ++i) expect_event(*server, Kind::Closed);
+
+  // Every socket handed to a thread counts until it is gone, WebSocket or not (one refused in
+  // the TLS handshake too), so the acceptor's measure of load comes back to 0.
+  {
+    auto intruder = WssClient::connect("localhost", server->port(), pki_files().foreign);
+    EndpointEvent ev;
+    ASSERT_TRUE(intruder->next(ev, 10s));
+    EXPECT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Closed));
+  }
+  const auto deadline = std::chrono::steady_clock::now() + 10s;
+  std::vector<std::size_t> left = server->sockets_per_io_thread();
+  while (left != std::vector<std::size_t>(3, 0) && std::chrono::steady_clock::now() < deadline) {
+    std::this_thread::sleep_for(10ms);
+    left = server->sockets_per_io_thread();
+  }
+  EXPECT_EQ(left, std::vector<std::size_t>(3, 0)) << "sockets still counted after every one closed";
 }
 
 TEST(Transport, OverTheSizeCapGetsAnErrorAndTheServerGoesOn) {

@@ -1,5 +1,7 @@
 #include "cloud/service/cloud_service.h"
 
+#include <sched.h>
+
 #include <algorithm>
 #include <atomic>
 #include <condition_variable>
@@ -479,8 +481,15 @@ int serve(const ServeOptions& o) {
   eo.max_connections = o.max_connections;
   eo.handshake_timeout_s = o.handshake_timeout_s;
   eo.max_queued_bytes = o.max_queued_bytes;
-  eo.io_threads = o.io_threads > 0 ? o.io_threads
-                                   : static_cast<int>(std::clamp(std::thread::hardware_concurrency() / 8, 1u, 8u));
+  if (o.io_threads > 0) {
+    eo.io_threads = o.io_threads;
+  } else {  // the cores this process may use (its affinity: a container's or taskset's), not the host's
+    cpu_set_t cpus;
+    const int usable = sched_getaffinity(0, sizeof cpus, &cpus) == 0
+                           ? CPU_COUNT(&cpus)
+                           : static_cast<int>(std::thread::hardware_concurrency());
+    eo.io_threads = std::clamp(usable / 8, 1, 8);
+  }
   if (!o.web_root.empty() && !std::filesystem::is_regular_file(o.web_root + "/index.html"))
     fail("serve", cat("--web ", o.web_root, " has no index.html (build the browser edge: bash wasm/build.sh, then --web build/wasm/web; docs/10-browser-edge.md)"));
   // Revoked identities (`pki revoke`): refused at every connection and token, and their live

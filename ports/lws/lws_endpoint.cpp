@@ -1,6 +1,7 @@
 #include "ports/lws/lws_endpoint.h"
 
 #include <fcntl.h>
+#include <ifaddrs.h>
 #include <libwebsockets.h>
 #include <netdb.h>
 #include <netinet/in.h>
@@ -15,6 +16,7 @@
 #include <cstdio>
 #include <cstdlib>
 #include <cstring>
+#include <limits>
 #include <set>
 
 #include "core/error.h"
@@ -187,6 +189,8 @@ void LwsEndpoint::start(const std::string& host, int port, const TlsIdentity& tl
     if (threads == 1) port_ = lws_get_vhost_listen_port(lws_get_vhost_by_name(shard->context, "default"));
     shards_.push_back(std::move(shard));
   }
+  // Every context exists before any thread serves: each lws_create_context with
+  // DO_SSL_GLOBAL_INIT resets a global of lws' OpenSSL glue that the verify callback reads.
   for (auto& shard : shards_) shard->thread = std::thread([this, s = shard.get()] { service_loop(*s); });
   if (threads > 1) {
     if (pipe2(wake_fd_, O_CLOEXEC) != 0) fail("transport", "cannot make the acceptor's wake-up pipe");
@@ -198,16 +202,33 @@ void LwsEndpoint::listen_socket(const std::string& host, int port) {
   addrinfo hints{};
   hints.ai_family = AF_INET;  // as lws here (LWS_SERVER_OPTION_DISABLE_IPV6)
   hints.ai_socktype = SOCK_STREAM;
-  hints.ai_flags = AI_PASSIVE | AI_NUMERICSERV;
-  addrinfo* found = nullptr;
-  const std::string service = std::to_string(port);
-  if (getaddrinfo(host.empty() ? nullptr : host.c_str(), service.c_str(), &hints, &found) != 0 || !found)
-    fail("transport", cat("cannot listen on ", host, ":", port, ": not an IPv4 address or a name that resolves to one"));
+  hints.ai_flags = AI_PASSIVE;
+  // As lws takes its `iface`: an interface's name (its IPv4 address), else an address or a name.
+  sockaddr_in at{};
+  at.sin_family = AF_INET;
+  at.sin_port = htons(static_cast<uint16_t>(port));
+  bool resolved = false;
+  ifaddrs* ifs = nullptr;
+  if (!host.empty() && getifaddrs(&ifs) == 0) {
+    for (ifaddrs* i = ifs; i && !resolved; i = i->ifa_next)
+      if (i->ifa_addr && i->ifa_addr->sa_family == AF_INET && host == i->ifa_name) {
+        at.sin_addr = reinterpret_cast<const sockaddr_in*>(i->ifa_addr)->sin_addr;
+        resolved = true;
+      }
+    freeifaddrs(ifs);
+  }
+  if (!resolved) {
+    addrinfo* found = nullptr;
+    if (getaddrinfo(host.empty() ? nullptr : host.c_str(), nullptr, &hints, &found) != 0 || !found)
+      fail("transport", cat("cannot listen on ", host, ":", port,
+                            ": not an interface, an IPv4 address or a name that resolves to one"));
+    at.sin_addr = reinterpret_cast<const sockaddr_in*>(found->ai_addr)->sin_addr;
+    freeaddrinfo(found);
+  }
   const int fd = socket(AF_INET, SOCK_STREAM | SOCK_NONBLOCK | SOCK_CLOEXEC, 0);
   const int on = 1;
   const bool ok = fd >= 0 && setsockopt(fd, SOL_SOCKET, SO_REUSEADDR, &on, sizeof on) == 0 &&
-                  bind(fd, found->ai_addr, found->ai_addrlen) == 0 && ::listen(fd, SOMAXCONN) == 0;
-  freeaddrinfo(found);
+                  bind(fd, reinterpret_cast<const sockaddr*>(&at), sizeof at) == 0 && ::listen(fd, SOMAXCONN) == 0;
   if (!ok) {
     const std::string why = std::strerror(errno);
     if (fd >= 0) close(fd);
@@ -227,6 +248,7 @@ void LwsEndpoint::accept_loop() {
     pollfd fds[2] = {{listen_fd_, POLLIN, 0}, {wake_fd_[0], POLLIN, 0}};
     if (poll(fds, 2, -1) < 0) {
       if (errno == EINTR) continue;
+      std::fprintf(stderr, "tandem: the acceptor stopped (poll: %s): no new connection is taken\n", std::strerror(errno));
       return;
     }
     if (fds[1].revents) return;
@@ -279,8 +301,19 @@ void LwsEndpoint::service_loop(Shard& shard) {
       std::lock_guard<std::mutex> lock(mutex_);
       if (stopping_) return;
     }
-    if (lws_service(shard.context, 0) < 0) return;
+    if (lws_service(shard.context, 0) < 0) {
+      // This thread's connections are lost; the acceptor hands it nothing more.
+      std::fprintf(stderr, "tandem: a TLS service thread stopped (lws_service failed); its connections are lost\n");
+      shard.open = std::numeric_limits<std::size_t>::max() / 2;
+      return;
+    }
   }
+}
+
+std::vector<std::size_t> LwsEndpoint::sockets_per_io_thread() const {
+  std::vector<std::size_t> out;
+  for (const auto& shard : shards_) out.push_back(shard->open.load());
+  return out;
 }
 
 std::vector<uint64_t> LwsEndpoint::connections_per_io_thread() const {

@@ -57,6 +57,9 @@ class LwsEndpoint {
   // The service threads, and how many connections each has taken since the start.
   std::size_t io_threads() const { return shards_.size(); }
   std::vector<uint64_t> connections_per_io_thread() const;
+  // With more than one: the sockets each thread serves now (handed over and not yet gone,
+  // WebSocket or not), by which the acceptor picks the least loaded.
+  std::vector<std::size_t> sockets_per_io_thread() const;
 
   // One service thread: its lws context and the connections it serves.
   struct Shard;
