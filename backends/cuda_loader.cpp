@@ -1,6 +1,6 @@
 // Loads the cuda backend's module (backends/cuda_module.h) for the binaries that may serve on
-// cuda. Those binaries export their symbols (ENABLE_EXPORTS in CMake: tandem_loads_cuda), so
-// the module's calls into core land in the binary's own core. The module is looked for at
+// cuda. Those binaries export tandem's symbols (tandem_loads_cuda in CMake, cuda_exports.list),
+// so the module's calls into core land in the binary's own core. The module is looked for at
 // TANDEM_CUDA_MODULE, else at lib/libtandem-cuda.so beside the binary's folder (the build
 // tree's and an installed tree's layout: build/release/cloud/tandem-cloud and
 // build/release/lib/libtandem-cuda.so, bin/ and lib/).

@@ -21,7 +21,7 @@ struct ServeOptions {
   std::string cut;  // empty: the spec's default cut
   std::string backend = "onednn";
   int threads = 1;  // each session's kernel threads (BackendOptions.threads)
-  // The threads that run the edges' TLS (LwsEndpoint): 0, one for every 8 cores (1 to 8).
+  // The threads that run the edges' TLS (LwsEndpoint): 0, one for every 8 cores this process may use (1 to 8).
   int io_threads = 0;
   uint32_t batch_size = 64, microbatches = 4;
   // What the sessions' back shards may take together, estimated at Hello (training_memory_bytes
