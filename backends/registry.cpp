@@ -116,14 +116,14 @@ std::string default_cloud_backend() {
 void set_gpu_memory_budget([[maybe_unused]] std::size_t bytes) {
 #ifdef TANDEM_CUDA_BUILT
   std::string problem;
-  if (const CudaModule* m = has_cuda() ? cuda(problem) : nullptr) m->set_memory_budget(bytes);
+  if (const CudaModule* m = cuda(problem)) m->set_memory_budget(bytes);
 #endif
 }
 
 GpuMemoryUse gpu_memory_use() {
 #ifdef TANDEM_CUDA_BUILT
   std::string problem;
-  if (const CudaModule* m = has_cuda() ? cuda(problem) : nullptr) return m->memory_use();
+  if (const CudaModule* m = cuda(problem)) return m->memory_use();
 #endif
   return {};
 }

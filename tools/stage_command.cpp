@@ -723,18 +723,10 @@ int run_party(const CliArgs& cli) {
           bar.finish(loss_here_only ? "the loss is the loss stage's" : cat("loss ", fixed(total.loss_sum / samples, 4)),
                      budget_spent ? skip + static_cast<int64_t>(total.samples) : -1);
           // The test set, in order, through every stage in evaluation mode.
-          StepStats test;
-          if (!sets.test.labels.empty()) {
-            EpochBatches test_batches(graph, sets.test, batch, seed);
-            for (int64_t b = 0; b < test_batches.samples(); b += batch) {
-              const int32_t* test_labels = nullptr;
-              const std::vector<Tensor> rows = test_batches.rows(b, test_labels);
-              const StepStats st = peer.evaluate(rows, test_labels, static_cast<uint64_t>(b));
-              test.loss_sum += st.loss_sum;
-              test.correct += st.correct;
-              test.samples += st.samples;
-            }
-          }
+          const StepStats test = evaluate_in_batches(
+              graph, sets.test, batch, seed, [&](std::span<const Tensor> rows, const int32_t* labels, int64_t begin) {
+                return peer.evaluate(rows, labels, static_cast<uint64_t>(begin));
+              });
           const auto test_samples = static_cast<double>(std::max<uint64_t>(test.samples, 1));
           const double epsilon = epsilon_after(releases);
           emit(cat("{\"epoch\":", epoch, ",\"samples\":", total.samples, ",\"seconds\":", fixed(seconds, 3),

@@ -173,19 +173,11 @@ int train(const CliArgs& args) {
     }
     const double wall = after.wall_s - before.wall_s;
     const double epoch_bubble = wall > 0 ? 1.0 - busy_sum / (static_cast<double>(stages.size()) * wall) : 0.0;
-    // The test set in order, a training batch at a time (as tandem stage evaluates it): a chunk
-    // of its own size would build kernels and activations for it (spam-bert's 1202 mails at
-    // once took 9 GB).
-    StepStats test;
-    EpochBatches test_batches(graph, test_set, batch, seed);
-    for (int64_t b = 0; b < test_batches.samples(); b += batch) {
-      const int32_t* test_labels = nullptr;
-      const std::vector<Tensor> rows = test_batches.rows(b, test_labels);
-      const StepStats st = trainer.evaluate(rows, test_labels, batch);
-      test.loss_sum += st.loss_sum;
-      test.correct += st.correct;
-      test.samples += st.samples;
-    }
+    // The test set a training batch at a time, as tandem stage evaluates it.
+    const StepStats test = evaluate_in_batches(graph, test_set, batch, seed,
+                                               [&](std::span<const Tensor> rows, const int32_t* labels, int64_t) {
+                                                 return trainer.evaluate(rows, labels, batch);
+                                               });
     accuracy = static_cast<double>(test.correct) / static_cast<double>(test.samples);
     const std::string json = cat(
         "{\"epoch\":", epoch, ",\"samples\":", total.samples, ",\"seconds\":", fixed(seconds, 3),

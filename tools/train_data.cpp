@@ -79,6 +79,23 @@ std::vector<Tensor> EpochBatches::rows(int64_t begin, const int32_t*& labels) {
   return x;
 }
 
+StepStats evaluate_in_batches(
+    const Graph& graph, const LabelledInputs& set, int64_t batch, uint64_t seed,
+    const std::function<StepStats(std::span<const Tensor> rows, const int32_t* labels, int64_t begin)>& evaluate) {
+  StepStats total;
+  if (set.labels.empty()) return total;
+  EpochBatches batches(graph, set, batch, seed);
+  for (int64_t b = 0; b < batches.samples(); b += batch) {
+    const int32_t* labels = nullptr;
+    const std::vector<Tensor> rows = batches.rows(b, labels);
+    const StepStats st = evaluate(rows, labels, b);
+    total.loss_sum += st.loss_sum;
+    total.correct += st.correct;
+    total.samples += st.samples;
+  }
+  return total;
+}
+
 StepLabels::StepLabels(const Graph& graph, const LabelledInputs& set, int64_t batch, uint64_t seed)
     : graph_(graph), set_(set), batch_(batch), seed_(seed) {}
 

@@ -24,6 +24,45 @@
 #include "ports/lws/client_frame_audit.h"
 
 namespace tandem {
+
+struct LwsEndpoint::Connection {
+  lws* wsi = nullptr;
+  std::vector<uint8_t> rx;
+  bool discarding = false;  // the rest of an over-size message is dropped
+  std::deque<Outgoing> out;
+  std::size_t sent = 0;     // bytes of out.front() already written
+  std::size_t queued = 0;   // bytes in `out` not yet written
+  bool close_when_done = false;
+  bool close_after_discard = false;  // refused an over-size message: close once it has passed
+  bool closing = false;     // a last message is queued: nothing more goes out
+  bool overflowed = false;  // the peer left too much unread: close now
+  bool lingering = false;   // the last word is out: waiting for the peer to close
+};
+
+struct LwsEndpoint::Shard {
+  LwsEndpoint* owner = nullptr;
+  lws_context* context = nullptr;
+  std::thread thread;
+  // Guarded by the endpoint's mutex_.
+  std::deque<Outgoing> outbox;  // from other threads, moved to connections on wake-up
+  bool resume_reading = false;
+  std::vector<lws*> paused;
+  uint64_t accepted = 0;
+  std::vector<int> adopt;  // sockets the acceptor handed over, adopted on wake-up
+  // The sockets handed to it and not yet gone (whether or not they became WebSockets): the
+  // acceptor's measure of its load.
+  std::atomic<std::size_t> open{0};
+  std::set<lws*> adopted;  // this thread's: the adopted sockets' wsi, until destroyed
+  // This shard's service thread only.
+  std::map<uint64_t, std::unique_ptr<Connection>> connections;
+  std::map<lws*, uint64_t> ids;
+  std::vector<unsigned char> write_buffer;
+  Connection* connection_of(lws* wsi) {
+    auto it = ids.find(wsi);
+    return it == ids.end() ? nullptr : connections.at(it->second).get();
+  }
+};
+
 namespace {
 
 constexpr const char* kProtocol = "tandem.v1";
@@ -31,12 +70,10 @@ constexpr std::size_t kFragment = 64 * 1024;
 constexpr int kUseDefault = -999;  // on_callback: let lws' default handler answer
 constexpr int kLingerS = 1;        // after the last word, how long the server waits for the peer to close
 
-LwsEndpoint& shard_owner(LwsEndpoint::Shard& shard);
-
 int trampoline(lws* wsi, lws_callback_reasons reason, void* user, void* in, size_t len) {
   lws_context* ctx = wsi ? lws_get_context(wsi) : nullptr;
   auto* shard = ctx ? static_cast<LwsEndpoint::Shard*>(lws_context_user(ctx)) : nullptr;
-  const int r = shard ? shard_owner(*shard).on_callback(*shard, wsi, static_cast<int>(reason), in, len) : kUseDefault;
+  const int r = shard ? shard->owner->on_callback(*shard, wsi, static_cast<int>(reason), in, len) : kUseDefault;
   return r == kUseDefault ? lws_callback_http_dummy(wsi, reason, user, in, len) : r;
 }
 
@@ -81,48 +118,6 @@ std::string peer_serial(lws* wsi) {
   return first == std::string::npos ? (out.empty() ? "" : "0") : out.substr(first);
 }
 
-}  // namespace
-
-struct LwsEndpoint::Connection {
-  lws* wsi = nullptr;
-  std::vector<uint8_t> rx;
-  bool discarding = false;  // the rest of an over-size message is dropped
-  std::deque<Outgoing> out;
-  std::size_t sent = 0;     // bytes of out.front() already written
-  std::size_t queued = 0;   // bytes in `out` not yet written
-  bool close_when_done = false;
-  bool close_after_discard = false;  // refused an over-size message: close once it has passed
-  bool closing = false;     // a last message is queued: nothing more goes out
-  bool overflowed = false;  // the peer left too much unread: close now
-  bool lingering = false;   // the last word is out: waiting for the peer to close
-};
-
-struct LwsEndpoint::Shard {
-  LwsEndpoint* owner = nullptr;
-  lws_context* context = nullptr;
-  std::thread thread;
-  // Guarded by the endpoint's mutex_.
-  std::deque<Outgoing> outbox;  // from other threads, moved to connections on wake-up
-  bool resume_reading = false;
-  std::vector<lws*> paused;
-  uint64_t accepted = 0;
-  std::vector<int> adopt;  // sockets the acceptor handed over, adopted on wake-up
-  // The sockets handed to it and not yet gone (whether or not they became WebSockets): the
-  // acceptor's measure of its load.
-  std::atomic<std::size_t> open{0};
-  std::set<lws*> adopted;  // this thread's: the adopted sockets' wsi, until destroyed
-  // This shard's service thread only.
-  std::map<uint64_t, std::unique_ptr<Connection>> connections;
-  std::map<lws*, uint64_t> ids;
-  std::vector<unsigned char> write_buffer;
-  Connection* connection_of(lws* wsi) {
-    auto it = ids.find(wsi);
-    return it == ids.end() ? nullptr : connections.at(it->second).get();
-  }
-};
-
-namespace {
-LwsEndpoint& shard_owner(LwsEndpoint::Shard& shard) { return *shard.owner; }
 }  // namespace
 
 std::unique_ptr<LwsEndpoint> LwsEndpoint::listen(const std::string& host, int port, const TlsIdentity& tls,
