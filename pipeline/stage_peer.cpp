@@ -23,7 +23,63 @@ double since(std::chrono::steady_clock::time_point t0) {
   return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
 }
 
+// A link's next message, awaited: at once on a link that blocks in receive(); on a link
+// driven by events, once it is delivered (the awaiting tasks suspend until then).
+// A task destroyed while it waits (a host gives up on it) is taken off the link.
+class LinkMessage {
+ public:
+  LinkMessage(StageLink& link, const char* awaiting) : link_(link), awaiting_(awaiting) {}
+  LinkMessage(const LinkMessage&) = delete;
+  LinkMessage& operator=(const LinkMessage&) = delete;
+  ~LinkMessage() {
+    if (parked_) link_.forget(parked_);
+  }
+  bool await_ready() { return link_.ready(); }
+  void await_suspend(co::coroutine_handle<> task) {
+    link_.resume_when_ready(task);
+    parked_ = task;
+  }
+  Frame await_resume() {
+    parked_ = {};
+    return link_.receive(awaiting_);
+  }
+
+ private:
+  StageLink& link_;
+  const char* awaiting_;
+  co::coroutine_handle<> parked_;
+};
+LinkMessage message(StageLink& link, const char* awaiting) { return {link, awaiting}; }
+
+// The blocking calls: the task runs to its end within start() (every receive waits in place).
+template <class T>
+T run_blocking(Task<T> task, const char* call) {
+  task.start();
+  if (!task.done())
+    fail("stage", cat(call, " waits on a link driven by events: drive the peer with ", call, "_async and deliver "
+                      "the link's messages"));
+  return task.result();
+}
+
 }  // namespace
+
+void StageLink::resume_when_ready(co::coroutine_handle<>) {
+  fail("stage", "a link that blocks in receive() is always ready; one driven by events overrides resume_when_ready");
+}
+
+uint64_t StagePeer::connect(std::span<const uint64_t> checkpoints) {
+  return run_blocking(connect_async(checkpoints), "connect");
+}
+StepStats StagePeer::train_step(const StepHeader& header, std::span<const Tensor> inputs, const int32_t* labels) {
+  return run_blocking(train_step_async(header, inputs, labels), "train_step");
+}
+StepStats StagePeer::drain() { return run_blocking(drain_async(), "drain"); }
+bool StagePeer::average() { return run_blocking(average_async(), "average"); }
+StepStats StagePeer::evaluate(std::span<const Tensor> inputs, const int32_t* labels, uint64_t begin) {
+  return run_blocking(evaluate_async(inputs, labels, begin), "evaluate");
+}
+bool StagePeer::follow_step(StepStats& stats) { return run_blocking(follow_step_async(stats), "follow_step"); }
+void StagePeer::finish(const std::string& reason) { run_blocking(finish_async(reason), "finish"); }
 
 std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
                                   const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches,
@@ -185,7 +241,7 @@ const wire::StageHello& StagePeer::hello_from(StageLink& link, const char* neigh
   return *h;
 }
 
-uint64_t StagePeer::connect(std::span<const uint64_t> checkpoints) {
+Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
   // The newest step at or before `limit` that this stage can start from.
   const auto newest_by = [&](uint64_t limit) {
     uint64_t best = 0;
@@ -200,7 +256,7 @@ uint64_t StagePeer::connect(std::span<const uint64_t> checkpoints) {
   uint64_t epoch_steps = 0;  // the first member's that said
   uint32_t said = 0;
   for (uint32_t m = 0; m < members_.size(); ++m) {  // every member's, at a shared stage: the oldest
-    const Frame frame = members_[m]->receive("StageHello");
+    const Frame frame = co_await message(*members_[m], "StageHello");
     const wire::StageHello& h = hello_from(*members_[m], "previous", frame, true, shared() ? m : 0);
     proposal = std::min(proposal, h.resume_step());
     if (!shared() || h.epoch_steps() == 0) continue;
@@ -220,7 +276,7 @@ uint64_t StagePeer::connect(std::span<const uint64_t> checkpoints) {
     down_->open();
     down_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start, kWireFormat, plan_.member,
                                     first() ? epoch_steps_ : 0));
-    const Frame frame = down_->receive("StageHello");
+    const Frame frame = co_await message(*down_, "StageHello");
     const uint64_t answer = hello_from(*down_, "next", frame, false).resume_step();
     if (answer > start || !have(answer))
       refuse(*down_, "next", {wire::ErrorCode::NoCheckpoint,
@@ -242,7 +298,7 @@ uint64_t StagePeer::connect(std::span<const uint64_t> checkpoints) {
   averages_ = plan_.average_every > 0 ? static_cast<uint32_t>(rounds / plan_.average_every) : 0;
   trained_since_average_ = plan_.average_every > 0 && rounds % plan_.average_every != 0;
   since_average_ = 0;
-  return start;
+  co_return start;
 }
 
 void StagePeer::reset() {
@@ -367,9 +423,9 @@ bool StagePeer::check_activations(const Frame& frame, const wire::Activations& a
   return true;
 }
 
-StagePeer::Upstream StagePeer::take_from_upstream(const char* awaiting) {
+Task<StagePeer::Upstream> StagePeer::take_from_upstream(const char* awaiting) {
   const auto t0 = std::chrono::steady_clock::now();
-  Frame frame = up_->receive(awaiting);
+  Frame frame = co_await message(*up_, awaiting);
   idle_s_ += since(t0);
   const wire::Message* msg = verified(*up_, "previous", frame);
   if (msg->payload_type() == wire::Payload::Bye) {
@@ -385,10 +441,10 @@ StagePeer::Upstream StagePeer::take_from_upstream(const char* awaiting) {
       any_gone_ = true;
       if (std::find(gone_.begin(), gone_.end(), false) != gone_.end()) {
         pass_turn();
-        return take_from_upstream(awaiting);
+        co_return co_await take_from_upstream(awaiting);
       }
     }
-    return Upstream::Bye;
+    co_return Upstream::Bye;
   }
   if (msg->payload_type() == wire::Payload::FrontWeights) {  // the members' average at the run's end
     std::string wrong;
@@ -403,8 +459,8 @@ StagePeer::Upstream StagePeer::take_from_upstream(const char* awaiting) {
       wrong = cat("FrontWeights after round ", next_step_ / plan_.members,
                   ": nothing was trained since the last average");
     if (!wrong.empty()) refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage, wrong});
-    collect_average(std::move(frame), true);
-    return Upstream::Averaged;
+    co_await collect_average(std::move(frame), true);
+    co_return Upstream::Averaged;
   }
   if (const wire::Drain* d = msg->payload_as_Drain()) {
     // The step in flight: at a stage before the last, the one whose backwards are pending;
@@ -425,7 +481,7 @@ StagePeer::Upstream StagePeer::take_from_upstream(const char* awaiting) {
       refuse(*up_, "previous", {wire::ErrorCode::BadTensor, cat("Drain of step ", d->step(), " asks for a learning-rate "
                                                                 "scale of ", d->lr_scale(), ", outside [0, ", kMaxLrScale, "]")});
     drain_lr_scale_ = d->lr_scale();
-    return Upstream::Drain;
+    co_return Upstream::Drain;
   }
   const wire::Activations* a = msg->payload_as_Activations();
   if (a == nullptr)
@@ -445,12 +501,12 @@ StagePeer::Upstream StagePeer::take_from_upstream(const char* awaiting) {
   if (!check_activations(frame, *a, slot, error)) refuse(*up_, "previous", error);
   slot.act_frame = std::move(frame);
   slot.activations = true;
-  return Upstream::Activations;
+  co_return Upstream::Activations;
 }
 
-void StagePeer::take_from_downstream(const char* awaiting) {
+Task<> StagePeer::take_from_downstream(const char* awaiting) {
   const auto t0 = std::chrono::steady_clock::now();
-  Frame frame = down_->receive(awaiting);
+  Frame frame = co_await message(*down_, awaiting);
   idle_s_ += since(t0);
   const wire::Message* msg = verified(*down_, "next", frame);
   const StepHeader& h = async_ && !header_.evaluation ? pending_header_ : header_;  // the step backed up now
@@ -477,7 +533,7 @@ void StagePeer::take_from_downstream(const char* awaiting) {
     slot.loss = e->loss();
     slot.correct = e->correct();
     slot.gradients = true;
-    return;
+    co_return;
   }
   const wire::Gradients* g = msg->payload_as_Gradients();
   if (g->stage() != plan_.index + 1)
@@ -502,17 +558,19 @@ void StagePeer::take_from_downstream(const char* awaiting) {
   slot.gradients = true;
 }
 
-StagePeer::Slot& StagePeer::activations(uint32_t slot) {
-  while (!slots_[slot].activations)
-    if (take_from_upstream("activations") != Upstream::Activations)
+Task<StagePeer::Slot*> StagePeer::activations(uint32_t slot) {
+  while (!slots_[slot].activations) {
+    const Upstream got = co_await take_from_upstream("activations");
+    if (got != Upstream::Activations)
       refuse(*up_, "previous", {wire::ErrorCode::UnexpectedMessage,
                                 cat("Drain within step ", header_.step, ": a step in flight drains between steps")});
-  return slots_[slot];
+  }
+  co_return &slots_[slot];
 }
 
-StagePeer::Slot& StagePeer::gradients(uint32_t slot) {
-  while (!slots_[slot].gradients) take_from_downstream("gradients");
-  return slots_[slot];
+Task<StagePeer::Slot*> StagePeer::gradients(uint32_t slot) {
+  while (!slots_[slot].gradients) co_await take_from_downstream("gradients");
+  co_return &slots_[slot];
 }
 
 void StagePeer::set_filters(std::vector<LinkFilter*> down, std::vector<LinkFilter*> up) {
@@ -570,8 +628,9 @@ Tensor StagePeer::backward_twice(const Tensor& noised, const Tensor& exact, int 
 // A micro-batch's inputs, labels and mask in `slot`: the first stage's rows at their length
 // bucket (copied under the asynchronous schedule: the caller refills its batch before the
 // backward, a step later, reads them), or the slot's Activations, awaited.
-StagePeer::ForwardInputs StagePeer::inputs_of(uint32_t slot, const MicrobatchRange& range,
-                                              std::span<const Tensor> first_inputs, const int32_t* first_labels) {
+Task<StagePeer::ForwardInputs> StagePeer::inputs_of(uint32_t slot, MicrobatchRange range,
+                                                    std::span<const Tensor> first_inputs,
+                                                    const int32_t* first_labels) {
   ForwardInputs f;
   if (first()) {
     in_.clear();
@@ -593,21 +652,22 @@ StagePeer::ForwardInputs StagePeer::inputs_of(uint32_t slot, const MicrobatchRan
     f.labels = first_labels + range.begin;
     if (plan_.mask_input >= 0) f.mask = &cuts_[slot].inputs[static_cast<std::size_t>(plan_.mask_input)];
     slots_[slot].activations = true;
-    return f;
+    co_return f;
   }
-  Slot& s = activations(slot);
+  Slot* const got = co_await activations(slot);
+  const Slot& s = *got;
   f.in = s.inputs;
   f.labels = s.labels.data();
   if (plan_.mask_input >= 0) f.mask = &s.mask;
-  return f;
+  co_return f;
 }
 
-void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first_inputs, const int32_t* first_labels,
-                         StepStats& stats) {
+Task<> StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first_inputs,
+                           const int32_t* first_labels, StepStats& stats) {
   if (header.evaluation) {
     step_length_ = -2;
-    run_evaluation(header, first_inputs, first_labels, stats);
-    return;
+    co_await run_evaluation(header, first_inputs, first_labels, stats);
+    co_return;
   }
   const int k = static_cast<int>(header.microbatches);
   if (k != actions_k_) {
@@ -628,11 +688,11 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
     const auto slot_index = static_cast<int>(slot);
     stage_.use_stash(a.step < 0);  // the step before's backward runs on the weights its forward used
     if (a.kind != Kind::Forward) {
-      back_up(a, h, slot);
+      co_await back_up(a, h, slot);
       continue;
     }
     const MicrobatchRange range = microbatch_range(header.samples, header.microbatches, a.microbatch);
-    auto [in, labels, mask] = inputs_of(slot, range, first_inputs, first_labels);
+    auto [in, labels, mask] = co_await inputs_of(slot, range, first_inputs, first_labels);
     if (!first()) {
       if (last() && !plan_.labels_travel) {  // the first party's own labels, where its data is
         if (!labels_) fail("stage", "the loss stage of a plan whose labels stay at the first party has no labels");
@@ -689,15 +749,15 @@ void StagePeer::run_step(const StepHeader& header, std::span<const Tensor> first
     pending_ = true;
     // A checkpoint holds no step in flight: every stage backs this one up now, before it saves
     // (an uninterrupted run does the same, so a restart from it gives the same weights).
-    if (header.checkpoint) drain_pending(stats, header.lr_scale);
+    if (header.checkpoint) co_await drain_pending(stats, header.lr_scale);
   }
   if (first() && plan_.members > 1) {
     since_average_ += header.samples;
     trained_since_average_ = true;
   }
-  if (first() && average_due(header.step)) send_average(false);  // a checkpoint holds the average
+  if (first() && average_due(header.step)) co_await send_average(false);  // a checkpoint holds the average
   if (header.checkpoint && save_) save_(first() ? checkpoint_label(header.step) : next_step_);
-  if (shared() && average_due(header.step)) collect_average(Frame(), false);
+  if (shared() && average_due(header.step)) co_await collect_average(Frame(), false);
 }
 
 bool StagePeer::average_due(uint64_t step) const {
@@ -715,23 +775,23 @@ void StagePeer::set_first_stage(const NamedTensors& params) {
   }
 }
 
-bool StagePeer::average() {
+Task<bool> StagePeer::average_async() {
   if (!first() || plan_.members < 2 || plan_.average_every == 0)
     fail("stage", "average() is for a first party of several whose first stages are averaged (first-parties, "
                   "average-every)");
   if (pending_ || in_step_) fail("stage", "average() runs between steps");
-  if (!trained_since_average_) return false;
-  send_average(true);
-  return true;
+  if (!trained_since_average_) co_return false;
+  co_await send_average(true);
+  co_return true;
 }
 
-void StagePeer::send_average(bool final) {
+Task<> StagePeer::send_average(bool final) {
   NamedTensors mine;
   const std::vector<Param*>& params = stage_.network().params();
   for (Param* p : params) mine.emplace_back(p->name(), p->value());
   down_->send(writer_.front_weights(averages_, since_average_, mine, final));
   const auto t0 = std::chrono::steady_clock::now();
-  const Frame frame = down_->receive("the average of the first stages");
+  const Frame frame = co_await message(*down_, "the average of the first stages");
   idle_s_ += since(t0);
   const wire::Message* msg = verified(*down_, "next", frame);
   const wire::Aggregated* a = msg->payload_as_Aggregated();
@@ -754,7 +814,7 @@ void StagePeer::send_average(bool final) {
   trained_since_average_ = false;
 }
 
-void StagePeer::collect_average(Frame first, bool final) {
+Task<> StagePeer::collect_average(Frame first, bool final) {
   if (first_params_.empty())
     fail("stage", cat("stage ", plan_.index, " averages ", plan_.members, " first stages and was not given their "
                       "parameters (set_first_stage)"));
@@ -769,7 +829,7 @@ void StagePeer::collect_average(Frame first, bool final) {
       frame = std::move(first);
     } else {
       const auto t0 = std::chrono::steady_clock::now();
-      frame = link.receive("FrontWeights");
+      frame = co_await message(link, "FrontWeights");
       idle_s_ += since(t0);
     }
     const wire::Message* msg = verified(link, "previous", frame);
@@ -843,15 +903,19 @@ void StagePeer::add_stats(const StepHeader& header, StepStats& stats) const {
 // Micro-batch a.microbatch's backward (whole, or its input half) in `slot`, of step `h`: from
 // the loss's gradient on the last stage, else from the next stage's Gradients; its input
 // gradient goes up.
-void StagePeer::back_up(const PipelineAction& a, const StepHeader& h, uint32_t slot) {
+Task<> StagePeer::back_up(const PipelineAction& a, const StepHeader& h, uint32_t slot) {
   const auto mb = static_cast<uint32_t>(a.microbatch);
   const auto slot_index = static_cast<int>(slot);
   if (a.kind == Kind::BackwardWeight) {
     stage_.backward_weights(slot_index);
-    return;
+    co_return;
   }
   const MicrobatchRange range = microbatch_range(h.samples, h.microbatches, a.microbatch);
-  const Tensor* grad_out = last() ? &stage_.output_grad(slot_index) : &gradients(slot).grad;
+  const Tensor* grad_out = &stage_.output_grad(slot_index);
+  if (!last()) {
+    Slot* s = co_await gradients(slot);
+    grad_out = &s->grad;
+  }
   for (auto f = down_filters_.rbegin(); f != down_filters_.rend(); ++f)
     grad_out = &(*f)->gradient_in(*grad_out, mb, range.begin);
   const Tensor* noised = nullptr;  // a loss gradient of the up filters' for the gradient sent up
@@ -860,7 +924,7 @@ void StagePeer::back_up(const PipelineAction& a, const StepHeader& h, uint32_t s
       if (const Tensor* n = f->loss_gradient_up(*grad_out, mb, h.samples)) noised = n;
   const Tensor g = noised ? backward_twice(*noised, *grad_out, slot_index)
                           : stage_.backward(*grad_out, slot_index, !first(), a.kind == Kind::BackwardInput);
-  if (first()) return;
+  if (first()) co_return;
   const Tensor* up = &g;
   for (LinkFilter* f : up_filters_) up = &f->gradient_out(*up, mb, h.samples);
   up_->send(writer_.gradients(plan_.index, h.step, mb, version_, *up, hides_loss_ ? 0.0f : slots_[slot].loss,
@@ -869,14 +933,14 @@ void StagePeer::back_up(const PipelineAction& a, const StepHeader& h, uint32_t s
 
 // The asynchronous schedule's step in flight, backed up now on the weights its forwards used
 // (the backwards the next step would have run, in its order), then the update.
-void StagePeer::drain_pending(StepStats& stats, float lr_scale) {
-  if (!pending_) return;
+Task<> StagePeer::drain_pending(StepStats& stats, float lr_scale) {
+  if (!pending_) co_return;
   const StepHeader h = pending_header_;
   stage_.zero_grad();
   stage_.use_stash(true);
   for (const PipelineAction& a :
        schedule_.actions(static_cast<int>(plan_.index), static_cast<int>(plan_.stages), static_cast<int>(h.microbatches)))
-    if (a.step < 0) back_up(a, h, slot_of(h.step, static_cast<uint32_t>(a.microbatch)));
+    if (a.step < 0) co_await back_up(a, h, slot_of(h.step, static_cast<uint32_t>(a.microbatch)));
   stage_.use_stash(false);
   add_stats(h, stats);
   update(lr_scale);
@@ -884,26 +948,27 @@ void StagePeer::drain_pending(StepStats& stats, float lr_scale) {
   pending_ = false;
 }
 
-StepStats StagePeer::drain() {
+Task<StepStats> StagePeer::drain_async() {
   if (!first()) fail("stage", "drain is the first stage's; a later stage drains when Drain arrives (follow_step)");
-  return pending_ ? drain_at(pending_header_.lr_scale) : StepStats{};
+  if (!pending_) co_return StepStats{};
+  co_return co_await drain_at(pending_header_.lr_scale);
 }
 
-StepStats StagePeer::drain_at(float lr_scale) {
+Task<StepStats> StagePeer::drain_at(float lr_scale) {
   StepStats stats;
   down_->send(writer_.drain(plan_.index, pending_header_.step, lr_scale));
-  drain_pending(stats, lr_scale);
-  return stats;
+  co_await drain_pending(stats, lr_scale);
+  co_return stats;
 }
 
 // An evaluation batch: every micro-batch forward in evaluation mode and down; the loss stage
 // answers each with Evaluated, which every stage passes up. Nothing trains.
-void StagePeer::run_evaluation(const StepHeader& header, std::span<const Tensor> first_inputs,
-                               const int32_t* first_labels, StepStats& stats) {
+Task<> StagePeer::run_evaluation(const StepHeader& header, std::span<const Tensor> first_inputs,
+                                 const int32_t* first_labels, StepStats& stats) {
   for (uint32_t mb = 0; mb < header.microbatches; ++mb) {
     const MicrobatchRange range = microbatch_range(header.samples, header.microbatches, static_cast<int>(mb));
     const uint32_t slot = slot_of(header.step, mb);
-    auto [in, labels, mask] = inputs_of(slot, range, first_inputs, first_labels);
+    auto [in, labels, mask] = co_await inputs_of(slot, range, first_inputs, first_labels);
     const Tensor& out = stage_.evaluate(in, static_cast<int>(slot));
     if (!last()) {
       const Tensor* sent = &out;
@@ -943,7 +1008,9 @@ void StagePeer::run_evaluation(const StepHeader& header, std::span<const Tensor>
   }
   for (uint32_t mb = 0; mb < header.microbatches; ++mb) {
     const uint32_t slot = slot_of(header.step, mb);
-    const Slot& s = last() ? slots_[slot] : gradients(slot);
+    const Slot* got = &slots_[slot];
+    if (!last()) got = co_await gradients(slot);
+    const Slot& s = *got;
     if (!last() && !first()) up_->send(writer_.evaluated(plan_.index, header.step, mb, s.loss, s.correct));
     stats.loss_sum += s.loss;
     stats.correct += s.correct;
@@ -953,7 +1020,7 @@ void StagePeer::run_evaluation(const StepHeader& header, std::span<const Tensor>
   clear_slots(header.step);
 }
 
-StepStats StagePeer::evaluate(std::span<const Tensor> inputs, const int32_t* labels, uint64_t begin) {
+Task<StepStats> StagePeer::evaluate_async(std::span<const Tensor> inputs, const int32_t* labels, uint64_t begin) {
   if (!first()) fail("stage", "evaluate is the first stage's; a later stage follows (follow_step)");
   const auto samples = static_cast<uint32_t>(inputs.empty() ? 0 : inputs[0].shape()[0]);
   if (samples < 1 || samples > plan_.batch)
@@ -962,11 +1029,12 @@ StepStats StagePeer::evaluate(std::span<const Tensor> inputs, const int32_t* lab
   header_ = StepHeader{next_step_, samples, std::min(plan_.microbatches, samples), 1.0f, false, true, begin};
   in_step_ = true;
   StepStats stats;
-  run_step(header_, inputs, labels, stats);
-  return stats;
+  co_await run_step(header_, inputs, labels, stats);
+  co_return stats;
 }
 
-StepStats StagePeer::train_step(const StepHeader& header, std::span<const Tensor> inputs, const int32_t* labels) {
+Task<StepStats> StagePeer::train_step_async(StepHeader header, std::span<const Tensor> inputs,
+                                            const int32_t* labels) {
   if (!first()) fail("stage", "train_step is the first stage's; a later stage follows its steps (follow_step)");
   if (header.step != next_step_)
     fail("stage", cat("step ", header.step, " after step ", next_step_ - 1, ": steps are trained in order"));
@@ -978,50 +1046,50 @@ StepStats StagePeer::train_step(const StepHeader& header, std::span<const Tensor
   StepStats stats;
   // The slots follow K: the step in flight drains first, its update at this step's scale (as
   // one process, whose learning-rate scale is set before the step, applies it).
-  if (pending_ && pending_header_.microbatches != header.microbatches) stats = drain_at(header.lr_scale);
+  if (pending_ && pending_header_.microbatches != header.microbatches) stats = co_await drain_at(header.lr_scale);
   header_ = header;
   in_step_ = true;
-  run_step(header, inputs, labels, stats);
-  return stats;
+  co_await run_step(header, inputs, labels, stats);
+  co_return stats;
 }
 
-bool StagePeer::follow_step(StepStats& stats) {
+Task<bool> StagePeer::follow_step_async(StepStats& stats) {
   if (first()) fail("stage", "the first stage leads its steps (train_step)");
   stats = StepStats{};
   for (;;) {
-    const Upstream got = take_from_upstream("activations of the next step");
+    const Upstream got = co_await take_from_upstream("activations of the next step");
     if (got == Upstream::Bye) {
       if (down_ != nullptr) down_->send_last(writer_.bye("the first stage ended the run"));
       // Several first parties wait for it: every one of them has ended its run.
       if (shared())
         for (StageLink* m : members_) m->send_last(writer_.bye("every first party has ended its run"));
-      return false;
+      co_return false;
     }
     if (got == Upstream::Activations) break;
     if (got == Upstream::Averaged) continue;
     if (down_ != nullptr)  // on down first: its gradients come back
       down_->send(writer_.drain(plan_.index, pending_header_.step, drain_lr_scale_));
     StepStats drained;
-    drain_pending(drained, drain_lr_scale_);
+    co_await drain_pending(drained, drain_lr_scale_);
   }
   evaluated_ = header_.evaluation;
-  run_step(header_, {}, nullptr, stats);
-  return true;
+  co_await run_step(header_, {}, nullptr, stats);
+  co_return true;
 }
 
-void StagePeer::finish(const std::string& reason) {
+Task<> StagePeer::finish_async(std::string reason) {
   if (!first()) fail("stage", "the first stage ends the run");
   if (pending_) fail("stage", cat("step ", pending_header_.step, " is in flight: drain() before finish()"));
   if (plan_.members < 2) {
     down_->send_last(writer_.bye(reason));
-    return;
+    co_return;
   }
   // One of several first parties: it stays until every member has ended its run (the shared
   // stage's Bye), so a link lost meanwhile (another member's final turns) finds it there to
   // start again from the newest checkpoint with the others.
   down_->send(writer_.bye(reason));
   const auto t0 = std::chrono::steady_clock::now();
-  const Frame frame = down_->receive("the end of every first party's run");
+  const Frame frame = co_await message(*down_, "the end of every first party's run");
   idle_s_ += since(t0);
   const wire::Message* msg = verified(*down_, "next", frame);
   if (msg->payload_type() != wire::Payload::Bye)

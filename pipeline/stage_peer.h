@@ -11,6 +11,7 @@
 #pragma once
 
 #include <array>
+#include "pipeline/coroutine.h"
 #include <functional>
 #include <cstdint>
 #include <span>
@@ -26,6 +27,7 @@
 #include "pipeline/local_pipeline.h"
 #include "pipeline/schedule.h"
 #include "pipeline/stage.h"
+#include "pipeline/task.h"
 
 namespace tandem {
 
@@ -53,6 +55,14 @@ class StageLink {
   virtual Frame receive(const char* awaiting) = 0;
   // Answers peer data that failed a check: sends Error{code, text} and closes the link.
   virtual void refuse(const WireError& error) = 0;
+  // A link driven by events (pipeline/event_link.h) has a message, or has closed, only after
+  // its host delivers one: ready() says whether receive() would answer now, and a peer that
+  // must wait parks its task with resume_when_ready, which the delivery resumes. A link that
+  // blocks in receive() is always ready.
+  virtual bool ready() { return true; }
+  virtual void resume_when_ready(co::coroutine_handle<> task);
+  // The waiting task was destroyed (its host gave up on it): resume it no more.
+  virtual void forget(co::coroutine_handle<> task) { (void)task; }
 };
 
 // What every stage of a pipeline agrees on, and which of them this one is.
@@ -131,6 +141,12 @@ class StagePeer {
   StagePeer(Stage& stage, const PipelineSchedule& schedule, const StagePlan& plan,
             std::span<StageLink* const> members, StageLink* downstream);
   ~StagePeer();
+  // Each call below that talks to the neighbours comes twice: a blocking one, for a host that
+  // gives the peer a thread, and a task (`..._async`, pipeline/task.h) for a host driven by
+  // events (a browser's event loop, one executor serving many sessions), which starts it and
+  // delivers its links' messages until it is done. The two run the same code; a blocking call
+  // on a link that waits for a delivery is an Error. A task's arguments (spans, labels, stats)
+  // must outlive it, and a peer runs one task at a time.
   // An Error unless `schedule` can run across parties.
   static void check_schedule(const PipelineSchedule& schedule);
   StagePeer(const StagePeer&) = delete;
@@ -144,6 +160,7 @@ class StagePeer {
   // its own). Every stage then holds a checkpoint of the returned step, which the host
   // restores before training on; next_step() is it.
   uint64_t connect(std::span<const uint64_t> checkpoints);
+  Task<uint64_t> connect_async(std::span<const uint64_t> checkpoints);
   // A first stage: how many steps its epoch has, said in its StageHello; a stage shared by
   // several first stages refuses a member whose count differs from the others' (they take
   // turns, a step each).
@@ -180,32 +197,38 @@ class StagePeer {
   // asynchronous schedule the step before (none on the first), with this one too when it asks
   // for a checkpoint, and the one in flight first when K changes (it is drained).
   StepStats train_step(const StepHeader& header, std::span<const Tensor> inputs, const int32_t* labels);
+  Task<StepStats> train_step_async(StepHeader header, std::span<const Tensor> inputs, const int32_t* labels);
   // The first stage, under the asynchronous schedule: the step in flight backed up at every
   // stage (Drain down the chain) and its update applied; returns its loss and correct count
   // (nothing when no step is in flight, and always under the other schedules).
   StepStats drain();
+  Task<StepStats> drain_async();
   bool in_flight() const { return pending_; }
   // A member of several first parties that average, between rounds: its first stage averaged
   // with the others' now (FrontWeights down, the average back), when it trained since the
   // last average; every member calls it at the same round (the run's end). False when there
   // was nothing to average.
   bool average();
+  Task<bool> average_async();
   uint32_t averages() const { return averages_; }  // the averages taken (counted from the start)
   // The first stage, between steps: one batch of the evaluation set (`inputs`, each
   // [samples, ...], at most the plan's batch; their labels; `begin`, its first sample's index
   // in the set) through every stage in evaluation mode. Nothing trains. Returns the loss and
   // correct predictions the loss stage reported.
   StepStats evaluate(std::span<const Tensor> inputs, const int32_t* labels, uint64_t begin);
+  Task<StepStats> evaluate_async(std::span<const Tensor> inputs, const int32_t* labels, uint64_t begin);
   // A later stage: the next step or evaluation batch, as the stage before announces it (a Drain
   // on the way is passed on and run). False when the stage before ended the run (its Bye,
   // passed on down the chain).
   bool follow_step(StepStats& stats);
+  Task<bool> follow_step_async(StepStats& stats);
   // Whether what follow_step last ran was an evaluation batch.
   bool evaluated() const { return evaluated_; }
   // The first stage: the run is over; Bye goes down the chain. One of several first parties
   // then waits for the shared stage's Bye: every member has ended its run (a link lost before
   // throws LinkLost, and the run starts again from the newest checkpoint, this member too).
   void finish(const std::string& reason);
+  Task<> finish_async(std::string reason);
 
   // The step this stage trains next: the first stage's own next (a member's next turn).
   uint64_t next_step() const { return next_step_; }
@@ -233,10 +256,10 @@ class StagePeer {
   // Whether the round of `step` ends with an average (at a member: after its turn in it; at
   // the shared stage: after the round's last step).
   bool average_due(uint64_t step) const;
-  void send_average(bool final);  // a member: FrontWeights down, the average back
+  Task<> send_average(bool final);  // a member: FrontWeights down, the average back
   // The shared stage: every member's FrontWeights (member 0's already in `first`, when it
   // came unasked at the run's end), averaged, and the average to each.
-  void collect_average(Frame first, bool final);
+  Task<> collect_average(Frame first, bool final);
   NamedTensors first_params_;     // the shared stage: the first stage's names and shapes
   std::vector<Tensor> average_;   // the shared stage: the average's storage
   uint32_t averages_ = 0;         // averages taken since step 0
@@ -249,14 +272,14 @@ class StagePeer {
   uint32_t slot_of(uint64_t step, uint32_t mb) const {
     return async_ ? static_cast<uint32_t>(step & 1) * plan_.microbatches + mb : mb;
   }
-  void run_step(const StepHeader& header, std::span<const Tensor> first_inputs, const int32_t* first_labels,
-                StepStats& stats);
+  Task<> run_step(const StepHeader& header, std::span<const Tensor> first_inputs, const int32_t* first_labels,
+                  StepStats& stats);
   // Waits for a slot's Activations (from upstream) or Gradients (from downstream).
-  Slot& activations(uint32_t slot);
-  Slot& gradients(uint32_t slot);
+  Task<Slot*> activations(uint32_t slot);
+  Task<Slot*> gradients(uint32_t slot);
   // Reads one message from the stage before: Activations into their slot, a Drain or Bye.
-  Upstream take_from_upstream(const char* awaiting);
-  void take_from_downstream(const char* awaiting);
+  Task<Upstream> take_from_upstream(const char* awaiting);
+  Task<> take_from_downstream(const char* awaiting);
   [[noreturn]] void refuse(StageLink& link, const char* neighbour, WireError error);
   const wire::Message* verified(StageLink& link, const char* neighbour, const Frame& frame);
   // A StageHello from the stage before (member `member` of it) or, `from_up` false, after.
@@ -288,8 +311,8 @@ class StagePeer {
   std::function<std::span<const int32_t>(uint64_t)> labels_;
   std::function<std::span<const int32_t>(uint64_t, uint32_t)> evaluation_labels_;
   bool evaluated_ = false;
-  void run_evaluation(const StepHeader& header, std::span<const Tensor> first_inputs, const int32_t* first_labels,
-                      StepStats& stats);
+  Task<> run_evaluation(const StepHeader& header, std::span<const Tensor> first_inputs, const int32_t* first_labels,
+                        StepStats& stats);
   std::vector<LinkFilter*> down_filters_, up_filters_;
   bool hides_loss_ = false;  // an up filter keeps the loss and correct count here
   bool whole_step_ = false;  // a down filter reads the whole step
@@ -299,9 +322,9 @@ class StagePeer {
   void clear_slots(uint64_t step);  // the step's slots; their frames go back to the pool
   void update(float lr_scale);  // the optimizer at a learning-rate scale
   void add_stats(const StepHeader& header, StepStats& stats) const;
-  void back_up(const PipelineAction& a, const StepHeader& h, uint32_t slot);
-  void drain_pending(StepStats& stats, float lr_scale);
-  StepStats drain_at(float lr_scale);  // the first stage: Drain down, then drain_pending
+  Task<> back_up(const PipelineAction& a, const StepHeader& h, uint32_t slot);
+  Task<> drain_pending(StepStats& stats, float lr_scale);
+  Task<StepStats> drain_at(float lr_scale);  // the first stage: Drain down, then drain_pending
   float drain_lr_scale_ = 1.0f;        // a later stage: the last Drain's
   bool async_ = false;         // the asynchronous schedule at a stage before the last: a step in flight
   bool pending_ = false;       // its backwards wait for the next step (or a drain)
@@ -315,8 +338,8 @@ class StagePeer {
     const int32_t* labels = nullptr;
     const Tensor* mask = nullptr;
   };
-  ForwardInputs inputs_of(uint32_t slot, const MicrobatchRange& range, std::span<const Tensor> first_inputs,
-                          const int32_t* first_labels);  // the step's messages dropped, their frames back to the pool
+  Task<ForwardInputs> inputs_of(uint32_t slot, MicrobatchRange range, std::span<const Tensor> first_inputs,
+                                const int32_t* first_labels);  // the step's messages dropped, their frames back to the pool
 };
 
 }  // namespace tandem

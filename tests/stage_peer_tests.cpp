@@ -18,6 +18,7 @@
 #include "core/model_spec.h"
 #include "core/optimizer.h"
 #include "core/privacy/nopeek.h"
+#include "pipeline/event_link.h"
 #include "pipeline/stage_peer.h"
 #include "memory_link.h"
 #include "test_support.h"
@@ -90,11 +91,117 @@ struct PeerChain {
   }
 };
 
+// The same chain on one thread, driven by events as a browser's event loop or a server's
+// executor drives it: each peer runs as a task (pipeline/task.h) over event links
+// (pipeline/event_link.h), and what a peer sends is delivered to its neighbour's link from one
+// queue, in the order sent, by the loop in run(); a delivery resumes the task waiting for it.
+struct EventChain {
+  struct Delivery {
+    EventLink* to;
+    std::vector<uint8_t> bytes;
+    bool lost = false;  // the link closed instead (a refusal)
+  };
+  std::vector<PeerStage> stages;
+  std::deque<Delivery> on_the_way;
+  std::vector<std::unique_ptr<EventLink>> ups, downs;
+  std::vector<std::unique_ptr<StagePeer>> peers;
+  std::size_t delivered = 0, resumed = 0;  // deliveries, and those a waiting task took at once
+  EventChain(const ModelSpec& spec, const Graph& graph, const std::string& cuts, const std::vector<Graph>& parts,
+             Network& init, const PipelineSchedule& schedule, uint32_t batch, uint32_t k)
+      : ups(parts.size()), downs(parts.size()) {
+    for (const Graph& g : parts) stages.push_back(make_stage(g, init));
+    const auto host = [this](std::unique_ptr<EventLink>* to) {
+      const auto send = [this, to](std::span<const uint8_t> b) { on_the_way.push_back({to->get(), {b.begin(), b.end()}}); };
+      return EventLink::Host{send, send, [this, to](const WireError&) { on_the_way.push_back({to->get(), {}, true}); },
+                             {}};
+    };
+    for (std::size_t i = 0; i + 1 < parts.size(); ++i) {
+      downs[i] = std::make_unique<EventLink>(host(&ups[i + 1]));
+      ups[i + 1] = std::make_unique<EventLink>(host(&downs[i]));
+    }
+    for (std::size_t i = 0; i < parts.size(); ++i)
+      peers.push_back(std::make_unique<StagePeer>(*stages[i].stage, schedule,
+                                                  make_stage_plan(spec.binary, graph, cuts, parts, i, schedule, batch, k),
+                                                  ups[i].get(), downs[i].get()));
+  }
+  static Task<> follow_run(StagePeer& peer, std::size_t i, const std::function<void(std::size_t, StagePeer&)>& follow) {
+    const uint64_t start = co_await peer.connect_async({});
+    EXPECT_EQ(start, 0u);
+    StepStats s;
+    for (;;) {
+      const bool more = co_await peer.follow_step_async(s);
+      if (!more) break;
+      if (follow) follow(i, peer);
+    }
+  }
+  // Every peer's task started, then the messages delivered one at a time until none is on
+  // its way: every task must have ended then, and one that ended in an Error is a failure
+  // naming its stage.
+  void run(const std::function<Task<>(StagePeer&)>& lead, const std::function<void(std::size_t, StagePeer&)>& follow) {
+    std::vector<Task<>> tasks;
+    tasks.push_back(lead(*peers[0]));
+    for (std::size_t i = 1; i < peers.size(); ++i) tasks.push_back(follow_run(*peers[i], i, follow));
+    for (Task<>& t : tasks) t.start();
+    while (!on_the_way.empty()) {
+      Delivery d = std::move(on_the_way.front());
+      on_the_way.pop_front();
+      resumed += d.to->waiting() ? 1 : 0;
+      if (d.lost) d.to->lose("refused by the neighbour");
+      else d.to->deliver(Frame::copy_of(d.bytes.data(), d.bytes.size()));
+      ++delivered;
+    }
+    for (std::size_t i = 0; i < tasks.size(); ++i) {
+      if (!tasks[i].done()) {
+        ADD_FAILURE() << "stage " << i << " still waits with nothing on its way";
+        continue;
+      }
+      const std::string error = error_of([&] { tasks[i].result(); });
+      if (error != "(no error)") ADD_FAILURE() << "stage " << i << ": " << error;
+    }
+  }
+};
+
+// What the first stage trains and evaluates, and what the loss stage reported back.
+struct Lead {
+  int steps = 0;
+  int64_t batch = 0;
+  uint32_t k = 0;
+  std::function<std::vector<Tensor>(int)> rows_of;
+  std::function<const int32_t*(int)> labels_of;
+  std::vector<double> losses;
+  std::vector<StepStats> evals;
+};
+
+// The first stage's run: `steps` steps, two evaluation batches, the end.
+Task<> lead_run(StagePeer& peer, Lead& lead) {
+  for (int step = 0; step < lead.steps; ++step) {
+    const std::vector<Tensor> rows = lead.rows_of(step);
+    const StepHeader h{static_cast<uint64_t>(step), static_cast<uint32_t>(lead.batch), lead.k, 1.0f, false};
+    const StepStats s = co_await peer.train_step_async(h, rows, lead.labels_of(step));
+    lead.losses.push_back(s.loss_sum);
+  }
+  for (int b = 0; b < 2; ++b) {
+    const std::vector<Tensor> rows = lead.rows_of(b);
+    const StepStats s = co_await peer.evaluate_async(rows, lead.labels_of(b), static_cast<uint64_t>(b * lead.batch));
+    lead.evals.push_back(s);
+  }
+  co_await peer.finish_async("done");
+}
+
+Task<> connect_and_lead(StagePeer& peer, Lead& lead) {
+  const uint64_t start = co_await peer.connect_async({});
+  EXPECT_EQ(start, 0u);
+  co_await lead_run(peer, lead);
+}
+
+enum class Drive { Threads, Events };
+
 // `steps` steps of the data (rows taken round robin) through a pipeline of peers cut at
-// `cuts`, a thread each, against the whole model trained in one piece.
+// `cuts`, a thread each (or all on one thread, driven by events), against the whole model
+// trained in one piece.
 void expect_peers_train_like_the_whole_model(const ModelSpec& spec, const std::string& cuts, int steps, int64_t batch,
                                              uint32_t k, const std::vector<Tensor>& inputs,
-                                             const std::vector<int32_t>& labels) {
+                                             const std::vector<int32_t>& labels, Drive drive = Drive::Threads) {
   const Graph graph = Graph::build(spec);
   const std::vector<Graph> parts = graph.partition(cut_list(cuts));
   std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
@@ -139,20 +246,30 @@ void expect_peers_train_like_the_whole_model(const ModelSpec& spec, const std::s
   for (const char* name : {"gpipe", "1f1b", "zero-bubble"}) {
     SCOPED_TRACE(name);
     const auto schedule = make_pipeline_schedule(name);
-    PeerChain chain(spec, graph, cuts, parts, init, *schedule, static_cast<uint32_t>(batch), k);
-    std::vector<double> losses;
-    std::vector<StepStats> evals;
+    Lead lead{steps, batch, k, rows_of, labels_of, {}, {}};
     std::vector<int> followed(parts.size(), 0);
-    chain.run(
-        [&](StagePeer& peer) {
-          for (int step = 0; step < steps; ++step)
-            losses.push_back(peer.train_step({static_cast<uint64_t>(step), static_cast<uint32_t>(batch), k, 1.0f, false},
-                                             rows_of(step), labels_of(step)).loss_sum);
-          for (int b = 0; b < 2; ++b) evals.push_back(peer.evaluate(rows_of(b), labels_of(b), static_cast<uint64_t>(b * batch)));
-          peer.finish("done");
-        },
-        [&](std::size_t i, StagePeer& peer) { followed[i] += peer.evaluated() ? 0 : 1; });
-    std::vector<PeerStage>& stages = chain.stages;
+    const auto count = [&](std::size_t i, StagePeer& peer) { followed[i] += peer.evaluated() ? 0 : 1; };
+    PeerChain threads(spec, graph, cuts, parts, init, *schedule, static_cast<uint32_t>(batch), k);
+    EventChain events(spec, graph, cuts, parts, init, *schedule, static_cast<uint32_t>(batch), k);
+    if (drive == Drive::Threads) {
+      threads.run(
+          [&](StagePeer& peer) {  // the blocking calls, as tandem stage makes them
+            for (int step = 0; step < steps; ++step)
+              lead.losses.push_back(peer.train_step({static_cast<uint64_t>(step), static_cast<uint32_t>(batch), k, 1.0f,
+                                                     false}, rows_of(step), labels_of(step)).loss_sum);
+            for (int b = 0; b < 2; ++b)
+              lead.evals.push_back(peer.evaluate(rows_of(b), labels_of(b), static_cast<uint64_t>(b * batch)));
+            peer.finish("done");
+          },
+          count);
+    } else {
+      events.run([&](StagePeer& peer) { return connect_and_lead(peer, lead); }, count);
+      // Every stage waited on its links and was resumed by a delivery, many times a step.
+      EXPECT_GT(events.resumed, static_cast<std::size_t>(steps) * (parts.size() - 1) * k);
+    }
+    const std::vector<double>& losses = lead.losses;
+    const std::vector<StepStats>& evals = lead.evals;
+    std::vector<PeerStage>& stages = drive == Drive::Threads ? threads.stages : events.stages;
     ASSERT_EQ(losses.size(), static_cast<std::size_t>(steps));
     for (int step = 0; step < steps; ++step)
       EXPECT_NEAR(losses[static_cast<std::size_t>(step)], whole_loss[static_cast<std::size_t>(step)],
@@ -180,6 +297,41 @@ TEST(StagePeer, FourPeersTrainTheCnnLikeTheWholeModel) {
   std::vector<int32_t> labels;
   for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.below(10)));
   expect_peers_train_like_the_whole_model(spec, "pool1,pool2,fc1", 12, 8, 4, inputs, labels);
+}
+
+// The browser's and an executor's way: four peers as tasks on one thread, each resumed by the
+// delivery of what it waits for, train as the whole model does under every schedule.
+TEST(StagePeer, FourPeersOnOneThreadDrivenByEventsTrainTheCnnLikeTheWholeModel) {
+  const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  Rng rng(5);
+  const int64_t n = 32;
+  std::vector<Tensor> inputs{random_tensor(Shape{n, 28, 28, 1}, rng, 0.0f, 1.0f)};
+  std::vector<int32_t> labels;
+  for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.below(10)));
+  expect_peers_train_like_the_whole_model(spec, "pool1,pool2,fc1", 12, 8, 4, inputs, labels, Drive::Events);
+}
+
+// A blocking call on a link driven by events says how to drive the peer instead; the task
+// waits, and the delivery it waits for resumes it.
+TEST(StagePeer, ABlockingCallOnALinkDrivenByEventsSaysToAwaitTheTask) {
+  const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  const Graph graph = Graph::build(spec);
+  const std::vector<Graph> parts = graph.partition(cut_list("pool2"));
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
+  Network init(graph, *backend, 3);
+  const auto schedule = make_pipeline_schedule("1f1b");
+  EventChain chain(spec, graph, "pool2", parts, init, *schedule, 8, 2);
+  EXPECT_EQ(error_of([&] { chain.peers[1]->connect({}); }),
+            "[stage] connect waits on a link driven by events: drive the peer with connect_async and deliver the "
+            "link's messages");
+  Task<uint64_t> connect = chain.peers[1]->connect_async({});
+  connect.start();
+  EXPECT_FALSE(connect.done());
+  EXPECT_TRUE(chain.ups[1]->waiting());
+  chain.ups[1]->lose("the browser tab closed");
+  ASSERT_TRUE(connect.done());
+  EXPECT_EQ(error_of([&] { connect.result(); }),
+            "[stage] the link closed while awaiting StageHello: the browser tab closed");
 }
 
 TEST(StagePeer, FourPeersTrainAnEncoderWithTheMaskTravellingDownTheChain) {
