@@ -27,6 +27,13 @@ void EventLink::lose(const std::string& why) {
   resume();
 }
 
+void EventLink::reopen() {
+  if (waiting_) fail("stage", "an event link reopened while a task waits on it: lose() it first");
+  queue_.clear();
+  lost_ = false;
+  why_.clear();
+}
+
 void EventLink::open() {
   if (host_.open) host_.open();
 }

@@ -33,6 +33,9 @@ class EventLink final : public StageLink {
   // The link closed or stayed silent too long: a waiting task, and every receive after the
   // messages already delivered, ends in LinkLost naming `why`.
   void lose(const std::string& why);
+  // A new connection in place of a lost one: what was delivered before, and the loss, are
+  // forgotten (no task may wait on the link).
+  void reopen();
   bool waiting() const { return static_cast<bool>(waiting_); }  // a task waits on this link
   std::size_t queued() const { return queue_.size(); }           // delivered, not yet read
 

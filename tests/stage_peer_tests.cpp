@@ -289,6 +289,22 @@ void expect_peers_train_like_the_whole_model(const ModelSpec& spec, const std::s
   }
 }
 
+// 16 random mails for the tiny encoder: token ids of 2 to 6 tokens, their mask, 3 classes.
+void encoder_mails(std::vector<Tensor>& inputs, std::vector<int32_t>& labels) {
+  Rng rng(9);
+  const int64_t n = 16;
+  Tensor ids = Tensor::empty(Shape{n, 6}), mask = Tensor::empty(Shape{n, 6});
+  for (int64_t i = 0; i < n; ++i) {
+    const int64_t len = 2 + static_cast<int64_t>(rng.below(5));
+    for (int64_t t = 0; t < 6; ++t) {
+      ids.data()[i * 6 + t] = static_cast<float>(t < len ? 1 + rng.below(19) : 0);
+      mask.data()[i * 6 + t] = t < len ? 1.0f : 0.0f;
+    }
+    labels.push_back(static_cast<int32_t>(rng.below(3)));
+  }
+  inputs = {ids, mask};
+}
+
 TEST(StagePeer, FourPeersTrainTheCnnLikeTheWholeModel) {
   const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
   Rng rng(5);
@@ -309,6 +325,15 @@ TEST(StagePeer, FourPeersOnOneThreadDrivenByEventsTrainTheCnnLikeTheWholeModel) 
   std::vector<int32_t> labels;
   for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.below(10)));
   expect_peers_train_like_the_whole_model(spec, "pool1,pool2,fc1", 12, 8, 4, inputs, labels, Drive::Events);
+}
+
+// The same for the encoder, its mask travelling down the chain (and under the sanitizers).
+TEST(StagePeer, FourPeersOnOneThreadDrivenByEventsTrainAnEncoderLikeTheWholeModel) {
+  const ModelSpec spec = parse_model_json(kTinyEncoderSpec);
+  std::vector<Tensor> inputs;
+  std::vector<int32_t> labels;
+  encoder_mails(inputs, labels);
+  expect_peers_train_like_the_whole_model(spec, "ln0,ln1,ln2", 12, 8, 4, inputs, labels, Drive::Events);
 }
 
 // A blocking call on a link driven by events says how to drive the peer instead; the task
@@ -336,19 +361,10 @@ TEST(StagePeer, ABlockingCallOnALinkDrivenByEventsSaysToAwaitTheTask) {
 
 TEST(StagePeer, FourPeersTrainAnEncoderWithTheMaskTravellingDownTheChain) {
   const ModelSpec spec = parse_model_json(kTinyEncoderSpec);
-  Rng rng(9);
-  const int64_t n = 16;
-  Tensor ids = Tensor::empty(Shape{n, 6}), mask = Tensor::empty(Shape{n, 6});
+  std::vector<Tensor> inputs;
   std::vector<int32_t> labels;
-  for (int64_t i = 0; i < n; ++i) {
-    const int64_t len = 2 + static_cast<int64_t>(rng.below(5));
-    for (int64_t t = 0; t < 6; ++t) {
-      ids.data()[i * 6 + t] = static_cast<float>(t < len ? 1 + rng.below(19) : 0);
-      mask.data()[i * 6 + t] = t < len ? 1.0f : 0.0f;
-    }
-    labels.push_back(static_cast<int32_t>(rng.below(3)));
-  }
-  expect_peers_train_like_the_whole_model(spec, "ln0,ln1,ln2", 12, 8, 4, {ids, mask}, labels);
+  encoder_mails(inputs, labels);
+  expect_peers_train_like_the_whole_model(spec, "ln0,ln1,ln2", 12, 8, 4, inputs, labels);
 }
 
 // The last of two stages of the CNN (cut at pool2), facing a scripted stage before it.

@@ -1,0 +1,255 @@
+#include "pipeline/stage_host.h"
+
+#include <algorithm>
+#include <chrono>
+#include <utility>
+
+#include "core/error.h"
+
+namespace tandem {
+
+namespace {
+double seconds_since(std::chrono::steady_clock::time_point t0) {
+  return std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+}
+}  // namespace
+
+struct StageHost::Session {
+  StageHost* host = nullptr;
+  std::string identity;
+  std::size_t index = 0;  // in snapshot_
+  std::unique_ptr<HostedStage> hosted;
+  std::unique_ptr<EventLink> link;
+  std::unique_ptr<StagePeer> peer;
+  uint64_t connection = 0;  // the connection serving it now (0: none)
+  bool finished = false;
+  uint64_t runs = 0;
+  Task<> task;  // last: destroyed first, while the link and the peer it waits in still exist
+};
+
+StageHost::StageHost(StageHostOptions options, StageHostHooks hooks, Send send)
+    : options_(std::move(options)), hooks_(std::move(hooks)), send_(std::move(send)) {
+  if (options_.schedule == nullptr) fail("stage", "a stage host needs its plan's schedule");
+  if (options_.plan.index == 0 || options_.plan.index + 1 != options_.plan.stages || options_.plan.members != 1)
+    fail("stage", cat("a stage host serves the last stage of pipelines with one first party each; stage ",
+                      options_.plan.index, " of ", options_.plan.stages, " (", options_.plan.members,
+                      " first parties) is not one"));
+  if (!hooks_.make) fail("stage", "a stage host needs the factory of its sessions' stages");
+  if (options_.identities.empty()) fail("stage", "a stage host serves the first parties it is given: none were");
+  thread_ = std::thread([this] { executor(); });
+}
+
+StageHost::~StageHost() {
+  push(Event{Event::Kind::Stop, 0, {}, {}});
+  thread_.join();
+}
+
+void StageHost::push(Event e) {
+  {
+    std::lock_guard lock(mu_);
+    queue_.push_back(std::move(e));
+  }
+  cv_.notify_all();
+}
+
+void StageHost::connected(uint64_t connection, const std::string& identity) {
+  push(Event{Event::Kind::Connected, connection, identity, {}});
+}
+void StageHost::received(uint64_t connection, Frame frame) {
+  push(Event{Event::Kind::Message, connection, {}, std::move(frame)});
+}
+void StageHost::closed(uint64_t connection, const std::string& why) {
+  push(Event{Event::Kind::Closed, connection, why, {}});
+}
+
+void StageHost::executor() {
+  for (;;) {
+    Event e;
+    {
+      std::unique_lock lock(mu_);
+      cv_.wait(lock, [&] { return !queue_.empty(); });
+      e = std::move(queue_.front());
+      queue_.pop_front();
+    }
+    const auto t0 = std::chrono::steady_clock::now();
+    switch (e.kind) {
+      case Event::Kind::Stop:
+        return;
+      case Event::Kind::Connected:
+        on_connected(e.connection, e.text);
+        break;
+      case Event::Kind::Message:
+        on_message(e.connection, std::move(e.frame));
+        break;
+      case Event::Kind::Closed:
+        on_closed(e.connection, e.text);
+        break;
+    }
+    std::lock_guard lock(mu_);
+    busy_s_ += seconds_since(t0);
+  }
+}
+
+StageHost::Session* StageHost::by_connection(uint64_t connection) {
+  if (connection == 0) return nullptr;
+  for (auto& [name, s] : sessions_)
+    if (s->connection == connection) return s.get();
+  return nullptr;
+}
+
+void StageHost::on_connected(uint64_t connection, const std::string& identity) {
+  const auto refuse = [&](wire::ErrorCode code, const std::string& why) {
+    send_(connection, writer_.error(code, why), true);
+  };
+  if (std::find(options_.identities.begin(), options_.identities.end(), identity) == options_.identities.end()) {
+    refuse(wire::ErrorCode::Unauthorized, cat("this stage serves the first parties it was given; '", identity,
+                                              "' is not one of them"));
+    return;
+  }
+  auto it = sessions_.find(identity);
+  if (it == sessions_.end()) {
+    if (sessions_.size() >= options_.max_sessions) {
+      refuse(wire::ErrorCode::Busy, cat("this stage serves ", options_.max_sessions, " sessions at once: try again later"));
+      return;
+    }
+    auto s = std::make_unique<Session>();
+    s->host = this;
+    s->identity = identity;
+    try {
+      s->hosted = hooks_.make(identity);
+    } catch (const std::exception& e) {
+      refuse(wire::ErrorCode::Internal, cat("this stage could not make the session's stage: ", e.what()));
+      return;
+    }
+    Session* raw = s.get();
+    EventLink::Host link_host;
+    link_host.send = [this, raw](std::span<const uint8_t> b) {
+      if (raw->connection != 0) send_(raw->connection, b, false);
+    };
+    link_host.send_last = [this, raw](std::span<const uint8_t> b) {
+      if (raw->connection != 0) send_(std::exchange(raw->connection, 0), b, true);
+    };
+    link_host.refuse = [this, raw](const WireError& error) {
+      if (raw->connection != 0) send_(std::exchange(raw->connection, 0), writer_.error(error.code, error.text), true);
+    };
+    s->link = std::make_unique<EventLink>(std::move(link_host));
+    s->peer = std::make_unique<StagePeer>(s->hosted->stage(), *options_.schedule, options_.plan, s->link.get(), nullptr);
+    if (hooks_.save)
+      s->peer->on_checkpoint([this, raw](uint64_t step) { hooks_.save(raw->identity, step, *raw->hosted); });
+    {
+      std::lock_guard lock(mu_);
+      s->index = snapshot_.size();
+      snapshot_.push_back(SessionState{identity});
+    }
+    it = sessions_.emplace(identity, std::move(s)).first;
+  }
+  Session& s = *it->second;
+  if (s.task.valid()) {  // it links again while its run goes on: that link is stale
+    if (s.connection != 0)
+      send_(std::exchange(s.connection, 0),
+            writer_.error(wire::ErrorCode::Restart, cat("'", identity, "' linked again: this link is replaced")), true);
+    s.link->lose(cat("'", identity, "' linked again"));
+    settle(s);
+  }
+  s.connection = connection;
+  s.link->reopen();
+  start(s);
+}
+
+void StageHost::on_message(uint64_t connection, Frame frame) {
+  Session* s = by_connection(connection);
+  if (s == nullptr) return;  // a connection already replaced or refused: what it still sends is dropped
+  s->link->deliver(std::move(frame));
+  settle(*s);
+}
+
+void StageHost::on_closed(uint64_t connection, const std::string& why) {
+  Session* s = by_connection(connection);
+  if (s == nullptr) return;
+  s->connection = 0;
+  s->link->lose(why.empty() ? std::string("the first party closed its link") : why);
+  settle(*s);
+}
+
+Task<> StageHost::serve(Session& s) {
+  StageHost& host = *s.host;
+  const std::vector<uint64_t> have = host.hooks_.checkpoints ? host.hooks_.checkpoints(s.identity) : std::vector<uint64_t>{};
+  const uint64_t start = co_await s.peer->connect_async(have);
+  if (host.hooks_.restore) host.hooks_.restore(s.identity, start, *s.hosted);
+  StepStats stats;
+  for (;;) {
+    const bool more = co_await s.peer->follow_step_async(stats);
+    if (!more) break;
+  }
+}
+
+void StageHost::start(Session& s) {
+  ++s.runs;
+  s.finished = false;
+  s.peer->reset();  // a step in flight when the last run ended is dropped
+  s.task = serve(s);
+  s.task.start();
+  settle(s);
+}
+
+void StageHost::settle(Session& s) {
+  if (s.task.valid() && s.task.done()) {
+    std::string error;
+    try {
+      s.task.result();
+    } catch (const std::exception& e) {
+      error = e.what();
+    }
+    s.task = Task<>();
+    if (error.empty()) {
+      s.finished = true;
+    } else {
+      s.peer->reset();
+      if (s.connection != 0)  // the link is still up (the party asked to start again): close it
+        send_(std::exchange(s.connection, 0),
+              writer_.error(wire::ErrorCode::Restart, cat("link again to go on from the newest checkpoint: ", error)),
+              true);
+    }
+    if (hooks_.ended) hooks_.ended(s.identity, error, *s.hosted);
+  }
+  std::lock_guard lock(mu_);
+  SessionState& st = snapshot_[s.index];
+  st.linked = s.connection != 0;
+  st.finished = s.finished;
+  st.steps = s.peer->next_step();
+  st.runs = s.runs;
+  st.busy_s = s.hosted->stage().busy_s();
+  st.idle_s = s.peer->idle_s();
+  cv_.notify_all();
+}
+
+std::vector<StageHost::SessionState> StageHost::sessions() const {
+  std::lock_guard lock(mu_);
+  return snapshot_;
+}
+
+bool StageHost::finished_locked() const {
+  for (const std::string& id : options_.identities) {
+    const auto it = std::find_if(snapshot_.begin(), snapshot_.end(), [&](const SessionState& s) { return s.identity == id; });
+    if (it == snapshot_.end() || !it->finished) return false;
+  }
+  return true;
+}
+
+bool StageHost::all_finished() const {
+  std::lock_guard lock(mu_);
+  return finished_locked();
+}
+
+bool StageHost::wait_all_finished(double seconds) const {
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+  std::unique_lock lock(mu_);
+  return cv_.wait_until(lock, deadline, [&] { return finished_locked(); });
+}
+
+double StageHost::executor_busy_s() const {
+  std::lock_guard lock(mu_);
+  return busy_s_;
+}
+
+}  // namespace tandem
