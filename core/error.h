@@ -30,4 +30,7 @@ std::string cat(const Parts&... parts) {
   return out.str();
 }
 
+// `v` with `digits` digits after the point ("%.*f"), for logs and JSON lines.
+std::string fixed(double v, int digits);
+
 }  // namespace tandem

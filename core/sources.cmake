@@ -2,6 +2,7 @@
 set(TANDEM_CORE_SOURCES
   ops/op_registry.cpp
   ops/op_support.cpp
+  error.cpp
   tensor.cpp
   avg_pool2d.cpp
   geometry.cpp

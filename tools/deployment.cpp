@@ -17,7 +17,7 @@ const std::vector<std::string>& run_keys() {
   static const std::vector<std::string> keys = {
       "model", "cut", "pipeline-schedule", "batch", "microbatches", "epochs", "data", "limit", "test-limit", "seed", "checkpoint-every",
       "wire-dtype", "labels", "dp-clip", "dp-noise", "dp-delta", "dp-epsilon-budget", "dp-seed", "nopeek", "grad-clip",
-      "grad-noise", "label-noise", "first-parties", "average-every",
+      "grad-noise", "label-noise", "first-parties", "average-every", "later-stages",
       "optimizer", "lr", "momentum", "nesterov", "weight-decay", "beta1", "beta2", "eps", "clip-norm",
       "schedule", "warmup-steps", "step-size", "gamma", "min-lr-factor", "total-steps"};
   return keys;

@@ -42,18 +42,13 @@
 #include "ports/lws/lws_endpoint.h"
 #include "ports/tls/wss_client.h"
 #include "tools/deployment.h"
+#include "tools/stage_host_command.h"
 #include "tools/train_data.h"
 
 namespace tandem {
 namespace {
 
 using Clock = std::chrono::steady_clock;
-
-std::string fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
 
 // The links to the parties before: this stage's TLS WebSocket server, which takes one
 // connection from each identity the deployment names there (the party before, or every first
@@ -69,11 +64,8 @@ class UpstreamLinks {
         pending_(expected_.size(), 0), queued_(expected_.size()), closed_(expected_.size(), false) {
     EndpointOptions options;
     options.idle_hangup_s = silence_s;
-    endpoint_ = LwsEndpoint::listen(self.host, self.port, tls_of(self), options);
+    endpoint_ = LwsEndpoint::listen(self.host, self.port, deployment_tls(self), options);
     for (std::size_t m = 0; m < expected_.size(); ++m) views_.push_back(std::make_unique<View>(*this, m));
-  }
-  static TlsIdentity tls_of(const DeploymentParty& p) {
-    return {p.identity + "/client.crt", p.identity + "/client.key", p.identity + "/ca.crt"};
   }
   int port() const { return endpoint_->port(); }
   StageLink* member(std::size_t m) { return views_[m].get(); }
@@ -232,7 +224,7 @@ class DownstreamLink final : public StageLink {
     const auto deadline = Clock::now() + std::chrono::seconds(wait_s_);
     std::string why;
     for (;;) {
-      client_ = WssClient::connect(next.host, next.port, UpstreamLinks::tls_of(self_));
+      client_ = WssClient::connect(next.host, next.port, deployment_tls(self_));
       EndpointEvent ev;
       if (client_->next(ev, std::chrono::seconds(10)) && ev.kind == EndpointEvent::Kind::Connected) {
         if (ev.text != next_)
@@ -378,12 +370,27 @@ int run_party(const CliArgs& cli) {
                     deployment.parties.size(), " parties)"));
   const std::size_t index = party < members ? 0 : party - members + 1;  // this party's stage
   const std::size_t n = deployment.parties.size() - members + 1;        // stages
-  const auto member = static_cast<uint32_t>(party < members ? party : 0);
+  const auto share = static_cast<uint32_t>(party < members ? party : 0);  // a first party's share of the data
   // average-every = S: the first parties' first stages averaged (FedAvg) after every S-th round.
   const auto average_every = static_cast<uint32_t>(args.integer("average-every", 0, 0));
   if (average_every > 0 && members < 2)
     fail("cli", cat(deployment.path, ": average-every = ", average_every, " averages several first parties' first "
                     "stages; add first-parties = N (N >= 2)"));
+  // later-stages = "own": the party after the first parties keeps a last stage for each of
+  // them, their own models (a session each, pipeline/stage_host.h), instead of one they share.
+  const std::string later = args.str("later-stages", "shared");
+  if (later != "shared" && later != "own")
+    fail("cli", cat(deployment.path, ": later-stages = '", later, "': \"shared\" (the first parties take turns on one "
+                    "model's later stages) or \"own\" (the party after them keeps each one's own last stage)"));
+  const bool own = later == "own";
+  if (own && deployment.parties.size() != members + 1)
+    fail("cli", cat(deployment.path, ": later-stages = \"own\": one party after the first parties keeps each one's "
+                    "last stage; the file has ", deployment.parties.size() - members, " parties after them"));
+  if (own && average_every > 0)
+    fail("cli", cat(deployment.path, ": average-every averages first stages that share later ones; with later-stages "
+                    "= \"own\" each first party trains a model of its own"));
+  const auto member = static_cast<uint32_t>(own ? 0 : share);  // its place among first parties taking turns
+  const uint32_t taking_turns = own ? 1 : members;              // StagePlan::members
   const int wait_s = static_cast<int>(cli.integer("wait-s", 120, 1));
   const int silence_s = static_cast<int>(cli.integer("silence-s", 300, 5));
 
@@ -399,26 +406,18 @@ int run_party(const CliArgs& cli) {
                     ": give one cut fewer than stages"));
   const std::unique_ptr<PipelineSchedule> schedule = make_pipeline_schedule(args.str("pipeline-schedule", "gpipe"));
   StagePeer::check_schedule(*schedule);  // before any link is made
-  if (members > 1 && schedule->asynchronous())
+  if (taking_turns > 1 && schedule->asynchronous())
     fail("cli", cat(deployment.path, ": pipeline-schedule = \"async\" keeps a step in flight, and the ", members,
                     " first parties' turns would cross it: use gpipe, 1f1b or zero-bubble"));
-  if (members > 1 && args.str("labels", "travel") != "travel")
-    fail("cli", cat(deployment.path, ": labels = \"first-party\" runs the loss stage on the first party's machine; "
-                    "with ", members, " first parties there is no one such machine: let the labels travel"));
+  if ((members > 1 || own) && args.str("labels", "travel") != "travel")
+    fail("cli", cat(deployment.path, ": labels = \"first-party\" runs the loss stage on the first party's machine; ",
+                    own ? std::string("with later-stages = \"own\" the party after it holds the loss")
+                        : cat("with ", members, " first parties there is no one such machine"),
+                    ": let the labels travel"));
   const auto batch = static_cast<uint32_t>(args.integer("batch", 64, 1));
   const auto microbatches = static_cast<uint32_t>(args.integer("microbatches", 4, 1));
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
   const int64_t epochs = args.integer("epochs", 1, 1);
-
-  BackendOptions backend_options;
-  backend_options.threads = self.threads;
-  const std::string backend_name =
-      !self.backend.empty() ? self.backend : preferred_backend(index == 0 ? "xnnpack" : "onednn");
-  std::unique_ptr<Backend> backend = make_backend(backend_name, backend_options);
-  Network net(stage_graphs[index], *backend, seed);
-  init_from_whole_model(graph, seed, net, *make_backend("reference"));  // as every party draws them
-  std::unique_ptr<Optimizer> optimizer = make_optimizer(net.params(), args.optimizer_options());
-  Stage stage(net, optimizer.get());
 
   const std::string dtype_text = args.str("wire-dtype", "f32");
   const std::optional<wire::DType> dtype = parse_dtype(dtype_text);
@@ -447,18 +446,35 @@ int run_party(const CliArgs& cli) {
           " grad_noise=", args.number("grad-noise", 0.0), " label_noise=", args.number("label-noise", 0.0),
           " checkpoint_every=", args.integer("checkpoint-every", 0, 0));
   StagePlan plan = make_stage_plan(spec.binary, graph, cut, stage_graphs, index, *schedule, batch, microbatches,
-                                   *dtype, labels_at == "travel", run_terms, FirstParties{members, average_every});
+                                   *dtype, labels_at == "travel", run_terms, FirstParties{taking_turns, average_every});
   plan.member = member;
+
+  BackendOptions backend_options;
+  backend_options.threads = self.threads;
+  const std::string backend_name =
+      !self.backend.empty() ? self.backend : preferred_backend(index == 0 ? "xnnpack" : "onednn");
+  std::unique_ptr<Backend> backend = make_backend(backend_name, backend_options);
+  const int64_t checkpoint_every = args.integer("checkpoint-every", 0, 0);
+  if (own && index > 0) {
+    std::fprintf(stderr, "party %s: stage 1 of stages 0..1 for each of %u first parties (%s), %s schedule, K = %u\n",
+                 party_name.c_str(), members, std::string(backend->name()).c_str(), schedule->name(), microbatches);
+    return run_stage_host({cli, deployment, party, spec, graph, cut, stage_graphs, *schedule, plan, *backend, seed,
+                           args.optimizer_options(), checkpoint_every, silence_s});
+  }
+  Network net(stage_graphs[index], *backend, seed);
+  init_from_whole_model(graph, seed, net, *make_backend("reference"));  // as every party draws them
+  std::unique_ptr<Optimizer> optimizer = make_optimizer(net.params(), args.optimizer_options());
+  Stage stage(net, optimizer.get());
 
   std::fprintf(stderr, "party %s: stage %zu of stages 0..%zu%s (%zu nodes, %lld parameters, %s), %s schedule, K = %u\n",
                party_name.c_str(), index, n - 1,
-               members > 1 ? cat(index == 0 ? ", first party " : ", shared by ", index == 0 ? member + 1 : members,
-                                 index == 0 ? cat(" of ", members) : std::string(" first parties")).c_str()
-                           : "", net.graph().nodes().size(), static_cast<long long>(net.param_count()),
+               own ? cat(", first party ", share + 1, " of ", members, ", its own model").c_str()
+               : members > 1 ? cat(index == 0 ? ", first party " : ", shared by ", index == 0 ? member + 1 : members,
+                                   index == 0 ? cat(" of ", members) : std::string(" first parties")).c_str()
+                             : "", net.graph().nodes().size(), static_cast<long long>(net.param_count()),
                std::string(backend->name()).c_str(), schedule->name(), microbatches);
   // Checkpoints: the first party asks for one every checkpoint-every steps; each party keeps
   // its newest few in its checkpoint-dir, and the state at step 0 in memory.
-  const int64_t checkpoint_every = args.integer("checkpoint-every", 0, 0);
   std::unique_ptr<CheckpointStore> store;
   if (!self.checkpoint_dir.empty()) store = std::make_unique<CheckpointStore>(self.checkpoint_dir, cat("stage", index));
   if (checkpoint_every > 0 && !store)
@@ -596,9 +612,9 @@ int run_party(const CliArgs& cli) {
     sets = load_training_sets(args, graph);
   }
   if (index == 0 && members > 1 && !own_data) {  // this first party's share of the run's data: every members-th sample
-    sets.train = every_nth(sets.train, member, members);
-    std::fprintf(stderr, "first party %u of %u: %zu training samples (every %u-th from sample %u)\n", member + 1, members,
-                 sets.train.labels.size(), members, member);
+    sets.train = every_nth(sets.train, share, members);
+    std::fprintf(stderr, "first party %u of %u: %zu training samples (every %u-th from sample %u)\n", share + 1, members,
+                 sets.train.labels.size(), members, share);
   }
   if (index == 0) peer.set_epoch_steps((sets.train.labels.size() + batch - 1) / batch);  // checked against the others'
   if (index + 1 == n && !plan.labels_travel) {
@@ -633,7 +649,7 @@ int run_party(const CliArgs& cli) {
       try {
       const std::vector<uint64_t> have = store ? store->steps() : std::vector<uint64_t>{};
       const uint64_t start = peer.connect(have);
-      const uint64_t own_start = start / members;  // this party's steps before `start` (a member's: its turns)
+      const uint64_t own_start = start / taking_turns;  // this party's steps before `start` (a member's: its turns)
       if (ledger && ledger->releases() < own_start) {  // checkpoints older than the ledger: at least their steps
         ledger->at_least(own_start);
         releases = std::max(releases, own_start);

@@ -43,12 +43,6 @@ constexpr const char* kTrainDetails = R"(
       seconds, and with --stage-threads the bubble) and the test accuracy.
 )";
 
-std::string fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
 // Which side's backend each of `stages` runs on: --parties (a comma list of edge and cloud),
 // else the edge's first stage and the cloud's others, and, for two cuts, the edge's tail too
 // (the U-shape: the labels stay at the edge).

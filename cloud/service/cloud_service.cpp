@@ -37,11 +37,6 @@ namespace {
 
 std::atomic<bool> g_stop{false};
 
-std::string fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
 extern "C" void on_signal(int) { g_stop = true; }
 
 // What a session starts from: a cut's back shard, its initial weights and the model hash an

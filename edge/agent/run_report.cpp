@@ -8,12 +8,6 @@
 namespace tandem {
 namespace {
 
-std::string fixed(double v, int digits) {
-  char buf[64];
-  std::snprintf(buf, sizeof buf, "%.*f", digits, v);
-  return buf;
-}
-
 }  // namespace
 
 RunReport::RunReport(const EdgeTrainOptions& options) : o_(options) {
