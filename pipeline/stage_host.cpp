@@ -16,6 +16,7 @@ double seconds_since(std::chrono::steady_clock::time_point t0) {
 
 struct StageHost::Session {
   StageHost* host = nullptr;
+  Executor* executor = nullptr;
   std::string identity;
   std::size_t index = 0;  // in snapshot_
   std::unique_ptr<HostedStage> hosted;
@@ -27,6 +28,17 @@ struct StageHost::Session {
   Task<> task;  // last: destroyed first, while the link and the peer it waits in still exist
 };
 
+struct StageHost::Executor {
+  std::size_t index = 0;
+  std::mutex mu;  // the queue
+  std::condition_variable cv;
+  std::deque<Event> queue;
+  std::map<std::string, std::unique_ptr<Session>> sessions;  // its own, by identity: its thread's only
+  MessageWriter writer;
+  double busy_s = 0;  // under the host's mu_
+  std::thread thread;
+};
+
 StageHost::StageHost(StageHostOptions options, StageHostHooks hooks, Send send)
     : options_(std::move(options)), hooks_(std::move(hooks)), send_(std::move(send)) {
   if (options_.schedule == nullptr) fail("stage", "a stage host needs its plan's schedule");
@@ -36,87 +48,138 @@ StageHost::StageHost(StageHostOptions options, StageHostHooks hooks, Send send)
                       " first parties) is not one"));
   if (!hooks_.make) fail("stage", "a stage host needs the factory of its sessions' stages");
   if (options_.identities.empty()) fail("stage", "a stage host serves the first parties it is given: none were");
-  thread_ = std::thread([this] { executor(); });
+  if (options_.executors < 1) fail("stage", "a stage host needs an executor or more");
+  for (std::size_t e = 0; e < options_.executors; ++e) {
+    executors_.push_back(std::make_unique<Executor>());
+    executors_.back()->index = e;
+  }
+  for (auto& x : executors_) x->thread = std::thread([this, p = x.get()] { run(*p); });
 }
 
 StageHost::~StageHost() {
-  push(Event{Event::Kind::Stop, 0, {}, {}});
-  thread_.join();
+  for (std::size_t e = 0; e < executors_.size(); ++e) push(e, Event{Event::Kind::Stop, 0, {}, {}});
+  for (auto& x : executors_) x->thread.join();
 }
 
-void StageHost::push(Event e) {
+void StageHost::push(std::size_t executor, Event e) {
+  Executor& x = *executors_[executor];
+  {
+    std::lock_guard lock(x.mu);
+    x.queue.push_back(std::move(e));
+  }
+  x.cv.notify_all();
+}
+
+// A named party's session stays on one executor; a new one goes to the executor with the
+// fewest. A stranger is refused by the first.
+void StageHost::connected(uint64_t connection, const std::string& identity) {
+  std::size_t e = 0;
   {
     std::lock_guard lock(mu_);
-    queue_.push_back(std::move(e));
+    if (std::find(options_.identities.begin(), options_.identities.end(), identity) != options_.identities.end()) {
+      auto it = executor_of_.find(identity);
+      if (it == executor_of_.end()) {
+        std::vector<std::size_t> load(executors_.size(), 0);
+        for (const auto& [name, x] : executor_of_) ++load[x];
+        e = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
+        executor_of_[identity] = e;
+      } else {
+        e = it->second;
+      }
+    }
+    route_[connection] = e;
   }
-  cv_.notify_all();
+  push(e, Event{Event::Kind::Connected, connection, identity, {}});
 }
 
-void StageHost::connected(uint64_t connection, const std::string& identity) {
-  push(Event{Event::Kind::Connected, connection, identity, {}});
-}
 void StageHost::received(uint64_t connection, Frame frame) {
-  push(Event{Event::Kind::Message, connection, {}, std::move(frame)});
-}
-void StageHost::closed(uint64_t connection, const std::string& why) {
-  push(Event{Event::Kind::Closed, connection, why, {}});
+  std::size_t e = 0;
+  {
+    std::lock_guard lock(mu_);
+    const auto it = route_.find(connection);
+    if (it == route_.end()) return;
+    e = it->second;
+  }
+  push(e, Event{Event::Kind::Message, connection, {}, std::move(frame)});
 }
 
-void StageHost::executor() {
+void StageHost::closed(uint64_t connection, const std::string& why) {
+  std::size_t e = 0;
+  {
+    std::lock_guard lock(mu_);
+    const auto it = route_.find(connection);
+    if (it == route_.end()) return;
+    e = it->second;
+    route_.erase(it);
+  }
+  push(e, Event{Event::Kind::Closed, connection, why, {}});
+}
+
+void StageHost::run(Executor& x) {
   for (;;) {
     Event e;
     {
-      std::unique_lock lock(mu_);
-      cv_.wait(lock, [&] { return !queue_.empty(); });
-      e = std::move(queue_.front());
-      queue_.pop_front();
+      std::unique_lock lock(x.mu);
+      x.cv.wait(lock, [&] { return !x.queue.empty(); });
+      e = std::move(x.queue.front());
+      x.queue.pop_front();
     }
     const auto t0 = std::chrono::steady_clock::now();
     switch (e.kind) {
       case Event::Kind::Stop:
         return;
       case Event::Kind::Connected:
-        on_connected(e.connection, e.text);
+        on_connected(x, e.connection, e.text);
         break;
       case Event::Kind::Message:
-        on_message(e.connection, std::move(e.frame));
+        on_message(x, e.connection, std::move(e.frame));
         break;
       case Event::Kind::Closed:
-        on_closed(e.connection, e.text);
+        on_closed(x, e.connection, e.text);
         break;
     }
     std::lock_guard lock(mu_);
-    busy_s_ += seconds_since(t0);
+    x.busy_s += seconds_since(t0);
   }
 }
 
-StageHost::Session* StageHost::by_connection(uint64_t connection) {
-  if (connection == 0) return nullptr;
-  for (auto& [name, s] : sessions_)
-    if (s->connection == connection) return s.get();
-  return nullptr;
+namespace {
+template <class Sessions>
+auto* by_connection(Sessions& sessions, uint64_t connection) {
+  for (auto& [name, s] : sessions)
+    if (connection != 0 && s->connection == connection) return s.get();
+  return static_cast<decltype(sessions.begin()->second.get())>(nullptr);
 }
+}  // namespace
 
-void StageHost::on_connected(uint64_t connection, const std::string& identity) {
+void StageHost::on_connected(Executor& x, uint64_t connection, const std::string& identity) {
   const auto refuse = [&](wire::ErrorCode code, const std::string& why) {
-    send_(connection, writer_.error(code, why), true);
+    send_(connection, x.writer.error(code, why), true);
   };
   if (std::find(options_.identities.begin(), options_.identities.end(), identity) == options_.identities.end()) {
     refuse(wire::ErrorCode::Unauthorized, cat("this stage serves the first parties it was given; '", identity,
                                               "' is not one of them"));
     return;
   }
-  auto it = sessions_.find(identity);
-  if (it == sessions_.end()) {
-    if (sessions_.size() >= options_.max_sessions) {
+  auto it = x.sessions.find(identity);
+  if (it == x.sessions.end()) {
+    bool full = false;
+    {
+      std::lock_guard lock(mu_);
+      const bool known = std::any_of(snapshot_.begin(), snapshot_.end(),
+                                     [&](const SessionState& st) { return st.identity == identity; });
+      full = !known && snapshot_.size() >= options_.max_sessions;
+    }
+    if (full) {
       refuse(wire::ErrorCode::Busy, cat("this stage serves ", options_.max_sessions, " sessions at once: try again later"));
       return;
     }
     auto s = std::make_unique<Session>();
     s->host = this;
+    s->executor = &x;
     s->identity = identity;
     try {
-      s->hosted = hooks_.make(identity);
+      s->hosted = hooks_.make(identity, x.index);
     } catch (const std::exception& e) {
       refuse(wire::ErrorCode::Internal, cat("this stage could not make the session's stage: ", e.what()));
       return;
@@ -130,7 +193,8 @@ void StageHost::on_connected(uint64_t connection, const std::string& identity) {
       if (raw->connection != 0) send_(std::exchange(raw->connection, 0), b, true);
     };
     link_host.refuse = [this, raw](const WireError& error) {
-      if (raw->connection != 0) send_(std::exchange(raw->connection, 0), writer_.error(error.code, error.text), true);
+      if (raw->connection != 0)
+        send_(std::exchange(raw->connection, 0), raw->executor->writer.error(error.code, error.text), true);
     };
     s->link = std::make_unique<EventLink>(std::move(link_host));
     s->peer = std::make_unique<StagePeer>(s->hosted->stage(), *options_.schedule, options_.plan, s->link.get(), nullptr);
@@ -138,16 +202,18 @@ void StageHost::on_connected(uint64_t connection, const std::string& identity) {
       s->peer->on_checkpoint([this, raw](uint64_t step) { hooks_.save(raw->identity, step, *raw->hosted); });
     {
       std::lock_guard lock(mu_);
-      s->index = snapshot_.size();
-      snapshot_.push_back(SessionState{identity});
+      const auto known = std::find_if(snapshot_.begin(), snapshot_.end(),
+                                      [&](const SessionState& st) { return st.identity == identity; });
+      s->index = static_cast<std::size_t>(known - snapshot_.begin());
+      if (known == snapshot_.end()) snapshot_.push_back(SessionState{identity});
     }
-    it = sessions_.emplace(identity, std::move(s)).first;
+    it = x.sessions.emplace(identity, std::move(s)).first;
   }
   Session& s = *it->second;
   if (s.task.valid()) {  // it links again while its run goes on: that link is stale
     if (s.connection != 0)
       send_(std::exchange(s.connection, 0),
-            writer_.error(wire::ErrorCode::Restart, cat("'", identity, "' linked again: this link is replaced")), true);
+            x.writer.error(wire::ErrorCode::Restart, cat("'", identity, "' linked again: this link is replaced")), true);
     s.link->lose(cat("'", identity, "' linked again"));
     settle(s);
   }
@@ -156,15 +222,15 @@ void StageHost::on_connected(uint64_t connection, const std::string& identity) {
   start(s);
 }
 
-void StageHost::on_message(uint64_t connection, Frame frame) {
-  Session* s = by_connection(connection);
+void StageHost::on_message(Executor& x, uint64_t connection, Frame frame) {
+  Session* s = by_connection(x.sessions, connection);
   if (s == nullptr) return;  // a connection already replaced or refused: what it still sends is dropped
   s->link->deliver(std::move(frame));
   settle(*s);
 }
 
-void StageHost::on_closed(uint64_t connection, const std::string& why) {
-  Session* s = by_connection(connection);
+void StageHost::on_closed(Executor& x, uint64_t connection, const std::string& why) {
+  Session* s = by_connection(x.sessions, connection);
   if (s == nullptr) return;
   s->connection = 0;
   s->link->lose(why.empty() ? std::string("the first party closed its link") : why);
@@ -207,10 +273,11 @@ void StageHost::settle(Session& s) {
       s.peer->reset();
       if (s.connection != 0)  // the link is still up (the party asked to start again): close it
         send_(std::exchange(s.connection, 0),
-              writer_.error(wire::ErrorCode::Restart, cat("link again to go on from the newest checkpoint: ", error)),
+              s.executor->writer.error(wire::ErrorCode::Restart,
+                                       cat("link again to go on from the newest checkpoint: ", error)),
               true);
     }
-    if (hooks_.ended) hooks_.ended(s.identity, error, *s.hosted);
+    if (hooks_.ended) hooks_.ended(s.identity, error, *s.hosted, s.peer->next_step());
   }
   std::lock_guard lock(mu_);
   SessionState& st = snapshot_[s.index];
@@ -221,6 +288,16 @@ void StageHost::settle(Session& s) {
   st.busy_s = s.hosted->stage().busy_s();
   st.idle_s = s.peer->idle_s();
   cv_.notify_all();
+}
+
+void StageHost::mark_finished(const std::string& identity, uint64_t steps) {
+  std::lock_guard lock(mu_);
+  if (std::find(options_.identities.begin(), options_.identities.end(), identity) == options_.identities.end())
+    fail("stage", cat("'", identity, "' is not among the first parties this host serves"));
+  SessionState st{identity};
+  st.finished = true;
+  st.steps = steps;
+  snapshot_.push_back(st);
 }
 
 std::vector<StageHost::SessionState> StageHost::sessions() const {
@@ -247,9 +324,11 @@ bool StageHost::wait_all_finished(double seconds) const {
   return cv_.wait_until(lock, deadline, [&] { return finished_locked(); });
 }
 
-double StageHost::executor_busy_s() const {
+std::vector<double> StageHost::executor_busy_s() const {
   std::lock_guard lock(mu_);
-  return busy_s_;
+  std::vector<double> out;
+  for (const auto& x : executors_) out.push_back(x->busy_s);
+  return out;
 }
 
 }  // namespace tandem

@@ -1,9 +1,11 @@
 // One stage served to many independent pipelines at once: the cloud's side of two-party
 // training, where every hospital trains its own weights. Each first party that links is a
 // session: a StagePeer with a Stage of its own (made by the host's factory) behind an
-// EventLink. One executor thread runs every session's task in the order their messages
-// arrive (one queue, as Triton's model instances and vLLM's engine loop run requests), so a
-// session costs no thread and no library handles of its own. A session whose first party
+// EventLink. An executor thread runs its sessions' tasks in the order their messages arrive
+// (one queue, as Triton's model instances and vLLM's engine loop run requests), so a session
+// costs no thread of its own: a host has a few executors (one a GPU, or one a core), each
+// with its own sessions and its own backend, and a new session goes to the executor holding
+// the fewest. A session whose first party
 // sends something wrong is refused with the Error on its link and waits for that party to
 // link again (from the newest checkpoint both have); a lost link waits the same way; the
 // other sessions go on meanwhile. Transport-free: the transport reports connections,
@@ -45,11 +47,13 @@ struct StageHostOptions {
   // The first parties it serves (certificate names); another is refused.
   std::vector<std::string> identities;
   std::size_t max_sessions = 64;  // sessions held at once; more are refused Busy
+  std::size_t executors = 1;      // executor threads
 };
 
 struct StageHostHooks {
-  // A session's stage at step 0 (the host saves nothing itself: `save` below keeps step 0 if asked).
-  std::function<std::unique_ptr<HostedStage>(const std::string& identity)> make;
+  // A session's stage at step 0, to run on executor `executor` (only that executor's thread
+  // uses it: give each executor its own backend).
+  std::function<std::unique_ptr<HostedStage>(const std::string& identity, std::size_t executor)> make;
   // The steps a session has a checkpoint of (step 0, the stage as made, always counts).
   std::function<std::vector<uint64_t>(const std::string& identity)> checkpoints;
   // Puts the session's stage back to its checkpoint of `step` (0: as made), before it trains on.
@@ -60,7 +64,8 @@ struct StageHostHooks {
   // A session ended: its first party finished its run (`error` empty: its stage is trained,
   // to export), or its link was lost or refused (`error` says why; the session waits for the
   // party to link again).
-  std::function<void(const std::string& identity, const std::string& error, HostedStage& stage)> ended;
+  // `steps`: the steps it has trained.
+  std::function<void(const std::string& identity, const std::string& error, HostedStage& stage, uint64_t steps)> ended;
 };
 
 class StageHost {
@@ -71,6 +76,10 @@ class StageHost {
   ~StageHost();  // stops the executor; the sessions' tasks are dropped where they wait
   StageHost(const StageHost&) = delete;
   StageHost& operator=(const StageHost&) = delete;
+
+  // Before any connection: `identity` ended its run (at `steps`) under an earlier process of
+  // this host (its record survived a crash); it counts as finished unless it links again.
+  void mark_finished(const std::string& identity, uint64_t steps);
 
   // The transport's events, from any thread. `identity`: the name the connection proved (its
   // client certificate's).
@@ -91,38 +100,37 @@ class StageHost {
   bool all_finished() const;
   // Blocks until all_finished() or `seconds` pass; false on the timeout.
   bool wait_all_finished(double seconds) const;
-  double executor_busy_s() const;  // seconds the executor ran tasks (all sessions together)
+  // Seconds each executor ran tasks (its sessions together), by executor.
+  std::vector<double> executor_busy_s() const;
 
  private:
   struct Session;
+  struct Executor;
   struct Event {
     enum class Kind { Connected, Message, Closed, Stop } kind;
     uint64_t connection = 0;
     std::string text;  // Connected: identity; Closed: why
     Frame frame;
   };
-  void push(Event e);
-  void executor();
-  void on_connected(uint64_t connection, const std::string& identity);
-  void on_message(uint64_t connection, Frame frame);
-  void on_closed(uint64_t connection, const std::string& why);
+  void push(std::size_t executor, Event e);
+  void run(Executor& x);
+  void on_connected(Executor& x, uint64_t connection, const std::string& identity);
+  void on_message(Executor& x, uint64_t connection, Frame frame);
+  void on_closed(Executor& x, uint64_t connection, const std::string& why);
   void start(Session& s);   // a new run of its task (connect, follow until Bye)
   void settle(Session& s);  // after its task ran: whether it ended, and how
-  Session* by_connection(uint64_t connection);
   bool finished_locked() const;  // all_finished's, with mu_ held
   static Task<> serve(Session& s);
 
   StageHostOptions options_;
   StageHostHooks hooks_;
   Send send_;
-  MessageWriter writer_;
-  std::map<std::string, std::unique_ptr<Session>> sessions_;  // by identity; the executor's only
-  mutable std::mutex mu_;  // the queue, and the snapshot below
+  std::vector<std::unique_ptr<Executor>> executors_;
+  mutable std::mutex mu_;  // the routes, the snapshot and the executors' busy time
   mutable std::condition_variable cv_;
-  std::deque<Event> queue_;
-  std::vector<SessionState> snapshot_;  // for sessions(), refreshed by the executor
-  double busy_s_ = 0;
-  std::thread thread_;
+  std::map<std::string, std::size_t> executor_of_;       // a named party's session: its executor
+  std::map<uint64_t, std::size_t> route_;                // a connection: its executor
+  std::vector<SessionState> snapshot_;  // for sessions(), refreshed by the executors
 };
 
 }  // namespace tandem

@@ -170,7 +170,7 @@ TEST(StageHost, ThreeFirstPartiesTrainTheirOwnModelsOnOneExecutorAsEachWouldAlon
   std::map<uint64_t, ClientLink*> clients;
   std::mutex clients_mu;
   StageHostHooks hooks;
-  hooks.make = [&](const std::string& id) {
+  hooks.make = [&](const std::string& id, std::size_t) {
     auto s = std::make_unique<OwnStage>(f.parts[1], f.init);
     std::lock_guard lock(ck_mu);
     step0[id] = encode_checkpoint(CheckpointMeta{}, *s->net, s->opt.get());
@@ -182,12 +182,12 @@ TEST(StageHost, ThreeFirstPartiesTrainTheirOwnModelsOnOneExecutorAsEachWouldAlon
     std::lock_guard lock(ck_mu);
     restore_checkpoint(decode_checkpoint(step0.at(id)), *own.net, own.opt.get());
   };
-  hooks.ended = [&](const std::string& id, const std::string& error, HostedStage& stage) {
+  hooks.ended = [&](const std::string& id, const std::string& error, HostedStage& stage, uint64_t) {
     std::lock_guard lock(ck_mu);
     ended[id] = error;
     backs[id] = static_cast<OwnStage*>(&stage);
   };
-  StageHostOptions options{f.schedule.get(), f.plan(1), names, 8};
+  StageHostOptions options{f.schedule.get(), f.plan(1), names, 8, 2};  // two executors
   StageHost host(options, hooks, [&](uint64_t connection, std::span<const uint8_t> bytes, bool close) {
     std::lock_guard lock(clients_mu);
     clients.at(connection)->from_host(bytes, close);
@@ -270,6 +270,10 @@ TEST(StageHost, ThreeFirstPartiesTrainTheirOwnModelsOnOneExecutorAsEachWouldAlon
     EXPECT_GT(max_diff(*backs[names[i]]->net, f.init), 1e-3f) << "the weights moved";
   }
   EXPECT_GT(max_diff(*fa.net, *fb.net), 1e-3f) << "two parties' models are their own";
+  const std::vector<double> busy = host.executor_busy_s();  // the sessions spread over both executors
+  ASSERT_EQ(busy.size(), 2u);
+  EXPECT_GT(busy[0], 0.0);
+  EXPECT_GT(busy[1], 0.0);
 }
 
 }  // namespace
@@ -282,15 +286,15 @@ namespace {
 // two-party plans; a party that links again while its run goes on replaces the stale link.
 TEST(StageHost, RefusesBeyondItsSessionsAndServesTheNewestLinkOfAParty) {
   Fixture f;
-  EXPECT_EQ(error_of([&] { StageHost bad({f.schedule.get(), f.plan(0), {"a"}, 1}, {}, {}); }),
+  EXPECT_EQ(error_of([&] { StageHost bad({f.schedule.get(), f.plan(0), {"a"}, 1, 1}, {}, {}); }),
             "[stage] a stage host serves the last stage of pipelines with one first party each; stage 0 of 2 (1 first "
             "parties) is not one");
   std::mutex mu;
   std::map<uint64_t, std::vector<std::vector<uint8_t>>> sent;
   std::map<uint64_t, bool> closed;
   StageHostHooks hooks;
-  hooks.make = [&](const std::string&) { return std::make_unique<OwnStage>(f.parts[1], f.init); };
-  StageHost host({f.schedule.get(), f.plan(1), {"a", "b"}, 1}, hooks,
+  hooks.make = [&](const std::string&, std::size_t) { return std::make_unique<OwnStage>(f.parts[1], f.init); };
+  StageHost host({f.schedule.get(), f.plan(1), {"a", "b"}, 1, 1}, hooks,
                  [&](uint64_t c, std::span<const uint8_t> b, bool close) {
                    std::lock_guard lock(mu);
                    sent[c].emplace_back(b.begin(), b.end());

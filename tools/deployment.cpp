@@ -24,8 +24,8 @@ const std::vector<std::string>& run_keys() {
 }
 
 const std::vector<std::string>& party_keys() {
-  static const std::vector<std::string> keys = {"address", "identity", "backend", "threads", "export", "checkpoint-dir",
-                                                          "metrics-listen", "egress-log", "data", "limit"};
+  static const std::vector<std::string> keys = {"address", "identity", "backend", "threads", "executors", "export",
+                                                "checkpoint-dir", "metrics-listen", "egress-log", "data", "limit"};
   return keys;
 }
 
@@ -97,6 +97,9 @@ Deployment read_deployment(const std::string& path) {
     } else if (item.name == "threads") {
       p.threads = std::atoi(value.c_str());
       if (p.threads < 1) fail("cli", cat(path, ": [", name, "] threads = '", value, "' is not a count of 1 or more"));
+    } else if (item.name == "executors") {
+      p.executors = std::atoi(value.c_str());
+      if (p.executors < 1) fail("cli", cat(path, ": [", name, "] executors = '", value, "' is not a count of 1 or more"));
     } else if (item.name == "export") {
       p.export_file = relative(value);
     } else if (item.name == "checkpoint-dir") {
@@ -111,7 +114,7 @@ Deployment read_deployment(const std::string& path) {
       p.limit = value;
     } else {
       fail("cli", cat(path, ": [", name, "] has an unknown key '", item.name, "'", suggestion(item.name, party_keys()),
-                      " (a party's keys: address, identity, backend, threads, export, checkpoint-dir, metrics-listen, egress-log, and "
+                      " (a party's keys: address, identity, backend, threads, executors, export, checkpoint-dir, metrics-listen, egress-log, and "
                       "a first party's data and limit)"));
     }
   }

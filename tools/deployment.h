@@ -22,6 +22,9 @@ struct DeploymentParty {
   std::string identity;  // its identity folder: client.crt, client.key (CN = name), ca.crt
   std::string backend;   // its stage's kernels ("" : the default)
   int threads = 1;
+  // With later-stages = "own", the party after the first parties: its executor threads, each
+  // serving some of their sessions (0: one a core it may use).
+  int executors = 0;
   std::string export_file;  // at the end, its stage's weights with PyTorch's names ("" : none)
   std::string checkpoint_dir;  // where it keeps its stage's checkpoints ("" : none)
   std::string metrics_listen;  // HOST:PORT of its Prometheus /metrics ("" : none)

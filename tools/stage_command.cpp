@@ -1,6 +1,7 @@
 #include "tools/stage_command.h"
 
 #include <fcntl.h>
+#include <sched.h>
 #include <signal.h>
 #include <sys/prctl.h>
 #include <sys/wait.h>
@@ -453,14 +454,20 @@ int run_party(const CliArgs& cli) {
   backend_options.threads = self.threads;
   const std::string backend_name =
       !self.backend.empty() ? self.backend : preferred_backend(index == 0 ? "xnnpack" : "onednn");
-  std::unique_ptr<Backend> backend = make_backend(backend_name, backend_options);
   const int64_t checkpoint_every = args.integer("checkpoint-every", 0, 0);
   if (own && index > 0) {
+    // Executors: the section's, or one a core this process may use; no more than sessions.
+    cpu_set_t cpus;
+    const int usable = sched_getaffinity(0, sizeof cpus, &cpus) == 0 ? CPU_COUNT(&cpus) : 1;
+    const std::size_t executors =
+        std::min<std::size_t>(members, static_cast<std::size_t>(self.executors > 0 ? self.executors : std::max(usable, 1)));
     std::fprintf(stderr, "party %s: stage 1 of stages 0..1 for each of %u first parties (%s), %s schedule, K = %u\n",
-                 party_name.c_str(), members, std::string(backend->name()).c_str(), schedule->name(), microbatches);
-    return run_stage_host({cli, deployment, party, spec, graph, cut, stage_graphs, *schedule, plan, *backend, seed,
+                 party_name.c_str(), members, backend_name.c_str(), schedule->name(), microbatches);
+    return run_stage_host({cli, deployment, party, spec, graph, cut, stage_graphs, *schedule, plan,
+                           [&] { return make_backend(backend_name, backend_options); }, executors, seed,
                            args.optimizer_options(), checkpoint_every, silence_s});
   }
+  std::unique_ptr<Backend> backend = make_backend(backend_name, backend_options);
   Network net(stage_graphs[index], *backend, seed);
   init_from_whole_model(graph, seed, net, *make_backend("reference"));  // as every party draws them
   std::unique_ptr<Optimizer> optimizer = make_optimizer(net.params(), args.optimizer_options());

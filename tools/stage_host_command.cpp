@@ -65,9 +65,13 @@ int run_stage_host(const StageHostRun& r) {
   std::unique_ptr<Backend> reference = make_backend("reference");
   std::map<std::string, SessionStage*> stages;  // the executor's; read here once every run has ended
   StageHostHooks hooks;
-  hooks.make = [&](const std::string& name) {
+  // An executor a core this process may use, or as the party's `executors` says; each with a
+  // backend of its own (its thread alone uses it).
+  std::vector<std::unique_ptr<Backend>> backends;
+  for (std::size_t e = 0; e < r.executors; ++e) backends.push_back(r.make_backend());
+  hooks.make = [&](const std::string& name, std::size_t executor) {
     auto s = std::make_unique<SessionStage>();
-    s->net = std::make_unique<Network>(r.stages[1], r.backend, r.seed);
+    s->net = std::make_unique<Network>(r.stages[1], *backends[executor], r.seed);
     init_from_whole_model(r.graph, r.seed, *s->net, *reference);  // as every party draws it
     s->optimizer = make_optimizer(s->net->params(), r.optimizer);
     s->stage_ = std::make_unique<Stage>(*s->net, s->optimizer.get());
@@ -85,8 +89,15 @@ int run_stage_host(const StageHostRun& r) {
     SessionStage* s = stages.at(name);
     return s->store ? s->store->steps() : std::vector<uint64_t>{};
   };
+  const std::string out = r.cli.str("export", self.export_file);
+  // A first party's end of run, recorded in its checkpoint folder: a host restarted after it
+  // does not wait for that party again.
+  const auto finished_marker = [&](const std::string& name) {
+    return (std::filesystem::path(self.checkpoint_dir) / name / "finished").string();
+  };
   hooks.restore = [&](const std::string& name, uint64_t step, HostedStage& h) {
     auto& s = static_cast<SessionStage&>(h);
+    if (s.store) std::filesystem::remove(finished_marker(name));  // it runs again
     const CheckpointData state = step == 0 ? decode_checkpoint(s.initial) : s.store->load_step(step);
     if (state.meta.model_hash != r.plan.hash || state.meta.step != step || state.meta.role != "stage" ||
         state.meta.client_id != name)
@@ -103,9 +114,27 @@ int run_stage_host(const StageHostRun& r) {
       m.step = step;
       s.store->save(step, encode_checkpoint(m, *s.net, s.optimizer.get()));
     };
-  hooks.ended = [&](const std::string& name, const std::string& error, HostedStage&) {
-    if (error.empty()) std::fprintf(stderr, "'%s' ended its run\n", name.c_str());
-    else std::fprintf(stderr, "'%s': %s (it may link again)\n", name.c_str(), error.c_str());
+  // At a session's end: its export now (a crash of this process later keeps it), and the record.
+  hooks.ended = [&](const std::string& name, const std::string& error, HostedStage& h, uint64_t steps) {
+    if (!error.empty()) {
+      std::fprintf(stderr, "'%s': %s (it may link again)\n", name.c_str(), error.c_str());
+      return;
+    }
+    auto& s = static_cast<SessionStage&>(h);
+    std::fprintf(stderr, "'%s' ended its run at step %llu\n", name.c_str(), static_cast<unsigned long long>(steps));
+    if (!out.empty()) {
+      const std::vector<SafeTensor> tensors = shard_to_torch(r.graph, *s.net, static_cast<int64_t>(steps));
+      const std::string file = per_session(out, name);
+      write_file_atomic(file, write_safetensors(tensors, {{"format", "pt"}, {"tandem_model", r.spec.name},
+                                                          {"tandem_cut", r.cut}, {"tandem_stage", "1"},
+                                                          {"tandem_session", name}, {"tandem_step", cat(steps)},
+                                                          {"tandem_layout", "pytorch (OIHW, NCHW flatten order)"}}));
+      std::fprintf(stderr, "wrote %s: '%s''s last stage, %zu tensors\n", file.c_str(), name.c_str(), tensors.size());
+    }
+    if (s.store) {
+      const std::string text = cat(steps, "\n");
+      write_file_atomic(finished_marker(name), std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+    }
   };
 
   std::unique_ptr<EgressLogFile> egress;
@@ -117,14 +146,23 @@ int run_stage_host(const StageHostRun& r) {
   options.idle_hangup_s = r.silence_s;
   std::unique_ptr<LwsEndpoint> endpoint = LwsEndpoint::listen(self.host, self.port, deployment_tls(self), options);
   std::atomic<uint64_t> sent{0}, received{0};
-  StageHostOptions host_options{&r.schedule, r.plan, firsts, firsts.size()};
+  StageHostOptions host_options{&r.schedule, r.plan, firsts, firsts.size(), r.executors};
   StageHost host(host_options, hooks, [&](uint64_t connection, std::span<const uint8_t> bytes, bool close) {
     if (egress) egress->audit().record(bytes);
     sent += bytes.size();
     endpoint->send(connection, bytes, close);
   });
-  std::fprintf(stderr, "listening on wss://%s:%d for %s, each with a last stage of its own\n", self.host.c_str(),
-               endpoint->port(), names.c_str());
+  if (!self.checkpoint_dir.empty())
+    for (const std::string& name : firsts) {
+      std::ifstream marker(finished_marker(name));
+      uint64_t steps = 0;
+      if (!(marker >> steps)) continue;
+      host.mark_finished(name, steps);
+      std::fprintf(stderr, "'%s' ended its run before this process, at step %llu (%s)\n", name.c_str(),
+                   static_cast<unsigned long long>(steps), finished_marker(name).c_str());
+    }
+  std::fprintf(stderr, "listening on wss://%s:%d for %s, each with a last stage of its own, on %zu executor%s\n",
+               self.host.c_str(), endpoint->port(), names.c_str(), r.executors, r.executors == 1 ? "" : "s");
 
   const auto started = Clock::now();
   std::unique_ptr<HttpListener> http;
@@ -152,9 +190,11 @@ int run_stage_host(const StageHostRun& r) {
       family("tandem_stage_session_busy_seconds_total", "counter", "Seconds the session's stage computed.");
       each("tandem_stage_session_busy_seconds_total", [](const StageHost::SessionState& s) { return fixed(s.busy_s, 3); });
       family("tandem_stage_executor_busy_seconds_total", "counter",
-             "Seconds the executor ran the sessions' work (all of them, one after another).");
-      out += cat("tandem_stage_executor_busy_seconds_total{party=\"", self.name, "\"} ", fixed(host.executor_busy_s(), 3),
-                 "\n");
+             "Seconds each executor ran its sessions' work (one after another).");
+      const std::vector<double> busy = host.executor_busy_s();
+      for (std::size_t e = 0; e < busy.size(); ++e)
+        out += cat("tandem_stage_executor_busy_seconds_total{party=\"", self.name, "\",executor=\"", e, "\"} ",
+                   fixed(busy[e], 3), "\n");
       family("tandem_stage_uptime_seconds", "gauge", "Seconds since this party started.");
       out += cat("tandem_stage_uptime_seconds{party=\"", self.name, "\"} ",
                  fixed(std::chrono::duration<double>(Clock::now() - started).count(), 3), "\n");
@@ -197,28 +237,17 @@ int run_stage_host(const StageHostRun& r) {
   }
 
   const double wall = std::chrono::duration<double>(Clock::now() - started).count();
-  const std::string out = r.cli.str("export", self.export_file);
-  for (const StageHost::SessionState& s : host.sessions()) {
+  for (const StageHost::SessionState& s : host.sessions())
     std::printf("{\"party\":\"%s\",\"session\":\"%s\",\"stage\":1,\"steps\":%llu,\"runs\":%llu,\"busy_s\":%s,"
                 "\"idle_s\":%s}\n",
                 self.name.c_str(), s.identity.c_str(), static_cast<unsigned long long>(s.steps),
                 static_cast<unsigned long long>(s.runs), fixed(s.busy_s, 3).c_str(), fixed(s.idle_s, 3).c_str());
-    if (out.empty()) continue;
-    SessionStage& st = *stages.at(s.identity);
-    const std::vector<SafeTensor> tensors = shard_to_torch(r.graph, *st.net, static_cast<int64_t>(s.steps));
-    const std::string file = per_session(out, s.identity);
-    write_file_atomic(file, write_safetensors(tensors, {{"format", "pt"}, {"tandem_model", r.spec.name},
-                                                        {"tandem_cut", r.cut}, {"tandem_stage", "1"},
-                                                        {"tandem_session", s.identity},
-                                                        {"tandem_step", cat(s.steps)},
-                                                        {"tandem_layout", "pytorch (OIHW, NCHW flatten order)"}}));
-    std::fprintf(stderr, "wrote %s: '%s''s last stage, %zu tensors\n", file.c_str(), s.identity.c_str(), tensors.size());
-  }
+  std::string busy;
+  for (double b : host.executor_busy_s()) busy += cat(busy.empty() ? "" : ",", fixed(b, 3));
   std::printf("{\"party\":\"%s\",\"stage\":1,\"sessions\":%zu,\"sent_bytes\":%llu,\"received_bytes\":%llu,"
-              "\"executor_busy_s\":%s,\"wall_s\":%s}\n",
+              "\"executors_busy_s\":[%s],\"wall_s\":%s}\n",
               self.name.c_str(), firsts.size(), static_cast<unsigned long long>(sent.load()),
-              static_cast<unsigned long long>(received.load()), fixed(host.executor_busy_s(), 3).c_str(),
-              fixed(wall, 3).c_str());
+              static_cast<unsigned long long>(received.load()), busy.c_str(), fixed(wall, 3).c_str());
   std::fflush(stdout);
   if (egress) std::fprintf(stderr, "egress log %s: last hash %s\n", egress->path().c_str(), egress->finish("completed").c_str());
   return 0;

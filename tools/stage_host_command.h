@@ -6,6 +6,8 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <memory>
 #include <string>
 #include <vector>
 
@@ -35,7 +37,8 @@ struct StageHostRun {
   const std::vector<Graph>& stages;  // the two stages
   const PipelineSchedule& schedule;
   StagePlan plan;  // stage 1 of 2
-  Backend& backend;
+  std::function<std::unique_ptr<Backend>()> make_backend;  // one an executor
+  std::size_t executors;
   uint64_t seed;
   OptimizerOptions optimizer;
   int64_t checkpoint_every;

@@ -4,8 +4,10 @@
 # mutual TLS. Each hospital's weights, and the cloud's stage of them, equal that hospital's
 # run alone against a cloud of its own, to the byte. A kill -9 of a hospital, restarted with
 # the same command, restarts its session only (the other hospital never restarts); a kill -9
-# of the cloud restarts both sessions from their checkpoints; either way every party ends on
-# the uninterrupted run's weights. A hospital the file does not name is refused by the cloud.
+# of the cloud after hospital-b has ended its run restarts hospital-a's session from its
+# checkpoint, and the new cloud, which finds hospital-b's end recorded, does not wait for it;
+# either way every party ends on the uninterrupted run's weights. A hospital the file does not
+# name is refused by the cloud.
 # Usage: stage_own.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -16,11 +18,11 @@ source "$src/tests/e2e/lib.sh"
 trap 'stop_started; [[ -n ${KEEP:-} ]] || rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 epochs=2
-declare -A steps=([hospital-a]=$((epochs * 256 / 64)) [hospital-b]=$((epochs * 128 / 64)))
+declare -A steps=([hospital-a]=$((epochs * 512 / 64)) [hospital-b]=$((epochs * 128 / 64)))
 
 stage_identities hospital-a hospital-b cloud hospital-c
 
-# deployment NAME PARTY...: $work/NAME.toml, the hospitals named (hospital-a on the first 256
+# deployment NAME PARTY...: $work/NAME.toml, the hospitals named (hospital-a on the first 512
 # training samples, hospital-b on the first 128) and then the cloud, on a fresh port; with two
 # hospitals the cloud keeps each one's last stage (later-stages = "own").
 deployment() {
@@ -41,7 +43,7 @@ deployment() {
     for p in "$@"; do
       echo "[$p]"
       case $p in
-        hospital-a) echo 'limit = 256' ;;
+        hospital-a) echo 'limit = 512' ;;
         hospital-b) echo 'limit = 128' ;;
         cloud) echo "address = \"127.0.0.1:$port\"" ;;
       esac
@@ -98,23 +100,37 @@ for h in hospital-a hospital-b; do
   same "own-cloud-$h.safetensors" "solo-$h-cloud.safetensors"
 done
 
-# kill -9 of hospital-b once it has a checkpoint of step 2, or of the cloud once hospital-a's
-# session has one of step 4; restarted with the same command.
+# kill -9 of hospital-b once it has a checkpoint of step 2, or of the cloud once hospital-b
+# has ended its run; restarted with the same command.
 for victim in hospital-b cloud; do
   name=kill-$victim
   deployment "$name" hospital-a hospital-b cloud
   for p in cloud hospital-a hospital-b; do start "$name" "$p"; done
-  watch=$work/$name-ckpt-$victim at=2
-  [[ $victim == cloud ]] && watch=$work/$name-ckpt-cloud/hospital-a at=4
-  for _ in $(seq 1 1500); do has_checkpoint_from "$watch" "$at" && break; sleep 0.02; done
-  has_checkpoint_from "$watch" "$at" || fail "$name: no checkpoint of step $at in $watch: $(ls "$watch" 2>&1)"
+  if [[ $victim == hospital-b ]]; then
+    for _ in $(seq 1 1500); do has_checkpoint_from "$work/$name-ckpt-hospital-b" 2 && break; sleep 0.02; done
+    has_checkpoint_from "$work/$name-ckpt-hospital-b" 2 || fail "$name: hospital-b wrote no checkpoint of step 2"
+  else
+    for _ in $(seq 1 1500); do grep -q "'hospital-b' ended its run" "$work/$name-cloud.out" && break; sleep 0.02; done
+    grep -q "'hospital-b' ended its run" "$work/$name-cloud.out" || fail "$name: hospital-b did not end its run"
+    expect_ok "$name" hospital-b
+  fi
   kill -9 "${pids[$victim]}"
   rc=0
   wait "${pids[$victim]}" || rc=$?
   ((rc == 137)) || { cat "$work/$name-$victim.out"; fail "$name: $victim ended with $rc before it was killed"; }
   mv "$work/$name-$victim.out" "$work/$name-$victim.killed.out"
   start "$name" "$victim"
-  expect_own_finished "$name"
+  if [[ $victim == cloud ]]; then
+    expect_ok "$name" cloud  # hospital-b exited 0 before the kill: the new cloud takes its end from its record
+    expect_ok "$name" hospital-a
+    grep -q "\"session\":\"hospital-a\",\"stage\":1,\"steps\":${steps[hospital-a]},\"runs\":1," "$work/$name-cloud.out" &&
+      grep -q "\"session\":\"hospital-b\",\"stage\":1,\"steps\":${steps[hospital-b]},\"runs\":0," "$work/$name-cloud.out" ||
+      fail "$name: the new cloud's sessions: $(cat "$work/$name-cloud.out")"
+    grep -q "'hospital-b' ended its run before this process, at step ${steps[hospital-b]}" "$work/$name-cloud.out" ||
+      fail "$name: the new cloud did not find hospital-b's end: $(cat "$work/$name-cloud.out")"
+  else
+    expect_own_finished "$name"
+  fi
   for f in hospital-a hospital-b cloud-hospital-a cloud-hospital-b; do same "own-$f.safetensors" "$name-$f.safetensors"; done
   if [[ $victim == hospital-b ]]; then
     grep -q "\"party\":\"hospital-a\",\"stage\":0,\"steps\":${steps[hospital-a]},\"restarts\":0," "$work/$name-hospital-a.out" ||
@@ -122,9 +138,8 @@ for victim in hospital-b cloud; do
     grep -q '"party":"cloud","session":"hospital-b","stage":1,"steps":[0-9]*,"runs":2' "$work/$name-cloud.out" ||
       fail "$name: hospital-b's session did not run twice: $(cat "$work/$name-cloud.out")"
   else
-    for h in hospital-a hospital-b; do
-      grep -q "\"party\":\"$h\",\"stage\":0,\"steps\":${steps[$h]},\"restarts\":1," "$work/$name-$h.out" || fail "$name: $h did not restart once: $(tail -2 "$work/$name-$h.out")"
-    done
+    grep -q "\"party\":\"hospital-a\",\"stage\":0,\"steps\":${steps[hospital-a]},\"restarts\":1," "$work/$name-hospital-a.out" ||
+      fail "$name: hospital-a did not restart once: $(tail -2 "$work/$name-hospital-a.out")"
   fi
 done
 
