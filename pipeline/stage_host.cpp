@@ -1,6 +1,7 @@
 #include "pipeline/stage_host.h"
 
 #include <algorithm>
+#include <atomic>
 #include <chrono>
 #include <utility>
 
@@ -33,6 +34,10 @@ struct StageHost::Executor {
   std::mutex mu;  // the queue
   std::condition_variable cv;
   std::deque<Event> queue;
+  std::atomic<std::size_t> waiting{0};  // queue.size(), read without the lock
+  // Sessions' tasks parked before work no neighbour waits for (StagePeer::defer_later_work),
+  // resumed in order once the queue is empty. Its thread's only.
+  std::deque<std::pair<Session*, co::coroutine_handle<>>> later;
   std::map<std::string, std::unique_ptr<Session>> sessions;  // its own, by identity: its thread's only
   MessageWriter writer;
   double busy_s = 0;  // under the host's mu_
@@ -66,6 +71,7 @@ void StageHost::push(std::size_t executor, Event e) {
   {
     std::lock_guard lock(x.mu);
     x.queue.push_back(std::move(e));
+    ++x.waiting;
   }
   x.cv.notify_all();
 }
@@ -118,13 +124,27 @@ void StageHost::closed(uint64_t connection, const std::string& why) {
 void StageHost::run(Executor& x) {
   for (;;) {
     Event e;
+    bool idle = false;
     {
       std::unique_lock lock(x.mu);
-      x.cv.wait(lock, [&] { return !x.queue.empty(); });
-      e = std::move(x.queue.front());
-      x.queue.pop_front();
+      x.cv.wait(lock, [&] { return !x.queue.empty() || !x.later.empty(); });
+      idle = x.queue.empty();
+      if (!idle) {
+        e = std::move(x.queue.front());
+        x.queue.pop_front();
+        --x.waiting;
+      }
     }
     const auto t0 = std::chrono::steady_clock::now();
+    if (idle) {  // nothing waits: a parked session's later work
+      const auto [s, task] = x.later.front();
+      x.later.pop_front();
+      task.resume();
+      settle(*s);
+      std::lock_guard lock(mu_);
+      x.busy_s += seconds_since(t0);
+      continue;
+    }
     switch (e.kind) {
       case Event::Kind::Stop:
         return;
@@ -200,6 +220,8 @@ void StageHost::on_connected(Executor& x, uint64_t connection, const std::string
     s->peer = std::make_unique<StagePeer>(s->hosted->stage(), *options_.schedule, options_.plan, s->link.get(), nullptr);
     if (hooks_.save)
       s->peer->on_checkpoint([this, raw](uint64_t step) { hooks_.save(raw->identity, step, *raw->hosted); });
+    s->peer->defer_later_work([&x] { return x.waiting.load() > 0; },
+                              [&x, raw](co::coroutine_handle<> task) { x.later.emplace_back(raw, task); });
     {
       std::lock_guard lock(mu_);
       const auto known = std::find_if(snapshot_.begin(), snapshot_.end(),
@@ -210,6 +232,8 @@ void StageHost::on_connected(Executor& x, uint64_t connection, const std::string
     it = x.sessions.emplace(identity, std::move(s)).first;
   }
   Session& s = *it->second;
+  // Its task, parked for later work, is about to be replaced: it resumes no more.
+  std::erase_if(x.later, [&](const auto& p) { return p.first == &s; });
   if (s.task.valid()) {  // it links again while its run goes on: that link is stale
     if (s.connection != 0)
       send_(std::exchange(s.connection, 0),

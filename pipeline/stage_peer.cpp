@@ -67,6 +67,12 @@ void StageLink::resume_when_ready(co::coroutine_handle<>) {
   fail("stage", "a link that blocks in receive() is always ready; one driven by events overrides resume_when_ready");
 }
 
+void StagePeer::defer_later_work(std::function<bool()> others_waiting,
+                                 std::function<void(co::coroutine_handle<>)> park) {
+  others_waiting_ = std::move(others_waiting);
+  park_ = std::move(park);
+}
+
 uint64_t StagePeer::connect(std::span<const uint64_t> checkpoints) {
   return run_blocking(connect_async(checkpoints), "connect");
 }
@@ -688,6 +694,7 @@ Task<> StagePeer::run_step(const StepHeader& header, std::span<const Tensor> fir
     const auto slot_index = static_cast<int>(slot);
     stage_.use_stash(a.step < 0);  // the step before's backward runs on the weights its forward used
     if (a.kind != Kind::Forward) {
+      if (a.kind == Kind::BackwardWeight) co_await LaterWork{*this};  // nobody waits for it
       co_await back_up(a, h, slot);
       continue;
     }
@@ -733,6 +740,7 @@ Task<> StagePeer::run_step(const StepHeader& header, std::span<const Tensor> fir
   }
   if (!async_) {
     add_stats(header, stats);
+    co_await LaterWork{*this};  // the next step's activations wait for it, no neighbour
     update(header.lr_scale);
     clear_slots(header.step);  // the frames go back to their pool
   } else {

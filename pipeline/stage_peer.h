@@ -165,6 +165,12 @@ class StagePeer {
   // several first stages refuses a member whose count differs from the others' (they take
   // turns, a step each).
   void set_epoch_steps(uint64_t steps) { epoch_steps_ = steps; }
+  // For a host that runs many peers on one thread (pipeline/stage_host.h): work no neighbour
+  // is waiting for (the weight gradients the zero-bubble schedule defers, the update) first
+  // lets other peers' messages go: when `others_waiting()` says some wait, the task suspends
+  // and `park` gets it, for the host to resume once nothing else waits (as tandem-cloud's
+  // sessions run their deferred weight gradients while no message waits). None: it runs on.
+  void defer_later_work(std::function<bool()> others_waiting, std::function<void(co::coroutine_handle<>)> park);
   // After a LinkLost: the step in flight is dropped (its deferred weight halves and
   // gradients), ready for connect() on new links.
   void reset();
@@ -240,6 +246,15 @@ class StagePeer {
 
  private:
   struct Slot;  // one micro-batch's messages
+  std::function<bool()> others_waiting_;
+  std::function<void(co::coroutine_handle<>)> park_;
+  // co_await LaterWork{*this}: yields to other peers' messages when the host asks (above).
+  struct LaterWork {
+    StagePeer& peer;
+    bool await_ready() const { return !peer.others_waiting_ || !peer.others_waiting_(); }
+    void await_suspend(co::coroutine_handle<> task) const { peer.park_(task); }
+    void await_resume() const {}
+  };
   enum class Upstream { Activations, Drain, Bye, Averaged };  // what the stage before sent
   bool first() const { return plan_.index == 0; }
   bool shared() const { return plan_.index == 1 && plan_.members > 1; }  // after several first stages

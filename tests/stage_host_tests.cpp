@@ -106,7 +106,8 @@ struct Fixture {
   std::vector<Graph> parts = graph.partition(cut_list(cut));
   std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
   Network init{graph, *backend, 17};
-  std::unique_ptr<PipelineSchedule> schedule = make_pipeline_schedule("1f1b");
+  // Zero-bubble: the weight gradients a session defers yield to the other sessions' messages.
+  std::unique_ptr<PipelineSchedule> schedule = make_pipeline_schedule("zero-bubble");
   const uint32_t batch = 8, k = 4;
   StagePlan plan(std::size_t index) const {
     return make_stage_plan(spec.binary, graph, cut, parts, index, *schedule, batch, k);

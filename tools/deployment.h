@@ -23,7 +23,7 @@ struct DeploymentParty {
   std::string backend;   // its stage's kernels ("" : the default)
   int threads = 1;
   // With later-stages = "own", the party after the first parties: its executor threads, each
-  // serving some of their sessions (0: one a core it may use).
+  // serving some of their sessions (0: one a session).
   int executors = 0;
   std::string export_file;  // at the end, its stage's weights with PyTorch's names ("" : none)
   std::string checkpoint_dir;  // where it keeps its stage's checkpoints ("" : none)
