@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <cstdio>
 #include <utility>
 
 #include "core/error.h"
@@ -145,18 +146,25 @@ void StageHost::run(Executor& x) {
       x.busy_s += seconds_since(t0);
       continue;
     }
-    switch (e.kind) {
-      case Event::Kind::Stop:
-        return;
-      case Event::Kind::Connected:
-        on_connected(x, e.connection, e.text);
-        break;
-      case Event::Kind::Message:
-        on_message(x, e.connection, std::move(e.frame));
-        break;
-      case Event::Kind::Closed:
-        on_closed(x, e.connection, e.text);
-        break;
+    if (e.kind == Event::Kind::Stop) return;
+    try {
+      switch (e.kind) {
+        case Event::Kind::Connected:
+          on_connected(x, e.connection, e.text);
+          break;
+        case Event::Kind::Message:
+          on_message(x, e.connection, std::move(e.frame));
+          break;
+        case Event::Kind::Closed:
+          on_closed(x, e.connection, e.text);
+          break;
+        case Event::Kind::Stop:
+          break;
+      }
+    } catch (const std::exception& error) {  // the host's own failure (a hook, memory): that connection ends
+      std::fprintf(stderr, "stage host: connection %llu: %s\n", static_cast<unsigned long long>(e.connection),
+                   error.what());
+      send_(e.connection, x.writer.error(wire::ErrorCode::Internal, cat("the stage host failed: ", error.what())), true);
     }
     std::lock_guard lock(mu_);
     x.busy_s += seconds_since(t0);
@@ -240,6 +248,10 @@ void StageHost::on_connected(Executor& x, uint64_t connection, const std::string
             x.writer.error(wire::ErrorCode::Restart, cat("'", identity, "' linked again: this link is replaced")), true);
     s.link->lose(cat("'", identity, "' linked again"));
     settle(s);
+    if (s.task.valid()) {  // it was parked for later work, not waiting on the link: dropped
+      s.task = Task<>();
+      if (hooks_.ended) hooks_.ended(s.identity, cat("'", identity, "' linked again"), *s.hosted, s.peer->next_step());
+    }
   }
   s.connection = connection;
   s.link->reopen();
@@ -249,6 +261,14 @@ void StageHost::on_connected(Executor& x, uint64_t connection, const std::string
 void StageHost::on_message(Executor& x, uint64_t connection, Frame frame) {
   Session* s = by_connection(x.sessions, connection);
   if (s == nullptr) return;  // a connection already replaced or refused: what it still sends is dropped
+  if (s->link->queued() >= options_.max_queued) {  // far ahead of what its stage has taken
+    const std::string why = cat("'", s->identity, "' sent ", s->link->queued() + 1, " messages ahead of its stage (at most ",
+                                options_.max_queued, ")");
+    send_(std::exchange(s->connection, 0), x.writer.error(wire::ErrorCode::OutOfWindow, why), true);
+    s->link->lose(why);
+    settle(*s);
+    return;
+  }
   s->link->deliver(std::move(frame));
   settle(*s);
 }
@@ -263,7 +283,8 @@ void StageHost::on_closed(Executor& x, uint64_t connection, const std::string& w
 
 Task<> StageHost::serve(Session& s) {
   StageHost& host = *s.host;
-  const std::vector<uint64_t> have = host.hooks_.checkpoints ? host.hooks_.checkpoints(s.identity) : std::vector<uint64_t>{};
+  const std::vector<uint64_t> have =
+      host.hooks_.checkpoints ? host.hooks_.checkpoints(s.identity, *s.hosted) : std::vector<uint64_t>{};
   const uint64_t start = co_await s.peer->connect_async(have);
   if (host.hooks_.restore) host.hooks_.restore(s.identity, start, *s.hosted);
   StepStats stats;
@@ -301,7 +322,13 @@ void StageHost::settle(Session& s) {
                                        cat("link again to go on from the newest checkpoint: ", error)),
               true);
     }
-    if (hooks_.ended) hooks_.ended(s.identity, error, *s.hosted, s.peer->next_step());
+    if (hooks_.ended) {
+      try {
+        hooks_.ended(s.identity, error, *s.hosted, s.peer->next_step());
+      } catch (const std::exception& e) {
+        std::fprintf(stderr, "stage host: at the end of '%s''s run: %s\n", s.identity.c_str(), e.what());
+      }
+    }
   }
   std::lock_guard lock(mu_);
   SessionState& st = snapshot_[s.index];

@@ -2,10 +2,11 @@
 // training, where every hospital trains its own weights. Each first party that links is a
 // session: a StagePeer with a Stage of its own (made by the host's factory) behind an
 // EventLink. An executor thread runs its sessions' tasks in the order their messages arrive
-// (one queue, as Triton's model instances and vLLM's engine loop run requests), so a session
-// costs no thread of its own: a host has a few executors (one a GPU, or one a core), each
-// with its own sessions and its own backend, and a new session goes to the executor holding
-// the fewest. A session whose first party
+// (one queue, as Triton's model instances and vLLM's engine loop run requests): a host has
+// one executor or more, each with its own sessions (and, by its factory, its own backend), and
+// a new session goes to the executor holding the fewest. Work no neighbour waits for yields to
+// the messages of the executor's other sessions (StagePeer::defer_later_work). A hook that
+// throws ends that session (or refuses that connection), never the host. A session whose first party
 // sends something wrong is refused with the Error on its link and waits for that party to
 // link again (from the newest checkpoint both have); a lost link waits the same way; the
 // other sessions go on meanwhile. Transport-free: the transport reports connections,
@@ -47,7 +48,8 @@ struct StageHostOptions {
   // The first parties it serves (certificate names); another is refused.
   std::vector<std::string> identities;
   std::size_t max_sessions = 64;  // sessions held at once; more are refused Busy
-  std::size_t executors = 1;      // executor threads
+  std::size_t executors = 1;      // executor threads (tandem stage: one a session by default)
+  std::size_t max_queued = 64;    // frames a session may have waiting; more end it (OutOfWindow)
 };
 
 struct StageHostHooks {
@@ -55,7 +57,7 @@ struct StageHostHooks {
   // uses it: give each executor its own backend).
   std::function<std::unique_ptr<HostedStage>(const std::string& identity, std::size_t executor)> make;
   // The steps a session has a checkpoint of (step 0, the stage as made, always counts).
-  std::function<std::vector<uint64_t>(const std::string& identity)> checkpoints;
+  std::function<std::vector<uint64_t>(const std::string& identity, HostedStage& stage)> checkpoints;
   // Puts the session's stage back to its checkpoint of `step` (0: as made), before it trains on.
   std::function<void(const std::string& identity, uint64_t step, HostedStage& stage)> restore;
   // A step that asked for a checkpoint is done; the stage has trained `step` steps. None: the

@@ -158,7 +158,7 @@ void first_party(Fixture& f, ClientLink& link, OwnStage& front, const Fixture::D
   peer.finish("done");
 }
 
-TEST(StageHost, ThreeFirstPartiesTrainTheirOwnModelsOnOneExecutorAsEachWouldAlone) {
+TEST(StageHost, ThreeFirstPartiesTrainTheirOwnModelsOnTwoExecutorsAsEachWouldAlone) {
   Fixture f;
   const int steps = 6;
   const std::vector<std::string> names = {"hospital-a", "hospital-b", "hospital-c", "hospital-d"};

@@ -457,8 +457,8 @@ int run_party(const CliArgs& cli) {
   if (own && index > 0) {
     // Executors: the section's, else one a session. One executor taking its sessions in turn
     // answers each later than a thread a session does, and the first parties wait on those
-    // answers: 4 sessions on one core served 0.60x of tandem-cloud's samples/s on 1
-    // executor, 0.79x on 2, 1.01x on 4 (bench/stage_host_vs_cloud.sh).
+    // answers: 4 sessions on one core served 0.65x of tandem-cloud's samples/s on one
+    // executor and 0.99x on four (bench/results/2026-11-28-stage_host_vs_cloud*.md).
     const std::size_t executors =
         std::min<std::size_t>(members, self.executors > 0 ? static_cast<std::size_t>(self.executors) : members);
     std::fprintf(stderr, "party %s: stage 1 of stages 0..1 for each of %u first parties (%s), %s schedule, K = %u\n",

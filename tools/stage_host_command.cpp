@@ -6,6 +6,7 @@
 #include <fstream>
 #include <map>
 #include <memory>
+#include <mutex>
 
 #include "backends/registry.h"
 #include "core/checkpoint/checkpoint.h"
@@ -63,10 +64,9 @@ int run_stage_host(const StageHostRun& r) {
   meta.cut = r.cut;
   meta.model_hash = r.plan.hash;
   std::unique_ptr<Backend> reference = make_backend("reference");
-  std::map<std::string, SessionStage*> stages;  // the executor's; read here once every run has ended
   StageHostHooks hooks;
-  // An executor a core this process may use, or as the party's `executors` says; each with a
-  // backend of its own (its thread alone uses it).
+  // The executors (tools/stage_command.cpp: one a session, or the party's `executors`), each
+  // with a backend of its own (its thread alone uses it).
   std::vector<std::unique_ptr<Backend>> backends;
   for (std::size_t e = 0; e < r.executors; ++e) backends.push_back(r.make_backend());
   hooks.make = [&](const std::string& name, std::size_t executor) {
@@ -82,12 +82,11 @@ int run_stage_host(const StageHostRun& r) {
       s->store = std::make_unique<CheckpointStore>((std::filesystem::path(self.checkpoint_dir) / name).string(), "stage1");
     std::fprintf(stderr, "'%s' linked: a last stage of its own (%lld parameters)\n", name.c_str(),
                  static_cast<long long>(s->net->param_count()));
-    stages[name] = s.get();
     return s;
   };
-  hooks.checkpoints = [&](const std::string& name) {
-    SessionStage* s = stages.at(name);
-    return s->store ? s->store->steps() : std::vector<uint64_t>{};
+  hooks.checkpoints = [&](const std::string&, HostedStage& h) {
+    auto& s = static_cast<SessionStage&>(h);
+    return s.store ? s.store->steps() : std::vector<uint64_t>{};
   };
   const std::string out = r.cli.str("export", self.export_file);
   // A first party's end of run, recorded in its checkpoint folder: a host restarted after it
@@ -146,21 +145,28 @@ int run_stage_host(const StageHostRun& r) {
   options.idle_hangup_s = r.silence_s;
   std::unique_ptr<LwsEndpoint> endpoint = LwsEndpoint::listen(self.host, self.port, deployment_tls(self), options);
   std::atomic<uint64_t> sent{0}, received{0};
+  std::mutex send_mu;
   StageHostOptions host_options{&r.schedule, r.plan, firsts, firsts.size(), r.executors};
   StageHost host(host_options, hooks, [&](uint64_t connection, std::span<const uint8_t> bytes, bool close) {
+    std::lock_guard lock(send_mu);  // from every executor: the audit's chain in the order sent
     if (egress) egress->audit().record(bytes);
     sent += bytes.size();
     endpoint->send(connection, bytes, close);
   });
+  std::size_t ended_before = 0;
   if (!self.checkpoint_dir.empty())
     for (const std::string& name : firsts) {
       std::ifstream marker(finished_marker(name));
       uint64_t steps = 0;
       if (!(marker >> steps)) continue;
       host.mark_finished(name, steps);
+      ++ended_before;
       std::fprintf(stderr, "'%s' ended its run before this process, at step %llu (%s)\n", name.c_str(),
                    static_cast<unsigned long long>(steps), finished_marker(name).c_str());
     }
+  if (ended_before == firsts.size())
+    fail("stage", cat("every first party has ended its run here before (", self.checkpoint_dir, "/NAME/finished): ",
+                      "nothing is left to serve; to train again, start from an empty checkpoint-dir"));
   std::fprintf(stderr, "listening on wss://%s:%d for %s, each with a last stage of its own, on %zu executor%s\n",
                self.host.c_str(), endpoint->port(), names.c_str(), r.executors, r.executors == 1 ? "" : "s");
 

@@ -1,6 +1,6 @@
 // `tandem stage` for the party after the first parties when the deployment says
 // later-stages = "own": it keeps the last stage for each first party, its own model, and
-// serves them all at once on one executor (pipeline/stage_host.h) behind one mutual-TLS
+// serves them all at once on executor threads (pipeline/stage_host.h) behind one mutual-TLS
 // WebSocket server. The two-party shape (a cloud serving many hospitals, each its own model)
 // as a pipeline of two stages.
 #pragma once

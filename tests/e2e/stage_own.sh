@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # later-stages = "own": one cloud keeps a last stage for each of two hospitals, their own
-# models of the CNN, and serves both at once on one executor (pipeline/stage_host.h) over
-# mutual TLS. Each hospital's weights, and the cloud's stage of them, equal that hospital's
+# models of the CNN, and serves both at once on one executor thread (pipeline/stage_host.h,
+# `executors = 1`: their sessions interleave) over mutual TLS. Each hospital's weights, and the cloud's stage of them, equal that hospital's
 # run alone against a cloud of its own, to the byte. A kill -9 of a hospital, restarted with
 # the same command, restarts its session only (the other hospital never restarts); a kill -9
 # of the cloud after hospital-b has ended its run restarts hospital-a's session from its
@@ -45,7 +45,10 @@ deployment() {
       case $p in
         hospital-a) echo 'limit = 512' ;;
         hospital-b) echo 'limit = 128' ;;
-        cloud) echo "address = \"127.0.0.1:$port\"" ;;
+        cloud)
+          echo "address = \"127.0.0.1:$port\""
+          (($# == 2)) || echo 'executors = 1'
+          ;;
       esac
       echo "identity = \"id/$p\""
       echo 'backend = "onednn"'
@@ -83,7 +86,7 @@ expect_own_finished() {
 deployment own hospital-a hospital-b cloud
 for p in cloud hospital-a hospital-b; do start own "$p"; done
 expect_own_finished own
-grep -q "listening on wss://127.0.0.1:[0-9]* for 'hospital-a', 'hospital-b', each with a last stage of its own" \
+grep -q "listening on wss://127.0.0.1:[0-9]* for 'hospital-a', 'hospital-b', each with a last stage of its own, on 1 executor$" \
   "$work/own-cloud.out" || fail "the cloud does not serve both hospitals: $(cat "$work/own-cloud.out")"
 grep -q '"test_loss":[0-9.]*,"test_accuracy":[0-9.]*' "$work/own-hospital-a.out" ||
   fail "hospital-a evaluated nothing: $(cat "$work/own-hospital-a.out")"
@@ -143,6 +146,12 @@ for victim in hospital-b cloud; do
   fi
 done
 
+# The cloud started again after every hospital has ended its run: nothing to serve, said so.
+rc=0
+"$tandem" stage --deployment "$work/kill-cloud.toml" --party cloud --silence-s 5 > "$work/again-cloud.out" 2>&1 || rc=$?
+((rc == 1)) && grep -qF "every first party has ended its run here before" "$work/again-cloud.out" ||
+  fail "a cloud started after every run ended said: $(cat "$work/again-cloud.out")"
+
 # hospital-c's certificate in hospital-b's place: refused by the cloud, which says whom it serves.
 deployment impostor hospital-a hospital-b cloud
 sed -i 's|id/hospital-b|id/hospital-c|' "$work/impostor.toml"
@@ -153,4 +162,4 @@ grep -qF "this stage serves the first parties it was given; 'hospital-c' is not 
   fail "the cloud did not refuse hospital-c by name: $(cat "$work/impostor-b.out")"
 stop_started
 
-echo "ok: one cloud keeps a last stage for each of two hospitals and serves both at once on one executor over mutual TLS; each hospital's weights at both stages equal its run alone, to the bit; a kill -9 of a hospital restarts its session only, and of the cloud both, ending on the uninterrupted run's weights; a hospital the file does not name is refused"
+echo "ok: one cloud keeps a last stage for each of two hospitals and serves both at once on one executor thread over mutual TLS; each hospital's weights at both stages equal its run alone, to the bit; a kill -9 of a hospital restarts its session only, and of the cloud both, ending on the uninterrupted run's weights; a hospital the file does not name is refused"
