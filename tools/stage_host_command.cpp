@@ -146,7 +146,9 @@ int run_stage_host(const StageHostRun& r) {
   std::unique_ptr<LwsEndpoint> endpoint = LwsEndpoint::listen(self.host, self.port, deployment_tls(self), options);
   std::atomic<uint64_t> sent{0}, received{0};
   std::mutex send_mu;
-  StageHostOptions host_options{&r.schedule, r.plan, firsts, firsts.size(), r.executors};
+  // A session's frames waiting for its stage: a step's micro-batches and the next one's, and
+  // a few more (an honest first party sends no more ahead).
+  StageHostOptions host_options{&r.schedule, r.plan, firsts, firsts.size(), r.executors, 2 * r.plan.microbatches + 4};
   StageHost host(host_options, hooks, [&](uint64_t connection, std::span<const uint8_t> bytes, bool close) {
     std::lock_guard lock(send_mu);  // from every executor: the audit's chain in the order sent
     if (egress) egress->audit().record(bytes);
