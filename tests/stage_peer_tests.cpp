@@ -305,26 +305,23 @@ void encoder_mails(std::vector<Tensor>& inputs, std::vector<int32_t>& labels) {
   inputs = {ids, mask};
 }
 
-TEST(StagePeer, FourPeersTrainTheCnnLikeTheWholeModel) {
+// The CNN cut in four, on 32 random images.
+void expect_cnn_peers_train_like_the_whole_model(Drive drive) {
   const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
   Rng rng(5);
   const int64_t n = 32;
   std::vector<Tensor> inputs{random_tensor(Shape{n, 28, 28, 1}, rng, 0.0f, 1.0f)};
   std::vector<int32_t> labels;
   for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.below(10)));
-  expect_peers_train_like_the_whole_model(spec, "pool1,pool2,fc1", 12, 8, 4, inputs, labels);
+  expect_peers_train_like_the_whole_model(spec, "pool1,pool2,fc1", 12, 8, 4, inputs, labels, drive);
 }
+
+TEST(StagePeer, FourPeersTrainTheCnnLikeTheWholeModel) { expect_cnn_peers_train_like_the_whole_model(Drive::Threads); }
 
 // The browser's and an executor's way: four peers as tasks on one thread, each resumed by the
 // delivery of what it waits for, train as the whole model does under every schedule.
 TEST(StagePeer, FourPeersOnOneThreadDrivenByEventsTrainTheCnnLikeTheWholeModel) {
-  const ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
-  Rng rng(5);
-  const int64_t n = 32;
-  std::vector<Tensor> inputs{random_tensor(Shape{n, 28, 28, 1}, rng, 0.0f, 1.0f)};
-  std::vector<int32_t> labels;
-  for (int64_t i = 0; i < n; ++i) labels.push_back(static_cast<int32_t>(rng.below(10)));
-  expect_peers_train_like_the_whole_model(spec, "pool1,pool2,fc1", 12, 8, 4, inputs, labels, Drive::Events);
+  expect_cnn_peers_train_like_the_whole_model(Drive::Events);
 }
 
 // The same for the encoder, its mask travelling down the chain (and under the sanitizers).
