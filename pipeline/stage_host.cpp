@@ -3,7 +3,10 @@
 #include <algorithm>
 #include <atomic>
 #include <chrono>
+#include <condition_variable>
 #include <cstdio>
+#include <deque>
+#include <thread>
 #include <utility>
 
 #include "core/error.h"
@@ -338,7 +341,6 @@ void StageHost::settle(Session& s) {
   st.runs = s.runs;
   st.busy_s = s.hosted->stage().busy_s();
   st.idle_s = s.peer->idle_s();
-  cv_.notify_all();
 }
 
 void StageHost::mark_finished(const std::string& identity, uint64_t steps) {
@@ -367,12 +369,6 @@ bool StageHost::finished_locked() const {
 bool StageHost::all_finished() const {
   std::lock_guard lock(mu_);
   return finished_locked();
-}
-
-bool StageHost::wait_all_finished(double seconds) const {
-  const auto deadline = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
-  std::unique_lock lock(mu_);
-  return cv_.wait_until(lock, deadline, [&] { return finished_locked(); });
 }
 
 std::vector<double> StageHost::executor_busy_s() const {

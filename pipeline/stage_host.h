@@ -13,16 +13,13 @@
 // messages and closes from any thread, and the host sends through the transport's function.
 #pragma once
 
-#include <condition_variable>
 #include <cstdint>
-#include <deque>
 #include <functional>
 #include <map>
 #include <memory>
 #include <mutex>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/wire/frame.h"
@@ -100,8 +97,6 @@ class StageHost {
   std::vector<SessionState> sessions() const;
   // Whether every identity has finished its run (for a host that serves one run each).
   bool all_finished() const;
-  // Blocks until all_finished() or `seconds` pass; false on the timeout.
-  bool wait_all_finished(double seconds) const;
   // Seconds each executor ran tasks (its sessions together), by executor.
   std::vector<double> executor_busy_s() const;
 
@@ -129,7 +124,6 @@ class StageHost {
   Send send_;
   std::vector<std::unique_ptr<Executor>> executors_;
   mutable std::mutex mu_;  // the routes, the snapshot and the executors' busy time
-  mutable std::condition_variable cv_;
   std::map<std::string, std::size_t> executor_of_;       // a named party's session: its executor
   std::map<uint64_t, std::size_t> route_;                // a connection: its executor
   std::vector<SessionState> snapshot_;  // for sessions(), refreshed by the executors
