@@ -46,6 +46,7 @@ void Stage::use_stash(bool stashed) {
 const Tensor& Stage::forward(std::span<const Tensor> inputs, int slot) {
   Busy busy(busy_s_);
   net_.set_training(true);
+  if (!inputs.empty() && inputs[0].shape().rank() > 0) step_samples_ += static_cast<uint64_t>(inputs[0].shape()[0]);
   return net_.forward(inputs, slot);
 }
 
@@ -68,7 +69,15 @@ void Stage::backward_weights(int slot) {
 void Stage::step() {
   if (!optimizer_) fail("stage", cat(graph().name(), " has no optimizer: it cannot take a step"));
   Busy busy(busy_s_);
+  if (sync_) {
+    if (!stash_.empty())
+      fail("stage", cat(graph().name(), " has replicas and stashes weights: the asynchronous schedule's updates "
+                        "would count the next step's samples; run replicas under a synchronous schedule"));
+    sync_->before_update(step_samples_);
+  }
   optimizer_->step();
+  step_samples_ = 0;
+  if (sync_) sync_->after_update();
 }
 
 double Stage::loss(const Tensor& outputs, const int32_t* labels, float grad_scale, Tensor* grad) const {

@@ -13,6 +13,15 @@
 
 namespace tandem {
 
+// What runs around a stage's update when the stage has replicas (pipeline/replicas.h): before
+// it, with the samples the stage's training forwards saw since its last update; after it.
+class UpdateSync {
+ public:
+  virtual ~UpdateSync() = default;
+  virtual void before_update(uint64_t samples) = 0;
+  virtual void after_update() = 0;
+};
+
 class Stage {
  public:
   // `optimizer` may be null for a stage that is only evaluated. Neither is owned.
@@ -31,9 +40,18 @@ class Stage {
   // weight gradients for backward_weights(slot) (input gradients first).
   Tensor backward(const Tensor& grad_output, int slot, bool want_input_grad, bool defer_weights = false);
   void backward_weights(int slot);
-  // The optimizer's update (zero_grad() follows it where the caller starts a new step).
+  // The optimizer's update (zero_grad() follows it where the caller starts a new step), between
+  // the sync's two calls when the stage has one.
   void step();
-  void zero_grad() { net_.zero_grad(); }
+  // Replicas of this stage keep in step through `sync` (not owned; null: none). The
+  // asynchronous schedule's stash is refused: its updates would count another step's samples.
+  void set_update_sync(UpdateSync* sync) { sync_ = sync; }
+  // The samples the training forwards saw since the last update.
+  uint64_t step_samples() const { return step_samples_; }
+  void zero_grad() {
+    net_.zero_grad();
+    step_samples_ = 0;
+  }
 
   // The loss of `outputs` (this stage's output, or some of its rows) against `labels`, its
   // gradient scaled by `grad_scale` written to `grad` (shaped like `outputs`) when not null.
@@ -74,6 +92,8 @@ class Stage {
   std::vector<Tensor> output_grads_;  // per slot: the loss's gradient at the output
   std::vector<Tensor> stash_;         // the other weights (trainable parameters' values)
   bool stashed_ = false;              // whether the parameters hold them now
+  UpdateSync* sync_ = nullptr;
+  uint64_t step_samples_ = 0;
   double busy_s_ = 0;
 };
 

@@ -19,6 +19,7 @@ packages=(
   python3-torch python3-numpy libopenblas0-pthread  # the PyTorch peer: interop test, benchmarks
   python3-torchvision  # models nobody here wrote, exported to ONNX for the import tests
   nlohmann-json3-dev  # JSON for `tandem audit verify` and `tandem text`
+  libgloo-dev  # replicas of a stage: Gloo collectives over TCP (collective/)
   libcli11-dev  # the command lines: commands, --help, --config TOML files (header-only)
   sentencepiece libsentencepiece-dev  # the text samples' vocabularies (`tandem text`)
   clang-14 libclang-rt-14-dev  # the fuzz preset: clang 14 and libFuzzer (tests/fuzz/)

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Fails when an #include runs against the layering (ARCHITECTURE.md): core over nothing of
-# ours, backends, ports, data, cli and pipeline over core, the apps (edge, cloud) over those and
+# ours, backends, ports, data, cli and collective over core, pipeline over core and collective, the apps (edge, cloud) over those and
 # never each other, tools/wasm/tests/bench over anything. Prints every offending line.
 # Usage: check_includes.sh SOURCE_DIR
 set -euo pipefail
@@ -12,10 +12,11 @@ declare -A allowed=(
   [backends]="core schema"
   [ports]="core schema"
   [data]="core schema"
-  [pipeline]="core schema"
+  [collective]="core schema"
+  [pipeline]="core schema collective"
   [cli]="core schema"
   [edge]="core schema pipeline backends ports data cli"
-  [cloud]="core schema pipeline backends ports data cli"
+  [cloud]="core schema pipeline collective backends ports data cli"
 )
 bad=0
 checked=0
@@ -41,4 +42,4 @@ if ((bad)); then
   echo "FAILED: $bad include(s) against the layering of ARCHITECTURE.md"
   exit 1
 fi
-echo "layering holds: $checked project includes checked in core, pipeline, backends, ports, data, cli, edge, cloud"
+echo "layering holds: $checked project includes checked in core, collective, pipeline, backends, ports, data, cli, edge, cloud"

@@ -1,0 +1,97 @@
+#include "pipeline/replicas.h"
+
+#include <algorithm>
+
+#include "core/error.h"
+
+namespace tandem {
+
+ReplicaMode replica_mode(const std::string& name) {
+  if (name == "sync") return ReplicaMode::Synchronous;
+  if (name == "local-sgd") return ReplicaMode::LocalSgd;
+  fail("replicas", cat("'", name, "' is no way to keep replicas in step: choose sync (gradients all-summed every step) "
+                       "or local-sgd (weights averaged every average-every updates)"));
+}
+
+ReplicaSync::ReplicaSync(Stage& stage, Group& group, const ReplicaOptions& options)
+    : stage_(stage), group_(group), options_(options) {
+  if (options_.average_every < 1) fail("replicas", "average-every must be at least 1 update");
+  if (!stage_.optimizer()) fail("replicas", cat(stage_.graph().name(), " has no optimizer: nothing to keep in step"));
+  stage_.set_update_sync(this);
+}
+
+ReplicaSync::~ReplicaSync() { stage_.set_update_sync(nullptr); }
+
+std::vector<Tensor*> ReplicaSync::averaged(bool gradients) {
+  std::vector<Tensor*> out;
+  for (Param* p : stage_.network().params()) out.push_back(gradients ? &p->grad() : &p->value());
+  for (auto& [name, t] : stage_.network().buffers()) out.push_back(t);
+  return out;
+}
+
+// Each member's tensors times `weight`, and the weight last, all-summed; then divided by the
+// weights' sum (left as the sum where it is zero: no member saw a sample).
+void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight) {
+  std::size_t n = 1;
+  for (const Tensor* t : tensors) n += static_cast<std::size_t>(t->numel());
+  buffer_.resize(n);
+  float* at = buffer_.data();
+  for (const Tensor* t : tensors) {
+    const float* v = t->data();
+    for (int64_t i = 0; i < t->numel(); ++i) at[i] = v[i] * weight;
+    at += t->numel();
+  }
+  *at = weight;
+  group_.all_sum(buffer_);
+  const float total = buffer_.back();
+  last_samples_ = static_cast<uint64_t>(total);
+  const float scale = total > 0 ? 1.0f / total : 1.0f;
+  at = buffer_.data();
+  for (Tensor* t : tensors) {
+    float* v = t->data();
+    for (int64_t i = 0; i < t->numel(); ++i) v[i] = at[i] * scale;
+    at += t->numel();
+  }
+  ++averages_;
+}
+
+void ReplicaSync::before_update(uint64_t samples) {
+  if (options_.mode != ReplicaMode::Synchronous) return;
+  all_mean(averaged(true), static_cast<float>(samples));
+}
+
+void ReplicaSync::after_update() {
+  // The optimizer's update count, which a replica that joins takes too: every member averages
+  // at the same updates.
+  const auto updates = static_cast<uint64_t>(stage_.optimizer()->steps());
+  if (options_.mode != ReplicaMode::LocalSgd || updates % options_.average_every != 0) return;
+  all_mean(averaged(false), 1.0f);
+  for (Param* p : stage_.network().params()) p->bump_version();
+}
+
+void ReplicaSync::copy_from(int root) {
+  std::vector<Tensor*> tensors = averaged(false);
+  for (Tensor* t : stage_.optimizer()->state()) tensors.push_back(t);
+  std::size_t n = 1;
+  for (const Tensor* t : tensors) n += static_cast<std::size_t>(t->numel());
+  buffer_.resize(n);
+  float* at = buffer_.data();
+  for (const Tensor* t : tensors) {
+    std::copy_n(t->data(), t->numel(), at);
+    at += t->numel();
+  }
+  // The update count, exactly: a float holds integers below 2^24, and runs are shorter.
+  const int64_t steps = stage_.optimizer()->steps();
+  if (steps >= (int64_t{1} << 24)) fail("replicas", cat("an update count of ", steps, " does not fit the broadcast"));
+  *at = static_cast<float>(steps);
+  group_.broadcast(buffer_, root);
+  at = buffer_.data();
+  for (Tensor* t : tensors) {
+    std::copy_n(at, t->numel(), t->data());
+    at += t->numel();
+  }
+  stage_.optimizer()->set_steps(static_cast<int64_t>(*at));
+  for (Param* p : stage_.network().params()) p->bump_version();
+}
+
+}  // namespace tandem

@@ -1,0 +1,277 @@
+// Replicas of a stage over Gloo (collective/gloo_group.h, pipeline/replicas.h): members of a
+// real Gloo group, one thread each, meeting through a FileStore and talking over loopback TCP.
+// Synchronous replicas train exactly like one stage over all their samples (unequal batches
+// included) and stay bit-identical; local SGD averages every H updates as a replay of its rule
+// does; a joining replica takes a peer's whole state; a member that leaves or never comes ends
+// the others' collectives with GroupLost within the timeout; public addresses are refused.
+#include <gtest/gtest.h>
+
+#include <chrono>
+#include <cstring>
+#include <filesystem>
+#include <functional>
+#include <thread>
+#include <unistd.h>
+
+#include "collective/gloo_group.h"
+#include "core/graph.h"
+#include "core/optimizer.h"
+#include "pipeline/replicas.h"
+#include "pipeline/stage.h"
+#include "test_support.h"
+
+namespace tandem::test {
+namespace {
+
+// A fresh rendezvous folder a test.
+struct StoreDir {
+  std::string path;
+  StoreDir() {
+    char tmpl[] = "/tmp/tandem-replicas-XXXXXX";
+    path = mkdtemp(tmpl);
+  }
+  ~StoreDir() { std::filesystem::remove_all(path); }
+};
+
+GlooOptions gloo_options(const std::string& dir, const std::string& prefix, int timeout_ms = 20000) {
+  GlooOptions o;
+  o.store_dir = dir;
+  o.prefix = prefix;
+  o.timeout = std::chrono::milliseconds(timeout_ms);
+  return o;
+}
+
+// Runs f(rank) on `size` threads; rethrows the first failure after every thread ended.
+void on_members(int size, const std::function<void(int)>& f) {
+  std::vector<std::thread> threads;
+  std::vector<std::string> errors(static_cast<std::size_t>(size));
+  for (int r = 0; r < size; ++r)
+    threads.emplace_back([&, r] {
+      try {
+        f(r);
+      } catch (const std::exception& e) {
+        errors[static_cast<std::size_t>(r)] = e.what();
+      }
+    });
+  for (auto& t : threads) t.join();
+  for (int r = 0; r < size; ++r) EXPECT_EQ(errors[static_cast<std::size_t>(r)], "") << "member " << r;
+}
+
+// One replica (or the whole reference): the small CNN from seed 11, its own backend.
+struct Replica {
+  std::unique_ptr<Backend> backend = make_test_backend(backend_under_test());
+  Network net;
+  std::unique_ptr<Optimizer> opt;
+  Stage stage;
+  Replica(const Graph& graph, const OptimizerOptions& options, uint64_t seed = 11)
+      : net(graph, *backend, seed), opt(make_optimizer(net.params(), options)), stage(net, opt.get()) {}
+  // One step over rows [begin, begin + count) of `data` in micro-batches of at most `mb`:
+  // the mean loss over those rows.
+  void train(const QuadrantData& data, int64_t begin, int64_t count, int64_t mb) {
+    stage.zero_grad();
+    int slot = 0;
+    for (int64_t at = begin; at < begin + count; at += mb) {
+      const int64_t n = std::min(mb, begin + count - at);
+      const Tensor rows = data.images.slice_batch(at, n);
+      const Stage::LossPass pass = stage.train_loss(std::span<const Tensor>(&rows, 1), slot++,
+                                                    data.labels.data() + at, 1.0f / static_cast<float>(count), false);
+      ASSERT_TRUE(pass.finite);
+    }
+    stage.step();
+  }
+};
+
+const OptimizerOptions kSgd{.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .clip_norm = 1.0f};
+
+bool same_bits(Network& a, Network& b) {
+  for (std::size_t i = 0; i < a.params().size(); ++i) {
+    const Tensor &x = a.params()[i]->value(), &y = b.params()[i]->value();
+    if (std::memcmp(x.data(), y.data(), x.bytes()) != 0) return false;
+  }
+  return true;
+}
+
+TEST(Replicas, SynchronousReplicasTrainLikeOneStageOverAllTheirSamples) {
+  const Graph graph = Graph::build(parse_model_json(kSmallSplitSpec));
+  const QuadrantData data = quadrant_data(240, 5);
+  // Three replicas whose first parties send unequal batches: 2, 4 and 6 samples a step.
+  const int64_t share[3] = {2, 4, 6}, first[3] = {0, 2, 6}, step_rows = 12;
+  const int steps = 20;
+  Replica whole(graph, kSgd);
+  for (int s = 0; s < steps; ++s) whole.train(data, s * step_rows, step_rows, 5);
+
+  StoreDir dir;
+  std::vector<std::unique_ptr<Replica>> replicas;
+  for (int r = 0; r < 3; ++r) replicas.push_back(std::make_unique<Replica>(graph, kSgd, 100 + r));
+  std::vector<uint64_t> samples(3), sums(3);
+  std::vector<Group::Stats> stats(3);
+  on_members(3, [&](int r) {
+    auto group = make_gloo_group(r, 3, gloo_options(dir.path, "sync"));
+    Replica& me = *replicas[static_cast<std::size_t>(r)];
+    ReplicaSync sync(me.stage, *group, {});
+    // They start from different seeds: member 0's weights become everyone's.
+    Replica seed(graph, kSgd);
+    if (r == 0) copy_params(me.net, seed.net);
+    sync.copy_from(0);
+    for (int s = 0; s < steps; ++s) me.train(data, s * step_rows + first[r], share[r], 3);
+    samples[static_cast<std::size_t>(r)] = sync.last_step_samples();
+    sums[static_cast<std::size_t>(r)] = sync.averages();
+    stats[static_cast<std::size_t>(r)] = group->stats();
+  });
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE(cat("replica ", r));
+    EXPECT_LE(max_diff(replicas[static_cast<std::size_t>(r)]->net, whole.net), 1e-5f);
+    EXPECT_TRUE(same_bits(replicas[static_cast<std::size_t>(r)]->net, replicas[0]->net));
+    EXPECT_EQ(samples[static_cast<std::size_t>(r)], 12u);
+    EXPECT_EQ(sums[static_cast<std::size_t>(r)], static_cast<uint64_t>(steps));
+    // One broadcast and one all-sum a step: the gradients and the count.
+    std::size_t floats = 0, state = 0;
+    for (Param* p : whole.net.params()) floats += static_cast<std::size_t>(p->value().numel());
+    for (Tensor* t : whole.opt->state()) state += static_cast<std::size_t>(t->numel());
+    EXPECT_EQ(stats[static_cast<std::size_t>(r)].collectives, static_cast<uint64_t>(steps + 1));
+    EXPECT_EQ(stats[static_cast<std::size_t>(r)].bytes, (steps * (floats + 1) + floats + state + 1) * 4);
+    EXPECT_EQ(replicas[static_cast<std::size_t>(r)]->opt->steps(), steps);
+  }
+  // The weights moved: the check above is not of the initial weights.
+  Replica start(graph, kSgd);
+  EXPECT_GT(max_diff(whole.net, start.net), 1e-3f);
+}
+
+TEST(Replicas, LocalSgdAveragesEveryHUpdatesAsItsReplayDoes) {
+  const Graph graph = Graph::build(parse_model_json(kSmallSplitSpec));
+  const QuadrantData data = quadrant_data(200, 6);
+  const int steps = 10, every = 4;
+  // The replay: two stages training alone, their weights averaged by hand after updates 4 and 8.
+  Replica a(graph, kSgd), b(graph, kSgd);
+  std::vector<bool> equal_after;
+  for (int s = 0; s < steps; ++s) {
+    a.train(data, s * 8, 4, 4);
+    b.train(data, s * 8 + 4, 4, 4);
+    if ((s + 1) % every == 0)
+      for (std::size_t i = 0; i < a.net.params().size(); ++i) {
+        Tensor &x = a.net.params()[i]->value(), &y = b.net.params()[i]->value();
+        for (int64_t j = 0; j < x.numel(); ++j) x[j] = y[j] = (x[j] + y[j]) * 0.5f;
+      }
+  }
+  StoreDir dir;
+  std::vector<std::unique_ptr<Replica>> replicas;
+  for (int r = 0; r < 2; ++r) replicas.push_back(std::make_unique<Replica>(graph, kSgd));
+  std::vector<std::vector<int>> equal_at(2);
+  on_members(2, [&](int r) {
+    auto group = make_gloo_group(r, 2, gloo_options(dir.path, "local"));
+    Replica& me = *replicas[static_cast<std::size_t>(r)];
+    ReplicaSync sync(me.stage, *group, {.mode = ReplicaMode::LocalSgd, .average_every = every});
+    for (int s = 0; s < steps; ++s) {
+      me.train(data, s * 8 + 4 * r, 4, 4);
+      group->barrier();  // both have stepped: compare
+      if (r == 0 && same_bits(replicas[0]->net, replicas[1]->net)) equal_at[0].push_back(s + 1);
+      group->barrier();
+    }
+    EXPECT_EQ(sync.averages(), 2u);
+  });
+  EXPECT_EQ(equal_at[0], (std::vector<int>{4, 8}));
+  EXPECT_LE(max_diff(replicas[0]->net, a.net), 1e-6f);
+  EXPECT_LE(max_diff(replicas[1]->net, b.net), 1e-6f);
+  EXPECT_GT(max_diff(replicas[0]->net, replicas[1]->net), 1e-4f);  // two updates since the last average
+}
+
+TEST(Replicas, AJoiningReplicaTakesAPeersWholeState) {
+  const Graph graph = Graph::build(parse_model_json(kSmallSplitSpec));
+  const QuadrantData data = quadrant_data(64, 7);
+  const OptimizerOptions adam{.lr = 0.01f, .kind = "adam"};
+  Replica serving(graph, adam), joining(graph, adam, 99);
+  for (int s = 0; s < 3; ++s) serving.train(data, s * 8, 8, 4);
+  StoreDir dir;
+  on_members(2, [&](int r) {
+    auto group = make_gloo_group(r, 2, gloo_options(dir.path, "join"));
+    Replica& me = r == 0 ? serving : joining;
+    ReplicaSync sync(me.stage, *group, {});
+    sync.copy_from(0);
+  });
+  EXPECT_TRUE(same_bits(serving.net, joining.net));
+  EXPECT_EQ(joining.opt->steps(), 3);
+  const auto sa = serving.opt->state(), sb = joining.opt->state();
+  ASSERT_EQ(sa.size(), sb.size());
+  for (std::size_t i = 0; i < sa.size(); ++i) EXPECT_EQ(std::memcmp(sa[i]->data(), sb[i]->data(), sa[i]->bytes()), 0);
+  // From here on both train alike.
+  serving.train(data, 24, 8, 4);
+  joining.train(data, 24, 8, 4);
+  EXPECT_TRUE(same_bits(serving.net, joining.net));
+}
+
+TEST(Replicas, AMemberThatLeavesEndsTheOthersCollectives) {
+  StoreDir dir;
+  std::string first, second;
+  double waited = 0;
+  on_members(2, [&](int r) {
+    auto group = make_gloo_group(r, 2, gloo_options(dir.path, "leave", 3000));
+    std::vector<float> v{1.0f, 2.0f};
+    group->all_sum(v);
+    EXPECT_EQ(v, (std::vector<float>{2.0f, 4.0f}));
+    group->barrier();
+    if (r == 1) return;  // leaves: its group closes its connections
+    const auto t0 = std::chrono::steady_clock::now();
+    first = error_of([&] { group->all_sum(v); });
+    waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+    second = error_of([&] { group->all_sum(v); });
+  });
+  EXPECT_EQ(first.rfind("[replica group 'leave' (member 0 of 2)] the all-sum did not complete (a member closed, died "
+                        "or stayed silent for 3000 ms): ",
+                        0),
+            0u)
+      << first;
+  EXPECT_LT(waited, 10.0);
+  EXPECT_EQ(second,
+            "[replica group 'leave' (member 0 of 2)] a all-sum on a group an earlier collective lost: build a new one");
+}
+
+TEST(Replicas, MembersThatNeverComeEndTheMeetingWithinItsTimeout) {
+  StoreDir dir;
+  const auto t0 = std::chrono::steady_clock::now();
+  const std::string error = error_of([&] { make_gloo_group(0, 2, gloo_options(dir.path, "alone", 1500)); });
+  const double waited = std::chrono::duration<double>(std::chrono::steady_clock::now() - t0).count();
+  EXPECT_EQ(error.rfind(cat("[replica group 'alone' (member 0 of 2)] the members did not all meet in '", dir.path,
+                            "' within 1500 ms: "),
+                        0),
+            0u)
+      << error;
+  EXPECT_LT(waited, 10.0);
+}
+
+TEST(Replicas, BadGroupsAndModesAreRefused) {
+  StoreDir dir;
+  GlooOptions o = gloo_options(dir.path, "bad");
+  o.address = "8.8.8.8";
+  EXPECT_EQ(error_of([&] { make_gloo_group(0, 1, o); }),
+            "[replica group 'bad' (member 0 of 1)] '8.8.8.8' is not a private address, and Gloo's TCP transport is "
+            "neither encrypted nor authenticated: bind the replicas to a private interface (loopback, 10/8, "
+            "172.16/12, 192.168/16, fc00::/7), or allow a public one only behind a VPN or a private interconnect");
+  EXPECT_EQ(error_of([&] { make_gloo_group(2, 2, gloo_options(dir.path, "x")); }),
+            "[replica group] member 2 of a group of 2");
+  EXPECT_EQ(error_of([&] { make_gloo_group(0, 1, gloo_options("", "x")); }),
+            "[replica group 'x' (member 0 of 1)] no rendezvous folder: name one every member can reach");
+  for (const char* a : {"127.0.0.1", "10.1.2.3", "172.31.0.1", "192.168.9.9", "169.254.1.1", "::1", "fd00::5",
+                        "fe80::1", "localhost"})
+    EXPECT_TRUE(private_address(a)) << a;
+  for (const char* a : {"8.8.8.8", "172.32.0.1", "11.0.0.1", "2001:db8::1", "example.org", ""})
+    EXPECT_FALSE(private_address(a)) << a;
+  EXPECT_EQ(error_of([] { replica_mode("ring"); }),
+            "[replicas] 'ring' is no way to keep replicas in step: choose sync (gradients all-summed every step) or "
+            "local-sgd (weights averaged every average-every updates)");
+  // A group of one is a group: its all-sum leaves the values.
+  auto alone = make_gloo_group(0, 1, gloo_options(dir.path, "one"));
+  std::vector<float> v{3.0f};
+  alone->all_sum(v);
+  EXPECT_EQ(v[0], 3.0f);
+  // The asynchronous schedule's stash is refused by name.
+  const Graph graph = Graph::build(parse_model_json(kSmallSplitSpec));
+  Replica r(graph, kSgd);
+  ReplicaSync sync(r.stage, *alone, {});
+  r.stage.stash_weights();
+  EXPECT_EQ(error_of([&] { r.stage.step(); }),
+            "[stage] split-test has replicas and stashes weights: the asynchronous schedule's updates would count the "
+            "next step's samples; run replicas under a synchronous schedule");
+}
+
+}  // namespace
+}  // namespace tandem::test
