@@ -1,6 +1,7 @@
 #include "collective/gloo_group.h"
 
 #include <arpa/inet.h>
+#include <csignal>
 
 #include <chrono>
 #include <cstring>
@@ -135,6 +136,9 @@ std::unique_ptr<Group> make_gloo_group(int rank, int size, const GlooOptions& op
                    "' is not a private address, and Gloo's TCP transport is neither encrypted nor authenticated: "
                    "bind the replicas to a private interface (loopback, 10/8, 172.16/12, 192.168/16, fc00::/7), or "
                    "allow a public one only behind a VPN or a private interconnect"));
+  // Gloo's TCP transport writes to sockets a dead member's end may have closed: the write must
+  // fail (GroupLost), not raise SIGPIPE and end this process (Python ignores it likewise).
+  std::signal(SIGPIPE, SIG_IGN);
   std::error_code ec;
   std::filesystem::create_directories(options.store_dir, ec);
   if (ec) fail(name, cat("cannot make the rendezvous folder '", options.store_dir, "': ", ec.message()));

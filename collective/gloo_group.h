@@ -33,7 +33,8 @@ struct GlooOptions {
 // Joins the group as `rank` of `size`: returns once every member has reached the store and
 // the full mesh of TCP connections is up. An Error naming what is wrong for a bad rank or
 // size, a public address without allow_public, or an address that is not this machine's;
-// GroupLost when the others do not all arrive within the timeout.
+// GroupLost when the others do not all arrive within the timeout. The process ignores SIGPIPE
+// from then on (a write to a dead member's closed socket fails instead of ending it).
 std::unique_ptr<Group> make_gloo_group(int rank, int size, const GlooOptions& options);
 
 // Whether `address` (a numeric IPv4 or IPv6 address, or "localhost") is private: loopback,

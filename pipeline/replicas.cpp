@@ -13,8 +13,14 @@ ReplicaMode replica_mode(const std::string& name) {
                        "or local-sgd (weights averaged every average-every updates)"));
 }
 
+ReplicaSync::ReplicaSync(Stage& stage, Membership& membership, const ReplicaOptions& options)
+    : ReplicaSync(stage, membership.group(), options) {
+  group_ = nullptr;
+  membership_ = &membership;
+}
+
 ReplicaSync::ReplicaSync(Stage& stage, Group& group, const ReplicaOptions& options)
-    : stage_(stage), group_(group), options_(options) {
+    : stage_(stage), group_(&group), options_(options) {
   if (options_.average_every < 1) fail("replicas", "average-every must be at least 1 update");
   if (!stage_.optimizer()) fail("replicas", cat(stage_.graph().name(), " has no optimizer: nothing to keep in step"));
   stage_.set_update_sync(this);
@@ -29,24 +35,42 @@ std::vector<Tensor*> ReplicaSync::averaged(bool gradients) {
   return out;
 }
 
-// Each member's tensors times `weight`, and the weight last, all-summed; then divided by the
-// weights' sum (left as the sum where it is zero: no member saw a sample).
+template <typename F>
+void ReplicaSync::surviving(F&& collective) {
+  for (;;) {
+    try {
+      collective(group());
+      return;
+    } catch (const GroupLost&) {
+      if (!membership_) throw;
+      membership_->reform(true);  // throws when this replica is left out
+    }
+  }
+}
+
+// Each member's tensors times `weight`, the weight and rank 0's join flag after them,
+// all-summed; then divided by the weights' sum (left as the sum where it is zero: no member
+// saw a sample).
 void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight) {
-  std::size_t n = 1;
+  std::size_t n = 2;
   for (const Tensor* t : tensors) n += static_cast<std::size_t>(t->numel());
   buffer_.resize(n);
-  float* at = buffer_.data();
-  for (const Tensor* t : tensors) {
-    const float* v = t->data();
-    for (int64_t i = 0; i < t->numel(); ++i) at[i] = v[i] * weight;
-    at += t->numel();
-  }
-  *at = weight;
-  group_.all_sum(buffer_);
-  const float total = buffer_.back();
+  surviving([&](Group& g) {
+    float* at = buffer_.data();
+    for (const Tensor* t : tensors) {
+      const float* v = t->data();
+      for (int64_t i = 0; i < t->numel(); ++i) at[i] = v[i] * weight;
+      at += t->numel();
+    }
+    at[0] = weight;
+    at[1] = membership_ && g.rank() == 0 && membership_->joiners() ? 1.0f : 0.0f;
+    g.all_sum(buffer_);
+  });
+  joining_ = buffer_.back() > 0.0f;
+  const float total = buffer_[n - 2];
   last_samples_ = static_cast<uint64_t>(total);
   const float scale = total > 0 ? 1.0f / total : 1.0f;
-  at = buffer_.data();
+  const float* at = buffer_.data();
   for (Tensor* t : tensors) {
     float* v = t->data();
     for (int64_t i = 0; i < t->numel(); ++i) v[i] = at[i] * scale;
@@ -64,9 +88,15 @@ void ReplicaSync::after_update() {
   // The optimizer's update count, which a replica that joins takes too: every member averages
   // at the same updates.
   const auto updates = static_cast<uint64_t>(stage_.optimizer()->steps());
-  if (options_.mode != ReplicaMode::LocalSgd || updates % options_.average_every != 0) return;
-  all_mean(averaged(false), 1.0f);
-  for (Param* p : stage_.network().params()) p->bump_version();
+  if (options_.mode == ReplicaMode::LocalSgd && updates % options_.average_every == 0) {
+    all_mean(averaged(false), 1.0f);
+    for (Param* p : stage_.network().params()) p->bump_version();
+  }
+  if (joining_) {  // every member agreed on it in the same all-sum: all move on together
+    joining_ = false;
+    membership_->reform(false);
+    copy_from(0);
+  }
 }
 
 void ReplicaSync::copy_from(int root) {
@@ -75,17 +105,19 @@ void ReplicaSync::copy_from(int root) {
   std::size_t n = 1;
   for (const Tensor* t : tensors) n += static_cast<std::size_t>(t->numel());
   buffer_.resize(n);
-  float* at = buffer_.data();
-  for (const Tensor* t : tensors) {
-    std::copy_n(t->data(), t->numel(), at);
-    at += t->numel();
-  }
   // The update count, exactly: a float holds integers below 2^24, and runs are shorter.
   const int64_t steps = stage_.optimizer()->steps();
   if (steps >= (int64_t{1} << 24)) fail("replicas", cat("an update count of ", steps, " does not fit the broadcast"));
-  *at = static_cast<float>(steps);
-  group_.broadcast(buffer_, root);
-  at = buffer_.data();
+  surviving([&](Group& g) {
+    float* at = buffer_.data();
+    for (const Tensor* t : tensors) {
+      std::copy_n(t->data(), t->numel(), at);
+      at += t->numel();
+    }
+    *at = static_cast<float>(steps);
+    g.broadcast(buffer_, std::min(root, g.size() - 1));
+  });
+  float* at = buffer_.data();
   for (Tensor* t : tensors) {
     std::copy_n(at, t->numel(), t->data());
     at += t->numel();

@@ -15,6 +15,12 @@
 //
 // A replica that joins takes the weights, buffers, optimizer state and step count of a
 // member already serving (copy_from) before it serves.
+//
+// Over a Membership (collective/membership.h) the set changes while it trains: a collective
+// that a lost member breaks is done again by the survivors in the next epoch (the step's
+// update then averages their samples only), and a replica asking to join is let in after an
+// update that every member agreed on within its all-sum (rank 0 raises a flag in it), then
+// copies rank 0's state.
 #pragma once
 
 #include <cstdint>
@@ -22,6 +28,7 @@
 #include <vector>
 
 #include "collective/group.h"
+#include "collective/membership.h"
 #include "pipeline/stage.h"
 
 namespace tandem {
@@ -40,6 +47,8 @@ class ReplicaSync final : public UpdateSync {
  public:
   // Attaches itself to `stage` (Stage::set_update_sync) until destroyed. Neither is owned.
   ReplicaSync(Stage& stage, Group& group, const ReplicaOptions& options);
+  // Keeps in step with whoever the membership's current epoch lists.
+  ReplicaSync(Stage& stage, Membership& membership, const ReplicaOptions& options);
   ~ReplicaSync() override;
   ReplicaSync(const ReplicaSync&) = delete;
   ReplicaSync& operator=(const ReplicaSync&) = delete;
@@ -55,16 +64,21 @@ class ReplicaSync final : public UpdateSync {
   // The samples all replicas' last synchronous step saw together.
   uint64_t last_step_samples() const { return last_samples_; }
   uint64_t averages() const { return averages_; }  // all-sums so far (a step each, or one every H)
-  Group& group() { return group_; }
+  Group& group() { return membership_ ? membership_->group() : *group_; }
 
  private:
   // The values an all-sum averages: trainable parameters' gradients (or, for local SGD, their
   // values) then the layers' buffers.
   std::vector<Tensor*> averaged(bool gradients);
   void all_mean(const std::vector<Tensor*>& tensors, float weight);
+  // Runs a collective; over a membership, again in the next epoch when a member is lost.
+  template <typename F>
+  void surviving(F&& collective);
 
   Stage& stage_;
-  Group& group_;
+  Group* group_ = nullptr;
+  Membership* membership_ = nullptr;
+  bool joining_ = false;  // the last all-sum agreed to let a replica in
   ReplicaOptions options_;
   std::vector<float> buffer_;  // one all-sum's payload, kept between steps
   uint64_t averages_ = 0, last_samples_ = 0;

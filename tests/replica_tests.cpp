@@ -6,6 +6,7 @@
 // the others' collectives with GroupLost within the timeout; public addresses are refused.
 #include <gtest/gtest.h>
 
+#include <atomic>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
@@ -14,6 +15,7 @@
 #include <unistd.h>
 
 #include "collective/gloo_group.h"
+#include "collective/membership.h"
 #include "core/graph.h"
 #include "core/optimizer.h"
 #include "pipeline/replicas.h"
@@ -124,12 +126,12 @@ TEST(Replicas, SynchronousReplicasTrainLikeOneStageOverAllTheirSamples) {
     EXPECT_TRUE(same_bits(replicas[static_cast<std::size_t>(r)]->net, replicas[0]->net));
     EXPECT_EQ(samples[static_cast<std::size_t>(r)], 12u);
     EXPECT_EQ(sums[static_cast<std::size_t>(r)], static_cast<uint64_t>(steps));
-    // One broadcast and one all-sum a step: the gradients and the count.
+    // One broadcast and one all-sum a step: the gradients, the count and the join flag.
     std::size_t floats = 0, state = 0;
     for (Param* p : whole.net.params()) floats += static_cast<std::size_t>(p->value().numel());
     for (Tensor* t : whole.opt->state()) state += static_cast<std::size_t>(t->numel());
     EXPECT_EQ(stats[static_cast<std::size_t>(r)].collectives, static_cast<uint64_t>(steps + 1));
-    EXPECT_EQ(stats[static_cast<std::size_t>(r)].bytes, (steps * (floats + 1) + floats + state + 1) * 4);
+    EXPECT_EQ(stats[static_cast<std::size_t>(r)].bytes, (steps * (floats + 2) + floats + state + 1) * 4);
     EXPECT_EQ(replicas[static_cast<std::size_t>(r)]->opt->steps(), steps);
   }
   // The weights moved: the check above is not of the initial weights.
@@ -197,6 +199,77 @@ TEST(Replicas, AJoiningReplicaTakesAPeersWholeState) {
   serving.train(data, 24, 8, 4);
   joining.train(data, 24, 8, 4);
   EXPECT_TRUE(same_bits(serving.net, joining.net));
+}
+
+// A set of three over a Membership: member 2 leaves after step 4 (its group closes mid-run, as
+// a killed process's does), the survivors redo step 5's all-sum in epoch 2 and go on; a new
+// replica asks to join before step 10 and is let in after it (epoch 3), taking rank 0's
+// state. Every update equals one stage's over the samples of the members of its epoch.
+TEST(Replicas, ASetLosesAMemberAndLetsOneInWhileItTrains) {
+  const Graph graph = Graph::build(parse_model_json(kSmallSplitSpec));
+  const QuadrantData data = quadrant_data(480, 8);
+  const int steps = 20, leave_after = 4, join_at = 10;
+  const int64_t rows = 4;  // a replica's rows a step; replica slot j takes rows [4j, 4j + 4) of step s's 16
+  auto rows_of = [&](int s, int slot) { return s * 16 + slot * rows; };
+  // The replay: one stage over the members' rows of each step.
+  Replica whole(graph, kSgd);
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int> slots = s <= leave_after ? std::vector<int>{0, 1, 2} : s <= join_at ? std::vector<int>{0, 1}
+                                                                                          : std::vector<int>{0, 1, 3};
+    // Gather those rows into one batch.
+    QuadrantData batch{Tensor::empty({static_cast<int64_t>(slots.size()) * rows, 8, 8, 1}), {}};
+    for (std::size_t j = 0; j < slots.size(); ++j) {
+      const int64_t from = rows_of(s, slots[j]);
+      std::copy_n(data.images.data() + from * 64, rows * 64, batch.images.data() + static_cast<int64_t>(j) * rows * 64);
+      batch.labels.insert(batch.labels.end(), data.labels.begin() + from, data.labels.begin() + from + rows);
+    }
+    whole.train(batch, 0, batch.images.shape()[0], 6);
+  }
+
+  StoreDir dir;
+  std::vector<std::unique_ptr<Replica>> replicas;
+  for (int r = 0; r < 4; ++r) replicas.push_back(std::make_unique<Replica>(graph, kSgd, r == 0 ? 11 : 50 + r));
+  const std::string join_file = dir.path + "/membership-set/join-r3";
+  std::atomic<int> done0{0}, done1{0};  // steps replicas 0 and 1 have finished
+  std::vector<Membership::Stats> stats(4);
+  std::vector<uint64_t> epochs(4);
+  on_members(4, [&](int r) {
+    MembershipOptions o{.gloo = gloo_options(dir.path, "set", 5000), .id = cat("r", r), .initial = 3,
+                        .settle = std::chrono::milliseconds(300)};
+    Replica& me = *replicas[static_cast<std::size_t>(r)];
+    if (r == 3) {  // the joiner asks once the others have finished step join_at - 1
+      while (done0 < join_at || done1 < join_at) std::this_thread::sleep_for(std::chrono::milliseconds(5));
+      Membership m(o);
+      ReplicaSync sync(me.stage, m, {});
+      sync.copy_from(0);
+      EXPECT_EQ(me.opt->steps(), join_at + 1);
+      for (int s = join_at + 1; s < steps; ++s) me.train(data, rows_of(s, 3), rows, 3);
+      stats[3] = m.stats();
+      epochs[3] = m.epoch();
+      return;
+    }
+    Membership m(o);
+    ReplicaSync sync(me.stage, m, {});
+    sync.copy_from(0);
+    for (int s = 0; s < steps; ++s) {
+      if (r == 2 && s > leave_after) return;  // leaves: its group closes
+      if (s == join_at)                        // the joiner has asked before this step
+        while (!std::filesystem::exists(join_file)) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      me.train(data, rows_of(s, r), rows, 3);
+      (r == 0 ? done0 : done1) = s + 1;
+    }
+    stats[static_cast<std::size_t>(r)] = m.stats();
+    epochs[static_cast<std::size_t>(r)] = m.epoch();
+  });
+  for (int r : {0, 1, 3}) {
+    SCOPED_TRACE(cat("replica ", r));
+    EXPECT_EQ(epochs[static_cast<std::size_t>(r)], 3u);
+    EXPECT_LE(max_diff(replicas[static_cast<std::size_t>(r)]->net, whole.net), 1e-5f);
+    EXPECT_TRUE(same_bits(replicas[static_cast<std::size_t>(r)]->net, replicas[0]->net));
+  }
+  EXPECT_EQ(stats[0].reforms, 2u);
+  EXPECT_EQ(stats[0].dropped, 1u);
+  EXPECT_EQ(stats[0].joined, 1u);
 }
 
 TEST(Replicas, AMemberThatLeavesEndsTheOthersCollectives) {

@@ -1,0 +1,188 @@
+#include "collective/membership.h"
+
+#include <algorithm>
+#include <filesystem>
+#include <fstream>
+#include <random>
+#include <sstream>
+#include <thread>
+
+#include "core/error.h"
+
+namespace tandem {
+
+namespace fs = std::filesystem;
+
+namespace {
+
+using Clock = std::chrono::steady_clock;
+
+void write_atomically(const std::string& file, const std::string& text) {
+  const std::string tmp = file + ".tmp";
+  {
+    std::ofstream out(tmp, std::ios::trunc);
+    out << text;
+    if (!out.flush()) fail("membership", cat("cannot write '", tmp, "'"));
+  }
+  std::error_code ec;
+  fs::rename(tmp, file, ec);
+  if (ec) fail("membership", cat("cannot write '", file, "': ", ec.message()));
+}
+
+std::vector<std::string> read_lines(const std::string& file) {
+  std::ifstream in(file);
+  std::vector<std::string> out;
+  for (std::string line; std::getline(in, line);)
+    if (!line.empty()) out.push_back(line);
+  return out;
+}
+
+// The names after `prefix` of the folder's files that start with it (no temporary files).
+std::vector<std::string> files_after(const std::string& dir, const std::string& prefix) {
+  std::vector<std::string> out;
+  std::error_code ec;
+  for (const auto& e : fs::directory_iterator(dir, ec)) {
+    const std::string name = e.path().filename().string();
+    if (name.rfind(prefix, 0) == 0 && name.find(".tmp") == std::string::npos) out.push_back(name.substr(prefix.size()));
+  }
+  std::sort(out.begin(), out.end());
+  return out;
+}
+
+uint64_t latest_epoch(const std::string& dir) {
+  uint64_t latest = 0;
+  for (const std::string& n : files_after(dir, "epoch-")) {
+    char* end = nullptr;
+    const uint64_t e = std::strtoull(n.c_str(), &end, 10);
+    if (end && *end == '\0') latest = std::max(latest, e);
+  }
+  return latest;
+}
+
+// The first line of a file (a token), or "".
+std::string first_line(const std::string& file) {
+  const std::vector<std::string> lines = read_lines(file);
+  return lines.empty() ? std::string() : lines.front();
+}
+
+void nap() { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
+
+}  // namespace
+
+std::string Membership::path(const std::string& name) const { return dir_ + "/" + name; }
+
+Membership::Membership(const MembershipOptions& options) : options_(options) {
+  if (options_.id.empty() ||
+      !std::all_of(options_.id.begin(), options_.id.end(), [](char c) {
+        return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
+      }))
+    fail("membership", cat("replica id '", options_.id, "': use letters, digits, '.', '_' and '-'"));
+  if (options_.initial < 1) fail("membership", "a replica set forms with at least one replica");
+  if (options_.gloo.store_dir.empty()) fail("membership", "no rendezvous folder: name one every replica can reach");
+  dir_ = options_.gloo.store_dir + "/membership-" + (options_.gloo.prefix.empty() ? "set" : options_.gloo.prefix);
+  std::error_code ec;
+  fs::create_directories(dir_, ec);
+  if (ec) fail("membership", cat("cannot make '", dir_, "': ", ec.message()));
+  {
+    std::random_device random;
+    token_ = cat(options_.id, "#", std::hex, (uint64_t{random()} << 32) | random());
+  }
+  write_atomically(path("join-" + options_.id), token_ + "\n");
+  const auto deadline = Clock::now() + options_.join_timeout;
+  while (Clock::now() < deadline) {
+    const uint64_t e = latest_epoch(dir_);
+    if (e > 0) {
+      std::vector<std::string> members = read_lines(path(cat("epoch-", e)));
+      if (std::find(members.begin(), members.end(), token_) != members.end()) {
+        fs::remove(path("join-" + options_.id), ec);
+        build(e, std::move(members));
+        return;
+      }
+    } else {
+      const std::vector<std::string> waiting = files_after(dir_, "join-");
+      if (waiting.size() >= options_.initial && waiting.front() == options_.id)
+        write_atomically(path("epoch-1"), [&] {
+          std::string text;
+          for (std::size_t i = 0; i < options_.initial; ++i) text += first_line(path("join-" + waiting[i])) + "\n";
+          return text;
+        }());
+    }
+    nap();
+  }
+  fs::remove(path("join-" + options_.id), ec);
+  throw GroupLost(cat("[membership] replica '", options_.id, "' was not let into the set in '", dir_, "' within ",
+                      options_.join_timeout.count(), " ms (are ", options_.initial,
+                      " replicas starting, or a running one taking steps?)"));
+}
+
+Membership::~Membership() = default;
+
+void Membership::build(uint64_t epoch, std::vector<std::string> members) {
+  const auto it = std::find(members.begin(), members.end(), token_);
+  const int rank = static_cast<int>(it - members.begin());
+  group_.reset();  // the old group's connections close first
+  GlooOptions gloo = options_.gloo;
+  gloo.prefix = cat(options_.gloo.prefix.empty() ? "set" : options_.gloo.prefix, ".epoch-", epoch);
+  group_ = make_gloo_group(rank, static_cast<int>(members.size()), gloo);
+  epoch_ = epoch;
+  members_ = std::move(members);
+}
+
+std::vector<std::string> Membership::waiting() const {
+  std::vector<std::string> out;
+  for (const std::string& id : files_after(dir_, "join-")) {
+    const std::string token = first_line(path("join-" + id));
+    if (!token.empty() && std::find(members_.begin(), members_.end(), token) == members_.end()) out.push_back(token);
+  }
+  return out;
+}
+
+bool Membership::joiners() const { return !waiting().empty(); }
+
+void Membership::reform(bool lost) {
+  const uint64_t next = epoch_ + 1;
+  const std::string epoch_file = path(cat("epoch-", next));
+  std::vector<std::string> members;
+  if (lost) {
+    write_atomically(path(cat("alive-", next, "-", options_.id)), token_ + "\n");
+    std::this_thread::sleep_for(options_.settle);
+    std::vector<std::string> said;
+    for (const std::string& id : files_after(dir_, cat("alive-", next, "-")))
+      said.push_back(first_line(path(cat("alive-", next, "-", id))));
+    for (const std::string& m : members_)
+      if (std::find(said.begin(), said.end(), m) != said.end()) members.push_back(m);
+    if (!members.empty() && members.front() == token_ && latest_epoch(dir_) < next) {
+      std::string text;
+      for (const std::string& m : members) text += m + "\n";
+      write_atomically(epoch_file, text);
+    }
+  } else if (members_.front() == token_) {
+    members = members_;
+    for (const std::string& token : waiting()) members.push_back(token);
+    std::string text;
+    for (const std::string& m : members) text += m + "\n";
+    write_atomically(epoch_file, text);
+  }
+  // Everyone reads the epoch its coordinator wrote.
+  const auto deadline = Clock::now() + options_.settle * 5 + options_.gloo.timeout;
+  while (!fs::exists(epoch_file)) {
+    if (Clock::now() >= deadline)
+      throw GroupLost(cat("[membership] replica '", options_.id, "': no epoch ", next, " was formed in '", dir_,
+                          "' (the member that ranks first among the survivors writes it)"));
+    nap();
+  }
+  members = read_lines(epoch_file);
+  if (std::find(members.begin(), members.end(), token_) == members.end())
+    throw GroupLost(cat("[membership] replica '", options_.id, "' is not in epoch ", next,
+                        " (it said it was alive too late): start it again to join the set"));
+  const std::size_t before = members_.size();
+  std::size_t kept = 0;
+  for (const std::string& m : members)
+    if (std::find(members_.begin(), members_.end(), m) != members_.end()) ++kept;
+  ++stats_.reforms;
+  stats_.dropped += before - kept;
+  stats_.joined += members.size() - kept;
+  build(next, std::move(members));
+}
+
+}  // namespace tandem
