@@ -65,6 +65,7 @@ void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight) {
     at[0] = weight;
     at[1] = membership_ && g.rank() == 0 && membership_->joiners() ? 1.0f : 0.0f;
     g.all_sum(buffer_);
+    if (membership_) last_members_ = membership_->members();
   });
   joining_ = buffer_.back() > 0.0f;
   const float total = buffer_[n - 2];

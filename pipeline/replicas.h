@@ -63,6 +63,8 @@ class ReplicaSync final : public UpdateSync {
 
   // The samples all replicas' last synchronous step saw together.
   uint64_t last_step_samples() const { return last_samples_; }
+  // Over a membership: the members whose all-sum gave the last update (the epoch's then).
+  const std::vector<std::string>& last_step_members() const { return last_members_; }
   uint64_t averages() const { return averages_; }  // all-sums so far (a step each, or one every H)
   Group& group() { return membership_ ? membership_->group() : *group_; }
 
@@ -81,6 +83,7 @@ class ReplicaSync final : public UpdateSync {
   bool joining_ = false;  // the last all-sum agreed to let a replica in
   ReplicaOptions options_;
   std::vector<float> buffer_;  // one all-sum's payload, kept between steps
+  std::vector<std::string> last_members_;
   uint64_t averages_ = 0, last_samples_ = 0;
 };
 

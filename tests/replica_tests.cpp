@@ -7,12 +7,20 @@
 #include <gtest/gtest.h>
 
 #include <atomic>
+#include <sstream>
 #include <chrono>
 #include <cstring>
 #include <filesystem>
 #include <functional>
 #include <thread>
+#include <fstream>
+#include <set>
+#include <signal.h>
+#include <spawn.h>
+#include <sys/wait.h>
 #include <unistd.h>
+
+extern char** environ;
 
 #include "collective/gloo_group.h"
 #include "collective/membership.h"
@@ -270,6 +278,142 @@ TEST(Replicas, ASetLosesAMemberAndLetsOneInWhileItTrains) {
   EXPECT_EQ(stats[0].reforms, 2u);
   EXPECT_EQ(stats[0].dropped, 1u);
   EXPECT_EQ(stats[0].joined, 1u);
+}
+
+// Replica processes (tandem_replica_child), every one stopped on every exit path.
+class Children {
+ public:
+  ~Children() {
+    for (pid_t p : pids_)
+      if (p > 0) {
+        kill(p, SIGKILL);
+        waitpid(p, nullptr, 0);
+      }
+  }
+  pid_t start(const std::vector<std::string>& args) {
+    std::vector<char*> argv;
+    std::string bin = TANDEM_REPLICA_CHILD;
+    argv.push_back(bin.data());
+    std::vector<std::string> copy = args;
+    for (std::string& a : copy) argv.push_back(a.data());
+    argv.push_back(nullptr);
+    pid_t pid = 0;
+    if (posix_spawn(&pid, bin.c_str(), nullptr, nullptr, argv.data(), environ) != 0) return -1;
+    pids_.push_back(pid);
+    return pid;
+  }
+  void kill9(pid_t pid) {
+    kill(pid, SIGKILL);
+    waitpid(pid, nullptr, 0);
+    for (pid_t& p : pids_)
+      if (p == pid) p = 0;
+  }
+  // Its exit status (-1: still running after `seconds`, then killed).
+  int wait_for(pid_t pid, double seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    int status = 0;
+    while (waitpid(pid, &status, WNOHANG) == 0) {
+      if (std::chrono::steady_clock::now() > end) {
+        kill9(pid);
+        return -1;
+      }
+      std::this_thread::sleep_for(std::chrono::milliseconds(20));
+    }
+    for (pid_t& p : pids_)
+      if (p == pid) p = 0;
+    return WIFEXITED(status) ? WEXITSTATUS(status) : 128 + WTERMSIG(status);
+  }
+
+ private:
+  std::vector<pid_t> pids_;
+};
+
+std::vector<std::string> lines_of(const std::string& file) {
+  std::ifstream in(file);
+  std::vector<std::string> out;
+  for (std::string l; std::getline(in, l);) out.push_back(l);
+  return out;
+}
+
+std::vector<float> floats_of(const std::string& file) {
+  std::ifstream in(file, std::ios::binary);
+  std::vector<char> bytes((std::istreambuf_iterator<char>(in)), std::istreambuf_iterator<char>());
+  std::vector<float> out(bytes.size() / sizeof(float));
+  std::memcpy(out.data(), bytes.data(), out.size() * sizeof(float));
+  return out;
+}
+
+// Three replica processes; one is killed with SIGKILL mid-run: the two others go on within
+// seconds in a new epoch, its restart (the same command) joins again and takes their state,
+// and all three end on the same weights, those of one stage trained on the rows of each
+// update's members: every step applied once, none lost.
+TEST(Replicas, AKilledReplicaProcessIsDroppedAndItsRestartRejoins) {
+  StoreDir dir;
+  const int steps = 40;
+  auto args = [&](int j, const std::string& tag) {
+    return std::vector<std::string>{"--id", cat("r", j), "--store", dir.path, "--initial", "3", "--steps",
+                                    cat(steps), "--step-ms", "60", "--log", cat(dir.path, "/", tag, ".log"),
+                                    "--out", cat(dir.path, "/", tag, ".bin")};
+  };
+  Children children;
+  pid_t pid[3];
+  for (int j = 0; j < 3; ++j) pid[j] = children.start(args(j, cat("r", j)));
+  auto logged = [&](const std::string& tag) { return lines_of(cat(dir.path, "/", tag, ".log")); };
+  auto wait_until = [&](const std::function<bool()>& ok, double seconds) {
+    const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
+    while (!ok() && std::chrono::steady_clock::now() < end) std::this_thread::sleep_for(std::chrono::milliseconds(10));
+    return ok();
+  };
+  ASSERT_TRUE(wait_until([&] { return logged("r2").size() >= 8; }, 60)) << "the set did not take 8 steps";
+  children.kill9(pid[2]);
+  const auto killed = std::chrono::steady_clock::now();
+  const std::size_t before = logged("r0").size();
+  ASSERT_TRUE(wait_until([&] { return logged("r0").size() > before + 1; }, 20)) << "the survivors did not go on";
+  const double resumed = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
+  EXPECT_LT(resumed, 10.0);
+  const pid_t again = children.start(args(2, "r2-again"));
+  EXPECT_EQ(children.wait_for(pid[0], 90), 0);
+  EXPECT_EQ(children.wait_for(pid[1], 30), 0);
+  EXPECT_EQ(children.wait_for(again, 30), 0);
+
+  // Replica 0's log: every step once, in order, with the members it averaged.
+  const Graph graph = Graph::build(parse_model_json(kSmallSplitSpec));
+  const QuadrantData data = quadrant_data(16 * steps, 8);
+  Replica whole(graph, {.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f});
+  const std::vector<std::string> log = logged("r0");
+  ASSERT_EQ(log.size(), static_cast<std::size_t>(steps));
+  std::set<std::size_t> sizes;
+  bool two_then_three = false;
+  for (int s = 0; s < steps; ++s) {
+    std::istringstream in(log[static_cast<std::size_t>(s)]);
+    int64_t step = 0, epoch = 0, samples = 0;
+    in >> step >> epoch >> samples;
+    ASSERT_EQ(step, s);
+    std::vector<int> slots;
+    for (std::string id; in >> id;) slots.push_back(std::atoi(id.c_str() + 1));
+    EXPECT_EQ(samples, 4 * static_cast<int64_t>(slots.size())) << log[static_cast<std::size_t>(s)];
+    if (slots.size() == 3 && sizes.count(2)) two_then_three = true;
+    sizes.insert(slots.size());
+    QuadrantData batch{Tensor::empty({static_cast<int64_t>(slots.size()) * 4, 8, 8, 1}), {}};
+    for (std::size_t j = 0; j < slots.size(); ++j) {
+      const int64_t from = 16 * s + 4 * slots[j];
+      std::copy_n(data.images.data() + from * 64, 4 * 64, batch.images.data() + static_cast<int64_t>(j) * 4 * 64);
+      batch.labels.insert(batch.labels.end(), data.labels.begin() + from, data.labels.begin() + from + 4);
+    }
+    whole.train(batch, 0, batch.images.shape()[0], 2);
+  }
+  EXPECT_TRUE(two_then_three) << "the restarted replica did not rejoin";
+  const std::vector<float> w0 = floats_of(dir.path + "/r0.bin"), w1 = floats_of(dir.path + "/r1.bin"),
+                           w2 = floats_of(dir.path + "/r2-again.bin");
+  ASSERT_FALSE(w0.empty());
+  EXPECT_EQ(w0, w1);
+  EXPECT_EQ(w0, w2);
+  float worst = 0;
+  std::size_t k = 0;
+  for (Param* p : whole.net.params())
+    for (int64_t i = 0; i < p->value().numel(); ++i) worst = std::max(worst, std::fabs(p->value()[i] - w0[k++]));
+  EXPECT_EQ(k, w0.size());
+  EXPECT_LE(worst, 1e-5f);
 }
 
 TEST(Replicas, AMemberThatLeavesEndsTheOthersCollectives) {
