@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # Fails when an #include runs against the layering (ARCHITECTURE.md): core over nothing of
-# ours, backends, ports, data, cli and collective over core, pipeline over core and collective, the apps (edge, cloud) over those and
-# never each other, tools/wasm/tests/bench over anything. Prints every offending line.
+# ours; backends, ports, data, cli and collective over core; pipeline over core and collective;
+# the apps (edge, cloud) over those and never each other; tools/wasm/tests/bench over anything.
+# Prints every offending line.
 # Usage: check_includes.sh SOURCE_DIR
 set -euo pipefail
 cd "${1:-$(dirname "$0")/../..}"
