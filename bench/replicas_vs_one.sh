@@ -23,7 +23,7 @@ work=$(mktemp -d)
 trap 'kill $(jobs -p) 2>/dev/null || true; wait 2>/dev/null; rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*" >&2; exit 1; }
 export OMP_NUM_THREADS=1
-cores=$(nproc)
+cores=$(getconf _NPROCESSORS_ONLN)  # (nproc would say 1: it honours OMP_NUM_THREADS)
 cpu() { echo $(($1 % cores)); }
 common=("$PWD/$spec" --cut "$cut" --backend onednn --batch "$batch" --microbatches "$k" --threads 1)
 field() { grep -o "\"$2\":[0-9.]*" "$1" | head -1 | cut -d: -f2; }
@@ -61,7 +61,6 @@ step_ms=$(field "$work/train.1.0.json" step_ms_median)
 bytes=$(field "$work/train.2.0.json" allreduce_bytes)
 
 # The all-reduce alone: a tiny one (latency) and the gradients' size at R = 2 and 3.
-floats=$((bytes / 4))
 run 2 tiny --allreduce-only 30 --allreduce-floats 1
 run 2 grads --allreduce-only 10
 run 3 grads --allreduce-only 10
@@ -69,16 +68,21 @@ t_tiny=$(field "$work/tiny.2.0.json" allreduce_ms_median)
 t2=$(field "$work/grads.2.0.json" allreduce_ms_median)
 t3=$(field "$work/grads.3.0.json" allreduce_ms_median)
 
-python3 - "$m1" "$m2" "$step_ms" "$bytes" "$t_tiny" "$t2" "$t3" "$floats" <<'PY'
+python3 - "$m1" "$m2" "$step_ms" "$bytes" "$t_tiny" "$t2" "$t3" "$cores" <<'PY'
 import sys
-m1, m2, step_ms, S, t_tiny, t2, t3 = (float(x) for x in sys.argv[1:8])
+m1, m2, step_ms, S, t_tiny, t2, t3, cores = (float(x) for x in sys.argv[1:9])
 ratio = m2 / m1
 print(f"medians: R = 1 {m1:.1f} samples/s, R = 2 {m2:.1f} samples/s: {ratio:.2f}x (bar: 1.6x)")
 a = t_tiny / 2 / 1e3                      # s: t(2) of a tiny message = 2 a
 b = S / (t2 / 1e3 - 2 * a)                # bytes/s: t(2) = 2 a + S / b
 pred3 = (4 * a + 4 / 3 * S / b) * 1e3
+# On loopback the bandwidth is the members' CPUs (copies and sums): three members on fewer
+# cores than three each get cores / 3 of one.
+share = max(1.0, 3 / cores)
 print(f"all-reduce of {S / 1e6:.1f} MB on loopback: a = {a * 1e6:.0f} us, b = {b / 1e9:.2f} GB/s (from R = 2: "
-      f"{t2:.1f} ms); R = 3 predicted {pred3:.1f} ms, measured {t3:.1f} ms ({(t3 - pred3) / pred3 * 100:+.0f}%)")
+      f"{t2:.1f} ms); R = 3 predicted {pred3:.1f} ms" +
+      (f", x{share:.1f} for 3 members on {cores:.0f} cores: {pred3 * share:.1f} ms" if share > 1 else "") +
+      f"; measured {t3:.1f} ms ({(t3 - pred3 * share) / (pred3 * share) * 100:+.0f}%)")
 compute = step_ms / 1e3
 print(f"one replica's step here: {step_ms:.0f} ms of compute; at other links (a = 50 us), the all-reduce a step "
       f"and the aggregate speed-up over one replica (R x compute / (compute + all-reduce)):")
