@@ -69,7 +69,6 @@ void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight) {
   });
   joining_ = buffer_.back() > 0.0f;
   const float total = buffer_[n - 2];
-  last_samples_ = static_cast<uint64_t>(total);
   const float scale = total > 0 ? 1.0f / total : 1.0f;
   const float* at = buffer_.data();
   for (Tensor* t : tensors) {
@@ -83,6 +82,7 @@ void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight) {
 void ReplicaSync::before_update(uint64_t samples) {
   if (options_.mode != ReplicaMode::Synchronous) return;
   all_mean(averaged(true), static_cast<float>(samples));
+  last_samples_ = static_cast<uint64_t>(buffer_[buffer_.size() - 2]);  // the weights' sum: every replica's samples
 }
 
 void ReplicaSync::after_update() {
