@@ -41,10 +41,11 @@ class Timed {
 class GlooGroup final : public Group {
  public:
   GlooGroup(std::shared_ptr<gloo::rendezvous::Context> context, std::string name)
-      : context_(std::move(context)), name_(std::move(name)) {}
+      : context_(std::move(context)), name_(std::move(name)), rank_(context_->rank), size_(context_->size),
+        timeout_ms_(context_->getTimeout().count()) {}
 
-  int rank() const override { return context_->rank; }
-  int size() const override { return context_->size; }
+  int rank() const override { return rank_; }
+  int size() const override { return size_; }
 
   void all_sum(std::span<float> values) override {
     if (values.empty()) return;
@@ -88,14 +89,20 @@ class GlooGroup final : public Group {
       f();
     } catch (const std::exception& e) {
       lost_ = true;
+      // Gloo wakes only the operations on the failed connection: closing every connection now
+      // makes the other members' pending operations fail at once too, rather than after their
+      // timeout, so all survivors re-form within the same settle window.
+      context_.reset();
       throw GroupLost(cat("[", name_, "] the ", what, " did not complete (a member closed, died or stayed silent for ",
-                          context_->getTimeout().count(), " ms): ", e.what()));
+                          timeout_ms_, " ms): ", e.what()));
     }
   }
   uint32_t next_tag() { return tag_++ & 0x7fffffffu; }
 
   std::shared_ptr<gloo::rendezvous::Context> context_;
   std::string name_;
+  int rank_, size_;
+  int64_t timeout_ms_;
   uint32_t tag_ = 0;
   bool lost_ = false;
 };
@@ -134,7 +141,8 @@ std::unique_ptr<Group> make_gloo_group(int rank, int size, const GlooOptions& op
   if (!options.allow_public && !private_address(options.address))
     fail(name, cat("'", options.address,
                    "' is not a private address, and Gloo's TCP transport is neither encrypted nor authenticated: "
-                   "bind the replicas to a private interface (loopback, 10/8, 172.16/12, 192.168/16, fc00::/7), or "
+                   "bind the replicas to a private interface (loopback, 10/8, 172.16/12, 192.168/16, 169.254/16, fc00::/7, "
+                   "fe80::/10), or "
                    "allow a public one only behind a VPN or a private interconnect"));
   // Gloo's TCP transport writes to sockets a dead member's end may have closed: the write must
   // fail (GroupLost), not raise SIGPIPE and end this process (Python ignores it likewise).

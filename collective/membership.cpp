@@ -1,6 +1,10 @@
 #include "collective/membership.h"
 
+#include <unistd.h>
+
 #include <algorithm>
+#include <cerrno>
+#include <cstring>
 #include <filesystem>
 #include <fstream>
 #include <random>
@@ -17,16 +21,28 @@ namespace {
 
 using Clock = std::chrono::steady_clock;
 
-void write_atomically(const std::string& file, const std::string& text) {
-  const std::string tmp = file + ".tmp";
+// Writes `file` whole: through a temporary of the writer's own (`tag`), renamed over it, or,
+// with `first_wins`, linked to it only where no file of that name exists yet (an epoch two
+// coordinators might write: every reader then sees the first one's). False where it existed.
+bool write_atomically(const std::string& file, const std::string& text, const std::string& tag,
+                      bool first_wins = false) {
+  const std::string tmp = file + "." + tag + ".tmp";
   {
     std::ofstream out(tmp, std::ios::trunc);
     out << text;
     if (!out.flush()) fail("membership", cat("cannot write '", tmp, "'"));
   }
   std::error_code ec;
+  if (first_wins) {
+    const bool made = ::link(tmp.c_str(), file.c_str()) == 0;
+    const int error = errno;
+    fs::remove(tmp, ec);
+    if (!made && error != EEXIST) fail("membership", cat("cannot write '", file, "': ", std::strerror(error)));
+    return made;
+  }
   fs::rename(tmp, file, ec);
   if (ec) fail("membership", cat("cannot write '", file, "': ", ec.message()));
+  return true;
 }
 
 std::vector<std::string> read_lines(const std::string& file) {
@@ -87,7 +103,7 @@ Membership::Membership(const MembershipOptions& options) : options_(options) {
     std::random_device random;
     token_ = cat(options_.id, "#", std::hex, (uint64_t{random()} << 32) | random());
   }
-  write_atomically(path("join-" + options_.id), token_ + "\n");
+  write_atomically(path("join-" + options_.id), token_ + "\n", token_);
   const auto deadline = Clock::now() + options_.join_timeout;
   while (Clock::now() < deadline) {
     const uint64_t e = latest_epoch(dir_);
@@ -101,11 +117,14 @@ Membership::Membership(const MembershipOptions& options) : options_(options) {
     } else {
       const std::vector<std::string> waiting = files_after(dir_, "join-");
       if (waiting.size() >= options_.initial && waiting.front() == options_.id)
-        write_atomically(path("epoch-1"), [&] {
+        write_atomically(
+            path("epoch-1"),
+            [&] {
           std::string text;
           for (std::size_t i = 0; i < options_.initial; ++i) text += first_line(path("join-" + waiting[i])) + "\n";
-          return text;
-        }());
+              return text;
+            }(),
+            token_, true);
     }
     nap();
   }
@@ -144,7 +163,7 @@ void Membership::reform(bool lost) {
   const std::string epoch_file = path(cat("epoch-", next));
   std::vector<std::string> members;
   if (lost) {
-    write_atomically(path(cat("alive-", next, "-", options_.id)), token_ + "\n");
+    write_atomically(path(cat("alive-", next, "-", options_.id)), token_ + "\n", token_);
     std::this_thread::sleep_for(options_.settle);
     std::vector<std::string> said;
     for (const std::string& id : files_after(dir_, cat("alive-", next, "-")))
@@ -154,14 +173,14 @@ void Membership::reform(bool lost) {
     if (!members.empty() && members.front() == token_ && latest_epoch(dir_) < next) {
       std::string text;
       for (const std::string& m : members) text += m + "\n";
-      write_atomically(epoch_file, text);
+      write_atomically(epoch_file, text, token_, true);
     }
   } else if (members_.front() == token_) {
     members = members_;
     for (const std::string& token : waiting()) members.push_back(token);
     std::string text;
     for (const std::string& m : members) text += m + "\n";
-    write_atomically(epoch_file, text);
+    write_atomically(epoch_file, text, token_, true);
   }
   // Everyone reads the epoch its coordinator wrote.
   const auto deadline = Clock::now() + options_.settle * 5 + options_.gloo.timeout;

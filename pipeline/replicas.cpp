@@ -49,8 +49,8 @@ void ReplicaSync::surviving(F&& collective) {
 }
 
 // Each member's tensors times `weight`, the weight and rank 0's join flag after them,
-// all-summed; then divided by the weights' sum (left as the sum where it is zero: no member
-// saw a sample).
+// all-summed; then divided by the weights' sum. Where that sum is zero (no member saw a
+// sample) the tensors keep their own values: a weighted sum of zero weights is no average.
 void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight) {
   std::size_t n = 2;
   for (const Tensor* t : tensors) n += static_cast<std::size_t>(t->numel());
@@ -69,14 +69,15 @@ void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight) {
   });
   joining_ = buffer_.back() > 0.0f;
   const float total = buffer_[n - 2];
-  const float scale = total > 0 ? 1.0f / total : 1.0f;
+  ++averages_;
+  if (!(total > 0)) return;
+  const float scale = 1.0f / total;
   const float* at = buffer_.data();
   for (Tensor* t : tensors) {
     float* v = t->data();
     for (int64_t i = 0; i < t->numel(); ++i) v[i] = at[i] * scale;
     at += t->numel();
   }
-  ++averages_;
 }
 
 void ReplicaSync::before_update(uint64_t samples) {

@@ -303,6 +303,7 @@ class Children {
     return pid;
   }
   void kill9(pid_t pid) {
+    if (pid <= 0) return;  // kill(-1, ...) would reach every process of this user
     kill(pid, SIGKILL);
     waitpid(pid, nullptr, 0);
     for (pid_t& p : pids_)
@@ -357,7 +358,10 @@ TEST(Replicas, AKilledReplicaProcessIsDroppedAndItsRestartRejoins) {
   };
   Children children;
   pid_t pid[3];
-  for (int j = 0; j < 3; ++j) pid[j] = children.start(args(j, cat("r", j)));
+  for (int j = 0; j < 3; ++j) {
+    pid[j] = children.start(args(j, cat("r", j)));
+    ASSERT_GT(pid[j], 0) << "cannot start " << TANDEM_REPLICA_CHILD;
+  }
   auto logged = [&](const std::string& tag) { return lines_of(cat(dir.path, "/", tag, ".log")); };
   auto wait_until = [&](const std::function<bool()>& ok, double seconds) {
     const auto end = std::chrono::steady_clock::now() + std::chrono::duration<double>(seconds);
@@ -372,6 +376,7 @@ TEST(Replicas, AKilledReplicaProcessIsDroppedAndItsRestartRejoins) {
   const double resumed = std::chrono::duration<double>(std::chrono::steady_clock::now() - killed).count();
   EXPECT_LT(resumed, 10.0);
   const pid_t again = children.start(args(2, "r2-again"));
+  ASSERT_GT(again, 0);
   EXPECT_EQ(children.wait_for(pid[0], 90), 0);
   EXPECT_EQ(children.wait_for(pid[1], 30), 0);
   EXPECT_EQ(children.wait_for(again, 30), 0);
@@ -462,7 +467,7 @@ TEST(Replicas, BadGroupsAndModesAreRefused) {
   EXPECT_EQ(error_of([&] { make_gloo_group(0, 1, o); }),
             "[replica group 'bad' (member 0 of 1)] '8.8.8.8' is not a private address, and Gloo's TCP transport is "
             "neither encrypted nor authenticated: bind the replicas to a private interface (loopback, 10/8, "
-            "172.16/12, 192.168/16, fc00::/7), or allow a public one only behind a VPN or a private interconnect");
+            "172.16/12, 192.168/16, 169.254/16, fc00::/7, fe80::/10), or allow a public one only behind a VPN or a private interconnect");
   EXPECT_EQ(error_of([&] { make_gloo_group(2, 2, gloo_options(dir.path, "x")); }),
             "[replica group] member 2 of a group of 2");
   EXPECT_EQ(error_of([&] { make_gloo_group(0, 1, gloo_options("", "x")); }),
