@@ -35,6 +35,14 @@ std::vector<Tensor*> ReplicaSync::averaged(bool gradients) {
   return out;
 }
 
+namespace {
+std::size_t floats_in(const std::vector<Tensor*>& tensors) {
+  std::size_t n = 0;
+  for (const Tensor* t : tensors) n += static_cast<std::size_t>(t->numel());
+  return n;
+}
+}  // namespace
+
 template <typename F>
 void ReplicaSync::surviving(F&& collective) {
   for (;;) {
@@ -52,8 +60,7 @@ void ReplicaSync::surviving(F&& collective) {
 // all-summed; then divided by the weights' sum. Where that sum is zero (no member saw a
 // sample) the tensors keep their own values: a weighted sum of zero weights is no average.
 void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight) {
-  std::size_t n = 2;
-  for (const Tensor* t : tensors) n += static_cast<std::size_t>(t->numel());
+  const std::size_t n = floats_in(tensors) + 2;
   buffer_.resize(n);
   surviving([&](Group& g) {
     float* at = buffer_.data();
@@ -104,9 +111,7 @@ void ReplicaSync::after_update() {
 void ReplicaSync::copy_from(int root) {
   std::vector<Tensor*> tensors = averaged(false);
   for (Tensor* t : stage_.optimizer()->state()) tensors.push_back(t);
-  std::size_t n = 1;
-  for (const Tensor* t : tensors) n += static_cast<std::size_t>(t->numel());
-  buffer_.resize(n);
+  buffer_.resize(floats_in(tensors) + 1);
   // The update count, exactly: a float holds integers below 2^24, and runs are shorter.
   const int64_t steps = stage_.optimizer()->steps();
   if (steps >= (int64_t{1} << 24)) fail("replicas", cat("an update count of ", steps, " does not fit the broadcast"));

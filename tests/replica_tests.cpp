@@ -91,6 +91,18 @@ struct Replica {
   }
 };
 
+// One batch of `rows` rows from each of `starts` (row indices into `data`), in that order: the
+// samples an update of several replicas averaged, for its replay on one stage.
+QuadrantData gather(const QuadrantData& data, const std::vector<int64_t>& starts, int64_t rows) {
+  QuadrantData batch{Tensor::empty({static_cast<int64_t>(starts.size()) * rows, 8, 8, 1}), {}};
+  for (std::size_t j = 0; j < starts.size(); ++j) {
+    const int64_t from = starts[j];
+    std::copy_n(data.images.data() + from * 64, rows * 64, batch.images.data() + static_cast<int64_t>(j) * rows * 64);
+    batch.labels.insert(batch.labels.end(), data.labels.begin() + from, data.labels.begin() + from + rows);
+  }
+  return batch;
+}
+
 const OptimizerOptions kSgd{.lr = 0.05f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .clip_norm = 1.0f};
 
 bool same_bits(Network& a, Network& b) {
@@ -224,13 +236,9 @@ TEST(Replicas, ASetLosesAMemberAndLetsOneInWhileItTrains) {
   for (int s = 0; s < steps; ++s) {
     std::vector<int> slots = s <= leave_after ? std::vector<int>{0, 1, 2} : s <= join_at ? std::vector<int>{0, 1}
                                                                                           : std::vector<int>{0, 1, 3};
-    // Gather those rows into one batch.
-    QuadrantData batch{Tensor::empty({static_cast<int64_t>(slots.size()) * rows, 8, 8, 1}), {}};
-    for (std::size_t j = 0; j < slots.size(); ++j) {
-      const int64_t from = rows_of(s, slots[j]);
-      std::copy_n(data.images.data() + from * 64, rows * 64, batch.images.data() + static_cast<int64_t>(j) * rows * 64);
-      batch.labels.insert(batch.labels.end(), data.labels.begin() + from, data.labels.begin() + from + rows);
-    }
+    std::vector<int64_t> starts;
+    for (int slot : slots) starts.push_back(rows_of(s, slot));
+    const QuadrantData batch = gather(data, starts, rows);
     whole.train(batch, 0, batch.images.shape()[0], 6);
   }
 
@@ -399,12 +407,9 @@ TEST(Replicas, AKilledReplicaProcessIsDroppedAndItsRestartRejoins) {
     EXPECT_EQ(samples, 4 * static_cast<int64_t>(slots.size())) << log[static_cast<std::size_t>(s)];
     if (slots.size() == 3 && sizes.count(2)) two_then_three = true;
     sizes.insert(slots.size());
-    QuadrantData batch{Tensor::empty({static_cast<int64_t>(slots.size()) * 4, 8, 8, 1}), {}};
-    for (std::size_t j = 0; j < slots.size(); ++j) {
-      const int64_t from = 16 * s + 4 * slots[j];
-      std::copy_n(data.images.data() + from * 64, 4 * 64, batch.images.data() + static_cast<int64_t>(j) * 4 * 64);
-      batch.labels.insert(batch.labels.end(), data.labels.begin() + from, data.labels.begin() + from + 4);
-    }
+    std::vector<int64_t> starts;
+    for (int slot : slots) starts.push_back(16 * s + 4 * slot);
+    const QuadrantData batch = gather(data, starts, 4);
     whole.train(batch, 0, batch.images.shape()[0], 2);
   }
   EXPECT_TRUE(two_then_three) << "the restarted replica did not rejoin";
