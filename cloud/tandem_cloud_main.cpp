@@ -14,6 +14,7 @@
 #include "core/error.h"
 #include "core/wire/tensor_codec.h"
 #include "cli/command_line.h"
+#include "pipeline/replicas.h"
 
 namespace tandem {
 namespace {
@@ -76,6 +77,19 @@ constexpr const char* kServeDetails = R"(
       --weight-grads deferred (default): each gradient of the cut goes back before the back
       shard's own weight gradients, which run while the session waits for the edge (the
       zero-bubble split of backward; the same sums bit for bit); inline computes them first.
+      --replica-set DIR (with --aggregate-every, --back-accumulate N and --batch-edges): this
+      cloud is one replica of several, each serving edges of its own (N each), that keep one
+      back shard and one round average: every update all-sums the replicas' gradients,
+      weighted by the rows each trained (or, --replica-mode local-sgd, the weights are
+      averaged every H updates), and every round averages all their edges' fronts, so R
+      replicas of N edges train as one cloud of R x N edges would. They meet in DIR (a folder
+      all can write: local, or shared storage across machines) and talk over Gloo's TCP on
+      --replica-address, which is neither encrypted nor authenticated: a private address
+      only, unless --replica-allow-public. The first --replicas R form the set; a replica
+      started later (or restarted) joins at the next update and takes rank 0's shard,
+      optimizer state and round before it serves; a replica that dies is dropped within
+      seconds and the others go on. /metrics adds the epoch, members, collectives, bytes
+      and seconds.
       Stops on SIGINT or SIGTERM.
 )";
 
@@ -183,6 +197,22 @@ int serve_command(const CliArgs& args) {
                 "and --back-accumulate N with N at least 2 (the number of edges)");
   if (!(o.federation.batch_gather_s >= 0.0 && o.federation.batch_gather_s <= 10.0))
     fail("cli", "--batch-gather-ms must be in [0, 10000]");
+  o.replicas.set_dir = args.str("replica-set", "");
+  if (!o.replicas.set_dir.empty()) {
+    o.replicas.id = args.required("replica-id");
+    o.replicas.initial = static_cast<uint32_t>(args.integer("replicas", 1, 1));
+    o.replicas.address = args.str("replica-address", "127.0.0.1");
+    o.replicas.allow_public = args.has("replica-allow-public");
+    o.replicas.mode = args.str("replica-mode", "sync");
+    replica_mode(o.replicas.mode);  // an Error naming the modes
+    o.replicas.average_every = static_cast<uint32_t>(args.integer("replica-average-every", 1, 1));
+    o.replicas.timeout_s = args.number("replica-timeout-s", 60.0);
+    if (!(o.replicas.timeout_s >= 1.0)) fail("cli", "--replica-timeout-s must be at least 1");
+  } else {
+    for (const char* name : {"replica-id", "replicas", "replica-address", "replica-mode", "replica-average-every",
+                             "replica-timeout-s"})
+      if (args.has(name)) fail("cli", cat("--", name, " configures a replica of a replica set: give --replica-set DIR too"));
+  }
   o.metrics_json = args.str("metrics-json", "");
   o.web_root = args.str("web", "");
   o.accept_tokens = args.has("accept-tokens") || !o.web_root.empty();
@@ -234,6 +264,14 @@ void declare_commands(Program& program) {
       .option("back-accumulate", "N", "federated: sum N edge steps into one update of the back shard (default 1)")
       .flag("batch-edges", "federated: run those N steps as one batch on the back shard")
       .option("batch-gather-ms", "W", "with --batch-edges: join micro-batches handed in within W ms (default 5)")
+      .option("replica-set", "DIR", "federated, batched: be one replica of several serving one shared back shard, meeting in DIR (shared by all)")
+      .option("replica-id", "NAME", "with --replica-set: this replica's unique name in the set (required)")
+      .option("replicas", "R", "with --replica-set: the replicas that form the set (default 1; later ones join it)")
+      .option("replica-address", "IP", "with --replica-set: the private address its collectives listen on (default 127.0.0.1)")
+      .flag("replica-allow-public", "with --replica-set: allow a public --replica-address (Gloo's TCP is neither encrypted nor authenticated)")
+      .option("replica-mode", "sync|local-sgd", "with --replica-set: gradients all-summed every update (default), or weights averaged")
+      .option("replica-average-every", "H", "with --replica-mode local-sgd: updates between two averages (default 1)")
+      .option("replica-timeout-s", "S", "with --replica-set: the wait for the others, and for each collective (default 60)")
       .option("metrics-listen", "HOST:PORT", "serve Prometheus' /metrics and /healthz over plain HTTP here")
       .option("max-connections", "N", "connections at once, beyond which edges are answered Busy (default 256)")
       .option("max-pending-hello", "N", "connections that have not said Hello yet (default 64)")

@@ -17,6 +17,7 @@ ReplicaSync::ReplicaSync(Stage& stage, Membership& membership, const ReplicaOpti
     : ReplicaSync(stage, membership.group(), options) {
   group_ = nullptr;
   membership_ = &membership;
+  totals_.epoch = membership.epoch();
 }
 
 ReplicaSync::ReplicaSync(Stage& stage, Group& group, const ReplicaOptions& options)
@@ -24,6 +25,8 @@ ReplicaSync::ReplicaSync(Stage& stage, Group& group, const ReplicaOptions& optio
   if (options_.average_every < 1) fail("replicas", "average-every must be at least 1 update");
   if (!stage_.optimizer()) fail("replicas", cat(stage_.graph().name(), " has no optimizer: nothing to keep in step"));
   stage_.set_update_sync(this);
+  totals_.members = static_cast<uint64_t>(group.size());
+  totals_.rank = group.rank();
 }
 
 ReplicaSync::~ReplicaSync() { stage_.set_update_sync(nullptr); }
@@ -46,8 +49,19 @@ std::size_t floats_in(const std::vector<Tensor*>& tensors) {
 template <typename F>
 void ReplicaSync::surviving(F&& collective) {
   for (;;) {
+    Group& g = group();
+    const Group::Stats before = g.stats();
     try {
-      collective(group());
+      collective(g);
+      const Group::Stats& after = g.stats();
+      std::lock_guard lock(totals_mu_);
+      totals_.collectives += after.collectives - before.collectives;
+      totals_.bytes += after.bytes - before.bytes;
+      totals_.seconds += after.seconds - before.seconds;
+      totals_.epoch = membership_ ? membership_->epoch() : 0;
+      totals_.members = static_cast<uint64_t>(g.size());
+      totals_.rank = g.rank();
+      if (membership_) totals_.membership = membership_->stats();
       return;
     } catch (const GroupLost&) {
       if (!membership_) throw;
@@ -56,18 +70,26 @@ void ReplicaSync::surviving(F&& collective) {
   }
 }
 
+ReplicaSync::Totals ReplicaSync::totals() const {
+  std::lock_guard lock(totals_mu_);
+  return totals_;
+}
+
 // Each member's tensors times `weight`, the weight and rank 0's join flag after them,
 // all-summed; then divided by the weights' sum. Where that sum is zero (no member saw a
 // sample) the tensors keep their own values: a weighted sum of zero weights is no average.
-void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight) {
+void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight, std::size_t summed) {
   const std::size_t n = floats_in(tensors) + 2;
   buffer_.resize(n);
+  const bool gradients = options_.mode == ReplicaMode::Synchronous;
   surviving([&](Group& g) {
+    in_step(g, gradients ? Kind::Gradients : Kind::Weights, n, static_cast<uint64_t>(stage_.optimizer()->steps()));
     float* at = buffer_.data();
-    for (const Tensor* t : tensors) {
-      const float* v = t->data();
-      for (int64_t i = 0; i < t->numel(); ++i) at[i] = v[i] * weight;
-      at += t->numel();
+    for (std::size_t k = 0; k < tensors.size(); ++k) {
+      const float* v = tensors[k]->data();
+      const float times = k < summed ? 1.0f : weight;  // the summed ones as they are
+      for (int64_t i = 0; i < tensors[k]->numel(); ++i) at[i] = v[i] * times;
+      at += tensors[k]->numel();
     }
     at[0] = weight;
     at[1] = membership_ && g.rank() == 0 && membership_->joiners() ? 1.0f : 0.0f;
@@ -78,19 +100,65 @@ void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight) {
   const float total = buffer_[n - 2];
   ++averages_;
   if (!(total > 0)) return;
-  const float scale = 1.0f / total;
   const float* at = buffer_.data();
-  for (Tensor* t : tensors) {
-    float* v = t->data();
-    for (int64_t i = 0; i < t->numel(); ++i) v[i] = at[i] * scale;
-    at += t->numel();
+  for (std::size_t k = 0; k < tensors.size(); ++k) {
+    const float scale = k < summed ? 1.0f : 1.0f / total;
+    float* v = tensors[k]->data();
+    for (int64_t i = 0; i < tensors[k]->numel(); ++i) v[i] = at[i] * scale;
+    at += tensors[k]->numel();
   }
 }
 
-void ReplicaSync::before_update(uint64_t samples) {
-  if (options_.mode != ReplicaMode::Synchronous) return;
-  all_mean(averaged(true), static_cast<float>(samples));
+uint64_t ReplicaSync::before_update(uint64_t samples) {
+  if (options_.mode != ReplicaMode::Synchronous) return samples;
+  // Summed: the parameters' gradients (the buffers, batch norm's statistics, still averaged).
+  all_mean(averaged(true), static_cast<float>(samples), options_.sum ? stage_.network().params().size() : 0);
   last_samples_ = static_cast<uint64_t>(buffer_[buffer_.size() - 2]);  // the weights' sum: every replica's samples
+  return last_samples_;
+}
+
+namespace {
+const char* kind_name(int kind) {
+  switch (kind) {
+    case 1: return "the gradients of update";
+    case 2: return "the weights' average after update";
+    case 3: return "a joiner's copy at update";
+    case 4: return "round";
+    default: return "an unknown collective";
+  }
+}
+}  // namespace
+
+void ReplicaSync::in_step(Group& g, Kind kind, std::size_t floats, uint64_t index) {
+  const auto size = static_cast<std::size_t>(g.size()), rank = static_cast<std::size_t>(g.rank());
+  headers_.assign(3 * size, 0.0f);
+  // Floats hold integers exactly below 2^24: the index and the count, split in two where larger.
+  headers_[3 * rank] = static_cast<float>(static_cast<int>(kind) * 4096 + (floats >> 24));
+  headers_[3 * rank + 1] = static_cast<float>(floats & 0xFFFFFF);
+  headers_[3 * rank + 2] = static_cast<float>(index & 0xFFFFFF);
+  g.all_sum(headers_);
+  for (std::size_t m = 0; m < size; ++m) {
+    if (headers_[3 * m] == headers_[3 * rank] && headers_[3 * m + 1] == headers_[3 * rank + 1] &&
+        headers_[3 * m + 2] == headers_[3 * rank + 2])
+      continue;
+    const auto what = [&](std::size_t r) {
+      const auto k = static_cast<uint64_t>(headers_[3 * r]);
+      const uint64_t count = ((k % 4096) << 24) + static_cast<uint64_t>(headers_[3 * r + 1]);
+      return cat("replica ", r, membership_ && r < membership_->members().size() ? cat(" (", membership_->members()[r], ")") : std::string(),
+                 " is at ", kind_name(static_cast<int>(k / 4096)), " ", static_cast<uint64_t>(headers_[3 * r + 2]), " with ",
+                 count, " values");
+    };
+    fail("replicas", cat("the replica set is out of step: ", what(m), ", ", what(rank),
+                         ": every replica must make the same collectives in the same order (the same updates and "
+                         "rounds; give each as many first parties or edges, and the same options)"));
+  }
+}
+
+void ReplicaSync::all_sum(std::span<float> values, uint64_t index) {
+  surviving([&](Group& g) {
+    in_step(g, Kind::Extra, values.size(), index);
+    g.all_sum(values);
+  });
 }
 
 void ReplicaSync::after_update() {
@@ -98,7 +166,7 @@ void ReplicaSync::after_update() {
   // at the same updates.
   const auto updates = static_cast<uint64_t>(stage_.optimizer()->steps());
   if (options_.mode == ReplicaMode::LocalSgd && updates % options_.average_every == 0) {
-    all_mean(averaged(false), 1.0f);
+    all_mean(averaged(false), 1.0f, 0);
     for (Param* p : stage_.network().params()) p->bump_version();
   }
   if (joining_) {  // every member agreed on it in the same all-sum: all move on together
@@ -111,17 +179,20 @@ void ReplicaSync::after_update() {
 void ReplicaSync::copy_from(int root) {
   std::vector<Tensor*> tensors = averaged(false);
   for (Tensor* t : stage_.optimizer()->state()) tensors.push_back(t);
-  buffer_.resize(floats_in(tensors) + 1);
+  std::vector<float> extra = get_extra_ ? get_extra_() : std::vector<float>{};
+  buffer_.resize(floats_in(tensors) + 1 + extra.size());
   // The update count, exactly: a float holds integers below 2^24, and runs are shorter.
   const int64_t steps = stage_.optimizer()->steps();
   if (steps >= (int64_t{1} << 24)) fail("replicas", cat("an update count of ", steps, " does not fit the broadcast"));
   surviving([&](Group& g) {
+    in_step(g, Kind::Copy, buffer_.size(), 0);  // (a joiner's update count is not yet the others')
     float* at = buffer_.data();
     for (const Tensor* t : tensors) {
       std::copy_n(t->data(), t->numel(), at);
       at += t->numel();
     }
     *at = static_cast<float>(steps);
+    std::copy(extra.begin(), extra.end(), at + 1);
     g.broadcast(buffer_, std::min(root, g.size() - 1));
   });
   float* at = buffer_.data();
@@ -130,6 +201,7 @@ void ReplicaSync::copy_from(int root) {
     at += t->numel();
   }
   stage_.optimizer()->set_steps(static_cast<int64_t>(*at));
+  if (set_extra_) set_extra_(std::span<const float>(at + 1, extra.size()));
   for (Param* p : stage_.network().params()) p->bump_version();
 }
 

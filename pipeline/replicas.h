@@ -24,6 +24,9 @@
 #pragma once
 
 #include <cstdint>
+#include <functional>
+#include <mutex>
+#include <span>
 #include <string>
 #include <vector>
 
@@ -38,6 +41,10 @@ enum class ReplicaMode { Synchronous, LocalSgd };
 struct ReplicaOptions {
   ReplicaMode mode = ReplicaMode::Synchronous;
   uint32_t average_every = 1;  // local SGD: the updates between two averages (at least 1)
+  // Synchronous: the gradients summed over the replicas rather than averaged by samples; the
+  // caller scales the update by before_update's total (a federation's shared shard, whose
+  // update is the mean of its window's steps: every replica's steps are one window).
+  bool sum = false;
 };
 
 // "sync" or "local-sgd"; an Error naming both otherwise.
@@ -58,24 +65,53 @@ class ReplicaSync final : public UpdateSync {
   // different files).
   void copy_from(int root);
 
-  void before_update(uint64_t samples) override;
+  uint64_t before_update(uint64_t samples) override;
   void after_update() override;
+
+  // Another collective the replicas make in step (a federation's round: the fronts' weighted
+  // sum): `values` all-summed, over a membership again in the next epoch when a member is
+  // lost. `index` numbers it among its kind (every member passes the same: the round); a
+  // member at another index or with another count of values is an Error on every member.
+  void all_sum(std::span<float> values, uint64_t index);
+  // State besides the stage's that a joiner takes with copy_from (a federation's round and
+  // average): `get` flattens it, `set` takes rank 0's back.
+  void also_copy(std::function<std::vector<float>()> get, std::function<void(std::span<const float>)> set) {
+    get_extra_ = std::move(get);
+    set_extra_ = std::move(set);
+  }
 
   // The samples all replicas' last synchronous step saw together.
   uint64_t last_step_samples() const { return last_samples_; }
   // Over a membership: the members whose all-sum gave the last update (the epoch's then).
   const std::vector<std::string>& last_step_members() const { return last_members_; }
   uint64_t averages() const { return averages_; }  // all-sums so far (a step each, or one every H)
+  // Every collective this replica made, over every epoch's group (read from any thread: a
+  // metrics scrape): count, payload bytes, seconds inside them.
+  struct Totals {
+    uint64_t collectives = 0, bytes = 0;
+    double seconds = 0;
+    uint64_t epoch = 0, members = 0;  // over a membership: its epoch and size now
+    int rank = 0;
+    Membership::Stats membership;  // reforms, members dropped and joined
+  };
+  Totals totals() const;
   Group& group() { return membership_ ? membership_->group() : *group_; }
+  Membership* membership() { return membership_; }
 
  private:
   // The values an all-sum averages: trainable parameters' gradients (or, for local SGD, their
   // values) then the layers' buffers.
   std::vector<Tensor*> averaged(bool gradients);
-  void all_mean(const std::vector<Tensor*>& tensors, float weight);
+  // The first `summed` tensors summed, the rest averaged by `weight`.
+  void all_mean(const std::vector<Tensor*>& tensors, float weight, std::size_t summed);
   // Runs a collective; over a membership, again in the next epoch when a member is lost.
   template <typename F>
   void surviving(F&& collective);
+  // What each collective is, checked on every member before its payload (in one all-sum, each
+  // member's header in its own place): a member at another update, round or size would
+  // otherwise pair its payload with another's.
+  enum class Kind { Gradients = 1, Weights = 2, Copy = 3, Extra = 4 };
+  void in_step(Group& g, Kind kind, std::size_t floats, uint64_t index);
 
   Stage& stage_;
   Group* group_ = nullptr;
@@ -83,8 +119,13 @@ class ReplicaSync final : public UpdateSync {
   bool joining_ = false;  // the last all-sum agreed to let a replica in
   ReplicaOptions options_;
   std::vector<float> buffer_;  // one all-sum's payload, kept between steps
+  std::vector<float> headers_;
+  std::function<std::vector<float>()> get_extra_;
+  std::function<void(std::span<const float>)> set_extra_;
   std::vector<std::string> last_members_;
   uint64_t averages_ = 0, last_samples_ = 0;
+  mutable std::mutex totals_mu_;
+  Totals totals_;
 };
 
 }  // namespace tandem

@@ -66,18 +66,20 @@ void Stage::backward_weights(int slot) {
   net_.backward_weights(slot);
 }
 
-void Stage::step() {
+bool Stage::step(uint64_t samples) {
   if (!optimizer_) fail("stage", cat(graph().name(), " has no optimizer: it cannot take a step"));
   Busy busy(busy_s_);
+  bool apply = true;
   if (sync_) {
     if (!stash_.empty())
       fail("stage", cat(graph().name(), " has replicas and stashes weights: the asynchronous schedule's updates "
                         "would count the next step's samples; run replicas under a synchronous schedule"));
-    sync_->before_update(step_samples_);
+    apply = sync_->before_update(samples) > 0;
   }
-  optimizer_->step();
+  if (apply) optimizer_->step();
   step_samples_ = 0;
   if (sync_) sync_->after_update();
+  return apply;
 }
 
 double Stage::loss(const Tensor& outputs, const int32_t* labels, float grad_scale, Tensor* grad) const {

@@ -14,11 +14,13 @@
 namespace tandem {
 
 // What runs around a stage's update when the stage has replicas (pipeline/replicas.h): before
-// it, with the samples the stage's training forwards saw since its last update; after it.
+// it, with the samples the stage's training forwards saw since its last update, returning
+// the samples every replica's update counts together (0: none saw one, and every replica
+// skips the update alike); after it, applied or not.
 class UpdateSync {
  public:
   virtual ~UpdateSync() = default;
-  virtual void before_update(uint64_t samples) = 0;
+  virtual uint64_t before_update(uint64_t samples) = 0;
   virtual void after_update() = 0;
 };
 
@@ -41,11 +43,15 @@ class Stage {
   Tensor backward(const Tensor& grad_output, int slot, bool want_input_grad, bool defer_weights = false);
   void backward_weights(int slot);
   // The optimizer's update (zero_grad() follows it where the caller starts a new step), between
-  // the sync's two calls when the stage has one.
-  void step();
+  // the sync's two calls when the stage has one. false: the replicas saw no sample, and none
+  // updated.
+  bool step() { return step(step_samples_); }
+  // The same with the samples counted by the caller (joined batches that ran rows again).
+  bool step(uint64_t samples);
   // Replicas of this stage keep in step through `sync` (not owned; null: none). The
   // asynchronous schedule's stash is refused: its updates would count another step's samples.
   void set_update_sync(UpdateSync* sync) { sync_ = sync; }
+  UpdateSync* update_sync() const { return sync_; }
   // The samples the training forwards saw since the last update.
   uint64_t step_samples() const { return step_samples_; }
   void zero_grad() {

@@ -146,12 +146,14 @@ TEST(Replicas, SynchronousReplicasTrainLikeOneStageOverAllTheirSamples) {
     EXPECT_TRUE(same_bits(replicas[static_cast<std::size_t>(r)]->net, replicas[0]->net));
     EXPECT_EQ(samples[static_cast<std::size_t>(r)], 12u);
     EXPECT_EQ(sums[static_cast<std::size_t>(r)], static_cast<uint64_t>(steps));
-    // One broadcast and one all-sum a step: the gradients, the count and the join flag.
+    // One broadcast and one all-sum a step (the gradients, the count and the join flag), each
+    // after the all-sum of the members' headers (3 floats a member) that checks them in step.
     std::size_t floats = 0, state = 0;
     for (Param* p : whole.net.params()) floats += static_cast<std::size_t>(p->value().numel());
     for (Tensor* t : whole.opt->state()) state += static_cast<std::size_t>(t->numel());
-    EXPECT_EQ(stats[static_cast<std::size_t>(r)].collectives, static_cast<uint64_t>(steps + 1));
-    EXPECT_EQ(stats[static_cast<std::size_t>(r)].bytes, (steps * (floats + 2) + floats + state + 1) * 4);
+    EXPECT_EQ(stats[static_cast<std::size_t>(r)].collectives, static_cast<uint64_t>(2 * (steps + 1)));
+    EXPECT_EQ(stats[static_cast<std::size_t>(r)].bytes,
+              (steps * (floats + 2) + floats + state + 1 + (steps + 1) * 3 * 3) * 4);
     EXPECT_EQ(replicas[static_cast<std::size_t>(r)]->opt->steps(), steps);
   }
   // The weights moved: the check above is not of the initial weights.

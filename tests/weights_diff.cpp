@@ -1,6 +1,8 @@
 // tandem_weights_diff A.safetensors B.safetensors TOLERANCE: prints the largest absolute
 // difference between two exports of one model and exits 1 when it exceeds TOLERANCE, when a
-// value is not finite, or when the files' tensors (names, dtypes, shapes) differ. Tensors are
+// value is not finite, or when the files' tensors (names, dtypes, shapes) differ. A file
+// named *.tdmc is a checkpoint (a cloud's round, a stage's): its parameters, buffers and
+// optimizer state are compared. Tensors are
 // matched by name: one process's export and the merged exports of a pipeline's stages order them
 // differently.
 #include <cmath>
@@ -12,14 +14,31 @@
 #include <string>
 
 #include "core/error.h"
+#include "core/checkpoint/checkpoint.h"
+#include "ports/files/atomic_file.h"
 #include "ports/files/safetensors_file.h"
 
 namespace tandem {
 namespace {
 
+std::vector<SafeTensor> tensors_of(const std::string& path) {
+  if (!path.ends_with(".tdmc")) return read_safetensors_file(path, {});
+  const CheckpointData c = decode_checkpoint(read_file(path));
+  std::vector<SafeTensor> out;
+  for (const auto* part : {&c.params, &c.buffers, &c.optimizer_state})
+    for (const NamedTensor& t : *part) {
+      SafeTensor s{t.name, "F32", {}, {}};
+      for (int d = 0; d < t.value.shape().rank(); ++d) s.shape.push_back(t.value.shape()[d]);
+      const auto* bytes = reinterpret_cast<const uint8_t*>(t.value.data());
+      s.data.assign(bytes, bytes + t.value.numel() * static_cast<int64_t>(sizeof(float)));
+      out.push_back(std::move(s));
+    }
+  return out;
+}
+
 int diff(const std::string& a_path, const std::string& b_path, double tolerance) {
-  const auto a = read_safetensors_file(a_path, {});
-  const auto b = read_safetensors_file(b_path, {});
+  const auto a = tensors_of(a_path);
+  const auto b = tensors_of(b_path);
   if (a.size() != b.size()) fail("weights diff", cat(a_path, " has ", a.size(), " tensors, ", b_path, " ", b.size()));
   if (a.empty()) fail("weights diff", cat(a_path, " holds no tensors"));
   double worst = 0;

@@ -134,7 +134,37 @@ void Federation::close_round(const char* why) {
   }
   std::vector<Tensor> out;
   for (auto& [name, t] : current_) out.push_back(t);  // views of the average's storage
-  federated_average(parts, part_samples, out);
+  if (all_sum_) {
+    // Replicas: this replica's edges' fronts times their samples, and the samples, summed
+    // over every replica's (a replica whose edges report 0 samples weighs each edge as 1).
+    std::size_t n = 1;
+    for (const Tensor& t : out) n += static_cast<std::size_t>(t.numel());
+    std::vector<float> sums(n, 0.0f);
+    const bool counted = samples > 0;
+    std::vector<double> acc;
+    std::size_t at = 0;
+    for (std::size_t k = 0; k < out.size(); ++k) {
+      acc.assign(static_cast<std::size_t>(out[k].numel()), 0.0);
+      for (Edge* e : in) {
+        const double w = counted ? static_cast<double>(e->round_samples) : 1.0;
+        const float* v = e->weights[k].data();
+        for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += w * v[i];
+      }
+      for (std::size_t i = 0; i < acc.size(); ++i) sums[at + i] = static_cast<float>(acc[i]);
+      at += acc.size();
+    }
+    sums[at] = counted ? static_cast<float>(samples) : static_cast<float>(in.size());
+    all_sum_(sums, round_ + 1);
+    const float total = sums[at];
+    at = 0;
+    for (Tensor& t : out) {
+      float* v = t.data();
+      for (int64_t i = 0; i < t.numel(); ++i) v[i] = sums[at + static_cast<std::size_t>(i)] / total;
+      at += static_cast<std::size_t>(t.numel());
+    }
+  } else {
+    federated_average(parts, part_samples, out);
+  }
   ++round_;
   const auto bytes = writer_.aggregated(round_, static_cast<uint32_t>(in.size()), samples, current_);
   std::string who;
@@ -155,6 +185,26 @@ void Federation::close_round(const char* why) {
   if (metrics_)
     metrics_(cat("{\"round\":", round_, ",\"edges\":[", who, "],\"connected\":", edges_.size(), ",\"samples\":",
                  samples, ",\"closed_by\":\"", why, "\",\"waited_s\":", fixed3(waited), "}"));
+}
+
+std::vector<float> Federation::state() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::vector<float> out{static_cast<float>(round_)};
+  for (const auto& [name, t] : current_) out.insert(out.end(), t.data(), t.data() + t.numel());
+  return out;
+}
+
+void Federation::set_state(std::span<const float> values) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  std::size_t n = 1;
+  for (const auto& [name, t] : current_) n += static_cast<std::size_t>(t.numel());
+  if (values.size() != n) fail("federation", cat("a replica's federation state of ", values.size(), " values, not ", n));
+  round_ = saved_round_ = static_cast<uint32_t>(values[0]);
+  std::size_t at = 1;
+  for (auto& [name, t] : current_) {
+    std::copy_n(values.data() + at, t.numel(), t.data());
+    at += static_cast<std::size_t>(t.numel());
+  }
 }
 
 std::optional<FederatedEdge> Federation::edge(uint64_t connection) {

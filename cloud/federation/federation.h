@@ -65,6 +65,14 @@ class Federation {
   // The newest round's number and average once per closed round, for its checkpoint;
   // nothing while that round has been taken already (or none closed).
   std::optional<std::pair<uint32_t, NamedTensors>> take_unsaved_round();
+  // Replicas of the cloud (pipeline/replicas.h), each with edges of its own: a round closes on
+  // every replica, and its average is over all their edges. `all_sum` sums a round's values
+  // over the replicas (every replica calls it once a round, with the round's number).
+  using AllSum = std::function<void(std::span<float> values, uint32_t round)>;
+  void set_replicas(AllSum all_sum) { all_sum_ = std::move(all_sum); }
+  // The round and its average as floats, for a replica that joins (set_state takes them).
+  std::vector<float> state();
+  void set_state(std::span<const float> values);
   // One JSON line a closed round, for the cloud's metrics file (empty: none).
   void set_metrics_sink(std::function<void(const std::string&)> sink) { metrics_ = std::move(sink); }
 
@@ -84,6 +92,7 @@ class Federation {
   FederationOptions options_;
   Send send_;
   std::function<void(const std::string&)> metrics_;
+  AllSum all_sum_;
   std::map<uint64_t, Edge> edges_;
   uint32_t round_ = 0, saved_round_ = 0;
   std::optional<Clock::time_point> first_submission_;

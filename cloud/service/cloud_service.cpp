@@ -27,6 +27,7 @@
 #include "core/graph.h"
 #include "core/planner.h"
 #include "core/interop/torch_layout.h"
+#include "pipeline/replicas.h"
 #include "ports/files/checkpoint_store.h"
 #include "ports/files/safetensors_file.h"
 #include "ports/lws/http_listener.h"
@@ -112,6 +113,9 @@ struct SharedBack {
   std::unique_ptr<Network> front;  // encodes the rounds' averages
   std::unique_ptr<Network> tail;   // a U-shaped split's: the edges average it with the front
   std::unique_ptr<FolderRoundCheckpoints> rounds;
+  // --replica-set: this cloud is one replica of several keeping the shard and the rounds in step.
+  std::unique_ptr<Membership> membership;
+  std::unique_ptr<ReplicaSync> replicas;
 };
 
 // One edge's session on its own thread, fed frames by the service loop.
@@ -527,7 +531,7 @@ int serve(const ServeOptions& o) {
     shared->trainer = o.federation.batch_edges
                           ? std::make_unique<BackShardTrainer>(*shared->net, *shared->optimizer, o.federation.deadline_s,
                                                                o.federation.back_accumulate,
-                                                               BackShardTrainer::Batched{o.federation.batch_gather_s})
+                                                               BackShardTrainer::Batched{o.federation.batch_gather_s, o.federation.min_edges})
                           : std::make_unique<BackShardTrainer>(*shared->net, *shared->optimizer, o.federation.deadline_s,
                                                                o.federation.back_accumulate);
     // The front every edge starts from: the whole model's initial weights (or --init-from's).
@@ -558,6 +562,45 @@ int serve(const ServeOptions& o) {
       std::printf("tandem-cloud: continuing the federation from round %u (%s)\n", last->first,
                   shared->rounds->dir().c_str());
     }
+  }
+  if (!o.replicas.set_dir.empty()) {
+    // Replicas: before any edge is served, this process joins the set (forming it with the
+    // first --replicas, or asking to join one that runs) and takes rank 0's shard, optimizer
+    // state, round and average, so every replica serves the same model.
+    const ServeReplicas& r = o.replicas;
+    if (!shared || !o.federation.batch_edges)
+      fail("serve", "--replica-set keeps one shared back shard in step over several clouds: give --aggregate-every S, "
+                    "--back-accumulate N and --batch-edges (N: the edges of each replica)");
+    MembershipOptions mo;
+    mo.gloo.store_dir = r.set_dir;
+    mo.gloo.prefix = "cloud";
+    mo.gloo.address = r.address;
+    mo.gloo.allow_public = r.allow_public;
+    mo.gloo.timeout = std::chrono::milliseconds(static_cast<int64_t>(r.timeout_s * 1000));
+    mo.id = r.id;
+    mo.initial = r.initial;
+    mo.settle = std::chrono::milliseconds(static_cast<int64_t>(r.settle_s * 1000));
+    std::printf("tandem-cloud: replica '%s' meeting its set in %s (collectives on %s over Gloo, neither encrypted nor "
+                "authenticated: keep it on a private network)\n",
+                r.id.c_str(), r.set_dir.c_str(), r.address.c_str());
+    std::fflush(stdout);
+    shared->membership = std::make_unique<Membership>(mo);
+    shared->replicas = std::make_unique<ReplicaSync>(*shared->trainer->batched_stage(), *shared->membership,
+                                                     ReplicaOptions{replica_mode(r.mode), r.average_every, /*sum=*/true});
+    Federation* federation = shared->federation.get();
+    ReplicaSync* sync = shared->replicas.get();
+    sync->also_copy([federation] { return federation->state(); },
+                    [federation](std::span<const float> v) { federation->set_state(v); });
+    federation->set_replicas([sync](std::span<float> v, uint32_t round) { sync->all_sum(v, round); });
+    sync->copy_from(0);
+    std::string members;
+    for (const std::string& m : shared->membership->members()) members += cat(members.empty() ? "" : ", ", m);
+    std::printf("tandem-cloud: replica %d of %d in epoch %llu (%s), %s; the shard at update %lld, round %u\n",
+                sync->group().rank(), sync->group().size(), static_cast<unsigned long long>(shared->membership->epoch()),
+                members.c_str(),
+                r.mode == "sync" ? "gradients all-summed every update"
+                                 : cat("weights averaged every ", r.average_every, " updates").c_str(),
+                static_cast<long long>(shared->optimizer->steps()), federation->round());
   }
   std::signal(SIGINT, on_signal);
   std::signal(SIGTERM, on_signal);
@@ -627,6 +670,19 @@ int serve(const ServeOptions& o) {
                   const auto batches = shared->trainer->batch_stats();
                   g.shard_batches = batches.batches;
                   g.shard_batched_microbatches = batches.microbatches;
+                }
+                if (shared && shared->replicas) {
+                  const ReplicaSync::Totals t = shared->replicas->totals();
+                  g.replica = true;
+                  g.replica_epoch = t.epoch;
+                  g.replica_members = t.members;
+                  g.replica_rank = static_cast<uint64_t>(t.rank);
+                  g.replica_collectives = t.collectives;
+                  g.replica_bytes = t.bytes;
+                  g.replica_seconds = t.seconds;
+                  g.replica_reforms = t.membership.reforms;
+                  g.replica_dropped = t.membership.dropped;
+                  g.replica_joined = t.membership.joined;
                 }
                 g.refused_max_connections = endpoint->refused_connections();
                 g.closed_queue_overflow = endpoint->overflowed_connections();

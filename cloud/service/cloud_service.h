@@ -13,6 +13,21 @@
 
 namespace tandem {
 
+// Replicas of a federation's cloud (--replica-set): several tandem-cloud processes, each with
+// edges of its own, keep one shared back shard and one round average (pipeline/replicas.h),
+// meeting in a folder over Gloo (collective/).
+struct ServeReplicas {
+  std::string set_dir;  // the replica set's folder (shared by every replica); empty: no replicas
+  std::string id;       // this replica's name in the set
+  uint32_t initial = 1;  // replicas that form the set
+  std::string address = "127.0.0.1";  // the private address its collectives listen on
+  bool allow_public = false;
+  std::string mode = "sync";  // or local-sgd
+  uint32_t average_every = 1;
+  double timeout_s = 60.0;  // the others' arrival, and each collective
+  double settle_s = 2.0;    // survivors' window to say they are alive after a member is lost
+};
+
 struct ServeOptions {
   std::string host = "127.0.0.1";
   int port = 0;  // 0: any free port (printed)
@@ -36,6 +51,7 @@ struct ServeOptions {
   // Split-federated (aggregate_every > 0): one back shard for every edge, front shards
   // averaged every aggregate_every steps.
   FederationOptions federation;
+  ServeReplicas replicas;
   std::string metrics_json;  // per round and per closed session, JSON lines
   // Edges without a client certificate (browsers) may connect and must then carry a signed,
   // single-use enrolment token in Hello (cloud/pki/token.h).

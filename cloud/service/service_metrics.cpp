@@ -85,6 +85,26 @@ std::string ServiceMetrics::prometheus_text(const std::function<Gauges()>& gauge
         static_cast<double>(g.inbox_messages));
   gauge("tandem_session_inbox_bytes", "Bytes of the messages waiting for their session's thread.",
         static_cast<double>(g.inbox_bytes));
+  if (g.replica) {  // --replica-set: this replica's place in the set, and what keeping in step costs
+    gauge("tandem_replica_epoch", "The replica set's membership epoch this replica is in.",
+          static_cast<double>(g.replica_epoch));
+    gauge("tandem_replica_members", "Replicas in that epoch.", static_cast<double>(g.replica_members));
+    gauge("tandem_replica_rank", "This replica's rank in it (rank 0 lets joiners in).",
+          static_cast<double>(g.replica_rank));
+    counter("tandem_replica_collectives_total",
+            "Collectives with the other replicas (each update's gradients, rounds, joiners' copies, and their checks).",
+            static_cast<double>(g.replica_collectives));
+    counter("tandem_replica_allreduce_bytes_total", "Bytes this replica handed to those collectives.",
+            static_cast<double>(g.replica_bytes));
+    counter("tandem_replica_allreduce_seconds_total",
+            "Seconds inside them (the network, the sums, and waiting for the slowest replica).", g.replica_seconds);
+    counter("tandem_replica_reforms_total", "Membership epochs formed since this replica joined.",
+            static_cast<double>(g.replica_reforms));
+    counter("tandem_replica_dropped_total", "Replicas dropped from the set (lost) in those epochs.",
+            static_cast<double>(g.replica_dropped));
+    counter("tandem_replica_joined_total", "Replicas let into the set in those epochs.",
+            static_cast<double>(g.replica_joined));
+  }
   std::lock_guard<std::mutex> lock(mutex_);
   family(out, "tandem_errors_sent_total", "counter", "Error messages sent to edges, by error code.");
   for (const auto& [code, n] : errors_) sample(out, cat("tandem_errors_sent_total{code=\"", code, "\"}"), static_cast<double>(n));

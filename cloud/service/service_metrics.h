@@ -35,6 +35,11 @@ class ServiceMetrics {
     uint64_t refused_max_connections = 0, closed_queue_overflow = 0;  // the transport's own counts
     GpuMemoryUse gpu;  // the cuda backend's pool (all 0 on the others)
     std::size_t session_memory_used = 0, session_memory_limit = 0;  // estimates held at Hello; 0: no bound
+    // --replica-set: this replica's place in the set and its collectives (ReplicaSync::Totals).
+    bool replica = false;
+    uint64_t replica_epoch = 0, replica_members = 0, replica_rank = 0;
+    uint64_t replica_collectives = 0, replica_bytes = 0, replica_reforms = 0, replica_dropped = 0, replica_joined = 0;
+    double replica_seconds = 0;
   };
   // The text of one scrape; `gauges` is called once for it.
   std::string prometheus_text(const std::function<Gauges()>& gauges) const;

@@ -37,8 +37,9 @@ bool same_kind(const BatchedMicrobatch& a, const BatchedMicrobatch& b) {
 }  // namespace
 
 BackShardBatches::BackShardBatches(Network& net, Optimizer& optimizer, uint32_t window, double gather_s,
-                                   double timeout_s)
+                                   double timeout_s, uint32_t quorum)
     : net_(net), optimizer_(optimizer), stage_(net, &optimizer), window_(std::max<uint32_t>(1, window)),
+      quorum_(quorum),
       gather_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(gather_s))),
       timeout_(std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(timeout_s))) {}
 
@@ -59,7 +60,12 @@ bool BackShardBatches::begin_step(uint64_t owner, uint32_t microbatches, const s
       if (other != owner && !m.open && (m.window == Member::kNever || m.window + 1 == window_id_)) ++without;
     return without >= window_ - taken_;
   };
-  while (taken_ >= window_ || (taken_ == 0 && busy_) || yields()) {
+  if (!first_arrival_) first_arrival_ = arrived;
+  // The first window waits for the quorum's sessions (those of the first update), up to the timeout.
+  const auto waits_for_quorum = [&] {
+    return window_id_ == 0 && members_.size() < quorum_ && Clock::now() - *first_arrival_ < timeout_;
+  };
+  while (taken_ >= window_ || (taken_ == 0 && busy_) || yields() || waits_for_quorum()) {
     if (cancelled) return false;
     evict_quiet(Clock::now());
     auto until = Clock::now() + std::chrono::milliseconds(50);
@@ -69,7 +75,7 @@ bool BackShardBatches::begin_step(uint64_t owner, uint32_t microbatches, const s
   if (taken_ == 0) {  // a new window sums from zero; an abandoned step's deferred weights are dropped
     net_.drop_deferred_weights();
     weights_pending_ = weights_failed_ = false;
-    net_.zero_grad();
+    stage_.zero_grad();
   }
   ++taken_;
   Member& m = members_[owner];  // (the map may have changed while waiting)
@@ -352,14 +358,27 @@ bool BackShardBatches::finish_step(uint64_t owner, float lr_scale, const std::fu
   try {
     apply_deferred_weights();
     applied = net_.gradients_finite();
-    if (applied) {
-      optimizer_.set_lr_scale(lr_scale / static_cast<float>(window_));
-      optimizer_.step();
-      if (between_updates) between_updates();
-    } else {  // a refused micro-batch overflowed the shard's gradients: the shard must not take them
+    if (!applied)  // a refused micro-batch overflowed the shard's gradients: the shard must not take them
       std::fprintf(stderr, "tandem-cloud: the shared back shard's summed gradients are not finite (the weights' "
-                           "own gradients overflowed); this update is skipped\n");
+                           "own gradients overflowed); this update is skipped%s\n",
+                   stage_.update_sync() ? " here (the other replicas' rows still update every replica)" : "");
+    if (UpdateSync* sync = stage_.update_sync()) {
+      // Replicas (their sync sums the gradients): every one takes part in every update, one
+      // without finite gradients with none, and all apply the mean of all their windows'
+      // steps, as one shard whose window held every replica's steps would.
+      if (!applied) stage_.zero_grad();
+      const uint64_t steps = sync->before_update(applied ? window_ : 0);
+      applied = steps > 0;
+      if (applied) {
+        optimizer_.set_lr_scale(lr_scale / static_cast<float>(steps));
+        optimizer_.step();
+      }
+      sync->after_update();
+    } else if (applied) {
+      optimizer_.set_lr_scale(lr_scale / static_cast<float>(window_));
+      stage_.step();
     }
+    if (applied && between_updates) between_updates();
   } catch (...) {
     lock.lock();
     busy_ = false;

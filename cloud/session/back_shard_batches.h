@@ -17,6 +17,7 @@
 #include <functional>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <set>
 #include <span>
 #include <vector>
@@ -47,7 +48,11 @@ class BackShardBatches {
   using Clock = std::chrono::steady_clock;
   // `gather_s`: how long a micro-batch waits for those of the window's other steps before its
   // batch runs without them; `timeout_s`: a step quiet that long while others wait loses its slot.
-  BackShardBatches(Network& net, Optimizer& optimizer, uint32_t window, double gather_s, double timeout_s);
+  // `quorum`: the first window opens once that many sessions have begun a step (or
+  // `timeout_s` after the first did), so it holds a step of each rather than several of the
+  // first to arrive.
+  BackShardBatches(Network& net, Optimizer& optimizer, uint32_t window, double gather_s, double timeout_s,
+                   uint32_t quorum = 1);
 
   // `owner`'s step of `microbatches` micro-batches takes a slot of the open window, waiting
   // while the window is full (its update not yet applied). Zeroes the gradients when it opens
@@ -70,6 +75,9 @@ class BackShardBatches {
   void release(uint64_t owner);
   bool was_evicted(uint64_t owner);
   uint64_t updates() const;
+  // The shard's stage: replicas of the shard keep in step through its UpdateSync
+  // (pipeline/replicas.h), which sums their windows' gradients and counts their steps.
+  Stage& stage() { return stage_; }
 
   struct Stats {
     uint64_t batches = 0, microbatches = 0;  // shard batches run, and the micro-batches in them
@@ -117,6 +125,8 @@ class BackShardBatches {
   Optimizer& optimizer_;
   Stage stage_;  // the shard's forward, loss and backward (pipeline/stage.h)
   const uint32_t window_;
+  const uint32_t quorum_;
+  std::optional<Clock::time_point> first_arrival_;  // the first session's first begin_step
   const Clock::duration gather_, timeout_;
   mutable std::mutex mutex_;
   std::condition_variable changed_;

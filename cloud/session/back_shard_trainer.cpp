@@ -12,7 +12,7 @@ BackShardTrainer::BackShardTrainer(Network& net, Optimizer& optimizer, double ti
 BackShardTrainer::BackShardTrainer(Network& net, Optimizer& optimizer, double timeout_s, uint32_t accumulate,
                                    Batched batched)
     : net_(net), optimizer_(optimizer),
-      batches_(std::make_unique<BackShardBatches>(net, optimizer, accumulate, batched.gather_s, timeout_s)),
+      batches_(std::make_unique<BackShardBatches>(net, optimizer, accumulate, batched.gather_s, timeout_s, batched.quorum)),
       accumulate_(std::max<uint32_t>(1, accumulate)) {}
 
 bool BackShardTrainer::begin_step(uint64_t owner, const std::atomic<bool>& cancelled, uint32_t microbatches) {

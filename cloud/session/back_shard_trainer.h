@@ -29,6 +29,10 @@ class BackShardTrainer {
   // handed in within `gather_s` of each other as one batch (run_batched).
   struct Batched {
     double gather_s = 0.005;
+    // The first update waits (up to timeout_s) until this many sessions have begun a step,
+    // as a federation's first round waits for its --min-edges: its window is then one step
+    // of each, not several of the first to arrive.
+    uint32_t quorum = 1;
   };
   BackShardTrainer(Network& net, Optimizer& optimizer, double timeout_s, uint32_t accumulate, Batched batched);
 
@@ -47,6 +51,8 @@ class BackShardTrainer {
   bool run_batched(uint64_t owner, BatchedMicrobatch& mb, const std::atomic<bool>& cancelled) {
     return batches_->run(owner, mb, cancelled);
   }
+  // A batched shard's stage, where its replicas keep in step (null otherwise).
+  Stage* batched_stage() { return batches_ ? &batches_->stage() : nullptr; }
   BackShardBatches::Stats batch_stats() const { return batches_ ? batches_->stats() : BackShardBatches::Stats{}; }
   // An evaluation batch between steps: the turn for it alone (released by end_eval).
   bool begin_eval(uint64_t owner, const std::atomic<bool>& cancelled);
