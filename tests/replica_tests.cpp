@@ -467,6 +467,76 @@ TEST(Replicas, MembersThatNeverComeEndTheMeetingWithinItsTimeout) {
   EXPECT_LT(waited, 10.0);
 }
 
+// Every collective first checks the members' headers: a member at another update (or with
+// another payload) makes every member fail with the same Error, naming both, instead of
+// pairing its values with another update's.
+TEST(Replicas, AMemberOutOfStepIsAnErrorOnEveryMember) {
+  StoreDir dir;
+  const Graph graph = Graph::build(parse_model_json(kSmallSplitSpec));
+  const QuadrantData data = quadrant_data(24, 5);
+  std::vector<std::string> errors(2);
+  on_members(2, [&](int r) {
+    auto group = make_gloo_group(r, 2, gloo_options(dir.path, "skew"));
+    Replica me(graph, kSgd);
+    if (r == 1) me.opt->set_steps(3);  // this one believes it is at update 3
+    ReplicaSync sync(me.stage, *group, {});
+    errors[static_cast<std::size_t>(r)] = error_of([&] { me.train(data, 0, 4, 4); });
+  });
+  std::size_t floats = 2;
+  {
+    Replica one(graph, kSgd);
+    for (Param* p : one.net.params()) floats += static_cast<std::size_t>(p->value().numel());
+    for (auto& [name, t] : one.net.buffers()) floats += static_cast<std::size_t>(t->numel());
+  }
+  EXPECT_EQ(errors[0], cat("[replicas] the replica set is out of step: replica 1 is at the gradients of update 3 with ",
+                           floats, " values, replica 0 is at the gradients of update 0 with ", floats,
+                           " values: every replica must make the same collectives in the same order (the same updates "
+                           "and rounds; give each as many first parties or edges, and the same options)"));
+  EXPECT_EQ(errors[1], cat("[replicas] the replica set is out of step: replica 0 is at the gradients of update 0 with ",
+                           floats, " values, replica 1 is at the gradients of update 3 with ", floats,
+                           " values: every replica must make the same collectives in the same order (the same updates "
+                           "and rounds; give each as many first parties or edges, and the same options)"));
+}
+
+// Sum mode (a federation's shared shard): the gradients are summed, not averaged, and
+// before_update returns every replica's count, which the caller divides the update by; a
+// replica that saw nothing counts 0, and when none did every replica skips the update.
+TEST(Replicas, SumModeSumsGradientsAndASetThatSawNothingSkipsTheUpdate) {
+  StoreDir dir;
+  const Graph graph = Graph::build(parse_model_json(kSmallSplitSpec));
+  std::vector<float> first_grad(2), totals(2), extra_sums(2);
+  std::vector<int64_t> steps_after(2);
+  std::vector<uint8_t> unchanged(2);
+  on_members(2, [&](int r) {
+    auto group = make_gloo_group(r, 2, gloo_options(dir.path, "sum"));
+    Replica me(graph, kSgd);
+    ReplicaSync sync(me.stage, *group, {ReplicaMode::Synchronous, 1, /*sum=*/true});
+    Param* p = me.net.params()[0];
+    me.stage.zero_grad();
+    p->grad().data()[0] = static_cast<float>(r + 1);  // 1 and 2: summed 3, where a mean would give 1.5
+    totals[static_cast<std::size_t>(r)] = static_cast<float>(sync.before_update(r == 0 ? 2 : 4));
+    first_grad[static_cast<std::size_t>(r)] = p->grad().data()[0];
+    // A federation's round: any values summed, checked by their index.
+    std::vector<float> v{static_cast<float>(10 * (r + 1))};
+    sync.all_sum(v, 7);
+    extra_sums[static_cast<std::size_t>(r)] = v[0];
+    // Nobody saw a sample: Stage::step skips the update on every replica.
+    const Tensor before = p->value().clone();
+    me.stage.zero_grad();
+    EXPECT_FALSE(me.stage.step(0));
+    steps_after[static_cast<std::size_t>(r)] = me.opt->steps();
+    unchanged[static_cast<std::size_t>(r)] = std::memcmp(before.data(), p->value().data(), before.bytes()) == 0;
+  });
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(cat("replica ", r));
+    EXPECT_EQ(first_grad[static_cast<std::size_t>(r)], 3.0f);
+    EXPECT_EQ(totals[static_cast<std::size_t>(r)], 6.0f);
+    EXPECT_EQ(extra_sums[static_cast<std::size_t>(r)], 30.0f);
+    EXPECT_EQ(steps_after[static_cast<std::size_t>(r)], 0);
+    EXPECT_TRUE(unchanged[static_cast<std::size_t>(r)]);
+  }
+}
+
 TEST(Replicas, BadGroupsAndModesAreRefused) {
   StoreDir dir;
   GlooOptions o = gloo_options(dir.path, "bad");
