@@ -88,17 +88,29 @@ void nap() { std::this_thread::sleep_for(std::chrono::milliseconds(20)); }
 std::string Membership::path(const std::string& name) const { return dir_ + "/" + name; }
 
 Membership::Membership(const MembershipOptions& options) : options_(options) {
-  if (options_.id.empty() ||
+  if (options_.id.empty() || options_.id.find(".tmp") != std::string::npos ||
       !std::all_of(options_.id.begin(), options_.id.end(), [](char c) {
         return std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-';
       }))
-    fail("membership", cat("replica id '", options_.id, "': use letters, digits, '.', '_' and '-'"));
+    fail("membership", cat("replica id '", options_.id, "': use letters, digits, '.', '_' and '-' (not '.tmp', which "
+                           "marks the folder's temporary files)"));
   if (options_.initial < 1) fail("membership", "a replica set forms with at least one replica");
   if (options_.gloo.store_dir.empty()) fail("membership", "no rendezvous folder: name one every replica can reach");
   dir_ = options_.gloo.store_dir + "/membership-" + (options_.gloo.prefix.empty() ? "set" : options_.gloo.prefix);
   std::error_code ec;
   fs::create_directories(dir_, ec);
   if (ec) fail("membership", cat("cannot make '", dir_, "': ", ec.message()));
+  join();
+}
+
+void Membership::rejoin() {
+  group_.reset();
+  ++stats_.rejoins;
+  join();
+}
+
+void Membership::join() {
+  std::error_code ec;
   {
     std::random_device random;
     token_ = cat(options_.id, "#", std::hex, (uint64_t{random()} << 32) | random());
@@ -129,9 +141,19 @@ Membership::Membership(const MembershipOptions& options) : options_(options) {
     nap();
   }
   fs::remove(path("join-" + options_.id), ec);
+  const uint64_t e = latest_epoch(dir_);
   throw GroupLost(cat("[membership] replica '", options_.id, "' was not let into the set in '", dir_, "' within ",
                       options_.join_timeout.count(), " ms (are ", options_.initial,
-                      " replicas starting, or a running one taking steps?)"));
+                      " replicas starting, or a running one taking steps?",
+                      e > 0 ? cat(" The folder lists epoch ", e, ": if that set no longer runs, empty the folder")
+                            : std::string(),
+                      ")"));
+}
+
+Group& Membership::group() {
+  if (!group_)
+    throw GroupLost(cat("[membership] replica '", options_.id, "': epoch ", epoch_, "'s group did not meet: re-form"));
+  return *group_;
 }
 
 Membership::~Membership() = default;
@@ -140,11 +162,13 @@ void Membership::build(uint64_t epoch, std::vector<std::string> members) {
   const auto it = std::find(members.begin(), members.end(), token_);
   const int rank = static_cast<int>(it - members.begin());
   group_.reset();  // the old group's connections close first
-  GlooOptions gloo = options_.gloo;
-  gloo.prefix = cat(options_.gloo.prefix.empty() ? "set" : options_.gloo.prefix, ".epoch-", epoch);
-  group_ = make_gloo_group(rank, static_cast<int>(members.size()), gloo);
+  // The epoch is this replica's before its group meets: when the meeting fails (a member lost
+  // meanwhile), the next reform goes on from it.
   epoch_ = epoch;
   members_ = std::move(members);
+  GlooOptions gloo = options_.gloo;
+  gloo.prefix = cat(options_.gloo.prefix.empty() ? "set" : options_.gloo.prefix, ".epoch-", epoch);
+  group_ = make_gloo_group(rank, static_cast<int>(members_.size()), gloo);
 }
 
 std::vector<std::string> Membership::waiting() const {
@@ -163,11 +187,11 @@ void Membership::reform(bool lost) {
   const std::string epoch_file = path(cat("epoch-", next));
   std::vector<std::string> members;
   if (lost) {
-    write_atomically(path(cat("alive-", next, "-", options_.id)), token_ + "\n", token_);
+    write_atomically(path(cat("alive-", next, "-", token_)), token_ + "\n", token_);
     std::this_thread::sleep_for(options_.settle);
     std::vector<std::string> said;
-    for (const std::string& id : files_after(dir_, cat("alive-", next, "-")))
-      said.push_back(first_line(path(cat("alive-", next, "-", id))));
+    for (const std::string& token : files_after(dir_, cat("alive-", next, "-")))
+      said.push_back(first_line(path(cat("alive-", next, "-", token))));
     for (const std::string& m : members_)
       if (std::find(said.begin(), said.end(), m) != said.end()) members.push_back(m);
     if (!members.empty() && members.front() == token_ && latest_epoch(dir_) < next) {
@@ -192,8 +216,9 @@ void Membership::reform(bool lost) {
   }
   members = read_lines(epoch_file);
   if (std::find(members.begin(), members.end(), token_) == members.end())
-    throw GroupLost(cat("[membership] replica '", options_.id, "' is not in epoch ", next,
-                        " (it said it was alive too late): start it again to join the set"));
+    throw LeftOut(cat("[membership] replica '", options_.id, "' is not in epoch ", next,
+                      " (it said it was alive too late, or was silent while the others re-formed): it joins the set "
+                      "again"));
   const std::size_t before = members_.size();
   std::size_t kept = 0;
   for (const std::string& m : members)

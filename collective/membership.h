@@ -29,6 +29,13 @@
 
 namespace tandem {
 
+// This replica is not in the epoch the others formed (it said it was alive too late, or was
+// dropped while silent): it must join the set again (Membership::rejoin).
+class LeftOut : public Error {
+ public:
+  using Error::Error;
+};
+
 struct MembershipOptions {
   GlooOptions gloo;  // store_dir: the replica set's folder; prefix: the set's name
   std::string id;    // this replica's name in the set, unique ([A-Za-z0-9._-])
@@ -46,23 +53,30 @@ class Membership {
   Membership(const Membership&) = delete;
   Membership& operator=(const Membership&) = delete;
 
-  Group& group() { return *group_; }
+  // The epoch's group; GroupLost when its build failed (a member lost while meeting: reform).
+  Group& group();
   uint64_t epoch() const { return epoch_; }
   // The members in rank order, each "ID#NONCE": a replica started again is a new member.
   const std::vector<std::string>& members() const { return members_; }
   // Whether a replica waits to join (rank 0 looks, between steps).
   bool joiners() const;
   // The next epoch: after a GroupLost (`lost`), of the members alive; else (a join agreed on in
-  // a collective) of every member and the joiners. An Error when this replica is left out.
+  // a collective) of every member and the joiners. LeftOut when this replica is not in it;
+  // GroupLost when no epoch was formed in time or its group did not meet (call it again).
   void reform(bool lost);
+  // After LeftOut: asks to join under a new identity and waits until an epoch lists it (as a
+  // replica started again would); then take a member's state (ReplicaSync::copy_from).
+  void rejoin();
   // Epochs formed since this replica joined, members dropped and joined in them.
   struct Stats {
     uint64_t reforms = 0, dropped = 0, joined = 0;
+    uint64_t rejoins = 0;  // times this replica was left out and joined again
   };
   const Stats& stats() const { return stats_; }
 
  private:
   std::string path(const std::string& name) const;
+  void join();  // writes the join request and waits until an epoch lists this replica
   std::vector<std::string> waiting() const;  // the joiners' tokens
   void build(uint64_t epoch, std::vector<std::string> members);
 

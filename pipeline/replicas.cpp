@@ -1,6 +1,7 @@
 #include "pipeline/replicas.h"
 
 #include <algorithm>
+#include <cstdio>
 
 #include "core/error.h"
 
@@ -47,11 +48,11 @@ std::size_t floats_in(const std::vector<Tensor*>& tensors) {
 }  // namespace
 
 template <typename F>
-void ReplicaSync::surviving(F&& collective) {
+bool ReplicaSync::surviving(F&& collective) {
   for (;;) {
-    Group& g = group();
-    const Group::Stats before = g.stats();
     try {
+      Group& g = group();
+      const Group::Stats before = g.stats();
       collective(g);
       const Group::Stats& after = g.stats();
       std::lock_guard lock(totals_mu_);
@@ -62,10 +63,22 @@ void ReplicaSync::surviving(F&& collective) {
       totals_.members = static_cast<uint64_t>(g.size());
       totals_.rank = g.rank();
       if (membership_) totals_.membership = membership_->stats();
-      return;
+      return true;
     } catch (const GroupLost&) {
       if (!membership_) throw;
-      membership_->reform(true);  // throws when this replica is left out
+    }
+    // The next epoch, of the members alive; again while its group does not meet.
+    try {
+      membership_->reform(true);
+    } catch (const GroupLost& e) {
+      std::fprintf(stderr, "%s: re-forming again\n", e.what());
+    } catch (const LeftOut& e) {
+      // The others went on without this replica: it joins again and takes rank 0's state;
+      // what it was to hand in is dropped.
+      std::fprintf(stderr, "%s\n", e.what());
+      membership_->rejoin();
+      copy_from(0);
+      return false;
     }
   }
 }
@@ -82,7 +95,7 @@ void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight, st
   const std::size_t n = floats_in(tensors) + 2;
   buffer_.resize(n);
   const bool gradients = options_.mode == ReplicaMode::Synchronous;
-  surviving([&](Group& g) {
+  const bool summed_here = surviving([&](Group& g) {
     in_step(g, gradients ? Kind::Gradients : Kind::Weights, n, static_cast<uint64_t>(stage_.optimizer()->steps()));
     float* at = buffer_.data();
     for (std::size_t k = 0; k < tensors.size(); ++k) {
@@ -96,6 +109,11 @@ void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight, st
     g.all_sum(buffer_);
     if (membership_) last_members_ = membership_->members();
   });
+  if (!summed_here) {  // this replica joined the set again: its state is rank 0's now
+    joining_ = false;
+    buffer_[n - 2] = 0.0f;  // (no samples of its own counted: the update is skipped here)
+    return;
+  }
   joining_ = buffer_.back() > 0.0f;
   const float total = buffer_[n - 2];
   ++averages_;
@@ -154,8 +172,8 @@ void ReplicaSync::in_step(Group& g, Kind kind, std::size_t floats, uint64_t inde
   }
 }
 
-void ReplicaSync::all_sum(std::span<float> values, uint64_t index) {
-  surviving([&](Group& g) {
+bool ReplicaSync::all_sum(std::span<float> values, uint64_t index) {
+  return surviving([&](Group& g) {
     in_step(g, Kind::Extra, values.size(), index);
     g.all_sum(values);
   });

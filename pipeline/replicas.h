@@ -72,7 +72,9 @@ class ReplicaSync final : public UpdateSync {
   // sum): `values` all-summed, over a membership again in the next epoch when a member is
   // lost. `index` numbers it among its kind (every member passes the same: the round); a
   // member at another index or with another count of values is an Error on every member.
-  void all_sum(std::span<float> values, uint64_t index);
+  // false: this replica had been left out of the set and joined it again (its state, and
+  // also_copy's, are rank 0's now), and `values` are not summed.
+  bool all_sum(std::span<float> values, uint64_t index);
   // State besides the stage's that a joiner takes with copy_from (a federation's round and
   // average): `get` flattens it, `set` takes rank 0's back.
   void also_copy(std::function<std::vector<float>()> get, std::function<void(std::span<const float>)> set) {
@@ -105,8 +107,10 @@ class ReplicaSync final : public UpdateSync {
   // The first `summed` tensors summed, the rest averaged by `weight`.
   void all_mean(const std::vector<Tensor*>& tensors, float weight, std::size_t summed);
   // Runs a collective; over a membership, again in the next epoch when a member is lost.
+  // false: this replica was left out of that epoch, joined the set again and copied rank 0's
+  // state; the collective was not made.
   template <typename F>
-  void surviving(F&& collective);
+  bool surviving(F&& collective);
   // What each collective is, checked on every member before its payload (in one all-sum, each
   // member's header in its own place): a member at another update, round or size would
   // otherwise pair its payload with another's.

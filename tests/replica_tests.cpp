@@ -290,6 +290,77 @@ TEST(Replicas, ASetLosesAMemberAndLetsOneInWhileItTrains) {
   EXPECT_EQ(stats[0].joined, 1u);
 }
 
+// A member silent past the group's timeout is dropped by the others, who go on; when it
+// speaks again it finds itself left out, joins the set again by itself (its pending update
+// dropped) and takes their state: all end bit-identical, and every update equals one stage
+// over its epoch's members' rows.
+TEST(Replicas, ASilentMemberLeftOutJoinsAgainByItself) {
+  const Graph graph = Graph::build(parse_model_json(kSmallSplitSpec));
+  const QuadrantData data = quadrant_data(480, 9);
+  const int steps = 12, silent_at = 4;
+  const int64_t rows = 4;
+  auto rows_of = [&](int s, int r) { return s * 12 + r * rows; };
+  StoreDir dir;
+  std::vector<std::unique_ptr<Replica>> replicas;
+  for (int r = 0; r < 3; ++r) replicas.push_back(std::make_unique<Replica>(graph, kSgd, r == 0 ? 11 : 70 + r));
+  std::vector<Membership::Stats> stats(3);
+  std::vector<std::vector<std::string>> members(3);  // each member's view of every update's members
+  std::vector<int> skipped(3);
+  on_members(3, [&](int r) {
+    MembershipOptions o{.gloo = gloo_options(dir.path, "quiet", 1500), .id = cat("r", r), .initial = 3,
+                        .settle = std::chrono::milliseconds(300), .join_timeout = std::chrono::milliseconds(20000)};
+    Replica& me = *replicas[static_cast<std::size_t>(r)];
+    Membership m(o);
+    ReplicaSync sync(me.stage, m, {});
+    sync.copy_from(0);
+    // Each member trains the rows of the update it is at (a driver's step counter: a member
+    // that joins again takes the others' count).
+    bool was_silent = false;
+    while (me.opt->steps() < steps) {
+      const int s = static_cast<int>(me.opt->steps());
+      if (r == 2 && s == silent_at && !was_silent) {  // silent past the group's timeout
+        was_silent = true;
+        std::this_thread::sleep_for(std::chrono::milliseconds(4000));
+      }
+      if (r < 2 && s == silent_at + 2)  // the others train on, and wait here until it asks again
+        while (!std::filesystem::exists(dir.path + "/membership-quiet/join-r2"))
+          std::this_thread::sleep_for(std::chrono::milliseconds(10));
+      me.train(data, rows_of(s, r), rows, 2);
+      if (me.opt->steps() != s + 1) {  // its pending update dropped, the others' state taken
+        ++skipped[static_cast<std::size_t>(r)];
+        continue;
+      }
+      std::string who;
+      for (const std::string& t : sync.last_step_members()) who += t.substr(0, t.find('#')) + " ";
+      members[static_cast<std::size_t>(r)].push_back(who);
+    }
+    stats[static_cast<std::size_t>(r)] = m.stats();
+  });
+  for (int r = 0; r < 3; ++r) {
+    SCOPED_TRACE(cat("replica ", r));
+    EXPECT_TRUE(same_bits(replicas[static_cast<std::size_t>(r)]->net, replicas[0]->net));
+  }
+  EXPECT_EQ(stats[2].rejoins, 1u);
+  EXPECT_EQ(skipped[2], 1);  // the update it had pending when it spoke again
+  EXPECT_EQ(skipped[0], 0);
+  EXPECT_EQ(stats[0].dropped, 1u);
+  EXPECT_EQ(stats[0].joined, 1u);
+  // The replay: each of replica 0's updates over the rows of the members it was made with.
+  Replica whole(graph, kSgd);
+  ASSERT_EQ(members[0].size(), static_cast<std::size_t>(steps));
+  for (int s = 0; s < steps; ++s) {
+    std::vector<int64_t> starts;
+    for (int r = 0; r < 3; ++r)
+      if (members[0][static_cast<std::size_t>(s)].find(cat("r", r, " ")) != std::string::npos)
+        starts.push_back(rows_of(s, r));
+    const QuadrantData batch = gather(data, starts, rows);
+    whole.train(batch, 0, batch.images.shape()[0], 4);
+  }
+  EXPECT_LE(max_diff(replicas[0]->net, whole.net), 1e-5f);
+  EXPECT_NE(members[0][static_cast<std::size_t>(silent_at)], "r0 r1 r2 ");  // it was dropped for a while
+  EXPECT_EQ(members[0].back(), "r0 r1 r2 ");                                // and is back at the end
+}
+
 // Replica processes (tandem_replica_child), every one stopped on every exit path.
 class Children {
  public:

@@ -154,7 +154,32 @@ void Federation::close_round(const char* why) {
       at += acc.size();
     }
     sums[at] = counted ? static_cast<float>(samples) : static_cast<float>(in.size());
-    all_sum_(sums, round_ + 1);
+    closer_ = std::this_thread::get_id();
+    bool summed = false;
+    try {
+      summed = all_sum_(sums, round_ + 1);
+    } catch (...) {
+      closer_ = std::thread::id{};
+      throw;
+    }
+    closer_ = std::thread::id{};
+    if (!summed) {
+      // This replica rejoined the set: the set's round and average are its own now; its
+      // edges' fronts of this round were not in it, and they take that average.
+      const auto bytes = writer_.aggregated(round_, 0, 0, current_);
+      for (Edge* e : in) {
+        e->submitted = false;
+        e->weights.clear();
+      }
+      for (auto& [c, e] : edges_)
+        if (std::find(in.begin(), in.end(), &e) != in.end()) send_(c, bytes);
+      first_submission_.reset();
+      std::printf("round %u: this replica joined its set again; its %zu edges' fronts were not averaged, and they "
+                  "take the set's average of round %u\n",
+                  round_, in.size(), round_);
+      std::fflush(stdout);
+      return;
+    }
     const float total = sums[at];
     at = 0;
     for (Tensor& t : out) {
@@ -188,14 +213,24 @@ void Federation::close_round(const char* why) {
 }
 
 std::vector<float> Federation::state() {
+  if (closer_ == std::this_thread::get_id()) return state_locked();
   std::lock_guard<std::mutex> lock(mutex_);
+  return state_locked();
+}
+
+void Federation::set_state(std::span<const float> values) {
+  if (closer_ == std::this_thread::get_id()) return set_state_locked(values);
+  std::lock_guard<std::mutex> lock(mutex_);
+  set_state_locked(values);
+}
+
+std::vector<float> Federation::state_locked() const {
   std::vector<float> out{static_cast<float>(round_)};
   for (const auto& [name, t] : current_) out.insert(out.end(), t.data(), t.data() + t.numel());
   return out;
 }
 
-void Federation::set_state(std::span<const float> values) {
-  std::lock_guard<std::mutex> lock(mutex_);
+void Federation::set_state_locked(std::span<const float> values) {
   std::size_t n = 1;
   for (const auto& [name, t] : current_) n += static_cast<std::size_t>(t.numel());
   if (values.size() != n) fail("federation", cat("a replica's federation state of ", values.size(), " values, not ", n));

@@ -7,6 +7,7 @@
 // transport-free (messages leave through `send`), so it is tested in-process.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -15,6 +16,7 @@
 #include <optional>
 #include <span>
 #include <string>
+#include <thread>
 #include <vector>
 
 #include "core/wire/messages.h"
@@ -68,7 +70,9 @@ class Federation {
   // Replicas of the cloud (pipeline/replicas.h), each with edges of its own: a round closes on
   // every replica, and its average is over all their edges. `all_sum` sums a round's values
   // over the replicas (every replica calls it once a round, with the round's number).
-  using AllSum = std::function<void(std::span<float> values, uint32_t round)>;
+  // false: the replica was left out and joined the set again, and its state (set_state, from
+  // within the call) is the set's; the values were not summed.
+  using AllSum = std::function<bool(std::span<float> values, uint32_t round)>;
   void set_replicas(AllSum all_sum) { all_sum_ = std::move(all_sum); }
   // The round and its average as floats, for a replica that joins (set_state takes them).
   std::vector<float> state();
@@ -93,6 +97,9 @@ class Federation {
   Send send_;
   std::function<void(const std::string&)> metrics_;
   AllSum all_sum_;
+  std::atomic<std::thread::id> closer_{};  // the thread inside all_sum_ (holding mutex_): state() and set_state() from it lock nothing
+  std::vector<float> state_locked() const;
+  void set_state_locked(std::span<const float> values);
   std::map<uint64_t, Edge> edges_;
   uint32_t round_ = 0, saved_round_ = 0;
   std::optional<Clock::time_point> first_submission_;

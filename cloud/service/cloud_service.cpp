@@ -591,7 +591,7 @@ int serve(const ServeOptions& o) {
     ReplicaSync* sync = shared->replicas.get();
     sync->also_copy([federation] { return federation->state(); },
                     [federation](std::span<const float> v) { federation->set_state(v); });
-    federation->set_replicas([sync](std::span<float> v, uint32_t round) { sync->all_sum(v, round); });
+    federation->set_replicas([sync](std::span<float> v, uint32_t round) { return sync->all_sum(v, round); });
     sync->copy_from(0);
     std::string members;
     for (const std::string& m : shared->membership->members()) members += cat(members.empty() ? "" : ", ", m);
