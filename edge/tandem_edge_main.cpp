@@ -18,9 +18,19 @@ namespace {
 
 int train_command(const CliArgs& args) {
   EdgeTrainOptions o;
-  const HostPort cloud = args.host_port("cloud", "wss://");  // TLS is always on
-  o.host = cloud.host;
-  o.port = cloud.port;
+  // TLS is always on; several addresses: the replicas of one cloud, tried in turn.
+  const std::string clouds = args.required("cloud");
+  for (std::size_t at = 0; at <= clouds.size();) {
+    const std::size_t comma = std::min(clouds.find(',', at), clouds.size());
+    const HostPort cloud = CliArgs({{"cloud", clouds.substr(at, comma - at)}}).host_port("cloud", "wss://");
+    if (at == 0) {
+      o.host = cloud.host;
+      o.port = cloud.port;
+    } else {
+      o.more_clouds.emplace_back(cloud.host, cloud.port);
+    }
+    at = comma + 1;
+  }
   o.identity_dir = args.required("identity");
   o.model_path = args.required("model");
   o.cut = args.str("cut", "");
@@ -185,7 +195,7 @@ constexpr const char* kTrainDetails = R"(
 )";
 
 void declare_train(Command& c) {
-  c.option("cloud", "wss://HOST:PORT", "the cloud service (required; TLS is always on)")
+  c.option("cloud", "wss://HOST:PORT[,...]", "the cloud service (required; TLS is always on); several: a replica set's replicas, tried in turn")
    .option("identity", "IDDIR", "this edge's identity folder from `tandem-cloud pki issue`: client.crt, client.key, ca.crt (required)")
    .option("model", "SPEC", "the model spec, JSON (required)")
    .option("cut", "NODE|A,B|auto", "where the model splits (default: the spec's cut); a module's name: after its last node; A,B: U-shaped; auto: planned here")

@@ -116,6 +116,10 @@ struct SharedBack {
   // --replica-set: this cloud is one replica of several keeping the shard and the rounds in step.
   std::unique_ptr<Membership> membership;
   std::unique_ptr<ReplicaSync> replicas;
+  // A replica serves its share of the set's edges (--back-accumulate N); one more is answered
+  // Busy, and its list of the set's addresses takes it to another replica.
+  uint32_t share = 0;
+  std::atomic<uint32_t> sessions{0};
 };
 
 // One edge's session on its own thread, fed frames by the service loop.
@@ -148,6 +152,7 @@ class Worker {
     back_.reset();
     backend_.reset();
     memory_.give(reserved_);
+    if (holds_share_) shared_->sessions.fetch_sub(1);
   }
   Worker(const Worker&) = delete;
   Worker& operator=(const Worker&) = delete;
@@ -239,6 +244,16 @@ class Worker {
   // when it could never fit, NoRoom, instead of the Welcome. A federation's one shard is made
   // at start: nothing to admit.
   bool admit(const BackShard& shard) {
+    if (shared_ && shared_->share > 0) {
+      if (shared_->sessions.fetch_add(1) >= shared_->share) {
+        shared_->sessions.fetch_sub(1);
+        metrics_.count_refusal("replica_share");
+        close_with(wire::ErrorCode::Busy, cat("this replica serves ", shared_->share, " edges, its share of the replica "
+                                              "set (--back-accumulate): try another replica of the set"));
+        return false;
+      }
+      holds_share_ = true;
+    }
     if (shared_ || memory_.limit() == 0) return true;
     std::size_t left = 0;
     const std::string needs = cat("this session's back shard (cut '", shard.cut, "', at the cloud's batch of ",
@@ -406,6 +421,7 @@ class Worker {
   ServiceMetrics& metrics_;
   SessionMemory& memory_;
   std::size_t reserved_ = 0;  // taken from memory_ at admit, given back with the worker
+  bool holds_share_ = false;  // counted in shared_->sessions at admit, until the worker goes
   std::unique_ptr<Backend> backend_;
   std::unique_ptr<Network> back_;  // these four: made on the first message (start_session)
   std::unique_ptr<Optimizer> optimizer_;
@@ -593,6 +609,7 @@ int serve(const ServeOptions& o) {
                     [federation](std::span<const float> v) { federation->set_state(v); });
     federation->set_replicas([sync](std::span<float> v, uint32_t round) { return sync->all_sum(v, round); });
     sync->copy_from(0);
+    shared->share = o.federation.back_accumulate;
     std::string members;
     for (const std::string& m : shared->membership->members()) members += cat(members.empty() ? "" : ", ", m);
     std::printf("tandem-cloud: replica %d of %d in epoch %llu (%s), %s; the shard at update %lld, round %u\n",

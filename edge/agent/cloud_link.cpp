@@ -34,7 +34,8 @@ void check_identity_folder(const std::string& identity_dir, bool without_certifi
                                        : ", or connect with --token from `tandem-cloud pki token`"));
 }
 
-CloudLink::CloudLink(const std::string& host, int port, const std::string& identity_dir, bool without_certificate) {
+CloudLink::CloudLink(const std::string& host, int port, const std::string& identity_dir, bool without_certificate)
+    : host_(host), port_(port) {
   TlsIdentity id{identity_dir + "/client.crt", identity_dir + "/client.key", identity_dir + "/ca.crt"};
   if (without_certificate) id.cert = id.key = "";
   link_ = WssClient::connect(host, port, id);

@@ -28,12 +28,16 @@ class CloudLink {
   void send(std::span<const uint8_t> bytes);
   Frame await(const char* awaiting);
 
+  const std::string& host() const { return host_; }
+  int port() const { return port_; }
   uint64_t bytes_up() const { return up_; }
   uint64_t bytes_down() const { return down_; }
   double idle_seconds() const { return idle_s_; }
 
  private:
   std::unique_ptr<WssClient> link_;
+  std::string host_;
+  int port_ = 0;
   uint64_t up_ = 0, down_ = 0;
   double idle_s_ = 0.0;
 };

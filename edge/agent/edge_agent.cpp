@@ -197,6 +197,18 @@ int train_over_wss(const EdgeTrainOptions& o) {
   // from the newest checkpoint both sides hold; the cloud's Errors end the run as before.
   int busy_retries = 0, drops_in_a_row = 0;
   bool connected = false;  // once: a cloud that cannot be reached at the start ends the run at once
+  // The cloud's addresses (one, or a replica set's): a failed or dropped connection, or Busy,
+  // moves to the next; the backoff comes once every address was tried.
+  std::vector<std::pair<std::string, int>> clouds{{o.host, o.port}};
+  clouds.insert(clouds.end(), o.more_clouds.begin(), o.more_clouds.end());
+  std::size_t at = 0, unreached = 0;
+  const auto next_cloud = [&](const std::string& why) {
+    if (clouds.size() < 2) return false;
+    at = (at + 1) % clouds.size();
+    std::fprintf(stderr, "tandem-edge: %s; trying the cloud's next address, wss://%s:%d\n", why.c_str(),
+                 clouds[at].first.c_str(), clouds[at].second);
+    return at != 0;  // false: every address tried since the first (back off before the next round)
+  };
   uint64_t step_at_reconnect = edge->position().step;
   for (;;) {
     std::string dropped;  // why the link failed (CloudLink's Errors only; the run's own propagate)
@@ -209,7 +221,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
         return false;
       }
     };
-    if (over_link([&] { link.emplace(o.host, o.port, o.identity_dir, !o.token.empty()); })) {
+    if (over_link([&] { link.emplace(clouds[at].first, clouds[at].second, o.identity_dir, !o.token.empty()); })) {
       connected = true;
       report.attach(*edge, *link, microbatches);
       edge->on_open();
@@ -221,6 +233,7 @@ int train_over_wss(const EdgeTrainOptions& o) {
     report.detach();
     link.reset();
     if (dropped.empty()) {  // Busy
+      if (next_cloud(edge->busy())) continue;  // another replica may have room
       if (++busy_retries > o.connect_retries) {
         edge->on_closed(edge->busy());
         break;
@@ -232,7 +245,11 @@ int train_over_wss(const EdgeTrainOptions& o) {
       continue;
     }
     // A dropped link. Progress since the last reconnection starts the count again.
-    if (!connected) fail("edge", dropped);
+    if (!connected) {  // none reached yet: each address once, then the run ends
+      if (++unreached < clouds.size() && next_cloud(dropped)) continue;
+      fail("edge", dropped);
+    }
+    next_cloud(dropped);  // the replica it lost may be gone: the next one (after the backoff)
     const uint64_t reached = edge->position().step;
     if (reached > step_at_reconnect) drops_in_a_row = 0;
     if (!checkpoints && edge->steps_done() > 0)

@@ -17,6 +17,9 @@ namespace tandem {
 struct EdgeTrainOptions {
   std::string host = "localhost";
   int port = 0;
+  // More addresses of the same cloud (the replicas of a replica set, after host:port): a
+  // connection that fails or drops, or a Busy answer, moves to the next one.
+  std::vector<std::pair<std::string, int>> more_clouds;
   std::string identity_dir;  // client.crt, client.key, ca.crt (only ca.crt with a token)
   std::string token;         // an enrolment token (`tandem-cloud pki token`) instead of client.crt
   std::string model_path;

@@ -68,7 +68,7 @@ void RunReport::on_event(const EdgeEvent& e) {
       std::fprintf(stderr,
                    "connected to wss://%s:%d, model %s cut at '%s', front on %s, %u micro-batches a step, %s on the "
                    "wire\n",
-                   o_.host.c_str(), o_.port, edge_->model_name().c_str(), edge_->cut().c_str(), o_.backend.c_str(),
+                   link_ ? link_->host().c_str() : o_.host.c_str(), link_ ? link_->port() : o_.port, edge_->model_name().c_str(), edge_->cut().c_str(), o_.backend.c_str(),
                    microbatches_, e.dtype.c_str());
       // Split-federated: the newest average first (a late or returning edge), then one every
       // aggregate_every steps and one after the last step.
