@@ -107,6 +107,10 @@ void Network::set_input_gradient(bool wanted) {
   plan_backward();
 }
 
+void Network::set_reducer(Reducer* reducer) {
+  for (auto& l : layers_) l->set_reducer(reducer);
+}
+
 void Network::set_recompute(bool recompute) {
   if (recompute == recompute_) return;
   refuse_after_forward("set_recompute");

@@ -8,6 +8,7 @@
 #include <vector>
 
 #include "core/graph.h"
+#include "core/parallel.h"
 #include "core/layers/layer.h"
 
 namespace tandem {
@@ -36,6 +37,9 @@ class Network {
   // (Layer::set_recompute: attention's probabilities), for a party short of memory. Off by
   // default; set before the first forward.
   void set_recompute(bool recompute);
+  // The shard group a layer-sharded stage's tp_copy and tp_reduce nodes sum over (not owned;
+  // core/parallel.h). A forward through one without it is an Error naming the node.
+  void set_reducer(Reducer* reducer);
   Param& param(const std::string& name);
   int64_t param_count();
   // Floats of one sample's tensors at the spec's shapes: what a training slot keeps for

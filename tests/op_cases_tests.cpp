@@ -76,6 +76,10 @@ std::vector<OpCase> cases() {
       {"global_avg_pool", "global_avg_pool", R"({ name: "y", op: "global_avg_pool", inputs: ["x"] })", img},
       {"batch_norm", "batch_norm", R"({ name: "y", op: "batch_norm", inputs: ["x"] })", img, Draw::Uniform, 0, false, true, 3},
       {"flatten", "flatten", R"({ name: "f", op: "flatten", inputs: ["x"] }, { name: "y", op: "linear", inputs: ["f"], linear: { out_features: 3 } })", img},
+      // Layer shards' joins in a group of one member (the sum of one is the value itself):
+      // a copy forward and back; pipeline.replicas' LayerShards cases run them over 2 members.
+      {"tp_copy", "tp_copy", R"({ name: "c", op: "tp_copy", inputs: ["x"] }, { name: "y", op: "linear", inputs: ["c"], linear: { out_features: 3 } })", vec6},
+      {"tp_reduce", "tp_reduce", R"({ name: "l", op: "linear", inputs: ["x"], linear: { out_features: 3 } }, { name: "y", op: "tp_reduce", inputs: ["l"] })", vec6},
       {"add", "add_residual", R"({ name: "l", op: "linear", inputs: ["x"], linear: { out_features: 6 } }, { name: "y", op: "add", inputs: ["l", "x"] })", vec6},
       {"concat", "concat_two_branches", R"({ name: "l", op: "linear", inputs: ["x"], linear: { out_features: 3 } }, { name: "y", op: "concat", inputs: ["x", "l"] })", vec6},
       // mul: MobileNetV3's squeeze-excitation (an image times its channels' gates) and a
@@ -367,6 +371,11 @@ TEST_P(OpCases, MatchesTheReferenceAndFiniteDifferences) {
   auto backend = make_test_backend(backend_under_test());
   auto reference = make_backend("reference");
   Network net(graph, *backend, c.seed), ref(graph, *reference, c.seed);
+  struct Alone final : Reducer {  // a shard group of one member
+    void all_sum(std::span<float>) override {}
+  } alone;
+  net.set_reducer(&alone);
+  ref.set_reducer(&alone);
   for (Param* p : net.all_params()) {  // the same weights on both
     Tensor& v = p->value();
     const Tensor& w = ref.param(p->name()).value();

@@ -114,6 +114,9 @@ std::vector<Case> cases() {
   c.push_back({named("matmul"), {{3, 4, 6}, {6, 5}}, 2.0 * 360, 4.0 * 360});
   c.push_back({named("global_avg_pool"), {{4, 4, 6}}, 96.0 + 6, 96.0});
   c.push_back({named("flatten"), {{4, 4, 6}}, 0.0, 0.0});
+  // Layer shards' joins: a copy (and the group's sum, which is the network's, not arithmetic here).
+  c.push_back({named("tp_copy"), {{5, 6}}, 0.0, 0.0});
+  c.push_back({named("tp_reduce"), {{5, 6}}, 0.0, 0.0});
   // A linear on a sequence of 7 tokens of 20: 7 rows of 200 multiply-adds.
   c.push_back({lin, {{7, 20}}, 7 * 2.0 * 200, 7 * 2.0 * 2 * 200 + 10});
   // With a rank-2 LoRA adapter: x A^T (20 -> 2) and B (2 -> 10) on 7 rows are 7 * (40 + 20)

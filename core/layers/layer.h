@@ -12,6 +12,7 @@
 
 #include "core/backend.h"
 #include "core/graph.h"
+#include "core/parallel.h"
 #include "core/param.h"
 #include "core/random.h"
 #include "core/tensor.h"
@@ -68,6 +69,9 @@ class Layer {
   // probabilities, a tokens x tokens table a head, from q, k, v and the mask). Results are
   // the same bit for bit; backward_reads() may name more. Off by default.
   virtual void set_recompute(bool) {}
+  // A layer-shard op (core/parallel.h: tp_copy, tp_reduce) sums over its shard group through
+  // this; the others ignore it.
+  virtual void set_reducer(Reducer*) {}
 
   // `out` is preallocated with this node's shape for the micro-batch.
   virtual void forward(std::span<const Tensor> in, Tensor& out, Stash& stash) = 0;

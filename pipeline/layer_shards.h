@@ -1,0 +1,58 @@
+// Layer shards of a stage (tensor parallel, Megatron-LM's split of an MLP block): S members
+// each hold a slice of the stage's linear pairs and compute together, summing through their
+// shard group. A pair is a linear A whose output, through elementwise activations only (each
+// node read by the next alone), is the only input of a linear B: A is split by its output
+// features (columns: member r holds rows [r H/S, (r+1) H/S) of A's weight and bias), B by
+// its input features (member r holds those columns of B's weight; B's bias on member 0
+// alone). A tp_copy node before A sums A's input gradient over the members going back, a
+// tp_reduce node after B sums the members' partial outputs going forward: one all-sum a
+// block each way. Every other layer is whole on every member, computed alike on the same
+// input, and its gradients are the same on every member. So the members together compute
+// the unsplit stage's outputs and gradients, and each member's optimizer, updating its own
+// slices and its own copy of the rest, keeps them so.
+//
+// Not split yet: attention by heads (its projections are one fused node here), and
+// convolutions. A stage without a pair is refused.
+#pragma once
+
+#include <string>
+#include <vector>
+
+#include "collective/group.h"
+#include "core/model_spec.h"
+#include "core/network.h"
+#include "core/parallel.h"
+
+namespace tandem {
+
+struct LinearPair {
+  std::string columns, rows;  // A (split by output features) and B (split by input features)
+};
+
+// The spec's linear pairs that split over `shards` members (A's output features divisible by
+// it; no LoRA on either).
+std::vector<LinearPair> linear_pairs(const ModelSpec& spec, int shards);
+
+// Member `rank` of `shards`' spec: each pair's linears at their slice's size, a tp_copy before
+// A and a tp_reduce after B (named "<A>.tp_copy" and "<B>.tp_reduce"), the rest as it was.
+// An Error naming the model when it has no pair to split.
+ModelSpec layer_shard_spec(const ModelSpec& spec, int rank, int shards);
+
+// A member's shard network takes its slices of the unsplit network's weights, and the rest
+// whole (they start from the unsplit stage's initialisation).
+void load_layer_shard(Network& whole, Network& shard, const std::vector<LinearPair>& pairs, int rank, int shards);
+// The other way: a member's slices written into the unsplit network's weights (the rest
+// copied too: every member holds the same).
+void store_layer_shard(Network& shard, Network& whole, const std::vector<LinearPair>& pairs, int rank, int shards);
+
+// A shard group's sums over a collective Group.
+class GroupReducer final : public Reducer {
+ public:
+  explicit GroupReducer(Group& group) : group_(group) {}
+  void all_sum(std::span<float> values) override { group_.all_sum(values); }
+
+ private:
+  Group& group_;
+};
+
+}  // namespace tandem
