@@ -119,21 +119,25 @@ void Membership::join() {
   const auto deadline = Clock::now() + options_.join_timeout;
   while (Clock::now() < deadline) {
     const uint64_t e = latest_epoch(dir_);
-    if (e > 0) {
-      std::vector<std::string> members = read_lines(path(cat("epoch-", e)));
-      if (std::find(members.begin(), members.end(), token_) != members.end()) {
-        fs::remove(path("join-" + options_.id), ec);
-        build(e, std::move(members));
-        return;
-      }
-    } else {
+    std::vector<std::string> members = e > 0 ? read_lines(path(cat("epoch-", e))) : std::vector<std::string>{};
+    if (std::find(members.begin(), members.end(), token_) != members.end()) {
+      fs::remove(path("join-" + options_.id), ec);
+      build(e, std::move(members));
+      return;
+    }
+    // No set yet, or one whose every member has stopped (each leaves a file when it ends): the
+    // first `initial` replicas asking form the next epoch (the first to write it wins).
+    const bool stopped = e > 0 && !members.empty() && std::all_of(members.begin(), members.end(), [&](const std::string& m) {
+      return fs::exists(path("left-" + m));
+    });
+    if (e == 0 || stopped) {
       const std::vector<std::string> waiting = files_after(dir_, "join-");
       if (waiting.size() >= options_.initial && waiting.front() == options_.id)
         write_atomically(
-            path("epoch-1"),
+            path(cat("epoch-", e + 1)),
             [&] {
-          std::string text;
-          for (std::size_t i = 0; i < options_.initial; ++i) text += first_line(path("join-" + waiting[i])) + "\n";
+              std::string text;
+              for (std::size_t i = 0; i < options_.initial; ++i) text += first_line(path("join-" + waiting[i])) + "\n";
               return text;
             }(),
             token_, true);
@@ -145,7 +149,8 @@ void Membership::join() {
   throw GroupLost(cat("[membership] replica '", options_.id, "' was not let into the set in '", dir_, "' within ",
                       options_.join_timeout.count(), " ms (are ", options_.initial,
                       " replicas starting, or a running one taking steps?",
-                      e > 0 ? cat(" The folder lists epoch ", e, ": if that set no longer runs, empty the folder")
+                      e > 0 ? cat(" The folder lists epoch ", e, ": if that set was killed rather than stopped, "
+                                  "empty the folder")
                             : std::string(),
                       ")"));
 }
@@ -156,7 +161,19 @@ Group& Membership::group() {
   return *group_;
 }
 
-Membership::~Membership() = default;
+// A replica that ends says so: a set whose every member has ended is formed anew by the next
+// replicas to start in this folder (a set stopped and started again), instead of their
+// waiting to be let into one nobody runs.
+Membership::~Membership() {
+  group_.reset();
+  if (!token_.empty()) {
+    try {
+      write_atomically(path("left-" + token_), token_ + "\n", token_);
+    } catch (const Error&) {
+      // a folder gone or unwritable: nothing to say it in
+    }
+  }
+}
 
 void Membership::build(uint64_t epoch, std::vector<std::string> members) {
   const auto it = std::find(members.begin(), members.end(), token_);

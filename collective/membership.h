@@ -15,6 +15,11 @@
 //   and after the update they move to the next epoch with the joiner last, which then copies
 //   the weights and optimizer state from rank 0 before it serves.
 //
+// A replica that ends (its Membership destroyed) leaves a file saying so; when every member of
+// the newest epoch has, the set has stopped, and the next replicas to start form the next
+// epoch as the first ones formed epoch 1 (a set killed with -9 leaves no such files: empty
+// its folder before starting it again).
+//
 // The coordinator is no extra service: whichever member ranks first writes the epoch file,
 // and a write is atomic (a rename), so a reader sees a whole epoch or none.
 #pragma once

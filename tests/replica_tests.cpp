@@ -291,6 +291,25 @@ TEST(Replicas, ASetLosesAMemberAndLetsOneInWhileItTrains) {
   EXPECT_EQ(stats[0].joined, 1u);
 }
 
+// A set stopped (every member ended) and started again in the same folder forms anew, in the
+// next epoch, instead of its replicas waiting to be let into a set nobody runs.
+TEST(Replicas, ASetStoppedAndStartedAgainFormsAnew) {
+  StoreDir dir;
+  std::vector<uint64_t> epochs(2);
+  for (int run = 0; run < 2; ++run)
+    on_members(2, [&](int r) {
+      MembershipOptions o{.gloo = gloo_options(dir.path, "again", 5000), .id = cat("r", r), .initial = 2,
+                          .join_timeout = std::chrono::milliseconds(10000)};
+      Membership m(o);
+      std::vector<float> v{1.0f};
+      m.group().all_sum(v);
+      EXPECT_EQ(v[0], 2.0f);
+      epochs[static_cast<std::size_t>(r)] = m.epoch();
+    });
+  EXPECT_EQ(epochs[0], 2u);
+  EXPECT_EQ(epochs[1], 2u);
+}
+
 // A member silent past the group's timeout is dropped by the others, who go on; when it
 // speaks again it finds itself left out, joins the set again by itself (its pending update
 // dropped) and takes their state: all end bit-identical, and every update equals one stage
