@@ -91,7 +91,7 @@ ReplicaSync::Totals ReplicaSync::totals() const {
 // Each member's tensors times `weight`, the weight and rank 0's join flag after them,
 // all-summed; then divided by the weights' sum. Where that sum is zero (no member saw a
 // sample) the tensors keep their own values: a weighted sum of zero weights is no average.
-void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight, std::size_t summed) {
+bool ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight, std::size_t summed) {
   const std::size_t n = floats_in(tensors) + 2;
   buffer_.resize(n);
   const bool gradients = options_.mode == ReplicaMode::Synchronous;
@@ -111,13 +111,12 @@ void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight, st
   });
   if (!summed_here) {  // this replica joined the set again: its state is rank 0's now
     joining_ = false;
-    buffer_[n - 2] = 0.0f;  // (no samples of its own counted: the update is skipped here)
-    return;
+    return false;
   }
   joining_ = buffer_.back() > 0.0f;
   const float total = buffer_[n - 2];
   ++averages_;
-  if (!(total > 0)) return;
+  if (!(total > 0)) return true;
   const float* at = buffer_.data();
   for (std::size_t k = 0; k < tensors.size(); ++k) {
     const float scale = k < summed ? 1.0f : 1.0f / total;
@@ -125,13 +124,16 @@ void ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight, st
     for (int64_t i = 0; i < tensors[k]->numel(); ++i) v[i] = at[i] * scale;
     at += tensors[k]->numel();
   }
+  return true;
 }
 
 uint64_t ReplicaSync::before_update(uint64_t samples) {
   if (options_.mode != ReplicaMode::Synchronous) return samples;
   // Summed: the parameters' gradients (the buffers, batch norm's statistics, still averaged).
-  all_mean(averaged(true), static_cast<float>(samples), options_.sum ? stage_.network().params().size() : 0);
-  last_samples_ = static_cast<uint64_t>(buffer_[buffer_.size() - 2]);  // the weights' sum: every replica's samples
+  // (not summed: this replica joined the set again and took rank 0's state; it skips the update)
+  const bool summed_here =
+      all_mean(averaged(true), static_cast<float>(samples), options_.sum ? stage_.network().params().size() : 0);
+  last_samples_ = summed_here ? static_cast<uint64_t>(buffer_[buffer_.size() - 2]) : 0;  // every replica's samples
   return last_samples_;
 }
 
@@ -202,7 +204,7 @@ void ReplicaSync::copy_from(int root) {
   // The update count, exactly: a float holds integers below 2^24, and runs are shorter.
   const int64_t steps = stage_.optimizer()->steps();
   if (steps >= (int64_t{1} << 24)) fail("replicas", cat("an update count of ", steps, " does not fit the broadcast"));
-  surviving([&](Group& g) {
+  const bool copied_here = surviving([&](Group& g) {
     in_step(g, Kind::Copy, buffer_.size(), 0);  // (a joiner's update count is not yet the others')
     float* at = buffer_.data();
     for (const Tensor* t : tensors) {
@@ -213,6 +215,7 @@ void ReplicaSync::copy_from(int root) {
     std::copy(extra.begin(), extra.end(), at + 1);
     g.broadcast(buffer_, std::min(root, g.size() - 1));
   });
+  if (!copied_here) return;  // left out meanwhile: the copy made on joining again holds
   float* at = buffer_.data();
   for (Tensor* t : tensors) {
     std::copy_n(at, t->numel(), t->data());

@@ -104,8 +104,9 @@ class ReplicaSync final : public UpdateSync {
   // The values an all-sum averages: trainable parameters' gradients (or, for local SGD, their
   // values) then the layers' buffers.
   std::vector<Tensor*> averaged(bool gradients);
-  // The first `summed` tensors summed, the rest averaged by `weight`.
-  void all_mean(const std::vector<Tensor*>& tensors, float weight, std::size_t summed);
+  // The first `summed` tensors summed, the rest averaged by `weight`. false: this replica was
+  // left out, joined the set again and holds rank 0's state (nothing was summed).
+  bool all_mean(const std::vector<Tensor*>& tensors, float weight, std::size_t summed);
   // Runs a collective; over a membership, again in the next epoch when a member is lost.
   // false: this replica was left out of that epoch, joined the set again and copied rank 0's
   // state; the collective was not made.
