@@ -67,6 +67,11 @@ void move_shard(Network& whole, Network& shard, const std::vector<LinearPair>& p
     }
     (into_whole ? w : *s).bump_version();
   }
+  // The layers' buffers (batch norm's running statistics), whole on every member.
+  const auto whole_buffers = whole.buffers();
+  for (auto& [name, t] : shard.buffers())
+    for (const auto& [whole_name, wt] : whole_buffers)
+      if (whole_name == name) into_whole ? wt->copy_from(*t) : t->copy_from(*wt);
 }
 
 }  // namespace
@@ -99,6 +104,11 @@ ModelSpec layer_shard_spec(const ModelSpec& spec, int rank, int shards) {
     fail("layer shards", cat("model '", spec.name, "' has no linear pair to split over ", shards,
                              " shards (a linear whose output features divide by ", shards,
                              ", read through activations alone by another linear)"));
+  for (const NodeSpec& n : spec.nodes)
+    if (n.op == "dropout")
+      fail("layer shards", cat("model '", spec.name, "': node '", n.name, "' (dropout) draws its masks' seed from the "
+                               "initialisation's stream, which a member's sliced linears use up differently: its "
+                               "members would drop different values; split a model without dropout"));
   ModelSpec out = spec;
   out.nodes.clear();
   std::map<std::string, std::string> renamed;  // B's name -> its tp_reduce's, for B's readers

@@ -12,7 +12,10 @@
 // slices and its own copy of the rest, keeps them so.
 //
 // Not split yet: attention by heads (its projections are one fused node here), and
-// convolutions. A stage without a pair is refused.
+// convolutions. A stage without a pair is refused, and one with dropout (its masks' seeds
+// come from the initialisation's stream, which the members use up differently). Gradient
+// clipping by the global norm (OptimizerOptions::clip_norm) would take each member's own
+// norm, not the stage's: leave it off on a split stage.
 #pragma once
 
 #include <string>

@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <cstdio>
+#include <mutex>
 
 #include "core/error.h"
 
@@ -49,6 +50,7 @@ std::size_t floats_in(const std::vector<Tensor*>& tensors) {
 
 template <typename F>
 bool ReplicaSync::surviving(F&& collective) {
+  std::lock_guard serial(collective_mu_);
   for (;;) {
     try {
       Group& g = group();
@@ -73,10 +75,21 @@ bool ReplicaSync::surviving(F&& collective) {
     } catch (const GroupLost& e) {
       std::fprintf(stderr, "%s: re-forming again\n", e.what());
     } catch (const LeftOut& e) {
+      if (!options_.heal) {
+        if (options_.on_left_out) options_.on_left_out(e.what());
+        throw;
+      }
       // The others went on without this replica: it joins again and takes rank 0's state;
-      // what it was to hand in is dropped.
+      // what it was to hand in is dropped. (The epoch that lets it in may fail to meet: ask again.)
       std::fprintf(stderr, "%s\n", e.what());
-      membership_->rejoin();
+      for (;;) {
+        try {
+          membership_->rejoin();
+          break;
+        } catch (const GroupLost& again) {
+          std::fprintf(stderr, "%s: asking again\n", again.what());
+        }
+      }
       copy_from(0);
       return false;
     }
@@ -96,7 +109,8 @@ bool ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight, st
   buffer_.resize(n);
   const bool gradients = options_.mode == ReplicaMode::Synchronous;
   const bool summed_here = surviving([&](Group& g) {
-    in_step(g, gradients ? Kind::Gradients : Kind::Weights, n, static_cast<uint64_t>(stage_.optimizer()->steps()));
+    in_step(g, gradients ? Kind::Gradients : Kind::Weights, n,
+            gradients ? static_cast<uint64_t>(stage_.optimizer()->steps()) : updates_);
     float* at = buffer_.data();
     for (std::size_t k = 0; k < tensors.size(); ++k) {
       const float* v = tensors[k]->data();
@@ -175,7 +189,11 @@ void ReplicaSync::in_step(Group& g, Kind kind, std::size_t floats, uint64_t inde
 }
 
 bool ReplicaSync::all_sum(std::span<float> values, uint64_t index) {
+  // (an all-sum a lost member broke may have summed part of them in place: each try starts
+  // from this replica's own values)
+  const std::vector<float> own(values.begin(), values.end());
   return surviving([&](Group& g) {
+    std::copy(own.begin(), own.end(), values.begin());
     in_step(g, Kind::Extra, values.size(), index);
     g.all_sum(values);
   });
@@ -184,14 +202,20 @@ bool ReplicaSync::all_sum(std::span<float> values, uint64_t index) {
 void ReplicaSync::after_update() {
   // The optimizer's update count, which a replica that joins takes too: every member averages
   // at the same updates.
-  const auto updates = static_cast<uint64_t>(stage_.optimizer()->steps());
+  // Counted here, not by the optimizer: a replica that skipped its update (no finite gradients)
+  // still averages with the others.
+  const uint64_t updates = ++updates_;
   if (options_.mode == ReplicaMode::LocalSgd && updates % options_.average_every == 0) {
     all_mean(averaged(false), 1.0f, 0);
     for (Param* p : stage_.network().params()) p->bump_version();
   }
   if (joining_) {  // every member agreed on it in the same all-sum: all move on together
     joining_ = false;
-    membership_->reform(false);
+    try {
+      membership_->reform(false);
+    } catch (const GroupLost& e) {  // its group did not meet: copy_from re-forms with those alive
+      std::fprintf(stderr, "%s\n", e.what());
+    }
     copy_from(0);
   }
 }
@@ -200,11 +224,15 @@ void ReplicaSync::copy_from(int root) {
   std::vector<Tensor*> tensors = averaged(false);
   for (Tensor* t : stage_.optimizer()->state()) tensors.push_back(t);
   std::vector<float> extra = get_extra_ ? get_extra_() : std::vector<float>{};
-  buffer_.resize(floats_in(tensors) + 1 + extra.size());
-  // The update count, exactly: a float holds integers below 2^24, and runs are shorter.
+  // The update counts, exactly: a float holds integers below 2^24, and runs are shorter.
   const int64_t steps = stage_.optimizer()->steps();
-  if (steps >= (int64_t{1} << 24)) fail("replicas", cat("an update count of ", steps, " does not fit the broadcast"));
+  if (steps >= (int64_t{1} << 24) || updates_ >= (uint64_t{1} << 24))
+    fail("replicas", cat("an update count of ", std::max<uint64_t>(static_cast<uint64_t>(steps), updates_),
+                         " does not fit the broadcast"));
+  extra.push_back(static_cast<float>(updates_));  // (last: after also_copy's)
+  const std::size_t n = floats_in(tensors) + 1 + extra.size();
   const bool copied_here = surviving([&](Group& g) {
+    buffer_.resize(n);
     in_step(g, Kind::Copy, buffer_.size(), 0);  // (a joiner's update count is not yet the others')
     float* at = buffer_.data();
     for (const Tensor* t : tensors) {
@@ -222,7 +250,8 @@ void ReplicaSync::copy_from(int root) {
     at += t->numel();
   }
   stage_.optimizer()->set_steps(static_cast<int64_t>(*at));
-  if (set_extra_) set_extra_(std::span<const float>(at + 1, extra.size()));
+  updates_ = static_cast<uint64_t>(at[extra.size()]);
+  if (set_extra_) set_extra_(std::span<const float>(at + 1, extra.size() - 1));
   for (Param* p : stage_.network().params()) p->bump_version();
 }
 

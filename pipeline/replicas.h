@@ -45,6 +45,11 @@ struct ReplicaOptions {
   // caller scales the update by before_update's total (a federation's shared shard, whose
   // update is the mean of its window's steps: every replica's steps are one window).
   bool sum = false;
+  // A replica left out of an epoch (silent past the others' timeout): true, it joins the set
+  // again by itself and takes rank 0's state; false, LeftOut reaches the caller (a program
+  // whose own clients' steps must stay in step with the set's ends, and starts afresh).
+  bool heal = true;
+  std::function<void(const std::string& why)> on_left_out;  // without heal: called before LeftOut is thrown
 };
 
 // "sync" or "local-sgd"; an Error naming both otherwise.
@@ -123,6 +128,10 @@ class ReplicaSync final : public UpdateSync {
   Membership* membership_ = nullptr;
   bool joining_ = false;  // the last all-sum agreed to let a replica in
   ReplicaOptions options_;
+  // One collective at a time, whichever thread makes it (a federation's round and an update
+  // come from different sessions' threads): they share the group and these buffers.
+  std::recursive_mutex collective_mu_;
+  uint64_t updates_ = 0;  // after_update calls (local SGD averages on it; copied to joiners)
   std::vector<float> buffer_;  // one all-sum's payload, kept between steps
   std::vector<float> headers_;
   std::function<std::vector<float>()> get_extra_;

@@ -147,14 +147,15 @@ TEST(Replicas, SynchronousReplicasTrainLikeOneStageOverAllTheirSamples) {
     EXPECT_TRUE(same_bits(replicas[static_cast<std::size_t>(r)]->net, replicas[0]->net));
     EXPECT_EQ(samples[static_cast<std::size_t>(r)], 12u);
     EXPECT_EQ(sums[static_cast<std::size_t>(r)], static_cast<uint64_t>(steps));
-    // One broadcast and one all-sum a step (the gradients, the count and the join flag), each
-    // after the all-sum of the members' headers (3 floats a member) that checks them in step.
+    // One broadcast (with the two update counts) and one all-sum a step (the gradients, the
+    // count and the join flag), each after the all-sum of the members' headers (3 floats a
+    // member) that checks them in step.
     std::size_t floats = 0, state = 0;
     for (Param* p : whole.net.params()) floats += static_cast<std::size_t>(p->value().numel());
     for (Tensor* t : whole.opt->state()) state += static_cast<std::size_t>(t->numel());
     EXPECT_EQ(stats[static_cast<std::size_t>(r)].collectives, static_cast<uint64_t>(2 * (steps + 1)));
     EXPECT_EQ(stats[static_cast<std::size_t>(r)].bytes,
-              (steps * (floats + 2) + floats + state + 1 + (steps + 1) * 3 * 3) * 4);
+              (steps * (floats + 2) + floats + state + 2 + (steps + 1) * 3 * 3) * 4);
     EXPECT_EQ(replicas[static_cast<std::size_t>(r)]->opt->steps(), steps);
   }
   // The weights moved: the check above is not of the initial weights.
@@ -706,6 +707,16 @@ TEST(LayerShards, RefusalsNameWhatIsMissing) {
             "[layer shards] model 'one' has no linear pair to split over 2 shards (a linear whose output "
             "features divide by 2, read through activations alone by another linear)");
   EXPECT_EQ(error_of([] { layer_shard_spec(parse_model_json(kMlpSpec), 2, 2); }), "[layer shards] member 2 of 2 shards");
+  constexpr const char* kDropout = R"({ name: "drop", inputs: [ { name: "x", shape: [12] } ], nodes: [
+    { name: "fc1", op: "linear", inputs: ["x"], linear: { out_features: 8 } },
+    { name: "act", op: "relu", inputs: ["fc1"] },
+    { name: "fc2", op: "linear", inputs: ["act"], linear: { out_features: 6 } },
+    { name: "d", op: "dropout", inputs: ["fc2"], dropout: { p: 0.1 } },
+    { name: "fc3", op: "linear", inputs: ["d"], linear: { out_features: 4 } } ], output: "fc3" })";
+  EXPECT_EQ(error_of([&] { layer_shard_spec(parse_model_json(kDropout), 0, 2); }),
+            "[layer shards] model 'drop': node 'd' (dropout) draws its masks' seed from the initialisation's stream, "
+            "which a member's sliced linears use up differently: its members would drop different values; split a "
+            "model without dropout");
   // A pair whose first linear's features do not divide: fc3's 24 over 5 shards does not, fc1's 32 neither.
   EXPECT_TRUE(linear_pairs(parse_model_json(kMlpSpec), 5).empty());
   // A shard network used without its group says so, naming the node.

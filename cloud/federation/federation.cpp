@@ -59,7 +59,12 @@ std::optional<std::pair<uint32_t, NamedTensors>> Federation::take_unsaved_round(
 void Federation::leave(uint64_t connection) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (edges_.erase(connection) == 0) return;
-  if (all_sent()) close_round("the others left");
+  if (!all_sent()) return;
+  try {
+    close_round("the others left");
+  } catch (const std::exception& e) {  // (a replica set's all-sum; a session's end must not throw)
+    std::fprintf(stderr, "tandem-cloud: the round could not close as an edge left: %s\n", e.what());
+  }
 }
 
 bool Federation::submit(uint64_t connection, const Frame& frame, const wire::FrontWeights& w, uint64_t max_samples,
@@ -104,6 +109,9 @@ bool Federation::all_sent() const {
 
 void Federation::tick(Clock::time_point now) {
   std::lock_guard<std::mutex> lock(mutex_);
+  // Replicas close a round only when every edge of theirs has sent (all_sent): a round closed
+  // by a deadline here would make its all-sum while another replica makes an update's.
+  if (all_sum_) return;
   if (!first_submission_ || std::chrono::duration<double>(now - *first_submission_).count() < options_.deadline_s)
     return;
   uint32_t sent = 0, present = 0;

@@ -69,7 +69,9 @@ class Federation {
   std::optional<std::pair<uint32_t, NamedTensors>> take_unsaved_round();
   // Replicas of the cloud (pipeline/replicas.h), each with edges of its own: a round closes on
   // every replica, and its average is over all their edges. `all_sum` sums a round's values
-  // over the replicas (every replica calls it once a round, with the round's number).
+  // over the replicas (every replica calls it once a round, with the round's number). A round
+  // then closes only when every edge of this replica has sent (no deadline: a straggler holds
+  // the set, as a slow rank holds torch's synchronous data parallel).
   // false: the replica was left out and joined the set again, and its state (set_state, from
   // within the call) is the set's; the values were not summed.
   using AllSum = std::function<bool(std::span<float> values, uint32_t round)>;

@@ -601,8 +601,20 @@ int serve(const ServeOptions& o) {
                 r.id.c_str(), r.set_dir.c_str(), r.address.c_str());
     std::fflush(stdout);
     shared->membership = std::make_unique<Membership>(mo);
-    shared->replicas = std::make_unique<ReplicaSync>(*shared->trainer->batched_stage(), *shared->membership,
-                                                     ReplicaOptions{replica_mode(r.mode), r.average_every, /*sum=*/true});
+    // A replica left out of the set (silent past the others' timeout) ends, and its supervisor
+    // starts it afresh: healing in place would leave its edges' steps a window behind the set's,
+    // and the next round out of step. Its edges move to the other replicas' addresses.
+    ReplicaOptions ro{replica_mode(r.mode), r.average_every};
+    ro.heal = false;
+    ro.sum = true;
+    ro.on_left_out = [id = r.id](const std::string& why) {
+      std::fprintf(stderr, "tandem-cloud: replica '%s' was left out of its set (%s): it stops with status 3, to be "
+                           "started again (it then joins the set afresh)\n", id.c_str(), why.c_str());
+      std::fflush(stderr);
+      std::fflush(stdout);
+      std::_Exit(3);
+    };
+    shared->replicas = std::make_unique<ReplicaSync>(*shared->trainer->batched_stage(), *shared->membership, ro);
     Federation* federation = shared->federation.get();
     ReplicaSync* sync = shared->replicas.get();
     sync->also_copy([federation] { return federation->state(); },
