@@ -18,7 +18,7 @@ cloud_bin=$build/cloud/tandem-cloud edge_bin=$build/edge/tandem-edge diff=$build
 model=$src/samples/fashion-mnist/model.json
 work=$(mktemp -d)
 pids=() clouds=()
-cleanup() { kill -9 "${clouds[@]}" "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
+cleanup() { kill -9 ${cloud_pid:-} "${clouds[@]}" "${pids[@]}" 2>/dev/null || true; wait 2>/dev/null || true; rm -rf "$work"; }
 trap cleanup EXIT
 fail() {
   echo "FAIL: $*"
