@@ -103,7 +103,6 @@ class ReplicaSync final : public UpdateSync {
   };
   Totals totals() const;
   Group& group() { return membership_ ? membership_->group() : *group_; }
-  Membership* membership() { return membership_; }
 
  private:
   // The values an all-sum averages: trainable parameters' gradients (or, for local SGD, their
