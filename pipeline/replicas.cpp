@@ -58,9 +58,10 @@ bool ReplicaSync::surviving(F&& collective) {
       collective(g);
       const Group::Stats& after = g.stats();
       std::lock_guard lock(totals_mu_);
-      totals_.collectives += after.collectives - before.collectives;
-      totals_.bytes += after.bytes - before.bytes;
-      totals_.seconds += after.seconds - before.seconds;
+      last_ = {after.collectives - before.collectives, after.bytes - before.bytes, after.seconds - before.seconds};
+      totals_.collectives += last_.collectives;
+      totals_.bytes += last_.bytes;
+      totals_.seconds += last_.seconds;
       totals_.epoch = membership_ ? membership_->epoch() : 0;
       totals_.members = static_cast<uint64_t>(g.size());
       totals_.rank = g.rank();
@@ -101,11 +102,11 @@ ReplicaSync::Totals ReplicaSync::totals() const {
   return totals_;
 }
 
-// Each member's tensors times `weight`, the weight and rank 0's join flag after them,
+// Each member's tensors times `weight`, then `lr`, the weight and rank 0's join flag,
 // all-summed; then divided by the weights' sum. Where that sum is zero (no member saw a
 // sample) the tensors keep their own values: a weighted sum of zero weights is no average.
-bool ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight, std::size_t summed) {
-  const std::size_t n = floats_in(tensors) + 2;
+bool ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight, std::size_t summed, float lr) {
+  const std::size_t n = floats_in(tensors) + 3;
   buffer_.resize(n);
   const bool gradients = options_.mode == ReplicaMode::Synchronous;
   const bool summed_here = surviving([&](Group& g) {
@@ -118,8 +119,9 @@ bool ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight, st
       for (int64_t i = 0; i < tensors[k]->numel(); ++i) at[i] = v[i] * times;
       at += tensors[k]->numel();
     }
-    at[0] = weight;
-    at[1] = membership_ && g.rank() == 0 && membership_->joiners() ? 1.0f : 0.0f;
+    at[0] = lr;
+    at[1] = weight;
+    at[2] = membership_ && g.rank() == 0 && membership_->joiners() ? 1.0f : 0.0f;
     g.all_sum(buffer_);
     if (membership_) last_members_ = membership_->members();
   });
@@ -127,10 +129,16 @@ bool ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight, st
     joining_ = false;
     return false;
   }
-  joining_ = buffer_.back() > 0.0f;
+  take_mean(tensors, summed);
+  return true;
+}
+
+void ReplicaSync::take_mean(const std::vector<Tensor*>& tensors, std::size_t summed) {
+  const std::size_t n = buffer_.size();
+  joining_ = buffer_[n - 1] > 0.0f;
   const float total = buffer_[n - 2];
   ++averages_;
-  if (!(total > 0)) return true;
+  if (!(total > 0)) return;
   const float* at = buffer_.data();
   for (std::size_t k = 0; k < tensors.size(); ++k) {
     const float scale = k < summed ? 1.0f : 1.0f / total;
@@ -138,16 +146,17 @@ bool ReplicaSync::all_mean(const std::vector<Tensor*>& tensors, float weight, st
     for (int64_t i = 0; i < tensors[k]->numel(); ++i) v[i] = at[i] * scale;
     at += tensors[k]->numel();
   }
-  return true;
 }
 
-uint64_t ReplicaSync::before_update(uint64_t samples) {
+uint64_t ReplicaSync::before_update(uint64_t samples, double* lr_sum) {
   if (options_.mode != ReplicaMode::Synchronous) return samples;
   // Summed: the parameters' gradients (the buffers, batch norm's statistics, still averaged).
   // (not summed: this replica joined the set again and took rank 0's state; it skips the update)
-  const bool summed_here =
-      all_mean(averaged(true), static_cast<float>(samples), options_.sum ? stage_.network().params().size() : 0);
+  const bool summed_here = all_mean(averaged(true), static_cast<float>(samples),
+                                    options_.sum ? stage_.network().params().size() : 0,
+                                    lr_sum ? static_cast<float>(*lr_sum) : 0.0f);
   last_samples_ = summed_here ? static_cast<uint64_t>(buffer_[buffer_.size() - 2]) : 0;  // every replica's samples
+  if (lr_sum) *lr_sum = summed_here ? buffer_[buffer_.size() - 3] : 0.0;
   return last_samples_;
 }
 
@@ -163,28 +172,112 @@ const char* kind_name(int kind) {
 }
 }  // namespace
 
-void ReplicaSync::in_step(Group& g, Kind kind, std::size_t floats, uint64_t index) {
+ReplicaSync::Header ReplicaSync::in_step(Group& g, Kind kind, std::size_t floats, uint64_t index) {
+  constexpr std::size_t kw = 4;  // a member's header: kind and count (high part), count (low part), index, flags
   const auto size = static_cast<std::size_t>(g.size()), rank = static_cast<std::size_t>(g.rank());
-  headers_.assign(3 * size, 0.0f);
+  headers_.assign(kw * size, 0.0f);
   // Floats hold integers exactly below 2^24: the index and the count, split in two where larger.
-  headers_[3 * rank] = static_cast<float>(static_cast<int>(kind) * 4096 + (floats >> 24));
-  headers_[3 * rank + 1] = static_cast<float>(floats & 0xFFFFFF);
-  headers_[3 * rank + 2] = static_cast<float>(index & 0xFFFFFF);
+  // An idle member's slot stays zero but for its flags (kinds start at 1: 4096 and more).
+  if (kind != Kind::Idle) {
+    headers_[kw * rank] = static_cast<float>(static_cast<int>(kind) * 4096 + (floats >> 24));
+    headers_[kw * rank + 1] = static_cast<float>(floats & 0xFFFFFF);
+    headers_[kw * rank + 2] = static_cast<float>(index & 0xFFFFFF);
+  }
+  if (rank == 0 && kind == Kind::Idle && membership_ && membership_->joiners()) headers_[kw * rank + 3] = 1.0f;
   g.all_sum(headers_);
+  const auto active = [&](std::size_t m) { return headers_[kw * m] > 0.0f; };
+  const auto same = [&](std::size_t a, std::size_t b) {
+    return headers_[kw * a] == headers_[kw * b] && headers_[kw * a + 1] == headers_[kw * b + 1] &&
+           headers_[kw * a + 2] == headers_[kw * b + 2];
+  };
+  // The reference: this member's header, or an idle member's first active one's.
+  std::size_t ref = rank;
+  if (kind == Kind::Idle)
+    for (std::size_t m = 0; m < size && ref == rank; ++m)
+      if (active(m)) ref = m;
+  Header out;
+  out.joiners = headers_[3] > 0.0f;
+  if (!active(ref)) return out;  // every member idle
   for (std::size_t m = 0; m < size; ++m) {
-    if (headers_[3 * m] == headers_[3 * rank] && headers_[3 * m + 1] == headers_[3 * rank + 1] &&
-        headers_[3 * m + 2] == headers_[3 * rank + 2])
-      continue;
+    if (!active(m) || same(m, ref)) continue;
     const auto what = [&](std::size_t r) {
-      const auto k = static_cast<uint64_t>(headers_[3 * r]);
-      const uint64_t count = ((k % 4096) << 24) + static_cast<uint64_t>(headers_[3 * r + 1]);
+      const auto k = static_cast<uint64_t>(headers_[kw * r]);
+      const uint64_t count = ((k % 4096) << 24) + static_cast<uint64_t>(headers_[kw * r + 1]);
       return cat("replica ", r, membership_ && r < membership_->members().size() ? cat(" (", membership_->members()[r], ")") : std::string(),
-                 " is at ", kind_name(static_cast<int>(k / 4096)), " ", static_cast<uint64_t>(headers_[3 * r + 2]), " with ",
+                 " is at ", kind_name(static_cast<int>(k / 4096)), " ", static_cast<uint64_t>(headers_[kw * r + 2]), " with ",
                  count, " values");
     };
-    fail("replicas", cat("the replica set is out of step: ", what(m), ", ", what(rank),
+    fail("replicas", cat("the replica set is out of step: ", what(m), ", ", what(ref),
                          ": every replica must make the same collectives in the same order (the same updates and "
-                         "rounds; give each as many first parties or edges, and the same options)"));
+                         "rounds; give each the same options)"));
+  }
+  const auto k = static_cast<uint64_t>(headers_[kw * ref]);
+  out.kind = static_cast<Kind>(k / 4096);
+  out.floats = ((k % 4096) << 24) + static_cast<uint64_t>(headers_[kw * ref + 1]);
+  out.index = static_cast<uint64_t>(headers_[kw * ref + 2]);
+  return out;
+}
+
+ReplicaSync::Idled ReplicaSync::idle(const IdleCalls& calls) {
+  std::lock_guard serial(collective_mu_);
+  const bool gradients = options_.mode == ReplicaMode::Synchronous;
+  const std::vector<Tensor*> tensors = averaged(gradients);
+  const std::size_t n = floats_in(tensors) + 3;
+  std::vector<float> extra;
+  Header seen;
+  // (no window is open: the driver calls this only then) what it hands in is zeros
+  if (gradients) stage_.zero_grad();
+  const bool here = surviving([&](Group& g) {
+    seen = in_step(g, Kind::Idle, 0, 0);
+    switch (seen.kind) {
+      case Kind::Idle: return;
+      case Kind::Gradients:
+      case Kind::Weights:
+        if (seen.kind != (gradients ? Kind::Gradients : Kind::Weights) || seen.floats != n)
+          fail("replicas", cat("the replica set is out of step: the others make ", kind_name(static_cast<int>(seen.kind)),
+                               " ", seen.index, " with ", seen.floats, " values, where this idle replica would hand in ",
+                               n, " (every replica must run the same model and --replica-mode)"));
+        buffer_.assign(n, 0.0f);
+        buffer_[n - 1] = membership_ && g.rank() == 0 && membership_->joiners() ? 1.0f : 0.0f;
+        g.all_sum(buffer_);
+        if (membership_) last_members_ = membership_->members();
+        return;
+      case Kind::Extra:
+        extra.assign(seen.floats, 0.0f);
+        g.all_sum(extra);
+        return;
+      case Kind::Copy:
+        fail("replicas", "the replica set is out of step: the others copy a joiner's state while this replica is "
+                         "idle, outside the update that lets it in");
+    }
+  });
+  if (!here) return Idled::Nothing;  // left out, joined again: its state is rank 0's
+  switch (seen.kind) {
+    case Kind::Gradients: {
+      take_mean(tensors, options_.sum ? stage_.network().params().size() : 0);
+      last_samples_ = static_cast<uint64_t>(buffer_[n - 2]);
+      if (calls.update) calls.update(last_samples_, buffer_[n - 3]);
+      after_update();
+      return Idled::Update;
+    }
+    case Kind::Weights:
+      take_mean(tensors, 0);
+      updates_ = seen.index;  // the members' count at this average
+      for (Param* p : stage_.network().params()) p->bump_version();
+      if (joining_) admit_joiners();
+      return Idled::Average;
+    case Kind::Extra:
+      if (calls.round) calls.round(extra, seen.index);
+      return Idled::Round;
+    default: {
+      std::lock_guard lock(totals_mu_);  // a poll, not a collective that carried anything
+      totals_.collectives -= last_.collectives;
+      totals_.bytes -= last_.bytes;
+      totals_.seconds -= last_.seconds;
+      ++totals_.idle_polls;
+    }
+      if (seen.joiners) admit_joiners();  // the whole set idle: a joiner waits for no update
+      return Idled::Nothing;
   }
 }
 
@@ -209,15 +302,19 @@ void ReplicaSync::after_update() {
     all_mean(averaged(false), 1.0f, 0);
     for (Param* p : stage_.network().params()) p->bump_version();
   }
-  if (joining_) {  // every member agreed on it in the same all-sum: all move on together
-    joining_ = false;
-    try {
-      membership_->reform(false);
-    } catch (const GroupLost& e) {  // its group did not meet: copy_from re-forms with those alive
-      std::fprintf(stderr, "%s\n", e.what());
-    }
-    copy_from(0);
+  if (joining_) admit_joiners();
+}
+
+void ReplicaSync::admit_joiners() {
+  // Every member agreed on it in the same all-sum: all move on together.
+  joining_ = false;
+  std::lock_guard serial(collective_mu_);
+  try {
+    membership_->reform(false);
+  } catch (const GroupLost& e) {  // its group did not meet: copy_from re-forms with those alive
+    std::fprintf(stderr, "%s\n", e.what());
   }
+  copy_from(0);
 }
 
 void ReplicaSync::copy_from(int root) {

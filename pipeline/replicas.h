@@ -21,6 +21,11 @@
 // update then averages their samples only), and a replica asking to join is let in after an
 // update that every member agreed on within its all-sum (rank 0 raises a flag in it), then
 // copies rank 0's state.
+//
+// A replica with nothing to hand in (a cloud replica whose edges are all gone, or one that
+// joined and has none yet) still takes part in every collective: idle() learns from the
+// others' headers which collective is next and hands in zeros, so the set neither waits for
+// it nor drops it, and its state stays the set's.
 #pragma once
 
 #include <cstdint>
@@ -70,8 +75,21 @@ class ReplicaSync final : public UpdateSync {
   // different files).
   void copy_from(int root);
 
-  uint64_t before_update(uint64_t samples) override;
+  uint64_t before_update(uint64_t samples, double* lr_sum) override;
   void after_update() override;
+
+  // A replica with nothing to hand in takes part in the set's next collective, whichever it is
+  // (the others' headers say), with zeros: an update's gradients (then `update` applies the
+  // set's summed gradients in the stage, `steps` of them at `lr_sum`, 0: none; after_update
+  // follows), a local-SGD average (the weights become the mean), or a round (`round` gets the
+  // set's sums of that many values and its index). Nothing when every member is idle (a
+  // joiner waiting is then let in). An out-of-step set is the same Error as elsewhere.
+  struct IdleCalls {
+    std::function<void(uint64_t steps, double lr_sum)> update;
+    std::function<void(std::span<const float> sums, uint64_t index)> round;
+  };
+  enum class Idled { Nothing, Update, Average, Round };
+  Idled idle(const IdleCalls& calls);
 
   // Another collective the replicas make in step (a federation's round: the fronts' weighted
   // sum): `values` all-summed, over a membership again in the next epoch when a member is
@@ -97,6 +115,7 @@ class ReplicaSync final : public UpdateSync {
   struct Totals {
     uint64_t collectives = 0, bytes = 0;
     double seconds = 0;
+    uint64_t idle_polls = 0;  // header exchanges in which every member was idle (not counted above)
     uint64_t epoch = 0, members = 0;  // over a membership: its epoch and size now
     int rank = 0;
     Membership::Stats membership;  // reforms, members dropped and joined
@@ -108,9 +127,14 @@ class ReplicaSync final : public UpdateSync {
   // The values an all-sum averages: trainable parameters' gradients (or, for local SGD, their
   // values) then the layers' buffers.
   std::vector<Tensor*> averaged(bool gradients);
-  // The first `summed` tensors summed, the rest averaged by `weight`. false: this replica was
-  // left out, joined the set again and holds rank 0's state (nothing was summed).
-  bool all_mean(const std::vector<Tensor*>& tensors, float weight, std::size_t summed);
+  // The first `summed` tensors summed, the rest averaged by `weight`; `lr` summed beside them
+  // (buffer_'s layout: the tensors, lr, weight, join flag). false: this replica was left out,
+  // joined the set again and holds rank 0's state (nothing was summed).
+  bool all_mean(const std::vector<Tensor*>& tensors, float weight, std::size_t summed, float lr = 0.0f);
+  // buffer_'s sums into `tensors` (the first `summed` as they are, the rest over the weights'
+  // total, unless it is 0); sets joining_.
+  void take_mean(const std::vector<Tensor*>& tensors, std::size_t summed);
+  void admit_joiners();  // after a collective that agreed to let a replica in: the next epoch, and its copy
   // Runs a collective; over a membership, again in the next epoch when a member is lost.
   // false: this replica was left out of that epoch, joined the set again and copied rank 0's
   // state; the collective was not made.
@@ -119,8 +143,15 @@ class ReplicaSync final : public UpdateSync {
   // What each collective is, checked on every member before its payload (in one all-sum, each
   // member's header in its own place): a member at another update, round or size would
   // otherwise pair its payload with another's.
-  enum class Kind { Gradients = 1, Weights = 2, Copy = 3, Extra = 4 };
-  void in_step(Group& g, Kind kind, std::size_t floats, uint64_t index);
+  // (Idle: a member with nothing to hand in, which learns what the others make.)
+  enum class Kind { Idle = 0, Gradients = 1, Weights = 2, Copy = 3, Extra = 4 };
+  struct Header {
+    Kind kind = Kind::Idle;  // Idle: every member was
+    uint64_t floats = 0, index = 0;
+    bool joiners = false;  // rank 0 saw a replica waiting to join
+  };
+  // The collective the active members make (each checked against the others).
+  Header in_step(Group& g, Kind kind, std::size_t floats, uint64_t index);
 
   Stage& stage_;
   Group* group_ = nullptr;
@@ -136,6 +167,7 @@ class ReplicaSync final : public UpdateSync {
   std::function<std::vector<float>()> get_extra_;
   std::function<void(std::span<const float>)> set_extra_;
   std::vector<std::string> last_members_;
+  Group::Stats last_;  // the last collective surviving() counted (idle() moves an empty poll's to idle_polls)
   uint64_t averages_ = 0, last_samples_ = 0;
   mutable std::mutex totals_mu_;
   Totals totals_;

@@ -74,7 +74,7 @@ bool Stage::step(uint64_t samples) {
     if (!stash_.empty())
       fail("stage", cat(graph().name(), " has replicas and stashes weights: the asynchronous schedule's updates "
                         "would count the next step's samples; run replicas under a synchronous schedule"));
-    apply = sync_->before_update(samples) > 0;
+    apply = sync_->before_update(samples, nullptr) > 0;
   }
   if (apply) optimizer_->step();
   step_samples_ = 0;

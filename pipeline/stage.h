@@ -16,11 +16,13 @@ namespace tandem {
 // What runs around a stage's update when the stage has replicas (pipeline/replicas.h): before
 // it, with the samples the stage's training forwards saw since its last update, returning
 // the samples every replica's update counts together (0: none saw one, and every replica
-// skips the update alike); after it, applied or not.
+// skips the update alike); after it, applied or not. `lr_sum` (may be null): the update's
+// learning-rate scales summed over its steps, in and out; a sync sums it over the replicas,
+// so every replica scales the update alike even where its own steps' scales differ.
 class UpdateSync {
  public:
   virtual ~UpdateSync() = default;
-  virtual uint64_t before_update(uint64_t samples) = 0;
+  virtual uint64_t before_update(uint64_t samples, double* lr_sum) = 0;
   virtual void after_update() = 0;
 };
 

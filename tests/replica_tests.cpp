@@ -148,14 +148,14 @@ TEST(Replicas, SynchronousReplicasTrainLikeOneStageOverAllTheirSamples) {
     EXPECT_EQ(samples[static_cast<std::size_t>(r)], 12u);
     EXPECT_EQ(sums[static_cast<std::size_t>(r)], static_cast<uint64_t>(steps));
     // One broadcast (with the two update counts) and one all-sum a step (the gradients, the
-    // count and the join flag), each after the all-sum of the members' headers (3 floats a
-    // member) that checks them in step.
+    // learning-rate scales, the count and the join flag), each after the all-sum of the
+    // members' headers (4 floats a member) that checks them in step.
     std::size_t floats = 0, state = 0;
     for (Param* p : whole.net.params()) floats += static_cast<std::size_t>(p->value().numel());
     for (Tensor* t : whole.opt->state()) state += static_cast<std::size_t>(t->numel());
     EXPECT_EQ(stats[static_cast<std::size_t>(r)].collectives, static_cast<uint64_t>(2 * (steps + 1)));
     EXPECT_EQ(stats[static_cast<std::size_t>(r)].bytes,
-              (steps * (floats + 2) + floats + state + 2 + (steps + 1) * 3 * 3) * 4);
+              (steps * (floats + 3) + floats + state + 2 + (steps + 1) * 4 * 3) * 4);
     EXPECT_EQ(replicas[static_cast<std::size_t>(r)]->opt->steps(), steps);
   }
   // The weights moved: the check above is not of the initial weights.
@@ -574,7 +574,7 @@ TEST(Replicas, AMemberOutOfStepIsAnErrorOnEveryMember) {
     ReplicaSync sync(me.stage, *group, {});
     errors[static_cast<std::size_t>(r)] = error_of([&] { me.train(data, 0, 4, 4); });
   });
-  std::size_t floats = 2;
+  std::size_t floats = 3;
   {
     Replica one(graph, kSgd);
     for (Param* p : one.net.params()) floats += static_cast<std::size_t>(p->value().numel());
@@ -582,12 +582,12 @@ TEST(Replicas, AMemberOutOfStepIsAnErrorOnEveryMember) {
   }
   EXPECT_EQ(errors[0], cat("[replicas] the replica set is out of step: replica 1 is at the gradients of update 3 with ",
                            floats, " values, replica 0 is at the gradients of update 0 with ", floats,
-                           " values: every replica must make the same collectives in the same order (the same updates "
-                           "and rounds; give each as many first parties or edges, and the same options)"));
+                            " values: every replica must make the same collectives in the same order (the same updates "
+                           "and rounds; give each the same options)"));
   EXPECT_EQ(errors[1], cat("[replicas] the replica set is out of step: replica 0 is at the gradients of update 0 with ",
                            floats, " values, replica 1 is at the gradients of update 3 with ", floats,
-                           " values: every replica must make the same collectives in the same order (the same updates "
-                           "and rounds; give each as many first parties or edges, and the same options)"));
+                            " values: every replica must make the same collectives in the same order (the same updates "
+                           "and rounds; give each the same options)"));
 }
 
 // Sum mode (a federation's shared shard): the gradients are summed, not averaged, and
@@ -606,7 +606,7 @@ TEST(Replicas, SumModeSumsGradientsAndASetThatSawNothingSkipsTheUpdate) {
     Param* p = me.net.params()[0];
     me.stage.zero_grad();
     p->grad().data()[0] = static_cast<float>(r + 1);  // 1 and 2: summed 3, where a mean would give 1.5
-    totals[static_cast<std::size_t>(r)] = static_cast<float>(sync.before_update(r == 0 ? 2 : 4));
+    totals[static_cast<std::size_t>(r)] = static_cast<float>(sync.before_update(r == 0 ? 2 : 4, nullptr));
     first_grad[static_cast<std::size_t>(r)] = p->grad().data()[0];
     // A federation's round: any values summed, checked by their index.
     std::vector<float> v{static_cast<float>(10 * (r + 1))};

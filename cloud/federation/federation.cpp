@@ -218,6 +218,39 @@ void Federation::close_round(const char* why) {
   if (metrics_)
     metrics_(cat("{\"round\":", round_, ",\"edges\":[", who, "],\"connected\":", edges_.size(), ",\"samples\":",
                  samples, ",\"closed_by\":\"", why, "\",\"waited_s\":", fixed3(waited), "}"));
+  if (on_close_) on_close_();
+}
+
+std::size_t Federation::round_values() const {
+  std::size_t n = 1;
+  for (const auto& [name, t] : current_) n += static_cast<std::size_t>(t.numel());
+  return n;
+}
+
+void Federation::idle_round(std::span<const float> sums, uint64_t round) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const std::size_t n = round_values();
+  if (sums.size() != n)
+    fail("federation", cat("the replica set's round ", round, " sums ", sums.size(), " values, where this replica's "
+                           "front and weight are ", n, ": every replica must serve the same model"));
+  if (round != static_cast<uint64_t>(round_) + 1)
+    fail("federation", cat("the replica set is out of step: it closes round ", round, " where this replica closed ",
+                           round_));
+  if (const float total = sums[n - 1]; total > 0) {
+    std::size_t at = 0;
+    for (auto& [name, t] : current_) {
+      float* v = t.data();
+      for (int64_t i = 0; i < t.numel(); ++i) v[i] = sums[at + static_cast<std::size_t>(i)] / total;
+      at += static_cast<std::size_t>(t.numel());
+    }
+  }
+  ++round_;
+  std::printf("round %u: no edge of this replica's in it; the set's average taken\n", round_);
+  std::fflush(stdout);
+  if (metrics_)
+    metrics_(cat("{\"round\":", round_, ",\"edges\":[],\"connected\":", edges_.size(),
+                 ",\"samples\":0,\"closed_by\":\"the replica set\",\"waited_s\":0}"));
+  if (on_close_) on_close_();
 }
 
 std::vector<float> Federation::state() {

@@ -76,6 +76,13 @@ class Federation {
   // within the call) is the set's; the values were not summed.
   using AllSum = std::function<bool(std::span<float> values, uint32_t round)>;
   void set_replicas(AllSum all_sum) { all_sum_ = std::move(all_sum); }
+  // Called as each round closes (the federation's lock held; replicas admit waiting edges then).
+  void set_on_close(std::function<void()> on_close) { on_close_ = std::move(on_close); }
+  // A replica with no edge in a round the others closed: `sums` are the set's (this replica
+  // handed in zeros: round_values() of them), `round` its number. The average and the round
+  // become the set's; an Error when the set is at another round or the front another size.
+  void idle_round(std::span<const float> sums, uint64_t round);
+  std::size_t round_values() const;  // a round's all-sum: the front's values and the weight
   // The round and its average as floats, for a replica that joins (set_state takes them).
   std::vector<float> state();
   void set_state(std::span<const float> values);
@@ -99,6 +106,7 @@ class Federation {
   Send send_;
   std::function<void(const std::string&)> metrics_;
   AllSum all_sum_;
+  std::function<void()> on_close_;
   std::atomic<std::thread::id> closer_{};  // the thread inside all_sum_ (holding mutex_): state() and set_state() from it lock nothing
   std::vector<float> state_locked() const;
   void set_state_locked(std::span<const float> values);

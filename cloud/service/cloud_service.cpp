@@ -116,10 +116,19 @@ struct SharedBack {
   // --replica-set: this cloud is one replica of several keeping the shard and the rounds in step.
   std::unique_ptr<Membership> membership;
   std::unique_ptr<ReplicaSync> replicas;
-  // A replica serves its share of the set's edges (--back-accumulate N); one more is answered
-  // Busy, and its list of the set's addresses takes it to another replica.
-  uint32_t share = 0;
+  // A replica serves its share of the set's edges (--back-accumulate N x --replicas R over the
+  // members alive); one more is answered Busy, and its list of the set's addresses takes it to
+  // another replica.
+  uint64_t set_edges = 0;
   std::atomic<uint32_t> sessions{0};
+  // The replica's driver (BackShardBatches::drive): its updates, and its idle part in the set's.
+  std::atomic<bool> stop{false};
+  std::thread driver;
+  std::string driver_failure;
+  ~SharedBack() {
+    stop = true;
+    if (driver.joinable()) driver.join();
+  }
 };
 
 // One edge's session on its own thread, fed frames by the service loop.
@@ -239,21 +248,28 @@ class Worker {
     return shards_.front();
   }
 
+  // A replica serves its share of the set's edges: --back-accumulate N of each of the --replicas
+  // R, spread over the members alive now (a replica lost, its edges find room on the others).
+  // "" when this session takes a place; else why not, for Busy.
+  std::string take_share() {
+    const uint64_t live = std::max<uint64_t>(1, shared_->replicas->totals().members);
+    const auto share = static_cast<uint32_t>((shared_->set_edges + live - 1) / live);
+    if (shared_->sessions.fetch_add(1) >= share) {
+      shared_->sessions.fetch_sub(1);
+      metrics_.count_refusal("replica_share");
+      return cat("this replica serves ", share, " edges, its share of the replica set's ", shared_->set_edges, " over ",
+                 live, " replica", live == 1 ? "" : "s", " (--back-accumulate x --replicas): try another replica of "
+                 "the set");
+    }
+    holds_share_ = true;
+    return "";
+  }
+
   // Whether an accepted Hello's back shard fits beside the others' (its estimate reserved
   // until the session ends); if not, the connection is closed with Busy (try again later) or,
   // when it could never fit, NoRoom, instead of the Welcome. A federation's one shard is made
   // at start: nothing to admit.
   bool admit(const BackShard& shard) {
-    if (shared_ && shared_->share > 0) {
-      if (shared_->sessions.fetch_add(1) >= shared_->share) {
-        shared_->sessions.fetch_sub(1);
-        metrics_.count_refusal("replica_share");
-        close_with(wire::ErrorCode::Busy, cat("this replica serves ", shared_->share, " edges, its share of the replica "
-                                              "set (--back-accumulate): try another replica of the set"));
-        return false;
-      }
-      holds_share_ = true;
-    }
     if (shared_ || memory_.limit() == 0) return true;
     std::size_t left = 0;
     const std::string needs = cat("this session's back shard (cut '", shard.cut, "', at the cloud's batch of ",
@@ -301,6 +317,7 @@ class Worker {
     if (shared_) {  // one back shard for every edge, in turns
       config.federation = shared_->federation.get();
       config.rounds = shared_->rounds.get();
+      if (shared_->replicas) config.take_place = [this] { return take_share(); };
       session = std::make_unique<CloudSession>(*shared_->trainer, config);
     } else {
       // Made here, on the session's thread at its first message, not per connection: a cuda
@@ -619,9 +636,54 @@ int serve(const ServeOptions& o) {
     ReplicaSync* sync = shared->replicas.get();
     sync->also_copy([federation] { return federation->state(); },
                     [federation](std::span<const float> v) { federation->set_state(v); });
-    federation->set_replicas([sync](std::span<float> v, uint32_t round) { return sync->all_sum(v, round); });
     sync->copy_from(0);
-    shared->share = o.federation.back_accumulate;
+    shared->set_edges = static_cast<uint64_t>(r.initial) * o.federation.back_accumulate;
+    // Windows of one step of each edge this replica holds, whatever their number: every replica
+    // makes one update a step, so edges may move between replicas; a driver thread applies them
+    // and, with no edge here, takes part in the set's collectives with nothing to hand in.
+    BackShardBatches& batches = *shared->trainer->batches();
+    batches.set_replica_windows(r.timeout_s / 2);
+    federation->set_on_close([&batches] { batches.round_boundary(); });
+    // (a round's all-sum comes after the update of its last step's window, as on every replica)
+    federation->set_replicas([sync, &batches, stop = &shared->stop](std::span<float> v, uint32_t round) {
+      batches.settle(*stop);
+      return sync->all_sum(v, round);
+    });
+    SharedBack* sb = shared.get();
+    shared->driver = std::thread([sb, sync, federation, &batches, id = r.id] {
+      BackShardBatches::Drive calls;
+      calls.idle = [&] {
+        ReplicaSync::IdleCalls idle;
+        idle.update = [&](uint64_t steps, double lr_sum) { batches.apply_idle_update(steps, lr_sum); };
+        idle.round = [&](std::span<const float> sums, uint64_t round) { federation->idle_round(sums, round); };
+        switch (sync->idle(idle)) {
+          case ReplicaSync::Idled::Update:
+          case ReplicaSync::Idled::Average: return BackShardBatches::IdleTurn::Update;
+          case ReplicaSync::Idled::Round: return BackShardBatches::IdleTurn::Round;
+          default: return BackShardBatches::IdleTurn::Nothing;
+        }
+      };
+      calls.after_round = [sb, federation] {
+        if (!sb->rounds) return;
+        const auto due = federation->take_unsaved_round();
+        if (!due) return;
+        try {
+          sb->rounds->save(due->first, due->second, *sb->net, *sb->optimizer);
+        } catch (const Error& e) {  // training goes on; the operator sees why the round is not kept
+          std::fprintf(stderr, "tandem-cloud: round %u was not checkpointed: %s\n", due->first, e.what());
+        }
+      };
+      try {
+        batches.drive(sb->stop, calls);
+      } catch (const std::exception& e) {
+        // Out of step, or a collective this replica cannot go on from: it stops, to be started
+        // afresh (it then joins the set and copies a member's state).
+        std::fprintf(stderr, "tandem-cloud: replica '%s' stops: %s\n", id.c_str(), e.what());
+        std::fflush(stderr);
+        std::fflush(stdout);
+        std::_Exit(1);
+      }
+    });
     std::string members;
     for (const std::string& m : shared->membership->members()) members += cat(members.empty() ? "" : ", ", m);
     std::printf("tandem-cloud: replica %d of %d in epoch %llu (%s), %s; the shard at update %lld, round %u\n",

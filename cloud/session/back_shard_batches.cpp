@@ -63,9 +63,16 @@ bool BackShardBatches::begin_step(uint64_t owner, uint32_t microbatches, const s
   if (!first_arrival_) first_arrival_ = arrived;
   // The first window waits for the quorum's sessions (those of the first update), up to the timeout.
   const auto waits_for_quorum = [&] {
-    return window_id_ == 0 && members_.size() < quorum_ && Clock::now() - *first_arrival_ < timeout_;
+    return window_id_ == 0 && (!replica_ || fresh_) && members_.size() < quorum_ &&
+           Clock::now() - *first_arrival_ < timeout_;
   };
-  while (taken_ >= window_ || (taken_ == 0 && busy_) || yields() || waits_for_quorum()) {
+  // Replica windows: one step of each admitted session a window (drive() admits them).
+  const auto replica_waits = [&] {
+    const Member& m = members_[owner];
+    return !m.admitted || m.window == window_id_ || (taken_ == 0 && busy_) || waits_for_quorum();
+  };
+  while (replica_ ? replica_waits()
+                  : taken_ >= window_ || (taken_ == 0 && busy_) || yields() || waits_for_quorum()) {
     if (cancelled) return false;
     evict_quiet(Clock::now());
     auto until = Clock::now() + std::chrono::milliseconds(50);
@@ -349,6 +356,11 @@ bool BackShardBatches::finish_step(uint64_t owner, float lr_scale, const std::fu
   it->second.remaining = 0;
   it->second.last = Clock::now();
   changed_.notify_all();
+  if (replica_) {  // drive() applies the update once every admitted session finished
+    ++finished_;
+    lr_sum_ += lr_scale;
+    return true;
+  }
   if (++finished_ < window_) return true;
   // The window's last step: the update, the mean of its steps' gradients (each its batch's mean).
   changed_.wait(lock, [this] { return !busy_; });
@@ -367,7 +379,7 @@ bool BackShardBatches::finish_step(uint64_t owner, float lr_scale, const std::fu
       // without finite gradients with none, and all apply the mean of all their windows'
       // steps, as one shard whose window held every replica's steps would.
       if (!applied) stage_.zero_grad();
-      const uint64_t steps = sync->before_update(applied ? window_ : 0);
+      const uint64_t steps = sync->before_update(applied ? window_ : 0, nullptr);
       applied = steps > 0;
       if (applied) {
         optimizer_.set_lr_scale(lr_scale / static_cast<float>(steps));
@@ -395,6 +407,163 @@ bool BackShardBatches::finish_step(uint64_t owner, float lr_scale, const std::fu
   ++window_id_;
   changed_.notify_all();
   return true;
+}
+
+void BackShardBatches::set_replica_windows(double hold_s) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  replica_ = true;
+  hold_ = std::chrono::duration_cast<Clock::duration>(std::chrono::duration<double>(hold_s));
+  fresh_ = optimizer_.steps() == 0;
+}
+
+bool BackShardBatches::admit(uint64_t owner, const std::atomic<bool>& cancelled) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  if (!replica_) return true;
+  members_[owner].last = Clock::now();
+  changed_.notify_all();
+  for (;;) {
+    const auto it = members_.find(owner);
+    if (it == members_.end() || cancelled) return false;
+    if (it->second.admitted) return true;
+    changed_.wait_for(lock, std::chrono::milliseconds(50));
+  }
+}
+
+bool BackShardBatches::window_complete() const {
+  if (finished_ == 0) return false;
+  for (const auto& [owner, m] : members_)
+    if (m.admitted && (m.window != window_id_ || m.open)) return false;
+  return true;
+}
+
+bool BackShardBatches::apply_summed(uint64_t steps, double lr_sum) {
+  if (steps == 0) return false;
+  // The mean of the steps' learning-rate scales, over the steps: the mean of their gradients.
+  const auto mean_lr = static_cast<float>(lr_sum / static_cast<double>(steps));
+  optimizer_.set_lr_scale(mean_lr / static_cast<float>(steps));
+  optimizer_.step();
+  return true;
+}
+
+void BackShardBatches::next_window(bool applied) {
+  if (applied) ++updates_;
+  updated_since_round_ = updated_since_round_ || applied;
+  weights_pending_ = weights_failed_ = false;
+  taken_ = finished_ = 0;
+  lr_sum_ = 0.0;
+  ++window_id_;
+  at_boundary_ = false;
+  changed_.notify_all();
+}
+
+void BackShardBatches::replica_update(std::unique_lock<std::mutex>& lock) {
+  changed_.wait(lock, [this] { return !busy_; });
+  busy_ = true;
+  const uint64_t steps = finished_;
+  double lr = lr_sum_;
+  lock.unlock();
+  bool applied = false;
+  try {
+    apply_deferred_weights();
+    const bool finite = net_.gradients_finite();
+    if (!finite) {  // every replica takes part: this one with none of its steps
+      std::fprintf(stderr, "tandem-cloud: the shared back shard's summed gradients are not finite (the weights' own "
+                           "gradients overflowed); this replica's steps are left out of the update\n");
+      stage_.zero_grad();
+      lr = 0.0;
+    }
+    UpdateSync& sync = *stage_.update_sync();
+    const uint64_t total = sync.before_update(finite ? steps : 0, &lr);
+    applied = apply_summed(total, lr);
+    sync.after_update();
+  } catch (...) {
+    lock.lock();
+    busy_ = false;
+    next_window(false);
+    throw;
+  }
+  lock.lock();
+  busy_ = false;
+  next_window(applied);
+}
+
+void BackShardBatches::apply_idle_update(uint64_t steps, double lr_sum) {
+  const bool applied = apply_summed(steps, lr_sum);  // (drive() holds the shard: busy_)
+  std::lock_guard<std::mutex> lock(mutex_);
+  if (applied) ++updates_;
+  updated_since_round_ = updated_since_round_ || applied;
+}
+
+void BackShardBatches::round_boundary() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  at_boundary_ = true;
+  round_closed_ = true;
+  updated_since_round_ = false;
+  changed_.notify_all();
+}
+
+void BackShardBatches::settle(const std::atomic<bool>& stop) {
+  std::unique_lock<std::mutex> lock(mutex_);
+  while (!stop && driving_ && window_complete()) changed_.wait_for(lock, std::chrono::milliseconds(50));
+}
+
+void BackShardBatches::drive(const std::atomic<bool>& stop, const Drive& calls) {
+  if (!replica_) fail("back shard", "drive() serves replica windows: set_replica_windows first");
+  const auto started = Clock::now();
+  std::unique_lock<std::mutex> lock(mutex_);
+  driving_ = true;
+  struct Done {
+    std::atomic<bool>& driving;
+    ~Done() { driving = false; }
+  } done{driving_};
+  // (each step below that leaves the lock holds the shard, busy_, and gives it back on any exit)
+  const auto holding = [&](auto&& work) {
+    busy_ = true;
+    lock.unlock();
+    try {
+      work();
+    } catch (...) {
+      lock.lock();
+      busy_ = false;
+      changed_.notify_all();
+      throw;
+    }
+    lock.lock();
+    busy_ = false;
+    changed_.notify_all();
+  };
+  while (!stop) {
+    if (at_boundary_)
+      for (auto& [owner, m] : members_)
+        if (!m.admitted) {
+          m.admitted = ever_admitted_ = true;
+          changed_.notify_all();
+        }
+    // The round closed last is kept after the update that follows it, as one cloud keeps it
+    // (CloudSession::save_round): its checkpoint is that update's shard and the round's average.
+    if (round_closed_ && updated_since_round_ && !busy_) {
+      round_closed_ = false;
+      if (calls.after_round) holding(calls.after_round);
+      continue;
+    }
+    if (window_complete()) {
+      replica_update(lock);
+      continue;
+    }
+    const bool any = std::any_of(members_.begin(), members_.end(), [](const auto& m) { return m.second.admitted; });
+    // At the set's start its first update waits a while for this replica's first sessions.
+    const bool held = fresh_ && !ever_admitted_ && Clock::now() - started < hold_;
+    if (!any && taken_ == 0 && finished_ == 0 && !busy_ && !held) {
+      IdleTurn turn = IdleTurn::Nothing;
+      holding([&] { turn = calls.idle(); });
+      // After an update the set is within a round; after a round, or with every replica idle,
+      // at a boundary.
+      at_boundary_ = turn != IdleTurn::Update;
+      if (turn == IdleTurn::Nothing) changed_.wait_for(lock, std::chrono::milliseconds(20));
+      continue;
+    }
+    changed_.wait_for(lock, std::chrono::milliseconds(50));
+  }
 }
 
 bool BackShardBatches::step_open(uint64_t owner) const {

@@ -79,6 +79,33 @@ class BackShardBatches {
   // (pipeline/replicas.h), which sums their windows' gradients and counts their steps.
   Stage& stage() { return stage_; }
 
+  // Replicas of the shard (the stage's UpdateSync is a ReplicaSync): a window holds one step
+  // of each session admitted, however many there are (none, too), so every replica makes one
+  // update a step of its edges and the set's updates stay in step whatever the edges'
+  // placement. A session joining is admitted at a round's boundary (round_boundary), so its
+  // steps and its rounds are the set's. The updates run on drive()'s thread, which also takes
+  // part in the set's collectives while this replica has no session (`idle`). `hold_s`: at
+  // the set's start, how long the first update waits for this replica's first sessions.
+  void set_replica_windows(double hold_s);
+  bool replica_windows() const { return replica_; }
+  // Replica windows: `owner` (a session saying Hello) waits until it is admitted, at the set's
+  // next round boundary (at once while the set is at one). false: `cancelled` turned true.
+  bool admit(uint64_t owner, const std::atomic<bool>& cancelled);
+  enum class IdleTurn { Nothing, Update, Round };
+  struct Drive {
+    std::function<IdleTurn()> idle;     // one collective with nothing to hand in
+    std::function<void()> after_round;  // after the update that follows a round: keep it, the shard held
+  };
+  // Runs until `stop`: admits sessions at round boundaries, applies each complete window's
+  // update, and, idle, takes part in the others' collectives. Throws what an update throws.
+  void drive(const std::atomic<bool>& stop, const Drive& calls);
+  // A round closed (on this replica or, idle, on the others): sessions waiting are admitted.
+  void round_boundary();
+  // Returns once no complete window waits for its update (a round's collective comes after it).
+  void settle(const std::atomic<bool>& stop);
+  // The set's summed gradients of `steps` steps at `lr_sum` (idle's update): applied as a window's.
+  void apply_idle_update(uint64_t steps, double lr_sum);
+
   struct Stats {
     uint64_t batches = 0, microbatches = 0;  // shard batches run, and the micro-batches in them
     uint32_t largest = 0;                    // the most micro-batches one batch held
@@ -93,6 +120,7 @@ class BackShardBatches {
     uint64_t window = kNever;      // the last window it took a slot of
     bool in_batch = false;         // its micro-batch is in the batch computing now
     Clock::time_point last;  // its last sign of life
+    bool admitted = false;   // replica windows: its steps are in the windows
   };
   struct Pending {
     uint64_t owner;
@@ -120,6 +148,14 @@ class BackShardBatches {
   void restore_buffers();
   void evict_quiet(Clock::time_point now);
   void apply_deferred_weights();
+  // Replica windows, with mutex_ held: every admitted session finished its step of this window.
+  bool window_complete() const;
+  // ... its update (the lock released while the replicas sum), and the next window.
+  void replica_update(std::unique_lock<std::mutex>& lock);
+  // The optimizer's step on gradients summed over `steps` steps (lr scale: their mean, over
+  // the steps); false when there were none.
+  bool apply_summed(uint64_t steps, double lr_sum);
+  void next_window(bool applied);  // with mutex_ held
 
   Network& net_;
   Optimizer& optimizer_;
@@ -140,6 +176,16 @@ class BackShardBatches {
   bool weights_pending_ = false;  // the last batch's weight gradients (input gradients first)
   bool weights_failed_ = false;   // ... failed while a batch gathered: its leader reports it
   uint64_t updates_ = 0;
+  // Replica windows (set_replica_windows).
+  bool replica_ = false;
+  Clock::duration hold_{};
+  bool at_boundary_ = true;   // no update since the last round closed: sessions may be admitted
+  bool round_closed_ = false;  // ... and that round is not yet kept
+  bool updated_since_round_ = false;  // an update was applied since it closed (then it is kept)
+  bool ever_admitted_ = false;
+  bool fresh_ = true;  // the set had made no update when this replica began
+  std::atomic<bool> driving_{false};
+  double lr_sum_ = 0.0;  // the window's finished steps' learning-rate scales
   Stats stats_;
   std::vector<Tensor> joined_buffers_, joined_;  // the batch's joined inputs: storage kept, and views of it
   Tensor dlogits_;

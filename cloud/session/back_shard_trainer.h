@@ -53,6 +53,7 @@ class BackShardTrainer {
   }
   // A batched shard's stage, where its replicas keep in step (null otherwise).
   Stage* batched_stage() { return batches_ ? &batches_->stage() : nullptr; }
+  BackShardBatches* batches() { return batches_.get(); }
   BackShardBatches::Stats batch_stats() const { return batches_ ? batches_->stats() : BackShardBatches::Stats{}; }
   // An evaluation batch between steps: the turn for it alone (released by end_eval).
   bool begin_eval(uint64_t owner, const std::atomic<bool>& cancelled);

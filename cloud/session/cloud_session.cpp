@@ -199,6 +199,20 @@ CloudReply CloudSession::on_hello(const wire::Hello& hello) {
                    cat("the edge offers no wire dtype this cloud takes (offered: ", offered.empty() ? "none" : offered,
                        "; this cloud takes ", takes, ")")});
   }
+  // Replicas of the shard: an edge joins at a round's boundary, resuming from one too, so its
+  // steps and rounds are the set's (BackShardBatches::admit).
+  if (config_.take_place)
+    if (const std::string busy = config_.take_place(); !busy.empty()) return refuse({wire::ErrorCode::Busy, busy});
+  if (BackShardBatches* b = shard_.batches(); b && b->replica_windows() && config_.federation) {
+    const uint32_t every = config_.federation->options().aggregate_every;
+    if (hello.resume_step() % every != 0)
+      return refuse({wire::ErrorCode::NoCheckpoint,
+                     cat("this replica set takes a resuming edge at a round's boundary, and step ", hello.resume_step(),
+                         " is none (a round is ", every, " steps): give the edge --checkpoint-every a multiple of ",
+                         every, " and resume it from there")});
+    if (!b->admit(config_.session_id, cancelled_))
+      return refuse({wire::ErrorCode::Internal, "the session closed while waiting for the replica set's next round"});
+  }
   WireError error;
   // In a federation the shared back shard is the cloud's round checkpoint, not the edge's:
   // a resuming edge keeps its step and data cursor and takes the newest average.

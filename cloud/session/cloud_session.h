@@ -72,6 +72,9 @@ struct CloudSessionConfig {
   // gradients, which run while the session is idle (false: all of backward before the reply,
   // for comparison).
   bool defer_weights = true;
+  // A replica of a shared shard: called once a Hello is accepted, before the session joins;
+  // a non-empty answer (this replica's share of the set's edges is taken) refuses it with Busy.
+  std::function<std::string()> take_place = nullptr;
 };
 
 struct CloudReply {

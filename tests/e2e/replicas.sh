@@ -143,7 +143,7 @@ for r in 0 1; do
   closed=$(grep -c "20 steps, 640 samples" "$work/s$r.log" || true)
   ((closed == 2)) || fail "replica r$r trained $closed edges' runs (want 2, its share): $(grep -c connected "$work/s$r.log") connections"
 done
-moved=$(grep -l "this replica serves 2 edges, its share of the replica set (--back-accumulate): try another replica of the set; trying the cloud's next address, wss://localhost:${rports[1]}" "$work"/h[0-3].out | wc -l)
+moved=$(grep -l "this replica serves 2 edges, its share of the replica set's 4 over 2 replicas (--back-accumulate x --replicas): try another replica of the set; trying the cloud's next address, wss://localhost:${rports[1]}" "$work"/h[0-3].out | wc -l)
 ((moved >= 2)) || fail "no edge was sent on from r0 to r1 ($moved): $(grep -h "next address" "$work"/h[0-3].out)"
 round=$(newest_round "$work/state/federation")
 f=$(basename "$(ls "$work/state/federation"/back-*"$round".tdmc)")
