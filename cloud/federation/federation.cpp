@@ -104,7 +104,9 @@ bool Federation::all_sent() const {
     if (!e.submitted && !e.straggler) return false;
     sent += e.submitted ? 1 : 0;
   }
-  return sent > 0 && sent >= options_.min_edges;  // fewer: the deadline decides
+  // Fewer than min_edges: the deadline decides. (Replicas: every edge a replica admitted is in
+  // the set's step, however few; the first window held for min_edges at the start.)
+  return sent > 0 && (all_sum_ || sent >= options_.min_edges);
 }
 
 void Federation::tick(Clock::time_point now) {

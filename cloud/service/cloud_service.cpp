@@ -262,6 +262,7 @@ class Worker {
                  "the set");
     }
     holds_share_ = true;
+    greeted_ = true;  // it said who it is: the wait for the set's next round is no missing Hello
     return "";
   }
 

@@ -96,6 +96,11 @@ bool BackShardBatches::begin_step(uint64_t owner, uint32_t microbatches, const s
 
 std::size_t BackShardBatches::expected() const {
   std::size_t coming = 0, idle = 0;
+  if (replica_) {  // the admitted sessions' micro-batches of this window still to come
+    for (const auto& [owner, m] : members_)
+      if (m.admitted && (m.open ? m.remaining > 0 : m.window != window_id_)) ++coming;
+    return coming;
+  }
   for (const auto& [owner, m] : members_) {
     if (m.open && m.remaining > 0) ++coming;
     if (!m.open) ++idle;
