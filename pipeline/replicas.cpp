@@ -172,7 +172,7 @@ const char* kind_name(int kind) {
 }
 }  // namespace
 
-ReplicaSync::Header ReplicaSync::in_step(Group& g, Kind kind, std::size_t floats, uint64_t index) {
+ReplicaSync::Header ReplicaSync::in_step(Group& g, Kind kind, std::size_t floats, uint64_t index, bool pending) {
   constexpr std::size_t kw = 4;  // a member's header: kind and count (high part), count (low part), index, flags
   const auto size = static_cast<std::size_t>(g.size()), rank = static_cast<std::size_t>(g.rank());
   headers_.assign(kw * size, 0.0f);
@@ -183,7 +183,9 @@ ReplicaSync::Header ReplicaSync::in_step(Group& g, Kind kind, std::size_t floats
     headers_[kw * rank + 1] = static_cast<float>(floats & 0xFFFFFF);
     headers_[kw * rank + 2] = static_cast<float>(index & 0xFFFFFF);
   }
-  if (rank == 0 && kind == Kind::Idle && membership_ && membership_->joiners()) headers_[kw * rank + 3] = 1.0f;
+  // Flags, in the member's own place: 1, rank 0 saw a joiner; 2, this idle member holds a round's fronts.
+  if (kind == Kind::Idle)
+    headers_[kw * rank + 3] = (rank == 0 && membership_ && membership_->joiners() ? 1.0f : 0.0f) + (pending ? 2.0f : 0.0f);
   g.all_sum(headers_);
   const auto active = [&](std::size_t m) { return headers_[kw * m] > 0.0f; };
   const auto same = [&](std::size_t a, std::size_t b) {
@@ -196,7 +198,8 @@ ReplicaSync::Header ReplicaSync::in_step(Group& g, Kind kind, std::size_t floats
     for (std::size_t m = 0; m < size && ref == rank; ++m)
       if (active(m)) ref = m;
   Header out;
-  out.joiners = headers_[3] > 0.0f;
+  out.joiners = static_cast<int>(headers_[3]) % 2 == 1;
+  for (std::size_t m = 0; m < size; ++m) out.pending = out.pending || static_cast<int>(headers_[kw * m + 3]) >= 2;
   if (!active(ref)) return out;  // every member idle
   for (std::size_t m = 0; m < size; ++m) {
     if (!active(m) || same(m, ref)) continue;
@@ -225,12 +228,28 @@ ReplicaSync::Idled ReplicaSync::idle(const IdleCalls& calls) {
   const std::size_t n = floats_in(tensors) + 3;
   std::vector<float> extra;
   Header seen;
+  uint64_t round = 0;
   // (no window is open: the driver calls this only then) what it hands in is zeros
   if (gradients) stage_.zero_grad();
+  const bool pending = calls.round_pending && calls.round_pending();
+  const auto round_part = [&](std::size_t floats) {
+    extra = calls.round_values ? calls.round_values() : std::vector<float>(floats, 0.0f);
+    if (extra.size() != floats)
+      fail("replicas", cat("the replica set is out of step: its round sums ", floats, " values, where this replica's "
+                           "are ", extra.size(), " (every replica must serve the same model)"));
+  };
   const bool here = surviving([&](Group& g) {
-    seen = in_step(g, Kind::Idle, 0, 0);
+    seen = in_step(g, Kind::Idle, 0, 0, pending);
     switch (seen.kind) {
-      case Kind::Idle: return;
+      case Kind::Idle:
+        // Nobody trains; some hold their edges' last fronts: the round, all together, now.
+        if (!seen.pending || !calls.next_round) return;
+        round = calls.next_round();
+        extra = calls.round_values ? calls.round_values() : std::vector<float>{};
+        in_step(g, Kind::Extra, extra.size(), round);
+        g.all_sum(extra);
+        seen.kind = Kind::Extra;
+        return;
       case Kind::Gradients:
       case Kind::Weights:
         if (seen.kind != (gradients ? Kind::Gradients : Kind::Weights) || seen.floats != n)
@@ -243,7 +262,8 @@ ReplicaSync::Idled ReplicaSync::idle(const IdleCalls& calls) {
         if (membership_) last_members_ = membership_->members();
         return;
       case Kind::Extra:
-        extra.assign(seen.floats, 0.0f);
+        round = seen.index;
+        round_part(seen.floats);  // its edges' last fronts, if any wait, else zeros
         g.all_sum(extra);
         return;
       case Kind::Copy:
@@ -267,7 +287,7 @@ ReplicaSync::Idled ReplicaSync::idle(const IdleCalls& calls) {
       if (joining_) admit_joiners();
       return Idled::Average;
     case Kind::Extra:
-      if (calls.round) calls.round(extra, seen.index);
+      if (calls.round) calls.round(extra, round);
       return Idled::Round;
     default: {
       std::lock_guard lock(totals_mu_);  // a poll, not a collective that carried anything

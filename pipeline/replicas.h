@@ -84,9 +84,15 @@ class ReplicaSync final : public UpdateSync {
   // follows), a local-SGD average (the weights become the mean), or a round (`round` gets the
   // set's sums of that many values and its index). Nothing when every member is idle (a
   // joiner waiting is then let in). An out-of-step set is the same Error as elsewhere.
+  // Rounds: `round_pending` says this replica holds fronts for the next round (its edges'
+  // final ones), `round_values` gives its part of a round's all-sum and `next_round` the
+  // round's index. When every member is idle and one holds fronts, all make that round now.
   struct IdleCalls {
     std::function<void(uint64_t steps, double lr_sum)> update;
     std::function<void(std::span<const float> sums, uint64_t index)> round;
+    std::function<bool()> round_pending;
+    std::function<std::vector<float>()> round_values;
+    std::function<uint64_t()> next_round;
   };
   enum class Idled { Nothing, Update, Average, Round };
   Idled idle(const IdleCalls& calls);
@@ -149,9 +155,11 @@ class ReplicaSync final : public UpdateSync {
     Kind kind = Kind::Idle;  // Idle: every member was
     uint64_t floats = 0, index = 0;
     bool joiners = false;  // rank 0 saw a replica waiting to join
+    bool pending = false;  // an idle member holds fronts for the next round
   };
-  // The collective the active members make (each checked against the others).
-  Header in_step(Group& g, Kind kind, std::size_t floats, uint64_t index);
+  // The collective the active members make (each checked against the others). `pending`: an
+  // idle member's flag.
+  Header in_step(Group& g, Kind kind, std::size_t floats, uint64_t index, bool pending = false);
 
   Stage& stage_;
   Group* group_ = nullptr;

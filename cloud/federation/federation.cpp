@@ -59,7 +59,7 @@ std::optional<std::pair<uint32_t, NamedTensors>> Federation::take_unsaved_round(
 void Federation::leave(uint64_t connection) {
   std::lock_guard<std::mutex> lock(mutex_);
   if (edges_.erase(connection) == 0) return;
-  if (!all_sent()) return;
+  if (!all_sent() || !at_boundary()) return;
   try {
     close_round("the others left");
   } catch (const std::exception& e) {  // (a replica set's all-sum; a session's end must not throw)
@@ -90,12 +90,21 @@ bool Federation::submit(uint64_t connection, const Frame& frame, const wire::Fro
   edge.weights.clear();
   for (const Tensor& v : views) edge.weights.push_back(v.clone());  // the frame goes away
   edge.submitted = true;
+  edge.final = w.final();
   edge.straggler = false;
   edge.round_samples = w.samples();
   edge.info.samples += w.samples();
   if (!first_submission_) first_submission_ = Clock::now();
-  if (all_sent()) close_round("every edge sent");
+  if (all_sent() && at_boundary()) close_round("every edge sent");
   return true;
+}
+
+bool Federation::at_boundary() const {
+  // Replicas: a round whose fronts are all final ones (runs that ended mid-round) closes at the
+  // set's boundary, which another replica's edges reach, or all together once none trains:
+  // replica_round, from the replica's driver.
+  if (!all_sum_) return true;
+  return std::any_of(edges_.begin(), edges_.end(), [](const auto& e) { return e.second.submitted && !e.second.final; });
 }
 
 bool Federation::all_sent() const {
@@ -127,13 +136,7 @@ void Federation::tick(Clock::time_point now) {
 }
 
 void Federation::close_round(const char* why) {
-  std::vector<Edge*> in;
-  uint64_t samples = 0;
-  for (auto& [c, e] : edges_)
-    if (e.submitted) {
-      in.push_back(&e);
-      samples += e.round_samples;
-    }
+  const std::vector<Edge*> in = submitted();
   if (in.empty()) return;
   // Weighted by samples (equal weights if every edge reports 0), summed in double.
   std::vector<const std::vector<Tensor>*> parts;
@@ -145,25 +148,7 @@ void Federation::close_round(const char* why) {
   std::vector<Tensor> out;
   for (auto& [name, t] : current_) out.push_back(t);  // views of the average's storage
   if (all_sum_) {
-    // Replicas: this replica's edges' fronts times their samples, and the samples, summed
-    // over every replica's (a replica whose edges report 0 samples weighs each edge as 1).
-    std::size_t n = 1;
-    for (const Tensor& t : out) n += static_cast<std::size_t>(t.numel());
-    std::vector<float> sums(n, 0.0f);
-    const bool counted = samples > 0;
-    std::vector<double> acc;
-    std::size_t at = 0;
-    for (std::size_t k = 0; k < out.size(); ++k) {
-      acc.assign(static_cast<std::size_t>(out[k].numel()), 0.0);
-      for (Edge* e : in) {
-        const double w = counted ? static_cast<double>(e->round_samples) : 1.0;
-        const float* v = e->weights[k].data();
-        for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += w * v[i];
-      }
-      for (std::size_t i = 0; i < acc.size(); ++i) sums[at + i] = static_cast<float>(acc[i]);
-      at += acc.size();
-    }
-    sums[at] = counted ? static_cast<float>(samples) : static_cast<float>(in.size());
+    std::vector<float> sums = round_sums(in);
     closer_ = std::this_thread::get_id();
     bool summed = false;
     try {
@@ -190,16 +175,16 @@ void Federation::close_round(const char* why) {
       std::fflush(stdout);
       return;
     }
-    const float total = sums[at];
-    at = 0;
-    for (Tensor& t : out) {
-      float* v = t.data();
-      for (int64_t i = 0; i < t.numel(); ++i) v[i] = sums[at + static_cast<std::size_t>(i)] / total;
-      at += static_cast<std::size_t>(t.numel());
-    }
+    take_sums(sums);
   } else {
     federated_average(parts, part_samples, out);
   }
+  finish_round(in, why);
+}
+
+void Federation::finish_round(const std::vector<Edge*>& in, const char* why) {
+  uint64_t samples = 0;
+  for (const Edge* e : in) samples += e->round_samples;
   ++round_;
   const auto bytes = writer_.aggregated(round_, static_cast<uint32_t>(in.size()), samples, current_);
   std::string who;
@@ -208,14 +193,17 @@ void Federation::close_round(const char* why) {
       send_(c, bytes);
       who += cat(who.empty() ? "" : ",", "\"", e.info.client, "\"");
       ++e.info.rounds_joined;
-      e.submitted = false;
+      e.submitted = e.final = false;
       e.weights.clear();
     }
   const double waited =
       first_submission_ ? std::chrono::duration<double>(Clock::now() - *first_submission_).count() : 0.0;
   first_submission_.reset();
-  std::printf("round %u: %zu of %zu edges, %llu samples (%s, waited %.2f s)\n", round_, in.size(), edges_.size(),
-              static_cast<unsigned long long>(samples), why, waited);
+  if (in.empty())  // a replica with no edge in this round takes the set's average
+    std::printf("round %u: no edge of this replica's in it; the set's average taken\n", round_);
+  else
+    std::printf("round %u: %zu of %zu edges, %llu samples (%s, waited %.2f s)\n", round_, in.size(), edges_.size(),
+                static_cast<unsigned long long>(samples), why, waited);
   std::fflush(stdout);
   if (metrics_)
     metrics_(cat("{\"round\":", round_, ",\"edges\":[", who, "],\"connected\":", edges_.size(), ",\"samples\":",
@@ -229,7 +217,59 @@ std::size_t Federation::round_values() const {
   return n;
 }
 
-void Federation::idle_round(std::span<const float> sums, uint64_t round) {
+std::vector<Federation::Edge*> Federation::submitted() {
+  std::vector<Edge*> in;
+  for (auto& [c, e] : edges_)
+    if (e.submitted) in.push_back(&e);
+  return in;
+}
+
+std::vector<float> Federation::round_sums(const std::vector<Edge*>& in) const {
+  // This replica's edges' fronts times their samples, and the samples, summed over every
+  // replica's (a replica whose edges report 0 samples weighs each edge as 1).
+  std::vector<float> sums(round_values(), 0.0f);
+  uint64_t samples = 0;
+  for (const Edge* e : in) samples += e->round_samples;
+  const bool counted = samples > 0;
+  std::vector<double> acc;
+  std::size_t at = 0, k = 0;
+  for (const auto& [name, t] : current_) {
+    acc.assign(static_cast<std::size_t>(t.numel()), 0.0);
+    for (const Edge* e : in) {
+      const double w = counted ? static_cast<double>(e->round_samples) : 1.0;
+      const float* v = e->weights[k].data();
+      for (std::size_t i = 0; i < acc.size(); ++i) acc[i] += w * v[i];
+    }
+    for (std::size_t i = 0; i < acc.size(); ++i) sums[at + i] = static_cast<float>(acc[i]);
+    at += acc.size();
+    ++k;
+  }
+  sums[at] = counted ? static_cast<float>(samples) : static_cast<float>(in.size());
+  return sums;
+}
+
+void Federation::take_sums(std::span<const float> sums) {
+  const float total = sums[sums.size() - 1];
+  if (!(total > 0)) return;  // (no replica had a front in it: the average stays)
+  std::size_t at = 0;
+  for (auto& [name, t] : current_) {
+    float* v = t.data();
+    for (int64_t i = 0; i < t.numel(); ++i) v[i] = sums[at + static_cast<std::size_t>(i)] / total;
+    at += static_cast<std::size_t>(t.numel());
+  }
+}
+
+bool Federation::round_pending() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return std::any_of(edges_.begin(), edges_.end(), [](const auto& e) { return e.second.submitted; });
+}
+
+std::vector<float> Federation::replica_round_values() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return round_sums(submitted());
+}
+
+void Federation::replica_round(std::span<const float> sums, uint64_t round) {
   std::lock_guard<std::mutex> lock(mutex_);
   const std::size_t n = round_values();
   if (sums.size() != n)
@@ -238,21 +278,8 @@ void Federation::idle_round(std::span<const float> sums, uint64_t round) {
   if (round != static_cast<uint64_t>(round_) + 1)
     fail("federation", cat("the replica set is out of step: it closes round ", round, " where this replica closed ",
                            round_));
-  if (const float total = sums[n - 1]; total > 0) {
-    std::size_t at = 0;
-    for (auto& [name, t] : current_) {
-      float* v = t.data();
-      for (int64_t i = 0; i < t.numel(); ++i) v[i] = sums[at + static_cast<std::size_t>(i)] / total;
-      at += static_cast<std::size_t>(t.numel());
-    }
-  }
-  ++round_;
-  std::printf("round %u: no edge of this replica's in it; the set's average taken\n", round_);
-  std::fflush(stdout);
-  if (metrics_)
-    metrics_(cat("{\"round\":", round_, ",\"edges\":[],\"connected\":", edges_.size(),
-                 ",\"samples\":0,\"closed_by\":\"the replica set\",\"waited_s\":0}"));
-  if (on_close_) on_close_();
+  take_sums(sums);
+  finish_round(submitted(), "the replica set");
 }
 
 std::vector<float> Federation::state() {

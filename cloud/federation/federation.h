@@ -78,10 +78,14 @@ class Federation {
   void set_replicas(AllSum all_sum) { all_sum_ = std::move(all_sum); }
   // Called as each round closes (the federation's lock held; replicas admit waiting edges then).
   void set_on_close(std::function<void()> on_close) { on_close_ = std::move(on_close); }
-  // A replica with no edge in a round the others closed: `sums` are the set's (this replica
-  // handed in zeros: round_values() of them), `round` its number. The average and the round
-  // become the set's; an Error when the set is at another round or the front another size.
-  void idle_round(std::span<const float> sums, uint64_t round);
+  // A round this replica's driver makes with the set (pipeline/replicas.h, idle): whether
+  // fronts wait in it (its edges' final ones, or none), this replica's part of its all-sum
+  // (round_values() of them), and the set's sums, which close round `round` here: the
+  // average becomes the set's and the waiting edges get it. An Error when the set is at
+  // another round or the front another size.
+  bool round_pending();
+  std::vector<float> replica_round_values();
+  void replica_round(std::span<const float> sums, uint64_t round);
   std::size_t round_values() const;  // a round's all-sum: the front's values and the weight
   // The round and its average as floats, for a replica that joins (set_state takes them).
   std::vector<float> state();
@@ -93,11 +97,18 @@ class Federation {
   struct Edge {
     FederatedEdge info;
     bool submitted = false;
+    bool final = false;  // its submission is its run's last (after its last step, mid-round maybe)
     bool straggler = false;  // missed a round's deadline and has not sent since
     uint64_t round_samples = 0;
     std::vector<Tensor> weights;  // copies of the submitted tensors
   };
   void close_round(const char* why);  // with mutex_ held
+  // With mutex_ held: the round's end once its average is in current_ (the edges in it get it).
+  void finish_round(const std::vector<Edge*>& in, const char* why);
+  std::vector<Edge*> submitted();
+  std::vector<float> round_sums(const std::vector<Edge*>& in) const;  // a replica's part of the round's all-sum
+  void take_sums(std::span<const float> sums);  // the set's sums: the average
+  bool at_boundary() const;  // a round may close now (replicas: one of its fronts is not a final one)
   bool all_sent() const;              // every edge that is not a straggler, and at least min_edges
 
   std::mutex mutex_;

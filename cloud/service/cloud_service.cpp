@@ -656,7 +656,10 @@ int serve(const ServeOptions& o) {
       calls.idle = [&] {
         ReplicaSync::IdleCalls idle;
         idle.update = [&](uint64_t steps, double lr_sum) { batches.apply_idle_update(steps, lr_sum); };
-        idle.round = [&](std::span<const float> sums, uint64_t round) { federation->idle_round(sums, round); };
+        idle.round = [&](std::span<const float> sums, uint64_t round) { federation->replica_round(sums, round); };
+        idle.round_pending = [&] { return federation->round_pending(); };
+        idle.round_values = [&] { return federation->replica_round_values(); };
+        idle.next_round = [&] { return static_cast<uint64_t>(federation->round()) + 1; };
         switch (sync->idle(idle)) {
           case ReplicaSync::Idled::Update:
           case ReplicaSync::Idled::Average: return BackShardBatches::IdleTurn::Update;

@@ -434,6 +434,15 @@ bool BackShardBatches::admit(uint64_t owner, const std::atomic<bool>& cancelled)
   }
 }
 
+void BackShardBatches::retire(uint64_t owner) {
+  std::lock_guard<std::mutex> lock(mutex_);
+  const auto it = members_.find(owner);
+  if (!replica_ || it == members_.end() || it->second.open) return;
+  it->second.admitted = false;
+  it->second.retired = true;
+  changed_.notify_all();
+}
+
 bool BackShardBatches::window_complete() const {
   if (finished_ == 0) return false;
   for (const auto& [owner, m] : members_)
@@ -540,7 +549,7 @@ void BackShardBatches::drive(const std::atomic<bool>& stop, const Drive& calls) 
   while (!stop) {
     if (at_boundary_)
       for (auto& [owner, m] : members_)
-        if (!m.admitted) {
+        if (!m.admitted && !m.retired) {
           m.admitted = ever_admitted_ = true;
           changed_.notify_all();
         }

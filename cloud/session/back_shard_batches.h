@@ -91,6 +91,9 @@ class BackShardBatches {
   // Replica windows: `owner` (a session saying Hello) waits until it is admitted, at the set's
   // next round boundary (at once while the set is at one). false: `cancelled` turned true.
   bool admit(uint64_t owner, const std::atomic<bool>& cancelled);
+  // Replica windows: `owner` has stepped its last (its run's final front is in): the windows
+  // go on without it.
+  void retire(uint64_t owner);
   enum class IdleTurn { Nothing, Update, Round };
   struct Drive {
     std::function<IdleTurn()> idle;     // one collective with nothing to hand in
@@ -121,6 +124,7 @@ class BackShardBatches {
     bool in_batch = false;         // its micro-batch is in the batch computing now
     Clock::time_point last;  // its last sign of life
     bool admitted = false;   // replica windows: its steps are in the windows
+    bool retired = false;    // ... no more: it stepped its last
   };
   struct Pending {
     uint64_t owner;

@@ -525,6 +525,10 @@ CloudReply CloudSession::on_front_weights(const Frame& frame, const wire::FrontW
       submitted_step_ == step_)
     return refuse({wire::ErrorCode::OutOfWindow, cat("FrontWeights at step ", step_, " (they are due after every ",
                                                      every, " steps and after the last, between steps, once)")});
+  // Its last front: it steps no more, so a replica's windows go on without it (the set's edges
+  // that train on close the round with it, at their boundary).
+  if (weights.final())
+    if (BackShardBatches* b = shard_.batches()) b->retire(config_.session_id);
   WireError error;
   if (!config_.federation->submit(config_.session_id, frame, weights,
                                   static_cast<uint64_t>(every) * config_.batch_size, error))

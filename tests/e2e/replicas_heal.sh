@@ -30,7 +30,7 @@ source "$src/tests/e2e/lib.sh"
 "$cloud_bin" pki init --state-dir "$work/ca" > /dev/null
 for i in 0 1 2 3 4 5; do "$cloud_bin" pki issue --state-dir "$work/ca" --client "h$i" --out "$work/h$i" > /dev/null; done
 read -r -a ports <<< "$(free_ports 3)"
-# Each edge 3200 samples (100 steps of 32), fronts averaged every 4 steps (25 rounds).
+# Each edge 9600 samples (300 steps of 32), fronts averaged every 4 steps (75 rounds).
 run=(--aggregate-every 4 --round-deadline-s 120 --batch-edges --batch-gather-ms 5000 --lr 0.01 --momentum 0
      --min-edges 2 --back-accumulate 2 --replica-set "$work/set" --replicas 3 --replica-timeout-s 20)
 replica() {  # replica R: replica R on its port and folder, in the background (appends to its log)
@@ -51,7 +51,7 @@ edge() {  # edge I: edge I of 6, its replica's address first, then the others'
   local i=$1 first=$(($1 / 2)) list="" k
   for k in 0 1 2; do list+="${list:+,}wss://localhost:${ports[$(((first + k) % 3))]}"; done
   "$edge_bin" train --cloud "$list" --identity "$work/h$i" --model "$model" --shard "$i/6" --split iid \
-    --limit 19200 --test-limit 200 --batch 32 --lr 0.01 --momentum 0 --checkpoint-dir "$work/c$i" \
+    --limit 57600 --test-limit 200 --batch 32 --lr 0.01 --momentum 0 --checkpoint-dir "$work/c$i" \
     --checkpoint-every 4 > "$work/h$i.out" 2>&1 &
   pids[$i]=$!
 }
@@ -87,6 +87,18 @@ done
 echo "after the kill: r0 in an epoch of 2 members after ${epoch_s} s, its next round closed after ${round_s} s"
 awk -v s="$round_s" 'BEGIN { exit !(s <= 10) }' || fail "the survivors took ${round_s} s to go on (want at most 10)"
 
+# r2's edges find room on r0 and r1 (3 each, over 2 live replicas) while their edges train.
+for _ in $(seq 1 1200); do
+  grep -q 'joined at round' "$work/h4.out" && grep -q 'joined at round' "$work/h5.out" && break
+  sleep 0.05
+done
+for i in 4 5; do
+  joined=$(grep -o 'joined at round [0-9]*' "$work/h$i.out" | tail -1 | grep -o '[0-9]*$' || true)
+  [[ -n $joined ]] || fail "edge $i was not taken by r0 or r1 within 60 s of the kill"
+  ((joined < 74)) || fail "edge $i joined at round $joined, after the other edges' runs (75 rounds)"
+  echo "edge $i: joined the set at round $joined on $(grep -l "edge 'h$i' connected" "$work"/r[01].log | xargs -n1 basename | tr '\n' ' ')"
+done
+
 # r2 again, on its port and folder: it joins the set.
 replica 2
 ready 2 2
@@ -105,13 +117,12 @@ for i in 4 5; do
   resumed=$(grep -o 'resuming from the checkpoint of step [0-9]*' "$work/h$i.out" | tail -1 | grep -o '[0-9]*$' || true)
   [[ -n $resumed ]] || fail "edge $i did not resume from a checkpoint"
   ((resumed % 4 == 0 && resumed >= 8)) || fail "edge $i resumed from step $resumed (want a round's boundary, 8 or later)"
-  joined=$(grep -o 'joined at round [0-9]*' "$work/h$i.out" | tail -1 || true)
-  echo "edge $i: resumed from step $resumed, ${joined:-joined before round 1}, on $(grep -l "edge 'h$i' connected" "$work"/r[01].log | xargs -n1 basename | tr '\n' ' ')"
+  echo "edge $i: resumed from step $resumed, ended at round $(grep -o '"round":[0-9]*' "$work/h$i.out" | tail -1 | cut -d: -f2)"
 done
 echo "the other edges ended at round $(grep -o '"round":[0-9]*' "$work/h0.out" | tail -1 | cut -d: -f2)"
-# Every edge's 100 steps were trained, on one replica or, for r2's, on two.
+# Every edge's 300 steps were trained, on one replica or, for r2's, on two.
 for i in 0 1 2 3; do
-  grep -q "(h$i), cut 'pool2': 100 steps, 3200 samples" "$work/r$((i / 2)).log" || fail "edge $i's 100 steps are not in r$((i / 2))'s log"
+  grep -q "(h$i), cut 'pool2': 300 steps, 9600 samples" "$work/r$((i / 2)).log" || fail "edge $i's 300 steps are not in r$((i / 2))'s log"
 done
 
 # The set's state: r0, r1 and the restarted r2 hold the same newest round, bit for bit.
@@ -134,4 +145,5 @@ grep -qx "tandem_replica_members 3" <<< "$scraped" || fail "r2's /metrics: $(gre
 
 for r in 0 1 2; do stop_cloud "${clouds[$r]}"; done
 clouds=()
+[[ -z ${KEEP:-} ]] || cp -r "$work" "$KEEP"
 echo "PASS"
