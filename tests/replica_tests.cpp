@@ -22,6 +22,7 @@
 
 extern char** environ;
 
+#include "cloud/session/back_shard_batches.h"
 #include "collective/gloo_group.h"
 #include "collective/membership.h"
 #include "core/graph.h"
@@ -626,6 +627,90 @@ TEST(Replicas, SumModeSumsGradientsAndASetThatSawNothingSkipsTheUpdate) {
     EXPECT_EQ(extra_sums[static_cast<std::size_t>(r)], 30.0f);
     EXPECT_EQ(steps_after[static_cast<std::size_t>(r)], 0);
     EXPECT_TRUE(unchanged[static_cast<std::size_t>(r)]);
+  }
+}
+
+// A federation's shard over replicas (cloud/session/back_shard_batches.h, replica windows): a
+// window holds one step of each session a replica admitted, however many; drive() applies the
+// set's update on its own thread; a replica with no session takes part in every update with
+// nothing to hand in. Member 0 serves two sessions, member 1 none (idle from the first update,
+// after its hold): both end on the weights one shard reaches with those sessions' windows (no
+// replicas), bit for bit, and the idle member counted each update.
+TEST(Replicas, AReplicaWithNoSessionTakesPartInEveryUpdateIdle) {
+  StoreDir dir;
+  const Graph graph = Graph::build(parse_model_json(kSmallSplitSpec));
+  constexpr uint64_t kSteps = 6;
+  const std::atomic<bool> no{false};
+  // Step k of session `owner` leaves these gradients (as its micro-batches would).
+  const auto add_grad = [](Replica& me, uint64_t owner, uint64_t k) {
+    me.backend->wait();
+    for (Param* p : me.net.params())
+      for (int64_t i = 0; i < p->grad().numel(); ++i)
+        p->grad()[i] += 0.01f * static_cast<float>(owner) * static_cast<float>(k + 1) * static_cast<float>(i % 7 - 3);
+  };
+  // The reference: one shard, windows of the two sessions' steps.
+  Replica whole(graph, kSgd);
+  {
+    BackShardBatches one(whole.net, *whole.opt, 2, 0.0, 30.0);
+    for (uint64_t k = 0; k < kSteps; ++k) {
+      for (uint64_t owner = 1; owner <= 2; ++owner) ASSERT_TRUE(one.begin_step(owner, 1, no));
+      for (uint64_t owner = 1; owner <= 2; ++owner) add_grad(whole, owner, k);
+      for (uint64_t owner = 1; owner <= 2; ++owner) ASSERT_TRUE(one.finish_step(owner, 1.0f, {}));
+    }
+    ASSERT_EQ(one.updates(), kSteps);
+  }
+  std::vector<std::unique_ptr<Replica>> replicas;
+  for (int r = 0; r < 2; ++r) replicas.push_back(std::make_unique<Replica>(graph, kSgd));
+  std::vector<uint64_t> updates(2);
+  std::vector<ReplicaSync::Totals> totals(2);
+  on_members(2, [&](int r) {
+    Replica& me = *replicas[static_cast<std::size_t>(r)];
+    auto group = make_gloo_group(r, 2, gloo_options(dir.path, "idle"));
+    BackShardBatches shard(me.net, *me.opt, 2, 0.0, 30.0);
+    ReplicaSync sync(shard.stage(), *group, {ReplicaMode::Synchronous, 1, /*sum=*/true});
+    shard.set_replica_windows(0.2);
+    std::atomic<bool> stop{false};
+    std::string failure;
+    std::thread driver([&] {
+      BackShardBatches::Drive calls;
+      calls.idle = [&] {
+        ReplicaSync::IdleCalls idle;
+        idle.update = [&](uint64_t steps, double lr_sum) { shard.apply_idle_update(steps, lr_sum); };
+        const ReplicaSync::Idled turn = sync.idle(idle);
+        return turn == ReplicaSync::Idled::Update ? BackShardBatches::IdleTurn::Update : BackShardBatches::IdleTurn::Nothing;
+      };
+      try {
+        shard.drive(stop, calls);
+      } catch (const GroupLost&) {  // the other member left first at the end (its driver stopped)
+        if (!stop) failure = "the group was lost while training";
+      } catch (const std::exception& e) {
+        failure = e.what();
+      }
+    });
+    if (r == 0) {
+      for (uint64_t owner = 1; owner <= 2; ++owner) ASSERT_TRUE(shard.admit(owner, no));
+      for (uint64_t k = 0; k < kSteps; ++k) {
+        for (uint64_t owner = 1; owner <= 2; ++owner) ASSERT_TRUE(shard.begin_step(owner, 1, no));
+        for (uint64_t owner = 1; owner <= 2; ++owner) add_grad(me, owner, k);
+        for (uint64_t owner = 1; owner <= 2; ++owner) ASSERT_TRUE(shard.finish_step(owner, 1.0f, {}));
+      }
+      for (uint64_t owner = 1; owner <= 2; ++owner) shard.release(owner);
+    }
+    const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
+    while (shard.updates() < kSteps && std::chrono::steady_clock::now() < deadline)
+      std::this_thread::sleep_for(std::chrono::milliseconds(5));
+    updates[static_cast<std::size_t>(r)] = shard.updates();
+    stop = true;
+    driver.join();
+    totals[static_cast<std::size_t>(r)] = sync.totals();
+    EXPECT_EQ(failure, "") << "member " << r;
+  });
+  for (int r = 0; r < 2; ++r) {
+    SCOPED_TRACE(cat("member ", r));
+    EXPECT_EQ(updates[static_cast<std::size_t>(r)], kSteps);
+    EXPECT_TRUE(same_bits(replicas[static_cast<std::size_t>(r)]->net, whole.net));
+    EXPECT_EQ(replicas[static_cast<std::size_t>(r)]->opt->steps(), static_cast<int64_t>(kSteps));
+    EXPECT_GE(totals[static_cast<std::size_t>(r)].collectives, 2 * kSteps);  // each update: its header, its sum
   }
 }
 
