@@ -88,8 +88,10 @@ constexpr const char* kServeDetails = R"(
       only, unless --replica-allow-public. The first --replicas R form the set; a replica
       started later (or restarted) joins at the next update and takes rank 0's shard,
       optimizer state and round before it serves; a replica that dies is dropped within
-      seconds and the others go on. /metrics adds the epoch, members, collectives, bytes
-      and seconds.
+      seconds and the others go on, its edges resuming on them (the share, R x N edges over
+      the replicas alive, grows; an edge resumes at a round's boundary: give edges
+      --checkpoint-every a multiple of S). A replica with no edge takes part idle. /metrics
+      adds the epoch, members, collectives, bytes and seconds.
       Stops on SIGINT or SIGTERM.
 )";
 

@@ -317,6 +317,20 @@ TEST(BatchedEdges, ASessionWithAStepInTheWindowLeavesTheFreeSlotToOneWithout) {
 
 // The update is the mean of the window's steps' gradients, applied once, when the last
 // step of the window finishes; a new window sums from zero.
+// Replicas of the shard (replica windows) take a resuming edge only at a round's boundary:
+// one whose checkpoint is mid-round is refused with what to give it.
+TEST(BatchedEdges, AReplicaRefusesAnEdgeResumingMidRound) {
+  Cloud c(true);
+  c.trainer.batches()->set_replica_windows(0.0);
+  Edge e(c, 0);
+  e.session.resume_from(6);
+  const CloudReply r = e.send(e.session.hello());
+  EXPECT_TRUE(r.close);
+  EXPECT_EQ(Edge::reply_text(r),
+            "this replica set takes a resuming edge at a round's boundary, and step 6 is none (a round is 1000 steps): "
+            "give the edge --checkpoint-every a multiple of 1000 and resume it from there");
+}
+
 TEST(BatchedEdges, TheWindowsLastStepAppliesTheMeanOfItsSteps) {
   Cloud c(true);
   std::atomic<bool> no{false};
