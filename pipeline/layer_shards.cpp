@@ -2,6 +2,7 @@
 
 #include <algorithm>
 #include <map>
+#include <set>
 
 #include "core/activation.h"
 #include "core/error.h"
@@ -40,14 +41,23 @@ void copy_cols(const Tensor& from, Tensor& to, int64_t begin, bool into_whole) {
                 to.data() + r * to_cols + (into_whole ? begin : 0));
 }
 
+// A pair's linears split by output features: A, and an attention block's key and value.
+std::vector<const std::string*> columns_of(const LinearPair& p) {
+  std::vector<const std::string*> out{&p.columns};
+  for (const std::string& a : p.also) out.push_back(&a);
+  return out;
+}
+
 // Every parameter of `a`'s network copied to or from `b`'s, the pairs' by slice.
 void move_shard(Network& whole, Network& shard, const std::vector<LinearPair>& pairs, int rank, int shards,
                 bool into_whole) {
   std::map<std::string, std::pair<bool, int64_t>> sliced;  // param name -> (by rows, slice size)
   for (const LinearPair& p : pairs) {
     const int64_t h = whole.param(p.columns + ".weight").value().shape()[0] / shards;
-    sliced[p.columns + ".weight"] = {true, h};
-    sliced[p.columns + ".bias"] = {true, h};
+    for (const std::string* a : columns_of(p)) {
+      sliced[*a + ".weight"] = {true, h};
+      sliced[*a + ".bias"] = {true, h};
+    }
     sliced[p.rows + ".weight"] = {false, h};
   }
   for (Param* s : shard.all_params()) {
@@ -85,14 +95,38 @@ std::vector<LinearPair> linear_pairs(const ModelSpec& spec, int shards) {
     if (it == readers.end() || it->second.size() != 1 || name == spec.output) return nullptr;
     return node_named(spec, it->second.front());
   };
-  std::vector<LinearPair> pairs;
-  for (const NodeSpec& a : spec.nodes) {
-    if (!plain_linear(a) || a.linear.out_features % shards != 0) continue;
-    const NodeSpec* next = only_reader(a.name);
+  // The linear read from `name` through activations alone, if that is all that reads it.
+  const auto linear_after = [&](const std::string& name) -> const NodeSpec* {
+    const NodeSpec* next = only_reader(name);
     while (next && per_value(next->op) && next->inputs.size() == 1) next = only_reader(next->name);
-    if (next && plain_linear(*next) && next->inputs.size() == 1 &&
-        std::none_of(pairs.begin(), pairs.end(), [&](const LinearPair& p) { return p.rows == a.name; }))
-      pairs.push_back({a.name, next->name});
+    return next && plain_linear(*next) && next->inputs.size() == 1 ? next : nullptr;
+  };
+  std::vector<LinearPair> pairs;
+  const auto taken = [&](const std::string& name) {
+    return std::any_of(pairs.begin(), pairs.end(), [&](const LinearPair& p) {
+      return p.rows == name || p.columns == name || std::find(p.also.begin(), p.also.end(), name) != p.also.end();
+    });
+  };
+  // Attention blocks: query, key and value linears of one input, each read by the attention alone.
+  for (const NodeSpec& n : spec.nodes) {
+    if (n.op != "attention" || n.attention.heads % shards != 0 || n.inputs.size() < 3) continue;
+    std::vector<const NodeSpec*> qkv;
+    for (int i = 0; i < 3; ++i) {
+      const NodeSpec* p = node_named(spec, n.inputs[static_cast<std::size_t>(i)]);
+      if (!p || !plain_linear(*p) || p->inputs.size() != 1 || only_reader(p->name) != &n ||
+          p->linear.out_features % shards != 0 || (!qkv.empty() && p->inputs != qkv.front()->inputs) || taken(p->name))
+        break;
+      qkv.push_back(p);
+    }
+    if (qkv.size() != 3 || qkv[0] == qkv[1] || qkv[1] == qkv[2] || qkv[0] == qkv[2]) continue;
+    const NodeSpec* b = linear_after(n.name);
+    if (!b || taken(b->name)) continue;
+    pairs.push_back({qkv[0]->name, b->name, {qkv[1]->name, qkv[2]->name}, n.name});
+  }
+  for (const NodeSpec& a : spec.nodes) {
+    if (!plain_linear(a) || a.linear.out_features % shards != 0 || taken(a.name)) continue;
+    const NodeSpec* next = linear_after(a.name);
+    if (next && !taken(next->name)) pairs.push_back({a.name, next->name, {}, ""});
   }
   return pairs;
 }
@@ -112,21 +146,33 @@ ModelSpec layer_shard_spec(const ModelSpec& spec, int rank, int shards) {
   ModelSpec out = spec;
   out.nodes.clear();
   std::map<std::string, std::string> renamed;  // B's name -> its tp_reduce's, for B's readers
+  std::set<std::string> copies;                 // tp_copy nodes placed
   for (const NodeSpec& n0 : spec.nodes) {
     NodeSpec n = n0;
     for (std::string& in : n.inputs)
       if (const auto it = renamed.find(in); it != renamed.end()) in = it->second;
     const auto as_a = std::find_if(pairs.begin(), pairs.end(), [&](const LinearPair& p) { return p.columns == n.name; });
     const auto as_b = std::find_if(pairs.begin(), pairs.end(), [&](const LinearPair& p) { return p.rows == n.name; });
-    if (as_a != pairs.end()) {
-      NodeSpec copy;
-      copy.name = n.name + ".tp_copy";
-      copy.op = "tp_copy";
-      copy.inputs = n.inputs;
-      out.nodes.push_back(copy);
-      n.inputs = {copy.name};
+    const auto as_kv = std::find_if(pairs.begin(), pairs.end(), [&](const LinearPair& p) {
+      return std::find(p.also.begin(), p.also.end(), n.name) != p.also.end();
+    });
+    // One tp_copy before A (and an attention block's key and value: the same input), placed
+    // before the first of them.
+    const auto block = as_a != pairs.end() ? as_a : as_kv;
+    if (block != pairs.end()) {
+      const std::string copy_name = block->columns + ".tp_copy";
+      if (copies.insert(copy_name).second) {
+        NodeSpec copy;
+        copy.name = copy_name;
+        copy.op = "tp_copy";
+        copy.inputs = n.inputs;
+        out.nodes.push_back(copy);
+      }
+      n.inputs = {copy_name};
       n.linear.out_features /= shards;
     }
+    if (std::any_of(pairs.begin(), pairs.end(), [&](const LinearPair& p) { return p.attention == n.name; }))
+      n.attention.heads /= shards;
     if (as_b != pairs.end()) {
       n.linear.bias = n.linear.bias && rank == 0;
       out.nodes.push_back(n);

@@ -11,8 +11,14 @@
 // the unsplit stage's outputs and gradients, and each member's optimizer, updating its own
 // slices and its own copy of the rest, keeps them so.
 //
-// Not split yet: attention by heads (its projections are one fused node here), and
-// convolutions. A stage without a pair is refused, and one with dropout (its masks' seeds
+// Attention splits by heads the same way (Megatron-LM's attention block): the query, key and
+// value linears, which read one input and feed an attention node alone, are split by output
+// features (member r holds heads [r H/S, (r+1) H/S), whose features are contiguous), the
+// attention node runs H/S heads, and the linear reading its output (through activations
+// alone) is split by input features; one tp_copy before the three, one tp_reduce after.
+//
+// Not split: convolutions, and an attention whose projections are one fused linear (sliced
+// after). A stage without a pair is refused, and one with dropout (its masks' seeds
 // come from the initialisation's stream, which the members use up differently). Gradient
 // clipping by the global norm (OptimizerOptions::clip_norm) would take each member's own
 // norm, not the stage's: leave it off on a split stage.
@@ -30,10 +36,14 @@ namespace tandem {
 
 struct LinearPair {
   std::string columns, rows;  // A (split by output features) and B (split by input features)
+  // An attention block: `columns` is its query's linear, `also` its key's and value's (split
+  // like A), `attention` the node between them and B (its heads split).
+  std::vector<std::string> also;
+  std::string attention;
 };
 
 // The spec's linear pairs that split over `shards` members (A's output features divisible by
-// it; no LoRA on either).
+// it; no LoRA on either), attention blocks (heads divisible by it) first.
 std::vector<LinearPair> linear_pairs(const ModelSpec& spec, int shards);
 
 // Member `rank` of `shards`' spec: each pair's linears at their slice's size, a tp_copy before
