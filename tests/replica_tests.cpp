@@ -728,22 +728,20 @@ constexpr const char* kMlpSpec = R"({ name: "mlp", inputs: [ { name: "x", shape:
   { name: "fc4", op: "linear", inputs: ["act3"], linear: { out_features: 5 } }
 ], output: "fc4", loss: "softmax_cross_entropy" })";
 
-TEST(LayerShards, TwoShardsTrainLikeTheUnsplitStage) {
-  const ModelSpec spec = parse_model_json(kMlpSpec);
+// A stage trained whole, and split over 2 layer-shard members of a Gloo group (`steps` steps
+// of 8 rows of `x` in 2 micro-batches): the whole stage, the members' slices joined back into
+// it, how much the whole stage moved from its start, and each member's group's costs.
+struct SplitRun {
+  float joined_vs_whole = 0, trained = 0;
+  std::vector<Group::Stats> stats = std::vector<Group::Stats>(2);
+  std::vector<std::unique_ptr<Replica>> members;
+};
+SplitRun train_split(const ModelSpec& spec, const Tensor& x, const std::vector<int32_t>& labels, int steps,
+                     const OptimizerOptions& sgd, const std::string& prefix) {
   const std::vector<LinearPair> pairs = linear_pairs(spec, 2);
-  ASSERT_EQ(pairs.size(), 2u);
-  EXPECT_EQ(pairs[0].columns, "fc1");
-  EXPECT_EQ(pairs[0].rows, "fc2");
-  EXPECT_EQ(pairs[1].columns, "fc3");
-  EXPECT_EQ(pairs[1].rows, "fc4");
   const Graph graph = Graph::build(spec);
-  Rng rng(21);
-  const int64_t rows = 24;
-  Tensor x = random_tensor({rows, 12}, rng);
-  std::vector<int32_t> labels(static_cast<std::size_t>(rows));
-  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 7) % 5);
-  const int steps = 20;
-  auto train = [&](Stage& stage, int s) {  // 8 rows a step, in 2 micro-batches
+  const int64_t rows = x.shape()[0];
+  auto train = [&](Stage& stage, int s) {
     stage.zero_grad();
     for (int m = 0; m < 2; ++m) {
       const int64_t at = (s * 8 + m * 4) % rows;
@@ -752,37 +750,55 @@ TEST(LayerShards, TwoShardsTrainLikeTheUnsplitStage) {
     }
     stage.step();
   };
-  Replica whole(graph, kSgd);
+  Replica whole(graph, sgd);
   for (int s = 0; s < steps; ++s) train(whole.stage, s);
-
+  SplitRun run;
   StoreDir dir;
-  std::vector<std::unique_ptr<Replica>> members;
-  for (int r = 0; r < 2; ++r) members.push_back(std::make_unique<Replica>(Graph::build(layer_shard_spec(spec, r, 2)), kSgd));
-  EXPECT_EQ(members[0]->net.param("fc1.weight").value().shape(), (Shape{16, 12}));
-  EXPECT_EQ(members[1]->net.param("fc2.weight").value().shape(), (Shape{16, 16}));
-  EXPECT_EQ(members[1]->net.params().size(), whole.net.params().size() - 2);  // fc2's and fc4's bias on member 0
-  std::vector<Group::Stats> stats(2);
+  for (int r = 0; r < 2; ++r) run.members.push_back(std::make_unique<Replica>(Graph::build(layer_shard_spec(spec, r, 2)), sgd));
   on_members(2, [&](int r) {
-    auto group = make_gloo_group(r, 2, gloo_options(dir.path, "shards"));
+    auto group = make_gloo_group(r, 2, gloo_options(dir.path, prefix));
     GroupReducer reducer(*group);
-    Replica& me = *members[static_cast<std::size_t>(r)];
-    Replica start(graph, kSgd);
+    Replica& me = *run.members[static_cast<std::size_t>(r)];
+    Replica start(graph, sgd);
     load_layer_shard(start.net, me.net, pairs, r, 2);
     me.net.set_reducer(&reducer);
     for (int s = 0; s < steps; ++s) train(me.stage, s);
-    stats[static_cast<std::size_t>(r)] = group->stats();
+    run.stats[static_cast<std::size_t>(r)] = group->stats();
   });
-  Replica joined(graph, kSgd);
-  for (int r = 0; r < 2; ++r) store_layer_shard(members[static_cast<std::size_t>(r)]->net, joined.net, pairs, r, 2);
-  EXPECT_LE(max_diff(joined.net, whole.net), 1e-5f);
-  Replica start(graph, kSgd);
-  EXPECT_GT(max_diff(whole.net, start.net), 1e-3f);  // it trained
+  Replica joined(graph, sgd);
+  for (int r = 0; r < 2; ++r) store_layer_shard(run.members[static_cast<std::size_t>(r)]->net, joined.net, pairs, r, 2);
+  run.joined_vs_whole = max_diff(joined.net, whole.net);
+  Replica start(graph, sgd);
+  run.trained = max_diff(whole.net, start.net);
+  return run;
+}
+
+TEST(LayerShards, TwoShardsTrainLikeTheUnsplitStage) {
+  const ModelSpec spec = parse_model_json(kMlpSpec);
+  const std::vector<LinearPair> pairs = linear_pairs(spec, 2);
+  ASSERT_EQ(pairs.size(), 2u);
+  EXPECT_EQ(pairs[0].columns, "fc1");
+  EXPECT_EQ(pairs[0].rows, "fc2");
+  EXPECT_EQ(pairs[1].columns, "fc3");
+  EXPECT_EQ(pairs[1].rows, "fc4");
+  Rng rng(21);
+  const int64_t rows = 24;
+  Tensor x = random_tensor({rows, 12}, rng);
+  std::vector<int32_t> labels(static_cast<std::size_t>(rows));
+  for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 7) % 5);
+  const SplitRun run = train_split(spec, x, labels, 20, kSgd, "shards");
+  EXPECT_EQ(run.members[0]->net.param("fc1.weight").value().shape(), (Shape{16, 12}));
+  EXPECT_EQ(run.members[1]->net.param("fc2.weight").value().shape(), (Shape{16, 16}));
+  Replica whole(Graph::build(spec), kSgd);
+  EXPECT_EQ(run.members[1]->net.params().size(), whole.net.params().size() - 2);  // fc2's and fc4's bias on member 0
+  EXPECT_LE(run.joined_vs_whole, 1e-5f);
+  EXPECT_GT(run.trained, 1e-3f);  // it trained
   // One all-sum a pair each way a micro-batch, but fc1's input gradient, which nobody asks
   // for (the stage's input is data here): 3 x 2 micro-batches x 20 steps.
-  EXPECT_EQ(stats[0].collectives, 3u * 2u * 20u);
+  EXPECT_EQ(run.stats[0].collectives, 3u * 2u * 20u);
   // Forward sums of fc2's and fc4's outputs (16 and 5 a row), the backward sum of fc3's input
   // (16 a row), 4 rows a micro-batch.
-  EXPECT_EQ(stats[0].bytes, 40u * 4u * (16u + 5u + 16u) * 4u);
+  EXPECT_EQ(run.stats[0].bytes, 40u * 4u * (16u + 5u + 16u) * 4u);
 }
 
 // Attention split by heads (Megatron-LM's attention block): a small encoder layer's query, key
@@ -824,44 +840,17 @@ TEST(LayerShards, AttentionSplitsByHeadsAndTrainsLikeTheUnsplitStage) {
     if (n.name == "k" || n.name == "v") EXPECT_EQ(n.inputs, (std::vector<std::string>{"q.tp_copy"}));
     if (n.name == "o") EXPECT_FALSE(n.linear.bias) << "the output linear's bias is member 0's";
   }
-  const Graph graph = Graph::build(spec);
   Rng rng(23);
   const int64_t rows = 16;
   Tensor x = random_tensor({rows, 6, 8}, rng);
   std::vector<int32_t> labels(static_cast<std::size_t>(rows));
   for (std::size_t i = 0; i < labels.size(); ++i) labels[i] = static_cast<int32_t>((i * 5) % 3);
-  const int steps = 15;
   const OptimizerOptions sgd{.lr = 0.1f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .clip_norm = 0.0f};
-  auto train = [&](Stage& stage, int s) {  // 8 rows a step, in 2 micro-batches
-    stage.zero_grad();
-    for (int m = 0; m < 2; ++m) {
-      const int64_t at = (s * 8 + m * 4) % rows;
-      const Tensor in = x.slice_batch(at, 4);
-      stage.train_loss(std::span<const Tensor>(&in, 1), m, labels.data() + at, 1.0f / 8.0f, false);
-    }
-    stage.step();
-  };
-  Replica whole(graph, sgd);
-  for (int s = 0; s < steps; ++s) train(whole.stage, s);
-  StoreDir dir;
-  std::vector<std::unique_ptr<Replica>> members;
-  for (int r = 0; r < 2; ++r) members.push_back(std::make_unique<Replica>(Graph::build(layer_shard_spec(spec, r, 2)), sgd));
-  EXPECT_EQ(members[0]->net.param("k.weight").value().shape(), (Shape{4, 8}));
-  EXPECT_EQ(members[1]->net.param("o.weight").value().shape(), (Shape{8, 4}));
-  on_members(2, [&](int r) {
-    auto group = make_gloo_group(r, 2, gloo_options(dir.path, "heads"));
-    GroupReducer reducer(*group);
-    Replica& me = *members[static_cast<std::size_t>(r)];
-    Replica start(graph, sgd);
-    load_layer_shard(start.net, me.net, pairs, r, 2);
-    me.net.set_reducer(&reducer);
-    for (int s = 0; s < steps; ++s) train(me.stage, s);
-  });
-  Replica joined(graph, sgd);
-  for (int r = 0; r < 2; ++r) store_layer_shard(members[static_cast<std::size_t>(r)]->net, joined.net, pairs, r, 2);
-  EXPECT_LE(max_diff(joined.net, whole.net), 1e-5f);
-  Replica start(graph, sgd);
-  EXPECT_GT(max_diff(whole.net, start.net), 1e-3f);  // it trained
+  const SplitRun run = train_split(spec, x, labels, 15, sgd, "heads");
+  EXPECT_EQ(run.members[0]->net.param("k.weight").value().shape(), (Shape{4, 8}));
+  EXPECT_EQ(run.members[1]->net.param("o.weight").value().shape(), (Shape{8, 4}));
+  EXPECT_LE(run.joined_vs_whole, 1e-5f);
+  EXPECT_GT(run.trained, 1e-3f);  // it trained
 }
 
 TEST(LayerShards, RefusalsNameWhatIsMissing) {
