@@ -68,7 +68,7 @@ bool ReplicaSync::surviving(F&& collective) {
       if (membership_) totals_.membership = membership_->stats();
       return true;
     } catch (const GroupLost&) {
-      if (!membership_) throw;
+      if (!membership_ || stopping_) throw;
     }
     // The next epoch, of the members alive; again while its group does not meet.
     try {
@@ -252,10 +252,12 @@ ReplicaSync::Idled ReplicaSync::idle(const IdleCalls& calls) {
         return;
       case Kind::Gradients:
       case Kind::Weights:
-        if (seen.kind != (gradients ? Kind::Gradients : Kind::Weights) || seen.floats != n)
+        if (seen.kind != (gradients ? Kind::Gradients : Kind::Weights) || seen.floats != n ||
+            seen.index != ((gradients ? static_cast<uint64_t>(stage_.optimizer()->steps()) : updates_) & 0xFFFFFF))
           fail("replicas", cat("the replica set is out of step: the others make ", kind_name(static_cast<int>(seen.kind)),
-                               " ", seen.index, " with ", seen.floats, " values, where this idle replica would hand in ",
-                               n, " (every replica must run the same model and --replica-mode)"));
+                               " ", seen.index, " with ", seen.floats, " values, where this idle replica is at ",
+                               gradients ? static_cast<uint64_t>(stage_.optimizer()->steps()) : updates_, " with ", n,
+                               " (every replica must run the same model and --replica-mode)"));
         buffer_.assign(n, 0.0f);
         buffer_[n - 1] = membership_ && g.rank() == 0 && membership_->joiners() ? 1.0f : 0.0f;
         g.all_sum(buffer_);

@@ -28,6 +28,7 @@
 // it nor drops it, and its state stays the set's.
 #pragma once
 
+#include <atomic>
 #include <cstdint>
 #include <functional>
 #include <mutex>
@@ -96,6 +97,9 @@ class ReplicaSync final : public UpdateSync {
   };
   enum class Idled { Nothing, Update, Average, Round };
   Idled idle(const IdleCalls& calls);
+  // The replica is stopping: a collective a lost member breaks now throws GroupLost rather
+  // than re-forming the set (callable from any thread).
+  void stop() { stopping_ = true; }
 
   // Another collective the replicas make in step (a federation's round: the fronts' weighted
   // sum): `values` all-summed, over a membership again in the next epoch when a member is
@@ -169,6 +173,7 @@ class ReplicaSync final : public UpdateSync {
   // One collective at a time, whichever thread makes it (a federation's round and an update
   // come from different sessions' threads): they share the group and these buffers.
   std::recursive_mutex collective_mu_;
+  std::atomic<bool> stopping_{false};
   uint64_t updates_ = 0;  // after_update calls (local SGD averages on it; copied to joiners)
   std::vector<float> buffer_;  // one all-sum's payload, kept between steps
   std::vector<float> headers_;

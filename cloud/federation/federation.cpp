@@ -103,7 +103,7 @@ bool Federation::at_boundary() const {
   // Replicas: a round whose fronts are all final ones (runs that ended mid-round) closes at the
   // set's boundary, which another replica's edges reach, or all together once none trains:
   // replica_round, from the replica's driver.
-  if (!all_sum_) return true;
+  if (!on_ready_) return true;
   return std::any_of(edges_.begin(), edges_.end(), [](const auto& e) { return e.second.submitted && !e.second.final; });
 }
 
@@ -115,14 +115,14 @@ bool Federation::all_sent() const {
   }
   // Fewer than min_edges: the deadline decides. (Replicas: every edge a replica admitted is in
   // the set's step, however few; the first window held for min_edges at the start.)
-  return sent > 0 && (all_sum_ || sent >= options_.min_edges);
+  return sent > 0 && (on_ready_ || sent >= options_.min_edges);
 }
 
 void Federation::tick(Clock::time_point now) {
   std::lock_guard<std::mutex> lock(mutex_);
   // Replicas close a round only when every edge of theirs has sent (all_sent): a round closed
   // by a deadline here would make its all-sum while another replica makes an update's.
-  if (all_sum_) return;
+  if (on_ready_) return;
   if (!first_submission_ || std::chrono::duration<double>(now - *first_submission_).count() < options_.deadline_s)
     return;
   uint32_t sent = 0, present = 0;
@@ -138,6 +138,13 @@ void Federation::tick(Clock::time_point now) {
 void Federation::close_round(const char* why) {
   const std::vector<Edge*> in = submitted();
   if (in.empty()) return;
+  if (on_ready_) {  // replicas: the driver makes the round with the set (replica_round)
+    if (!ready_) {
+      ready_ = true;
+      on_ready_();
+    }
+    return;
+  }
   // Weighted by samples (equal weights if every edge reports 0), summed in double.
   std::vector<const std::vector<Tensor>*> parts;
   std::vector<uint64_t> part_samples;
@@ -147,44 +154,14 @@ void Federation::close_round(const char* why) {
   }
   std::vector<Tensor> out;
   for (auto& [name, t] : current_) out.push_back(t);  // views of the average's storage
-  if (all_sum_) {
-    std::vector<float> sums = round_sums(in);
-    closer_ = std::this_thread::get_id();
-    bool summed = false;
-    try {
-      summed = all_sum_(sums, round_ + 1);
-    } catch (...) {
-      closer_ = std::thread::id{};
-      throw;
-    }
-    closer_ = std::thread::id{};
-    if (!summed) {
-      // This replica rejoined the set: the set's round and average are its own now; its
-      // edges' fronts of this round were not in it, and they take that average.
-      const auto bytes = writer_.aggregated(round_, 0, 0, current_);
-      for (Edge* e : in) {
-        e->submitted = false;
-        e->weights.clear();
-      }
-      for (auto& [c, e] : edges_)
-        if (std::find(in.begin(), in.end(), &e) != in.end()) send_(c, bytes);
-      first_submission_.reset();
-      std::printf("round %u: this replica joined its set again; its %zu edges' fronts were not averaged, and they "
-                  "take the set's average of round %u\n",
-                  round_, in.size(), round_);
-      std::fflush(stdout);
-      return;
-    }
-    take_sums(sums);
-  } else {
-    federated_average(parts, part_samples, out);
-  }
+  federated_average(parts, part_samples, out);
   finish_round(in, why);
 }
 
 void Federation::finish_round(const std::vector<Edge*>& in, const char* why) {
   uint64_t samples = 0;
   for (const Edge* e : in) samples += e->round_samples;
+  ready_ = false;
   ++round_;
   const auto bytes = writer_.aggregated(round_, static_cast<uint32_t>(in.size()), samples, current_);
   std::string who;
@@ -264,6 +241,11 @@ bool Federation::round_pending() {
   return std::any_of(edges_.begin(), edges_.end(), [](const auto& e) { return e.second.submitted; });
 }
 
+bool Federation::round_ready() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  return ready_;
+}
+
 std::vector<float> Federation::replica_round_values() {
   std::lock_guard<std::mutex> lock(mutex_);
   return round_sums(submitted());
@@ -283,13 +265,11 @@ void Federation::replica_round(std::span<const float> sums, uint64_t round) {
 }
 
 std::vector<float> Federation::state() {
-  if (closer_ == std::this_thread::get_id()) return state_locked();
   std::lock_guard<std::mutex> lock(mutex_);
   return state_locked();
 }
 
 void Federation::set_state(std::span<const float> values) {
-  if (closer_ == std::this_thread::get_id()) return set_state_locked(values);
   std::lock_guard<std::mutex> lock(mutex_);
   set_state_locked(values);
 }

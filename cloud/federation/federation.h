@@ -67,22 +67,22 @@ class Federation {
   // The newest round's number and average once per closed round, for its checkpoint;
   // nothing while that round has been taken already (or none closed).
   std::optional<std::pair<uint32_t, NamedTensors>> take_unsaved_round();
-  // Replicas of the cloud (pipeline/replicas.h), each with edges of its own: a round closes on
-  // every replica, and its average is over all their edges. `all_sum` sums a round's values
-  // over the replicas (every replica calls it once a round, with the round's number). A round
-  // then closes only when every edge of this replica has sent (no deadline: a straggler holds
-  // the set, as a slow rank holds torch's synchronous data parallel).
-  // false: the replica was left out and joined the set again, and its state (set_state, from
-  // within the call) is the set's; the values were not summed.
-  using AllSum = std::function<bool(std::span<float> values, uint32_t round)>;
-  void set_replicas(AllSum all_sum) { all_sum_ = std::move(all_sum); }
+  // Replicas of the cloud (pipeline/replicas.h), each with edges of its own: a round is
+  // averaged over all their edges, and the replica's driver makes it with the set (every
+  // collective from one thread, in the set's order). A round is ready when every edge of this
+  // replica has sent, one of them not its last front (no deadline: a straggler holds the set,
+  // as a slow rank holds torch's synchronous data parallel); `on_ready` is then called (the
+  // federation's lock held: it may only wake the driver), and the driver closes it with
+  // replica_round_values, the set's all-sum and replica_round.
+  void set_replica_rounds(std::function<void()> on_ready) { on_ready_ = std::move(on_ready); }
+  bool round_ready();
   // Called as each round closes (the federation's lock held; replicas admit waiting edges then).
   void set_on_close(std::function<void()> on_close) { on_close_ = std::move(on_close); }
-  // A round this replica's driver makes with the set (pipeline/replicas.h, idle): whether
-  // fronts wait in it (its edges' final ones, or none), this replica's part of its all-sum
-  // (round_values() of them), and the set's sums, which close round `round` here: the
-  // average becomes the set's and the waiting edges get it. An Error when the set is at
-  // another round or the front another size.
+  // A round the replica's driver makes with the set (and, idle, one the others make): whether
+  // fronts wait in it (its edges' final ones, say), this replica's part of its all-sum
+  // (round_values() of them), and the set's sums, which close round `round` here: the average
+  // becomes the set's and the waiting edges get it. An Error when the set is at another round
+  // or the front another size.
   bool round_pending();
   std::vector<float> replica_round_values();
   void replica_round(std::span<const float> sums, uint64_t round);
@@ -116,9 +116,8 @@ class Federation {
   FederationOptions options_;
   Send send_;
   std::function<void(const std::string&)> metrics_;
-  AllSum all_sum_;
-  std::function<void()> on_close_;
-  std::atomic<std::thread::id> closer_{};  // the thread inside all_sum_ (holding mutex_): state() and set_state() from it lock nothing
+  std::function<void()> on_ready_, on_close_;
+  bool ready_ = false;  // replicas: this round's fronts are in, for the driver to close
   std::vector<float> state_locked() const;
   void set_state_locked(std::span<const float> values);
   std::map<uint64_t, Edge> edges_;

@@ -124,9 +124,9 @@ struct SharedBack {
   // The replica's driver (BackShardBatches::drive): its updates, and its idle part in the set's.
   std::atomic<bool> stop{false};
   std::thread driver;
-  std::string driver_failure;
   ~SharedBack() {
     stop = true;
+    if (replicas) replicas->stop();  // a collective its peers broke is not made again
     if (driver.joinable()) driver.join();
   }
 };
@@ -645,11 +645,7 @@ int serve(const ServeOptions& o) {
     BackShardBatches& batches = *shared->trainer->batches();
     batches.set_replica_windows(r.timeout_s / 2);
     federation->set_on_close([&batches] { batches.round_boundary(); });
-    // (a round's all-sum comes after the update of its last step's window, as on every replica)
-    federation->set_replicas([sync, &batches, stop = &shared->stop](std::span<float> v, uint32_t round) {
-      batches.settle(*stop);
-      return sync->all_sum(v, round);
-    });
+    federation->set_replica_rounds([&batches] { batches.round_ready(); });
     SharedBack* sb = shared.get();
     shared->driver = std::thread([sb, sync, federation, &batches, id = r.id] {
       BackShardBatches::Drive calls;
@@ -667,6 +663,14 @@ int serve(const ServeOptions& o) {
           default: return BackShardBatches::IdleTurn::Nothing;
         }
       };
+      calls.round = [sync, federation] {
+        if (!federation->round_ready()) return;
+        std::vector<float> sums = federation->replica_round_values();
+        const uint64_t round = static_cast<uint64_t>(federation->round()) + 1;
+        // (a replica left out stops, heal being off: the sum is always made here)
+        if (!sync->all_sum(sums, round)) fail("replicas", "this replica was left out of its set");
+        federation->replica_round(sums, round);
+      };
       calls.after_round = [sb, federation] {
         if (!sb->rounds) return;
         const auto due = federation->take_unsaved_round();
@@ -680,6 +684,7 @@ int serve(const ServeOptions& o) {
       try {
         batches.drive(sb->stop, calls);
       } catch (const std::exception& e) {
+        if (sb->stop) return;  // stopping: the others may have gone first
         // Out of step, or a collective this replica cannot go on from: it stops, to be started
         // afresh (it then joins the set and copies a member's state).
         std::fprintf(stderr, "tandem-cloud: replica '%s' stops: %s\n", id.c_str(), e.what());

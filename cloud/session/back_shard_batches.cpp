@@ -516,20 +516,16 @@ void BackShardBatches::round_boundary() {
   changed_.notify_all();
 }
 
-void BackShardBatches::settle(const std::atomic<bool>& stop) {
-  std::unique_lock<std::mutex> lock(mutex_);
-  while (!stop && driving_ && window_complete()) changed_.wait_for(lock, std::chrono::milliseconds(50));
+void BackShardBatches::round_ready() {
+  std::lock_guard<std::mutex> lock(mutex_);
+  round_ready_ = true;
+  changed_.notify_all();
 }
 
 void BackShardBatches::drive(const std::atomic<bool>& stop, const Drive& calls) {
   if (!replica_) fail("back shard", "drive() serves replica windows: set_replica_windows first");
   const auto started = Clock::now();
   std::unique_lock<std::mutex> lock(mutex_);
-  driving_ = true;
-  struct Done {
-    std::atomic<bool>& driving;
-    ~Done() { driving = false; }
-  } done{driving_};
   // (each step below that leaves the lock holds the shard, busy_, and gives it back on any exit)
   const auto holding = [&](auto&& work) {
     busy_ = true;
@@ -562,6 +558,11 @@ void BackShardBatches::drive(const std::atomic<bool>& stop, const Drive& calls) 
     }
     if (window_complete()) {
       replica_update(lock);
+      continue;
+    }
+    if (round_ready_ && !busy_) {  // (after the update of its last steps' window, just above)
+      round_ready_ = false;
+      if (calls.round) holding(calls.round);
       continue;
     }
     const bool any = std::any_of(members_.begin(), members_.end(), [](const auto& m) { return m.second.admitted; });

@@ -97,6 +97,7 @@ class BackShardBatches {
   enum class IdleTurn { Nothing, Update, Round };
   struct Drive {
     std::function<IdleTurn()> idle;     // one collective with nothing to hand in
+    std::function<void()> round;        // make the round this replica's edges are ready for, with the set
     std::function<void()> after_round;  // after the update that follows a round: keep it, the shard held
   };
   // Runs until `stop`: admits sessions at round boundaries, applies each complete window's
@@ -104,8 +105,9 @@ class BackShardBatches {
   void drive(const std::atomic<bool>& stop, const Drive& calls);
   // A round closed (on this replica or, idle, on the others): sessions waiting are admitted.
   void round_boundary();
-  // Returns once no complete window waits for its update (a round's collective comes after it).
-  void settle(const std::atomic<bool>& stop);
+  // This replica's edges have all sent their fronts for a round: drive() makes it, after the
+  // update of the window their last steps completed (as every replica orders them).
+  void round_ready();
   // The set's summed gradients of `steps` steps at `lr_sum` (idle's update): applied as a window's.
   void apply_idle_update(uint64_t steps, double lr_sum);
 
@@ -188,7 +190,7 @@ class BackShardBatches {
   bool updated_since_round_ = false;  // an update was applied since it closed (then it is kept)
   bool ever_admitted_ = false;
   bool fresh_ = true;  // the set had made no update when this replica began
-  std::atomic<bool> driving_{false};
+  bool round_ready_ = false;  // round_ready() called: drive() makes the round
   double lr_sum_ = 0.0;  // the window's finished steps' learning-rate scales
   Stats stats_;
   std::vector<Tensor> joined_buffers_, joined_;  // the batch's joined inputs: storage kept, and views of it
