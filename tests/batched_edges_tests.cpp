@@ -315,8 +315,6 @@ TEST(BatchedEdges, ASessionWithAStepInTheWindowLeavesTheFreeSlotToOneWithout) {
   EXPECT_EQ(trainer.updates(), 3u);
 }
 
-// The update is the mean of the window's steps' gradients, applied once, when the last
-// step of the window finishes; a new window sums from zero.
 // Replicas of the shard (replica windows) take a resuming edge only at a round's boundary:
 // one whose checkpoint is mid-round is refused with what to give it.
 TEST(BatchedEdges, AReplicaRefusesAnEdgeResumingMidRound) {
@@ -331,6 +329,8 @@ TEST(BatchedEdges, AReplicaRefusesAnEdgeResumingMidRound) {
             "give the edge --checkpoint-every a multiple of 1000 and resume it from there");
 }
 
+// The update is the mean of the window's steps' gradients, applied once, when the last
+// step of the window finishes; a new window sums from zero.
 TEST(BatchedEdges, TheWindowsLastStepAppliesTheMeanOfItsSteps) {
   Cloud c(true);
   std::atomic<bool> no{false};

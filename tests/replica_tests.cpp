@@ -633,13 +633,15 @@ TEST(Replicas, SumModeSumsGradientsAndASetThatSawNothingSkipsTheUpdate) {
 // A federation's shard over replicas (cloud/session/back_shard_batches.h, replica windows): a
 // window holds one step of each session a replica admitted, however many; drive() applies the
 // set's update on its own thread; a replica with no session takes part in every update with
-// nothing to hand in. Member 0 serves two sessions, member 1 none (idle from the first update,
-// after its hold): both end on the weights one shard reaches with those sessions' windows (no
-// replicas), bit for bit, and the idle member counted each update.
-TEST(Replicas, AReplicaWithNoSessionTakesPartInEveryUpdateIdle) {
+// nothing to hand in. Member 0 serves two sessions, member 1 one, member 2 none (idle from the
+// first update, after its hold), every step at learning-rate scale 0.5: all three end on the
+// weights one shard reaches with windows of those three sessions' steps, and the idle member
+// counted each update.
+TEST(Replicas, WindowsOfEachReplicasSessionsAndAnIdleReplicaTrainAsOneShard) {
   StoreDir dir;
   const Graph graph = Graph::build(parse_model_json(kSmallSplitSpec));
   constexpr uint64_t kSteps = 6;
+  constexpr float kLrScale = 0.5f;
   const std::atomic<bool> no{false};
   // Step k of session `owner` leaves these gradients (as its micro-batches would).
   const auto add_grad = [](Replica& me, uint64_t owner, uint64_t k) {
@@ -648,27 +650,32 @@ TEST(Replicas, AReplicaWithNoSessionTakesPartInEveryUpdateIdle) {
       for (int64_t i = 0; i < p->grad().numel(); ++i)
         p->grad()[i] += 0.01f * static_cast<float>(owner) * static_cast<float>(k + 1) * static_cast<float>(i % 7 - 3);
   };
-  // The reference: one shard, windows of the two sessions' steps.
+  const std::vector<std::vector<uint64_t>> sessions{{1, 2}, {3}, {}};  // each member's
+  const auto steps_of = [&](BackShardBatches& shard, Replica& me, const std::vector<uint64_t>& owners) {
+    for (uint64_t owner : owners) ASSERT_TRUE(shard.admit(owner, no));
+    for (uint64_t k = 0; k < kSteps; ++k) {
+      for (uint64_t owner : owners) ASSERT_TRUE(shard.begin_step(owner, 1, no));
+      for (uint64_t owner : owners) add_grad(me, owner, k);
+      for (uint64_t owner : owners) ASSERT_TRUE(shard.finish_step(owner, kLrScale, {}));
+    }
+  };
+  // The reference: one shard, windows of the three sessions' steps.
   Replica whole(graph, kSgd);
   {
-    BackShardBatches one(whole.net, *whole.opt, 2, 0.0, 30.0);
-    for (uint64_t k = 0; k < kSteps; ++k) {
-      for (uint64_t owner = 1; owner <= 2; ++owner) ASSERT_TRUE(one.begin_step(owner, 1, no));
-      for (uint64_t owner = 1; owner <= 2; ++owner) add_grad(whole, owner, k);
-      for (uint64_t owner = 1; owner <= 2; ++owner) ASSERT_TRUE(one.finish_step(owner, 1.0f, {}));
-    }
+    BackShardBatches one(whole.net, *whole.opt, 3, 0.0, 30.0);
+    steps_of(one, whole, {1, 2, 3});
     ASSERT_EQ(one.updates(), kSteps);
   }
   std::vector<std::unique_ptr<Replica>> replicas;
-  for (int r = 0; r < 2; ++r) replicas.push_back(std::make_unique<Replica>(graph, kSgd));
-  std::vector<uint64_t> updates(2);
-  std::vector<ReplicaSync::Totals> totals(2);
-  on_members(2, [&](int r) {
+  for (int r = 0; r < 3; ++r) replicas.push_back(std::make_unique<Replica>(graph, kSgd));
+  std::vector<uint64_t> updates(3);
+  std::vector<ReplicaSync::Totals> totals(3);
+  on_members(3, [&](int r) {
     Replica& me = *replicas[static_cast<std::size_t>(r)];
-    auto group = make_gloo_group(r, 2, gloo_options(dir.path, "idle"));
+    auto group = make_gloo_group(r, 3, gloo_options(dir.path, "idle"));
     BackShardBatches shard(me.net, *me.opt, 2, 0.0, 30.0);
     ReplicaSync sync(shard.stage(), *group, {ReplicaMode::Synchronous, 1, /*sum=*/true});
-    shard.set_replica_windows(0.2);
+    shard.set_replica_windows(0.5);
     std::atomic<bool> stop{false};
     std::string failure;
     std::thread driver([&] {
@@ -681,37 +688,34 @@ TEST(Replicas, AReplicaWithNoSessionTakesPartInEveryUpdateIdle) {
       };
       try {
         shard.drive(stop, calls);
-      } catch (const GroupLost&) {  // the other member left first at the end (its driver stopped)
+      } catch (const GroupLost&) {  // another member left first at the end (its driver stopped)
         if (!stop) failure = "the group was lost while training";
       } catch (const std::exception& e) {
         failure = e.what();
       }
     });
-    if (r == 0) {
-      for (uint64_t owner = 1; owner <= 2; ++owner) ASSERT_TRUE(shard.admit(owner, no));
-      for (uint64_t k = 0; k < kSteps; ++k) {
-        for (uint64_t owner = 1; owner <= 2; ++owner) ASSERT_TRUE(shard.begin_step(owner, 1, no));
-        for (uint64_t owner = 1; owner <= 2; ++owner) add_grad(me, owner, k);
-        for (uint64_t owner = 1; owner <= 2; ++owner) ASSERT_TRUE(shard.finish_step(owner, 1.0f, {}));
-      }
-      for (uint64_t owner = 1; owner <= 2; ++owner) shard.release(owner);
-    }
+    steps_of(shard, me, sessions[static_cast<std::size_t>(r)]);
+    for (uint64_t owner : sessions[static_cast<std::size_t>(r)]) shard.release(owner);
     const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
     while (shard.updates() < kSteps && std::chrono::steady_clock::now() < deadline)
       std::this_thread::sleep_for(std::chrono::milliseconds(5));
     updates[static_cast<std::size_t>(r)] = shard.updates();
     stop = true;
+    sync.stop();
     driver.join();
     totals[static_cast<std::size_t>(r)] = sync.totals();
     EXPECT_EQ(failure, "") << "member " << r;
   });
-  for (int r = 0; r < 2; ++r) {
+  for (int r = 0; r < 3; ++r) {
     SCOPED_TRACE(cat("member ", r));
     EXPECT_EQ(updates[static_cast<std::size_t>(r)], kSteps);
-    EXPECT_TRUE(same_bits(replicas[static_cast<std::size_t>(r)]->net, whole.net));
+    EXPECT_LE(max_diff(replicas[static_cast<std::size_t>(r)]->net, whole.net), 1e-6f);
+    EXPECT_TRUE(same_bits(replicas[static_cast<std::size_t>(r)]->net, replicas[0]->net));
     EXPECT_EQ(replicas[static_cast<std::size_t>(r)]->opt->steps(), static_cast<int64_t>(kSteps));
     EXPECT_GE(totals[static_cast<std::size_t>(r)].collectives, 2 * kSteps);  // each update: its header, its sum
   }
+  Replica start(graph, kSgd);
+  EXPECT_GT(max_diff(whole.net, start.net), 1e-3f);  // it trained
 }
 
 // Layer shards (pipeline/layer_shards.h): a stage of two MLP blocks split over 2 members of a

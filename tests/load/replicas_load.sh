@@ -61,15 +61,18 @@ done
 for _ in $(seq 1 3000); do grep -q '^round 2:' "$work/r2.log" && break; sleep 0.1; done
 grep -q '^round 2:' "$work/r2.log" || fail "r2 never closed round 2"
 rss_r2=$(awk '/VmHWM/ { print $2 }' "/proc/${clouds[2]}/status")
+victims=$(grep -o "edge 'e[0-9]*' connected" "$work/r2.log" | cut -d"'" -f2 | sort -u)
+# (an edge says "joined at round" on each connection after round 1: count the later ones)
+declare -A joins_before
+for v in $victims; do joins_before[$v]=$(grep -c 'joined at round' "$work/$v.out" || true); done
 kill -9 "${clouds[2]}"
 wait "${clouds[2]}" 2>/dev/null || true
 killed=$(date +%s)
 echo "killed r2 after round 2, $((killed - start)) s into the run"
 # Its edges find room on r0 and r1 (they say "joined at round" when taken); then r2 again.
-victims=$(grep -o "edge 'e[0-9]*' connected" "$work/r2.log" | cut -d"'" -f2 | sort -u)
 for _ in $(seq 1 1200); do
   left=0
-  for v in $victims; do grep -q 'joined at round' "$work/${v}.out" || left=$((left + 1)); done
+  for v in $victims; do (($(grep -c 'joined at round' "$work/$v.out" || true) > joins_before[$v])) || left=$((left + 1)); done
   ((left == 0)) && break
   sleep 0.1
 done
