@@ -62,7 +62,7 @@ void Federation::leave(uint64_t connection) {
   if (!all_sent() || !at_boundary()) return;
   try {
     close_round("the others left");
-  } catch (const std::exception& e) {  // (a replica set's all-sum; a session's end must not throw)
+  } catch (const std::exception& e) {  // (a session's end must not throw)
     std::fprintf(stderr, "tandem-cloud: the round could not close as an edge left: %s\n", e.what());
   }
 }

@@ -7,7 +7,6 @@
 // transport-free (messages leave through `send`), so it is tested in-process.
 #pragma once
 
-#include <atomic>
 #include <chrono>
 #include <cstdint>
 #include <functional>
@@ -16,7 +15,6 @@
 #include <optional>
 #include <span>
 #include <string>
-#include <thread>
 #include <vector>
 
 #include "core/wire/messages.h"
