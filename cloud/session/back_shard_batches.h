@@ -64,7 +64,8 @@ class BackShardBatches {
   bool run(uint64_t owner, BatchedMicrobatch& mb, const std::atomic<bool>& cancelled);
   // `owner`'s step is complete. The window's last step applies the update (the mean of the
   // window's steps, times this step's lr_scale), runs `between_updates`, and opens a new
-  // window. false when `owner` lost its slot (evicted).
+  // window. false when `owner` lost its slot (evicted). (Replica windows: drive() applies the
+  // update, at the mean of the set's steps' lr scales, and keeps rounds itself.)
   bool finish_step(uint64_t owner, float lr_scale, const std::function<void()>& between_updates);
   bool step_open(uint64_t owner) const;
   // An evaluation batch: the shard to itself until end_eval (or release).
