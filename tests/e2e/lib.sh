@@ -97,3 +97,12 @@ has_checkpoint_from() {
   done
   return 1
 }
+
+# replica_state FROM DIR: a cloud replica's state folder DIR with the consortium's CA, server
+# identity and register of issued certificates copied from FROM (where `pki init` wrote them):
+# every replica of a set serves the same PKI.
+replica_state() {
+  mkdir -p "$2"
+  cp "$1"/*.crt "$1"/*.key "$2/" 2> /dev/null || fail "no PKI to copy from $1: $(ls "$1")"
+  if [[ -f $1/issued.tsv ]]; then cp "$1/issued.tsv" "$2/"; fi
+}

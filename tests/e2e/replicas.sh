@@ -55,11 +55,7 @@ one_round=$(newest_round "$work/state/federation")
 
 # 1b. Three replicas (each its own state folder with the same CA), two edges each.
 mkdir -p "$work/set"
-for r in 0 1 2; do
-  mkdir -p "$work/r$r"
-  cp "$work/state"/*.crt "$work/state"/*.key "$work/r$r/" 2>/dev/null || fail "no PKI to copy: $(ls "$work/state")"
-  [[ -f $work/state/issued.tsv ]] && cp "$work/state/issued.tsv" "$work/r$r/"
-done
+for r in 0 1 2; do replica_state "$work/state" "$work/r$r"; done
 rports=()
 for r in 0 1 2; do
   "$cloud_bin" serve --listen 127.0.0.1:0 --state-dir "$work/r$r" --model "$model" "${run[@]}" --min-edges 2 \

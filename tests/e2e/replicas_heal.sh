@@ -35,9 +35,7 @@ run=(--aggregate-every 4 --round-deadline-s 120 --batch-edges --batch-gather-ms 
      --min-edges 2 --back-accumulate 2 --replica-set "$work/set" --replicas 3 --replica-timeout-s 20)
 replica() {  # replica R: replica R on its port and folder, in the background (appends to its log)
   local r=$1
-  mkdir -p "$work/r$r"
-  cp "$work/ca"/*.crt "$work/ca"/*.key "$work/r$r/"
-  [[ -f $work/ca/issued.tsv ]] && cp "$work/ca/issued.tsv" "$work/r$r/"
+  replica_state "$work/ca" "$work/r$r"
   "$cloud_bin" serve --listen "127.0.0.1:${ports[$r]}" --state-dir "$work/r$r" --model "$model" "${run[@]}" \
     --replica-id "r$r" --metrics-listen 127.0.0.1:0 >> "$work/r$r.log" 2>&1 &
   clouds[$r]=$!

@@ -35,9 +35,7 @@ run=(--aggregate-every 4 --round-deadline-s 300 --batch-edges --batch-gather-ms 
      --max-connections $((edges + 16)))
 replica() {
   local r=$1
-  mkdir -p "$work/r$r"
-  cp "$work/ca"/*.crt "$work/ca"/*.key "$work/r$r/"
-  [[ -f $work/ca/issued.tsv ]] && cp "$work/ca/issued.tsv" "$work/r$r/"
+  replica_state "$work/ca" "$work/r$r"
   "$cloud_bin" serve --listen "127.0.0.1:${ports[$r]}" --state-dir "$work/r$r" --model "$model" "${run[@]}" \
     --replica-id "r$r" >> "$work/r$r.log" 2>&1 &
   clouds[$r]=$!
