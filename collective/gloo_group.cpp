@@ -134,9 +134,9 @@ bool private_address(const std::string& address) {
 }
 
 std::unique_ptr<Group> make_gloo_group(int rank, int size, const GlooOptions& options) {
-  const std::string name = cat("replica group ", options.prefix.empty() ? "" : "'" + options.prefix + "' ", "(member ",
+  const std::string name = cat(options.what, " ", options.prefix.empty() ? "" : "'" + options.prefix + "' ", "(member ",
                                rank, " of ", size, ")");
-  if (size < 1 || rank < 0 || rank >= size) fail("replica group", cat("member ", rank, " of a group of ", size));
+  if (size < 1 || rank < 0 || rank >= size) fail(options.what, cat("member ", rank, " of a group of ", size));
   if (options.store_dir.empty()) fail(name, "no rendezvous folder: name one every member can reach");
   if (!options.allow_public && !private_address(options.address))
     fail(name, cat("'", options.address,
@@ -168,6 +168,7 @@ std::unique_ptr<Group> make_gloo_group(int rank, int size, const GlooOptions& op
     throw GroupLost(cat("[", name, "] the members did not all meet in '", options.store_dir, "' within ",
                         options.timeout.count(), " ms: ", e.what()));
   }
+  if (options.collective_timeout.count() > 0) context->setTimeout(options.collective_timeout);
   return std::make_unique<GlooGroup>(std::move(context), name);
 }
 

@@ -28,6 +28,10 @@ struct GlooOptions {
   std::string address = "127.0.0.1";  // the interface address this member listens on
   bool allow_public = false;
   std::chrono::milliseconds timeout{30000};  // meeting the others, and each collective
+  // Each collective's, when other than the meeting's (0: the same): a member that waits on
+  // another's work between collectives (a layer shard awaiting its next call) waits long.
+  std::chrono::milliseconds collective_timeout{0};
+  std::string what = "replica group";  // what the group is, for its errors
 };
 
 // Joins the group as `rank` of `size`: returns once every member has reached the store and

@@ -40,6 +40,7 @@ class Optimizer {
   void step();
   // This step's learning rate is options().lr * scale (a schedule's factor).
   void set_lr_scale(float scale) { scale_ = scale; }
+  float lr_scale() const { return scale_; }
   float lr() const { return options_.lr * scale_; }
   const OptimizerOptions& options() const { return options_; }
   // The gradients' global L2 norm before the last step's clipping (0 before any step).

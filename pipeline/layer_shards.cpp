@@ -1,6 +1,8 @@
 #include "pipeline/layer_shards.h"
 
 #include <algorithm>
+#include <array>
+#include <cstring>
 #include <map>
 #include <set>
 
@@ -49,8 +51,9 @@ std::vector<const std::string*> columns_of(const LinearPair& p) {
 }
 
 // Every parameter of `a`'s network copied to or from `b`'s, the pairs' by slice.
+// `slices_only` (into the whole): the unsplit parameters and buffers are left alone.
 void move_shard(Network& whole, Network& shard, const std::vector<LinearPair>& pairs, int rank, int shards,
-                bool into_whole) {
+                bool into_whole, bool slices_only = false) {
   std::map<std::string, std::pair<bool, int64_t>> sliced;  // param name -> (by rows, slice size)
   for (const LinearPair& p : pairs) {
     const int64_t h = whole.param(p.columns + ".weight").value().shape()[0] / shards;
@@ -66,6 +69,7 @@ void move_shard(Network& whole, Network& shard, const std::vector<LinearPair>& p
     Tensor& whole_value = w.value();
     Tensor& shard_value = s->value();
     if (it == sliced.end()) {
+      if (slices_only) continue;
       if (into_whole) whole_value.copy_from(shard_value);
       else shard_value.copy_from(whole_value);
     } else if (it->second.first) {
@@ -78,6 +82,7 @@ void move_shard(Network& whole, Network& shard, const std::vector<LinearPair>& p
     (into_whole ? w : *s).bump_version();
   }
   // The layers' buffers (batch norm's running statistics), whole on every member.
+  if (slices_only) return;
   const auto whole_buffers = whole.buffers();
   for (auto& [name, t] : shard.buffers())
     for (const auto& [whole_name, wt] : whole_buffers)
@@ -86,13 +91,16 @@ void move_shard(Network& whole, Network& shard, const std::vector<LinearPair>& p
 
 }  // namespace
 
-std::vector<LinearPair> linear_pairs(const ModelSpec& spec, int shards) {
+std::vector<LinearPair> linear_pairs(const ModelSpec& spec, int shards, const std::set<std::string>* within) {
   std::map<std::string, std::vector<std::string>> readers;
   for (const NodeSpec& n : spec.nodes)
     for (const std::string& in : n.inputs) readers[in].push_back(n.name);
+  const auto inside = [&](const std::string& name) { return within == nullptr || within->count(name) > 0; };
   const auto only_reader = [&](const std::string& name) -> const NodeSpec* {
     const auto it = readers.find(name);
-    if (it == readers.end() || it->second.size() != 1 || name == spec.output) return nullptr;
+    if (it == readers.end() || it->second.size() != 1 || name == spec.output || !inside(name) ||
+        !inside(it->second.front()))
+      return nullptr;
     return node_named(spec, it->second.front());
   };
   // The linear read from `name` through activations alone, if that is all that reads it.
@@ -109,7 +117,7 @@ std::vector<LinearPair> linear_pairs(const ModelSpec& spec, int shards) {
   };
   // Attention blocks: query, key and value linears of one input, each read by the attention alone.
   for (const NodeSpec& n : spec.nodes) {
-    if (n.op != "attention" || n.attention.heads % shards != 0 || n.inputs.size() < 3) continue;
+    if (n.op != "attention" || n.attention.heads % shards != 0 || n.inputs.size() < 3 || !inside(n.name)) continue;
     std::vector<const NodeSpec*> qkv;
     for (int i = 0; i < 3; ++i) {
       const NodeSpec* p = node_named(spec, n.inputs[static_cast<std::size_t>(i)]);
@@ -124,22 +132,22 @@ std::vector<LinearPair> linear_pairs(const ModelSpec& spec, int shards) {
     pairs.push_back({qkv[0]->name, b->name, {qkv[1]->name, qkv[2]->name}, n.name});
   }
   for (const NodeSpec& a : spec.nodes) {
-    if (!plain_linear(a) || a.linear.out_features % shards != 0 || taken(a.name)) continue;
+    if (!plain_linear(a) || a.linear.out_features % shards != 0 || taken(a.name) || !inside(a.name)) continue;
     const NodeSpec* next = linear_after(a.name);
     if (next && !taken(next->name)) pairs.push_back({a.name, next->name, {}, ""});
   }
   return pairs;
 }
 
-ModelSpec layer_shard_spec(const ModelSpec& spec, int rank, int shards) {
+ModelSpec layer_shard_spec(const ModelSpec& spec, int rank, int shards, const std::set<std::string>* within) {
   if (shards < 1 || rank < 0 || rank >= shards) fail("layer shards", cat("member ", rank, " of ", shards, " shards"));
-  const std::vector<LinearPair> pairs = linear_pairs(spec, shards);
+  const std::vector<LinearPair> pairs = linear_pairs(spec, shards, within);
   if (pairs.empty())
     fail("layer shards", cat("model '", spec.name, "' has no linear pair to split over ", shards,
                              " shards (a linear whose output features divide by ", shards,
                              ", read through activations alone by another linear)"));
   for (const NodeSpec& n : spec.nodes)
-    if (n.op == "dropout")
+    if (n.op == "dropout" && (within == nullptr || within->count(n.name) > 0))
       fail("layer shards", cat("model '", spec.name, "': node '", n.name, "' (dropout) draws its masks' seed from the "
                                "initialisation's stream, which a member's sliced linears use up differently: its "
                                "members would drop different values; split a model without dropout"));
@@ -198,6 +206,220 @@ void load_layer_shard(Network& whole, Network& shard, const std::vector<LinearPa
 
 void store_layer_shard(Network& shard, Network& whole, const std::vector<LinearPair>& pairs, int rank, int shards) {
   move_shard(whole, shard, pairs, rank, shards, true);
+}
+
+LayerShardStage layer_shard_stage(const ModelSpec& spec, const std::vector<std::string>& cuts, std::size_t index,
+                                  int rank, int shards) {
+  const Graph whole = Graph::build(spec);
+  const std::vector<Graph> stages = whole.partition(cuts);
+  if (index >= stages.size()) fail("layer shards", cat("stage ", index, " of a pipeline of ", stages.size()));
+  std::set<std::string> within;
+  for (const GraphNode& n : stages[index].nodes())
+    if (std::find(cuts.begin(), cuts.end(), n.spec.name) == cuts.end()) within.insert(n.spec.name);
+  LayerShardStage out{Graph(), linear_pairs(spec, shards, &within)};
+  if (out.pairs.empty())
+    fail("layer shards", cat("stage ", index, " of model '", spec.name, "' has no linear pair to split over ", shards,
+                             " shards (a linear whose output features divide by ", shards,
+                             ", read through activations alone by another linear, both inside the stage, neither a "
+                             "cut): move a cut, or give the stage one member"));
+  out.graph = Graph::build(layer_shard_spec(spec, rank, shards, &within)).partition(cuts)[index];
+  return out;
+}
+
+void gather_layer_shard(Group& group, Network& shard, Network& whole, const std::vector<LinearPair>& pairs, int rank,
+                        int shards) {
+  for (Param* p : whole.all_params()) {
+    p->value().fill(0.0f);
+    p->bump_version();
+  }
+  for (auto& [name, t] : whole.buffers()) t->fill(0.0f);
+  // Member 0 gives the unsplit parameters and buffers, every member its slices.
+  move_shard(whole, shard, pairs, rank, shards, true, rank != 0);
+  for (Param* p : whole.all_params()) group.all_sum(std::span<float>(p->value().data(), p->value().numel()));
+  for (auto& [name, t] : whole.buffers()) group.all_sum(std::span<float>(t->data(), t->numel()));
+}
+
+namespace {
+
+// A call member 0 tells: 32 words, then its tensors, each broadcast from member 0.
+enum Call : uint32_t {
+  kForward = 1,
+  kBackward,
+  kBackwardWeights,
+  kStep,
+  kZeroGrad,
+  kStash,
+  kUseStash,
+  kReset,
+  kSteps,
+  kSave,
+  kRestore,
+  kGather,
+  kEnd,
+};
+constexpr uint32_t kMagic = 0x5453484cu;  // "TSHL"
+constexpr std::size_t kWords = 32, kMaxTensors = 3;
+struct Header {
+  std::array<uint32_t, kWords> w{};
+  // w[0] magic, w[1] the call's number, w[2] kind, w[3] slot, w[4] flags, w[6..7] a 64-bit
+  // value, w[8] a float's bits, w[9] tensors, then per tensor its rank and 6 dims.
+  std::span<float> words() { return {reinterpret_cast<float*>(w.data()), kWords}; }
+};
+static_assert(sizeof(float) == sizeof(uint32_t));
+static_assert(10 + kMaxTensors * (1 + kMaxRank) <= kWords);
+
+const char* call_name(uint32_t kind) {
+  static const char* names[] = {"?",    "forward", "backward", "backward_weights", "step", "zero_grad", "stash_weights",
+                                "use_stash", "reset", "steps", "save", "restore", "gather", "end"};
+  return kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "?";
+}
+
+}  // namespace
+
+void LayerShardLeader::tell(uint32_t kind, std::span<const Tensor> tensors, uint32_t slot, uint32_t a, uint64_t value,
+                            float number) {
+  if (tensors.size() > kMaxTensors)
+    fail("layer shards", cat("a ", call_name(kind), " of ", tensors.size(), " tensors (", kMaxTensors, " at most)"));
+  Header h;
+  h.w[0] = kMagic;
+  h.w[1] = calls_++;
+  h.w[2] = kind;
+  h.w[3] = slot;
+  h.w[4] = a;
+  h.w[6] = static_cast<uint32_t>(value);
+  h.w[7] = static_cast<uint32_t>(value >> 32);
+  std::memcpy(&h.w[8], &number, sizeof number);
+  h.w[9] = static_cast<uint32_t>(tensors.size());
+  for (std::size_t t = 0; t < tensors.size(); ++t) {
+    const Shape& shape = tensors[t].shape();
+    h.w[10 + t * 7] = static_cast<uint32_t>(shape.rank());
+    for (int d = 0; d < shape.rank(); ++d) h.w[10 + t * 7 + 1 + static_cast<std::size_t>(d)] = static_cast<uint32_t>(shape[d]);
+  }
+  group_.broadcast(h.words(), 0);
+  for (const Tensor& t : tensors) {
+    if (t.numel() == 0) continue;
+    scratch_.assign(t.data(), t.data() + t.numel());  // a broadcast's buffer is written on every member
+    group_.broadcast(scratch_, 0);
+  }
+}
+
+void LayerShardLeader::forward(std::span<const Tensor> inputs, int slot, bool training) {
+  tell(kForward, inputs, static_cast<uint32_t>(slot), training);
+}
+void LayerShardLeader::backward(const Tensor& grad_output, int slot, bool want_input_grad, bool defer_weights) {
+  tell(kBackward, std::span<const Tensor>(&grad_output, 1), static_cast<uint32_t>(slot),
+       (want_input_grad ? 1u : 0u) | (defer_weights ? 2u : 0u));
+}
+void LayerShardLeader::backward_weights(int slot) { tell(kBackwardWeights, {}, static_cast<uint32_t>(slot)); }
+void LayerShardLeader::step(uint64_t samples, float lr_scale) { tell(kStep, {}, 0, 0, samples, lr_scale); }
+void LayerShardLeader::zero_grad() { tell(kZeroGrad, {}); }
+void LayerShardLeader::stash_weights() { tell(kStash, {}); }
+void LayerShardLeader::use_stash(bool stashed) { tell(kUseStash, {}, 0, stashed); }
+void LayerShardLeader::reset() { tell(kReset, {}); }
+void LayerShardLeader::save(uint64_t step) { tell(kSave, {}, 0, 0, step); }
+void LayerShardLeader::restore(uint64_t step) { tell(kRestore, {}, 0, 0, step); }
+void LayerShardLeader::gather() { tell(kGather, {}); }
+void LayerShardLeader::end(bool failed) { tell(kEnd, {}, 0, failed); }
+
+std::vector<uint64_t> LayerShardLeader::common_steps(const std::vector<uint64_t>& mine) {
+  tell(kSteps, {}, 0, 0, mine.size());
+  // The steps (two words each), then a count per step of the members holding it.
+  std::vector<float> steps(mine.size() * 2);
+  std::memcpy(steps.data(), mine.data(), mine.size() * sizeof(uint64_t));
+  group_.broadcast(steps, 0);
+  std::vector<float> held(mine.size(), 1.0f);
+  group_.all_sum(held);
+  std::vector<uint64_t> out;
+  for (std::size_t i = 0; i < mine.size(); ++i)
+    if (held[i] == static_cast<float>(group_.size())) out.push_back(mine[i]);
+  return out;
+}
+
+uint64_t follow_layer_shard(Stage& stage, Group& group, const LayerShardFollower& follower) {
+  std::array<Tensor, kMaxTensors> tensors;
+  uint64_t calls = 0;
+  for (;;) {
+    Header h;
+    group.broadcast(h.words(), 0);
+    const uint32_t kind = h.w[2];
+    if (h.w[0] != kMagic || h.w[1] != static_cast<uint32_t>(calls) || kind < kForward || kind > kEnd ||
+        h.w[9] > kMaxTensors)
+      fail("layer shards", cat("member ", group.rank(), " was told call ", h.w[1], " (", call_name(kind), ") where it ",
+                               "awaited call ", calls, ": run the same tandem build on every member"));
+    ++calls;
+    const auto n = static_cast<std::size_t>(h.w[9]);
+    for (std::size_t t = 0; t < n; ++t) {
+      const int rank = static_cast<int>(h.w[10 + t * 7]);
+      if (rank < 0 || rank > kMaxRank) fail("layer shards", cat("a tensor of rank ", rank, " told"));
+      std::array<int64_t, kMaxRank> dims{};
+      for (int d = 0; d < rank; ++d) dims[static_cast<std::size_t>(d)] = h.w[10 + t * 7 + 1 + static_cast<std::size_t>(d)];
+      const Shape shape = Shape::of(dims.data(), rank);
+      if (!shape.numel_at_most(int64_t{1} << 31)) fail("layer shards", cat("a tensor of ", shape.str(), " told"));
+      sized(tensors[t], shape);
+      if (tensors[t].numel() > 0) group.broadcast(std::span<float>(tensors[t].data(), tensors[t].numel()), 0);
+    }
+    const int slot = static_cast<int>(h.w[3]);
+    const uint64_t value = static_cast<uint64_t>(h.w[6]) | (static_cast<uint64_t>(h.w[7]) << 32);
+    switch (kind) {
+      case kForward:
+        h.w[4] ? (void)stage.forward(std::span<const Tensor>(tensors.data(), n), slot)
+               : (void)stage.evaluate(std::span<const Tensor>(tensors.data(), n), slot);
+        break;
+      case kBackward:
+        if (n != 1) fail("layer shards", "a backward told without its gradient");
+        stage.backward(tensors[0], slot, (h.w[4] & 1u) != 0, (h.w[4] & 2u) != 0);
+        break;
+      case kBackwardWeights:
+        stage.backward_weights(slot);
+        break;
+      case kStep: {
+        float scale = 0;
+        std::memcpy(&scale, &h.w[8], sizeof scale);
+        if (stage.optimizer()) stage.optimizer()->set_lr_scale(scale);
+        stage.step(value);
+        break;
+      }
+      case kZeroGrad:
+        stage.zero_grad();
+        break;
+      case kStash:
+        stage.stash_weights();
+        break;
+      case kUseStash:
+        stage.use_stash(h.w[4] != 0);
+        break;
+      case kReset:
+        stage.reset();
+        break;
+      case kSteps: {
+        if (value > 4096) fail("layer shards", cat("told ", value, " checkpoints to look for (4096 at most)"));
+        std::vector<float> steps(value * 2);
+        group.broadcast(steps, 0);
+        std::vector<float> held(value);
+        for (std::size_t i = 0; i < value; ++i) {
+          uint64_t step = 0;
+          std::memcpy(&step, &steps[i * 2], sizeof step);
+          held[i] = follower.has(step) ? 1.0f : 0.0f;
+        }
+        group.all_sum(held);
+        break;
+      }
+      case kSave:
+        follower.save(value);
+        break;
+      case kRestore:
+        follower.restore(value);
+        break;
+      case kGather:
+        follower.gather();
+        break;
+      case kEnd:
+        if (h.w[4] != 0) fail("layer shards", "member 0 ended the run on an error: its log says which");
+        return calls;
+      default:
+        break;
+    }
+  }
 }
 
 }  // namespace tandem

@@ -24,6 +24,9 @@
 // norm, not the stage's: leave it off on a split stage.
 #pragma once
 
+#include <cstdint>
+#include <functional>
+#include <set>
 #include <string>
 #include <vector>
 
@@ -31,6 +34,7 @@
 #include "core/model_spec.h"
 #include "core/network.h"
 #include "core/parallel.h"
+#include "pipeline/stage.h"
 
 namespace tandem {
 
@@ -43,13 +47,25 @@ struct LinearPair {
 };
 
 // The spec's linear pairs that split over `shards` members (A's output features divisible by
-// it; no LoRA on either), attention blocks (heads divisible by it) first.
-std::vector<LinearPair> linear_pairs(const ModelSpec& spec, int shards);
+// it; no LoRA on either), attention blocks (heads divisible by it) first. With `within`, only
+// pairs whose nodes (the activations between them included) are all in it.
+std::vector<LinearPair> linear_pairs(const ModelSpec& spec, int shards, const std::set<std::string>* within = nullptr);
 
 // Member `rank` of `shards`' spec: each pair's linears at their slice's size, a tp_copy before
 // A and a tp_reduce after B (named "<A>.tp_copy" and "<B>.tp_reduce"), the rest as it was.
-// An Error naming the model when it has no pair to split.
-ModelSpec layer_shard_spec(const ModelSpec& spec, int rank, int shards);
+// An Error naming the model when it has no pair to split. `within`: as linear_pairs's.
+ModelSpec layer_shard_spec(const ModelSpec& spec, int rank, int shards, const std::set<std::string>* within = nullptr);
+
+// Stage `index` of the model cut at `cuts` (Graph::partition), as member `rank` of `shards`
+// holds it: the pairs inside the stage split (a pair is inside when none of its nodes is a
+// cut, so the stage's inputs and output are the unsplit stage's), the rest whole. An Error
+// naming the stage when it has no pair to split.
+struct LayerShardStage {
+  Graph graph;
+  std::vector<LinearPair> pairs;
+};
+LayerShardStage layer_shard_stage(const ModelSpec& spec, const std::vector<std::string>& cuts, std::size_t index,
+                                  int rank, int shards);
 
 // A member's shard network takes its slices of the unsplit network's weights, and the rest
 // whole (they start from the unsplit stage's initialisation).
@@ -57,6 +73,60 @@ void load_layer_shard(Network& whole, Network& shard, const std::vector<LinearPa
 // The other way: a member's slices written into the unsplit network's weights (the rest
 // copied too: every member holds the same).
 void store_layer_shard(Network& shard, Network& whole, const std::vector<LinearPair>& pairs, int rank, int shards);
+
+// The unsplit network's weights and buffers from every member's slices: a collective each
+// member calls with its own shard (member 0 gives the unsplit parameters). `whole` ends the
+// same on every member.
+void gather_layer_shard(Group& group, Network& shard, Network& whole, const std::vector<LinearPair>& pairs, int rank,
+                        int shards);
+
+// Member 0 of a stage's layer shards: the stage's calls, told to the other members over their
+// group before it runs them (Stage::set_mirror), so they run the same on their slices. The
+// leader alone has links; what the others need of them (inputs, the output's gradient) comes
+// in the calls. Besides the stage's calls it tells the party's own: the checkpoints every
+// member holds, saving and restoring one, gathering the weights, the run's end. A GroupLost
+// from any of them means a member is gone: form the group again (FixedGroup::form), then
+// restart() and go back to a checkpoint, as after a lost link.
+class LayerShardLeader final : public StageMirror {
+ public:
+  explicit LayerShardLeader(Group& group) : group_(group) {}
+  void forward(std::span<const Tensor> inputs, int slot, bool training) override;
+  void backward(const Tensor& grad_output, int slot, bool want_input_grad, bool defer_weights) override;
+  void backward_weights(int slot) override;
+  void step(uint64_t samples, float lr_scale) override;
+  void zero_grad() override;
+  void stash_weights() override;
+  void use_stash(bool stashed) override;
+  void reset() override;
+
+  // Of `mine` (this member's checkpoints' steps), those every member holds.
+  std::vector<uint64_t> common_steps(const std::vector<uint64_t>& mine);
+  void save(uint64_t step);     // every other member saves its checkpoint of `step`
+  void restore(uint64_t step);  // and restores it (0: the initial state)
+  void gather();                // the others take part in gather_layer_shard (call it next)
+  void end(bool failed);        // the run is over: the others return (failed: with an Error)
+  // A new session of the group: the calls are counted from 0 again.
+  void restart() { calls_ = 0; }
+
+ private:
+  void tell(uint32_t kind, std::span<const Tensor> tensors, uint32_t slot = 0, uint32_t a = 0, uint64_t value = 0,
+            float number = 0);
+  Group& group_;
+  uint32_t calls_ = 0;
+  std::vector<float> scratch_;
+};
+
+// The other members' side: what a member r > 0 does with what member 0 tells.
+struct LayerShardFollower {
+  std::function<bool(uint64_t step)> has;        // whether it holds a checkpoint of `step`
+  std::function<void(uint64_t step)> save;       // saves its checkpoint of `step`
+  std::function<void(uint64_t step)> restore;    // restores it (0: the initial state)
+  std::function<void()> gather;                  // calls gather_layer_shard
+};
+// Runs the calls member 0 tells on `stage` until it ends the run (returns the calls run). A
+// GroupLost when the group is lost (member 0 or another gone): form it again and call again.
+// An Error when a call is not what member 0 would tell (the members run different builds).
+uint64_t follow_layer_shard(Stage& stage, Group& group, const LayerShardFollower& follower);
 
 // A shard group's sums over a collective Group.
 class GroupReducer final : public Reducer {

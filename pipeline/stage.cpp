@@ -24,8 +24,28 @@ class Busy {
 
 Stage::Stage(Network& network, Optimizer* optimizer) : net_(network), optimizer_(optimizer) {}
 
-void Stage::stash_weights() {
+void Stage::zero_grad() {
+  if (mirror_) mirror_->zero_grad();
+  net_.zero_grad();
+  step_samples_ = 0;
+}
+
+void Stage::reset() {
+  if (mirror_) mirror_->reset();
+  StageMirror* mirror = mirror_;
+  mirror_ = nullptr;  // the members reset alike, told once
   use_stash(false);
+  net_.drop_deferred_weights();
+  zero_grad();
+  mirror_ = mirror;
+}
+
+void Stage::stash_weights() {
+  if (mirror_) mirror_->stash_weights();
+  StageMirror* mirror = mirror_;
+  mirror_ = nullptr;
+  use_stash(false);
+  mirror_ = mirror;
   std::size_t k = 0;
   for (Param* p : net_.params()) {
     if (stash_.size() <= k) stash_.push_back(Tensor::empty(p->value().shape()));
@@ -35,6 +55,7 @@ void Stage::stash_weights() {
 
 void Stage::use_stash(bool stashed) {
   if (stashed_ == stashed || stash_.empty()) return;
+  if (mirror_) mirror_->use_stash(stashed);
   std::size_t k = 0;
   for (Param* p : net_.params()) {
     std::swap(p->value(), stash_[k++]);
@@ -44,6 +65,7 @@ void Stage::use_stash(bool stashed) {
 }
 
 const Tensor& Stage::forward(std::span<const Tensor> inputs, int slot) {
+  if (mirror_) mirror_->forward(inputs, slot, true);
   Busy busy(busy_s_);
   net_.set_training(true);
   if (!inputs.empty() && inputs[0].shape().rank() > 0) step_samples_ += static_cast<uint64_t>(inputs[0].shape()[0]);
@@ -51,23 +73,27 @@ const Tensor& Stage::forward(std::span<const Tensor> inputs, int slot) {
 }
 
 const Tensor& Stage::evaluate(std::span<const Tensor> inputs, int slot) {
+  if (mirror_) mirror_->forward(inputs, slot, false);
   Busy busy(busy_s_);
   net_.set_training(false);
   return net_.forward(inputs, slot);
 }
 
 Tensor Stage::backward(const Tensor& grad_output, int slot, bool want_input_grad, bool defer_weights) {
+  if (mirror_) mirror_->backward(grad_output, slot, want_input_grad, defer_weights);
   Busy busy(busy_s_);
   return net_.backward(grad_output, slot, want_input_grad, defer_weights);
 }
 
 void Stage::backward_weights(int slot) {
+  if (mirror_) mirror_->backward_weights(slot);
   Busy busy(busy_s_);
   net_.backward_weights(slot);
 }
 
 bool Stage::step(uint64_t samples) {
   if (!optimizer_) fail("stage", cat(graph().name(), " has no optimizer: it cannot take a step"));
+  if (mirror_) mirror_->step(samples, optimizer_->lr_scale());
   Busy busy(busy_s_);
   bool apply = true;
   if (sync_) {

@@ -26,6 +26,24 @@ class UpdateSync {
   virtual void after_update() = 0;
 };
 
+// What a stage tells the other members of its layer shards before each of its calls
+// (pipeline/layer_shards.h: the members run the same calls on their slices, summing through
+// their group). Every call that runs the network or changes its state is told, once, with
+// what the others need to run it alike (the inputs, the output's gradient, the samples and
+// the learning-rate scale); the loss runs on this member alone, and its gradient is told.
+class StageMirror {
+ public:
+  virtual ~StageMirror() = default;
+  virtual void forward(std::span<const Tensor> inputs, int slot, bool training) = 0;
+  virtual void backward(const Tensor& grad_output, int slot, bool want_input_grad, bool defer_weights) = 0;
+  virtual void backward_weights(int slot) = 0;
+  virtual void step(uint64_t samples, float lr_scale) = 0;
+  virtual void zero_grad() = 0;
+  virtual void stash_weights() = 0;
+  virtual void use_stash(bool stashed) = 0;
+  virtual void reset() = 0;
+};
+
 class Stage {
  public:
   // `optimizer` may be null for a stage that is only evaluated. Neither is owned.
@@ -56,10 +74,12 @@ class Stage {
   UpdateSync* update_sync() const { return sync_; }
   // The samples the training forwards saw since the last update.
   uint64_t step_samples() const { return step_samples_; }
-  void zero_grad() {
-    net_.zero_grad();
-    step_samples_ = 0;
-  }
+  void zero_grad();
+  // Back to a step's start after an abandoned one: the current weights, no weight gradient
+  // pending or accumulated.
+  void reset();
+  // The other layer-shard members are told of every call first (not owned; null: none).
+  void set_mirror(StageMirror* mirror) { mirror_ = mirror; }
 
   // The loss of `outputs` (this stage's output, or some of its rows) against `labels`, its
   // gradient scaled by `grad_scale` written to `grad` (shaped like `outputs`) when not null.
@@ -101,6 +121,7 @@ class Stage {
   std::vector<Tensor> stash_;         // the other weights (trainable parameters' values)
   bool stashed_ = false;              // whether the parameters hold them now
   UpdateSync* sync_ = nullptr;
+  StageMirror* mirror_ = nullptr;
   uint64_t step_samples_ = 0;
   double busy_s_ = 0;
 };

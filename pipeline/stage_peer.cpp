@@ -308,9 +308,7 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
 }
 
 void StagePeer::reset() {
-  stage_.use_stash(false);
-  stage_.network().drop_deferred_weights();
-  stage_.zero_grad();
+  stage_.reset();
   for (LinkFilter* f : down_filters_) f->reset();
   for (LinkFilter* f : up_filters_) f->reset();
   in_step_ = false;

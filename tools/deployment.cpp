@@ -25,7 +25,8 @@ const std::vector<std::string>& run_keys() {
 
 const std::vector<std::string>& party_keys() {
   static const std::vector<std::string> keys = {"address", "identity", "backend", "threads", "executors", "export",
-                                                "checkpoint-dir", "metrics-listen", "egress-log", "data", "limit"};
+                                                "checkpoint-dir", "metrics-listen", "egress-log", "data", "limit",
+                                                "layer-shards", "shard-set", "shard-addresses", "shard-allow-public"};
   return keys;
 }
 
@@ -112,10 +113,27 @@ Deployment read_deployment(const std::string& path) {
       p.data = value == "fashion-mnist" ? value : relative(value);
     } else if (item.name == "limit") {
       p.limit = value;
+    } else if (item.name == "layer-shards") {
+      p.layer_shards = std::atoi(value.c_str());
+      if (p.layer_shards < 1 || p.layer_shards > 64)
+        fail("cli", cat(path, ": [", name, "] layer-shards = '", value, "' is not a count from 1 to 64"));
+    } else if (item.name == "shard-set") {
+      p.shard_set = relative(value);
+    } else if (item.name == "shard-addresses") {
+      p.shard_addresses.clear();
+      for (std::size_t i = 0; i <= value.size();) {
+        const std::size_t comma = std::min(value.find(',', i), value.size());
+        p.shard_addresses.push_back(value.substr(i, comma - i));
+        i = comma + 1;
+      }
+    } else if (item.name == "shard-allow-public") {
+      if (value != "true" && value != "false")
+        fail("cli", cat(path, ": [", name, "] shard-allow-public = '", value, "' is not true or false"));
+      p.shard_allow_public = value == "true";
     } else {
       fail("cli", cat(path, ": [", name, "] has an unknown key '", item.name, "'", suggestion(item.name, party_keys()),
-                      " (a party's keys: address, identity, backend, threads, executors, export, checkpoint-dir, metrics-listen, egress-log, and "
-                      "a first party's data and limit)"));
+                      " (a party's keys: address, identity, backend, threads, executors, export, checkpoint-dir, metrics-listen, egress-log, "
+                      "layer-shards, shard-set, shard-addresses, shard-allow-public, and a first party's data and limit)"));
     }
   }
   if (d.parties.size() < 2)
@@ -130,6 +148,15 @@ Deployment read_deployment(const std::string& path) {
     if (p.identity.empty()) fail("cli", cat(path, ": [", p.name, "] has no identity = \"DIR\" (its certificate folder)"));
     if (i >= first_parties && p.port == 0)
       fail("cli", cat(path, ": [", p.name, "] has no address = \"HOST:PORT\": the party before it connects there"));
+    if (p.layer_shards > 1 && i < first_parties)
+      fail("cli", cat(path, ": [", p.name, "] layer-shards = ", p.layer_shards, ": a first party's stage runs where "
+                      "its data is; split a later party's stage"));
+    if (p.layer_shards > 1 && p.shard_set.empty())
+      fail("cli", cat(path, ": [", p.name, "] layer-shards = ", p.layer_shards, " needs shard-set = \"DIR\": the "
+                      "folder its members meet in (shared storage when they run on several machines)"));
+    if (p.shard_addresses.size() > 1 && p.shard_addresses.size() != static_cast<std::size_t>(p.layer_shards))
+      fail("cli", cat(path, ": [", p.name, "] shard-addresses names ", p.shard_addresses.size(), " addresses for ",
+                      p.layer_shards, " members: one for all, or one a member (member 0's first)"));
     if (i >= first_parties && (!p.data.empty() || !p.limit.empty()))
       fail("cli", cat(path, ": [", p.name, "] gives ", p.data.empty() ? "limit" : "data", ": only a first party reads "
                       "data (the run's data and limit are at the top)"));

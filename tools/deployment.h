@@ -32,6 +32,17 @@ struct DeploymentParty {
   // A first party's own data (a data set folder, or fashion-mnist) and how many of its samples
   // to keep, in place of the run's: each hospital's own ("" : the run's).
   std::string data, limit;
+  // Its stage split into layer shards (tensor parallel, pipeline/layer_shards.h): S members,
+  // member 0 this party's process, the others `tandem stage --party NAME --shard R`, meeting
+  // in shard-set (a folder they all reach), each listening for the others on its address
+  // (one for all, or one a member; private unless shard-allow-public).
+  int layer_shards = 1;
+  std::string shard_set;
+  std::vector<std::string> shard_addresses;
+  bool shard_allow_public = false;
+  std::string shard_address(int rank) const {
+    return shard_addresses.empty() ? "127.0.0.1" : shard_addresses[shard_addresses.size() == 1 ? 0 : rank];
+  }
 };
 
 struct Deployment {

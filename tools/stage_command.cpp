@@ -22,6 +22,7 @@
 
 #include "backends/registry.h"
 #include "cli/progress.h"
+#include "collective/group.h"
 #include "core/error.h"
 #include "core/interop/hugging_face.h"
 #include "core/interop/safetensors.h"
@@ -42,6 +43,7 @@
 #include "ports/lws/lws_endpoint.h"
 #include "ports/tls/wss_client.h"
 #include "tools/deployment.h"
+#include "tools/layer_shard_party.h"
 #include "tools/stage_host_command.h"
 #include "tools/train_data.h"
 
@@ -351,6 +353,9 @@ constexpr const char* kStageDetails = R"(
       loss. Each party prints, and appends to --metrics-json, a summary line of its stage:
       steps, busy and idle seconds. With export = FILE in a party's section (or --export),
       it writes its stage's weights with PyTorch's names; `tandem export --stages` merges them.
+      With layer-shards = S in a party's section its stage is split over S processes
+      (tensor parallel): the party's own, and `--party NAME --shard R` for R = 1..S-1, which
+      meet in the section's shard-set folder (docs/09).
       With first-parties = U in the file, its first U sections are first parties (several
       hospitals) that share the later stages: each trains its own first stage on its share of
       the data (every U-th sample), and they take turns, a step each.
@@ -468,10 +473,29 @@ int run_party(const CliArgs& cli) {
                            args.optimizer_options(), checkpoint_every, silence_s});
   }
   std::unique_ptr<Backend> backend = make_backend(backend_name, backend_options);
-  Network net(stage_graphs[index], *backend, seed);
-  init_from_whole_model(graph, seed, net, *make_backend("reference"));  // as every party draws them
+  // A stage split into layer shards (layer-shards = S in the section): this process is member
+  // 0, holding its slices, and tells the others every call of the stage.
+  std::unique_ptr<LayerShardParty> shards;
+  std::unique_ptr<Network> unsplit;
+  if (self.layer_shards > 1) {
+    if (own) fail("cli", cat(deployment.path, ": [", party_name, "] layer-shards: with later-stages = \"own\" the "
+                             "party keeps a stage a first party; split a stage the first parties share"));
+    if (opt.clip_norm > 0)
+      fail("cli", cat(deployment.path, ": clip-norm = ", opt.clip_norm, " clips by the global norm, and each layer "
+                      "shard of [", party_name, "] holds a slice of the gradients: leave it off where a stage is split"));
+    if (index + 1 == n && args.number("label-noise", 0.0) > 0.0)
+      fail("cli", cat(deployment.path, ": label-noise backs the loss stage up twice and keeps one pass's weight "
+                      "gradients, which [", party_name, "]'s layer shards would not: split another stage"));
+    shards = LayerShardParty::lead({deployment, party, spec, graph, cut_list(cut), index, *backend, seed, wait_s,
+                                    silence_s});
+  } else {
+    unsplit = std::make_unique<Network>(stage_graphs[index], *backend, seed);
+    init_from_whole_model(graph, seed, *unsplit, *make_backend("reference"));  // as every party draws them
+  }
+  Network& net = shards ? shards->network() : *unsplit;
   std::unique_ptr<Optimizer> optimizer = make_optimizer(net.params(), args.optimizer_options());
   Stage stage(net, optimizer.get());
+  if (shards) stage.set_mirror(shards->mirror());
 
   std::fprintf(stderr, "party %s: stage %zu of stages 0..%zu%s (%zu nodes, %lld parameters, %s), %s schedule, K = %u\n",
                party_name.c_str(), index, n - 1,
@@ -483,7 +507,9 @@ int run_party(const CliArgs& cli) {
   // Checkpoints: the first party asks for one every checkpoint-every steps; each party keeps
   // its newest few in its checkpoint-dir, and the state at step 0 in memory.
   std::unique_ptr<CheckpointStore> store;
-  if (!self.checkpoint_dir.empty()) store = std::make_unique<CheckpointStore>(self.checkpoint_dir, cat("stage", index));
+  if (!self.checkpoint_dir.empty())
+    store = std::make_unique<CheckpointStore>(
+        self.checkpoint_dir, shards ? cat("stage", index, ".shard0-of-", self.layer_shards) : cat("stage", index));
   if (checkpoint_every > 0 && !store)
     fail("cli", cat(deployment.path, ": checkpoint-every = ", checkpoint_every, " but [", party_name,
                     "] has no checkpoint-dir = \"DIR\""));
@@ -594,6 +620,7 @@ int run_party(const CliArgs& cli) {
     peer.on_checkpoint([&](uint64_t step) {
       meta.step = step;
       store->save(step, encode_checkpoint(meta, net, optimizer.get()));
+      if (shards) shards->save(step);
     });
 
   std::ofstream metrics;
@@ -654,7 +681,8 @@ int run_party(const CliArgs& cli) {
   for (;;) {  // a round: the chain linked, from the newest checkpoint all stages have
     try {
       try {
-      const std::vector<uint64_t> have = store ? store->steps() : std::vector<uint64_t>{};
+      std::vector<uint64_t> have = store ? store->steps() : std::vector<uint64_t>{};
+      if (shards) have = shards->common_steps(have);  // a member started afresh holds none
       const uint64_t start = peer.connect(have);
       const uint64_t own_start = start / taking_turns;  // this party's steps before `start` (a member's: its turns)
       if (ledger && ledger->releases() < own_start) {  // checkpoints older than the ledger: at least their steps
@@ -666,6 +694,7 @@ int run_party(const CliArgs& cli) {
         fail("stage", cat(self.checkpoint_dir, " holds a checkpoint of step ", state.meta.step,
                           " from another plan or party: move it away, or start this deployment in an empty checkpoint-dir"));
       restore_checkpoint(state, net, optimizer.get());
+      if (shards) shards->restore(start);
       const std::string before = up ? cat(" from ", up->names()) : "";
       const std::string after = down ? cat(" to '", deployment.parties[party_after].name, "'") : "";
       std::fprintf(stderr, "linked%s%s, starting at step %llu\n", before.c_str(), after.c_str(),
@@ -820,23 +849,44 @@ int run_party(const CliArgs& cli) {
       }
       } catch (const LinkLost&) {
         throw;
+      } catch (const GroupLost&) {
+        throw;
       } catch (const std::exception& e) {  // the run ends here: the neighbours are told why, and tell theirs
         const std::string why = cat(party_name, ": ", e.what());
         if (up) up->end(why);
         if (down) down->end(why);
+        if (shards) try {
+            shards->end(true);
+          } catch (const GroupLost&) {  // a member gone too: it finds out by itself
+          }
         throw;
       }
       break;
-    } catch (const LinkLost& e) {
-      // Every party goes back to its newest checkpoint: the neighbours are told, and tell theirs.
+    } catch (const Error& e) {
+      // A lost link, or a lost layer shard (GroupLost): every party goes back to its newest
+      // checkpoint; the neighbours are told, and tell theirs.
+      const bool group_lost = dynamic_cast<const GroupLost*>(&e) != nullptr;
+      if (!group_lost && dynamic_cast<const LinkLost*>(&e) == nullptr) throw;
       const uint64_t at = peer.next_step();
+      bool members_lost = group_lost;
+      if (shards && !members_lost) try {
+          peer.reset();  // told to the members
+        } catch (const GroupLost&) {
+          members_lost = true;
+        }
+      if (members_lost) stage.set_mirror(nullptr);  // the members reset when their group is lost
       peer.reset();
-      const std::string why = cat(party_name, " lost a link at step ", at, ": ", e.what());
+      const std::string why = cat(party_name, group_lost ? " lost a layer shard at step " : " lost a link at step ", at, ": ", e.what());
       if (up) up->restart(why);
       if (down) down->restart(why);
       counters.restarts += 1;
       if (++restarts > max_restarts)
         fail("stage", cat(e.what(), " (", max_restarts, " restarts in this run; --restarts N allows more)"));
+      if (members_lost) {  // the members again first: the neighbours wait for this party to link
+        std::fprintf(stderr, "%s: waiting up to %d s for the layer shards to meet again\n", e.what(), wait_s);
+        shards->reform();
+        stage.set_mirror(shards->mirror());
+      }
       std::fprintf(stderr, "%s: linking again (restart %d of at most %d)\n", e.what(), restarts, max_restarts);
       if (!store)
         std::fprintf(stderr, "this party keeps no checkpoints (no checkpoint-dir): every stage starts again from step 0\n");
@@ -854,8 +904,15 @@ int run_party(const CliArgs& cli) {
            ",\"idle_share\":", fixed(wall > 0 ? 1.0 - stage.busy_s() / wall : 0.0, 4), "}"));
   if (egress) std::fprintf(stderr, "egress log %s: last hash %s\n", egress->path().c_str(), egress->finish("completed").c_str());
   const std::string out = cli.str("export", self.export_file);
+  std::unique_ptr<Network> gathered;  // a split stage's whole weights, from its members' slices
+  if (shards && !out.empty()) {
+    static const std::unique_ptr<Backend> reference = make_backend("reference");
+    gathered = std::make_unique<Network>(stage_graphs[index], *reference, seed);
+    shards->gather(*gathered);
+  }
+  if (shards) shards->end(false);
   if (!out.empty()) {
-    std::vector<SafeTensor> tensors = shard_to_torch(graph, net, steps);
+    std::vector<SafeTensor> tensors = shard_to_torch(graph, gathered ? *gathered : net, steps);
     if (index == 0)
       for (SafeTensor& t : hugging_face_export_extras(graph)) tensors.push_back(std::move(t));
     write_file_atomic(out, write_safetensors(tensors, {{"format", "pt"}, {"tandem_model", spec.name},
@@ -878,10 +935,16 @@ int run_all(const CliArgs& cli) {
   for (const char* name : {"wait-s", "silence-s", "restarts"})
     if (cli.has(name)) passed.insert(passed.end(), {cat("--", name), cli.str(name, "")});
   std::map<pid_t, std::string> running;
-  for (std::size_t i = deployment.parties.size(); i-- > 0;) {  // the last first: it listens soonest
-    const std::string& name = deployment.parties[i].name;
+  // Every party, the last first (it listens soonest), and each member of a party's layer
+  // shards beside it ("NAME.shardR").
+  std::vector<std::pair<std::string, int>> processes;
+  for (std::size_t i = deployment.parties.size(); i-- > 0;)
+    for (int r = deployment.parties[i].layer_shards - 1; r >= 0; --r) processes.emplace_back(deployment.parties[i].name, r);
+  for (const auto& [party, shard] : processes) {
+    const std::string name = shard == 0 ? party : cat(party, ".shard", shard);
     const std::string log = cat(logs, "/", name, ".log");
-    std::vector<std::string> argv{"/proc/self/exe", "stage", "--deployment", file, "--party", name};
+    std::vector<std::string> argv{"/proc/self/exe", "stage", "--deployment", file, "--party", party};
+    if (shard > 0) argv.insert(argv.end(), {"--shard", cat(shard)});
     argv.insert(argv.end(), passed.begin(), passed.end());
     const pid_t pid = fork();
     if (pid < 0) {
@@ -925,7 +988,9 @@ int run_all(const CliArgs& cli) {
     }
   }
   if (!failed.empty()) fail("stage", cat("party ", failed, " failed: see ", logs, "/", failed, ".log"));
-  std::printf("all %zu parties finished\n", deployment.parties.size());
+  const std::size_t members = processes.size() - deployment.parties.size();
+  std::printf("all %zu parties finished%s\n", deployment.parties.size(),
+              members ? cat(" (and ", members, " layer-shard members)").c_str() : "");
   return 0;
 }
 
@@ -934,6 +999,7 @@ int stage_command(const CliArgs& cli) {
     if (cli.has("party")) fail("cli", "--all starts every party: give it without --party");
     return run_all(cli);
   }
+  if (cli.has("shard")) return run_layer_shard_member(cli);
   return run_party(cli);
 }
 
@@ -943,6 +1009,7 @@ void declare_stage(Command& command) {
   command.option("deployment", "FILE", "the pipeline: the run's options and a [NAME] section a party (required)")
       .option("party", "NAME", "which party of FILE this is (required, unless --all)")
       .flag("all", "start every party of FILE here, each as its own process (a whole pipeline on one machine, to try it)")
+      .option("shard", "R", "run member R (1 or more) of the party's layer shards (its section's layer-shards = S), not the party itself")
       .option("log-dir", "DIR", "with --all: each party's output goes to DIR/NAME.log (default .)")
       .option("export", "FILE", "at the end, this stage's weights with PyTorch's names (default: the party's export)")
       .option("metrics-json", "FILE", "append the metrics (the first party's epochs; every party's summary) to FILE")
