@@ -10,6 +10,7 @@
 #include "cloud/pki/pki.h"
 #include "cloud/pki/token.h"
 #include "cloud/service/cloud_service.h"
+#include "collective/nccl_group.h"
 #include "backends/registry.h"
 #include "core/error.h"
 #include "core/wire/tensor_codec.h"
@@ -205,6 +206,12 @@ int serve_command(const CliArgs& args) {
     o.replicas.initial = static_cast<uint32_t>(args.integer("replicas", 1, 1));
     o.replicas.address = args.str("replica-address", "127.0.0.1");
     o.replicas.allow_public = args.has("replica-allow-public");
+    o.replicas.engine = args.str("replica-engine", "gloo");
+    if (o.replicas.engine != "gloo" && o.replicas.engine != "nccl")
+      fail("cli", cat("--replica-engine ", o.replicas.engine, ": gloo (TCP, on CPUs) or nccl (one GPU a replica)"));
+    if (o.replicas.engine == "nccl" && !nccl_built())
+      fail("cli", "--replica-engine nccl: this build of tandem has no NCCL; build it where the CUDA toolkit and NCCL are "
+                  "found, or use gloo");
     o.replicas.mode = args.str("replica-mode", "sync");
     replica_mode(o.replicas.mode);  // an Error naming the modes
     o.replicas.average_every = static_cast<uint32_t>(args.integer("replica-average-every", 1, 1));
@@ -212,7 +219,7 @@ int serve_command(const CliArgs& args) {
     if (!(o.replicas.timeout_s >= 1.0)) fail("cli", "--replica-timeout-s must be at least 1");
   } else {
     for (const char* name : {"replica-id", "replicas", "replica-address", "replica-mode", "replica-average-every",
-                             "replica-timeout-s"})
+                             "replica-timeout-s", "replica-engine"})
       if (args.has(name)) fail("cli", cat("--", name, " configures a replica of a replica set: give --replica-set DIR too"));
   }
   o.metrics_json = args.str("metrics-json", "");
@@ -270,6 +277,7 @@ void declare_commands(Program& program) {
       .option("replica-id", "NAME", "with --replica-set: this replica's unique name in the set (required)")
       .option("replicas", "R", "with --replica-set: the replicas that form the set (default 1; later ones join it)")
       .option("replica-address", "IP", "with --replica-set: the private address its collectives listen on (default 127.0.0.1)")
+      .option("replica-engine", "gloo|nccl", "with --replica-set: the collectives over Gloo's TCP (default) or NCCL, one GPU a replica")
       .flag("replica-allow-public", "with --replica-set: allow a public --replica-address (Gloo's TCP is neither encrypted nor authenticated)")
       .option("replica-mode", "sync|local-sgd", "with --replica-set: gradients all-summed every update (default), or weights averaged")
       .option("replica-average-every", "H", "with --replica-mode local-sgd: updates between two averages (default 1)")

@@ -1,5 +1,7 @@
 #include "collective/membership.h"
 
+#include "collective/nccl_group.h"
+
 #include <unistd.h>
 
 #include <algorithm>
@@ -185,6 +187,14 @@ void Membership::build(uint64_t epoch, std::vector<std::string> members) {
   members_ = std::move(members);
   GlooOptions gloo = options_.gloo;
   gloo.prefix = cat(options_.gloo.prefix.empty() ? "set" : options_.gloo.prefix, ".epoch-", epoch);
+  if (options_.engine == "nccl") {
+    NcclOptions nccl;
+    nccl.store_dir = gloo.store_dir;
+    nccl.prefix = gloo.prefix;
+    nccl.timeout = gloo.timeout;
+    group_ = make_nccl_group(rank, static_cast<int>(members_.size()), nccl);
+    return;
+  }
   group_ = make_gloo_group(rank, static_cast<int>(members_.size()), gloo);
 }
 

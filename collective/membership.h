@@ -43,6 +43,9 @@ class LeftOut : public Error {
 
 struct MembershipOptions {
   GlooOptions gloo;  // store_dir: the replica set's folder; prefix: the set's name
+  // The engine each epoch's group runs on: "gloo" (TCP, CPUs) or "nccl" (one GPU a member,
+  // collective/nccl_group.h; the set still meets in gloo.store_dir, with gloo.timeout).
+  std::string engine = "gloo";
   std::string id;    // this replica's name in the set, unique ([A-Za-z0-9._-])
   uint32_t initial = 1;  // replicas that form epoch 1
   std::chrono::milliseconds settle{2000};  // survivors' window to say they are alive

@@ -23,7 +23,9 @@
 extern char** environ;
 
 #include "cloud/session/back_shard_batches.h"
+#include "collective/fixed_group.h"
 #include "collective/gloo_group.h"
+#include "collective/nccl_group.h"
 #include "collective/membership.h"
 #include "core/graph.h"
 #include "core/optimizer.h"
@@ -884,6 +886,217 @@ TEST(LayerShards, RefusalsNameWhatIsMissing) {
   EXPECT_EQ(error_of([&] { alone.stage.forward(std::span<const Tensor>(&in, 1), 0); }),
             "[layer shards] node 'fc2.tp_reduce' (tp_reduce) joins the members of a stage split into layer shards, and "
             "this network has no shard group: give it one (Network::set_reducer, pipeline/layer_shards.h)");
+}
+
+// The middle stage of an encoder (cut at emb and at res1: its attention and MLP blocks) split over two members, member 0
+// telling member 1 each call (LayerShardLeader, follow_layer_shard) over a FixedGroup: its
+// outputs and input gradients, step after step and under weight stashing, equal the unsplit
+// stage's; the weights gathered equal its weights; the checkpoints' calls reach member 1.
+constexpr const char* kMiddleSpec = R"({ name: "three", inputs: [ { name: "x", shape: [6, 8] } ], nodes: [
+  { name: "emb", op: "linear", inputs: ["x"], linear: { out_features: 8 } },
+  { name: "q", op: "linear", inputs: ["emb"], linear: { out_features: 8 } },
+  { name: "k", op: "linear", inputs: ["emb"], linear: { out_features: 8 } },
+  { name: "v", op: "linear", inputs: ["emb"], linear: { out_features: 8 } },
+  { name: "att", op: "attention", inputs: ["q", "k", "v"], attention: { heads: 4 } },
+  { name: "o", op: "linear", inputs: ["att"], linear: { out_features: 8 } },
+  { name: "res0", op: "add", inputs: ["emb", "o"] },
+  { name: "ln1", op: "layer_norm", inputs: ["res0"] },
+  { name: "ff1", op: "linear", inputs: ["ln1"], linear: { out_features: 16 } },
+  { name: "act", op: "gelu", inputs: ["ff1"] },
+  { name: "ff2", op: "linear", inputs: ["act"], linear: { out_features: 8 } },
+  { name: "res1", op: "add", inputs: ["res0", "ff2"] },
+  { name: "pool", op: "token_pool", inputs: ["res1"], token_pool: { mode: "mean" } },
+  { name: "fc", op: "linear", inputs: ["pool"], linear: { out_features: 3 } }
+], output: "fc", loss: "softmax_cross_entropy" })";
+
+TEST(LayerShards, AMiddleStageToldItsCallsByMemberZeroTrainsLikeTheUnsplitStage) {
+  const ModelSpec spec = parse_model_json(kMiddleSpec);
+  const std::vector<std::string> cuts{"emb", "res1"};
+  const Graph whole_graph = Graph::build(spec);
+  const Graph stage_graph = whole_graph.partition(cuts)[1];
+  const OptimizerOptions sgd{.lr = 0.1f, .momentum = 0.9f, .dampening = 0.0f, .weight_decay = 1e-4f, .clip_norm = 0.0f};
+  Rng rng(29);
+  const int steps = 6;
+  std::vector<Tensor> xs, grads;
+  for (int i = 0; i < steps * 2; ++i) {
+    xs.push_back(random_tensor({3, 6, 8}, rng));
+    grads.push_back(random_tensor({3, 6, 8}, rng, -0.1f, 0.1f));
+  }
+  // One step: two micro-batches forward and back (input gradients wanted), the first's
+  // weights stashed under the step's second half, then an update and an evaluation.
+  auto run = [&](Stage& stage, std::vector<Tensor>& outs, std::vector<Tensor>& ins, int s) {
+    stage.zero_grad();
+    for (int m = 0; m < 2; ++m) {
+      const Tensor& x = xs[static_cast<std::size_t>(s * 2 + m)];
+      outs.push_back(stage.forward(std::span<const Tensor>(&x, 1), m).clone());
+    }
+    if (s % 2 == 1) stage.stash_weights();
+    for (int m = 0; m < 2; ++m) ins.push_back(stage.backward(grads[static_cast<std::size_t>(s * 2 + m)], m, true).clone());
+    stage.step();
+    const Tensor& x = xs[static_cast<std::size_t>(s * 2)];
+    outs.push_back(stage.evaluate(std::span<const Tensor>(&x, 1), 0).clone());
+  };
+  Replica whole(stage_graph, sgd);
+  init_from_whole_model(whole_graph, 11, whole.net, *make_backend("reference"));
+  std::vector<Tensor> whole_outs, whole_ins;
+  for (int s = 0; s < steps; ++s) run(whole.stage, whole_outs, whole_ins, s);
+
+  StoreDir dir;
+  std::vector<Tensor> outs, ins;
+  std::vector<std::string> told;  // member 1's checkpoint calls
+  Replica gathered(stage_graph, sgd);
+  uint64_t calls = 0;
+  on_members(2, [&](int r) {
+    const LayerShardStage shard = layer_shard_stage(spec, cuts, 1, r, 2);
+    EXPECT_EQ(shard.pairs.size(), 2u);  // the attention block and the MLP; emb's "pair" crosses the cut
+    Replica me(shard.graph, sgd);
+    Replica start(stage_graph, sgd);
+    init_from_whole_model(whole_graph, 11, start.net, *make_backend("reference"));
+    load_layer_shard(start.net, me.net, shard.pairs, r, 2);
+    FixedGroupOptions o;
+    o.dir = dir.path;
+    o.name = "middle";
+    o.rank = r;
+    o.size = 2;
+    o.form_timeout = std::chrono::seconds(20);
+    o.timeout = std::chrono::seconds(20);
+    FixedGroup group(o);
+    GroupReducer reducer(group);
+    me.net.set_reducer(&reducer);
+    group.form();
+    if (r == 0) {
+      LayerShardLeader leader(group);
+      me.stage.set_mirror(&leader);
+      for (int s = 0; s < steps; ++s) run(me.stage, outs, ins, s);
+      EXPECT_EQ(leader.common_steps({0, 4, 8}), (std::vector<uint64_t>{0, 8}));
+      leader.save(12);
+      leader.restore(8);
+      leader.gather();
+      gather_layer_shard(group, me.net, gathered.net, shard.pairs, 0, 2);
+      leader.end(false);
+    } else {
+      LayerShardFollower f;
+      f.has = [](uint64_t step) { return step != 4; };
+      f.save = [&](uint64_t step) { told.push_back(cat("save ", step)); };
+      f.restore = [&](uint64_t step) { told.push_back(cat("restore ", step)); };
+      f.gather = [&] {
+        Replica whole_here(stage_graph, sgd);
+        gather_layer_shard(group, me.net, whole_here.net, shard.pairs, 1, 2);
+      };
+      calls = follow_layer_shard(me.stage, group, f);
+    }
+  });
+  ASSERT_EQ(outs.size(), whole_outs.size());
+  ASSERT_EQ(ins.size(), whole_ins.size());
+  float worst = 0;
+  for (std::size_t i = 0; i < outs.size(); ++i)
+    for (int64_t j = 0; j < outs[i].numel(); ++j) worst = std::max(worst, std::abs(outs[i][j] - whole_outs[i][j]));
+  for (std::size_t i = 0; i < ins.size(); ++i)
+    for (int64_t j = 0; j < ins[i].numel(); ++j) worst = std::max(worst, std::abs(ins[i][j] - whole_ins[i][j]));
+  EXPECT_LE(worst, 1e-5f);
+  EXPECT_LE(max_diff(gathered.net, whole.net), 1e-5f);
+  Replica initial(stage_graph, sgd);
+  init_from_whole_model(whole_graph, 11, initial.net, *make_backend("reference"));
+  EXPECT_GT(max_diff(whole.net, initial.net), 1e-3f);  // it trained
+  EXPECT_EQ(told, (std::vector<std::string>{"save 12", "restore 8"}));
+  // Per step: zero_grad, 2 forwards, 2 backwards, step, an evaluation; stash_weights on odd
+  // steps (with its use_stash(false), a no-op before a stash). Then steps, save, restore,
+  // gather and end.
+  EXPECT_EQ(calls, static_cast<uint64_t>(steps * 7 + steps / 2 * 1 + 5));
+}
+
+TEST(LayerShards, AMemberToldSomethingElseSaysSo) {
+  StoreDir dir;
+  std::string error;
+  on_members(2, [&](int r) {
+    auto group = make_gloo_group(r, 2, gloo_options(dir.path, "junk"));
+    if (r == 0) {
+      std::vector<float> junk(32, 0.0f);
+      group->broadcast(junk, 0);
+      return;
+    }
+    const ModelSpec spec = parse_model_json(kMlpSpec);
+    Replica me(Graph::build(layer_shard_spec(spec, 1, 2)), kSgd);
+    error = error_of([&] { follow_layer_shard(me.stage, *group, LayerShardFollower{}); });
+  });
+  EXPECT_EQ(error, "[layer shards] member 1 was told call 0 (?) where it awaited call 0: run the same tandem build on "
+                   "every member");
+}
+
+// A FixedGroup whose member goes forms again once it comes back (a new session, generation 2),
+// and never takes a member's announcement from before its last session.
+TEST(FixedGroup, FormsAgainWhenAMemberComesBackAndNotBefore) {
+  StoreDir dir;
+  auto options = [&](int rank, int form_ms) {
+    FixedGroupOptions o;
+    o.dir = dir.path;
+    o.name = "set";
+    o.rank = rank;
+    o.size = 2;
+    o.form_timeout = std::chrono::milliseconds(form_ms);
+    o.timeout = std::chrono::seconds(20);
+    return o;
+  };
+  FixedGroup lead(options(0, 20000));
+  {
+    auto other = std::make_unique<FixedGroup>(options(1, 20000));
+    on_members(2, [&](int r) { r == 0 ? lead.form() : other->form(); });
+    EXPECT_EQ(lead.generation(), 1u);
+    std::vector<float> v{1.0f, 2.0f};
+    on_members(2, [&](int r) {
+      std::vector<float> mine = v;
+      r == 0 ? lead.all_sum(mine) : other->all_sum(mine);
+      EXPECT_EQ(mine, (std::vector<float>{2.0f, 4.0f}));
+    });
+  }  // member 1 gone: its connections closed
+  std::vector<float> v{1.0f};
+  EXPECT_THROW(lead.all_sum(v), GroupLost);
+  EXPECT_FALSE(lead.formed());
+  // Its old announcement is the last session's: member 0 waits for a new one.
+  FixedGroup impatient(options(0, 300));
+  EXPECT_EQ(error_of([&] { impatient.form(); }),
+            cat("[layer-shard group] member 1 of 2 did not (re)start within 0 s (it announces itself in ", dir.path,
+                "/set.member1)"));
+  FixedGroup back(options(1, 20000));
+  on_members(2, [&](int r) { r == 0 ? lead.form() : back.form(); });
+  EXPECT_GE(lead.generation(), 2u);
+  EXPECT_EQ(back.generation(), lead.generation());
+  on_members(2, [&](int r) {
+    std::vector<float> mine{3.0f};
+    r == 0 ? lead.barrier() : back.barrier();
+    r == 0 ? lead.all_sum(mine) : back.all_sum(mine);
+    EXPECT_EQ(mine[0], 6.0f);
+  });
+}
+
+// NCCL behind Group: where this build has it and a GPU is present, a group of one sums and
+// broadcasts through the device; on a machine without a GPU it says so; a build without
+// NCCL says what it needs.
+TEST(Nccl, AGroupOnTheGpuOrWhatIsMissing) {
+  StoreDir dir;
+  NcclOptions o;
+  o.store_dir = dir.path;
+  o.prefix = "nccl";
+  o.timeout = std::chrono::seconds(20);
+  std::unique_ptr<NcclGroup> group;
+  const std::string error = error_of([&] { group = make_nccl_group(0, 1, o); });
+  if (!nccl_built()) {
+    EXPECT_EQ(error, "[nccl group] this build of tandem has no NCCL: build it where the CUDA toolkit (nvcc) and NCCL are found");
+    GTEST_SKIP() << "this build has no NCCL (no CUDA toolkit with NCCL was found)";
+  }
+  if (!group) {
+    EXPECT_EQ(error, "[nccl group 'nccl' (member 0 of 1)] this machine has no usable CUDA device (a GPU and its driver): "
+                     "NCCL's group needs one a member; use Gloo's on CPUs");
+    GTEST_SKIP() << "no GPU here: NCCL's module loaded and refused, as it should; the sums run on the GPU machine";
+  }
+  std::vector<float> v{1.0f, -2.0f, 3.5f};
+  group->all_sum(v);
+  EXPECT_EQ(v, (std::vector<float>{1.0f, -2.0f, 3.5f}));
+  group->broadcast(v, 0);
+  group->barrier();
+  EXPECT_EQ(v, (std::vector<float>{1.0f, -2.0f, 3.5f}));
+  EXPECT_EQ(group->stats().collectives, 3u);
+  EXPECT_EQ(error_of([&] { group->broadcast(v, 1); }), "[nccl group 'nccl' (member 0 of 1)] broadcast from member 1 of a group of 1");
 }
 
 TEST(Replicas, BadGroupsAndModesAreRefused) {

@@ -610,6 +610,7 @@ int serve(const ServeOptions& o) {
     mo.gloo.prefix = "cloud";
     mo.gloo.address = r.address;
     mo.gloo.allow_public = r.allow_public;
+    mo.engine = r.engine;
     mo.gloo.timeout = std::chrono::milliseconds(static_cast<int64_t>(r.timeout_s * 1000));
     mo.id = r.id;
     mo.initial = r.initial;

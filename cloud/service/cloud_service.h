@@ -22,6 +22,7 @@ struct ServeReplicas {
   uint32_t initial = 1;  // replicas that form the set
   std::string address = "127.0.0.1";  // the private address its collectives listen on
   bool allow_public = false;
+  std::string engine = "gloo";  // or nccl: the collectives on the GPUs (one a replica)
   std::string mode = "sync";  // or local-sgd
   uint32_t average_every = 1;
   double timeout_s = 60.0;  // the others' arrival, and each collective
