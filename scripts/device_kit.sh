@@ -14,9 +14,10 @@ grep -q "op.conv2d.cuda" "$build/tests/CTestTestfile.cmake" ||
   { echo "the release build has no cuda backend (nvcc was not found when it was configured)"; exit 1; }
 binaries=(cloud/tandem-cloud edge/tandem-edge tools/tandem bench/bench_back_shard bench/bench_capacity
           tests/tandem_op_tests tests/tandem_grad_tests tests/tandem_train_tests tests/tandem_split_tests
-          tests/tandem_federation_tests tests/tandem_pipeline_tests lib/libtandem-cuda.so)
+          tests/tandem_federation_tests tests/tandem_pipeline_tests lib/libtandem-cuda.so
+          tests/tandem_replica_tests tests/tandem_replica_child lib/libtandem-nccl.so)
 # Every binary a cuda test runs travels (a test whose binary is missing there is "Not Run").
-for b in $(grep -E '^add_test\(\[=\[[^]]*(\.cuda|cuda_registry)\]=\]' "$build/tests/CTestTestfile.cmake" |
+for b in $(grep -E '^add_test\(\[=\[[^]]*(\.cuda|cuda_registry|collective\.nccl)\]=\]' "$build/tests/CTestTestfile.cmake" |
            grep -o "$(realpath "$build")/tests/tandem_[a-z_]*" | sed "s|^$(realpath "$build")/||" | sort -u); do
   [[ " ${binaries[*]} " == *" $b "* ]] || { echo "a cuda test runs $b, which the kit leaves out: add it to binaries"; exit 1; }
 done

@@ -124,7 +124,7 @@ MODELS
     done
   done
 }
-cuda_tests='\.cuda$|cuda_registry'
+cuda_tests='\.cuda$|cuda_registry|^collective\.nccl$'
 # With calls running ahead only a network's passes wait (Backend::wait): the op tests, which
 # read a kernel's outputs right after the call, are not for that mode. Every tensor managed
 # (TANDEM_CUDA_MANAGED_MIN_BYTES=0), so that the tests' small ones run ahead too.
