@@ -13,6 +13,7 @@
 #include <cstring>
 #include <deque>
 #include <map>
+#include <mutex>
 #include <chrono>
 #include <optional>
 #include <cstdio>
@@ -307,6 +308,10 @@ struct StageMetrics {
   std::atomic<uint64_t> steps{0}, restarts{0}, busy_us{0}, idle_us{0}, averages{0};
   std::string labels;  // party="...",stage="..."
   bool averaging = false;  // a first party, or the stage they share, whose first stages are averaged
+  // More, in Prometheus's text, set by the training thread after each step (a split stage's
+  // layer shards).
+  mutable std::mutex extra_mu;
+  std::string extra;
   std::string text(const UpstreamLinks* up, const DownstreamLink* down, double wall_s) const {
     std::string out;
     const auto metric = [&](const char* name, const char* type, const char* help, const std::string& sample) {
@@ -338,7 +343,8 @@ struct StageMetrics {
     }
     metric("tandem_stage_sent_bytes_total", "counter", "Bytes sent on each link (up: to the party before).", sent);
     metric("tandem_stage_received_bytes_total", "counter", "Bytes received on each link.", received);
-    return out;
+    std::lock_guard<std::mutex> lock(extra_mu);
+    return out + extra;
   }
 };
 
@@ -615,6 +621,11 @@ int run_party(const CliArgs& cli) {
       std::fprintf(stderr, "the first stages averaged (average %u, after round %llu)\n", peer.averages(),
                    static_cast<unsigned long long>(peer.averages()) * plan.average_every);
     counters.averages = peer.averages();
+    if (shards) {
+      std::string text = shards->metrics(counters.labels);
+      std::lock_guard<std::mutex> lock(counters.extra_mu);
+      counters.extra = std::move(text);
+    }
   };
   if (store)
     peer.on_checkpoint([&](uint64_t step) {

@@ -43,6 +43,7 @@ deployment() {
     done
     echo "layer-shards = 2"
     echo "shard-set = \"$1-shards\""
+    echo "metrics-listen = \"127.0.0.1:0\""
   } > "$work/$1.toml"
 }
 merge() {  # merge NAME: the parties' exports as one file, NAME.safetensors
@@ -97,6 +98,14 @@ for victim in m 2; do
   for _ in $(seq 1 500); do has_checkpoint_from "$work/$name-ckpt-2" 8 && break; sleep 0.02; done
   has_checkpoint_from "$work/$name-ckpt-2" 8 || fail "$name: the cloud's members wrote no checkpoint of step 8 or later"
   ls "$work/$name-ckpt-2" | grep -q '^stage2\.shard1-of-2-' || fail "$name: member 1 keeps no checkpoint: $(ls "$work/$name-ckpt-2")"
+  if [[ $victim == m ]]; then  # member 0's /metrics: the members' collectives and their session
+    metrics_port=$(sed -n 's|^metrics for Prometheus on http://127.0.0.1:\([0-9]*\)/metrics$|\1|p' "$work/$name-2.out")
+    [[ -n $metrics_port ]] || fail "$name: the cloud serves no metrics: $(cat "$work/$name-2.out")"
+    scrape /metrics > "$work/metrics.txt"
+    grep -q '^tandem_stage_layer_shard_session{party="cloud",stage="2"} 1$' "$work/metrics.txt" &&
+      awk '$1 == "tandem_stage_layer_shard_collectives_total{party=\"cloud\",stage=\"2\"}" && $2 > 100 { ok = 1 } END { exit !ok }' "$work/metrics.txt" ||
+      fail "$name: the cloud's metrics: $(grep layer_shard "$work/metrics.txt")"
+  fi
   kill -9 "${pids[$k]}"
   rc=0
   wait "${pids[$k]}" || rc=$?
