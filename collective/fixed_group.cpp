@@ -97,7 +97,8 @@ void FixedGroup::lead() {
     }
     if (Clock::now() >= deadline)
       throw GroupLost(cat("[", options_.what, "] member ", r, " of ", options_.size, " did not (re)start within ",
-                          options_.form_timeout.count() / 1000, " s (it announces itself in ", path(cat("member", r)),
+                          static_cast<double>(options_.form_timeout.count()) / 1000.0, " s (it announces itself in ",
+                          path(cat("member", r)),
                           ")"));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
@@ -109,7 +110,10 @@ void FixedGroup::lead() {
 }
 
 void FixedGroup::follow() {
-  const std::string nonce = fresh_nonce();
+  // A nonce stands until a session names it: an announcement member 0 may have read just
+  // before this member's last wait ended stays good, so the next session can name it.
+  if (nonce_.empty()) nonce_ = fresh_nonce();
+  const std::string nonce = nonce_;
   write(cat("member", options_.rank), nonce + "\n");
   const auto deadline = Clock::now() + options_.form_timeout;
   for (;;) {
@@ -117,11 +121,13 @@ void FixedGroup::follow() {
     if (s.nonces.size() == static_cast<std::size_t>(options_.size) &&
         s.nonces[static_cast<std::size_t>(options_.rank)] == nonce) {
       generation_ = s.generation;
+      nonce_.clear();  // spent: member 0 never takes a nonce of its last session again
       break;
     }
     if (Clock::now() >= deadline)
       throw GroupLost(cat("[", options_.what, "] member 0 formed no session with member ", options_.rank, " within ",
-                          options_.form_timeout.count() / 1000, " s (it writes ", path("session"), ")"));
+                          static_cast<double>(options_.form_timeout.count()) / 1000.0, " s (it writes ",
+                          path("session"), ")"));
     std::this_thread::sleep_for(std::chrono::milliseconds(50));
   }
   join();
@@ -133,7 +139,7 @@ void FixedGroup::join() {
   g.prefix = cat(options_.name, ".", generation_);
   g.address = options_.address;
   g.allow_public = options_.allow_public;
-  g.timeout = options_.form_timeout;
+  g.timeout = options_.meet_timeout;
   g.collective_timeout = options_.timeout;
   g.what = options_.what;
   group_ = make_gloo_group(options_.rank, options_.size, g);

@@ -9,10 +9,11 @@
 // announces itself in "<name>.member<r>" with a fresh random nonce each time it (re)joins;
 // member 0 waits until every other member has announced a nonce the last session did not
 // hold, writes "<name>.session" (the new generation and the nonces it takes), and all join.
-// A stale announcement (a member that died before it ever joined) cannot fool it for long:
-// the session it names fails to meet within the timeout, and the next takes only nonces newer
-// than that one's. A stale session cannot fool a member: it names the member's nonce only
-// once member 0 has seen it.
+// A stale announcement (a member that died before it ever joined, or a run's before) cannot
+// fool it for long: the session it names fails to meet within meet_timeout, and the next takes
+// only nonces that session did not name (the caller forms again). A stale session cannot fool
+// a member: it names the member's nonce only once member 0 has seen it. A member's nonce
+// stands until a session names it, then it draws a fresh one.
 #pragma once
 
 #include <chrono>
@@ -31,7 +32,8 @@ struct FixedGroupOptions {
   int rank = 0, size = 1;
   std::string address = "127.0.0.1";  // the interface this member listens on (private)
   bool allow_public = false;
-  std::chrono::milliseconds form_timeout{120000};  // the wait for the others to (re)arrive and meet
+  std::chrono::milliseconds form_timeout{120000};  // the wait for the others to (re)arrive
+  std::chrono::milliseconds meet_timeout{30000};   // then for the session's Gloo group to meet
   std::chrono::milliseconds timeout{300000};       // each collective, waits between them included
   std::string what = "layer-shard group";          // for errors
 };
@@ -67,6 +69,7 @@ class FixedGroup final : public Group {
   FixedGroupOptions options_;
   std::unique_ptr<Group> group_;
   uint64_t generation_ = 0;
+  std::string nonce_;  // a member's announcement no session has named yet
   Stats before_;  // the sessions' before this one
 };
 

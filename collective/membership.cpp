@@ -192,6 +192,8 @@ void Membership::build(uint64_t epoch, std::vector<std::string> members) {
     nccl.store_dir = gloo.store_dir;
     nccl.prefix = gloo.prefix;
     nccl.timeout = gloo.timeout;
+    nccl.address = gloo.address;
+    nccl.allow_public = gloo.allow_public;
     group_ = make_nccl_group(rank, static_cast<int>(members_.size()), nccl);
     return;
   }

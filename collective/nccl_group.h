@@ -3,9 +3,9 @@
 // NCCL is asked for: a CPU cloud neither needs nor maps CUDA's or NCCL's libraries
 // (collective/nccl/nccl_group.cpp; built where the toolkit and NCCL are found).
 //
-// Each member binds its thread to one device (NcclOptions::device; by default its rank
-// modulo the machine's GPUs, so the members of one machine with several GPUs take one each:
-// one process a GPU, as torchrun starts them). The members meet by NCCL's unique id, which
+// Each member binds its thread to one device (NcclOptions::device; by default the process's,
+// so a machine with several GPUs runs one process a GPU, each started with its own
+// CUDA_VISIBLE_DEVICES, as torchrun's LOCAL_RANK pins them). The members meet by NCCL's unique id, which
 // member 0 draws and writes into the rendezvous folder under the group's prefix (one prefix
 // a group, as Gloo's); NCCL itself then links them over NVLink, PCIe or the network.
 //
@@ -28,8 +28,14 @@ namespace tandem {
 struct NcclOptions {
   std::string store_dir;  // the rendezvous folder: member 0 writes the group's id there
   std::string prefix;     // this group's: "<prefix>.nccl-id"
-  int device = -1;        // the CUDA device this member uses (-1: its rank modulo the GPUs)
+  int device = -1;        // the CUDA device this member uses (-1: the process's, as CUDA_VISIBLE_DEVICES leaves it)
   std::chrono::milliseconds timeout{30000};  // meeting the others, and each collective
+  // The interface NCCL's sockets (its bootstrap, and its transport between machines without
+  // InfiniBand) use: the one holding this address, which must be private unless allowed, as
+  // Gloo's (NCCL's sockets are neither encrypted nor authenticated). Empty: NCCL's choice,
+  // or NCCL_SOCKET_IFNAME as the operator set it.
+  std::string address;
+  bool allow_public = false;
 };
 
 class NcclGroup : public Group {

@@ -1,13 +1,17 @@
 // Loads NCCL's module (collective/nccl_group.h) when a group on it is asked for. The module is
 // looked for at TANDEM_NCCL_MODULE, else at lib/libtandem-nccl.so beside the binary's folder
 // (the build tree's and an installed tree's layout, as the cuda module's).
+#include <arpa/inet.h>
 #include <dlfcn.h>
+#include <ifaddrs.h>
+#include <netinet/in.h>
 #include <unistd.h>
 
 #include <cstdlib>
 #include <cstring>
 #include <string>
 
+#include "collective/gloo_group.h"
 #include "collective/nccl_group.h"
 #include "core/error.h"
 
@@ -65,9 +69,37 @@ Loaded load() {
 
 bool nccl_built() { return TANDEM_NCCL_BUILT != 0; }
 
+// The name of the interface that holds `address` (numeric IPv4 or IPv6), or "".
+std::string interface_of(const std::string& address) {
+  ifaddrs* list = nullptr;
+  if (getifaddrs(&list) != 0) return "";
+  std::string name;
+  for (ifaddrs* i = list; i != nullptr && name.empty(); i = i->ifa_next) {
+    if (i->ifa_addr == nullptr) continue;
+    char text[INET6_ADDRSTRLEN] = {};
+    if (i->ifa_addr->sa_family == AF_INET)
+      inet_ntop(AF_INET, &reinterpret_cast<sockaddr_in*>(i->ifa_addr)->sin_addr, text, sizeof text);
+    else if (i->ifa_addr->sa_family == AF_INET6)
+      inet_ntop(AF_INET6, &reinterpret_cast<sockaddr_in6*>(i->ifa_addr)->sin6_addr, text, sizeof text);
+    if (address == text) name = i->ifa_name;
+  }
+  freeifaddrs(list);
+  return name;
+}
+
 std::unique_ptr<NcclGroup> make_nccl_group(int rank, int size, const NcclOptions& options) {
   static const Loaded loaded = load();  // once, thread-safe
   if (loaded.module == nullptr) fail("nccl group", loaded.problem);
+  if (!options.address.empty()) {
+    if (!options.allow_public && !private_address(options.address))
+      fail("nccl group", cat("'", options.address, "' is not a private address, and NCCL's sockets are neither "
+                             "encrypted nor authenticated: use a private interface, or allow a public one only behind "
+                             "a VPN or a private interconnect"));
+    const std::string name = options.address == "localhost" ? "lo" : interface_of(options.address);
+    if (name.empty()) fail("nccl group", cat("no interface of this machine holds '", options.address, "'"));
+    if (std::getenv("NCCL_SOCKET_IFNAME") == nullptr)  // the operator's choice stands
+      setenv("NCCL_SOCKET_IFNAME", cat("=", name).c_str(), 0);
+  }
   return loaded.module->make_group(rank, size, options);
 }
 

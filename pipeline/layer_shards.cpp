@@ -51,9 +51,8 @@ std::vector<const std::string*> columns_of(const LinearPair& p) {
 }
 
 // Every parameter of `a`'s network copied to or from `b`'s, the pairs' by slice.
-// `slices_only` (into the whole): the unsplit parameters and buffers are left alone.
 void move_shard(Network& whole, Network& shard, const std::vector<LinearPair>& pairs, int rank, int shards,
-                bool into_whole, bool slices_only = false) {
+                bool into_whole) {
   std::map<std::string, std::pair<bool, int64_t>> sliced;  // param name -> (by rows, slice size)
   for (const LinearPair& p : pairs) {
     const int64_t h = whole.param(p.columns + ".weight").value().shape()[0] / shards;
@@ -69,7 +68,6 @@ void move_shard(Network& whole, Network& shard, const std::vector<LinearPair>& p
     Tensor& whole_value = w.value();
     Tensor& shard_value = s->value();
     if (it == sliced.end()) {
-      if (slices_only) continue;
       if (into_whole) whole_value.copy_from(shard_value);
       else shard_value.copy_from(whole_value);
     } else if (it->second.first) {
@@ -82,7 +80,6 @@ void move_shard(Network& whole, Network& shard, const std::vector<LinearPair>& p
     (into_whole ? w : *s).bump_version();
   }
   // The layers' buffers (batch norm's running statistics), whole on every member.
-  if (slices_only) return;
   const auto whole_buffers = whole.buffers();
   for (auto& [name, t] : shard.buffers())
     for (const auto& [whole_name, wt] : whole_buffers)
@@ -226,17 +223,38 @@ LayerShardStage layer_shard_stage(const ModelSpec& spec, const std::vector<std::
   return out;
 }
 
-void gather_layer_shard(Group& group, Network& shard, Network& whole, const std::vector<LinearPair>& pairs, int rank,
+void gather_layer_shard(Group& group, Network& shard, Network* whole, const std::vector<LinearPair>& pairs, int rank,
                         int shards) {
-  for (Param* p : whole.all_params()) {
-    p->value().fill(0.0f);
-    p->bump_version();
+  if ((rank == 0) != (whole != nullptr)) fail("layer shards", "member 0, and member 0 alone, gathers into a whole network");
+  std::map<std::string, bool> split;  // a split parameter's name -> whether by rows (else by columns)
+  for (const LinearPair& p : pairs) {
+    for (const std::string* a : columns_of(p)) split[*a + ".weight"] = split[*a + ".bias"] = true;
+    split[p.rows + ".weight"] = false;
   }
-  for (auto& [name, t] : whole.buffers()) t->fill(0.0f);
-  // Member 0 gives the unsplit parameters and buffers, every member its slices.
-  move_shard(whole, shard, pairs, rank, shards, true, rank != 0);
-  for (Param* p : whole.all_params()) group.all_sum(std::span<float>(p->value().data(), p->value().numel()));
-  for (auto& [name, t] : whole.buffers()) group.all_sum(std::span<float>(t->data(), t->numel()));
+  Tensor piece;
+  for (Param* s : shard.all_params()) {
+    Tensor* to = whole ? &whole->param(s->name()).value() : nullptr;
+    const auto it = split.find(s->name());
+    if (it == split.end()) {  // whole on every member: member 0's
+      if (to) to->copy_from(s->value());
+    } else {
+      // Each member's slice in turn, every slice the same shape: member 0 places them.
+      const Tensor& mine = s->value();
+      for (int r = 0; r < shards; ++r) {
+        sized(piece, mine.shape());
+        if (r == rank) piece.copy_from(mine);
+        group.broadcast(std::span<float>(piece.data(), piece.numel()), r);
+        if (!to) continue;
+        it->second ? copy_rows(piece, *to, r * mine.shape()[0], true) : copy_cols(piece, *to, r * mine.shape()[1], true);
+      }
+    }
+    if (to) whole->param(s->name()).bump_version();
+  }
+  if (!whole) return;
+  const auto whole_buffers = whole->buffers();
+  for (auto& [name, t] : shard.buffers())
+    for (const auto& [whole_name, wt] : whole_buffers)
+      if (whole_name == name) wt->copy_from(*t);
 }
 
 namespace {
@@ -256,9 +274,11 @@ enum Call : uint32_t {
   kRestore,
   kGather,
   kEnd,
+  kHello,
 };
 constexpr uint32_t kMagic = 0x5453484cu;  // "TSHL"
 constexpr std::size_t kWords = 32, kMaxTensors = 3;
+constexpr uint32_t kMaxSlots = 1024;  // micro-batch slots a call may name (K is far fewer)
 struct Header {
   std::array<uint32_t, kWords> w{};
   // w[0] magic, w[1] the call's number, w[2] kind, w[3] slot, w[4] flags, w[6..7] a 64-bit
@@ -270,7 +290,7 @@ static_assert(10 + kMaxTensors * (1 + kMaxRank) <= kWords);
 
 const char* call_name(uint32_t kind) {
   static const char* names[] = {"?",    "forward", "backward", "backward_weights", "step", "zero_grad", "stash_weights",
-                                "use_stash", "reset", "steps", "save", "restore", "gather", "end"};
+                                "use_stash", "reset", "steps", "save", "restore", "gather", "end", "hello"};
   return kind < sizeof(names) / sizeof(names[0]) ? names[kind] : "?";
 }
 
@@ -320,6 +340,11 @@ void LayerShardLeader::save(uint64_t step) { tell(kSave, {}, 0, 0, step); }
 void LayerShardLeader::restore(uint64_t step) { tell(kRestore, {}, 0, 0, step); }
 void LayerShardLeader::gather() { tell(kGather, {}); }
 void LayerShardLeader::end(bool failed) { tell(kEnd, {}, 0, failed); }
+void LayerShardLeader::hello(const std::array<uint8_t, 32>& terms) {
+  Tensor t = Tensor::empty({8});
+  std::memcpy(t.data(), terms.data(), terms.size());
+  tell(kHello, std::span<const Tensor>(&t, 1));
+}
 
 std::vector<uint64_t> LayerShardLeader::common_steps(const std::vector<uint64_t>& mine) {
   tell(kSteps, {}, 0, 0, mine.size());
@@ -342,8 +367,8 @@ uint64_t follow_layer_shard(Stage& stage, Group& group, const LayerShardFollower
     Header h;
     group.broadcast(h.words(), 0);
     const uint32_t kind = h.w[2];
-    if (h.w[0] != kMagic || h.w[1] != static_cast<uint32_t>(calls) || kind < kForward || kind > kEnd ||
-        h.w[9] > kMaxTensors)
+    if (h.w[0] != kMagic || h.w[1] != static_cast<uint32_t>(calls) || kind < kForward || kind > kHello ||
+        h.w[9] > kMaxTensors || h.w[3] >= kMaxSlots)
       fail("layer shards", cat("member ", group.rank(), " was told call ", h.w[1], " (", call_name(kind), ") where it ",
                                "awaited call ", calls, ": run the same tandem build on every member"));
     ++calls;
@@ -354,7 +379,7 @@ uint64_t follow_layer_shard(Stage& stage, Group& group, const LayerShardFollower
       std::array<int64_t, kMaxRank> dims{};
       for (int d = 0; d < rank; ++d) dims[static_cast<std::size_t>(d)] = h.w[10 + t * 7 + 1 + static_cast<std::size_t>(d)];
       const Shape shape = Shape::of(dims.data(), rank);
-      if (!shape.numel_at_most(int64_t{1} << 31)) fail("layer shards", cat("a tensor of ", shape.str(), " told"));
+      if (!shape.numel_at_most(int64_t{1} << 28)) fail("layer shards", cat("a tensor of ", shape.str(), " told"));
       sized(tensors[t], shape);
       if (tensors[t].numel() > 0) group.broadcast(std::span<float>(tensors[t].data(), tensors[t].numel()), 0);
     }
@@ -413,6 +438,15 @@ uint64_t follow_layer_shard(Stage& stage, Group& group, const LayerShardFollower
       case kGather:
         follower.gather();
         break;
+      case kHello: {
+        std::array<uint8_t, 32> terms{};
+        if (n != 1 || tensors[0].numel() != 8) fail("layer shards", "a hello told without its terms");
+        std::memcpy(terms.data(), tensors[0].data(), terms.size());
+        if (terms != follower.terms)
+          fail("layer shards", cat("member ", group.rank(), " runs other terms than member 0 (the model, cut, stage, "
+                                   "shard count, seed or optimizer differ): give every member the same deployment"));
+        break;
+      }
       case kEnd:
         if (h.w[4] != 0) fail("layer shards", "member 0 ended the run on an error: its log says which");
         return calls;

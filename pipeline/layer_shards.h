@@ -24,6 +24,7 @@
 // norm, not the stage's: leave it off on a split stage.
 #pragma once
 
+#include <array>
 #include <cstdint>
 #include <functional>
 #include <set>
@@ -74,10 +75,10 @@ void load_layer_shard(Network& whole, Network& shard, const std::vector<LinearPa
 // copied too: every member holds the same).
 void store_layer_shard(Network& shard, Network& whole, const std::vector<LinearPair>& pairs, int rank, int shards);
 
-// The unsplit network's weights and buffers from every member's slices: a collective each
-// member calls with its own shard (member 0 gives the unsplit parameters). `whole` ends the
-// same on every member.
-void gather_layer_shard(Group& group, Network& shard, Network& whole, const std::vector<LinearPair>& pairs, int rank,
+// The unsplit network's weights and buffers, put together from every member's slices into
+// member 0's `whole` (null on the others): a collective each member calls with its own shard,
+// each slice broadcast in turn (no member but 0 holds more than one slice at a time).
+void gather_layer_shard(Group& group, Network& shard, Network* whole, const std::vector<LinearPair>& pairs, int rank,
                         int shards);
 
 // Member 0 of a stage's layer shards: the stage's calls, told to the other members over their
@@ -105,6 +106,9 @@ class LayerShardLeader final : public StageMirror {
   void restore(uint64_t step);  // and restores it (0: the initial state)
   void gather();                // the others take part in gather_layer_shard (call it next)
   void end(bool failed);        // the run is over: the others return (failed: with an Error)
+  // The terms every member must share (a digest of the model, cut, stage, shard count, seed
+  // and optimizer): a member whose own differ stops with an Error. First on each session.
+  void hello(const std::array<uint8_t, 32>& terms);
   // A new session of the group: the calls are counted from 0 again.
   void restart() { calls_ = 0; }
 
@@ -122,6 +126,7 @@ struct LayerShardFollower {
   std::function<void(uint64_t step)> save;       // saves its checkpoint of `step`
   std::function<void(uint64_t step)> restore;    // restores it (0: the initial state)
   std::function<void()> gather;                  // calls gather_layer_shard
+  std::array<uint8_t, 32> terms{};               // its own terms, checked against member 0's
 };
 // Runs the calls member 0 tells on `stage` until it ends the run (returns the calls run). A
 // GroupLost when the group is lost (member 0 or another gone): form it again and call again.

@@ -966,23 +966,22 @@ TEST(LayerShards, AMiddleStageToldItsCallsByMemberZeroTrainsLikeTheUnsplitStage)
     group.form();
     if (r == 0) {
       LayerShardLeader leader(group);
+      leader.hello({7, 1, 2});
       me.stage.set_mirror(&leader);
       for (int s = 0; s < steps; ++s) run(me.stage, outs, ins, s);
       EXPECT_EQ(leader.common_steps({0, 4, 8}), (std::vector<uint64_t>{0, 8}));
       leader.save(12);
       leader.restore(8);
       leader.gather();
-      gather_layer_shard(group, me.net, gathered.net, shard.pairs, 0, 2);
+      gather_layer_shard(group, me.net, &gathered.net, shard.pairs, 0, 2);
       leader.end(false);
     } else {
       LayerShardFollower f;
+      f.terms = {7, 1, 2};
       f.has = [](uint64_t step) { return step != 4; };
       f.save = [&](uint64_t step) { told.push_back(cat("save ", step)); };
       f.restore = [&](uint64_t step) { told.push_back(cat("restore ", step)); };
-      f.gather = [&] {
-        Replica whole_here(stage_graph, sgd);
-        gather_layer_shard(group, me.net, whole_here.net, shard.pairs, 1, 2);
-      };
+      f.gather = [&] { gather_layer_shard(group, me.net, nullptr, shard.pairs, 1, 2); };
       calls = follow_layer_shard(me.stage, group, f);
     }
   });
@@ -999,10 +998,10 @@ TEST(LayerShards, AMiddleStageToldItsCallsByMemberZeroTrainsLikeTheUnsplitStage)
   init_from_whole_model(whole_graph, 11, initial.net, *make_backend("reference"));
   EXPECT_GT(max_diff(whole.net, initial.net), 1e-3f);  // it trained
   EXPECT_EQ(told, (std::vector<std::string>{"save 12", "restore 8"}));
-  // Per step: zero_grad, 2 forwards, 2 backwards, step, an evaluation; stash_weights on odd
+  // The hello; per step: zero_grad, 2 forwards, 2 backwards, step, an evaluation; stash_weights on odd
   // steps (with its use_stash(false), a no-op before a stash). Then steps, save, restore,
   // gather and end.
-  EXPECT_EQ(calls, static_cast<uint64_t>(steps * 7 + steps / 2 * 1 + 5));
+  EXPECT_EQ(calls, static_cast<uint64_t>(1 + steps * 7 + steps / 2 * 1 + 5));
 }
 
 TEST(LayerShards, AMemberToldSomethingElseSaysSo) {
@@ -1055,7 +1054,7 @@ TEST(FixedGroup, FormsAgainWhenAMemberComesBackAndNotBefore) {
   // Its old announcement is the last session's: member 0 waits for a new one.
   FixedGroup impatient(options(0, 300));
   EXPECT_EQ(error_of([&] { impatient.form(); }),
-            cat("[layer-shard group] member 1 of 2 did not (re)start within 0 s (it announces itself in ", dir.path,
+            cat("[layer-shard group] member 1 of 2 did not (re)start within 0.3 s (it announces itself in ", dir.path,
                 "/set.member1)"));
   FixedGroup back(options(1, 20000));
   on_members(2, [&](int r) { r == 0 ? lead.form() : back.form(); });
@@ -1079,6 +1078,17 @@ TEST(Nccl, AGroupOnTheGpuOrWhatIsMissing) {
   o.prefix = "nccl";
   o.timeout = std::chrono::seconds(20);
   std::unique_ptr<NcclGroup> group;
+  if (nccl_built()) {  // NCCL's sockets keep to a private interface of this machine, as Gloo's
+    NcclOptions bad = o;
+    bad.address = "8.8.8.8";
+    EXPECT_EQ(error_of([&] { make_nccl_group(0, 1, bad); }),
+              "[nccl group] '8.8.8.8' is not a private address, and NCCL's sockets are neither encrypted nor "
+              "authenticated: use a private interface, or allow a public one only behind a VPN or a private interconnect");
+    bad.address = "10.255.255.254";
+    EXPECT_EQ(error_of([&] { make_nccl_group(0, 1, bad); }),
+              "[nccl group] no interface of this machine holds '10.255.255.254'");
+    o.address = "127.0.0.1";
+  }
   const std::string error = error_of([&] { group = make_nccl_group(0, 1, o); });
   if (!nccl_built()) {
     EXPECT_EQ(error, "[nccl group] this build of tandem has no NCCL: build it where the CUDA toolkit (nvcc) and NCCL are found");

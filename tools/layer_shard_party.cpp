@@ -38,6 +38,21 @@ Member member_network(const LayerShardArgs& a, int rank) {
   return m;
 }
 
+// What every member must share, digested: a member of another deployment stops at once.
+std::array<uint8_t, 32> shard_terms(const LayerShardArgs& a) {
+  Sha256 h;
+  h.update(a.spec.binary.data(), a.spec.binary.size());
+  const OptimizerOptions& o = a.optimizer;
+  std::string cuts;
+  for (const std::string& c : a.cuts) cuts += c + ",";
+  const std::string terms =
+      cat(" cuts=", cuts, " stage=", a.index, " shards=", self_of(a).layer_shards, " seed=", a.seed, " optimizer=",
+          o.kind, " lr=", o.lr, " momentum=", o.momentum, " dampening=", o.dampening, " weight_decay=", o.weight_decay,
+          " nesterov=", o.nesterov, " betas=", o.beta1, ",", o.beta2, " eps=", o.eps, " clip_norm=", o.clip_norm);
+  h.update(terms.data(), terms.size());
+  return h.finish();
+}
+
 FixedGroupOptions group_options(const LayerShardArgs& a, int rank) {
   const DeploymentParty& self = self_of(a);
   FixedGroupOptions o;
@@ -71,7 +86,7 @@ class Leader final : public LayerShardParty {
   void restore(uint64_t step) override { leader_.restore(step); }
   void gather(Network& whole) override {
     leader_.gather();
-    gather_layer_shard(group_, *member_.net, whole, member_.shard.pairs, 0, group_.size());
+    gather_layer_shard(group_, *member_.net, &whole, member_.shard.pairs, 0, group_.size());
   }
   void end(bool failed) override { leader_.end(failed); }
   void reform() override { form(); }
@@ -92,14 +107,23 @@ class Leader final : public LayerShardParty {
   }
 
  private:
+  // A session of the members, and the hello that checks their terms. A session whose meeting
+  // fails (a member gone between its announcement and the meeting) is tried again, up to three
+  // times, each waiting up to --wait-s for the members' announcements.
   void form() {
-    try {
-      group_.form();
-    } catch (const GroupLost& e) {
-      fail("stage", cat(e.what(), ": start each missing member with `", start_hint(args_, 1),
-                        "` (R from 1 to ", group_.size() - 1, ")"));
+    for (int attempt = 1;; ++attempt) {
+      try {
+        group_.form();
+        leader_.restart();
+        leader_.hello(shard_terms(args_));
+        break;
+      } catch (const GroupLost& e) {
+        if (attempt == 3)
+          fail("stage", cat(e.what(), ": start each missing member with `", start_hint(args_, 1), "` (R from 1 to ",
+                            group_.size() - 1, ")"));
+        std::fprintf(stderr, "layer shards: %s; forming again\n", e.what());
+      }
     }
-    leader_.restart();
     std::fprintf(stderr, "layer shards: %d members met (session %llu)\n", group_.size(),
                  static_cast<unsigned long long>(group_.generation()));
   }
@@ -138,13 +162,16 @@ int run_layer_shard_member(const CliArgs& cli) {
   const int wait_s = static_cast<int>(cli.integer("wait-s", 120, 1));
   const int silence_s = static_cast<int>(cli.integer("silence-s", 300, 5));
   const int max_restarts = static_cast<int>(cli.integer("restarts", 10, 0));
+  if (args.str("later-stages", "shared") == "own")
+    fail("cli", cat(deployment.path, ": [", party_name, "] layer-shards: with later-stages = \"own\" the party keeps "
+                    "a stage a first party; split a stage the first parties share"));
   BackendOptions backend_options;
   backend_options.threads = self.threads;
   const std::unique_ptr<Backend> backend =
       make_backend(!self.backend.empty() ? self.backend : preferred_backend("onednn"), backend_options);
-  const LayerShardArgs a{deployment, party, spec, graph, cut_list(cut), index, *backend, seed, wait_s, silence_s};
-  Member m = member_network(a, rank);
   const OptimizerOptions opt = args.optimizer_options();
+  const LayerShardArgs a{deployment, party, spec, graph, cut_list(cut), index, *backend, seed, opt, wait_s, silence_s};
+  Member m = member_network(a, rank);
   if (opt.clip_norm > 0)
     fail("cli", cat(deployment.path, ": clip-norm = ", opt.clip_norm, " clips by the global norm, and each layer shard "
                     "holds a slice of the gradients: leave it off where a stage is split"));
@@ -189,6 +216,8 @@ int run_layer_shard_member(const CliArgs& cli) {
     store->save(step, encode_checkpoint(meta, *m.net, optimizer.get()));
   };
   follower.restore = [&](uint64_t step) {
+    if (step != 0 && !store)
+      fail("stage", cat("member 0 restores step ", step, ", and [", party_name, "] has no checkpoint-dir here"));
     const CheckpointData state = step == 0 ? decode_checkpoint(initial) : store->load_step(step);
     if (state.meta.model_hash != meta.model_hash || state.meta.step != step || state.meta.role != meta.role)
       fail("stage", cat(self.checkpoint_dir, " holds a checkpoint of step ", state.meta.step, " from another plan or "
@@ -196,11 +225,8 @@ int run_layer_shard_member(const CliArgs& cli) {
     restore_checkpoint(state, *m.net, optimizer.get());
     std::fprintf(stderr, "layer shard %d: at step %llu\n", rank, static_cast<unsigned long long>(step));
   };
-  follower.gather = [&] {
-    const std::unique_ptr<Backend> reference = make_backend("reference");
-    Network whole(graph.partition(cut_list(cut))[index], *reference, seed);
-    gather_layer_shard(group, *m.net, whole, m.shard.pairs, rank, self.layer_shards);
-  };
+  follower.gather = [&] { gather_layer_shard(group, *m.net, nullptr, m.shard.pairs, rank, self.layer_shards); };
+  follower.terms = shard_terms(a);
   const auto t0 = std::chrono::steady_clock::now();
   uint64_t calls = 0;
   int losses = 0;

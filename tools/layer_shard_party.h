@@ -20,6 +20,7 @@
 #include "cli/cli_args.h"
 #include "core/graph.h"
 #include "core/network.h"
+#include "core/optimizer.h"
 #include "pipeline/stage.h"
 #include "tools/deployment.h"
 
@@ -34,6 +35,7 @@ struct LayerShardArgs {
   std::size_t index;  // the party's stage
   Backend& backend;
   uint64_t seed;
+  OptimizerOptions optimizer;
   int wait_s, silence_s;
 };
 

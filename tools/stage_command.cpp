@@ -465,6 +465,9 @@ int run_party(const CliArgs& cli) {
   const std::string backend_name =
       !self.backend.empty() ? self.backend : preferred_backend(index == 0 ? "xnnpack" : "onednn");
   const int64_t checkpoint_every = args.integer("checkpoint-every", 0, 0);
+  if (own && self.layer_shards > 1)
+    fail("cli", cat(deployment.path, ": [", party_name, "] layer-shards: with later-stages = \"own\" the party keeps "
+                    "a stage a first party; split a stage the first parties share"));
   if (own && index > 0) {
     // Executors: the section's, else one a session. One executor taking its sessions in turn
     // answers each later than a thread a session does, and the first parties wait on those
@@ -484,16 +487,14 @@ int run_party(const CliArgs& cli) {
   std::unique_ptr<LayerShardParty> shards;
   std::unique_ptr<Network> unsplit;
   if (self.layer_shards > 1) {
-    if (own) fail("cli", cat(deployment.path, ": [", party_name, "] layer-shards: with later-stages = \"own\" the "
-                             "party keeps a stage a first party; split a stage the first parties share"));
     if (opt.clip_norm > 0)
       fail("cli", cat(deployment.path, ": clip-norm = ", opt.clip_norm, " clips by the global norm, and each layer "
                       "shard of [", party_name, "] holds a slice of the gradients: leave it off where a stage is split"));
     if (index + 1 == n && args.number("label-noise", 0.0) > 0.0)
       fail("cli", cat(deployment.path, ": label-noise backs the loss stage up twice and keeps one pass's weight "
                       "gradients, which [", party_name, "]'s layer shards would not: split another stage"));
-    shards = LayerShardParty::lead({deployment, party, spec, graph, cut_list(cut), index, *backend, seed, wait_s,
-                                    silence_s});
+    shards = LayerShardParty::lead({deployment, party, spec, graph, cut_list(cut), index, *backend, seed, opt,
+                                    wait_s, silence_s});
   } else {
     unsplit = std::make_unique<Network>(stage_graphs[index], *backend, seed);
     init_from_whole_model(graph, seed, *unsplit, *make_backend("reference"));  // as every party draws them
@@ -880,19 +881,26 @@ int run_party(const CliArgs& cli) {
       if (!group_lost && dynamic_cast<const LinkLost*>(&e) == nullptr) throw;
       const uint64_t at = peer.next_step();
       bool members_lost = group_lost;
-      if (shards && !members_lost) try {
-          peer.reset();  // told to the members
+      bool reset = false;
+      if (!members_lost) try {
+          peer.reset();  // told to the members, if any
+          reset = true;
         } catch (const GroupLost&) {
           members_lost = true;
         }
       if (members_lost) stage.set_mirror(nullptr);  // the members reset when their group is lost
-      peer.reset();
+      if (!reset) peer.reset();
       const std::string why = cat(party_name, group_lost ? " lost a layer shard at step " : " lost a link at step ", at, ": ", e.what());
       if (up) up->restart(why);
       if (down) down->restart(why);
       counters.restarts += 1;
-      if (++restarts > max_restarts)
+      if (++restarts > max_restarts) {
+        if (shards && !members_lost) try {
+            shards->end(true);  // the members stop too, rather than wait for this party again
+          } catch (const GroupLost&) {
+          }
         fail("stage", cat(e.what(), " (", max_restarts, " restarts in this run; --restarts N allows more)"));
+      }
       if (members_lost) {  // the members again first: the neighbours wait for this party to link
         std::fprintf(stderr, "%s: waiting up to %d s for the layer shards to meet again\n", e.what(), wait_s);
         shards->reform();

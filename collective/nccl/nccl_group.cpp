@@ -14,6 +14,10 @@
 #include "collective/nccl_group.h"
 #include "core/error.h"
 
+#if NCCL_VERSION_CODE < 21400
+#error "NCCL 2.14 or newer is needed (non-blocking communicators, ncclConfig_t)"
+#endif
+
 #ifndef TANDEM_BUILD_STAMP
 #error "TANDEM_BUILD_STAMP is set by the build (CMakeLists.txt)"
 #endif
@@ -31,51 +35,14 @@ class Nccl final : public NcclGroup {
  public:
   Nccl(int rank, int size, const NcclOptions& o) : rank_(rank), size_(size), timeout_(o.timeout) {
     name_ = cat("nccl group '", o.prefix, "' (member ", rank, " of ", size, ")");
-    int devices = 0;
-    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
-      fail(name_, "this machine has no usable CUDA device (a GPU and its driver): NCCL's group needs one a member; "
-                  "use Gloo's on CPUs");
-    device_ = o.device >= 0 ? o.device : rank % devices;
-    if (device_ >= devices) fail(name_, cat("device ", device_, " of a machine with ", devices, " GPUs"));
-    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
-    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
-    ncclUniqueId id{};
-    const std::string path = cat(o.store_dir, "/", o.prefix, ".nccl-id");
-    const auto deadline = Clock::now() + timeout_;
-    if (rank == 0) {
-      if (const ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess)
-        fail(name_, cat("ncclGetUniqueId: ", ncclGetErrorString(r)));
-      std::error_code ec;
-      std::filesystem::create_directories(o.store_dir, ec);
-      const std::string tmp = cat(path, ".tmp", ::getpid());
-      {
-        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
-        out.write(id.internal, sizeof id.internal);
-        if (!out.flush()) fail(name_, cat("cannot write ", tmp));
-      }
-      std::filesystem::rename(tmp, path, ec);
-      if (ec) fail(name_, cat("cannot write ", path, ": ", ec.message()));
-    } else {
-      for (;;) {
-        std::ifstream in(path, std::ios::binary);
-        if (in.read(id.internal, sizeof id.internal)) break;
-        if (Clock::now() >= deadline)
-          throw GroupLost(cat("[", name_, "] member 0 wrote no id at ", path, " within ", timeout_.count(), " ms"));
-        std::this_thread::sleep_for(std::chrono::milliseconds(20));
-      }
+    try {
+      start(o);
+    } catch (...) {
+      release();
+      throw;
     }
-    // Non-blocking: every wait below has a deadline, and a member gone aborts the communicator.
-    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
-    config.blocking = 0;
-    const ncclResult_t r = ncclCommInitRankConfig(&comm_, size, id, rank, &config);
-    if (r != ncclSuccess && r != ncclInProgress) fail(name_, cat("ncclCommInitRankConfig: ", ncclGetErrorString(r)));
-    settle("meeting the others", deadline);
   }
-  ~Nccl() override {
-    if (comm_) lost_ ? ncclCommAbort(comm_) : ncclCommDestroy(comm_);
-    if (buffer_) cudaFree(buffer_);
-    if (stream_) cudaStreamDestroy(stream_);
-  }
+  ~Nccl() override { release(); }
 
   int rank() const override { return rank_; }
   int size() const override { return size_; }
@@ -106,6 +73,74 @@ class Nccl final : public NcclGroup {
   }
 
  private:
+  void start(const NcclOptions& o) {
+    int devices = 0;
+    if (cudaGetDeviceCount(&devices) != cudaSuccess || devices == 0)
+      fail(name_, "this machine has no usable CUDA device (a GPU and its driver): NCCL's group needs one a member; "
+                  "use Gloo's on CPUs");
+    // The process's device unless told: pin a replica to a GPU with CUDA_VISIBLE_DEVICES (as
+    // torchrun's LOCAL_RANK does), so its rank, which changes between epochs, never moves it.
+    if (o.device >= 0) {
+      device_ = o.device;
+    } else {
+      check_cuda(cudaGetDevice(&device_), "cudaGetDevice");
+    }
+    if (device_ >= devices) fail(name_, cat("device ", device_, " of a machine with ", devices, " GPUs"));
+    check_cuda(cudaSetDevice(device_), "cudaSetDevice");
+    check_cuda(cudaStreamCreateWithFlags(&stream_, cudaStreamNonBlocking), "cudaStreamCreate");
+    ncclUniqueId id{};
+    const std::string path = cat(o.store_dir, "/", o.prefix, ".nccl-id");
+    const auto deadline = Clock::now() + timeout_;
+    if (rank_ == 0) {
+      if (const ncclResult_t r = ncclGetUniqueId(&id); r != ncclSuccess)
+        fail(name_, cat("ncclGetUniqueId: ", ncclGetErrorString(r)));
+      std::error_code ec;
+      std::filesystem::create_directories(o.store_dir, ec);
+      const std::string tmp = cat(path, ".tmp", ::getpid());
+      {
+        std::ofstream out(tmp, std::ios::binary | std::ios::trunc);
+        out.write(id.internal, sizeof id.internal);
+        if (!out.flush()) fail(name_, cat("cannot write ", tmp));
+      }
+      std::filesystem::rename(tmp, path, ec);
+      if (ec) fail(name_, cat("cannot write ", path, ": ", ec.message()));
+    } else {
+      for (;;) {
+        std::ifstream in(path, std::ios::binary);
+        if (in.read(id.internal, sizeof id.internal)) break;
+        if (Clock::now() >= deadline)
+          throw GroupLost(cat("[", name_, "] member 0 wrote no id at ", path, " within ", timeout_.count(), " ms"));
+        std::this_thread::sleep_for(std::chrono::milliseconds(20));
+      }
+    }
+    // Non-blocking: every wait below has a deadline, and a member gone aborts the communicator.
+    ncclConfig_t config = NCCL_CONFIG_INITIALIZER;
+    config.blocking = 0;
+    call(ncclCommInitRankConfig(&comm_, size_, id, rank_, &config), "meeting the others");
+    settle("meeting the others", deadline);
+  }
+  // Frees what it holds: the communicator finalized within the timeout (its pending work
+  // flushed), else aborted.
+  void release() {
+    if (comm_ && !lost_) {
+      ncclResult_t r = ncclCommFinalize(comm_);
+      const auto deadline = Clock::now() + timeout_;
+      ncclResult_t state = r;
+      while (r == ncclSuccess || r == ncclInProgress) {
+        if (ncclCommGetAsyncError(comm_, &state) != ncclSuccess || state != ncclInProgress) break;
+        if (Clock::now() >= deadline) break;
+        std::this_thread::sleep_for(std::chrono::microseconds(100));
+      }
+      state == ncclSuccess ? ncclCommDestroy(comm_) : ncclCommAbort(comm_);
+    } else if (comm_) {
+      ncclCommAbort(comm_);
+    }
+    comm_ = nullptr;
+    if (buffer_) cudaFree(buffer_);
+    buffer_ = nullptr;
+    if (stream_) cudaStreamDestroy(stream_);
+    stream_ = nullptr;
+  }
   void begin() {
     if (lost_) throw GroupLost(cat("[", name_, "] a collective on a group an earlier one lost: build a new one"));
     check_cuda(cudaSetDevice(device_), "cudaSetDevice");  // this thread's calls go to the member's device
@@ -123,19 +158,26 @@ class Nccl final : public NcclGroup {
     }
     check_cuda(cudaMemcpyAsync(buffer_, values.data(), bytes, cudaMemcpyHostToDevice, stream_), "cudaMemcpyAsync");
     call(op(buffer_), what);
-    check_cuda(cudaMemcpyAsync(values.data(), buffer_, bytes, cudaMemcpyDeviceToHost, stream_), "cudaMemcpyAsync");
+    // The result comes back once the collective is done (finish has a deadline); a copy into
+    // pageable memory queued behind it would wait for it without one.
     finish(what, Clock::now() + timeout_);
+    check_cuda(cudaMemcpy(values.data(), buffer_, bytes, cudaMemcpyDeviceToHost), "cudaMemcpy");
     count_one(bytes, t0);
   }
   void call(ncclResult_t r, const char* what) {
     if (r == ncclSuccess || r == ncclInProgress) return;
-    lose(what, ncclGetErrorString(r));
+    // A peer's or the network's failure loses the group; a misuse here is a plain Error.
+    if (r == ncclRemoteError || r == ncclSystemError) lose(what, ncclGetErrorString(r));
+    lost_ = true;
+    if (comm_) ncclCommAbort(comm_);
+    comm_ = nullptr;
+    fail(name_, cat(what, ": ", ncclGetErrorString(r)));
   }
   // Until the communicator's pending work is enqueued (non-blocking calls) or it failed.
   void settle(const char* what, Clock::time_point deadline) {
     for (;;) {
       ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
+      if (const ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) state = r;
       if (state == ncclSuccess) return;
       if (state != ncclInProgress) lose(what, ncclGetErrorString(state));
       if (Clock::now() >= deadline) lose(what, cat("no answer within ", timeout_.count(), " ms").c_str());
@@ -150,7 +192,7 @@ class Nccl final : public NcclGroup {
       if (e == cudaSuccess) return;
       if (e != cudaErrorNotReady) fail(name_, cat(what, ": ", cudaGetErrorString(e)));
       ncclResult_t state = ncclSuccess;
-      ncclCommGetAsyncError(comm_, &state);
+      if (const ncclResult_t r = ncclCommGetAsyncError(comm_, &state); r != ncclSuccess) state = r;
       if (state != ncclSuccess && state != ncclInProgress) lose(what, ncclGetErrorString(state));
       if (Clock::now() >= deadline) lose(what, cat("not done within ", timeout_.count(), " ms").c_str());
       std::this_thread::sleep_for(std::chrono::microseconds(20));

@@ -7,7 +7,7 @@
 # - where this build has the module: tandem gpu loads it (a GPU, or cudart's reason there is
 #   none, never a loading error); a missing module and another build's module are refused
 #   with their exact texts; the cloud asked for cuda without a GPU says why and what to use;
-#   every binary that loads it exports each core symbol it needs.
+#   every binary that loads it exports each core symbol it needs, and so for NCCL's module.
 # Usage: cuda_module.sh BUILD_DIR SOURCE_DIR [cuda (this build has the module)]
 set -euo pipefail
 build=$1 src=$2 with_cuda=${3:-}
@@ -59,6 +59,22 @@ for b in "$cloud_bin" "$tandem_bin" "$build/bench/bench_back_shard"; do
   done
 done
 echo "tandem-cloud, tandem and bench_back_shard export the $(wc -w <<< "$needed") core symbols the module needs"
+# NCCL's module (collective/nccl_group.h) the same way, for the binaries that may load it.
+nccl_module=$build/lib/libtandem-nccl.so
+if [[ -f $nccl_module ]]; then
+  # It uses only core's inline parts (Error, cat): none of its own defined strongly, so no
+  # second copy of a core function or global can differ from the binary's.
+  own=$(nm -D --defined-only "$nccl_module" | awk '$2 ~ /^[TDB]$/ && $3 ~ /N6tandem/ { print $3 }')
+  [[ -z $own ]] || fail "NCCL's module defines core symbols of its own: $(c++filt $own | head -3)"
+  needed=$(nm -D -u "$nccl_module" | awk '$1 == "U" && $2 ~ /tandem/ { print $2 }')
+  for b in "$cloud_bin" "$tandem_bin" "$build/tests/tandem_replica_tests"; do
+    exported=$(nm -D --defined-only "$b" | awk '{ print $3 }')
+    for s in $needed; do
+      grep -qxF "$s" <<< "$exported" || fail "$b does not export $(c++filt "$s"), which NCCL's module needs"
+    done
+  done
+  echo "NCCL's module defines no core symbol; tandem-cloud, tandem and the replica tests export the $(wc -w <<< "$needed") it needs"
+fi
 
 out=$("$tandem_bin" gpu 2>&1) || true
 if [[ $gpu == yes ]]; then
