@@ -892,25 +892,19 @@ TEST(LayerShards, RefusalsNameWhatIsMissing) {
 // telling member 1 each call (LayerShardLeader, follow_layer_shard) over a FixedGroup: its
 // outputs and input gradients, step after step and under weight stashing, equal the unsplit
 // stage's; the weights gathered equal its weights; the checkpoints' calls reach member 1.
-constexpr const char* kMiddleSpec = R"({ name: "three", inputs: [ { name: "x", shape: [6, 8] } ], nodes: [
-  { name: "emb", op: "linear", inputs: ["x"], linear: { out_features: 8 } },
-  { name: "q", op: "linear", inputs: ["emb"], linear: { out_features: 8 } },
-  { name: "k", op: "linear", inputs: ["emb"], linear: { out_features: 8 } },
-  { name: "v", op: "linear", inputs: ["emb"], linear: { out_features: 8 } },
-  { name: "att", op: "attention", inputs: ["q", "k", "v"], attention: { heads: 4 } },
-  { name: "o", op: "linear", inputs: ["att"], linear: { out_features: 8 } },
-  { name: "res0", op: "add", inputs: ["emb", "o"] },
-  { name: "ln1", op: "layer_norm", inputs: ["res0"] },
-  { name: "ff1", op: "linear", inputs: ["ln1"], linear: { out_features: 16 } },
-  { name: "act", op: "gelu", inputs: ["ff1"] },
-  { name: "ff2", op: "linear", inputs: ["act"], linear: { out_features: 8 } },
-  { name: "res1", op: "add", inputs: ["res0", "ff2"] },
-  { name: "pool", op: "token_pool", inputs: ["res1"], token_pool: { mode: "mean" } },
-  { name: "fc", op: "linear", inputs: ["pool"], linear: { out_features: 3 } }
-], output: "fc", loss: "softmax_cross_entropy" })";
+// The encoder with a linear embedding in place of its first norm, read by the residual too: a
+// cut at it leaves the blocks after it a stage of their own.
+std::string middle_spec() {
+  std::string text = kEncoderSpec;
+  const auto swap = [&](const std::string& from, const std::string& to) { text.replace(text.find(from), from.size(), to); };
+  swap(R"({ name: "ln0", op: "layer_norm", inputs: ["x"] })", R"({ name: "emb", op: "linear", inputs: ["x"], linear: { out_features: 8 } })");
+  for (int i = 0; i < 3; ++i) swap(R"(inputs: ["ln0"])", R"(inputs: ["emb"])");
+  swap(R"(inputs: ["x", "o"])", R"(inputs: ["emb", "o"])");
+  return text;
+}
 
 TEST(LayerShards, AMiddleStageToldItsCallsByMemberZeroTrainsLikeTheUnsplitStage) {
-  const ModelSpec spec = parse_model_json(kMiddleSpec);
+  const ModelSpec spec = parse_model_json(middle_spec());
   const std::vector<std::string> cuts{"emb", "res1"};
   const Graph whole_graph = Graph::build(spec);
   const Graph stage_graph = whole_graph.partition(cuts)[1];
