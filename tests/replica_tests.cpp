@@ -998,22 +998,40 @@ TEST(LayerShards, AMiddleStageToldItsCallsByMemberZeroTrainsLikeTheUnsplitStage)
   EXPECT_EQ(calls, static_cast<uint64_t>(1 + steps * 7 + steps / 2 * 1 + 5));
 }
 
-TEST(LayerShards, AMemberToldSomethingElseSaysSo) {
+// What member 1 says when told `header` (32 words) as its first call.
+std::string told(const std::vector<uint32_t>& header, const std::string& prefix) {
   StoreDir dir;
   std::string error;
   on_members(2, [&](int r) {
-    auto group = make_gloo_group(r, 2, gloo_options(dir.path, "junk"));
+    auto group = make_gloo_group(r, 2, gloo_options(dir.path, prefix));
     if (r == 0) {
-      std::vector<float> junk(32, 0.0f);
-      group->broadcast(junk, 0);
+      std::vector<float> words(32, 0.0f);
+      std::memcpy(words.data(), header.data(), std::min<std::size_t>(header.size(), 32) * sizeof(uint32_t));
+      group->broadcast(words, 0);
       return;
     }
     const ModelSpec spec = parse_model_json(kMlpSpec);
     Replica me(Graph::build(layer_shard_spec(spec, 1, 2)), kSgd);
     error = error_of([&] { follow_layer_shard(me.stage, *group, LayerShardFollower{}); });
   });
-  EXPECT_EQ(error, "[layer shards] member 1 was told call 0 (?) where it awaited call 0: run the same tandem build on "
-                   "every member");
+  return error;
+}
+
+TEST(LayerShards, AMemberToldSomethingElseSaysSo) {
+  EXPECT_EQ(told({}, "junk"), "[layer shards] member 1 was told call 0 (?) where it awaited call 0: run the same tandem "
+                              "build on every member");
+  constexpr uint32_t kMagic = 0x5453484cu;
+  // A forward to slot 5000 (1024 at most), a call numbered 3 first, a kind past the last.
+  EXPECT_EQ(told({kMagic, 0, 1, 5000}, "slot"), "[layer shards] member 1 was told call 0 (forward) where it awaited "
+                                                "call 0: run the same tandem build on every member");
+  EXPECT_EQ(told({kMagic, 3, 1, 0}, "number"), "[layer shards] member 1 was told call 3 (forward) where it awaited "
+                                               "call 0: run the same tandem build on every member");
+  EXPECT_EQ(told({kMagic, 0, 99, 0}, "kind"), "[layer shards] member 1 was told call 0 (?) where it awaited call 0: run "
+                                              "the same tandem build on every member");
+  // A tensor of 2^16 x 2^16 floats (2^28 at most), and one of rank 9.
+  std::vector<uint32_t> huge{kMagic, 0, 1, 0, 1, 0, 0, 0, 0, 1, 2, 65536, 65536};
+  EXPECT_EQ(told(huge, "huge"), "[layer shards] a tensor of [65536, 65536] told");
+  EXPECT_EQ(told({kMagic, 0, 1, 0, 1, 0, 0, 0, 0, 1, 9}, "rank"), "[layer shards] a tensor of rank 9 told");
 }
 
 // A FixedGroup whose member goes forms again once it comes back (a new session, generation 2),

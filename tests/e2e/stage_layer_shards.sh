@@ -6,7 +6,7 @@
 # of member 0, each started again with the same command, ends on the uninterrupted split run's
 # weights byte for byte: the parties go back to the newest checkpoint every member holds.
 # Refused, with what to do: a stage without a linear pair to split, clip-norm on a split stage,
-# --shard past the party's members.
+# --shard past the party's members, and the section's keys out of range.
 # Usage: stage_layer_shards.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
 build=$1 src=$2
@@ -144,4 +144,17 @@ rc=0
 ((rc == 1)) && grep -qF -- "--shard 2: [cloud] has layer-shards = 2, members 1 to 1" "$work/shard2.out" ||
   fail "--shard 2 of 2 ($rc): $(cat "$work/shard2.out")"
 
-echo "ok: a stage split into two layer shards equals one process within 1e-5; kill -9 of either member, started again, leaves the weights byte-identical; a stage without a pair, clip-norm and a member past the count refused"
+# The section's keys, checked as the file is read.
+refused() {  # refused NAME SED MESSAGE: the split deployment edited by SED is refused, saying MESSAGE
+  sed "$2" "$work/split.toml" > "$work/$1.toml"
+  rc=0
+  "$tandem" stage --deployment "$work/$1.toml" --party cloud > "$work/$1.out" 2>&1 || rc=$?
+  ((rc == 1)) && grep -qF -- "$3" "$work/$1.out" || fail "$1 ($rc): $(cat "$work/$1.out")"
+}
+refused zero 's/^layer-shards = 2$/layer-shards = 0/' "[cloud] layer-shards = '0' is not a count from 1 to 64"
+refused no-set '/^shard-set = /d' "[cloud] layer-shards = 2 needs shard-set = \"DIR\""
+refused addresses '/^shard-set = /a shard-addresses = "10.0.0.1,10.0.0.2,10.0.0.3"' "[cloud] shard-addresses names 3 addresses for 2 members"
+refused public '/^shard-set = /a shard-allow-public = "yes"' "[cloud] shard-allow-public = 'yes' is not true or false"
+refused first '/^\[scanner\]$/a layer-shards = 2' "[scanner] layer-shards = 2: a first party's stage runs where its data is"
+
+echo "ok: a stage split into two layer shards equals one process within 1e-5; kill -9 of either member, started again, leaves the weights byte-identical; a stage without a pair, clip-norm, a member past the count and bad section keys refused"
