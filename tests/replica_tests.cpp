@@ -1006,7 +1006,8 @@ std::string told(const std::vector<uint32_t>& header, const std::string& prefix)
     auto group = make_gloo_group(r, 2, gloo_options(dir.path, prefix));
     if (r == 0) {
       std::vector<float> words(32, 0.0f);
-      std::memcpy(words.data(), header.data(), std::min<std::size_t>(header.size(), 32) * sizeof(uint32_t));
+      if (!header.empty())
+        std::memcpy(words.data(), header.data(), std::min<std::size_t>(header.size(), 32) * sizeof(uint32_t));
       group->broadcast(words, 0);
       return;
     }
