@@ -72,13 +72,7 @@ std::string FixedGroup::read(const std::string& file) const {
 }
 
 void FixedGroup::form() {
-  if (group_) {
-    const Stats s = group_->stats();
-    before_.collectives += s.collectives;
-    before_.bytes += s.bytes;
-    before_.seconds += s.seconds;
-    group_.reset();
-  }
+  if (group_) drop();
   if (options_.size == 1) return;  // alone: nothing to meet
   options_.rank == 0 ? lead() : follow();
 }
@@ -133,6 +127,14 @@ void FixedGroup::follow() {
   join();
 }
 
+void FixedGroup::drop() {
+  const Stats s = group_->stats();
+  before_.collectives += s.collectives;
+  before_.bytes += s.bytes;
+  before_.seconds += s.seconds;
+  group_.reset();
+}
+
 void FixedGroup::join() {
   GlooOptions g;
   g.store_dir = options_.dir;
@@ -153,11 +155,7 @@ void FixedGroup::run(F&& f) {
   try {
     f(*group_);
   } catch (const GroupLost&) {
-    const Stats s = group_->stats();
-    before_.collectives += s.collectives;
-    before_.bytes += s.bytes;
-    before_.seconds += s.seconds;
-    group_.reset();
+    drop();
     throw;
   }
   const Stats s = group_->stats();

@@ -65,6 +65,7 @@ class FixedGroup final : public Group {
   void lead();    // member 0's side of form()
   void follow();  // the others'
   void join();    // this session's Gloo group
+  void drop();    // the session gone: its counts kept in before_
 
   FixedGroupOptions options_;
   std::unique_ptr<Group> group_;

@@ -164,4 +164,16 @@ Deployment read_deployment(const std::string& path) {
   return d;
 }
 
+void check_layer_shards(const Deployment& d, std::size_t party) {
+  const DeploymentParty& p = d.parties[party];
+  if (p.layer_shards < 2) return;
+  const CliArgs args = d.args();
+  if (args.str("later-stages", "shared") == "own")
+    fail("cli", cat(d.path, ": [", p.name, "] layer-shards: with later-stages = \"own\" the party keeps a stage a "
+                    "first party; split a stage the first parties share"));
+  if (const float clip = args.optimizer_options().clip_norm; clip > 0)
+    fail("cli", cat(d.path, ": clip-norm = ", clip, " clips by the global norm, and each layer shard of [", p.name,
+                    "] holds a slice of the gradients: leave it off where a stage is split"));
+}
+
 }  // namespace tandem

@@ -56,4 +56,8 @@ struct Deployment {
 
 Deployment read_deployment(const std::string& path);
 
+// The run's terms a party split into layer shards (layer-shards > 1) cannot take: an Error
+// naming the term, for member 0 and every other member alike.
+void check_layer_shards(const Deployment& deployment, std::size_t party);
+
 }  // namespace tandem

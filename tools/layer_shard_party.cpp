@@ -162,9 +162,7 @@ int run_layer_shard_member(const CliArgs& cli) {
   const int wait_s = static_cast<int>(cli.integer("wait-s", 120, 1));
   const int silence_s = static_cast<int>(cli.integer("silence-s", 300, 5));
   const int max_restarts = static_cast<int>(cli.integer("restarts", 10, 0));
-  if (args.str("later-stages", "shared") == "own")
-    fail("cli", cat(deployment.path, ": [", party_name, "] layer-shards: with later-stages = \"own\" the party keeps "
-                    "a stage a first party; split a stage the first parties share"));
+  check_layer_shards(deployment, party);
   BackendOptions backend_options;
   backend_options.threads = self.threads;
   const std::unique_ptr<Backend> backend =
@@ -172,9 +170,6 @@ int run_layer_shard_member(const CliArgs& cli) {
   const OptimizerOptions opt = args.optimizer_options();
   const LayerShardArgs a{deployment, party, spec, graph, cut_list(cut), index, *backend, seed, opt, wait_s, silence_s};
   Member m = member_network(a, rank);
-  if (opt.clip_norm > 0)
-    fail("cli", cat(deployment.path, ": clip-norm = ", opt.clip_norm, " clips by the global norm, and each layer shard "
-                    "holds a slice of the gradients: leave it off where a stage is split"));
   std::unique_ptr<Optimizer> optimizer = make_optimizer(m.net->params(), opt);
   Stage stage(*m.net, optimizer.get());
   std::fprintf(stderr, "party %s, layer shard %d of %d: stage %zu (%lld parameters, %s)\n", party_name.c_str(), rank,

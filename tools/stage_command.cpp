@@ -465,9 +465,7 @@ int run_party(const CliArgs& cli) {
   const std::string backend_name =
       !self.backend.empty() ? self.backend : preferred_backend(index == 0 ? "xnnpack" : "onednn");
   const int64_t checkpoint_every = args.integer("checkpoint-every", 0, 0);
-  if (own && self.layer_shards > 1)
-    fail("cli", cat(deployment.path, ": [", party_name, "] layer-shards: with later-stages = \"own\" the party keeps "
-                    "a stage a first party; split a stage the first parties share"));
+  check_layer_shards(deployment, party);
   if (own && index > 0) {
     // Executors: the section's, else one a session. One executor taking its sessions in turn
     // answers each later than a thread a session does, and the first parties wait on those
@@ -487,9 +485,6 @@ int run_party(const CliArgs& cli) {
   std::unique_ptr<LayerShardParty> shards;
   std::unique_ptr<Network> unsplit;
   if (self.layer_shards > 1) {
-    if (opt.clip_norm > 0)
-      fail("cli", cat(deployment.path, ": clip-norm = ", opt.clip_norm, " clips by the global norm, and each layer "
-                      "shard of [", party_name, "] holds a slice of the gradients: leave it off where a stage is split"));
     if (index + 1 == n && args.number("label-noise", 0.0) > 0.0)
       fail("cli", cat(deployment.path, ": label-noise backs the loss stage up twice and keeps one pass's weight "
                       "gradients, which [", party_name, "]'s layer shards would not: split another stage"));
