@@ -231,6 +231,9 @@ void StageHost::on_connected(Executor& x, uint64_t connection, const std::string
     s->peer = std::make_unique<StagePeer>(s->hosted->stage(), *options_.schedule, options_.plan, s->link.get(), nullptr);
     if (hooks_.save)
       s->peer->on_checkpoint([this, raw](uint64_t step) { hooks_.save(raw->identity, step, *raw->hosted); });
+    // The run's end is recorded before the first party hears Bye: an end it was told of survives a crash.
+    if (hooks_.ended)
+      s->peer->on_end([this, raw](uint64_t steps) { hooks_.ended(raw->identity, "", *raw->hosted, steps); });
     s->peer->defer_later_work([&x] { return x.waiting.load() > 0; },
                               [&x, raw](co::coroutine_handle<> task) { x.later.emplace_back(raw, task); });
     {
@@ -325,7 +328,7 @@ void StageHost::settle(Session& s) {
                                        cat("link again to go on from the newest checkpoint: ", error)),
               true);
     }
-    if (hooks_.ended) {
+    if (hooks_.ended && !error.empty()) {  // a run that ended well was recorded before its Bye (on_end)
       try {
         hooks_.ended(s.identity, error, *s.hosted, s.peer->next_step());
       } catch (const std::exception& e) {

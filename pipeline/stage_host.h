@@ -61,8 +61,9 @@ struct StageHostHooks {
   // sessions keep none, and a first party that asks for one is refused.
   std::function<void(const std::string& identity, uint64_t step, HostedStage& stage)> save;
   // A session ended: its first party finished its run (`error` empty: its stage is trained,
-  // to export), or its link was lost or refused (`error` says why; the session waits for the
-  // party to link again).
+  // to export, and the party hears Bye once this returns; if it throws, the party is told why
+  // and may link again), or its link was lost or refused (`error` says why; the session waits
+  // for the party to link again).
   // `steps`: the steps it has trained.
   std::function<void(const std::string& identity, const std::string& error, HostedStage& stage, uint64_t steps)> ended;
 };

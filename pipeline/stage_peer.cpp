@@ -1065,10 +1065,7 @@ Task<bool> StagePeer::follow_step_async(StepStats& stats) {
   for (;;) {
     const Upstream got = co_await take_from_upstream("activations of the next step");
     if (got == Upstream::Bye) {
-      if (down_ != nullptr) down_->send_last(writer_.bye("the first stage ended the run"));
-      // Several first parties wait for it: every one of them has ended its run.
-      if (shared())
-        for (StageLink* m : members_) m->send_last(writer_.bye("every first party has ended its run"));
+      co_await end_run();
       co_return false;
     }
     if (got == Upstream::Activations) break;
@@ -1086,21 +1083,33 @@ Task<bool> StagePeer::follow_step_async(StepStats& stats) {
 Task<> StagePeer::finish_async(std::string reason) {
   if (!first()) fail("stage", "the first stage ends the run");
   if (pending_) fail("stage", cat("step ", pending_header_.step, " is in flight: drain() before finish()"));
-  if (plan_.members < 2) {
-    down_->send_last(writer_.bye(reason));
-    co_return;
-  }
-  // One of several first parties: it stays until every member has ended its run (the shared
-  // stage's Bye), so a link lost meanwhile (another member's final turns) finds it there to
-  // start again from the newest checkpoint with the others.
+  // The run is over once every later stage has recorded its end: their Bye comes back up the
+  // chain. One of several first parties waits, too, for every member to end its run, so a
+  // link lost meanwhile (another member's final turns) finds it there to start again from the
+  // newest checkpoint with the others.
   down_->send(writer_.bye(reason));
+  co_await end_acknowledged(plan_.members < 2 ? "the stages after to record the run's end"
+                                              : "the end of every first party's run");
+}
+
+Task<> StagePeer::end_acknowledged(const char* awaiting) {
   const auto t0 = std::chrono::steady_clock::now();
-  const Frame frame = co_await message(*down_, "the end of every first party's run");
+  const Frame frame = co_await message(*down_, awaiting);
   idle_s_ += since(t0);
   const wire::Message* msg = verified(*down_, "next", frame);
   if (msg->payload_type() != wire::Payload::Bye)
-    refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage, cat("expected Bye after this first party's Bye, got ",
-                                                                    payload_name(msg->payload_type()))});
+    refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage,
+                            cat("expected Bye after this stage's Bye, got ", payload_name(msg->payload_type()))});
+}
+
+Task<> StagePeer::end_run() {
+  if (down_ != nullptr) {
+    down_->send(writer_.bye("the first stage ended the run"));
+    co_await end_acknowledged("the stages after to record the run's end");
+  }
+  if (end_) end_(next_step_);  // what it throws ends this run here: the host tells the stage before
+  for (StageLink* up : shared() ? members_ : std::vector<StageLink*>{up_})
+    up->send_last(writer_.bye(shared() ? "every first party has ended its run" : "every later stage has recorded the run's end"));
 }
 
 }  // namespace tandem

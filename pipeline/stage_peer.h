@@ -174,6 +174,11 @@ class StagePeer {
   // After a LinkLost: the step in flight is dropped (its deferred weight halves and
   // gradients), ready for connect() on new links.
   void reset();
+  // A later stage, at the run's end, once the stages after have recorded theirs: `record`
+  // gets the step count reached and makes this stage's end durable (its export, an end
+  // record) before Bye goes up. What it throws, follow_step throws, and no Bye goes up: the
+  // host tells the stage before (an Error, or Restart to train the last steps again).
+  void on_end(std::function<void(uint64_t steps)> record) { end_ = std::move(record); }
   // Called after the update of a step whose header asks for a checkpoint, with the step
   // count reached (next_step()): the host saves the stage's state there.
   void on_checkpoint(std::function<void(uint64_t)> save) { save_ = std::move(save); }
@@ -224,15 +229,18 @@ class StagePeer {
   StepStats evaluate(std::span<const Tensor> inputs, const int32_t* labels, uint64_t begin);
   Task<StepStats> evaluate_async(std::span<const Tensor> inputs, const int32_t* labels, uint64_t begin);
   // A later stage: the next step or evaluation batch, as the stage before announces it (a Drain
-  // on the way is passed on and run). False when the stage before ended the run (its Bye,
-  // passed on down the chain).
+  // on the way is passed on and run). False when the stage before ended the run: its Bye went
+  // down the chain, every later stage recorded its end (their Bye came back), this stage's
+  // on_end ran, and its Bye went up.
   bool follow_step(StepStats& stats);
   Task<bool> follow_step_async(StepStats& stats);
   // Whether what follow_step last ran was an evaluation batch.
   bool evaluated() const { return evaluated_; }
-  // The first stage: the run is over; Bye goes down the chain. One of several first parties
-  // then waits for the shared stage's Bye: every member has ended its run (a link lost before
-  // throws LinkLost, and the run starts again from the newest checkpoint, this member too).
+  // The first stage: the run is over; Bye goes down the chain, and it returns once Bye comes
+  // back: every later stage has recorded its end (on_end). One of several first parties waits
+  // too for every member to end its run. A link lost before throws LinkLost, and the run
+  // starts again from the newest checkpoint (the steps since are trained again, to the same
+  // weights), so a stage that crashed before recording its end loses nothing.
   void finish(const std::string& reason);
   Task<> finish_async(std::string reason);
 
@@ -295,6 +303,9 @@ class StagePeer {
   // Reads one message from the stage before: Activations into their slot, a Drain or Bye.
   Task<Upstream> take_from_upstream(const char* awaiting);
   Task<> take_from_downstream(const char* awaiting);
+  Task<> end_acknowledged(const char* awaiting);  // the Bye back from the stage after
+  Task<> end_run();  // a later stage, at the stage before's Bye
+
   [[noreturn]] void refuse(StageLink& link, const char* neighbour, WireError error);
   const wire::Message* verified(StageLink& link, const char* neighbour, const Frame& frame);
   // A StageHello from the stage before (member `member` of it) or, `from_up` false, after.
@@ -323,6 +334,7 @@ class StagePeer {
   std::vector<Tensor> in_;
   double idle_s_ = 0;
   std::function<void(uint64_t)> save_;
+  std::function<void(uint64_t)> end_;
   std::function<std::span<const int32_t>(uint64_t)> labels_;
   std::function<std::span<const int32_t>(uint64_t, uint32_t)> evaluation_labels_;
   bool evaluated_ = false;

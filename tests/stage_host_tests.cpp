@@ -227,6 +227,13 @@ TEST(StageHost, ThreeFirstPartiesTrainTheirOwnModelsOnTwoExecutorsAsEachWouldAlo
   ta.join();
   tb.join();
   tc.join();
+  {  // each run's end was recorded before its first party heard Bye back
+    std::lock_guard lock(ck_mu);
+    for (const char* id : {"hospital-a", "hospital-b", "hospital-c"}) {
+      ASSERT_EQ(ended.count(id), 1u) << id;
+      EXPECT_EQ(ended.at(id), "") << id;
+    }
+  }
   const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(30);
   std::vector<StageHost::SessionState> states;
   for (;;) {

@@ -523,17 +523,32 @@ TEST(StagePeerBadInput, AByeWithinAStepIsRefusedAndBetweenStepsEndsTheRun) {
     t.send(t.writer.bye("gone"));
     EXPECT_EQ(t.follow(), "[stage] stage 1 refused the previous stage's message: Bye within step 0: a run ends between steps");
   }
-  {
+  {  // the last stage records its end (on_end), then answers Bye up
     LastStage t;
     t.hello();
+    std::vector<uint64_t> recorded;
+    t.peer->on_end([&](uint64_t steps) { recorded.push_back(steps); });
     t.send(t.writer.bye("done"));
     StepStats s;
     EXPECT_FALSE(t.peer->follow_step(s));
+    EXPECT_EQ(recorded, std::vector<uint64_t>{0});
+    const Frame bye = t.before->receive("the Bye back");
+    const wire::Message* m = wire::GetMessage(bye.data());
+    ASSERT_EQ(m->payload_type(), wire::Payload::Bye);
+    EXPECT_EQ(m->payload_as_Bye()->reason()->str(), "every later stage has recorded the run's end");
+  }
+  {  // an end that cannot be recorded: follow_step throws it, and no Bye goes up
+    LastStage t;
+    t.hello();
+    t.peer->on_end([](uint64_t) { fail("test", "the disk is full"); });
+    t.send(t.writer.bye("done"));
+    EXPECT_EQ(t.follow(), "[test] the disk is full");
+    t.before->close();
+    EXPECT_EQ(error_of([&] { (void)t.before->receive("the Bye back"); }),
+              "the link closed while awaiting the Bye back");
   }
 }
 
-// A neighbour's Restart is a lost link (LinkLost, not the end of the run): after reset() the
-// stage links again and trains the step it had dropped.
 TEST(StagePeerBadInput, AnEvaluationThatAsksForACheckpointOrIsAnsweredWithGradientsIsRefused) {
   {  // the last stage: an evaluation batch never checkpoints
     LastStage t;
@@ -1065,6 +1080,51 @@ struct AsyncMiddle {
   }
 };
 
+// A middle stage passes Bye down and records its end only once the stage after has recorded
+// its own (its Bye back); anything else in its place is refused.
+TEST(StagePeer, AMiddleStageAnswersByeOnlyAfterTheStageAfterHasRecordedItsEnd) {
+  {
+    AsyncMiddle t;
+    bool recorded = false;
+    t.peer->on_end([&](uint64_t) {
+      recorded = true;
+      const Frame bye = t.after->receive("the Bye passed down");
+      EXPECT_EQ(wire::GetMessage(bye.data())->payload_type(), wire::Payload::Bye);
+    });
+    t.before->send(t.writer.bye("done"));
+    t.after->send(t.writer.bye("recorded"));
+    StepStats s;
+    EXPECT_FALSE(t.peer->follow_step(s));
+    EXPECT_TRUE(recorded);
+    const Frame bye = t.before->receive("the Bye back");
+    EXPECT_EQ(wire::GetMessage(bye.data())->payload_type(), wire::Payload::Bye);
+  }
+  {
+    AsyncMiddle t;
+    bool recorded = false;
+    t.peer->on_end([&](uint64_t) { recorded = true; });
+    t.before->send(t.writer.bye("done"));
+    t.after->send(t.writer.stage_hello(t.plan.hash, 2, 3, 0));
+    EXPECT_EQ(t.follow(), "[stage] stage 1 refused the next stage's message: expected Bye after this stage's Bye, got StageHello");
+    EXPECT_EQ(t.down->refused.code, wire::ErrorCode::UnexpectedMessage);
+    EXPECT_FALSE(recorded);
+  }
+  {  // the stage after is lost before it answers: a lost link, and the run starts again
+    AsyncMiddle t;
+    t.before->send(t.writer.bye("done"));
+    t.after->close();
+    StepStats s;
+    try {
+      t.peer->follow_step(s);
+      ADD_FAILURE() << "no LinkLost";
+    } catch (const LinkLost& e) {
+      EXPECT_STREQ(e.what(), "the link closed while awaiting the stages after to record the run's end");
+    }
+  }
+}
+
+// A neighbour's Restart is a lost link (LinkLost, not the end of the run): after reset() the
+// stage links again and trains the step it had dropped.
 TEST(StagePeer, AMiddleStageUnderTheAsyncScheduleKeepsAStepInFlightUntilDrainArrives) {
   AsyncMiddle t;
   t.step(0);
@@ -1077,6 +1137,7 @@ TEST(StagePeer, AMiddleStageUnderTheAsyncScheduleKeepsAStepInFlightUntilDrainArr
   t.gradients(0, 1);
   t.before->send(t.writer.drain(0, 0));
   t.before->send(t.writer.bye("done"));
+  t.after->send(t.writer.bye("recorded"));  // the stage after's end, recorded
   StepStats s;
   EXPECT_FALSE(t.peer->follow_step(s));
   const Frame drain = t.after->receive("Drain");

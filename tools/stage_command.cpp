@@ -629,6 +629,28 @@ int run_party(const CliArgs& cli) {
       store->save(step, encode_checkpoint(meta, net, optimizer.get()));
       if (shards) shards->save(step);
     });
+  // The stage's export, written before the run's end goes up (a later stage: on_end, before
+  // its Bye; the first: before its Bye down), so an end that was acknowledged has its export.
+  const std::string out = cli.str("export", self.export_file);
+  const auto write_export = [&] {
+    if (out.empty()) return;
+    const auto steps = static_cast<int64_t>(peer.own_steps());
+    std::unique_ptr<Network> gathered;  // a split stage's whole weights, from its members' slices
+    if (shards) {
+      static const std::unique_ptr<Backend> reference = make_backend("reference");
+      gathered = std::make_unique<Network>(stage_graphs[index], *reference, seed);
+      shards->gather(*gathered);
+    }
+    std::vector<SafeTensor> tensors = shard_to_torch(graph, gathered ? *gathered : net, steps);
+    if (index == 0)
+      for (SafeTensor& t : hugging_face_export_extras(graph)) tensors.push_back(std::move(t));
+    write_file_atomic(out, write_safetensors(tensors, {{"format", "pt"}, {"tandem_model", spec.name},
+                                                       {"tandem_cut", cut}, {"tandem_stage", cat(index)},
+                                                       {"tandem_step", cat(steps)},
+                                                       {"tandem_layout", "pytorch (OIHW, NCHW flatten order)"}}));
+    std::fprintf(stderr, "wrote %s: stage %zu's %zu tensors\n", out.c_str(), index, tensors.size());
+  };
+  if (index > 0) peer.on_end([&](uint64_t) { write_export(); });
 
   std::ofstream metrics;
   if (cli.has("metrics-json")) {
@@ -810,6 +832,7 @@ int run_party(const CliArgs& cli) {
         // last checkpoint, or a budget spent before an epoch).
         if (plan.average_every > 0 && peer.average())
           std::fprintf(stderr, "the first stages averaged at the run's end (average %u)\n", peer.averages());
+        write_export();
         peer.finish(budget_spent ? "the first party's privacy budget is spent" : "the first party's epochs are done");
       } else {
         // The loss stage that alone sees the loss (labels and loss at the first party) reports
@@ -917,24 +940,7 @@ int run_party(const CliArgs& cli) {
            fixed(stage.busy_s(), 3), ",\"idle_s\":", fixed(peer.idle_s(), 3), ",\"wall_s\":", fixed(wall, 3),
            ",\"idle_share\":", fixed(wall > 0 ? 1.0 - stage.busy_s() / wall : 0.0, 4), "}"));
   if (egress) std::fprintf(stderr, "egress log %s: last hash %s\n", egress->path().c_str(), egress->finish("completed").c_str());
-  const std::string out = cli.str("export", self.export_file);
-  std::unique_ptr<Network> gathered;  // a split stage's whole weights, from its members' slices
-  if (shards && !out.empty()) {
-    static const std::unique_ptr<Backend> reference = make_backend("reference");
-    gathered = std::make_unique<Network>(stage_graphs[index], *reference, seed);
-    shards->gather(*gathered);
-  }
   if (shards) shards->end(false);
-  if (!out.empty()) {
-    std::vector<SafeTensor> tensors = shard_to_torch(graph, gathered ? *gathered : net, steps);
-    if (index == 0)
-      for (SafeTensor& t : hugging_face_export_extras(graph)) tensors.push_back(std::move(t));
-    write_file_atomic(out, write_safetensors(tensors, {{"format", "pt"}, {"tandem_model", spec.name},
-                                                       {"tandem_cut", cut}, {"tandem_stage", cat(index)},
-                                                       {"tandem_step", cat(steps)},
-                                                       {"tandem_layout", "pytorch (OIHW, NCHW flatten order)"}}));
-    std::fprintf(stderr, "wrote %s: stage %zu's %zu tensors\n", out.c_str(), index, tensors.size());
-  }
   return 0;
 }
 

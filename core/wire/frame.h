@@ -16,8 +16,9 @@ inline constexpr uint32_t kProtocolVersion = 1;
 // The wire format's version, in every Message (Message.format) and in StageHello: 2 since
 // messages carry it and pipelines of stages speak StageHello, Activations and Gradients; 3
 // since stages evaluate between steps (Activations.evaluation, Evaluated); 4 since stages run
-// the asynchronous schedule and drain its step in flight (Drain).
-inline constexpr uint32_t kWireFormat = 4;
+// the asynchronous schedule and drain its step in flight (Drain); 5 since a run's end is
+// acknowledged (Bye answered with Bye up the chain once every later stage recorded its end).
+inline constexpr uint32_t kWireFormat = 5;
 inline constexpr std::size_t kDefaultMaxMessageBytes = 64u << 20;  // 64 MiB
 
 struct WireError {

@@ -4,13 +4,13 @@
 # a temporary copy of its seed corpus (tests/fuzz/corpus/<name>/), so nothing is written into
 # the repository. Fails if any harness crashes, leaks, times out or trips a sanitizer; the
 # crashing input and the log are kept in the work folder it names.
-# Usage: bash tests/fuzz/smoke.sh <build dir of the harnesses> [seconds per harness, default 60]
+# Usage: bash tests/fuzz/smoke.sh <build dir of the harnesses> [seconds per harness, default 45]
 # The file parsers (model_spec, checkpoint, safetensors, token, onnx) get a third of it; the
 # protocol harnesses, which grow with every wave, all of it.
 # (env TANDEM_FUZZ_JOBS: harnesses run at once, default 2).
 set -uo pipefail
 bin=${1:?usage: smoke.sh <build/fuzz/tests/fuzz> [seconds]}
-seconds=${2:-60}
+seconds=${2:-45}
 jobs=${TANDEM_FUZZ_JOBS:-2}
 src=$(cd "$(dirname "$0")" && pwd)
 harnesses=(cloud_session edge_session ushaped_cloud_session ushaped_edge_session sequence_cloud_session sequence_edge_session
