@@ -81,25 +81,29 @@ void StageHost::push(std::size_t executor, Event e) {
 }
 
 // A named party's session stays on one executor; a new one goes to the executor with the
-// fewest. A stranger is refused by the first.
+// fewest, while fewer than max_sessions are held (else the first refuses it Busy, and it
+// holds no slot). A stranger is refused by the first.
 void StageHost::connected(uint64_t connection, const std::string& identity) {
   std::size_t e = 0;
+  Event::Kind kind = Event::Kind::Connected;
   {
     std::lock_guard lock(mu_);
     if (std::find(options_.identities.begin(), options_.identities.end(), identity) != options_.identities.end()) {
       auto it = executor_of_.find(identity);
-      if (it == executor_of_.end()) {
+      if (it != executor_of_.end()) {
+        e = it->second;
+      } else if (executor_of_.size() >= options_.max_sessions) {
+        kind = Event::Kind::Busy;
+      } else {
         std::vector<std::size_t> load(executors_.size(), 0);
         for (const auto& [name, x] : executor_of_) ++load[x];
         e = static_cast<std::size_t>(std::min_element(load.begin(), load.end()) - load.begin());
         executor_of_[identity] = e;
-      } else {
-        e = it->second;
       }
     }
     route_[connection] = e;
   }
-  push(e, Event{Event::Kind::Connected, connection, identity, {}});
+  push(e, Event{kind, connection, identity, {}});
 }
 
 void StageHost::received(uint64_t connection, Frame frame) {
@@ -155,6 +159,12 @@ void StageHost::run(Executor& x) {
         case Event::Kind::Connected:
           on_connected(x, e.connection, e.text);
           break;
+        case Event::Kind::Busy:
+          send_(e.connection,
+                x.writer.error(wire::ErrorCode::Busy, cat("this stage serves ", options_.max_sessions,
+                                                          " sessions at once: try again later")),
+                true);
+          break;
         case Event::Kind::Message:
           on_message(x, e.connection, std::move(e.frame));
           break;
@@ -193,18 +203,7 @@ void StageHost::on_connected(Executor& x, uint64_t connection, const std::string
     return;
   }
   auto it = x.sessions.find(identity);
-  if (it == x.sessions.end()) {
-    bool full = false;
-    {
-      std::lock_guard lock(mu_);
-      const bool known = std::any_of(snapshot_.begin(), snapshot_.end(),
-                                     [&](const SessionState& st) { return st.identity == identity; });
-      full = !known && snapshot_.size() >= options_.max_sessions;
-    }
-    if (full) {
-      refuse(wire::ErrorCode::Busy, cat("this stage serves ", options_.max_sessions, " sessions at once: try again later"));
-      return;
-    }
+  if (it == x.sessions.end()) {  // its slot was taken in connected()
     auto s = std::make_unique<Session>();
     s->host = this;
     s->executor = &x;
@@ -212,6 +211,10 @@ void StageHost::on_connected(Executor& x, uint64_t connection, const std::string
     try {
       s->hosted = hooks_.make(identity, x.index);
     } catch (const std::exception& e) {
+      {
+        std::lock_guard lock(mu_);
+        executor_of_.erase(identity);  // no session: its slot is free again
+      }
       refuse(wire::ErrorCode::Internal, cat("this stage could not make the session's stage: ", e.what()));
       return;
     }

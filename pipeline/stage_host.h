@@ -105,7 +105,8 @@ class StageHost {
   struct Session;
   struct Executor;
   struct Event {
-    enum class Kind { Connected, Message, Closed, Stop } kind;
+    // Busy: a named party beyond max_sessions, refused by the executor (it holds no slot).
+    enum class Kind { Connected, Busy, Message, Closed, Stop } kind;
     uint64_t connection = 0;
     std::string text;  // Connected: identity; Closed: why
     Frame frame;
@@ -125,7 +126,9 @@ class StageHost {
   Send send_;
   std::vector<std::unique_ptr<Executor>> executors_;
   mutable std::mutex mu_;  // the routes, the snapshot and the executors' busy time
-  std::map<std::string, std::size_t> executor_of_;       // a named party's session: its executor
+  // A named party's session: its executor. A party holds its slot (of max_sessions) from its
+  // first connection on, taken here under mu_, so two executors cannot both take the last.
+  std::map<std::string, std::size_t> executor_of_;
   std::map<uint64_t, std::size_t> route_;                // a connection: its executor
   std::vector<SessionState> snapshot_;  // for sessions(), refreshed by the executors
 };

@@ -290,8 +290,9 @@ TEST(StageHost, ThreeFirstPartiesTrainTheirOwnModelsOnTwoExecutorsAsEachWouldAlo
 namespace tandem::test {
 namespace {
 
-// Beyond max_sessions a first party is refused Busy; a host is only for the last stage of
-// two-party plans; a party that links again while its run goes on replaces the stale link.
+// Beyond max_sessions a first party is refused Busy (a party whose session could not be made
+// holds no slot); a host is only for the last stage of two-party plans; a party that links
+// again while its run goes on replaces the stale link.
 TEST(StageHost, RefusesBeyondItsSessionsAndServesTheNewestLinkOfAParty) {
   Fixture f;
   EXPECT_EQ(error_of([&] { StageHost bad({f.schedule.get(), f.plan(0), {"a"}, 1, 1}, {}, {}); }),
@@ -301,8 +302,11 @@ TEST(StageHost, RefusesBeyondItsSessionsAndServesTheNewestLinkOfAParty) {
   std::map<uint64_t, std::vector<std::vector<uint8_t>>> sent;
   std::map<uint64_t, bool> closed;
   StageHostHooks hooks;
-  hooks.make = [&](const std::string&, std::size_t) { return std::make_unique<OwnStage>(f.parts[1], f.init); };
-  StageHost host({f.schedule.get(), f.plan(1), {"a", "b"}, 1, 1}, hooks,
+  hooks.make = [&](const std::string& id, std::size_t) {
+    if (id == "c") fail("test", "no memory for c's stage");
+    return std::make_unique<OwnStage>(f.parts[1], f.init);
+  };
+  StageHost host({f.schedule.get(), f.plan(1), {"a", "b", "c"}, 1, 1}, hooks,
                  [&](uint64_t c, std::span<const uint8_t> b, bool close) {
                    std::lock_guard lock(mu);
                    sent[c].emplace_back(b.begin(), b.end());
@@ -325,6 +329,9 @@ TEST(StageHost, RefusesBeyondItsSessionsAndServesTheNewestLinkOfAParty) {
     }
     return std::string("(nothing sent)");
   };
+  // A session that could not be made holds no slot: the next party takes it.
+  host.connected(4, "c");
+  EXPECT_EQ(error_sent(4), "this stage could not make the session's stage: [test] no memory for c's stage");
   host.connected(1, "a");
   host.connected(2, "b");
   EXPECT_EQ(error_sent(2), "this stage serves 1 sessions at once: try again later");
