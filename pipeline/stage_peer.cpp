@@ -1103,11 +1103,14 @@ Task<> StagePeer::end_acknowledged(const char* awaiting) {
 }
 
 Task<> StagePeer::end_run() {
+  // This stage's end first (what it throws ends this run here: the host tells the stage
+  // before), then the stages after's: every stage's end is recorded before the Bye that ends
+  // the stages after it, so a stage lost once its end is recorded loses nothing.
+  if (end_) end_(next_step_);
   if (down_ != nullptr) {
     down_->send(writer_.bye("the first stage ended the run"));
     co_await end_acknowledged("the stages after to record the run's end");
   }
-  if (end_) end_(next_step_);  // what it throws ends this run here: the host tells the stage before
   for (StageLink* up : shared() ? members_ : std::vector<StageLink*>{up_})
     up->send_last(writer_.bye(shared() ? "every first party has ended its run" : "every later stage has recorded the run's end"));
 }

@@ -174,10 +174,10 @@ class StagePeer {
   // After a LinkLost: the step in flight is dropped (its deferred weight halves and
   // gradients), ready for connect() on new links.
   void reset();
-  // A later stage, at the run's end, once the stages after have recorded theirs: `record`
-  // gets the step count reached and makes this stage's end durable (its export, an end
-  // record) before Bye goes up. What it throws, follow_step throws, and no Bye goes up: the
-  // host tells the stage before (an Error, or Restart to train the last steps again).
+  // A later stage, at the run's end (the stage before's Bye): `record` gets the step count
+  // reached and makes this stage's end durable (its export, an end record), before Bye goes
+  // on down and, once it comes back, up. What it throws, follow_step throws, and no Bye goes
+  // on: the host tells the stage before (an Error, or Restart to train the last steps again).
   void on_end(std::function<void(uint64_t steps)> record) { end_ = std::move(record); }
   // Called after the update of a step whose header asks for a checkpoint, with the step
   // count reached (next_step()): the host saves the stage's state there.
@@ -229,9 +229,9 @@ class StagePeer {
   StepStats evaluate(std::span<const Tensor> inputs, const int32_t* labels, uint64_t begin);
   Task<StepStats> evaluate_async(std::span<const Tensor> inputs, const int32_t* labels, uint64_t begin);
   // A later stage: the next step or evaluation batch, as the stage before announces it (a Drain
-  // on the way is passed on and run). False when the stage before ended the run: its Bye went
-  // down the chain, every later stage recorded its end (their Bye came back), this stage's
-  // on_end ran, and its Bye went up.
+  // on the way is passed on and run). False when the stage before ended the run: this stage's
+  // on_end ran, its Bye went down the chain, every later stage recorded its end (their Bye
+  // came back), and its Bye went up.
   bool follow_step(StepStats& stats);
   Task<bool> follow_step_async(StepStats& stats);
   // Whether what follow_step last ran was an evaluation batch.

@@ -1080,34 +1080,44 @@ struct AsyncMiddle {
   }
 };
 
-// A middle stage passes Bye down and records its end only once the stage after has recorded
-// its own (its Bye back); anything else in its place is refused.
-TEST(StagePeer, AMiddleStageAnswersByeOnlyAfterTheStageAfterHasRecordedItsEnd) {
+// A middle stage records its end, then passes Bye down and answers Bye up only once the stage
+// after has recorded its own (its Bye back); anything else in its place is refused.
+TEST(StagePeer, AMiddleStageRecordsItsEndThenAnswersByeOnceTheStageAfterHasRecordedItsOwn) {
   {
     AsyncMiddle t;
     bool recorded = false;
-    t.peer->on_end([&](uint64_t) {
+    t.peer->on_end([&](uint64_t steps) {
+      EXPECT_EQ(steps, 0u);
       recorded = true;
-      const Frame bye = t.after->receive("the Bye passed down");
-      EXPECT_EQ(wire::GetMessage(bye.data())->payload_type(), wire::Payload::Bye);
+      // The stage after's answer, sent only now: a stage that waited for it before recording
+      // its own end would wait in vain (LinkLost after 30 s).
+      t.after->send(t.writer.bye("recorded"));
     });
     t.before->send(t.writer.bye("done"));
-    t.after->send(t.writer.bye("recorded"));
     StepStats s;
     EXPECT_FALSE(t.peer->follow_step(s));
     EXPECT_TRUE(recorded);
+    const Frame down = t.after->receive("the Bye passed down");
+    EXPECT_EQ(wire::GetMessage(down.data())->payload_type(), wire::Payload::Bye);
     const Frame bye = t.before->receive("the Bye back");
     EXPECT_EQ(wire::GetMessage(bye.data())->payload_type(), wire::Payload::Bye);
   }
   {
     AsyncMiddle t;
-    bool recorded = false;
-    t.peer->on_end([&](uint64_t) { recorded = true; });
     t.before->send(t.writer.bye("done"));
     t.after->send(t.writer.stage_hello(t.plan.hash, 2, 3, 0));
     EXPECT_EQ(t.follow(), "[stage] stage 1 refused the next stage's message: expected Bye after this stage's Bye, got StageHello");
     EXPECT_EQ(t.down->refused.code, wire::ErrorCode::UnexpectedMessage);
-    EXPECT_FALSE(recorded);
+  }
+  {  // an end that cannot be recorded: nothing goes down, nor up
+    AsyncMiddle t;
+    t.peer->on_end([](uint64_t) { fail("test", "the disk is full"); });
+    t.before->send(t.writer.bye("done"));
+    EXPECT_EQ(t.follow(), "[test] the disk is full");
+    t.down->close();
+    t.up->close();
+    EXPECT_EQ(error_of([&] { (void)t.after->receive("a Bye"); }), "the link closed while awaiting a Bye");
+    EXPECT_EQ(error_of([&] { (void)t.before->receive("a Bye"); }), "the link closed while awaiting a Bye");
   }
   {  // the stage after is lost before it answers: a lost link, and the run starts again
     AsyncMiddle t;

@@ -629,8 +629,9 @@ int run_party(const CliArgs& cli) {
       store->save(step, encode_checkpoint(meta, net, optimizer.get()));
       if (shards) shards->save(step);
     });
-  // The stage's export, written before the run's end goes up (a later stage: on_end, before
-  // its Bye; the first: before its Bye down), so an end that was acknowledged has its export.
+  // The stage's export, written before Bye goes on down the chain (a later stage: on_end; the
+  // first: before finish), so a stage lost after it loses nothing, and one lost before it has
+  // the stage before train the last steps again (its Bye does not come back).
   const std::string out = cli.str("export", self.export_file);
   const auto write_export = [&] {
     if (out.empty()) return;
