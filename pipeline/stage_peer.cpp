@@ -278,17 +278,42 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
     }
   }
   uint64_t start = newest_by(proposal);
+  ended_ = last() && ended_step_.has_value();  // the last stage's end is the run's
   if (!last()) {
-    down_->open();
-    down_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start, kWireFormat, plan_.member,
-                                    first() ? epoch_steps_ : 0));
-    const Frame frame = co_await message(*down_, "StageHello");
-    const uint64_t answer = hello_from(*down_, "next", frame, false).resume_step();
-    if (answer > start || !have(answer))
-      refuse(*down_, "next", {wire::ErrorCode::NoCheckpoint,
-                              cat("the stage after answered step ", answer, " to start from; stage ", plan_.index,
-                                  " proposed ", start, " and has no checkpoint of it")});
-    start = answer;
+    Frame answer_frame;
+    bool reached = true;
+    try {
+      down_->open();
+    } catch (const LinkUnreachable&) {
+      if (!ended_step_) throw;
+      reached = false;  // the party after ended its run and went away
+    }
+    ended_ = !reached;
+    if (reached) {
+      down_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start, kWireFormat, plan_.member,
+                                      first() ? epoch_steps_ : 0));
+      answer_frame = co_await message(*down_, "StageHello");
+      ended_ = verified(*down_, "next", answer_frame)->payload_type() == wire::Payload::Bye;
+      if (ended_ && !ended_step_)
+        refuse(*down_, "next", {wire::ErrorCode::UnexpectedMessage,
+                                cat("the stages after have ended the run, but stage ", plan_.index,
+                                    " has no record of its end: start every party again from empty checkpoint-dirs")});
+    }
+    if (!ended_) {
+      const uint64_t answer = hello_from(*down_, "next", answer_frame, false).resume_step();
+      if (answer > start || !have(answer))
+        refuse(*down_, "next", {wire::ErrorCode::NoCheckpoint,
+                                cat("the stage after answered step ", answer, " to start from; stage ", plan_.index,
+                                    " proposed ", start, " and has no checkpoint of it")});
+      start = answer;
+    }
+  }
+  if (ended_) {
+    for (StageLink* up : members_)
+      up->send_last(writer_.bye(cat("the run ended at step ", *ended_step_, " at stage ", plan_.index,
+                                    " and every stage after it")));
+    next_step_ = *ended_step_;
+    co_return *ended_step_;
   }
   for (StageLink* up : members_) up->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start));
   // A member trains its own turns: the first of the round `start` begins.

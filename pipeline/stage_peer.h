@@ -13,6 +13,7 @@
 #include <array>
 #include "pipeline/coroutine.h"
 #include <functional>
+#include <optional>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -39,13 +40,21 @@ class LinkLost : public Error {
   using Error::Error;
 };
 
+// The stage after could not be reached at all (StageLink::open gave up): after a run whose
+// end this stage recorded, that party has ended too (StagePeer::set_ended).
+class LinkUnreachable : public Error {
+ public:
+  using Error::Error;
+};
+
 // A link to a neighbouring stage, as a transport gives it (a TLS WebSocket in tandem stage,
 // memory in tests).
 class StageLink {
  public:
   virtual ~StageLink() = default;
   // Makes the connection, when this end makes it (the downstream link), before the first
-  // send: a stage links down only once the stage before has linked to it.
+  // send: a stage links down only once the stage before has linked to it. Throws
+  // LinkUnreachable when the party there cannot be reached.
   virtual void open() {}
   virtual void send(std::span<const uint8_t> bytes) = 0;
   // The link's last message (Bye): sent, then the link closes once it is out.
@@ -161,6 +170,16 @@ class StagePeer {
   // restores before training on; next_step() is it.
   uint64_t connect(std::span<const uint64_t> checkpoints);
   Task<uint64_t> connect_async(std::span<const uint64_t> checkpoints);
+  // This stage recorded the run's end at `step` in an earlier process (its host's end record,
+  // written in on_end, or before finish at the first stage). connect() then finds out whether
+  // every stage after it has ended too: the last stage has, a stage whose next answers its
+  // StageHello with Bye has, and so has one whose next cannot be reached (LinkUnreachable: it
+  // ended and went away). If so ended() is true, connect() returns `step`, and the stages
+  // before are answered Bye: nothing is trained. Else the run goes on from the newest
+  // checkpoint as after any restart (the steps since are trained again, to the same weights).
+  // A stage without the record is refused a Bye in answer to its StageHello.
+  void set_ended(uint64_t step) { ended_step_ = step; }
+  bool ended() const { return ended_; }
   // A first stage: how many steps its epoch has, said in its StageHello; a stage shared by
   // several first stages refuses a member whose count differs from the others' (they take
   // turns, a step each).
@@ -335,6 +354,8 @@ class StagePeer {
   double idle_s_ = 0;
   std::function<void(uint64_t)> save_;
   std::function<void(uint64_t)> end_;
+  std::optional<uint64_t> ended_step_;  // set_ended
+  bool ended_ = false;                  // connect found the run ended here and after
   std::function<std::span<const int32_t>(uint64_t)> labels_;
   std::function<std::span<const int32_t>(uint64_t, uint32_t)> evaluation_labels_;
   bool evaluated_ = false;

@@ -350,5 +350,66 @@ TEST(StageHost, RefusesBeyondItsSessionsAndServesTheNewestLinkOfAParty) {
   EXPECT_FALSE(closed[3]);
 }
 
+
+// A run's end that the host cannot record (its `ended` hook throws: a full disk) is not
+// answered with Bye: the first party is told to link again, trains from its newest checkpoint
+// (here step 0) and ends again, and the second end, recorded, is answered.
+TEST(StageHost, AnEndThatCannotBeRecordedHasTheFirstPartyTrainItsLastStepsAgain) {
+  Fixture f;
+  const int steps = 2;
+  std::mutex mu;
+  std::vector<std::string> ends;  // each end the host saw: "" when recorded, else why not
+  int refusals = 1;
+  StageHostHooks hooks;
+  hooks.make = [&](const std::string&, std::size_t) { return std::make_unique<OwnStage>(f.parts[1], f.init); };
+  hooks.restore = [&](const std::string&, uint64_t step, HostedStage&) { EXPECT_EQ(step, 0u); };
+  hooks.ended = [&](const std::string&, const std::string& error, HostedStage&, uint64_t) {
+    std::lock_guard lock(mu);
+    if (error.empty() && refusals > 0) {
+      --refusals;
+      fail("test", "no room left to write the export");
+    }
+    ends.push_back(error);
+  };
+  StageHost* host_ptr = nullptr;
+  std::map<uint64_t, ClientLink*> clients;
+  std::mutex clients_mu;
+  StageHost host({f.schedule.get(), f.plan(1), {"a"}, 8, 1}, hooks,
+                 [&](uint64_t connection, std::span<const uint8_t> bytes, bool close) {
+                   std::lock_guard lock(clients_mu);
+                   clients.at(connection)->from_host(bytes, close);
+                 });
+  host_ptr = &host;
+  std::vector<std::unique_ptr<ClientLink>> links;
+  const auto connect = [&] {
+    std::lock_guard lock(clients_mu);
+    links.push_back(std::make_unique<ClientLink>(host_ptr, links.size() + 1));
+    clients[links.size()] = links.back().get();
+    host.connected(links.size(), "a");
+    return links.back().get();
+  };
+  const Fixture::Data d = f.data(1, steps);
+  OwnStage front(f.parts[0], f.init);
+  ClientLink* first = connect();
+  EXPECT_EQ(error_of([&] { first_party(f, *first, front, d, steps); }),
+            "[stage] the next stage starts again from the newest checkpoint: link again to go on from the newest "
+            "checkpoint: [test] no room left to write the export");
+  OwnStage again(f.parts[0], f.init);  // a party without checkpoints starts again from step 0
+  ClientLink* second = connect();
+  first_party(f, *second, again, d, steps);
+  {
+    std::lock_guard lock(mu);  // recorded before the Bye came back
+    ASSERT_EQ(ends.size(), 2u);
+    EXPECT_EQ(ends[0], "[test] no room left to write the export");
+    EXPECT_EQ(ends[1], "");
+  }
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(10);
+  while (!host.sessions().at(0).finished) {  // the host settles the session after its Bye is out
+    ASSERT_LT(std::chrono::steady_clock::now(), deadline);
+    std::this_thread::sleep_for(std::chrono::milliseconds(5));
+  }
+  EXPECT_EQ(host.sessions().at(0).runs, 2u);
+}
+
 }  // namespace
 }  // namespace tandem::test

@@ -1135,6 +1135,100 @@ TEST(StagePeer, AMiddleStageRecordsItsEndThenAnswersByeOnceTheStageAfterHasRecor
 
 // A neighbour's Restart is a lost link (LinkLost, not the end of the run): after reset() the
 // stage links again and trains the step it had dropped.
+// A middle stage of three, not yet linked: the scripted parties before and after it.
+struct UnlinkedMiddle {
+  ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  Graph graph = Graph::build(spec);
+  std::vector<Graph> parts = graph.partition({"pool1", "pool2"});
+  std::unique_ptr<Backend> backend = make_test_backend("reference");
+  Network init{graph, *backend, 3};
+  PeerStage stage = make_stage(parts[1], init);
+  GPipeSchedule schedule;
+  StagePlan plan = make_stage_plan(spec.binary, graph, "pool1,pool2", parts, 1, schedule, 8, 2);
+  std::unique_ptr<MemoryLink> before, up, down, after;
+  std::unique_ptr<StagePeer> peer;
+  MessageWriter writer;
+  explicit UnlinkedMiddle(StageLink* downstream = nullptr) {
+    std::tie(before, up) = MemoryLink::pair();
+    std::tie(down, after) = MemoryLink::pair();
+    peer = std::make_unique<StagePeer>(*stage.stage, schedule, plan, up.get(), downstream ? downstream : down.get());
+    before->send(writer.stage_hello(plan.hash, 0, 3, 4));
+  }
+  wire::Payload answer_up(std::string* reason = nullptr) {
+    const Frame f = before->receive("the answer");
+    const wire::Message* m = wire::GetMessage(f.data());
+    if (reason && m->payload_as_Bye()) *reason = m->payload_as_Bye()->reason()->str();
+    return m->payload_type();
+  }
+};
+
+// A link whose party cannot be reached: it ended its run and went away.
+struct GoneLink final : StageLink {
+  void open() override { throw LinkUnreachable("[stage] cannot reach the party after"); }
+  void send(std::span<const uint8_t>) override {}
+  Frame receive(const char* awaiting) override { throw LinkLost(cat("nothing to await ", awaiting)); }
+  void refuse(const WireError&) override {}
+};
+
+// A stage that recorded the run's end in an earlier process (set_ended) and links again: the
+// last stage has ended; a middle one has where the stage after answers its StageHello with Bye
+// or cannot be reached; then the stage before is answered Bye and nothing trains. Where the
+// stage after answers a StageHello the run goes on from the newest checkpoint; and a stage
+// without the record is refused a Bye.
+TEST(StagePeer, AStageThatRecordedTheRunsEndLinksAgainAndFindsOutWhetherTheStagesAfterEndedToo) {
+  {
+    LastStage t;
+    t.peer->set_ended(5);
+    t.send(t.writer.stage_hello(t.plan.hash, 0, 2, 4));
+    EXPECT_EQ(t.peer->connect({}), 5u);
+    EXPECT_TRUE(t.peer->ended());
+    const Frame f = t.before->receive("the answer");
+    const wire::Message* m = wire::GetMessage(f.data());
+    ASSERT_EQ(m->payload_type(), wire::Payload::Bye);
+    EXPECT_EQ(m->payload_as_Bye()->reason()->str(), "the run ended at step 5 at stage 1 and every stage after it");
+  }
+  {
+    UnlinkedMiddle t;
+    t.peer->set_ended(6);
+    t.after->send(t.writer.bye("the run ended at step 6 at stage 2 and every stage after it"));
+    EXPECT_EQ(t.peer->connect({}), 6u);
+    EXPECT_TRUE(t.peer->ended());
+    EXPECT_EQ(t.peer->next_step(), 6u);
+    std::string reason;
+    EXPECT_EQ(t.answer_up(&reason), wire::Payload::Bye);
+    EXPECT_EQ(reason, "the run ended at step 6 at stage 1 and every stage after it");
+  }
+  {
+    GoneLink gone;
+    UnlinkedMiddle t(&gone);
+    t.peer->set_ended(6);
+    EXPECT_EQ(t.peer->connect({}), 6u);
+    EXPECT_TRUE(t.peer->ended());
+    EXPECT_EQ(t.answer_up(), wire::Payload::Bye);
+  }
+  {  // the stage after lost its state before recording its end: the run goes on
+    UnlinkedMiddle t;
+    t.peer->set_ended(6);
+    t.after->send(t.writer.stage_hello(t.plan.hash, 2, 3, 0));
+    EXPECT_EQ(t.peer->connect({}), 0u);
+    EXPECT_FALSE(t.peer->ended());
+    EXPECT_EQ(t.answer_up(), wire::Payload::StageHello);
+  }
+  {  // no record here
+    GoneLink gone;
+    UnlinkedMiddle t(&gone);
+    EXPECT_EQ(error_of([&] { t.peer->connect({}); }), "[stage] cannot reach the party after");
+  }
+  {
+    UnlinkedMiddle t;
+    t.after->send(t.writer.bye("ended"));
+    EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
+              "[stage] stage 1 refused the next stage's message: the stages after have ended the run, but stage 1 has "
+              "no record of its end: start every party again from empty checkpoint-dirs");
+    EXPECT_EQ(t.down->refused.code, wire::ErrorCode::UnexpectedMessage);
+  }
+}
+
 TEST(StagePeer, AMiddleStageUnderTheAsyncScheduleKeepsAStepInFlightUntilDrainArrives) {
   AsyncMiddle t;
   t.step(0);

@@ -158,8 +158,8 @@ class UpstreamLinks {
       }
     }
     if (connection_[m] == 0)
-      fail("stage", cat("nobody connected as '", name, "' (the party before) within ", silence_,
-                        " s: is its tandem stage running, and does it reach this party's address?"));
+      throw LinkUnreachable(cat("[stage] nobody connected as '", name, "' (the party before) within ", silence_,
+                                " s: is its tandem stage running, and does it reach this party's address?"));
     throw LinkLost(cat("[stage] no ", awaiting, " from the party before (", name, ") within ", silence_, " s"));
   }
   void refuse(std::size_t m, const WireError& error) { send_last(m, writer_.error(error.code, error.text)); }
@@ -239,8 +239,9 @@ class DownstreamLink final : public StageLink {
       if (Clock::now() >= deadline) break;
       std::this_thread::sleep_for(std::chrono::seconds(1));
     }
-    fail("stage", cat("cannot reach the party after, '", next_, "', at wss://", next.host, ":", next.port, " within ",
-                      wait_s_, " s (", why, "): start its tandem stage, or check the address and its certificate"));
+    throw LinkUnreachable(cat("[stage] cannot reach the party after, '", next_, "', at wss://", next.host, ":",
+                              next.port, " within ", wait_s_, " s (", why,
+                              "): start its tandem stage, or check the address and its certificate"));
   }
 
   void send(std::span<const uint8_t> bytes) override { out(bytes, false); }
@@ -651,7 +652,36 @@ int run_party(const CliArgs& cli) {
                                                        {"tandem_layout", "pytorch (OIHW, NCHW flatten order)"}}));
     std::fprintf(stderr, "wrote %s: stage %zu's %zu tensors\n", out.c_str(), index, tensors.size());
   };
-  if (index > 0) peer.on_end([&](uint64_t) { write_export(); });
+  // The end record (checkpoint-dir/stageN.ended: the step and the plan's hash), after the
+  // export: a process started again after it finds out from the stages after whether the run
+  // ended there too (StagePeer::set_ended), rather than train again or wait for parties gone.
+  const std::string plan_hex = to_hex(plan.hash.data(), plan.hash.size());
+  const std::string end_record = store ? cat(self.checkpoint_dir, "/stage", index, ".ended") : std::string();
+  const auto record_end = [&] {
+    write_export();
+    if (!end_record.empty()) {
+      const std::string text = cat(peer.next_step(), " ", plan_hex, "\n");
+      write_file_atomic(end_record, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+    }
+    // This process too: a link lost while the parties after end, relinked, may find them ended.
+    peer.set_ended(peer.next_step());
+  };
+  if (index > 0) peer.on_end([&](uint64_t) { record_end(); });
+  bool ended_before = false;
+  if (!end_record.empty()) {
+    std::ifstream in(end_record);
+    uint64_t step = 0;
+    std::string hash;
+    if (in >> step >> hash) {
+      if (hash != plan_hex)
+        fail("stage", cat(end_record, " records the end of another plan's run: move it away, or start this "
+                                      "deployment in an empty checkpoint-dir"));
+      peer.set_ended(step);
+      ended_before = true;
+      std::fprintf(stderr, "this party ended its run at step %llu before this process (%s)\n",
+                   static_cast<unsigned long long>(step), end_record.c_str());
+    }
+  }
 
   std::ofstream metrics;
   if (cli.has("metrics-json")) {
@@ -713,7 +743,20 @@ int run_party(const CliArgs& cli) {
       try {
       std::vector<uint64_t> have = store ? store->steps() : std::vector<uint64_t>{};
       if (shards) have = shards->common_steps(have);  // a member started afresh holds none
-      const uint64_t start = peer.connect(have);
+      uint64_t start = 0;
+      try {
+        start = peer.connect(have);
+      } catch (const LinkUnreachable& e) {  // the party before never linked (the party after's: peer.ended())
+        if (!ended_before) throw;
+        std::fprintf(stderr, "%s; this party recorded the run's end before: the run is over\n", e.what());
+        break;
+      }
+      if (peer.ended()) {  // every stage from here on ended the run in an earlier process
+        std::fprintf(stderr, "the run ended at step %llu at this party and every one after it: nothing is left to "
+                             "train (to train again, start from an empty checkpoint-dir)\n",
+                     static_cast<unsigned long long>(start));
+        break;
+      }
       const uint64_t own_start = start / taking_turns;  // this party's steps before `start` (a member's: its turns)
       if (ledger && ledger->releases() < own_start) {  // checkpoints older than the ledger: at least their steps
         ledger->at_least(own_start);
@@ -833,7 +876,7 @@ int run_party(const CliArgs& cli) {
         // last checkpoint, or a budget spent before an epoch).
         if (plan.average_every > 0 && peer.average())
           std::fprintf(stderr, "the first stages averaged at the run's end (average %u)\n", peer.averages());
-        write_export();
+        record_end();
         peer.finish(budget_spent ? "the first party's privacy budget is spent" : "the first party's epochs are done");
       } else {
         // The loss stage that alone sees the loss (labels and loss at the first party) reports

@@ -8,7 +8,8 @@
 # by name; a party that runs another plan is refused (ModelMismatch). Under the async
 # schedule the parties end on the weights of `tandem train`'s four stages under it. A kill -9 of the first, a middle or the last party, restarted with the same
 # command, ends on the uninterrupted run's weights byte for byte; a survivor's Prometheus
-# metrics count the restart, its steps, its links' bytes and its bubble. With the privacy
+# metrics count the restart, its steps, its links' bytes and its bubble; started again after
+# the run's end, every party finds it ended from its end record and exits 0. With the privacy
 # filters on (noise and NoPeek on the first party's activations, noise on the loss stage's
 # gradient), epsilon is accounted and its budget stops the run (a new process of the first
 # party goes on from its durable count), and no loss leaves.
@@ -52,9 +53,11 @@ deployment() {
   } > "$work/$1.toml"
 }
 
-# run_pipeline NAME: every party's tandem stage, the later ones first; all must exit 0.
+# run_pipeline NAME: every party's tandem stage, the later ones first; all must exit 0. The
+# first party's run ends once every stage has recorded its end (the Bye back up the chain),
+# so every export is written when it exits.
 run_pipeline() {
-  local name=$1 i pids=() rc
+  local name=$1 i s pids=() rc
   for i in 3 2 1 0; do
     "$tandem" stage --deployment "$work/$name.toml" --party "${parties[$i]}" --wait-s 60 --silence-s 60 \
       > "$work/$name-$i.out" 2>&1 &
@@ -64,6 +67,11 @@ run_pipeline() {
     rc=0
     wait "${pids[$i]}" || rc=$?
     ((rc == 0)) || { cat "$work/$name-$i.out"; fail "$name: party ${parties[$i]} exited with $rc"; }
+    if ((i == 0)); then
+      for s in 1 2 3; do
+        [[ -s $work/$name-$s.safetensors ]] || fail "$name: the first party ended before stage $s wrote its export"
+      done
+    fi
   done
   "$tandem" export --model "$model" --stages "$work/$name-0.safetensors,$work/$name-1.safetensors,$work/$name-2.safetensors,$work/$name-3.safetensors" \
     --out "$work/$name.safetensors" > "$work/$name-export.out" || { cat "$work/$name-export.out"; fail "$name: export --stages"; }
@@ -154,10 +162,18 @@ awk -v e="${BASH_REMATCH[1]}" -v b="$budget" 'BEGIN { exit !(e > b - 0.1 && e <=
 released=$(sed -n "s/^stopped before step \([1-9][0-9]*\): it would pass the privacy budget (epsilon $budget at delta 1e-05)$/\1/p" \
   "$work/private-logs/scanner.log")
 [[ -n $released ]] || fail "private: the budget did not stop the run: $(cat "$work/private-logs/scanner.log")"
-# The count of releases is durable: the ledger says it, and the same deployment started
-# again (a new process; no checkpoint, so from step 0) goes on from it and releases nothing.
+# The count of releases is durable: the ledger says it. The same deployment started again
+# finds the run ended (each party's end record) and trains nothing; with the end records
+# removed (to train again in the same folders), it starts from step 0 (no checkpoint), goes
+# on from the ledger and releases nothing.
 grep -qx "releases $released" "$work/private-ckpt-0/dp-releases" ||
   fail "private: the ledger after $released releases: $(cat "$work/private-ckpt-0/dp-releases")"
+"$tandem" stage --deployment "$work/private.toml" --all --log-dir "$work/private-ended-logs" --wait-s 60 \
+  > "$work/private-ended.out" 2>&1 || { cat "$work/private-ended.out" "$work"/private-ended-logs/*; fail "private ended: stage --all"; }
+grep -q "the run ended at step [0-9]* at this party and every one after it: nothing is left to train" \
+  "$work/private-ended-logs/scanner.log" || fail "private ended: $(cat "$work/private-ended-logs/scanner.log")"
+grep -qx "releases $released" "$work/private-ckpt-0/dp-releases" || fail "private ended: released more"
+rm "$work"/private-ckpt-*/stage*.ended
 "$tandem" stage --deployment "$work/private.toml" --all --log-dir "$work/private-again-logs" --wait-s 60 \
   > "$work/private-again.out" 2>&1 || { cat "$work/private-again.out" "$work"/private-again-logs/*; fail "private again: stage --all"; }
 grep -q "private-ckpt-0/dp-releases: $released noised releases of the training set before this process" \
@@ -305,4 +321,32 @@ for run in $heal_runs; do
   done
 done
 
-echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble, and with the labels kept at the first party; f16 halves the bytes; an impostor, another plan and filters under async refused; four parties under async equal one process's four stages under it; a kill -9 of the first, a middle or the last party (and a middle one under async), restarted, leaves the weights byte-identical; the test set evaluated across the parties as in one process; the privacy filters on the links, epsilon and its budget (durable across a new process), no loss leaving the loss stage"
+# Started again after the run's end (each checkpoint-dir holds its party's end record, written
+# with its export before the Bye went on): every party finds the run ended at every party
+# after it and exits 0 without training; the exports stay as they were. A party started
+# alone, the others gone, is told by its wait that they ended too: the first finds nobody
+# after it, cloud-a nobody before it.
+ended=$name
+"$tandem" export --model "$model" --stages "$work/$ended-0.safetensors,$work/$ended-1.safetensors,$work/$ended-2.safetensors,$work/$ended-3.safetensors" \
+  --out "$work/$ended-before-again.safetensors" > /dev/null || fail "$ended: export --stages"
+for i in 3 2 1 0; do start "$ended-again" "$i" "$ended" 20; done
+for i in 0 1 2 3; do expect_exit "$ended-again" "$i" 0 "ended its run at step $heal_steps before this process"; done
+for i in 0 1 2 3; do
+  grep -q "the run ended at step $heal_steps at this party and every one after it: nothing is left to train" "$work/$ended-again-$i.out" ||
+    fail "$ended-again: party ${parties[$i]} did not find the run ended: $(cat "$work/$ended-again-$i.out")"
+  grep -q "\"steps\":$heal_steps," "$work/$ended-again-$i.out" || fail "$ended-again: party ${parties[$i]}'s summary"
+done
+"$tandem" export --model "$model" --stages "$work/$ended-0.safetensors,$work/$ended-1.safetensors,$work/$ended-2.safetensors,$work/$ended-3.safetensors" \
+  --out "$work/$ended-after-again.safetensors" > /dev/null || fail "$ended-again: export --stages"
+cmp "$work/$ended-before-again.safetensors" "$work/$ended-after-again.safetensors" || fail "$ended-again: the exports changed"
+for i in 0 2; do
+  rc=0
+  "$tandem" stage --deployment "$work/$ended.toml" --party "${parties[$i]}" --wait-s 2 --silence-s 5 > "$work/$ended-alone-$i.out" 2>&1 || rc=$?
+  ((rc == 0)) || fail "$ended: ${parties[$i]} started alone after the run's end exited $rc: $(cat "$work/$ended-alone-$i.out")"
+done
+grep -q "the run ended at step $heal_steps at this party and every one after it" "$work/$ended-alone-0.out" ||
+  fail "$ended: the first party alone: $(cat "$work/$ended-alone-0.out")"
+grep -q "nobody connected as 'gpu-box' (the party before) within 5 s.*this party recorded the run's end before: the run is over" "$work/$ended-alone-2.out" ||
+  fail "$ended: cloud-a alone: $(cat "$work/$ended-alone-2.out")"
+
+echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble, and with the labels kept at the first party; f16 halves the bytes; an impostor, another plan and filters under async refused; four parties under async equal one process's four stages under it; a kill -9 of the first, a middle or the last party (and a middle one under async), restarted, leaves the weights byte-identical; started again after the run's end, every party finds it ended; the test set evaluated across the parties as in one process; the privacy filters on the links, epsilon and its budget (durable across a new process), no loss leaving the loss stage"

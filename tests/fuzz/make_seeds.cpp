@@ -238,16 +238,21 @@ void token_seeds() {
       }
     };
   };
+  // kStageEnded: every stage recorded the run's end at step 2 before; linked again, the last
+  // answers Bye, and so does the middle (set_ended in the harness too).
+  const bool ended = (flags & kStageEnded) != 0;
+  if (ended)
+    for (StagePeer* p : {&p0, &p1, &p2}) p->set_ended(2);
   std::thread t2(guarded([&] {
     p2.connect({});
     StepStats s;
-    while (p2.follow_step(s)) {
+    while (!ended && p2.follow_step(s)) {
     }
   }));
   std::thread t1(guarded([&] {
     p1.connect({});
     StepStats s;
-    while (p1.follow_step(s)) {
+    while (!ended && p1.follow_step(s)) {
     }
   }));
   const std::vector<Tensor> x{ids, mask};
@@ -261,6 +266,7 @@ void token_seeds() {
     }));
   guarded([&] {
     p0.connect({});
+    if (ended) return;
     for (uint64_t step = 0; step < 2; step += shared ? 2 : 1)
       p0.train_step({step, kStageBatch, kStageMicrobatches, 1.0f, false}, x, labels.data());
     p0.drain();  // the async schedule's step in flight (nothing under gpipe)
@@ -299,6 +305,7 @@ int main(int argc, char** argv) {
     stage_seeds(3 | kLabelsAtFirst, "i8-labels-at-first");
     stage_seeds(kStageAsync, "async");
     stage_seeds(kStageShared, "shared");
+    stage_seeds(kStageEnded, "ended");
     spec_seeds(argv[1]);
     checkpoint_and_safetensors_seeds();
     token_seeds();

@@ -23,6 +23,7 @@ enum StageFlags : uint8_t {
   kStageHasCheckpoints = 1 << 3,  // the middle stage has checkpoints of steps 1 and 2
   kStageAsync = 1 << 4,           // the async schedule: a step in flight, Drain
   kStageShared = 1 << 5,          // two first parties share the middle stage, averaged every round (not async)
+  kStageEnded = 1 << 6,           // the middle stage recorded the run's end at step 2 (StagePeer::set_ended)
 };
 
 inline wire::DType stage_dtype(uint8_t flags) {
