@@ -70,6 +70,10 @@ StageHost::~StageHost() {
   for (auto& x : executors_) x->thread.join();
 }
 
+std::string StageHost::busy_why() const {
+  return cat("this stage serves ", options_.max_sessions, " sessions at once: try again later");
+}
+
 void StageHost::push(std::size_t executor, Event e) {
   Executor& x = *executors_[executor];
   {
@@ -161,8 +165,7 @@ void StageHost::run(Executor& x) {
           break;
         case Event::Kind::Busy:
           send_(e.connection,
-                x.writer.error(wire::ErrorCode::Busy, cat("this stage serves ", options_.max_sessions,
-                                                          " sessions at once: try again later")),
+                x.writer.error(wire::ErrorCode::Busy, busy_why()),
                 true);
           break;
         case Event::Kind::Message:
@@ -218,6 +221,16 @@ void StageHost::on_connected(Executor& x, uint64_t connection, const std::string
       refuse(wire::ErrorCode::Internal, cat("this stage could not make the session's stage: ", e.what()));
       return;
     }
+    {  // its slot, given back by a session of this party that could not be made meanwhile
+      std::lock_guard lock(mu_);
+      if (!executor_of_.count(identity)) {
+        if (executor_of_.size() >= options_.max_sessions) {
+          refuse(wire::ErrorCode::Busy, busy_why());
+          return;
+        }
+        executor_of_[identity] = x.index;
+      }
+    }
     Session* raw = s.get();
     EventLink::Host link_host;
     link_host.send = [this, raw](std::span<const uint8_t> b) {
@@ -236,7 +249,9 @@ void StageHost::on_connected(Executor& x, uint64_t connection, const std::string
       s->peer->on_checkpoint([this, raw](uint64_t step) { hooks_.save(raw->identity, step, *raw->hosted); });
     // The run's end is recorded before the first party hears Bye: an end it was told of survives a crash.
     if (hooks_.ended)
-      s->peer->on_end([this, raw](uint64_t steps) { hooks_.ended(raw->identity, "", *raw->hosted, steps); });
+      s->peer->on_end([this, raw](uint64_t steps, bool acknowledged) {
+        if (!acknowledged) hooks_.ended(raw->identity, "", *raw->hosted, steps);  // a last stage: no more to hear
+      });
     s->peer->defer_later_work([&x] { return x.waiting.load() > 0; },
                               [&x, raw](co::coroutine_handle<> task) { x.later.emplace_back(raw, task); });
     {
@@ -295,6 +310,7 @@ Task<> StageHost::serve(Session& s) {
   const std::vector<uint64_t> have =
       host.hooks_.checkpoints ? host.hooks_.checkpoints(s.identity, *s.hosted) : std::vector<uint64_t>{};
   const uint64_t start = co_await s.peer->connect_async(have);
+  if (s.peer->ended()) co_return;  // its run ended here before: answered Bye, nothing to train
   if (host.hooks_.restore) host.hooks_.restore(s.identity, start, *s.hosted);
   StepStats stats;
   for (;;) {
@@ -305,6 +321,13 @@ Task<> StageHost::serve(Session& s) {
 
 void StageHost::start(Session& s) {
   ++s.runs;
+  {
+    std::lock_guard lock(mu_);
+    const SessionState& st = snapshot_[s.index];
+    // A party whose run ended here (this process or one before, mark_finished) links again:
+    // it hears Bye at its StageHello, and finds out that its run is over.
+    if (st.finished) s.peer->set_ended(st.steps, true);
+  }
   s.finished = false;
   s.peer->reset();  // a step in flight when the last run ended is dropped
   s.task = serve(s);

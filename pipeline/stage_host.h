@@ -112,6 +112,7 @@ class StageHost {
     Frame frame;
   };
   void push(std::size_t executor, Event e);
+  std::string busy_why() const;  // the Busy refusal's text
   void run(Executor& x);
   void on_connected(Executor& x, uint64_t connection, const std::string& identity);
   void on_message(Executor& x, uint64_t connection, Frame frame);

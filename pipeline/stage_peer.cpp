@@ -285,7 +285,7 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
     try {
       down_->open();
     } catch (const LinkUnreachable&) {
-      if (!ended_step_) throw;
+      if (!ended_step_ || !end_acknowledged_) throw;  // it may be down before recording its end
       reached = false;  // the party after ended its run and went away
     }
     ended_ = !reached;
@@ -308,6 +308,7 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
       start = answer;
     }
   }
+  if (!ended_) ended_step_.reset();  // the run goes on: a record of its end is superseded
   if (ended_) {
     for (StageLink* up : members_)
       up->send_last(writer_.bye(cat("the run ended at step ", *ended_step_, " at stage ", plan_.index,
@@ -1131,11 +1132,12 @@ Task<> StagePeer::end_run() {
   // This stage's end first (what it throws ends this run here: the host tells the stage
   // before), then the stages after's: every stage's end is recorded before the Bye that ends
   // the stages after it, so a stage lost once its end is recorded loses nothing.
-  if (end_) end_(next_step_);
+  if (end_) end_(next_step_, false);
   if (down_ != nullptr) {
     down_->send(writer_.bye("the first stage ended the run"));
     co_await end_acknowledged("the stages after to record the run's end");
   }
+  if (end_) end_(next_step_, true);
   for (StageLink* up : shared() ? members_ : std::vector<StageLink*>{up_})
     up->send_last(writer_.bye(shared() ? "every first party has ended its run" : "every later stage has recorded the run's end"));
 }

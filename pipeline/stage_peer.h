@@ -170,15 +170,21 @@ class StagePeer {
   // restores before training on; next_step() is it.
   uint64_t connect(std::span<const uint64_t> checkpoints);
   Task<uint64_t> connect_async(std::span<const uint64_t> checkpoints);
-  // This stage recorded the run's end at `step` in an earlier process (its host's end record,
-  // written in on_end, or before finish at the first stage). connect() then finds out whether
-  // every stage after it has ended too: the last stage has, a stage whose next answers its
-  // StageHello with Bye has, and so has one whose next cannot be reached (LinkUnreachable: it
-  // ended and went away). If so ended() is true, connect() returns `step`, and the stages
-  // before are answered Bye: nothing is trained. Else the run goes on from the newest
-  // checkpoint as after any restart (the steps since are trained again, to the same weights).
-  // A stage without the record is refused a Bye in answer to its StageHello.
-  void set_ended(uint64_t step) { ended_step_ = step; }
+  // This stage recorded the run's end at `step` (its host's end record, written in on_end or,
+  // at the first stage, around finish; in an earlier process or this one), `acknowledged`
+  // once the Bye came back from the stages after (they recorded theirs). connect() then finds
+  // out whether every stage after it has ended too: the last stage has; a stage whose next
+  // answers its StageHello with Bye has; and, after an acknowledged end only, one whose next
+  // cannot be reached (LinkUnreachable: it ended and went away). If so ended() is true,
+  // connect() returns `step`, the stages before are answered Bye, and nothing is trained.
+  // Else the record is dropped and the run goes on from the newest checkpoint as after any
+  // restart (the steps since are trained again, to the same weights). A stage without a
+  // record is refused a Bye in answer to its StageHello.
+  void set_ended(uint64_t step, bool acknowledged) {
+    ended_step_ = step;
+    end_acknowledged_ = acknowledged;
+    next_step_ = step;  // until connect() says otherwise
+  }
   bool ended() const { return ended_; }
   // A first stage: how many steps its epoch has, said in its StageHello; a stage shared by
   // several first stages refuses a member whose count differs from the others' (they take
@@ -193,11 +199,13 @@ class StagePeer {
   // After a LinkLost: the step in flight is dropped (its deferred weight halves and
   // gradients), ready for connect() on new links.
   void reset();
-  // A later stage, at the run's end (the stage before's Bye): `record` gets the step count
-  // reached and makes this stage's end durable (its export, an end record), before Bye goes
-  // on down and, once it comes back, up. What it throws, follow_step throws, and no Bye goes
-  // on: the host tells the stage before (an Error, or Restart to train the last steps again).
-  void on_end(std::function<void(uint64_t steps)> record) { end_ = std::move(record); }
+  // A later stage, at the run's end (the stage before's Bye): `record(steps, false)` makes
+  // this stage's end durable (its export, an end record) before Bye goes on down, and
+  // `record(steps, true)` says the stages after have recorded theirs (their Bye came back; at
+  // once at the last stage), before Bye goes up. What it throws, follow_step throws, and no
+  // Bye goes on: the host tells the stage before (an Error, or Restart to train the last
+  // steps again).
+  void on_end(std::function<void(uint64_t steps, bool acknowledged)> record) { end_ = std::move(record); }
   // Called after the update of a step whose header asks for a checkpoint, with the step
   // count reached (next_step()): the host saves the stage's state there.
   void on_checkpoint(std::function<void(uint64_t)> save) { save_ = std::move(save); }
@@ -353,8 +361,9 @@ class StagePeer {
   std::vector<Tensor> in_;
   double idle_s_ = 0;
   std::function<void(uint64_t)> save_;
-  std::function<void(uint64_t)> end_;
+  std::function<void(uint64_t, bool)> end_;
   std::optional<uint64_t> ended_step_;  // set_ended
+  bool end_acknowledged_ = false;
   bool ended_ = false;                  // connect found the run ended here and after
   std::function<std::span<const int32_t>(uint64_t)> labels_;
   std::function<std::span<const int32_t>(uint64_t, uint32_t)> evaluation_labels_;

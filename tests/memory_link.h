@@ -3,6 +3,7 @@
 // the fuzzers' seeds.
 #pragma once
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -33,6 +34,7 @@ class MemoryLink final : public StageLink {
 
   void send(std::span<const uint8_t> bytes) override {
     std::lock_guard lock(out_->mu);
+    ++sent;
     if (out_->closed) return;
     out_->messages.emplace_back(bytes.begin(), bytes.end());
     out_->cv.notify_all();
@@ -60,6 +62,7 @@ class MemoryLink final : public StageLink {
     }
   }
   WireError refused;  // the last refusal
+  std::atomic<uint64_t> sent{0};  // messages this end sent
   std::function<void(const std::vector<uint8_t>&)> on_receive;  // sees every message that arrives
 
  private:

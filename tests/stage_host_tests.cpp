@@ -55,7 +55,11 @@ class ClientLink final : public StageLink {
     if (inbox_.empty()) throw LinkLost(cat("the host closed the link while awaiting ", awaiting));
     std::vector<uint8_t> b = std::move(inbox_.front());
     inbox_.pop_front();
-    return Frame::copy_of(b.data(), b.size());
+    Frame f = Frame::copy_of(b.data(), b.size());
+    WireError e;
+    const wire::Message* m = verify_frame(f, f.size(), e);
+    taken_bye_ = taken_bye_ || (m && m->payload_type() == wire::Payload::Bye);
+    return f;
   }
   void refuse(const WireError& error) override {
     refused = error;
@@ -87,6 +91,17 @@ class ClientLink final : public StageLink {
     std::lock_guard lock(mu_);
     return closed_;
   }
+  // Whether the host has sent this party a Bye (waiting in the inbox, or taken).
+  bool heard_bye() {
+    std::lock_guard lock(mu_);
+    for (const auto& b : inbox_) {
+      const Frame f = Frame::copy_of(b.data(), b.size());
+      WireError e;
+      const wire::Message* m = verify_frame(f, f.size(), e);
+      if (m && m->payload_type() == wire::Payload::Bye) return true;
+    }
+    return taken_bye_;
+  }
   WireError refused;
 
  private:
@@ -97,6 +112,7 @@ class ClientLink final : public StageLink {
   std::condition_variable cv_;
   std::deque<std::vector<uint8_t>> inbox_;
   bool closed_ = false;
+  bool taken_bye_ = false;
 };
 
 struct Fixture {
@@ -360,6 +376,7 @@ TEST(StageHost, AnEndThatCannotBeRecordedHasTheFirstPartyTrainItsLastStepsAgain)
   std::mutex mu;
   std::vector<std::string> ends;  // each end the host saw: "" when recorded, else why not
   int refusals = 1;
+  ClientLink* watched = nullptr;  // the party whose end the hook records
   StageHostHooks hooks;
   hooks.make = [&](const std::string&, std::size_t) { return std::make_unique<OwnStage>(f.parts[1], f.init); };
   hooks.restore = [&](const std::string&, uint64_t step, HostedStage&) { EXPECT_EQ(step, 0u); };
@@ -368,6 +385,9 @@ TEST(StageHost, AnEndThatCannotBeRecordedHasTheFirstPartyTrainItsLastStepsAgain)
     if (error.empty() && refusals > 0) {
       --refusals;
       fail("test", "no room left to write the export");
+    }
+    if (error.empty()) {
+      EXPECT_FALSE(watched->heard_bye()) << "the party heard Bye before its end was recorded";
     }
     ends.push_back(error);
   };
@@ -396,7 +416,9 @@ TEST(StageHost, AnEndThatCannotBeRecordedHasTheFirstPartyTrainItsLastStepsAgain)
             "checkpoint: [test] no room left to write the export");
   OwnStage again(f.parts[0], f.init);  // a party without checkpoints starts again from step 0
   ClientLink* second = connect();
+  watched = second;
   first_party(f, *second, again, d, steps);
+  EXPECT_TRUE(second->heard_bye());
   {
     std::lock_guard lock(mu);  // recorded before the Bye came back
     ASSERT_EQ(ends.size(), 2u);
@@ -409,6 +431,16 @@ TEST(StageHost, AnEndThatCannotBeRecordedHasTheFirstPartyTrainItsLastStepsAgain)
     std::this_thread::sleep_for(std::chrono::milliseconds(5));
   }
   EXPECT_EQ(host.sessions().at(0).runs, 2u);
+  // It links again after its end (a process started again with its end record): the host
+  // answers its StageHello with Bye, and nothing is trained or recorded.
+  OwnStage late(f.parts[0], f.init);
+  ClientLink* third = connect();
+  StagePeer peer(late.stage(), *f.schedule, f.plan(0), nullptr, third);
+  peer.set_ended(steps, true);
+  EXPECT_EQ(peer.connect({}), static_cast<uint64_t>(steps));
+  EXPECT_TRUE(peer.ended());
+  std::lock_guard lock(mu);
+  EXPECT_EQ(ends.size(), 2u);
 }
 
 }  // namespace

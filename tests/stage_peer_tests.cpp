@@ -526,12 +526,15 @@ TEST(StagePeerBadInput, AByeWithinAStepIsRefusedAndBetweenStepsEndsTheRun) {
   {  // the last stage records its end (on_end), then answers Bye up
     LastStage t;
     t.hello();
-    std::vector<uint64_t> recorded;
-    t.peer->on_end([&](uint64_t steps) { recorded.push_back(steps); });
+    std::vector<std::pair<uint64_t, bool>> recorded;
+    t.peer->on_end([&](uint64_t steps, bool acknowledged) {
+      EXPECT_EQ(t.up->sent, 1u) << "only its StageHello went up before the end was recorded";
+      recorded.emplace_back(steps, acknowledged);
+    });
     t.send(t.writer.bye("done"));
     StepStats s;
     EXPECT_FALSE(t.peer->follow_step(s));
-    EXPECT_EQ(recorded, std::vector<uint64_t>{0});
+    EXPECT_EQ(recorded, (std::vector<std::pair<uint64_t, bool>>{{0, false}, {0, true}}));
     const Frame bye = t.before->receive("the Bye back");
     const wire::Message* m = wire::GetMessage(bye.data());
     ASSERT_EQ(m->payload_type(), wire::Payload::Bye);
@@ -540,7 +543,7 @@ TEST(StagePeerBadInput, AByeWithinAStepIsRefusedAndBetweenStepsEndsTheRun) {
   {  // an end that cannot be recorded: follow_step throws it, and no Bye goes up
     LastStage t;
     t.hello();
-    t.peer->on_end([](uint64_t) { fail("test", "the disk is full"); });
+    t.peer->on_end([](uint64_t, bool) { fail("test", "the disk is full"); });
     t.send(t.writer.bye("done"));
     EXPECT_EQ(t.follow(), "[test] the disk is full");
     t.before->close();
@@ -664,6 +667,8 @@ TEST(StagePeerBadInput, AnEvaluationBeyondTheFirstPartysEvaluationSetIsRefused) 
   EXPECT_EQ(t.up->refused.code, wire::ErrorCode::OutOfWindow);
 }
 
+// A neighbour's Restart is a lost link (LinkLost, not the end of the run): after reset() the
+// stage links again and trains the step it had dropped.
 TEST(StagePeer, ARestartIsALostLinkAndTheStageLinksAgain) {
   LastStage t;
   t.hello();
@@ -1085,18 +1090,23 @@ struct AsyncMiddle {
 TEST(StagePeer, AMiddleStageRecordsItsEndThenAnswersByeOnceTheStageAfterHasRecordedItsOwn) {
   {
     AsyncMiddle t;
-    bool recorded = false;
-    t.peer->on_end([&](uint64_t steps) {
+    const uint64_t down0 = t.down->sent, up0 = t.up->sent;  // the StageHellos
+    std::vector<bool> recorded;
+    t.peer->on_end([&](uint64_t steps, bool acknowledged) {
       EXPECT_EQ(steps, 0u);
-      recorded = true;
-      // The stage after's answer, sent only now: a stage that waited for it before recording
-      // its own end would wait in vain (LinkLost after 30 s).
-      t.after->send(t.writer.bye("recorded"));
+      recorded.push_back(acknowledged);
+      EXPECT_EQ(t.up->sent, up0) << "Bye went up before the end was recorded";
+      if (!acknowledged) {
+        EXPECT_EQ(t.down->sent, down0) << "Bye went down before this stage recorded its end";
+        t.after->send(t.writer.bye("recorded"));  // the stage after's answer
+      } else {
+        EXPECT_EQ(t.down->sent, down0 + 1) << "the Bye down";
+      }
     });
     t.before->send(t.writer.bye("done"));
     StepStats s;
     EXPECT_FALSE(t.peer->follow_step(s));
-    EXPECT_TRUE(recorded);
+    EXPECT_EQ(recorded, (std::vector<bool>{false, true}));
     const Frame down = t.after->receive("the Bye passed down");
     EXPECT_EQ(wire::GetMessage(down.data())->payload_type(), wire::Payload::Bye);
     const Frame bye = t.before->receive("the Bye back");
@@ -1111,7 +1121,7 @@ TEST(StagePeer, AMiddleStageRecordsItsEndThenAnswersByeOnceTheStageAfterHasRecor
   }
   {  // an end that cannot be recorded: nothing goes down, nor up
     AsyncMiddle t;
-    t.peer->on_end([](uint64_t) { fail("test", "the disk is full"); });
+    t.peer->on_end([](uint64_t, bool) { fail("test", "the disk is full"); });
     t.before->send(t.writer.bye("done"));
     EXPECT_EQ(t.follow(), "[test] the disk is full");
     t.down->close();
@@ -1133,8 +1143,6 @@ TEST(StagePeer, AMiddleStageRecordsItsEndThenAnswersByeOnceTheStageAfterHasRecor
   }
 }
 
-// A neighbour's Restart is a lost link (LinkLost, not the end of the run): after reset() the
-// stage links again and trains the step it had dropped.
 // A middle stage of three, not yet linked: the scripted parties before and after it.
 struct UnlinkedMiddle {
   ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
@@ -1178,7 +1186,7 @@ struct GoneLink final : StageLink {
 TEST(StagePeer, AStageThatRecordedTheRunsEndLinksAgainAndFindsOutWhetherTheStagesAfterEndedToo) {
   {
     LastStage t;
-    t.peer->set_ended(5);
+    t.peer->set_ended(5, false);  // the last stage's record needs no answer
     t.send(t.writer.stage_hello(t.plan.hash, 0, 2, 4));
     EXPECT_EQ(t.peer->connect({}), 5u);
     EXPECT_TRUE(t.peer->ended());
@@ -1189,7 +1197,7 @@ TEST(StagePeer, AStageThatRecordedTheRunsEndLinksAgainAndFindsOutWhetherTheStage
   }
   {
     UnlinkedMiddle t;
-    t.peer->set_ended(6);
+    t.peer->set_ended(6, false);
     t.after->send(t.writer.bye("the run ended at step 6 at stage 2 and every stage after it"));
     EXPECT_EQ(t.peer->connect({}), 6u);
     EXPECT_TRUE(t.peer->ended());
@@ -1201,18 +1209,32 @@ TEST(StagePeer, AStageThatRecordedTheRunsEndLinksAgainAndFindsOutWhetherTheStage
   {
     GoneLink gone;
     UnlinkedMiddle t(&gone);
-    t.peer->set_ended(6);
+    t.peer->set_ended(6, true);
     EXPECT_EQ(t.peer->connect({}), 6u);
     EXPECT_TRUE(t.peer->ended());
     EXPECT_EQ(t.answer_up(), wire::Payload::Bye);
   }
-  {  // the stage after lost its state before recording its end: the run goes on
+  {  // an end the stages after never answered: they may be down before recording theirs
+    GoneLink gone;
+    UnlinkedMiddle t(&gone);
+    t.peer->set_ended(6, false);
+    EXPECT_EQ(error_of([&] { t.peer->connect({}); }), "[stage] cannot reach the party after");
+    EXPECT_FALSE(t.peer->ended());
+  }
+  {  // the stage after lost its state before recording its end: the run goes on, and the
+     // record is dropped (a later lost link is no end)
     UnlinkedMiddle t;
-    t.peer->set_ended(6);
+    t.peer->set_ended(6, true);
     t.after->send(t.writer.stage_hello(t.plan.hash, 2, 3, 0));
     EXPECT_EQ(t.peer->connect({}), 0u);
     EXPECT_FALSE(t.peer->ended());
     EXPECT_EQ(t.answer_up(), wire::Payload::StageHello);
+    t.peer->reset();
+    t.before->send(t.writer.stage_hello(t.plan.hash, 0, 3, 0));
+    t.after->send(t.writer.bye("ended"));
+    EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
+              "[stage] stage 1 refused the next stage's message: the stages after have ended the run, but stage 1 has "
+              "no record of its end: start every party again from empty checkpoint-dirs");
   }
   {  // no record here
     GoneLink gone;

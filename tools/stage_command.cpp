@@ -652,34 +652,40 @@ int run_party(const CliArgs& cli) {
                                                        {"tandem_layout", "pytorch (OIHW, NCHW flatten order)"}}));
     std::fprintf(stderr, "wrote %s: stage %zu's %zu tensors\n", out.c_str(), index, tensors.size());
   };
-  // The end record (checkpoint-dir/stageN.ended: the step and the plan's hash), after the
-  // export: a process started again after it finds out from the stages after whether the run
-  // ended there too (StagePeer::set_ended), rather than train again or wait for parties gone.
+  // The end record (checkpoint-dir/stageN.ended: the step, the plan's hash, and once the
+  // Bye came back "acknowledged"), after the export: a process started again after it finds
+  // out from the stages after whether the run ended there too (StagePeer::set_ended), rather
+  // than train again or wait for parties gone.
   const std::string plan_hex = to_hex(plan.hash.data(), plan.hash.size());
   const std::string end_record = store ? cat(self.checkpoint_dir, "/stage", index, ".ended") : std::string();
-  const auto record_end = [&] {
-    write_export();
+  std::optional<uint64_t> end_step;  // this party's end, recorded (in this process or one before)
+  bool end_acknowledged = false;
+  const auto record_end = [&](bool acknowledged) {
+    if (!acknowledged) write_export();
+    end_step = peer.next_step();
+    end_acknowledged = acknowledged;
     if (!end_record.empty()) {
-      const std::string text = cat(peer.next_step(), " ", plan_hex, "\n");
+      const std::string text = cat(*end_step, " ", plan_hex, acknowledged ? " acknowledged" : "", "\n");
       write_file_atomic(end_record, std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
     }
     // This process too: a link lost while the parties after end, relinked, may find them ended.
-    peer.set_ended(peer.next_step());
+    peer.set_ended(*end_step, acknowledged);
   };
-  if (index > 0) peer.on_end([&](uint64_t) { record_end(); });
-  bool ended_before = false;
+  if (index > 0) peer.on_end([&](uint64_t, bool acknowledged) { record_end(acknowledged); });
   if (!end_record.empty()) {
     std::ifstream in(end_record);
     uint64_t step = 0;
-    std::string hash;
+    std::string hash, word;
     if (in >> step >> hash) {
       if (hash != plan_hex)
         fail("stage", cat(end_record, " records the end of another plan's run: move it away, or start this "
                                       "deployment in an empty checkpoint-dir"));
-      peer.set_ended(step);
-      ended_before = true;
-      std::fprintf(stderr, "this party ended its run at step %llu before this process (%s)\n",
-                   static_cast<unsigned long long>(step), end_record.c_str());
+      end_step = step;
+      end_acknowledged = (in >> word) && word == "acknowledged";
+      peer.set_ended(step, end_acknowledged);
+      std::fprintf(stderr, "this party ended its run at step %llu before this process (%s%s)\n",
+                   static_cast<unsigned long long>(step), end_record.c_str(),
+                   end_acknowledged ? "" : "; the parties after had not answered it");
     }
   }
 
@@ -746,10 +752,19 @@ int run_party(const CliArgs& cli) {
       uint64_t start = 0;
       try {
         start = peer.connect(have);
-      } catch (const LinkUnreachable& e) {  // the party before never linked (the party after's: peer.ended())
-        if (!ended_before) throw;
-        std::fprintf(stderr, "%s; this party recorded the run's end before: the run is over\n", e.what());
+      } catch (const LinkUnreachable& e) {  // nobody linked from before, or the party after is gone
+        if (!end_step) throw;
+        if (!end_acknowledged)  // the parties after may be down before recording theirs
+          fail("stage", cat(e.what(), "; this party recorded the run's end at step ", *end_step,
+                            ", but the parties after it never answered it: start them again (they train the last "
+                            "steps again, or say the run ended)"));
+        std::fprintf(stderr, "%s; this party recorded the run's end before, and the parties after it theirs: the run is "
+                             "over\n", e.what());
         break;
+      }
+      if (!peer.ended() && end_step) {  // the run goes on: the record of its end is superseded
+        end_step.reset();
+        if (!end_record.empty()) std::filesystem::remove(end_record);
       }
       if (peer.ended()) {  // every stage from here on ended the run in an earlier process
         std::fprintf(stderr, "the run ended at step %llu at this party and every one after it: nothing is left to "
@@ -876,8 +891,9 @@ int run_party(const CliArgs& cli) {
         // last checkpoint, or a budget spent before an epoch).
         if (plan.average_every > 0 && peer.average())
           std::fprintf(stderr, "the first stages averaged at the run's end (average %u)\n", peer.averages());
-        record_end();
+        record_end(false);
         peer.finish(budget_spent ? "the first party's privacy budget is spent" : "the first party's epochs are done");
+        record_end(true);
       } else {
         // The loss stage that alone sees the loss (labels and loss at the first party) reports
         // each epoch's, as the first party would.

@@ -6,6 +6,7 @@
 #include <fstream>
 #include <memory>
 #include <mutex>
+#include <set>
 
 #include "backends/registry.h"
 #include "core/checkpoint/checkpoint.h"
@@ -145,6 +146,7 @@ int run_stage_host(const StageHostRun& r) {
   std::unique_ptr<LwsEndpoint> endpoint = LwsEndpoint::listen(self.host, self.port, deployment_tls(self), options);
   std::atomic<uint64_t> sent{0}, received{0};
   std::mutex send_mu;
+  std::set<uint64_t> closing;  // connections sent their last message, until they are closed
   // A session's frames waiting for its stage: a step's micro-batches and the next one's, and
   // a few more (an honest first party sends no more ahead).
   StageHostOptions host_options{&r.schedule, r.plan, firsts, firsts.size(), r.executors, 2 * r.plan.microbatches + 4};
@@ -152,6 +154,7 @@ int run_stage_host(const StageHostRun& r) {
     std::lock_guard lock(send_mu);  // from every executor: the audit's chain in the order sent
     if (egress) egress->audit().record(bytes);
     sent += bytes.size();
+    if (close) closing.insert(connection);
     endpoint->send(connection, bytes, close);
   });
   std::size_t ended_before = 0;
@@ -235,11 +238,25 @@ int run_stage_host(const StageHostRun& r) {
         received += ev.frame.size();
         host.received(ev.connection, std::move(ev.frame));
         break;
-      case EndpointEvent::Kind::Closed:
+      case EndpointEvent::Kind::Closed: {
+        std::lock_guard lock(send_mu);
+        closing.erase(ev.connection);
+      }
         host.closed(ev.connection, ev.text);
         break;
       default:
         break;
+    }
+  }
+  // The last Byes out before the endpoint goes (each first party waits for its own), 2 s at most.
+  for (const auto deadline = Clock::now() + std::chrono::seconds(2); Clock::now() < deadline;) {
+    {
+      std::lock_guard lock(send_mu);
+      if (closing.empty()) break;
+    }
+    if (endpoint->next(ev, std::chrono::milliseconds(100)) && ev.kind == EndpointEvent::Kind::Closed) {
+      std::lock_guard lock(send_mu);
+      closing.erase(ev.connection);
     }
   }
 

@@ -346,7 +346,9 @@ for i in 0 2; do
 done
 grep -q "the run ended at step $heal_steps at this party and every one after it" "$work/$ended-alone-0.out" ||
   fail "$ended: the first party alone: $(cat "$work/$ended-alone-0.out")"
-grep -q "nobody connected as 'gpu-box' (the party before) within 5 s.*this party recorded the run's end before: the run is over" "$work/$ended-alone-2.out" ||
+grep -q "nobody connected as 'gpu-box' (the party before) within 5 s.*this party recorded the run's end before, and the parties after it theirs: the run is over" "$work/$ended-alone-2.out" ||
+  fail "$ended: cloud-a alone: $(cat "$work/$ended-alone-2.out")"
+grep -q "\"party\":\"cloud-a\",\"stage\":2,\"steps\":$heal_steps," "$work/$ended-alone-2.out" ||
   fail "$ended: cloud-a alone: $(cat "$work/$ended-alone-2.out")"
 
 echo "ok: four parties over mutual TLS equal one process under gpipe, 1f1b and zero-bubble, and with the labels kept at the first party; f16 halves the bytes; an impostor, another plan and filters under async refused; four parties under async equal one process's four stages under it; a kill -9 of the first, a middle or the last party (and a middle one under async), restarted, leaves the weights byte-identical; started again after the run's end, every party finds it ended; the test set evaluated across the parties as in one process; the privacy filters on the links, epsilon and its budget (durable across a new process), no loss leaving the loss stage"

@@ -242,7 +242,7 @@ void token_seeds() {
   // answers Bye, and so does the middle (set_ended in the harness too).
   const bool ended = (flags & kStageEnded) != 0;
   if (ended)
-    for (StagePeer* p : {&p0, &p1, &p2}) p->set_ended(2);
+    for (StagePeer* p : {&p0, &p1, &p2}) p->set_ended(2, true);
   std::thread t2(guarded([&] {
     p2.connect({});
     StepStats s;

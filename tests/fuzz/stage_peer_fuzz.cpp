@@ -52,7 +52,7 @@ extern "C" int LLVMFuzzerTestOneInput(const uint8_t* data, std::size_t size) {
   StageLink* const ups[2] = {&up[0], &up[1]};
   StagePeer peer(*middle.stage, middle.schedule, middle.plan, std::span<StageLink* const>(ups, shared ? 2 : 1), &down);
   if (shared) peer.set_first_stage(fuzz::StageUnderTest::first_stage(in.flags));
-  if (in.flags & fuzz::kStageEnded) peer.set_ended(2);
+  if (in.flags & fuzz::kStageEnded) peer.set_ended(2, true);
   const std::vector<uint64_t> checkpoints =
       (in.flags & fuzz::kStageHasCheckpoints) ? std::vector<uint64_t>{1, 2} : std::vector<uint64_t>{};
   for (int round = 0; round < 3 && (!up[0].frames.empty() || !up[1].frames.empty() || !down.frames.empty()); ++round) {
