@@ -223,12 +223,16 @@ void StageHost::on_connected(Executor& x, uint64_t connection, const std::string
     }
     {  // its slot, given back by a session of this party that could not be made meanwhile
       std::lock_guard lock(mu_);
-      if (!executor_of_.count(identity)) {
+      const auto slot = executor_of_.find(identity);
+      if (slot == executor_of_.end()) {
         if (executor_of_.size() >= options_.max_sessions) {
           refuse(wire::ErrorCode::Busy, busy_why());
           return;
         }
         executor_of_[identity] = x.index;
+      } else if (slot->second != x.index) {  // a newer link of the party took it elsewhere
+        refuse(wire::ErrorCode::Restart, cat("'", identity, "' linked again meanwhile: this link is replaced"));
+        return;
       }
     }
     Session* raw = s.get();

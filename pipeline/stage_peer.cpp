@@ -308,7 +308,10 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
       start = answer;
     }
   }
-  if (!ended_) ended_step_.reset();  // the run goes on: a record of its end is superseded
+  if (!ended_ && ended_step_) {  // the run goes on: a record of its end is superseded
+    ended_step_.reset();
+    if (resume_) resume_();
+  }
   if (ended_) {
     for (StageLink* up : members_)
       up->send_last(writer_.bye(cat("the run ended at step ", *ended_step_, " at stage ", plan_.index,

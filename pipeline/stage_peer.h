@@ -186,6 +186,9 @@ class StagePeer {
     next_step_ = step;  // until connect() says otherwise
   }
   bool ended() const { return ended_; }
+  // Called when connect() finds the run goes on after this stage recorded its end, before the
+  // stage before hears its StageHello: the host drops its end record.
+  void on_resume(std::function<void()> drop) { resume_ = std::move(drop); }
   // A first stage: how many steps its epoch has, said in its StageHello; a stage shared by
   // several first stages refuses a member whose count differs from the others' (they take
   // turns, a step each).
@@ -362,6 +365,7 @@ class StagePeer {
   double idle_s_ = 0;
   std::function<void(uint64_t)> save_;
   std::function<void(uint64_t, bool)> end_;
+  std::function<void()> resume_;
   std::optional<uint64_t> ended_step_;  // set_ended
   bool end_acknowledged_ = false;
   bool ended_ = false;                  // connect found the run ended here and after

@@ -1225,9 +1225,15 @@ TEST(StagePeer, AStageThatRecordedTheRunsEndLinksAgainAndFindsOutWhetherTheStage
      // record is dropped (a later lost link is no end)
     UnlinkedMiddle t;
     t.peer->set_ended(6, true);
+    bool dropped = false;
+    t.peer->on_resume([&] {
+      dropped = true;
+      EXPECT_EQ(t.up->sent, 0u) << "the stage before heard the run goes on before the record was dropped";
+    });
     t.after->send(t.writer.stage_hello(t.plan.hash, 2, 3, 0));
     EXPECT_EQ(t.peer->connect({}), 0u);
     EXPECT_FALSE(t.peer->ended());
+    EXPECT_TRUE(dropped);
     EXPECT_EQ(t.answer_up(), wire::Payload::StageHello);
     t.peer->reset();
     t.before->send(t.writer.stage_hello(t.plan.hash, 0, 3, 0));

@@ -672,6 +672,10 @@ int run_party(const CliArgs& cli) {
     peer.set_ended(*end_step, acknowledged);
   };
   if (index > 0) peer.on_end([&](uint64_t, bool acknowledged) { record_end(acknowledged); });
+  peer.on_resume([&] {  // the run goes on: its record goes before the party before hears so
+    end_step.reset();
+    if (!end_record.empty()) std::filesystem::remove(end_record);
+  });
   if (!end_record.empty()) {
     std::ifstream in(end_record);
     uint64_t step = 0;
@@ -762,11 +766,8 @@ int run_party(const CliArgs& cli) {
                              "over\n", e.what());
         break;
       }
-      if (!peer.ended() && end_step) {  // the run goes on: the record of its end is superseded
-        end_step.reset();
-        if (!end_record.empty()) std::filesystem::remove(end_record);
-      }
       if (peer.ended()) {  // every stage from here on ended the run in an earlier process
+        if (!end_acknowledged) record_end(true);  // the stages after answered it now
         std::fprintf(stderr, "the run ended at step %llu at this party and every one after it: nothing is left to "
                              "train (to train again, start from an empty checkpoint-dir)\n",
                      static_cast<unsigned long long>(start));
