@@ -1035,24 +1035,31 @@ TEST(StagePeer, FourCnnPeersUnderTheAsyncScheduleTrainLikeTheInProcessPipeline) 
   EXPECT_NEAR(evaluation.loss_sum, local_eval.loss_sum, 1e-4 * std::max(1.0, local_eval.loss_sum));
 }
 
-// The middle of three stages of the CNN (cuts pool1, pool2) under the asynchronous schedule,
-// between two scripted neighbours.
-struct AsyncMiddle {
+// The middle of three stages of the CNN (cuts pool1, pool2) under `Schedule`, between two
+// scripted neighbours (or a given downstream link), not yet linked.
+template <class Schedule>
+struct ScriptedMiddle {
   ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
   Graph graph = Graph::build(spec);
   std::vector<Graph> parts = graph.partition({"pool1", "pool2"});
   std::unique_ptr<Backend> backend = make_test_backend("reference");
   Network init{graph, *backend, 3};
   PeerStage stage = make_stage(parts[1], init);
-  AsyncStashSchedule schedule;
+  Schedule schedule;
   StagePlan plan = make_stage_plan(spec.binary, graph, "pool1,pool2", parts, 1, schedule, 8, 2);
   std::unique_ptr<MemoryLink> before, up, down, after;  // the scripted parties' ends, and the stage's
   std::unique_ptr<StagePeer> peer;
   MessageWriter writer;
-  AsyncMiddle() {
+  explicit ScriptedMiddle(StageLink* downstream = nullptr) {
     std::tie(before, up) = MemoryLink::pair();
     std::tie(down, after) = MemoryLink::pair();
-    peer = std::make_unique<StagePeer>(*stage.stage, schedule, plan, up.get(), down.get());
+    peer = std::make_unique<StagePeer>(*stage.stage, schedule, plan, up.get(), downstream ? downstream : down.get());
+  }
+};
+
+// Under the asynchronous schedule, linked (from step 0).
+struct AsyncMiddle : ScriptedMiddle<AsyncStashSchedule> {
+  AsyncMiddle() {
     before->send(writer.stage_hello(plan.hash, 0, 3, 0));
     after->send(writer.stage_hello(plan.hash, 2, 3, 0));
     EXPECT_EQ(peer->connect({}), 0u);
@@ -1143,23 +1150,9 @@ TEST(StagePeer, AMiddleStageRecordsItsEndThenAnswersByeOnceTheStageAfterHasRecor
   }
 }
 
-// A middle stage of three, not yet linked: the scripted parties before and after it.
-struct UnlinkedMiddle {
-  ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
-  Graph graph = Graph::build(spec);
-  std::vector<Graph> parts = graph.partition({"pool1", "pool2"});
-  std::unique_ptr<Backend> backend = make_test_backend("reference");
-  Network init{graph, *backend, 3};
-  PeerStage stage = make_stage(parts[1], init);
-  GPipeSchedule schedule;
-  StagePlan plan = make_stage_plan(spec.binary, graph, "pool1,pool2", parts, 1, schedule, 8, 2);
-  std::unique_ptr<MemoryLink> before, up, down, after;
-  std::unique_ptr<StagePeer> peer;
-  MessageWriter writer;
-  explicit UnlinkedMiddle(StageLink* downstream = nullptr) {
-    std::tie(before, up) = MemoryLink::pair();
-    std::tie(down, after) = MemoryLink::pair();
-    peer = std::make_unique<StagePeer>(*stage.stage, schedule, plan, up.get(), downstream ? downstream : down.get());
+// Under gpipe, the stage before's StageHello (proposing step 4) sent, not yet linked.
+struct UnlinkedMiddle : ScriptedMiddle<GPipeSchedule> {
+  explicit UnlinkedMiddle(StageLink* downstream = nullptr) : ScriptedMiddle(downstream) {
     before->send(writer.stage_hello(plan.hash, 0, 3, 4));
   }
   wire::Payload answer_up(std::string* reason = nullptr) {
