@@ -168,9 +168,14 @@ int run_stage_host(const StageHostRun& r) {
       std::fprintf(stderr, "'%s' ended its run before this process, at step %llu (%s)\n", name.c_str(),
                    static_cast<unsigned long long>(steps), finished_marker(name).c_str());
     }
-  if (ended_before == firsts.size())
-    fail("stage", cat("every first party has ended its run here before (", self.checkpoint_dir, "/NAME/finished): ",
-                      "nothing is left to serve; to train again, start from an empty checkpoint-dir"));
+  // Every first party ended its run here before: nothing is left to train, but a party whose
+  // last Bye was lost (its record of the end unanswered) may link again to hear it. The host
+  // answers each that links with Bye, and the run is over once nobody has linked for silence-s.
+  const bool over = ended_before == firsts.size();
+  if (over)
+    std::fprintf(stderr, "every first party has ended its run here before (%s/NAME/finished): nothing is left to "
+                 "train; answering any that links again with Bye for %d s (to train again, start from an empty "
+                 "checkpoint-dir)\n", self.checkpoint_dir.c_str(), r.silence_s);
   std::fprintf(stderr, "listening on wss://%s:%d for %s, each with a last stage of its own, on %zu executor%s\n",
                self.host.c_str(), endpoint->port(), names.c_str(), r.executors, r.executors == 1 ? "" : "s");
 
@@ -214,12 +219,17 @@ int run_stage_host(const StageHostRun& r) {
   }
 
   // The transport's events go to the host's queue; the run ends when every first party has
-  // ended its run, or fails after silence-s with nothing from any of them.
+  // ended its run, or fails after silence-s with nothing from any of them (a run over before
+  // this process: ends then).
   auto last_heard = Clock::now();
   EndpointEvent ev;
-  while (!host.all_finished()) {
+  while (over || !host.all_finished()) {
     if (!endpoint->next(ev, std::chrono::milliseconds(200))) {
       if (Clock::now() - last_heard > std::chrono::seconds(r.silence_s)) {
+        if (over) {  // (a Bye still on its way goes out below)
+          std::fprintf(stderr, "nobody linked within %d s: the run is over\n", r.silence_s);
+          break;
+        }
         std::string waiting;
         for (const StageHost::SessionState& s : host.sessions())
           if (!s.finished) waiting += cat(waiting.empty() ? "'" : ", '", s.identity, "'");

@@ -6,7 +6,8 @@
 # the same command, restarts its session only (the other hospital never restarts); a kill -9
 # of the cloud after hospital-b has ended its run restarts hospital-a's session from its
 # checkpoint, and the new cloud, which finds hospital-b's end recorded, does not wait for it;
-# either way every party ends on the uninterrupted run's weights. A hospital the file does not
+# either way every party ends on the uninterrupted run's weights. A cloud started after every
+# run ended answers a hospital whose last Bye was lost, and exits 0. A hospital the file does not
 # name is refused by the cloud.
 # Usage: stage_own.sh BUILD_DIR SOURCE_DIR
 set -euo pipefail
@@ -148,10 +149,22 @@ for victim in hospital-b cloud; do
   fi
 done
 
-# The cloud started again after every hospital has ended its run: nothing to serve, said so.
-rc=0
-"$tandem" stage --deployment "$work/kill-cloud.toml" --party cloud --silence-s 5 > "$work/again-cloud.out" 2>&1 || rc=$?
-((rc == 1)) && grep -qF "every first party has ended its run here before" "$work/again-cloud.out" ||
+# The cloud started again after every hospital has ended its run, and hospital-b, whose last
+# Bye was lost (its record of the end unanswered): the cloud answers it with Bye, hospital-b
+# takes the run as over and exits 0, and the cloud, with nothing left to train, exits 0 once
+# nobody has linked for --silence-s.
+record=$work/kill-cloud-ckpt-hospital-b/stage0.ended
+grep -q " acknowledged$" "$record" || fail "hospital-b's end record is not answered: $(cat "$record")"
+sed -i 's/ acknowledged$//' "$record"
+"$tandem" stage --deployment "$work/kill-cloud.toml" --party cloud --silence-s 5 > "$work/again-cloud.out" 2>&1 &
+pids[cloud]=$!
+"$tandem" stage --deployment "$work/kill-cloud.toml" --party hospital-b --wait-s 30 --silence-s 5 > "$work/again-hospital-b.out" 2>&1 ||
+  fail "hospital-b with an unanswered end record, against a cloud that saw its end, said: $(cat "$work/again-hospital-b.out")"
+grep -qF "the run ended at step ${steps[hospital-b]} at this party and every one after it" "$work/again-hospital-b.out" &&
+  grep -q " acknowledged$" "$record" || fail "hospital-b did not take its run as over: $(cat "$work/again-hospital-b.out")"
+expect_ok again cloud
+grep -qF "every first party has ended its run here before" "$work/again-cloud.out" &&
+  grep -qF "nobody linked within 5 s: the run is over" "$work/again-cloud.out" ||
   fail "a cloud started after every run ended said: $(cat "$work/again-cloud.out")"
 
 # hospital-c's certificate in hospital-b's place: refused by the cloud, which says whom it serves.
