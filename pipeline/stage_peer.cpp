@@ -3,6 +3,7 @@
 #include <algorithm>
 #include <chrono>
 #include <cmath>
+#include <optional>
 
 #include "core/error.h"
 #include "core/federated_average.h"
@@ -87,18 +88,23 @@ StepStats StagePeer::evaluate(std::span<const Tensor> inputs, const int32_t* lab
 bool StagePeer::follow_step(StepStats& stats) { return run_blocking(follow_step_async(stats), "follow_step"); }
 void StagePeer::finish(const std::string& reason) { run_blocking(finish_async(reason), "finish"); }
 
-std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
-                                  const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches,
-                                  wire::DType dtype, bool labels_travel, const std::string& run_terms,
-                                  const FirstParties& first) {
+std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts, uint32_t stages,
+                                  bool labels_travel, const FirstParties& first) {
   Sha256 h;
   h.update(spec_binary.data(), spec_binary.size());
-  std::string rest = cat('\0', cuts, '\0', schedule, '\0', stages, '\0', batch, '\0', microbatches);
-  if (dtype != wire::DType::F32) rest += cat('\0', dtype_name(dtype));
+  std::string rest = cat('\0', cuts, '\0', stages);
   if (!labels_travel) rest += cat('\0', "labels stay at the first party");
-  if (!run_terms.empty()) rest += cat('\0', run_terms);
   if (first.count > 1) rest += cat('\0', first.count, " first parties");
   if (first.average_every > 0) rest += cat('\0', "averaged every ", first.average_every, " rounds");
+  h.update(reinterpret_cast<const uint8_t*>(rest.data()), rest.size());
+  return h.finish();
+}
+
+std::array<uint8_t, 32> run_hash(const StagePlan& plan, const std::string& schedule) {
+  Sha256 h;
+  h.update(plan.hash.data(), plan.hash.size());
+  h.update(plan.terms.data(), plan.terms.size());
+  const std::string rest = cat('\0', schedule, '\0', plan.batch, '\0', plan.microbatches, '\0', dtype_name(plan.dtype));
   h.update(reinterpret_cast<const uint8_t*>(rest.data()), rest.size());
   return h.finish();
 }
@@ -112,13 +118,18 @@ StagePlan make_stage_plan(std::span<const uint8_t> spec_binary, const Graph& who
   plan.stages = static_cast<uint32_t>(stages.size());
   plan.members = first.count;
   plan.average_every = first.count > 1 ? first.average_every : 0;
-  plan.hash = plan_hash(spec_binary, cuts, schedule.name(), plan.stages, batch, microbatches, dtype, labels_travel,
-                        run_terms, first);
+  plan.hash = plan_hash(spec_binary, cuts, plan.stages, labels_travel, first);
+  if (!run_terms.empty()) {
+    Sha256 t;
+    t.update(reinterpret_cast<const uint8_t*>(run_terms.data()), run_terms.size());
+    plan.terms = t.finish();
+  }
   plan.dtype = dtype;
   plan.labels_travel = labels_travel;
   plan.batch = batch;
   plan.microbatches = microbatches;
   plan.classes = static_cast<int32_t>(whole.classes());
+  plan.run = run_hash(plan, schedule.name());
   for (std::size_t s = 1; s < stages.size(); ++s)  // a later stage that reads the mask: it travels from the first
     if (stages[s].inputs().size() > 1)
       for (std::size_t k = 0; k < whole.inputs().size(); ++k)
@@ -227,9 +238,14 @@ const wire::StageHello& StagePeer::hello_from(StageLink& link, const char* neigh
   if (!h->plan_hash() || h->plan_hash()->size() != plan_.hash.size() ||
       !std::equal(plan_.hash.begin(), plan_.hash.end(), h->plan_hash()->begin()))
     refuse(link, neighbour, {wire::ErrorCode::ModelMismatch,
-                             cat("the ", neighbour, " stage runs another plan (model spec, cuts, schedule, batch, K, "
-                                 "optimizer or seed differ from stage ", plan_.index,
+                             cat("the ", neighbour, " stage runs another plan (its model spec, cut list, number of "
+                                 "stages, where the labels are or first parties differ from stage ", plan_.index,
                                  "'s): give every party the same deployment")});
+  const std::string schedule = h->schedule() ? h->schedule()->str() : std::string();
+  if (schedule != schedule_.name())
+    refuse(link, neighbour, {wire::ErrorCode::ModelMismatch,
+                             cat("the ", neighbour, " stage runs the '", schedule, "' schedule and stage ", plan_.index,
+                                 " the '", schedule_.name(), "' one: give every party the same pipeline-schedule")});
   const uint32_t want = from_up ? plan_.index - 1 : plan_.index + 1;
   if (h->stage() != want || h->stages() != plan_.stages)
     refuse(link, neighbour, {wire::ErrorCode::ModelMismatch, cat("stage ", h->stage(), " of ", h->stages(),
@@ -240,11 +256,56 @@ const wire::StageHello& StagePeer::hello_from(StageLink& link, const char* neigh
                              cat("the first party on the link of member ", member, " of ", plan_.members,
                                  " says it is member ", h->member(), ": give each first party its own place in the "
                                  "deployment")});
+  if (from_up) {
+    const std::string says = cat("the previous stage plans steps of at most ", h->batch(), " samples in ",
+                                 h->microbatches(), " micro-batches");
+    if (h->microbatches() < 1 || h->batch() < h->microbatches())
+      refuse(link, neighbour, {wire::ErrorCode::ModelMismatch, cat(says, ": not a plan")});
+    if (plan_.own_terms ? h->batch() > plan_.batch || h->microbatches() > plan_.microbatches
+                        : h->batch() != plan_.batch || h->microbatches() != plan_.microbatches)
+      refuse(link, neighbour, {wire::ErrorCode::ModelMismatch,
+                               cat(says, ", and stage ", plan_.index, plan_.own_terms ? " takes at most " : " ",
+                                   plan_.batch, " in ", plan_.microbatches,
+                                   plan_.own_terms ? ": plan a smaller batch or fewer micro-batches"
+                                                   : ": give every party the same batch and microbatches")});
+    const bool terms_said = h->terms_hash() && h->terms_hash()->size() == plan_.terms.size();
+    std::array<uint8_t, 32> terms{};
+    if (terms_said) std::copy(h->terms_hash()->begin(), h->terms_hash()->end(), terms.begin());
+    if (!plan_.own_terms && terms != plan_.terms)
+      refuse(link, neighbour, {wire::ErrorCode::ModelMismatch,
+                               cat("the previous stage's run terms (the optimizer's, the seed, the epochs, the data's "
+                                   "extent, the privacy filters or checkpoint-every) differ from stage ", plan_.index,
+                                   "'s: give every party the same deployment")});
+  }
   if (from_up && shared() && h->resume_step() % plan_.members != 0)
     refuse(link, neighbour, {wire::ErrorCode::NoCheckpoint,
                              cat("member ", member, " proposes step ", h->resume_step(), ", not the end of a round of ",
                                  plan_.members, " steps")});
   return *h;
+}
+
+StageHelloFields StagePeer::hello_fields(uint64_t resume_step) const {
+  StageHelloFields f;
+  f.plan_hash = plan_.hash;
+  f.stage = plan_.index;
+  f.stages = plan_.stages;
+  f.resume_step = resume_step;
+  f.member = plan_.member;
+  f.epoch_steps = first() ? epoch_steps_ : 0;
+  f.schedule = schedule_.name();
+  f.batch = plan_.batch;
+  f.microbatches = plan_.microbatches;
+  f.dtypes = {plan_.dtype};
+  f.terms = plan_.terms;
+  return f;
+}
+
+void StagePeer::check_answer(const wire::StageHello& h) {
+  if (!h.dtypes() || h.dtypes()->size() != 1 || h.dtypes()->Get(0) != plan_.dtype)
+    refuse(*down_, "next", {wire::ErrorCode::ModelMismatch,
+                            cat("the stage after did not choose the dtype stage ", plan_.index, " offered (",
+                                dtype_name(plan_.dtype), ") for their link")});
+  down_dtype_ = h.dtypes()->Get(0);
 }
 
 Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
@@ -264,6 +325,25 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
   for (uint32_t m = 0; m < members_.size(); ++m) {  // every member's, at a shared stage: the oldest
     const Frame frame = co_await message(*members_[m], "StageHello");
     const wire::StageHello& h = hello_from(*members_[m], "previous", frame, true, shared() ? m : 0);
+    // The link's dtype: the first of the stage before's offer that this stage takes.
+    const std::vector<wire::DType> takes = plan_.accepts.empty() ? std::vector<wire::DType>{plan_.dtype} : plan_.accepts;
+    std::optional<wire::DType> chosen;
+    if (h.dtypes())
+      for (wire::DType d : *h.dtypes())
+        if (!chosen && std::find(takes.begin(), takes.end(), d) != takes.end()) chosen = d;
+    if (!chosen || (m > 0 && *chosen != up_dtype_)) {
+      std::string offered, taken;
+      if (h.dtypes())
+        for (wire::DType d : *h.dtypes()) offered += cat(offered.empty() ? "" : ", ", dtype_name(d));
+      for (wire::DType d : takes) taken += cat(taken.empty() ? "" : ", ", dtype_name(d));
+      refuse(*members_[m], "previous",
+             {wire::ErrorCode::ModelMismatch,
+              !chosen ? cat("the previous stage sends ", offered.empty() ? std::string("no dtype") : offered,
+                            " and stage ", plan_.index, " takes ", taken, ": give every party the same wire-dtype")
+                      : cat("member ", m, " sends ", dtype_name(*chosen), " and member 0 ", dtype_name(up_dtype_),
+                            ": give every first party the same wire-dtype")});
+    }
+    up_dtype_ = *chosen;
     proposal = std::min(proposal, h.resume_step());
     if (!shared() || h.epoch_steps() == 0) continue;
     if (epoch_steps == 0) {
@@ -290,8 +370,7 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
     }
     ended_ = !reached;
     if (reached) {
-      down_->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start, kWireFormat, plan_.member,
-                                      first() ? epoch_steps_ : 0));
+      down_->send(writer_.stage_hello(hello_fields(start)));
       answer_frame = co_await message(*down_, "StageHello");
       ended_ = verified(*down_, "next", answer_frame)->payload_type() == wire::Payload::Bye;
       if (ended_ && !ended_step_)
@@ -300,7 +379,9 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
                                     " has no record of its end: start every party again from empty checkpoint-dirs")});
     }
     if (!ended_) {
-      const uint64_t answer = hello_from(*down_, "next", answer_frame, false).resume_step();
+      const wire::StageHello& h = hello_from(*down_, "next", answer_frame, false);
+      check_answer(h);
+      const uint64_t answer = h.resume_step();
       if (answer > start || !have(answer))
         refuse(*down_, "next", {wire::ErrorCode::NoCheckpoint,
                                 cat("the stage after answered step ", answer, " to start from; stage ", plan_.index,
@@ -319,7 +400,11 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
     next_step_ = *ended_step_;
     co_return *ended_step_;
   }
-  for (StageLink* up : members_) up->send(writer_.stage_hello(plan_.hash, plan_.index, plan_.stages, start));
+  for (StageLink* up : members_) {
+    StageHelloFields answer = hello_fields(start);
+    answer.dtypes = {up_dtype_};
+    up->send(writer_.stage_hello(answer));
+  }
   // A member trains its own turns: the first of the round `start` begins.
   next_step_ = first() ? start + plan_.member : start;
   version_ = first() ? start / plan_.members : start;  // the updates the restored weights have had
@@ -449,7 +534,7 @@ bool StagePeer::check_activations(const Frame& frame, const wire::Activations& a
   if (!read_mask(a.mask(), count, mask_tokens, slot.mask, error)) return false;
   slot.inputs.clear();
   slot.inputs.push_back(read_tensor(frame, t, Graph::at_length(cut.shape, cut.tokens, length).batched(count),
-                                    "activations", plan_.dtype, slot.decoded, error));
+                                    "activations", up_dtype_, slot.decoded, error));
   if (!slot.inputs[0].defined()) return false;
   if (graph.inputs().size() > 1) slot.inputs.push_back(slot.mask);
   if (plan_.labels_travel) slot.labels.assign(a.labels()->begin(), a.labels()->end());
@@ -583,7 +668,7 @@ Task<> StagePeer::take_from_downstream(const char* awaiting) {
     refuse(*down_, "next", {wire::ErrorCode::BadTensor, cat("micro-batch ", g->microbatch(), "'s loss ", g->loss(),
                                                             " or correct count ", g->correct(), " is impossible")});
   slot.grad = read_tensor(frame, g->tensor(), stage_.network().output(static_cast<int>(index)).shape(),
-                          "gradients", plan_.dtype, slot.grad_decoded, error);
+                          "gradients", down_dtype_, slot.grad_decoded, error);
   if (!slot.grad.defined()) refuse(*down_, "next", error);
   slot.loss = g->loss();
   slot.correct = g->correct();
@@ -755,7 +840,7 @@ Task<> StagePeer::run_step(const StepHeader& header, std::span<const Tensor> fir
       const Tensor* sent = &out;
       for (LinkFilter* f : down_filters_) sent = &f->activations_out(*sent, mb, range.begin);
       down_->send(writer_.activations(down_header(header), plan_.index, mb, version_, *sent, sent_labels, mask,
-                                      plan_.dtype));
+                                      down_dtype_));
       slots_[slot].sent = true;
     }
   }
@@ -963,7 +1048,7 @@ Task<> StagePeer::back_up(const PipelineAction& a, const StepHeader& h, uint32_t
   const Tensor* up = &g;
   for (LinkFilter* f : up_filters_) up = &f->gradient_out(*up, mb, h.samples);
   up_->send(writer_.gradients(plan_.index, h.step, mb, version_, *up, hides_loss_ ? 0.0f : slots_[slot].loss,
-                              hides_loss_ ? 0 : slots_[slot].correct, plan_.dtype));
+                              hides_loss_ ? 0 : slots_[slot].correct, up_dtype_));
 }
 
 // The asynchronous schedule's step in flight, backed up now on the weights its forwards used
@@ -1012,7 +1097,7 @@ Task<> StagePeer::run_evaluation(const StepHeader& header, std::span<const Tenso
           plan_.labels_travel ? std::span<const int32_t>(labels, static_cast<std::size_t>(range.count))
                               : std::span<const int32_t>();
       down_->send(writer_.activations(down_header(header), plan_.index, mb, version_, *sent, sent_labels, mask,
-                                      plan_.dtype));
+                                      down_dtype_));
       slots_[slot].sent = true;
       continue;
     }

@@ -77,16 +77,30 @@ class StageLink {
 // What every stage of a pipeline agrees on, and which of them this one is.
 struct StagePlan {
   uint32_t index = 0, stages = 1;
-  std::array<uint8_t, 32> hash{};  // plan_hash(): the same at every stage
+  std::array<uint8_t, 32> hash{};  // plan_hash(): the plan's shape, the same at every stage
+  // SHA-256 of the run's other terms (run_terms: the optimizer's, the seed...), the same at
+  // every stage unless own_terms; all zero: none.
+  std::array<uint8_t, 32> terms{};
+  // The whole plan: hash, terms, schedule, batch, K and dtype together (run_hash()), for what a
+  // party keeps of this run (checkpoints, end records, its egress log): another run's is refused.
+  std::array<uint8_t, 32> run{};
   uint32_t batch = 0, microbatches = 0;  // the most samples and micro-batches a step may have
   int32_t classes = 0;  // labels range over [0, classes)
   // Whether the first stage's mask input travels down the chain (a later stage reads it):
   // the first stage's input index, or -1; later stages get the width from mask_tokens.
   int mask_input = -1;
   int64_t mask_tokens = 0;
-  // How activations and gradients travel on every link (core/wire/tensor_codec.h): f32, or
-  // f16, bf16 or i8 to halve or quarter the bytes.
+  // How activations and gradients travel (core/wire/tensor_codec.h): f32, or f16, bf16 or i8
+  // to halve or quarter the bytes. The stage before offers its own in its StageHello; the
+  // stage after takes it when it is one of `accepts` (empty: `dtype` alone), and both ends of
+  // the link then use it both ways.
   wire::DType dtype = wire::DType::F32;
+  std::vector<wire::DType> accepts;
+  // A stage serving parties that each train a model of their own (later-stages = "own", a
+  // cloud's sessions): the party before says its own terms. It may plan a smaller batch and
+  // fewer micro-batches than this stage's (`batch` and `microbatches` are then the most it
+  // takes) and other run terms (its optimizer is its own). Elsewhere every stage's are equal.
+  bool own_terms = false;
   // Whether the labels travel down the chain with the activations. When not, the loss stage
   // runs where the data is (the first party's machine) and reads them there (labels_from):
   // no other party ever receives one.
@@ -111,15 +125,14 @@ struct FirstParties {
   uint32_t average_every = 0;  // rounds
 };
 
-// SHA-256 over the binary model spec and, each after a zero byte, the cut list, the
-// schedule's name, the number of stages, the batch, K, (when not f32) the links' dtype, where
-// the labels are, `run_terms` (the host's other terms every stage must share: the
-// optimizer's options, the seed) and (when more than one) the first parties' number: what
-// StageHello carries.
-std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts,
-                                  const std::string& schedule, uint32_t stages, uint32_t batch, uint32_t microbatches,
-                                  wire::DType dtype = wire::DType::F32, bool labels_travel = true,
-                                  const std::string& run_terms = "", const FirstParties& first = {});
+// The plan's shape, what every stage of it shares whoever it serves: SHA-256 over the binary
+// model spec and, each after a zero byte, the cut list, the number of stages, where the labels
+// are and (when more than one) the first parties' number and averaging. StageHello carries it
+// beside the terms it says one by one (the schedule, batch, K, dtypes, run_terms' hash).
+std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts, uint32_t stages,
+                                  bool labels_travel = true, const FirstParties& first = {});
+// StagePlan::run of a plan under `schedule`.
+std::array<uint8_t, 32> run_hash(const StagePlan& plan, const std::string& schedule);
 
 // Stage `index`'s plan among `stages` (whole.partition(cut_list(cuts))), run under `schedule`
 // with at most `batch` samples a step in at most `microbatches`; `members` first parties
@@ -348,6 +361,11 @@ class StagePeer {
   Stage& stage_;
   const PipelineSchedule& schedule_;
   StagePlan plan_;
+  // The links' dtypes, chosen at connect: the stage after's answer (down), and this stage's
+  // choice among the stage before's offer (up; every member of a shared stage must offer it).
+  wire::DType down_dtype_ = wire::DType::F32, up_dtype_ = wire::DType::F32;
+  StageHelloFields hello_fields(uint64_t resume_step) const;  // what this stage says
+  void check_answer(const wire::StageHello& h);  // the stage after's: the dtype chosen
   StageLink *up_, *down_;  // up_: the shared stage's, the member whose turn it is
   std::vector<StageLink*> members_;  // the shared stage: a link a member
   uint32_t turn_ = 0;                // the shared stage: the member whose turn it is

@@ -27,6 +27,26 @@ namespace tandem::test {
 extern const char* const kTinyEncoderSpec;  // pipeline_tests.cpp
 namespace {
 
+// What stage `stage` of `stages` of `plan`, run under `schedule`, says in its StageHello
+// (proposing `step`; a first party's member and epoch steps); the answer of a stage after says
+// the same dtype, the one it chose.
+StageHelloFields said(const StagePlan& plan, const PipelineSchedule& schedule, uint32_t stage, uint32_t stages,
+                      uint64_t step, uint32_t member = 0, uint64_t epoch_steps = 0) {
+  StageHelloFields f;
+  f.plan_hash = plan.hash;
+  f.stage = stage;
+  f.stages = stages;
+  f.resume_step = step;
+  f.member = member;
+  f.epoch_steps = epoch_steps;
+  f.schedule = schedule.name();
+  f.batch = plan.batch;
+  f.microbatches = plan.microbatches;
+  f.dtypes = {plan.dtype};
+  f.terms = plan.terms;
+  return f;
+}
+
 struct PeerStage {
   std::unique_ptr<Backend> backend;
   std::unique_ptr<Network> net;
@@ -383,7 +403,7 @@ struct LastStage {
   }
   void send(std::span<const uint8_t> bytes) { before->send(bytes); }
   void hello() {
-    send(writer.stage_hello(plan.hash, 0, 2, 0));
+    send(writer.stage_hello(said(plan, schedule, 0, 2, 0)));
     EXPECT_EQ(peer->connect({}), 0u);
     (void)before->receive("the answer");
   }
@@ -403,26 +423,29 @@ struct LastStage {
 
 TEST(StagePeerBadInput, AHelloOfAnotherPlanIsRefused) {
   LastStage t;
-  std::array<uint8_t, 32> other = t.plan.hash;
-  other[0] ^= 1;
-  t.send(t.writer.stage_hello(other, 0, 2, 0));
+  StageHelloFields other = said(t.plan, t.schedule, 0, 2, 0);
+  other.plan_hash[0] ^= 1;
+  t.send(t.writer.stage_hello(other));
   EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
-            "[stage] stage 1 refused the previous stage's message: the previous stage runs another plan (model spec, "
-            "cuts, schedule, batch, K, optimizer or seed differ from stage 1's): give every party the same deployment");
+            "[stage] stage 1 refused the previous stage's message: the previous stage runs another plan (its model "
+            "spec, cut list, number of stages, where the labels are or first parties differ from stage 1's): give "
+            "every party the same deployment");
   EXPECT_EQ(t.up->refused.code, wire::ErrorCode::ModelMismatch);
 }
 
 TEST(StagePeerBadInput, AHelloFromTheWrongStageOrFormatIsRefused) {
   {
     LastStage t;
-    t.send(t.writer.stage_hello(t.plan.hash, 1, 2, 0));
+    t.send(t.writer.stage_hello(said(t.plan, t.schedule, 1, 2, 0)));
     EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
               "[stage] stage 1 refused the previous stage's message: stage 1 of 2 linked to stage 1 of 2");
     EXPECT_EQ(t.up->refused.code, wire::ErrorCode::ModelMismatch);
   }
   {
     LastStage t;
-    t.send(t.writer.stage_hello(t.plan.hash, 0, 2, 0, kWireFormat - 1));
+    StageHelloFields old = said(t.plan, t.schedule, 0, 2, 0);
+    old.format = kWireFormat - 1;
+    t.send(t.writer.stage_hello(old));
     EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
               cat("[stage] stage 1 refused the previous stage's message: wire format ", kWireFormat - 1,
                   "; this stage speaks ", kWireFormat));
@@ -430,11 +453,119 @@ TEST(StagePeerBadInput, AHelloFromTheWrongStageOrFormatIsRefused) {
   }
 }
 
+// StageHello says the run's terms one by one: a stage names the one the stage before has
+// another of.
+TEST(StagePeerBadInput, AHelloOfOtherTermsIsRefusedNamingTheTerm) {
+  const std::string refused = "[stage] stage 1 refused the previous stage's message: ";
+  const auto refusal = [&](const std::function<void(StageHelloFields&)>& change) {
+    LastStage t;
+    StageHelloFields f = said(t.plan, t.schedule, 0, 2, 0);
+    change(f);
+    t.send(t.writer.stage_hello(f));
+    const std::string error = error_of([&] { t.peer->connect({}); });
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::ModelMismatch) << error;
+    return error.substr(0, refused.size()) == refused ? error.substr(refused.size()) : error;
+  };
+  EXPECT_EQ(refusal([](StageHelloFields& f) { f.schedule = "1f1b"; }),
+            "the previous stage runs the '1f1b' schedule and stage 1 the 'gpipe' one: give every party the same "
+            "pipeline-schedule");
+  EXPECT_EQ(refusal([](StageHelloFields& f) { f.batch = 16; }),
+            "the previous stage plans steps of at most 16 samples in 2 micro-batches, and stage 1 8 in 2: give every "
+            "party the same batch and microbatches");
+  EXPECT_EQ(refusal([](StageHelloFields& f) { f.microbatches = 1; }),
+            "the previous stage plans steps of at most 8 samples in 1 micro-batches, and stage 1 8 in 2: give every "
+            "party the same batch and microbatches");
+  EXPECT_EQ(refusal([](StageHelloFields& f) { f.microbatches = 9; }),
+            "the previous stage plans steps of at most 8 samples in 9 micro-batches: not a plan");
+  EXPECT_EQ(refusal([](StageHelloFields& f) { f.terms[3] ^= 1; }),
+            "the previous stage's run terms (the optimizer's, the seed, the epochs, the data's extent, the privacy "
+            "filters or checkpoint-every) differ from stage 1's: give every party the same deployment");
+  EXPECT_EQ(refusal([](StageHelloFields& f) { f.dtypes = {wire::DType::F16, wire::DType::I8}; }),
+            "the previous stage sends f16, i8 and stage 1 takes f32: give every party the same wire-dtype");
+  EXPECT_EQ(refusal([](StageHelloFields& f) { f.dtypes = {}; }),
+            "the previous stage sends no dtype and stage 1 takes f32: give every party the same wire-dtype");
+}
+
+// A stage serving parties of their own terms (later-stages = "own", a cloud's sessions) takes
+// a smaller batch and fewer micro-batches than its own, other run terms, and the first dtype
+// offered that it takes, which it answers; a larger batch it refuses.
+TEST(StagePeer, AStageOfOwnTermsTakesTheTermsOfThePartyBeforeWithinItsOwn) {
+  const auto host = [](LastStage& t) {
+    t.plan.batch = 16;
+    t.plan.microbatches = 4;
+    t.plan.own_terms = true;
+    t.plan.accepts = {wire::DType::F32, wire::DType::BF16, wire::DType::F16};
+    t.peer = std::make_unique<StagePeer>(*t.stage.stage, t.schedule, t.plan, t.up.get(), nullptr);
+  };
+  {
+    LastStage t;
+    StageHelloFields f = said(t.plan, t.schedule, 0, 2, 0);  // batch 8 in 2
+    host(t);
+    f.terms[0] ^= 1;
+    f.dtypes = {wire::DType::I8, wire::DType::F16, wire::DType::F32};
+    t.send(t.writer.stage_hello(f));
+    EXPECT_EQ(t.peer->connect({}), 0u);
+    const Frame answer = t.before->receive("the answer");
+    const wire::StageHello* h = wire::GetMessage(answer.data())->payload_as_StageHello();
+    ASSERT_NE(h, nullptr);
+    ASSERT_EQ(h->dtypes()->size(), 1u);
+    EXPECT_EQ(h->dtypes()->Get(0), wire::DType::F16);  // i8 it does not take
+    // A step of the party's batch trains, its activations and gradients in f16.
+    Tensor x = Tensor::empty(Shape{4, 7, 7, 64});
+    x.fill(0.5f);
+    const std::vector<int32_t> labels(4, 1);
+    for (uint32_t mb = 0; mb < 2; ++mb)
+      t.send(t.writer.activations({0, 8, 2, 1.0f, false}, 0, mb, 0, x, labels, nullptr, wire::DType::F16));
+    StepStats stats;
+    EXPECT_TRUE(t.peer->follow_step(stats));
+    for (uint32_t mb = 0; mb < 2; ++mb) {
+      const Frame g = t.before->receive("gradients");
+      const wire::Gradients* grad = wire::GetMessage(g.data())->payload_as_Gradients();
+      ASSERT_NE(grad, nullptr);
+      EXPECT_EQ(grad->tensor()->dtype(), wire::DType::F16);
+    }
+  }
+  {
+    LastStage t;
+    StageHelloFields f = said(t.plan, t.schedule, 0, 2, 0);
+    f.batch = 32;
+    host(t);
+    t.send(t.writer.stage_hello(f));
+    EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
+              "[stage] stage 1 refused the previous stage's message: the previous stage plans steps of at most 32 "
+              "samples in 2 micro-batches, and stage 1 takes at most 16 in 4: plan a smaller batch or fewer "
+              "micro-batches");
+    EXPECT_EQ(t.up->refused.code, wire::ErrorCode::ModelMismatch);
+  }
+}
+
+// The stage after must answer with the dtype this stage offered.
+TEST(StagePeerBadInput, AnAnswerWithAnotherDtypeIsRefused) {
+  ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  Graph graph = Graph::build(spec);
+  std::vector<Graph> parts = graph.partition({"pool2"});
+  std::unique_ptr<Backend> backend = make_test_backend("reference");
+  Network init{graph, *backend, 3};
+  PeerStage a = make_stage(parts[0], init);
+  GPipeSchedule schedule;
+  const StagePlan plan = make_stage_plan(spec.binary, graph, "pool2", parts, 0, schedule, 8, 2);
+  auto [down, after] = MemoryLink::pair();
+  StagePeer first(*a.stage, schedule, plan, nullptr, down.get());
+  MessageWriter w;
+  StageHelloFields answer = said(plan, schedule, 1, 2, 0);
+  answer.dtypes = {wire::DType::BF16};
+  after->send(w.stage_hello(answer));
+  EXPECT_EQ(error_of([&] { first.connect({}); }),
+            "[stage] stage 0 refused the next stage's message: the stage after did not choose the dtype stage 0 "
+            "offered (f32) for their link");
+  EXPECT_EQ(down->refused.code, wire::ErrorCode::ModelMismatch);
+}
+
 // The step to start from: the newest checkpoint at or before the stage before's proposal.
 TEST(StagePeer, TheStepToStartFromIsTheNewestCheckpointAtOrBeforeTheProposal) {
   for (const auto& [proposal, want] : std::vector<std::pair<uint64_t, uint64_t>>{{7, 4}, {8, 8}, {3, 0}, {20, 8}}) {
     LastStage t;
-    t.send(t.writer.stage_hello(t.plan.hash, 0, 2, proposal));
+    t.send(t.writer.stage_hello(said(t.plan, t.schedule, 0, 2, proposal)));
     const std::vector<uint64_t> have{4, 8};
     EXPECT_EQ(t.peer->connect(have), want) << proposal;
     EXPECT_EQ(t.peer->next_step(), want);
@@ -598,7 +729,7 @@ TEST(StagePeerBadInput, AnEvaluationThatAsksForACheckpointOrIsAnsweredWithGradie
   std::thread next([&, after = after.get()] {
     (void)after->receive("StageHello");
     MessageWriter w;
-    after->send(w.stage_hello(plan.hash, 1, 2, 0));
+    after->send(w.stage_hello(said(plan, schedule, 1, 2, 0)));
     (void)after->receive("evaluation activations");
     after->send(w.gradients(1, 0, 0, 0, Tensor::empty(Shape{4, 7, 7, 64}), 1.0f, 1));
   });
@@ -722,11 +853,18 @@ TEST(StagePeer, WhereTheLabelsStayTheLossStageReadsItsOwnAndRefusesAnyThatArrive
     const StagePlan other =
         make_stage_plan(t.spec.binary, t.graph, "pool2", t.parts, 1, t.schedule, 8, 2, wire::DType::F32, false);
     EXPECT_NE(other.hash, t.plan.hash);
-    // so is one whose optimizer or seed differ (the host's run terms)
-    EXPECT_NE(make_stage_plan(t.spec.binary, t.graph, "pool2", t.parts, 1, t.schedule, 8, 2, wire::DType::F32, true,
-                              "lr=0.1\n")
-                  .hash,
-              t.plan.hash);
+    // one whose optimizer or seed differ (the host's run terms) says other terms, and is another run
+    const StagePlan lr = make_stage_plan(t.spec.binary, t.graph, "pool2", t.parts, 1, t.schedule, 8, 2,
+                                         wire::DType::F32, true, "lr=0.1\n");
+    EXPECT_EQ(lr.hash, t.plan.hash);
+    EXPECT_NE(lr.terms, t.plan.terms);
+    EXPECT_NE(lr.run, t.plan.run);
+    // as is one of another batch, K, dtype or schedule
+    EXPECT_NE(make_stage_plan(t.spec.binary, t.graph, "pool2", t.parts, 1, t.schedule, 16, 2).run, t.plan.run);
+    EXPECT_NE(make_stage_plan(t.spec.binary, t.graph, "pool2", t.parts, 1, t.schedule, 8, 4).run, t.plan.run);
+    EXPECT_NE(make_stage_plan(t.spec.binary, t.graph, "pool2", t.parts, 1, t.schedule, 8, 2, wire::DType::F16).run,
+              t.plan.run);
+    EXPECT_NE(make_stage_plan(t.spec.binary, t.graph, "pool2", t.parts, 1, OneFOneBSchedule(), 8, 2).run, t.plan.run);
   }
 }
 
@@ -1060,8 +1198,8 @@ struct ScriptedMiddle {
 // Under the asynchronous schedule, linked (from step 0).
 struct AsyncMiddle : ScriptedMiddle<AsyncStashSchedule> {
   AsyncMiddle() {
-    before->send(writer.stage_hello(plan.hash, 0, 3, 0));
-    after->send(writer.stage_hello(plan.hash, 2, 3, 0));
+    before->send(writer.stage_hello(said(plan, schedule, 0, 3, 0)));
+    after->send(writer.stage_hello(said(plan, schedule, 2, 3, 0)));
     EXPECT_EQ(peer->connect({}), 0u);
     (void)before->receive("the answer");
     (void)after->receive("the hello");
@@ -1122,7 +1260,7 @@ TEST(StagePeer, AMiddleStageRecordsItsEndThenAnswersByeOnceTheStageAfterHasRecor
   {
     AsyncMiddle t;
     t.before->send(t.writer.bye("done"));
-    t.after->send(t.writer.stage_hello(t.plan.hash, 2, 3, 0));
+    t.after->send(t.writer.stage_hello(said(t.plan, t.schedule, 2, 3, 0)));
     EXPECT_EQ(t.follow(), "[stage] stage 1 refused the next stage's message: expected Bye after this stage's Bye, got StageHello");
     EXPECT_EQ(t.down->refused.code, wire::ErrorCode::UnexpectedMessage);
   }
@@ -1153,7 +1291,7 @@ TEST(StagePeer, AMiddleStageRecordsItsEndThenAnswersByeOnceTheStageAfterHasRecor
 // Under gpipe, the stage before's StageHello (proposing step 4) sent, not yet linked.
 struct UnlinkedMiddle : ScriptedMiddle<GPipeSchedule> {
   explicit UnlinkedMiddle(StageLink* downstream = nullptr) : ScriptedMiddle(downstream) {
-    before->send(writer.stage_hello(plan.hash, 0, 3, 4));
+    before->send(writer.stage_hello(said(plan, schedule, 0, 3, 4)));
   }
   wire::Payload answer_up(std::string* reason = nullptr) {
     const Frame f = before->receive("the answer");
@@ -1180,7 +1318,7 @@ TEST(StagePeer, AStageThatRecordedTheRunsEndLinksAgainAndFindsOutWhetherTheStage
   {
     LastStage t;
     t.peer->set_ended(5, false);  // the last stage's record needs no answer
-    t.send(t.writer.stage_hello(t.plan.hash, 0, 2, 4));
+    t.send(t.writer.stage_hello(said(t.plan, t.schedule, 0, 2, 4)));
     EXPECT_EQ(t.peer->connect({}), 5u);
     EXPECT_TRUE(t.peer->ended());
     const Frame f = t.before->receive("the answer");
@@ -1223,13 +1361,13 @@ TEST(StagePeer, AStageThatRecordedTheRunsEndLinksAgainAndFindsOutWhetherTheStage
       dropped = true;
       EXPECT_EQ(t.up->sent, 0u) << "the stage before heard the run goes on before the record was dropped";
     });
-    t.after->send(t.writer.stage_hello(t.plan.hash, 2, 3, 0));
+    t.after->send(t.writer.stage_hello(said(t.plan, t.schedule, 2, 3, 0)));
     EXPECT_EQ(t.peer->connect({}), 0u);
     EXPECT_FALSE(t.peer->ended());
     EXPECT_TRUE(dropped);
     EXPECT_EQ(t.answer_up(), wire::Payload::StageHello);
     t.peer->reset();
-    t.before->send(t.writer.stage_hello(t.plan.hash, 0, 3, 0));
+    t.before->send(t.writer.stage_hello(said(t.plan, t.schedule, 0, 3, 0)));
     t.after->send(t.writer.bye("ended"));
     EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
               "[stage] stage 1 refused the next stage's message: the stages after have ended the run, but stage 1 has "
@@ -1432,7 +1570,7 @@ TEST(StagePeerBadInput, EvaluatedOfAnotherStageStepOrMicroBatchTwiceOrImpossible
     PeerStage stage = make_stage(parts[0], init);
     auto [down, after] = MemoryLink::pair();
     StagePeer peer(*stage.stage, schedule, plan, nullptr, down.get());
-    after->send(writer.stage_hello(plan.hash, 1, 2, 0));
+    after->send(writer.stage_hello(said(plan, schedule, 1, 2, 0)));
     EXPECT_EQ(peer.connect({}), 0u);
     for (const auto& reply : c.replies) after->send(reply());
     EXPECT_EQ(error_of([&] { peer.evaluate(x, labels.data(), 0); }), c.error);
@@ -1657,8 +1795,8 @@ struct SharedLastStage {
     EXPECT_TRUE(peer->follow_step(s));
   }
   void hellos(uint32_t member1_says = 1, uint64_t resume0 = 0, uint64_t epoch1 = 10) {
-    before[0]->send(writer.stage_hello(plan.hash, 0, 2, resume0, kWireFormat, 0, 10));
-    before[1]->send(writer.stage_hello(plan.hash, 0, 2, 0, kWireFormat, member1_says, epoch1));
+    before[0]->send(writer.stage_hello(said(plan, schedule, 0, 2, resume0, 0, 10)));
+    before[1]->send(writer.stage_hello(said(plan, schedule, 0, 2, 0, member1_says, epoch1)));
   }
   void activations(int m, uint64_t step, uint32_t mb, bool checkpoint = false) {
     Tensor t = Tensor::empty(Shape{4, 7, 7, 64});

@@ -26,7 +26,7 @@ const std::vector<std::string>& run_keys() {
 const std::vector<std::string>& party_keys() {
   static const std::vector<std::string> keys = {"address", "identity", "backend", "threads", "executors", "export",
                                                 "checkpoint-dir", "metrics-listen", "egress-log", "data", "limit",
-                                                "layer-shards", "shard-set", "shard-addresses", "shard-allow-public"};
+                                                "batch", "microbatches", "wire-dtype", "layer-shards", "shard-set", "shard-addresses", "shard-allow-public"};
   return keys;
 }
 
@@ -113,6 +113,12 @@ Deployment read_deployment(const std::string& path) {
       p.data = value == "fashion-mnist" ? value : relative(value);
     } else if (item.name == "limit") {
       p.limit = value;
+    } else if (item.name == "batch") {
+      p.batch = value;
+    } else if (item.name == "microbatches") {
+      p.microbatches = value;
+    } else if (item.name == "wire-dtype") {
+      p.wire_dtype = value;
     } else if (item.name == "layer-shards") {
       p.layer_shards = std::atoi(value.c_str());
       if (p.layer_shards < 1 || p.layer_shards > 64)
@@ -133,7 +139,8 @@ Deployment read_deployment(const std::string& path) {
     } else {
       fail("cli", cat(path, ": [", name, "] has an unknown key '", item.name, "'", suggestion(item.name, party_keys()),
                       " (a party's keys: address, identity, backend, threads, executors, export, checkpoint-dir, metrics-listen, egress-log, "
-                      "layer-shards, shard-set, shard-addresses, shard-allow-public, and a first party's data and limit)"));
+                      "layer-shards, shard-set, shard-addresses, shard-allow-public, and a first party's data and limit, "
+                      "and with later-stages = \"own\" its batch, microbatches and wire-dtype)"));
     }
   }
   if (d.parties.size() < 2)
@@ -157,6 +164,13 @@ Deployment read_deployment(const std::string& path) {
     if (p.shard_addresses.size() > 1 && p.shard_addresses.size() != static_cast<std::size_t>(p.layer_shards))
       fail("cli", cat(path, ": [", p.name, "] shard-addresses names ", p.shard_addresses.size(), " addresses for ",
                       p.layer_shards, " members: one for all, or one a member (member 0's first)"));
+    const bool own = d.run.count("later-stages") && d.run.at("later-stages") == "own";
+    for (const auto& [key, value] : {std::pair<const char*, const std::string&>{"batch", p.batch},
+                                     {"microbatches", p.microbatches}, {"wire-dtype", p.wire_dtype}})
+      if (!value.empty() && (i >= first_parties || !own))
+        fail("cli", cat(path, ": [", p.name, "] gives ", key, ": a party's own batch, microbatches and wire-dtype are "
+                        "a first party's with later-stages = \"own\" (each trains a model of its own); elsewhere every "
+                        "party takes the run's, at the top"));
     if (i >= first_parties && (!p.data.empty() || !p.limit.empty()))
       fail("cli", cat(path, ": [", p.name, "] gives ", p.data.empty() ? "limit" : "data", ": only a first party reads "
                       "data (the run's data and limit are at the top)"));

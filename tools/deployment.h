@@ -32,6 +32,10 @@ struct DeploymentParty {
   // A first party's own data (a data set folder, or fashion-mnist) and how many of its samples
   // to keep, in place of the run's: each hospital's own ("" : the run's).
   std::string data, limit;
+  // With later-stages = "own", a first party's own batch, micro-batches and wire dtype, in
+  // place of the run's (which are then the most the later party takes): each hospital's own
+  // ("" : the run's).
+  std::string batch, microbatches, wire_dtype;
   // Its stage split into layer shards (tensor parallel, pipeline/layer_shards.h): S members,
   // member 0 this party's process, the others `tandem stage --party NAME --shard R`, meeting
   // in shard-set (a folder they all reach), each listening for the others on its address

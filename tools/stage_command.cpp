@@ -426,12 +426,25 @@ int run_party(const CliArgs& cli) {
                     own ? std::string("with later-stages = \"own\" the party after it holds the loss")
                         : cat("with ", members, " first parties there is no one such machine"),
                     ": let the labels travel"));
-  const auto batch = static_cast<uint32_t>(args.integer("batch", 64, 1));
-  const auto microbatches = static_cast<uint32_t>(args.integer("microbatches", 4, 1));
+  // A hospital of later-stages = "own" may give its own batch, micro-batches and wire dtype in
+  // its section; the run's are then the most the later party takes from any of them.
+  const auto run_batch = static_cast<uint32_t>(args.integer("batch", 64, 1));
+  const auto run_microbatches = static_cast<uint32_t>(args.integer("microbatches", 4, 1));
+  const CliArgs own_terms({{"batch", self.batch}, {"microbatches", self.microbatches}});
+  const auto own_or_run = [&](const char* key, uint32_t run) {
+    if (own_terms.str(key, "").empty()) return run;
+    const auto value = static_cast<uint32_t>(own_terms.integer(key, 1, 1));
+    if (value > run)
+      fail("cli", cat(deployment.path, ": [", party_name, "] ", key, " = ", value, " is more than the run's ", key,
+                      " = ", run, ", the most the later party takes: the top's batch and microbatches bound every "
+                      "first party's"));
+    return value;
+  };
+  const uint32_t batch = own_or_run("batch", run_batch), microbatches = own_or_run("microbatches", run_microbatches);
   const uint64_t seed = static_cast<uint64_t>(args.integer("seed", 1, 0));
   const int64_t epochs = args.integer("epochs", 1, 1);
 
-  const std::string dtype_text = args.str("wire-dtype", "f32");
+  const std::string dtype_text = self.wire_dtype.empty() ? args.str("wire-dtype", "f32") : self.wire_dtype;
   const std::optional<wire::DType> dtype = parse_dtype(dtype_text);
   if (!dtype) fail("cli", cat(deployment.path, ": wire-dtype = '", dtype_text, "' is not one of f32, f16, bf16, i8"));
   // labels = "first-party": the labels never leave the first party; the last party, on its
@@ -460,6 +473,10 @@ int run_party(const CliArgs& cli) {
   StagePlan plan = make_stage_plan(spec.binary, graph, cut, stage_graphs, index, *schedule, batch, microbatches,
                                    *dtype, labels_at == "travel", run_terms, FirstParties{taking_turns, average_every});
   plan.member = member;
+  if (own && index > 0) {  // each first party's own terms, up to the run's; any dtype
+    plan.own_terms = true;
+    plan.accepts = {wire::DType::F32, wire::DType::F16, wire::DType::BF16, wire::DType::I8};
+  }
 
   BackendOptions backend_options;
   backend_options.threads = self.threads;
@@ -520,7 +537,7 @@ int run_party(const CliArgs& cli) {
   meta.role = "stage";
   meta.client_id = party_name;
   meta.cut = cut;
-  meta.model_hash = plan.hash;
+  meta.model_hash = plan.run;
   const std::vector<uint8_t> initial = encode_checkpoint(meta, net, optimizer.get());
 
   // Listen first: the party before may connect at once. This party links to the one after
@@ -539,7 +556,7 @@ int run_party(const CliArgs& cli) {
   std::unique_ptr<EgressLogFile> egress;
   if (!self.egress_log.empty()) {
     egress = std::make_unique<EgressLogFile>(self.egress_log);
-    egress->audit().begin_run(party_name, spec.name, cut, plan.hash);
+    egress->audit().begin_run(party_name, spec.name, cut, plan.run);
     if (up) up->audit = &egress->audit();
     if (down) down->audit = &egress->audit();
   }
@@ -656,7 +673,7 @@ int run_party(const CliArgs& cli) {
   // Bye came back "acknowledged"), after the export: a process started again after it finds
   // out from the stages after whether the run ended there too (StagePeer::set_ended), rather
   // than train again or wait for parties gone.
-  const std::string plan_hex = to_hex(plan.hash.data(), plan.hash.size());
+  const std::string plan_hex = to_hex(plan.run.data(), plan.run.size());
   const std::string end_record = store ? cat(self.checkpoint_dir, "/stage", index, ".ended") : std::string();
   std::optional<uint64_t> end_step;  // this party's end, recorded (in this process or one before)
   bool end_acknowledged = false;
@@ -737,10 +754,10 @@ int run_party(const CliArgs& cli) {
   if (index == 0 && cut_noise && store) {
     // The plan, and a first party's own data: another limit is another sampling rate.
     Sha256 terms;
-    terms.update(plan.hash.data(), plan.hash.size());
+    terms.update(plan.run.data(), plan.run.size());
     const std::string own = own_data ? cat(" data=", self.data, " limit=", self.limit) : std::string();
     terms.update(own.data(), own.size());
-    const std::array<uint8_t, 32> key = own_data ? terms.finish() : plan.hash;
+    const std::array<uint8_t, 32> key = own_data ? terms.finish() : plan.run;
     ledger.emplace(self.checkpoint_dir, to_hex(key.data(), key.size()));
     if (ledger->releases() > 0)
       std::fprintf(stderr, "%s: %llu noised releases of the training set before this process\n",
@@ -779,7 +796,7 @@ int run_party(const CliArgs& cli) {
         releases = std::max(releases, own_start);
       }
       const CheckpointData state = start == 0 ? decode_checkpoint(initial) : store->load_step(start);
-      if (state.meta.model_hash != plan.hash || state.meta.step != start || state.meta.role != "stage")
+      if (state.meta.model_hash != plan.run || state.meta.step != start || state.meta.role != "stage")
         fail("stage", cat(self.checkpoint_dir, " holds a checkpoint of step ", state.meta.step,
                           " from another plan or party: move it away, or start this deployment in an empty checkpoint-dir"));
       restore_checkpoint(state, net, optimizer.get());

@@ -62,7 +62,7 @@ int run_stage_host(const StageHostRun& r) {
   CheckpointMeta meta;
   meta.role = "stage";
   meta.cut = r.cut;
-  meta.model_hash = r.plan.hash;
+  meta.model_hash = r.plan.run;
   std::unique_ptr<Backend> reference = make_backend("reference");
   StageHostHooks hooks;
   // The executors (tools/stage_command.cpp: one a session, or the party's `executors`), each
@@ -98,7 +98,7 @@ int run_stage_host(const StageHostRun& r) {
     auto& s = static_cast<SessionStage&>(h);
     if (s.store) std::filesystem::remove(finished_marker(name));  // it runs again
     const CheckpointData state = step == 0 ? decode_checkpoint(s.initial) : s.store->load_step(step);
-    if (state.meta.model_hash != r.plan.hash || state.meta.step != step || state.meta.role != "stage" ||
+    if (state.meta.model_hash != r.plan.run || state.meta.step != step || state.meta.role != "stage" ||
         state.meta.client_id != name)
       fail("stage", cat(s.store ? s.store->dir() : std::string("memory"), " holds a checkpoint of step ",
                         state.meta.step, " of another plan or first party: move it away"));
@@ -139,7 +139,7 @@ int run_stage_host(const StageHostRun& r) {
   std::unique_ptr<EgressLogFile> egress;
   if (!self.egress_log.empty()) {
     egress = std::make_unique<EgressLogFile>(self.egress_log);
-    egress->audit().begin_run(self.name, r.spec.name, r.cut, r.plan.hash);
+    egress->audit().begin_run(self.name, r.spec.name, r.cut, r.plan.run);
   }
   EndpointOptions options;
   options.idle_hangup_s = r.silence_s;

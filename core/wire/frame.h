@@ -17,8 +17,10 @@ inline constexpr uint32_t kProtocolVersion = 1;
 // messages carry it and pipelines of stages speak StageHello, Activations and Gradients; 3
 // since stages evaluate between steps (Activations.evaluation, Evaluated); 4 since stages run
 // the asynchronous schedule and drain its step in flight (Drain); 5 since a run's end is
-// acknowledged (Bye answered with Bye up the chain once every later stage recorded its end).
-inline constexpr uint32_t kWireFormat = 5;
+// acknowledged (Bye answered with Bye up the chain once every later stage recorded its end);
+// 6 since StageHello says the run's terms (schedule, batch, K, the link's dtypes, the other
+// terms' hash) and the stage after chooses the link's dtype.
+inline constexpr uint32_t kWireFormat = 6;
 inline constexpr std::size_t kDefaultMaxMessageBytes = 64u << 20;  // 64 MiB
 
 struct WireError {

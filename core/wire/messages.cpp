@@ -295,13 +295,19 @@ bool check_window(uint64_t step, uint32_t microbatch, uint64_t expected_step, ui
   return false;
 }
 
-std::span<const uint8_t> MessageWriter::stage_hello(const std::array<uint8_t, 32>& plan_hash, uint32_t stage,
-                                                    uint32_t stages, uint64_t resume_step, uint32_t format,
-                                                    uint32_t member, uint64_t epoch_steps) {
+std::span<const uint8_t> MessageWriter::stage_hello(const StageHelloFields& f) {
   fbb_.Clear();
-  const auto h = fbb_.CreateVector(plan_hash.data(), plan_hash.size());
+  const auto h = fbb_.CreateVector(f.plan_hash.data(), f.plan_hash.size());
+  const auto schedule = fbb_.CreateString(f.schedule);
+  const auto dtypes = fbb_.CreateVector(reinterpret_cast<const uint8_t*>(f.dtypes.data()), f.dtypes.size());
+  const bool terms = std::any_of(f.terms.begin(), f.terms.end(), [](uint8_t b) { return b != 0; });
+  const auto terms_hash = terms ? fbb_.CreateVector(f.terms.data(), f.terms.size())
+                                : flatbuffers::Offset<flatbuffers::Vector<uint8_t>>();
   return finish(wire::Payload::StageHello,
-                wire::CreateStageHello(fbb_, format, h, stage, stages, resume_step, member, epoch_steps).Union());
+                wire::CreateStageHello(fbb_, f.format, h, f.stage, f.stages, f.resume_step, f.member, f.epoch_steps,
+                                       schedule, f.batch, f.microbatches,
+                                       flatbuffers::Offset<flatbuffers::Vector<wire::DType>>(dtypes.o), terms_hash)
+                    .Union());
 }
 
 std::span<const uint8_t> MessageWriter::activations(const StepHeader& header, uint32_t stage, uint32_t microbatch,

@@ -23,6 +23,20 @@ std::array<uint8_t, 32> model_hash(const ModelSpec& spec, const std::string& cut
 // Named f32 tensors: a front shard's parameters in FrontWeights and Aggregated.
 using NamedTensors = std::vector<std::pair<std::string, Tensor>>;
 
+// What a stage says when it opens a link to the next, and the next answers (StageHello).
+struct StageHelloFields {
+  std::array<uint8_t, 32> plan_hash{};
+  uint32_t stage = 0, stages = 0;
+  uint64_t resume_step = 0;
+  uint32_t format = kWireFormat;
+  uint32_t member = 0;
+  uint64_t epoch_steps = 0;
+  std::string schedule;
+  uint32_t batch = 0, microbatches = 0;
+  std::vector<wire::DType> dtypes;  // offered (preferred first), or in an answer the one chosen
+  std::array<uint8_t, 32> terms{};  // all zero: none said
+};
+
 // A step as the first stage of a pipeline announces it with each micro-batch's Activations.
 struct StepHeader {
   uint64_t step = 0;
@@ -74,9 +88,7 @@ class MessageWriter {
                                        double cloud_busy_s = 0.0);
   // A pipeline of stages (pipeline/stage_peer.h): the hello that opens a link, and the
   // activations down and gradients up, named by the sender's stage, encoded in `dtype`.
-  std::span<const uint8_t> stage_hello(const std::array<uint8_t, 32>& plan_hash, uint32_t stage, uint32_t stages,
-                                       uint64_t resume_step, uint32_t format = kWireFormat, uint32_t member = 0,
-                                       uint64_t epoch_steps = 0);
+  std::span<const uint8_t> stage_hello(const StageHelloFields& hello);
   std::span<const uint8_t> evaluated(uint32_t stage, uint64_t step, uint32_t microbatch, float loss, uint32_t correct);
   std::span<const uint8_t> drain(uint32_t stage, uint64_t step, float lr_scale = 1.0f);
   std::span<const uint8_t> activations(const StepHeader& header, uint32_t stage, uint32_t microbatch,

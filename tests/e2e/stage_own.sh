@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # later-stages = "own": one cloud keeps a last stage for each of two hospitals, their own
 # models of the CNN, and serves both at once on one executor thread (pipeline/stage_host.h,
-# `executors = 1`: their sessions interleave) over mutual TLS. Each hospital's weights, and the cloud's stage of them, equal that hospital's
+# `executors = 1`: their sessions interleave) over mutual TLS; hospital-b plans its own batch, K
+# and wire dtype. Each hospital's weights, and the cloud's stage of them, equal that hospital's
 # run alone against a cloud of its own, to the byte. A kill -9 of a hospital, restarted with
 # the same command, restarts its session only (the other hospital never restarts); a kill -9
 # of the cloud after hospital-b has ended its run restarts hospital-a's session from its
@@ -19,7 +20,10 @@ source "$src/tests/e2e/lib.sh"
 trap 'stop_started; [[ -n ${KEEP:-} ]] || rm -rf "$work"' EXIT
 fail() { echo "FAIL: $*"; exit 1; }
 epochs=2
-declare -A steps=([hospital-a]=$((epochs * 512 / 64)) [hospital-b]=$((epochs * 128 / 64)))
+# hospital-b plans its own batch, K and wire dtype (32 samples in 2 micro-batches, f16), within
+# the run's (64 in 4): the cloud's session takes them, and hospital-b alone runs with them too.
+declare -A steps=([hospital-a]=$((epochs * 512 / 64)) [hospital-b]=$((epochs * 128 / 32)))
+own_terms=('batch = 32' 'microbatches = 2' 'wire-dtype = "f16"')
 
 stage_identities hospital-a hospital-b cloud hospital-c
 
@@ -36,8 +40,7 @@ deployment() {
     echo "first-parties = $(($# - 1))"
     (($# == 2)) || echo 'later-stages = "own"'
     echo 'pipeline-schedule = "1f1b"'
-    echo 'batch = 64'
-    echo 'microbatches = 4'
+    if [[ $* == "hospital-b cloud" ]]; then printf '%s\n' "${own_terms[@]}"; else printf '%s\n' 'batch = 64' 'microbatches = 4'; fi
     echo 'test-limit = 64'
     echo "epochs = $epochs"
     echo 'checkpoint-every = 2'
@@ -45,7 +48,10 @@ deployment() {
       echo "[$p]"
       case $p in
         hospital-a) echo 'limit = 512' ;;
-        hospital-b) echo 'limit = 128' ;;
+        hospital-b)
+          echo 'limit = 128'
+          (($# == 2)) || printf '%s\n' "${own_terms[@]}"
+          ;;
         cloud)
           echo "address = \"127.0.0.1:$port\""
           (($# == 2)) || echo 'executors = 1'
@@ -167,6 +173,20 @@ grep -qF "every first party has ended its run here before" "$work/again-cloud.ou
   grep -qF "nobody linked within 5 s: the run is over" "$work/again-cloud.out" ||
   fail "a cloud started after every run ended said: $(cat "$work/again-cloud.out")"
 
+# A hospital's own batch beyond the run's, and a batch of its own where every party shares the
+# run's: each refused at start, by name.
+expect_refused() {  # expect_refused NAME PARTY TEXT: PARTY of NAME.toml exits 1 at once, saying TEXT
+  local rc=0
+  "$tandem" stage --deployment "$work/$1.toml" --party "$2" > "$work/$1-$2.out" 2>&1 || rc=$?
+  ((rc == 1)) && grep -qF "$3" "$work/$1-$2.out" || fail "$1: $2 exited with $rc and said: $(cat "$work/$1-$2.out")"
+}
+deployment big hospital-a hospital-b cloud
+sed -i 's/^batch = 32$/batch = 128/' "$work/big.toml"
+expect_refused big hospital-b "[hospital-b] batch = 128 is more than the run's batch = 64, the most the later party takes"
+deployment shared-terms hospital-b cloud
+sed -i '/^\[hospital-b\]$/a microbatches = 1' "$work/shared-terms.toml"
+expect_refused shared-terms cloud "[hospital-b] gives microbatches: a party's own batch, microbatches and wire-dtype are a first party's with later-stages = \"own\""
+
 # hospital-c's certificate in hospital-b's place: refused by the cloud, which says whom it serves.
 deployment impostor hospital-a hospital-b cloud
 sed -i 's|id/hospital-b|id/hospital-c|' "$work/impostor.toml"
@@ -177,4 +197,4 @@ grep -qF "this stage serves the first parties it was given; 'hospital-c' is not 
   fail "the cloud did not refuse hospital-c by name: $(cat "$work/impostor-b.out")"
 stop_started
 
-echo "ok: one cloud keeps a last stage for each of two hospitals and serves both at once on one executor thread over mutual TLS; each hospital's weights at both stages equal its run alone, to the bit; a kill -9 of a hospital restarts its session only, and of the cloud both, ending on the uninterrupted run's weights; a hospital the file does not name is refused"
+echo "ok: one cloud keeps a last stage for each of two hospitals (one with a batch, K and wire dtype of its own) and serves both at once on one executor thread over mutual TLS; each hospital's weights at both stages equal its run alone, to the bit; a kill -9 of a hospital restarts its session only, and of the cloud both, ending on the uninterrupted run's weights; a hospital the file does not name is refused"

@@ -5,7 +5,7 @@
 # training in one process (`tandem train`, two stages) within 1e-5, and every process exits
 # 0; so with the labels kept at the first party (its own process holds the loss), whose
 # parties' egress logs verify and show no labels sent. f16 on the links halves the bytes. A party with another party's certificate is refused
-# by name; a party that runs another plan is refused (ModelMismatch). Under the async
+# by name; a party that runs another plan is refused (ModelMismatch), the term named. Under the async
 # schedule the parties end on the weights of `tandem train`'s four stages under it. A kill -9 of the first, a middle or the last party, restarted with the same
 # command, ends on the uninterrupted run's weights byte for byte; a survivor's Prometheus
 # metrics count the restart, its steps, its links' bytes and its bubble; started again after
@@ -250,8 +250,8 @@ deployment plan gpipe
 sed 's/^microbatches = 4/microbatches = 2/' "$work/plan.toml" > "$work/plan2.toml"
 pids=()
 start plan 3; start plan 2; start plan 1; start plan 0 plan2
-expect_exit plan 0 1 "the next stage ended the run: the previous stage runs another plan (model spec, cuts, schedule, batch, K, optimizer or seed differ from stage 1's): give every party the same deployment"
-expect_exit plan 1 1 "stage 1 refused the previous stage's message: the previous stage runs another plan"
+expect_exit plan 0 1 "the next stage ended the run: the previous stage plans steps of at most 64 samples in 2 micro-batches, and stage 1 64 in 4: give every party the same batch and microbatches"
+expect_exit plan 1 1 "stage 1 refused the previous stage's message: the previous stage plans steps of at most 64 samples in 2"
 expect_exit plan 2 1 "nobody connected as 'gpu-box' (the party before) within 8 s"
 expect_exit plan 3 1 "nobody connected as 'cloud-a' (the party before) within 8 s"
 
