@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <optional>
 #include <thread>
 #include <ctime>
 #include <chrono>
@@ -28,6 +29,9 @@
 #include "core/planner.h"
 #include "core/interop/torch_layout.h"
 #include "pipeline/replicas.h"
+#include "pipeline/schedule.h"
+#include "pipeline/stage.h"
+#include "pipeline/stage_peer.h"
 #include "ports/files/checkpoint_store.h"
 #include "ports/files/safetensors_file.h"
 #include "ports/lws/http_listener.h"
@@ -49,6 +53,10 @@ struct BackShard {
   std::vector<Tensor> initial;  // in the order of Network::params()
   std::vector<Tensor> initial_buffers;  // in the order of Network::buffers(); empty: fresh
   std::size_t session_bytes = 0;  // a session's estimate (training_memory_bytes at the cloud's limits)
+  // For a pipeline's first party (StageHello): the last of two stages cut here, at the cloud's
+  // limits, taking the party's own terms within them (StagePlan::own_terms). Unset for a
+  // U-shaped cut ("A,B"), which a pipeline's first party cannot ask for yet.
+  std::optional<StagePlan> stage_plan;
 };
 
 // What the sessions' back shards take together, by their estimates at Hello
@@ -96,6 +104,19 @@ class FolderCheckpoints final : public SessionCheckpoints {
     std::lock_guard<std::mutex> lock(mutex_);
     return CheckpointStore(cat(root_, "/", client_id), "cloud").load_step(step);
   }
+  // A pipeline first party's session (StageHello): its last stage's checkpoints, beside.
+  std::vector<uint64_t> stage_steps(const std::string& client_id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return CheckpointStore(cat(root_, "/", client_id), "stage1").steps();
+  }
+  void save_stage(const std::string& client_id, uint64_t step, std::span<const uint8_t> checkpoint) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    CheckpointStore(cat(root_, "/", client_id), "stage1").save(step, checkpoint);
+  }
+  CheckpointData load_stage(const std::string& client_id, uint64_t step) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return CheckpointStore(cat(root_, "/", client_id), "stage1").load_step(step);
+  }
 
  private:
   std::string root_;
@@ -139,7 +160,7 @@ class Worker {
   // `peer`: the client certificate's CN and serial; empty: none, and `tokens` checks the
   // Hello's token.
   Worker(uint64_t id, std::string peer, std::string serial, const std::vector<BackShard>& shards,
-         const ServeOptions& o, LwsEndpoint& endpoint, SessionCheckpoints& checkpoints, SharedBack* shared,
+         const ServeOptions& o, LwsEndpoint& endpoint, FolderCheckpoints& checkpoints, SharedBack* shared,
          pki::TokenVerifier* tokens, ServiceMetrics& metrics, SessionMemory& memory)
       : id_(id), peer_(std::move(peer)), serial_(std::move(serial)), endpoint_(endpoint), shards_(shards), options_(o),
         checkpoints_(checkpoints), shared_(shared), tokens_(tokens), metrics_(metrics), memory_(memory) {
@@ -212,6 +233,10 @@ class Worker {
   }
   std::string summary() {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (stage_)
+      return cat("session ", id_, " (", identity(), "), a pipeline's last stage cut at '", cut_, "': ", stage_->steps,
+                 " steps, ", stage_->samples, " samples, ", bytes_in_, " bytes in, ", bytes_out_, " bytes out, busy ",
+                 stage_->busy_s, " s");
     if (!session_) return cat("session ", id_, " (", identity(), "): no Hello");
     std::string rounds;
     if (shared_)
@@ -223,6 +248,12 @@ class Worker {
   // The session's figures as one JSON line, for the metrics file.
   std::string metrics_line() {
     std::lock_guard<std::mutex> lock(mutex_);
+    if (stage_)
+      return cat("{\"session\":", id_, ",\"client\":\"", peer_, "\",\"stage\":1,\"steps\":", stage_->steps,
+                 ",\"samples\":", stage_->samples, ",\"train_loss\":",
+                 fixed(stage_->samples > 0 ? stage_->loss_sum / static_cast<double>(stage_->samples) : 0.0, 5),
+                 ",\"bytes_in\":", bytes_in_.load(), ",\"bytes_out\":", bytes_out_.load(),
+                 ",\"busy_s\":", fixed(stage_->busy_s, 3), "}");
     if (!session_) return {};
     uint32_t rounds = 0;
     if (shared_)
@@ -378,6 +409,10 @@ class Worker {
         continue;
       }
       if (closing_) continue;
+      if (!session_ && is_stage_hello(frame)) {
+        serve_stage(std::move(frame));
+        return;  // one run a connection: the service ends the worker when its connection closes
+      }
       if (!session_) start_session(shard_for(frame));
       CloudSession& session = *session_;
       if (session.closed()) continue;  // the connection is closing: drop the rest
@@ -408,6 +443,177 @@ class Worker {
     }
   }
 
+  // A pipeline's first party: `tandem stage` with this cloud as the party after it, whose
+  // first message is a StageHello (pipeline/stage_peer.h), not a Hello.
+  bool is_stage_hello(const Frame& frame) const {
+    WireError err;
+    const wire::Message* m = verify_frame(frame, options_.max_message_bytes, err);
+    return m && m->payload_type() == wire::Payload::StageHello;
+  }
+
+  // The connection as a pipeline's link (the stage before's end): what arrives comes from the
+  // inbox, on this thread; a refusal is the connection's last word.
+  class InboxLink final : public StageLink {
+   public:
+    InboxLink(Worker& w, Frame first) : w_(w), first_(std::move(first)) {}
+    void send(std::span<const uint8_t> bytes) override { w_.out(bytes, false); }
+    void send_last(std::span<const uint8_t> bytes) override { w_.out(bytes, true); }
+    Frame receive(const char* awaiting) override {
+      if (first_) {
+        Frame f = std::move(*first_);
+        first_.reset();
+        return f;
+      }
+      return w_.next_frame(awaiting);
+    }
+    void refuse(const WireError& error) override { w_.close_with(error.code, error.text); }
+
+   private:
+    Worker& w_;
+    std::optional<Frame> first_;  // the StageHello, read first
+  };
+  void out(std::span<const uint8_t> bytes, bool close_after) {
+    bytes_out_ += bytes.size();
+    metrics_.bytes_out += bytes.size();
+    endpoint_.send(id_, bytes, close_after);
+  }
+  // The next frame of the connection; LinkLost once it closes (or is closed with an Error).
+  Frame next_frame(const char* awaiting) {
+    Frame frame;
+    {
+      std::unique_lock<std::mutex> lock(mutex_);
+      wake_.wait(lock, [&] { return stop_ || closing_ || !inbox_.empty(); });
+      if (stop_ || closing_ || inbox_.empty())
+        throw LinkLost(cat("the first party's link closed while this cloud awaited ", awaiting));
+      frame = std::move(inbox_.front());
+      inbox_.pop_front();
+      inbox_bytes_ -= frame.size();
+    }
+    bytes_in_ += frame.size();
+    metrics_.bytes_in += frame.size();
+    ++metrics_.messages_in;
+    return frame;
+  }
+  [[noreturn]] void refuse(StageLink& link, wire::ErrorCode code, const std::string& why) {
+    link.refuse({code, why});
+    fail("serve", why);
+  }
+
+  // The figures of a pipeline first party's session, for summary() and metrics_line().
+  struct StageFigures {
+    uint64_t steps = 0, samples = 0;
+    double loss_sum = 0, busy_s = 0;
+  };
+
+  // A pipeline's first party: its session is the last of two stages cut where its plan says
+  // (one of this cloud's cuts), trained by a StagePeer on this thread from the newest
+  // checkpoint both have (STATE/checkpoints/NAME/stage1.*), until the party's Bye. The party
+  // plans its own batch, K, schedule and dtype within this cloud's (--batch, --microbatches,
+  // --wire-dtypes); the back shard's optimizer is the cloud's. One run a connection: after a
+  // lost link the party links again and both go on from their newest common checkpoint.
+  void serve_stage(Frame hello) {
+    greeted_ = true;
+    bytes_in_ += hello.size();
+    metrics_.bytes_in += hello.size();
+    ++metrics_.messages_in;
+    WireError err;
+    const wire::StageHello* h = verify_frame(hello, options_.max_message_bytes, err)->payload_as_StageHello();
+    const std::string schedule_name = h->schedule() ? h->schedule()->str() : std::string();
+    const BackShard* shard = &shards_.front();
+    for (const BackShard& s : shards_)
+      if (s.stage_plan && h->plan_hash() && h->plan_hash()->size() == 32 &&
+          std::equal(s.stage_plan->hash.begin(), s.stage_plan->hash.end(), h->plan_hash()->begin()))
+        shard = &s;
+    InboxLink link(*this, std::move(hello));
+    try {
+      if (peer_.empty())
+        refuse(link, wire::ErrorCode::Unauthorized,
+               "a pipeline's first party presents a client certificate (tandem-cloud pki issue --client NAME); "
+               "enrolment tokens are for tandem-edge");
+      if (shared_)
+        refuse(link, wire::ErrorCode::UnexpectedMessage,
+               "this cloud serves a federation (--aggregate-every): a pipeline's first party trains against a cloud "
+               "that keeps a last stage for each party");
+      if (!shard->stage_plan)
+        refuse(link, wire::ErrorCode::ModelMismatch,
+               cat("this cloud serves the U-shaped cut '", shard->cut, "', which a pipeline's first party cannot "
+                   "train against: serve a cut of one node"));
+      std::unique_ptr<PipelineSchedule> schedule;
+      try {
+        schedule = make_pipeline_schedule(schedule_name);
+      } catch (const std::exception& e) {
+        refuse(link, wire::ErrorCode::ModelMismatch, cat("the first party's schedule: ", e.what()));
+      }
+      if (!admit(*shard)) return;  // closed with Busy or NoRoom
+      const ServeOptions& o = options_;
+      backend_ = make_backend(o.backend, BackendOptions{o.threads});
+      back_ = std::make_unique<Network>(shard->graph, *backend_, o.seed);
+      for (std::size_t i = 0; i < shard->initial.size(); ++i) {
+        back_->all_params()[i]->value().copy_from(shard->initial[i]);
+        back_->all_params()[i]->bump_version();
+      }
+      for (std::size_t i = 0; i < shard->initial_buffers.size(); ++i)
+        back_->buffers()[i].second->copy_from(shard->initial_buffers[i]);
+      optimizer_ = make_optimizer(back_->params(), o.optimizer);
+      Stage stage(*back_, optimizer_.get());
+      StagePlan plan = *shard->stage_plan;
+      plan.run = run_hash(plan, schedule->name());
+      StagePeer peer(stage, *schedule, plan, &link, nullptr);
+      CheckpointMeta meta;
+      meta.role = "stage";
+      meta.cut = shard->cut;
+      meta.model_hash = plan.run;
+      meta.client_id = peer_;
+      peer.on_checkpoint([&](uint64_t step) {
+        meta.step = step;
+        checkpoints_.save_stage(peer_, step, encode_checkpoint(meta, *back_, optimizer_.get()));
+      });
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        cut_ = shard->cut;
+        stage_ = std::make_unique<StageFigures>();
+      }
+      const uint64_t start = peer.connect(checkpoints_.stage_steps(peer_));
+      if (start > 0) {
+        const CheckpointData state = checkpoints_.load_stage(peer_, start);
+        if (state.meta.model_hash != plan.run || state.meta.step != start || state.meta.role != "stage" ||
+            state.meta.client_id != peer_)
+          refuse(link, wire::ErrorCode::NoCheckpoint,
+                 cat("the cloud's checkpoint of step ", start, " for '", peer_, "' is of another run (its cut, "
+                     "optimizer or limits, or the party's schedule differ): the operator can move ",
+                     o.state_dir, "/checkpoints/", peer_, " away, and the party start again from step 0"));
+        restore_checkpoint(state, *back_, optimizer_.get());
+      }
+      std::printf("session %llu (%s): a pipeline's last stage cut at '%s', %s schedule, from step %llu\n",
+                  static_cast<unsigned long long>(id_), peer_.c_str(), shard->cut.c_str(), schedule->name(),
+                  static_cast<unsigned long long>(start));
+      std::fflush(stdout);
+      for (StepStats stats;;) {
+        const double busy_before = stage.busy_s();
+        const bool more = peer.follow_step(stats);
+        metrics_.busy_us += static_cast<uint64_t>(std::max(0.0, stage.busy_s() - busy_before) * 1e6);
+        if (more && !peer.evaluated()) {
+          ++metrics_.steps;
+          metrics_.samples += static_cast<uint64_t>(stats.samples);
+        }
+        std::lock_guard<std::mutex> lock(mutex_);
+        stage_->steps = peer.next_step();
+        if (more && !peer.evaluated()) {
+          stage_->samples += static_cast<uint64_t>(stats.samples);
+          stage_->loss_sum += stats.loss_sum;
+        }
+        stage_->busy_s = stage.busy_s();
+        if (!more) break;
+      }
+      std::printf("session %llu (%s): the party ended its run at step %llu\n", static_cast<unsigned long long>(id_),
+                  peer_.c_str(), static_cast<unsigned long long>(peer.next_step()));
+    } catch (const LinkLost& e) {
+      std::fprintf(stderr, "session %llu (%s): %s\n", static_cast<unsigned long long>(id_), peer_.c_str(), e.what());
+    } catch (const std::exception& e) {  // refused (the party was told why), or the cloud's own failure
+      if (!closing_) close_with(wire::ErrorCode::Internal, cat("the cloud failed on this session: ", e.what()));
+    }
+  }
+
   // Errors sent are counted by code; refusals (the Error that closes) are logged, so the
   // operator sees why an edge was turned away.
   void count_and_log_error(const CloudReply& reply) {
@@ -433,7 +639,7 @@ class Worker {
   LwsEndpoint& endpoint_;
   const std::vector<BackShard>& shards_;
   const ServeOptions& options_;
-  SessionCheckpoints& checkpoints_;
+  FolderCheckpoints& checkpoints_;
   SharedBack* shared_;
   pki::TokenVerifier* tokens_;
   ServiceMetrics& metrics_;
@@ -445,6 +651,7 @@ class Worker {
   std::unique_ptr<Optimizer> optimizer_;
   std::unique_ptr<BackShardTrainer> trainer_;
   std::unique_ptr<CloudSession> session_;
+  std::unique_ptr<StageFigures> stage_;  // a pipeline first party's session (serve_stage)
   std::string cut_;
   const BackShard* shard_ = nullptr;  // the session's (start_session)
   std::mutex mutex_;
@@ -489,7 +696,7 @@ int serve(const ServeOptions& o) {
     std::vector<SafeTensor> init;
     if (!o.init_from.empty()) init = read_safetensors_file(o.init_from, {});
     for (const std::string& c : cuts) {
-      BackShard s{c, model_hash(spec, c), graph.split(c).second, {}, {}};
+      BackShard s{c, model_hash(spec, c), graph.split(c).second, {}, {}, 0, std::nullopt};
       Network back(s.graph, *reference, o.seed);
       if (!o.init_from.empty()) {
         shard_from_torch(graph, init, back);
@@ -502,6 +709,19 @@ int serve(const ServeOptions& o) {
       // send one of B, and deferred weight gradients keep K slots of backward buffers.
       s.session_bytes = static_cast<std::size_t>(
           training_memory_bytes(back, o.batch_size, o.batch_size, optimizer_state_floats(o.optimizer)));
+      if (c.find(',') == std::string::npos) {  // a pipeline's first party may train against it too
+        const GPipeSchedule gpipe;  // (the run's hash is made again with the party's schedule)
+        const OptimizerOptions& opt = o.optimizer;
+        StagePlan plan = make_stage_plan(
+            spec.binary, graph, c, graph.partition(cut_list(c)), 1, gpipe, o.batch_size, o.microbatches,
+            wire::DType::F32, true,
+            cat("cloud optimizer=", opt.kind, " lr=", opt.lr, " momentum=", opt.momentum, " weight_decay=",
+                opt.weight_decay, " nesterov=", opt.nesterov, " betas=", opt.beta1, ",", opt.beta2, " eps=", opt.eps,
+                " clip_norm=", opt.clip_norm, " seed=", o.seed, " init_from=", o.init_from));
+        plan.own_terms = true;
+        plan.accepts = o.wire_dtypes;
+        s.stage_plan = plan;
+      }
       shards.push_back(std::move(s));
     }
     if (!o.init_from.empty()) std::printf("back shards initialised from %s\n", o.init_from.c_str());
