@@ -124,7 +124,7 @@ PipelinePlan plan_for(const Model& model, const std::vector<PipelineNode>& nodes
     const Prefix& from = s == 0 ? none : model.at(cuts[s - 1]);
     const Prefix& to = s + 1 < nodes.size() ? model.at(cuts[s]) : model.whole();
     const double speed = nodes[s].gflops * 1e9;
-    StagePlan st;
+    PlannedStage st;
     st.node = nodes[s].name;
     st.first = s == 0 ? model.graph().nodes().front().spec.name : from.first_after;
     st.last = s + 1 < nodes.size() ? model.cuts()[cuts[s]] : model.graph().nodes()[static_cast<std::size_t>(model.graph().output())].spec.name;
@@ -147,7 +147,7 @@ PipelinePlan plan_for(const Model& model, const std::vector<PipelineNode>& nodes
     const Prefix& to = s + 1 < nodes.size() ? model.at(cuts[s]) : model.whole();
     const double kept = to.work.kept_floats - from.work.kept_floats + static_cast<double>(from.cut_floats);
     const double in_flight = static_cast<double>(sim.peak_in_flight[s]) * m;
-    StagePlan& st = plan.stages[s];
+    PlannedStage& st = plan.stages[s];
     st.memory_mb = (to.work.param_floats - from.work.param_floats + kept * in_flight) * sizeof(float) / (1 << 20);
     st.fits = nodes[s].memory_mb <= 0 || st.memory_mb <= nodes[s].memory_mb;
     plan.fits = plan.fits && st.fits;

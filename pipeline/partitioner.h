@@ -21,7 +21,7 @@ struct PipelineNode {
   double link_mbps = 0;  // the link to the next machine (each way); the last's is unused
 };
 
-struct StagePlan {
+struct PlannedStage {  // one stage of a PipelinePlan (not pipeline/stage_peer.h's StagePlan)
   std::string node;
   std::string first, last;  // the stage's first and last graph node
   double forward_s = 0, backward_s = 0;  // a micro-batch's
@@ -34,7 +34,7 @@ struct PipelinePlan {
   std::vector<std::string> cuts;
   int microbatches = 1;
   double step_s = 0, samples_per_s = 0, bubble = 0;
-  std::vector<StagePlan> stages;
+  std::vector<PlannedStage> stages;
   bool fits = true;  // every stage within its machine's memory
 };
 

@@ -136,7 +136,7 @@ int plan_nodes(const CliArgs& args) {
   }
   std::printf("%-14s %-12s %-12s %10s %10s %10s %10s\n", "machine", "first", "last", "fwd ms", "bwd ms", "link ms",
               "MiB");
-  for (const StagePlan& s : best.stages)
+  for (const PlannedStage& s : best.stages)
     std::printf("%-14s %-12s %-12s %10.2f %10.2f %10.2f %10.1f%s\n", s.node.c_str(), s.first.c_str(), s.last.c_str(),
                 s.forward_s * 1e3, s.backward_s * 1e3, s.link_s * 1e3, s.memory_mb, s.fits ? "" : "  (over its memory)");
   auto joined = [](const std::vector<std::string>& list) {
