@@ -6,7 +6,9 @@
 # crashing input and the log are kept in the work folder it names.
 # Usage: bash tests/fuzz/smoke.sh <build dir of the harnesses> [seconds per harness, default 45]
 # The file parsers (model_spec, checkpoint, safetensors, token, onnx) get a third of it; the
-# protocol harnesses, which grow with every wave, all of it.
+# two-party session's harnesses (cloud_session, edge_session and their U-shaped and sequence
+# kinds: a protocol that is moving onto the stage peer) two thirds; stage_peer, which every
+# party of a pipeline and tandem-cloud's pipeline sessions run, all of it.
 # (env TANDEM_FUZZ_JOBS: harnesses run at once, default 2).
 set -uo pipefail
 bin=${1:?usage: smoke.sh <build/fuzz/tests/fuzz> [seconds]}
@@ -28,7 +30,11 @@ run_one() {
     "$exe" "${opts[@]}" "$src/regressions/$h"/* >"$log" 2>&1 || return 1
   fi
   local t=$seconds
-  case $h in model_spec | checkpoint | safetensors | token | onnx) t=$(((seconds + 2) / 3)) ;; esac
+  case $h in
+    model_spec | checkpoint | safetensors | token | onnx) t=$(((seconds + 2) / 3)) ;;
+    stage_peer) ;;
+    *) t=$((seconds * 2 / 3)) ;;
+  esac
   "$exe" "${opts[@]}" -max_total_time="$t" -print_final_stats=1 "$work/$h.corpus" >>"$log" 2>&1
 }
 
