@@ -35,16 +35,6 @@ stage_identities "${names[@]}" cloud
 samples=$((hospitals * limit * epochs))
 now() { date +%s.%N; }
 rate() { awk -v n="$samples" -v a="$1" -v b="$2" 'BEGIN { printf "%.1f", n / (b - a) }'; }
-# epoch_rate FILE...: the sum of each file's last "samples_per_s" (a failed run has none).
-epoch_rate() {
-  local f v sum=0
-  for f in "$@"; do
-    v=$(grep -o '"samples_per_s":[0-9.]*' "$f" | tail -1 | cut -d: -f2)
-    [[ -n $v ]] || fail "no epoch line in $f"
-    sum=$(awk -v a="$sum" -v b="$v" 'BEGIN { printf "%.1f", a + b }')
-  done
-  echo "$sum"
-}
 
 # One round of tandem stage: the cloud, then every hospital; the rate over all of them.
 stage_round() {

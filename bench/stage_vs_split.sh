@@ -30,16 +30,6 @@ source tests/e2e/lib.sh
 names=()
 for ((i = 0; i < hospitals; i++)); do names+=("hospital-$i"); done
 stage_identities "${names[@]}"  # $work/ca: the cloud's state folder, its PKI and certificate
-# epoch_rate FILE...: the sum of each file's last "samples_per_s" (a failed run has none).
-epoch_rate() {
-  local f v sum=0
-  for f in "$@"; do
-    v=$(grep -o '"samples_per_s":[0-9.]*' "$f" | tail -1 | cut -d: -f2)
-    [[ -n $v ]] || fail "no epoch line in $f"
-    sum=$(awk -v a="$sum" -v b="$v" 'BEGIN { printf "%.1f", a + b }')
-  done
-  echo "$sum"
-}
 
 # round MODE: the service, then every hospital as `tandem stage` (MODE stage) or `tandem-edge`
 # (MODE edge); the aggregate rate.

@@ -284,20 +284,25 @@ const wire::StageHello& StagePeer::hello_from(StageLink& link, const char* neigh
   return *h;
 }
 
-StageHelloFields StagePeer::hello_fields(uint64_t resume_step) const {
+StageHelloFields stage_hello_fields(const StagePlan& plan, const std::string& schedule, uint64_t resume_step,
+                                    uint64_t epoch_steps) {
   StageHelloFields f;
-  f.plan_hash = plan_.hash;
-  f.stage = plan_.index;
-  f.stages = plan_.stages;
+  f.plan_hash = plan.hash;
+  f.stage = plan.index;
+  f.stages = plan.stages;
   f.resume_step = resume_step;
-  f.member = plan_.member;
-  f.epoch_steps = first() ? epoch_steps_ : 0;
-  f.schedule = schedule_.name();
-  f.batch = plan_.batch;
-  f.microbatches = plan_.microbatches;
-  f.dtypes = {plan_.dtype};
-  f.terms = plan_.terms;
+  f.member = plan.member;
+  f.epoch_steps = epoch_steps;
+  f.schedule = schedule;
+  f.batch = plan.batch;
+  f.microbatches = plan.microbatches;
+  f.dtypes = {plan.dtype};
+  f.terms = plan.terms;
   return f;
+}
+
+StageHelloFields StagePeer::hello_fields(uint64_t resume_step) const {
+  return stage_hello_fields(plan_, schedule_.name(), resume_step, first() ? epoch_steps_ : 0);
 }
 
 void StagePeer::check_answer(const wire::StageHello& h) {

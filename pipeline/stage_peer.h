@@ -133,6 +133,10 @@ std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const st
                                   bool labels_travel = true, const FirstParties& first = {});
 // StagePlan::run of a plan under `schedule`.
 std::array<uint8_t, 32> run_hash(const StagePlan& plan, const std::string& schedule);
+// What a stage of `plan` run under `schedule` says in its StageHello, proposing `resume_step`
+// (a first stage also the steps of its epoch): offering the plan's dtype.
+StageHelloFields stage_hello_fields(const StagePlan& plan, const std::string& schedule, uint64_t resume_step,
+                                    uint64_t epoch_steps = 0);
 
 // Stage `index`'s plan among `stages` (whole.partition(cut_list(cuts))), run under `schedule`
 // with at most `batch` samples a step in at most `microbatches`; `members` first parties

@@ -32,18 +32,10 @@ namespace {
 // the same dtype, the one it chose.
 StageHelloFields said(const StagePlan& plan, const PipelineSchedule& schedule, uint32_t stage, uint32_t stages,
                       uint64_t step, uint32_t member = 0, uint64_t epoch_steps = 0) {
-  StageHelloFields f;
-  f.plan_hash = plan.hash;
+  StageHelloFields f = stage_hello_fields(plan, schedule.name(), step, epoch_steps);
   f.stage = stage;
   f.stages = stages;
-  f.resume_step = step;
   f.member = member;
-  f.epoch_steps = epoch_steps;
-  f.schedule = schedule.name();
-  f.batch = plan.batch;
-  f.microbatches = plan.microbatches;
-  f.dtypes = {plan.dtype};
-  f.terms = plan.terms;
   return f;
 }
 

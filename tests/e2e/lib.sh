@@ -106,3 +106,15 @@ replica_state() {
   cp "$1"/*.crt "$1"/*.key "$2/" 2> /dev/null || fail "no PKI to copy from $1: $(ls "$1")"
   if [[ -f $1/issued.tsv ]]; then cp "$1/issued.tsv" "$2/"; fi
 }
+
+# epoch_rate FILE...: the sum of each file's last "samples_per_s" (the epoch line tandem stage,
+# tandem train and tandem-edge print); a run without one fails (a failed run has none).
+epoch_rate() {
+  local f v sum=0
+  for f in "$@"; do
+    v=$(grep -o '"samples_per_s":[0-9.]*' "$f" | tail -1 | cut -d: -f2)
+    [[ -n $v ]] || fail "no epoch line in $f"
+    sum=$(awk -v a="$sum" -v b="$v" 'BEGIN { printf "%.1f", a + b }')
+  done
+  echo "$sum"
+}
