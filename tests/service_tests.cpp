@@ -10,6 +10,7 @@
 #include <cstring>
 #include <cstdio>
 #include <filesystem>
+#include <functional>
 #include <fstream>
 #include <limits>
 #include <thread>
@@ -21,6 +22,8 @@
 #include "core/network.h"
 #include "core/optimizer.h"
 #include "edge/session/edge_session.h"
+#include "pipeline/schedule.h"
+#include "pipeline/stage_peer.h"
 #include "core/sha256.h"
 #include "core/wire/messages.h"
 #include "ports/tls/wss_client.h"
@@ -252,6 +255,62 @@ TEST(Service, CertificateOfAnotherClientIsRefused) {
 }
 
 TEST(Service, CertificateEdgesNeedNoToken) { expect_welcome(service().client(), good_hello()); }
+
+// A pipeline's first party (`tandem stage`): a StageHello of the first of two stages cut at
+// pool2, batch 8 in 2 (the cloud's limits), `change`d.
+std::vector<uint8_t> stage_hello(const std::function<void(StageHelloFields&)>& change = {}) {
+  const ModelSpec spec = load_model_spec(kModel);
+  const Graph graph = Graph::build(spec);
+  const GPipeSchedule gpipe;
+  const StagePlan plan = make_stage_plan(spec.binary, graph, "pool2", graph.partition({"pool2"}), 0, gpipe, 8, 2);
+  StageHelloFields f = stage_hello_fields(plan, gpipe.name(), 0);
+  if (change) change(f);
+  MessageWriter w;
+  return bytes(w.stage_hello(f));
+}
+
+// The cloud keeps the party's last stage: it answers StageHello with the first dtype offered
+// that it takes (--wire-dtypes: all four by default) and the step to start from.
+TEST(Service, APipelinesFirstPartyIsAnsweredWithTheDtypeItOffered) {
+  auto c = service().client();
+  c->send(0, stage_hello([](StageHelloFields& f) { f.dtypes = {wire::DType::I8, wire::DType::F32}; }));
+  EndpointEvent ev;
+  ASSERT_TRUE(c->next(ev, 10s));
+  ASSERT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Message)) << ev.text;
+  WireError err;
+  const wire::Message* m = verify_frame(ev.frame, kDefaultMaxMessageBytes, err);
+  ASSERT_NE(m, nullptr) << err.text;
+  const wire::StageHello* h = m->payload_as_StageHello();
+  ASSERT_NE(h, nullptr) << payload_name(m->payload_type());
+  EXPECT_EQ(h->stage(), 1u);
+  EXPECT_EQ(h->resume_step(), 0u);
+  ASSERT_EQ(h->dtypes()->size(), 1u);
+  EXPECT_EQ(h->dtypes()->Get(0), wire::DType::I8);
+}
+
+TEST(Service, APipelinesFirstPartyWithoutACertificateIsRefused) {
+  expect_error({stage_hello()}, wire::ErrorCode::Unauthorized,
+               "a pipeline's first party presents a client certificate (tandem-cloud pki issue --client NAME); "
+               "enrolment tokens are for tandem-edge",
+               false);
+}
+
+TEST(Service, APipelinesFirstPartyOutsideTheCloudsLimitsIsRefusedByName) {
+  expect_error({stage_hello([](StageHelloFields& f) { f.batch = 16; })}, wire::ErrorCode::ModelMismatch,
+               "the previous stage plans steps of at most 16 samples in 2 micro-batches, and stage 1 takes at most 8 "
+               "in 2: plan a smaller batch or fewer micro-batches");
+  expect_error({stage_hello([](StageHelloFields& f) { f.schedule = "round-robin"; })}, wire::ErrorCode::ModelMismatch,
+               cat("the first party's schedule: [schedule] unknown pipeline schedule 'round-robin': use one of ",
+                   pipeline_schedule_names()));
+  expect_error({stage_hello([](StageHelloFields& f) { f.plan_hash[0] ^= 1; })}, wire::ErrorCode::ModelMismatch,
+               "the previous stage runs another plan (its model spec, cut list, number of stages, where the labels "
+               "are or first parties differ from stage 1's): give every party the same deployment");
+  expect_error({stage_hello([](StageHelloFields& f) { f.dtypes = {}; })}, wire::ErrorCode::ModelMismatch,
+               "the previous stage sends no dtype and stage 1 takes f32, f16, bf16, i8: give every party the same "
+               "wire-dtype");
+  // and serves the next one
+  expect_welcome(service().client(), good_hello());
+}
 
 TEST(Service, KeepsServingAProperEdge) {
   auto c = service().client();
