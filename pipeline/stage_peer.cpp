@@ -213,6 +213,8 @@ const wire::Message* StagePeer::verified(StageLink& link, const char* neighbour,
   if (msg == nullptr) refuse(link, neighbour, error);
   if (msg->payload_type() == wire::Payload::Error) {
     const wire::Error* e = msg->payload_as_Error();
+    if (e->code() == wire::ErrorCode::Busy)
+      throw LinkBusy(cat("[stage] the ", neighbour, " stage is busy: ", e->text() ? e->text()->str() : ""));
     if (e->code() == wire::ErrorCode::Restart)
       throw LinkLost(cat("[stage] the ", neighbour, " stage starts again from the newest checkpoint: ",
                          e->text() ? e->text()->str() : ""));
@@ -302,7 +304,10 @@ StageHelloFields stage_hello_fields(const StagePlan& plan, const std::string& sc
 }
 
 StageHelloFields StagePeer::hello_fields(uint64_t resume_step) const {
-  return stage_hello_fields(plan_, schedule_.name(), resume_step, first() ? epoch_steps_ : 0);
+  StageHelloFields f = stage_hello_fields(plan_, schedule_.name(), resume_step, first() ? epoch_steps_ : 0);
+  f.client_id = client_id_;
+  f.token = token_;
+  return f;
 }
 
 void StagePeer::check_answer(const wire::StageHello& h) {
@@ -311,6 +316,7 @@ void StagePeer::check_answer(const wire::StageHello& h) {
                             cat("the stage after did not choose the dtype stage ", plan_.index, " offered (",
                                 dtype_name(plan_.dtype), ") for their link")});
   down_dtype_ = h.dtypes()->Get(0);
+  next_token_ = h.next_token() ? h.next_token()->str() : std::string();
 }
 
 Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
@@ -344,7 +350,8 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
       refuse(*members_[m], "previous",
              {wire::ErrorCode::ModelMismatch,
               !chosen ? cat("the previous stage sends ", offered.empty() ? std::string("no dtype") : offered,
-                            " and stage ", plan_.index, " takes ", taken, ": give every party the same wire-dtype")
+                            " and stage ", plan_.index, " takes ", taken,
+                            plan_.own_terms ? ": offer one of those" : ": give every party the same wire-dtype")
                       : cat("member ", m, " sends ", dtype_name(*chosen), " and member 0 ", dtype_name(up_dtype_),
                             ": give every first party the same wire-dtype")});
     }
@@ -362,6 +369,8 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
                   "limit in their sections)")});
     }
   }
+  if (admit_)
+    if (const WireError no = admit_(); !no.ok()) refuse(*members_[0], "previous", no);
   uint64_t start = newest_by(proposal);
   ended_ = last() && ended_step_.has_value();  // the last stage's end is the run's
   if (!last()) {
@@ -406,8 +415,9 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
     co_return *ended_step_;
   }
   for (StageLink* up : members_) {
-    StageHelloFields answer = hello_fields(start);
+    StageHelloFields answer = stage_hello_fields(plan_, schedule_.name(), start);
     answer.dtypes = {up_dtype_};
+    answer.next_token = answer_token_;
     up->send(writer_.stage_hello(answer));
   }
   // A member trains its own turns: the first of the round `start` begins.

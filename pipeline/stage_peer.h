@@ -40,6 +40,13 @@ class LinkLost : public Error {
   using Error::Error;
 };
 
+// The stage after answered Busy (a cloud at its bound on sessions or memory): a lost link,
+// to link again after a while.
+class LinkBusy : public LinkLost {
+ public:
+  using LinkLost::LinkLost;
+};
+
 // The stage after could not be reached at all (StageLink::open gave up): after a run whose
 // end this stage recorded, that party has ended too (StagePeer::set_ended).
 class LinkUnreachable : public Error {
@@ -206,6 +213,20 @@ class StagePeer {
   // Called when connect() finds the run goes on after this stage recorded its end, before the
   // stage before hears its StageHello: the host drops its end record.
   void on_resume(std::function<void()> drop) { resume_ = std::move(drop); }
+  // A first stage facing a cloud (tandem-cloud serve): its name and, without a client
+  // certificate, its enrolment token, said in its StageHello. next_token() is the fresh token
+  // the cloud answered a token with (for the StageHello after a lost link; empty otherwise).
+  void set_credentials(std::string client_id, std::string token) {
+    client_id_ = std::move(client_id);
+    token_ = std::move(token);
+  }
+  const std::string& next_token() const { return next_token_; }
+  // The stage after a first party that came with a token: the token its answer carries.
+  void set_answer_token(std::string token) { answer_token_ = std::move(token); }
+  // A stage serving parties of their own (a cloud): once the stage before's StageHello has
+  // passed every check, `admit` says whether its session may train here now (a bound on
+  // memory: Busy, or NoRoom); its Error refuses the link before anything is answered.
+  void set_admission(std::function<WireError()> admit) { admit_ = std::move(admit); }
   // A first stage: how many steps its epoch has, said in its StageHello; a stage shared by
   // several first stages refuses a member whose count differs from the others' (they take
   // turns, a step each).
@@ -368,6 +389,8 @@ class StagePeer {
   // The links' dtypes, chosen at connect: the stage after's answer (down), and this stage's
   // choice among the stage before's offer (up; every member of a shared stage must offer it).
   wire::DType down_dtype_ = wire::DType::F32, up_dtype_ = wire::DType::F32;
+  std::string client_id_, token_, next_token_, answer_token_;  // set_credentials, set_answer_token
+  std::function<WireError()> admit_;                          // set_admission
   StageHelloFields hello_fields(uint64_t resume_step) const;  // what this stage says
   void check_answer(const wire::StageHello& h);  // the stage after's: the dtype chosen
   StageLink *up_, *down_;  // up_: the shared stage's, the member whose turn it is

@@ -288,11 +288,50 @@ TEST(Service, APipelinesFirstPartyIsAnsweredWithTheDtypeItOffered) {
   EXPECT_EQ(h->dtypes()->Get(0), wire::DType::I8);
 }
 
-TEST(Service, APipelinesFirstPartyWithoutACertificateIsRefused) {
-  expect_error({stage_hello()}, wire::ErrorCode::Unauthorized,
-               "a pipeline's first party presents a client certificate (tandem-cloud pki issue --client NAME); "
-               "enrolment tokens are for tandem-edge",
+// Without a client certificate a first party names itself and brings an enrolment token, as
+// an edge's Hello does; the cloud answers a good one with a fresh token for the next link.
+TEST(Service, APipelinesFirstPartyWithATokenIsAnsweredWithTheNextOne) {
+  std::string token = service().token("ward-7");
+  for (int link = 0; link < 2; ++link) {  // the second with the token the first answer gave
+    auto c = service().client(false);
+    c->send(0, stage_hello([&](StageHelloFields& f) {
+      f.client_id = "ward-7";
+      f.token = token;
+    }));
+    EndpointEvent ev;
+    ASSERT_TRUE(c->next(ev, 10s));
+    ASSERT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Message)) << ev.text;
+    WireError err;
+    const wire::Message* m = verify_frame(ev.frame, kDefaultMaxMessageBytes, err);
+    ASSERT_NE(m, nullptr) << err.text;
+    const wire::StageHello* h = m->payload_as_StageHello();
+    ASSERT_NE(h, nullptr) << payload_name(m->payload_type());
+    ASSERT_NE(h->next_token(), nullptr);
+    EXPECT_NE(h->next_token()->str(), token);
+    token = h->next_token()->str();
+  }
+}
+
+TEST(Service, APipelinesFirstPartyWithoutACertificateOrAGoodTokenIsRefused) {
+  const auto without_certificate = [](const std::string& client, const std::string& token) {
+    return stage_hello([&](StageHelloFields& f) {
+      f.client_id = client;
+      f.token = token;
+    });
+  };
+  expect_error({without_certificate("ward-7", "")}, wire::ErrorCode::Unauthorized,
+               "no client certificate and no enrolment token: give the edge an identity (`tandem-cloud pki issue`) "
+               "or a token (`tandem-cloud pki token`)",
                false);
+  expect_error({without_certificate("ward-8", service().token("ward-7"))}, wire::ErrorCode::Unauthorized,
+               "the enrolment token is for client 'ward-7', but the edge says it is 'ward-8'", false);
+  expect_error({without_certificate("../ward", service().token("ward-7"))}, wire::ErrorCode::Malformed,
+               "the client id must be 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'", false);
+  // With a certificate, the name it says must be the certificate's.
+  expect_error({without_certificate("bob", "")}, wire::ErrorCode::Unauthorized,
+               "the StageHello says client id 'bob' but the client certificate was issued to 'probe': a party trains "
+               "only as the identity it holds");
+  EXPECT_FALSE(fs::exists(service().state_dir() + "/checkpoints/bob"));
 }
 
 TEST(Service, APipelinesFirstPartyOutsideTheCloudsLimitsIsRefusedByName) {
@@ -306,8 +345,7 @@ TEST(Service, APipelinesFirstPartyOutsideTheCloudsLimitsIsRefusedByName) {
                "the previous stage runs another plan (its model spec, cut list, number of stages, where the labels "
                "are or first parties differ from stage 1's): give every party the same deployment");
   expect_error({stage_hello([](StageHelloFields& f) { f.dtypes = {}; })}, wire::ErrorCode::ModelMismatch,
-               "the previous stage sends no dtype and stage 1 takes f32, f16, bf16, i8: give every party the same "
-               "wire-dtype");
+               "the previous stage sends no dtype and stage 1 takes f32, f16, bf16, i8: offer one of those");
   // and serves the next one
   expect_welcome(service().client(), good_hello());
 }

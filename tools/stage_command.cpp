@@ -1002,7 +1002,14 @@ int run_party(const CliArgs& cli) {
         shards->reform();
         stage.set_mirror(shards->mirror());
       }
-      std::fprintf(stderr, "%s: linking again (restart %d of at most %d)\n", e.what(), restarts, max_restarts);
+      if (dynamic_cast<const LinkBusy*>(&e) != nullptr) {  // a cloud at its bound: after a while, as an edge does
+        const double wait = busy_backoff_s(restarts);
+        std::fprintf(stderr, "%s: linking again in %.1f s (restart %d of at most %d)\n", e.what(), wait, restarts,
+                     max_restarts);
+        std::this_thread::sleep_for(std::chrono::duration<double>(wait));
+      } else {
+        std::fprintf(stderr, "%s: linking again (restart %d of at most %d)\n", e.what(), restarts, max_restarts);
+      }
       if (!store)
         std::fprintf(stderr, "this party keeps no checkpoints (no checkpoint-dir): every stage starts again from step 0\n");
     }

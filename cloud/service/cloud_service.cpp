@@ -32,6 +32,8 @@
 #include "pipeline/schedule.h"
 #include "pipeline/stage.h"
 #include "pipeline/stage_peer.h"
+#include "core/sha256.h"
+#include "ports/files/atomic_file.h"
 #include "ports/files/checkpoint_store.h"
 #include "ports/files/safetensors_file.h"
 #include "ports/lws/http_listener.h"
@@ -116,6 +118,35 @@ class FolderCheckpoints final : public SessionCheckpoints {
   CheckpointData load_stage(const std::string& client_id, uint64_t step) {
     std::lock_guard<std::mutex> lock(mutex_);
     return CheckpointStore(cat(root_, "/", client_id), "stage1").load_step(step);
+  }
+  // The record of a pipeline session's end (STATE/checkpoints/NAME/stage1.ended): its step and
+  // the session's key.
+  std::optional<std::pair<uint64_t, std::string>> stage_end(const std::string& client_id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::ifstream in(cat(root_, "/", client_id, "/stage1.ended"));
+    std::pair<uint64_t, std::string> end;
+    if (!(in >> end.first >> end.second)) return std::nullopt;
+    return end;
+  }
+  void set_stage_end(const std::string& client_id, uint64_t step, const std::string& key) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::filesystem::create_directories(cat(root_, "/", client_id));
+    const std::string text = cat(step, " ", key, "\n");
+    write_file_atomic(cat(root_, "/", client_id, "/stage1.ended"),
+                      std::span<const uint8_t>(reinterpret_cast<const uint8_t*>(text.data()), text.size()));
+  }
+  // Removes the pipeline session's checkpoints but those of `keep`: another run's, or a future
+  // this run has not reached (which would otherwise be taken for its own, or outrank its new
+  // ones when the newest few are kept).
+  void keep_stage_steps(const std::string& client_id, const std::vector<uint64_t>& keep) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    const CheckpointStore store(cat(root_, "/", client_id), "stage1");
+    for (uint64_t step : store.steps())
+      if (std::find(keep.begin(), keep.end(), step) == keep.end()) std::filesystem::remove(store.path_of(step));
+  }
+  void drop_stage_end(const std::string& client_id) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    std::filesystem::remove(cat(root_, "/", client_id, "/stage1.ended"));
   }
 
  private:
@@ -210,6 +241,7 @@ class Worker {
       inbox_bytes_ = 0;
       who = identity();
     }
+    wake_.notify_one();  // a pipeline session waiting for its next frame: the link is gone
     std::fprintf(stderr, "session %llu (%s): closed: %s\n", static_cast<unsigned long long>(id_), who.c_str(),
                  why.c_str());
     MessageWriter writer;
@@ -224,6 +256,7 @@ class Worker {
   std::string revoked_by(pki::RevocationList& revoked) {
     if (!peer_.empty()) return revoked.refuses_certificate(peer_, serial_);
     std::lock_guard<std::mutex> lock(mutex_);
+    if (!stage_client_.empty()) return revoked.refuses_session(stage_client_, connected_unix_);
     if (!session_ || session_->client_id().empty()) return "";
     return revoked.refuses_session(session_->client_id(), connected_unix_);
   }
@@ -249,7 +282,7 @@ class Worker {
   std::string metrics_line() {
     std::lock_guard<std::mutex> lock(mutex_);
     if (stage_)
-      return cat("{\"session\":", id_, ",\"client\":\"", peer_, "\",\"stage\":1,\"steps\":", stage_->steps,
+      return cat("{\"session\":", id_, ",\"client\":\"", stage_client_, "\",\"stage\":1,\"steps\":", stage_->steps,
                  ",\"samples\":", stage_->samples, ",\"train_loss\":",
                  fixed(stage_->samples > 0 ? stage_->loss_sum / static_cast<double>(stage_->samples) : 0.0, 5),
                  ",\"bytes_in\":", bytes_in_.load(), ",\"bytes_out\":", bytes_out_.load(),
@@ -301,27 +334,35 @@ class Worker {
   // until the session ends); if not, the connection is closed with Busy (try again later) or,
   // when it could never fit, NoRoom, instead of the Welcome. A federation's one shard is made
   // at start: nothing to admit.
-  bool admit(const BackShard& shard) {
-    if (shared_ || memory_.limit() == 0) return true;
+  // Whether a session's back shard fits beside the others' (its estimate reserved until the
+  // session ends): none (ok) or the refusal, Busy (try again later) or, when it could never
+  // fit, NoRoom. A federation's one shard is made at start: nothing to admit.
+  WireError admission(const BackShard& shard) {
+    if (shared_ || memory_.limit() == 0) return {};
     std::size_t left = 0;
     const std::string needs = cat("this session's back shard (cut '", shard.cut, "', at the cloud's batch of ",
                                   options_.batch_size, ") needs about ", mib_up(shard.session_bytes), " MiB");
     if (shard.session_bytes > memory_.limit()) {
       metrics_.count_refusal("session_memory");
-      close_with(wire::ErrorCode::NoRoom,
-                 cat(needs, ", more than the ", mib_up(memory_.limit()),
-                     " MiB this cloud gives all sessions together (tandem-cloud serve --session-memory-mb): it cannot "
-                     "train here; the operator can raise the bound or lower --batch"));
-      return false;
+      return {wire::ErrorCode::NoRoom,
+              cat(needs, ", more than the ", mib_up(memory_.limit()),
+                  " MiB this cloud gives all sessions together (tandem-cloud serve --session-memory-mb): it cannot "
+                  "train here; the operator can raise the bound or lower --batch")};
     }
     if (!memory_.take(shard.session_bytes, left)) {
       metrics_.count_refusal("session_memory");
-      close_with(wire::ErrorCode::Busy, cat(needs, " and the sessions' memory (", mib_up(memory_.limit()),
-                                            " MiB, --session-memory-mb) has ", left >> 20, " MiB left: try again later"));
-      return false;
+      return {wire::ErrorCode::Busy, cat(needs, " and the sessions' memory (", mib_up(memory_.limit()),
+                                         " MiB, --session-memory-mb) has ", left >> 20, " MiB left: try again later")};
     }
     reserved_ = shard.session_bytes;
-    return true;
+    return {};
+  }
+  // An accepted Hello's admission: if refused, the connection is closed with the Error
+  // instead of the Welcome.
+  bool admit(const BackShard& shard) {
+    const WireError no = admission(shard);
+    if (!no.ok()) close_with(no.code, no.text);
+    return no.ok();
   }
 
   void start_session(const BackShard& shard) {
@@ -507,29 +548,66 @@ class Worker {
 
   // A pipeline's first party: its session is the last of two stages cut where its plan says
   // (one of this cloud's cuts), trained by a StagePeer on this thread from the newest
-  // checkpoint both have (STATE/checkpoints/NAME/stage1.*), until the party's Bye. The party
+  // checkpoint both have (STATE/checkpoints/NAME/stage1-*), until the party's Bye. The party
   // plans its own batch, K, schedule and dtype within this cloud's (--batch, --microbatches,
   // --wire-dtypes); the back shard's optimizer is the cloud's. One run a connection: after a
   // lost link the party links again and both go on from their newest common checkpoint.
+  // What the cloud keeps of the session (checkpoints, the record of its end) is keyed by the
+  // party's run (its plan, terms, schedule, batch, K and dtype) and the cloud's own terms.
   void serve_stage(Frame hello) {
     greeted_ = true;
     bytes_in_ += hello.size();
     metrics_.bytes_in += hello.size();
     ++metrics_.messages_in;
+    const ServeOptions& o = options_;
+    // What the StageHello says (read before the frame goes to the link).
     WireError err;
-    const wire::StageHello* h = verify_frame(hello, options_.max_message_bytes, err)->payload_as_StageHello();
+    const wire::StageHello* h = verify_frame(hello, o.max_message_bytes, err)->payload_as_StageHello();
     const std::string schedule_name = h->schedule() ? h->schedule()->str() : std::string();
-    const BackShard* shard = &shards_.front();
-    for (const BackShard& s : shards_)
-      if (s.stage_plan && h->plan_hash() && h->plan_hash()->size() == 32 &&
-          std::equal(s.stage_plan->hash.begin(), s.stage_plan->hash.end(), h->plan_hash()->begin()))
-        shard = &s;
+    const std::string said = h->client_id() ? h->client_id()->str() : std::string();
+    const std::string token = h->token() ? h->token()->str() : std::string();
+    const uint32_t said_batch = h->batch(), said_microbatches = h->microbatches();
+    const uint64_t proposed = h->resume_step();
+    std::array<uint8_t, 32> said_terms{};
+    if (h->terms_hash() && h->terms_hash()->size() == said_terms.size())
+      std::copy(h->terms_hash()->begin(), h->terms_hash()->end(), said_terms.begin());
+    wire::DType dtype = wire::DType::F32;  // the one the peer will choose: the first offered it takes
+    if (h->dtypes())
+      for (auto it = h->dtypes()->rbegin(); it != h->dtypes()->rend(); ++it)
+        if (std::find(o.wire_dtypes.begin(), o.wire_dtypes.end(), *it) != o.wire_dtypes.end()) dtype = *it;
+    // The shard whose plan it names; else one a pipeline can train against (its peer then
+    // refuses the plan by name).
+    const BackShard* shard = nullptr;
+    for (const BackShard& b : shards_)
+      if (b.stage_plan && h->plan_hash() && h->plan_hash()->size() == 32 &&
+          std::equal(b.stage_plan->hash.begin(), b.stage_plan->hash.end(), h->plan_hash()->begin()))
+        shard = &b;
+    for (const BackShard& b : shards_)
+      if (!shard && b.stage_plan) shard = &b;
+    if (!shard) shard = &shards_.front();
     InboxLink link(*this, std::move(hello));
     try {
-      if (peer_.empty())
-        refuse(link, wire::ErrorCode::Unauthorized,
-               "a pipeline's first party presents a client certificate (tandem-cloud pki issue --client NAME); "
-               "enrolment tokens are for tandem-edge");
+      // Who it is: its certificate's name, or without one the name its enrolment token is for
+      // (then answered with a fresh token for its StageHello after a lost link).
+      std::string next_token;
+      if (!peer_.empty()) {
+        if (!said.empty() && said != peer_)
+          refuse(link, wire::ErrorCode::Unauthorized,
+                 cat("the StageHello says client id '", said, "' but the client certificate was issued to '", peer_,
+                     "': a party trains only as the identity it holds"));
+      } else {
+        if (!valid_client_id(said))
+          refuse(link, wire::ErrorCode::Malformed,
+                 "the client id must be 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'");
+        const std::string why = tokens_ ? tokens_->accept(token, said) : std::string("this cloud takes only client certificates");
+        if (!why.empty()) refuse(link, wire::ErrorCode::Unauthorized, why);
+        next_token = pki::issue_token(o.state_dir, said, 3600);
+      }
+      {
+        std::lock_guard<std::mutex> lock(mutex_);
+        stage_client_ = peer_.empty() ? said : peer_;
+      }
+      const std::string& client = stage_client_;  // (this thread alone writes it)
       if (shared_)
         refuse(link, wire::ErrorCode::UnexpectedMessage,
                "this cloud serves a federation (--aggregate-every): a pipeline's first party trains against a cloud "
@@ -544,8 +622,20 @@ class Worker {
       } catch (const std::exception& e) {
         refuse(link, wire::ErrorCode::ModelMismatch, cat("the first party's schedule: ", e.what()));
       }
-      if (!admit(*shard)) return;  // closed with Busy or NoRoom
-      const ServeOptions& o = options_;
+      // The session's key: the party's run as it says it, and the cloud's own terms.
+      StagePlan session = *shard->stage_plan;
+      session.batch = said_batch;
+      session.microbatches = said_microbatches;
+      session.dtype = dtype;
+      {
+        Sha256 t;
+        t.update(said_terms.data(), said_terms.size());
+        t.update(shard->stage_plan->terms.data(), shard->stage_plan->terms.size());
+        session.terms = t.finish();
+      }
+      const std::array<uint8_t, 32> key = run_hash(session, schedule->name());
+      const std::string key_hex = to_hex(key.data(), key.size());
+
       backend_ = make_backend(o.backend, BackendOptions{o.threads});
       back_ = std::make_unique<Network>(shard->graph, *backend_, o.seed);
       for (std::size_t i = 0; i < shard->initial.size(); ++i) {
@@ -557,35 +647,61 @@ class Worker {
       optimizer_ = make_optimizer(back_->params(), o.optimizer);
       Stage stage(*back_, optimizer_.get());
       StagePlan plan = *shard->stage_plan;
-      plan.run = run_hash(plan, schedule->name());
+      plan.run = key;
       StagePeer peer(stage, *schedule, plan, &link, nullptr);
       CheckpointMeta meta;
       meta.role = "stage";
       meta.cut = shard->cut;
-      meta.model_hash = plan.run;
-      meta.client_id = peer_;
-      peer.on_checkpoint([&](uint64_t step) {
+      meta.model_hash = key;
+      meta.client_id = client;
+      const auto save = [&](uint64_t step) {
         meta.step = step;
-        checkpoints_.save_stage(peer_, step, encode_checkpoint(meta, *back_, optimizer_.get()));
+        checkpoints_.save_stage(client, step, encode_checkpoint(meta, *back_, optimizer_.get()));
+      };
+      peer.on_checkpoint(save);
+      // The run's end: its last stage saved and the end recorded before the party hears Bye, so
+      // a party that links again after it (its Bye lost, or started again) hears Bye again.
+      peer.on_end([&](uint64_t steps, bool acknowledged) {
+        if (acknowledged) return;
+        save(steps);
+        checkpoints_.set_stage_end(client, steps, key_hex);
       });
+      if (const auto end = checkpoints_.stage_end(client)) {
+        if (end->second == key_hex && proposed >= end->first) {
+          peer.set_ended(end->first, true);  // answered Bye: nothing to train
+        } else {
+          checkpoints_.drop_stage_end(client);  // another run, or this one goes on from an earlier step
+        }
+      }
+      // This session's checkpoints of this run only.
+      std::vector<uint64_t> have;
+      for (uint64_t step : checkpoints_.stage_steps(client)) try {
+          const CheckpointData d = checkpoints_.load_stage(client, step);
+          if (d.meta.model_hash == key && d.meta.step == step && d.meta.role == "stage" && d.meta.client_id == client)
+            have.push_back(step);
+        } catch (const std::exception& e) {
+          std::fprintf(stderr, "session %llu (%s): skipping its checkpoint of step %llu: %s\n",
+                       static_cast<unsigned long long>(id_), client.c_str(), static_cast<unsigned long long>(step),
+                       e.what());
+        }
       {
         std::lock_guard<std::mutex> lock(mutex_);
         cut_ = shard->cut;
         stage_ = std::make_unique<StageFigures>();
       }
-      const uint64_t start = peer.connect(checkpoints_.stage_steps(peer_));
-      if (start > 0) {
-        const CheckpointData state = checkpoints_.load_stage(peer_, start);
-        if (state.meta.model_hash != plan.run || state.meta.step != start || state.meta.role != "stage" ||
-            state.meta.client_id != peer_)
-          refuse(link, wire::ErrorCode::NoCheckpoint,
-                 cat("the cloud's checkpoint of step ", start, " for '", peer_, "' is of another run (its cut, "
-                     "optimizer or limits, or the party's schedule differ): the operator can move ",
-                     o.state_dir, "/checkpoints/", peer_, " away, and the party start again from step 0"));
-        restore_checkpoint(state, *back_, optimizer_.get());
+      peer.set_answer_token(next_token);
+      peer.set_admission([&] { return admission(*shard); });  // after the hello's checks: Busy is then honest
+      const uint64_t start = peer.connect(have);
+      if (peer.ended()) {
+        std::printf("session %llu (%s): its run ended here at step %llu before: answered Bye\n",
+                    static_cast<unsigned long long>(id_), identity().c_str(), static_cast<unsigned long long>(start));
+        return;
       }
+      if (start > 0) restore_checkpoint(checkpoints_.load_stage(client, start), *back_, optimizer_.get());
+      std::erase_if(have, [&](uint64_t step) { return step > start; });
+      checkpoints_.keep_stage_steps(client, have);
       std::printf("session %llu (%s): a pipeline's last stage cut at '%s', %s schedule, from step %llu\n",
-                  static_cast<unsigned long long>(id_), peer_.c_str(), shard->cut.c_str(), schedule->name(),
+                  static_cast<unsigned long long>(id_), identity().c_str(), shard->cut.c_str(), schedule->name(),
                   static_cast<unsigned long long>(start));
       std::fflush(stdout);
       for (StepStats stats;;) {
@@ -606,9 +722,9 @@ class Worker {
         if (!more) break;
       }
       std::printf("session %llu (%s): the party ended its run at step %llu\n", static_cast<unsigned long long>(id_),
-                  peer_.c_str(), static_cast<unsigned long long>(peer.next_step()));
+                  identity().c_str(), static_cast<unsigned long long>(peer.next_step()));
     } catch (const LinkLost& e) {
-      std::fprintf(stderr, "session %llu (%s): %s\n", static_cast<unsigned long long>(id_), peer_.c_str(), e.what());
+      std::fprintf(stderr, "session %llu (%s): %s\n", static_cast<unsigned long long>(id_), identity().c_str(), e.what());
     } catch (const std::exception& e) {  // refused (the party was told why), or the cloud's own failure
       if (!closing_) close_with(wire::ErrorCode::Internal, cat("the cloud failed on this session: ", e.what()));
     }
@@ -631,6 +747,7 @@ class Worker {
   // The certificate's name, or the client id a token vouched for.
   std::string identity() const {
     if (!peer_.empty()) return peer_;
+    if (!stage_client_.empty()) return cat("token for ", stage_client_);
     return session_ && !session_->client_id().empty() ? cat("token for ", session_->client_id()) : "no certificate";
   }
 
@@ -652,6 +769,7 @@ class Worker {
   std::unique_ptr<BackShardTrainer> trainer_;
   std::unique_ptr<CloudSession> session_;
   std::unique_ptr<StageFigures> stage_;  // a pipeline first party's session (serve_stage)
+  std::string stage_client_;             // and who it is (its certificate's name, or its token's)
   std::string cut_;
   const BackShard* shard_ = nullptr;  // the session's (start_session)
   std::mutex mutex_;

@@ -13,18 +13,19 @@
 #include "core/sha256.h"
 
 namespace tandem {
+
+bool valid_client_id(std::string_view id) {
+  if (id.size() < 1 || id.size() > 64 || id[0] == '.') return false;
+  for (char c : id)
+    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
+  return true;
+}
+
 namespace {
 
 constexpr uint32_t kMaxEvalBatch = 4096;
 
-// Client ids name the cloud's checkpoint folders: short, and only letters, digits, '.', '_'
-// and '-' (not starting with '.').
-bool valid_client_id(const flatbuffers::String* id) {
-  if (id == nullptr || id->size() < 1 || id->size() > 64 || id->c_str()[0] == '.') return false;
-  for (char c : id->string_view())
-    if (!(std::isalnum(static_cast<unsigned char>(c)) || c == '.' || c == '_' || c == '-')) return false;
-  return true;
-}
+bool valid_client_id(const flatbuffers::String* id) { return id != nullptr && tandem::valid_client_id(id->string_view()); }
 
 // Finite activations can still overflow the back shard (values near the float range's end):
 // such a micro-batch must neither reach the weights nor go back as a non-finite gradient

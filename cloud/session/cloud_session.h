@@ -9,6 +9,7 @@
 #include <cstdint>
 #include <functional>
 #include <span>
+#include <string_view>
 #include <vector>
 
 #include "core/checkpoint/checkpoint.h"
@@ -24,6 +25,10 @@ namespace tandem {
 
 // Where sessions keep their back shard's checkpoints, per edge (the service: a folder per
 // client id in its state folder). Both throw Error saying what went wrong.
+// Client ids name the cloud's checkpoint folders: 1 to 64 letters, digits, '.', '_' and '-',
+// not starting with '.'.
+bool valid_client_id(std::string_view id);
+
 class SessionCheckpoints {
  public:
   virtual ~SessionCheckpoints() = default;

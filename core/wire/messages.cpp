@@ -303,10 +303,13 @@ std::span<const uint8_t> MessageWriter::stage_hello(const StageHelloFields& f) {
   const bool terms = std::any_of(f.terms.begin(), f.terms.end(), [](uint8_t b) { return b != 0; });
   const auto terms_hash = terms ? fbb_.CreateVector(f.terms.data(), f.terms.size())
                                 : flatbuffers::Offset<flatbuffers::Vector<uint8_t>>();
+  const auto text = [&](const std::string& t) { return t.empty() ? flatbuffers::Offset<flatbuffers::String>() : fbb_.CreateString(t); };
+  const auto client_id = text(f.client_id), token = text(f.token), next_token = text(f.next_token);
   return finish(wire::Payload::StageHello,
                 wire::CreateStageHello(fbb_, f.format, h, f.stage, f.stages, f.resume_step, f.member, f.epoch_steps,
                                        schedule, f.batch, f.microbatches,
-                                       flatbuffers::Offset<flatbuffers::Vector<wire::DType>>(dtypes.o), terms_hash)
+                                       flatbuffers::Offset<flatbuffers::Vector<wire::DType>>(dtypes.o), terms_hash,
+                                       client_id, token, next_token)
                     .Union());
 }
 

@@ -35,6 +35,8 @@ struct StageHelloFields {
   uint32_t batch = 0, microbatches = 0;
   std::vector<wire::DType> dtypes;  // offered (preferred first), or in an answer the one chosen
   std::array<uint8_t, 32> terms{};  // all zero: none said
+  std::string client_id, token;     // a first party to a cloud: its name, its enrolment token
+  std::string next_token;           // the cloud's answer to a token: the next one
 };
 
 // A step as the first stage of a pipeline announces it with each micro-batch's Activations.
