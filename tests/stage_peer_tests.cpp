@@ -1819,6 +1819,20 @@ TEST(StagePeerBadInput, ASharedStageRefusesAMemberOnAnotherMembersLinkResumingWi
               "of 2 steps");
     EXPECT_EQ(t.up[0]->refused.code, wire::ErrorCode::NoCheckpoint);
   }
+  {  // members sending in different dtypes, each one the stage takes: one link dtype for all
+    SharedLastStage t;
+    t.plan.accepts = {wire::DType::F32, wire::DType::F16};
+    const std::vector<StageLink*> links{t.up[0].get(), t.up[1].get()};
+    t.peer = std::make_unique<StagePeer>(*t.stage.stage, t.schedule, t.plan, std::span<StageLink* const>(links), nullptr);
+    t.before[0]->send(t.writer.stage_hello(said(t.plan, t.schedule, 0, 2, 0, 0, 10)));
+    StageHelloFields f16 = said(t.plan, t.schedule, 0, 2, 0, 1, 10);
+    f16.dtypes = {wire::DType::F16};
+    t.before[1]->send(t.writer.stage_hello(f16));
+    EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
+              "[stage] stage 1 refused the previous stage's message: member 1 sends f16 and member 0 f32: give every "
+              "first party the same wire-dtype");
+    EXPECT_EQ(t.up[1]->refused.code, wire::ErrorCode::ModelMismatch);
+  }
   {  // members with epochs of different lengths cannot take turns
     SharedLastStage t;
     t.hellos(1, 0, 12);
