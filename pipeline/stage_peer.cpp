@@ -227,6 +227,76 @@ const wire::Message* StagePeer::verified(StageLink& link, const char* neighbour,
   return msg;
 }
 
+WireError stage_hello_problem(const StagePlan& plan, const std::string& schedule, const wire::StageHello& h,
+                              bool from_up, uint32_t member) {
+  const char* neighbour = from_up ? "previous" : "next";
+  if (h.format() != kWireFormat)
+    return {wire::ErrorCode::ProtocolVersion, cat("wire format ", h.format(), "; this stage speaks ", kWireFormat)};
+  if (!h.plan_hash() || h.plan_hash()->size() != plan.hash.size() ||
+      !std::equal(plan.hash.begin(), plan.hash.end(), h.plan_hash()->begin()))
+    return {wire::ErrorCode::ModelMismatch,
+            cat("the ", neighbour, " stage runs another plan (its model spec, cut list, number of stages, where the "
+                "labels are or first parties differ from stage ", plan.index, "'s): give every party the same "
+                "deployment")};
+  const std::string said = h.schedule() ? h.schedule()->str() : std::string();
+  if (said != schedule)
+    return {wire::ErrorCode::ModelMismatch, cat("the ", neighbour, " stage runs the '", said, "' schedule and stage ",
+                                                plan.index, " the '", schedule,
+                                                "' one: give every party the same pipeline-schedule")};
+  const uint32_t want = from_up ? plan.index - 1 : plan.index + 1;
+  if (h.stage() != want || h.stages() != plan.stages)
+    return {wire::ErrorCode::ModelMismatch,
+            cat("stage ", h.stage(), " of ", h.stages(), " linked to stage ", plan.index, " of ", plan.stages)};
+  if (h.member() != member)
+    return {wire::ErrorCode::ModelMismatch,
+            cat("the first party on the link of member ", member, " of ", plan.members, " says it is member ",
+                h.member(), ": give each first party its own place in the deployment")};
+  if (!from_up) return {};
+  const std::string says = cat("the previous stage plans steps of at most ", h.batch(), " samples in ",
+                               h.microbatches(), " micro-batches");
+  if (h.microbatches() < 1 || h.batch() < h.microbatches())
+    return {wire::ErrorCode::ModelMismatch, cat(says, ": not a plan")};
+  if (plan.own_terms ? h.batch() > plan.batch || h.microbatches() > plan.microbatches
+                     : h.batch() != plan.batch || h.microbatches() != plan.microbatches)
+    return {wire::ErrorCode::ModelMismatch,
+            cat(says, ", and stage ", plan.index, plan.own_terms ? " takes at most " : " ", plan.batch, " in ",
+                plan.microbatches,
+                plan.own_terms ? ": plan a smaller batch or fewer micro-batches"
+                               : ": give every party the same batch and microbatches")};
+  std::array<uint8_t, 32> terms{};
+  if (h.terms_hash() && h.terms_hash()->size() == terms.size())
+    std::copy(h.terms_hash()->begin(), h.terms_hash()->end(), terms.begin());
+  if (!plan.own_terms && terms != plan.terms)
+    return {wire::ErrorCode::ModelMismatch,
+            cat("the previous stage's run terms (the optimizer's, the seed, the epochs, the data's extent, the privacy "
+                "filters or checkpoint-every) differ from stage ", plan.index, "'s: give every party the same "
+                "deployment")};
+  const bool shared = plan.index == 1 && plan.members > 1;
+  if (shared && h.resume_step() % plan.members != 0)
+    return {wire::ErrorCode::NoCheckpoint, cat("member ", member, " proposes step ", h.resume_step(),
+                                               ", not the end of a round of ", plan.members, " steps")};
+  if (!choose_dtype(plan, h)) {
+    std::string offered, taken;
+    if (h.dtypes())
+      for (wire::DType d : *h.dtypes()) offered += cat(offered.empty() ? "" : ", ", dtype_name(d));
+    for (wire::DType d : plan.accepts.empty() ? std::vector<wire::DType>{plan.dtype} : plan.accepts)
+      taken += cat(taken.empty() ? "" : ", ", dtype_name(d));
+    return {wire::ErrorCode::ModelMismatch,
+            cat("the previous stage sends ", offered.empty() ? std::string("no dtype") : offered, " and stage ",
+                plan.index, " takes ", taken,
+                plan.own_terms ? ": offer one of those" : ": give every party the same wire-dtype")};
+  }
+  return {};
+}
+
+std::optional<wire::DType> choose_dtype(const StagePlan& plan, const wire::StageHello& h) {
+  const std::vector<wire::DType> takes = plan.accepts.empty() ? std::vector<wire::DType>{plan.dtype} : plan.accepts;
+  if (h.dtypes())
+    for (wire::DType d : *h.dtypes())
+      if (std::find(takes.begin(), takes.end(), d) != takes.end()) return d;
+  return std::nullopt;
+}
+
 const wire::StageHello& StagePeer::hello_from(StageLink& link, const char* neighbour, const Frame& frame,
                                               bool from_up, uint32_t member) {
   const wire::Message* msg = verified(link, neighbour, frame);
@@ -234,55 +304,8 @@ const wire::StageHello& StagePeer::hello_from(StageLink& link, const char* neigh
   if (h == nullptr)
     refuse(link, neighbour, {wire::ErrorCode::UnexpectedMessage,
                              cat("expected StageHello, got ", payload_name(msg->payload_type()))});
-  if (h->format() != kWireFormat)
-    refuse(link, neighbour, {wire::ErrorCode::ProtocolVersion,
-                             cat("wire format ", h->format(), "; this stage speaks ", kWireFormat)});
-  if (!h->plan_hash() || h->plan_hash()->size() != plan_.hash.size() ||
-      !std::equal(plan_.hash.begin(), plan_.hash.end(), h->plan_hash()->begin()))
-    refuse(link, neighbour, {wire::ErrorCode::ModelMismatch,
-                             cat("the ", neighbour, " stage runs another plan (its model spec, cut list, number of "
-                                 "stages, where the labels are or first parties differ from stage ", plan_.index,
-                                 "'s): give every party the same deployment")});
-  const std::string schedule = h->schedule() ? h->schedule()->str() : std::string();
-  if (schedule != schedule_.name())
-    refuse(link, neighbour, {wire::ErrorCode::ModelMismatch,
-                             cat("the ", neighbour, " stage runs the '", schedule, "' schedule and stage ", plan_.index,
-                                 " the '", schedule_.name(), "' one: give every party the same pipeline-schedule")});
-  const uint32_t want = from_up ? plan_.index - 1 : plan_.index + 1;
-  if (h->stage() != want || h->stages() != plan_.stages)
-    refuse(link, neighbour, {wire::ErrorCode::ModelMismatch, cat("stage ", h->stage(), " of ", h->stages(),
-                                                                 " linked to stage ", plan_.index, " of ",
-                                                                 plan_.stages)});
-  if (h->member() != member)
-    refuse(link, neighbour, {wire::ErrorCode::ModelMismatch,
-                             cat("the first party on the link of member ", member, " of ", plan_.members,
-                                 " says it is member ", h->member(), ": give each first party its own place in the "
-                                 "deployment")});
-  if (from_up) {
-    const std::string says = cat("the previous stage plans steps of at most ", h->batch(), " samples in ",
-                                 h->microbatches(), " micro-batches");
-    if (h->microbatches() < 1 || h->batch() < h->microbatches())
-      refuse(link, neighbour, {wire::ErrorCode::ModelMismatch, cat(says, ": not a plan")});
-    if (plan_.own_terms ? h->batch() > plan_.batch || h->microbatches() > plan_.microbatches
-                        : h->batch() != plan_.batch || h->microbatches() != plan_.microbatches)
-      refuse(link, neighbour, {wire::ErrorCode::ModelMismatch,
-                               cat(says, ", and stage ", plan_.index, plan_.own_terms ? " takes at most " : " ",
-                                   plan_.batch, " in ", plan_.microbatches,
-                                   plan_.own_terms ? ": plan a smaller batch or fewer micro-batches"
-                                                   : ": give every party the same batch and microbatches")});
-    const bool terms_said = h->terms_hash() && h->terms_hash()->size() == plan_.terms.size();
-    std::array<uint8_t, 32> terms{};
-    if (terms_said) std::copy(h->terms_hash()->begin(), h->terms_hash()->end(), terms.begin());
-    if (!plan_.own_terms && terms != plan_.terms)
-      refuse(link, neighbour, {wire::ErrorCode::ModelMismatch,
-                               cat("the previous stage's run terms (the optimizer's, the seed, the epochs, the data's "
-                                   "extent, the privacy filters or checkpoint-every) differ from stage ", plan_.index,
-                                   "'s: give every party the same deployment")});
-  }
-  if (from_up && shared() && h->resume_step() % plan_.members != 0)
-    refuse(link, neighbour, {wire::ErrorCode::NoCheckpoint,
-                             cat("member ", member, " proposes step ", h->resume_step(), ", not the end of a round of ",
-                                 plan_.members, " steps")});
+  if (const WireError no = stage_hello_problem(plan_, schedule_.name(), *h, from_up, member); !no.ok())
+    refuse(link, neighbour, no);
   return *h;
 }
 
@@ -307,6 +330,7 @@ StageHelloFields StagePeer::hello_fields(uint64_t resume_step) const {
   StageHelloFields f = stage_hello_fields(plan_, schedule_.name(), resume_step, first() ? epoch_steps_ : 0);
   f.client_id = client_id_;
   f.token = token_;
+  f.ended = ended_step_;
   return f;
 }
 
@@ -336,26 +360,14 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
   for (uint32_t m = 0; m < members_.size(); ++m) {  // every member's, at a shared stage: the oldest
     const Frame frame = co_await message(*members_[m], "StageHello");
     const wire::StageHello& h = hello_from(*members_[m], "previous", frame, true, shared() ? m : 0);
-    // The link's dtype: the first of the stage before's offer that this stage takes.
-    const std::vector<wire::DType> takes = plan_.accepts.empty() ? std::vector<wire::DType>{plan_.dtype} : plan_.accepts;
-    std::optional<wire::DType> chosen;
-    if (h.dtypes())
-      for (wire::DType d : *h.dtypes())
-        if (!chosen && std::find(takes.begin(), takes.end(), d) != takes.end()) chosen = d;
-    if (!chosen || (m > 0 && *chosen != up_dtype_)) {
-      std::string offered, taken;
-      if (h.dtypes())
-        for (wire::DType d : *h.dtypes()) offered += cat(offered.empty() ? "" : ", ", dtype_name(d));
-      for (wire::DType d : takes) taken += cat(taken.empty() ? "" : ", ", dtype_name(d));
+    // The link's dtype: the first of the stage before's offer that this stage takes (there is
+    // one: hello_from checked), the same for every member.
+    const wire::DType chosen = *choose_dtype(plan_, h);
+    if (m > 0 && chosen != up_dtype_)
       refuse(*members_[m], "previous",
-             {wire::ErrorCode::ModelMismatch,
-              !chosen ? cat("the previous stage sends ", offered.empty() ? std::string("no dtype") : offered,
-                            " and stage ", plan_.index, " takes ", taken,
-                            plan_.own_terms ? ": offer one of those" : ": give every party the same wire-dtype")
-                      : cat("member ", m, " sends ", dtype_name(*chosen), " and member 0 ", dtype_name(up_dtype_),
-                            ": give every first party the same wire-dtype")});
-    }
-    up_dtype_ = *chosen;
+             {wire::ErrorCode::ModelMismatch, cat("member ", m, " sends ", dtype_name(chosen), " and member 0 ",
+                                                  dtype_name(up_dtype_), ": give every first party the same wire-dtype")});
+    up_dtype_ = chosen;
     proposal = std::min(proposal, h.resume_step());
     if (!shared() || h.epoch_steps() == 0) continue;
     if (epoch_steps == 0) {
@@ -369,8 +381,6 @@ Task<uint64_t> StagePeer::connect_async(std::span<const uint64_t> checkpoints) {
                   "limit in their sections)")});
     }
   }
-  if (admit_)
-    if (const WireError no = admit_(); !no.ok()) refuse(*members_[0], "previous", no);
   uint64_t start = newest_by(proposal);
   ended_ = last() && ended_step_.has_value();  // the last stage's end is the run's
   if (!last()) {

@@ -138,6 +138,15 @@ struct FirstParties {
 // beside the terms it says one by one (the schedule, batch, K, dtypes, run_terms' hash).
 std::array<uint8_t, 32> plan_hash(std::span<const uint8_t> spec_binary, const std::string& cuts, uint32_t stages,
                                   bool labels_travel = true, const FirstParties& first = {});
+// The checks a stage of `plan` under `schedule` makes of the stage before's StageHello
+// (`from_up`; from member `member` of a shared stage) or of the stage after's answer: ok, or
+// the refusal naming what differs (the format, the plan, the schedule, the indices, batch and
+// K, the run terms, a dtype it takes). A host checks a StageHello with it before it spends
+// anything on the session.
+WireError stage_hello_problem(const StagePlan& plan, const std::string& schedule, const wire::StageHello& h,
+                              bool from_up, uint32_t member = 0);
+// The link's dtype a stage of `plan` chooses: the first the stage before offers that it takes.
+std::optional<wire::DType> choose_dtype(const StagePlan& plan, const wire::StageHello& h);
 // StagePlan::run of a plan under `schedule`.
 std::array<uint8_t, 32> run_hash(const StagePlan& plan, const std::string& schedule);
 // What a stage of `plan` run under `schedule` says in its StageHello, proposing `resume_step`
@@ -223,10 +232,7 @@ class StagePeer {
   const std::string& next_token() const { return next_token_; }
   // The stage after a first party that came with a token: the token its answer carries.
   void set_answer_token(std::string token) { answer_token_ = std::move(token); }
-  // A stage serving parties of their own (a cloud): once the stage before's StageHello has
-  // passed every check, `admit` says whether its session may train here now (a bound on
-  // memory: Busy, or NoRoom); its Error refuses the link before anything is answered.
-  void set_admission(std::function<WireError()> admit) { admit_ = std::move(admit); }
+
   // A first stage: how many steps its epoch has, said in its StageHello; a stage shared by
   // several first stages refuses a member whose count differs from the others' (they take
   // turns, a step each).
@@ -390,7 +396,6 @@ class StagePeer {
   // choice among the stage before's offer (up; every member of a shared stage must offer it).
   wire::DType down_dtype_ = wire::DType::F32, up_dtype_ = wire::DType::F32;
   std::string client_id_, token_, next_token_, answer_token_;  // set_credentials, set_answer_token
-  std::function<WireError()> admit_;                          // set_admission
   StageHelloFields hello_fields(uint64_t resume_step) const;  // what this stage says
   void check_answer(const wire::StageHello& h);  // the stage after's: the dtype chosen
   StageLink *up_, *down_;  // up_: the shared stage's, the member whose turn it is

@@ -553,6 +553,37 @@ TEST(StagePeerBadInput, AnAnswerWithAnotherDtypeIsRefused) {
   EXPECT_EQ(down->refused.code, wire::ErrorCode::ModelMismatch);
 }
 
+// A stage after that answers Busy (a cloud at its bound) is a lost link to try again later, not
+// the run's end; its other Errors end the run.
+TEST(StagePeer, BusyFromTheStageAfterIsALinkToTryAgain) {
+  ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
+  Graph graph = Graph::build(spec);
+  std::vector<Graph> parts = graph.partition({"pool2"});
+  std::unique_ptr<Backend> backend = make_test_backend("reference");
+  Network init{graph, *backend, 3};
+  PeerStage a = make_stage(parts[0], init);
+  GPipeSchedule schedule;
+  const StagePlan plan = make_stage_plan(spec.binary, graph, "pool2", parts, 0, schedule, 8, 2);
+  MessageWriter w;
+  for (const wire::ErrorCode code : {wire::ErrorCode::Busy, wire::ErrorCode::NoRoom}) {
+    auto [down, after] = MemoryLink::pair();
+    StagePeer first(*a.stage, schedule, plan, nullptr, down.get());
+    after->send(w.error(code, "the sessions' memory has 4 MiB left: try again later"));
+    bool busy = false;
+    std::string text;
+    try {
+      first.connect({});
+    } catch (const LinkBusy& e) {
+      busy = true;
+      text = e.what();
+    } catch (const std::exception& e) {
+      text = e.what();
+    }
+    EXPECT_EQ(busy, code == wire::ErrorCode::Busy) << text;
+    if (busy) EXPECT_EQ(text, "[stage] the next stage is busy: the sessions' memory has 4 MiB left: try again later");
+  }
+}
+
 // The step to start from: the newest checkpoint at or before the stage before's proposal.
 TEST(StagePeer, TheStepToStartFromIsTheNewestCheckpointAtOrBeforeTheProposal) {
   for (const auto& [proposal, want] : std::vector<std::pair<uint64_t, uint64_t>>{{7, 4}, {8, 8}, {3, 0}, {20, 8}}) {

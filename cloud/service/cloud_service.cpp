@@ -12,6 +12,7 @@
 #include <fstream>
 #include <map>
 #include <mutex>
+#include <set>
 #include <optional>
 #include <thread>
 #include <ctime>
@@ -183,6 +184,23 @@ struct SharedBack {
   }
 };
 
+// The names with an open pipeline session (Worker::serve_stage): one session a name.
+class StageNames {
+ public:
+  bool take(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    return names_.insert(name).second;
+  }
+  void give(const std::string& name) {
+    std::lock_guard<std::mutex> lock(mutex_);
+    names_.erase(name);
+  }
+
+ private:
+  std::mutex mutex_;
+  std::set<std::string> names_;
+};
+
 // One edge's session on its own thread, fed frames by the service loop.
 class Worker {
  public:
@@ -192,9 +210,10 @@ class Worker {
   // Hello's token.
   Worker(uint64_t id, std::string peer, std::string serial, const std::vector<BackShard>& shards,
          const ServeOptions& o, LwsEndpoint& endpoint, FolderCheckpoints& checkpoints, SharedBack* shared,
-         pki::TokenVerifier* tokens, ServiceMetrics& metrics, SessionMemory& memory)
+         pki::TokenVerifier* tokens, ServiceMetrics& metrics, SessionMemory& memory, StageNames& stage_names)
       : id_(id), peer_(std::move(peer)), serial_(std::move(serial)), endpoint_(endpoint), shards_(shards), options_(o),
-        checkpoints_(checkpoints), shared_(shared), tokens_(tokens), metrics_(metrics), memory_(memory) {
+        checkpoints_(checkpoints), shared_(shared), tokens_(tokens), metrics_(metrics), memory_(memory),
+        stage_names_(stage_names) {
     thread_ = std::thread([this] { run(); });
   }
   ~Worker() {
@@ -560,23 +579,14 @@ class Worker {
     metrics_.bytes_in += hello.size();
     ++metrics_.messages_in;
     const ServeOptions& o = options_;
-    // What the StageHello says (read before the frame goes to the link).
+    // The StageHello stays in `link` (its first frame) until connect() reads it: `h` is valid
+    // until then.
     WireError err;
     const wire::StageHello* h = verify_frame(hello, o.max_message_bytes, err)->payload_as_StageHello();
-    const std::string schedule_name = h->schedule() ? h->schedule()->str() : std::string();
+    InboxLink link(*this, std::move(hello));
     const std::string said = h->client_id() ? h->client_id()->str() : std::string();
-    const std::string token = h->token() ? h->token()->str() : std::string();
-    const uint32_t said_batch = h->batch(), said_microbatches = h->microbatches();
-    const uint64_t proposed = h->resume_step();
-    std::array<uint8_t, 32> said_terms{};
-    if (h->terms_hash() && h->terms_hash()->size() == said_terms.size())
-      std::copy(h->terms_hash()->begin(), h->terms_hash()->end(), said_terms.begin());
-    wire::DType dtype = wire::DType::F32;  // the one the peer will choose: the first offered it takes
-    if (h->dtypes())
-      for (auto it = h->dtypes()->rbegin(); it != h->dtypes()->rend(); ++it)
-        if (std::find(o.wire_dtypes.begin(), o.wire_dtypes.end(), *it) != o.wire_dtypes.end()) dtype = *it;
-    // The shard whose plan it names; else one a pipeline can train against (its peer then
-    // refuses the plan by name).
+    // The shard whose plan it names; else one a pipeline can train against (whose checks then
+    // refuse the plan by name).
     const BackShard* shard = nullptr;
     for (const BackShard& b : shards_)
       if (b.stage_plan && h->plan_hash() && h->plan_hash()->size() == 32 &&
@@ -585,23 +595,27 @@ class Worker {
     for (const BackShard& b : shards_)
       if (!shard && b.stage_plan) shard = &b;
     if (!shard) shard = &shards_.front();
-    InboxLink link(*this, std::move(hello));
+    // This name's place among the open pipeline sessions, given back however the session ends.
+    struct Held {
+      StageNames& names;
+      std::string name;
+      ~Held() {
+        if (!name.empty()) names.give(name);
+      }
+    } held{stage_names_, {}};
     try {
       // Who it is: its certificate's name, or without one the name its enrolment token is for
-      // (then answered with a fresh token for its StageHello after a lost link).
-      std::string next_token;
+      // (the token is spent below, once the session is admitted).
       if (!peer_.empty()) {
         if (!said.empty() && said != peer_)
           refuse(link, wire::ErrorCode::Unauthorized,
                  cat("the StageHello says client id '", said, "' but the client certificate was issued to '", peer_,
                      "': a party trains only as the identity it holds"));
-      } else {
-        if (!valid_client_id(said))
-          refuse(link, wire::ErrorCode::Malformed,
-                 "the client id must be 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'");
-        const std::string why = tokens_ ? tokens_->accept(token, said) : std::string("this cloud takes only client certificates");
-        if (!why.empty()) refuse(link, wire::ErrorCode::Unauthorized, why);
-        next_token = pki::issue_token(o.state_dir, said, 3600);
+      } else if (!valid_client_id(said)) {
+        refuse(link, wire::ErrorCode::Malformed,
+               "the client id must be 1 to 64 letters, digits, '.', '_' or '-', not starting with '.'");
+      } else if (!tokens_) {
+        refuse(link, wire::ErrorCode::Unauthorized, "this cloud takes only client certificates");
       }
       {
         std::lock_guard<std::mutex> lock(mutex_);
@@ -618,23 +632,41 @@ class Worker {
                    "train against: serve a cut of one node"));
       std::unique_ptr<PipelineSchedule> schedule;
       try {
-        schedule = make_pipeline_schedule(schedule_name);
+        schedule = make_pipeline_schedule(h->schedule() ? h->schedule()->str() : std::string());
       } catch (const std::exception& e) {
         refuse(link, wire::ErrorCode::ModelMismatch, cat("the first party's schedule: ", e.what()));
       }
-      // The session's key: the party's run as it says it, and the cloud's own terms.
+      // Everything the session's peer checks, before anything is spent on it.
+      if (const WireError no = stage_hello_problem(*shard->stage_plan, schedule->name(), *h, true); !no.ok())
+        refuse(link, no.code, no.text);
+      // One session a name: a second (its party linking again while the old connection is
+      // still open here) waits until the first has ended.
+      if (!stage_names_.take(client))
+        refuse(link, wire::ErrorCode::Busy,
+               cat("a session of '", client, "' is open here already (its connection not yet closed): try again later"));
+      held.name = client;
+      if (const WireError no = admission(*shard); !no.ok()) refuse(link, no.code, no.text);
+      std::string next_token;  // a token's party: a fresh one, for its StageHello after a lost link
+      if (peer_.empty()) {
+        const std::string why = tokens_->accept(h->token() ? h->token()->str() : std::string(), said);
+        if (!why.empty()) refuse(link, wire::ErrorCode::Unauthorized, why);
+        next_token = pki::issue_token(o.state_dir, said, 3600);
+      }
+      // The session's key: the party's run as it says it (its plan, terms, schedule, batch, K
+      // and the dtype chosen) and the cloud's own terms.
       StagePlan session = *shard->stage_plan;
-      session.batch = said_batch;
-      session.microbatches = said_microbatches;
-      session.dtype = dtype;
+      session.batch = h->batch();
+      session.microbatches = h->microbatches();
+      session.dtype = *choose_dtype(session, *h);
       {
         Sha256 t;
-        t.update(said_terms.data(), said_terms.size());
+        if (h->terms_hash()) t.update(h->terms_hash()->data(), h->terms_hash()->size());
         t.update(shard->stage_plan->terms.data(), shard->stage_plan->terms.size());
         session.terms = t.finish();
       }
       const std::array<uint8_t, 32> key = run_hash(session, schedule->name());
       const std::string key_hex = to_hex(key.data(), key.size());
+      const std::optional<uint64_t> party_ended = h->ended() ? std::optional<uint64_t>(h->ended_step()) : std::nullopt;
 
       backend_ = make_backend(o.backend, BackendOptions{o.threads});
       back_ = std::make_unique<Network>(shard->graph, *backend_, o.seed);
@@ -666,14 +698,10 @@ class Worker {
         save(steps);
         checkpoints_.set_stage_end(client, steps, key_hex);
       });
-      if (const auto end = checkpoints_.stage_end(client)) {
-        if (end->second == key_hex && proposed >= end->first) {
-          peer.set_ended(end->first, true);  // answered Bye: nothing to train
-        } else {
-          checkpoints_.drop_stage_end(client);  // another run, or this one goes on from an earlier step
-        }
-      }
-      // This session's checkpoints of this run only.
+      // A party that recorded the end this cloud recorded, of this run: answered Bye.
+      const auto end = checkpoints_.stage_end(client);
+      if (end && end->second == key_hex && party_ended == end->first) peer.set_ended(end->first, true);
+      // This run's checkpoints only.
       std::vector<uint64_t> have;
       for (uint64_t step : checkpoints_.stage_steps(client)) try {
           const CheckpointData d = checkpoints_.load_stage(client, step);
@@ -690,13 +718,16 @@ class Worker {
         stage_ = std::make_unique<StageFigures>();
       }
       peer.set_answer_token(next_token);
-      peer.set_admission([&] { return admission(*shard); });  // after the hello's checks: Busy is then honest
       const uint64_t start = peer.connect(have);
       if (peer.ended()) {
         std::printf("session %llu (%s): its run ended here at step %llu before: answered Bye\n",
                     static_cast<unsigned long long>(id_), identity().c_str(), static_cast<unsigned long long>(start));
         return;
       }
+      // The run goes on (or a new one starts): a record of an end is superseded, and every
+      // checkpoint but this run's at or before `start` goes (another run's, or a future this
+      // one has not reached).
+      if (end) checkpoints_.drop_stage_end(client);
       if (start > 0) restore_checkpoint(checkpoints_.load_stage(client, start), *back_, optimizer_.get());
       std::erase_if(have, [&](uint64_t step) { return step > start; });
       checkpoints_.keep_stage_steps(client, have);
@@ -761,6 +792,7 @@ class Worker {
   pki::TokenVerifier* tokens_;
   ServiceMetrics& metrics_;
   SessionMemory& memory_;
+  StageNames& stage_names_;
   std::size_t reserved_ = 0;  // taken from memory_ at admit, given back with the worker
   bool holds_share_ = false;  // counted in shared_->sessions at admit, until the worker goes
   std::unique_ptr<Backend> backend_;
@@ -1083,6 +1115,7 @@ int serve(const ServeOptions& o) {
   }
 
   FolderCheckpoints checkpoints(o.state_dir + "/checkpoints");
+  StageNames stage_names;
   ServiceMetrics metrics;
   std::map<uint64_t, std::unique_ptr<Worker>> workers;
   std::mutex workers_mutex;  // the loop changes `workers`; a scrape reads them
@@ -1190,7 +1223,8 @@ int serve(const ServeOptions& o) {
                     ev.text.c_str());
         ++metrics.sessions_opened;
         workers[ev.connection] = std::make_unique<Worker>(ev.connection, ev.text, ev.serial, shards, o, *endpoint,
-                                                          checkpoints, shared.get(), tokens.get(), metrics, memory);
+                                                          checkpoints, shared.get(), tokens.get(), metrics, memory,
+                                                          stage_names);
         break;
       }
       case EndpointEvent::Kind::Message: {

@@ -309,7 +309,7 @@ std::span<const uint8_t> MessageWriter::stage_hello(const StageHelloFields& f) {
                 wire::CreateStageHello(fbb_, f.format, h, f.stage, f.stages, f.resume_step, f.member, f.epoch_steps,
                                        schedule, f.batch, f.microbatches,
                                        flatbuffers::Offset<flatbuffers::Vector<wire::DType>>(dtypes.o), terms_hash,
-                                       client_id, token, next_token)
+                                       client_id, token, next_token, f.ended.has_value(), f.ended.value_or(0))
                     .Union());
 }
 

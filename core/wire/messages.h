@@ -4,6 +4,7 @@
 #pragma once
 
 #include <array>
+#include <optional>
 #include <cstdint>
 #include <span>
 #include <string>
@@ -37,6 +38,7 @@ struct StageHelloFields {
   std::array<uint8_t, 32> terms{};  // all zero: none said
   std::string client_id, token;     // a first party to a cloud: its name, its enrolment token
   std::string next_token;           // the cloud's answer to a token: the next one
+  std::optional<uint64_t> ended;    // the sender recorded the run's end at this step
 };
 
 // A step as the first stage of a pipeline announces it with each micro-batch's Activations.

@@ -133,7 +133,8 @@ rc=0
   fail "a batch over the cloud's: exit $rc, $(cat "$work/big-hospital.out")"
 
 # Memory for one session (about 8 MiB at the cloud's batch): hospital-b, linking while the
-# hospital trains, is told Busy and links again after a while, until the hospital's session ends.
+# hospital's session holds it (the hospital paused with SIGSTOP), is told Busy and links again
+# after a while, until the hospital's session ends.
 stop_cloud
 serve --session-memory-mb 12
 deployment long 32 2048
@@ -141,7 +142,10 @@ deployment busy 32 256 hospital-b
 long_from=$(grep -cF "(hospital): a pipeline's last stage cut at 'pool2', 1f1b schedule, from step 0" "$work/cloud.log")
 start long hospital
 cloud_said $((long_from + 1)) "(hospital): a pipeline's last stage cut at 'pool2', 1f1b schedule, from step 0"
+kill -STOP "${pids[hospital]}"
 start busy hospital-b
+cloud_said 1 "(hospital-b): closed: this session's back shard"
+kill -CONT "${pids[hospital]}"
 expect_ok long hospital
 expect_ok busy hospital-b
 grep -qF "the next stage is busy: this session's back shard" "$work/busy-hospital-b.out" &&
