@@ -269,19 +269,31 @@ std::vector<uint8_t> stage_hello(const std::function<void(StageHelloFields&)>& c
   return bytes(w.stage_hello(f));
 }
 
+// Sends a StageHello and returns the cloud's answer, a StageHello (else empty, after a failure).
+Frame stage_answer(WssClient& c, const std::vector<uint8_t>& hello) {
+  c.send(0, hello);
+  EndpointEvent ev;
+  EXPECT_TRUE(c.next(ev, 10s));
+  if (ev.kind != Kind::Message) {
+    ADD_FAILURE() << "no answer: " << ev.text;
+    return {};
+  }
+  WireError err;
+  const wire::Message* m = verify_frame(ev.frame, kDefaultMaxMessageBytes, err);
+  if (m == nullptr || m->payload_type() != wire::Payload::StageHello) {
+    ADD_FAILURE() << "not a StageHello: " << (m ? payload_name(m->payload_type()) : err.text.c_str());
+    return {};
+  }
+  return std::move(ev.frame);
+}
+
 // The cloud keeps the party's last stage: it answers StageHello with the first dtype offered
 // that it takes (--wire-dtypes: all four by default) and the step to start from.
 TEST(Service, APipelinesFirstPartyIsAnsweredWithTheDtypeItOffered) {
   auto c = service().client();
-  c->send(0, stage_hello([](StageHelloFields& f) { f.dtypes = {wire::DType::I8, wire::DType::F32}; }));
-  EndpointEvent ev;
-  ASSERT_TRUE(c->next(ev, 10s));
-  ASSERT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Message)) << ev.text;
-  WireError err;
-  const wire::Message* m = verify_frame(ev.frame, kDefaultMaxMessageBytes, err);
-  ASSERT_NE(m, nullptr) << err.text;
-  const wire::StageHello* h = m->payload_as_StageHello();
-  ASSERT_NE(h, nullptr) << payload_name(m->payload_type());
+  const Frame answer = stage_answer(*c, stage_hello([](StageHelloFields& f) { f.dtypes = {wire::DType::I8, wire::DType::F32}; }));
+  const wire::StageHello* h = answer.size() > 0 ? wire::GetMessage(answer.data())->payload_as_StageHello() : nullptr;
+  ASSERT_NE(h, nullptr);
   EXPECT_EQ(h->stage(), 1u);
   EXPECT_EQ(h->resume_step(), 0u);
   ASSERT_EQ(h->dtypes()->size(), 1u);
@@ -294,18 +306,12 @@ TEST(Service, APipelinesFirstPartyWithATokenIsAnsweredWithTheNextOne) {
   std::string token = service().token("ward-7");
   for (int link = 0; link < 2; ++link) {  // the second with the token the first answer gave
     auto c = service().client(false);
-    c->send(0, stage_hello([&](StageHelloFields& f) {
-      f.client_id = "ward-7";
-      f.token = token;
-    }));
-    EndpointEvent ev;
-    ASSERT_TRUE(c->next(ev, 10s));
-    ASSERT_EQ(static_cast<int>(ev.kind), static_cast<int>(Kind::Message)) << ev.text;
-    WireError err;
-    const wire::Message* m = verify_frame(ev.frame, kDefaultMaxMessageBytes, err);
-    ASSERT_NE(m, nullptr) << err.text;
-    const wire::StageHello* h = m->payload_as_StageHello();
-    ASSERT_NE(h, nullptr) << payload_name(m->payload_type());
+    const Frame answer = stage_answer(*c, stage_hello([&](StageHelloFields& f) {
+                                        f.client_id = "ward-7";
+                                        f.token = token;
+                                      }));
+    const wire::StageHello* h = answer.size() > 0 ? wire::GetMessage(answer.data())->payload_as_StageHello() : nullptr;
+    ASSERT_NE(h, nullptr);
     ASSERT_NE(h->next_token(), nullptr);
     EXPECT_NE(h->next_token()->str(), token);
     token = h->next_token()->str();

@@ -406,6 +406,12 @@ struct LastStage {
     const std::vector<int32_t> labels(4, label);
     send(writer.activations({step, 8, 2, 1.0f, false}, 0, mb, 0, t, labels, nullptr));
   }
+  // The Error connect() ends with after the stage before says `f` (what it said, changed).
+  std::string refused(const StageHelloFields& f) {
+    send(writer.stage_hello(f));
+    return error_of([&] { peer->connect({}); });
+  }
+  StageHelloFields said_before() const { return said(plan, schedule, 0, 2, 0); }
   // The Error the stage ends its run with, and what it answered on the link.
   std::string follow() {
     StepStats s;
@@ -415,10 +421,9 @@ struct LastStage {
 
 TEST(StagePeerBadInput, AHelloOfAnotherPlanIsRefused) {
   LastStage t;
-  StageHelloFields other = said(t.plan, t.schedule, 0, 2, 0);
+  StageHelloFields other = t.said_before();
   other.plan_hash[0] ^= 1;
-  t.send(t.writer.stage_hello(other));
-  EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
+  EXPECT_EQ(t.refused(other),
             "[stage] stage 1 refused the previous stage's message: the previous stage runs another plan (its model "
             "spec, cut list, number of stages, where the labels are or first parties differ from stage 1's): give "
             "every party the same deployment");
@@ -451,10 +456,9 @@ TEST(StagePeerBadInput, AHelloOfOtherTermsIsRefusedNamingTheTerm) {
   const std::string refused = "[stage] stage 1 refused the previous stage's message: ";
   const auto refusal = [&](const std::function<void(StageHelloFields&)>& change) {
     LastStage t;
-    StageHelloFields f = said(t.plan, t.schedule, 0, 2, 0);
+    StageHelloFields f = t.said_before();
     change(f);
-    t.send(t.writer.stage_hello(f));
-    const std::string error = error_of([&] { t.peer->connect({}); });
+    const std::string error = t.refused(f);
     EXPECT_EQ(t.up->refused.code, wire::ErrorCode::ModelMismatch) << error;
     return error.substr(0, refused.size()) == refused ? error.substr(refused.size()) : error;
   };
@@ -519,11 +523,10 @@ TEST(StagePeer, AStageOfOwnTermsTakesTheTermsOfThePartyBeforeWithinItsOwn) {
   }
   {
     LastStage t;
-    StageHelloFields f = said(t.plan, t.schedule, 0, 2, 0);
+    StageHelloFields f = t.said_before();
     f.batch = 32;
     host(t);
-    t.send(t.writer.stage_hello(f));
-    EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
+    EXPECT_EQ(t.refused(f),
               "[stage] stage 1 refused the previous stage's message: the previous stage plans steps of at most 32 "
               "samples in 2 micro-batches, and stage 1 takes at most 16 in 4: plan a smaller batch or fewer "
               "micro-batches");
@@ -531,48 +534,47 @@ TEST(StagePeer, AStageOfOwnTermsTakesTheTermsOfThePartyBeforeWithinItsOwn) {
   }
 }
 
-// The stage after must answer with the dtype this stage offered.
-TEST(StagePeerBadInput, AnAnswerWithAnotherDtypeIsRefused) {
+// The first of two stages of the CNN (cut at pool2), facing a scripted stage after it.
+struct FirstStage {
   ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
   Graph graph = Graph::build(spec);
   std::vector<Graph> parts = graph.partition({"pool2"});
   std::unique_ptr<Backend> backend = make_test_backend("reference");
   Network init{graph, *backend, 3};
-  PeerStage a = make_stage(parts[0], init);
+  PeerStage stage = make_stage(parts[0], init);
   GPipeSchedule schedule;
-  const StagePlan plan = make_stage_plan(spec.binary, graph, "pool2", parts, 0, schedule, 8, 2);
-  auto [down, after] = MemoryLink::pair();
-  StagePeer first(*a.stage, schedule, plan, nullptr, down.get());
-  MessageWriter w;
-  StageHelloFields answer = said(plan, schedule, 1, 2, 0);
+  StagePlan plan = make_stage_plan(spec.binary, graph, "pool2", parts, 0, schedule, 8, 2);
+  std::unique_ptr<MemoryLink> down, after;  // the stage's end, and the scripted party's
+  std::unique_ptr<StagePeer> peer;
+  MessageWriter writer;
+  FirstStage() {
+    std::tie(down, after) = MemoryLink::pair();
+    peer = std::make_unique<StagePeer>(*stage.stage, schedule, plan, nullptr, down.get());
+  }
+};
+
+// The stage after must answer with the dtype this stage offered.
+TEST(StagePeerBadInput, AnAnswerWithAnotherDtypeIsRefused) {
+  FirstStage t;
+  StageHelloFields answer = said(t.plan, t.schedule, 1, 2, 0);
   answer.dtypes = {wire::DType::BF16};
-  after->send(w.stage_hello(answer));
-  EXPECT_EQ(error_of([&] { first.connect({}); }),
+  t.after->send(t.writer.stage_hello(answer));
+  EXPECT_EQ(error_of([&] { t.peer->connect({}); }),
             "[stage] stage 0 refused the next stage's message: the stage after did not choose the dtype stage 0 "
             "offered (f32) for their link");
-  EXPECT_EQ(down->refused.code, wire::ErrorCode::ModelMismatch);
+  EXPECT_EQ(t.down->refused.code, wire::ErrorCode::ModelMismatch);
 }
 
 // A stage after that answers Busy (a cloud at its bound) is a lost link to try again later, not
 // the run's end; its other Errors end the run.
 TEST(StagePeer, BusyFromTheStageAfterIsALinkToTryAgain) {
-  ModelSpec spec = load_model_spec(std::string(TANDEM_SOURCE_DIR) + "/samples/fashion-mnist/model.json");
-  Graph graph = Graph::build(spec);
-  std::vector<Graph> parts = graph.partition({"pool2"});
-  std::unique_ptr<Backend> backend = make_test_backend("reference");
-  Network init{graph, *backend, 3};
-  PeerStage a = make_stage(parts[0], init);
-  GPipeSchedule schedule;
-  const StagePlan plan = make_stage_plan(spec.binary, graph, "pool2", parts, 0, schedule, 8, 2);
-  MessageWriter w;
   for (const wire::ErrorCode code : {wire::ErrorCode::Busy, wire::ErrorCode::NoRoom}) {
-    auto [down, after] = MemoryLink::pair();
-    StagePeer first(*a.stage, schedule, plan, nullptr, down.get());
-    after->send(w.error(code, "the sessions' memory has 4 MiB left: try again later"));
+    FirstStage t;
+    t.after->send(t.writer.error(code, "the sessions' memory has 4 MiB left: try again later"));
     bool busy = false;
     std::string text;
     try {
-      first.connect({});
+      t.peer->connect({});
     } catch (const LinkBusy& e) {
       busy = true;
       text = e.what();
