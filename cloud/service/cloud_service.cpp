@@ -60,6 +60,16 @@ struct BackShard {
   // limits, taking the party's own terms within them (StagePlan::own_terms). Unset for a
   // U-shaped cut ("A,B"), which a pipeline's first party cannot ask for yet.
   std::optional<StagePlan> stage_plan;
+  // A session's (or a federation's) back shard at its initial weights, on `backend`.
+  std::unique_ptr<Network> make_network(Backend& backend, uint64_t seed) const {
+    auto net = std::make_unique<Network>(graph, backend, seed);
+    for (std::size_t i = 0; i < initial.size(); ++i) {
+      net->all_params()[i]->value().copy_from(initial[i]);
+      net->all_params()[i]->bump_version();
+    }
+    for (std::size_t i = 0; i < initial_buffers.size(); ++i) net->buffers()[i].second->copy_from(initial_buffers[i]);
+    return net;
+  }
 };
 
 // What the sessions' back shards take together, by their estimates at Hello
@@ -415,13 +425,7 @@ class Worker {
       // Made here, on the session's thread at its first message, not per connection: a cuda
       // backend's stream and library handles are not spent on connections that never speak.
       backend_ = make_backend(o.backend, BackendOptions{o.threads});
-      back = std::make_unique<Network>(shard.graph, *backend_, o.seed);
-      for (std::size_t i = 0; i < shard.initial.size(); ++i) {
-        back->all_params()[i]->value().copy_from(shard.initial[i]);
-        back->all_params()[i]->bump_version();
-      }
-      for (std::size_t i = 0; i < shard.initial_buffers.size(); ++i)
-        back->buffers()[i].second->copy_from(shard.initial_buffers[i]);
+      back = shard.make_network(*backend_, o.seed);
       optimizer = make_optimizer(back->params(), o.optimizer);
       trainer = std::make_unique<BackShardTrainer>(*back, *optimizer);
       session = std::make_unique<CloudSession>(*trainer, config);
@@ -669,13 +673,7 @@ class Worker {
       const std::optional<uint64_t> party_ended = h->ended() ? std::optional<uint64_t>(h->ended_step()) : std::nullopt;
 
       backend_ = make_backend(o.backend, BackendOptions{o.threads});
-      back_ = std::make_unique<Network>(shard->graph, *backend_, o.seed);
-      for (std::size_t i = 0; i < shard->initial.size(); ++i) {
-        back_->all_params()[i]->value().copy_from(shard->initial[i]);
-        back_->all_params()[i]->bump_version();
-      }
-      for (std::size_t i = 0; i < shard->initial_buffers.size(); ++i)
-        back_->buffers()[i].second->copy_from(shard->initial_buffers[i]);
+      back_ = shard->make_network(*backend_, o.seed);
       optimizer_ = make_optimizer(back_->params(), o.optimizer);
       Stage stage(*back_, optimizer_.get());
       StagePlan plan = *shard->stage_plan;
@@ -922,13 +920,7 @@ int serve(const ServeOptions& o) {
     shared = std::make_unique<SharedBack>();
     shared->backend = make_backend(o.backend, BackendOptions{o.threads});
     const BackShard& s = shards.front();
-    shared->net = std::make_unique<Network>(s.graph, *shared->backend, o.seed);
-    for (std::size_t i = 0; i < s.initial.size(); ++i) {
-      shared->net->all_params()[i]->value().copy_from(s.initial[i]);
-      shared->net->all_params()[i]->bump_version();
-    }
-    for (std::size_t i = 0; i < s.initial_buffers.size(); ++i)
-      shared->net->buffers()[i].second->copy_from(s.initial_buffers[i]);
+    shared->net = s.make_network(*shared->backend, o.seed);
     shared->optimizer = make_optimizer(shared->net->params(), o.optimizer);
     // Steps whose gradients the shared shard sums before one update (the edges' steps
     // interleave, so with N edges an update sees every edge's data, as IID training would).
